@@ -1,0 +1,260 @@
+/*
+ * qccl.h — the public C API of qccl, a collective-communication library in the style of NCCL whose
+ * distinctive feature is compression fused into the pipeline chunks of the collectives.
+ *
+ * Conventions (they hold for every function below unless its comment says otherwise):
+ *   - Every function returns a qcclResult_t. On failure qcclGetLastError() gives one line that names
+ *     the call, the argument and the value ("qcclAllReduce: datatype = 42 is not a qcclDataType_t").
+ *   - Outputs are written only on success.
+ *   - Buffers are host memory owned by the caller. A blocking call may reuse them as soon as it
+ *     returns; a non-blocking call (qcclI*) owns them until its request completes.
+ *   - A communicator is used by one thread at a time, as in NCCL. The exception is qcclCommAbort,
+ *     which any thread may call at any time. Different communicators may be used concurrently.
+ *   - Collectives must be called by every rank of the communicator in the same order with matching
+ *     arguments. A rank that calls a different collective, count, datatype, op or root is detected
+ *     (each message carries a frame header) and the collective fails with qcclMismatch on every rank.
+ *   - A dead or stuck peer makes every surviving rank fail with qcclRemoteError or qcclTimeout within
+ *     QCCL_TIMEOUT seconds instead of hanging.
+ *
+ * Result codes are grouped by blast radius:
+ *   qcclInvalidArgument, qcclInvalidUsage   nothing was sent; the communicator is intact.
+ *   qcclMismatch                            ranks disagreed; the communicator is unusable (abort it).
+ *   qcclRemoteError, qcclTimeout, qcclAborted
+ *                                           a peer or the communicator failed; unusable (abort it).
+ *   qcclSystemError, qcclInternalError      the OS or qccl itself failed.
+ */
+#ifndef QCCL_H_
+#define QCCL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) && !defined(QCCL_API)
+#define QCCL_API __attribute__((visibility("default")))
+#elif !defined(QCCL_API)
+#define QCCL_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QCCL_MAJOR 0
+#define QCCL_MINOR 1
+#define QCCL_PATCH 0
+#define QCCL_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define QCCL_VERSION_CODE QCCL_VERSION(QCCL_MAJOR, QCCL_MINOR, QCCL_PATCH)
+
+typedef enum {
+  qcclSuccess = 0,
+  qcclInvalidArgument = 1, /* a bad argument; nothing was sent */
+  qcclInvalidUsage = 2,    /* a bad call sequence (e.g. GroupEnd without GroupStart); nothing sent */
+  qcclMismatch = 3,        /* ranks called different collectives or passed different arguments */
+  qcclRemoteError = 4,     /* a peer died, left, or reported an error */
+  qcclTimeout = 5,         /* no progress for QCCL_TIMEOUT seconds */
+  qcclAborted = 6,         /* the communicator was aborted (qcclCommAbort) */
+  qcclSystemError = 7,     /* a system call or the network failed */
+  qcclInternalError = 8,   /* a bug in qccl */
+  qcclInProgress = 9,      /* a non-blocking request has not completed yet (never an error) */
+  qcclNumResults = 10
+} qcclResult_t;
+
+/* Datatypes and reduction ops use NCCL's numbering, so that values can be passed straight through. */
+typedef enum {
+  qcclInt8 = 0,
+  qcclUint8 = 1,
+  qcclInt32 = 2,
+  qcclUint32 = 3,
+  qcclInt64 = 4,
+  qcclUint64 = 5,
+  qcclFloat16 = 6,
+  qcclFloat32 = 7,
+  qcclFloat64 = 8,
+  qcclBfloat16 = 9,
+  qcclNumTypes = 10
+} qcclDataType_t;
+
+/* Integer sums and products wrap (two's complement). Floating-point reductions are carried out in
+ * the datatype itself (fp16/bf16 round to nearest even after every operation, as NCCL does).
+ * qcclAvg is the sum divided by the rank count: truncated toward zero for integers. max/min of
+ * floating-point values propagate NaN. */
+typedef enum {
+  qcclSum = 0,
+  qcclProd = 1,
+  qcclMax = 2,
+  qcclMin = 3,
+  qcclAvg = 4,
+  qcclNumOps = 5
+} qcclRedOp_t;
+
+typedef struct qcclComm* qcclComm_t;
+typedef struct qcclRequest* qcclRequest_t;
+
+#define QCCL_UNIQUE_ID_BYTES 128
+/* The root's address and a random 64-bit magic. Copy it to every rank by any side channel; peers
+ * presenting another magic are refused. */
+typedef struct {
+  char internal[QCCL_UNIQUE_ID_BYTES];
+} qcclUniqueId;
+
+/* Per-communicator settings. Initialise with QCCL_CONFIG_INITIALIZER, then set what you need; a field
+ * left undefined takes its QCCL_* environment variable, else the default in README.md. */
+#define QCCL_CONFIG_UNDEF_INT (-2147483647 - 1)
+#define QCCL_CONFIG_UNDEF_DOUBLE (-1.0)
+typedef struct qcclConfig_v100 {
+  size_t size;          /* sizeof(qcclConfig_t): lets later versions grow the struct */
+  unsigned int magic;   /* QCCL_CONFIG_MAGIC */
+  unsigned int version; /* QCCL_VERSION_CODE of the header the caller compiled with */
+  double timeoutSeconds;  /* QCCL_TIMEOUT: fail after this long without progress; 0 = never */
+  int chunkBytes;         /* QCCL_CHUNK_BYTES: pipeline chunk size */
+  int pipelineDepth;      /* QCCL_PIPELINE_DEPTH: chunks in flight per collective */
+  const char* algorithms; /* QCCL_ALGO: force algorithms by name, e.g. "allreduce=ring" */
+} qcclConfig_t;
+#define QCCL_CONFIG_MAGIC 0x7143436cu
+#define QCCL_CONFIG_INITIALIZER                                                           \
+  {                                                                                       \
+    sizeof(qcclConfig_t), QCCL_CONFIG_MAGIC, QCCL_VERSION_CODE, QCCL_CONFIG_UNDEF_DOUBLE, \
+        QCCL_CONFIG_UNDEF_INT, QCCL_CONFIG_UNDEF_INT, NULL                                \
+  }
+
+/* What the last completed collective of a communicator did, on this rank. */
+typedef struct qcclStats_v100 {
+  size_t size;                /* set by the caller to sizeof(qcclStats_t) */
+  uint64_t wireBytesSent;     /* payload bytes this rank put on the wire (frame headers excluded) */
+  uint64_t wireBytesReceived; /* payload bytes this rank took off the wire */
+  double seconds;             /* from the call to completion */
+  uint64_t sequence;          /* the collective's sequence number on this communicator */
+  char algorithm[32];         /* the algorithm that ran, as named in the registry */
+} qcclStats_t;
+
+/* ---- Library and errors ------------------------------------------------------------------------ */
+
+/* Writes QCCL_VERSION_CODE of the library (which may differ from the header's). */
+QCCL_API qcclResult_t qcclGetVersion(int* version);
+
+/* A static string naming a result code. Never NULL. */
+QCCL_API const char* qcclGetErrorString(qcclResult_t result);
+
+/* The message of the last failed call made by this thread (comm may be NULL). Valid until the next
+ * qccl call on this thread. Empty string when no call has failed. */
+QCCL_API const char* qcclGetLastError(qcclComm_t comm);
+
+/* ---- Communicators ------------------------------------------------------------------------------ */
+
+/* Creates a unique id and starts the bootstrap root in this process (a thread that lives until all
+ * nranks have joined, then exits). Call it once per communicator, on one process. The root listens on
+ * QCCL_SOCKET_IFNAME's address, else the first non-loopback IPv4 interface, else loopback. */
+QCCL_API qcclResult_t qcclGetUniqueId(qcclUniqueId* uniqueId);
+
+/* Collective over nranks processes: joins communicator `uniqueId` as `rank` (0 <= rank < nranks).
+ * Blocks until every rank has joined or QCCL_TIMEOUT expires. */
+QCCL_API qcclResult_t qcclCommInitRank(qcclComm_t* comm, int nranks, qcclUniqueId uniqueId, int rank);
+/* As qcclCommInitRank, with settings (config may be NULL). */
+QCCL_API qcclResult_t qcclCommInitRankConfig(qcclComm_t* comm, int nranks, qcclUniqueId uniqueId,
+                                             int rank, const qcclConfig_t* config);
+
+/* Collective: builds the world communicator from the environment, in this order:
+ *   QCCL_RANK, QCCL_NRANKS, QCCL_ROOT=host:port      (set by qcclrun)
+ *   RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT        (torchrun)
+ *   OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE        (Open MPI; root from QCCL_ROOT or MASTER_*)
+ *   SLURM_PROCID, SLURM_NTASKS                        (Slurm; root from QCCL_ROOT or MASTER_*)
+ * Rank 0 listens on the root's port. With none of these set it makes a single-rank communicator.
+ * The magic is QCCL_MAGIC if set, else derived from the job identity the launcher exports. */
+QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* config);
+
+/* Collective: finishes outstanding operations, waits (up to QCCL_TIMEOUT) for every rank to reach
+ * qcclCommDestroy, and frees the communicator. comm is invalid afterwards, even on failure. */
+QCCL_API qcclResult_t qcclCommDestroy(qcclComm_t comm);
+
+/* Local and always returns: fails every outstanding operation with qcclAborted, tells the peers
+ * (which then fail with qcclRemoteError) and frees the communicator. Any thread may call it, also
+ * while another thread is blocked in a call on comm. comm is invalid afterwards. */
+QCCL_API qcclResult_t qcclCommAbort(qcclComm_t comm);
+
+QCCL_API qcclResult_t qcclCommCount(const qcclComm_t comm, int* count);
+QCCL_API qcclResult_t qcclCommUserRank(const qcclComm_t comm, int* rank);
+
+/* qcclSuccess while the communicator is healthy; else the error that broke it (a peer failed, a
+ * mismatch, a timeout), whose message qcclGetLastError then gives. Never blocks. */
+QCCL_API qcclResult_t qcclCommGetAsyncError(qcclComm_t comm, qcclResult_t* asyncError);
+
+/* Fills *stats (stats->size must be set) for the last collective that completed on comm. */
+QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
+
+/* ---- Collectives (blocking) ---------------------------------------------------------------------
+ * Semantics, buffer sizes and in-place rules are NCCL's. count is in elements. A zero count is valid
+ * and still synchronises nothing: it returns at once on every rank. */
+
+/* recvbuff[i] = op over ranks of sendbuff[i]. In place when sendbuff == recvbuff. */
+QCCL_API qcclResult_t qcclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                    qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm);
+/* Copies root's sendbuff into every rank's recvbuff. sendbuff is read on root only. */
+QCCL_API qcclResult_t qcclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                    qcclDataType_t datatype, int root, qcclComm_t comm);
+/* As AllReduce, with the result on root only (recvbuff is ignored elsewhere and may be NULL). */
+QCCL_API qcclResult_t qcclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                 qcclDataType_t datatype, qcclRedOp_t op, int root, qcclComm_t comm);
+/* recvbuff[r*sendcount + i] = sendbuff of rank r [i]. In place when
+ * sendbuff == recvbuff + rank*sendcount. */
+QCCL_API qcclResult_t qcclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                    qcclDataType_t datatype, qcclComm_t comm);
+/* recvbuff[i] = op over ranks of sendbuff[rank*recvcount + i]. In place when
+ * recvbuff == sendbuff + rank*recvcount. */
+QCCL_API qcclResult_t qcclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                        qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm);
+/* recvbuff[r*count + i] = sendbuff of rank r [rank*count + i]. Not in place (sendbuff and recvbuff
+ * must not overlap). */
+QCCL_API qcclResult_t qcclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                                   qcclDataType_t datatype, qcclComm_t comm);
+/* Point to point: peer must call qcclRecv with the same count and datatype. Two ranks that send to
+ * each other must do so inside qcclGroupStart/qcclGroupEnd (or with qcclISend/qcclIRecv), as in
+ * NCCL, since a large send completes only when the receiver has posted its receive. */
+QCCL_API qcclResult_t qcclSend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer,
+                               qcclComm_t comm);
+QCCL_API qcclResult_t qcclRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer,
+                               qcclComm_t comm);
+
+/* Between qcclGroupStart and qcclGroupEnd, calls are validated and queued instead of run; GroupEnd
+ * starts them all at once and blocks until they complete, returning the first error. Groups nest
+ * (only the outermost GroupEnd runs). Per thread. */
+QCCL_API qcclResult_t qcclGroupStart(void);
+QCCL_API qcclResult_t qcclGroupEnd(void);
+
+/* ---- Collectives (non-blocking) ----------------------------------------------------------------
+ * Same arguments as the blocking call, plus a request that completes when the operation has. The
+ * operation progresses in the background (a progress thread per communicator) while the caller
+ * computes. The buffers belong to qccl until the request completes. Inside a group, the request
+ * starts at qcclGroupEnd. */
+QCCL_API qcclResult_t qcclIAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                     qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm,
+                                     qcclRequest_t* request);
+QCCL_API qcclResult_t qcclIBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                     qcclDataType_t datatype, int root, qcclComm_t comm,
+                                     qcclRequest_t* request);
+QCCL_API qcclResult_t qcclIReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                  qcclDataType_t datatype, qcclRedOp_t op, int root, qcclComm_t comm,
+                                  qcclRequest_t* request);
+QCCL_API qcclResult_t qcclIAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                     qcclDataType_t datatype, qcclComm_t comm, qcclRequest_t* request);
+QCCL_API qcclResult_t qcclIReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                         qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm,
+                                         qcclRequest_t* request);
+QCCL_API qcclResult_t qcclIAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                                    qcclDataType_t datatype, qcclComm_t comm, qcclRequest_t* request);
+QCCL_API qcclResult_t qcclISend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer,
+                                qcclComm_t comm, qcclRequest_t* request);
+QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer,
+                                qcclComm_t comm, qcclRequest_t* request);
+
+/* Non-blocking check. When the request has completed, writes *done = 1, frees it, sets *request to
+ * NULL and returns the operation's result; otherwise writes *done = 0 and returns qcclSuccess. */
+QCCL_API qcclResult_t qcclTest(qcclRequest_t* request, int* done);
+/* Blocks until the request completes, frees it, sets *request to NULL and returns its result.
+ * A NULL *request returns qcclSuccess at once. */
+QCCL_API qcclResult_t qcclWait(qcclRequest_t* request);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QCCL_H_ */
