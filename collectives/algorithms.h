@@ -1,0 +1,31 @@
+// Factories of every algorithm, one per file; registry.cc lists them (the only place that does).
+#pragma once
+
+#include "collectives/plan.h"
+
+namespace qccl::coll {
+
+#define QCCL_DECLARE_ALGORITHM(stem)                              \
+  const char* stem##_cannot_run(const CollArgs& args);            \
+  std::unique_ptr<Plan> make_##stem(const CollArgs& args, const PlanOptions& options);
+
+QCCL_DECLARE_ALGORITHM(local)
+QCCL_DECLARE_ALGORITHM(allreduce_recursive_doubling)
+QCCL_DECLARE_ALGORITHM(allreduce_ring)
+QCCL_DECLARE_ALGORITHM(broadcast_binomial)
+QCCL_DECLARE_ALGORITHM(broadcast_chain)
+QCCL_DECLARE_ALGORITHM(reduce_binomial)
+QCCL_DECLARE_ALGORITHM(reduce_chain)
+QCCL_DECLARE_ALGORITHM(allgather_ring)
+QCCL_DECLARE_ALGORITHM(reduce_scatter_ring)
+QCCL_DECLARE_ALGORITHM(alltoall_pairwise)
+QCCL_DECLARE_ALGORITHM(sendrecv_direct)
+
+#undef QCCL_DECLARE_ALGORITHM
+
+// For the multi-rank algorithms: they decline a single rank, which `local` serves.
+inline const char* needs_two_ranks(const CollArgs& args) {
+  return args.nranks < 2 ? "needs at least two ranks" : nullptr;
+}
+
+}  // namespace qccl::coll

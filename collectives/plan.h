@@ -1,0 +1,142 @@
+// The executor interface: what an algorithm hands the executor (DESIGN.md "The data path").
+//
+// An algorithm never touches a socket or a thread. Bound to one call's arguments it becomes a Plan,
+// which cuts the work into fragments (pipeline chunks) and, asked for fragment f, writes that chunk's
+// steps into a Program: post a receive or a send, wait for one, reduce, copy, average. The executor
+// owns the pipelining (how many fragments run at once, STYLE rule 6), the tags, the frame headers
+// and the transport; the Program is rebuilt in place for every fragment, so that steady state
+// allocates nothing.
+//
+// Promises every plan keeps:
+//   - the same arguments give the same fragments and steps on every run;
+//   - the result does not depend on the chunk size or the pipeline depth: the reduction order of
+//     each element is fixed by the rank count alone (segments never depend on the chunk size);
+//   - a transfer of zero bytes is never posted, and both ends agree on that;
+//   - message ids are unique per (peer pair, collective) among the messages in flight.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/types.h"
+
+namespace qccl::coll {
+
+using kernels::DataType;
+using kernels::RedOp;
+
+enum class CollKind : uint8_t { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAlltoAll, kSend, kRecv };
+constexpr int kNumCollKinds = 8;
+const char* coll_name(CollKind kind);  // "AllReduce", ... as in the C API
+
+// The validated arguments of one call (count in elements, with NCCL's meaning per collective:
+// AllGather's sendcount, ReduceScatter's recvcount, AlltoAll's count per peer).
+struct CollArgs {
+  CollKind kind = CollKind::kAllReduce;
+  const void* sendbuf = nullptr;
+  void* recvbuf = nullptr;
+  size_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  RedOp op = RedOp::kSum;
+  int root = 0;  // Broadcast, Reduce
+  int peer = 0;  // Send, Recv
+  int rank = 0;
+  int nranks = 1;
+
+  size_t element_size() const { return kernels::element_size(dtype); }
+  // The largest buffer this rank touches, in bytes (what algorithm thresholds look at).
+  size_t message_bytes() const;
+};
+
+enum class StepKind : uint8_t { kRecv, kSend, kWait, kReduce, kCopy, kAverage };
+
+struct Step {
+  StepKind kind;
+  uint8_t slot = 0;           // kRecv, kSend, kWait: which of the fragment's transfer slots
+  int32_t peer = -1;          // kRecv, kSend
+  uint32_t msg = 0;           // kRecv, kSend: message id within the collective
+  const void* src = nullptr;  // kSend: data; kReduce: first operand; kCopy: source
+  const void* src2 = nullptr; // kReduce: second operand
+  void* dst = nullptr;        // kRecv: destination; kReduce, kCopy, kAverage: output
+  size_t n = 0;               // kRecv, kSend, kCopy: bytes; kReduce, kAverage: elements
+};
+
+// The steps of one fragment, run in order. A kWait blocks the fragment (not the executor) until the
+// slot's transfer completes; other fragments keep going meanwhile.
+class Program {
+ public:
+  static constexpr int kSlots = 4;
+
+  void clear() { steps_.clear(); }
+  void recv(int slot, int peer, uint32_t msg, void* dst, size_t bytes) {
+    if (bytes) steps_.push_back(Step{StepKind::kRecv, static_cast<uint8_t>(slot), peer, msg, nullptr, nullptr, dst, bytes});
+  }
+  void send(int slot, int peer, uint32_t msg, const void* src, size_t bytes) {
+    if (bytes) steps_.push_back(Step{StepKind::kSend, static_cast<uint8_t>(slot), peer, msg, src, nullptr, nullptr, bytes});
+  }
+  // Waiting on a slot whose transfer was never posted (zero bytes) passes at once.
+  void wait(int slot) { steps_.push_back(Step{StepKind::kWait, static_cast<uint8_t>(slot), -1, 0, nullptr, nullptr, nullptr, 0}); }
+  // dst = a op b (elementwise, the plan's datatype and op); dst may equal a or b.
+  void reduce(void* dst, const void* a, const void* b, size_t count) {
+    if (count) steps_.push_back(Step{StepKind::kReduce, 0, -1, 0, a, b, dst, count});
+  }
+  void copy(void* dst, const void* src, size_t bytes) {
+    if (bytes && dst != src) steps_.push_back(Step{StepKind::kCopy, 0, -1, 0, src, nullptr, dst, bytes});
+  }
+  // buf = buf / nranks, the last step of RedOp::kAvg (a no-op for other ops).
+  void average(void* buf, size_t count) {
+    if (count) steps_.push_back(Step{StepKind::kAverage, 0, -1, 0, nullptr, nullptr, buf, count});
+  }
+  const std::vector<Step>& steps() const { return steps_; }
+
+ private:
+  std::vector<Step> steps_;
+};
+
+// One call's work for one algorithm.
+class Plan {
+ public:
+  explicit Plan(const CollArgs& args) : args_(args) {}
+  virtual ~Plan() = default;
+  const CollArgs& args() const { return args_; }
+
+  virtual size_t fragments() const = 0;
+  // Scratch each fragment in flight needs (the executor gives every slot its own).
+  virtual size_t scratch_bytes() const { return 0; }
+  // Writes fragment f's steps into out (cleared first). Must not allocate beyond out's growth.
+  virtual void build(size_t fragment, std::byte* scratch, Program& out) const = 0;
+  // The ranks this rank sends to and receives from: each such link carries one frame header.
+  virtual void links(std::vector<int>* send_to, std::vector<int>* recv_from) const = 0;
+  // The closed-form payload bytes this rank sends; the executor's count must equal it.
+  virtual uint64_t wire_bytes_sent() const = 0;
+
+ protected:
+  CollArgs args_;
+};
+
+struct PlanOptions {
+  size_t chunk_bytes = 512 * 1024;
+};
+
+// One entry of the registry (STYLE rule 2). Selection is by name, never by position; list order
+// breaks ties: by default the first entry of a collective that can run and whose default size range
+// holds the message is chosen.
+struct Algorithm {
+  const char* name;
+  CollKind collective;
+  const char* description;
+  const char* wire_bytes;         // the formula for wire_bytes_sent(), for qccl_info
+  size_t default_max_bytes;       // chosen by default up to this message size; 0 = any size
+  // nullptr when the algorithm can run these arguments; else why not (not an error).
+  const char* (*cannot_run)(const CollArgs& args);
+  std::unique_ptr<Plan> (*make)(const CollArgs& args, const PlanOptions& options);
+};
+
+const std::vector<Algorithm>& algorithms();
+// The entry named `name` for `kind`, or nullptr.
+const Algorithm* find_algorithm(CollKind kind, const std::string& name);
+
+}  // namespace qccl::coll

@@ -1,0 +1,77 @@
+// The registry: every algorithm qccl has, in preference order per collective (STYLE rule 2).
+// Default size limits were chosen by measurement (docs/PERF.md, "Algorithm thresholds").
+#include "collectives/algorithms.h"
+
+namespace qccl::coll {
+
+const char* coll_name(CollKind kind) {
+  switch (kind) {
+    case CollKind::kAllReduce: return "AllReduce";
+    case CollKind::kBroadcast: return "Broadcast";
+    case CollKind::kReduce: return "Reduce";
+    case CollKind::kAllGather: return "AllGather";
+    case CollKind::kReduceScatter: return "ReduceScatter";
+    case CollKind::kAlltoAll: return "AlltoAll";
+    case CollKind::kSend: return "Send";
+    case CollKind::kRecv: return "Recv";
+  }
+  return "?";
+}
+
+size_t CollArgs::message_bytes() const {
+  const size_t bytes = count * element_size();
+  switch (kind) {
+    case CollKind::kAllGather:
+    case CollKind::kReduceScatter:
+    case CollKind::kAlltoAll: return bytes * static_cast<size_t>(nranks);
+    default: return bytes;
+  }
+}
+
+const std::vector<Algorithm>& algorithms() {
+  constexpr size_t kAny = 0;
+  static const std::vector<Algorithm> list = {
+      {"local", CollKind::kAllReduce, "single rank: copy", "0", kAny, local_cannot_run, make_local},
+      {"local", CollKind::kBroadcast, "single rank: copy", "0", kAny, local_cannot_run, make_local},
+      {"local", CollKind::kReduce, "single rank: copy", "0", kAny, local_cannot_run, make_local},
+      {"local", CollKind::kAllGather, "single rank: copy", "0", kAny, local_cannot_run, make_local},
+      {"local", CollKind::kReduceScatter, "single rank: copy", "0", kAny, local_cannot_run, make_local},
+      {"local", CollKind::kAlltoAll, "single rank: copy", "0", kAny, local_cannot_run, make_local},
+
+      {"recursive_doubling", CollKind::kAllReduce,
+       "log2(p) pairwise exchanges of the whole buffer (non-powers of two fold first); latency-bound sizes",
+       "log2(p)*S (+S when folding)", 16 * 1024, allreduce_recursive_doubling_cannot_run,
+       make_allreduce_recursive_doubling},
+      {"ring", CollKind::kAllReduce, "pipelined ring reduce-scatter then ring allgather; bandwidth-optimal",
+       "2(n-1)/n*S", kAny, allreduce_ring_cannot_run, make_allreduce_ring},
+
+      {"binomial", CollKind::kBroadcast, "binomial tree from the root; ceil(log2 n) rounds", "children*S", 64 * 1024,
+       broadcast_binomial_cannot_run, make_broadcast_binomial},
+      {"chain", CollKind::kBroadcast, "pipelined chain from the root in rank order", "S (last rank: 0)", kAny,
+       broadcast_chain_cannot_run, make_broadcast_chain},
+
+      {"binomial", CollKind::kReduce, "binomial tree into the root; ceil(log2 n) rounds", "S (root: 0)", 64 * 1024,
+       reduce_binomial_cannot_run, make_reduce_binomial},
+      {"chain", CollKind::kReduce, "pipelined chain into the root", "S (root: 0)", kAny, reduce_chain_cannot_run,
+       make_reduce_chain},
+
+      {"ring", CollKind::kAllGather, "pipelined ring", "(n-1)*sendcount*es", kAny, allgather_ring_cannot_run,
+       make_allgather_ring},
+      {"ring", CollKind::kReduceScatter, "pipelined ring", "(n-1)*recvcount*es", kAny, reduce_scatter_ring_cannot_run,
+       make_reduce_scatter_ring},
+      {"pairwise", CollKind::kAlltoAll, "n-1 pairwise exchange steps, pipelined", "(n-1)*count*es", kAny,
+       alltoall_pairwise_cannot_run, make_alltoall_pairwise},
+
+      {"direct", CollKind::kSend, "one transport message", "S", kAny, sendrecv_direct_cannot_run, make_sendrecv_direct},
+      {"direct", CollKind::kRecv, "one transport message", "0", kAny, sendrecv_direct_cannot_run, make_sendrecv_direct},
+  };
+  return list;
+}
+
+const Algorithm* find_algorithm(CollKind kind, const std::string& name) {
+  for (const Algorithm& a : algorithms())
+    if (a.collective == kind && name == a.name) return &a;
+  return nullptr;
+}
+
+}  // namespace qccl::coll

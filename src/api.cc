@@ -1,0 +1,393 @@
+// The C API: each entry point fills a descriptor and makes one call, inside api_call(), which turns
+// exceptions into a result code and the thread's last-error line (STYLE rules 4 and 15).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "include/qccl.h"
+#include "src/bootstrap.h"
+#include "src/comm.h"
+#include "src/config.h"
+#include "src/errors.h"
+#include "src/group.h"
+#include "src/log.h"
+#include "src/validate.h"
+
+struct qcclComm {
+  std::shared_ptr<qccl::Comm> impl;
+};
+
+struct qcclRequest {
+  std::shared_ptr<qccl::OpRecord> record;
+};
+
+namespace qccl {
+namespace {
+
+template <class F>
+qcclResult_t api_call(const char* name, F&& body) {
+  try {
+    body();
+    return qcclSuccess;
+  } catch (const Error& e) {
+    set_last_error(std::string(name) + ": " + e.message());
+    return e.code();
+  } catch (const std::bad_alloc&) {
+    set_last_error(std::string(name) + ": out of memory");
+    return qcclSystemError;
+  } catch (const std::exception& e) {
+    set_last_error(std::string(name) + ": internal error: " + e.what());
+    return qcclInternalError;
+  } catch (...) {
+    set_last_error(std::string(name) + ": internal error: unknown exception");
+    return qcclInternalError;
+  }
+}
+
+Comm& get(qcclComm_t comm) {
+  if (!comm || !comm->impl) fail(qcclInvalidArgument, "comm is NULL");
+  return *comm->impl;
+}
+
+template <class T>
+void require_out(T* p, const char* name) {
+  if (!p) fail(qcclInvalidArgument, "%s is NULL", name);
+}
+
+uint64_t random_magic() {
+  std::random_device device;
+  uint64_t magic = 0;
+  while (magic == 0) magic = (static_cast<uint64_t>(device()) << 32) ^ device();
+  return magic;
+}
+
+// Validates, then runs (blocking), starts (non-blocking) or defers (inside a group) one call.
+void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request) {
+  Comm& c = get(comm);
+  auto record = std::make_shared<OpRecord>();
+  record->args = validate_call(call, c.rank(), c.nranks());
+  record->comm = comm->impl;
+  if (group_active()) {
+    group_defer(record, request == nullptr);
+    if (request) *request = new qcclRequest{record};
+    return;
+  }
+  if (request) {
+    c.start(record, /*background=*/true);
+    *request = new qcclRequest{record};
+    return;
+  }
+  c.start(record, /*background=*/false);
+  c.wait(*record);
+}
+
+struct EnvLaunch {
+  int rank = 0;
+  int nranks = 1;
+  std::string root;    // host:port
+  std::string source;  // which launcher's variables were used
+};
+
+int env_int(const char* name, int lo, int hi) {
+  return static_cast<int>(parse_int(name, env(name), lo, hi));
+}
+
+std::string env_root(const char* source) {
+  if (const char* root = env("QCCL_ROOT")) return root;
+  if (env("MASTER_ADDR") && env("MASTER_PORT")) return std::string(env("MASTER_ADDR")) + ":" + env("MASTER_PORT");
+  fail(qcclInvalidArgument, "%s gives rank and size but no root address: set QCCL_ROOT=host:port (rank 0's host) "
+       "or MASTER_ADDR and MASTER_PORT", source);
+}
+
+EnvLaunch read_launch_environment() {
+  EnvLaunch l;
+  auto both = [](const char* a, const char* b) {
+    if ((env(a) != nullptr) != (env(b) != nullptr))
+      fail(qcclInvalidArgument, "%s is set but %s is not", env(a) ? a : b, env(a) ? b : a);
+    return env(a) != nullptr;
+  };
+  if (both("QCCL_RANK", "QCCL_NRANKS")) {
+    l.source = "QCCL_RANK/QCCL_NRANKS";
+    l.nranks = env_int("QCCL_NRANKS", 1, 1 << 20);
+    l.rank = env_int("QCCL_RANK", 0, l.nranks - 1);
+    if (l.nranks > 1 && !env("QCCL_ROOT")) fail(qcclInvalidArgument, "QCCL_NRANKS = %d but QCCL_ROOT is not set", l.nranks);
+  } else if (both("RANK", "WORLD_SIZE")) {
+    l.source = "torchrun (RANK/WORLD_SIZE)";
+    l.nranks = env_int("WORLD_SIZE", 1, 1 << 20);
+    l.rank = env_int("RANK", 0, l.nranks - 1);
+  } else if (both("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")) {
+    l.source = "Open MPI (OMPI_COMM_WORLD_RANK/SIZE)";
+    l.nranks = env_int("OMPI_COMM_WORLD_SIZE", 1, 1 << 20);
+    l.rank = env_int("OMPI_COMM_WORLD_RANK", 0, l.nranks - 1);
+  } else if (both("SLURM_PROCID", "SLURM_NTASKS")) {
+    l.source = "Slurm (SLURM_PROCID/SLURM_NTASKS)";
+    l.nranks = env_int("SLURM_NTASKS", 1, 1 << 20);
+    l.rank = env_int("SLURM_PROCID", 0, l.nranks - 1);
+  } else {
+    l.source = "no launcher (single rank)";
+  }
+  if (l.nranks > 1) l.root = env_root(l.source.c_str());
+  return l;
+}
+
+// The magic of an environment launch: QCCL_MAGIC, or a hash of what identifies the job, so that two
+// jobs that happen to share a root address refuse each other.
+uint64_t launch_magic(const EnvLaunch& l) {
+  if (const char* v = env("QCCL_MAGIC")) {
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long m = std::strtoull(v, &end, 16);
+    if (*end || errno || std::strlen(v) > 16)
+      fail(qcclInvalidArgument, "QCCL_MAGIC = '%s' is not a 64-bit hexadecimal number", v);
+    return m;
+  }
+  std::string identity = l.root + "|" + std::to_string(l.nranks);
+  for (const char* var : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"})
+    if (const char* v = env(var)) identity += std::string("|") + v;
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : identity) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+qcclComm_t wrap(std::shared_ptr<Comm> impl) { return new qcclComm{std::move(impl)}; }
+
+}  // namespace
+}  // namespace qccl
+
+using namespace qccl;
+
+extern "C" {
+
+QCCL_API qcclResult_t qcclGetVersion(int* version) {
+  return api_call("qcclGetVersion", [&] {
+    require_out(version, "version");
+    *version = QCCL_VERSION_CODE;
+  });
+}
+
+QCCL_API const char* qcclGetErrorString(qcclResult_t result) { return result_string(result); }
+
+QCCL_API const char* qcclGetLastError(qcclComm_t) { return last_error().c_str(); }
+
+QCCL_API qcclResult_t qcclGetUniqueId(qcclUniqueId* uniqueId) {
+  return api_call("qcclGetUniqueId", [&] {
+    require_out(uniqueId, "uniqueId");
+    Config config = Config::resolve(nullptr);
+    net::Socket listener = net::Socket::listen(net::local_address(config.socket_ifname));
+    BootstrapId id{random_magic(), listener.local_address()};
+    encode_unique_id(id, uniqueId);
+    start_root_service(std::move(listener), id.magic, 0, config.timeout_seconds);
+  });
+}
+
+QCCL_API qcclResult_t qcclCommInitRankConfig(qcclComm_t* comm, int nranks, qcclUniqueId uniqueId, int rank,
+                                             const qcclConfig_t* config) {
+  return api_call("qcclCommInitRank", [&] {
+    require_out(comm, "comm");
+    if (nranks < 1 || nranks > transport::UcxTransport::kMaxRanks)
+      fail(qcclInvalidArgument, "nranks = %d is out of range [1, %d]", nranks, transport::UcxTransport::kMaxRanks);
+    if (rank < 0 || rank >= nranks) fail(qcclInvalidArgument, "rank = %d is out of range [0, %d)", rank, nranks);
+    BootstrapId id = decode_unique_id(uniqueId);
+    *comm = wrap(Comm::create(id, nranks, rank, Config::resolve(config)));
+  });
+}
+
+QCCL_API qcclResult_t qcclCommInitRank(qcclComm_t* comm, int nranks, qcclUniqueId uniqueId, int rank) {
+  return qcclCommInitRankConfig(comm, nranks, uniqueId, rank, nullptr);
+}
+
+QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* config) {
+  return api_call("qcclCommInitEnv", [&] {
+    require_out(comm, "comm");
+    Config resolved = Config::resolve(config);
+    EnvLaunch launch = read_launch_environment();
+    BootstrapId id;
+    if (launch.nranks == 1) {
+      // A job of one: a private root on loopback keeps a single code path.
+      net::Socket listener = net::Socket::listen(net::Address::parse("127.0.0.1:0", "loopback"));
+      id = BootstrapId{random_magic(), listener.local_address()};
+      start_root_service(std::move(listener), id.magic, 1, resolved.timeout_seconds);
+    } else {
+      id = BootstrapId{launch_magic(launch), net::Address::parse(launch.root, "root address (" + launch.source + ")")};
+      if (launch.rank == 0) {
+        net::Address any = net::Address::parse(id.root.family() == AF_INET6 ? "[::]:0" : "0.0.0.0:0", "any");
+        any.set_port(id.root.port());
+        start_root_service(net::Socket::listen(any), id.magic, launch.nranks, resolved.timeout_seconds);
+      }
+    }
+    QCCL_INFO("qcclCommInitEnv: rank %d of %d from %s", launch.rank, launch.nranks, launch.source.c_str());
+    *comm = wrap(Comm::create(id, launch.nranks, launch.rank, resolved));
+  });
+}
+
+QCCL_API qcclResult_t qcclCommDestroy(qcclComm_t comm) {
+  return api_call("qcclCommDestroy", [&] {
+    Comm& c = get(comm);
+    std::unique_ptr<qcclComm> handle(comm);  // invalid afterwards, whatever happens
+    c.destroy();
+  });
+}
+
+QCCL_API qcclResult_t qcclCommAbort(qcclComm_t comm) {
+  return api_call("qcclCommAbort", [&] {
+    Comm& c = get(comm);
+    std::unique_ptr<qcclComm> handle(comm);
+    c.abort();
+  });
+}
+
+QCCL_API qcclResult_t qcclCommCount(const qcclComm_t comm, int* count) {
+  return api_call("qcclCommCount", [&] {
+    Comm& c = get(comm);
+    require_out(count, "count");
+    *count = c.nranks();
+  });
+}
+
+QCCL_API qcclResult_t qcclCommUserRank(const qcclComm_t comm, int* rank) {
+  return api_call("qcclCommUserRank", [&] {
+    Comm& c = get(comm);
+    require_out(rank, "rank");
+    *rank = c.rank();
+  });
+}
+
+QCCL_API qcclResult_t qcclCommGetAsyncError(qcclComm_t comm, qcclResult_t* asyncError) {
+  return api_call("qcclCommGetAsyncError", [&] {
+    Comm& c = get(comm);
+    require_out(asyncError, "asyncError");
+    std::string message;
+    *asyncError = c.health(&message);
+    if (*asyncError != qcclSuccess) set_last_error("qcclCommGetAsyncError: " + message);
+  });
+}
+
+QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats) {
+  return api_call("qcclCommGetLastStats", [&] {
+    Comm& c = get(comm);
+    require_out(stats, "stats");
+    if (stats->size != sizeof(qcclStats_t))
+      fail(qcclInvalidArgument, "stats->size = %zu; set it to sizeof(qcclStats_t) = %zu", stats->size, sizeof(qcclStats_t));
+    c.last_stats(stats);
+  });
+}
+
+#define QCCL_CALL(name, request, ...) \
+  return api_call(name, [&] { submit(comm, RawCall{__VA_ARGS__}, request); })
+
+QCCL_API qcclResult_t qcclAllReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                    qcclRedOp_t op, qcclComm_t comm) {
+  QCCL_CALL("qcclAllReduce", nullptr, coll::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0);
+}
+QCCL_API qcclResult_t qcclBroadcast(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                    int root, qcclComm_t comm) {
+  QCCL_CALL("qcclBroadcast", nullptr, coll::CollKind::kBroadcast, sendbuff, recvbuff, count, datatype, 0, root);
+}
+QCCL_API qcclResult_t qcclReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                 qcclRedOp_t op, int root, qcclComm_t comm) {
+  QCCL_CALL("qcclReduce", nullptr, coll::CollKind::kReduce, sendbuff, recvbuff, count, datatype, op, root);
+}
+QCCL_API qcclResult_t qcclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, qcclDataType_t datatype,
+                                    qcclComm_t comm) {
+  QCCL_CALL("qcclAllGather", nullptr, coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0);
+}
+QCCL_API qcclResult_t qcclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                        qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm) {
+  QCCL_CALL("qcclReduceScatter", nullptr, coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0);
+}
+QCCL_API qcclResult_t qcclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                   qcclComm_t comm) {
+  QCCL_CALL("qcclAlltoAll", nullptr, coll::CollKind::kAlltoAll, sendbuff, recvbuff, count, datatype, 0, 0);
+}
+QCCL_API qcclResult_t qcclSend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer,
+                               qcclComm_t comm) {
+  QCCL_CALL("qcclSend", nullptr, coll::CollKind::kSend, sendbuff, nullptr, count, datatype, 0, peer);
+}
+QCCL_API qcclResult_t qcclRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer, qcclComm_t comm) {
+  QCCL_CALL("qcclRecv", nullptr, coll::CollKind::kRecv, nullptr, recvbuff, count, datatype, 0, peer);
+}
+
+#define QCCL_ICALL(name, ...)                                   \
+  return api_call(name, [&] {                                   \
+    require_out(request, "request");                            \
+    submit(comm, RawCall{__VA_ARGS__}, request);                \
+  })
+
+QCCL_API qcclResult_t qcclIAllReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                     qcclRedOp_t op, qcclComm_t comm, qcclRequest_t* request) {
+  QCCL_ICALL("qcclIAllReduce", coll::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0);
+}
+QCCL_API qcclResult_t qcclIBroadcast(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                     int root, qcclComm_t comm, qcclRequest_t* request) {
+  QCCL_ICALL("qcclIBroadcast", coll::CollKind::kBroadcast, sendbuff, recvbuff, count, datatype, 0, root);
+}
+QCCL_API qcclResult_t qcclIReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                  qcclRedOp_t op, int root, qcclComm_t comm, qcclRequest_t* request) {
+  QCCL_ICALL("qcclIReduce", coll::CollKind::kReduce, sendbuff, recvbuff, count, datatype, op, root);
+}
+QCCL_API qcclResult_t qcclIAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, qcclDataType_t datatype,
+                                     qcclComm_t comm, qcclRequest_t* request) {
+  QCCL_ICALL("qcclIAllGather", coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0);
+}
+QCCL_API qcclResult_t qcclIReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                         qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm,
+                                         qcclRequest_t* request) {
+  QCCL_ICALL("qcclIReduceScatter", coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0);
+}
+QCCL_API qcclResult_t qcclIAlltoAll(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                    qcclComm_t comm, qcclRequest_t* request) {
+  QCCL_ICALL("qcclIAlltoAll", coll::CollKind::kAlltoAll, sendbuff, recvbuff, count, datatype, 0, 0);
+}
+QCCL_API qcclResult_t qcclISend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer,
+                                qcclComm_t comm, qcclRequest_t* request) {
+  QCCL_ICALL("qcclISend", coll::CollKind::kSend, sendbuff, nullptr, count, datatype, 0, peer);
+}
+QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer, qcclComm_t comm,
+                                qcclRequest_t* request) {
+  QCCL_ICALL("qcclIRecv", coll::CollKind::kRecv, nullptr, recvbuff, count, datatype, 0, peer);
+}
+
+QCCL_API qcclResult_t qcclGroupStart(void) {
+  return api_call("qcclGroupStart", [] { group_start(); });
+}
+
+QCCL_API qcclResult_t qcclGroupEnd(void) {
+  return api_call("qcclGroupEnd", [] { group_end(); });
+}
+
+QCCL_API qcclResult_t qcclTest(qcclRequest_t* request, int* done) {
+  qcclResult_t result = qcclSuccess;
+  qcclResult_t call = api_call("qcclTest", [&] {
+    require_out(request, "request");
+    require_out(done, "done");
+    if (!*request) fail(qcclInvalidArgument, "*request is NULL");
+    OpRecord& record = *(*request)->record;
+    if (!record.started) fail(qcclInvalidUsage, "the request belongs to a group that has not ended (qcclGroupEnd)");
+    *done = record.comm->test(record) ? 1 : 0;
+    if (!*done) return;
+    result = record.result;
+    if (result != qcclSuccess) set_last_error("qcclTest: " + record.error);
+    delete *request;
+    *request = nullptr;
+  });
+  return call != qcclSuccess ? call : result;
+}
+
+QCCL_API qcclResult_t qcclWait(qcclRequest_t* request) {
+  return api_call("qcclWait", [&] {
+    require_out(request, "request");
+    if (!*request) return;
+    std::unique_ptr<qcclRequest> owned(*request);
+    OpRecord& record = *owned->record;
+    if (!record.started) {
+      owned.release();
+      fail(qcclInvalidUsage, "the request belongs to a group that has not ended (qcclGroupEnd)");
+    }
+    *request = nullptr;
+    record.comm->wait(record);
+  });
+}
+
+}  // extern "C"

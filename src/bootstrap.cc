@@ -1,0 +1,273 @@
+#include "src/bootstrap.h"
+
+#include <poll.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "src/errors.h"
+#include "src/log.h"
+#include "src/wire.h"
+
+namespace qccl {
+
+namespace {
+
+constexpr uint32_t kIdTag = 0x44494351;     // "QCID"
+constexpr uint32_t kHelloTag = 0x4c484351;  // "QCHL"
+constexpr uint32_t kTableTag = 0x42544351;  // "QCTB"
+constexpr uint32_t kRefuseTag = 0x4f4e4351; // "QCNO"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHelloHeaderBytes = 4 + 4 + 8 + 4 + 4 + 4;
+constexpr size_t kMaxBlobBytes = 64 * 1024;
+constexpr double kHelloSeconds = 10.0;  // a connection must say hello this fast or be dropped
+
+}  // namespace
+
+void encode_unique_id(const BootstrapId& id, qcclUniqueId* out) {
+  static_assert(sizeof(sockaddr_storage) + 16 <= QCCL_UNIQUE_ID_BYTES + 16, "layout");
+  std::memset(out, 0, sizeof(*out));
+  ByteWriter w;
+  w.put<uint32_t>(kIdTag);
+  w.put<uint32_t>(kVersion);
+  w.put<uint64_t>(id.magic);
+  w.put_string(id.root.to_string());
+  if (w.bytes().size() > QCCL_UNIQUE_ID_BYTES) fail(qcclInternalError, "unique id does not fit");
+  std::memcpy(out->internal, w.bytes().data(), w.bytes().size());
+}
+
+BootstrapId decode_unique_id(const qcclUniqueId& id) {
+  ByteReader r(reinterpret_cast<const uint8_t*>(id.internal), sizeof(id.internal), "unique id",
+               qcclInvalidArgument);
+  uint32_t tag = r.get<uint32_t>();
+  uint32_t version = r.get<uint32_t>();
+  if (tag != kIdTag || version != kVersion)
+    fail(qcclInvalidArgument, "uniqueId was not made by qcclGetUniqueId (tag 0x%08x, version %u)", tag, version);
+  BootstrapId out;
+  out.magic = r.get<uint64_t>();
+  out.root = net::Address::parse(r.get_string(96), "uniqueId root address");
+  return out;
+}
+
+// ---- Root service --------------------------------------------------------------------------------
+
+namespace {
+
+class RootService {
+ public:
+  RootService(net::Socket listener, uint64_t magic, int nranks, double timeout)
+      : listener_(std::move(listener)), magic_(magic), nranks_(nranks), deadline_(net::Deadline::after(timeout)) {}
+
+  void run() {
+    const std::string where = listener_.local_address().to_string();
+    try {
+      while (static_cast<int>(ranks_.size()) < nranks_ || nranks_ == 0) {
+        if (deadline_.expired()) {
+          QCCL_WARN("bootstrap root %s: gave up after the timeout with %zu of %d ranks joined", where.c_str(),
+                    ranks_.size(), nranks_);
+          return;
+        }
+        poll_once(where);
+      }
+      send_tables(where);
+    } catch (const Error& e) {
+      QCCL_WARN("bootstrap root %s: %s", where.c_str(), e.message().c_str());
+    }
+  }
+
+ private:
+  struct Pending {
+    net::Socket socket;
+    std::vector<uint8_t> bytes;
+    net::Deadline deadline;
+  };
+  struct Joined {
+    net::Socket socket;
+    std::vector<uint8_t> blob;
+  };
+
+  void poll_once(const std::string& where) {
+    std::vector<pollfd> fds;
+    fds.push_back({listener_.fd(), POLLIN, 0});
+    for (auto& p : pending_) fds.push_back({p->socket.fd(), POLLIN, 0});
+    ::poll(fds.data(), fds.size(), 100);
+    if (fds[0].revents & POLLIN) {
+      net::Socket s = listener_.accept(net::Deadline::after(0.001));
+      if (s.valid()) pending_.push_back(std::make_unique<Pending>(Pending{std::move(s), {}, net::Deadline::after(kHelloSeconds)}));
+    }
+    for (size_t i = 0; i < pending_.size();) {
+      bool keep = true;
+      try {
+        keep = service(*pending_[i], where);
+      } catch (const Error& e) {
+        refuse(*pending_[i], where, e.message());
+        keep = false;
+      }
+      if (keep) ++i;
+      else pending_.erase(pending_.begin() + static_cast<long>(i));
+    }
+  }
+
+  // Reads what arrived; returns false when the connection is finished with (joined or refused).
+  bool service(Pending& p, const std::string& where) {
+    uint8_t buf[4096];
+    for (;;) {
+      long n = p.socket.read_some(buf, sizeof(buf));
+      if (n == 0) fail(qcclRemoteError, "closed before a complete hello (%zu bytes)", p.bytes.size());
+      if (n < 0) break;
+      p.bytes.insert(p.bytes.end(), buf, buf + n);
+      if (p.bytes.size() > kHelloHeaderBytes + kMaxBlobBytes) break;
+    }
+    if (p.bytes.size() >= 4) {
+      uint32_t tag = ByteReader(p.bytes.data(), 4, "hello").get<uint32_t>();
+      if (tag != kHelloTag) fail(qcclRemoteError, "not a qccl hello (first bytes 0x%08x)", tag);
+    }
+    if (p.bytes.size() < kHelloHeaderBytes) {
+      if (p.deadline.expired()) fail(qcclTimeout, "no complete hello within %.0f s", kHelloSeconds);
+      return true;
+    }
+    ByteReader r(p.bytes.data(), p.bytes.size(), "hello");
+    r.get<uint32_t>();
+    uint32_t version = r.get<uint32_t>();
+    uint64_t magic = r.get<uint64_t>();
+    int32_t rank = r.get<int32_t>();
+    int32_t nranks = r.get<int32_t>();
+    uint32_t blob_len = r.get<uint32_t>();
+    if (version != kVersion) fail(qcclRemoteError, "protocol version %u, expected %u", version, kVersion);
+    if (magic != magic_)
+      fail(qcclRemoteError, "wrong magic 0x%016llx (this communicator's is different)",
+           static_cast<unsigned long long>(magic));
+    if (blob_len > kMaxBlobBytes) fail(qcclRemoteError, "blob of %u bytes exceeds %zu", blob_len, kMaxBlobBytes);
+    if (r.remaining() < blob_len) {
+      if (p.deadline.expired()) fail(qcclTimeout, "no complete hello within %.0f s", kHelloSeconds);
+      return true;
+    }
+    if (nranks < 1) fail(qcclRemoteError, "nranks = %d", nranks);
+    if (nranks_ == 0) nranks_ = nranks;
+    if (nranks != nranks_)
+      fail(qcclRemoteError, "rank %d says nranks = %d but the communicator being built has %d", rank, nranks, nranks_);
+    if (rank < 0 || rank >= nranks_) fail(qcclRemoteError, "rank %d is not in [0, %d)", rank, nranks_);
+    if (ranks_.count(rank)) fail(qcclRemoteError, "rank %d has already joined", rank);
+    Joined j{std::move(p.socket), std::vector<uint8_t>(p.bytes.begin() + kHelloHeaderBytes,
+                                                       p.bytes.begin() + static_cast<long>(kHelloHeaderBytes + blob_len))};
+    ranks_.emplace(rank, std::move(j));
+    QCCL_TRACE("bootstrap root %s: rank %d joined (%zu of %d)", where.c_str(), rank, ranks_.size(), nranks_);
+    return false;
+  }
+
+  void refuse(Pending& p, const std::string& where, const std::string& reason) {
+    QCCL_WARN("bootstrap root %s: refused connection from %s: %s", where.c_str(),
+              p.socket.peer_address().to_string().c_str(), reason.c_str());
+    try {
+      ByteWriter w;
+      w.put<uint32_t>(kRefuseTag);
+      w.put_string(reason);
+      p.socket.send_all(w.bytes().data(), w.bytes().size(), net::Deadline::after(1.0));
+    } catch (const Error&) {
+      // The peer may be gone already; the refusal is logged either way.
+    }
+  }
+
+  void send_tables(const std::string& where) {
+    ByteWriter w;
+    w.put<uint32_t>(kTableTag);
+    w.put<uint32_t>(static_cast<uint32_t>(nranks_));
+    for (auto& [rank, joined] : ranks_) w.put_bytes(joined.blob.data(), joined.blob.size());
+    for (auto& [rank, joined] : ranks_) {
+      try {
+        joined.socket.send_all(w.bytes().data(), w.bytes().size(), net::Deadline::after(30.0));
+      } catch (const Error& e) {
+        QCCL_WARN("bootstrap root %s: could not send the table to rank %d: %s", where.c_str(), rank, e.message().c_str());
+      }
+    }
+    QCCL_TRACE("bootstrap root %s: %d ranks joined; exiting", where.c_str(), nranks_);
+  }
+
+  net::Socket listener_;
+  uint64_t magic_;
+  int nranks_;
+  net::Deadline deadline_;
+  std::vector<std::unique_ptr<Pending>> pending_;
+  std::map<int, Joined> ranks_;
+};
+
+}  // namespace
+
+void start_root_service(net::Socket listener, uint64_t magic, int expected_nranks, double timeout_seconds) {
+  auto service = std::make_shared<RootService>(std::move(listener), magic, expected_nranks, timeout_seconds);
+  std::thread([service] { service->run(); }).detach();
+}
+
+std::vector<std::vector<uint8_t>> exchange_through_root(const BootstrapId& id, int rank, int nranks,
+                                                        const std::vector<uint8_t>& blob,
+                                                        const net::Deadline& deadline) {
+  net::Socket s = net::Socket::connect(id.root, deadline);
+  ByteWriter w;
+  w.put<uint32_t>(kHelloTag);
+  w.put<uint32_t>(kVersion);
+  w.put<uint64_t>(id.magic);
+  w.put<int32_t>(rank);
+  w.put<int32_t>(nranks);
+  w.put<uint32_t>(static_cast<uint32_t>(blob.size()));
+  w.bytes().insert(w.bytes().end(), blob.begin(), blob.end());
+  s.send_all(w.bytes().data(), w.bytes().size(), deadline);
+
+  const std::string root = id.root.to_string();
+  uint32_t tag = 0;
+  try {
+    s.recv_all(&tag, sizeof(tag), deadline);
+  } catch (const Error& e) {
+    fail(e.code(), "bootstrap: waiting for the other ranks at root %s: %s", root.c_str(), e.message().c_str());
+  }
+  auto read_sized = [&](size_t max_len) {
+    uint32_t len = 0;
+    s.recv_all(&len, sizeof(len), deadline);
+    if (len > max_len) fail(qcclRemoteError, "bootstrap: root %s sent a field of %u bytes", root.c_str(), len);
+    std::vector<uint8_t> bytes(len);
+    s.recv_all(bytes.data(), len, deadline);
+    return bytes;
+  };
+  if (tag == kRefuseTag) {
+    auto reason = read_sized(4096);
+    fail(qcclInvalidArgument, "bootstrap root %s refused rank %d: %s", root.c_str(), rank,
+         std::string(reason.begin(), reason.end()).c_str());
+  }
+  if (tag != kTableTag) fail(qcclRemoteError, "bootstrap: root %s answered with tag 0x%08x", root.c_str(), tag);
+  uint32_t count = 0;
+  s.recv_all(&count, sizeof(count), deadline);
+  if (static_cast<int>(count) != nranks)
+    fail(qcclRemoteError, "bootstrap: root %s sent %u entries for %d ranks", root.c_str(), count, nranks);
+  std::vector<std::vector<uint8_t>> blobs(count);
+  for (auto& b : blobs) b = read_sized(kMaxBlobBytes);
+  return blobs;
+}
+
+// ---- PeerInfo ------------------------------------------------------------------------------------
+
+std::vector<uint8_t> PeerInfo::serialize() const {
+  ByteWriter w;
+  w.put_string(hostname);
+  w.put_string(boot_id);
+  w.put<int32_t>(pid);
+  w.put_string(control_address);
+  w.put_string(topology);
+  w.put_bytes(transport_address.data(), transport_address.size());
+  return std::move(w.bytes());
+}
+
+PeerInfo PeerInfo::parse(const std::vector<uint8_t>& bytes, int rank) {
+  (void)rank;
+  ByteReader r(bytes.data(), bytes.size(), "peer information");
+  PeerInfo p;
+  p.hostname = r.get_string(256);
+  p.boot_id = r.get_string(64);
+  p.pid = r.get<int32_t>();
+  p.control_address = r.get_string(128);
+  p.topology = r.get_string(1024);
+  p.transport_address = r.get_bytes(16384);
+  return p;
+}
+
+}  // namespace qccl

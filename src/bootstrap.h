@@ -1,0 +1,52 @@
+// Bootstrap: how ranks that know only a root address and a magic find each other.
+//
+// The root (a thread started by qcclGetUniqueId, or by rank 0 under qcclCommInitEnv) accepts one TCP
+// connection per rank. Each rank sends a hello {magic, rank, nranks, blob}; when all nranks have
+// arrived the root sends every rank the table of all blobs and exits. A connection that presents
+// another magic, an inconsistent rank count, a duplicate rank or bytes that do not parse is refused
+// (with a one-line reason sent back when possible), logged at WARN, and does not disturb the
+// communicator being built. The blob carries what the ranks need from each other (PeerInfo).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "include/qccl.h"
+#include "src/socket.h"
+
+namespace qccl {
+
+struct BootstrapId {
+  uint64_t magic = 0;
+  net::Address root;
+};
+
+void encode_unique_id(const BootstrapId& id, qcclUniqueId* out);
+// Throws Error(qcclInvalidArgument) when the bytes are not a qccl unique id.
+BootstrapId decode_unique_id(const qcclUniqueId& id);
+
+// Starts the root service on `listener` in a detached thread. expected_nranks = 0 learns it from the
+// first valid hello. The thread gives up (with a WARN) after `timeout_seconds` (0: never).
+void start_root_service(net::Socket listener, uint64_t magic, int expected_nranks, double timeout_seconds);
+
+// Rank side: sends our blob to the root and returns every rank's blob, indexed by rank.
+std::vector<std::vector<uint8_t>> exchange_through_root(const BootstrapId& id, int rank, int nranks,
+                                                        const std::vector<uint8_t>& blob,
+                                                        const net::Deadline& deadline);
+
+// What each rank tells the others at bootstrap.
+struct PeerInfo {
+  std::string hostname;
+  std::string boot_id;          // /proc/sys/kernel/random/boot_id: same host <=> same boot id + name
+  int32_t pid = 0;
+  std::string control_address;  // rank 0's control-plane listener ("ip:port"); empty elsewhere
+  std::string topology;         // one-line hwloc summary, for logs
+  std::vector<uint8_t> transport_address;
+
+  std::vector<uint8_t> serialize() const;
+  static PeerInfo parse(const std::vector<uint8_t>& bytes, int rank);
+  bool same_host(const PeerInfo& other) const { return hostname == other.hostname && boot_id == other.boot_id; }
+};
+
+}  // namespace qccl

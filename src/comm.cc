@@ -1,0 +1,409 @@
+#include "src/comm.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/reduce.h"
+#include "src/errors.h"
+#include "src/log.h"
+
+namespace qccl {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a blocked driver sleeps at most before it looks at timeouts and flags again.
+constexpr int kMaxBlockMs = 100;
+
+int make_eventfd() {
+  int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fd < 0) fail(qcclSystemError, "eventfd failed: %s", errno_string(errno).c_str());
+  return fd;
+}
+
+void drain(int fd) {
+  uint64_t value;
+  while (read(fd, &value, sizeof(value)) > 0) {
+  }
+}
+
+}  // namespace
+
+// ---- Creation ------------------------------------------------------------------------------------
+
+Comm::Comm(int rank, int nranks, const Config& config)
+    : rank_(rank), nranks_(nranks), config_(config), policy_(config.algorithms),
+      send_sequence_(nranks, 0), recv_sequence_(nranks, 0) {
+  progress_wake_fd_ = make_eventfd();
+  driver_wake_fd_ = make_eventfd();
+}
+
+std::shared_ptr<Comm> Comm::create(const BootstrapId& id, int nranks, int rank, const Config& config) {
+  std::shared_ptr<Comm> comm(new Comm(rank, nranks, config));
+  comm->join(id);
+  return comm;
+}
+
+void Comm::join(const BootstrapId& id) {
+  const auto deadline = net::Deadline::after(config_.timeout_seconds);
+  log_set_rank(rank_);
+  topology_ = detect_local_topology();
+  transport_ = std::make_unique<transport::UcxTransport>(rank_, nranks_);
+
+  net::Socket control_listener;
+  PeerInfo me;
+  if (rank_ == 0) {
+    control_listener = net::Socket::listen(net::local_address(config_.socket_ifname));
+    me.control_address = control_listener.local_address().to_string();
+  }
+  me.hostname = topology_.hostname;
+  me.boot_id = topology_.boot_id;
+  me.pid = static_cast<int32_t>(getpid());
+  me.topology = topology_.summary();
+  me.transport_address = transport_->address();
+
+  auto blobs = exchange_through_root(id, rank_, nranks_, me.serialize(), deadline);
+  for (int r = 0; r < nranks_; ++r) {
+    peers_.push_back(PeerInfo::parse(blobs[r], r));
+    names_.push_back(format("rank %d (%s:%d)", r, peers_[r].hostname.c_str(), peers_[r].pid));
+  }
+
+  control_ = std::make_unique<ControlPlane>(
+      rank_, nranks_, id.magic, names_,
+      [this](qcclResult_t code, const std::string& message) { break_comm(code, message, false); });
+  if (rank_ == 0) control_->accept_peers(control_listener, deadline);
+  else control_->connect_to_hub(net::Address::parse(peers_[0].control_address, "rank 0's control address"), deadline);
+
+  std::vector<std::vector<uint8_t>> addresses;
+  for (const PeerInfo& p : peers_) addresses.push_back(p.transport_address);
+  transport_->connect(addresses);
+  progress_thread_ = std::thread([this] { progress_thread_main(); });
+  control_->barrier(deadline);
+
+  int local = 0;
+  for (const PeerInfo& p : peers_) local += p.same_host(me) ? 1 : 0;
+  QCCL_INFO("communicator of %d ranks (%d on this host), root %s", nranks_, local, id.root.to_string().c_str());
+  QCCL_INFO("topology %s", topology_.summary().c_str());
+  QCCL_INFO("transport %s; reduction kernels %s; chunk %zu bytes, pipeline depth %d, timeout %g s",
+            transport_->describe().c_str(), kernels::reduce_target_name(), config_.chunk_bytes,
+            config_.pipeline_depth, config_.timeout_seconds);
+  QCCL_INFO("algorithms %s", policy_.describe().c_str());
+}
+
+Comm::~Comm() {
+  if (!shut_down_) shutdown();
+  close(progress_wake_fd_);
+  close(driver_wake_fd_);
+}
+
+// ---- Starting and finishing operations -----------------------------------------------------------
+
+void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
+  record->started = true;
+  record->started_at = Clock::now();
+  if (broken_) {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    throw Error(error_code_, error_message_);
+  }
+  coll::CollArgs& args = record->args;
+  if (args.count == 0) {  // nothing to move on any rank: no sequence number is used
+    finish(*record, qcclSuccess, "");
+    return;
+  }
+  const coll::Algorithm& algorithm = policy_.choose(args);
+  coll::PlanOptions options;
+  options.chunk_bytes = config_.chunk_bytes;
+  std::unique_ptr<coll::Plan> plan = algorithm.make(args, options);
+
+  OperationIdentity identity;
+  identity.p2p = args.kind == coll::CollKind::kSend || args.kind == coll::CollKind::kRecv;
+  if (!identity.p2p) identity.sequence = next_sequence_++;
+  else if (args.kind == coll::CollKind::kSend) identity.sequence = send_sequence_[args.peer]++;
+  else identity.sequence = recv_sequence_[args.peer]++;
+  identity.header = FrameHeader::for_call(args, identity.sequence, 0);
+  identity.expected = identity.header;
+
+  const int depth = config_.pipeline_depth;
+  const size_t scratch_bytes = plan->scratch_bytes() * static_cast<size_t>(depth);
+  {
+    // Scratch buffers are reused across calls: a fresh allocation would page-fault every time.
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    for (auto it = scratch_pool_.begin(); it != scratch_pool_.end(); ++it)
+      if ((*it)->size() >= scratch_bytes) {
+        record->scratch = *it;
+        scratch_pool_.erase(it);
+        break;
+      }
+  }
+  if (!record->scratch) record->scratch = std::make_shared<std::vector<std::byte>>(scratch_bytes);
+  QCCL_TRACE("%s via %s: %zu fragments, %llu wire bytes", identity.header.describe().c_str(), algorithm.name,
+             plan->fragments(), static_cast<unsigned long long>(plan->wire_bytes_sent()));
+  record->operation = std::make_unique<Operation>(algorithm, std::move(plan), identity, depth,
+                                                  record->scratch->data(), &names_);
+  {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    active_.push_back(record);
+    active_count_.fetch_add(1);
+    active_version_.fetch_add(1);
+  }
+  if (background) wake(progress_wake_fd_);
+}
+
+void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& error) {
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  record.result = result;
+  record.error = error;
+  if (record.operation) {
+    auto it = std::find_if(active_.begin(), active_.end(), [&](const auto& r) { return r.get() == &record; });
+    if (it != active_.end()) {
+      active_.erase(it);
+      active_count_.fetch_sub(1);
+      active_version_.fetch_add(1);
+    }
+    if (result == qcclSuccess) {
+      const Operation& op = *record.operation;
+      last_stats_.wireBytesSent = op.bytes_sent();
+      last_stats_.wireBytesReceived = op.bytes_received();
+      last_stats_.seconds = std::chrono::duration<double>(Clock::now() - record.started_at).count();
+      last_stats_.sequence = op.identity().sequence;
+      std::snprintf(last_stats_.algorithm, sizeof(last_stats_.algorithm), "%s", op.algorithm().name);
+    }
+    if (record.scratch) scratch_pool_.push_back(std::move(record.scratch));
+  } else if (result == qcclSuccess) {
+    last_stats_ = qcclStats_t{};
+  }
+  record.done.store(true, std::memory_order_release);
+}
+
+// ---- Driving -------------------------------------------------------------------------------------
+
+void Comm::wait(OpRecord& record) {
+  while (!record.done.load(std::memory_order_acquire)) {
+    callers_waiting_.fetch_add(1);
+    wake(progress_wake_fd_);  // ask the progress thread to step aside
+    {
+      std::lock_guard<std::mutex> drive(drive_mu_);
+      callers_waiting_.fetch_sub(1);
+      drive_until([&] { return record.done.load(std::memory_order_acquire); }, false);
+    }
+    if (active_count_.load() > 0) wake(progress_wake_fd_);  // others remain: hand them back
+  }
+  if (record.result != qcclSuccess) throw Error(record.result, record.error);
+}
+
+bool Comm::test(OpRecord& record) {
+  if (!record.done.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+    if (drive.owns_lock()) {
+      drive_until([&] { return record.done.load(std::memory_order_acquire); }, false, /*may_block=*/false);
+    }
+  }
+  return record.done.load(std::memory_order_acquire);
+}
+
+void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block) {
+  auto spin_until = Clock::now() + std::chrono::microseconds(config_.spin_us);
+  auto next_timeout_check = Clock::now() + std::chrono::milliseconds(kMaxBlockMs);
+  while (!done()) {
+    if (progress_thread && (stopping_ || callers_waiting_.load() > 0)) return;
+    if (!transport_) return;  // shut down under us (abort)
+    if (broken_) {
+      fail_active_operations();
+      return;
+    }
+    bool moved = transport_->progress();
+    if (driving_version_ != active_version_.load()) {
+      std::lock_guard<std::mutex> lock(ops_mu_);
+      driving_ = active_;
+      driving_version_ = active_version_.load();
+    }
+    for (const auto& record : driving_) {
+      if (record->done.load(std::memory_order_relaxed)) continue;
+      try {
+        moved |= record->operation->advance(*transport_);
+        if (record->operation->finished()) finish(*record, qcclSuccess, "");
+      } catch (const Error& e) {
+        break_comm(e.code(), e.message(), true);
+        break;
+      }
+    }
+    const auto now = Clock::now();
+    if (now >= next_timeout_check) {
+      check_timeouts();
+      next_timeout_check = now + std::chrono::milliseconds(kMaxBlockMs);
+    }
+    if (!may_block) return;  // one pass only
+    if (moved) {
+      spin_until = now + std::chrono::microseconds(config_.spin_us);
+      continue;
+    }
+    if (now < spin_until) continue;
+    if (!transport_->arm()) continue;  // events arrived meanwhile: progress again
+    wait_for_events(progress_thread);
+  }
+}
+
+// Blocks until the transport, a wake-up or (progress thread) the control plane has something.
+void Comm::wait_for_events(bool progress_thread) {
+  pollfd fds[64];
+  nfds_t n = 0;
+  fds[n++] = {transport_->event_fd(), POLLIN, 0};
+  fds[n++] = {progress_thread ? progress_wake_fd_ : driver_wake_fd_, POLLIN, 0};
+  std::vector<int> control_fds;
+  if (progress_thread) {
+    control_fds = control_->fds();
+    for (int fd : control_fds)
+      if (n < 64) fds[n++] = {fd, POLLIN, 0};
+  }
+  if (::poll(fds, n, kMaxBlockMs) <= 0) return;
+  if (fds[1].revents) drain(fds[1].fd);
+  for (nfds_t i = 2; i < n; ++i)
+    if (fds[i].revents) control_->service(fds[i].fd);
+}
+
+void Comm::check_timeouts() {
+  if (config_.timeout_seconds <= 0) return;
+  const auto now = Clock::now();
+  for (const auto& record : driving_) {
+    if (record->done) continue;
+    const Operation& op = *record->operation;
+    const double idle = std::chrono::duration<double>(now - op.last_progress()).count();
+    if (idle < config_.timeout_seconds) continue;
+    break_comm(qcclTimeout,
+               format("%s (%s) made no progress for %.0f s (QCCL_TIMEOUT): waiting for %s",
+                      op.identity().header.describe().c_str(), op.algorithm().name, idle, op.waiting_for().c_str()),
+               true);
+    return;
+  }
+}
+
+void Comm::progress_thread_main() {
+  log_set_rank(rank_);
+  while (!stopping_) {
+    std::vector<int> control_fds = control_->fds();
+    std::vector<pollfd> fds;
+    fds.push_back({progress_wake_fd_, POLLIN, 0});
+    for (int fd : control_fds) fds.push_back({fd, POLLIN, 0});
+    int rc = ::poll(fds.data(), fds.size(), 1000);
+    if (rc > 0) {
+      if (fds[0].revents) drain(progress_wake_fd_);
+      for (size_t i = 1; i < fds.size(); ++i)
+        if (fds[i].revents) control_->service(fds[i].fd);
+    }
+    if (stopping_) break;
+    if (active_count_.load() == 0 || callers_waiting_.load() > 0) continue;
+    std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+    if (!drive.owns_lock()) continue;
+    drive_until([this] { return active_count_.load() == 0; }, true);
+  }
+}
+
+void Comm::wake(int fd) {
+  uint64_t one = 1;
+  ssize_t rc = ::write(fd, &one, sizeof(one));
+  (void)rc;  // a full counter already means "wake up"
+}
+
+// ---- Failure -------------------------------------------------------------------------------------
+
+void Comm::break_comm(qcclResult_t code, const std::string& message, bool report) {
+  {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    if (broken_) return;
+    error_code_ = code;
+    error_message_ = message;
+    broken_ = true;
+  }
+  QCCL_WARN("communicator failed: %s", message.c_str());
+  if (report && control_) control_->report_failure(code, message);
+  wake(driver_wake_fd_);
+  wake(progress_wake_fd_);
+}
+
+// With the drive lock held: fails and withdraws everything outstanding.
+void Comm::fail_active_operations() {
+  std::vector<std::shared_ptr<OpRecord>> failing;
+  {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    failing = active_;
+  }
+  std::string message;
+  qcclResult_t code;
+  {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    code = error_code_;
+    message = error_message_;
+  }
+  for (const auto& record : failing) {
+    if (transport_) record->operation->cancel(*transport_);
+    finish(*record, code, message);
+  }
+  driving_.clear();
+  driving_version_ = ~uint64_t{0};
+}
+
+qcclResult_t Comm::health(std::string* message) const {
+  if (!broken_) return qcclSuccess;
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  *message = error_message_;
+  return error_code_;
+}
+
+void Comm::last_stats(qcclStats_t* out) const {
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  const size_t size = out->size;
+  *out = last_stats_;
+  out->size = size;
+}
+
+// ---- Teardown ------------------------------------------------------------------------------------
+
+void Comm::destroy() {
+  {
+    std::lock_guard<std::mutex> drive(drive_mu_);
+    drive_until([this] { return active_count_.load() == 0; }, false);
+  }
+  std::string message;
+  bool failed = health(&message) != qcclSuccess;
+  std::unique_ptr<Error> barrier_error;
+  if (!failed) {
+    try {
+      control_->barrier(net::Deadline::after(config_.timeout_seconds));
+    } catch (const Error& e) {
+      barrier_error = std::make_unique<Error>(e.code(), "waiting for the other ranks to destroy: " + e.message());
+    }
+  }
+  shutdown();
+  if (barrier_error) throw *barrier_error;
+}
+
+void Comm::abort() {
+  if (control_) control_->begin_close();  // our own departure is not news to us
+  break_comm(qcclAborted, format("qcclCommAbort was called on %s", names_.empty() ? "this rank" : names_[rank_].c_str()),
+             true);
+  {
+    std::lock_guard<std::mutex> drive(drive_mu_);
+    fail_active_operations();
+  }
+  shutdown();
+}
+
+void Comm::shutdown() {
+  shut_down_ = true;
+  if (control_) control_->begin_close();
+  stopping_ = true;
+  wake(progress_wake_fd_);
+  if (progress_thread_.joinable()) progress_thread_.join();
+  {
+    std::lock_guard<std::mutex> drive(drive_mu_);
+    transport_.reset();
+  }
+  if (control_) control_->close();
+}
+
+}  // namespace qccl

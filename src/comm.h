@@ -1,0 +1,129 @@
+// The communicator: who the ranks are (bootstrap), how they talk (transport + control plane), and the
+// engine that runs operations.
+//
+// Threads. A communicator is driven by whoever holds its drive lock: the thread blocked in a call
+// (so a blocking collective runs on the caller's thread with no hand-off), or the communicator's
+// progress thread, which drives non-blocking operations while the caller computes, and also
+// watches the control plane for dead peers and failure reports. A caller that wants to wait asks
+// the progress thread to step aside. The drive loop spins for QCCL_SPIN_US after the last event,
+// then blocks on the transport's event descriptor, so that 8 ranks on 2 cores still move.
+//
+// Failure. The first failure breaks the communicator: it is recorded, reported to every peer
+// through the control plane, and fails every outstanding and future operation with that error.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/plan.h"
+#include "include/qccl.h"
+#include "src/bootstrap.h"
+#include "src/config.h"
+#include "src/control.h"
+#include "src/executor.h"
+#include "src/policy.h"
+#include "src/topology.h"
+#include "transports/ucx_transport.h"
+
+namespace qccl {
+
+class Comm;
+
+// One call: created when the API is called, started at once or at qcclGroupEnd.
+struct OpRecord {
+  coll::CollArgs args;
+  std::shared_ptr<Comm> comm;
+  std::unique_ptr<Operation> operation;
+  std::shared_ptr<std::vector<std::byte>> scratch;
+  std::chrono::steady_clock::time_point started_at;
+  bool started = false;               // false while deferred in a group
+  std::atomic<bool> done{false};
+  qcclResult_t result = qcclSuccess;  // valid once done
+  std::string error;                  // valid once done
+};
+
+class Comm : public std::enable_shared_from_this<Comm> {
+ public:
+  // Collective over the nranks ranks: bootstrap, control plane, transport endpoints, barrier.
+  static std::shared_ptr<Comm> create(const BootstrapId& id, int nranks, int rank, const Config& config);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+
+  // Starts a validated call (a zero count completes at once). background: let the progress thread
+  // drive it now (non-blocking calls and groups); otherwise the caller will wait() at once.
+  // Throws the communicator's error when it is broken.
+  void start(const std::shared_ptr<OpRecord>& record, bool background);
+  // Blocks until the record is done; throws its error.
+  void wait(OpRecord& record);
+  // Drives a little without blocking; true when the record is done.
+  bool test(OpRecord& record);
+
+  void destroy();  // collective
+  void abort();    // local, always returns
+
+  qcclResult_t health(std::string* message) const;
+  void last_stats(qcclStats_t* out) const;
+
+ private:
+  Comm(int rank, int nranks, const Config& config);
+  void join(const BootstrapId& id);
+
+  // Drives until done() holds. may_block: sleep on events when nothing moves (else return then).
+  void drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block = true);
+  void wait_for_events(bool progress_thread);
+  void progress_thread_main();
+  void check_timeouts();
+  void finish(OpRecord& record, qcclResult_t result, const std::string& error);
+  void fail_active_operations();
+  void break_comm(qcclResult_t code, const std::string& message, bool report);
+  void wake(int fd);
+  void shutdown();
+
+  const int rank_;
+  const int nranks_;
+  const Config config_;
+  const AlgorithmPolicy policy_;
+  LocalTopology topology_;
+  std::vector<PeerInfo> peers_;
+  std::vector<std::string> names_;  // "rank 3 (host:pid)"
+
+  std::unique_ptr<transport::UcxTransport> transport_;
+  std::unique_ptr<ControlPlane> control_;
+  std::thread progress_thread_;
+  int progress_wake_fd_ = -1;  // wakes the progress thread
+  int driver_wake_fd_ = -1;    // wakes a caller that drives
+
+  // Submission side (the calling thread).
+  uint64_t next_sequence_ = 0;
+  std::vector<uint64_t> send_sequence_, recv_sequence_;
+
+  // Operations started and not done; `active_version_` changes whenever the list does.
+  mutable std::mutex ops_mu_;
+  std::vector<std::shared_ptr<OpRecord>> active_;
+  std::atomic<uint64_t> active_version_{0};
+  std::atomic<int> active_count_{0};
+  std::vector<std::shared_ptr<std::vector<std::byte>>> scratch_pool_;  // guarded by ops_mu_
+  qcclStats_t last_stats_{};                                          // guarded by ops_mu_
+
+  std::mutex drive_mu_;
+  std::vector<std::shared_ptr<OpRecord>> driving_;  // the driver's copy of active_
+  uint64_t driving_version_ = ~uint64_t{0};
+  std::atomic<int> callers_waiting_{0};
+  std::atomic<bool> stopping_{false};
+
+  std::atomic<bool> broken_{false};
+  qcclResult_t error_code_ = qcclSuccess;  // guarded by ops_mu_ once broken_
+  std::string error_message_;
+  bool shut_down_ = false;
+};
+
+}  // namespace qccl

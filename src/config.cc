@@ -1,0 +1,125 @@
+#include "src/config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "src/errors.h"
+
+namespace qccl {
+
+const std::vector<EnvVar>& env_vars() {
+  static const std::vector<EnvVar> vars = {
+      {"QCCL_DEBUG", "unset (silent)", "log level: WARN, INFO (topology, transport, algorithms once per communicator) or TRACE"},
+      {"QCCL_DEBUG_FILE", "unset (stderr)", "write the log to this file; %h is the host name, %p the pid"},
+      {"QCCL_TIMEOUT", "300", "seconds a collective may go without progress before it fails on every rank; 0 waits forever"},
+      {"QCCL_CHUNK_BYTES", "524288", "pipeline chunk size in bytes (K/M suffixes allowed)"},
+      {"QCCL_PIPELINE_DEPTH", "4", "chunks in flight per collective"},
+      {"QCCL_ALGO", "unset (by size)", "force algorithms by name: 'ring' or 'allreduce=ring,broadcast=chain' (qccl_info lists them)"},
+      {"QCCL_SPIN_US", "20", "microseconds to poll before blocking on the network's event descriptor"},
+      {"QCCL_SOCKET_IFNAME", "unset (first non-loopback IPv4)", "interface whose address the bootstrap listens on and advertises"},
+      {"QCCL_RANK", "unset", "this process's rank, for qcclCommInitEnv (set by qcclrun)"},
+      {"QCCL_NRANKS", "unset", "number of ranks, for qcclCommInitEnv (set by qcclrun)"},
+      {"QCCL_ROOT", "unset", "host:port where rank 0 runs the bootstrap root, for qcclCommInitEnv (set by qcclrun)"},
+      {"QCCL_MAGIC", "derived from the job id", "64-bit hex bootstrap magic shared by the job's ranks (set by qcclrun)"},
+      {"QCCL_LOCAL_RANK", "unset", "rank among the ranks on this host (set by qcclrun; informational)"},
+      {"QCCL_LOCAL_NRANKS", "unset", "ranks on this host (set by qcclrun; informational)"},
+  };
+  return vars;
+}
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+size_t parse_size(const std::string& what, const std::string& value) {
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long n = std::strtoull(value.c_str(), &end, 10);
+  if (value.empty() || value[0] == '-' || end == value.c_str() || errno == ERANGE)
+    fail(qcclInvalidArgument, "%s = '%s' is not a size (e.g. 524288, 512K, 4M, 1G)", what.c_str(),
+         value.c_str());
+  unsigned long long mult = 1;
+  std::string suffix(end);
+  if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1ull << 10;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB") mult = 1ull << 20;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB") mult = 1ull << 30;
+  else if (!suffix.empty())
+    fail(qcclInvalidArgument, "%s = '%s' has an unknown suffix '%s' (use K, M or G)", what.c_str(),
+         value.c_str(), suffix.c_str());
+  if (n > (~0ull) / mult) fail(qcclInvalidArgument, "%s = '%s' is too large", what.c_str(), value.c_str());
+  return static_cast<size_t>(n * mult);
+}
+
+long long parse_int(const std::string& what, const std::string& value, long long lo, long long hi) {
+  errno = 0;
+  char* end = nullptr;
+  long long n = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno == ERANGE)
+    fail(qcclInvalidArgument, "%s = '%s' is not an integer", what.c_str(), value.c_str());
+  if (n < lo || n > hi)
+    fail(qcclInvalidArgument, "%s = %lld is out of range [%lld, %lld]", what.c_str(), n, lo, hi);
+  return n;
+}
+
+double parse_double(const std::string& what, const std::string& value, double lo, double hi) {
+  errno = 0;
+  char* end = nullptr;
+  double d = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(d))
+    fail(qcclInvalidArgument, "%s = '%s' is not a number", what.c_str(), value.c_str());
+  if (d < lo || d > hi)
+    fail(qcclInvalidArgument, "%s = %g is out of range [%g, %g]", what.c_str(), d, lo, hi);
+  return d;
+}
+
+namespace {
+constexpr size_t kMaxChunkBytes = 1ull << 30;
+constexpr int kMaxPipelineDepth = 64;
+}  // namespace
+
+Config Config::resolve(const qcclConfig_t* overrides) {
+  Config c;
+  if (const char* v = env("QCCL_TIMEOUT")) c.timeout_seconds = parse_double("QCCL_TIMEOUT", v, 0, 1e9);
+  if (const char* v = env("QCCL_CHUNK_BYTES")) {
+    c.chunk_bytes = parse_size("QCCL_CHUNK_BYTES", v);
+    if (c.chunk_bytes < 64 || c.chunk_bytes > kMaxChunkBytes)
+      fail(qcclInvalidArgument, "QCCL_CHUNK_BYTES = %zu is out of range [64, %zu]", c.chunk_bytes,
+           kMaxChunkBytes);
+  }
+  if (const char* v = env("QCCL_PIPELINE_DEPTH"))
+    c.pipeline_depth = static_cast<int>(parse_int("QCCL_PIPELINE_DEPTH", v, 1, kMaxPipelineDepth));
+  if (const char* v = env("QCCL_ALGO")) c.algorithms = v;
+  if (const char* v = env("QCCL_SPIN_US")) c.spin_us = static_cast<int>(parse_int("QCCL_SPIN_US", v, 0, 1000000));
+  if (const char* v = env("QCCL_SOCKET_IFNAME")) c.socket_ifname = v;
+
+  if (!overrides) return c;
+  if (overrides->magic != QCCL_CONFIG_MAGIC)
+    fail(qcclInvalidArgument, "config->magic = 0x%x: initialise qcclConfig_t with QCCL_CONFIG_INITIALIZER",
+         overrides->magic);
+  if (overrides->size < sizeof(size_t) + 2 * sizeof(unsigned) || overrides->size > sizeof(qcclConfig_t))
+    fail(qcclInvalidArgument, "config->size = %zu is not the size of a qcclConfig_t (%zu)", overrides->size,
+         sizeof(qcclConfig_t));
+  if (overrides->timeoutSeconds != QCCL_CONFIG_UNDEF_DOUBLE) {
+    if (!(overrides->timeoutSeconds >= 0) || !std::isfinite(overrides->timeoutSeconds))
+      fail(qcclInvalidArgument, "config->timeoutSeconds = %g must be >= 0", overrides->timeoutSeconds);
+    c.timeout_seconds = overrides->timeoutSeconds;
+  }
+  if (overrides->chunkBytes != QCCL_CONFIG_UNDEF_INT) {
+    if (overrides->chunkBytes < 64)
+      fail(qcclInvalidArgument, "config->chunkBytes = %d is out of range [64, %zu]", overrides->chunkBytes,
+           kMaxChunkBytes);
+    c.chunk_bytes = static_cast<size_t>(overrides->chunkBytes);
+  }
+  if (overrides->pipelineDepth != QCCL_CONFIG_UNDEF_INT) {
+    if (overrides->pipelineDepth < 1 || overrides->pipelineDepth > kMaxPipelineDepth)
+      fail(qcclInvalidArgument, "config->pipelineDepth = %d is out of range [1, %d]", overrides->pipelineDepth,
+           kMaxPipelineDepth);
+    c.pipeline_depth = overrides->pipelineDepth;
+  }
+  if (overrides->algorithms) c.algorithms = overrides->algorithms;
+  return c;
+}
+
+}  // namespace qccl

@@ -1,0 +1,44 @@
+// Configuration: every QCCL_* environment variable, its default and its meaning live in one table
+// (env_vars()), which qccl_info prints and README.md mirrors. A communicator's settings come from
+// qcclConfig_t fields the caller set, else the environment, else the default. Bad values are errors
+// that name the variable and the value, never silent defaults.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "include/qccl.h"
+
+namespace qccl {
+
+struct EnvVar {
+  const char* name;
+  const char* default_value;  // as README shows it
+  const char* description;
+};
+const std::vector<EnvVar>& env_vars();
+
+struct Config {
+  double timeout_seconds = 300.0;  // QCCL_TIMEOUT; 0 = wait forever
+  size_t chunk_bytes = 512 * 1024; // QCCL_CHUNK_BYTES
+  int pipeline_depth = 4;          // QCCL_PIPELINE_DEPTH
+  std::string algorithms;          // QCCL_ALGO
+  int spin_us = 20;                // QCCL_SPIN_US: spin this long before blocking on events
+  std::string socket_ifname;       // QCCL_SOCKET_IFNAME
+
+  // Environment first, then the fields of `overrides` that are set (overrides may be null).
+  // Throws Error(qcclInvalidArgument) naming the variable or field and its value.
+  static Config resolve(const qcclConfig_t* overrides);
+};
+
+// Parsers shared by the environment, the perf binaries' options and the codec specs. `what` names
+// the source in errors ("QCCL_CHUNK_BYTES", "-b").
+size_t parse_size(const std::string& what, const std::string& value);      // 512, 64K, 4M, 1G
+long long parse_int(const std::string& what, const std::string& value, long long lo, long long hi);
+double parse_double(const std::string& what, const std::string& value, double lo, double hi);
+
+// getenv that treats an empty value as unset.
+const char* env(const char* name);
+
+}  // namespace qccl

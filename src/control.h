@@ -1,0 +1,86 @@
+// The control plane: a TCP star from every rank to rank 0 (the hub) that lives as long as the
+// communicator. It carries no payload, only what keeps the job honest:
+//   - liveness: a rank whose process dies closes its socket; the hub sees EOF and tells everyone,
+//     and everyone sees EOF when the hub dies. A dead peer therefore fails the others at once,
+//     whatever UCX transport is in use and without UCX's peer-failure mode (which would move
+//     shared-memory traffic onto tcp);
+//   - failure relay: a rank that detects a mismatch, a timeout or an abort reports it, and the hub
+//     forwards the report, so that every rank fails the same collective with the same story;
+//   - barriers (end of init, qcclCommDestroy).
+// Threads: service() is called only by the communicator's progress thread, which polls fds();
+// barrier() and report_failure() may be called by any other thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "include/qccl.h"
+#include "src/socket.h"
+
+namespace qccl {
+
+class ControlPlane {
+ public:
+  // Called (from the progress thread, or from report_failure's caller) with the first failure.
+  using FailureHandler = std::function<void(qcclResult_t, const std::string&)>;
+
+  ControlPlane(int rank, int nranks, uint64_t magic, std::vector<std::string> peer_names,
+               FailureHandler on_failure);
+
+  // Hub: accepts the other nranks-1 ranks on `listener`, refusing (and logging) strangers.
+  void accept_peers(net::Socket& listener, const net::Deadline& deadline);
+  // Others: connects to the hub.
+  void connect_to_hub(const net::Address& hub, const net::Deadline& deadline);
+
+  std::vector<int> fds() const;
+  // Reads and handles whatever has arrived on fd (progress thread only).
+  void service(int fd);
+
+  // Blocks until every rank has entered barrier() the same number of times. Throws the
+  // communicator's failure if one arrives, Error(qcclTimeout) at the deadline.
+  void barrier(const net::Deadline& deadline);
+  // Tells every other rank that this communicator failed here (best effort, never throws).
+  void report_failure(qcclResult_t code, const std::string& message);
+  // From now on a closed connection is a departure, not a failure (after the closing barrier).
+  void begin_close();
+  void close();
+
+ private:
+  struct Peer {
+    int rank = -1;
+    net::Socket socket;
+    std::vector<uint8_t> inbox;
+  };
+  enum MessageType : uint32_t { kBarrier = 1, kRelease = 2, kFailure = 3 };
+
+  void send(Peer& peer, MessageType type, const std::vector<uint8_t>& payload);
+  void handle(Peer& from, MessageType type, const uint8_t* payload, size_t len);
+  void arrive(uint64_t epoch);  // hub: one rank reached barrier `epoch`
+  void fail_locally(qcclResult_t code, const std::string& message);
+  void lost(Peer& peer);
+  // Sends a failure report about `origin` to every peer but `except`.
+  void broadcast_failure(int origin, qcclResult_t code, const std::string& text, int except);
+
+  const int rank_;
+  const int nranks_;
+  const uint64_t magic_;
+  const std::vector<std::string> names_;  // "rank 3 (host:pid)" for messages
+  FailureHandler on_failure_;
+  std::vector<Peer> peers_;  // hub: every other rank; others: the hub only
+
+  std::mutex mu_;  // guards everything below and socket writes
+  std::condition_variable cv_;
+  bool closing_ = false;
+  bool failed_ = false;
+  qcclResult_t failure_code_ = qcclSuccess;
+  std::string failure_message_;
+  uint64_t my_epoch_ = 0;        // barriers this rank has entered
+  uint64_t released_epoch_ = 0;  // barriers completed
+  std::vector<uint64_t> arrived_;  // hub: per rank, the last epoch it reached
+};
+
+}  // namespace qccl

@@ -1,0 +1,69 @@
+#include "src/errors.h"
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace qccl {
+namespace {
+
+std::string vformat(const char* fmt, va_list args) {
+  va_list copy;
+  va_copy(copy, args);
+  int n = std::vsnprintf(nullptr, 0, fmt, copy);
+  va_end(copy);
+  if (n <= 0) return std::string();
+  std::string out(static_cast<size_t>(n), '\0');
+  std::vsnprintf(out.data(), out.size() + 1, fmt, args);
+  return out;
+}
+
+thread_local std::string t_last_error;
+
+}  // namespace
+
+std::string format(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  std::string out = vformat(fmt, args);
+  va_end(args);
+  return out;
+}
+
+void fail(qcclResult_t code, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  std::string message = vformat(fmt, args);
+  va_end(args);
+  throw Error(code, std::move(message));
+}
+
+std::string errno_string(int errnum) {
+  char buf[256];
+  // GNU strerror_r returns the message pointer, which may or may not be buf.
+  const char* msg = strerror_r(errnum, buf, sizeof(buf));
+  return msg;
+}
+
+void set_last_error(std::string message) { t_last_error = std::move(message); }
+const std::string& last_error() { return t_last_error; }
+
+const char* result_string(qcclResult_t result) {
+  switch (result) {
+    case qcclSuccess: return "success";
+    case qcclInvalidArgument: return "invalid argument";
+    case qcclInvalidUsage: return "invalid usage";
+    case qcclMismatch: return "ranks called mismatched collectives";
+    case qcclRemoteError: return "remote peer failed";
+    case qcclTimeout: return "timed out";
+    case qcclAborted: return "communicator aborted";
+    case qcclSystemError: return "system error";
+    case qcclInternalError: return "internal error";
+    case qcclInProgress: return "operation in progress";
+    case qcclNumResults: break;
+  }
+  return "unknown result code";
+}
+
+}  // namespace qccl

@@ -1,0 +1,233 @@
+#include "src/executor.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/reduce.h"
+#include "src/errors.h"
+
+namespace qccl {
+
+namespace {
+constexpr transport::Key kFingerprintBits = 0xfff;
+}  // namespace
+
+Operation::Operation(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
+                     const OperationIdentity& identity, int depth, std::byte* scratch,
+                     const std::vector<std::string>* names)
+    : algorithm_(algorithm), plan_(std::move(plan)), identity_(identity), names_(names),
+      last_progress_(Clock::now()) {
+  const size_t fragments = plan_->fragments();
+  slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(depth, 1)), std::max<size_t>(fragments, 1)));
+  for (size_t i = 0; i < slots_.size(); ++i) slots_[i].scratch = scratch + i * plan_->scratch_bytes();
+}
+
+Operation::~Operation() = default;
+
+transport::Key Operation::key(uint32_t message) const {
+  return (static_cast<transport::Key>(identity_.p2p) << 43) |
+         (static_cast<transport::Key>(identity_.sequence & 0x7fff) << 28) |
+         (static_cast<transport::Key>(message & 0xffff) << 12) | identity_.header.fingerprint();
+}
+
+const std::string& Operation::name(int rank) const { return (*names_)[rank]; }
+
+void Operation::start(transport::Transport& transport) {
+  started_ = true;
+  std::vector<int> send_to, recv_from;
+  plan_->links(&send_to, &recv_from);
+  auto unique = [](std::vector<int>& v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+  };
+  unique(send_to);
+  unique(recv_from);
+  // Receives first, so that a header from a fast peer finds its buffer posted.
+  header_recvs_.resize(recv_from.size());
+  for (size_t i = 0; i < recv_from.size(); ++i) {
+    HeaderLink& link = header_recvs_[i];
+    link.peer = recv_from[i];
+    link.handle = transport.irecv(link.peer, key(0), kFingerprintBits, link.bytes, sizeof(link.bytes));
+  }
+  header_sends_.resize(send_to.size());
+  for (size_t i = 0; i < send_to.size(); ++i) {
+    HeaderLink& link = header_sends_[i];
+    link.peer = send_to[i];
+    identity_.header.encode(link.bytes);
+    link.handle = transport.isend(link.peer, key(0), link.bytes, sizeof(link.bytes));
+  }
+  headers_verified_ = header_recvs_.empty();
+  for (Slot& slot : slots_) next_fragment(slot);
+}
+
+void Operation::next_fragment(Slot& slot) {
+  if (next_fragment_ >= plan_->fragments()) {
+    slot.fragment = kIdle;
+    return;
+  }
+  slot.fragment = next_fragment_++;
+  slot.pc = 0;
+  plan_->build(slot.fragment, slot.scratch, slot.program);
+}
+
+bool Operation::poll_headers(transport::Transport& transport) {
+  bool moved = false;
+  std::string error;
+  transport::Completion done;
+  for (HeaderLink& link : header_sends_) {
+    if (link.done) continue;
+    switch (transport.test(link.handle, &done, &error)) {
+      case transport::Poll::kPending: break;
+      case transport::Poll::kDone: link.done = moved = true; break;
+      case transport::Poll::kFailed:
+        fail(qcclRemoteError, "%s: sending the frame header to %s failed: %s", identity_.header.describe().c_str(),
+             name(link.peer).c_str(), error.c_str());
+    }
+  }
+  if (headers_verified_) return moved;
+  bool all = true;
+  for (HeaderLink& link : header_recvs_) {
+    if (link.done) continue;
+    switch (transport.test(link.handle, &done, &error)) {
+      case transport::Poll::kPending: all = false; break;
+      case transport::Poll::kFailed:
+        fail(qcclRemoteError, "%s: receiving the frame header from %s failed: %s",
+             identity_.expected.describe().c_str(), name(link.peer).c_str(), error.c_str());
+      case transport::Poll::kDone: {
+        link.done = moved = true;
+        FrameHeader theirs = FrameHeader::decode(link.bytes, done.bytes, name(link.peer));
+        std::string mismatch = frame_mismatch(identity_.expected, theirs);
+        if (!mismatch.empty()) fail(qcclMismatch, "%s", mismatch.c_str());
+        if (theirs.sender != link.peer)
+          fail(qcclRemoteError, "%s sent a frame header signed by rank %d", name(link.peer).c_str(), theirs.sender);
+        break;
+      }
+    }
+  }
+  headers_verified_ = all;
+  return moved;
+}
+
+bool Operation::complete(Transfer& t, transport::Transport& transport, bool* moved) {
+  if (t.handle.empty()) return true;
+  const bool receive = t.handle.receive;
+  // Payload from a peer is used only once its frame header has been checked (it was sent first).
+  if (receive && !headers_verified_) return false;
+  transport::Completion done;
+  std::string error;
+  switch (transport.test(t.handle, &done, &error)) {
+    case transport::Poll::kPending: return false;
+    case transport::Poll::kFailed:
+      fail(error.find("truncated") != std::string::npos ? qcclMismatch : qcclRemoteError,
+           "%s: %s %s failed: %s", identity_.header.describe().c_str(), receive ? "receiving from" : "sending to",
+           name(t.peer).c_str(), error.c_str());
+    case transport::Poll::kDone: break;
+  }
+  *moved = true;
+  if (receive) {
+    if ((done.key & kFingerprintBits) != identity_.header.fingerprint())
+      fail(qcclMismatch, "%s: %s sent a message of another collective (fingerprint 0x%03llx, expected 0x%03x)",
+           identity_.expected.describe().c_str(), name(t.peer).c_str(),
+           static_cast<unsigned long long>(done.key & kFingerprintBits), identity_.header.fingerprint());
+    if (done.bytes != t.bytes)
+      fail(qcclMismatch, "%s: %s sent %zu bytes where %zu were expected", identity_.expected.describe().c_str(),
+           name(t.peer).c_str(), done.bytes, t.bytes);
+    bytes_received_ += done.bytes;
+  }
+  return true;
+}
+
+bool Operation::run(Slot& slot, transport::Transport& transport) {
+  bool moved = false;
+  const coll::CollArgs& args = plan_->args();
+  while (slot.fragment != kIdle) {
+    const auto& steps = slot.program.steps();
+    if (slot.pc == steps.size()) {
+      for (Transfer& t : slot.transfers)
+        if (!complete(t, transport, &moved)) return moved;
+      ++fragments_done_;
+      moved = true;
+      next_fragment(slot);
+      continue;
+    }
+    const coll::Step& s = steps[slot.pc];
+    switch (s.kind) {
+      case coll::StepKind::kRecv:
+      case coll::StepKind::kSend: {
+        Transfer& t = slot.transfers[s.slot];
+        if (!t.handle.empty())
+          fail(qcclInternalError, "%s (%s): fragment %zu posts on busy slot %u", identity_.header.describe().c_str(),
+               algorithm_.name, slot.fragment, s.slot);
+        const uint32_t message = 1 + s.msg % 0xffff;
+        t.peer = s.peer;
+        t.bytes = s.n;
+        if (s.kind == coll::StepKind::kRecv) {
+          t.handle = transport.irecv(s.peer, key(message), kFingerprintBits, s.dst, s.n);
+        } else {
+          t.handle = transport.isend(s.peer, key(message), s.src, s.n);
+          bytes_sent_ += s.n;
+        }
+        break;
+      }
+      case coll::StepKind::kWait:
+        if (!complete(slot.transfers[s.slot], transport, &moved)) return moved;
+        break;
+      case coll::StepKind::kReduce:
+        kernels::reduce(args.dtype, args.op, s.src, s.src2, s.dst, s.n);
+        break;
+      case coll::StepKind::kCopy:
+        std::memcpy(s.dst, s.src, s.n);
+        break;
+      case coll::StepKind::kAverage:
+        if (args.op == kernels::RedOp::kAvg) kernels::finish_average(args.dtype, s.dst, s.n, args.nranks);
+        break;
+    }
+    ++slot.pc;
+    moved = true;
+  }
+  return moved;
+}
+
+bool Operation::advance(transport::Transport& transport) {
+  bool moved = false;
+  if (!started_) {
+    start(transport);
+    moved = true;
+  }
+  moved |= poll_headers(transport);
+  for (Slot& slot : slots_) moved |= run(slot, transport);
+  if (moved) last_progress_ = Clock::now();
+  return moved;
+}
+
+bool Operation::finished() const {
+  if (!started_ || !headers_verified_ || fragments_done_ < plan_->fragments()) return false;
+  for (const HeaderLink& link : header_sends_)
+    if (!link.done) return false;
+  return true;
+}
+
+void Operation::cancel(transport::Transport& transport) {
+  for (Slot& slot : slots_)
+    for (Transfer& t : slot.transfers) transport.cancel(t.handle);
+  for (HeaderLink& link : header_sends_) transport.cancel(link.handle);
+  for (HeaderLink& link : header_recvs_) transport.cancel(link.handle);
+}
+
+std::string Operation::waiting_for() const {
+  if (!headers_verified_)
+    for (const HeaderLink& link : header_recvs_)
+      if (!link.done) return "the frame header from " + name(link.peer);
+  for (const Slot& slot : slots_) {
+    if (slot.fragment == kIdle) continue;
+    for (const Transfer& t : slot.transfers)
+      if (!t.handle.empty())
+        return format("%s %s (%zu bytes, fragment %zu of %zu)", t.handle.receive ? "a message from" : "a send to",
+                      name(t.peer).c_str(), t.bytes, slot.fragment, plan_->fragments());
+  }
+  for (const HeaderLink& link : header_sends_)
+    if (!link.done) return "the frame header send to " + name(link.peer);
+  return "nothing";
+}
+
+}  // namespace qccl

@@ -1,0 +1,114 @@
+#include "src/frame.h"
+
+#include "src/errors.h"
+#include "src/wire.h"
+
+namespace qccl {
+
+namespace {
+
+bool reduces(coll::CollKind kind) {
+  return kind == coll::CollKind::kAllReduce || kind == coll::CollKind::kReduce ||
+         kind == coll::CollKind::kReduceScatter;
+}
+
+bool rooted(coll::CollKind kind) { return kind == coll::CollKind::kBroadcast || kind == coll::CollKind::kReduce; }
+
+}  // namespace
+
+FrameHeader FrameHeader::for_call(const coll::CollArgs& args, uint64_t sequence, uint64_t codec_hash) {
+  FrameHeader h;
+  h.kind = args.kind == coll::CollKind::kRecv ? coll::CollKind::kSend : args.kind;
+  h.dtype = args.dtype;
+  h.op = reduces(args.kind) ? args.op : kernels::RedOp::kSum;
+  h.root = rooted(args.kind) ? args.root : -1;
+  h.count = args.count;
+  h.sequence = sequence;
+  h.codec_hash = codec_hash;
+  h.sender = args.rank;
+  return h;
+}
+
+void FrameHeader::encode(uint8_t out[kBytes]) const {
+  ByteWriter w;
+  w.put<uint32_t>(kMagic);
+  w.put<uint16_t>(kVersion);
+  w.put<uint8_t>(static_cast<uint8_t>(kind));
+  w.put<uint8_t>(static_cast<uint8_t>(dtype));
+  w.put<uint8_t>(static_cast<uint8_t>(op));
+  w.put<uint8_t>(0);
+  w.put<uint16_t>(0);
+  w.put<int32_t>(root);
+  w.put<int32_t>(sender);
+  w.put<uint64_t>(count);
+  w.put<uint64_t>(sequence);
+  w.put<uint64_t>(codec_hash);
+  w.put<uint32_t>(0);
+  std::memcpy(out, w.bytes().data(), kBytes);
+}
+
+FrameHeader FrameHeader::decode(const uint8_t* data, size_t size, const std::string& from) {
+  if (size != kBytes)
+    fail(qcclRemoteError, "%s sent a frame header of %zu bytes (expected %zu)", from.c_str(), size, kBytes);
+  ByteReader r(data, size, "frame header");
+  uint32_t magic = r.get<uint32_t>();
+  uint16_t version = r.get<uint16_t>();
+  if (magic != kMagic || version != kVersion)
+    fail(qcclRemoteError, "%s sent a frame header with magic 0x%08x version %u (expected 0x%08x version %u)",
+         from.c_str(), magic, version, kMagic, kVersion);
+  FrameHeader h;
+  uint8_t kind = r.get<uint8_t>(), dtype = r.get<uint8_t>(), op = r.get<uint8_t>();
+  r.get<uint8_t>();
+  r.get<uint16_t>();
+  if (kind >= coll::kNumCollKinds || dtype >= kernels::kNumDataTypes || op >= kernels::kNumRedOps)
+    fail(qcclRemoteError, "%s sent a frame header with collective %u, datatype %u, op %u", from.c_str(), kind, dtype, op);
+  h.kind = static_cast<coll::CollKind>(kind);
+  h.dtype = static_cast<kernels::DataType>(dtype);
+  h.op = static_cast<kernels::RedOp>(op);
+  h.root = r.get<int32_t>();
+  h.sender = r.get<int32_t>();
+  h.count = r.get<uint64_t>();
+  h.sequence = r.get<uint64_t>();
+  h.codec_hash = r.get<uint64_t>();
+  return h;
+}
+
+uint32_t FrameHeader::fingerprint() const {
+  // FNV-1a over the fields that must agree, folded to 12 bits.
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(static_cast<uint64_t>(kind));
+  mix(static_cast<uint64_t>(dtype));
+  mix(static_cast<uint64_t>(op));
+  mix(static_cast<uint64_t>(static_cast<uint32_t>(root)));
+  mix(count);
+  mix(codec_hash);
+  return static_cast<uint32_t>((h ^ (h >> 12) ^ (h >> 24) ^ (h >> 36) ^ (h >> 48)) & 0xfff);
+}
+
+std::string FrameHeader::describe() const {
+  std::string s = std::string(coll::coll_name(kind)) + "(count=" + std::to_string(count) + ", " +
+                  kernels::data_type_name(dtype);
+  if (reduces(kind)) s += std::string(", ") + kernels::red_op_name(op);
+  if (rooted(kind)) s += ", root=" + std::to_string(root);
+  if (codec_hash) s += format(", codec %016llx", static_cast<unsigned long long>(codec_hash));
+  return s + ") #" + std::to_string(sequence);
+}
+
+std::string frame_mismatch(const FrameHeader& expected, const FrameHeader& theirs) {
+  if (expected.kind == theirs.kind && expected.dtype == theirs.dtype && expected.op == theirs.op &&
+      expected.root == theirs.root && expected.count == theirs.count && expected.sequence == theirs.sequence &&
+      expected.codec_hash == theirs.codec_hash)
+    return std::string();
+  // On the receiving end of a point-to-point pair the expectation is written as a Send; say Recv.
+  std::string mine = expected.describe();
+  if (expected.kind == coll::CollKind::kSend) mine.replace(0, 4, "Recv");
+  return "rank " + std::to_string(theirs.sender) + " called " + theirs.describe() + " but this rank called " + mine;
+}
+
+}  // namespace qccl

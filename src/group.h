@@ -1,0 +1,19 @@
+// qcclGroupStart / qcclGroupEnd, per thread as in NCCL: calls made inside a group are validated and
+// deferred; the outermost GroupEnd starts them all at once (so that sends and receives between the
+// same ranks cannot deadlock) and waits for the blocking ones.
+#pragma once
+
+#include <memory>
+
+#include "src/comm.h"
+
+namespace qccl {
+
+bool group_active();
+void group_start();
+// Queues a validated call; `blocking` calls are waited for by group_end().
+void group_defer(std::shared_ptr<OpRecord> record, bool blocking);
+// Throws the first error of the blocking calls (the others report at their qcclWait).
+void group_end();
+
+}  // namespace qccl

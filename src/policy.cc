@@ -1,0 +1,100 @@
+#include "src/policy.h"
+
+#include <strings.h>
+
+#include <cstring>
+
+#include "src/errors.h"
+#include "src/log.h"
+
+namespace qccl {
+
+namespace {
+
+bool parse_collective(const std::string& name, coll::CollKind* out) {
+  for (int k = 0; k < coll::kNumCollKinds; ++k) {
+    auto kind = static_cast<coll::CollKind>(k);
+    if (!strcasecmp(name.c_str(), coll::coll_name(kind))) {
+      *out = kind;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string size_text(size_t bytes) {
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+  if (bytes >= 1024 && bytes % 1024 == 0) return std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
+}  // namespace
+
+AlgorithmPolicy::AlgorithmPolicy(const std::string& spec) {
+  size_t at = 0;
+  while (at < spec.size()) {
+    size_t comma = spec.find(',', at);
+    std::string token = spec.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    at = comma == std::string::npos ? spec.size() : comma + 1;
+    if (token.empty()) continue;
+    size_t eq = token.find('=');
+    if (eq == std::string::npos) {  // a bare name applies to every collective that has it
+      bool any = false;
+      for (const coll::Algorithm& a : coll::algorithms())
+        if (token == a.name) forced_[a.collective] = token, any = true;
+      if (!any) fail(qcclInvalidArgument, "QCCL_ALGO: no algorithm is named '%s' (qccl_info lists them)", token.c_str());
+      continue;
+    }
+    coll::CollKind kind;
+    std::string collective = token.substr(0, eq), name = token.substr(eq + 1);
+    if (!parse_collective(collective, &kind))
+      fail(qcclInvalidArgument, "QCCL_ALGO: '%s' is not a collective (allreduce, broadcast, reduce, allgather, "
+           "reducescatter, alltoall, send, recv)", collective.c_str());
+    if (!coll::find_algorithm(kind, name))
+      fail(qcclInvalidArgument, "QCCL_ALGO: %s has no algorithm named '%s' (qccl_info lists them)",
+           coll::coll_name(kind), name.c_str());
+    forced_[kind] = name;
+  }
+}
+
+const coll::Algorithm& AlgorithmPolicy::choose(const coll::CollArgs& args) const {
+  if (auto it = forced_.find(args.kind); it != forced_.end()) {
+    const coll::Algorithm* forced = coll::find_algorithm(args.kind, it->second);
+    const char* why = forced->cannot_run(args);
+    if (!why) return *forced;
+    QCCL_INFO("%s: forced algorithm %s declines (%s); choosing by size", coll::coll_name(args.kind), forced->name, why);
+  }
+  const size_t bytes = args.message_bytes();
+  const coll::Algorithm* fallback = nullptr;
+  for (const coll::Algorithm& a : coll::algorithms()) {
+    if (a.collective != args.kind || a.cannot_run(args)) continue;
+    if (a.default_max_bytes == 0 || bytes <= a.default_max_bytes) return a;
+    if (!fallback) fallback = &a;
+  }
+  if (fallback) return *fallback;
+  fail(qcclInternalError, "no algorithm can run %s with %d ranks", coll::coll_name(args.kind), args.nranks);
+}
+
+std::string AlgorithmPolicy::describe() const {
+  std::string out;
+  for (int k = 0; k < coll::kNumCollKinds; ++k) {
+    auto kind = static_cast<coll::CollKind>(k);
+    std::string line = std::string(coll::coll_name(kind)) + ": ";
+    if (auto it = forced_.find(kind); it != forced_.end()) {
+      line += it->second + " (forced)";
+    } else {
+      bool first = true;
+      for (const coll::Algorithm& a : coll::algorithms()) {
+        if (a.collective != kind || !std::strcmp(a.name, "local")) continue;
+        line += first ? "" : ", then ";
+        line += a.name;
+        if (a.default_max_bytes) line += " up to " + size_text(a.default_max_bytes);
+        first = false;
+      }
+    }
+    out += (out.empty() ? "" : "; ") + line;
+  }
+  return out;
+}
+
+}  // namespace qccl

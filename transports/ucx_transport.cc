@@ -1,0 +1,218 @@
+#include "transports/ucx_transport.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "src/errors.h"
+#include "src/log.h"
+
+namespace qccl::transport {
+
+namespace {
+
+[[noreturn]] void fail_ucx(const char* what, ucs_status_t status) {
+  fail(qcclSystemError, "UCX %s failed: %s", what, ucs_status_string(status));
+}
+
+ucp_tag_t make_tag(int sender, Key key) { return (static_cast<ucp_tag_t>(sender) << kKeyBits) | (key & kKeyMask); }
+
+}  // namespace
+
+// The process-wide UCP context, shared by every communicator's worker and released with the last.
+class UcxTransport::Context {
+ public:
+  ucp_context_h handle = nullptr;
+
+  static std::shared_ptr<Context> get() {
+    static std::mutex mu;
+    static std::weak_ptr<Context> shared;
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto existing = shared.lock()) return existing;
+    auto created = std::make_shared<Context>();
+    shared = created;
+    return created;
+  }
+
+  Context() {
+    ucp_config_t* config = nullptr;
+    ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+    if (status != UCS_OK) fail_ucx("ucp_config_read", status);
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    params.mt_workers_shared = 1;  // workers of different communicators live on different threads
+    status = ucp_init(&params, config, &handle);
+    ucp_config_release(config);
+    if (status != UCS_OK) fail_ucx("ucp_init", status);
+  }
+  ~Context() { ucp_cleanup(handle); }
+};
+
+UcxTransport::UcxTransport(int rank, int nranks) : context_(Context::get()), rank_(rank), nranks_(nranks) {
+  if (nranks > kMaxRanks) fail(qcclInvalidArgument, "nranks = %d exceeds the UCX tag layout's %d ranks", nranks, kMaxRanks);
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // The communicator's drive lock serialises every call on this worker (caller or progress thread).
+  params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  ucs_status_t status = ucp_worker_create(context_->handle, &params, &worker_);
+  if (status != UCS_OK) fail_ucx("ucp_worker_create", status);
+  status = ucp_worker_get_efd(worker_, &event_fd_);
+  if (status != UCS_OK) {
+    ucp_worker_destroy(worker_);
+    fail_ucx("ucp_worker_get_efd", status);
+  }
+  ucp_address_t* address = nullptr;
+  size_t length = 0;
+  status = ucp_worker_get_address(worker_, &address, &length);
+  if (status != UCS_OK) {
+    ucp_worker_destroy(worker_);
+    fail_ucx("ucp_worker_get_address", status);
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>(address);
+  address_.assign(bytes, bytes + length);
+  ucp_worker_release_address(worker_, address);
+}
+
+UcxTransport::~UcxTransport() {
+  // Force-close: by the time a communicator is destroyed every rank has passed the closing
+  // barrier (or the job is failing), so no message is still owed to a peer.
+  for (ucp_ep_h ep : endpoints_) {
+    if (!ep) continue;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &param);
+    if (UCS_PTR_IS_PTR(req)) {
+      for (int i = 0; i < 1000 && ucp_request_check_status(req) == UCS_INPROGRESS; ++i) ucp_worker_progress(worker_);
+      ucp_request_free(req);
+    }
+  }
+  if (worker_) ucp_worker_destroy(worker_);
+}
+
+void UcxTransport::connect(const std::vector<std::vector<uint8_t>>& addresses) {
+  if (static_cast<int>(addresses.size()) != nranks_)
+    fail(qcclInternalError, "UcxTransport::connect: %zu addresses for %d ranks", addresses.size(), nranks_);
+  endpoints_.assign(nranks_, nullptr);
+  for (int peer = 0; peer < nranks_; ++peer) {
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.address = reinterpret_cast<const ucp_address_t*>(addresses[peer].data());
+    params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    ucs_status_t status = ucp_ep_create(worker_, &params, &endpoints_[peer]);
+    if (status != UCS_OK)
+      fail(qcclSystemError, "UCX ucp_ep_create to rank %d failed: %s", peer, ucs_status_string(status));
+  }
+}
+
+Handle UcxTransport::isend(int peer, Key key, const void* buf, size_t bytes) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+  param.datatype = ucp_dt_make_contig(1);
+  ucs_status_ptr_t req = ucp_tag_send_nbx(endpoints_[peer], buf, bytes, make_tag(rank_, key), &param);
+  if (UCS_PTR_IS_ERR(req))
+    fail(qcclSystemError, "UCX send of %zu bytes to rank %d failed: %s", bytes, peer,
+         ucs_status_string(UCS_PTR_STATUS(req)));
+  Handle h;
+  if (req == nullptr) h.finished = true;
+  else h.request = req;
+  return h;
+}
+
+Handle UcxTransport::irecv(int peer, Key key, Key ignore, void* buf, size_t bytes) {
+  ucp_request_param_t param{};
+  // UCX 1.13 leaves recv_info.tag_info unwritten when a receive completes inside the call, so we
+  // always take a request and read the sender's tag and length from it in test().
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.datatype = ucp_dt_make_contig(1);
+  const ucp_tag_t mask = ~static_cast<ucp_tag_t>(ignore & kKeyMask);
+  ucs_status_ptr_t req = ucp_tag_recv_nbx(worker_, buf, bytes, make_tag(peer, key), mask, &param);
+  if (UCS_PTR_IS_ERR(req))
+    fail(qcclSystemError, "UCX receive of %zu bytes from rank %d failed: %s", bytes, peer,
+         ucs_status_string(UCS_PTR_STATUS(req)));
+  Handle h;
+  h.receive = true;
+  h.request = req;
+  return h;
+}
+
+Poll UcxTransport::test(Handle& handle, Completion* done, std::string* error) {
+  if (handle.finished) {
+    done->bytes = handle.bytes;
+    done->key = handle.key;
+    handle = Handle{};
+    return Poll::kDone;
+  }
+  ucp_tag_recv_info_t info{};
+  // ucp_tag_recv_request_test reads receive-only fields: sends go through ucp_request_check_status.
+  ucs_status_t status = handle.receive ? ucp_tag_recv_request_test(handle.request, &info)
+                                       : ucp_request_check_status(handle.request);
+  if (status == UCS_INPROGRESS) return Poll::kPending;
+  if (status == UCS_OK) {
+    done->bytes = info.length;
+    done->key = info.sender_tag & kKeyMask;
+    ucp_request_free(handle.request);
+    handle = Handle{};
+    return Poll::kDone;
+  }
+  *error = ucs_status_string(status);
+  ucp_request_free(handle.request);
+  handle = Handle{};
+  return Poll::kFailed;
+}
+
+void UcxTransport::cancel(Handle& handle) {
+  if (handle.request) {
+    ucp_request_cancel(worker_, handle.request);
+    ucp_request_free(handle.request);
+  }
+  handle = Handle{};
+}
+
+bool UcxTransport::progress() { return ucp_worker_progress(worker_) != 0; }
+
+bool UcxTransport::arm() {
+  ucs_status_t status = ucp_worker_arm(worker_);
+  if (status == UCS_ERR_BUSY) return false;
+  if (status != UCS_OK) fail_ucx("ucp_worker_arm", status);
+  return true;
+}
+
+std::string UcxTransport::describe() const {
+  // UCX 1.13 has no ucp_ep_query for transport names; ucp_ep_print_info lists each lane as
+  // "lane[0]:  3:sysv/memory.0 md[2] ..." and we collect the distinct "name/device" tokens.
+  std::set<std::string> lanes;
+  for (int peer = 0; peer < nranks_; ++peer) {
+    if (peer == rank_ && nranks_ > 1) continue;
+    char* text = nullptr;
+    size_t size = 0;
+    FILE* stream = open_memstream(&text, &size);
+    if (!stream) continue;
+    ucp_ep_print_info(endpoints_[peer], stream);
+    std::fclose(stream);
+    for (const char* p = text; (p = std::strstr(p, "lane[")) != nullptr;) {
+      const char* colon = std::strchr(p, ':');
+      if (!colon) break;
+      const char* start = std::strchr(colon + 1, ':');  // after the resource index
+      if (!start) break;
+      ++start;
+      const char* end = start;
+      while (*end && *end != ' ' && *end != '.') ++end;
+      lanes.insert(std::string(start, end));
+      p = end;
+    }
+    std::free(text);
+  }
+  std::string out = "UCX " + std::string(ucp_get_version_string()) + " (";
+  bool first = true;
+  for (const auto& lane : lanes) {
+    out += (first ? "" : ", ") + lane;
+    first = false;
+  }
+  return out + ")";
+}
+
+}  // namespace qccl::transport
