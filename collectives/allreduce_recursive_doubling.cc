@@ -20,7 +20,7 @@ namespace {
 class AllReduceRecursiveDoubling final : public Plan {
  public:
   AllReduceRecursiveDoubling(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), chunk_(chunk_elements(options.chunk_bytes, args.element_size())) {
+      : Plan(args), chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)) {
     pow2_ = 1;
     while (pow2_ * 2 <= args.nranks) pow2_ *= 2;
     rem_ = args.nranks - pow2_;

@@ -22,7 +22,7 @@ class AllReduceRing final : public Plan {
  public:
   AllReduceRing(const CollArgs& args, const PlanOptions& options)
       : Plan(args), ring_{args.rank, args.nranks}, segments_{args.count, args.nranks},
-        chunk_(chunk_elements(options.chunk_bytes, args.element_size())) {}
+        chunk_(chunk_elements(options.chunk_bytes, args.element_size(), Segments{args.count, args.nranks}.max_size())) {}
 
   size_t fragments() const override { return ceil_div(segments_.max_size(), chunk_); }
   size_t scratch_bytes() const override { return chunk_ * args_.element_size(); }

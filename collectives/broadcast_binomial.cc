@@ -13,7 +13,7 @@ namespace {
 class BroadcastBinomial final : public Plan {
  public:
   BroadcastBinomial(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), chunk_(chunk_elements(options.chunk_bytes, args.element_size())),
+      : Plan(args), chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)),
         v_((args.rank - args.root + args.nranks) % args.nranks) {
     // The parent is reached through v's lowest set bit; children through the smaller bits.
     int mask = 1;

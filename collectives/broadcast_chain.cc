@@ -13,7 +13,7 @@ namespace {
 class BroadcastChain final : public Plan {
  public:
   BroadcastChain(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks}, chunk_(chunk_elements(options.chunk_bytes, args.element_size())),
+      : Plan(args), ring_{args.rank, args.nranks}, chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)),
         position_((args.rank - args.root + args.nranks) % args.nranks) {}
 
   size_t fragments() const override { return ceil_div(args_.count, chunk_); }

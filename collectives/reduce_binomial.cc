@@ -14,7 +14,7 @@ namespace {
 class ReduceBinomial final : public Plan {
  public:
   ReduceBinomial(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), chunk_(chunk_elements(options.chunk_bytes, args.element_size())),
+      : Plan(args), chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)),
         v_((args.rank - args.root + args.nranks) % args.nranks) {
     for (int mask = 1; mask < args.nranks; mask <<= 1) {
       if (v_ & mask) {

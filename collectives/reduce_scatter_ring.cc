@@ -14,7 +14,7 @@ namespace {
 class ReduceScatterRing final : public Plan {
  public:
   ReduceScatterRing(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks}, chunk_(chunk_elements(options.chunk_bytes, args.element_size())) {}
+      : Plan(args), ring_{args.rank, args.nranks}, chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)) {}
 
   size_t fragments() const override { return ceil_div(args_.count, chunk_); }
   // One received partial and two outgoing partials.

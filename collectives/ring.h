@@ -42,9 +42,10 @@ inline Piece piece(size_t size, size_t chunk, size_t f) {
 
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
-// Elements per chunk for a chunk size in bytes (at least one).
-inline size_t chunk_elements(size_t chunk_bytes, size_t element_size) {
-  return std::max<size_t>(1, chunk_bytes / element_size);
+// Elements per chunk for a chunk size in bytes: at least one, and no more than the `run` of
+// elements being chunked (so small calls do not reserve chunk-sized scratch).
+inline size_t chunk_elements(size_t chunk_bytes, size_t element_size, size_t run) {
+  return std::max<size_t>(1, std::min(chunk_bytes / element_size, run));
 }
 
 // Typed views of the user's buffers: element offsets to byte pointers.

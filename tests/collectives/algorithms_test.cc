@@ -1,0 +1,467 @@
+// Every algorithm of the registry, run by the real executor for every rank of a simulated network in
+// one thread, against a reference computed in double precision (exact integer arithmetic for integer
+// types): all collectives x datatypes x ops, rank counts 1..9, odd counts, in place and out of place,
+// several chunk sizes and pipeline depths. Also: wire bytes equal each plan's closed form, results
+// are bit-identical on every rank, and neither the chunk size nor the depth changes a single bit.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "collectives/plan.h"
+#include "kernels/half.h"
+#include "src/errors.h"
+#include "src/executor.h"
+#include "tests/collectives/sim_network.h"
+
+namespace qccl::test {
+namespace {
+
+using coll::CollArgs;
+using coll::CollKind;
+using kernels::DataType;
+using kernels::RedOp;
+
+constexpr DataType kAllTypes[] = {DataType::kInt8,    DataType::kUint8,   DataType::kInt32,   DataType::kUint32,
+                                  DataType::kInt64,   DataType::kUint64,  DataType::kFloat16, DataType::kFloat32,
+                                  DataType::kFloat64, DataType::kBfloat16};
+constexpr RedOp kAllOps[] = {RedOp::kSum, RedOp::kProd, RedOp::kMax, RedOp::kMin, RedOp::kAvg};
+
+bool reduces(CollKind k) { return k == CollKind::kAllReduce || k == CollKind::kReduce || k == CollKind::kReduceScatter; }
+
+// ---- Element access in any datatype, through double ---------------------------------------------
+
+double load(DataType t, const void* p, size_t i) {
+  switch (t) {
+    case DataType::kInt8: return static_cast<const int8_t*>(p)[i];
+    case DataType::kUint8: return static_cast<const uint8_t*>(p)[i];
+    case DataType::kInt32: return static_cast<const int32_t*>(p)[i];
+    case DataType::kUint32: return static_cast<const uint32_t*>(p)[i];
+    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DataType::kUint64: return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
+    case DataType::kFloat16: return kernels::half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kFloat32: return static_cast<const float*>(p)[i];
+    case DataType::kFloat64: return static_cast<const double*>(p)[i];
+    case DataType::kBfloat16: return kernels::bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0;
+}
+
+void store(DataType t, void* p, size_t i, double v) {
+  switch (t) {
+    case DataType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    case DataType::kUint8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DataType::kUint32: static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(v); break;
+    case DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case DataType::kUint64: static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(v); break;
+    case DataType::kFloat16: static_cast<uint16_t*>(p)[i] = kernels::float_to_half(static_cast<float>(v)); break;
+    case DataType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DataType::kFloat64: static_cast<double*>(p)[i] = v; break;
+    case DataType::kBfloat16: static_cast<uint16_t*>(p)[i] = kernels::float_to_bf16(static_cast<float>(v)); break;
+  }
+}
+
+bool is_signed(DataType t) { return t != DataType::kUint8 && t != DataType::kUint32 && t != DataType::kUint64; }
+
+// Small integers make every reduction exact in every datatype (sums of 9 values in [-4, 4], products
+// of 9 values in {-1, 1, 2}), so results compare with equality. Unsigned types get [0, 8] / {1, 2}.
+double input_value(DataType t, RedOp op, int rank, size_t i) {
+  const uint64_t h = (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull) ^ (i * 0xBF58476D1CE4E5B9ull);
+  const uint64_t x = (h ^ (h >> 31)) * 0x94D049BB133111EBull >> 40;
+  if (op == RedOp::kProd) return is_signed(t) ? static_cast<double>(static_cast<int>(x % 3) - 1 == 0 ? 2 : static_cast<int>(x % 3) - 1) : 1.0 + x % 2;
+  return is_signed(t) ? static_cast<double>(static_cast<int>(x % 9) - 4) : static_cast<double>(x % 9);
+}
+
+double combine(RedOp op, double a, double b) {
+  switch (op) {
+    case RedOp::kSum:
+    case RedOp::kAvg: return a + b;
+    case RedOp::kProd: return a * b;
+    case RedOp::kMax: return std::max(a, b);
+    case RedOp::kMin: return std::min(a, b);
+  }
+  return 0;
+}
+
+// The exact reduction over ranks of element i, rounded as the datatype stores it.
+double expected_reduction(DataType t, RedOp op, int nranks, size_t i) {
+  double acc = input_value(t, op, 0, i);
+  for (int r = 1; r < nranks; ++r) acc = combine(op, acc, input_value(t, op, r, i));
+  if (op == RedOp::kAvg) acc = kernels::is_floating(t) ? acc / nranks : std::trunc(acc / nranks);
+  // Round through the datatype (unsigned sums cannot go negative here; signed ones stay in range).
+  std::vector<uint8_t> cell(8);
+  store(t, cell.data(), 0, acc);
+  return load(t, cell.data(), 0);
+}
+
+// ---- Running one call on every rank ---------------------------------------------------------------
+
+struct Call {
+  CollKind kind = CollKind::kAllReduce;
+  std::string algorithm;
+  int nranks = 2;
+  size_t count = 1;
+  DataType dtype = DataType::kFloat32;
+  RedOp op = RedOp::kSum;
+  int root = 0;
+  bool in_place = false;
+  size_t chunk_bytes = 1024;
+  int depth = 2;
+};
+
+struct RankBuffers {
+  std::vector<uint8_t> send, recv;
+  uint64_t bytes_sent = 0, plan_bytes = 0;
+};
+
+// Buffer sizes in elements (send, recv) for one rank.
+std::pair<size_t, size_t> sizes(const Call& c) {
+  const size_t n = static_cast<size_t>(c.nranks);
+  switch (c.kind) {
+    case CollKind::kAllGather: return {c.count, c.count * n};
+    case CollKind::kReduceScatter: return {c.count * n, c.count};
+    case CollKind::kAlltoAll: return {c.count * n, c.count * n};
+    default: return {c.count, c.count};
+  }
+}
+
+// Fills the inputs, runs the call on every rank to completion, and returns the buffers.
+std::vector<RankBuffers> run(const Call& c, bool random_floats = false) {
+  const coll::Algorithm* algorithm = coll::find_algorithm(c.kind, c.algorithm);
+  REQUIRE(algorithm != nullptr);
+  const size_t es = kernels::element_size(c.dtype);
+  const auto [send_n, recv_n] = sizes(c);
+  std::vector<RankBuffers> buffers(c.nranks);
+  SimNetwork net(c.nranks);
+  std::vector<std::unique_ptr<SimTransport>> transports;
+  std::vector<std::unique_ptr<Operation>> ops;
+  std::vector<std::vector<std::byte>> scratch(c.nranks);
+  std::vector<std::string> names;
+  for (int r = 0; r < c.nranks; ++r) names.push_back("rank " + std::to_string(r));
+  std::mt19937_64 rng(1234);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  for (int r = 0; r < c.nranks; ++r) {
+    RankBuffers& b = buffers[r];
+    b.send.assign(send_n * es, 0);
+    b.recv.assign(recv_n * es, 0xee);  // garbage that a missed write would expose
+    for (size_t i = 0; i < send_n; ++i)
+      store(c.dtype, b.send.data(), i, random_floats ? uniform(rng) : input_value(c.dtype, c.op, r, i));
+    CollArgs args;
+    args.kind = c.kind;
+    args.count = c.count;
+    args.dtype = c.dtype;
+    args.op = c.op;
+    args.root = c.root;
+    args.rank = r;
+    args.nranks = c.nranks;
+    args.sendbuf = b.send.data();
+    args.recvbuf = b.recv.data();
+    if (c.in_place) {
+      b.recv = b.send;
+      if (c.kind == CollKind::kAllGather) {  // sendbuf = recvbuf + rank * count
+        b.recv.assign(recv_n * es, 0xee);
+        std::memcpy(b.recv.data() + r * c.count * es, b.send.data(), c.count * es);
+        args.sendbuf = b.recv.data() + r * c.count * es;
+      } else if (c.kind == CollKind::kReduceScatter) {  // recvbuf = sendbuf + rank * count
+        args.sendbuf = b.recv.data();
+        args.recvbuf = b.recv.data() + r * c.count * es;
+      } else {
+        args.sendbuf = b.recv.data();
+      }
+    }
+    REQUIRE(algorithm->cannot_run(args) == nullptr);
+    coll::PlanOptions options;
+    options.chunk_bytes = c.chunk_bytes;
+    auto plan = algorithm->make(args, options);
+    b.plan_bytes = plan->wire_bytes_sent();
+    scratch[r].resize(plan->scratch_bytes() * c.depth);
+    OperationIdentity id;
+    id.sequence = 7;
+    id.header = FrameHeader::for_call(args, id.sequence, 0);
+    id.expected = id.header;
+    transports.push_back(std::make_unique<SimTransport>(net, r));
+    ops.push_back(std::make_unique<Operation>(*algorithm, std::move(plan), id, c.depth, scratch[r].data(), &names));
+  }
+  // Round-robin until every rank finishes; a pass in which nothing moves anywhere is a deadlock.
+  for (;;) {
+    bool moved = net.progress(), all = true;
+    for (int r = 0; r < c.nranks; ++r) {
+      if (ops[r]->finished()) continue;
+      moved |= ops[r]->advance(*transports[r]);
+      all &= ops[r]->finished();
+    }
+    if (all) break;
+    if (!moved) FAIL("deadlock: no rank can move");
+  }
+  CHECK(net.idle());
+  for (int r = 0; r < c.nranks; ++r) buffers[r].bytes_sent = ops[r]->bytes_sent();
+  if (c.in_place) {
+    for (int r = 0; r < c.nranks; ++r) {
+      // Move the in-place result to where the checks expect it.
+      RankBuffers& b = buffers[r];
+      if (c.kind == CollKind::kReduceScatter)
+        b.recv = std::vector<uint8_t>(b.recv.begin() + r * c.count * es, b.recv.begin() + (r + 1) * c.count * es);
+      else if (c.kind == CollKind::kAllReduce || c.kind == CollKind::kBroadcast || c.kind == CollKind::kReduce)
+        b.recv.resize(recv_n * es);
+    }
+  }
+  return buffers;
+}
+
+// Checks every element of every rank's output against the reference.
+void check_exact(const Call& c, const std::vector<RankBuffers>& out) {
+  const size_t n = static_cast<size_t>(c.nranks);
+  const double tolerance_ulps = (c.op == RedOp::kAvg && kernels::is_floating(c.dtype)) ? 1 : 0;
+  size_t wrong = 0;
+  for (int r = 0; r < c.nranks; ++r) {
+    const void* got = out[r].recv.data();
+    auto expect = [&](size_t i, double e) {
+      const double g = load(c.dtype, got, i);
+      const double ulp = tolerance_ulps * (std::fabs(e) * (c.dtype == DataType::kFloat16 ? 1.0 / 1024
+                                                         : c.dtype == DataType::kBfloat16 ? 1.0 / 128
+                                                                                          : 1.2e-7));
+      if (std::fabs(g - e) > ulp) {
+        if (wrong < 5) UNSCOPED_INFO("rank " << r << " element " << i << ": got " << g << ", expected " << e);
+        ++wrong;
+      }
+    };
+    switch (c.kind) {
+      case CollKind::kAllReduce:
+        for (size_t i = 0; i < c.count; ++i) expect(i, expected_reduction(c.dtype, c.op, c.nranks, i));
+        break;
+      case CollKind::kReduce:
+        if (r == c.root)
+          for (size_t i = 0; i < c.count; ++i) expect(i, expected_reduction(c.dtype, c.op, c.nranks, i));
+        break;
+      case CollKind::kBroadcast:
+        for (size_t i = 0; i < c.count; ++i) expect(i, input_value(c.dtype, c.op, c.root, i));
+        break;
+      case CollKind::kAllGather:
+        for (size_t s = 0; s < n; ++s)
+          for (size_t i = 0; i < c.count; ++i) expect(s * c.count + i, input_value(c.dtype, c.op, static_cast<int>(s), i));
+        break;
+      case CollKind::kReduceScatter:
+        for (size_t i = 0; i < c.count; ++i)
+          expect(i, expected_reduction(c.dtype, c.op, c.nranks, static_cast<size_t>(r) * c.count + i));
+        break;
+      case CollKind::kAlltoAll:
+        for (size_t s = 0; s < n; ++s)
+          for (size_t i = 0; i < c.count; ++i)
+            expect(s * c.count + i, input_value(c.dtype, c.op, static_cast<int>(s), static_cast<size_t>(r) * c.count + i));
+        break;
+      default: FAIL("not a collective");
+    }
+    CHECK(out[r].bytes_sent == out[r].plan_bytes);
+  }
+  CHECK(wrong == 0);
+}
+
+std::vector<std::pair<CollKind, std::string>> collective_algorithms() {
+  std::vector<std::pair<CollKind, std::string>> out;
+  for (const coll::Algorithm& a : coll::algorithms())
+    if (a.collective != CollKind::kSend && a.collective != CollKind::kRecv && std::string(a.name) != "local")
+      out.emplace_back(a.collective, a.name);
+  return out;
+}
+
+std::string describe(const Call& c) {
+  return std::string(coll::coll_name(c.kind)) + "/" + c.algorithm + " n=" + std::to_string(c.nranks) +
+         " count=" + std::to_string(c.count) + " " + kernels::data_type_name(c.dtype) + " " +
+         kernels::red_op_name(c.op) + " root=" + std::to_string(c.root) + (c.in_place ? " in-place" : "") +
+         " chunk=" + std::to_string(c.chunk_bytes) + " depth=" + std::to_string(c.depth);
+}
+
+}  // namespace
+
+TEST_CASE("every algorithm: every datatype and op, exact against the reference", "[collectives]") {
+  for (const auto& [kind, name] : collective_algorithms()) {
+    for (DataType t : kAllTypes) {
+      for (RedOp op : kAllOps) {
+        if (!reduces(kind) && op != RedOp::kSum) continue;
+        for (int n : {2, 3, 5}) {
+          Call c;
+          c.kind = kind, c.algorithm = name, c.nranks = n, c.count = 37, c.dtype = t, c.op = op;
+          c.root = n - 1, c.chunk_bytes = 16 * kernels::element_size(t), c.depth = 2;
+          INFO(describe(c));
+          check_exact(c, run(c));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("every algorithm: rank counts 2..9, odd counts, chunk sizes, depths, in place", "[collectives]") {
+  for (const auto& [kind, name] : collective_algorithms()) {
+    for (int n = 2; n <= 9; ++n) {
+      for (size_t count : {size_t{1}, size_t{2}, size_t{7}, size_t{8}, size_t{31}, size_t{257}, size_t{1000}}) {
+        for (size_t chunk : {size_t{4}, size_t{60}, size_t{1} << 20}) {
+          for (bool in_place : {false, true}) {
+            if (in_place && kind == CollKind::kAlltoAll) continue;  // AlltoAll has no in-place form
+            Call c;
+            c.kind = kind, c.algorithm = name, c.nranks = n, c.count = count, c.dtype = DataType::kInt32;
+            c.op = RedOp::kSum, c.root = static_cast<int>(count % n), c.in_place = in_place;
+            c.chunk_bytes = chunk, c.depth = 1 + static_cast<int>(count % 3);
+            INFO(describe(c));
+            check_exact(c, run(c));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("single rank: the local algorithm copies", "[collectives]") {
+  for (CollKind kind : {CollKind::kAllReduce, CollKind::kBroadcast, CollKind::kReduce, CollKind::kAllGather,
+                        CollKind::kReduceScatter, CollKind::kAlltoAll}) {
+    for (bool in_place : {false, true}) {
+      if (in_place && kind == CollKind::kAlltoAll) continue;
+      Call c;
+      c.kind = kind, c.algorithm = "local", c.nranks = 1, c.count = 33, c.dtype = DataType::kFloat64;
+      c.op = RedOp::kAvg, c.in_place = in_place;
+      INFO(describe(c));
+      check_exact(c, run(c));
+    }
+  }
+}
+
+TEST_CASE("all-reduce: identical bits on every rank, independent of chunk size and depth", "[collectives]") {
+  for (const std::string name : {"ring", "recursive_doubling"}) {
+    for (int n : {2, 3, 4, 6, 7, 8}) {
+      for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kBfloat16, DataType::kFloat64}) {
+        for (RedOp op : {RedOp::kSum, RedOp::kAvg, RedOp::kMax}) {
+          Call base;
+          base.kind = CollKind::kAllReduce, base.algorithm = name, base.nranks = n, base.count = 1001;
+          base.dtype = t, base.op = op, base.chunk_bytes = 1 << 20, base.depth = 1;
+          INFO(describe(base));
+          const auto reference = run(base, /*random_floats=*/true);
+          for (int r = 1; r < n; ++r) REQUIRE(reference[r].recv == reference[0].recv);
+          for (size_t chunk : {size_t{8}, size_t{100}, size_t{1024}}) {
+            for (int depth : {1, 3, 8}) {
+              Call c = base;
+              c.chunk_bytes = chunk, c.depth = depth;
+              INFO("chunk " << chunk << " depth " << depth);
+              const auto out = run(c, true);
+              for (int r = 0; r < n; ++r) REQUIRE(out[r].recv == reference[0].recv);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("all-reduce of random floats: within the rounding bound of the double-precision sum", "[collectives]") {
+  // Each output element is n-1 rounded additions of values in [-1, 1]; each addition errs by at most
+  // half an ulp of a partial sum no larger than n, so |error| <= (n-1) * n * u with u the unit roundoff.
+  for (const std::string name : {"ring", "recursive_doubling"}) {
+    for (int n : {2, 5, 8}) {
+      for (auto [t, u] : {std::pair{DataType::kFloat32, 0x1p-24}, std::pair{DataType::kFloat16, 0x1p-11},
+                          std::pair{DataType::kBfloat16, 0x1p-8}, std::pair{DataType::kFloat64, 0x1p-53}}) {
+        Call c;
+        c.kind = CollKind::kAllReduce, c.algorithm = name, c.nranks = n, c.count = 4099, c.dtype = t;
+        c.chunk_bytes = 512, c.depth = 3;
+        INFO(describe(c));
+        const auto out = run(c, true);
+        double worst = 0;
+        for (size_t i = 0; i < c.count; ++i) {
+          double exact = 0;
+          for (int r = 0; r < n; ++r) exact += load(t, out[r].send.data(), i);
+          worst = std::max(worst, std::fabs(load(t, out[0].recv.data(), i) - exact));
+        }
+        // Inputs were rounded to the type before summing, so only the additions contribute.
+        CHECK(worst <= (n - 1) * n * u);
+      }
+    }
+  }
+}
+
+TEST_CASE("wire bytes: ring all-reduce sends 2(n-1)/n * S when n divides the count", "[collectives]") {
+  for (int n : {2, 3, 4, 8}) {
+    Call c;
+    c.kind = CollKind::kAllReduce, c.algorithm = "ring", c.nranks = n, c.count = 24 * 35, c.dtype = DataType::kFloat32;
+    const auto out = run(c);
+    const uint64_t s = c.count * 4;
+    for (int r = 0; r < n; ++r) CHECK(out[r].bytes_sent == 2 * (n - 1) * s / n);
+  }
+}
+
+TEST_CASE("point to point: a ring of sends and receives, and a send to self", "[collectives]") {
+  const coll::Algorithm* send = coll::find_algorithm(CollKind::kSend, "direct");
+  const coll::Algorithm* recv = coll::find_algorithm(CollKind::kRecv, "direct");
+  for (int n : {1, 2, 3, 5}) {
+    SimNetwork net(n);
+    std::vector<std::unique_ptr<SimTransport>> transports;
+    std::vector<std::unique_ptr<Operation>> ops;
+    std::vector<std::vector<int64_t>> in(n, std::vector<int64_t>(100)), out(n, std::vector<int64_t>(100, -1));
+    std::vector<std::string> names(n, "rank");
+    for (int r = 0; r < n; ++r) {
+      transports.push_back(std::make_unique<SimTransport>(net, r));
+      for (int i = 0; i < 100; ++i) in[r][i] = r * 1000 + i;
+      for (CollKind kind : {CollKind::kRecv, CollKind::kSend}) {
+        CollArgs a;
+        a.kind = kind, a.count = 100, a.dtype = DataType::kInt64, a.rank = r, a.nranks = n;
+        a.peer = kind == CollKind::kSend ? (r + 1) % n : (r + n - 1) % n;
+        a.sendbuf = in[r].data(), a.recvbuf = out[r].data();
+        OperationIdentity id;
+        id.p2p = true;
+        id.header = FrameHeader::for_call(a, 0, 0);
+        id.expected = id.header;
+        ops.push_back(std::make_unique<Operation>(kind == CollKind::kSend ? *send : *recv,
+                                                  (kind == CollKind::kSend ? send : recv)->make(a, {}), id, 1,
+                                                  nullptr, &names));
+      }
+    }
+    for (bool all = false; !all;) {
+      bool moved = net.progress();
+      all = true;
+      for (size_t i = 0; i < ops.size(); ++i) {
+        moved |= ops[i]->advance(*transports[i / 2]);
+        all &= ops[i]->finished();
+      }
+      if (!all && !moved) FAIL("deadlock");
+    }
+    for (int r = 0; r < n; ++r) CHECK(out[r] == in[(r + n - 1) % n]);
+  }
+}
+
+TEST_CASE("mismatched collectives fail with a message that names both calls", "[collectives]") {
+  const coll::Algorithm* ring = coll::find_algorithm(CollKind::kAllReduce, "ring");
+  SimNetwork net(2);
+  std::vector<float> a(100), b(100), c(200), d(200);
+  std::vector<std::string> names = {"rank 0", "rank 1"};
+  std::vector<std::unique_ptr<SimTransport>> transports;
+  std::vector<std::unique_ptr<Operation>> ops;
+  std::vector<std::vector<std::byte>> scratch(2, std::vector<std::byte>(1 << 20));
+  for (int r = 0; r < 2; ++r) {
+    CollArgs args;
+    args.kind = CollKind::kAllReduce, args.rank = r, args.nranks = 2, args.dtype = DataType::kFloat32;
+    args.count = r == 0 ? 100 : 200;  // rank 1 disagrees
+    args.sendbuf = r == 0 ? a.data() : c.data();
+    args.recvbuf = r == 0 ? b.data() : d.data();
+    OperationIdentity id;
+    id.sequence = 3;
+    id.header = FrameHeader::for_call(args, 3, 0);
+    id.expected = id.header;
+    transports.push_back(std::make_unique<SimTransport>(net, r));
+    ops.push_back(std::make_unique<Operation>(*ring, ring->make(args, {}), id, 2, scratch[r].data(), &names));
+  }
+  int failures = 0;
+  for (int pass = 0; pass < 100 && failures < 2; ++pass) {
+    net.progress();
+    for (int r = 0; r < 2; ++r) {
+      try {
+        ops[r]->advance(*transports[r]);
+      } catch (const Error& e) {
+        ++failures;
+        CHECK(e.code() == qcclMismatch);
+        CHECK_THAT(e.message(), Catch::Contains("AllReduce(count=100") && Catch::Contains("AllReduce(count=200"));
+      }
+    }
+  }
+  CHECK(failures == 2);  // both ends see the other's header
+}
+
+}  // namespace qccl::test

@@ -1,0 +1,150 @@
+// tests/tools/qcclrun_netem_test.cc: qcclrun --netem. Needs root and iproute2; otherwise every test
+// warns and passes without checking. The namespaces of a job are found by qcclrun's pid.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+
+#include "tests/tools/qcclrun_test_util.h"
+
+using namespace qcclrun_test;
+
+namespace {
+
+bool can_netem() {
+  if (geteuid() != 0) {
+    WARN("skipped: --netem needs root");
+    return false;
+  }
+  if (access("/usr/sbin/ip", X_OK) != 0 && access("/sbin/ip", X_OK) != 0) {
+    WARN("skipped: iproute2 (ip, tc) is not installed");
+    return false;
+  }
+  return true;
+}
+
+// Ranks print "ready" and then wait for the file `go` to appear (at most 20 s), so that the test can
+// look at the network while the job certainly runs.
+struct GoFile {
+  std::string path = "/tmp/qcclrun_netem_test_go." + std::to_string(getpid());
+  GoFile() { unlink(path.c_str()); }
+  ~GoFile() { unlink(path.c_str()); }
+  void create() const { close(open(path.c_str(), O_CREAT | O_WRONLY, 0600)); }
+  std::string wait_script() const {
+    return "i=0; while [ ! -e " + path + " ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("--netem puts each rank in its own namespace and removes them at exit", "[qcclrun][netem]") {
+  if (!can_netem()) return;
+  GoFile go;
+  Qcclrun job({"--netem", "1gbit", "-n", "3", "sh", "-c",
+               "echo ns=$(ip netns identify) env=$UCX_TLS,$UCX_NET_DEVICES,$QCCL_SOCKET_IFNAME,$QCCL_ROOT"
+               " addr=$(ip -4 -o addr show dev $QCCL_SOCKET_IFNAME | awk '{print $4}')"
+               " qdisc=$(tc qdisc show dev $QCCL_SOCKET_IFNAME | awk '{print $2}'); echo ready; " +
+                   go.wait_script()});
+  std::vector<std::string> during;
+  RunResult r = job.wait(30, [&](const std::string& out) {
+    if (during.empty() && count(out, "ready") == 3) {
+      during = namespaces_of(job.pid());
+      go.create();
+    }
+  });
+  REQUIRE(r.status == 0);
+  const std::string p = "qccl" + std::to_string(job.pid());
+  std::sort(during.begin(), during.end());
+  CHECK(during == std::vector<std::string>{p + "hub", p + "r0", p + "r1", p + "r2"});
+  for (int rank = 0; rank < 3; rank++) {
+    std::string R = std::to_string(rank);
+    CHECK(count(r.out, "[" + R + "] ns=" + p + "r" + R + " env=tcp,self,veth" + R + ",veth" + R +
+                           ",10.99.0.1:29500 addr=10.99.0." + std::to_string(rank + 1) +
+                           "/16 qdisc=tbf\n") == 1);
+  }
+  CHECK(namespaces_of(job.pid()).empty());
+}
+
+TEST_CASE("--netem removes its namespaces when a rank fails or qcclrun is interrupted",
+          "[qcclrun][netem]") {
+  if (!can_netem()) return;
+  SECTION("a rank fails") {
+    Qcclrun job({"--netem", "100mbit", "-n", "3", "sh", "-c", "[ $QCCL_RANK = 2 ] && exit 7; sleep 60"});
+    RunResult r = job.wait(20);
+    CHECK(r.status == 7);
+    CHECK(r.seconds < 10);
+    CHECK(namespaces_of(job.pid()).empty());
+  }
+  SECTION("SIGINT") {
+    Qcclrun job({"--netem", "100mbit", "-n", "2", "sh", "-c", "echo ready; exec sleep 60"});
+    size_t seen = 0;
+    RunResult r = job.wait(20, [&](const std::string& out) {
+      if (seen == 0 && count(out, "ready") == 2) {
+        seen = namespaces_of(job.pid()).size();
+        kill(job.pid(), SIGINT);
+      }
+    });
+    CHECK(r.status == 130);
+    CHECK(r.seconds < 10);
+    CHECK(seen == 3);
+    CHECK(namespaces_of(job.pid()).empty());
+  }
+}
+
+TEST_CASE("--netem limits the bandwidth between ranks", "[qcclrun][netem]") {
+  if (!can_netem()) return;
+  // 3 MB at 100mbit take ~0.25 s. Only an upper bound is checked: a busy machine can only be slower.
+  RunResult r = run_qcclrun({"--netem", "100mbit", "-n", "2", QCCL_TCP_RATE_PROBE_PATH, "3000000"}, 30);
+  REQUIRE(r.status == 0);
+  size_t pos = r.out.find("[0] rate_bits=");
+  REQUIRE(pos != std::string::npos);
+  double rate = std::stod(r.out.substr(pos + 14));
+  INFO("measured " << rate / 1e6 << " Mbit/s under a 100mbit tbf");
+  CHECK(rate > 0);
+  CHECK(rate <= 1.1e8);
+}
+
+TEST_CASE("qcclrun --cleanup removes namespaces of dead qcclrun jobs only", "[qcclrun][netem]") {
+  if (!can_netem()) return;
+  // A pid that certainly belonged to a process which is gone now.
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  const std::string stale = "qccl" + std::to_string(dead) + "hub";
+  // A namespace that merely starts like ours must survive.
+  const std::string other = "qcclx" + std::to_string(dead);
+  REQUIRE(system(("ip netns add " + stale + " && ip netns add " + other).c_str()) == 0);
+  RunResult r = run_qcclrun({"--cleanup"});
+  CHECK(r.status == 0);
+  CHECK(namespaces_of(dead).empty());
+  CHECK(access(("/var/run/netns/" + other).c_str(), F_OK) == 0);
+  CHECK(system(("ip netns del " + other).c_str()) == 0);
+  if (system(("ip netns del " + stale + " 2>/dev/null").c_str()) != 0) {
+  }  // normally gone already
+}
+
+TEST_CASE("--netem and --cleanup refuse to run without root", "[qcclrun][netem]") {
+  if (!can_netem()) return;
+  if (access("/usr/bin/setpriv", X_OK) != 0) {
+    WARN("skipped: setpriv (util-linux) is not installed");
+    return;
+  }
+  for (const char* args : {"--netem 1gbit -n 2 true", "--cleanup"}) {
+    std::string cmd = std::string("/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups ") +
+                      QCCL_QCCLRUN_PATH + " " + args + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    REQUIRE(p);
+    std::string out;
+    char buf[512];
+    while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+    int st = pclose(p);
+    INFO(out);
+    if (count(out, "Permission denied") > 0) {
+      WARN("skipped: user nobody cannot execute the build tree's qcclrun");
+      continue;
+    }
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 125);
+    CHECK(count(out, "needs root") == 1);
+  }
+}

@@ -1,0 +1,330 @@
+// tools/netem.cc: qcclrun's emulated network (see netem.h).
+#include "netem.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace qccl::tools {
+
+namespace {
+
+constexpr const char* kNetnsDir = "/var/run/netns";
+constexpr const char* kBridge = "br0";
+
+std::string g_ip_path;  // set by netem_preflight()
+std::string g_tc_path;
+
+// Looks in PATH and then in the sbin directories, which are often missing from a non-login PATH.
+std::string find_program(const char* name) {
+  std::string dirs = getenv("PATH") ? getenv("PATH") : "";
+  dirs += ":/usr/sbin:/sbin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string dir = dirs.substr(start, end - start);
+    if (!dir.empty()) {
+      std::string candidate = dir + "/" + name;
+      if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+    start = end + 1;
+  }
+  return "";
+}
+
+std::string join(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  return s;
+}
+
+// Reads /proc/<pid>/comm ("" when the process does not exist).
+std::string process_name(pid_t pid) {
+  std::string path = pid == 0 ? "/proc/self/comm" : "/proc/" + std::to_string(pid) + "/comm";
+  FILE* f = fopen(path.c_str(), "r");
+  if (!f) return "";
+  char buf[64] = {0};
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  return trim(std::string(buf, n));
+}
+
+// Parses "qccl<pid>hub" or "qccl<pid>r<i>"; returns the pid or -1 for other names.
+pid_t owner_of_netns(const std::string& name) {
+  if (name.compare(0, 4, "qccl") != 0) return -1;
+  size_t i = 4, digits_start = 4;
+  while (i < name.size() && isdigit(static_cast<unsigned char>(name[i]))) i++;
+  if (i == digits_start || i - digits_start > 9) return -1;
+  std::string rest = name.substr(i);
+  bool is_rank = rest.size() > 1 && rest[0] == 'r' &&
+                 std::all_of(rest.begin() + 1, rest.end(), [](char c) { return isdigit(c); });
+  if (rest != "hub" && !is_rank) return -1;
+  return static_cast<pid_t>(atol(name.substr(digits_start, i - digits_start).c_str()));
+}
+
+}  // namespace
+
+bool parse_rate(const std::string& text, uint64_t* bits_per_s) {
+  // Units of tc(8) (tc_util.c): bit-based and byte-based ("bps" is bytes per second), SI and IEC.
+  static const struct {
+    const char* unit;
+    double bits;
+  } kUnits[] = {
+      {"", 1},           {"bit", 1},           {"kbit", 1e3},        {"mbit", 1e6},
+      {"gbit", 1e9},     {"tbit", 1e12},       {"kibit", 1024.0},    {"mibit", 1048576.0},
+      {"gibit", 1073741824.0}, {"tibit", 1099511627776.0},           {"bps", 8},
+      {"kbps", 8e3},     {"mbps", 8e6},        {"gbps", 8e9},        {"tbps", 8e12},
+      {"kibps", 8 * 1024.0}, {"mibps", 8 * 1048576.0}, {"gibps", 8 * 1073741824.0},
+      {"tibps", 8 * 1099511627776.0},
+  };
+  // A plain decimal number (no sign, exponent, hex, inf or whitespace, which strtod would take).
+  size_t i = 0, dots = 0;
+  while (i < text.size() && (isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
+    dots += text[i] == '.';
+    i++;
+  }
+  if (i == 0 || dots > 1 || (i == 1 && dots == 1)) return false;
+  double value = strtod(text.substr(0, i).c_str(), nullptr);
+  std::string unit = text.substr(i);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return tolower(c); });
+  for (const auto& u : kUnits) {
+    if (unit != u.unit) continue;
+    double bits = value * u.bits;
+    if (!(bits >= 1000.0) || bits > 1e15) return false;  // tbf is meaningless below 1kbit
+    *bits_per_s = static_cast<uint64_t>(bits);
+    return true;
+  }
+  return false;
+}
+
+TbfParams tbf_params_for(uint64_t rate_bits) {
+  TbfParams p;
+  p.rate_bits = rate_bits;
+  p.burst_bytes = std::max<uint64_t>(16384, rate_bits / 8 / 500);  // 2 ms of traffic
+  p.latency_ms = 10;
+  return p;
+}
+
+std::string netem_preflight(const std::string& option) {
+  if (geteuid() != 0)
+    return option + " needs root (it creates and deletes network namespaces, veths and tc qdiscs); "
+           "run qcclrun as root" + (option == "--netem" ? " or leave out --netem" : "");
+  g_ip_path = find_program("ip");
+  g_tc_path = find_program("tc");
+  if (g_ip_path.empty() || g_tc_path.empty())
+    return option + " needs the iproute2 tools, but `" + (g_ip_path.empty() ? "ip" : "tc") +
+           "` was not found in PATH, /usr/sbin or /sbin (Debian: apt-get install iproute2)";
+  return "";
+}
+
+std::string run_command(const std::vector<std::string>& argv, bool verbose) {
+  if (verbose) fprintf(stderr, "qcclrun: + %s\n", join(argv).c_str());
+  int err_pipe[2];
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) return std::string("pipe: ") + strerror(errno);
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(err_pipe[0]);
+    close(err_pipe[1]);
+    return std::string("fork: ") + strerror(errno);
+  }
+  if (pid == 0) {
+    // qcclrun blocks its termination signals (they arrive through a signalfd); exec keeps the mask.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    setpgid(0, 0);
+    int devnull = open("/dev/null", O_RDWR);
+    dup2(devnull, 0);
+    dup2(verbose ? 2 : devnull, 1);
+    dup2(err_pipe[1], 2);
+    execv(cargv[0], cargv.data());
+    dprintf(2, "cannot execute %s: %s", cargv[0], strerror(errno));
+    _exit(127);
+  }
+  close(err_pipe[1]);
+  std::string err;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = read(err_pipe[0], buf, sizeof(buf));
+    if (n > 0) err.append(buf, n);
+    else if (n == 0 || errno != EINTR) break;
+  }
+  close(err_pipe[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  std::string how = WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+                                      : "signal " + std::to_string(WTERMSIG(status));
+  err = trim(err);
+  return "`" + join(argv) + "` failed (" + how + ")" + (err.empty() ? "" : ": " + err);
+}
+
+int cleanup_stale_namespaces(bool verbose, std::string* errors) {
+  if (g_ip_path.empty()) g_ip_path = find_program("ip");
+  DIR* dir = opendir(kNetnsDir);
+  if (!dir) return 0;  // no namespace was ever added on this machine
+  std::vector<std::string> stale;
+  const std::string self_name = process_name(0);
+  while (dirent* e = readdir(dir)) {
+    pid_t owner = owner_of_netns(e->d_name);
+    if (owner <= 0 || owner == getpid()) continue;
+    // The pid may have been reused by an unrelated process, so a live pid only protects the namespace
+    // when that process is a qcclrun too.
+    bool alive = kill(owner, 0) == 0 || errno == EPERM;
+    if (alive && process_name(owner) == self_name) continue;
+    stale.push_back(e->d_name);
+  }
+  closedir(dir);
+  std::sort(stale.begin(), stale.end());
+  int removed = 0;
+  for (const auto& name : stale) {
+    std::string err = run_command({g_ip_path, "netns", "del", name}, verbose);
+    if (err.empty()) {
+      removed++;
+      if (verbose) fprintf(stderr, "qcclrun: removed stale network namespace %s\n", name.c_str());
+    } else {
+      *errors += err + "\n";
+    }
+  }
+  return removed;
+}
+
+Netem::Netem(pid_t job_id, int nranks, uint64_t rate_bits, bool verbose)
+    : job_id_(job_id), nranks_(nranks), tbf_(tbf_params_for(rate_bits)), verbose_(verbose) {}
+
+Netem::~Netem() { teardown(); }
+
+std::string Netem::hub_netns() const { return "qccl" + std::to_string(job_id_) + "hub"; }
+
+std::string Netem::rank_netns(int rank) const {
+  return "qccl" + std::to_string(job_id_) + "r" + std::to_string(rank);
+}
+
+// 10.99.0.0/16: every job has its own bridge, so concurrent jobs may reuse the same addresses.
+std::string Netem::rank_ip(int rank) const {
+  int host = rank + 1;
+  return "10.99." + std::to_string(host / 256) + "." + std::to_string(host % 256);
+}
+
+std::string Netem::ip_cmd(std::vector<std::string> args) {
+  args.insert(args.begin(), g_ip_path);
+  return run_command(args, verbose_);
+}
+
+std::string Netem::tc_cmd(std::vector<std::string> args) {
+  args.insert(args.begin(), g_tc_path);
+  return run_command(args, verbose_);
+}
+
+std::string Netem::build(const std::function<bool()>& interrupted) {
+  const std::string hub = hub_netns();
+  const std::vector<std::string> tbf = {"root", "tbf", "rate", std::to_string(tbf_.rate_bits) + "bit",
+                                        "burst", std::to_string(tbf_.burst_bytes), "latency",
+                                        std::to_string(tbf_.latency_ms) + "ms"};
+  auto shape = [&](const std::string& ns, const std::string& dev) {
+    std::vector<std::string> args = {"-n", ns, "qdisc", "add", "dev", dev};
+    args.insert(args.end(), tbf.begin(), tbf.end());
+    return tc_cmd(args);
+  };
+  std::string err;
+  auto add_netns = [&](const std::string& ns) {
+    std::string e = ip_cmd({"netns", "add", ns});
+    if (e.empty()) created_.push_back(ns);
+    return e;
+  };
+  if (!(err = add_netns(hub)).empty()) return err;
+  if (!(err = ip_cmd({"-n", hub, "link", "add", kBridge, "type", "bridge"})).empty()) return err;
+  if (!(err = ip_cmd({"-n", hub, "link", "set", kBridge, "up"})).empty()) return err;
+  for (int r = 0; r < nranks_; r++) {
+    if (interrupted()) return "interrupted";
+    const std::string ns = rank_netns(r), dev = rank_ifname(r), hub_dev = "hub" + std::to_string(r);
+    // The veth is created inside the hub with its peer placed straight into the rank's namespace,
+    // so no interface ever appears in the host namespace, even for a moment.
+    std::vector<std::vector<std::string>> steps = {
+        {"-n", hub, "link", "add", hub_dev, "type", "veth", "peer", "name", dev, "netns", ns},
+        {"-n", hub, "link", "set", hub_dev, "master", kBridge, "up"},
+        {"-n", ns, "addr", "add", rank_ip(r) + "/16", "dev", dev},
+        {"-n", ns, "link", "set", "lo", "up"},
+        {"-n", ns, "link", "set", dev, "up"},
+    };
+    if (!(err = add_netns(ns)).empty()) return err;
+    for (const auto& step : steps)
+      if (!(err = ip_cmd(step)).empty()) return err;
+    // Each qdisc shapes only its own egress: the rank side limits what the rank sends, the hub side
+    // what it receives, so incast onto one rank is limited to RATE as on a real switch port.
+    if (!(err = shape(ns, dev)).empty()) return err;
+    if (!(err = shape(hub, hub_dev)).empty()) return err;
+  }
+  return interrupted() ? "interrupted" : "";
+}
+
+void Netem::teardown() {
+  // Deleting a rank's namespace destroys its veth pair; deleting the hub destroys the bridge.
+  while (!created_.empty()) {
+    std::string err = ip_cmd({"netns", "del", created_.back()});
+    if (!err.empty()) fprintf(stderr, "qcclrun: warning: %s\n", err.c_str());
+    created_.pop_back();
+  }
+}
+
+std::string Netem::describe() const {
+  char head[256];
+  snprintf(head, sizeof(head),
+           "qcclrun: netem: hub namespace %s with bridge %s; tbf rate %llubit burst %llu latency %ums "
+           "on both directions of every veth\n",
+           hub_netns().c_str(), kBridge, static_cast<unsigned long long>(tbf_.rate_bits),
+           static_cast<unsigned long long>(tbf_.burst_bytes), tbf_.latency_ms);
+  std::string s = head;
+  for (int r = 0; r < nranks_; r++)
+    s += "qcclrun: netem: rank " + std::to_string(r) + ": namespace " + rank_netns(r) + ", " +
+         rank_ifname(r) + " " + rank_ip(r) + "/16 <-> hub" + std::to_string(r) + "\n";
+  return s;
+}
+
+std::string enter_netns(const char* netns_path, const char* netns_name) {
+  int fd = open(netns_path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::string("open ") + netns_path + ": " + strerror(errno);
+  int rc = setns(fd, CLONE_NEWNET);
+  int saved = errno;
+  close(fd);
+  if (rc != 0) return std::string("setns ") + netns_path + ": " + strerror(saved);
+  // The same steps as iproute2's netns_switch(): a private mount namespace whose /sys belongs to the
+  // new network namespace, with nothing propagating back to the host.
+  if (unshare(CLONE_NEWNS) != 0) return std::string("unshare(CLONE_NEWNS): ") + strerror(errno);
+  if (mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0)
+    return std::string("making / a slave mount: ") + strerror(errno);
+  unsigned long flags = 0;
+  if (umount2("/sys", MNT_DETACH) != 0) {
+    // Could not unmount it, so overlay it; a read-only /sys cannot be shadowed read-write.
+    struct statvfs st;
+    if (statvfs("/sys", &st) == 0 && (st.f_flag & ST_RDONLY)) flags = MS_RDONLY;
+  }
+  if (mount(netns_name, "/sys", "sysfs", flags, nullptr) != 0)
+    return std::string("mounting sysfs on /sys: ") + strerror(errno);
+  return "";
+}
+
+}  // namespace qccl::tools

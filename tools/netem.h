@@ -1,0 +1,85 @@
+// tools/netem.h: qcclrun's emulated network. Each rank gets its own network namespace with one veth
+// into a Linux bridge that lives in a separate "hub" namespace, so the host's own interfaces, routes and
+// qdiscs are never touched. Both directions of every veth are shaped with tc tbf, which makes each rank
+// a RATE full-duplex NIC on a non-blocking switch. Recipe and pitfalls: specs/transports.md §4.
+//
+// Everything here is setup code for a launcher: plain, synchronous, and it reports errors as strings
+// (empty string = success) that qcclrun prints as they are.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace qccl::tools {
+
+// Parses a tc(8) rate ("100mbit", "1gbit", "500kbit", "10mbps" = 10 MB/s, "1gibit", a bare number =
+// bit/s; units are case-insensitive) into bit/s. False when the text is not a rate or is below 1kbit.
+bool parse_rate(const std::string& text, uint64_t* bits_per_s);
+
+// tbf parameters for a rate. The bucket holds 2 ms of traffic (at least 16 KiB): measured with
+// ucx_perftest over one TCP stream, a bucket that small in time still reaches ~0.95 of nominal at
+// 100mbit..10gbit, whereas a fixed 256 KiB bucket loses ~15% at 10gbit. The queue may hold 10 ms.
+struct TbfParams {
+  uint64_t rate_bits = 0;
+  uint64_t burst_bytes = 0;
+  unsigned latency_ms = 0;
+};
+TbfParams tbf_params_for(uint64_t rate_bits);
+
+// Checks what `option` (--netem or --cleanup) needs: root, `ip` and `tc`; remembers where ip and tc
+// are. "" when usable.
+std::string netem_preflight(const std::string& option);
+
+// Runs argv (argv[0] an absolute path) without a shell, in its own process group so that a Ctrl-C
+// on the terminal cannot kill it halfway through a teardown. "" on exit status 0, otherwise a message
+// quoting the command and its stderr.
+std::string run_command(const std::vector<std::string>& argv, bool verbose);
+
+// Deletes namespaces named qccl<pid>... whose qcclrun is gone (crashed or SIGKILLed); their veths and
+// bridge go with them. Returns how many were removed; failures are appended to *errors.
+int cleanup_stale_namespaces(bool verbose, std::string* errors);
+
+class Netem {
+ public:
+  // Names derive from job_id (qcclrun's pid), so concurrent jobs never collide: namespaces
+  // qccl<pid>hub and qccl<pid>r<i>. Interface names repeat across namespaces, which is allowed.
+  Netem(pid_t job_id, int nranks, uint64_t rate_bits, bool verbose);
+  ~Netem();  // tears down whatever build() made
+  Netem(const Netem&) = delete;
+  Netem& operator=(const Netem&) = delete;
+
+  // Builds the network. interrupted() is polled between steps so that a Ctrl-C during a long setup
+  // stops early; the caller still calls teardown(). "" on success.
+  std::string build(const std::function<bool()>& interrupted);
+  // Deletes every namespace build() made (idempotent). Errors are printed as warnings.
+  void teardown();
+
+  std::string rank_netns(int rank) const;
+  std::string rank_netns_path(int rank) const { return "/var/run/netns/" + rank_netns(rank); }
+  std::string rank_ifname(int rank) const { return "veth" + std::to_string(rank); }
+  std::string rank_ip(int rank) const;
+  std::string describe() const;  // the network, for --verbose
+
+ private:
+  std::string hub_netns() const;
+  std::string ip_cmd(std::vector<std::string> args);
+  std::string tc_cmd(std::vector<std::string> args);
+
+  pid_t job_id_;
+  int nranks_;
+  TbfParams tbf_;
+  bool verbose_;
+  std::vector<std::string> created_;  // namespaces to delete, in creation order
+};
+
+// For a forked child before exec: joins the network namespace at netns_path and, like
+// `ip netns exec`, remounts /sys in a private mount namespace. Without that, /sys/class/net still
+// lists the host's interfaces and UCX rejects UCX_NET_DEVICES=veth<i> as "not available".
+// Returns "" or an error message. qcclrun is single-threaded, so this may allocate after fork().
+std::string enter_netns(const char* netns_path, const char* netns_name);
+
+}  // namespace qccl::tools

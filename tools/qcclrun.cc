@@ -1,0 +1,736 @@
+// tools/qcclrun.cc: the local launcher. Starts N ranks of a program with the environment that
+// qcclCommInitEnv() reads, forwards their output line by line with a rank prefix, and supervises them:
+// the first rank to fail takes the job down with it, and nothing (processes, namespaces) outlives it.
+//
+// Design: one thread, one poll() loop. Termination signals and SIGCHLD are blocked and read from a
+// signalfd, so they are handled in the loop like any other event and never interrupt a half-written
+// line or a half-built network. Every rank is its own process group, so one kill() reaches the
+// shell pipelines and helpers a rank starts; PR_SET_CHILD_SUBREAPER makes their orphans our children,
+// so they are reaped here rather than left as zombies.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "netem.h"
+
+#ifndef QCCLRUN_VERSION
+#define QCCLRUN_VERSION "unknown"
+#endif
+
+extern char** environ;
+
+namespace {
+
+using qccl::tools::Netem;
+
+// Exit statuses of qcclrun itself, as timeout(1) uses them.
+constexpr int kExitTimeout = 124;
+constexpr int kExitLauncherError = 125;
+constexpr int kExitCannotRun = 126;
+constexpr int kExitNotFound = 127;
+
+constexpr int kMaxRanks = 4096;
+constexpr int kNetemDefaultRootPort = 29500;
+constexpr size_t kMaxLine = 64 * 1024;  // a longer line is split, so memory stays bounded
+constexpr double kDrainSeconds = 1.0;   // how long output may trail the last rank's exit
+constexpr double kNever = std::numeric_limits<double>::infinity();
+
+const char kHelp[] = R"(NAME
+    qcclrun - start and supervise N local ranks of a qccl program
+
+SYNOPSIS
+    qcclrun [OPTIONS] -n N [--] PROGRAM [ARGS...]
+    qcclrun --cleanup [--verbose]
+
+DESCRIPTION
+    Starts N processes ("ranks") of PROGRAM on this machine, each in its own process group, with the
+    environment that qcclCommInitEnv() reads (see ENVIRONMENT).
+
+    Every line a rank writes to stdout or stderr goes to qcclrun's stdout or stderr prefixed with
+    "[R] ", R being the rank padded so that columns align. Lines are written whole, so lines of
+    different ranks never mix; a last line without a newline is written (newline added) when the rank
+    closes its output, and lines over 64 KiB are split. Forwarding is immediate, not buffered until
+    exit. Ranks read stdin from /dev/null.
+
+    When a rank exits with a non-zero status or is killed by a signal, qcclrun prints
+    "qcclrun: rank R exited with status S" (or "... was killed by signal SIGNAME"), sends SIGTERM to
+    the process groups of the other ranks, SIGKILL after the grace period, and exits with that rank's
+    status. When a rank's main process exits, anything it left running in its process group is killed.
+    SIGINT, SIGTERM and SIGHUP sent to qcclrun are forwarded to every rank (a second one sends SIGKILL
+    at once). The network of --netem is removed in every case.
+
+OPTIONS
+    -n, -np, --np N     Number of ranks, 1 to 4096. Required.
+    -x NAME=VALUE       Set NAME in every rank's environment (repeatable). Overrides what qcclrun sets.
+                        -x NAME passes qcclrun's own value of NAME through unchanged.
+    --root-port P       Port of QCCL_ROOT. Default: a free port, found by binding port 0 on 127.0.0.1
+                        and closing it (so another program could still take it before rank 0); with
+                        --netem, 29500 (every job has its own namespaces, so it is always free).
+    --no-prefix         Forward output without the "[R] " prefix (still whole lines).
+    --grace SEC         Seconds between SIGTERM and SIGKILL when stopping ranks. Default 2.
+    --timeout SEC       Stop the job and exit 124 when it runs longer than SEC. Default 0 (no limit).
+    --netem RATE        Run every rank in its own network namespace behind a RATE full-duplex link
+                        (see NETWORK EMULATION). RATE uses tc(8) units: 500kbit, 100mbit, 1gbit,
+                        10gbit; "bps" means bytes per second (10mbps = 80mbit); a bare number is bit/s.
+                        Needs root. Default: no emulation, ranks share the host's network.
+    --cleanup           Only delete network namespaces left behind by qcclrun jobs that no longer run
+                        (e.g. after kill -9), then exit. Needs root.
+    -v, --verbose       Print the network being built, every ip/tc command, and each rank's pid and
+                        exit status.
+    -h, --help          Print this help and exit.
+    --version           Print the version and exit.
+    --                  End of qcclrun's options (needed when PROGRAM starts with '-').
+    Options taking a value also accept the form --option=VALUE.
+
+ENVIRONMENT
+    Set for each rank:
+      QCCL_RANK, QCCL_LOCAL_RANK      the rank, 0 to N-1 (all ranks are local)
+      QCCL_NRANKS, QCCL_LOCAL_NRANKS  N
+      QCCL_ROOT                       IP:PORT where rank 0 runs the bootstrap root
+                                      (127.0.0.1, or rank 0's veth address with --netem)
+      QCCL_MAGIC                      16 hex digits from /dev/urandom, new for every job
+    and with --netem:
+      UCX_TLS=tcp,self  UCX_NET_DEVICES=vethR  QCCL_SOCKET_IFNAME=vethR
+    Values of these variables in qcclrun's own environment are replaced: they would belong to an
+    enclosing job, and reusing its QCCL_ROOT or QCCL_MAGIC would join the two jobs. Use -x to force a
+    value. Everything else is inherited.
+
+EXIT STATUS
+    0         every rank exited with status 0
+    S         the first rank to fail exited with S, or 128+n when killed by signal n
+    124       the --timeout expired
+    125       qcclrun itself failed: bad usage, not root for --netem, the network could not be built
+    126, 127  (from a rank) PROGRAM could not be executed / was not found
+    129, 130, 143  qcclrun received SIGHUP, SIGINT or SIGTERM
+
+NETWORK EMULATION
+    --netem builds, for job PID, a hub namespace qccl<PID>hub holding bridge br0 and, for each rank R,
+    a namespace qccl<PID>r<R> with interface vethR (address 10.99.x.y/16, rank R is host R+1) whose
+    peer hubR is a port of br0. Both directions of every link are shaped by tc tbf (rate RATE, burst
+    of 2 ms of traffic but at least 16 KiB, latency 10ms), so each rank has a RATE full-duplex NIC into
+    a non-blocking switch; the host's own interfaces are never touched. Ranks enter their namespace
+    like `ip netns exec`, with their own /sys. All namespaces are deleted when the job ends; at start,
+    and with --cleanup, those of dead qcclrun processes are deleted too.
+    Pitfalls: UCX uses shared memory between processes of one host even across network namespaces,
+    which bypasses the shaping; that is why UCX_TLS=tcp,self is set, and overriding it with -x defeats
+    --netem. This kernel has no netem qdisc, so only the rate is emulated: no added delay or loss, but
+    up to 10 ms of queueing under load. One TCP stream reaches ~0.95 of RATE, because Ethernet, IP and
+    TCP headers count against it. Ranks still share the PID, IPC and file-system namespaces, so files,
+    pipes and shared memory between them are not shaped; 127.0.0.1 reaches only the rank itself.
+
+EXAMPLES
+    qcclrun -n 4 ./tests/ranks/allreduce_ranks_test
+    qcclrun -n 8 --timeout 120 -x QCCL_ALGO=ring -- ./perf/allreduce_perf -b 1M -e 64M
+    sudo qcclrun --netem 1gbit -n 4 -v ./perf/allreduce_perf
+    sudo qcclrun --cleanup
+)";
+
+struct Options {
+  int nranks = 0;
+  std::vector<std::pair<std::string, std::string>> exports;  // -x, in order
+  int root_port = 0;                                         // 0: choose
+  bool prefix = true;
+  double grace_s = 2.0;
+  double timeout_s = 0;  // 0: no limit
+  uint64_t netem_bits = 0;  // 0: no --netem
+  bool verbose = false;
+  bool cleanup_only = false;
+  std::vector<std::string> program;  // PROGRAM ARGS...
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  fprintf(stderr, "qcclrun: %s\nTry 'qcclrun --help' for more information.\n", msg.c_str());
+  exit(kExitLauncherError);
+}
+
+long parse_int(const std::string& opt, const std::string& text, long lo, long hi) {
+  char* end = nullptr;
+  errno = 0;
+  long v = strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || v < lo || v > hi)
+    usage_error("invalid value '" + text + "' for " + opt + " (expected an integer from " +
+                std::to_string(lo) + " to " + std::to_string(hi) + ")");
+  return v;
+}
+
+double parse_seconds(const std::string& opt, const std::string& text) {
+  char* end = nullptr;
+  double v = strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(v) || v < 0)
+    usage_error("invalid value '" + text + "' for " + opt + " (expected seconds, e.g. 2 or 0.5)");
+  return v;
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  int i = 1;
+  for (; i < argc; i++) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      i++;
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') break;  // PROGRAM starts here
+    std::string name = arg, inline_value;
+    bool has_inline = false;
+    if (arg.compare(0, 2, "--") == 0 && arg.find('=') != std::string::npos) {
+      name = arg.substr(0, arg.find('='));
+      inline_value = arg.substr(arg.find('=') + 1);
+      has_inline = true;
+    }
+    auto value = [&]() -> std::string {
+      if (has_inline) return inline_value;
+      if (i + 1 >= argc) usage_error("option " + name + " needs a value");
+      return argv[++i];
+    };
+    auto flag = [&]() {
+      if (has_inline) usage_error("option " + name + " takes no value");
+    };
+    if (name == "-n" || name == "-np" || name == "--np") {
+      o.nranks = static_cast<int>(parse_int(name, value(), 1, kMaxRanks));
+    } else if (name == "-x") {
+      std::string kv = value();
+      size_t eq = kv.find('=');
+      std::string var = kv.substr(0, eq);
+      if (var.empty()) usage_error("invalid -x '" + kv + "' (expected NAME=VALUE or NAME)");
+      if (eq != std::string::npos) {
+        o.exports.emplace_back(var, kv.substr(eq + 1));
+      } else if (const char* v = getenv(var.c_str())) {
+        o.exports.emplace_back(var, v);
+      } else {
+        usage_error("-x " + var + ": " + var + " is not set in qcclrun's environment");
+      }
+    } else if (name == "--root-port") {
+      o.root_port = static_cast<int>(parse_int(name, value(), 1, 65535));
+    } else if (name == "--no-prefix") {
+      flag();
+      o.prefix = false;
+    } else if (name == "--grace") {
+      o.grace_s = parse_seconds(name, value());
+    } else if (name == "--timeout") {
+      o.timeout_s = parse_seconds(name, value());
+    } else if (name == "--netem") {
+      std::string rate = value();
+      if (!qccl::tools::parse_rate(rate, &o.netem_bits))
+        usage_error("invalid rate '" + rate + "' for --netem (expected a tc rate of at least 1kbit, "
+                    "e.g. 100mbit, 1gbit, 10mbps)");
+    } else if (name == "--cleanup") {
+      flag();
+      o.cleanup_only = true;
+    } else if (name == "-v" || name == "--verbose") {
+      flag();
+      o.verbose = true;
+    } else if (name == "-h" || name == "--help") {
+      fputs(kHelp, stdout);
+      exit(0);
+    } else if (name == "--version") {
+      printf("qcclrun (qccl) %s\n", QCCLRUN_VERSION);
+      exit(0);
+    } else {
+      usage_error("unknown option '" + arg + "'");
+    }
+  }
+  o.program.assign(argv + i, argv + argc);
+  if (o.cleanup_only) return o;
+  if (o.nranks == 0) usage_error("the number of ranks is required (-n N)");
+  if (o.program.empty()) usage_error("no program given");
+  return o;
+}
+
+double now_s() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+int exit_code_of(int wait_status) {
+  return WIFSIGNALED(wait_status) ? 128 + WTERMSIG(wait_status) : WEXITSTATUS(wait_status);
+}
+
+std::string random_magic() {
+  uint64_t v = 0;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || read(fd, &v, sizeof(v)) != static_cast<ssize_t>(sizeof(v))) {
+    fprintf(stderr, "qcclrun: cannot read /dev/urandom: %s\n", strerror(errno));
+    exit(kExitLauncherError);
+  }
+  close(fd);
+  char hex[17];
+  snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(v));
+  return hex;
+}
+
+// A port that was free a moment ago. Rank 0 binds it later, so another program could take it in
+// between; --root-port avoids the race when that matters.
+int find_free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    fprintf(stderr, "qcclrun: cannot find a free port for QCCL_ROOT: %s\n", strerror(errno));
+    exit(kExitLauncherError);
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// N ranks need 2N pipe ends open at once; the default soft limit of 1024 would stop at ~500 ranks.
+void raise_fd_limit() {
+  rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+// ---- Output forwarding ---------------------------------------------------------------------------
+
+// One pipe from a rank (its stdout or its stderr) and the bytes of its unfinished line.
+struct Stream {
+  int fd = -1;
+  int dest = 1;  // qcclrun's fd the lines go to
+  std::string pending;
+};
+
+class Output {
+ public:
+  Output(int nranks, bool prefix) : prefix_(prefix) {
+    for (int n = nranks - 1; n >= 10; n /= 10) width_++;
+  }
+
+  // Reads what is available (one read, so a chatty rank cannot starve the others) and writes every
+  // complete line. Closes the stream at EOF, writing its last partial line.
+  void pump(int rank, Stream& s) {
+    char buf[64 * 1024];
+    ssize_t n = read(s.fd, buf, sizeof(buf));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n <= 0) {
+      close_stream(rank, s);
+      return;
+    }
+    s.pending.append(buf, n);
+    std::string out;
+    size_t start = 0;
+    for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1)
+      append_line(rank, s.pending.data() + start, nl + 1 - start, &out);
+    s.pending.erase(0, start);
+    while (s.pending.size() >= kMaxLine) {
+      append_line(rank, s.pending.data(), kMaxLine, &out);
+      s.pending.erase(0, kMaxLine);
+    }
+    write_all(s.dest, out);
+  }
+
+  void close_stream(int rank, Stream& s) {
+    if (s.fd < 0) return;
+    std::string out;
+    if (!s.pending.empty()) append_line(rank, s.pending.data(), s.pending.size(), &out);
+    s.pending.clear();
+    write_all(s.dest, out);
+    close(s.fd);
+    s.fd = -1;
+  }
+
+ private:
+  // Prefixed lines always end in '\n' so the next rank's prefix starts a line; without the prefix
+  // the bytes are passed on exactly as written.
+  void append_line(int rank, const char* data, size_t len, std::string* out) const {
+    if (prefix_) {
+      char head[32];
+      snprintf(head, sizeof(head), "[%*d] ", width_, rank);
+      out->append(head);
+    }
+    out->append(data, len);
+    if (prefix_ && data[len - 1] != '\n') out->push_back('\n');
+  }
+
+  // One write() per batch of whole lines, so a reader of a pipe (up to PIPE_BUF) or a file never
+  // sees a torn line. A closed stdout (qcclrun | head) drops output but the job runs on.
+  void write_all(int fd, const std::string& data) {
+    size_t done = 0;
+    while (done < data.size() && !broken_[fd]) {
+      ssize_t n = write(fd, data.data() + done, data.size() - done);
+      if (n > 0) {
+        done += n;
+      } else if (n < 0 && errno == EAGAIN) {  // stdout inherited in non-blocking mode
+        pollfd p{fd, POLLOUT, 0};
+        poll(&p, 1, 100);
+      } else if (n < 0 && errno != EINTR) {
+        broken_[fd] = true;
+      }
+    }
+  }
+
+  bool prefix_;
+  int width_ = 1;
+  bool broken_[3] = {false, false, false};
+};
+
+// ---- Supervision -----------------------------------------------------------------------------------
+
+struct Rank {
+  pid_t pid = -1;     // also its process group id
+  bool reaped = true;  // until launched, so that a rank never started does not hold the job
+  Stream out, err;
+};
+
+class Job {
+ public:
+  Job(const Options& o, const Netem* netem, int sigfd, std::string root, std::string magic)
+      : opts_(o), netem_(netem), sigfd_(sigfd), root_(std::move(root)), magic_(std::move(magic)),
+        output_(o.nranks, o.prefix), ranks_(o.nranks) {}
+
+  // Runs the job to the end and returns qcclrun's exit status.
+  int run() {
+    for (int r = 0; r < opts_.nranks && phase_ == Phase::kRunning; r++) launch(r);
+    const double job_deadline = opts_.timeout_s > 0 ? now_s() + opts_.timeout_s : kNever;
+    double drain_deadline = kNever;
+    for (;;) {
+      bool ranks_left = false, streams_open = false;
+      for (const Rank& rk : ranks_) {
+        ranks_left |= !rk.reaped;
+        streams_open |= rk.out.fd >= 0 || rk.err.fd >= 0;
+      }
+      if (!ranks_left && !streams_open) break;
+      // Output may trail the exits (pipe buffers), but a process that escaped its group with
+      // setsid() must not keep the job alive by holding a pipe open.
+      if (!ranks_left && drain_deadline == kNever) drain_deadline = now_s() + kDrainSeconds;
+      double deadline = std::min(drain_deadline, phase_ == Phase::kRunning ? job_deadline : kill_at_);
+      wait_for_events(deadline);
+      double t = now_s();
+      if (phase_ == Phase::kRunning && ranks_left && t >= job_deadline) {
+        fprintf(stderr, "qcclrun: the job ran longer than --timeout %g s; stopping it\n",
+                opts_.timeout_s);
+        stop(kExitTimeout, SIGTERM);
+      }
+      if (phase_ == Phase::kStopping && t >= kill_at_) kill_all();
+      if (t >= drain_deadline)
+        for (int r = 0; r < opts_.nranks; r++) {
+          output_.close_stream(r, ranks_[r].out);
+          output_.close_stream(r, ranks_[r].err);
+        }
+    }
+    reap_leftovers(now_s() + kDrainSeconds);
+    return exit_code_;
+  }
+
+ private:
+  enum class Phase { kRunning, kStopping, kKilled };
+
+  std::vector<std::string> rank_environment(int r) const {
+    // Later entries win: qcclrun's settings replace inherited values, and -x replaces both.
+    std::vector<std::pair<std::string, std::string>> set = {
+        {"QCCL_RANK", std::to_string(r)},
+        {"QCCL_NRANKS", std::to_string(opts_.nranks)},
+        {"QCCL_LOCAL_RANK", std::to_string(r)},
+        {"QCCL_LOCAL_NRANKS", std::to_string(opts_.nranks)},
+        {"QCCL_ROOT", root_},
+        {"QCCL_MAGIC", magic_},
+    };
+    if (netem_) {
+      // Without UCX_TLS, UCX reaches the other ranks through shared memory and ignores the shaping.
+      set.push_back({"UCX_TLS", "tcp,self"});
+      set.push_back({"UCX_NET_DEVICES", netem_->rank_ifname(r)});
+      set.push_back({"QCCL_SOCKET_IFNAME", netem_->rank_ifname(r)});
+    }
+    set.insert(set.end(), opts_.exports.begin(), opts_.exports.end());
+    std::map<std::string, std::string> merged;
+    for (const auto& kv : set) merged[kv.first] = kv.second;
+    std::vector<std::string> env;
+    for (char** e = environ; *e; e++) {
+      std::string entry = *e;
+      if (!merged.count(entry.substr(0, entry.find('=')))) env.push_back(entry);
+    }
+    for (const auto& kv : merged) env.push_back(kv.first + "=" + kv.second);
+    return env;
+  }
+
+  void launch(int r) {
+    Rank& rk = ranks_[r];
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) out[0] = out[1] = -1;
+    if (out[0] < 0 || pipe2(err, O_CLOEXEC) != 0) {
+      fprintf(stderr, "qcclrun: cannot start rank %d: pipe: %s\n", r, strerror(errno));
+      if (out[0] >= 0) {
+        close(out[0]);
+        close(out[1]);
+      }
+      stop(kExitLauncherError, SIGTERM);
+      return;
+    }
+    std::vector<std::string> env = rank_environment(r);
+    std::vector<char*> cenv, cargv;
+    for (auto& e : env) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    for (const auto& a : opts_.program) cargv.push_back(const_cast<char*>(a.c_str()));
+    cargv.push_back(nullptr);
+    std::string ns_name = netem_ ? netem_->rank_netns(r) : "";
+    std::string ns_path = netem_ ? netem_->rank_netns_path(r) : "";
+    const pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      // A rank must not outlive a qcclrun that is SIGKILLed (its namespaces are cleaned up later).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(kExitCannotRun);
+      int devnull = open("/dev/null", O_RDONLY);
+      dup2(devnull, 0);
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      // The blocked mask and the ignored SIGPIPE would both survive exec.
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      signal(SIGPIPE, SIG_DFL);
+      if (netem_) {
+        std::string e = qccl::tools::enter_netns(ns_path.c_str(), ns_name.c_str());
+        if (!e.empty()) {
+          dprintf(2, "qcclrun: cannot enter network namespace %s: %s\n", ns_name.c_str(), e.c_str());
+          _exit(kExitCannotRun);
+        }
+      }
+      execvpe(cargv[0], cargv.data(), cenv.data());
+      int e = errno;
+      dprintf(2, "qcclrun: cannot execute '%s': %s\n", cargv[0], strerror(e));
+      _exit(e == ENOENT ? kExitNotFound : kExitCannotRun);
+    }
+    close(out[1]);
+    close(err[1]);
+    if (pid < 0) {
+      close(out[0]);
+      close(err[0]);
+      fprintf(stderr, "qcclrun: cannot start rank %d: fork: %s\n", r, strerror(errno));
+      stop(kExitLauncherError, SIGTERM);
+      return;
+    }
+    setpgid(pid, pid);  // also here, so that kill(-pid) works before the child has run
+    rk.pid = pid;
+    rk.reaped = false;
+    rk.out = Stream{out[0], 1, ""};
+    rk.err = Stream{err[0], 2, ""};
+    if (opts_.verbose) fprintf(stderr, "qcclrun: rank %d: pid %d\n", r, pid);
+  }
+
+  void wait_for_events(double deadline) {
+    std::vector<pollfd> fds = {{sigfd_, POLLIN, 0}};
+    std::vector<std::pair<int, Stream*>> streams;
+    for (int r = 0; r < opts_.nranks; r++)
+      for (Stream* s : {&ranks_[r].out, &ranks_[r].err})
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.emplace_back(r, s);
+        }
+    int timeout_ms = -1;
+    if (deadline != kNever)
+      timeout_ms = static_cast<int>(std::max(0.0, std::ceil((deadline - now_s()) * 1000)));
+    if (poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+    // Output first, so that lines written before a crash appear before the crash report.
+    for (size_t i = 1; i < fds.size(); i++)
+      if (fds[i].revents) output_.pump(streams[i - 1].first, *streams[i - 1].second);
+    if (fds[0].revents) handle_signals();
+  }
+
+  void handle_signals() {
+    signalfd_siginfo si;
+    while (read(sigfd_, &si, sizeof(si)) == static_cast<ssize_t>(sizeof(si))) {
+      int sig = static_cast<int>(si.ssi_signo);
+      if (sig == SIGCHLD) {
+        reap();
+      } else if (phase_ == Phase::kRunning) {
+        fprintf(stderr, "qcclrun: received %s; stopping the ranks\n", signal_name(sig).c_str());
+        stop(128 + sig, sig);
+      } else {
+        kill_all();  // asked twice: do not wait for the grace period
+      }
+    }
+  }
+
+  // The SIGKILLed leftovers of the ranks become our children (we are their subreaper) once their
+  // parents are gone. The job ends when they have really exited, so that the ports and files they
+  // held are released when qcclrun returns. A process that left its rank's process group (setsid)
+  // was never killed; it only costs the deadline and is left running.
+  void reap_leftovers(double deadline) {
+    for (;;) {
+      pid_t pid = waitpid(-1, nullptr, WNOHANG);
+      if (pid > 0) continue;
+      if (pid < 0 || now_s() >= deadline) return;  // ECHILD: no children left
+      pollfd p{sigfd_, POLLIN, 0};
+      poll(&p, 1, static_cast<int>(std::ceil((deadline - now_s()) * 1000)));
+      signalfd_siginfo si;
+      while (read(sigfd_, &si, sizeof(si)) == static_cast<ssize_t>(sizeof(si)))
+        if (si.ssi_signo != SIGCHLD) return;  // interrupted again: stop waiting
+    }
+  }
+
+  // SIGCHLD is coalesced, so reap everything that has exited. Orphans of the ranks arrive here too
+  // (we are their subreaper); they are simply reaped.
+  void reap() {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+      for (int r = 0; r < opts_.nranks; r++)
+        if (ranks_[r].pid == pid && !ranks_[r].reaped) on_rank_exit(r, status);
+  }
+
+  void on_rank_exit(int r, int status) {
+    Rank& rk = ranks_[r];
+    rk.reaped = true;
+    // Leftovers of the rank (background jobs of a shell) go with it. The group id cannot be reused
+    // while they exist, so this cannot hit an unrelated process.
+    kill(-rk.pid, SIGKILL);
+    // What the rank wrote before it exited is all in the pipes now: forward it before the report.
+    for (Stream* s : {&rk.out, &rk.err}) {
+      pollfd p{s->fd, POLLIN, 0};
+      while (s->fd >= 0 && poll(&p, 1, 0) > 0) output_.pump(r, *s);
+    }
+    bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    std::string how = WIFSIGNALED(status)
+                          ? "was killed by signal " + signal_name(WTERMSIG(status)) +
+                                (WCOREDUMP(status) ? " (core dumped)" : "")
+                          : "exited with status " + std::to_string(WEXITSTATUS(status));
+    if (failed && phase_ == Phase::kRunning) {
+      fprintf(stderr, "qcclrun: rank %d %s\n", r, how.c_str());
+      stop(exit_code_of(status), SIGTERM);
+    } else if (opts_.verbose) {
+      fprintf(stderr, "qcclrun: rank %d %s%s\n", r, how.c_str(),
+              phase_ == Phase::kRunning ? "" : " (while stopping)");
+    }
+  }
+
+  // Records why the job ends (the first reason wins), signals every live rank's group and arms the
+  // SIGKILL deadline.
+  void stop(int exit_code, int sig) {
+    if (phase_ != Phase::kRunning) return;
+    exit_code_ = exit_code;
+    phase_ = Phase::kStopping;
+    kill_at_ = now_s() + opts_.grace_s;
+    for (const Rank& rk : ranks_)
+      if (!rk.reaped) kill(-rk.pid, sig);
+  }
+
+  void kill_all() {
+    if (phase_ == Phase::kStopping)
+      for (const Rank& rk : ranks_)
+        if (!rk.reaped) kill(-rk.pid, SIGKILL);
+    phase_ = Phase::kKilled;
+    kill_at_ = kNever;
+  }
+
+  const Options& opts_;
+  const Netem* netem_;
+  int sigfd_;
+  std::string root_, magic_;
+  Output output_;
+  std::vector<Rank> ranks_;
+  Phase phase_ = Phase::kRunning;
+  int exit_code_ = 0;
+  double kill_at_ = kNever;
+};
+
+// The termination signal waiting in the blocked set, or 0.
+int pending_termination_signal() {
+  sigset_t pending;
+  sigpending(&pending);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP})
+    if (sigismember(&pending, sig)) return sig;
+  return 0;
+}
+
+int cleanup_only(const Options& o) {
+  std::string err = qccl::tools::netem_preflight("--cleanup");
+  if (!err.empty()) {
+    fprintf(stderr, "qcclrun: %s\n", err.c_str());
+    return kExitLauncherError;
+  }
+  std::string errors;
+  int removed = qccl::tools::cleanup_stale_namespaces(o.verbose, &errors);
+  if (!errors.empty()) fprintf(stderr, "qcclrun: %s", errors.c_str());
+  printf("qcclrun: removed %d stale network namespace%s\n", removed, removed == 1 ? "" : "s");
+  return errors.empty() ? 0 : kExitLauncherError;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // An inherited SIGCHLD disposition of SIG_IGN would make the kernel reap children itself, and the
+  // exit statuses of ranks and of ip/tc would be lost.
+  signal(SIGCHLD, SIG_DFL);
+  Options opts = parse_options(argc, argv);
+  if (opts.cleanup_only) return cleanup_only(opts);
+  if (opts.netem_bits) {
+    std::string err = qccl::tools::netem_preflight("--netem");
+    if (!err.empty()) {
+      fprintf(stderr, "qcclrun: %s\n", err.c_str());
+      return kExitLauncherError;
+    }
+  }
+  raise_fd_limit();
+
+  // From here on, termination signals are events of the main loop (and end a network setup early).
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled, sig);
+  sigprocmask(SIG_BLOCK, &handled, nullptr);
+  int sigfd = signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sigfd < 0) {
+    fprintf(stderr, "qcclrun: signalfd: %s\n", strerror(errno));
+    return kExitLauncherError;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+
+  std::unique_ptr<Netem> netem;
+  if (opts.netem_bits) {
+    std::string errors;
+    qccl::tools::cleanup_stale_namespaces(opts.verbose, &errors);
+    if (!errors.empty()) fprintf(stderr, "qcclrun: warning: %s", errors.c_str());
+    netem = std::make_unique<Netem>(getpid(), opts.nranks, opts.netem_bits, opts.verbose);
+    if (opts.verbose) fputs(netem->describe().c_str(), stderr);
+    std::string err = netem->build([] { return pending_termination_signal() != 0; });
+    if (!err.empty()) {
+      int sig = pending_termination_signal();
+      if (sig == 0)
+        fprintf(stderr, "qcclrun: cannot build the emulated network: %s\n", err.c_str());
+      else
+        fprintf(stderr, "qcclrun: received %s while building the network; removing it\n",
+                signal_name(sig).c_str());
+      netem->teardown();
+      return sig ? 128 + sig : kExitLauncherError;
+    }
+  }
+
+  int port = opts.root_port ? opts.root_port : netem ? kNetemDefaultRootPort : find_free_port();
+  std::string root = (netem ? netem->rank_ip(0) : "127.0.0.1") + ":" + std::to_string(port);
+  int status = Job(opts, netem.get(), sigfd, root, random_magic()).run();
+  netem.reset();  // deletes the namespaces, now that no rank is left in them
+  return status;
+}
