@@ -75,7 +75,7 @@ void Comm::join(const BootstrapId& id) {
 
   control_ = std::make_unique<ControlPlane>(
       rank_, nranks_, id.magic, names_,
-      [this](qcclResult_t code, const std::string& message) { break_comm(code, message, false); });
+      [this](const Failure& failure) { break_comm(failure, false); });
   if (rank_ == 0) control_->accept_peers(control_listener, deadline);
   else control_->connect_to_hub(net::Address::parse(peers_[0].control_address, "rank 0's control address"), deadline);
 
@@ -108,7 +108,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   record->started_at = Clock::now();
   if (broken_) {
     std::lock_guard<std::mutex> lock(ops_mu_);
-    throw Error(error_code_, error_message_);
+    throw Error(failure_.code, failure_.message);
   }
   coll::CollArgs& args = record->args;
   if (args.count == 0) {  // nothing to move on any rank: no sequence number is used
@@ -213,8 +213,8 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
     if (progress_thread && (stopping_ || callers_waiting_.load() > 0)) return;
     if (!transport_) return;  // shut down under us (abort)
     if (broken_) {
-      fail_active_operations();
-      return;
+      fail_affected_operations();  // collectives the failure does not concern keep going
+      if (done()) return;
     }
     bool moved = transport_->progress();
     if (driving_version_ != active_version_.load()) {
@@ -228,7 +228,7 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
         moved |= record->operation->advance(*transport_);
         if (record->operation->finished()) finish(*record, qcclSuccess, "");
       } catch (const Error& e) {
-        break_comm(e.code(), e.message(), true);
+        break_comm(Failure{e.code(), e.message(), failure_sequence(*record)}, true);
         break;
       }
     }
@@ -274,11 +274,18 @@ void Comm::check_timeouts() {
     const Operation& op = *record->operation;
     const double idle = std::chrono::duration<double>(now - op.last_progress()).count();
     if (idle < config_.timeout_seconds) continue;
-    break_comm(qcclTimeout,
-               format("%s (%s) made no progress for %.0f s (QCCL_TIMEOUT): waiting for %s",
-                      op.identity().header.describe().c_str(), op.algorithm().name, idle, op.waiting_for().c_str()),
-               true);
-    return;
+    Failure failure{qcclTimeout,
+                    format("%s (%s) made no progress for %.0f s (QCCL_TIMEOUT): waiting for %s",
+                           op.identity().header.describe().c_str(), op.algorithm().name, idle,
+                           op.waiting_for().c_str()),
+                    failure_sequence(*record)};
+    if (!broken_) {
+      break_comm(failure, true);
+      return;
+    }
+    // Already broken by a later collective's failure, and this earlier one cannot finish either.
+    record->operation->cancel(*transport_);
+    finish(*record, failure.code, failure.message);
   }
 }
 
@@ -311,47 +318,46 @@ void Comm::wake(int fd) {
 
 // ---- Failure -------------------------------------------------------------------------------------
 
-void Comm::break_comm(qcclResult_t code, const std::string& message, bool report) {
+uint64_t Comm::failure_sequence(const OpRecord& record) {
+  const OperationIdentity& id = record.operation->identity();
+  return id.p2p ? 0 : id.sequence;  // point-to-point numbers are per peer: not comparable
+}
+
+void Comm::break_comm(const Failure& failure, bool report) {
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
     if (broken_) return;
-    error_code_ = code;
-    error_message_ = message;
+    failure_ = failure;
     broken_ = true;
   }
-  QCCL_WARN("communicator failed: %s", message.c_str());
-  if (report && control_) control_->report_failure(code, message);
+  QCCL_WARN("communicator failed: %s", failure.message.c_str());
+  if (report && control_) control_->report_failure(failure);
   wake(driver_wake_fd_);
   wake(progress_wake_fd_);
 }
 
-// With the drive lock held: fails and withdraws everything outstanding.
-void Comm::fail_active_operations() {
-  std::vector<std::shared_ptr<OpRecord>> failing;
+void Comm::fail_affected_operations() {
+  std::vector<std::shared_ptr<OpRecord>> affected;
+  Failure failure;
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
-    failing = active_;
+    failure = failure_;
+    for (const auto& record : active_) {
+      const OperationIdentity& id = record->operation->identity();
+      if (id.p2p || failure.first_sequence == 0 || id.sequence >= failure.first_sequence) affected.push_back(record);
+    }
   }
-  std::string message;
-  qcclResult_t code;
-  {
-    std::lock_guard<std::mutex> lock(ops_mu_);
-    code = error_code_;
-    message = error_message_;
-  }
-  for (const auto& record : failing) {
+  for (const auto& record : affected) {
     if (transport_) record->operation->cancel(*transport_);
-    finish(*record, code, message);
+    finish(*record, failure.code, failure.message);
   }
-  driving_.clear();
-  driving_version_ = ~uint64_t{0};
 }
 
 qcclResult_t Comm::health(std::string* message) const {
   if (!broken_) return qcclSuccess;
   std::lock_guard<std::mutex> lock(ops_mu_);
-  *message = error_message_;
-  return error_code_;
+  *message = failure_.message;
+  return failure_.code;
 }
 
 void Comm::last_stats(qcclStats_t* out) const {
@@ -384,11 +390,12 @@ void Comm::destroy() {
 
 void Comm::abort() {
   if (control_) control_->begin_close();  // our own departure is not news to us
-  break_comm(qcclAborted, format("qcclCommAbort was called on %s", names_.empty() ? "this rank" : names_[rank_].c_str()),
+  break_comm(Failure{qcclAborted,
+                     format("qcclCommAbort was called on %s", names_.empty() ? "this rank" : names_[rank_].c_str()), 0},
              true);
   {
     std::lock_guard<std::mutex> drive(drive_mu_);
-    fail_active_operations();
+    fail_affected_operations();
   }
   shutdown();
 }

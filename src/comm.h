@@ -83,8 +83,11 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void progress_thread_main();
   void check_timeouts();
   void finish(OpRecord& record, qcclResult_t result, const std::string& error);
-  void fail_active_operations();
-  void break_comm(qcclResult_t code, const std::string& message, bool report);
+  // With the drive lock held: fails and withdraws the operations the failure concerns.
+  void fail_affected_operations();
+  void break_comm(const Failure& failure, bool report);
+  // The first collective sequence number a failure of this record concerns (see Failure).
+  static uint64_t failure_sequence(const OpRecord& record);
   void wake(int fd);
   void shutdown();
 
@@ -121,8 +124,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::atomic<bool> stopping_{false};
 
   std::atomic<bool> broken_{false};
-  qcclResult_t error_code_ = qcclSuccess;  // guarded by ops_mu_ once broken_
-  std::string error_message_;
+  Failure failure_;  // guarded by ops_mu_; set once, when broken_ becomes true
   bool shut_down_ = false;
 };
 

@@ -119,8 +119,8 @@ void ControlPlane::lost(Peer& peer) {
   }
   const std::string text =
       "its control connection closed: the process died, or exited or aborted without qcclCommDestroy";
-  fail_locally(qcclRemoteError, names_[peer.rank] + " failed: " + text);
-  if (rank_ == 0) broadcast_failure(peer.rank, qcclRemoteError, text, peer.rank);
+  fail_locally(Failure{qcclRemoteError, names_[peer.rank] + " failed: " + text, 0});
+  if (rank_ == 0) broadcast_failure(peer.rank, Failure{qcclRemoteError, text, 0}, peer.rank);
 }
 
 void ControlPlane::handle(Peer& from, MessageType type, const uint8_t* payload, size_t len) {
@@ -144,13 +144,17 @@ void ControlPlane::handle(Peer& from, MessageType type, const uint8_t* payload, 
       }
       case kFailure: {
         int32_t origin = r.get<int32_t>();
-        auto code = static_cast<qcclResult_t>(r.get<int32_t>());
-        std::string text = r.get_string(kMaxMessage);
-        if (code <= qcclSuccess || code >= qcclNumResults) code = qcclRemoteError;
+        Failure failure;
+        failure.code = static_cast<qcclResult_t>(r.get<int32_t>());
+        failure.first_sequence = r.get<uint64_t>();
+        failure.message = r.get_string(kMaxMessage);
+        // A mismatch or a timeout fails the collective on every rank alike; a peer's abort or any
+        // other failure is a remote error here, whatever it was there.
+        if (failure.code != qcclMismatch && failure.code != qcclTimeout) failure.code = qcclRemoteError;
+        if (rank_ == 0) broadcast_failure(origin, failure, origin);
         std::string who = (origin >= 0 && origin < nranks_) ? names_[origin] : "a rank";
-        // A peer's abort or failure is a remote error here, whatever it was there.
-        fail_locally(qcclRemoteError, who + " failed: " + text);
-        if (rank_ == 0) broadcast_failure(origin, code, text, origin);
+        failure.message = who + " failed: " + failure.message;
+        fail_locally(failure);
         return;
       }
     }
@@ -186,7 +190,7 @@ void ControlPlane::barrier(const net::Deadline& deadline) {
     send(peers_[0], kBarrier, w.bytes());
   }
   for (;;) {
-    if (failed_) throw Error(failure_code_, failure_message_);
+    if (failed_) throw Error(failure_.code, failure_.message);
     if (released_epoch_ >= epoch) return;
     if (deadline.expired())
       fail(qcclTimeout, "barrier %llu: not every rank arrived within the timeout", static_cast<unsigned long long>(epoch));
@@ -195,27 +199,25 @@ void ControlPlane::barrier(const net::Deadline& deadline) {
   }
 }
 
-void ControlPlane::fail_locally(qcclResult_t code, const std::string& message) {
+void ControlPlane::fail_locally(const Failure& failure) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_) return;
     failed_ = true;
-    failure_code_ = code;
-    failure_message_ = message;
+    failure_ = failure;
     cv_.notify_all();
   }
-  on_failure_(code, message);
+  on_failure_(failure);
 }
 
-void ControlPlane::report_failure(qcclResult_t code, const std::string& message) {
-  broadcast_failure(rank_, code, message, -1);
-}
+void ControlPlane::report_failure(const Failure& failure) { broadcast_failure(rank_, failure, -1); }
 
-void ControlPlane::broadcast_failure(int origin, qcclResult_t code, const std::string& text, int except) {
+void ControlPlane::broadcast_failure(int origin, const Failure& failure, int except) {
   ByteWriter w;
   w.put<int32_t>(origin);
-  w.put<int32_t>(code);
-  w.put_string(text.substr(0, kMaxMessage / 2));
+  w.put<int32_t>(failure.code);
+  w.put<uint64_t>(failure.first_sequence);
+  w.put_string(failure.message.substr(0, kMaxMessage / 2));
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& p : peers_) {
     if (p.rank == except) continue;

@@ -23,10 +23,19 @@
 
 namespace qccl {
 
+// What broke a communicator. A failure detected in collective #s (a mismatch, a timeout) does not
+// concern collectives numbered below s, which the other ranks may already have finished; a dead peer
+// or an abort concerns everything (first_sequence = 0).
+struct Failure {
+  qcclResult_t code = qcclSuccess;
+  std::string message;
+  uint64_t first_sequence = 0;
+};
+
 class ControlPlane {
  public:
   // Called (from the progress thread, or from report_failure's caller) with the first failure.
-  using FailureHandler = std::function<void(qcclResult_t, const std::string&)>;
+  using FailureHandler = std::function<void(const Failure&)>;
 
   ControlPlane(int rank, int nranks, uint64_t magic, std::vector<std::string> peer_names,
                FailureHandler on_failure);
@@ -44,7 +53,7 @@ class ControlPlane {
   // communicator's failure if one arrives, Error(qcclTimeout) at the deadline.
   void barrier(const net::Deadline& deadline);
   // Tells every other rank that this communicator failed here (best effort, never throws).
-  void report_failure(qcclResult_t code, const std::string& message);
+  void report_failure(const Failure& failure);
   // From now on a closed connection is a departure, not a failure (after the closing barrier).
   void begin_close();
   void close();
@@ -60,10 +69,10 @@ class ControlPlane {
   void send(Peer& peer, MessageType type, const std::vector<uint8_t>& payload);
   void handle(Peer& from, MessageType type, const uint8_t* payload, size_t len);
   void arrive(uint64_t epoch);  // hub: one rank reached barrier `epoch`
-  void fail_locally(qcclResult_t code, const std::string& message);
+  void fail_locally(const Failure& failure);
   void lost(Peer& peer);
   // Sends a failure report about `origin` to every peer but `except`.
-  void broadcast_failure(int origin, qcclResult_t code, const std::string& text, int except);
+  void broadcast_failure(int origin, const Failure& failure, int except);
 
   const int rank_;
   const int nranks_;
@@ -76,8 +85,7 @@ class ControlPlane {
   std::condition_variable cv_;
   bool closing_ = false;
   bool failed_ = false;
-  qcclResult_t failure_code_ = qcclSuccess;
-  std::string failure_message_;
+  Failure failure_;
   uint64_t my_epoch_ = 0;        // barriers this rank has entered
   uint64_t released_epoch_ = 0;  // barriers completed
   std::vector<uint64_t> arrived_;  // hub: per rank, the last epoch it reached

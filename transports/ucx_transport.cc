@@ -1,5 +1,9 @@
 #include "transports/ucx_transport.h"
 
+#include <ucs/debug/log_def.h>
+
+#include <chrono>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +19,22 @@ namespace {
 
 [[noreturn]] void fail_ucx(const char* what, ucs_status_t status) {
   fail(qcclSystemError, "UCX %s failed: %s", what, ucs_status_string(status));
+}
+
+// UCX logs a failed cross-memory read (cma: process_vm_readv) at FATAL level, and its default log
+// handler then aborts the process, when the endpoint has no peer-failure handling. A peer that dies
+// during a shared-memory rendezvous would thereby kill every survivor before qccl's control plane
+// could report the death. Peer-failure mode is not the answer (it moves shared-memory traffic onto
+// tcp loopback, transports.md §1.3), so this handler, which runs before UCX's own, demotes exactly
+// that message to a qccl warning: the read then fails with an error status, the transfer fails,
+// and the communicator reports the dead peer.
+ucs_log_func_rc_t demote_cma_peer_death(const char* file, unsigned line, const char*, ucs_log_level_t level,
+                                        const ucs_log_component_config_t*, const char* format, va_list ap) {
+  if (level != UCS_LOG_LEVEL_FATAL || !file || !std::strstr(file, "cma_ep.c")) return UCS_LOG_FUNC_RC_CONTINUE;
+  char text[512];
+  std::vsnprintf(text, sizeof(text), format, ap);
+  QCCL_WARN("UCX %s:%u: %s (the peer process is gone)", file, line, text);
+  return UCS_LOG_FUNC_RC_STOP;
 }
 
 ucp_tag_t make_tag(int sender, Key key) { return (static_cast<ucp_tag_t>(sender) << kKeyBits) | (key & kKeyMask); }
@@ -47,6 +67,8 @@ class UcxTransport::Context {
     status = ucp_init(&params, config, &handle);
     ucp_config_release(config);
     if (status != UCS_OK) fail_ucx("ucp_init", status);
+    static std::once_flag handler_once;
+    std::call_once(handler_once, [] { ucs_log_push_handler(demote_cma_peer_death); });
   }
   ~Context() { ucp_cleanup(handle); }
 };
@@ -77,6 +99,14 @@ UcxTransport::UcxTransport(int rank, int nranks) : context_(Context::get()), ran
 }
 
 UcxTransport::~UcxTransport() {
+  // Destroying an endpoint whose transport still has queued work trips UCX assertions, so first let
+  // abandoned receives finish: a queued read from a dead peer fails quickly rather than lingering.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (void* request : abandoned_receives_) {
+    while (ucp_request_check_status(request) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline)
+      ucp_worker_progress(worker_);
+    ucp_request_free(request);
+  }
   // Force-close: by the time a communicator is destroyed every rank has passed the closing
   // barrier (or the job is failing), so no message is still owed to a peer.
   for (ucp_ep_h ep : endpoints_) {
@@ -166,8 +196,14 @@ Poll UcxTransport::test(Handle& handle, Completion* done, std::string* error) {
 
 void UcxTransport::cancel(Handle& handle) {
   if (handle.request) {
-    ucp_request_cancel(worker_, handle.request);
-    ucp_request_free(handle.request);
+    if (handle.receive) {
+      // A receive that has matched may still have a rendezvous read queued; it is freed only once
+      // UCX has finished with it (see the destructor).
+      ucp_request_cancel(worker_, handle.request);
+      abandoned_receives_.push_back(handle.request);
+    } else {
+      ucp_request_free(handle.request);  // released by UCX whenever it completes
+    }
   }
   handle = Handle{};
 }

@@ -51,6 +51,7 @@ class UcxTransport final : public Transport {
   int nranks_;
   std::vector<uint8_t> address_;
   std::vector<ucp_ep_h> endpoints_;
+  std::vector<void*> abandoned_receives_;  // cancelled, not yet completed by UCX
 };
 
 }  // namespace qccl::transport

@@ -1,0 +1,354 @@
+// The C API on real processes over UCX, run by qcclrun with 2, 3, 4 and 8 ranks: every collective x
+// datatype x op, odd and zero counts, in place and out of place, every root, point-to-point in
+// groups, non-blocking calls that progress in the background, two communicators at once, wire
+// bytes, and bad input that must be refused before anything is sent.
+#include <chrono>
+#include <thread>
+
+#include "tests/ranks/rank_test_util.h"
+
+namespace qccl::test {
+namespace {
+
+enum class Coll { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAlltoAll };
+const char* name(Coll k) {
+  static const char* names[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AlltoAll"};
+  return names[static_cast<int>(k)];
+}
+
+constexpr DataType kTypes[] = {DataType::kInt8,    DataType::kUint8,   DataType::kInt32,   DataType::kUint32,
+                               DataType::kInt64,   DataType::kUint64,  DataType::kFloat16, DataType::kFloat32,
+                               DataType::kFloat64, DataType::kBfloat16};
+constexpr RedOp kOps[] = {RedOp::kSum, RedOp::kProd, RedOp::kMax, RedOp::kMin, RedOp::kAvg};
+
+// A second communicator of the same ranks with small chunks, so that calls span many fragments.
+qcclComm_t small_chunk_comm() {
+  static qcclComm_t comm = [] {
+    World& w = World::get();
+    qcclUniqueId id;
+    if (w.rank() == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+    QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, w.comm()));
+    qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+    config.chunkBytes = 1000;  // not a multiple of any element size
+    config.pipelineDepth = 3;
+    qcclComm_t c = nullptr;
+    QCCL_REQUIRE_OK(qcclCommInitRankConfig(&c, w.size(), id, w.rank(), &config));
+    return c;
+  }();
+  return comm;
+}
+
+double tolerance(DataType t, RedOp op, double expected) {
+  if (op != RedOp::kAvg || !kernels::is_floating(t)) return 0;
+  const double ulp = t == DataType::kFloat16 ? 0x1p-10 : t == DataType::kBfloat16 ? 0x1p-7 : 0x1p-23;
+  return std::fabs(expected) * ulp;
+}
+
+// Runs `kind` once and checks every element on this rank.
+void check_collective(qcclComm_t comm, Coll kind, DataType t, RedOp op, size_t count, bool in_place,
+                      int root) {
+  World& w = World::get();
+  const int n = w.size(), r = w.rank();
+  const size_t es = kernels::element_size(t), un = static_cast<size_t>(n);
+  INFO(name(kind) << " " << kernels::data_type_name(t) << " " << kernels::red_op_name(op) << " count "
+                             << count << (in_place ? " in place" : "") << " root " << root);
+  std::vector<uint8_t> send, recv;
+  void* out = nullptr;
+  const void* in = nullptr;
+  size_t wrong = 0;
+  auto expect = [&](const void* buf, size_t i, double e) {
+    const double g = load(t, buf, i);
+    if (std::fabs(g - e) > tolerance(t, op, e)) {
+      if (wrong++ < 3) UNSCOPED_INFO("element " << i << ": got " << g << ", expected " << e);
+    }
+  };
+  switch (kind) {
+    case Coll::kAllReduce:
+    case Coll::kReduce: {
+      send = inputs(t, op, r, count);
+      recv.assign(count * es, 0xee);
+      in = send.data();
+      out = recv.data();
+      if (in_place) out = const_cast<void*>(in = send.data());
+      if (kind == Coll::kAllReduce)
+        QCCL_REQUIRE_OK(qcclAllReduce(in, out, count, to_api(t), to_api(op), comm));
+      else
+        QCCL_REQUIRE_OK(qcclReduce(in, out, count, to_api(t), to_api(op), root, comm));
+      if (kind == Coll::kAllReduce || r == root)
+        for (size_t i = 0; i < count; ++i) expect(out, i, expected_reduction(t, op, n, i));
+      break;
+    }
+    case Coll::kBroadcast:
+      send = inputs(t, op, r, count);
+      recv.assign(count * es, 0xee);
+      out = in_place && r == root ? send.data() : recv.data();
+      QCCL_REQUIRE_OK(qcclBroadcast(send.data(), out, count, to_api(t), root, comm));
+      for (size_t i = 0; i < count; ++i) expect(out, i, input_value(t, op, root, i));
+      break;
+    case Coll::kAllGather:
+      recv.assign(count * es * un, 0xee);
+      send = inputs(t, op, r, count);
+      in = send.data();
+      if (in_place) {
+        std::memcpy(recv.data() + r * count * es, send.data(), count * es);
+        in = recv.data() + r * count * es;
+      }
+      QCCL_REQUIRE_OK(qcclAllGather(in, recv.data(), count, to_api(t), comm));
+      for (size_t s = 0; s < un; ++s)
+        for (size_t i = 0; i < count; ++i) expect(recv.data(), s * count + i, input_value(t, op, static_cast<int>(s), i));
+      break;
+    case Coll::kReduceScatter:
+      send = inputs(t, op, r, count * un);
+      recv.assign(count * es, 0xee);
+      out = in_place ? send.data() + r * count * es : recv.data();
+      QCCL_REQUIRE_OK(qcclReduceScatter(send.data(), out, count, to_api(t), to_api(op), comm));
+      for (size_t i = 0; i < count; ++i) expect(out, i, expected_reduction(t, op, n, r * count + i));
+      break;
+    case Coll::kAlltoAll:
+      send = inputs(t, op, r, count * un);
+      recv.assign(count * es * un, 0xee);
+      QCCL_REQUIRE_OK(qcclAlltoAll(send.data(), recv.data(), count, to_api(t), comm));
+      for (size_t s = 0; s < un; ++s)
+        for (size_t i = 0; i < count; ++i)
+          expect(recv.data(), s * count + i, input_value(t, op, static_cast<int>(s), r * count + i));
+      break;
+    default: FAIL("not a collective");
+  }
+  CHECK(wrong == 0);
+}
+
+bool reduces(Coll k) {
+  return k == Coll::kAllReduce || k == Coll::kReduce || k == Coll::kReduceScatter;
+}
+
+constexpr Coll kCollectives[] = {Coll::kAllReduce, Coll::kBroadcast,
+                                           Coll::kReduce,    Coll::kAllGather,
+                                           Coll::kReduceScatter, Coll::kAlltoAll};
+
+}  // namespace
+
+TEST_CASE("every collective x datatype x op, out of place and in place", "[ranks]") {
+  World& w = World::get();
+  for (Coll kind : kCollectives)
+    for (DataType t : kTypes)
+      for (RedOp op : kOps) {
+        if (!reduces(kind) && op != RedOp::kSum) continue;
+        for (bool in_place : {false, true}) {
+          if (in_place && kind == Coll::kAlltoAll) continue;
+          check_collective(w.comm(), kind, t, op, 1 + 2 * static_cast<size_t>(t) + static_cast<size_t>(op), in_place,
+                           (static_cast<int>(t) + static_cast<int>(op)) % w.size());
+        }
+      }
+}
+
+TEST_CASE("odd counts across many fragments (1000-byte chunks, depth 3)", "[ranks]") {
+  qcclComm_t comm = small_chunk_comm();
+  for (Coll kind : kCollectives)
+    for (size_t count : {size_t{1}, size_t{2}, size_t{3}, size_t{97}, size_t{1021}, size_t{65537}})
+      for (DataType t : {DataType::kFloat32, DataType::kInt8, DataType::kFloat16, DataType::kFloat64})
+        check_collective(comm, kind, t, reduces(kind) ? RedOp::kSum : RedOp::kSum, count, count % 2 == 1,
+                         static_cast<int>(count % World::get().size()));
+}
+
+TEST_CASE("broadcast and reduce from every root", "[ranks]") {
+  World& w = World::get();
+  for (int root = 0; root < w.size(); ++root) {
+    check_collective(w.comm(), Coll::kBroadcast, DataType::kInt32, RedOp::kSum, 100003, false, root);
+    check_collective(w.comm(), Coll::kReduce, DataType::kFloat32, RedOp::kMax, 100003, root % 2 == 0, root);
+    check_collective(w.comm(), Coll::kBroadcast, DataType::kUint8, RedOp::kSum, 5, true, root);
+    check_collective(w.comm(), Coll::kReduce, DataType::kInt64, RedOp::kAvg, 5, false, root);
+  }
+}
+
+TEST_CASE("large all-reduce (several MiB) is exact and bit-identical on every rank", "[ranks]") {
+  World& w = World::get();
+  const size_t count = (3u << 20) + 7;
+  check_collective(w.comm(), Coll::kAllReduce, DataType::kFloat32, RedOp::kSum, count, false, 0);
+  // Random floats: compare every rank's result hash.
+  std::vector<float> x(count), y(count);
+  for (size_t i = 0; i < count; ++i) x[i] = std::sin(static_cast<double>(i) * 0.001 + w.rank());
+  QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), count, qcclFloat32, qcclSum, w.comm()));
+  uint64_t h = hash_bytes(y.data(), y.size() * 4);
+  std::vector<uint64_t> all(w.size());
+  QCCL_REQUIRE_OK(qcclAllGather(&h, all.data(), 1, qcclUint64, w.comm()));
+  for (uint64_t other : all) CHECK(other == h);
+}
+
+TEST_CASE("zero counts return at once, with NULL buffers", "[ranks]") {
+  World& w = World::get();
+  QCCL_REQUIRE_OK(qcclAllReduce(nullptr, nullptr, 0, qcclFloat32, qcclSum, w.comm()));
+  QCCL_REQUIRE_OK(qcclBroadcast(nullptr, nullptr, 0, qcclFloat32, 0, w.comm()));
+  QCCL_REQUIRE_OK(qcclReduce(nullptr, nullptr, 0, qcclFloat32, qcclSum, 0, w.comm()));
+  QCCL_REQUIRE_OK(qcclAllGather(nullptr, nullptr, 0, qcclFloat32, w.comm()));
+  QCCL_REQUIRE_OK(qcclReduceScatter(nullptr, nullptr, 0, qcclFloat32, qcclSum, w.comm()));
+  QCCL_REQUIRE_OK(qcclAlltoAll(nullptr, nullptr, 0, qcclFloat32, w.comm()));
+  QCCL_REQUIRE_OK(qcclSend(nullptr, 0, qcclFloat32, 0, w.comm()));
+  QCCL_REQUIRE_OK(qcclRecv(nullptr, 0, qcclFloat32, 0, w.comm()));
+  // The communicator is still in step afterwards.
+  check_collective(w.comm(), Coll::kAllReduce, DataType::kInt32, RedOp::kSum, 10, false, 0);
+}
+
+TEST_CASE("send and receive: a ring in a group, to self, and large messages", "[ranks]") {
+  World& w = World::get();
+  const int n = w.size(), r = w.rank();
+  for (size_t count : {size_t{1}, size_t{1000}, size_t{3} << 20}) {
+    std::vector<int32_t> out(count), in(count, -1), self(count, -1);
+    for (size_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(r * 1000003 + i);
+    QCCL_REQUIRE_OK(qcclGroupStart());
+    QCCL_REQUIRE_OK(qcclSend(out.data(), count, qcclInt32, (r + 1) % n, w.comm()));
+    QCCL_REQUIRE_OK(qcclRecv(in.data(), count, qcclInt32, (r + n - 1) % n, w.comm()));
+    QCCL_REQUIRE_OK(qcclSend(out.data(), count, qcclInt32, r, w.comm()));
+    QCCL_REQUIRE_OK(qcclRecv(self.data(), count, qcclInt32, r, w.comm()));
+    QCCL_REQUIRE_OK(qcclGroupEnd());
+    size_t wrong = 0;
+    for (size_t i = 0; i < count; ++i) {
+      wrong += in[i] != static_cast<int32_t>(((r + n - 1) % n) * 1000003 + i);
+      wrong += self[i] != out[i];
+    }
+    CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("non-blocking: several calls in flight progress in the background", "[ranks]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 1 << 18;
+  std::vector<std::vector<float>> in(4, std::vector<float>(count)), out(4, std::vector<float>(count));
+  std::vector<qcclRequest_t> requests(4, nullptr);
+  for (int k = 0; k < 4; ++k) {
+    for (size_t i = 0; i < count; ++i) in[k][i] = static_cast<float>(k + w.rank() + (i % 5));
+    QCCL_REQUIRE_OK(qcclIAllReduce(in[k].data(), out[k].data(), count, qcclFloat32, qcclSum, w.comm(), &requests[k]));
+  }
+  // Never drive: the progress thread alone must finish all four. The last-stats record shows the
+  // sequence number of the last completed call without driving anything.
+  qcclStats_t stats{};
+  stats.size = sizeof(stats);
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(w.comm(), &stats));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int done_in_background = 0;
+  for (int k = 3; k >= 0; --k) {  // waited in reverse order of issue
+    int done = 0;
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // "compute"
+      QCCL_REQUIRE_OK(qcclTest(&requests[k], &done));
+      if (done) break;
+    }
+    REQUIRE(done == 1);
+    CHECK(requests[k] == nullptr);
+    ++done_in_background;
+  }
+  CHECK(done_in_background == 4);
+  for (int k = 0; k < 4; ++k) {
+    size_t wrong = 0;
+    for (size_t i = 0; i < count; ++i) {
+      double e = 0;
+      for (int q = 0; q < n; ++q) e += k + q + (i % 5);
+      wrong += out[k][i] != static_cast<float>(e);
+    }
+    CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("non-blocking: a request completes with no test or wait call at all", "[ranks]") {
+  World& w = World::get();
+  const size_t count = 1 << 16;
+  std::vector<double> in(count, 1.0), out(count, 0.0);
+  qcclStats_t before{};
+  before.size = sizeof(before);
+  QCCL_REQUIRE_OK(qcclAllReduce(in.data(), out.data(), 1, qcclFloat64, qcclSum, w.comm()));
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(w.comm(), &before));
+  qcclRequest_t request = nullptr;
+  QCCL_REQUIRE_OK(qcclIAllReduce(in.data(), out.data(), count, qcclFloat64, qcclSum, w.comm(), &request));
+  qcclStats_t now{};
+  now.size = sizeof(now);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    QCCL_REQUIRE_OK(qcclCommGetLastStats(w.comm(), &now));
+  } while (now.sequence == before.sequence && std::chrono::steady_clock::now() < deadline);
+  CHECK(now.sequence == before.sequence + 1);  // finished by the progress thread alone
+  QCCL_REQUIRE_OK(qcclWait(&request));
+  CHECK(request == nullptr);
+  CHECK(out[count - 1] == static_cast<double>(w.size()));
+}
+
+TEST_CASE("two communicators used at once", "[ranks]") {
+  World& w = World::get();
+  qcclComm_t other = small_chunk_comm();
+  const size_t count = 100000;
+  std::vector<int64_t> a(count, w.rank()), b(count), c(count, 2 * w.rank()), d(count);
+  qcclRequest_t ra = nullptr, rb = nullptr;
+  QCCL_REQUIRE_OK(qcclIAllReduce(a.data(), b.data(), count, qcclInt64, qcclSum, w.comm(), &ra));
+  QCCL_REQUIRE_OK(qcclIAllReduce(c.data(), d.data(), count, qcclInt64, qcclSum, other, &rb));
+  QCCL_REQUIRE_OK(qcclWait(&rb));
+  QCCL_REQUIRE_OK(qcclWait(&ra));
+  const int64_t s = static_cast<int64_t>(w.size()) * (w.size() - 1) / 2;
+  CHECK(b[count - 1] == s);
+  CHECK(d[0] == 2 * s);
+  // And blocking calls on both, interleaved.
+  for (int i = 0; i < 5; ++i) {
+    QCCL_REQUIRE_OK(qcclAllReduce(a.data(), b.data(), count, qcclInt64, qcclMax, other));
+    QCCL_REQUIRE_OK(qcclAllReduce(c.data(), d.data(), count, qcclInt64, qcclMin, w.comm()));
+  }
+  CHECK(b[0] == w.size() - 1);
+  CHECK(d[0] == 0);
+}
+
+TEST_CASE("wire bytes reported for a ring all-reduce equal the closed form", "[ranks]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 840 * 1024;  // divisible by 2, 3, 4 and 8
+  std::vector<float> x(count, 1.0f), y(count);
+  QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), count, qcclFloat32, qcclSum, w.comm()));
+  qcclStats_t stats{};
+  stats.size = sizeof(stats);
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(w.comm(), &stats));
+  if (n > 1) {
+    CHECK(std::string(stats.algorithm) == "ring");
+    CHECK(stats.wireBytesSent == 2ull * (n - 1) * count * 4 / n);
+    CHECK(stats.wireBytesReceived == stats.wireBytesSent);
+  } else {
+    CHECK(stats.wireBytesSent == 0);
+  }
+  CHECK(stats.seconds > 0);
+}
+
+TEST_CASE("bad arguments are refused before anything is sent, naming the argument", "[ranks]") {
+  World& w = World::get();
+  qcclComm_t comm = w.comm();
+  std::vector<float> a(16), b(64);
+  auto refused = [](qcclResult_t result, const char* needle) {
+    CHECK(result == qcclInvalidArgument);
+    CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains(needle));
+  };
+  refused(qcclAllReduce(nullptr, b.data(), 4, qcclFloat32, qcclSum, comm), "sendbuff is NULL");
+  refused(qcclAllReduce(a.data(), nullptr, 4, qcclFloat32, qcclSum, comm), "recvbuff is NULL");
+  refused(qcclAllReduce(a.data(), b.data(), 4, static_cast<qcclDataType_t>(42), qcclSum, comm), "datatype = 42");
+  refused(qcclAllReduce(a.data(), b.data(), 4, qcclFloat32, static_cast<qcclRedOp_t>(-1), comm), "op = -1");
+  refused(qcclBroadcast(a.data(), b.data(), 4, qcclFloat32, w.size(), comm), "root = ");
+  refused(qcclReduce(a.data(), b.data(), 4, qcclFloat32, qcclSum, -3, comm), "root = -3");
+  refused(qcclSend(a.data(), 4, qcclFloat32, w.size() + 5, comm), "peer = ");
+  refused(qcclRecv(a.data(), 4, qcclFloat32, -1, comm), "peer = -1");
+  refused(qcclAllReduce(a.data(), a.data() + 1, 4, qcclFloat32, qcclSum, comm), "overlaps");
+  refused(qcclAlltoAll(b.data(), b.data(), 1, qcclFloat32, comm), "cannot run in place");
+  refused(qcclAllReduce(a.data(), b.data(), SIZE_MAX / 2, qcclFloat64, qcclSum, comm), "address space");
+  refused(qcclAllReduce(a.data(), b.data(), 4, qcclFloat32, qcclSum, nullptr), "comm is NULL");
+  refused(qcclIAllReduce(a.data(), b.data(), 4, qcclFloat32, qcclSum, comm, nullptr), "request is NULL");
+  qcclStats_t stats{};
+  refused(qcclCommGetLastStats(comm, &stats), "stats->size = 0");
+  CHECK(qcclGroupEnd() == qcclInvalidUsage);
+  // Nothing was sent: the communicator is still in step.
+  check_collective(comm, Coll::kAllReduce, DataType::kFloat32, RedOp::kSum, 4, false, 0);
+  int async = -1;
+  QCCL_REQUIRE_OK(qcclCommGetAsyncError(comm, reinterpret_cast<qcclResult_t*>(&async)));
+  CHECK(async == qcclSuccess);
+}
+
+TEST_CASE("version and error strings", "[ranks]") {
+  int version = 0;
+  QCCL_REQUIRE_OK(qcclGetVersion(&version));
+  CHECK(version == QCCL_VERSION_CODE);
+  for (int r = 0; r <= qcclNumResults; ++r) CHECK(std::strlen(qcclGetErrorString(static_cast<qcclResult_t>(r))) > 0);
+}
+
+}  // namespace qccl::test

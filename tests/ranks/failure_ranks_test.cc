@@ -1,0 +1,170 @@
+// Failures on real processes, one scenario per CTest entry (each breaks its communicator): ranks that
+// disagree, a peer that dies before or during a collective, a peer that is stuck past QCCL_TIMEOUT,
+// and aborts. Every surviving rank must return an error that tells the story, never hang.
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tests/ranks/rank_test_util.h"
+
+namespace qccl::test {
+namespace {
+
+struct Job {
+  qcclComm_t comm = nullptr;
+  int rank = 0;
+  int size = 1;
+  Job() {
+    QCCL_REQUIRE_OK(qcclCommInitEnv(&comm, nullptr));
+    qcclCommUserRank(comm, &rank);
+    qcclCommCount(comm, &size);
+    REQUIRE(size >= 3);  // scenarios need a rank that is neither the hub nor the failing one
+  }
+};
+
+std::string last_error() { return qcclGetLastError(nullptr); }
+
+void warm_up(const Job& job) {
+  std::vector<float> x(1000, 1.0f), y(1000);
+  QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, job.comm));
+  REQUIRE(y[0] == static_cast<float>(job.size));
+}
+
+// Returns on `victim` only once every other rank has finished the warm-up: they tell it so with a
+// small message, whose send completes locally (eager), so the victim may then vanish without
+// failing anyone's warm-up.
+void all_warmed_up(const Job& job, int victim) {
+  int token = 1;
+  if (job.rank != victim) {
+    QCCL_REQUIRE_OK(qcclSend(&token, 1, qcclInt32, victim, job.comm));
+    return;
+  }
+  std::vector<int> tokens(job.size);
+  QCCL_REQUIRE_OK(qcclGroupStart());
+  for (int r = 0; r < job.size; ++r)
+    if (r != victim) QCCL_REQUIRE_OK(qcclRecv(&tokens[r], 1, qcclInt32, r, job.comm));
+  QCCL_REQUIRE_OK(qcclGroupEnd());
+}
+
+}  // namespace
+
+TEST_CASE("count mismatch: every rank fails with qcclMismatch naming both calls", "[mismatch]") {
+  Job job;
+  warm_up(job);
+  std::vector<float> x(200, 1.0f), y(200);
+  const size_t count = job.rank == 0 ? 100 : 200;
+  qcclResult_t result = qcclAllReduce(x.data(), y.data(), count, qcclFloat32, qcclSum, job.comm);
+  CHECK(result == qcclMismatch);
+  CHECK_THAT(last_error(), Catch::Contains("count=100") && Catch::Contains("count=200"));
+  qcclResult_t async = qcclSuccess;
+  QCCL_REQUIRE_OK(qcclCommGetAsyncError(job.comm, &async));
+  CHECK(async == qcclMismatch);
+  // A broken communicator refuses further work with the same story, and abort always returns.
+  CHECK(qcclAllReduce(x.data(), y.data(), 10, qcclFloat32, qcclSum, job.comm) == qcclMismatch);
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
+TEST_CASE("different collectives at the same point: every rank fails with qcclMismatch", "[mismatch-kind]") {
+  Job job;
+  warm_up(job);
+  std::vector<float> x(3000, 1.0f), y(3000 * 8);
+  qcclResult_t result = job.rank == job.size - 1
+                            ? qcclAllGather(x.data(), y.data(), 100, qcclFloat32, job.comm)
+                            : qcclAllReduce(x.data(), y.data(), 100, qcclFloat32, qcclSum, job.comm);
+  CHECK(result == qcclMismatch);
+  CHECK_THAT(last_error(), Catch::Contains("AllGather(count=100") && Catch::Contains("AllReduce(count=100"));
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
+TEST_CASE("a peer that dies between collectives fails the others with qcclRemoteError", "[dead-peer]") {
+  Job job;
+  warm_up(job);
+  const int victim = job.size - 1;
+  all_warmed_up(job, victim);
+  if (job.rank == victim) _exit(0);  // no destroy: as if killed (qcclrun ignores a clean exit)
+  std::vector<float> x(1 << 20, 1.0f), y(1 << 20);
+  qcclResult_t result = qcclAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, job.comm);
+  CHECK(result == qcclRemoteError);  // not qcclTimeout: the control plane noticed at once
+  CHECK_THAT(last_error(), Catch::Contains("rank " + std::to_string(victim)));
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
+TEST_CASE("a peer that dies during a collective fails the others with qcclRemoteError", "[dead-peer-during]") {
+  Job job;
+  warm_up(job);
+  const int victim = job.size - 1;
+  all_warmed_up(job, victim);
+  const size_t count = 8 << 20;
+  std::vector<float> x(count, 1.0f), y(count);
+  if (job.rank == victim) {
+    qcclRequest_t request = nullptr;
+    QCCL_REQUIRE_OK(qcclIAllReduce(x.data(), y.data(), count, qcclFloat32, qcclSum, job.comm, &request));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the transfers start
+    _exit(0);
+  }
+  qcclResult_t result = qcclAllReduce(x.data(), y.data(), count, qcclFloat32, qcclSum, job.comm);
+  CHECK(result == qcclRemoteError);
+  CHECK_THAT(last_error(), Catch::Contains("rank " + std::to_string(victim)));
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
+TEST_CASE("a stuck peer: the others time out after QCCL_TIMEOUT and the laggard learns of it", "[stuck-peer]") {
+  // Run with QCCL_TIMEOUT=3.
+  Job job;
+  warm_up(job);
+  const int laggard = job.size - 1;
+  all_warmed_up(job, laggard);
+  if (job.rank == laggard) std::this_thread::sleep_for(std::chrono::seconds(8));
+  std::vector<float> x(1000, 1.0f), y(1000);
+  qcclResult_t result = qcclAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, job.comm);
+  CHECK(result == qcclTimeout);
+  CHECK_THAT(last_error(), Catch::Contains("no progress"));
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
+TEST_CASE("abort on one rank fails the collective on the others", "[abort]") {
+  Job job;
+  warm_up(job);
+  all_warmed_up(job, 1);
+  if (job.rank == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+    return;
+  }
+  std::vector<float> x(1000, 1.0f), y(1000);
+  qcclResult_t result = qcclAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, job.comm);
+  CHECK(result == qcclRemoteError);
+  CHECK_THAT(last_error(), Catch::Contains("qcclCommAbort was called on rank 1"));
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
+TEST_CASE("abort from another thread releases a blocked collective", "[abort-thread]") {
+  Job job;
+  warm_up(job);
+  all_warmed_up(job, 0);
+  // Rank 0 blocks in a collective nobody else joins; a second thread aborts it.
+  if (job.rank == 0) {
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+    });
+    std::vector<float> x(1000, 1.0f), y(1000);
+    qcclResult_t result = qcclAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, job.comm);
+    aborter.join();
+    CHECK(result == qcclAborted);
+    CHECK_THAT(last_error(), Catch::Contains("qcclCommAbort"));
+    return;
+  }
+  // The others learn of the abort through the control plane while idle.
+  qcclResult_t async = qcclSuccess;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (async == qcclSuccess && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    QCCL_REQUIRE_OK(qcclCommGetAsyncError(job.comm, &async));
+  }
+  CHECK(async == qcclRemoteError);
+  CHECK(qcclCommDestroy(job.comm) == qcclSuccess);  // destroy of a broken communicator is local
+}
+
+}  // namespace qccl::test

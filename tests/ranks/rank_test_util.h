@@ -1,0 +1,72 @@
+// Shared by the multi-rank tests, which run as real processes under qcclrun (one Catch2 process per
+// rank, every rank running the same test cases in the same order).
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "include/qccl.h"
+#include "tests/common/reference.h"
+
+namespace qccl::test {
+
+// Fails the test with qccl's last error when a call does not succeed.
+#define QCCL_REQUIRE_OK(call)                                                                         \
+  do {                                                                                                \
+    qcclResult_t result_ = (call);                                                                    \
+    INFO(#call << " -> " << qcclGetErrorString(result_) << ": " << qcclGetLastError(nullptr));        \
+    REQUIRE(result_ == qcclSuccess);                                                                  \
+  } while (0)
+
+// The job's communicator, made from qcclrun's environment on first use, destroyed at exit.
+class World {
+ public:
+  static World& get() {
+    static World world;
+    return world;
+  }
+  qcclComm_t comm() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  World() {
+    qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+    if (qcclCommInitEnv(&comm_, &config) != qcclSuccess) {
+      std::fprintf(stderr, "qcclCommInitEnv failed: %s\n", qcclGetLastError(nullptr));
+      std::abort();
+    }
+    qcclCommUserRank(comm_, &rank_);
+    qcclCommCount(comm_, &size_);
+  }
+  ~World() {
+    if (qcclCommDestroy(comm_) != qcclSuccess)
+      std::fprintf(stderr, "qcclCommDestroy failed: %s\n", qcclGetLastError(nullptr));
+  }
+  qcclComm_t comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+inline qcclDataType_t to_api(DataType t) { return static_cast<qcclDataType_t>(t); }
+inline qcclRedOp_t to_api(RedOp op) { return static_cast<qcclRedOp_t>(op); }
+
+// Buffer of `count` elements of `t` filled with this rank's reference inputs, starting at element
+// `first` of the rank's input sequence.
+inline std::vector<uint8_t> inputs(DataType t, RedOp op, int rank, size_t count, size_t first = 0) {
+  std::vector<uint8_t> b(count * kernels::element_size(t));
+  for (size_t i = 0; i < count; ++i) store(t, b.data(), i, input_value(t, op, rank, first + i));
+  return b;
+}
+
+// FNV-1a of a byte range, to compare results across ranks through a collective.
+inline uint64_t hash_bytes(const void* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace qccl::test
