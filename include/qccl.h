@@ -71,7 +71,11 @@ typedef enum {
   qcclFloat32 = 7,
   qcclFloat64 = 8,
   qcclBfloat16 = 9,
-  qcclNumTypes = 10
+  qcclNumTypes = 10,
+  /* Not datatypes: they give the enum the range of int, so that a C++ implementation can receive a
+   * bad value (e.g. 42) as an argument to reject rather than as undefined behaviour. */
+  qcclDataTypeRangeMin_ = -2147483647 - 1,
+  qcclDataTypeRangeMax_ = 2147483647
 } qcclDataType_t;
 
 /* Integer sums and products wrap (two's complement). Floating-point reductions are carried out in
@@ -84,7 +88,9 @@ typedef enum {
   qcclMax = 2,
   qcclMin = 3,
   qcclAvg = 4,
-  qcclNumOps = 5
+  qcclNumOps = 5,
+  qcclRedOpRangeMin_ = -2147483647 - 1, /* as for qcclDataType_t: any int is a value to reject */
+  qcclRedOpRangeMax_ = 2147483647
 } qcclRedOp_t;
 
 typedef struct qcclComm* qcclComm_t;

@@ -169,7 +169,7 @@ QCCL_API qcclResult_t qcclGetVersion(int* version) {
 
 QCCL_API const char* qcclGetErrorString(qcclResult_t result) { return result_string(result); }
 
-QCCL_API const char* qcclGetLastError(qcclComm_t) { return last_error().c_str(); }
+QCCL_API const char* qcclGetLastError(qcclComm_t) { return last_error(); }
 
 QCCL_API qcclResult_t qcclGetUniqueId(qcclUniqueId* uniqueId) {
   return api_call("qcclGetUniqueId", [&] {

@@ -207,6 +207,14 @@ bool Comm::test(OpRecord& record) {
 }
 
 void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block) {
+  // The snapshot holds records, which hold the communicator: drop it on the way out.
+  struct ClearSnapshot {
+    Comm* comm;
+    ~ClearSnapshot() {
+      comm->driving_.clear();
+      comm->driving_version_ = ~uint64_t{0};
+    }
+  } clear_snapshot{this};
   auto spin_until = Clock::now() + std::chrono::microseconds(config_.spin_us);
   auto next_timeout_check = Clock::now() + std::chrono::milliseconds(kMaxBlockMs);
   while (!done()) {

@@ -19,7 +19,10 @@ std::string vformat(const char* fmt, va_list args) {
   return out;
 }
 
-thread_local std::string t_last_error;
+// A plain buffer, not a std::string: thread_local objects with destructors die before statics, and
+// a program may call qccl from a static destructor (e.g. qcclCommDestroy at exit).
+constexpr size_t kLastErrorBytes = 2048;
+thread_local char t_last_error[kLastErrorBytes];
 
 }  // namespace
 
@@ -46,8 +49,10 @@ std::string errno_string(int errnum) {
   return msg;
 }
 
-void set_last_error(std::string message) { t_last_error = std::move(message); }
-const std::string& last_error() { return t_last_error; }
+void set_last_error(const std::string& message) {
+  std::snprintf(t_last_error, kLastErrorBytes, "%s", message.c_str());
+}
+const char* last_error() { return t_last_error; }
 
 const char* result_string(qcclResult_t result) {
   switch (result) {

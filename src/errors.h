@@ -32,8 +32,8 @@ std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string errno_string(int errnum);
 
 // The calling thread's last error line (qcclGetLastError).
-void set_last_error(std::string message);
-const std::string& last_error();
+void set_last_error(const std::string& message);
+const char* last_error();
 
 const char* result_string(qcclResult_t result);
 

@@ -22,8 +22,17 @@ constexpr DataType kTypes[] = {DataType::kInt8,    DataType::kUint8,   DataType:
 constexpr RedOp kOps[] = {RedOp::kSum, RedOp::kProd, RedOp::kMax, RedOp::kMin, RedOp::kAvg};
 
 // A second communicator of the same ranks with small chunks, so that calls span many fragments.
-qcclComm_t small_chunk_comm() {
-  static qcclComm_t comm = [] {
+// Made from a unique id that rank 0 broadcasts over the world communicator; destroyed at exit,
+// before the world (statics die in reverse order of construction).
+class SmallChunkComm {
+ public:
+  static qcclComm_t get() {
+    static SmallChunkComm instance;
+    return instance.comm_;
+  }
+
+ private:
+  SmallChunkComm() {
     World& w = World::get();
     qcclUniqueId id;
     if (w.rank() == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
@@ -31,12 +40,16 @@ qcclComm_t small_chunk_comm() {
     qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
     config.chunkBytes = 1000;  // not a multiple of any element size
     config.pipelineDepth = 3;
-    qcclComm_t c = nullptr;
-    QCCL_REQUIRE_OK(qcclCommInitRankConfig(&c, w.size(), id, w.rank(), &config));
-    return c;
-  }();
-  return comm;
-}
+    QCCL_REQUIRE_OK(qcclCommInitRankConfig(&comm_, w.size(), id, w.rank(), &config));
+  }
+  ~SmallChunkComm() {
+    if (qcclCommDestroy(comm_) != qcclSuccess)
+      std::fprintf(stderr, "qcclCommDestroy failed: %s\n", qcclGetLastError(nullptr));
+  }
+  qcclComm_t comm_ = nullptr;
+};
+
+qcclComm_t small_chunk_comm() { return SmallChunkComm::get(); }
 
 double tolerance(DataType t, RedOp op, double expected) {
   if (op != RedOp::kAvg || !kernels::is_floating(t)) return 0;
