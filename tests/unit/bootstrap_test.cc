@@ -1,0 +1,158 @@
+// Bootstrap and communicator creation, with ranks as threads of this process: strangers at the root
+// (garbage, a wrong magic, a silent connection) are refused without disturbing the communicator
+// being built, and bad ids, ranks and rank counts are clear errors.
+#include <catch2/catch.hpp>
+
+#include <poll.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "include/qccl.h"
+#include "src/bootstrap.h"
+#include "src/errors.h"
+#include "src/wire.h"
+
+namespace qccl::test {
+namespace {
+
+// Sends `bytes` to the root and returns what it answers before closing (the refusal).
+std::string talk_to_root(const qcclUniqueId& id, const std::vector<uint8_t>& bytes) {
+  BootstrapId b = decode_unique_id(id);
+  net::Socket s = net::Socket::connect(b.root, net::Deadline::after(10));
+  s.send_all(bytes.data(), bytes.size(), net::Deadline::after(10));
+  std::string reply;
+  char buf[512];
+  const auto deadline = net::Deadline::after(15);
+  for (;;) {
+    pollfd p{s.fd(), POLLIN, 0};
+    if (::poll(&p, 1, deadline.poll_ms()) <= 0) break;
+    long n = s.read_some(buf, sizeof(buf));
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  return reply;
+}
+
+std::vector<uint8_t> hello(uint64_t magic, int rank, int nranks) {
+  ByteWriter w;
+  w.put<uint32_t>(0x4c484351);  // "QCHL"
+  w.put<uint32_t>(1);
+  w.put<uint64_t>(magic);
+  w.put<int32_t>(rank);
+  w.put<int32_t>(nranks);
+  w.put<uint32_t>(0);
+  return w.bytes();
+}
+
+// Every thread joins as one rank (declaring declared[r] ranks, by default nranks), then all-reduces
+// its rank; returns each rank's result code, and its error message in *messages.
+std::vector<qcclResult_t> run_ranks(const qcclUniqueId& id, int nranks, std::vector<int> declared = {},
+                                    double timeout = 20, std::vector<std::string>* messages = nullptr) {
+  std::vector<qcclResult_t> results(nranks, qcclSuccess);
+  if (messages) messages->assign(nranks, "");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; ++r) {
+    threads.emplace_back([&, r] {
+      qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+      config.timeoutSeconds = timeout;
+      qcclComm_t comm = nullptr;
+      const int n = declared.empty() ? nranks : declared[r];
+      results[r] = qcclCommInitRankConfig(&comm, n, id, r, &config);
+      if (messages) (*messages)[r] = qcclGetLastError(nullptr);
+      if (results[r] != qcclSuccess) return;
+      int64_t in = r, out = -1;
+      results[r] = qcclAllReduce(&in, &out, 1, qcclInt64, qcclSum, comm);
+      if (results[r] == qcclSuccess && out != static_cast<int64_t>(nranks) * (nranks - 1) / 2)
+        results[r] = qcclInternalError;
+      qcclResult_t destroyed = qcclCommDestroy(comm);
+      if (results[r] == qcclSuccess) results[r] = destroyed;
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+}  // namespace
+
+TEST_CASE("strangers at the bootstrap root are refused and the communicator still forms", "[bootstrap]") {
+  qcclUniqueId id;
+  REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  const BootstrapId b = decode_unique_id(id);
+
+  // A connection that says nothing stays open while the real ranks join.
+  net::Socket silent = net::Socket::connect(b.root, net::Deadline::after(10));
+  const std::string garbage = talk_to_root(id, std::vector<uint8_t>{'G', 'E', 'T', ' ', '/', ' ', 'H', 'T'});
+  CHECK_THAT(garbage, Catch::Contains("not a qccl hello"));
+  const std::string wrong_magic = talk_to_root(id, hello(b.magic ^ 1, 0, 3));
+  CHECK_THAT(wrong_magic, Catch::Contains("wrong magic"));
+
+  for (qcclResult_t r : run_ranks(id, 3)) CHECK(r == qcclSuccess);
+}
+
+TEST_CASE("ranks that disagree on the rank count: one is refused with the reason, the other times out",
+          "[bootstrap]") {
+  qcclUniqueId id;
+  REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  // Rank 1 claims 3 ranks. Whichever hello reaches the root first fixes the count; the other rank is
+  // refused and says why, and the first waits for a partner that never comes (timeout of 3 s).
+  std::vector<std::string> messages;
+  std::vector<qcclResult_t> results = run_ranks(id, 2, {2, 3}, 3.0, &messages);
+  int refused = 0, timed_out = 0;
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << messages[r]);
+    if (results[r] == qcclInvalidArgument) {
+      ++refused;
+      CHECK_THAT(messages[r], Catch::Contains("refused") && Catch::Contains("nranks"));
+    } else {
+      ++timed_out;
+      CHECK(results[r] == qcclTimeout);
+    }
+  }
+  CHECK(refused == 1);
+  CHECK(timed_out == 1);
+}
+
+TEST_CASE("bad ids, ranks and counts are rejected before anything is sent", "[bootstrap]") {
+  qcclUniqueId garbage;
+  std::memset(&garbage, 0x5a, sizeof(garbage));
+  qcclComm_t comm = nullptr;
+  CHECK(qcclCommInitRank(&comm, 2, garbage, 0) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("not made by qcclGetUniqueId"));
+
+  qcclUniqueId id;
+  REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  CHECK(qcclCommInitRank(&comm, 2, id, 2) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("rank = 2"));
+  CHECK(qcclCommInitRank(&comm, 0, id, 0) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("nranks = 0"));
+  CHECK(qcclCommInitRank(nullptr, 1, id, 0) == qcclInvalidArgument);
+  CHECK(comm == nullptr);  // outputs are written only on success
+
+  qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+  config.magic = 0;
+  CHECK(qcclCommInitRankConfig(&comm, 1, id, 0, &config) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("QCCL_CONFIG_INITIALIZER"));
+  config = QCCL_CONFIG_INITIALIZER;
+  config.pipelineDepth = 0;
+  CHECK(qcclCommInitRankConfig(&comm, 1, id, 0, &config) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("pipelineDepth = 0"));
+}
+
+TEST_CASE("a single-rank communicator from a unique id", "[bootstrap]") {
+  qcclUniqueId id;
+  REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  for (qcclResult_t r : run_ranks(id, 1)) CHECK(r == qcclSuccess);
+}
+
+TEST_CASE("several ranks as threads of one process", "[bootstrap]") {
+  for (int n : {2, 5}) {
+    qcclUniqueId id;
+    REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+    for (qcclResult_t r : run_ranks(id, n)) CHECK(r == qcclSuccess);
+  }
+}
+
+}  // namespace qccl::test

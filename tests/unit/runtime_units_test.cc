@@ -1,0 +1,180 @@
+// Unit tests of the runtime's small parts: frame headers, wire readers, configuration parsing,
+// algorithm policy, and the segment arithmetic every ring relies on.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <random>
+
+#include "collectives/ring.h"
+#include "src/config.h"
+#include "src/errors.h"
+#include "src/frame.h"
+#include "src/policy.h"
+#include "src/wire.h"
+
+namespace qccl::test {
+namespace {
+
+coll::CollArgs args_for(coll::CollKind kind, size_t count, int nranks = 4) {
+  coll::CollArgs a;
+  a.kind = kind;
+  a.count = count;
+  a.nranks = nranks;
+  a.rank = 1;
+  a.root = 2;
+  return a;
+}
+
+// Runs `body` with environment variable `name` set to `value`, then restores it.
+template <class F>
+void with_env(const char* name, const char* value, F&& body) {
+  const char* old = std::getenv(name);
+  std::string saved = old ? old : "";
+  setenv(name, value, 1);
+  try {
+    body();
+  } catch (...) {
+    old ? setenv(name, saved.c_str(), 1) : unsetenv(name);
+    throw;
+  }
+  old ? setenv(name, saved.c_str(), 1) : unsetenv(name);
+}
+
+}  // namespace
+
+TEST_CASE("frame header: encode/decode round trip and mismatch messages", "[frame]") {
+  FrameHeader h = FrameHeader::for_call(args_for(coll::CollKind::kReduce, 1000), 42, 0xabc);
+  uint8_t bytes[FrameHeader::kBytes];
+  h.encode(bytes);
+  FrameHeader back = FrameHeader::decode(bytes, sizeof(bytes), "rank 9");
+  CHECK(frame_mismatch(h, back).empty());
+  CHECK(back.sender == 1);
+  CHECK(back.sequence == 42);
+  CHECK(back.fingerprint() == h.fingerprint());
+
+  FrameHeader other = h;
+  other.count = 1001;
+  CHECK_THAT(frame_mismatch(h, other), Catch::Contains("count=1001") && Catch::Contains("count=1000"));
+  CHECK(other.fingerprint() != h.fingerprint());  // (these two differ; 12 bits cannot always)
+  other = h;
+  other.root = 3;
+  CHECK_THAT(frame_mismatch(h, other), Catch::Contains("root=3"));
+
+  // A receive expects the matching send, and says so as a Recv.
+  coll::CollArgs recv = args_for(coll::CollKind::kRecv, 10);
+  coll::CollArgs send = args_for(coll::CollKind::kSend, 20);
+  CHECK_THAT(frame_mismatch(FrameHeader::for_call(recv, 0, 0), FrameHeader::for_call(send, 0, 0)),
+             Catch::Contains("Send(count=20") && Catch::Contains("Recv(count=10"));
+  // Arguments a collective ignores do not make a mismatch.
+  coll::CollArgs a = args_for(coll::CollKind::kAllGather, 5), b = a;
+  b.op = kernels::RedOp::kMax;
+  b.root = 0;
+  CHECK(frame_mismatch(FrameHeader::for_call(a, 1, 0), FrameHeader::for_call(b, 1, 0)).empty());
+}
+
+TEST_CASE("frame header: corrupted or truncated bytes are a clear error, never a crash", "[frame]") {
+  FrameHeader h = FrameHeader::for_call(args_for(coll::CollKind::kAllReduce, 7), 1, 0);
+  uint8_t bytes[FrameHeader::kBytes];
+  h.encode(bytes);
+  CHECK_THROWS_WITH(FrameHeader::decode(bytes, 47, "rank 2"), Catch::Contains("47 bytes"));
+  uint8_t bad[FrameHeader::kBytes];
+  std::memcpy(bad, bytes, sizeof(bad));
+  bad[0] ^= 0xff;
+  CHECK_THROWS_WITH(FrameHeader::decode(bad, sizeof(bad), "rank 2"), Catch::Contains("magic"));
+  std::memcpy(bad, bytes, sizeof(bad));
+  bad[6] = 99;  // collective kind
+  CHECK_THROWS_WITH(FrameHeader::decode(bad, sizeof(bad), "rank 2"), Catch::Contains("collective 99"));
+  // Random bytes: decode either succeeds or throws Error; nothing else.
+  std::mt19937 rng(7);
+  for (int i = 0; i < 20000; ++i) {
+    for (auto& b : bad) b = static_cast<uint8_t>(rng());
+    if (i % 2) std::memcpy(bad, bytes, 6);  // half of them with a valid magic and version
+    try {
+      FrameHeader::decode(bad, sizeof(bad), "fuzz");
+    } catch (const Error& e) {
+      CHECK(e.code() == qcclRemoteError);
+    }
+  }
+}
+
+TEST_CASE("byte reader: every read is bounds-checked", "[wire]") {
+  ByteWriter w;
+  w.put<uint32_t>(7);
+  w.put_string("hello");
+  ByteReader r(w.bytes().data(), w.bytes().size(), "test message");
+  CHECK(r.get<uint32_t>() == 7);
+  CHECK(r.get_string(100) == "hello");
+  CHECK_THROWS_WITH(r.get<uint8_t>(), Catch::Contains("truncated"));
+  ByteReader limited(w.bytes().data(), w.bytes().size(), "test message");
+  limited.get<uint32_t>();
+  CHECK_THROWS_WITH(limited.get_string(3), Catch::Contains("exceeds its limit"));
+}
+
+TEST_CASE("configuration: environment values are parsed strictly and errors name them", "[config]") {
+  CHECK(parse_size("x", "64K") == 65536);
+  CHECK(parse_size("x", "3M") == 3u << 20);
+  CHECK(parse_size("x", "123") == 123);
+  CHECK_THROWS_WITH(parse_size("QCCL_CHUNK_BYTES", "12x"), Catch::Contains("QCCL_CHUNK_BYTES") && Catch::Contains("'x'"));
+  CHECK_THROWS_WITH(parse_size("QCCL_CHUNK_BYTES", "-5"), Catch::Contains("not a size"));
+  CHECK_THROWS_WITH(parse_int("QCCL_PIPELINE_DEPTH", "0", 1, 64), Catch::Contains("out of range"));
+  CHECK_THROWS_WITH(parse_double("QCCL_TIMEOUT", "soon", 0, 1e9), Catch::Contains("'soon'"));
+
+  with_env("QCCL_CHUNK_BYTES", "32K", [] { CHECK(Config::resolve(nullptr).chunk_bytes == 32768); });
+  with_env("QCCL_CHUNK_BYTES", "1", [] {
+    CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_CHUNK_BYTES = 1"));
+  });
+  with_env("QCCL_TIMEOUT", "abc", [] { CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_TIMEOUT")); });
+  // A config field wins over the environment.
+  with_env("QCCL_PIPELINE_DEPTH", "7", [] {
+    qcclConfig_t c = QCCL_CONFIG_INITIALIZER;
+    CHECK(Config::resolve(&c).pipeline_depth == 7);
+    c.pipelineDepth = 2;
+    CHECK(Config::resolve(&c).pipeline_depth == 2);
+  });
+}
+
+TEST_CASE("algorithm policy: forcing by name, falling back with a reason, and parse errors", "[policy]") {
+  AlgorithmPolicy by_size("");
+  CHECK(std::string(by_size.choose(args_for(coll::CollKind::kAllReduce, 16)).name) == "recursive_doubling");
+  CHECK(std::string(by_size.choose(args_for(coll::CollKind::kAllReduce, 1 << 20)).name) == "ring");
+  CHECK(std::string(by_size.choose(args_for(coll::CollKind::kAllReduce, 1 << 20, 1)).name) == "local");
+
+  AlgorithmPolicy forced("allreduce=recursive_doubling,broadcast=chain");
+  CHECK(std::string(forced.choose(args_for(coll::CollKind::kAllReduce, 1 << 20)).name) == "recursive_doubling");
+  CHECK(std::string(forced.choose(args_for(coll::CollKind::kBroadcast, 4)).name) == "chain");
+  // A forced algorithm that cannot run (one rank) declines, and the policy picks one that can.
+  CHECK(std::string(forced.choose(args_for(coll::CollKind::kAllReduce, 4, 1)).name) == "local");
+  AlgorithmPolicy bare("ring");
+  CHECK(std::string(bare.choose(args_for(coll::CollKind::kAllGather, 4)).name) == "ring");
+  CHECK(std::string(bare.choose(args_for(coll::CollKind::kAllReduce, 4)).name) == "ring");
+
+  CHECK_THROWS_WITH(AlgorithmPolicy("warp"), Catch::Contains("'warp'"));
+  CHECK_THROWS_WITH(AlgorithmPolicy("allreduce=chain"), Catch::Contains("AllReduce has no algorithm named 'chain'"));
+  CHECK_THROWS_WITH(AlgorithmPolicy("allgatherv=ring"), Catch::Contains("'allgatherv' is not a collective"));
+}
+
+TEST_CASE("segments: n near-equal parts that tile the count, independent of chunking", "[ring]") {
+  for (size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{8}, size_t{1001}}) {
+    for (int n : {1, 2, 3, 7, 8}) {
+      coll::Segments s{count, n};
+      size_t next = 0, largest = 0;
+      for (int i = 0; i < n; ++i) {
+        CHECK(s.begin(i) == next);
+        next += s.size(i);
+        largest = std::max(largest, s.size(i));
+        CHECK(s.size(i) + 1 >= s.max_size());
+      }
+      CHECK(next == count);
+      CHECK(largest == s.max_size());
+    }
+  }
+  coll::Ring ring{0, 5};
+  CHECK(ring.at(-1) == 4);
+  CHECK(ring.at(-11) == 4);
+  CHECK(ring.at(7) == 2);
+  CHECK(coll::piece(10, 4, 2).offset == 8);
+  CHECK(coll::piece(10, 4, 2).count == 2);
+  CHECK(coll::piece(10, 4, 3).count == 0);
+}
+
+}  // namespace qccl::test
