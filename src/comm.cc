@@ -1,6 +1,7 @@
 #include "src/comm.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -72,6 +73,9 @@ void Comm::join(const BootstrapId& id) {
     peers_.push_back(PeerInfo::parse(blobs[r], r));
     names_.push_back(format("rank %d (%s:%d)", r, peers_[r].hostname.c_str(), peers_[r].pid));
   }
+  int local = 0;
+  for (const PeerInfo& p : peers_) local += p.same_host(me) ? 1 : 0;
+  oversubscribed_ = local > topology_.bound_pus;
 
   control_ = std::make_unique<ControlPlane>(
       rank_, nranks_, id.magic, names_,
@@ -85,9 +89,8 @@ void Comm::join(const BootstrapId& id) {
   progress_thread_ = std::thread([this] { progress_thread_main(); });
   control_->barrier(deadline);
 
-  int local = 0;
-  for (const PeerInfo& p : peers_) local += p.same_host(me) ? 1 : 0;
-  QCCL_INFO("communicator of %d ranks (%d on this host), root %s", nranks_, local, id.root.to_string().c_str());
+  QCCL_INFO("communicator of %d ranks (%d on this host, %d CPUs: %s), root %s", nranks_, local, topology_.bound_pus,
+            oversubscribed_ ? "oversubscribed, spinning yields" : "spinning", id.root.to_string().c_str());
   QCCL_INFO("topology %s", topology_.summary().c_str());
   QCCL_INFO("transport %s; reduction kernels %s; chunk %zu bytes, pipeline depth %d, timeout %g s",
             transport_->describe().c_str(), kernels::reduce_target_name(), config_.chunk_bytes,
@@ -185,7 +188,10 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
 void Comm::wait(OpRecord& record) {
   while (!record.done.load(std::memory_order_acquire)) {
     callers_waiting_.fetch_add(1);
-    wake(progress_wake_fd_);  // ask the progress thread to step aside
+    // Ask the progress thread to step aside, but only when it drives: waking it for nothing costs a
+    // context switch per call. (It raises progress_driving_ before it looks at callers_waiting_,
+    // and we raised callers_waiting_ before looking at progress_driving_: one of us sees the other.)
+    if (progress_driving_.load()) wake(progress_wake_fd_);
     {
       std::lock_guard<std::mutex> drive(drive_mu_);
       callers_waiting_.fetch_sub(1);
@@ -250,7 +256,10 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       spin_until = now + std::chrono::microseconds(config_.spin_us);
       continue;
     }
-    if (now < spin_until) continue;
+    if (now < spin_until) {
+      if (oversubscribed_) sched_yield();  // let a rank that has work run on this CPU
+      continue;
+    }
     if (!transport_->arm()) continue;  // events arrived meanwhile: progress again
     wait_for_events(progress_thread);
   }
@@ -311,10 +320,13 @@ void Comm::progress_thread_main() {
         if (fds[i].revents) control_->service(fds[i].fd);
     }
     if (stopping_) break;
-    if (active_count_.load() == 0 || callers_waiting_.load() > 0) continue;
-    std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
-    if (!drive.owns_lock()) continue;
-    drive_until([this] { return active_count_.load() == 0; }, true);
+    if (active_count_.load() == 0) continue;
+    progress_driving_.store(true);
+    if (callers_waiting_.load() == 0) {
+      std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+      if (drive.owns_lock()) drive_until([this] { return active_count_.load() == 0; }, true);
+    }
+    progress_driving_.store(false);
   }
 }
 

@@ -98,6 +98,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   LocalTopology topology_;
   std::vector<PeerInfo> peers_;
   std::vector<std::string> names_;  // "rank 3 (host:pid)"
+  bool oversubscribed_ = false;      // more ranks on this host than CPUs: spinning yields
 
   std::unique_ptr<transport::UcxTransport> transport_;
   std::unique_ptr<ControlPlane> control_;
@@ -121,6 +122,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::vector<std::shared_ptr<OpRecord>> driving_;  // the driver's copy of active_
   uint64_t driving_version_ = ~uint64_t{0};
   std::atomic<int> callers_waiting_{0};
+  std::atomic<bool> progress_driving_{false};  // the progress thread holds (or is taking) the drive lock
   std::atomic<bool> stopping_{false};
 
   std::atomic<bool> broken_{false};

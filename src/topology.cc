@@ -36,8 +36,10 @@ LocalTopology detect_local_topology() {
     hwloc_bitmap_list_asprintf(&text, set);
     if (text) t.binding = text;
     std::free(text);
+    t.bound_pus = hwloc_bitmap_weight(set);
   }
   hwloc_bitmap_free(set);
+  if (t.bound_pus <= 0) t.bound_pus = t.pus;
   hwloc_topology_destroy(topo);
   return t;
 }

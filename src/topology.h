@@ -14,6 +14,7 @@ struct LocalTopology {
   int cores = 0;
   int pus = 0;
   std::string binding;   // the CPUs this process may run on, as hwloc prints a cpuset list
+  int bound_pus = 0;     // how many they are
   std::string summary() const;  // "host: 1 package, 1 NUMA node, 2 cores, 2 PUs, bound to 0-1"
 };
 
