@@ -399,7 +399,7 @@ void Comm::destroy() {
   std::unique_ptr<Error> barrier_error;
   if (!failed) {
     try {
-      control_->barrier(net::Deadline::after(config_.timeout_seconds));
+      control_->barrier(net::Deadline::after(config_.timeout_seconds), /*closing=*/true);
     } catch (const Error& e) {
       barrier_error = std::make_unique<Error>(e.code(), "waiting for the other ranks to destroy: " + e.message());
     }

@@ -139,6 +139,7 @@ void ControlPlane::handle(Peer& from, MessageType type, const uint8_t* payload, 
         uint64_t epoch = r.get<uint64_t>();
         std::lock_guard<std::mutex> lock(mu_);
         released_epoch_ = std::max(released_epoch_, epoch);
+        if (closing_epoch_ && released_epoch_ >= closing_epoch_) closing_ = true;
         cv_.notify_all();
         return;
       }
@@ -170,6 +171,7 @@ void ControlPlane::arrive(uint64_t epoch) {
   for (int r = 0; r < nranks_; ++r)
     if (arrived_[r] < epoch) return;
   released_epoch_ = epoch;
+  if (closing_epoch_ && released_epoch_ >= closing_epoch_) closing_ = true;
   ByteWriter w;
   w.put<uint64_t>(epoch);
   for (auto& p : peers_) {
@@ -178,9 +180,10 @@ void ControlPlane::arrive(uint64_t epoch) {
   cv_.notify_all();
 }
 
-void ControlPlane::barrier(const net::Deadline& deadline) {
+void ControlPlane::barrier(const net::Deadline& deadline, bool closing) {
   std::unique_lock<std::mutex> lock(mu_);
   uint64_t epoch = ++my_epoch_;
+  if (closing) closing_epoch_ = epoch;
   if (rank_ == 0) {
     arrived_[0] = epoch;
     arrive(epoch);
@@ -190,8 +193,8 @@ void ControlPlane::barrier(const net::Deadline& deadline) {
     send(peers_[0], kBarrier, w.bytes());
   }
   for (;;) {
+    if (released_epoch_ >= epoch) return;  // before failed_: a release that arrived counts
     if (failed_) throw Error(failure_.code, failure_.message);
-    if (released_epoch_ >= epoch) return;
     if (deadline.expired())
       fail(qcclTimeout, "barrier %llu: not every rank arrived within the timeout", static_cast<unsigned long long>(epoch));
     int ms = deadline.poll_ms();

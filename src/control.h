@@ -50,8 +50,10 @@ class ControlPlane {
   void service(int fd);
 
   // Blocks until every rank has entered barrier() the same number of times. Throws the
-  // communicator's failure if one arrives, Error(qcclTimeout) at the deadline.
-  void barrier(const net::Deadline& deadline);
+  // communicator's failure if one arrives first, Error(qcclTimeout) at the deadline. After a
+  // `closing` barrier (the last, in qcclCommDestroy) is released, ranks may leave at once, so a
+  // closed connection from then on is a departure, not a failure.
+  void barrier(const net::Deadline& deadline, bool closing = false);
   // Tells every other rank that this communicator failed here (best effort, never throws).
   void report_failure(const Failure& failure);
   // From now on a closed connection is a departure, not a failure (after the closing barrier).
@@ -88,6 +90,7 @@ class ControlPlane {
   Failure failure_;
   uint64_t my_epoch_ = 0;        // barriers this rank has entered
   uint64_t released_epoch_ = 0;  // barriers completed
+  uint64_t closing_epoch_ = 0;   // the closing barrier this rank entered, if any
   std::vector<uint64_t> arrived_;  // hub: per rank, the last epoch it reached
 };
 

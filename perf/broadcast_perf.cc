@@ -1,0 +1,33 @@
+// broadcast_perf: qcclBroadcast. recvbuff[i] = sendbuff of root [i]; in place: same buffer.
+#include "common.h"
+
+namespace {
+
+void get_counts(size_t count, int, qccl_perf::Counts* c) {
+  c->send = c->recv = c->param = count;
+  c->send_in_place = c->recv_in_place = 0;
+}
+
+qcclResult_t run(const qccl_perf::Call& c, qccl_perf::Requests* requests) {
+  if (!requests) return qcclBroadcast(c.sendbuff, c.recvbuff, c.count, c.type, c.root, c.comm);
+  return qcclIBroadcast(c.sendbuff, c.recvbuff, c.count, c.type, c.root, c.comm, requests->add());
+}
+
+qccl_perf::Source source(size_t i, const qccl_perf::Call& c) { return {c.root, i}; }
+
+// A pipelined broadcast puts every byte once on each rank's link.
+void get_bw(size_t count, size_t type_size, double sec, int, double* algbw, double* busbw) {
+  *algbw = double(count) * double(type_size) / 1.0e9 / sec;
+  *busbw = *algbw;
+}
+
+constexpr qccl_perf::CollTest kTest = {
+    "broadcast", "qcclBroadcast", /*reduces=*/false, /*rooted=*/true, /*has_in_place=*/true,
+    /*result_on_root_only=*/false,
+    "    algbw = count * sizeof(type) / t\n"
+    "    busbw = algbw\n",
+    get_counts, run, source, get_bw};
+
+}  // namespace
+
+int main(int argc, char** argv) { return qccl_perf::run_benchmark(argc, argv, kTest); }

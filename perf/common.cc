@@ -1,0 +1,560 @@
+// The benchmark harness: the timed sweep, the correctness check and the nccl-tests table (the command
+// line is options.cc). Format strings and the order of operations follow NVIDIA/nccl-tests v2.14
+// src/common.cu; the per-collective parts live in <collective>_perf.cc.
+#include "common.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+#include "options.h"
+
+namespace qccl_perf {
+namespace {
+
+// ---- Errors ------------------------------------------------------------------------------------
+
+// A failed qccl call or a failed allocation: reported by the rank that saw it; exit status 1.
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void check(qcclResult_t result, const char* call) {
+  if (result == qcclSuccess) return;
+  throw Failure(std::string(call) + " failed: " + qcclGetErrorString(result) + ": " + qcclGetLastError(nullptr));
+}
+
+// ---- Datatypes and ops ---------------------------------------------------------------------------
+
+struct TypeInfo {
+  qcclDataType_t type;
+  size_t size;
+  bool is_float;
+  bool is_signed;
+  int exp_bits;  // floating types: IEEE-style layout
+  int mant_bits;
+};
+constexpr TypeInfo kTypes[] = {
+    {qcclInt8, 1, false, true, 0, 0},      {qcclUint8, 1, false, false, 0, 0},  {qcclInt32, 4, false, true, 0, 0},
+    {qcclUint32, 4, false, false, 0, 0},   {qcclInt64, 8, false, true, 0, 0},   {qcclUint64, 8, false, false, 0, 0},
+    {qcclFloat16, 2, true, true, 5, 10},   {qcclFloat32, 4, true, true, 8, 23}, {qcclFloat64, 8, true, true, 11, 52},
+    {qcclBfloat16, 2, true, true, 8, 7}};
+static_assert(sizeof(kTypes) / sizeof(kTypes[0]) == qcclNumTypes, "one TypeInfo per qcclDataType_t");
+
+// v rounded to the nearest value of a binary floating format (ties to even), as its bits. Used for
+// fp16, bf16, float and double alike; NaN is never an input here.
+uint64_t encode_real(double v, int exp_bits, int mant_bits) {
+  const uint64_t sign = std::signbit(v) ? uint64_t{1} << (exp_bits + mant_bits) : 0;
+  const double a = std::fabs(v);
+  if (a == 0) return sign;
+  const int bias = (1 << (exp_bits - 1)) - 1;
+  int e;
+  std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1): the leading bit has exponent e - 1
+  int exponent = std::max(e - 1, 1 - bias);  // subnormals share the smallest normal exponent
+  double mant = std::nearbyint(std::ldexp(a, mant_bits - exponent));  // hidden bit included
+  if (mant >= std::ldexp(1.0, mant_bits + 1)) mant /= 2, ++exponent;  // rounded up into the next binade
+  if (exponent > bias) return sign | (uint64_t((1 << exp_bits) - 1) << mant_bits);  // infinity
+  const auto m = static_cast<uint64_t>(mant);
+  const uint64_t hidden = uint64_t{1} << mant_bits;
+  if (m < hidden) return sign | m;  // subnormal
+  return sign | (uint64_t(exponent + bias) << mant_bits) | (m - hidden);
+}
+
+uint64_t low_bytes_mask(size_t size) { return size == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * size)) - 1; }
+
+// An integer value (small enough to be exact) in the datatype, as bits.
+uint64_t encode_int(const TypeInfo& t, int64_t v) {
+  if (t.is_float) return encode_real(static_cast<double>(v), t.exp_bits, t.mant_bits);
+  return static_cast<uint64_t>(v) & low_bytes_mask(t.size);  // two's complement
+}
+
+// Floating bits mapped to integers that are ordered like the values (+0 and -0 both map to 0), so
+// that the distance of two values in units in the last place is a subtraction.
+int64_t ordered(uint64_t bits, size_t size) {
+  const int sign_bit = static_cast<int>(8 * size - 1);
+  const auto magnitude = static_cast<int64_t>(bits & ((uint64_t{1} << sign_bit) - 1));
+  return (bits >> sign_bit) & 1 ? -magnitude : magnitude;
+}
+
+// Buffers are little-endian host memory (x86-64, aarch64).
+uint64_t load(const char* p, size_t size) {
+  uint64_t v = 0;
+  std::memcpy(&v, p, size);
+  return v;
+}
+void store(char* p, uint64_t v, size_t size) { std::memcpy(p, &v, size); }
+
+// ---- Inputs and expected values -------------------------------------------------------------------
+
+uint64_t mix(uint64_t x) {  // splitmix64's finalizer
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// What every rank can compute about every rank's input for one check iteration.
+struct Pattern {
+  const TypeInfo* type;
+  int op;  // a qcclRedOp_t, or kCopy for collectives that do not reduce
+  uint64_t seed;
+  int nranks;
+  static constexpr int kCopy = -1;
+};
+
+uint64_t draw(const Pattern& p, int rank, size_t index) {
+  return mix(mix(p.seed ^ (uint64_t(rank) << 32)) ^ index);
+}
+
+// A reduction input. Small integers keep every sum, product, min and max exact in every datatype and
+// independent of the reduction order: |x| <= A = clamp(120 / nranks, 1, 8) keeps every partial sum
+// within int8 (no wrap, so avg is unambiguous) and within bf16's exact integers (256); products use
+// +-1 with a factor 2 on ranks 0..5 only, so |product| <= 64. Unsigned types get x >= 0.
+int64_t input_value(const Pattern& p, int rank, size_t index) {
+  const uint64_t h = draw(p, rank, index);
+  if (p.op == qcclProd) {
+    const int64_t two = rank < 6 && (h >> 8) % 3 == 0 ? 2 : 1;
+    return (p.type->is_signed && (h & 1)) ? -two : two;
+  }
+  const int64_t a = std::clamp(120 / p.nranks, 1, 8);
+  if (!p.type->is_signed) return static_cast<int64_t>(h % uint64_t(a + 1));
+  return static_cast<int64_t>(h % uint64_t(2 * a + 1)) - a;
+}
+
+// Copies carry arbitrary bit patterns (NaNs included: they are compared bitwise), so that a misplaced
+// byte is caught.
+uint64_t input_bits(const Pattern& p, int rank, size_t index) {
+  if (p.op == Pattern::kCopy) return draw(p, rank, index) & low_bytes_mask(p.type->size);
+  return encode_int(*p.type, input_value(p, rank, index));
+}
+
+// The expected bits of a reduction over all ranks of element `index`, and the tolerance in units in
+// the last place (1 for avg on floating types: the exact mean rounded once to the type).
+uint64_t reduced_bits(const Pattern& p, size_t index, int* ulps) {
+  int64_t acc = input_value(p, 0, index);
+  for (int r = 1; r < p.nranks; ++r) {
+    const int64_t x = input_value(p, r, index);
+    switch (p.op) {
+      case qcclProd: acc *= x; break;
+      case qcclMax: acc = std::max(acc, x); break;
+      case qcclMin: acc = std::min(acc, x); break;
+      default: acc += x; break;  // sum, avg
+    }
+  }
+  *ulps = 0;
+  if (p.op != qcclAvg) return encode_int(*p.type, acc);
+  if (!p.type->is_float) return encode_int(*p.type, acc / p.nranks);  // C++ division truncates toward zero
+  *ulps = 1;
+  return encode_real(static_cast<double>(acc) / p.nranks, p.type->exp_bits, p.type->mant_bits);
+}
+
+bool matches(const Pattern& p, uint64_t got, uint64_t want, int ulps) {
+  if (p.op == Pattern::kCopy || !p.type->is_float) return got == want;
+  return std::llabs(ordered(got, p.type->size) - ordered(want, p.type->size)) <= ulps;
+}
+
+// ---- Host buffers -----------------------------------------------------------------------------------
+
+struct FreeDeleter {
+  void operator()(char* p) const { std::free(p); }
+};
+using HostBuffer = std::unique_ptr<char, FreeDeleter>;
+
+HostBuffer allocate(size_t bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, std::max<size_t>(bytes, 64))) {
+    throw Failure("cannot allocate " + std::to_string(bytes) + " bytes of host memory (lower -e/--maxbytes)");
+  }
+  std::memset(p, 0, bytes);  // touch every page before timing
+  return HostBuffer(static_cast<char*>(p));
+}
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+// ---- The table ---------------------------------------------------------------------------------------
+
+int Table::extra_width() const {
+  int w = 0;
+  for (const ExtraColumn& c : extra_) w += 2 + c.width;
+  return w;
+}
+
+void Table::print_header() const {
+  const int pad = extra_width();
+  std::printf("#\n");
+  std::printf("# %10s  %12s  %8s  %6s  %6s", "", "", "", "", "");
+  std::printf("           out-of-place         %*s              in-place          %*s\n", pad, "", pad, "");
+  std::printf("# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
+  for (int half = 0; half < 2; ++half) {
+    std::printf("  %7s  %6s  %6s %6s", "time", "algbw", "busbw", "#wrong");
+    for (const ExtraColumn& c : extra_) std::printf("  %*s", c.width, c.title.c_str());
+  }
+  std::printf("\n# %10s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", "");
+  for (int half = 0; half < 2; ++half) {
+    std::printf("  %7s  %6s  %6s  %5s", "(us)", "(GB/s)", "(GB/s)", "");
+    for (const ExtraColumn& c : extra_) std::printf("  %*s", c.width, c.unit.c_str());
+  }
+  std::printf("\n");
+}
+
+void Table::print_row_start(size_t bytes, size_t count, const char* type, const char* op, int root) const {
+  std::printf("%12li  %12li  %8s  %6s  %6i", long(bytes), long(count), type, op, root);
+  std::fflush(stdout);
+}
+
+void Table::print_cell(const Cell& cell) const {
+  if (!cell.ran) {
+    std::printf("  %7s  %6s  %6s  %5s", "N/A", "N/A", "N/A", "N/A");
+    for (const ExtraColumn& c : extra_) std::printf("  %*s", c.width, "N/A");
+    std::fflush(stdout);
+    return;
+  }
+  const double us = cell.seconds * 1e6;
+  char time[32];
+  std::snprintf(time, sizeof time, us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f", us);
+  if (cell.wrong >= 0) {
+    std::printf("  %7s  %6.2f  %6.2f  %5g", time, cell.algbw, cell.busbw, double(cell.wrong));
+  } else {
+    std::printf("  %7s  %6.2f  %6.2f  %5s", time, cell.algbw, cell.busbw, "N/A");
+  }
+  for (const ExtraColumn& c : extra_) std::printf("  %*s", c.width, c.format(cell).c_str());
+  std::fflush(stdout);
+}
+
+void Table::print_row_end() const {
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// ---- The benchmark ---------------------------------------------------------------------------------
+
+namespace {
+
+// Future --codec columns go here (see ExtraColumn).
+std::vector<ExtraColumn> extra_columns(const Options&) { return {}; }
+
+// One benchmarked (datatype, op, root) and size.
+struct Shape {
+  const TypeInfo* type;
+  int op;    // qcclRedOp_t, or Pattern::kCopy
+  int root;  // -1 for rootless collectives
+  Counts counts;
+};
+
+class Bench {
+ public:
+  Bench(const CollTest& test, const Options& options)
+      : test_(test), opt_(options), table_(extra_columns(options)) {}
+  ~Bench();
+  void init();
+  void print_preamble();
+  void run();
+  int finish();
+  void abort();
+  int rank() const { return rank_; }
+
+ private:
+  void sweep(const TypeInfo& type, int op, int root);
+  void bench_size(Shape shape);
+  Cell bench_cell(const Shape& s, bool in_place);
+  double time_batch(const Shape& s, bool in_place);
+  int64_t check_cell(const Shape& s, bool in_place, uint64_t seed);
+  void fill_inputs(const Shape& s, bool in_place, const Pattern& p);
+  int64_t count_wrong(const Shape& s, bool in_place, const Pattern& p);
+  Shape shape_for(size_t bytes, const TypeInfo& type, int op, int root) const;
+  Call make_call(const Shape& s, bool in_place, int iter) const;
+  void run_ops(const Shape& s, bool in_place, int first_iter, int n);
+  void barrier();
+  double reduce_time(double seconds);
+  bool printer() const { return rank_ == 0; }
+
+  const CollTest& test_;
+  Options opt_;
+  Table table_;
+  qcclComm_t comm_ = nullptr;
+  int rank_ = 0, nranks_ = 1;
+  HostBuffer send_, recv_;
+  size_t buffer_bytes_ = 0;
+  uint64_t check_seed_ = 0;
+  int failed_cells_ = 0;
+  double bw_sum_ = 0;
+  int bw_count_ = 0;
+};
+
+Bench::~Bench() {
+  if (comm_) qcclCommDestroy(comm_);
+}
+
+void Bench::abort() {
+  if (comm_) qcclCommAbort(comm_);
+  comm_ = nullptr;
+}
+
+void Bench::init() {
+  qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+  config.timeoutSeconds = opt_.timeout;
+  config.chunkBytes = opt_.chunk;
+  config.pipelineDepth = opt_.depth;
+  if (!opt_.algo.empty()) config.algorithms = opt_.algo.c_str();
+  check(qcclCommInitEnv(&comm_, &config), "qcclCommInitEnv");
+  check(qcclCommUserRank(comm_, &rank_), "qcclCommUserRank");
+  check(qcclCommCount(comm_, &nranks_), "qcclCommCount");
+  if (test_.rooted && opt_.root >= nranks_) {
+    throw UsageError("invalid value '" + std::to_string(opt_.root) + "' for -r/--root: there are " +
+                     std::to_string(nranks_) + " ranks");
+  }
+  buffer_bytes_ = opt_.max_bytes;
+  send_ = allocate(buffer_bytes_);
+  recv_ = allocate(buffer_bytes_);
+}
+
+// nccl-tests' parameter line and one "#  Rank" line per rank (host names and pids by AllGather).
+void Bench::print_preamble() {
+  struct RankInfo {
+    char host[64];
+    int32_t pid;
+    int32_t unused;
+  } mine{};
+  gethostname(mine.host, sizeof mine.host - 1);
+  mine.pid = getpid();
+  std::vector<RankInfo> all(nranks_);
+  check(qcclAllGather(&mine, all.data(), sizeof mine, qcclUint8, comm_), "qcclAllGather");
+  if (!printer()) return;
+  const bool factor = opt_.step_factor > 1;
+  std::printf("# nThread %d nGpus %d minBytes %ld maxBytes %ld step: %ld(%s) warmup iters: %d iters: %d "
+              "agg iters: %d validation: %d graph: %d\n",
+              1, 1, long(opt_.min_bytes), long(opt_.max_bytes), factor ? opt_.step_factor : long(opt_.step_bytes),
+              factor ? "factor" : "bytes", opt_.warmup, opt_.iters, 1, opt_.check, 0);
+  if (opt_.blocking) std::printf("# Blocking Enabled: %s\n", blocking_summary(opt_.blocking));
+  if (!opt_.algo.empty() || opt_.chunk != QCCL_CONFIG_UNDEF_INT || opt_.depth != QCCL_CONFIG_UNDEF_INT) {
+    std::printf("# qccl config: algorithms %s chunkBytes %d pipelineDepth %d (-1: default)\n",
+                opt_.algo.empty() ? "default" : opt_.algo.c_str(), opt_.chunk == QCCL_CONFIG_UNDEF_INT ? -1 : opt_.chunk,
+                opt_.depth == QCCL_CONFIG_UNDEF_INT ? -1 : opt_.depth);
+  }
+  std::printf("#\n# Using devices\n");
+  for (int r = 0; r < nranks_; ++r)
+    std::printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [0x%02x] %s\n", r, 0, all[r].pid, all[r].host,
+                0, 0, "cpu");
+}
+
+void Bench::run() {
+  if (printer()) table_.print_header();
+  for (int cycle = 0; opt_.cycles == 0 || cycle < opt_.cycles; ++cycle) {
+    for (int t = 0; t < qcclNumTypes; ++t) {
+      if (opt_.type != -1 && opt_.type != t) continue;
+      for (int op = 0; op < (test_.reduces ? qcclNumOps : 1); ++op) {
+        if (test_.reduces && opt_.op != -1 && opt_.op != op) continue;
+        const int first_root = !test_.rooted ? -1 : opt_.root == -1 ? 0 : opt_.root;
+        const int last_root = !test_.rooted ? -1 : opt_.root == -1 ? nranks_ - 1 : opt_.root;
+        for (int root = first_root; root <= last_root; ++root)
+          sweep(kTypes[t], test_.reduces ? op : Pattern::kCopy, root);
+      }
+    }
+  }
+}
+
+// nccl-tests' TimeTest: a barrier, warm-up at the largest and the smallest size, then every size.
+void Bench::sweep(const TypeInfo& type, int op, int root) {
+  barrier();
+  for (size_t bytes : {opt_.max_bytes, opt_.min_bytes}) {
+    const Shape s = shape_for(bytes, type, op, root);
+    run_ops(s, false, 0, opt_.warmup);
+  }
+  for (size_t bytes = opt_.min_bytes; bytes <= opt_.max_bytes;
+       bytes = opt_.step_factor > 1 ? bytes * opt_.step_factor : bytes + opt_.step_bytes) {
+    bench_size(shape_for(bytes, type, op, root));
+    if (bytes == 0 && opt_.step_factor > 1) break;  // 0 * factor would never end
+  }
+}
+
+Shape Bench::shape_for(size_t bytes, const TypeInfo& type, int op, int root) const {
+  Shape s{&type, op, root, {}};
+  test_.get_counts(bytes / type.size, nranks_, &s.counts);
+  return s;
+}
+
+void Bench::bench_size(Shape s) {
+  const size_t bytes = std::max(s.counts.send, s.counts.recv) * s.type->size;
+  const char* op = s.op == Pattern::kCopy ? "none" : kOpNames[s.op];
+  if (printer()) table_.print_row_start(bytes, s.counts.param, kTypeNames[s.type->type], op, s.root);
+  for (bool in_place : {false, true}) {
+    const Cell cell = bench_cell(s, in_place);
+    if (cell.ran) bw_sum_ += cell.busbw, ++bw_count_;
+    if (cell.wrong > 0) ++failed_cells_;
+    if (printer()) table_.print_cell(cell);
+  }
+  if (printer()) table_.print_row_end();
+}
+
+// nccl-tests' BenchTime: inputs, one untimed operation and a barrier, the timed batch, then -c checks.
+Cell Bench::bench_cell(const Shape& s, bool in_place) {
+  Cell cell;
+  if (in_place && !test_.has_in_place) return cell;
+  if (opt_.check) fill_inputs(s, in_place, Pattern{s.type, s.op, 0, nranks_});
+  run_ops(s, in_place, 0, 1);
+  cell.stats.size = sizeof cell.stats;
+  check(qcclCommGetLastStats(comm_, &cell.stats), "qcclCommGetLastStats");
+  barrier();
+  cell.ran = true;
+  cell.seconds = reduce_time(time_batch(s, in_place));
+  test_.get_bw(s.counts.param, s.type->size, cell.seconds, nranks_, &cell.algbw, &cell.busbw);
+  for (int c = 0; c < opt_.check; ++c) {
+    cell.wrong = check_cell(s, in_place, ++check_seed_);
+    if (cell.wrong) break;
+  }
+  return cell;
+}
+
+// Seconds per operation on this rank for one batch of -n operations, issued as -z says.
+double Bench::time_batch(const Shape& s, bool in_place) {
+  if (opt_.blocking == 0 || opt_.blocking == 2) {
+    const double start = now();
+    run_ops(s, in_place, 0, opt_.iters);
+    return (now() - start) / opt_.iters;
+  }
+  double total = 0;
+  for (int iter = 0; iter < opt_.iters; ++iter) {
+    double start = now();
+    if (opt_.blocking == 3) barrier(), start = now();  // -z 3: the barrier is not timed
+    run_ops(s, in_place, iter, 1);
+    if (opt_.blocking == 1) barrier();                 // -z 1: the barrier is timed
+    total += now() - start;
+  }
+  return total / opt_.iters;
+}
+
+// Runs operations first_iter .. first_iter + n - 1: blocking calls, or (-z 0) non-blocking calls that
+// are all waited for at the end.
+void Bench::run_ops(const Shape& s, bool in_place, int first_iter, int n) {
+  if (opt_.blocking != 0) {
+    for (int i = 0; i < n; ++i) check(test_.run(make_call(s, in_place, first_iter + i), nullptr), test_.call);
+    return;
+  }
+  Requests requests;
+  for (int i = 0; i < n; ++i) check(test_.run(make_call(s, in_place, first_iter + i), &requests), test_.call);
+  for (qcclRequest_t& r : requests.list()) check(qcclWait(&r), "qcclWait");
+}
+
+// nccl-tests' startColl: iteration `iter` works at an offset of iter * size within the -e sized
+// buffers (modulo their capacity), to avoid cache effects and to catch races between operations.
+Call Bench::make_call(const Shape& s, bool in_place, int iter) const {
+  const size_t es = s.type->size;
+  const size_t total = std::max(s.counts.send, s.counts.recv) * es;
+  const size_t steps = total ? buffer_bytes_ / total : 1;
+  const size_t shift = total * (size_t(iter) % steps);
+  char* recv = recv_.get() + shift;
+  char* send = send_.get() + shift;
+  if (in_place) send = recv + s.counts.send_in_place * size_t(rank_) * es;
+  if (in_place) recv += s.counts.recv_in_place * size_t(rank_) * es;
+  const auto op = static_cast<qcclRedOp_t>(s.op == Pattern::kCopy ? qcclSum : s.op);
+  return Call{send, recv, s.counts.param, s.type->type, op, s.root, rank_, nranks_, comm_};
+}
+
+// One check iteration: fresh inputs, one operation, every output element compared with the value
+// computed locally from the generator, wrong elements summed over ranks.
+int64_t Bench::check_cell(const Shape& s, bool in_place, uint64_t seed) {
+  const Pattern p{s.type, s.op, seed, nranks_};
+  fill_inputs(s, in_place, p);
+  run_ops(s, in_place, 0, 1);
+  int64_t wrong = count_wrong(s, in_place, p);
+  check(qcclAllReduce(&wrong, &wrong, 1, qcclInt64, qcclSum, comm_), "qcclAllReduce (#wrong)");
+  return wrong;
+}
+
+// Inputs for iteration 0 (offset 0); the output buffer gets a sentinel byte first, so that elements
+// the collective fails to write are caught.
+void Bench::fill_inputs(const Shape& s, bool in_place, const Pattern& p) {
+  const size_t es = s.type->size;
+  std::memset(recv_.get(), 0xA5, std::max(s.counts.send, s.counts.recv) * es);
+  char* send = const_cast<char*>(static_cast<const char*>(make_call(s, in_place, 0).sendbuff));
+  for (size_t i = 0; i < s.counts.send; ++i) store(send + i * es, input_bits(p, rank_, i), es);
+}
+
+int64_t Bench::count_wrong(const Shape& s, bool in_place, const Pattern& p) {
+  const Call call = make_call(s, in_place, 0);
+  if (test_.result_on_root_only && rank_ != s.root) return 0;
+  const size_t es = s.type->size;
+  const char* out = static_cast<const char*>(call.recvbuff);
+  int64_t wrong = 0;
+  for (size_t i = 0; i < s.counts.recv; ++i) {
+    const Source src = test_.source(i, call);
+    int ulps = 0;
+    const uint64_t want =
+        src.rank == Source::kAllRanks ? reduced_bits(p, src.index, &ulps) : input_bits(p, src.rank, src.index);
+    if (!matches(p, load(out + i * es, es), want, ulps)) ++wrong;
+  }
+  return wrong;
+}
+
+void Bench::barrier() {
+  int32_t token = 0;
+  check(qcclAllReduce(&token, &token, 1, qcclInt32, qcclSum, comm_), "qcclAllReduce (barrier)");
+}
+
+// -a: rank 0's time (broadcast), or the mean, min or max over ranks.
+double Bench::reduce_time(double seconds) {
+  if (opt_.average == 0) {
+    check(qcclBroadcast(&seconds, &seconds, 1, qcclFloat64, 0, comm_), "qcclBroadcast (time)");
+    return seconds;
+  }
+  const qcclRedOp_t op = opt_.average == 2 ? qcclMin : opt_.average == 3 ? qcclMax : qcclSum;
+  check(qcclAllReduce(&seconds, &seconds, 1, qcclFloat64, op, comm_), "qcclAllReduce (time)");
+  return opt_.average == 1 ? seconds / nranks_ : seconds;
+}
+
+// nccl-tests' footer; QCCL_TESTS_MIN_BW (or NCCL_TESTS_MIN_BW) fails the run below 90% of it.
+int Bench::finish() {
+  const char* env = std::getenv("QCCL_TESTS_MIN_BW");
+  if (!env) env = std::getenv("NCCL_TESTS_MIN_BW");
+  const double min_bw = env ? std::atof(env) : -1;
+  const double avg_bw = bw_count_ ? bw_sum_ / bw_count_ : 0;
+  const bool bw_failed = min_bw != -1 && avg_bw < 0.9 * min_bw;
+  if (printer()) {
+    std::printf("# Out of bounds values : %d %s\n", failed_cells_, failed_cells_ ? "FAILED" : "OK");
+    std::printf("# Avg bus bandwidth    : %g %s\n", avg_bw, min_bw == -1 ? "" : bw_failed ? "FAILED" : "OK");
+    std::printf("#\n");
+  }
+  const qcclResult_t destroyed = qcclCommDestroy(comm_);
+  comm_ = nullptr;
+  check(destroyed, "qcclCommDestroy");
+  return failed_cells_ || bw_failed ? 1 : 0;
+}
+
+}  // namespace
+
+int run_benchmark(int argc, char** argv, const CollTest& test) {
+  setlinebuf(stdout);
+  const std::string prog = std::string(test.name) + "_perf";
+  Options options;
+  try {
+    if (!parse_options(argc, argv, test, &options)) return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: %s (see --help)\n", prog.c_str(), e.what());
+    return 2;
+  }
+  Bench bench(test, options);
+  try {
+    bench.init();
+    bench.print_preamble();
+    bench.run();
+    return bench.finish();
+  } catch (const UsageError& e) {  // every rank finds the same one (a root beyond the rank count)
+    std::fprintf(stderr, "%s: %s (see --help)\n", prog.c_str(), e.what());
+    return 2;  // ~Bench destroys the communicator together with the other ranks
+  } catch (const Failure& e) {
+    std::fprintf(stderr, "%s: rank %d: %s\n", prog.c_str(), bench.rank(), e.what());
+    bench.abort();
+    return 1;
+  }
+}
+
+}  // namespace qccl_perf

@@ -1,0 +1,290 @@
+// The command line and the --help page of the benchmarks.
+#include "options.h"
+
+#include <getopt.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace qccl_perf {
+
+const char* const kTypeNames[qcclNumTypes] = {"int8",  "uint8", "int32",  "uint32", "int64",
+                                              "uint64", "half", "float", "double", "bfloat16"};
+const char* const kOpNames[qcclNumOps] = {"sum", "prod", "max", "min", "avg"};
+
+namespace {
+
+[[noreturn]] void bad_value(const char* option, const char* value, const char* why) {
+  throw UsageError(std::string("invalid value '") + value + "' for " + option + ": " + why);
+}
+
+long parse_int(const char* option, const char* s, long lo, long hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(s, &end, 0);
+  if (errno || end == s || *end) bad_value(option, s, "not an integer");
+  if (v < lo || v > hi) {
+    bad_value(option, s, ("out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]").c_str());
+  }
+  return v;
+}
+
+// nccl-tests' parsesize: a number with an optional K, M or G suffix (powers of 1024).
+size_t parse_size(const char* option, const char* s) {
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  if (end == s || !(v >= 0)) bad_value(option, s, "not a size");
+  switch (*end) {
+    case 'k': case 'K': v *= 1024.0, ++end; break;
+    case 'm': case 'M': v *= 1024.0 * 1024, ++end; break;
+    case 'g': case 'G': v *= 1024.0 * 1024 * 1024, ++end; break;
+    default: break;
+  }
+  if (*end) bad_value(option, s, "expected a number of bytes with an optional K, M or G suffix");
+  if (v > 1e18) bad_value(option, s, "too large");
+  return static_cast<size_t>(v);
+}
+
+int parse_type(const char* s) {
+  if (!std::strcmp(s, "all")) return -1;
+  for (int t = 0; t < qcclNumTypes; ++t)
+    if (!std::strcmp(s, kTypeNames[t])) return t;
+  bad_value("-d/--datatype", s, "expected int8, uint8, int32, uint32, int64, uint64, half, float, double, "
+            "bfloat16 or all");
+}
+
+int parse_op(const char* s) {
+  if (!std::strcmp(s, "all")) return -1;
+  for (int op = 0; op < qcclNumOps; ++op)
+    if (!std::strcmp(s, kOpNames[op])) return op;
+  bad_value("-o/--op", s, "expected sum, prod, min, max, avg or all");
+}
+
+int parse_chunk(const char* option, const char* s) {
+  const size_t bytes = parse_size(option, s);
+  if (bytes > (size_t{1} << 30)) bad_value(option, s, "larger than 1G");
+  return static_cast<int>(bytes);
+}
+
+enum LongOnly { kAlgo = 256, kChunk, kDepth };
+constexpr option kLongOptions[] = {
+    {"minbytes", required_argument, nullptr, 'b'},  {"maxbytes", required_argument, nullptr, 'e'},
+    {"stepfactor", required_argument, nullptr, 'f'}, {"stepbytes", required_argument, nullptr, 'i'},
+    {"iters", required_argument, nullptr, 'n'},     {"warmup_iters", required_argument, nullptr, 'w'},
+    {"check", required_argument, nullptr, 'c'},     {"datatype", required_argument, nullptr, 'd'},
+    {"op", required_argument, nullptr, 'o'},        {"root", required_argument, nullptr, 'r'},
+    {"blocking", required_argument, nullptr, 'z'},  {"timeout", required_argument, nullptr, 'T'},
+    {"average", required_argument, nullptr, 'a'},   {"run_cycles", required_argument, nullptr, 'N'},
+    {"algo", required_argument, nullptr, kAlgo},    {"chunk", required_argument, nullptr, kChunk},
+    {"depth", required_argument, nullptr, kDepth},  {"help", no_argument, nullptr, 'h'},
+    {nullptr, 0, nullptr, 0}};
+
+// The option's spelling for messages: "-n/--iters".
+std::string option_name(int c) {
+  for (const option& o : kLongOptions) {
+    if (o.name && o.val == c) return c < 256 ? std::string("-") + char(c) + "/--" + o.name : std::string("--") + o.name;
+  }
+  return std::string("-") + char(c);
+}
+
+void apply_option(int c, const char* arg, Options* o) {
+  const std::string name = option_name(c);
+  const char* n = name.c_str();
+  switch (c) {
+    case 'b': o->min_bytes = parse_size(n, arg); break;
+    case 'e': o->max_bytes = parse_size(n, arg); break;
+    case 'f': o->step_factor = parse_int(n, arg, 1, 1L << 30); break;
+    case 'i': o->step_bytes = parse_size(n, arg); break;
+    case 'n': o->iters = int(parse_int(n, arg, 1, 1L << 30)); break;
+    case 'w': o->warmup = int(parse_int(n, arg, 0, 1L << 30)); break;
+    case 'c': o->check = int(parse_int(n, arg, 0, 1L << 30)); break;
+    case 'd': o->type = parse_type(arg); break;
+    case 'o': o->op = parse_op(arg); break;
+    case 'r': o->root = std::strcmp(arg, "all") ? int(parse_int(n, arg, 0, 1L << 30)) : -1; break;
+    case 'z': o->blocking = int(parse_int(n, arg, 0, 3)); break;
+    case 'T': o->timeout = double(parse_int(n, arg, 0, 1L << 30)); break;
+    case 'a': o->average = int(parse_int(n, arg, 0, 3)); break;
+    case 'N': o->cycles = int(parse_int(n, arg, 0, 1L << 30)); break;
+    case kAlgo: o->algo = arg; break;
+    case kChunk: o->chunk = parse_chunk(n, arg); break;
+    case kDepth: o->depth = int(parse_int(n, arg, 1, 1 << 20)); break;
+    default: throw UsageError("internal: unhandled option " + name);
+  }
+}
+
+// ---- --help -------------------------------------------------------------------------------------------
+
+// @P@ is the program, @C@ the qccl call; the other @...@ depend on the collective (print_help).
+constexpr const char kHelpTop[] = R"(NAME
+    @P@ - time qcclCollective and check its results, in the format of nccl-tests
+
+SYNOPSIS
+    qcclrun -n NRANKS -- @P@ [OPTIONS]
+    @P@ [OPTIONS]                      (a single rank)
+
+DESCRIPTION
+    One process is one rank, on host memory. The ranks come from qcclCommInitEnv: QCCL_RANK,
+    QCCL_NRANKS and QCCL_ROOT (set by qcclrun); else torchrun's RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT; else Open MPI's OMPI_COMM_WORLD_* or Slurm's SLURM_PROCID/SLURM_NTASKS; with none of
+    them, a single rank. For every datatype, op and root selected, the sizes from -b to -e are timed
+    out of place and then in place, and rank 0 prints one row per size.
+
+OPTIONS
+    SIZE is a number of bytes with an optional K, M or G suffix (powers of 1024).
+
+    -b, --minbytes SIZE      smallest size (default 32M)
+    -e, --maxbytes SIZE      largest size (default 32M); buffers of this size are allocated
+    -f, --stepfactor N       multiply the size by N from row to row (default 1: use -i)
+    -i, --stepbytes SIZE     add SIZE from row to row when -f is 1 (default 1M)
+    -n, --iters N            timed operations per cell (default 20)
+    -w, --warmup_iters N     untimed operations at -e and at -b before each sweep (default 1, as in
+                             current nccl-tests; older releases used 5). Every cell also runs
+                             one untimed operation and a barrier before its timer starts.
+    -c, --check N            checked operations per cell after the timed ones (default 1; 0 = none,
+                             and #wrong prints N/A)
+    -d, --datatype NAME      int8 uint8 int32 uint32 int64 uint64 half float double bfloat16, or all
+                             (default float)
+    -o, --op NAME            sum prod max min avg, or all (default sum)@OPNOTE@
+    -r, --root R             the root rank, or all to sweep every rank (default 0)@ROOTNOTE@
+    -z, --blocking N         how the -n timed operations are issued (default 0):
+                               0  qcclI* calls back to back, then qcclWait on every request: nccl-tests'
+                                  -z 0 (launch on a stream, synchronize once). qccl runs outstanding
+                                  operations concurrently where a CUDA stream serializes them, so this
+                                  measures pipelined throughput.
+                               1  blocking calls, each followed by a barrier that is timed
+                                  (nccl-tests -z 1: wait and barrier after each operation)
+                               2  blocking calls back to back, no barrier (nccl-tests -z 2)
+                               3  blocking calls, each after a barrier that is not timed
+                                  (nccl-tests -z 3)
+    -a, --average N          the time printed: 0 rank 0's, 1 the mean over ranks, 2 the minimum,
+                             3 the maximum (default 1); combined with qcclBroadcast/qcclAllReduce
+    -N, --run_cycles N       run the whole sweep N times; 0 = until killed (default 1)
+    -T, --timeout SECONDS    qcclConfig_t.timeoutSeconds: a collective that makes no progress for
+                             this long fails on every rank; 0 = never (default: QCCL_TIMEOUT, 300)
+        --algo LIST          qcclConfig_t.algorithms, e.g. ring or allreduce=ring,broadcast=chain
+                             (default: QCCL_ALGO, else chosen by size)
+        --chunk SIZE         qcclConfig_t.chunkBytes, the pipeline chunk (default:
+                             QCCL_CHUNK_BYTES, else 512K)
+        --depth N            qcclConfig_t.pipelineDepth, chunks in flight (default:
+                             QCCL_PIPELINE_DEPTH, else 4)
+    -h, --help               print this page and exit
+)";
+
+constexpr const char kHelpBottom[] = R"(
+OUTPUT
+    Rank 0 prints nccl-tests' format: a parameter line (nThread and nGpus are always 1, agg iters 1,
+    graph 0), one "#  Rank" line per rank with its host and pid (device 0 and "cpu": buffers are host
+    memory), then one row per size:
+
+    size     max(send, recv) bytes of one rank
+    count    the count argument of @C@ (elements)
+    type     the datatype; redop the op ("none" if the collective does not reduce)
+    root     the root rank (-1 if the collective has none)
+    time     microseconds per operation: the wall time of the -n timed operations divided by -n,
+             combined over ranks as -a says
+    algbw    GB/s (1e9 bytes) of application data moved, see below
+    busbw    algbw scaled by the collective's bus factor, comparable across collectives and with the
+             link bandwidth, see below
+    #wrong   wrong output elements of the checked operations, summed over ranks (N/A with -c 0)
+
+    The four columns appear twice: out of place (separate buffers), then in place (the output overlays
+    the input as qccl.h defines it for @C@).@INPLACE@ The footer gives the number of
+    cells with #wrong > 0 ("Out of bounds values") and the mean busbw of all cells.
+
+BANDWIDTH (n = number of ranks, t = time)
+@BW@
+    The bus factor is the fraction of the data each rank must put on its link (nccl-tests
+    doc/PERFORMANCE.md), so busbw approaches the link bandwidth for any collective and rank count.
+
+CORRECTNESS
+    Each checked operation takes fresh inputs from a generator of (seed, rank, element) that every rank
+    evaluates for every rank, so the expected output is computed locally, without communication, and
+    every output element is compared. Reductions use small integers (|x| <= 8, products of +-1 and 2)
+    whose results are exact in every datatype; they must match bit for bit, except avg on floating
+    types, where the mean rounded to the type is allowed 1 unit in the last place. Integer avg
+    truncates toward zero. Copies carry random bit patterns and must match bit for bit.
+
+ENVIRONMENT
+    QCCL_TESTS_MIN_BW        fail (exit 1) when the average bus bandwidth is below 0.9 times this
+                             value in GB/s; the footer then ends in OK or FAILED. NCCL_TESTS_MIN_BW is
+                             read when it is unset.
+    QCCL_*                   the library's settings (QCCL_DEBUG, QCCL_TIMEOUT, QCCL_ALGO, ...); options
+                             above take precedence.
+
+EXIT STATUS
+    0  every check passed
+    1  a check found wrong elements, a qccl call failed (its qcclGetLastError line goes to stderr), or
+       QCCL_TESTS_MIN_BW was not met
+    2  a bad command line (the message names the option)
+
+EXAMPLES
+    qcclrun -n 4 -- @P@ -b 8 -e 64M -f 2
+        sizes 8 B to 64 MiB, doubling, float@OPEX@, 4 ranks on this host
+    qcclrun -n 2 -- @P@ -b 64M -e 64M -n 50 -z 2 -a 3
+        one size, 50 blocking operations, the slowest rank's time
+    qcclrun -n 3 -- @P@ -b 1K -e 1M -f 4 -d all@ALLEX@ -c 2
+        every datatype@ALLEXT@, two checked operations per cell
+    for r in 0 1; do QCCL_RANK=$r QCCL_NRANKS=2 QCCL_ROOT=127.0.0.1:29600 @P@ -b 1M -e 1M & done; wait
+        two ranks started by hand
+)";
+
+void replace_all(std::string* s, const std::string& from, const std::string& to) {
+  for (size_t at = s->find(from); at != std::string::npos; at = s->find(from, at + to.size()))
+    s->replace(at, from.size(), to);
+}
+
+void print_help(const CollTest& t) {
+  std::string text = std::string(kHelpTop) + kHelpBottom;
+  replace_all(&text, "qcclCollective", t.call);
+  replace_all(&text, "@P@", std::string(t.name) + "_perf");
+  replace_all(&text, "@C@", t.call);
+  replace_all(&text, "@OPNOTE@", t.reduces ? "" : "\n                             (ignored: this collective does not reduce)");
+  replace_all(&text, "@ROOTNOTE@", t.rooted ? "" : "\n                             (ignored: this collective has no root)");
+  replace_all(&text, "@INPLACE@",
+              t.has_in_place ? "" : "\n    For this collective in place is undefined in qccl, so those columns print N/A.");
+  replace_all(&text, "@BW@", t.bw_help);
+  replace_all(&text, "@OPEX@", t.reduces ? " sum" : "");
+  replace_all(&text, "@ALLEX@", t.reduces ? " -o all" : "");
+  replace_all(&text, "@ALLEXT@", t.reduces ? " and op" : "");
+  std::fputs(text.c_str(), stdout);
+}
+
+}  // namespace
+
+const char* blocking_summary(int mode) {
+  switch (mode) {
+    case 1: return "blocking calls, barrier after each operation (timed)";
+    case 2: return "blocking calls back to back, no barrier";
+    case 3: return "blocking calls, barrier before each operation (not timed)";
+    default: return "qcclI* calls, waited for together after each batch";
+  }
+}
+
+bool parse_options(int argc, char** argv, const CollTest& test, Options* o) {
+  opterr = 0;  // our own messages, which name the option
+  int c;
+  while ((c = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:z:T:a:N:h", kLongOptions, nullptr)) != -1) {
+    if (c == 'h') {
+      print_help(test);
+      return false;
+    }
+    if (c == '?') {
+      throw UsageError(optopt ? std::string("unknown option -") + char(optopt)
+                              : std::string("unknown option ") + argv[optind - 1]);
+    }
+    if (c == ':') {
+      throw UsageError("option " + (optopt ? option_name(optopt) : std::string(argv[optind - 1])) +
+                       " needs a value");
+    }
+    apply_option(c, optarg, o);
+  }
+  if (optind < argc) throw UsageError(std::string("unexpected argument '") + argv[optind] + "'");
+  if (o->min_bytes > o->max_bytes) throw UsageError("-b/--minbytes is larger than -e/--maxbytes");
+  if (o->step_factor <= 1 && o->step_bytes == 0) throw UsageError("-i/--stepbytes is 0 and -f/--stepfactor is 1");
+  return true;
+}
+
+}  // namespace qccl_perf
