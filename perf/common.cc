@@ -239,8 +239,26 @@ void Table::print_row_end() const {
 
 namespace {
 
-// Future --codec columns go here (see ExtraColumn).
-std::vector<ExtraColumn> extra_columns(const Options&) { return {}; }
+// The extra columns of the table (see ExtraColumn). --link-rate adds the wire floor: busbw is the
+// rate at which a rank's link carries the collective's bus bytes, so the fastest a link of rate B
+// allows is time * busbw / B, and time / floor = B / busbw. (Future --codec columns go here too.)
+std::vector<ExtraColumn> extra_columns(const Options& opt) {
+  std::vector<ExtraColumn> columns;
+  if (opt.link_rate > 0) {
+    const double rate = opt.link_rate / 1e9;  // GB/s, as busbw
+    columns.push_back({"floor", "(us)", 8, [rate](const Cell& c) {
+                         char text[32];
+                         std::snprintf(text, sizeof(text), "%.1f", c.seconds * 1e6 * c.busbw / rate);
+                         return std::string(text);
+                       }});
+    columns.push_back({"x floor", "", 7, [rate](const Cell& c) {
+                         char text[32];
+                         std::snprintf(text, sizeof(text), "%.2f", c.busbw > 0 ? rate / c.busbw : 0.0);
+                         return std::string(text);
+                       }});
+  }
+  return columns;
+}
 
 // One benchmarked (datatype, op, root) and size.
 struct Shape {

@@ -2,6 +2,7 @@
 #include "options.h"
 
 #include <getopt.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -69,7 +70,24 @@ int parse_chunk(const char* option, const char* s) {
   return static_cast<int>(bytes);
 }
 
-enum LongOnly { kAlgo = 256, kChunk, kDepth };
+// A link rate in tc(8) units, as qcclrun --netem takes it: bit, kbit, mbit, gbit, tbit (bits/s; a
+// bare number too) or bps, kbps, mbps, gbps (bytes/s). Returns bytes/s.
+double parse_rate(const char* option, const char* s) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s, &end);
+  if (end == s || errno || !(v > 0)) bad_value(option, s, "expected a rate such as 100mbit, 1gbit or 10gbit");
+  static const struct {
+    const char* unit;
+    double bytes_per_second;
+  } kUnits[] = {{"", 0.125},          {"bit", 0.125},    {"kbit", 125.0},   {"mbit", 125e3}, {"gbit", 125e6},
+                {"tbit", 125e9},      {"bps", 1.0},      {"kbps", 1e3},     {"mbps", 1e6},   {"gbps", 1e9}};
+  for (const auto& u : kUnits)
+    if (!strcasecmp(end, u.unit)) return v * u.bytes_per_second;
+  bad_value(option, s, "unknown unit (use bit, kbit, mbit, gbit, tbit, or bps, kbps, mbps, gbps for bytes/s)");
+}
+
+enum LongOnly { kAlgo = 256, kChunk, kDepth, kLinkRate };
 constexpr option kLongOptions[] = {
     {"minbytes", required_argument, nullptr, 'b'},  {"maxbytes", required_argument, nullptr, 'e'},
     {"stepfactor", required_argument, nullptr, 'f'}, {"stepbytes", required_argument, nullptr, 'i'},
@@ -79,7 +97,8 @@ constexpr option kLongOptions[] = {
     {"blocking", required_argument, nullptr, 'z'},  {"timeout", required_argument, nullptr, 'T'},
     {"average", required_argument, nullptr, 'a'},   {"run_cycles", required_argument, nullptr, 'N'},
     {"algo", required_argument, nullptr, kAlgo},    {"chunk", required_argument, nullptr, kChunk},
-    {"depth", required_argument, nullptr, kDepth},  {"help", no_argument, nullptr, 'h'},
+    {"depth", required_argument, nullptr, kDepth},  {"link-rate", required_argument, nullptr, kLinkRate},
+    {"help", no_argument, nullptr, 'h'},
     {nullptr, 0, nullptr, 0}};
 
 // The option's spelling for messages: "-n/--iters".
@@ -111,6 +130,7 @@ void apply_option(int c, const char* arg, Options* o) {
     case kAlgo: o->algo = arg; break;
     case kChunk: o->chunk = parse_chunk(n, arg); break;
     case kDepth: o->depth = int(parse_int(n, arg, 1, 1 << 20)); break;
+    case kLinkRate: o->link_rate = parse_rate(n, arg); break;
     default: throw UsageError("internal: unhandled option " + name);
   }
 }
@@ -170,6 +190,10 @@ OPTIONS
                              QCCL_CHUNK_BYTES, else 512K)
         --depth N            qcclConfig_t.pipelineDepth, chunks in flight (default:
                              QCCL_PIPELINE_DEPTH, else 4)
+        --link-rate RATE     the rate of each rank's link, in tc(8) units (100mbit, 1gbit, 10gbit;
+                             "bps" = bytes/s), e.g. the RATE of qcclrun --netem: adds two columns to
+                             each half of the table, the wire floor (the time the busbw definition
+                             allows: bus bytes / RATE, in us) and time / floor (default: off)
     -h, --help               print this page and exit
 )";
 

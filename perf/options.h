@@ -27,6 +27,7 @@ struct Options {
   double timeout = QCCL_CONFIG_UNDEF_DOUBLE;
   std::string algo;  // empty: the library's choice
   int chunk = QCCL_CONFIG_UNDEF_INT, depth = QCCL_CONFIG_UNDEF_INT;
+  double link_rate = 0;  // --link-rate, bytes/s; > 0 adds the wire-floor columns
 };
 
 // A bad command line; its message names the option and the value. Exit status 2.
