@@ -118,7 +118,7 @@ class Plan {
 };
 
 struct PlanOptions {
-  size_t chunk_bytes = 512 * 1024;
+  size_t chunk_bytes = 256 * 1024;
 };
 
 // One entry of the registry (STYLE rule 2). Selection is by name, never by position; list order

@@ -40,7 +40,7 @@ const std::vector<Algorithm>& algorithms() {
 
       {"recursive_doubling", CollKind::kAllReduce,
        "log2(p) pairwise exchanges of the whole buffer (non-powers of two fold first); latency-bound sizes",
-       "log2(p)*S (+S when folding)", 16 * 1024, allreduce_recursive_doubling_cannot_run,
+       "log2(p)*S (+S when folding)", 32 * 1024, allreduce_recursive_doubling_cannot_run,
        make_allreduce_recursive_doubling},
       {"ring", CollKind::kAllReduce, "pipelined ring reduce-scatter then ring allgather; bandwidth-optimal",
        "2(n-1)/n*S", kAny, allreduce_ring_cannot_run, make_allreduce_ring},

@@ -187,9 +187,9 @@ OPTIONS
         --algo LIST          qcclConfig_t.algorithms, e.g. ring or allreduce=ring,broadcast=chain
                              (default: QCCL_ALGO, else chosen by size)
         --chunk SIZE         qcclConfig_t.chunkBytes, the pipeline chunk (default:
-                             QCCL_CHUNK_BYTES, else 512K)
+                             QCCL_CHUNK_BYTES, else 256K)
         --depth N            qcclConfig_t.pipelineDepth, chunks in flight (default:
-                             QCCL_PIPELINE_DEPTH, else 4)
+                             QCCL_PIPELINE_DEPTH, else 2)
         --link-rate RATE     the rate of each rank's link, in tc(8) units (100mbit, 1gbit, 10gbit;
                              "bps" = bytes/s), e.g. the RATE of qcclrun --netem: adds two columns to
                              each half of the table, the wire floor (the time the busbw definition

@@ -21,8 +21,8 @@ const std::vector<EnvVar>& env_vars();
 
 struct Config {
   double timeout_seconds = 300.0;  // QCCL_TIMEOUT; 0 = wait forever
-  size_t chunk_bytes = 512 * 1024; // QCCL_CHUNK_BYTES
-  int pipeline_depth = 4;          // QCCL_PIPELINE_DEPTH
+  size_t chunk_bytes = 256 * 1024; // QCCL_CHUNK_BYTES (docs/PERF.md, "Chunk size and depth")
+  int pipeline_depth = 2;          // QCCL_PIPELINE_DEPTH
   std::string algorithms;          // QCCL_ALGO
   int spin_us = 20;                // QCCL_SPIN_US: spin this long before blocking on events
   std::string socket_ifname;       // QCCL_SOCKET_IFNAME

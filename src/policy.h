@@ -18,7 +18,7 @@ class AlgorithmPolicy {
   explicit AlgorithmPolicy(const std::string& spec);
 
   const coll::Algorithm& choose(const coll::CollArgs& args) const;
-  // One line per collective for the INFO log: "AllReduce: recursive_doubling up to 16 KiB, then ring".
+  // One line per collective for the INFO log: "AllReduce: recursive_doubling up to 32 KiB, then ring".
   std::string describe() const;
 
  private:
