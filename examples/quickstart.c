@@ -1,0 +1,34 @@
+/* The example of README.md ("Using the library"), compiled and run by the test suite under qcclrun;
+ * tests/docs/readme_test.cmake checks that README.md shows the lines between the markers verbatim.
+ * Every rank all-reduces a gradient of n floats in place, then averages it while it "computes". */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <qccl.h>
+
+int main(void) {
+  const size_t n = 1000003;
+  float* grad = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; ++i) grad[i] = 1.0f;
+
+  /* [readme] */
+  qcclComm_t comm;
+  qcclCommInitEnv(&comm, NULL);               /* rank and size from qcclrun, torchrun, mpirun or srun */
+  qcclAllReduce(grad, grad, n, qcclFloat32, qcclSum, comm);       /* in place */
+
+  qcclRequest_t req;                           /* or overlap it with computation */
+  qcclIAllReduce(grad, grad, n, qcclFloat32, qcclAvg, comm, &req);
+  /* ... compute ... */
+  if (qcclWait(&req) != qcclSuccess) fprintf(stderr, "%s\n", qcclGetLastError(comm));
+  /* [readme] */
+
+  /* Every element is now the rank count: the sum of ones, then the average of equal values. */
+  int nranks = 0, rank = 0, wrong = 0;
+  qcclCommCount(comm, &nranks);
+  qcclCommUserRank(comm, &rank);
+  for (size_t i = 0; i < n; ++i) wrong += grad[i] != (float)nranks;
+  printf("rank %d of %d: %d wrong elements\n", rank, nranks, wrong);
+  free(grad);
+  if (qcclCommDestroy(comm) != qcclSuccess) return 1;
+  return wrong != 0;
+}
