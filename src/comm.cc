@@ -267,19 +267,14 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
 
 // Blocks until the transport, a wake-up or (progress thread) the control plane has something.
 void Comm::wait_for_events(bool progress_thread) {
-  pollfd fds[64];
-  nfds_t n = 0;
-  fds[n++] = {transport_->event_fd(), POLLIN, 0};
-  fds[n++] = {progress_thread ? progress_wake_fd_ : driver_wake_fd_, POLLIN, 0};
-  std::vector<int> control_fds;
-  if (progress_thread) {
-    control_fds = control_->fds();
-    for (int fd : control_fds)
-      if (n < 64) fds[n++] = {fd, POLLIN, 0};
-  }
-  if (::poll(fds, n, kMaxBlockMs) <= 0) return;
+  std::vector<pollfd> fds;
+  fds.push_back({transport_->event_fd(), POLLIN, 0});
+  fds.push_back({progress_thread ? progress_wake_fd_ : driver_wake_fd_, POLLIN, 0});
+  if (progress_thread)
+    for (int fd : control_->fds()) fds.push_back({fd, POLLIN, 0});
+  if (::poll(fds.data(), fds.size(), kMaxBlockMs) <= 0) return;
   if (fds[1].revents) drain(fds[1].fd);
-  for (nfds_t i = 2; i < n; ++i)
+  for (size_t i = 2; i < fds.size(); ++i)
     if (fds[i].revents) control_->service(fds[i].fd);
 }
 
