@@ -112,9 +112,9 @@ void ControlPlane::service(int fd) {
 }
 
 void ControlPlane::lost(Peer& peer) {
-  peer.socket.close();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);  // other threads write to sockets under mu_
+    peer.socket.close();
     if (closing_) return;
   }
   const std::string text =

@@ -9,6 +9,7 @@ packages=(
   libhwloc-dev                              # topology
   libhwy-dev                                # vectorised kernels with run-time dispatch (Highway)
   catch2                                    # tests
+  clang libclang-rt-14-dev                  # the wire fuzzer (libFuzzer)
   iproute2                                  # qcclrun --netem: ip, tc
   openmpi-bin libopenmpi-dev libgloo-dev    # peers measured by perf/run_perf.sh
 )

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds qccl twice (Release with -Werror, and
-# RelWithDebInfo with AddressSanitizer + UndefinedBehaviorSanitizer) and runs the whole suite on
-# both: unit tests, simulated-network tests of every algorithm, multi-rank tests as real processes
-# through qcclrun (2, 3, 4 and 8 ranks), failure scenarios, and the launcher's own tests (the
-# network-emulation ones need root and skip without it).
+# The test command: installs what is missing, builds qccl and runs the whole suite (unit tests,
+# simulated-network tests of every algorithm, multi-rank tests as real processes through qcclrun
+# with 2, 3, 4 and 8 ranks, failure scenarios, benchmarks' checks, the launcher's own tests; those
+# that emulate a network need root and skip without it) in three builds:
+#   build/        Release, -Werror
+#   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer
+#   build-tsan/   ThreadSanitizer (the progress thread, the control plane and the callers)
+# then fuzzes the wire parsers (frame headers, bootstrap messages) with libFuzzer for a short run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,4 +20,15 @@ ctest --test-dir build -j "$jobs" --output-on-failure
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQCCL_SANITIZE=ON -DQCCL_BUILD_PERF=OFF
 cmake --build build-asan -j "$jobs"
 ctest --test-dir build-asan -j "$jobs" --output-on-failure
-echo "test.sh: all tests passed (Release and ASan+UBSan)"
+
+# UCX's memory hooks (ucm) crash under ThreadSanitizer's interceptors; the hooks only serve UCX's
+# registration cache, which nothing here needs.
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQCCL_TSAN=ON -DQCCL_BUILD_PERF=OFF
+cmake --build build-tsan -j "$jobs"
+UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no ctest --test-dir build-tsan -j "$jobs" --output-on-failure
+
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQCCL_FUZZ=ON -DQCCL_BUILD_PERF=OFF -DQCCL_CUDA=OFF
+cmake --build build-fuzz -j "$jobs" --target wire_fuzz
+build-fuzz/tests/fuzz/wire_fuzz -runs=2000000 -max_len=256
+echo "test.sh: all tests passed (Release, ASan+UBSan, TSan) and the wire fuzzer found nothing"
