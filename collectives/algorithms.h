@@ -12,6 +12,8 @@ namespace qccl::coll {
 QCCL_DECLARE_ALGORITHM(local)
 QCCL_DECLARE_ALGORITHM(allreduce_recursive_doubling)
 QCCL_DECLARE_ALGORITHM(allreduce_ring)
+QCCL_DECLARE_ALGORITHM(allreduce_sra_compressed)
+QCCL_DECLARE_ALGORITHM(allreduce_ring_compressed)
 QCCL_DECLARE_ALGORITHM(broadcast_binomial)
 QCCL_DECLARE_ALGORITHM(broadcast_chain)
 QCCL_DECLARE_ALGORITHM(reduce_binomial)
@@ -26,6 +28,11 @@ QCCL_DECLARE_ALGORITHM(sendrecv_direct)
 // For the multi-rank algorithms: they decline a single rank, which `local` serves.
 inline const char* needs_two_ranks(const CollArgs& args) {
   return args.nranks < 2 ? "needs at least two ranks" : nullptr;
+}
+
+// For the uncompressed algorithms: they decline a call that carries a codec.
+inline const char* uncompressed_with_two_ranks(const CollArgs& args) {
+  return args.codec ? "uncompressed only (a codec was given)" : needs_two_ranks(args);
 }
 
 }  // namespace qccl::coll

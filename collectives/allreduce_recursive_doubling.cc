@@ -110,7 +110,7 @@ class AllReduceRecursiveDoubling final : public Plan {
 
 }  // namespace
 
-const char* allreduce_recursive_doubling_cannot_run(const CollArgs& args) { return needs_two_ranks(args); }
+const char* allreduce_recursive_doubling_cannot_run(const CollArgs& args) { return uncompressed_with_two_ranks(args); }
 
 std::unique_ptr<Plan> make_allreduce_recursive_doubling(const CollArgs& args, const PlanOptions& options) {
   return std::make_unique<AllReduceRecursiveDoubling>(args, options);

@@ -78,7 +78,7 @@ class AllReduceRing final : public Plan {
 
 }  // namespace
 
-const char* allreduce_ring_cannot_run(const CollArgs& args) { return needs_two_ranks(args); }
+const char* allreduce_ring_cannot_run(const CollArgs& args) { return uncompressed_with_two_ranks(args); }
 
 std::unique_ptr<Plan> make_allreduce_ring(const CollArgs& args, const PlanOptions& options) {
   return std::make_unique<AllReduceRing>(args, options);

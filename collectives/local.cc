@@ -1,5 +1,6 @@
 // A communicator of one rank: every collective is a copy from sendbuf to recvbuf (nothing to
-// reduce with, and an average over one rank is the value itself).
+// reduce with, and an average over one rank is the value itself). A compressed all-reduce is a copy
+// too: with nothing to send, there is nothing to compress, and the exact input is the best answer.
 #include "collectives/algorithms.h"
 
 namespace qccl::coll {

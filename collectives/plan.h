@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/codec.h"
 #include "kernels/types.h"
 
 namespace qccl::coll {
@@ -45,23 +46,42 @@ struct CollArgs {
   int peer = 0;  // Send, Recv
   int rank = 0;
   int nranks = 1;
+  // Compressed collectives only (null otherwise): the codec, the error-feedback residual (count
+  // floats, owned by the caller's codec state; null without error feedback) and the key of the
+  // stochastic rounding (seed from the codec, step from the state or the sequence number, rank).
+  const kernels::CodecConfig* codec = nullptr;
+  float* residual = nullptr;
+  kernels::PhiloxKey rng;
 
   size_t element_size() const { return kernels::element_size(dtype); }
   // The largest buffer this rank touches, in bytes (what algorithm thresholds look at).
   size_t message_bytes() const;
 };
 
-enum class StepKind : uint8_t { kRecv, kSend, kWait, kReduce, kCopy, kAverage };
+enum class StepKind : uint8_t {
+  kRecv, kSend, kWait, kReduce, kCopy, kAverage,
+  // Compressed collectives: float32 accumulators, the codec of CollArgs (elements in n).
+  kLoad,           // dst (float) = src (datatype)
+  kLoadAdd,        // dst (float) += src (datatype)
+  kAddFloat,       // dst (float) += src (float)
+  kDivide,         // dst (float) /= nranks
+  kEncode,         // dst (bytes) = encode(src (float)); rounding keyed by stream (msg) and element (index)
+  kDecodeAdd,      // dst (float) += decode(src (bytes))
+  kDecodeOut,      // dst (datatype) = decode(src (bytes)), through src2 (float scratch) unless float32
+  kErrorFeedback,  // dst (float residual) = factor * (src (float) - decode(src2 (bytes)))
+};
 
 struct Step {
   StepKind kind;
   uint8_t slot = 0;           // kRecv, kSend, kWait: which of the fragment's transfer slots
   int32_t peer = -1;          // kRecv, kSend
-  uint32_t msg = 0;           // kRecv, kSend: message id within the collective
+  uint32_t msg = 0;           // kRecv, kSend: message id within the collective; kEncode: rounding stream
   const void* src = nullptr;  // kSend: data; kReduce: first operand; kCopy: source
   const void* src2 = nullptr; // kReduce: second operand
   void* dst = nullptr;        // kRecv: destination; kReduce, kCopy, kAverage: output
-  size_t n = 0;               // kRecv, kSend, kCopy: bytes; kReduce, kAverage: elements
+  size_t n = 0;               // kRecv, kSend, kCopy: bytes; the others: elements
+  uint64_t index = 0;         // kEncode: index of the first element in the whole buffer
+  float factor = 1.0f;        // kErrorFeedback
 };
 
 // The steps of one fragment, run in order. A kWait blocks the fragment (not the executor) until the
@@ -90,9 +110,34 @@ class Program {
   void average(void* buf, size_t count) {
     if (count) steps_.push_back(Step{StepKind::kAverage, 0, -1, 0, nullptr, nullptr, buf, count});
   }
+
+  // Compressed collectives (see StepKind).
+  void load(float* dst, const void* src, size_t count) { push(StepKind::kLoad, dst, src, nullptr, count); }
+  void load_add(float* dst, const void* src, size_t count) { push(StepKind::kLoadAdd, dst, src, nullptr, count); }
+  void add_float(float* dst, const float* src, size_t count) { push(StepKind::kAddFloat, dst, src, nullptr, count); }
+  void divide(float* dst, size_t count) { push(StepKind::kDivide, dst, nullptr, nullptr, count); }
+  void encode(void* dst, const float* src, size_t count, uint64_t first, uint32_t stream) {
+    if (!count) return;
+    push(StepKind::kEncode, dst, src, nullptr, count);
+    steps_.back().index = first;
+    steps_.back().msg = stream;
+  }
+  void decode_add(float* dst, const void* src, size_t count) { push(StepKind::kDecodeAdd, dst, src, nullptr, count); }
+  void decode_out(void* dst, const void* src, size_t count, float* scratch) {
+    push(StepKind::kDecodeOut, dst, src, scratch, count);
+  }
+  void error_feedback(float* residual, const float* acc, const void* encoded, size_t count, float factor) {
+    if (!count) return;
+    push(StepKind::kErrorFeedback, residual, acc, encoded, count);
+    steps_.back().factor = factor;
+  }
+
   const std::vector<Step>& steps() const { return steps_; }
 
  private:
+  void push(StepKind kind, void* dst, const void* src, const void* src2, size_t count) {
+    if (count) steps_.push_back(Step{kind, 0, -1, 0, src, src2, dst, count});
+  }
   std::vector<Step> steps_;
 };
 
@@ -112,6 +157,8 @@ class Plan {
   virtual void links(std::vector<int>* send_to, std::vector<int>* recv_from) const = 0;
   // The closed-form payload bytes this rank sends; the executor's count must equal it.
   virtual uint64_t wire_bytes_sent() const = 0;
+  // What the same collective sends uncompressed (for the compression ratio of compressed plans).
+  virtual uint64_t raw_wire_bytes() const { return wire_bytes_sent(); }
 
  protected:
   CollArgs args_;

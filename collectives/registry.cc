@@ -44,6 +44,13 @@ const std::vector<Algorithm>& algorithms() {
        make_allreduce_recursive_doubling},
       {"ring", CollKind::kAllReduce, "pipelined ring reduce-scatter then ring allgather; bandwidth-optimal",
        "2(n-1)/n*S", kAny, allreduce_ring_cannot_run, make_allreduce_ring},
+      {"sra_compressed", CollKind::kAllReduce,
+       "compressed: each contribution encoded once and sent to its segment's owner, owners' sums encoded once and "
+       "sent to all (pairwise steps)",
+       "2(n-1)/n*E(S)", kAny, allreduce_sra_compressed_cannot_run, make_allreduce_sra_compressed},
+      {"ring_compressed", CollKind::kAllReduce,
+       "compressed: ring reduce-scatter re-encoding the partial sum at every hop, ring allgather of the owners' bytes",
+       "2(n-1)/n*E(S)", kAny, allreduce_ring_compressed_cannot_run, make_allreduce_ring_compressed},
 
       {"binomial", CollKind::kBroadcast, "binomial tree from the root; ceil(log2 n) rounds", "children*S", 64 * 1024,
        broadcast_binomial_cannot_run, make_broadcast_binomial},

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/codec.h"
+#include "kernels/convert.h"
 #include "kernels/reduce.h"
 #include "src/errors.h"
 
@@ -181,11 +183,57 @@ bool Operation::run(Slot& slot, transport::Transport& transport) {
       case coll::StepKind::kAverage:
         if (args.op == kernels::RedOp::kAvg) kernels::finish_average(args.dtype, s.dst, s.n, args.nranks);
         break;
+      default:
+        run_codec_step(s);
+        break;
     }
     ++slot.pc;
     moved = true;
   }
   return moved;
+}
+
+// The float32 and codec steps of compressed collectives, timed into the encode and decode totals.
+void Operation::run_codec_step(const coll::Step& s) {
+  const coll::CollArgs& args = plan_->args();
+  const kernels::CodecConfig& codec = *args.codec;
+  const auto start = Clock::now();
+  double* bucket = &decode_seconds_;
+  auto* out = static_cast<float*>(s.dst);
+  switch (s.kind) {
+    case coll::StepKind::kLoad: kernels::load_float(args.dtype, s.src, out, s.n); break;
+    case coll::StepKind::kLoadAdd: kernels::load_add_float(args.dtype, s.src, out, s.n); break;
+    case coll::StepKind::kAddFloat: kernels::add_float(static_cast<const float*>(s.src), out, s.n); break;
+    case coll::StepKind::kDivide: kernels::divide_float(out, s.n, static_cast<float>(args.nranks)); break;
+    case coll::StepKind::kEncode: {
+      kernels::PhiloxKey key = args.rng;
+      key.stream = s.msg;
+      kernels::encode(codec, static_cast<const float*>(s.src), s.n, s.dst, key, s.index);
+      bucket = &encode_seconds_;
+      break;
+    }
+    case coll::StepKind::kDecodeAdd: kernels::decode_accumulate(codec, s.src, s.n, out); break;
+    case coll::StepKind::kDecodeOut: {
+      // Every rank decodes the same final bytes, so every rank counts the same non-finite values.
+      if (args.dtype == kernels::DataType::kFloat32) {
+        nonfinite_ += kernels::decode(codec, s.src, s.n, out);
+      } else {
+        auto* scratch = static_cast<float*>(const_cast<void*>(s.src2));
+        nonfinite_ += kernels::decode(codec, s.src, s.n, scratch);
+        kernels::store_float(args.dtype, scratch, s.dst, s.n);
+      }
+      break;
+    }
+    case coll::StepKind::kErrorFeedback: {
+      kernels::decode(codec, s.src2, s.n, out);  // what the peers will decode...
+      const auto* acc = static_cast<const float*>(s.src);
+      for (size_t i = 0; i < s.n; ++i) out[i] = s.factor * (acc[i] - out[i]);  // ...and what it missed
+      break;
+    }
+    default:
+      fail(qcclInternalError, "%s: unknown step kind %d", identity_.header.describe().c_str(), static_cast<int>(s.kind));
+  }
+  *bucket += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 bool Operation::advance(transport::Transport& transport) {

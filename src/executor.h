@@ -55,6 +55,11 @@ class Operation {
   const OperationIdentity& identity() const { return identity_; }
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
+  // Compressed collectives: seconds spent encoding and decoding (float32 loads and sums count as
+  // decoding), and how many output values decoded to NaN or Inf (the same on every rank).
+  double encode_seconds() const { return encode_seconds_; }
+  double decode_seconds() const { return decode_seconds_; }
+  size_t nonfinite() const { return nonfinite_; }
 
  private:
   struct Transfer {
@@ -81,6 +86,7 @@ class Operation {
   void start(transport::Transport& transport);
   bool poll_headers(transport::Transport& transport);
   bool run(Slot& slot, transport::Transport& transport);
+  void run_codec_step(const coll::Step& step);
   // Tests one transfer; true when it is done (handle empty).
   bool complete(Transfer& transfer, transport::Transport& transport, bool* moved);
   void next_fragment(Slot& slot);
@@ -99,6 +105,9 @@ class Operation {
   size_t fragments_done_ = 0;
   uint64_t bytes_sent_ = 0;
   uint64_t bytes_received_ = 0;
+  double encode_seconds_ = 0;
+  double decode_seconds_ = 0;
+  size_t nonfinite_ = 0;
   Clock::time_point last_progress_;
 };
 

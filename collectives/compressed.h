@@ -1,0 +1,64 @@
+// What the compressed all-reduce algorithms share: chunk alignment, per-fragment scratch layout, the
+// error-feedback bookkeeping, and the allgather of the owners' encoded segments.
+//
+// Error feedback (per rank, per element): before encoding, the accumulator gets this rank's input
+// plus its residual, acc = base + x + r, where base is what it received (0 on the first hop); after
+// encoding E = encode(acc), the residual becomes r <- acc - decode(E). This rank's contribution to the
+// sum, decode(E) - base, therefore equals x + r_old - r_new, so over steps the inputs minus the
+// contributions telescope to the final residual. When the owner divides by n for an average before
+// its final encode, the residual is scaled back by n (it re-enters the sum undivided).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "collectives/plan.h"
+#include "collectives/ring.h"
+
+namespace qccl::coll {
+
+// Elements per chunk for a compressed plan: a multiple of the codec's alignment (its bucket), so that
+// chunk boundaries never split a bucket and the bits do not depend on the chunk size.
+inline size_t compressed_chunk(const CollArgs& args, size_t chunk_bytes, size_t run) {
+  const size_t align = args.codec->alignment();
+  size_t chunk = std::max<size_t>(align, chunk_bytes / args.element_size() / align * align);
+  const size_t run_aligned = (run + align - 1) / align * align;
+  return std::max<size_t>(align, std::min(chunk, run_aligned));
+}
+
+// A fragment's scratch: `floats` float32 buffers of `chunk` values, then `encoded` buffers of
+// codec.encoded_bytes(chunk) bytes (each rounded up to 64 bytes).
+struct CompressedScratch {
+  size_t chunk;
+  size_t floats;
+  size_t encoded;
+  size_t encoded_stride(const CollArgs& args) const { return (args.codec->encoded_bytes(chunk) + 63) / 64 * 64; }
+  size_t bytes(const CollArgs& args) const { return floats * chunk * sizeof(float) + encoded * encoded_stride(args); }
+  float* float_buffer(std::byte* scratch, size_t i) const { return reinterpret_cast<float*>(scratch) + i * chunk; }
+  std::byte* encoded_buffer(const CollArgs& args, std::byte* scratch, size_t i) const {
+    return scratch + floats * chunk * sizeof(float) + i * encoded_stride(args);
+  }
+};
+
+// acc = this rank's input for [begin, begin + count) plus, with error feedback, its residual there.
+inline void load_contribution(const CollArgs& args, Program& p, float* acc, size_t begin, size_t count) {
+  p.load(acc, static_cast<const char*>(args.sendbuf) + begin * args.element_size(), count);
+  if (args.residual) p.add_float(acc, args.residual + begin, count);
+}
+
+// encoded = encode(acc) for [begin, begin + count), and the residual update of error feedback.
+inline void encode_contribution(const CollArgs& args, Program& p, void* encoded, const float* acc, size_t begin,
+                                size_t count, float residual_scale = 1.0f) {
+  p.encode(encoded, acc, count, begin, 0);
+  if (args.residual) p.error_feedback(args.residual + begin, acc, encoded, count, residual_scale);
+}
+
+// The owner's final encode of its reduced segment (divided by n first for an average).
+inline void encode_owned(const CollArgs& args, Program& p, void* encoded, float* acc, size_t begin, size_t count) {
+  const bool avg = args.op == RedOp::kAvg;
+  if (avg) p.divide(acc, count);
+  encode_contribution(args, p, encoded, acc, begin, count, avg ? static_cast<float>(args.nranks) : 1.0f);
+}
+
+}  // namespace qccl::coll

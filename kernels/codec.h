@@ -1,0 +1,69 @@
+// Codecs: how a run of float32 values becomes bytes on the wire and back (DESIGN.md "Interfaces").
+//
+//   none           float32 as is (4 bytes per value); for measuring the fused path's overhead
+//   fp16, bf16     IEEE half / bfloat16, round to nearest even (2 bytes per value)
+//   q1 .. q8       bucketed min-max quantization (quant.h): per bucket two float32 and N bits per value
+//
+// The spec grammar is `name[:key=value,...]` with keys bucket=B (q only; multiple of 8, default 512),
+// round=nearest|stochastic (q only; default nearest), ef=on|off (error feedback, any codec; default
+// off) and seed=S (stochastic rounding; default 0). Unknown names, keys or values are errors that
+// name the token.
+//
+// The encoded size is a pure function of the count and the spec (encoded_bytes), never of the data.
+// Runs passed to encode/decode start on a bucket boundary; so that results do not depend on how a
+// buffer is chunked, callers cut chunks at multiples of alignment() elements.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/philox.h"
+
+namespace qccl::kernels {
+
+enum class CodecKind : uint8_t { kNone, kFp16, kBf16, kQuant };
+enum class Rounding : uint8_t { kNearest, kStochastic };
+
+// A spec that does not parse; what() names the bad token.
+struct CodecSpecError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+struct CodecConfig {
+  CodecKind kind = CodecKind::kNone;
+  int bits = 32;          // bits per value on the wire (metadata aside)
+  uint32_t bucket = 512;  // kQuant only
+  Rounding rounding = Rounding::kNearest;
+  bool error_feedback = false;
+  uint64_t seed = 0;
+
+  // Canonical text ("q4:bucket=512,round=stochastic,ef=on,seed=7"): what hash() digests.
+  std::string canonical() const;
+  // Nonzero digest of canonical(), carried in frame headers so that ranks with different codecs fail.
+  uint64_t hash() const;
+  size_t encoded_bytes(size_t count) const;
+  // Chunk boundaries must fall on multiples of this many values.
+  size_t alignment() const { return kind == CodecKind::kQuant ? bucket : 1; }
+};
+
+CodecConfig parse_codec_spec(const std::string& spec);
+
+// What one encode saw: q buckets that held NaN or Inf (sent as NaN), or, for the casts, values that
+// are not finite after the cast (NaN and Inf pass through as themselves; fp16 overflow becomes Inf).
+struct EncodeReport {
+  size_t nonfinite = 0;
+};
+
+// Encodes count values. `first` is the index of in[0] in the whole buffer (it keys the random
+// rounding, so that chunking changes nothing). Thread-safe; no allocation.
+EncodeReport encode(const CodecConfig& codec, const float* in, size_t count, void* out, const PhiloxKey& key,
+                    uint64_t first);
+// out[i] = decoded value i. Returns how many decoded values are not finite (a q bucket marked
+// non-finite decodes to NaN in full), so every rank that decodes the same bytes sees the same count.
+size_t decode(const CodecConfig& codec, const void* in, size_t count, float* out);
+// acc[i] += decoded value i (the fused step of a reduce-scatter hop). Same return value.
+size_t decode_accumulate(const CodecConfig& codec, const void* in, size_t count, float* acc);
+
+}  // namespace qccl::kernels

@@ -1,0 +1,24 @@
+// Moving between a collective's datatype and the float32 that codecs and their accumulators work in
+// (compressed collectives accept float32, float16 and bfloat16). float16/bfloat16 round to nearest
+// even on the way back (half.h), so host and device agree bit for bit.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/types.h"
+
+namespace qccl::kernels {
+
+// True for the datatypes codecs accept.
+constexpr bool codec_input_type(DataType t) {
+  return t == DataType::kFloat32 || t == DataType::kFloat16 || t == DataType::kBfloat16;
+}
+
+void load_float(DataType t, const void* in, float* out, size_t n);      // out = float(in)
+void load_add_float(DataType t, const void* in, float* acc, size_t n);  // acc += float(in)
+void store_float(DataType t, const float* in, void* out, size_t n);     // out = round(in)
+void divide_float(float* x, size_t n, float divisor);                    // x /= divisor (an average of
+                                                                        // equal values stays exact)
+void add_float(const float* in, float* acc, size_t n);                  // acc += in
+
+}  // namespace qccl::kernels

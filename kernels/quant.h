@@ -1,0 +1,81 @@
+// Bucketed min-max quantization to N bits (QSGD-style grid; QSDP §5.1 and CGX's MaxMin codec), as
+// element functions that host loops and CUDA kernels share.
+//
+// A bucket of up to B values (B a multiple of 8) is sent as its minimum m and step s = (max - m) /
+// (2^N - 1), both float32, followed by one N-bit code per value, packed least significant bit first:
+// 8 consecutive codes fill exactly N bytes, so a bucket of L values takes ceil(L / 8) * N bytes.
+//
+//   encode: c = clamp(floor((x - m) / s + u), 0, 2^N - 1), u = 1/2 (nearest) or u ~ U[0, 1)
+//           (stochastic, QSDP eq. for P[q(v) = q_{i+1}] = (v - q_i)/(q_{i+1} - q_i), unbiased)
+//   decode: x' = m + s * c
+//
+// Numerical promise, for finite inputs, with s the bucket's step:
+//   nearest:    |x' - x| <= s/2 + e,   stochastic: |x' - x| < s + e,   E[x'] = x (stochastic only)
+// where e = 2^-13 * s + 2^-22 * max(|m|, |max|) covers float32 rounding: (x - m) / s + u is off by
+// less than 2^-14 codes, which can move a code boundary by that much, and m + s * c rounds once.
+// The clamp keeps every code in [0, 2^N - 1] even when rounding pushes (x - m) / s + u past the top
+// (CGX's missing clamp, qsdp.md F3). A bucket whose values are all equal has s = 0 and decodes
+// exactly. A bucket holding NaN or Inf is marked with s = NaN and decodes to NaN everywhere, so a
+// non-finite input is never turned into finite values.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/hd.h"
+
+namespace qccl::kernels {
+
+struct BucketMeta {
+  float min;
+  float step;  // 0: all values equal; NaN: the bucket held NaN or Inf
+};
+
+QCCL_HD uint32_t quant_levels(int bits) { return (1u << bits) - 1u; }
+
+// Meta of a bucket from its minimum and maximum (both NaN-free when finite is true).
+QCCL_HD BucketMeta bucket_meta(float lo, float hi, bool finite, int bits) {
+  if (!finite) return BucketMeta{NAN, NAN};
+  return BucketMeta{lo, (hi - lo) / static_cast<float>(quant_levels(bits))};
+}
+
+QCCL_HD bool meta_is_nonfinite(BucketMeta m) { return !(m.step == m.step); }
+
+// The code of x, for a uniform u in [0, 1) (0.5 for round to nearest).
+QCCL_HD uint32_t quantize(float x, BucketMeta m, float u, uint32_t levels) {
+  if (!(m.step > 0.0f)) return 0;  // all equal (or non-finite: the code is irrelevant)
+  const float v = floorf((x - m.min) / m.step + u);
+  if (!(v > 0.0f)) return 0;
+  return v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v);
+}
+
+QCCL_HD float dequantize(uint32_t code, BucketMeta m) {
+  if (meta_is_nonfinite(m)) return NAN;
+  return m.min + m.step * static_cast<float>(code);
+}
+
+// Packs 8 codes of `bits` bits into `bits` bytes, least significant bit first.
+QCCL_HD void pack8(const uint32_t codes[8], int bits, uint8_t* out) {
+  uint64_t word = 0;
+  for (int i = 0; i < 8; ++i) word |= static_cast<uint64_t>(codes[i]) << (i * bits);
+  for (int b = 0; b < bits; ++b) out[b] = static_cast<uint8_t>(word >> (8 * b));
+}
+
+QCCL_HD void unpack8(const uint8_t* in, int bits, uint32_t codes[8]) {
+  uint64_t word = 0;
+  for (int b = 0; b < bits; ++b) word |= static_cast<uint64_t>(in[b]) << (8 * b);
+  const uint64_t mask = (uint64_t{1} << bits) - 1;
+  for (int i = 0; i < 8; ++i) codes[i] = static_cast<uint32_t>((word >> (i * bits)) & mask);
+}
+
+// Layout of an encoded run of n values (n counted from a bucket boundary): every bucket's meta first,
+// then every bucket's packed codes.
+QCCL_HD size_t quant_buckets(size_t n, size_t bucket) { return (n + bucket - 1) / bucket; }
+QCCL_HD size_t quant_meta_bytes(size_t n, size_t bucket) { return quant_buckets(n, bucket) * sizeof(BucketMeta); }
+QCCL_HD size_t quant_code_bytes(size_t n, int bits) { return (n + 7) / 8 * static_cast<size_t>(bits); }
+QCCL_HD size_t quant_encoded_bytes(size_t n, size_t bucket, int bits) {
+  return quant_meta_bytes(n, bucket) + quant_code_bytes(n, bits);
+}
+
+}  // namespace qccl::kernels
