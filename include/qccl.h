@@ -22,6 +22,9 @@
  *   qcclRemoteError, qcclTimeout, qcclAborted
  *                                           a peer or the communicator failed; unusable (abort it).
  *   qcclSystemError, qcclInternalError      the OS or qccl itself failed.
+ *   qcclNonFinite                           a compressed collective completed, but an input held NaN
+ *                                           or Inf: the affected outputs are NaN on every rank, and
+ *                                           every rank returns this code; the communicator is intact.
  */
 #ifndef QCCL_H_
 #define QCCL_H_
@@ -56,7 +59,8 @@ typedef enum {
   qcclSystemError = 7,     /* a system call or the network failed */
   qcclInternalError = 8,   /* a bug in qccl */
   qcclInProgress = 9,      /* a non-blocking request has not completed yet (never an error) */
-  qcclNumResults = 10
+  qcclNonFinite = 10,      /* a compressed collective met NaN/Inf input; outputs hold NaN (see above) */
+  qcclNumResults = 11
 } qcclResult_t;
 
 /* Datatypes and reduction ops use NCCL's numbering, so that values can be passed straight through. */
@@ -95,6 +99,8 @@ typedef enum {
 
 typedef struct qcclComm* qcclComm_t;
 typedef struct qcclRequest* qcclRequest_t;
+typedef struct qcclCodec* qcclCodec_t;
+typedef struct qcclCodecState* qcclCodecState_t;
 
 #define QCCL_UNIQUE_ID_BYTES 128
 /* The root's address and a random 64-bit magic. Copy it to every rank by any side channel; peers
@@ -115,12 +121,14 @@ typedef struct qcclConfig_v100 {
   int chunkBytes;         /* QCCL_CHUNK_BYTES: pipeline chunk size */
   int pipelineDepth;      /* QCCL_PIPELINE_DEPTH: chunks in flight per collective */
   const char* algorithms; /* QCCL_ALGO: force algorithms by name, e.g. "allreduce=ring" */
+  const char* codec;      /* QCCL_CODEC: compress plain qcclAllReduce calls, e.g. "q8" (see below) */
+  double codecMinBytes;   /* QCCL_CODEC_MIN_BYTES: only messages at least this large are compressed */
 } qcclConfig_t;
 #define QCCL_CONFIG_MAGIC 0x7143436cu
 #define QCCL_CONFIG_INITIALIZER                                                           \
   {                                                                                       \
     sizeof(qcclConfig_t), QCCL_CONFIG_MAGIC, QCCL_VERSION_CODE, QCCL_CONFIG_UNDEF_DOUBLE, \
-        QCCL_CONFIG_UNDEF_INT, QCCL_CONFIG_UNDEF_INT, NULL                                \
+        QCCL_CONFIG_UNDEF_INT, QCCL_CONFIG_UNDEF_INT, NULL, NULL, QCCL_CONFIG_UNDEF_DOUBLE \
   }
 
 /* What the last completed collective of a communicator did, on this rank. */
@@ -131,6 +139,11 @@ typedef struct qcclStats_v100 {
   double seconds;             /* from the call to completion */
   uint64_t sequence;          /* the collective's sequence number on this communicator */
   char algorithm[32];         /* the algorithm that ran, as named in the registry */
+  /* Compressed collectives (1, 0, 0 otherwise): */
+  double compressionRatio;    /* bytes the uncompressed algorithm would send / wireBytesSent */
+  double encodeSeconds;       /* time this rank spent encoding */
+  double decodeSeconds;       /* time this rank spent decoding and accumulating */
+  char codec[64];             /* the codec's canonical spec, "" when uncompressed */
 } qcclStats_t;
 
 /* ---- Library and errors ------------------------------------------------------------------------ */
@@ -251,6 +264,44 @@ QCCL_API qcclResult_t qcclISend(const void* sendbuff, size_t count, qcclDataType
                                 qcclComm_t comm, qcclRequest_t* request);
 QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer,
                                 qcclComm_t comm, qcclRequest_t* request);
+
+/* ---- Compressed collectives ------------------------------------------------------------------
+ * A codec turns float32/float16/bfloat16 values into fewer bytes on the wire; qccl fuses it into the
+ * pipeline chunks of the collective. Spec grammar: name[:key=value,...]
+ *   none                 float32 as is (measures the fused path's own cost)
+ *   fp16, bf16           IEEE half / bfloat16 (2 bytes per value, round to nearest even)
+ *   q1 .. q8             bucketed min-max quantization: N bits per value plus 8 bytes per bucket
+ * keys: bucket=B (q only; multiple of 8; default 512), round=nearest|stochastic (q only; default
+ * nearest; stochastic rounding is unbiased), ef=on|off (error feedback; needs a codec state; default
+ * off), seed=S (keys the stochastic rounding; default 0).
+ * Every rank ends with identical bits; the bits do not depend on the chunk size or pipeline depth.
+ * Error bounds per algorithm are in docs/PERF.md and collectives/allreduce_*_compressed.cc. */
+
+/* Parses a codec spec. An unknown name, key or value is qcclInvalidArgument naming the token. */
+QCCL_API qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec);
+QCCL_API qcclResult_t qcclCodecDestroy(qcclCodec_t codec);
+
+/* State a codec keeps for one tensor across steps: the error-feedback residual (count float32, owned
+ * by qccl, charged to the communicator's QCCL_CODEC_STATE_BUDGET) and the step counter that keys the
+ * stochastic rounding. Create one per tensor you all-reduce repeatedly; use it with one tensor size.
+ * Save/Load give a checkpoint: size bytes from qcclCodecStateSize, restored into a state of the same
+ * count (a mismatch or a corrupt buffer is qcclInvalidArgument). Not thread-safe per state. */
+QCCL_API qcclResult_t qcclCodecStateCreate(qcclComm_t comm, size_t count, qcclCodecState_t* state);
+QCCL_API qcclResult_t qcclCodecStateDestroy(qcclCodecState_t state);
+QCCL_API qcclResult_t qcclCodecStateSize(qcclCodecState_t state, size_t* bytes);
+QCCL_API qcclResult_t qcclCodecStateSave(qcclCodecState_t state, void* buffer, size_t bytes);
+QCCL_API qcclResult_t qcclCodecStateLoad(qcclCodecState_t state, const void* buffer, size_t bytes);
+
+/* AllReduce through a codec. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16; op: qcclSum or
+ * qcclAvg. state may be NULL unless the codec has ef=on; with a state, its residual and step are
+ * used and updated. Returns qcclNonFinite (on every rank) when an input held NaN or Inf. */
+QCCL_API qcclResult_t qcclAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count,
+                                              qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                              qcclCodecState_t state, qcclComm_t comm);
+QCCL_API qcclResult_t qcclIAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count,
+                                               qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                               qcclCodecState_t state, qcclComm_t comm,
+                                               qcclRequest_t* request);
 
 /* Non-blocking check. When the request has completed, writes *done = 1, frees it, sets *request to
  * NULL and returns the operation's result; otherwise writes *done = 0 and returns qcclSuccess. */

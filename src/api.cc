@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstring>
 #include <random>
 
@@ -11,6 +12,7 @@
 #include "src/comm.h"
 #include "src/config.h"
 #include "src/errors.h"
+#include "kernels/convert.h"
 #include "src/group.h"
 #include "src/log.h"
 #include "src/validate.h"
@@ -21,6 +23,14 @@ struct qcclComm {
 
 struct qcclRequest {
   std::shared_ptr<qccl::OpRecord> record;
+};
+
+struct qcclCodec {
+  std::shared_ptr<const qccl::kernels::CodecConfig> config;
+};
+
+struct qcclCodecState {
+  std::shared_ptr<qccl::CodecState> state;
 };
 
 namespace qccl {
@@ -63,12 +73,35 @@ uint64_t random_magic() {
   return magic;
 }
 
+// The checks a compressed call adds to validate_call's.
+void validate_compressed(const OpRecord& record, qcclCodec_t codec) {
+  const coll::CollArgs& a = record.args;
+  if (!codec || !codec->config) fail(qcclInvalidArgument, "codec is NULL (make one with qcclCodecCreate)");
+  if (!kernels::codec_input_type(a.dtype))
+    fail(qcclInvalidArgument, "datatype = %s: codecs take float, half or bfloat16", kernels::data_type_name(a.dtype));
+  if (a.op != kernels::RedOp::kSum && a.op != kernels::RedOp::kAvg)
+    fail(qcclInvalidArgument, "op = %s: compressed all-reduce sums or averages", kernels::red_op_name(a.op));
+  if (codec->config->error_feedback && !record.state)
+    fail(qcclInvalidArgument, "state is NULL but codec '%s' has ef=on: error feedback keeps its residual in a "
+         "state (qcclCodecStateCreate)", codec->config->canonical().c_str());
+  if (record.state && record.state->count() != a.count)
+    fail(qcclInvalidArgument, "state holds %zu values but count = %zu (one state per tensor)", record.state->count(),
+         a.count);
+}
+
 // Validates, then runs (blocking), starts (non-blocking) or defers (inside a group) one call.
-void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request) {
+void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCodec_t codec = nullptr,
+            qcclCodecState_t state = nullptr, bool compressed = false) {
   Comm& c = get(comm);
   auto record = std::make_shared<OpRecord>();
   record->args = validate_call(call, c.rank(), c.nranks());
   record->comm = comm->impl;
+  if (compressed) {
+    if (state) record->state = state->state;
+    validate_compressed(*record, codec);
+    record->codec = codec->config;
+    record->args.codec = record->codec.get();
+  }
   if (group_active()) {
     group_defer(record, request == nullptr);
     if (request) *request = new qcclRequest{record};
@@ -268,9 +301,17 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats) 
   return api_call("qcclCommGetLastStats", [&] {
     Comm& c = get(comm);
     require_out(stats, "stats");
-    if (stats->size != sizeof(qcclStats_t))
-      fail(qcclInvalidArgument, "stats->size = %zu; set it to sizeof(qcclStats_t) = %zu", stats->size, sizeof(qcclStats_t));
-    c.last_stats(stats);
+    // Callers compiled against an older, shorter qcclStats_t get the fields they know.
+    constexpr size_t kOldest = offsetof(qcclStats_t, compressionRatio);
+    if (stats->size < kOldest || stats->size > sizeof(qcclStats_t))
+      fail(qcclInvalidArgument, "stats->size = %zu; set it to sizeof(qcclStats_t) = %zu", stats->size,
+           sizeof(qcclStats_t));
+    qcclStats_t full{};
+    full.size = sizeof(full);
+    c.last_stats(&full);
+    const size_t size = stats->size;
+    std::memcpy(stats, &full, size);
+    stats->size = size;
   });
 }
 
@@ -347,6 +388,85 @@ QCCL_API qcclResult_t qcclISend(const void* sendbuff, size_t count, qcclDataType
 QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer, qcclComm_t comm,
                                 qcclRequest_t* request) {
   QCCL_ICALL("qcclIRecv", coll::CollKind::kRecv, nullptr, recvbuff, count, datatype, 0, peer);
+}
+
+QCCL_API qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec) {
+  return api_call("qcclCodecCreate", [&] {
+    require_out(spec, "spec");
+    require_out(codec, "codec");
+    try {
+      *codec = new qcclCodec{std::make_shared<const kernels::CodecConfig>(kernels::parse_codec_spec(spec))};
+    } catch (const kernels::CodecSpecError& e) {
+      fail(qcclInvalidArgument, "%s", e.what());
+    }
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecDestroy(qcclCodec_t codec) {
+  return api_call("qcclCodecDestroy", [&] {
+    require_out(codec, "codec");
+    delete codec;  // calls in flight keep the codec alive
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStateCreate(qcclComm_t comm, size_t count, qcclCodecState_t* state) {
+  return api_call("qcclCodecStateCreate", [&] {
+    Comm& c = get(comm);
+    require_out(state, "state");
+    if (count == 0) fail(qcclInvalidArgument, "count = 0: a codec state is for a tensor of at least one value");
+    if (count > (size_t{1} << 60) / sizeof(float)) fail(qcclInvalidArgument, "count = %zu is too large", count);
+    *state = new qcclCodecState{std::make_shared<CodecState>(c.state_budget(), count)};
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStateDestroy(qcclCodecState_t state) {
+  return api_call("qcclCodecStateDestroy", [&] {
+    require_out(state, "state");
+    delete state;  // calls in flight keep the state alive
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStateSize(qcclCodecState_t state, size_t* bytes) {
+  return api_call("qcclCodecStateSize", [&] {
+    require_out(state, "state");
+    require_out(bytes, "bytes");
+    *bytes = state->state->serialized_bytes();
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStateSave(qcclCodecState_t state, void* buffer, size_t bytes) {
+  return api_call("qcclCodecStateSave", [&] {
+    require_out(state, "state");
+    require_out(buffer, "buffer");
+    state->state->save(buffer, bytes);
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStateLoad(qcclCodecState_t state, const void* buffer, size_t bytes) {
+  return api_call("qcclCodecStateLoad", [&] {
+    require_out(state, "state");
+    require_out(buffer, "buffer");
+    state->state->load(buffer, bytes);
+  });
+}
+
+QCCL_API qcclResult_t qcclAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count,
+                                              qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                              qcclCodecState_t state, qcclComm_t comm) {
+  return api_call("qcclAllReduceCompressed", [&] {
+    submit(comm, RawCall{coll::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0}, nullptr, codec,
+           state, true);
+  });
+}
+
+QCCL_API qcclResult_t qcclIAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count,
+                                               qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                               qcclCodecState_t state, qcclComm_t comm, qcclRequest_t* request) {
+  return api_call("qcclIAllReduceCompressed", [&] {
+    require_out(request, "request");
+    submit(comm, RawCall{coll::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0}, request, codec,
+           state, true);
+  });
 }
 
 QCCL_API qcclResult_t qcclGroupStart(void) {

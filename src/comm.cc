@@ -39,6 +39,8 @@ void drain(int fd) {
 
 Comm::Comm(int rank, int nranks, const Config& config)
     : rank_(rank), nranks_(nranks), config_(config), policy_(config.algorithms),
+      codec_policy_(config.codec, config.codec_min_bytes),
+      state_budget_(std::make_shared<StateBudget>(config.codec_state_budget)),
       send_sequence_(nranks, 0), recv_sequence_(nranks, 0) {
   progress_wake_fd_ = make_eventfd();
   driver_wake_fd_ = make_eventfd();
@@ -96,6 +98,7 @@ void Comm::join(const BootstrapId& id) {
             transport_->describe().c_str(), kernels::reduce_target_name(), config_.chunk_bytes,
             config_.pipeline_depth, config_.timeout_seconds);
   QCCL_INFO("algorithms %s", policy_.describe().c_str());
+  QCCL_INFO("compression of plain all-reduce calls (QCCL_CODEC): %s", codec_policy_.describe().c_str());
 }
 
 Comm::~Comm() {
@@ -118,17 +121,25 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     finish(*record, qcclSuccess, "");
     return;
   }
-  const coll::Algorithm& algorithm = policy_.choose(args);
-  coll::PlanOptions options;
-  options.chunk_bytes = config_.chunk_bytes;
-  std::unique_ptr<coll::Plan> plan = algorithm.make(args, options);
+  if (!args.codec) args.codec = codec_policy_.choose(args);  // QCCL_CODEC compresses plain calls
 
   OperationIdentity identity;
   identity.p2p = args.kind == coll::CollKind::kSend || args.kind == coll::CollKind::kRecv;
   if (!identity.p2p) identity.sequence = next_sequence_++;
   else if (args.kind == coll::CollKind::kSend) identity.sequence = send_sequence_[args.peer]++;
   else identity.sequence = recv_sequence_[args.peer]++;
-  identity.header = FrameHeader::for_call(args, identity.sequence, 0);
+  if (args.codec) {
+    // Stochastic rounding is keyed by the state's step when the caller keeps one (so that a rerun of
+    // a training step from a checkpoint draws the same numbers), else by the sequence number.
+    const uint64_t step = record->state ? record->state->take_step() : identity.sequence;
+    args.rng = kernels::PhiloxKey{args.codec->seed, step, static_cast<uint32_t>(rank_), 0};
+    args.residual = args.codec->error_feedback && record->state ? record->state->residual() : nullptr;
+  }
+  const coll::Algorithm& algorithm = policy_.choose(args);
+  coll::PlanOptions options;
+  options.chunk_bytes = config_.chunk_bytes;
+  std::unique_ptr<coll::Plan> plan = algorithm.make(args, options);
+  identity.header = FrameHeader::for_call(args, identity.sequence, args.codec ? args.codec->hash() : 0);
   identity.expected = identity.header;
 
   const int depth = config_.pipeline_depth;
@@ -168,19 +179,37 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
       active_count_.fetch_sub(1);
       active_version_.fetch_add(1);
     }
-    if (result == qcclSuccess) {
+    if (result == qcclSuccess || result == qcclNonFinite) {  // completed (a non-finite result is data)
       const Operation& op = *record.operation;
+      last_stats_ = qcclStats_t{};
       last_stats_.wireBytesSent = op.bytes_sent();
       last_stats_.wireBytesReceived = op.bytes_received();
       last_stats_.seconds = std::chrono::duration<double>(Clock::now() - record.started_at).count();
       last_stats_.sequence = op.identity().sequence;
       std::snprintf(last_stats_.algorithm, sizeof(last_stats_.algorithm), "%s", op.algorithm().name);
+      const uint64_t raw = op.plan().raw_wire_bytes();
+      last_stats_.compressionRatio = op.bytes_sent() ? static_cast<double>(raw) / op.bytes_sent() : 1.0;
+      last_stats_.encodeSeconds = op.encode_seconds();
+      last_stats_.decodeSeconds = op.decode_seconds();
+      if (const kernels::CodecConfig* codec = op.plan().args().codec)
+        std::snprintf(last_stats_.codec, sizeof(last_stats_.codec), "%s", codec->canonical().c_str());
     }
     if (record.scratch) scratch_pool_.push_back(std::move(record.scratch));
   } else if (result == qcclSuccess) {
     last_stats_ = qcclStats_t{};
   }
   record.done.store(true, std::memory_order_release);
+}
+
+// A completed operation succeeded, unless a compressed one decoded non-finite values: every rank
+// decodes the same bytes, so every rank reports the same count, and the communicator stays healthy.
+void Comm::finish_completed(OpRecord& record) {
+  const Operation& op = *record.operation;
+  if (op.nonfinite() == 0) return finish(record, qcclSuccess, "");
+  finish(record, qcclNonFinite,
+         format("%s: %zu output values are NaN or Inf: an input held NaN or Inf (or overflowed the codec), "
+                "and compressed collectives never turn that into finite values",
+                op.identity().header.describe().c_str(), op.nonfinite()));
 }
 
 // ---- Driving -------------------------------------------------------------------------------------
@@ -240,7 +269,7 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       if (record->done.load(std::memory_order_relaxed)) continue;
       try {
         moved |= record->operation->advance(*transport_);
-        if (record->operation->finished()) finish(*record, qcclSuccess, "");
+        if (record->operation->finished()) finish_completed(*record);
       } catch (const Error& e) {
         break_comm(Failure{e.code(), e.message(), failure_sequence(*record)}, true);
         break;

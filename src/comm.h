@@ -23,6 +23,7 @@
 #include "collectives/plan.h"
 #include "include/qccl.h"
 #include "src/bootstrap.h"
+#include "src/codec_state.h"
 #include "src/config.h"
 #include "src/control.h"
 #include "src/executor.h"
@@ -38,6 +39,8 @@ class Comm;
 struct OpRecord {
   coll::CollArgs args;
   std::shared_ptr<Comm> comm;
+  std::shared_ptr<const kernels::CodecConfig> codec;  // keeps args.codec alive (compressed calls)
+  std::shared_ptr<CodecState> state;                  // the caller's codec state, if any
   std::unique_ptr<Operation> operation;
   std::shared_ptr<std::vector<std::byte>> scratch;
   std::chrono::steady_clock::time_point started_at;
@@ -72,6 +75,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   qcclResult_t health(std::string* message) const;
   void last_stats(qcclStats_t* out) const;
+  const std::shared_ptr<StateBudget>& state_budget() const { return state_budget_; }
 
  private:
   Comm(int rank, int nranks, const Config& config);
@@ -83,6 +87,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void progress_thread_main();
   void check_timeouts();
   void finish(OpRecord& record, qcclResult_t result, const std::string& error);
+  void finish_completed(OpRecord& record);
   // With the drive lock held: fails and withdraws the operations the failure concerns.
   void fail_affected_operations();
   void break_comm(const Failure& failure, bool report);
@@ -95,6 +100,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   const int nranks_;
   const Config config_;
   const AlgorithmPolicy policy_;
+  const CodecPolicy codec_policy_;
+  const std::shared_ptr<StateBudget> state_budget_;
   LocalTopology topology_;
   std::vector<PeerInfo> peers_;
   std::vector<std::string> names_;  // "rank 3 (host:pid)"

@@ -18,6 +18,9 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_ALGO", "unset (by size)", "force algorithms by name: 'ring' or 'allreduce=ring,broadcast=chain' (qccl_info lists them)"},
       {"QCCL_SPIN_US", "20", "microseconds to poll before blocking on the network's event descriptor"},
       {"QCCL_SOCKET_IFNAME", "unset (first non-loopback IPv4)", "interface whose address the bootstrap listens on and advertises"},
+      {"QCCL_CODEC", "unset (no compression)", "compress plain qcclAllReduce calls (sum/avg of float, half, bfloat16): a codec spec such as q8 for all three, or TYPE=SPEC;TYPE=SPEC per datatype"},
+      {"QCCL_CODEC_MIN_BYTES", "1048576", "QCCL_CODEC compresses only all-reduces of at least this many bytes"},
+      {"QCCL_CODEC_STATE_BUDGET", "4294967296", "bytes of codec state (error-feedback residuals) one communicator may hold"},
       {"QCCL_RANK", "unset", "this process's rank, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_NRANKS", "unset", "number of ranks, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_ROOT", "unset", "host:port where rank 0 runs the bootstrap root, for qcclCommInitEnv (set by qcclrun)"},
@@ -93,6 +96,9 @@ Config Config::resolve(const qcclConfig_t* overrides) {
   if (const char* v = env("QCCL_ALGO")) c.algorithms = v;
   if (const char* v = env("QCCL_SPIN_US")) c.spin_us = static_cast<int>(parse_int("QCCL_SPIN_US", v, 0, 1000000));
   if (const char* v = env("QCCL_SOCKET_IFNAME")) c.socket_ifname = v;
+  if (const char* v = env("QCCL_CODEC")) c.codec = v;
+  if (const char* v = env("QCCL_CODEC_MIN_BYTES")) c.codec_min_bytes = parse_size("QCCL_CODEC_MIN_BYTES", v);
+  if (const char* v = env("QCCL_CODEC_STATE_BUDGET")) c.codec_state_budget = parse_size("QCCL_CODEC_STATE_BUDGET", v);
 
   if (!overrides) return c;
   if (overrides->magic != QCCL_CONFIG_MAGIC)
@@ -119,6 +125,12 @@ Config Config::resolve(const qcclConfig_t* overrides) {
     c.pipeline_depth = overrides->pipelineDepth;
   }
   if (overrides->algorithms) c.algorithms = overrides->algorithms;
+  if (overrides->codec) c.codec = overrides->codec;
+  if (overrides->codecMinBytes != QCCL_CONFIG_UNDEF_DOUBLE) {
+    if (!(overrides->codecMinBytes >= 0) || !std::isfinite(overrides->codecMinBytes))
+      fail(qcclInvalidArgument, "config->codecMinBytes = %g must be >= 0", overrides->codecMinBytes);
+    c.codec_min_bytes = static_cast<size_t>(overrides->codecMinBytes);
+  }
   return c;
 }
 

@@ -26,6 +26,9 @@ struct Config {
   std::string algorithms;          // QCCL_ALGO
   int spin_us = 20;                // QCCL_SPIN_US: spin this long before blocking on events
   std::string socket_ifname;       // QCCL_SOCKET_IFNAME
+  std::string codec;               // QCCL_CODEC: compress plain AllReduce calls (CodecPolicy)
+  size_t codec_min_bytes = 1 << 20;  // QCCL_CODEC_MIN_BYTES
+  size_t codec_state_budget = size_t{4} << 30;  // QCCL_CODEC_STATE_BUDGET
 
   // Environment first, then the fields of `overrides` that are set (overrides may be null).
   // Throws Error(qcclInvalidArgument) naming the variable or field and its value.

@@ -66,6 +66,7 @@ const char* result_string(qcclResult_t result) {
     case qcclSystemError: return "system error";
     case qcclInternalError: return "internal error";
     case qcclInProgress: return "operation in progress";
+    case qcclNonFinite: return "non-finite input (NaN or Inf) in a compressed collective";
     case qcclNumResults: break;
   }
   return "unknown result code";

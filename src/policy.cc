@@ -97,4 +97,56 @@ std::string AlgorithmPolicy::describe() const {
   return out;
 }
 
+CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes) : min_bytes_(min_bytes) {
+  static const std::pair<const char*, kernels::DataType> kTypes[] = {
+      {"float", kernels::DataType::kFloat32}, {"half", kernels::DataType::kFloat16},
+      {"bfloat16", kernels::DataType::kBfloat16}};
+  size_t at = 0;
+  while (at < spec.size()) {
+    const size_t semi = spec.find(';', at);
+    const std::string entry = spec.substr(at, semi == std::string::npos ? std::string::npos : semi - at);
+    at = semi == std::string::npos ? spec.size() : semi + 1;
+    if (entry.empty()) continue;
+    std::string codec_spec = entry;
+    std::vector<kernels::DataType> types;
+    const size_t eq = entry.find('='), colon = entry.find(':');
+    if (eq != std::string::npos && (colon == std::string::npos || eq < colon)) {  // TYPE=SPEC
+      const std::string type = entry.substr(0, eq);
+      for (const auto& [name, t] : kTypes)
+        if (type == name) types.push_back(t);
+      if (types.empty())
+        fail(qcclInvalidArgument, "QCCL_CODEC: '%s' is not a datatype codecs take (float, half, bfloat16)", type.c_str());
+      codec_spec = entry.substr(eq + 1);
+    } else {
+      for (const auto& type : kTypes) types.push_back(type.second);
+    }
+    std::shared_ptr<kernels::CodecConfig> codec;
+    try {
+      codec = std::make_shared<kernels::CodecConfig>(kernels::parse_codec_spec(codec_spec));
+    } catch (const kernels::CodecSpecError& e) {
+      fail(qcclInvalidArgument, "QCCL_CODEC: %s", e.what());
+    }
+    if (codec->error_feedback)
+      fail(qcclInvalidArgument, "QCCL_CODEC: '%s': error feedback needs a codec state; use "
+           "qcclAllReduceCompressed with a state from qcclCodecStateCreate", codec_spec.c_str());
+    for (kernels::DataType t : types) by_type_[t] = codec;
+  }
+}
+
+const kernels::CodecConfig* CodecPolicy::choose(const coll::CollArgs& args) const {
+  if (args.kind != coll::CollKind::kAllReduce || args.codec) return nullptr;
+  if (args.op != kernels::RedOp::kSum && args.op != kernels::RedOp::kAvg) return nullptr;
+  if (args.message_bytes() < min_bytes_) return nullptr;
+  auto it = by_type_.find(args.dtype);
+  return it == by_type_.end() ? nullptr : it->second.get();
+}
+
+std::string CodecPolicy::describe() const {
+  if (by_type_.empty()) return "off";
+  std::string out;
+  for (const auto& [type, codec] : by_type_)
+    out += (out.empty() ? "" : ", ") + std::string(kernels::data_type_name(type)) + " " + codec->canonical();
+  return out + " from " + std::to_string(min_bytes_) + " bytes";
+}
+
 }  // namespace qccl

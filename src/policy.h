@@ -6,7 +6,10 @@
 #include <map>
 #include <string>
 
+#include <memory>
+
 #include "collectives/plan.h"
+#include "kernels/codec.h"
 
 namespace qccl {
 
@@ -23,6 +26,23 @@ class AlgorithmPolicy {
 
  private:
   std::map<coll::CollKind, std::string> forced_;
+};
+
+// Which plain qcclAllReduce calls a communicator compresses (QCCL_CODEC / qcclConfig_t.codec):
+// sum or average of float32, float16 or bfloat16 messages of at least min_bytes.
+class CodecPolicy {
+ public:
+  // spec: "" (off) | "SPEC" (float, half and bfloat16) | "TYPE=SPEC[;TYPE=SPEC...]" with TYPE one of
+  // float, half, bfloat16. Throws Error(qcclInvalidArgument) naming the bad token; ef=on is refused
+  // (a plain call has no codec state to keep a residual in).
+  CodecPolicy(const std::string& spec, size_t min_bytes);
+  // The codec for these arguments, or null.
+  const kernels::CodecConfig* choose(const coll::CollArgs& args) const;
+  std::string describe() const;
+
+ private:
+  std::map<kernels::DataType, std::shared_ptr<kernels::CodecConfig>> by_type_;
+  size_t min_bytes_;
 };
 
 }  // namespace qccl

@@ -85,6 +85,19 @@ TEST_CASE("different collectives at the same point: every rank fails with qcclMi
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
 }
 
+TEST_CASE("different codecs at the same point: every rank fails with qcclMismatch", "[codec-mismatch]") {
+  Job job;
+  warm_up(job);
+  qcclCodec_t codec = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate(job.rank == 0 ? "q8" : "q4", &codec));
+  std::vector<float> x(5000, 1.0f), y(5000);
+  qcclResult_t result = qcclAllReduceCompressed(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, codec, nullptr, job.comm);
+  CHECK(result == qcclMismatch);
+  CHECK_THAT(last_error(), Catch::Contains("codec"));
+  qcclCodecDestroy(codec);
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
 TEST_CASE("a peer that dies between collectives fails the others with qcclRemoteError", "[dead-peer]") {
   Job job;
   warm_up(job);

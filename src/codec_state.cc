@@ -1,0 +1,78 @@
+#include "src/codec_state.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "src/errors.h"
+#include "src/wire.h"
+
+namespace qccl {
+
+namespace {
+constexpr uint32_t kStateMagic = 0x54534351;  // "QCST"
+constexpr uint32_t kStateVersion = 1;
+constexpr size_t kHeaderBytes = 4 + 4 + 8 + 8 + 8;  // magic, version, count, step, checksum
+
+uint64_t checksum(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+void StateBudget::charge(size_t bytes) {
+  size_t used = used_.load();
+  do {
+    if (bytes > limit_ - std::min(used, limit_))
+      fail(qcclInvalidUsage, "codec state of %zu bytes would exceed QCCL_CODEC_STATE_BUDGET (%zu bytes, %zu in use)",
+           bytes, limit_, used);
+  } while (!used_.compare_exchange_weak(used, used + bytes));
+}
+
+CodecState::CodecState(std::shared_ptr<StateBudget> budget, size_t count) : budget_(std::move(budget)) {
+  budget_->charge(count * sizeof(float));
+  try {
+    residual_.assign(count, 0.0f);
+  } catch (...) {
+    budget_->release(count * sizeof(float));
+    throw;
+  }
+}
+
+CodecState::~CodecState() { budget_->release(residual_.size() * sizeof(float)); }
+
+size_t CodecState::serialized_bytes() const { return kHeaderBytes + residual_.size() * sizeof(float); }
+
+void CodecState::save(void* buffer, size_t bytes) const {
+  if (bytes < serialized_bytes())
+    fail(qcclInvalidArgument, "bytes = %zu is smaller than the state's %zu (qcclCodecStateSize)", bytes,
+         serialized_bytes());
+  ByteWriter w;
+  w.put<uint32_t>(kStateMagic);
+  w.put<uint32_t>(kStateVersion);
+  w.put<uint64_t>(residual_.size());
+  w.put<uint64_t>(step_);
+  w.put<uint64_t>(checksum(residual_.data(), residual_.size() * sizeof(float)));
+  std::memcpy(buffer, w.bytes().data(), kHeaderBytes);
+  std::memcpy(static_cast<char*>(buffer) + kHeaderBytes, residual_.data(), residual_.size() * sizeof(float));
+}
+
+void CodecState::load(const void* buffer, size_t bytes) {
+  ByteReader r(static_cast<const uint8_t*>(buffer), bytes, "codec state checkpoint", qcclInvalidArgument);
+  const uint32_t magic = r.get<uint32_t>(), version = r.get<uint32_t>();
+  if (magic != kStateMagic || version != kStateVersion)
+    fail(qcclInvalidArgument, "buffer is not a qccl codec state checkpoint (magic 0x%08x, version %u)", magic, version);
+  const uint64_t count = r.get<uint64_t>(), step = r.get<uint64_t>(), sum = r.get<uint64_t>();
+  if (count != residual_.size())
+    fail(qcclInvalidArgument, "checkpoint holds a state of %llu values, this state has %zu",
+         static_cast<unsigned long long>(count), residual_.size());
+  if (r.remaining() < count * sizeof(float))
+    fail(qcclInvalidArgument, "checkpoint is truncated: %zu bytes of residual, %llu expected", r.remaining(),
+         static_cast<unsigned long long>(count * sizeof(float)));
+  const char* data = static_cast<const char*>(buffer) + kHeaderBytes;
+  if (checksum(data, count * sizeof(float)) != sum) fail(qcclInvalidArgument, "checkpoint checksum does not match");
+  std::memcpy(residual_.data(), data, count * sizeof(float));
+  step_ = step;
+}
+
+}  // namespace qccl

@@ -1,0 +1,52 @@
+// Codec state: what a codec keeps for one tensor across steps (DESIGN.md "Codec state"): the
+// error-feedback residual and the step counter that keys stochastic rounding. Owned by qccl, charged
+// to its communicator's budget (QCCL_CODEC_STATE_BUDGET), and serializable for checkpoints.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace qccl {
+
+// A communicator's budget for codec state, shared by the states it created (thread-safe).
+class StateBudget {
+ public:
+  explicit StateBudget(size_t limit) : limit_(limit) {}
+  // Throws Error(qcclInvalidUsage) naming the sizes when `bytes` more would exceed the limit.
+  void charge(size_t bytes);
+  void release(size_t bytes) { used_.fetch_sub(bytes); }
+  size_t limit() const { return limit_; }
+
+ private:
+  const size_t limit_;
+  std::atomic<size_t> used_{0};
+};
+
+class CodecState {
+ public:
+  CodecState(std::shared_ptr<StateBudget> budget, size_t count);
+  ~CodecState();
+  CodecState(const CodecState&) = delete;
+  CodecState& operator=(const CodecState&) = delete;
+
+  size_t count() const { return residual_.size(); }
+  float* residual() { return residual_.data(); }
+  // The step of the next collective that uses this state (then incremented).
+  uint64_t take_step() { return step_++; }
+  uint64_t step() const { return step_; }
+
+  size_t serialized_bytes() const;
+  void save(void* buffer, size_t bytes) const;
+  // Throws Error(qcclInvalidArgument) naming what does not match (magic, version, count, checksum).
+  void load(const void* buffer, size_t bytes);
+
+ private:
+  std::shared_ptr<StateBudget> budget_;
+  std::vector<float> residual_;
+  uint64_t step_ = 0;
+};
+
+}  // namespace qccl

@@ -1,0 +1,248 @@
+// Compressed all-reduce through the C API on real processes (qcclrun, 2..8 ranks): every codec and
+// datatype within its bound and bit-identical on every rank, statistics, error feedback with
+// checkpoint and restore, non-finite input reported on every rank, the QCCL_CODEC policy for plain
+// calls, and bad codec arguments refused before anything is sent.
+#include <cmath>
+#include <string>
+
+#include "tests/ranks/rank_test_util.h"
+
+namespace qccl::test {
+namespace {
+
+// Inputs in [-1, 1] that every rank can compute for every rank.
+double input(int rank, size_t i) { return std::sin(0.731 * static_cast<double>(i) + 1.37 * rank); }
+
+std::vector<uint8_t> make_input(DataType t, int rank, size_t count) {
+  std::vector<uint8_t> b(count * kernels::element_size(t));
+  for (size_t i = 0; i < count; ++i) store(t, b.data(), i, input(rank, i));
+  return b;
+}
+
+double exact(DataType t, RedOp op, int n, size_t i) {
+  double sum = 0;
+  for (int r = 0; r < n; ++r) {
+    std::vector<uint8_t> cell(8);
+    store(t, cell.data(), 0, input(r, i));
+    sum += load(t, cell.data(), 0);
+  }
+  return op == RedOp::kAvg ? sum / n : sum;
+}
+
+// A generous but proven bound for inputs in [-1, 1] (see allreduce_compressed_test.cc for the
+// derivation per algorithm): the ring re-encodes partial sums of up to n inputs at n hops.
+double bound(const std::string& spec, DataType t, RedOp op, int n) {
+  double unit = 0, rel = 0;
+  if (spec == "fp16") rel = 0x1p-11;
+  else if (spec == "bf16") rel = 0x1p-8;
+  else {
+    const int bits = spec[1] - '0';
+    unit = (spec.find("stochastic") != std::string::npos ? 1.0 : 0.5) / ((1 << bits) - 1);
+  }
+  double b = unit * n * (n + 1) + rel * n * (n + 1) / 2.0 + 1e-5 * n;
+  if (t == DataType::kFloat16) b += n * 0x1p-11;
+  if (t == DataType::kBfloat16) b += n * 0x1p-8;
+  return op == RedOp::kAvg ? b / n + 1e-6 : b;
+}
+
+struct Codec {
+  qcclCodec_t handle = nullptr;
+  explicit Codec(const std::string& spec) { QCCL_REQUIRE_OK(qcclCodecCreate(spec.c_str(), &handle)); }
+  ~Codec() { qcclCodecDestroy(handle); }
+};
+
+uint64_t allgather_equal(const void* data, size_t bytes) {
+  World& w = World::get();
+  uint64_t h = hash_bytes(data, bytes);
+  std::vector<uint64_t> all(w.size());
+  QCCL_REQUIRE_OK(qcclAllGather(&h, all.data(), 1, qcclUint64, w.comm()));
+  for (uint64_t other : all) CHECK(other == h);
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("compressed all-reduce: every codec and datatype, within bound, identical on every rank", "[compressed]") {
+  World& w = World::get();
+  for (const std::string spec : {"q8", "q4:round=stochastic,seed=5", "q2:bucket=256", "q1", "fp16", "bf16"})
+    for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kBfloat16})
+      for (RedOp op : {RedOp::kSum, RedOp::kAvg})
+        for (size_t count : {size_t{1}, size_t{1000}, size_t{300007}}) {
+          INFO(spec << " " << kernels::data_type_name(t) << " " << kernels::red_op_name(op) << " count " << count);
+          Codec codec(spec);
+          auto in = make_input(t, w.rank(), count);
+          std::vector<uint8_t> out(in.size(), 0xee);
+          QCCL_REQUIRE_OK(qcclAllReduceCompressed(in.data(), out.data(), count, to_api(t), to_api(op), codec.handle,
+                                                  nullptr, w.comm()));
+          double worst = 0;
+          for (size_t i = 0; i < count; ++i) worst = std::max(worst, std::fabs(load(t, out.data(), i) - exact(t, op, w.size(), i)));
+          CHECK(worst <= bound(spec, t, op, w.size()));
+          allgather_equal(out.data(), out.size());
+        }
+}
+
+TEST_CASE("compressed all-reduce: statistics report the codec, the ratio and the closed-form bytes", "[compressed]") {
+  World& w = World::get();
+  const int n = w.size();
+  Codec codec("q4:bucket=512");
+  const size_t count = 512 * 8 * 105;  // segments of whole buckets for n = 2, 3, 4, 8
+  std::vector<float> in(count, 0.25f), out(count);
+  for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(input(w.rank(), i));
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr,
+                                          w.comm()));
+  qcclStats_t stats{};
+  stats.size = sizeof(stats);
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(w.comm(), &stats));
+  if (n == 1) {
+    CHECK(stats.wireBytesSent == 0);
+    return;
+  }
+  const size_t segment = count / n;
+  CHECK(std::string(stats.codec).rfind("q4:bucket=512", 0) == 0);
+  CHECK(stats.wireBytesSent == 2ull * (n - 1) * (8 * (segment / 512) + segment / 2));
+  CHECK(stats.compressionRatio > 7.0);  // 32 bits -> 4 bits + 8 bytes per 512 values
+  CHECK(stats.compressionRatio < 8.0);
+  CHECK(stats.encodeSeconds > 0);
+  CHECK(stats.decodeSeconds > 0);
+}
+
+TEST_CASE("error feedback: a checkpointed state replays a step bit for bit", "[compressed]") {
+  World& w = World::get();
+  const size_t count = 4099;
+  Codec codec("q3:bucket=64,round=stochastic,ef=on,seed=1");
+  qcclCodecState_t state = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), count, &state));
+  std::vector<float> in(count), out(count), again(count);
+  for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(input(w.rank(), i));
+  for (int step = 0; step < 3; ++step)
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat32, qcclAvg, codec.handle, state,
+                                            w.comm()));
+  size_t bytes = 0;
+  QCCL_REQUIRE_OK(qcclCodecStateSize(state, &bytes));
+  CHECK(bytes > count * sizeof(float));
+  std::vector<uint8_t> checkpoint(bytes);
+  QCCL_REQUIRE_OK(qcclCodecStateSave(state, checkpoint.data(), bytes));
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat32, qcclAvg, codec.handle, state, w.comm()));
+  QCCL_REQUIRE_OK(qcclCodecStateLoad(state, checkpoint.data(), bytes));
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(in.data(), again.data(), count, qcclFloat32, qcclAvg, codec.handle, state, w.comm()));
+  CHECK(std::memcmp(out.data(), again.data(), count * sizeof(float)) == 0);  // same residual, same step
+  allgather_equal(out.data(), count * sizeof(float));
+
+  // A corrupt or foreign checkpoint is refused and changes nothing.
+  checkpoint[40] ^= 1;
+  CHECK(qcclCodecStateLoad(state, checkpoint.data(), bytes) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("checksum"));
+  qcclCodecState_t other = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), count + 1, &other));
+  checkpoint[40] ^= 1;
+  CHECK(qcclCodecStateLoad(other, checkpoint.data(), bytes) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("4099 values"));
+  QCCL_REQUIRE_OK(qcclCodecStateDestroy(other));
+  QCCL_REQUIRE_OK(qcclCodecStateDestroy(state));
+}
+
+TEST_CASE("NaN in one rank's input: qcclNonFinite on every rank, NaN in the output, communicator intact",
+          "[compressed]") {
+  World& w = World::get();
+  Codec codec("q8:bucket=64");
+  const size_t count = 6400;
+  std::vector<float> in(count), out(count);
+  for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(input(w.rank(), i));
+  if (w.rank() == w.size() - 1) in[123] = NAN;
+  qcclResult_t result = qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat32, qcclSum, codec.handle,
+                                                nullptr, w.comm());
+  if (w.size() == 1) {
+    CHECK(result == qcclSuccess);  // one rank: a copy, NaN and all
+  } else {
+    CHECK(result == qcclNonFinite);
+    CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("NaN or Inf"));
+  }
+  CHECK(std::isnan(out[123]));
+  qcclResult_t async = qcclInternalError;
+  QCCL_REQUIRE_OK(qcclCommGetAsyncError(w.comm(), &async));
+  CHECK(async == qcclSuccess);
+  in[123] = 0.0f;
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr,
+                                          w.comm()));
+  CHECK(std::isfinite(out[123]));
+}
+
+TEST_CASE("QCCL_CODEC policy: plain all-reduce calls above the threshold are compressed", "[compressed]") {
+  World& w = World::get();
+  qcclUniqueId id;
+  if (w.rank() == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, w.comm()));
+  qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+  config.codec = "float=q8;bfloat16=fp16";
+  config.codecMinBytes = 4096;
+  qcclComm_t comm = nullptr;
+  QCCL_REQUIRE_OK(qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config));
+  qcclStats_t stats{};
+  stats.size = sizeof(stats);
+  std::vector<float> x(100000, 1.0f), y(100000);
+  QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, comm));
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(comm, &stats));
+  if (w.size() > 1) {
+    CHECK(std::string(stats.codec).rfind("q8:", 0) == 0);
+    CHECK(stats.compressionRatio > 3.5);
+  }
+  CHECK(y[99999] == static_cast<float>(w.size()));  // 1s quantize exactly (constant buckets)
+  // Below the threshold, other datatypes and other ops stay uncompressed.
+  QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), 1000, qcclFloat32, qcclSum, comm));
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(comm, &stats));
+  CHECK(std::string(stats.codec).empty());
+  QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclMax, comm));
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(comm, &stats));
+  CHECK(std::string(stats.codec).empty());
+  QCCL_REQUIRE_OK(qcclCommDestroy(comm));
+
+  config.codec = "q8:ef=on";
+  CHECK(qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("error feedback needs a codec state"));
+}
+
+TEST_CASE("bad codec arguments are refused before anything is sent, naming the token", "[compressed]") {
+  World& w = World::get();
+  qcclCodec_t codec = nullptr;
+  auto refused = [](qcclResult_t result, const std::string& needle) {
+    CHECK(result == qcclInvalidArgument);
+    CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains(needle));
+  };
+  refused(qcclCodecCreate("q9", &codec), "'q9'");
+  refused(qcclCodecCreate("q4:bucket=100", &codec), "multiple of 8");
+  refused(qcclCodecCreate("q4:rounding=nearest", &codec), "'rounding'");
+  refused(qcclCodecCreate("fp16:bucket=64", &codec), "only q1 .. q8 have buckets");
+  CHECK(codec == nullptr);
+  Codec q8("q8"), ef("q8:ef=on");
+  std::vector<float> a(64), b(64);
+  std::vector<int32_t> ia(64), ib(64);
+  refused(qcclAllReduceCompressed(ia.data(), ib.data(), 64, qcclInt32, qcclSum, q8.handle, nullptr, w.comm()),
+          "codecs take float, half or bfloat16");
+  refused(qcclAllReduceCompressed(a.data(), b.data(), 64, qcclFloat32, qcclMax, q8.handle, nullptr, w.comm()),
+          "sums or averages");
+  refused(qcclAllReduceCompressed(a.data(), b.data(), 64, qcclFloat32, qcclSum, nullptr, nullptr, w.comm()),
+          "codec is NULL");
+  refused(qcclAllReduceCompressed(a.data(), b.data(), 64, qcclFloat32, qcclSum, ef.handle, nullptr, w.comm()),
+          "ef=on");
+  qcclCodecState_t state = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), 63, &state));
+  refused(qcclAllReduceCompressed(a.data(), b.data(), 64, qcclFloat32, qcclSum, ef.handle, state, w.comm()),
+          "state holds 63 values but count = 64");
+  QCCL_REQUIRE_OK(qcclCodecStateDestroy(state));
+  // Nothing was sent: the communicator is still in step.
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(a.data(), b.data(), 64, qcclFloat32, qcclSum, q8.handle, nullptr, w.comm()));
+}
+
+TEST_CASE("codec state budget: a state beyond QCCL_CODEC_STATE_BUDGET is refused with the sizes", "[budget]") {
+  // Run with QCCL_CODEC_STATE_BUDGET=1M.
+  World& w = World::get();
+  qcclCodecState_t a = nullptr, b = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), 200000, &a));  // 800 kB of residual
+  CHECK(qcclCodecStateCreate(w.comm(), 100000, &b) == qcclInvalidUsage);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("QCCL_CODEC_STATE_BUDGET (1048576 bytes"));
+  QCCL_REQUIRE_OK(qcclCodecStateDestroy(a));
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), 100000, &b));  // freed budget is reusable
+  QCCL_REQUIRE_OK(qcclCodecStateDestroy(b));
+}
+
+}  // namespace qccl::test
