@@ -1,4 +1,5 @@
-// all_reduce_perf: qcclAllReduce. recvbuff[i] = op over ranks of sendbuff[i]; in place: same buffer.
+// all_reduce_perf: qcclAllReduce (qcclAllReduceCompressed with --codec). recvbuff[i] = op over ranks of
+// sendbuff[i]; in place: same buffer.
 #include "common.h"
 
 namespace {
@@ -9,6 +10,11 @@ void get_counts(size_t count, int, qccl_perf::Counts* c) {
 }
 
 qcclResult_t run(const qccl_perf::Call& c, qccl_perf::Requests* requests) {
+  if (c.codec) {
+    if (!requests) return qcclAllReduceCompressed(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.codec, nullptr, c.comm);
+    return qcclIAllReduceCompressed(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.codec, nullptr, c.comm,
+                                    requests->add());
+  }
   if (!requests) return qcclAllReduce(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.comm);
   return qcclIAllReduce(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.comm, requests->add());
 }
@@ -26,7 +32,7 @@ constexpr qccl_perf::CollTest kTest = {
     /*result_on_root_only=*/false,
     "    algbw = count * sizeof(type) / t\n"
     "    busbw = algbw * 2(n-1)/n\n",
-    get_counts, run, source, get_bw};
+    get_counts, run, source, get_bw, /*compressible=*/true};
 
 }  // namespace
 

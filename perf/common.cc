@@ -83,6 +83,27 @@ int64_t ordered(uint64_t bits, size_t size) {
   return (bits >> sign_bit) & 1 ? -magnitude : magnitude;
 }
 
+// The value of floating-point bits of `t` (for --codec's relative error): sign, exponent, mantissa.
+double decode_real(const TypeInfo& t, uint64_t bits) {
+  if (t.type == qcclFloat32) {
+    float f;
+    const auto b = static_cast<uint32_t>(bits);
+    std::memcpy(&f, &b, sizeof f);
+    return f;
+  }
+  if (t.type == qcclFloat64) {
+    double d;
+    std::memcpy(&d, &bits, sizeof d);
+    return d;
+  }
+  const int mant = t.mant_bits, exp = t.exp_bits, bias = (1 << (exp - 1)) - 1;
+  const uint64_t m = bits & ((uint64_t{1} << mant) - 1), e = (bits >> mant) & ((uint64_t{1} << exp) - 1);
+  const double sign = (bits >> (mant + exp)) & 1 ? -1.0 : 1.0;
+  if (e == (uint64_t{1} << exp) - 1) return m ? NAN : sign * INFINITY;
+  if (e == 0) return sign * std::ldexp(static_cast<double>(m), 1 - bias - mant);
+  return sign * std::ldexp(static_cast<double>(m | (uint64_t{1} << mant)), static_cast<int>(e) - bias - mant);
+}
+
 // Buffers are little-endian host memory (x86-64, aarch64).
 uint64_t load(const char* p, size_t size) {
   uint64_t v = 0;
@@ -242,8 +263,21 @@ namespace {
 // The extra columns of the table (see ExtraColumn). --link-rate adds the wire floor: busbw is the
 // rate at which a rank's link carries the collective's bus bytes, so the fastest a link of rate B
 // allows is time * busbw / B, and time / floor = B / busbw. (Future --codec columns go here too.)
+std::string formatted(const char* fmt, double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), fmt, v);
+  return text;
+}
+
 std::vector<ExtraColumn> extra_columns(const Options& opt) {
   std::vector<ExtraColumn> columns;
+  if (!opt.codecs.empty()) {
+    columns.push_back({"wire", "(B)", 11, [](const Cell& c) { return formatted("%.0f", double(c.stats.wireBytesSent)); }});
+    columns.push_back({"ratio", "", 6, [](const Cell& c) { return formatted("%.2f", c.stats.compressionRatio); }});
+    columns.push_back({"relerr", "", 8, [](const Cell& c) {
+                         return c.relerr < 0 ? std::string("N/A") : formatted("%.2e", c.relerr);
+                       }});
+  }
   if (opt.link_rate > 0) {
     const double rate = opt.link_rate / 1e9;  // GB/s, as busbw
     columns.push_back({"floor", "(us)", 8, [rate](const Cell& c) {
@@ -286,6 +320,8 @@ class Bench {
   Cell bench_cell(const Shape& s, bool in_place);
   double time_batch(const Shape& s, bool in_place);
   int64_t check_cell(const Shape& s, bool in_place, uint64_t seed);
+  double relative_error(const Shape& s, bool in_place, uint64_t seed);
+  bool compressible(const TypeInfo& type, int op) const;
   void fill_inputs(const Shape& s, bool in_place, const Pattern& p);
   int64_t count_wrong(const Shape& s, bool in_place, const Pattern& p);
   Shape shape_for(size_t bytes, const TypeInfo& type, int op, int root) const;
@@ -302,6 +338,8 @@ class Bench {
   int rank_ = 0, nranks_ = 1;
   HostBuffer send_, recv_;
   size_t buffer_bytes_ = 0;
+  std::vector<std::pair<std::string, qcclCodec_t>> codecs_;  // --codec
+  qcclCodec_t codec_ = nullptr;                               // the sweep's codec, or none
   uint64_t check_seed_ = 0;
   int failed_cells_ = 0;
   double bw_sum_ = 0;
@@ -310,6 +348,7 @@ class Bench {
 
 Bench::~Bench() {
   if (comm_) qcclCommDestroy(comm_);
+  for (auto& c : codecs_) qcclCodecDestroy(c.second);
 }
 
 void Bench::abort() {
@@ -329,6 +368,12 @@ void Bench::init() {
   if (test_.rooted && opt_.root >= nranks_) {
     throw UsageError("invalid value '" + std::to_string(opt_.root) + "' for -r/--root: there are " +
                      std::to_string(nranks_) + " ranks");
+  }
+  for (const std::string& spec : opt_.codecs) {
+    qcclCodec_t codec = nullptr;
+    if (qcclCodecCreate(spec.c_str(), &codec) != qcclSuccess)
+      throw UsageError(std::string("invalid value for --codec: ") + qcclGetLastError(nullptr));
+    codecs_.emplace_back(spec, codec);
   }
   buffer_bytes_ = opt_.max_bytes;
   send_ = allocate(buffer_bytes_);
@@ -366,18 +411,31 @@ void Bench::print_preamble() {
 
 void Bench::run() {
   if (printer()) table_.print_header();
+  std::vector<std::pair<std::string, qcclCodec_t>> codecs = codecs_;
+  if (codecs.empty()) codecs.emplace_back("", nullptr);
   for (int cycle = 0; opt_.cycles == 0 || cycle < opt_.cycles; ++cycle) {
-    for (int t = 0; t < qcclNumTypes; ++t) {
-      if (opt_.type != -1 && opt_.type != t) continue;
-      for (int op = 0; op < (test_.reduces ? qcclNumOps : 1); ++op) {
-        if (test_.reduces && opt_.op != -1 && opt_.op != op) continue;
-        const int first_root = !test_.rooted ? -1 : opt_.root == -1 ? 0 : opt_.root;
-        const int last_root = !test_.rooted ? -1 : opt_.root == -1 ? nranks_ - 1 : opt_.root;
-        for (int root = first_root; root <= last_root; ++root)
-          sweep(kTypes[t], test_.reduces ? op : Pattern::kCopy, root);
+    for (const auto& [spec, codec] : codecs) {
+      codec_ = codec;
+      if (codec && printer()) std::printf("# codec %s\n", spec.c_str());
+      for (int t = 0; t < qcclNumTypes; ++t) {
+        if (opt_.type != -1 && opt_.type != t) continue;
+        for (int op = 0; op < (test_.reduces ? qcclNumOps : 1); ++op) {
+          if (test_.reduces && opt_.op != -1 && opt_.op != op) continue;
+          if (codec && !compressible(kTypes[t], op)) continue;
+          const int first_root = !test_.rooted ? -1 : opt_.root == -1 ? 0 : opt_.root;
+          const int last_root = !test_.rooted ? -1 : opt_.root == -1 ? nranks_ - 1 : opt_.root;
+          for (int root = first_root; root <= last_root; ++root)
+            sweep(kTypes[t], test_.reduces ? op : Pattern::kCopy, root);
+        }
       }
     }
   }
+}
+
+// Codecs take float, half and bfloat16, summed or averaged (qcclAllReduceCompressed).
+bool Bench::compressible(const TypeInfo& type, int op) const {
+  const bool floating = type.type == qcclFloat32 || type.type == qcclFloat16 || type.type == qcclBfloat16;
+  return floating && (op == qcclSum || op == qcclAvg);
 }
 
 // nccl-tests' TimeTest: a barrier, warm-up at the largest and the smallest size, then every size.
@@ -426,6 +484,10 @@ Cell Bench::bench_cell(const Shape& s, bool in_place) {
   cell.seconds = reduce_time(time_batch(s, in_place));
   test_.get_bw(s.counts.param, s.type->size, cell.seconds, nranks_, &cell.algbw, &cell.busbw);
   for (int c = 0; c < opt_.check; ++c) {
+    if (codec_) {  // lossy: the relative error, not an exact comparison
+      cell.relerr = std::max(cell.relerr, relative_error(s, in_place, ++check_seed_));
+      continue;
+    }
     cell.wrong = check_cell(s, in_place, ++check_seed_);
     if (cell.wrong) break;
   }
@@ -474,7 +536,7 @@ Call Bench::make_call(const Shape& s, bool in_place, int iter) const {
   if (in_place) send = recv + s.counts.send_in_place * size_t(rank_) * es;
   if (in_place) recv += s.counts.recv_in_place * size_t(rank_) * es;
   const auto op = static_cast<qcclRedOp_t>(s.op == Pattern::kCopy ? qcclSum : s.op);
-  return Call{send, recv, s.counts.param, s.type->type, op, s.root, rank_, nranks_, comm_};
+  return Call{send, recv, s.counts.param, s.type->type, op, s.root, rank_, nranks_, comm_, codec_};
 }
 
 // One check iteration: fresh inputs, one operation, every output element compared with the value
@@ -486,6 +548,27 @@ int64_t Bench::check_cell(const Shape& s, bool in_place, uint64_t seed) {
   int64_t wrong = count_wrong(s, in_place, p);
   check(qcclAllReduce(&wrong, &wrong, 1, qcclInt64, qcclSum, comm_), "qcclAllReduce (#wrong)");
   return wrong;
+}
+
+// One compressed check: fresh inputs, one operation, then ||out - exact||_2 / ||exact||_2 over every
+// element of every rank (the sums of squares are all-reduced in float64).
+double Bench::relative_error(const Shape& s, bool in_place, uint64_t seed) {
+  const Pattern p{s.type, s.op, seed, nranks_};
+  fill_inputs(s, in_place, p);
+  run_ops(s, in_place, 0, 1);
+  const Call call = make_call(s, in_place, 0);
+  const size_t es = s.type->size;
+  const char* out = static_cast<const char*>(call.recvbuff);
+  double sums[2] = {0, 0};  // squared error, squared reference
+  for (size_t i = 0; i < s.counts.recv; ++i) {
+    int ulps = 0;
+    const double want = decode_real(*s.type, reduced_bits(p, test_.source(i, call).index, &ulps));
+    const double got = decode_real(*s.type, load(out + i * es, es));
+    sums[0] += (got - want) * (got - want);
+    sums[1] += want * want;
+  }
+  check(qcclAllReduce(sums, sums, 2, qcclFloat64, qcclSum, comm_), "qcclAllReduce (relative error)");
+  return sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);
 }
 
 // Inputs for iteration 0 (offset 0); the output buffer gets a sentinel byte first, so that elements

@@ -42,6 +42,7 @@ struct Call {
   int rank;
   int nranks;
   qcclComm_t comm;
+  qcclCodec_t codec = nullptr;  // --codec: compress (only collectives with CollTest::compressible)
 };
 
 // Requests of the operations issued in one timed batch (non-blocking mode, -z 0).
@@ -78,6 +79,7 @@ struct CollTest {
   Source (*source)(size_t out_index, const Call& call);
   // nccl-tests' <Coll>GetBw: count is Counts::param, GB = 1e9 bytes.
   void (*get_bw)(size_t count, size_t type_size, double seconds, int nranks, double* algbw, double* busbw);
+  bool compressible = false;  // takes --codec (run() honours Call::codec)
 };
 
 // The whole benchmark: parses argv, runs the sweep, prints the table on rank 0. Returns the exit
@@ -93,12 +95,12 @@ struct Cell {
   double algbw = 0;      // GB/s
   double busbw = 0;      // GB/s
   int64_t wrong = -1;    // wrong elements summed over ranks; -1 = not checked (N/A)
+  double relerr = -1;    // --codec: ||out - exact||_2 / ||exact||_2 over all ranks; -1 = not checked
   qcclStats_t stats{};   // this rank's qcclCommGetLastStats after one untimed run, for extra columns
 };
 
-// A column appended to each half of the table after #wrong. This is the hook of the future
-// `--codec SPEC[,SPEC...]` option, which will add wire bytes per rank, compression ratio and relative
-// error; the table code prints any list of these without change.
+// A column appended to each half of the table after #wrong: --codec adds wire bytes per rank,
+// compression ratio and relative error, --link-rate the wire floor; the table prints any list of them.
 struct ExtraColumn {
   std::string title;  // second header line
   std::string unit;   // third header line, e.g. "(B)"

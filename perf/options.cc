@@ -87,7 +87,26 @@ double parse_rate(const char* option, const char* s) {
   bad_value(option, s, "unknown unit (use bit, kbit, mbit, gbit, tbit, or bps, kbps, mbps, gbps for bytes/s)");
 }
 
-enum LongOnly { kAlgo = 256, kChunk, kDepth, kLinkRate };
+// --codec SPEC[,SPEC...]: specs contain commas of their own (q8:bucket=256,round=stochastic), so a
+// token with '=' continues the spec before it, and any other token starts a new one.
+std::vector<std::string> parse_codecs(const char* option, const char* s) {
+  std::vector<std::string> specs;
+  std::string text = s;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = text.find(',', at);
+    const std::string token = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    at = comma == std::string::npos ? text.size() + 1 : comma + 1;
+    if (token.empty()) bad_value(option, s, "empty codec spec");
+    if (token.find('=') != std::string::npos && token.find(':') == std::string::npos && !specs.empty())
+      specs.back() += "," + token;
+    else
+      specs.push_back(token);
+  }
+  return specs;
+}
+
+enum LongOnly { kAlgo = 256, kChunk, kDepth, kLinkRate, kCodec };
 constexpr option kLongOptions[] = {
     {"minbytes", required_argument, nullptr, 'b'},  {"maxbytes", required_argument, nullptr, 'e'},
     {"stepfactor", required_argument, nullptr, 'f'}, {"stepbytes", required_argument, nullptr, 'i'},
@@ -98,7 +117,7 @@ constexpr option kLongOptions[] = {
     {"average", required_argument, nullptr, 'a'},   {"run_cycles", required_argument, nullptr, 'N'},
     {"algo", required_argument, nullptr, kAlgo},    {"chunk", required_argument, nullptr, kChunk},
     {"depth", required_argument, nullptr, kDepth},  {"link-rate", required_argument, nullptr, kLinkRate},
-    {"help", no_argument, nullptr, 'h'},
+    {"codec", required_argument, nullptr, kCodec},  {"help", no_argument, nullptr, 'h'},
     {nullptr, 0, nullptr, 0}};
 
 // The option's spelling for messages: "-n/--iters".
@@ -131,6 +150,7 @@ void apply_option(int c, const char* arg, Options* o) {
     case kChunk: o->chunk = parse_chunk(n, arg); break;
     case kDepth: o->depth = int(parse_int(n, arg, 1, 1 << 20)); break;
     case kLinkRate: o->link_rate = parse_rate(n, arg); break;
+    case kCodec: o->codecs = parse_codecs(n, arg); break;
     default: throw UsageError("internal: unhandled option " + name);
   }
 }
@@ -190,6 +210,13 @@ OPTIONS
                              QCCL_CHUNK_BYTES, else 256K)
         --depth N            qcclConfig_t.pipelineDepth, chunks in flight (default:
                              QCCL_PIPELINE_DEPTH, else 2)
+        --codec SPEC[,SPEC...]
+                             all_reduce_perf only: run the sweep once per codec spec through
+                             qcclAllReduceCompressed (float, half, bfloat16; sum, avg), e.g.
+                             --codec q8,q4:round=stochastic,fp16. Adds three columns to each half
+                             of the table: wire (bytes this rank sent), ratio (uncompressed bytes /
+                             sent) and relerr (||out - exact|| / ||exact|| over all ranks, with -c;
+                             #wrong is then N/A, as a lossy result is not exact). Default: off
         --link-rate RATE     the rate of each rank's link, in tc(8) units (100mbit, 1gbit, 10gbit;
                              "bps" = bytes/s), e.g. the RATE of qcclrun --netem: adds two columns to
                              each half of the table, the wire floor (the time the busbw definition
@@ -308,6 +335,8 @@ bool parse_options(int argc, char** argv, const CollTest& test, Options* o) {
   if (optind < argc) throw UsageError(std::string("unexpected argument '") + argv[optind] + "'");
   if (o->min_bytes > o->max_bytes) throw UsageError("-b/--minbytes is larger than -e/--maxbytes");
   if (o->step_factor <= 1 && o->step_bytes == 0) throw UsageError("-i/--stepbytes is 0 and -f/--stepfactor is 1");
+  if (!o->codecs.empty() && !test.compressible)
+    throw UsageError(std::string("--codec: ") + test.name + "_perf does not compress (all_reduce_perf does)");
   return true;
 }
 

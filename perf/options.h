@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common.h"
 #include "qccl.h"
@@ -28,6 +29,7 @@ struct Options {
   std::string algo;  // empty: the library's choice
   int chunk = QCCL_CONFIG_UNDEF_INT, depth = QCCL_CONFIG_UNDEF_INT;
   double link_rate = 0;  // --link-rate, bytes/s; > 0 adds the wire-floor columns
+  std::vector<std::string> codecs;  // --codec: one sweep per spec
 };
 
 // A bad command line; its message names the option and the value. Exit status 2.
