@@ -279,16 +279,17 @@ std::vector<ExtraColumn> extra_columns(const Options& opt) {
                        }});
   }
   if (opt.link_rate > 0) {
-    const double rate = opt.link_rate / 1e9;  // GB/s, as busbw
-    columns.push_back({"floor", "(us)", 8, [rate](const Cell& c) {
-                         char text[32];
-                         std::snprintf(text, sizeof(text), "%.1f", c.seconds * 1e6 * c.busbw / rate);
-                         return std::string(text);
-                       }});
-    columns.push_back({"x floor", "", 7, [rate](const Cell& c) {
-                         char text[32];
-                         std::snprintf(text, sizeof(text), "%.2f", c.busbw > 0 ? rate / c.busbw : 0.0);
-                         return std::string(text);
+    // Uncompressed, the floor is the bus bytes over the link; compressed, it is the bytes this rank
+    // actually sent (qcclStats_t) over the link: the codec's own wire floor.
+    const bool compressed = !opt.codecs.empty();
+    const double rate = opt.link_rate;  // bytes/s
+    auto floor_us = [rate, compressed](const Cell& c) {
+      return compressed ? c.stats.wireBytesSent / rate * 1e6 : c.seconds * 1e6 * c.busbw * 1e9 / rate;
+    };
+    columns.push_back({"floor", "(us)", 9, [floor_us](const Cell& c) { return formatted("%.1f", floor_us(c)); }});
+    columns.push_back({"x floor", "", 7, [floor_us](const Cell& c) {
+                         const double f = floor_us(c);
+                         return formatted("%.2f", f > 0 ? c.seconds * 1e6 / f : 0.0);
                        }});
   }
   return columns;

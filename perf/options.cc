@@ -220,7 +220,8 @@ OPTIONS
         --link-rate RATE     the rate of each rank's link, in tc(8) units (100mbit, 1gbit, 10gbit;
                              "bps" = bytes/s), e.g. the RATE of qcclrun --netem: adds two columns to
                              each half of the table, the wire floor (the time the busbw definition
-                             allows: bus bytes / RATE, in us) and time / floor (default: off)
+                             allows: bus bytes / RATE, in us; with --codec, the bytes this rank
+                             sent / RATE) and time / floor (default: off)
     -h, --help               print this page and exit
 )";
 
