@@ -11,8 +11,11 @@
 //
 // Numerical promise, for finite inputs, with s the bucket's step:
 //   nearest:    |x' - x| <= s/2 + e,   stochastic: |x' - x| < s + e,   E[x'] = x (stochastic only)
-// where e = 2^-13 * s + 2^-22 * max(|m|, |max|) covers float32 rounding: (x - m) / s + u is off by
-// less than 2^-14 codes, which can move a code boundary by that much, and m + s * c rounds once.
+// where e = 2^-13 * s + 2^-22 * max(|m|, |max|) + 2^(N-149) covers float32 rounding: (x - m) / s + u
+// is off by less than 2^-14 codes, which can move a code boundary by that much; m + s * c rounds
+// once; and a step in float32's subnormal range (or one that underflows to 0) is off by up to half
+// a subnormal ulp, 2^-150, which the 2^N - 1 levels multiply.
+// The minimum and maximum order -0 below +0, as the host and device scans both do.
 // The clamp keeps every code in [0, 2^N - 1] even when rounding pushes (x - m) / s + u past the top
 // (CGX's missing clamp, qsdp.md F3). A bucket whose values are all equal has s = 0 and decodes
 // exactly. A bucket holding NaN or Inf is marked with s = NaN and decodes to NaN everywhere, so a
@@ -34,10 +37,17 @@ struct BucketMeta {
 
 QCCL_HD uint32_t quant_levels(int bits) { return (1u << bits) - 1u; }
 
-// Meta of a bucket from its minimum and maximum (both NaN-free when finite is true).
+// x - x is 0 exactly when x is finite (NaN and Inf give NaN); no <cmath> needed on either side.
+QCCL_HD bool finite_float(float x) { return x - x == 0.0f; }
+
+// Meta of a bucket from its minimum and maximum (both NaN-free when finite is true). A bucket whose
+// range or top code overflows float32 (e.g. [-FLT_MAX, 0]) could not be decoded: it is sent as
+// non-finite like one holding NaN, so that decode reports it instead of returning Inf silently.
 QCCL_HD BucketMeta bucket_meta(float lo, float hi, bool finite, int bits) {
-  if (!finite) return BucketMeta{NAN, NAN};
-  return BucketMeta{lo, (hi - lo) / static_cast<float>(quant_levels(bits))};
+  const float levels = static_cast<float>(quant_levels(bits));
+  const BucketMeta m{lo, (hi - lo) / levels};
+  if (finite && finite_float(m.step) && finite_float(m.min + m.step * levels)) return m;
+  return BucketMeta{NAN, NAN};
 }
 
 QCCL_HD bool meta_is_nonfinite(BucketMeta m) { return !(m.step == m.step); }

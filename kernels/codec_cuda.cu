@@ -1,0 +1,485 @@
+// CUDA launchers of codec_cuda.h. The kernels index, load, store and count; every number comes from
+// the QCCL_HD element functions of quant.h, philox.h and half.h, exactly as in codec.cc and
+// convert.cc. This file is built with --fmad=false (kernels/CMakeLists.txt): nvcc would otherwise fuse
+// m.min + m.step * c and acc + v into FMAs, which round once where the host rounds twice.
+//
+// Work split:
+//   q encode   a team of threads per bucket: one per group of 8 values, rounded up to a power of
+//              two, at most 256; 256-thread blocks hold 256 / team buckets (bucket=512: 64 threads,
+//              4 buckets). The team reduces the range (shuffles, plus one shared slot per warp for
+//              teams wider than a warp), then each thread turns its groups of 8 values
+//              into 8 codes and packs them into `bits` bytes. For buckets of up to 2048 values each
+//              thread holds one group, kept in registers: every value is read from memory once.
+//   q decode   one thread per group of 8 values over the whole run (grid-stride), which balances
+//              whatever the bucket size.
+//   casts      one thread per value (grid-stride).
+// The bit width is a template parameter, so that pack8/unpack8 unroll into registers and the
+// packed bytes move with the widest store the offsets allow (kBits bytes per group: 8 -> one u64).
+#include "kernels/codec_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/half.h"
+#include "kernels/philox.h"
+#include "kernels/quant.h"
+
+namespace qccl::kernels {
+
+namespace {
+
+constexpr unsigned kFlatThreads = 256;             // block size of the grid-stride kernels
+constexpr unsigned kMaxFlatBlocks = 1u << 15;      // beyond this, threads loop
+constexpr unsigned kEncodeThreads = 256;           // q encode: block size, and threads per bucket at most
+constexpr unsigned kMaxEncodeBlocks = 1u << 20;    // q encode: beyond this, blocks loop over buckets
+constexpr unsigned kFullWarp = 0xFFFFFFFFu;
+
+// ---- Counting non-finite values --------------------------------------------------------------------
+
+// Adds every thread's n to *counter with one atomic per warp that has something to add. Every thread
+// of the block must call it: it shuffles across full warps (block sizes are multiples of 32).
+__device__ void count_add(unsigned long long* counter, unsigned long long n) {
+  if (counter == nullptr) return;  // the same for the whole launch
+  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(kFullWarp, n, o);
+  if ((threadIdx.x & 31u) == 0 && n != 0) atomicAdd(counter, n);
+}
+
+// ---- q encode: the bucket's range ------------------------------------------------------------------------
+
+// The bucket minimum and maximum as codec.cc defines them (codec-inl.h, ScanBucket): IEEE 754-2019
+// order, -0 below +0, computed on integer keys, so that the meta's bits cannot depend on the order
+// of the reduction. NaN and Inf land beyond every finite key (+Inf, +NaN at or above kPosInfKey,
+// -Inf, -NaN at or below kNegInfKey), which makes finiteness a comparison of the two results.
+constexpr int32_t kPosInfKey = 0x7F800000;
+constexpr int32_t kNegInfKey = -1 - 0x7F800000;
+
+__device__ int32_t order_key(float x) {
+  const int32_t bits = __float_as_int(x);
+  return bits ^ ((bits >> 31) & 0x7FFFFFFF);  // x <= -0: -1 - |x|'s bits
+}
+
+__device__ float float_from_key(int32_t key) { return __int_as_float(key < 0 ? key ^ 0x7FFFFFFF : key); }
+
+struct KeyRange {
+  int32_t lo, hi;
+};
+
+// The KeyRange of a team's bucket, in every thread of the team. A team is `team` consecutive threads
+// (a power of two, at most kEncodeThreads, aligned to its size). Every thread of the block calls it,
+// equally often: it shuffles across full warps and, for teams wider than a warp, synchronizes.
+__device__ KeyRange team_range(KeyRange r, unsigned team) {
+  for (unsigned o = (team < 32 ? team : 32) / 2; o > 0; o >>= 1) {  // xor < team stays in the team
+    r.lo = min(r.lo, __shfl_xor_sync(kFullWarp, r.lo, o));
+    r.hi = max(r.hi, __shfl_xor_sync(kFullWarp, r.hi, o));
+  }
+  if (team > 32) {
+    __shared__ KeyRange per_warp[kEncodeThreads / 32];
+    const unsigned warps = team / 32, warp = threadIdx.x / 32, first = warp / warps * warps;
+    if (threadIdx.x % 32 == 0) per_warp[warp] = r;
+    __syncthreads();
+    r = per_warp[first];
+    for (unsigned w = first + 1; w < first + warps; ++w) r.lo = min(r.lo, per_warp[w].lo), r.hi = max(r.hi, per_warp[w].hi);
+    __syncthreads();  // per_warp is rewritten for the block's next buckets
+  }
+  return r;
+}
+
+// ---- q encode/decode: moving 8 values and kBits packed bytes -------------------------------------------
+
+__device__ uint32_t word(const PhiloxBlock& r, unsigned j) {
+  j &= 3;
+  return j == 0 ? r.v[0] : j == 1 ? r.v[1] : j == 2 ? r.v[2] : r.v[3];
+}
+
+// The stochastic uniforms of elements e0 .. e0+7: philox_uniform(key, e0 + i), from the 2 or 3
+// Philox blocks that cover them rather than 8 calls. e0 & 3 is the same for every group of a
+// launch (buckets and groups start at multiples of 8), so the branch does not diverge.
+__device__ void uniforms8(const PhiloxKey& key, uint64_t e0, float u[8]) {
+  const unsigned off = static_cast<unsigned>(e0 & 3);
+  const PhiloxBlock r0 = philox4x32_10(key, e0 >> 2), r1 = philox4x32_10(key, (e0 >> 2) + 1);
+  const PhiloxBlock r2 = off ? philox4x32_10(key, (e0 >> 2) + 2) : PhiloxBlock{{0, 0, 0, 0}};
+#pragma unroll
+  for (unsigned i = 0; i < 8; ++i) {
+    const unsigned j = off + i;  // word j of r0, r1, r2, picked by value selects (no local array)
+    u[i] = uniform_from_bits(j < 4 ? word(r0, j) : j < 8 ? word(r1, j) : word(r2, j));
+  }
+}
+
+// Loads the n (<= 8) values at p, zero beyond; `vec` says p is 16-byte aligned.
+__device__ void load8(const float* __restrict__ p, unsigned n, bool vec, float v[8]) {
+  if (n == 8 && vec) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+#pragma unroll
+  for (unsigned i = 0; i < 8; ++i) v[i] = i < n ? p[i] : 0.0f;
+}
+
+// p[i] = v[i] (or p[i] += v[i]) for i < n; `vec` says p is 16-byte aligned.
+template <bool kAccumulate>
+__device__ void store8(float* __restrict__ p, unsigned n, bool vec, const float v[8]) {
+  if (n == 8 && vec) {
+    float4 a = make_float4(v[0], v[1], v[2], v[3]), b = make_float4(v[4], v[5], v[6], v[7]);
+    if (kAccumulate) {
+      const float4 pa = reinterpret_cast<const float4*>(p)[0], pb = reinterpret_cast<const float4*>(p)[1];
+      a = make_float4(pa.x + a.x, pa.y + a.y, pa.z + a.z, pa.w + a.w);
+      b = make_float4(pb.x + b.x, pb.y + b.y, pb.z + b.z, pb.w + b.w);
+    }
+    reinterpret_cast<float4*>(p)[0] = a, reinterpret_cast<float4*>(p)[1] = b;
+    return;
+  }
+#pragma unroll
+  for (unsigned i = 0; i < 8; ++i)
+    if (i < n) p[i] = kAccumulate ? p[i] + v[i] : v[i];
+}
+
+// A group's kBits packed bytes start kBits * group bytes after an 8-byte boundary (the meta block
+// is a multiple of 8 bytes), so they are aligned to kBits' lowest set bit: the unit moved at once.
+template <int kBits>
+using CodeUnit = std::conditional_t<kBits % 8 == 0, uint64_t,
+                                    std::conditional_t<kBits % 4 == 0, uint32_t,
+                                                       std::conditional_t<kBits % 2 == 0, uint16_t, uint8_t>>>;
+
+// `aligned`: the encoded buffer starts on an 8-byte boundary. Otherwise codes and metas move a byte
+// at a time: codec.h lets an encoded buffer start anywhere.
+template <int kBits>
+__device__ void store_codes(uint8_t* dst, const uint8_t packed[8], bool aligned) {
+  using U = CodeUnit<kBits>;
+  if (aligned) {
+#pragma unroll
+    for (int b = 0; b < kBits; b += static_cast<int>(sizeof(U))) {
+      U u;
+      memcpy(&u, packed + b, sizeof(U));
+      *reinterpret_cast<U*>(dst + b) = u;
+    }
+    return;
+  }
+#pragma unroll
+  for (int b = 0; b < kBits; ++b) dst[b] = packed[b];
+}
+
+template <int kBits>
+__device__ void load_codes(const uint8_t* src, bool aligned, uint8_t packed[8]) {
+  using U = CodeUnit<kBits>;
+  if (aligned) {
+#pragma unroll
+    for (int b = 0; b < kBits; b += static_cast<int>(sizeof(U))) {
+      const U u = *reinterpret_cast<const U*>(src + b);
+      memcpy(packed + b, &u, sizeof(U));
+    }
+    return;
+  }
+#pragma unroll
+  for (int b = 0; b < kBits; ++b) packed[b] = src[b];
+}
+
+bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// ---- q kernels -------------------------------------------------------------------------------------------
+
+// A team of `team` threads per bucket, kEncodeThreads / team buckets per block. Thread t of a team
+// takes the groups t, t + team, ... of 8 values; when that is one group (buckets of up to 8 * team
+// values: the usual case) its values stay in registers between the two phases.
+template <int kBits>
+__global__ void __launch_bounds__(kEncodeThreads)
+    encode_quant_kernel(const float* __restrict__ in, size_t count, uint8_t* __restrict__ out, unsigned bucket,
+                        unsigned team, bool stochastic, PhiloxKey key, uint64_t first, bool in_vec,
+                        bool out_aligned, unsigned long long* nonfinite) {
+  auto* metas = reinterpret_cast<BucketMeta*>(out);
+  uint8_t* codes = out + quant_meta_bytes(count, bucket);
+  const size_t buckets = quant_buckets(count, bucket);
+  const unsigned teams = kEncodeThreads / team, t = threadIdx.x & (team - 1);
+  // The loop condition is the same for the whole block (team_range may synchronize it); teams past
+  // the last bucket run it with len = 0.
+  for (size_t k0 = blockIdx.x * size_t{teams}; k0 < buckets; k0 += size_t{gridDim.x} * teams) {
+    const size_t k = k0 + threadIdx.x / team;
+    const size_t b0 = k * bucket;
+    const unsigned len = k >= buckets ? 0u : count - b0 < bucket ? static_cast<unsigned>(count - b0) : bucket;
+    const float* x = in + (k >= buckets ? 0 : b0);
+    KeyRange r{INT32_MAX, INT32_MIN};
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (unsigned g = t; g * 8 < len; g += team) {
+      const unsigned n = len - g * 8 < 8 ? len - g * 8 : 8u;
+      load8(x + g * 8, n, in_vec, v);
+#pragma unroll
+      for (unsigned i = 0; i < 8; ++i)
+        if (i < n) r.lo = min(r.lo, order_key(v[i])), r.hi = max(r.hi, order_key(v[i]));
+    }
+    r = team_range(r, team);
+    if (len == 0) continue;
+    const float lo = float_from_key(r.lo), hi = float_from_key(r.hi);
+    // bucket_meta also marks a range or top code that overflows float32 as non-finite (quant.h).
+    const bool finite = r.lo > kNegInfKey && r.hi < kPosInfKey;
+    const BucketMeta m = bucket_meta(lo, hi, finite, kBits);
+    if (t == 0) {
+      if (out_aligned) metas[k] = m;
+      else memcpy(out + k * sizeof(BucketMeta), &m, sizeof m);  // byte by byte
+      if (meta_is_nonfinite(m) && nonfinite) atomicAdd(nonfinite, 1ull);
+    }
+    const bool reload = len > 8 * team;
+    uint8_t* dst = codes + b0 / 8 * kBits;
+    for (unsigned g = t; g * 8 < len; g += team) {
+      const unsigned n = len - g * 8 < 8 ? len - g * 8 : 8u;
+      if (reload) load8(x + g * 8, n, in_vec, v);
+      float u[8];
+      if (stochastic) {
+        uniforms8(key, first + b0 + g * 8, u);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) u[i] = 0.5f;
+      }
+      uint32_t group[8];
+#pragma unroll
+      for (unsigned i = 0; i < 8; ++i) group[i] = i < n ? quantize(v[i], m, u[i], quant_levels(kBits)) : 0;
+      uint8_t packed[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      pack8(group, kBits, packed);
+      store_codes<kBits>(dst + static_cast<size_t>(g) * kBits, packed, out_aligned);
+    }
+  }
+}
+
+template <int kBits, bool kAccumulate>
+__global__ void decode_quant_kernel(const uint8_t* __restrict__ in, size_t count, float* __restrict__ out,
+                                    unsigned bucket, bool in_aligned, bool out_vec,
+                                    unsigned long long* nonfinite) {
+  const uint8_t* codes = in + quant_meta_bytes(count, bucket);
+  const size_t groups = (count + 7) / 8;
+  const unsigned groups_per_bucket = bucket / 8;
+  unsigned long long bad = 0;
+  for (size_t gi = blockIdx.x * size_t{blockDim.x} + threadIdx.x; gi < groups; gi += size_t{gridDim.x} * blockDim.x) {
+    // A 64-bit division costs several times a 32-bit one; runs of 2^35 values are rare.
+    const size_t k = gi <= 0xFFFFFFFFu ? static_cast<unsigned>(gi) / groups_per_bucket : gi / groups_per_bucket;
+    BucketMeta m;
+    if (in_aligned) {
+      const float2 meta = __ldg(reinterpret_cast<const float2*>(in) + k);
+      m = BucketMeta{meta.x, meta.y};
+    } else {
+      memcpy(&m, in + k * sizeof(BucketMeta), sizeof m);  // byte by byte
+    }
+    uint8_t packed[8];
+    load_codes<kBits>(codes + gi * kBits, in_aligned, packed);
+    uint32_t c[8];
+    unpack8(packed, kBits, c);
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = dequantize(c[i], m);
+    const unsigned n = count - gi * 8 < 8 ? static_cast<unsigned>(count - gi * 8) : 8u;
+    if (meta_is_nonfinite(m)) bad += n;
+    store8<kAccumulate>(out + gi * 8, n, out_vec, v);
+  }
+  count_add(nonfinite, bad);
+}
+
+// ---- Cast kernels (also the conversions of convert.h) -----------------------------------------------
+
+template <CodecKind kKind>
+__device__ float widen(const void* in, size_t i) {
+  if constexpr (kKind == CodecKind::kFp16) return half_to_float(static_cast<const uint16_t*>(in)[i]);
+  else if constexpr (kKind == CodecKind::kBf16) return bf16_to_float(static_cast<const uint16_t*>(in)[i]);
+  else return static_cast<const float*>(in)[i];
+}
+
+template <CodecKind kKind>
+__global__ void encode_cast_kernel(const float* __restrict__ in, size_t n, void* __restrict__ out,
+                                   unsigned long long* nonfinite) {
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    if constexpr (kKind == CodecKind::kNone) {
+      static_cast<float*>(out)[i] = in[i];
+    } else {
+      static_cast<uint16_t*>(out)[i] = kKind == CodecKind::kFp16 ? float_to_half(in[i]) : float_to_bf16(in[i]);
+    }
+    bad += isfinite(widen<kKind>(out, i)) ? 0 : 1;  // as codec.cc: the value that was sent
+  }
+  count_add(nonfinite, bad);
+}
+
+template <CodecKind kKind, bool kAccumulate>
+__global__ void decode_cast_kernel(const void* __restrict__ in, size_t n, float* __restrict__ out,
+                                   unsigned long long* nonfinite) {
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const float v = widen<kKind>(in, i);
+    bad += isfinite(v) ? 0 : 1;
+    out[i] = kAccumulate ? out[i] + v : v;
+  }
+  count_add(nonfinite, bad);
+}
+
+__global__ void divide_kernel(float* x, size_t n, float divisor) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    x[i] /= divisor;
+}
+
+// ---- Launching ------------------------------------------------------------------------------------------
+
+// cudaLaunchKernelEx returns this launch's own error, where <<<>>> + cudaGetLastError could report
+// an earlier call's.
+template <class... Params, class... Args>
+cudaError_t launch(void (*kernel)(Params...), size_t blocks, unsigned threads, cudaStream_t stream,
+                   Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+size_t flat_blocks(size_t items) {
+  const size_t blocks = (items + kFlatThreads - 1) / kFlatThreads;
+  return blocks < kMaxFlatBlocks ? blocks : kMaxFlatBlocks;
+}
+
+bool valid_quant(const CodecConfig& c) {
+  return c.bits >= 1 && c.bits <= 8 && c.bucket > 0 && c.bucket % 8 == 0;
+}
+
+template <int kBits>
+cudaError_t encode_quant(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
+                         uint64_t first, unsigned long long* nonfinite, cudaStream_t stream) {
+  unsigned team = 1;  // threads per bucket: one per group of 8, rounded up to a power of two
+  while (team < c.bucket / 8 && team < kEncodeThreads) team *= 2;
+  const size_t blocks = (quant_buckets(count, c.bucket) + kEncodeThreads / team - 1) / (kEncodeThreads / team);
+  return launch(encode_quant_kernel<kBits>, blocks < kMaxEncodeBlocks ? blocks : kMaxEncodeBlocks, kEncodeThreads,
+                stream, in, count, static_cast<uint8_t*>(out), c.bucket, team, c.rounding == Rounding::kStochastic, key,
+                first, aligned_to(in, 16), aligned_to(out, 8), nonfinite);
+}
+
+template <int kBits, bool kAccumulate>
+cudaError_t decode_quant(const CodecConfig& c, const void* in, size_t count, float* out,
+                         unsigned long long* nonfinite, cudaStream_t stream) {
+  return launch(decode_quant_kernel<kBits, kAccumulate>, flat_blocks((count + 7) / 8), kFlatThreads, stream,
+                static_cast<const uint8_t*>(in), count, out, c.bucket, aligned_to(in, 8), aligned_to(out, 16),
+                nonfinite);
+}
+
+template <bool kAccumulate>
+cudaError_t decode_any(const CodecConfig& c, const void* in, size_t count, float* out,
+                       unsigned long long* nonfinite, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  const size_t blocks = flat_blocks(count);
+  switch (c.kind) {
+    case CodecKind::kNone:
+      return launch(decode_cast_kernel<CodecKind::kNone, kAccumulate>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
+    case CodecKind::kFp16:
+      return launch(decode_cast_kernel<CodecKind::kFp16, kAccumulate>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
+    case CodecKind::kBf16:
+      return launch(decode_cast_kernel<CodecKind::kBf16, kAccumulate>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
+    case CodecKind::kQuant: break;
+  }
+  if (!valid_quant(c)) return cudaErrorInvalidValue;
+  switch (c.bits) {
+    case 1: return decode_quant<1, kAccumulate>(c, in, count, out, nonfinite, stream);
+    case 2: return decode_quant<2, kAccumulate>(c, in, count, out, nonfinite, stream);
+    case 3: return decode_quant<3, kAccumulate>(c, in, count, out, nonfinite, stream);
+    case 4: return decode_quant<4, kAccumulate>(c, in, count, out, nonfinite, stream);
+    case 5: return decode_quant<5, kAccumulate>(c, in, count, out, nonfinite, stream);
+    case 6: return decode_quant<6, kAccumulate>(c, in, count, out, nonfinite, stream);
+    case 7: return decode_quant<7, kAccumulate>(c, in, count, out, nonfinite, stream);
+    default: return decode_quant<8, kAccumulate>(c, in, count, out, nonfinite, stream);
+  }
+}
+
+}  // namespace
+
+cudaError_t encode_cuda(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
+                        uint64_t first, unsigned long long* nonfinite, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  const size_t blocks = flat_blocks(count);
+  switch (c.kind) {
+    case CodecKind::kNone:
+      return launch(encode_cast_kernel<CodecKind::kNone>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
+    case CodecKind::kFp16:
+      return launch(encode_cast_kernel<CodecKind::kFp16>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
+    case CodecKind::kBf16:
+      return launch(encode_cast_kernel<CodecKind::kBf16>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
+    case CodecKind::kQuant: break;
+  }
+  if (!valid_quant(c)) return cudaErrorInvalidValue;
+  switch (c.bits) {
+    case 1: return encode_quant<1>(c, in, count, out, key, first, nonfinite, stream);
+    case 2: return encode_quant<2>(c, in, count, out, key, first, nonfinite, stream);
+    case 3: return encode_quant<3>(c, in, count, out, key, first, nonfinite, stream);
+    case 4: return encode_quant<4>(c, in, count, out, key, first, nonfinite, stream);
+    case 5: return encode_quant<5>(c, in, count, out, key, first, nonfinite, stream);
+    case 6: return encode_quant<6>(c, in, count, out, key, first, nonfinite, stream);
+    case 7: return encode_quant<7>(c, in, count, out, key, first, nonfinite, stream);
+    default: return encode_quant<8>(c, in, count, out, key, first, nonfinite, stream);
+  }
+}
+
+cudaError_t decode_cuda(const CodecConfig& c, const void* in, size_t count, float* out,
+                        unsigned long long* nonfinite, cudaStream_t stream) {
+  return decode_any<false>(c, in, count, out, nonfinite, stream);
+}
+
+cudaError_t decode_accumulate_cuda(const CodecConfig& c, const void* in, size_t count, float* acc,
+                                   unsigned long long* nonfinite, cudaStream_t stream) {
+  return decode_any<true>(c, in, count, acc, nonfinite, stream);
+}
+
+// ---- convert.h on the device: the cast kernels without the count ------------------------------------
+
+cudaError_t load_float_cuda(DataType type, const void* in, float* out, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  const size_t blocks = flat_blocks(n);
+  switch (type) {
+    case DataType::kFloat32:
+      return in == out ? cudaSuccess : cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);
+    case DataType::kFloat16:
+      return launch(decode_cast_kernel<CodecKind::kFp16, false>, blocks, kFlatThreads, stream, in, n, out, nullptr);
+    case DataType::kBfloat16:
+      return launch(decode_cast_kernel<CodecKind::kBf16, false>, blocks, kFlatThreads, stream, in, n, out, nullptr);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t load_add_float_cuda(DataType type, const void* in, float* acc, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (in == nullptr || acc == nullptr) return cudaErrorInvalidValue;
+  const size_t blocks = flat_blocks(n);
+  switch (type) {
+    case DataType::kFloat32:
+      return launch(decode_cast_kernel<CodecKind::kNone, true>, blocks, kFlatThreads, stream, in, n, acc, nullptr);
+    case DataType::kFloat16:
+      return launch(decode_cast_kernel<CodecKind::kFp16, true>, blocks, kFlatThreads, stream, in, n, acc, nullptr);
+    case DataType::kBfloat16:
+      return launch(decode_cast_kernel<CodecKind::kBf16, true>, blocks, kFlatThreads, stream, in, n, acc, nullptr);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t store_float_cuda(DataType type, const float* in, void* out, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  const size_t blocks = flat_blocks(n);
+  switch (type) {
+    case DataType::kFloat32:
+      return in == out ? cudaSuccess : cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);
+    case DataType::kFloat16:
+      return launch(encode_cast_kernel<CodecKind::kFp16>, blocks, kFlatThreads, stream, in, n, out, nullptr);
+    case DataType::kBfloat16:
+      return launch(encode_cast_kernel<CodecKind::kBf16>, blocks, kFlatThreads, stream, in, n, out, nullptr);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t divide_float_cuda(float* x, size_t n, float divisor, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (x == nullptr) return cudaErrorInvalidValue;
+  return launch(divide_kernel, flat_blocks(n), kFlatThreads, stream, x, n, divisor);
+}
+
+cudaError_t add_float_cuda(const float* in, float* acc, size_t n, cudaStream_t stream) {
+  return load_add_float_cuda(DataType::kFloat32, in, acc, n, stream);
+}
+
+}  // namespace qccl::kernels

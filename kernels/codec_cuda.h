@@ -1,0 +1,76 @@
+// CUDA launchers of the codecs (codec.h), of the float32 conversions (convert.h) and of the
+// reductions (reduce.h): kernels that loop over the element functions the host launchers are
+// defined by (quant.h, philox.h, half.h, and reduce_ops.h for reduce.h's promise), so that a device
+// and a host given the same input produce the same bits.
+//
+// Numerical promise: every launcher writes exactly the bytes its host counterpart writes, for every
+// codec (none, fp16, bf16, q1..q8 with either rounding), every count, every `first` and PhiloxKey,
+// and returns (through `nonfinite`) the same count. Two exceptions, both about NaN payloads only:
+// an accumulation whose result is NaN (acc += NaN, Inf + -Inf) gives the GPU's canonical NaN
+// (0x7FFFFFFF) where x86 keeps an operand's payload, so decode_accumulate_cuda, load_add_float_cuda
+// and add_float_cuda promise "NaN where the host has NaN" rather than the same NaN bits; the same
+// holds for divide_float_cuda on NaN inputs. This relies on both sides doing one IEEE operation per
+// C++ operator: the .cu files are built with --fmad=false, codec.cc turns contraction off itself,
+// and convert.cc must not be built with FMA contraction (no -mfma / -march).
+//
+// Contract shared by every function here:
+//   - Pointers are device-accessible memory (cudaMalloc, managed or mapped) of the current device;
+//     the caller owns every buffer. Layouts, counts and the meaning of `first` are codec.h's.
+//     Floats and 16-bit values must be naturally aligned, as C++ requires of the host's too; a q
+//     codec's encoded buffer may start at any byte (8-byte aligned is faster), and 16-byte aligned
+//     floats are read and written as float4.
+//   - Launches are asynchronous on `stream` (nullptr: the legacy default stream). Inputs must stay
+//     unchanged and outputs untouched until that work is done; nothing here blocks or allocates.
+//   - `nonfinite`, where taken, is a device-accessible counter the launch adds to (atomically) the
+//     number the host launcher returns: for a q encode, buckets sent as non-finite (they held NaN
+//     or Inf, or their range overflows float32); for the casts and for decode, non-finite values. The caller zeroes it; adding lets one counter gather the chunks
+//     of a collective without a host round trip. nullptr: not counted.
+//   - Result: cudaSuccess when the work is enqueued (or there is none: count == 0 launches nothing);
+//     cudaErrorInvalidValue, with nothing enqueued, for a null pointer with count > 0, a q codec
+//     whose bits are outside 1..8 or whose bucket is not a positive multiple of 8, or a DataType
+//     the conversions do not take (convert.h's codec_input_type); otherwise the runtime's launch
+//     error (which may be a sticky error of earlier work). Faults in the kernels themselves show up
+//     later, at the stream's synchronization, as everywhere in CUDA. No exception leaves these calls.
+//   - Thread-safe as kernel launches are: any thread, any stream; calls on one stream run in order.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/codec.h"
+#include "kernels/types.h"
+
+namespace qccl::kernels {
+
+// codec.h's encode: out receives codec.encoded_bytes(count) bytes. A q codec takes one block per
+// bucket, so a launch of few buckets uses little of the GPU.
+cudaError_t encode_cuda(const CodecConfig& codec, const float* in, size_t count, void* out, const PhiloxKey& key,
+                        uint64_t first, unsigned long long* nonfinite, cudaStream_t stream);
+
+// codec.h's decode: out[i] = decoded value i.
+cudaError_t decode_cuda(const CodecConfig& codec, const void* in, size_t count, float* out,
+                        unsigned long long* nonfinite, cudaStream_t stream);
+
+// codec.h's decode_accumulate: acc[i] += decoded value i.
+cudaError_t decode_accumulate_cuda(const CodecConfig& codec, const void* in, size_t count, float* acc,
+                                   unsigned long long* nonfinite, cudaStream_t stream);
+
+// convert.h's conversions, for DataType kFloat32, kFloat16 and kBfloat16. in == out is allowed for
+// load_float_cuda and store_float_cuda with kFloat32 (nothing to do); other overlaps are not.
+cudaError_t load_float_cuda(DataType type, const void* in, float* out, size_t n, cudaStream_t stream);
+cudaError_t load_add_float_cuda(DataType type, const void* in, float* acc, size_t n, cudaStream_t stream);
+cudaError_t store_float_cuda(DataType type, const float* in, void* out, size_t n, cudaStream_t stream);
+cudaError_t divide_float_cuda(float* x, size_t n, float divisor, cudaStream_t stream);
+cudaError_t add_float_cuda(const float* in, float* acc, size_t n, cudaStream_t stream);
+
+// reduce.h's reduce() and finish_average() (reduce_cuda.cu, over reduce_ops.h), with reduce.h's
+// numerical promise bit for bit, NaNs included (every floating NaN result is the canonical one, so
+// there is no payload to differ). dst may equal a or b; other overlaps are not allowed. Also
+// cudaErrorInvalidValue for an unknown DataType or RedOp, or nranks < 1.
+cudaError_t reduce_cuda(DataType type, RedOp op, const void* a, const void* b, void* dst, size_t count,
+                        cudaStream_t stream);
+cudaError_t finish_average_cuda(DataType type, void* buf, size_t count, int nranks, cudaStream_t stream);
+
+}  // namespace qccl::kernels

@@ -1,0 +1,329 @@
+// codec_perf: host codec throughput (kernels/codec.h) in GB/s of float32 input, next to memcpy of the
+// same bytes measured in the same run. A kernel microbenchmark: it links qccl_kernels directly rather
+// than the public API. docs/PERF.md "Codec throughput (host)" is made from its output.
+#include <getopt.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/codec.h"
+#include "kernels/reduce.h"
+
+namespace {
+
+using qccl::kernels::CodecConfig;
+
+constexpr const char kHelp[] = R"HELP(NAME
+    codec_perf - throughput of qccl's host codecs (encode, decode, decode_accumulate) next to memcpy
+
+SYNOPSIS
+    codec_perf [-b SIZE] [-e SIZE] [-f N] [-n N] [-w N] [--codec SPEC[,SPEC...]]
+
+DESCRIPTION
+    For every codec and every size from -b to -e, times the three host launchers of kernels/codec.h
+    on one thread, and memcpy of the same float32 input in the same repetitions:
+
+      memcpy   memcpy(dst, in, SIZE)
+      encode   encode(codec, in, SIZE / 4 values) into the wire buffer
+      decode   decode(codec, wire, SIZE / 4 values) into a float32 buffer
+      dec+acc  decode_accumulate(codec, wire, SIZE / 4 values) into a float32 accumulator
+
+    Every rate is in GB/s (1e9 bytes/s) of float32 input, SIZE / time, whatever the codec reads and
+    writes, so the columns compare directly; "/mcp" is that rate divided by memcpy's. Each rate is the
+    median of -n repetitions; in each repetition the four operations run one after the other, so the
+    noise of a shared machine hits them alike. A repetition repeats its operation until it has
+    moved at least 64 MiB of input (one call at 64 MiB and above), so that small sizes are timed
+    over milliseconds: those sizes stay in the caches between calls and measure cache bandwidth.
+
+    The input is Gaussian (seed 1); stochastic rounding uses a fixed Philox key. Buffers are
+    allocated once, at -e, and written before timing so that no page fault is timed. The Highway
+    target the launchers dispatch to is printed in the header.
+
+OPTIONS
+    SIZE is a number of bytes of float32 input, a multiple of 4, with an optional K, M or G suffix
+    (powers of 1024).
+
+    -b, --minbytes SIZE      smallest size (default 64K)
+    -e, --maxbytes SIZE      largest size (default 64M)
+    -f, --stepfactor N       multiply the size by N from row to row (default 4)
+    -n, --iters N            timed repetitions per cell; the median is printed (default 10)
+    -w, --warmup_iters N     untimed repetitions per cell before the timed ones (default 1)
+        --codec LIST         codec specs separated by commas (default: none, fp16, bf16, and q8, q4,
+                             q2, q1 each with round=nearest and round=stochastic). A piece of the
+                             list with '=' and no ':' continues the spec before it, so
+                             "q8:bucket=1024,round=stochastic,q4" is two specs. May be repeated.
+    -h, --help               print this page and exit
+
+OUTPUT
+    A header (target, repetitions), then per codec a line "# codec SPEC (B bits per value on the
+    wire)" and one row per size:
+
+    size       bytes of float32 input
+    count      values (size / 4)
+    wire       encoded_bytes(count)
+    memcpy     GB/s of memcpy of size bytes
+    encode, decode, dec+acc
+               GB/s of float32 input, each followed by its ratio to memcpy (/mcp)
+
+EXIT STATUS
+    0  success
+    1  a codec reported a wrong non-finite count on finite input (a bug)
+    2  a bad command line (the message names the option and the value)
+
+EXAMPLES
+    codec_perf
+        every default codec, 64K to 64M
+    codec_perf -b 64M -e 64M -n 20 --codec q8,q8:round=stochastic
+        q8 at one size, 20 repetitions
+    taskset -c 1 codec_perf --codec q4:bucket=1024
+        pinned to one core
+)HELP";
+
+struct Options {
+  size_t min_bytes = 64 << 10, max_bytes = 64 << 20;
+  long step_factor = 4;
+  int iters = 10, warmup = 1;
+  std::vector<std::string> codecs;
+};
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void bad_value(const char* option, const char* value, const std::string& why) {
+  throw UsageError(std::string("invalid value '") + value + "' for " + option + ": " + why);
+}
+
+long parse_int(const char* option, const char* s, long lo, long hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(s, &end, 10);
+  if (errno || end == s || *end) bad_value(option, s, "not an integer");
+  if (v < lo || v > hi) bad_value(option, s, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+size_t parse_size(const char* option, const char* s) {
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  if (end == s || !(v > 0)) bad_value(option, s, "not a positive size");
+  switch (*end) {
+    case 'k':
+    case 'K':
+      v *= 1024.0, ++end;
+      break;
+    case 'm':
+    case 'M':
+      v *= 1024.0 * 1024, ++end;
+      break;
+    case 'g':
+    case 'G':
+      v *= 1024.0 * 1024 * 1024, ++end;
+      break;
+    default:
+      break;
+  }
+  if (*end) bad_value(option, s, "expected a number of bytes with an optional K, M or G suffix");
+  if (v > 16.0 * (1ull << 30)) bad_value(option, s, "larger than 16G");
+  const auto bytes = static_cast<size_t>(v);
+  if (bytes % 4) bad_value(option, s, "not a multiple of 4 bytes (float32 values)");
+  return bytes;
+}
+
+// Splits "q8:bucket=1024,round=stochastic,q4" into its specs and checks each one.
+void add_codecs(const char* list, std::vector<std::string>* codecs) {
+  std::vector<std::string> specs;
+  std::string rest = list;
+  for (size_t at = 0; at <= rest.size();) {
+    const size_t comma = std::min(rest.find(',', at), rest.size());
+    const std::string piece = rest.substr(at, comma - at);
+    at = comma + 1;
+    const bool continues = piece.find('=') != std::string::npos && piece.find(':') == std::string::npos;
+    if (continues && !specs.empty())
+      specs.back() += "," + piece;
+    else
+      specs.push_back(piece);
+  }
+  for (const std::string& s : specs) {
+    try {
+      qccl::kernels::parse_codec_spec(s);
+    } catch (const qccl::kernels::CodecSpecError& e) {
+      bad_value("--codec", list, e.what());
+    }
+    codecs->push_back(s);
+  }
+}
+
+// Returns false when --help was printed.
+bool parse_options(int argc, char** argv, Options* o) {
+  enum { kCodec = 256 };
+  static const option kLong[] = {{"minbytes", required_argument, nullptr, 'b'},
+                                 {"maxbytes", required_argument, nullptr, 'e'},
+                                 {"stepfactor", required_argument, nullptr, 'f'},
+                                 {"iters", required_argument, nullptr, 'n'},
+                                 {"warmup_iters", required_argument, nullptr, 'w'},
+                                 {"codec", required_argument, nullptr, kCodec},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {nullptr, 0, nullptr, 0}};
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":b:e:f:n:w:h", kLong, nullptr)) != -1) {
+    switch (c) {
+      case 'b':
+        o->min_bytes = parse_size("-b/--minbytes", optarg);
+        break;
+      case 'e':
+        o->max_bytes = parse_size("-e/--maxbytes", optarg);
+        break;
+      case 'f':
+        o->step_factor = parse_int("-f/--stepfactor", optarg, 2, 1 << 20);
+        break;
+      case 'n':
+        o->iters = static_cast<int>(parse_int("-n/--iters", optarg, 1, 1 << 20));
+        break;
+      case 'w':
+        o->warmup = static_cast<int>(parse_int("-w/--warmup_iters", optarg, 0, 1 << 20));
+        break;
+      case kCodec:
+        add_codecs(optarg, &o->codecs);
+        break;
+      case 'h':
+        std::fputs(kHelp, stdout);
+        return false;
+      case ':':
+        throw UsageError(std::string("option ") + argv[optind - 1] + " needs a value");
+      default:
+        throw UsageError(std::string("unknown option ") + argv[optind - 1] + " (see --help)");
+    }
+  }
+  if (optind < argc) throw UsageError(std::string("unexpected argument '") + argv[optind] + "' (see --help)");
+  if (o->min_bytes > o->max_bytes) throw UsageError("-b/--minbytes is larger than -e/--maxbytes");
+  if (o->codecs.empty()) {
+    o->codecs = {"none", "fp16", "bf16"};
+    for (const char* q : {"q8", "q4", "q2", "q1"}) {
+      o->codecs.push_back(q);
+      o->codecs.push_back(std::string(q) + ":round=stochastic");
+    }
+  }
+  return true;
+}
+
+// ---- Timing -------------------------------------------------------------------------------------------
+
+double seconds_of(const std::chrono::steady_clock::duration& d) { return std::chrono::duration<double>(d).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+struct Buffers {
+  std::vector<float> in, out, acc, copy;
+  std::vector<uint8_t> wire;
+};
+
+// Medians in GB/s of float32 input: memcpy, encode, decode, decode_accumulate.
+struct Row {
+  double gbps[4];
+  bool nonfinite_seen = false;
+};
+
+Row measure(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b) {
+  const size_t count = bytes / 4;
+  const size_t calls = std::max<size_t>(1, (size_t{64} << 20) / bytes);
+  const qccl::kernels::PhiloxKey key;
+  Row row;
+  auto op = [&](int which) {
+    switch (which) {
+      case 0:
+        std::memcpy(b->copy.data(), b->in.data(), bytes);
+        break;
+      case 1:
+        row.nonfinite_seen |= encode(codec, b->in.data(), count, b->wire.data(), key, 0).nonfinite != 0;
+        break;
+      case 2:
+        row.nonfinite_seen |= decode(codec, b->wire.data(), count, b->out.data()) != 0;
+        break;
+      default:
+        decode_accumulate(codec, b->wire.data(), count, b->acc.data());
+        break;
+    }
+  };
+  std::vector<double> rates[4];
+  for (int rep = -o.warmup; rep < o.iters; ++rep) {
+    for (int which = 0; which < 4; ++which) {
+      const auto start = std::chrono::steady_clock::now();
+      for (size_t i = 0; i < calls; ++i) op(which);
+      const double t = seconds_of(std::chrono::steady_clock::now() - start);
+      if (rep >= 0) rates[which].push_back(static_cast<double>(bytes) * calls / t / 1e9);
+    }
+    // Keep the accumulator's magnitude bounded, untimed, so that it never overflows to Inf.
+    std::fill(b->acc.begin(), b->acc.begin() + count, 0.0f);
+  }
+  for (int which = 0; which < 4; ++which) row.gbps[which] = median(rates[which]);
+  return row;
+}
+
+int run(const Options& o) {
+  Buffers b;
+  const size_t max_count = o.max_bytes / 4;
+  size_t max_wire = 0;
+  for (const std::string& s : o.codecs)
+    max_wire = std::max(max_wire, qccl::kernels::parse_codec_spec(s).encoded_bytes(max_count));
+  b.in.resize(max_count);
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : b.in) v = normal(rng);
+  b.out.assign(max_count, 0.0f), b.acc.assign(max_count, 0.0f), b.copy.assign(max_count, 0.0f);
+  b.wire.assign(max_wire, 0);
+
+  std::printf(
+      "# codec_perf: host codecs, GB/s of float32 input, median of %d repetitions (%d warmup), "
+      "one thread\n# Highway target: %s\n",
+      o.iters, o.warmup, qccl::kernels::reduce_target_name());
+  int status = 0;
+  for (const std::string& s : o.codecs) {
+    const CodecConfig codec = qccl::kernels::parse_codec_spec(s);
+    const double bits = 8.0 * static_cast<double>(codec.encoded_bytes(max_count)) / static_cast<double>(max_count);
+    std::printf("#\n# codec %s (%.4g bits per value on the wire)\n", codec.canonical().c_str(), bits);
+    std::printf("# %10s %10s %10s %8s %8s %5s %8s %5s %8s %5s\n", "size", "count", "wire", "memcpy", "encode", "/mcp",
+                "decode", "/mcp", "dec+acc", "/mcp");
+    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= static_cast<size_t>(o.step_factor)) {
+      const Row r = measure(codec, bytes, o, &b);
+      std::printf("  %10zu %10zu %10zu %8.2f %8.2f %5.2f %8.2f %5.2f %8.2f %5.2f\n", bytes, bytes / 4,
+                  codec.encoded_bytes(bytes / 4), r.gbps[0], r.gbps[1], r.gbps[1] / r.gbps[0], r.gbps[2],
+                  r.gbps[2] / r.gbps[0], r.gbps[3], r.gbps[3] / r.gbps[0]);
+      std::fflush(stdout);
+      if (r.nonfinite_seen) {
+        std::fprintf(stderr, "codec_perf: %s reported non-finite values for finite input\n", s.c_str());
+        status = 1;
+      }
+      if (bytes > o.max_bytes / static_cast<size_t>(o.step_factor)) break;  // no overflow on the next step
+    }
+  }
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  try {
+    if (!parse_options(argc, argv, &options)) return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "codec_perf: %s\n", e.what());
+    return 2;
+  }
+  return run(options);
+}

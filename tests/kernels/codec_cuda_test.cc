@@ -1,0 +1,435 @@
+// The CUDA launchers (kernels/codec_cuda.h) against the host launchers (codec.h, convert.h,
+// reduce.h), bit for bit: every codec, odd counts, partial buckets, NaN/Inf/±0 buckets, several
+// Philox keys and offsets, aligned and misaligned buffers; every reduction type and operator.
+//
+// Without a usable CUDA device (cudaGetDeviceCount fails or finds none) the listener below exits
+// with kSkipCode before the first test runs; tests/kernels/CMakeLists.txt registers that code as
+// SKIP_RETURN_CODE, so CTest reports the test as Skipped, neither Passed nor Failed. Listing tests
+// (--list-tests) needs no device.
+#define CATCH_CONFIG_EXTERNAL_INTERFACES  // TestEventListenerBase
+#include <catch2/catch.hpp>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/codec.h"
+#include "kernels/codec_cuda.h"
+#include "kernels/convert.h"
+#include "kernels/reduce.h"
+
+namespace qccl::kernels {
+namespace {
+
+constexpr int kSkipCode = 77;
+
+struct RequireCudaDevice : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+  void testRunStarting(const Catch::TestRunInfo& info) override {
+    int devices = 0;
+    const cudaError_t e = cudaGetDeviceCount(&devices);
+    if (e != cudaSuccess || devices == 0) {
+      std::printf("codec_cuda_test: SKIPPED, no CUDA device (%s)\n",
+                  e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
+      std::fflush(stdout);
+      std::_Exit(kSkipCode);  // not exit(): Catch's session is still live on main's stack
+    }
+    TestEventListenerBase::testRunStarting(info);
+  }
+};
+CATCH_REGISTER_LISTENER(RequireCudaDevice)
+
+void ok(cudaError_t e) {
+  INFO(cudaGetErrorName(e) << ": " << cudaGetErrorString(e));
+  REQUIRE(e == cudaSuccess);
+}
+
+// Raw device memory, freed on scope exit.
+class DeviceBytes {
+ public:
+  explicit DeviceBytes(size_t bytes) { ok(cudaMalloc(&p_, bytes ? bytes : 1)); }
+  ~DeviceBytes() { cudaFree(p_); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  uint8_t* get() const { return static_cast<uint8_t*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+class Stream {
+ public:
+  Stream() { ok(cudaStreamCreate(&s_)); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// "" where host and device agree, else where and how they first differ: in bits, or, with
+// nan_equal, as NaN against a number.
+std::string first_difference(const float* host, const float* dev, size_t n, bool nan_equal) {
+  for (size_t i = 0; i < n; ++i) {
+    if (nan_equal && std::isnan(host[i]) && std::isnan(dev[i])) continue;
+    if (bits_of(host[i]) != bits_of(dev[i])) {
+      char text[160];
+      std::snprintf(text, sizeof text, "float %zu: host %a (0x%08x), device %a (0x%08x)", i, host[i],
+                    bits_of(host[i]), dev[i], bits_of(dev[i]));
+      return text;
+    }
+  }
+  return "";
+}
+
+std::string first_difference(const uint8_t* host, const uint8_t* dev, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (host[i] != dev[i]) {
+      char text[96];
+      std::snprintf(text, sizeof text, "byte %zu: host 0x%02x, device 0x%02x", i, host[i], dev[i]);
+      return text;
+    }
+  }
+  return "";
+}
+
+enum class Pattern { kNormal, kSpecial, kZeros };
+const char* pattern_name(Pattern p) {
+  return p == Pattern::kNormal ? "normal" : p == Pattern::kSpecial ? "special" : "zeros";
+}
+
+// Inputs: normal values at scales that change every 64 values; or the same with NaN, ±Inf, an
+// all-equal run, ±0 runs in both orders, subnormals, values beyond float16's range and a range that
+// overflows float32; or mostly signed zeros, where which of -0 and +0 becomes a bucket's min or max
+// shows in the meta's bits.
+std::vector<float> make_input(size_t n, Pattern pattern, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float scale = std::ldexp(1.0f, static_cast<int>((i / 64) % 21) - 10);
+    x[i] = pattern == Pattern::kZeros ? (rng() & 1 ? -0.0f : 0.0f) : normal(rng) * scale;
+    if (pattern == Pattern::kZeros && rng() % 16 == 0) x[i] = normal(rng) * 1e-3f;
+  }
+  if (pattern != Pattern::kSpecial) return x;
+  auto put = [&](size_t i, float v) {
+    if (i < n) x[i] = v;
+  };
+  put(5, NAN);
+  put(30, INFINITY);
+  for (size_t i = 40; i < 48; ++i) put(i, 3.25f);                 // an all-equal group
+  for (size_t i = 48; i < 64; ++i) put(i, i % 2 ? 0.0f : -0.0f);  // -0 first
+  for (size_t i = 64; i < 72; ++i) put(i, i % 2 ? -0.0f : 0.0f);  // +0 first
+  put(600, -INFINITY);
+  put(700, float_of(0x7FC00123u));  // a NaN with a payload
+  for (size_t i = 800; i < 808; ++i) put(i, float_of(0x00000001u + static_cast<uint32_t>(i)));  // subnormals
+  put(900, 70000.0f);   // float16: Inf
+  put(901, -65520.0f);  // float16: -Inf (the tie with 2^16)
+  put(902, 65504.0f);
+  put(903, 1e-8f);      // float16: rounds to a subnormal or zero
+  put(1000, 3e38f);     // a finite bucket whose range overflows float32: sent as non-finite
+  put(1001, -3e38f);
+  return x;
+}
+
+struct KeyCase {
+  PhiloxKey key;
+  uint64_t first;
+  bool misaligned;  // buffers just past cudaMalloc's 256-byte alignment
+};
+
+const KeyCase kKeys[] = {
+    {PhiloxKey{0, 0, 0, 0}, 0, false},
+    {PhiloxKey{7, 3, 1, 2}, 3, true},
+    {PhiloxKey{~0ull, 1ull << 40, 5, 1}, (1ull << 33) + 5, false},
+};
+
+std::vector<std::string> all_specs() {
+  std::vector<std::string> specs = {"none", "fp16", "bf16"};
+  for (int bits = 1; bits <= 8; ++bits)
+    for (const char* round : {"nearest", "stochastic"})
+      for (int bucket : {8, 24, 512})
+        specs.push_back("q" + std::to_string(bits) + ":bucket=" + std::to_string(bucket) + ",round=" + round +
+                        ",seed=11");
+  return specs;
+}
+
+TEST_CASE("encode_cuda, decode_cuda and decode_accumulate_cuda match the host launchers bit for bit",
+          "[codec][cuda]") {
+  const size_t counts[] = {1, 7, 8, 9, 23, 25, 511, 513, 1000, 4099, 70001};
+  constexpr size_t kMaxCount = 70001;
+  constexpr size_t kPad = 64;  // sentinel bytes past every output
+  const Stream stream;
+  const DeviceBytes d_in(kMaxCount * 4 + 256), d_enc(kMaxCount * 4 + 256 + kPad),
+      d_out(kMaxCount * 4 + 256 + kPad), d_count(sizeof(unsigned long long));
+  auto* counter = reinterpret_cast<unsigned long long*>(d_count.get());
+  size_t runs = 0;
+  for (const std::string& spec : all_specs()) {
+    const CodecConfig codec = parse_codec_spec(spec);
+    for (Pattern pattern : {Pattern::kNormal, Pattern::kSpecial, Pattern::kZeros}) {
+      for (size_t count : counts) {
+        const std::vector<float> x = make_input(count, pattern, count * 3 + static_cast<int>(pattern));
+        std::vector<float> acc0 = make_input(count, Pattern::kNormal, count + 99);
+        if (count > 3) acc0[3] = NAN, acc0[2] = -0.0f;
+        const size_t bytes = codec.encoded_bytes(count);
+        for (const KeyCase& kc : kKeys) {
+          INFO(spec << ", " << pattern_name(pattern) << ", count " << count << ", first " << kc.first
+                    << (kc.misaligned ? ", misaligned" : ""));
+          ++runs;
+          // Misaligned: floats off 16 bytes, a q codec's bytes off any boundary, 16-bit codes off 4.
+          const size_t enc_offset = codec.kind == CodecKind::kQuant ? 1 : codec.kind == CodecKind::kNone ? 4 : 2;
+          float* in = reinterpret_cast<float*>(d_in.get()) + (kc.misaligned ? 1 : 0);
+          uint8_t* enc = d_enc.get() + (kc.misaligned ? enc_offset : 0);
+          float* out = reinterpret_cast<float*>(d_out.get() + (kc.misaligned ? 4 : 0));
+          const cudaStream_t s = stream.get();
+
+          // Encode on both sides.
+          std::vector<uint8_t> host_enc(bytes + kPad, 0xA5), dev_enc(bytes + kPad);
+          const EncodeReport host_report = encode(codec, x.data(), count, host_enc.data(), kc.key, kc.first);
+          ok(cudaMemcpyAsync(in, x.data(), count * 4, cudaMemcpyHostToDevice, s));
+          ok(cudaMemsetAsync(enc, 0xA5, bytes + kPad, s));
+          ok(cudaMemsetAsync(counter, 0, sizeof *counter, s));
+          ok(encode_cuda(codec, in, count, enc, kc.key, kc.first, counter, s));
+          unsigned long long dev_nonfinite = 0;
+          ok(cudaMemcpyAsync(dev_enc.data(), enc, bytes + kPad, cudaMemcpyDeviceToHost, s));
+          ok(cudaMemcpyAsync(&dev_nonfinite, counter, sizeof dev_nonfinite, cudaMemcpyDeviceToHost, s));
+          ok(cudaStreamSynchronize(s));
+          REQUIRE(first_difference(host_enc.data(), dev_enc.data(), bytes + kPad) == "");
+          REQUIRE(dev_nonfinite == host_report.nonfinite);
+
+          // Decode the same bytes on both sides.
+          std::vector<float> host_dec(count + kPad / 4, 1.5f), dev_dec(count + kPad / 4);
+          const size_t host_bad = decode(codec, host_enc.data(), count, host_dec.data());
+          ok(cudaMemcpyAsync(out, host_dec.data(), (count + kPad / 4) * 4, cudaMemcpyHostToDevice, s));
+          ok(cudaMemsetAsync(out, 0, count * 4, s));
+          ok(cudaMemsetAsync(counter, 0, sizeof *counter, s));
+          ok(decode_cuda(codec, enc, count, out, counter, s));
+          ok(cudaMemcpyAsync(dev_dec.data(), out, (count + kPad / 4) * 4, cudaMemcpyDeviceToHost, s));
+          ok(cudaMemcpyAsync(&dev_nonfinite, counter, sizeof dev_nonfinite, cudaMemcpyDeviceToHost, s));
+          ok(cudaStreamSynchronize(s));
+          REQUIRE(first_difference(host_dec.data(), dev_dec.data(), count + kPad / 4, false) == "");
+          REQUIRE(dev_nonfinite == host_bad);
+
+          // Decode-accumulate: the same bits, except that a NaN sum may carry another payload.
+          std::vector<float> host_acc = acc0, dev_acc(count);
+          const size_t host_acc_bad = decode_accumulate(codec, host_enc.data(), count, host_acc.data());
+          ok(cudaMemcpyAsync(out, acc0.data(), count * 4, cudaMemcpyHostToDevice, s));
+          ok(cudaMemsetAsync(counter, 0, sizeof *counter, s));
+          ok(decode_accumulate_cuda(codec, enc, count, out, counter, s));
+          ok(cudaMemcpyAsync(dev_acc.data(), out, count * 4, cudaMemcpyDeviceToHost, s));
+          ok(cudaMemcpyAsync(&dev_nonfinite, counter, sizeof dev_nonfinite, cudaMemcpyDeviceToHost, s));
+          ok(cudaStreamSynchronize(s));
+          REQUIRE(first_difference(host_acc.data(), dev_acc.data(), count, true) == "");
+          REQUIRE(dev_nonfinite == host_acc_bad);
+        }
+      }
+    }
+  }
+  CHECK(runs == all_specs().size() * 3 * std::size(counts) * std::size(kKeys));
+}
+
+TEST_CASE("the nonfinite counter adds across launches and may be null", "[codec][cuda]") {
+  const CodecConfig codec = parse_codec_spec("q4:bucket=8");
+  std::vector<float> x(64, 1.0f);
+  x[3] = NAN, x[20] = INFINITY;  // two buckets of eight
+  const DeviceBytes d_in(64 * 4), d_enc(codec.encoded_bytes(64)), d_count(8);
+  auto* counter = reinterpret_cast<unsigned long long*>(d_count.get());
+  auto* in = reinterpret_cast<float*>(d_in.get());
+  ok(cudaMemcpy(in, x.data(), 64 * 4, cudaMemcpyHostToDevice));
+  ok(cudaMemset(counter, 0, 8));
+  ok(encode_cuda(codec, in, 64, d_enc.get(), PhiloxKey{}, 0, counter, nullptr));
+  ok(encode_cuda(codec, in, 64, d_enc.get(), PhiloxKey{}, 0, counter, nullptr));
+  ok(encode_cuda(codec, in, 64, d_enc.get(), PhiloxKey{}, 0, nullptr, nullptr));
+  unsigned long long n = 0;
+  ok(cudaMemcpy(&n, counter, 8, cudaMemcpyDeviceToHost));
+  CHECK(n == 4);
+  ok(decode_cuda(codec, d_enc.get(), 64, in, counter, nullptr));
+  ok(cudaMemcpy(&n, counter, 8, cudaMemcpyDeviceToHost));
+  CHECK(n == 4 + 16);
+}
+
+TEST_CASE("invalid arguments enqueue nothing and say cudaErrorInvalidValue", "[codec][cuda]") {
+  const DeviceBytes d(4096);
+  auto* f = reinterpret_cast<float*>(d.get());
+  CodecConfig q = parse_codec_spec("q4");
+  CHECK(encode_cuda(q, nullptr, 8, d.get(), PhiloxKey{}, 0, nullptr, nullptr) == cudaErrorInvalidValue);
+  CHECK(decode_cuda(q, d.get(), 8, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+  CHECK(encode_cuda(q, nullptr, 0, nullptr, PhiloxKey{}, 0, nullptr, nullptr) == cudaSuccess);  // nothing to do
+  q.bits = 9;
+  CHECK(encode_cuda(q, f, 8, d.get(), PhiloxKey{}, 0, nullptr, nullptr) == cudaErrorInvalidValue);
+  q.bits = 4, q.bucket = 12;
+  CHECK(decode_accumulate_cuda(q, d.get(), 8, f, nullptr, nullptr) == cudaErrorInvalidValue);
+  CHECK(load_float_cuda(DataType::kInt32, d.get(), f, 8, nullptr) == cudaErrorInvalidValue);
+  CHECK(store_float_cuda(DataType::kFloat64, f, d.get(), 8, nullptr) == cudaErrorInvalidValue);
+  ok(cudaDeviceSynchronize());
+}
+
+// Random bit patterns: every class of float16/bfloat16/float32 value, NaNs with payloads included.
+std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> b(n);
+  for (auto& v : b) v = static_cast<uint8_t>(rng());
+  return b;
+}
+
+TEST_CASE("the conversions match convert.h bit for bit", "[convert][cuda]") {
+  const Stream stream;
+  const cudaStream_t s = stream.get();
+  for (DataType type : {DataType::kFloat32, DataType::kFloat16, DataType::kBfloat16}) {
+    for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{65537}}) {
+      INFO(data_type_name(type) << ", n " << n);
+      const size_t esize = element_size(type);
+      const std::vector<uint8_t> typed = random_bytes(n * esize, n + esize);
+      std::mt19937 rng(static_cast<uint32_t>(n));
+      std::vector<float> floats(n), acc0(n);
+      for (size_t i = 0; i < n; ++i) {
+        floats[i] = float_of(static_cast<uint32_t>(rng()));
+        acc0[i] = static_cast<float>(i % 97) - 48.5f;
+      }
+      const DeviceBytes d_typed(n * esize), d_float(n * 4), d_acc(n * 4);
+      ok(cudaMemcpyAsync(d_typed.get(), typed.data(), n * esize, cudaMemcpyHostToDevice, s));
+      ok(cudaMemcpyAsync(d_float.get(), floats.data(), n * 4, cudaMemcpyHostToDevice, s));
+      auto* df = reinterpret_cast<float*>(d_float.get());
+      auto* da = reinterpret_cast<float*>(d_acc.get());
+      std::vector<float> host(n), dev(n);
+
+      load_float(type, typed.data(), host.data(), n);
+      ok(load_float_cuda(type, d_typed.get(), da, n, s));
+      ok(cudaMemcpyAsync(dev.data(), da, n * 4, cudaMemcpyDeviceToHost, s));
+      ok(cudaStreamSynchronize(s));
+      CHECK(first_difference(host.data(), dev.data(), n, false) == "");
+
+      host = acc0;
+      load_add_float(type, typed.data(), host.data(), n);
+      ok(cudaMemcpyAsync(da, acc0.data(), n * 4, cudaMemcpyHostToDevice, s));
+      ok(load_add_float_cuda(type, d_typed.get(), da, n, s));
+      ok(cudaMemcpyAsync(dev.data(), da, n * 4, cudaMemcpyDeviceToHost, s));
+      ok(cudaStreamSynchronize(s));
+      CHECK(first_difference(host.data(), dev.data(), n, true) == "");
+
+      std::vector<uint8_t> host_typed(n * esize), dev_typed(n * esize);
+      store_float(type, floats.data(), host_typed.data(), n);
+      ok(store_float_cuda(type, df, d_typed.get(), n, s));
+      ok(cudaMemcpyAsync(dev_typed.data(), d_typed.get(), n * esize, cudaMemcpyDeviceToHost, s));
+      ok(cudaStreamSynchronize(s));
+      CHECK(first_difference(host_typed.data(), dev_typed.data(), n * esize) == "");
+    }
+  }
+  for (size_t n : {size_t{1}, size_t{4099}}) {
+    INFO("n " << n);
+    std::mt19937 rng(static_cast<uint32_t>(n + 5));
+    std::vector<float> x(n), acc0(n);
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = float_of(static_cast<uint32_t>(rng()));
+      acc0[i] = static_cast<float>(i) * 0.37f;
+    }
+    const DeviceBytes d_x(n * 4), d_acc(n * 4);
+    auto* dx = reinterpret_cast<float*>(d_x.get());
+    auto* da = reinterpret_cast<float*>(d_acc.get());
+    std::vector<float> host = x, dev(n);
+    for (float divisor : {3.0f, 8.0f}) {
+      host = x;
+      divide_float(host.data(), n, divisor);
+      ok(cudaMemcpyAsync(dx, x.data(), n * 4, cudaMemcpyHostToDevice, s));
+      ok(divide_float_cuda(dx, n, divisor, s));
+      ok(cudaMemcpyAsync(dev.data(), dx, n * 4, cudaMemcpyDeviceToHost, s));
+      ok(cudaStreamSynchronize(s));
+      CHECK(first_difference(host.data(), dev.data(), n, true) == "");
+    }
+    host = acc0;
+    add_float(x.data(), host.data(), n);
+    ok(cudaMemcpyAsync(dx, x.data(), n * 4, cudaMemcpyHostToDevice, s));
+    ok(cudaMemcpyAsync(da, acc0.data(), n * 4, cudaMemcpyHostToDevice, s));
+    ok(add_float_cuda(dx, da, n, s));
+    ok(cudaMemcpyAsync(dev.data(), da, n * 4, cudaMemcpyDeviceToHost, s));
+    ok(cudaStreamSynchronize(s));
+    CHECK(first_difference(host.data(), dev.data(), n, true) == "");
+  }
+}
+
+// Operands for the reductions: random bits (every class of value, NaNs with payloads, integer
+// overflow), with some pairs made equal and, for the floating types, some signed-zero pairs.
+void make_operands(DataType type, size_t n, uint64_t seed, std::vector<uint8_t>& a, std::vector<uint8_t>& b) {
+  const size_t esize = element_size(type);
+  a = random_bytes(n * esize, seed);
+  b = random_bytes(n * esize, seed + 1);
+  for (size_t i = 0; i < n; i += 5) std::memcpy(&b[i * esize], &a[i * esize], esize);  // a == b
+  if (!is_floating(type)) return;
+  for (size_t i = 1; i + 1 < n; i += 7) {  // (+0, -0) and (-0, +0): the sign bit is the top bit
+    std::memset(&a[i * esize], 0, esize), std::memset(&b[i * esize], 0, esize);
+    b[i * esize + esize - 1] = 0x80;
+    std::memset(&a[(i + 1) * esize], 0, esize), std::memset(&b[(i + 1) * esize], 0, esize);
+    a[(i + 1) * esize + esize - 1] = 0x80;
+  }
+}
+
+TEST_CASE("reduce_cuda and finish_average_cuda match reduce.h bit for bit", "[reduce][cuda]") {
+  const Stream stream;
+  const cudaStream_t s = stream.get();
+  constexpr size_t kMax = 40000;
+  const DeviceBytes d_a(kMax * 8), d_b(kMax * 8), d_dst(kMax * 8);
+  for (int t = 0; t < kNumDataTypes; ++t) {
+    const auto type = static_cast<DataType>(t);
+    const size_t esize = element_size(type);
+    for (size_t n : {size_t{1}, size_t{31}, size_t{kMax}}) {
+      std::vector<uint8_t> a, b;
+      make_operands(type, n, n * 16 + t, a, b);
+      ok(cudaMemcpyAsync(d_a.get(), a.data(), n * esize, cudaMemcpyHostToDevice, s));
+      ok(cudaMemcpyAsync(d_b.get(), b.data(), n * esize, cudaMemcpyHostToDevice, s));
+      for (int o = 0; o < kNumRedOps; ++o) {
+        const auto op = static_cast<RedOp>(o);
+        INFO(data_type_name(type) << " " << red_op_name(op) << ", n " << n);
+        std::vector<uint8_t> host(n * esize), dev(n * esize), dev_swapped(n * esize);
+        reduce(type, op, a.data(), b.data(), host.data(), n);
+        ok(reduce_cuda(type, op, d_a.get(), d_b.get(), d_dst.get(), n, s));
+        ok(cudaMemcpyAsync(dev.data(), d_dst.get(), n * esize, cudaMemcpyDeviceToHost, s));
+        ok(reduce_cuda(type, op, d_b.get(), d_a.get(), d_dst.get(), n, s));  // symmetry
+        ok(cudaMemcpyAsync(dev_swapped.data(), d_dst.get(), n * esize, cudaMemcpyDeviceToHost, s));
+        ok(cudaStreamSynchronize(s));
+        CHECK(first_difference(host.data(), dev.data(), n * esize) == "");
+        CHECK(first_difference(host.data(), dev_swapped.data(), n * esize) == "");
+      }
+      // In place (dst == a), then the average's division.
+      for (int nranks : {1, 3, 8, 300}) {
+        INFO(data_type_name(type) << " finish_average, nranks " << nranks << ", n " << n);
+        std::vector<uint8_t> host(n * esize), dev(n * esize);
+        reduce(type, RedOp::kAvg, a.data(), b.data(), host.data(), n);
+        finish_average(type, host.data(), n, nranks);
+        ok(cudaMemcpyAsync(d_dst.get(), a.data(), n * esize, cudaMemcpyHostToDevice, s));
+        ok(reduce_cuda(type, RedOp::kAvg, d_dst.get(), d_b.get(), d_dst.get(), n, s));
+        ok(finish_average_cuda(type, d_dst.get(), n, nranks, s));
+        ok(cudaMemcpyAsync(dev.data(), d_dst.get(), n * esize, cudaMemcpyDeviceToHost, s));
+        ok(cudaStreamSynchronize(s));
+        CHECK(first_difference(host.data(), dev.data(), n * esize) == "");
+      }
+    }
+  }
+  CHECK(reduce_cuda(static_cast<DataType>(kNumDataTypes), RedOp::kSum, d_a.get(), d_b.get(), d_dst.get(), 1, s) ==
+        cudaErrorInvalidValue);
+  CHECK(reduce_cuda(DataType::kFloat32, static_cast<RedOp>(kNumRedOps), d_a.get(), d_b.get(), d_dst.get(), 1, s) ==
+        cudaErrorInvalidValue);
+  CHECK(finish_average_cuda(DataType::kFloat32, d_a.get(), 1, 0, s) == cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace qccl::kernels
