@@ -50,8 +50,7 @@ class AllReduceRingCompressed final : public Plan {
     // Reduce-scatter with re-encoding at every hop.
     const int own = ring_.rank;
     const int first = ring_.at(-1);
-    load_contribution(args_, p, acc, begin(first), part(first).count);
-    encode_contribution(args_, p, outgoing[0], acc, begin(first), part(first).count);
+    encode_input(args_, p, outgoing[0], acc, begin(first), part(first).count);
     for (int k = 0; k < n - 1; ++k) {
       const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
       p.recv(0, ring_.prev(), msg(k), incoming, bytes(s_recv));

@@ -51,8 +51,7 @@ class AllReduceSraCompressed final : public Plan {
       const int to = ring_.at(k), from = ring_.at(-k);
       std::byte* buffer = outgoing[k % 2];
       if (k >= 3) p.wait(1 + k % 2);  // the send that last used this buffer
-      load_contribution(args_, p, staging, begin(to), part(to).count);
-      encode_contribution(args_, p, buffer, staging, begin(to), part(to).count);
+      encode_input(args_, p, buffer, staging, begin(to), part(to).count);
       p.recv(0, from, msg(k - 1), received(from), bytes(own));
       p.send(1 + k % 2, to, msg(k - 1), buffer, bytes(to));
       p.wait(0);

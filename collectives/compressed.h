@@ -54,6 +54,17 @@ inline void encode_contribution(const CollArgs& args, Program& p, void* encoded,
   if (args.residual) p.error_feedback(args.residual + begin, acc, encoded, count, residual_scale);
 }
 
+// encoded = encode(this rank's input for [begin, begin + count)), staged through `staging` only when
+// it must be: float32 input without error feedback is encoded straight from the user's buffer.
+inline void encode_input(const CollArgs& args, Program& p, void* encoded, float* staging, size_t begin, size_t count) {
+  if (args.dtype == DataType::kFloat32 && !args.residual) {
+    p.encode(encoded, static_cast<const float*>(args.sendbuf) + begin, count, begin, 0);
+    return;
+  }
+  load_contribution(args, p, staging, begin, count);
+  encode_contribution(args, p, encoded, staging, begin, count);
+}
+
 // The owner's final encode of its reduced segment (divided by n first for an average).
 inline void encode_owned(const CollArgs& args, Program& p, void* encoded, float* acc, size_t begin, size_t count) {
   const bool avg = args.op == RedOp::kAvg;
