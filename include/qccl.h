@@ -143,6 +143,8 @@ typedef struct qcclStats_v100 {
   double compressionRatio;    /* bytes the uncompressed algorithm would send / wireBytesSent */
   double encodeSeconds;       /* time this rank spent encoding */
   double decodeSeconds;       /* time this rank spent decoding and accumulating */
+  double wireSeconds;         /* the rest: seconds - encodeSeconds - decodeSeconds (moving and
+                                 waiting for bytes, with the codec work it did not overlap) */
   char codec[64];             /* the codec's canonical spec, "" when uncompressed */
 } qcclStats_t;
 

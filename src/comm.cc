@@ -191,6 +191,8 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
       last_stats_.compressionRatio = op.bytes_sent() ? static_cast<double>(raw) / op.bytes_sent() : 1.0;
       last_stats_.encodeSeconds = op.encode_seconds();
       last_stats_.decodeSeconds = op.decode_seconds();
+      last_stats_.wireSeconds =
+          std::max(0.0, last_stats_.seconds - last_stats_.encodeSeconds - last_stats_.decodeSeconds);
       if (const kernels::CodecConfig* codec = op.plan().args().codec)
         std::snprintf(last_stats_.codec, sizeof(last_stats_.codec), "%s", codec->canonical().c_str());
     }

@@ -104,6 +104,8 @@ TEST_CASE("compressed all-reduce: statistics report the codec, the ratio and the
   CHECK(stats.compressionRatio < 8.0);
   CHECK(stats.encodeSeconds > 0);
   CHECK(stats.decodeSeconds > 0);
+  CHECK(stats.wireSeconds >= 0);
+  CHECK(stats.encodeSeconds + stats.decodeSeconds + stats.wireSeconds == Approx(stats.seconds).epsilon(1e-9));
 }
 
 TEST_CASE("error feedback: a checkpointed state replays a step bit for bit", "[compressed]") {
