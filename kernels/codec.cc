@@ -207,9 +207,9 @@ size_t EncodeImpl(const CodecConfig& c, const float* in, size_t count, void* out
     case CodecKind::kNone:
       return CopyFloats<false>(in, count, static_cast<float*>(out));
     case CodecKind::kFp16:
-      return EncodeCast<Float16Codec>(in, count, static_cast<uint16_t*>(out));
+      return EncodeCast<Float16>(in, count, static_cast<uint16_t*>(out));
     case CodecKind::kBf16:
-      return EncodeCast<Bfloat16Codec>(in, count, static_cast<uint16_t*>(out));
+      return EncodeCast<Bfloat16>(in, count, static_cast<uint16_t*>(out));
     case CodecKind::kQuant:
       break;
   }
@@ -227,9 +227,9 @@ size_t DecodeAny(const CodecConfig& c, const void* in, size_t count, float* out)
     case CodecKind::kNone:
       return CopyFloats<kAccumulate>(static_cast<const float*>(in), count, out);
     case CodecKind::kFp16:
-      return DecodeCast<Float16Codec, kAccumulate>(static_cast<const uint16_t*>(in), count, out);
+      return DecodeCast<Float16, kAccumulate>(static_cast<const uint16_t*>(in), count, out);
     case CodecKind::kBf16:
-      return DecodeCast<Bfloat16Codec, kAccumulate>(static_cast<const uint16_t*>(in), count, out);
+      return DecodeCast<Bfloat16, kAccumulate>(static_cast<const uint16_t*>(in), count, out);
     case CodecKind::kQuant:
       break;
   }
