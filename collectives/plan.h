@@ -69,6 +69,14 @@ enum class StepKind : uint8_t {
   kDecodeAdd,      // dst (float) += decode(src (bytes))
   kDecodeOut,      // dst (datatype) = decode(src (bytes)), through src2 (float scratch) unless float32
   kErrorFeedback,  // dst (float residual) = factor * (src (float) - decode(src2 (bytes)))
+  // Marsit (sign codec). A fragment is "tainted" once it met a non-finite value, here or (through a
+  // bit of the message key) at a peer; a tainted fragment decodes to NaN and leaves the state alone.
+  kPackSigns,      // dst (words) = signs of src + src2 (floats; src2 may be null), n values
+  kMergeSigns,     // dst (words) = merge(src, src2) at a hop of `aux` contributions, stream msg, word index
+  kDecodeSigns,    // dst (float g) = eta (2 bit - 1) of src (words), and the compensation of elements
+                   // index .. index + n: c += u - g (Marsit Alg. 1 line 10); g NaN, c kept when tainted
+  kZeroFloat,      // dst (float) = 0
+  kCheckFinite,    // counts the non-finite values of dst (float) as the collective's non-finite output
 };
 
 struct Step {
@@ -80,8 +88,9 @@ struct Step {
   const void* src2 = nullptr; // kReduce: second operand
   void* dst = nullptr;        // kRecv: destination; kReduce, kCopy, kAverage: output
   size_t n = 0;               // kRecv, kSend, kCopy: bytes; the others: elements
-  uint64_t index = 0;         // kEncode: index of the first element in the whole buffer
+  uint64_t index = 0;         // kEncode: index of the first element in the whole buffer; kMergeSigns: word
   float factor = 1.0f;        // kErrorFeedback
+  uint32_t aux = 0;           // kMergeSigns: the number of contributions after the merge
 };
 
 // The steps of one fragment, run in order. A kWait blocks the fragment (not the executor) until the
@@ -131,6 +140,24 @@ class Program {
     push(StepKind::kErrorFeedback, residual, acc, encoded, count);
     steps_.back().factor = factor;
   }
+
+  // Marsit (see StepKind).
+  void pack_signs(uint32_t* dst, const float* u, const float* c, size_t count) {
+    push(StepKind::kPackSigns, dst, u, c, count);
+  }
+  void merge_signs(uint32_t* dst, const uint32_t* incoming, const uint32_t* local, size_t words, uint32_t k,
+                   uint32_t stream, uint64_t first_word) {
+    if (!words) return;
+    push(StepKind::kMergeSigns, dst, incoming, local, words);
+    steps_.back().aux = k, steps_.back().msg = stream, steps_.back().index = first_word;
+  }
+  void decode_signs(float* g, const uint32_t* words, size_t first, size_t count) {
+    if (!count) return;
+    push(StepKind::kDecodeSigns, g, words, nullptr, count);
+    steps_.back().index = first;
+  }
+  void zero_float(float* dst, size_t count) { push(StepKind::kZeroFloat, dst, nullptr, nullptr, count); }
+  void check_finite(float* dst, size_t count) { push(StepKind::kCheckFinite, dst, nullptr, nullptr, count); }
 
   const std::vector<Step>& steps() const { return steps_; }
 

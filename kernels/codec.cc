@@ -20,6 +20,8 @@
 // targets do, and the fused rounding differs from quant.h's dequantize (m + s * c rounded twice).
 
 #include "kernels/codec.h"
+#include "kernels/marsit.h"
+#include "kernels/sign.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -212,6 +214,8 @@ size_t EncodeImpl(const CodecConfig& c, const float* in, size_t count, void* out
       return EncodeCast<Bfloat16>(in, count, static_cast<uint16_t*>(out));
     case CodecKind::kQuant:
       break;
+    case CodecKind::kSign:  // encode() routes the sign codec to marsit.h before dispatching here
+      return 0;
   }
   auto* bytes = static_cast<uint8_t*>(out);
   const bool stochastic = c.rounding == Rounding::kStochastic;
@@ -232,6 +236,8 @@ size_t DecodeAny(const CodecConfig& c, const void* in, size_t count, float* out)
       return DecodeCast<Bfloat16, kAccumulate>(static_cast<const uint16_t*>(in), count, out);
     case CodecKind::kQuant:
       break;
+    case CodecKind::kSign:  // decode() routes the sign codec to marsit.h before dispatching here
+      return 0;
   }
   const auto* bytes = static_cast<const uint8_t*>(in);
   return WithBits(c.bits, [&](auto bits) { return DecodeQuant<bits(), kAccumulate>(c.bucket, bytes, count, out); });
@@ -248,134 +254,39 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace qccl::kernels {
 
-// ---- Spec ------------------------------------------------------------------------------------------
-
-namespace {
-
-[[noreturn]] void bad(const std::string& spec, const std::string& why) {
-  throw CodecSpecError("codec spec '" + spec + "': " + why);
-}
-
-uint64_t parse_number(const std::string& spec, const std::string& key, const std::string& value, uint64_t lo,
-                      uint64_t hi) {
-  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
-    bad(spec, key + "=" + value + ": '" + value + "' is not a non-negative integer");
-  errno = 0;
-  const unsigned long long v = std::strtoull(value.c_str(), nullptr, 10);
-  if (errno || v < lo || v > hi)
-    bad(spec, key + "=" + value + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
-}
-
-}  // namespace
-
-CodecConfig parse_codec_spec(const std::string& spec) {
-  CodecConfig c;
-  const size_t colon = spec.find(':');
-  const std::string name = spec.substr(0, colon);
-  if (name == "none") {
-    c.kind = CodecKind::kNone, c.bits = 32;
-  } else if (name == "fp16") {
-    c.kind = CodecKind::kFp16, c.bits = 16;
-  } else if (name == "bf16") {
-    c.kind = CodecKind::kBf16, c.bits = 16;
-  } else if (name.size() == 2 && name[0] == 'q' && name[1] >= '1' && name[1] <= '8') {
-    c.kind = CodecKind::kQuant, c.bits = name[1] - '0';
-  } else {
-    bad(spec, "unknown codec '" + name + "' (none, fp16, bf16, q1 .. q8)");
-  }
-  if (colon == std::string::npos) return c;
-  std::string rest = spec.substr(colon + 1);
-  if (rest.empty()) bad(spec, "nothing after ':'");
-  size_t at = 0;
-  while (at <= rest.size()) {
-    const size_t comma = rest.find(',', at);
-    const std::string token = rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    at = comma == std::string::npos ? rest.size() + 1 : comma + 1;
-    const size_t eq = token.find('=');
-    if (token.empty() || eq == std::string::npos || eq == 0) bad(spec, "'" + token + "' is not key=value");
-    const std::string key = token.substr(0, eq), value = token.substr(eq + 1);
-    if (key == "bucket") {
-      if (c.kind != CodecKind::kQuant) bad(spec, "'" + token + "': only q1 .. q8 have buckets");
-      c.bucket = static_cast<uint32_t>(parse_number(spec, key, value, 8, 1u << 20));
-      if (c.bucket % 8) bad(spec, "'" + token + "': the bucket must be a multiple of 8");
-    } else if (key == "round") {
-      if (c.kind != CodecKind::kQuant) bad(spec, "'" + token + "': only q1 .. q8 round");
-      if (value == "nearest")
-        c.rounding = Rounding::kNearest;
-      else if (value == "stochastic")
-        c.rounding = Rounding::kStochastic;
-      else
-        bad(spec, "'" + token + "': round is nearest or stochastic");
-    } else if (key == "ef") {
-      if (value == "on")
-        c.error_feedback = true;
-      else if (value == "off")
-        c.error_feedback = false;
-      else
-        bad(spec, "'" + token + "': ef is on or off");
-    } else if (key == "seed") {
-      c.seed = parse_number(spec, key, value, 0, std::numeric_limits<uint64_t>::max());
-    } else {
-      bad(spec, "unknown key '" + key + "' (bucket, round, ef, seed)");
-    }
-  }
-  return c;
-}
-
-std::string CodecConfig::canonical() const {
-  switch (kind) {
-    case CodecKind::kNone:
-      return std::string("none") + (error_feedback ? ":ef=on" : "");
-    case CodecKind::kFp16:
-      return std::string("fp16") + (error_feedback ? ":ef=on" : "");
-    case CodecKind::kBf16:
-      return std::string("bf16") + (error_feedback ? ":ef=on" : "");
-    case CodecKind::kQuant:
-      break;
-  }
-  return "q" + std::to_string(bits) + ":bucket=" + std::to_string(bucket) +
-         ",round=" + (rounding == Rounding::kStochastic ? "stochastic" : "nearest") +
-         ",ef=" + (error_feedback ? "on" : "off") + ",seed=" + std::to_string(seed);
-}
-
-uint64_t CodecConfig::hash() const {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : canonical()) h = (h ^ ch) * 1099511628211ull;
-  return h ? h : 1;
-}
-
-size_t CodecConfig::encoded_bytes(size_t count) const {
-  switch (kind) {
-    case CodecKind::kNone:
-      return count * 4;
-    case CodecKind::kFp16:
-    case CodecKind::kBf16:
-      return count * 2;
-    case CodecKind::kQuant:
-      return quant_encoded_bytes(count, bucket, bits);
-  }
-  return 0;
-}
-
 // ---- Host launchers -----------------------------------------------------------------------------------
 
 HWY_EXPORT(EncodeImpl);
 HWY_EXPORT(DecodeImpl);
 
+// The sign codec (Marsit) has its own launchers (marsit.h); these entry points serve it too, so that
+// every codec can be encoded, decoded and measured the same way (codec_perf, tests).
 EncodeReport encode(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
                     uint64_t first) {
   EncodeReport report;
-  if (count > 0) report.nonfinite = HWY_DYNAMIC_DISPATCH(EncodeImpl)(c, in, count, out, key, first);
+  if (count == 0) return report;
+  if (c.kind == CodecKind::kSign) report.nonfinite = pack_signs(in, nullptr, count, static_cast<uint32_t*>(out));
+  else report.nonfinite = HWY_DYNAMIC_DISPATCH(EncodeImpl)(c, in, count, out, key, first);
   return report;
 }
 
 size_t decode(const CodecConfig& c, const void* in, size_t count, float* out) {
-  return count > 0 ? HWY_DYNAMIC_DISPATCH(DecodeImpl)(c, in, count, out, false) : 0;
+  if (count == 0) return 0;
+  if (c.kind == CodecKind::kSign) {
+    decode_signs(static_cast<const uint32_t*>(in), count, c.eta, out, nullptr, nullptr);
+    return 0;
+  }
+  return HWY_DYNAMIC_DISPATCH(DecodeImpl)(c, in, count, out, false);
 }
 
 size_t decode_accumulate(const CodecConfig& c, const void* in, size_t count, float* acc) {
-  return count > 0 ? HWY_DYNAMIC_DISPATCH(DecodeImpl)(c, in, count, acc, true) : 0;
+  if (count == 0) return 0;
+  if (c.kind == CodecKind::kSign) {
+    const auto* words = static_cast<const uint32_t*>(in);
+    for (size_t j = 0; j < count; ++j) acc[j] += sign_value(words[j / 32], static_cast<unsigned>(j % 32), c.eta);
+    return 0;
+  }
+  return HWY_DYNAMIC_DISPATCH(DecodeImpl)(c, in, count, acc, true);
 }
 
 }  // namespace qccl::kernels

@@ -3,11 +3,14 @@
 //   none           float32 as is (4 bytes per value); for measuring the fused path's overhead
 //   fp16, bf16     IEEE half / bfloat16, round to nearest even (2 bytes per value)
 //   q1 .. q8       bucketed min-max quantization (quant.h): per bucket two float32 and N bits per value
+//   sign           Marsit's sign bits (sign.h): 1 bit per value, merged stochastically at every hop;
+//                  every k-th round is a full-precision average instead (marsit.h, the algorithms)
 //
 // The spec grammar is `name[:key=value,...]` with keys bucket=B (q only; multiple of 8, default 512),
-// round=nearest|stochastic (q only; default nearest), ef=on|off (error feedback, any codec; default
-// off) and seed=S (stochastic rounding; default 0). Unknown names, keys or values are errors that
-// name the token.
+// round=nearest|stochastic (q only; default nearest), ef=on|off (error feedback, not sign; default
+// off), seed=S (random rounding and merging; default 0), and for sign: eta_s=E (the magnitude of a
+// sign round's update; required), k=K (full-precision every K-th round, 0 = never; default 100),
+// topology=ring|torus:RxC (default ring). Unknown names, keys or values are errors that name the token.
 //
 // The encoded size is a pure function of the count and the spec (encoded_bytes), never of the data.
 // Runs passed to encode/decode start on a bucket boundary; so that results do not depend on how a
@@ -23,7 +26,7 @@
 
 namespace qccl::kernels {
 
-enum class CodecKind : uint8_t { kNone, kFp16, kBf16, kQuant };
+enum class CodecKind : uint8_t { kNone, kFp16, kBf16, kQuant, kSign };
 enum class Rounding : uint8_t { kNearest, kStochastic };
 
 // A spec that does not parse; what() names the bad token.
@@ -38,6 +41,11 @@ struct CodecConfig {
   Rounding rounding = Rounding::kNearest;
   bool error_feedback = false;
   uint64_t seed = 0;
+  // kSign (Marsit) only:
+  float eta = 0;              // eta_s
+  uint32_t period = 100;      // K: rounds t with t % K == 0 are full precision; 0 = never
+  int torus_rows = 0;         // torus:RxC; 0 = ring
+  int torus_cols = 0;
 
   // Canonical text ("q4:bucket=512,round=stochastic,ef=on,seed=7"): what hash() digests.
   std::string canonical() const;
@@ -45,7 +53,9 @@ struct CodecConfig {
   uint64_t hash() const;
   size_t encoded_bytes(size_t count) const;
   // Chunk boundaries must fall on multiples of this many values.
-  size_t alignment() const { return kind == CodecKind::kQuant ? bucket : 1; }
+  size_t alignment() const { return kind == CodecKind::kQuant ? bucket : kind == CodecKind::kSign ? 32 : 1; }
+  // kSign: whether round t is a full-precision one.
+  bool full_precision_round(uint64_t t) const { return period != 0 && t % period == 0; }
 };
 
 CodecConfig parse_codec_spec(const std::string& spec);

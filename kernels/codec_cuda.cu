@@ -27,6 +27,7 @@
 #include "kernels/half.h"
 #include "kernels/philox.h"
 #include "kernels/quant.h"
+#include "kernels/sign.h"
 
 namespace qccl::kernels {
 
@@ -311,6 +312,40 @@ __global__ void decode_cast_kernel(const void* __restrict__ in, size_t n, float*
   count_add(nonfinite, bad);
 }
 
+// ---- Marsit's sign codec (sign.h), one thread per 32-value word or per value ------------------------
+
+__global__ void pack_signs_kernel(const float* __restrict__ u, const float* __restrict__ c, size_t n,
+                                  uint32_t* __restrict__ words, unsigned long long* nonfinite) {
+  for (size_t w = blockIdx.x * size_t(blockDim.x) + threadIdx.x; w * 32 < n; w += size_t(gridDim.x) * blockDim.x) {
+    uint32_t word = 0;
+    unsigned bad = 0;
+    for (unsigned b = 0; b < 32 && w * 32 + b < n; ++b) {
+      const size_t j = w * 32 + b;
+      const float x = c ? u[j] + c[j] : u[j];
+      word |= sign_bit(x) << b;
+      bad += isfinite(x) ? 0 : 1;
+    }
+    words[w] = word;
+    if (bad && nonfinite) atomicAdd(nonfinite, static_cast<unsigned long long>(bad));
+  }
+}
+
+__global__ void merge_signs_kernel(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t nwords, uint32_t k,
+                                   PhiloxKey key, uint64_t first_word) {
+  for (size_t w = blockIdx.x * size_t(blockDim.x) + threadIdx.x; w < nwords; w += size_t(gridDim.x) * blockDim.x)
+    out[w] = marsit_merge(a[w], s[w], k, key, first_word + w);
+}
+
+template <bool kAccumulate>
+__global__ void decode_signs_kernel(const uint32_t* __restrict__ words, size_t n, float eta, float* __restrict__ g,
+                                    float* __restrict__ c, const float* __restrict__ u) {
+  for (size_t j = blockIdx.x * size_t(blockDim.x) + threadIdx.x; j < n; j += size_t(gridDim.x) * blockDim.x) {
+    const float v = sign_value(words[j / 32], static_cast<unsigned>(j % 32), eta);
+    if (c) c[j] += u[j] - v;  // u before g: they may be one buffer
+    g[j] = kAccumulate ? g[j] + v : v;
+  }
+}
+
 __global__ void divide_kernel(float* x, size_t n, float divisor) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
     x[i] /= divisor;
@@ -371,6 +406,9 @@ cudaError_t decode_any(const CodecConfig& c, const void* in, size_t count, float
       return launch(decode_cast_kernel<CodecKind::kFp16, kAccumulate>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
     case CodecKind::kBf16:
       return launch(decode_cast_kernel<CodecKind::kBf16, kAccumulate>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
+    case CodecKind::kSign:
+      return launch(decode_signs_kernel<kAccumulate>, blocks, kFlatThreads, stream, static_cast<const uint32_t*>(in),
+                    count, c.eta, out, static_cast<float*>(nullptr), static_cast<const float*>(nullptr));
     case CodecKind::kQuant: break;
   }
   if (!valid_quant(c)) return cudaErrorInvalidValue;
@@ -400,6 +438,8 @@ cudaError_t encode_cuda(const CodecConfig& c, const float* in, size_t count, voi
       return launch(encode_cast_kernel<CodecKind::kFp16>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
     case CodecKind::kBf16:
       return launch(encode_cast_kernel<CodecKind::kBf16>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
+    case CodecKind::kSign:
+      return pack_signs_cuda(in, nullptr, count, static_cast<uint32_t*>(out), nonfinite, stream);
     case CodecKind::kQuant: break;
   }
   if (!valid_quant(c)) return cudaErrorInvalidValue;
@@ -423,6 +463,27 @@ cudaError_t decode_cuda(const CodecConfig& c, const void* in, size_t count, floa
 cudaError_t decode_accumulate_cuda(const CodecConfig& c, const void* in, size_t count, float* acc,
                                    unsigned long long* nonfinite, cudaStream_t stream) {
   return decode_any<true>(c, in, count, acc, nonfinite, stream);
+}
+
+cudaError_t pack_signs_cuda(const float* u, const float* c, size_t n, uint32_t* words, unsigned long long* nonfinite,
+                            cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (u == nullptr || words == nullptr) return cudaErrorInvalidValue;
+  return launch(pack_signs_kernel, flat_blocks(sign_words(n)), kFlatThreads, stream, u, c, n, words, nonfinite);
+}
+
+cudaError_t merge_signs_cuda(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t nwords, uint32_t k,
+                             const PhiloxKey& key, uint64_t first_word, cudaStream_t stream) {
+  if (nwords == 0) return cudaSuccess;
+  if (a == nullptr || s == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  return launch(merge_signs_kernel, flat_blocks(nwords), kFlatThreads, stream, a, s, out, nwords, k, key, first_word);
+}
+
+cudaError_t decode_signs_cuda(const uint32_t* words, size_t n, float eta, float* g, float* c, const float* u,
+                              cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (words == nullptr || g == nullptr || (c != nullptr && u == nullptr)) return cudaErrorInvalidValue;
+  return launch(decode_signs_kernel<false>, flat_blocks(n), kFlatThreads, stream, words, n, eta, g, c, u);
 }
 
 // ---- convert.h on the device: the cast kernels without the count ------------------------------------

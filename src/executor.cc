@@ -1,10 +1,13 @@
 #include "src/executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernels/codec.h"
 #include "kernels/convert.h"
+#include "kernels/marsit.h"
 #include "kernels/reduce.h"
 #include "src/errors.h"
 
@@ -12,6 +15,8 @@ namespace qccl {
 
 namespace {
 constexpr transport::Key kFingerprintBits = 0xfff;
+constexpr transport::Key kTaintBit = transport::Key{1} << 28;
+constexpr transport::Key kIgnoredBits = kFingerprintBits | kTaintBit;  // what receives do not match
 }  // namespace
 
 Operation::Operation(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
@@ -26,9 +31,9 @@ Operation::Operation(const coll::Algorithm& algorithm, std::unique_ptr<coll::Pla
 
 Operation::~Operation() = default;
 
-transport::Key Operation::key(uint32_t message) const {
+transport::Key Operation::key(uint32_t message, bool tainted) const {
   return (static_cast<transport::Key>(identity_.p2p) << 43) |
-         (static_cast<transport::Key>(identity_.sequence & 0x7fff) << 28) |
+         (static_cast<transport::Key>(identity_.sequence & 0x3fff) << 29) | (tainted ? kTaintBit : 0) |
          (static_cast<transport::Key>(message & 0xffff) << 12) | identity_.header.fingerprint();
 }
 
@@ -49,7 +54,7 @@ void Operation::start(transport::Transport& transport) {
   for (size_t i = 0; i < recv_from.size(); ++i) {
     HeaderLink& link = header_recvs_[i];
     link.peer = recv_from[i];
-    link.handle = transport.irecv(link.peer, key(0), kFingerprintBits, link.bytes, sizeof(link.bytes));
+    link.handle = transport.irecv(link.peer, key(0), kIgnoredBits, link.bytes, sizeof(link.bytes));
   }
   header_sends_.resize(send_to.size());
   for (size_t i = 0; i < send_to.size(); ++i) {
@@ -69,6 +74,7 @@ void Operation::next_fragment(Slot& slot) {
   }
   slot.fragment = next_fragment_++;
   slot.pc = 0;
+  slot.tainted = false;
   plan_->build(slot.fragment, slot.scratch, slot.program);
 }
 
@@ -110,7 +116,7 @@ bool Operation::poll_headers(transport::Transport& transport) {
   return moved;
 }
 
-bool Operation::complete(Transfer& t, transport::Transport& transport, bool* moved) {
+bool Operation::complete(Transfer& t, transport::Transport& transport, bool* moved, bool* tainted) {
   if (t.handle.empty()) return true;
   const bool receive = t.handle.receive;
   // Payload from a peer is used only once its frame header has been checked (it was sent first).
@@ -135,6 +141,7 @@ bool Operation::complete(Transfer& t, transport::Transport& transport, bool* mov
       fail(qcclMismatch, "%s: %s sent %zu bytes where %zu were expected", identity_.expected.describe().c_str(),
            name(t.peer).c_str(), done.bytes, t.bytes);
     bytes_received_ += done.bytes;
+    if (tainted && (done.key & kTaintBit)) *tainted = true;
   }
   return true;
 }
@@ -146,7 +153,7 @@ bool Operation::run(Slot& slot, transport::Transport& transport) {
     const auto& steps = slot.program.steps();
     if (slot.pc == steps.size()) {
       for (Transfer& t : slot.transfers)
-        if (!complete(t, transport, &moved)) return moved;
+        if (!complete(t, transport, &moved, &slot.tainted)) return moved;
       ++fragments_done_;
       moved = true;
       next_fragment(slot);
@@ -164,15 +171,15 @@ bool Operation::run(Slot& slot, transport::Transport& transport) {
         t.peer = s.peer;
         t.bytes = s.n;
         if (s.kind == coll::StepKind::kRecv) {
-          t.handle = transport.irecv(s.peer, key(message), kFingerprintBits, s.dst, s.n);
+          t.handle = transport.irecv(s.peer, key(message), kIgnoredBits, s.dst, s.n);
         } else {
-          t.handle = transport.isend(s.peer, key(message), s.src, s.n);
+          t.handle = transport.isend(s.peer, key(message, slot.tainted), s.src, s.n);
           bytes_sent_ += s.n;
         }
         break;
       }
       case coll::StepKind::kWait:
-        if (!complete(slot.transfers[s.slot], transport, &moved)) return moved;
+        if (!complete(slot.transfers[s.slot], transport, &moved, &slot.tainted)) return moved;
         break;
       case coll::StepKind::kReduce:
         kernels::reduce(args.dtype, args.op, s.src, s.src2, s.dst, s.n);
@@ -184,7 +191,7 @@ bool Operation::run(Slot& slot, transport::Transport& transport) {
         if (args.op == kernels::RedOp::kAvg) kernels::finish_average(args.dtype, s.dst, s.n, args.nranks);
         break;
       default:
-        run_codec_step(s);
+        run_codec_step(s, slot);
         break;
     }
     ++slot.pc;
@@ -194,7 +201,7 @@ bool Operation::run(Slot& slot, transport::Transport& transport) {
 }
 
 // The float32 and codec steps of compressed collectives, timed into the encode and decode totals.
-void Operation::run_codec_step(const coll::Step& s) {
+void Operation::run_codec_step(const coll::Step& s, Slot& slot) {
   const coll::CollArgs& args = plan_->args();
   const kernels::CodecConfig& codec = *args.codec;
   const auto start = Clock::now();
@@ -230,6 +237,33 @@ void Operation::run_codec_step(const coll::Step& s) {
       for (size_t i = 0; i < s.n; ++i) out[i] = s.factor * (acc[i] - out[i]);  // ...and what it missed
       break;
     }
+    case coll::StepKind::kPackSigns:
+      if (kernels::pack_signs(static_cast<const float*>(s.src), static_cast<const float*>(s.src2), s.n,
+                              static_cast<uint32_t*>(s.dst)))
+        slot.tainted = true;
+      bucket = &encode_seconds_;
+      break;
+    case coll::StepKind::kMergeSigns: {
+      kernels::PhiloxKey key = args.rng;
+      key.rank = s.aux, key.stream = s.msg;  // one merge per (step, phase, group, hop, word): marsit.md §6.2
+      kernels::merge_signs(static_cast<const uint32_t*>(s.src), static_cast<const uint32_t*>(s.src2),
+                           static_cast<uint32_t*>(s.dst), s.n, s.aux, key, s.index);
+      bucket = &encode_seconds_;
+      break;
+    }
+    case coll::StepKind::kDecodeSigns:
+      if (slot.tainted) {  // a NaN or Inf somewhere in this fragment: no finite garbage, state kept
+        std::fill(out, out + s.n, std::numeric_limits<float>::quiet_NaN());
+        nonfinite_ += s.n;
+      } else {
+        kernels::decode_signs(static_cast<const uint32_t*>(s.src), s.n, codec.eta, out, args.residual + s.index,
+                              static_cast<const float*>(args.sendbuf) + s.index);
+      }
+      break;
+    case coll::StepKind::kZeroFloat: std::fill(out, out + s.n, 0.0f); break;
+    case coll::StepKind::kCheckFinite:
+      for (size_t i = 0; i < s.n; ++i) nonfinite_ += std::isfinite(out[i]) ? 0 : 1;
+      break;
     default:
       fail(qcclInternalError, "%s: unknown step kind %d", identity_.header.describe().c_str(), static_cast<int>(s.kind));
   }

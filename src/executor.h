@@ -6,7 +6,9 @@
 // transport's event descriptor when nothing moves. Hot-path budget per fragment: no allocation (the
 // Program is rebuilt in place), no system call beyond the transport's own, no lock.
 //
-// Keys: [p2p:1 | sequence:15 | message:16 | fingerprint:12] (transports/ adds the sender's rank).
+// Keys: [p2p:1 | sequence:14 | taint:1 | message:16 | fingerprint:12] (transports/ adds the sender's
+// rank). The taint bit carries "this fragment met a non-finite value" from rank to rank at no cost in
+// bytes (Marsit's sign bits have no room for NaN); receives ignore it and the fingerprint.
 // Message 0 of every collective is the frame header; payload message m travels as 1 + m mod 65535.
 #pragma once
 
@@ -70,6 +72,7 @@ class Operation {
   struct Slot {
     size_t fragment = kIdle;
     size_t pc = 0;
+    bool tainted = false;  // met NaN/Inf here or at a peer (see the key layout)
     std::byte* scratch = nullptr;
     coll::Program program;
     Transfer transfers[coll::Program::kSlots];
@@ -82,13 +85,13 @@ class Operation {
   };
   static constexpr size_t kIdle = ~size_t{0};
 
-  transport::Key key(uint32_t message) const;
+  transport::Key key(uint32_t message, bool tainted = false) const;
   void start(transport::Transport& transport);
   bool poll_headers(transport::Transport& transport);
   bool run(Slot& slot, transport::Transport& transport);
-  void run_codec_step(const coll::Step& step);
-  // Tests one transfer; true when it is done (handle empty).
-  bool complete(Transfer& transfer, transport::Transport& transport, bool* moved);
+  void run_codec_step(const coll::Step& step, Slot& slot);
+  // Tests one transfer; true when it is done (handle empty). A received taint bit sets *tainted.
+  bool complete(Transfer& transfer, transport::Transport& transport, bool* moved, bool* tainted);
   void next_fragment(Slot& slot);
   const std::string& name(int rank) const;
 

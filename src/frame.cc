@@ -16,7 +16,8 @@ bool rooted(coll::CollKind kind) { return kind == coll::CollKind::kBroadcast || 
 
 }  // namespace
 
-FrameHeader FrameHeader::for_call(const coll::CollArgs& args, uint64_t sequence, uint64_t codec_hash) {
+FrameHeader FrameHeader::for_call(const coll::CollArgs& args, uint64_t sequence, uint64_t codec_hash,
+                                  uint64_t codec_step) {
   FrameHeader h;
   h.kind = args.kind == coll::CollKind::kRecv ? coll::CollKind::kSend : args.kind;
   h.dtype = args.dtype;
@@ -25,6 +26,7 @@ FrameHeader FrameHeader::for_call(const coll::CollArgs& args, uint64_t sequence,
   h.count = args.count;
   h.sequence = sequence;
   h.codec_hash = codec_hash;
+  h.codec_step = codec_step;
   h.sender = args.rank;
   return h;
 }
@@ -43,6 +45,7 @@ void FrameHeader::encode(uint8_t out[kBytes]) const {
   w.put<uint64_t>(count);
   w.put<uint64_t>(sequence);
   w.put<uint64_t>(codec_hash);
+  w.put<uint64_t>(codec_step);
   w.put<uint32_t>(0);
   std::memcpy(out, w.bytes().data(), kBytes);
 }
@@ -70,6 +73,7 @@ FrameHeader FrameHeader::decode(const uint8_t* data, size_t size, const std::str
   h.count = r.get<uint64_t>();
   h.sequence = r.get<uint64_t>();
   h.codec_hash = r.get<uint64_t>();
+  h.codec_step = r.get<uint64_t>();
   return h;
 }
 
@@ -88,6 +92,7 @@ uint32_t FrameHeader::fingerprint() const {
   mix(static_cast<uint64_t>(static_cast<uint32_t>(root)));
   mix(count);
   mix(codec_hash);
+  mix(codec_step);
   return static_cast<uint32_t>((h ^ (h >> 12) ^ (h >> 24) ^ (h >> 36) ^ (h >> 48)) & 0xfff);
 }
 
@@ -96,14 +101,16 @@ std::string FrameHeader::describe() const {
                   kernels::data_type_name(dtype);
   if (reduces(kind)) s += std::string(", ") + kernels::red_op_name(op);
   if (rooted(kind)) s += ", root=" + std::to_string(root);
-  if (codec_hash) s += format(", codec %016llx", static_cast<unsigned long long>(codec_hash));
+  if (codec_hash)
+    s += format(", codec %016llx step %llu", static_cast<unsigned long long>(codec_hash),
+                static_cast<unsigned long long>(codec_step));
   return s + ") #" + std::to_string(sequence);
 }
 
 std::string frame_mismatch(const FrameHeader& expected, const FrameHeader& theirs) {
   if (expected.kind == theirs.kind && expected.dtype == theirs.dtype && expected.op == theirs.op &&
       expected.root == theirs.root && expected.count == theirs.count && expected.sequence == theirs.sequence &&
-      expected.codec_hash == theirs.codec_hash)
+      expected.codec_hash == theirs.codec_hash && expected.codec_step == theirs.codec_step)
     return std::string();
   // On the receiving end of a point-to-point pair the expectation is written as a Send; say Recv.
   std::string mine = expected.describe();

@@ -4,7 +4,7 @@
 //
 // How it travels. Every payload message carries a compact header in its transport key: the
 // collective's sequence number (15 bits) and a 12-bit fingerprint of the fields below; a receive
-// accepts any fingerprint and checks it on arrival. The full 48-byte header is sent once per link
+// accepts any fingerprint and checks it on arrival. The full 56-byte header is sent once per link
 // per collective, ahead of the payload on the same connection, and checked before any payload from
 // that peer is used. The payload itself therefore lands zero-copy in the user's buffer (UCX's
 // rendezvous reads it straight from the sender), which a header glued in front of each chunk would
@@ -21,8 +21,8 @@ namespace qccl {
 
 struct FrameHeader {
   static constexpr uint32_t kMagic = 0x46434351;  // "QCCF"
-  static constexpr uint16_t kVersion = 1;
-  static constexpr size_t kBytes = 48;
+  static constexpr uint16_t kVersion = 2;
+  static constexpr size_t kBytes = 56;
 
   coll::CollKind kind = coll::CollKind::kAllReduce;  // Send for both ends of a point-to-point pair
   kernels::DataType dtype = kernels::DataType::kFloat32;
@@ -31,16 +31,18 @@ struct FrameHeader {
   uint64_t count = 0;
   uint64_t sequence = 0;
   uint64_t codec_hash = 0;  // 0: uncompressed
+  uint64_t codec_step = 0;  // the codec state's step (Marsit's t): ranks whose steps differ fail
   int32_t sender = -1;
 
   // What rank `args.rank` sends for these arguments (a Recv expects the matching Send's header).
-  static FrameHeader for_call(const coll::CollArgs& args, uint64_t sequence, uint64_t codec_hash);
+  static FrameHeader for_call(const coll::CollArgs& args, uint64_t sequence, uint64_t codec_hash,
+                              uint64_t codec_step = 0);
 
   void encode(uint8_t out[kBytes]) const;
   // Throws Error(qcclRemoteError) naming `from` when the bytes are not a header of this version.
   static FrameHeader decode(const uint8_t* data, size_t size, const std::string& from);
 
-  // 12-bit hash of everything that must agree (kind, dtype, op, root, count, codec).
+  // 12-bit hash of everything that must agree (kind, dtype, op, root, count, codec and its step).
   uint32_t fingerprint() const;
   // "AllReduce(count=1000, float, sum) #5"
   std::string describe() const;

@@ -85,6 +85,8 @@ double error_bound(const Job& job) {
     case kernels::CodecKind::kQuant:
       per_unit_range = (c.rounding == kernels::Rounding::kStochastic ? 1.0 : 0.5) / ((1u << c.bits) - 1);
       break;
+    case kernels::CodecKind::kSign:
+      FAIL("the sign codec runs Marsit (allreduce_marsit_test.cc)");
   }
   const int n = job.n;
   double ranges = 0, magnitudes = 0;  // sums over the encodes an element goes through

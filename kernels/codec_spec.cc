@@ -1,0 +1,162 @@
+// The codec spec grammar (codec.h) and what follows from a spec alone: canonical text, hash, sizes.
+#include <cerrno>
+#include <cstdio>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "kernels/codec.h"
+#include "kernels/quant.h"
+#include "kernels/sign.h"
+
+namespace qccl::kernels {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& spec, const std::string& why) {
+  throw CodecSpecError("codec spec '" + spec + "': " + why);
+}
+
+double parse_real(const std::string& spec, const std::string& key, const std::string& value) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end || errno || !std::isfinite(v) || !(v > 0))
+    bad(spec, key + "=" + value + ": '" + value + "' is not a positive number");
+  return v;
+}
+
+uint64_t parse_number(const std::string& spec, const std::string& key, const std::string& value, uint64_t lo,
+                      uint64_t hi) {
+  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
+    bad(spec, key + "=" + value + ": '" + value + "' is not a non-negative integer");
+  errno = 0;
+  const unsigned long long v = std::strtoull(value.c_str(), nullptr, 10);
+  if (errno || v < lo || v > hi)
+    bad(spec, key + "=" + value + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+}  // namespace
+
+CodecConfig parse_codec_spec(const std::string& spec) {
+  CodecConfig c;
+  const size_t colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
+  if (name == "none") {
+    c.kind = CodecKind::kNone, c.bits = 32;
+  } else if (name == "fp16") {
+    c.kind = CodecKind::kFp16, c.bits = 16;
+  } else if (name == "bf16") {
+    c.kind = CodecKind::kBf16, c.bits = 16;
+  } else if (name.size() == 2 && name[0] == 'q' && name[1] >= '1' && name[1] <= '8') {
+    c.kind = CodecKind::kQuant, c.bits = name[1] - '0';
+  } else if (name == "sign") {
+    c.kind = CodecKind::kSign, c.bits = 1;
+  } else {
+    bad(spec, "unknown codec '" + name + "' (none, fp16, bf16, q1 .. q8, sign)");
+  }
+  if (colon == std::string::npos) {
+    if (c.kind == CodecKind::kSign) bad(spec, "sign needs eta_s=E, the magnitude of a sign round's update");
+    return c;
+  }
+  std::string rest = spec.substr(colon + 1);
+  if (rest.empty()) bad(spec, "nothing after ':'");
+  size_t at = 0;
+  while (at <= rest.size()) {
+    const size_t comma = rest.find(',', at);
+    const std::string token = rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    at = comma == std::string::npos ? rest.size() + 1 : comma + 1;
+    const size_t eq = token.find('=');
+    if (token.empty() || eq == std::string::npos || eq == 0) bad(spec, "'" + token + "' is not key=value");
+    const std::string key = token.substr(0, eq), value = token.substr(eq + 1);
+    if (key == "bucket") {
+      if (c.kind != CodecKind::kQuant) bad(spec, "'" + token + "': only q1 .. q8 have buckets");
+      c.bucket = static_cast<uint32_t>(parse_number(spec, key, value, 8, 1u << 20));
+      if (c.bucket % 8) bad(spec, "'" + token + "': the bucket must be a multiple of 8");
+    } else if (key == "round") {
+      if (c.kind != CodecKind::kQuant) bad(spec, "'" + token + "': only q1 .. q8 round");
+      if (value == "nearest")
+        c.rounding = Rounding::kNearest;
+      else if (value == "stochastic")
+        c.rounding = Rounding::kStochastic;
+      else
+        bad(spec, "'" + token + "': round is nearest or stochastic");
+    } else if (c.kind == CodecKind::kSign && key == "eta_s") {
+      c.eta = static_cast<float>(parse_real(spec, key, value));
+    } else if (c.kind == CodecKind::kSign && key == "k") {
+      c.period = static_cast<uint32_t>(parse_number(spec, key, value, 0, std::numeric_limits<uint32_t>::max()));
+    } else if (c.kind == CodecKind::kSign && key == "topology") {
+      int rows = 0, cols = 0;
+      char extra = 0;
+      if (value == "ring") {
+        c.torus_rows = c.torus_cols = 0;
+      } else if (std::sscanf(value.c_str(), "torus:%dx%d%c", &rows, &cols, &extra) == 2 && rows >= 1 && cols >= 1) {
+        c.torus_rows = rows, c.torus_cols = cols;
+      } else {
+        bad(spec, "'" + token + "': topology is ring or torus:RxC (e.g. torus:2x4)");
+      }
+    } else if (key == "ef") {
+      if (c.kind == CodecKind::kSign) bad(spec, "'" + token + "': sign keeps its own compensation (no ef)");
+      if (value == "on")
+        c.error_feedback = true;
+      else if (value == "off")
+        c.error_feedback = false;
+      else
+        bad(spec, "'" + token + "': ef is on or off");
+    } else if (key == "seed") {
+      c.seed = parse_number(spec, key, value, 0, std::numeric_limits<uint64_t>::max());
+    } else {
+      bad(spec, "unknown key '" + key + "' (" +
+                    (c.kind == CodecKind::kSign ? "eta_s, k, topology, seed" : "bucket, round, ef, seed") + ")");
+    }
+  }
+  if (c.kind == CodecKind::kSign && !(c.eta > 0)) bad(spec, "sign needs eta_s=E, the magnitude of a sign round's update");
+  return c;
+}
+
+std::string CodecConfig::canonical() const {
+  switch (kind) {
+    case CodecKind::kNone:
+      return std::string("none") + (error_feedback ? ":ef=on" : "");
+    case CodecKind::kFp16:
+      return std::string("fp16") + (error_feedback ? ":ef=on" : "");
+    case CodecKind::kBf16:
+      return std::string("bf16") + (error_feedback ? ":ef=on" : "");
+    case CodecKind::kQuant:
+      break;
+    case CodecKind::kSign: {
+      char eta_text[32];
+      std::snprintf(eta_text, sizeof(eta_text), "%.9g", static_cast<double>(eta));
+      return std::string("sign:eta_s=") + eta_text + ",k=" + std::to_string(period) + ",topology=" +
+             (torus_rows ? "torus:" + std::to_string(torus_rows) + "x" + std::to_string(torus_cols) : "ring") +
+             ",seed=" + std::to_string(seed);
+    }
+  }
+  return "q" + std::to_string(bits) + ":bucket=" + std::to_string(bucket) +
+         ",round=" + (rounding == Rounding::kStochastic ? "stochastic" : "nearest") +
+         ",ef=" + (error_feedback ? "on" : "off") + ",seed=" + std::to_string(seed);
+}
+
+uint64_t CodecConfig::hash() const {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : canonical()) h = (h ^ ch) * 1099511628211ull;
+  return h ? h : 1;
+}
+
+size_t CodecConfig::encoded_bytes(size_t count) const {
+  switch (kind) {
+    case CodecKind::kNone:
+      return count * 4;
+    case CodecKind::kFp16:
+    case CodecKind::kBf16:
+      return count * 2;
+    case CodecKind::kQuant:
+      return quant_encoded_bytes(count, bucket, bits);
+    case CodecKind::kSign:
+      return sign_words(count) * sizeof(uint32_t);
+  }
+  return 0;
+}
+
+}  // namespace qccl::kernels
