@@ -14,6 +14,7 @@ QCCL_DECLARE_ALGORITHM(allreduce_recursive_doubling)
 QCCL_DECLARE_ALGORITHM(allreduce_ring)
 QCCL_DECLARE_ALGORITHM(allreduce_sra_compressed)
 QCCL_DECLARE_ALGORITHM(allreduce_ring_compressed)
+QCCL_DECLARE_ALGORITHM(allreduce_marsit)
 QCCL_DECLARE_ALGORITHM(broadcast_binomial)
 QCCL_DECLARE_ALGORITHM(broadcast_chain)
 QCCL_DECLARE_ALGORITHM(reduce_binomial)
@@ -33,6 +34,13 @@ inline const char* needs_two_ranks(const CollArgs& args) {
 // For the uncompressed algorithms: they decline a call that carries a codec.
 inline const char* uncompressed_with_two_ranks(const CollArgs& args) {
   return args.codec ? "uncompressed only (a codec was given)" : needs_two_ranks(args);
+}
+
+// For the compressed all-reduce algorithms that encode values (not Marsit's sign bits).
+inline const char* value_codec_with_two_ranks(const CollArgs& args) {
+  if (!args.codec) return "compressed all-reduce only (no codec given)";
+  if (args.codec->kind == kernels::CodecKind::kSign) return "the sign codec runs Marsit (marsit)";
+  return needs_two_ranks(args);
 }
 
 }  // namespace qccl::coll

@@ -99,10 +99,7 @@ class AllReduceRingCompressed final : public Plan {
 
 }  // namespace
 
-const char* allreduce_ring_compressed_cannot_run(const CollArgs& args) {
-  if (!args.codec) return "compressed all-reduce only (no codec given)";
-  return needs_two_ranks(args);
-}
+const char* allreduce_ring_compressed_cannot_run(const CollArgs& args) { return value_codec_with_two_ranks(args); }
 
 std::unique_ptr<Plan> make_allreduce_ring_compressed(const CollArgs& args, const PlanOptions& options) {
   return std::make_unique<AllReduceRingCompressed>(args, options);

@@ -24,6 +24,7 @@ class Local final : public Plan {
 const char* local_cannot_run(const CollArgs& args) {
   if (args.nranks != 1) return "serves single-rank communicators only";
   if (args.kind == CollKind::kSend || args.kind == CollKind::kRecv) return "point-to-point goes through the transport";
+  if (args.codec && args.codec->kind == kernels::CodecKind::kSign) return "Marsit updates its state even on one rank";
   return nullptr;
 }
 

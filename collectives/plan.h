@@ -75,8 +75,8 @@ enum class StepKind : uint8_t {
   kMergeSigns,     // dst (words) = merge(src, src2) at a hop of `aux` contributions, stream msg, word index
   kDecodeSigns,    // dst (float g) = eta (2 bit - 1) of src (words), and the compensation of elements
                    // index .. index + n: c += u - g (Marsit Alg. 1 line 10); g NaN, c kept when tainted
-  kZeroFloat,      // dst (float) = 0
-  kCheckFinite,    // counts the non-finite values of dst (float) as the collective's non-finite output
+  kResetCompensation,  // after a full-precision round: for n values of g (src), c (dst) = 0 where g is
+                       // finite; where it is not, c is kept and the value counts as non-finite output
 };
 
 struct Step {
@@ -156,8 +156,9 @@ class Program {
     push(StepKind::kDecodeSigns, g, words, nullptr, count);
     steps_.back().index = first;
   }
-  void zero_float(float* dst, size_t count) { push(StepKind::kZeroFloat, dst, nullptr, nullptr, count); }
-  void check_finite(float* dst, size_t count) { push(StepKind::kCheckFinite, dst, nullptr, nullptr, count); }
+  void reset_compensation(float* c, const float* g, size_t count) {
+    push(StepKind::kResetCompensation, c, g, nullptr, count);
+  }
 
   const std::vector<Step>& steps() const { return steps_; }
 

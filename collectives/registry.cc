@@ -51,6 +51,11 @@ const std::vector<Algorithm>& algorithms() {
       {"ring_compressed", CollKind::kAllReduce,
        "compressed: ring reduce-scatter re-encoding the partial sum at every hop, ring allgather of the owners' bytes",
        "2(n-1)/n*E(S)", kAny, allreduce_ring_compressed_cannot_run, make_allreduce_ring_compressed},
+      {"marsit", CollKind::kAllReduce,
+       "sign codec (Marsit): sign bits merged stochastically at every reduce hop of a ring or RxC torus; every "
+       "K-th round a full-precision ring average",
+       "2(n-1)/n*4*ceil(D/32) (full precision: 2(n-1)/n*4D)", kAny, allreduce_marsit_cannot_run,
+       make_allreduce_marsit},
 
       {"binomial", CollKind::kBroadcast, "binomial tree from the root; ceil(log2 n) rounds", "children*S", 64 * 1024,
        broadcast_binomial_cannot_run, make_broadcast_binomial},

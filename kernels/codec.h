@@ -26,6 +26,9 @@
 
 namespace qccl::kernels {
 
+// A torus side is a group id in Marsit's random key (philox.h: the stream has 12 bits, 2 for the phase).
+constexpr int kMaxTorusSide = 1024;
+
 enum class CodecKind : uint8_t { kNone, kFp16, kBf16, kQuant, kSign };
 enum class Rounding : uint8_t { kNearest, kStochastic };
 
@@ -44,7 +47,7 @@ struct CodecConfig {
   // kSign (Marsit) only:
   float eta = 0;              // eta_s
   uint32_t period = 100;      // K: rounds t with t % K == 0 are full precision; 0 = never
-  int torus_rows = 0;         // torus:RxC; 0 = ring
+  int torus_rows = 0;         // torus:RxC (sides up to kMaxTorusSide); 0 = ring
   int torus_cols = 0;
 
   // Canonical text ("q4:bucket=512,round=stochastic,ef=on,seed=7"): what hash() digests.

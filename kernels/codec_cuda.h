@@ -57,8 +57,6 @@ cudaError_t decode_cuda(const CodecConfig& codec, const void* in, size_t count, 
 cudaError_t decode_accumulate_cuda(const CodecConfig& codec, const void* in, size_t count, float* acc,
                                    unsigned long long* nonfinite, cudaStream_t stream);
 
-// convert.h's conversions, for DataType kFloat32, kFloat16 and kBfloat16. in == out is allowed for
-// load_float_cuda and store_float_cuda with kFloat32 (nothing to do); other overlaps are not.
 // Marsit's sign codec (marsit.h on the device, the same bits): words of n values' signs of u + c (c
 // may be null; non-finite sums counted into *nonfinite when it is not null), the merge of a hop
 // holding k contributions, and the decode g = eta * (2 bit - 1) with c += u - g (c may be null).
@@ -69,6 +67,8 @@ cudaError_t merge_signs_cuda(const uint32_t* a, const uint32_t* s, uint32_t* out
 cudaError_t decode_signs_cuda(const uint32_t* words, size_t n, float eta, float* g, float* c, const float* u,
                               cudaStream_t stream);
 
+// convert.h's conversions, for DataType kFloat32, kFloat16 and kBfloat16. in == out is allowed for
+// load_float_cuda and store_float_cuda with kFloat32 (nothing to do); other overlaps are not.
 cudaError_t load_float_cuda(DataType type, const void* in, float* out, size_t n, cudaStream_t stream);
 cudaError_t load_add_float_cuda(DataType type, const void* in, float* acc, size_t n, cudaStream_t stream);
 cudaError_t store_float_cuda(DataType type, const float* in, void* out, size_t n, cudaStream_t stream);

@@ -84,6 +84,7 @@ CodecConfig parse_codec_spec(const std::string& spec) {
         bad(spec, "'" + token + "': round is nearest or stochastic");
     } else if (c.kind == CodecKind::kSign && key == "eta_s") {
       c.eta = static_cast<float>(parse_real(spec, key, value));
+      if (!(c.eta > 0) || !std::isfinite(c.eta)) bad(spec, "'" + token + "': eta_s must be a positive float32");
     } else if (c.kind == CodecKind::kSign && key == "k") {
       c.period = static_cast<uint32_t>(parse_number(spec, key, value, 0, std::numeric_limits<uint32_t>::max()));
     } else if (c.kind == CodecKind::kSign && key == "topology") {
@@ -91,10 +92,12 @@ CodecConfig parse_codec_spec(const std::string& spec) {
       char extra = 0;
       if (value == "ring") {
         c.torus_rows = c.torus_cols = 0;
-      } else if (std::sscanf(value.c_str(), "torus:%dx%d%c", &rows, &cols, &extra) == 2 && rows >= 1 && cols >= 1) {
+      } else if (std::sscanf(value.c_str(), "torus:%dx%d%c", &rows, &cols, &extra) == 2 && rows >= 1 && cols >= 1 &&
+                 rows <= kMaxTorusSide && cols <= kMaxTorusSide) {
         c.torus_rows = rows, c.torus_cols = cols;
       } else {
-        bad(spec, "'" + token + "': topology is ring or torus:RxC (e.g. torus:2x4)");
+        bad(spec, "'" + token + "': topology is ring or torus:RxC with 1 <= R, C <= " +
+                      std::to_string(kMaxTorusSide) + " (e.g. torus:2x4)");
       }
     } else if (key == "ef") {
       if (c.kind == CodecKind::kSign) bad(spec, "'" + token + "': sign keeps its own compensation (no ef)");

@@ -12,11 +12,13 @@
 
 namespace qccl::kernels {
 
+// Distinct keys draw independent numbers as long as rank < 2^20 and stream < 2^12 (they share one
+// counter word: rank in the low 20 bits, stream in the high 12).
 struct PhiloxKey {
   uint64_t seed = 0;   // from the codec spec (seed=...)
   uint64_t step = 0;   // the caller's step counter (or the collective's sequence number)
-  uint32_t rank = 0;   // the rank that encodes
-  uint32_t stream = 0; // separates independent draws by one rank in one step (e.g. ring hops)
+  uint32_t rank = 0;   // the rank that encodes (Marsit: the hop's contribution count)
+  uint32_t stream = 0; // separates independent draws by one rank in one step (ring hops; Marsit's phases)
 };
 
 struct PhiloxBlock {

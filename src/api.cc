@@ -84,6 +84,22 @@ void validate_compressed(const OpRecord& record, qcclCodec_t codec) {
   if (codec->config->error_feedback && !record.state)
     fail(qcclInvalidArgument, "state is NULL but codec '%s' has ef=on: error feedback keeps its residual in a "
          "state (qcclCodecStateCreate)", codec->config->canonical().c_str());
+  const kernels::CodecConfig& c = *codec->config;
+  if (c.kind == kernels::CodecKind::kSign) {  // Marsit
+    const std::string spec = c.canonical();
+    if (!record.state)
+      fail(qcclInvalidArgument, "state is NULL but codec '%s' is Marsit, which keeps its compensation and round "
+           "counter in a state (qcclCodecStateCreate)", spec.c_str());
+    if (a.dtype != kernels::DataType::kFloat32)
+      fail(qcclInvalidArgument, "datatype = %s: codec '%s' (Marsit) takes float32 updates",
+           kernels::data_type_name(a.dtype), spec.c_str());
+    if (a.op != kernels::RedOp::kAvg)
+      fail(qcclInvalidArgument, "op = %s: codec '%s' (Marsit) returns an estimate of the average update; pass "
+           "qcclAvg", kernels::red_op_name(a.op), spec.c_str());
+    if (c.torus_rows && c.torus_rows * c.torus_cols != a.nranks)
+      fail(qcclInvalidArgument, "codec '%s': a %dx%d torus has %d places but the communicator has %d ranks",
+           spec.c_str(), c.torus_rows, c.torus_cols, c.torus_rows * c.torus_cols, a.nranks);
+  }
   if (record.state && record.state->count() != a.count)
     fail(qcclInvalidArgument, "state holds %zu values but count = %zu (one state per tensor)", record.state->count(),
          a.count);

@@ -128,18 +128,22 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   if (!identity.p2p) identity.sequence = next_sequence_++;
   else if (args.kind == coll::CollKind::kSend) identity.sequence = send_sequence_[args.peer]++;
   else identity.sequence = recv_sequence_[args.peer]++;
+  uint64_t codec_step = 0;  // ranks whose states are at different steps fail (frame.h)
   if (args.codec) {
     // Stochastic rounding is keyed by the state's step when the caller keeps one (so that a rerun of
     // a training step from a checkpoint draws the same numbers), else by the sequence number.
-    const uint64_t step = record->state ? record->state->take_step() : identity.sequence;
+    if (record->state) codec_step = record->state->take_step();
+    const uint64_t step = record->state ? codec_step : identity.sequence;
     args.rng = kernels::PhiloxKey{args.codec->seed, step, static_cast<uint32_t>(rank_), 0};
-    args.residual = args.codec->error_feedback && record->state ? record->state->residual() : nullptr;
+    // The state's floats: the error-feedback residual, or Marsit's compensation.
+    const bool keeps = args.codec->error_feedback || args.codec->kind == kernels::CodecKind::kSign;
+    args.residual = keeps && record->state ? record->state->residual() : nullptr;
   }
   const coll::Algorithm& algorithm = policy_.choose(args);
   coll::PlanOptions options;
   options.chunk_bytes = config_.chunk_bytes;
   std::unique_ptr<coll::Plan> plan = algorithm.make(args, options);
-  identity.header = FrameHeader::for_call(args, identity.sequence, args.codec ? args.codec->hash() : 0);
+  identity.header = FrameHeader::for_call(args, identity.sequence, args.codec ? args.codec->hash() : 0, codec_step);
   identity.expected = identity.header;
 
   const int depth = config_.pipeline_depth;

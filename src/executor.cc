@@ -260,10 +260,14 @@ void Operation::run_codec_step(const coll::Step& s, Slot& slot) {
                               static_cast<const float*>(args.sendbuf) + s.index);
       }
       break;
-    case coll::StepKind::kZeroFloat: std::fill(out, out + s.n, 0.0f); break;
-    case coll::StepKind::kCheckFinite:
-      for (size_t i = 0; i < s.n; ++i) nonfinite_ += std::isfinite(out[i]) ? 0 : 1;
+    case coll::StepKind::kResetCompensation: {
+      const auto* g = static_cast<const float*>(s.src);
+      for (size_t i = 0; i < s.n; ++i) {
+        if (std::isfinite(g[i])) out[i] = 0.0f;
+        else ++nonfinite_;
+      }
       break;
+    }
     default:
       fail(qcclInternalError, "%s: unknown step kind %d", identity_.header.describe().c_str(), static_cast<int>(s.kind));
   }

@@ -115,7 +115,11 @@ std::string frame_mismatch(const FrameHeader& expected, const FrameHeader& their
   // On the receiving end of a point-to-point pair the expectation is written as a Send; say Recv.
   std::string mine = expected.describe();
   if (expected.kind == coll::CollKind::kSend) mine.replace(0, 4, "Recv");
-  return "rank " + std::to_string(theirs.sender) + " called " + theirs.describe() + " but this rank called " + mine;
+  std::string text = "rank " + std::to_string(theirs.sender) + " called " + theirs.describe() + " but this rank called " + mine;
+  if (expected.codec_step != theirs.codec_step && expected.codec_hash == theirs.codec_hash)
+    text += " (their codec states are at different steps: every rank must pass its own state for the same tensor, "
+            "restored from the same checkpoint)";
+  return text;
 }
 
 }  // namespace qccl

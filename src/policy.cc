@@ -126,9 +126,10 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes) : min_bytes_
     } catch (const kernels::CodecSpecError& e) {
       fail(qcclInvalidArgument, "QCCL_CODEC: %s", e.what());
     }
-    if (codec->error_feedback)
-      fail(qcclInvalidArgument, "QCCL_CODEC: '%s': error feedback needs a codec state; use "
-           "qcclAllReduceCompressed with a state from qcclCodecStateCreate", codec_spec.c_str());
+    if (codec->error_feedback || codec->kind == kernels::CodecKind::kSign)
+      fail(qcclInvalidArgument, "QCCL_CODEC: '%s': %s needs a codec state; use qcclAllReduceCompressed with a "
+           "state from qcclCodecStateCreate", codec_spec.c_str(),
+           codec->error_feedback ? "error feedback" : "Marsit (its compensation)");
     for (kernels::DataType t : types) by_type_[t] = codec;
   }
 }

@@ -33,8 +33,8 @@ class AlgorithmPolicy {
 class CodecPolicy {
  public:
   // spec: "" (off) | "SPEC" (float, half and bfloat16) | "TYPE=SPEC[;TYPE=SPEC...]" with TYPE one of
-  // float, half, bfloat16. Throws Error(qcclInvalidArgument) naming the bad token; ef=on is refused
-  // (a plain call has no codec state to keep a residual in).
+  // float, half, bfloat16. Throws Error(qcclInvalidArgument) naming the bad token; ef=on and sign are
+  // refused (a plain call has no codec state to keep a residual or compensation in).
   CodecPolicy(const std::string& spec, size_t min_bytes);
   // The codec for these arguments, or null.
   const kernels::CodecConfig* choose(const coll::CollArgs& args) const;

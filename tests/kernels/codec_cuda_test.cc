@@ -22,7 +22,9 @@
 #include "kernels/codec.h"
 #include "kernels/codec_cuda.h"
 #include "kernels/convert.h"
+#include "kernels/marsit.h"
 #include "kernels/reduce.h"
+#include "kernels/sign.h"
 
 namespace qccl::kernels {
 namespace {
@@ -282,6 +284,55 @@ TEST_CASE("invalid arguments enqueue nothing and say cudaErrorInvalidValue", "[c
   CHECK(load_float_cuda(DataType::kInt32, d.get(), f, 8, nullptr) == cudaErrorInvalidValue);
   CHECK(store_float_cuda(DataType::kFloat64, f, d.get(), 8, nullptr) == cudaErrorInvalidValue);
   ok(cudaDeviceSynchronize());
+}
+
+TEST_CASE("Marsit's sign launchers match marsit.h bit for bit", "[sign][cuda]") {
+  for (size_t n : {size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{1000}, size_t{100003}}) {
+    INFO("n " << n);
+    const size_t words = sign_words(n);
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    std::normal_distribution<float> normal;
+    std::vector<float> u(n), c(n);
+    for (size_t j = 0; j < n; ++j) u[j] = normal(rng), c[j] = 0.3f * normal(rng);
+    u[0] = -0.0f;
+    if (n > 7) u[7] = NAN;
+    std::vector<uint32_t> a(words);
+    for (uint32_t& w : a) w = rng();
+    const DeviceBytes d_u(n * 4), d_c(n * 4), d_g(n * 4), d_a(words * 4), d_s(words * 4), d_count(8);
+    auto* du = reinterpret_cast<float*>(d_u.get());
+    auto* dc = reinterpret_cast<float*>(d_c.get());
+    auto* dg = reinterpret_cast<float*>(d_g.get());
+    auto* da = reinterpret_cast<uint32_t*>(d_a.get());
+    auto* ds = reinterpret_cast<uint32_t*>(d_s.get());
+    auto* counter = reinterpret_cast<unsigned long long*>(d_count.get());
+    ok(cudaMemcpy(du, u.data(), n * 4, cudaMemcpyHostToDevice));
+    ok(cudaMemcpy(dc, c.data(), n * 4, cudaMemcpyHostToDevice));
+    ok(cudaMemcpy(da, a.data(), words * 4, cudaMemcpyHostToDevice));
+    ok(cudaMemset(counter, 0, 8));
+
+    std::vector<uint32_t> s(words), merged(words), dev(words);
+    const size_t nonfinite = pack_signs(u.data(), c.data(), n, s.data());
+    ok(pack_signs_cuda(du, dc, n, ds, counter, nullptr));
+    ok(cudaMemcpy(dev.data(), ds, words * 4, cudaMemcpyDeviceToHost));
+    unsigned long long dev_nonfinite = 0;
+    ok(cudaMemcpy(&dev_nonfinite, counter, 8, cudaMemcpyDeviceToHost));
+    CHECK(dev == s);
+    CHECK(dev_nonfinite == nonfinite);
+
+    const PhiloxKey key{3, 17, 5, 1u << 10 | 2};
+    merge_signs(a.data(), s.data(), merged.data(), words, 5, key, 1234);
+    ok(merge_signs_cuda(da, ds, da, words, 5, key, 1234, nullptr));  // in place
+    ok(cudaMemcpy(dev.data(), da, words * 4, cudaMemcpyDeviceToHost));
+    CHECK(dev == merged);
+
+    std::vector<float> g(n), g_dev(n), c_dev(n);
+    decode_signs(merged.data(), n, 0.125f, g.data(), c.data(), u.data());
+    ok(decode_signs_cuda(da, n, 0.125f, dg, dc, du, nullptr));
+    ok(cudaMemcpy(g_dev.data(), dg, n * 4, cudaMemcpyDeviceToHost));
+    ok(cudaMemcpy(c_dev.data(), dc, n * 4, cudaMemcpyDeviceToHost));
+    CHECK(first_difference(g.data(), g_dev.data(), n, false) == "");
+    CHECK(first_difference(c.data(), c_dev.data(), n, true) == "");
+  }
 }
 
 // Random bit patterns: every class of float16/bfloat16/float32 value, NaNs with payloads included.

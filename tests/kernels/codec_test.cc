@@ -270,11 +270,22 @@ TEST_CASE("codec specs parse with their defaults and round-trip through canonica
   CHECK(full.seed == ~0ull);
   CHECK(full.alignment() == 24);
 
+  const CodecConfig sign = spec("sign:eta_s=0.01");
+  CHECK((sign.kind == CodecKind::kSign && sign.bits == 1 && sign.period == 100 && sign.torus_rows == 0));
+  CHECK(sign.eta == 0.01f);
+  CHECK(sign.canonical() == "sign:eta_s=0.00999999978,k=100,topology=ring,seed=0");
+  const CodecConfig torus = spec("sign:topology=torus:2x4,k=0,seed=3,eta_s=1e-3");
+  CHECK((torus.torus_rows == 2 && torus.torus_cols == 4 && torus.period == 0 && torus.seed == 3));
+  CHECK(!torus.full_precision_round(0));
+  CHECK((sign.full_precision_round(0) && !sign.full_precision_round(1) && sign.full_precision_round(200)));
+
   // canonical() spells every field that the codec uses, so equal text means an equal codec.
   // clang-format off
   const char* const specs[] = {"none", "none:ef=on", "fp16", "bf16", "bf16:ef=on", "q1", "q8", "q8:ef=on",
                                "q8:seed=1", "q8:seed=2", "q8:bucket=1024", "q8:round=stochastic",
-                               "q3:seed=18446744073709551615,ef=on,round=stochastic,bucket=24"};
+                               "q3:seed=18446744073709551615,ef=on,round=stochastic,bucket=24",
+                               "sign:eta_s=0.01", "sign:eta_s=0.02", "sign:eta_s=0.01,k=0", "sign:eta_s=0.01,seed=1",
+                               "sign:eta_s=0.01,topology=torus:2x4", "sign:eta_s=0.01,topology=torus:4x2"};
   // clang-format on
   std::vector<uint64_t> hashes;
   for (const char* s : specs) {
@@ -310,6 +321,18 @@ TEST_CASE("codec spec errors name the bad token", "[codec][spec]") {
   CHECK_THAT(error_of("q8:"), Contains("nothing after ':'"));
   CHECK_THAT(error_of("q8:bucket=64,"), Contains("''"));
   CHECK_THAT(error_of("q8:=5"), Contains("'=5'"));
+  CHECK_THAT(error_of("sign"), Contains("eta_s"));
+  CHECK_THAT(error_of("sign:k=10"), Contains("eta_s"));
+  CHECK_THAT(error_of("sign:eta_s=0"), Contains("eta_s=0"));
+  CHECK_THAT(error_of("sign:eta_s=-1"), Contains("eta_s=-1"));
+  CHECK_THAT(error_of("sign:eta_s=1e300"), Contains("eta_s=1e300"));
+  CHECK_THAT(error_of("sign:eta_s=0.1,k=-1"), Contains("k=-1"));
+  CHECK_THAT(error_of("sign:eta_s=0.1,ef=on"), Contains("ef=on"));
+  CHECK_THAT(error_of("sign:eta_s=0.1,bucket=64"), Contains("bucket=64"));
+  CHECK_THAT(error_of("sign:eta_s=0.1,topology=mesh"), Contains("topology=mesh"));
+  CHECK_THAT(error_of("sign:eta_s=0.1,topology=torus:2x0"), Contains("topology=torus:2x0"));
+  CHECK_THAT(error_of("sign:eta_s=0.1,topology=torus:2x4x"), Contains("topology=torus:2x4x"));
+  CHECK_THAT(error_of("sign:eta_s=0.1,topology=torus:2048x1"), Contains("topology=torus:2048x1"));
 }
 
 // ---- Wire size ----------------------------------------------------------------------------------------

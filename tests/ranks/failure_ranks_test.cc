@@ -98,6 +98,32 @@ TEST_CASE("different codecs at the same point: every rank fails with qcclMismatc
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
 }
 
+TEST_CASE("Marsit states at different steps: every rank fails with qcclMismatch saying so", "[marsit-step]") {
+  Job job;
+  warm_up(job);
+  qcclCodec_t codec = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate("sign:eta_s=0.01,k=100", &codec));
+  const size_t count = 5000;
+  qcclCodecState_t state = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(job.comm, count, &state));
+  size_t bytes = 0;
+  QCCL_REQUIRE_OK(qcclCodecStateSize(state, &bytes));
+  std::vector<uint8_t> step0(bytes);
+  QCCL_REQUIRE_OK(qcclCodecStateSave(state, step0.data(), bytes));
+  std::vector<float> u(count, 0.5f), g(count);
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(u.data(), g.data(), count, qcclFloat32, qcclAvg, codec, state, job.comm));
+  // Rank 1 restores the wrong checkpoint: it would run round 0 (full precision) where the others run
+  // round 1 (signs).
+  if (job.rank == 1) QCCL_REQUIRE_OK(qcclCodecStateLoad(state, step0.data(), bytes));
+  qcclResult_t result = qcclAllReduceCompressed(u.data(), g.data(), count, qcclFloat32, qcclAvg, codec, state, job.comm);
+  CHECK(result == qcclMismatch);
+  CHECK_THAT(last_error(), Catch::Contains("step 0") && Catch::Contains("step 1") &&
+                               Catch::Contains("codec states are at different steps"));
+  qcclCodecStateDestroy(state);
+  qcclCodecDestroy(codec);
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
 TEST_CASE("a peer that dies between collectives fails the others with qcclRemoteError", "[dead-peer]") {
   Job job;
   warm_up(job);
