@@ -271,8 +271,9 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       driving_ = active_;
       driving_version_ = active_version_.load();
     }
-    for (const auto& record : driving_) {
-      if (record->done.load(std::memory_order_relaxed)) continue;
+    for (size_t i = 0; i < driving_.size(); ++i) {
+      const auto& record = driving_[i];
+      if (record->done.load(std::memory_order_relaxed) || waits_for_its_state(i)) continue;
       try {
         moved |= record->operation->advance(*transport_);
         if (record->operation->finished()) finish_completed(*record);
@@ -313,11 +314,21 @@ void Comm::wait_for_events(bool progress_thread) {
     if (fds[i].revents) control_->service(fds[i].fd);
 }
 
+// Calls that share a codec state run one after the other, in the order they were made: each reads
+// and writes the whole state (a residual, a compensation, the step), so overlapping them would race.
+bool Comm::waits_for_its_state(size_t index) const {
+  const auto& record = driving_[index];
+  if (!record->state || record->operation->started()) return false;
+  for (size_t j = 0; j < index; ++j)
+    if (driving_[j]->state == record->state && !driving_[j]->done.load(std::memory_order_relaxed)) return true;
+  return false;
+}
+
 void Comm::check_timeouts() {
   if (config_.timeout_seconds <= 0) return;
   const auto now = Clock::now();
   for (const auto& record : driving_) {
-    if (record->done) continue;
+    if (record->done || !record->operation->started()) continue;  // not started: waits for its state
     const Operation& op = *record->operation;
     const double idle = std::chrono::duration<double>(now - op.last_progress()).count();
     if (idle < config_.timeout_seconds) continue;

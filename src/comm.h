@@ -85,6 +85,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block = true);
   void wait_for_events(bool progress_thread);
   void progress_thread_main();
+  bool waits_for_its_state(size_t index) const;  // index into driving_
   void check_timeouts();
   void finish(OpRecord& record, qcclResult_t result, const std::string& error);
   void finish_completed(OpRecord& record);

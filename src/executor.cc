@@ -41,6 +41,7 @@ const std::string& Operation::name(int rank) const { return (*names_)[rank]; }
 
 void Operation::start(transport::Transport& transport) {
   started_ = true;
+  last_progress_ = Clock::now();  // it may have waited for an earlier call on its codec state
   std::vector<int> send_to, recv_from;
   plan_->links(&send_to, &recv_from);
   auto unique = [](std::vector<int>& v) {

@@ -44,6 +44,7 @@ class Operation {
 
   // Throws Error (qcclMismatch, qcclSystemError, ...) when the collective cannot complete.
   bool advance(transport::Transport& transport);
+  bool started() const { return started_; }
   bool finished() const;
   // Withdraws every outstanding transfer (after a failure).
   void cancel(transport::Transport& transport);
