@@ -31,6 +31,7 @@
 
 #include "kernels/half-inl.h"
 #include "kernels/half.h"
+#include "kernels/philox-inl.h"
 #include "kernels/philox.h"
 #include "kernels/quant.h"
 
@@ -109,62 +110,9 @@ HWY_INLINE BucketRange ScanBucket(const float* x, size_t n) {
 
 // ---- Philox uniforms --------------------------------------------------------------------------------
 
-// philox_mulhilo on every 32-bit lane: the low words are a plain 32-bit multiply; for the high words
-// MulEven multiplies the even lanes into 64-bit products, and the odd lanes are shifted down to take
-// their turn.
-template <class DU, class V>
-HWY_INLINE void MulHiLo(DU du, V multiplier, V c, V* hi, V* lo) {
-  const hn::Repartition<uint64_t, DU> d64;
-  const auto even = hn::MulEven(c, multiplier);
-  const auto odd = hn::MulEven(hn::BitCast(du, hn::ShiftRight<32>(hn::BitCast(d64, c))), multiplier);
-  *hi = hn::OddEven(hn::BitCast(du, odd), hn::BitCast(du, hn::ShiftRight<32>(even)));
-  *lo = hn::Mul(c, multiplier);
-}
-
-// One Philox call is a chain of 10 dependent rounds, each waiting for a multiply; two independent
-// groups of blocks in flight keep the core busy.
-constexpr size_t kPhiloxGroups = 2;
-constexpr size_t kMaxBlocksPerStep = kPhiloxGroups * HWY_MAX_BYTES / sizeof(uint32_t);
 // Floats FillUniforms may write: a tile's blocks (one more when it starts mid-block), rounded up to
 // whole steps, four words each.
 constexpr size_t kUniformScratch = (kTile / 4 + 1 + kMaxBlocksPerStep - 1) / kMaxBlocksPerStep * kMaxBlocksPerStep * 4;
-
-// philox4x32_10 for kPhiloxGroups * Lanes(du) consecutive blocks from `block`, one block per lane:
-// v[g][w] holds word w of blocks block + g * Lanes(du) + lane.
-template <class DU, class V>
-HWY_INLINE void PhiloxBlocks(DU du, const PhiloxKey& key, uint64_t block, V v[kPhiloxGroups][4]) {
-  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  const V m0 = hn::Set(du, 0xD2511F53u), m1 = hn::Set(du, 0xCD9E8D57u);
-  const size_t w = hn::Lanes(du);
-  V c[kPhiloxGroups][4];
-  for (size_t g = 0; g < kPhiloxGroups; ++g) {
-    const uint64_t first = block + g * w;
-    c[g][0] = hn::Add(hn::Set(du, static_cast<uint32_t>(first)), hn::Iota(du, 0));
-    c[g][1] = hn::Set(du, static_cast<uint32_t>(first >> 32));
-    if (static_cast<uint32_t>(first) > ~uint32_t{0} - (w - 1)) {  // the count carries into word 1
-      HWY_ALIGN uint32_t hi[HWY_MAX_BYTES / sizeof(uint32_t)];
-      for (size_t j = 0; j < w; ++j) hi[j] = static_cast<uint32_t>((first + j) >> 32);
-      c[g][1] = hn::Load(du, hi);
-    }
-    c[g][2] = hn::Set(du, static_cast<uint32_t>(key.step));
-    c[g][3] = hn::Set(du, key.rank ^ (key.stream << 20) ^ static_cast<uint32_t>(key.step >> 32));
-  }
-  uint32_t k0 = static_cast<uint32_t>(key.seed), k1 = static_cast<uint32_t>(key.seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    for (size_t g = 0; g < kPhiloxGroups; ++g) {
-      V hi0, lo0, hi1, lo1;
-      MulHiLo(du, m0, c[g][0], &hi0, &lo0);
-      MulHiLo(du, m1, c[g][2], &hi1, &lo1);
-      c[g][0] = hn::Xor(hn::Xor(hi1, c[g][1]), hn::Set(du, k0));
-      c[g][1] = lo1;
-      c[g][2] = hn::Xor(hn::Xor(hi0, c[g][3]), hn::Set(du, k1));
-      c[g][3] = lo0;
-    }
-    k0 += kW0, k1 += kW1;
-  }
-  for (size_t g = 0; g < kPhiloxGroups; ++g)
-    for (int word = 0; word < 4; ++word) v[g][word] = c[g][word];
-}
 
 // u[j] = philox_uniform(key, e0 + j) for j < n <= kTile. `scratch` holds kUniformScratch floats;
 // the returned pointer points into it.

@@ -32,12 +32,14 @@ QCCL_HD uint32_t sign_bit(float x) { return x > 0.0f ? 1u : 0u; }
 // p * 2^32 for p = 1/k, k >= 2 (k = 1 is certainty: handled by the caller of bernoulli_word).
 QCCL_HD uint32_t bernoulli_threshold(uint32_t k) { return static_cast<uint32_t>((uint64_t{1} << 32) / k); }
 
-// 32 Bernoulli(threshold / 2^32) bits for word `word` under `key`: random words come from Philox
-// blocks 8 * word .. 8 * word + 7 (four digits per block).
-QCCL_HD uint32_t bernoulli_word(const PhiloxKey& key, uint64_t word, uint32_t threshold) {
-  uint32_t result = 0, undecided = ~0u;
+// The bit-sliced comparison from digit `first` (a multiple of 4) on, for the lanes still `undecided`
+// (the others keep their bit in `result`): random digit d is word d % 4 of Philox block
+// 8 * word + d / 4. Vector code decides the first digits of many words at once and finishes the few
+// undecided lanes here.
+QCCL_HD uint32_t bernoulli_digits(const PhiloxKey& key, uint64_t word, uint32_t threshold, uint32_t undecided,
+                                  uint32_t result, int first) {
   PhiloxBlock block{{0, 0, 0, 0}};
-  for (int digit = 0; digit < 32 && undecided; ++digit) {
+  for (int digit = first; digit < 32 && undecided; ++digit) {
     if ((digit & 3) == 0) block = philox4x32_10(key, word * 8 + static_cast<uint64_t>(digit >> 2));
     const uint32_t r = block.v[digit & 3];  // digit `digit` of U, one lane per bit
     if ((threshold >> (31 - digit)) & 1u) {
@@ -51,10 +53,19 @@ QCCL_HD uint32_t bernoulli_word(const PhiloxKey& key, uint64_t word, uint32_t th
   return result;
 }
 
+// 32 Bernoulli(threshold / 2^32) bits for word `word` under `key`: random words come from Philox
+// blocks 8 * word .. 8 * word + 7 (four digits per block). Only the lanes set in `lanes` are decided
+// (the others come out 0, and a lane's bit never depends on the others): the merge needs the bits
+// only where its two words differ, and agreeing lanes then cost no random words.
+QCCL_HD uint32_t bernoulli_word(const PhiloxKey& key, uint64_t word, uint32_t threshold, uint32_t lanes = ~0u) {
+  return bernoulli_digits(key, word, threshold, lanes, 0, 0);
+}
+
 // The merge of 32 incoming bits a with 32 local bits s at a hop holding k contributions.
 QCCL_HD uint32_t marsit_merge(uint32_t a, uint32_t s, uint32_t k, const PhiloxKey& key, uint64_t word) {
   if (k <= 1) return s;  // the originator: its own bits
-  return a ^ ((a ^ s) & bernoulli_word(key, word, bernoulli_threshold(k)));
+  const uint32_t differ = a ^ s;
+  return differ ? a ^ bernoulli_word(key, word, bernoulli_threshold(k), differ) : a;
 }
 
 // eta_s * (2 * bit - 1): the decoded global update.

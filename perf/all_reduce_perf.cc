@@ -11,8 +11,8 @@ void get_counts(size_t count, int, qccl_perf::Counts* c) {
 
 qcclResult_t run(const qccl_perf::Call& c, qccl_perf::Requests* requests) {
   if (c.codec) {
-    if (!requests) return qcclAllReduceCompressed(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.codec, nullptr, c.comm);
-    return qcclIAllReduceCompressed(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.codec, nullptr, c.comm,
+    if (!requests) return qcclAllReduceCompressed(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.codec, c.state, c.comm);
+    return qcclIAllReduceCompressed(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.codec, c.state, c.comm,
                                     requests->add());
   }
   if (!requests) return qcclAllReduce(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.comm);

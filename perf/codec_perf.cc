@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "kernels/codec.h"
+#include "kernels/marsit.h"
 #include "kernels/reduce.h"
+#include "kernels/sign.h"
 
 namespace {
 
@@ -37,6 +39,10 @@ DESCRIPTION
       encode   encode(codec, in, SIZE / 4 values) into the wire buffer
       decode   decode(codec, wire, SIZE / 4 values) into a float32 buffer
       dec+acc  decode_accumulate(codec, wire, SIZE / 4 values) into a float32 accumulator
+
+    For Marsit's sign codec (sign:eta_s=E) the columns time its hot path instead: encode is
+    pack_signs of u + c followed by the merge of a ring hop (k = 3) with a received word of random
+    bits, decode is decode_signs with the compensation update c += u - g, and dec+acc is "-".
 
     Every rate is in GB/s (1e9 bytes/s) of float32 input, SIZE / time, whatever the codec reads and
     writes, so the columns compare directly; "/mcp" is that rate divided by memcpy's. Each rate is the
@@ -231,6 +237,7 @@ double median(std::vector<double> v) {
 struct Buffers {
   std::vector<float> in, out, acc, copy;
   std::vector<uint8_t> wire;
+  std::vector<uint32_t> incoming;  // sign: the bits a ring hop receives
 };
 
 // Medians in GB/s of float32 input: memcpy, encode, decode, decode_accumulate.
@@ -244,7 +251,21 @@ Row measure(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b
   const size_t calls = std::max<size_t>(1, (size_t{64} << 20) / bytes);
   const qccl::kernels::PhiloxKey key;
   Row row;
+  const bool sign = codec.kind == qccl::kernels::CodecKind::kSign;
+  auto* words = reinterpret_cast<uint32_t*>(b->wire.data());
   auto op = [&](int which) {
+    if (sign) {  // Marsit's hot path: signs of u + c, the merge of a hop; the decode updating c
+      switch (which) {
+        case 0: std::memcpy(b->copy.data(), b->in.data(), bytes); break;
+        case 1:
+          row.nonfinite_seen |= qccl::kernels::pack_signs(b->in.data(), b->acc.data(), count, words) != 0;
+          qccl::kernels::merge_signs(b->incoming.data(), words, words, qccl::kernels::sign_words(count), 3, key, 0);
+          break;
+        case 2: qccl::kernels::decode_signs(words, count, codec.eta, b->out.data(), b->acc.data(), b->in.data()); break;
+        default: break;
+      }
+      return;
+    }
     switch (which) {
       case 0:
         std::memcpy(b->copy.data(), b->in.data(), bytes);
@@ -268,7 +289,8 @@ Row measure(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b
       const double t = seconds_of(std::chrono::steady_clock::now() - start);
       if (rep >= 0) rates[which].push_back(static_cast<double>(bytes) * calls / t / 1e9);
     }
-    // Keep the accumulator's magnitude bounded, untimed, so that it never overflows to Inf.
+    // Keep the accumulator (the sign codec's compensation) bounded, untimed, so that it never
+    // overflows to Inf.
     std::fill(b->acc.begin(), b->acc.begin() + count, 0.0f);
   }
   for (int which = 0; which < 4; ++which) row.gbps[which] = median(rates[which]);
@@ -287,6 +309,8 @@ int run(const Options& o) {
   for (float& v : b.in) v = normal(rng);
   b.out.assign(max_count, 0.0f), b.acc.assign(max_count, 0.0f), b.copy.assign(max_count, 0.0f);
   b.wire.assign(max_wire, 0);
+  b.incoming.resize(qccl::kernels::sign_words(max_count));
+  for (uint32_t& w : b.incoming) w = static_cast<uint32_t>(rng());
 
   std::printf(
       "# codec_perf: host codecs, GB/s of float32 input, median of %d repetitions (%d warmup), "
@@ -301,9 +325,14 @@ int run(const Options& o) {
                 "decode", "/mcp", "dec+acc", "/mcp");
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= static_cast<size_t>(o.step_factor)) {
       const Row r = measure(codec, bytes, o, &b);
-      std::printf("  %10zu %10zu %10zu %8.2f %8.2f %5.2f %8.2f %5.2f %8.2f %5.2f\n", bytes, bytes / 4,
-                  codec.encoded_bytes(bytes / 4), r.gbps[0], r.gbps[1], r.gbps[1] / r.gbps[0], r.gbps[2],
-                  r.gbps[2] / r.gbps[0], r.gbps[3], r.gbps[3] / r.gbps[0]);
+      if (codec.kind == qccl::kernels::CodecKind::kSign)
+        std::printf("  %10zu %10zu %10zu %8.2f %8.2f %5.2f %8.2f %5.2f %8s %5s\n", bytes, bytes / 4,
+                    codec.encoded_bytes(bytes / 4), r.gbps[0], r.gbps[1], r.gbps[1] / r.gbps[0], r.gbps[2],
+                    r.gbps[2] / r.gbps[0], "-", "-");
+      else
+        std::printf("  %10zu %10zu %10zu %8.2f %8.2f %5.2f %8.2f %5.2f %8.2f %5.2f\n", bytes, bytes / 4,
+                    codec.encoded_bytes(bytes / 4), r.gbps[0], r.gbps[1], r.gbps[1] / r.gbps[0], r.gbps[2],
+                    r.gbps[2] / r.gbps[0], r.gbps[3], r.gbps[3] / r.gbps[0]);
       std::fflush(stdout);
       if (r.nonfinite_seen) {
         std::fprintf(stderr, "codec_perf: %s reported non-finite values for finite input\n", s.c_str());

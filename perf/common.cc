@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <stdexcept>
 
@@ -341,6 +342,8 @@ class Bench {
   size_t buffer_bytes_ = 0;
   std::vector<std::pair<std::string, qcclCodec_t>> codecs_;  // --codec
   qcclCodec_t codec_ = nullptr;                               // the sweep's codec, or none
+  bool sign_codec_ = false;                                   // it is Marsit's (it needs a state)
+  mutable std::map<size_t, qcclCodecState_t> states_;         // Marsit: one state per count
   uint64_t check_seed_ = 0;
   int failed_cells_ = 0;
   double bw_sum_ = 0;
@@ -348,6 +351,7 @@ class Bench {
 };
 
 Bench::~Bench() {
+  for (auto& s : states_) qcclCodecStateDestroy(s.second);
   if (comm_) qcclCommDestroy(comm_);
   for (auto& c : codecs_) qcclCodecDestroy(c.second);
 }
@@ -417,7 +421,9 @@ void Bench::run() {
   for (int cycle = 0; opt_.cycles == 0 || cycle < opt_.cycles; ++cycle) {
     for (const auto& [spec, codec] : codecs) {
       codec_ = codec;
+      sign_codec_ = spec.rfind("sign", 0) == 0;
       if (codec && printer()) std::printf("# codec %s\n", spec.c_str());
+      int sweeps = 0;
       for (int t = 0; t < qcclNumTypes; ++t) {
         if (opt_.type != -1 && opt_.type != t) continue;
         for (int op = 0; op < (test_.reduces ? qcclNumOps : 1); ++op) {
@@ -426,15 +432,20 @@ void Bench::run() {
           const int first_root = !test_.rooted ? -1 : opt_.root == -1 ? 0 : opt_.root;
           const int last_root = !test_.rooted ? -1 : opt_.root == -1 ? nranks_ - 1 : opt_.root;
           for (int root = first_root; root <= last_root; ++root)
-            sweep(kTypes[t], test_.reduces ? op : Pattern::kCopy, root);
+            sweep(kTypes[t], test_.reduces ? op : Pattern::kCopy, root), ++sweeps;
         }
       }
+      if (codec && sweeps == 0 && printer())
+        std::printf("#   nothing to run: this codec takes %s (see -d and -o)\n",
+                    sign_codec_ ? "float with op avg" : "float, half or bfloat16 with op sum or avg");
     }
   }
 }
 
-// Codecs take float, half and bfloat16, summed or averaged (qcclAllReduceCompressed).
+// Codecs take float, half and bfloat16, summed or averaged (qcclAllReduceCompressed); Marsit's sign
+// codec takes float32 averaged.
 bool Bench::compressible(const TypeInfo& type, int op) const {
+  if (sign_codec_) return type.type == qcclFloat32 && op == qcclAvg;
   const bool floating = type.type == qcclFloat32 || type.type == qcclFloat16 || type.type == qcclBfloat16;
   return floating && (op == qcclSum || op == qcclAvg);
 }
@@ -495,6 +506,7 @@ Cell Bench::bench_cell(const Shape& s, bool in_place) {
   test_.get_bw(s.counts.param, s.type->size, cell.seconds, nranks_, &cell.algbw, &cell.busbw);
   for (int c = 0; c < opt_.check; ++c) {
     if (codec_) {  // lossy: the relative error, not an exact comparison
+      if (sign_codec_) break;  // Marsit estimates the average of the signs, not of the values: N/A
       cell.relerr = std::max(cell.relerr, relative_error(s, in_place, ++check_seed_));
       continue;
     }
@@ -552,7 +564,13 @@ Call Bench::make_call(const Shape& s, bool in_place, int iter) const {
   if (in_place) send = recv + s.counts.send_in_place * size_t(rank_) * es;
   if (in_place) recv += s.counts.recv_in_place * size_t(rank_) * es;
   const auto op = static_cast<qcclRedOp_t>(s.op == Pattern::kCopy ? qcclSum : s.op);
-  return Call{send, recv, s.counts.param, s.type->type, op, s.root, rank_, nranks_, comm_, codec_};
+  Call call{send, recv, s.counts.param, s.type->type, op, s.root, rank_, nranks_, comm_, codec_};
+  if (sign_codec_ && s.counts.param > 0) {  // Marsit keeps its compensation in a state of the tensor's size
+    qcclCodecState_t& state = states_[s.counts.param];
+    if (!state) check(qcclCodecStateCreate(comm_, s.counts.param, &state), "qcclCodecStateCreate");
+    call.state = state;
+  }
+  return call;
 }
 
 // One check iteration: fresh inputs, one operation, every output element compared with the value

@@ -43,6 +43,7 @@ struct Call {
   int nranks;
   qcclComm_t comm;
   qcclCodec_t codec = nullptr;  // --codec: compress (only collectives with CollTest::compressible)
+  qcclCodecState_t state = nullptr;  // the codec's state (Marsit's sign codec needs one)
 };
 
 // Requests of the operations issued in one timed batch (non-blocking mode, -z 0).

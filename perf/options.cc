@@ -216,7 +216,10 @@ OPTIONS
                              --codec q8,q4:round=stochastic,fp16. Adds three columns to each half
                              of the table: wire (bytes this rank sent), ratio (uncompressed bytes /
                              sent) and relerr (||out - exact|| / ||exact|| over all ranks, with -c;
-                             #wrong is then N/A, as a lossy result is not exact). Default: off
+                             #wrong is then N/A, as a lossy result is not exact). Marsit's sign
+                             codec (sign:eta_s=E,...) runs float32 avg only, with one codec state
+                             per size; its relerr is N/A (it estimates the average of the signs),
+                             and its rounds follow k= (k=0: sign rounds only). Default: off
         --link-rate RATE     the rate of each rank's link, in tc(8) units (100mbit, 1gbit, 10gbit;
                              "bps" = bytes/s), e.g. the RATE of qcclrun --netem: adds two columns to
                              each half of the table, the wire floor (the time the busbw definition
