@@ -53,7 +53,8 @@ class AllReduceMarsit final : public Plan {
         row_{args.rank % cols_, cols_}, column_{args.rank / cols_, rows_},
         row_segments_{kernels::sign_words(args.count), cols_} {
     const size_t largest_cell = Segments{row_segments_.max_size(), rows_}.max_size();
-    chunk_ = std::max<size_t>(1, std::min(options.chunk_bytes / sizeof(uint32_t), largest_cell));
+    // A chunk is chunk_bytes of float32 input, as for the other codecs: its wire words are 1/32 of that.
+    chunk_ = std::max<size_t>(1, std::min(options.chunk_bytes / sizeof(float) / 32, largest_cell));
   }
 
   size_t fragments() const override { return ceil_div(Segments{row_segments_.max_size(), rows_}.max_size(), chunk_); }

@@ -132,7 +132,7 @@ TEST_CASE("Marsit: unanimous signs pass exactly, c <- u + c - g, identical bits,
           round.c[r][i] = start(rng);  // too small to flip a sign
         }
       const auto c_before = round.c;
-      run_round(round, codec, 1, 256, 2);
+      run_round(round, codec, 1, 256, 2);  // 2 words per piece
       for (int r = 0; r < n; ++r) {
         for (size_t i = 0; i < count; ++i) {
           REQUIRE(round.g[r][i] == kEta * static_cast<float>(sign[i]));
@@ -229,7 +229,7 @@ TEST_CASE("Marsit: the same bits for every chunk size, pipeline depth and buffer
       for (float& x : c) x = 0.1f * normal(rng);
     Round reference = base;
     run_round(reference, codec, 3, 1 << 20, 1);
-    for (size_t chunk : {size_t{4}, size_t{100}, size_t{1024}})
+    for (size_t chunk : {size_t{128}, size_t{512}, size_t{4096}, size_t{65536}})  // 1 to 512 words
       for (int depth : {1, 2, 4})
         for (bool in_place : {false, true}) {
           INFO(grid.name() << ", chunk " << chunk << ", depth " << depth << (in_place ? ", in place" : ""));
@@ -326,7 +326,7 @@ TEST_CASE("Marsit: NaN in one rank's update is NaN for its whole fragment on eve
         const size_t bad = count / 3;
         round.u[holder][bad] = std::numeric_limits<float>::quiet_NaN();
         const auto c_before = round.c;
-        run_round(round, codec, 2, 16, 2);  // 4-word pieces: many fragments
+        run_round(round, codec, 2, 512, 2);  // 128 values, 4 words, per piece: many fragments
         size_t nan_values = 0;
         for (size_t i = 0; i < count; ++i) nan_values += fragment_of(grid, count, i, 4) == fragment_of(grid, count, bad, 4);
         for (int r = 0; r < n; ++r) {
