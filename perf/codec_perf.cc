@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "codec_list.h"
 #include "kernels/codec.h"
 #include "kernels/marsit.h"
 #include "kernels/reduce.h"
@@ -66,8 +67,9 @@ OPTIONS
     -w, --warmup_iters N     untimed repetitions per cell before the timed ones (default 1)
         --codec LIST         codec specs separated by commas (default: none, fp16, bf16, and q8, q4,
                              q2, q1 each with round=nearest and round=stochastic). A piece of the
-                             list with '=' and no ':' continues the spec before it, so
-                             "q8:bucket=1024,round=stochastic,q4" is two specs. May be repeated.
+                             list that is key=value (no ':' before its '=') continues the spec
+                             before it, so "q8:bucket=1024,round=stochastic,q4" is two specs and
+                             "sign:eta_s=0.1,topology=torus:2x2" one. May be repeated.
     -h, --help               print this page and exit
 
 OUTPUT
@@ -146,20 +148,9 @@ size_t parse_size(const char* option, const char* s) {
   return bytes;
 }
 
-// Splits "q8:bucket=1024,round=stochastic,q4" into its specs and checks each one.
+// Splits "q8:bucket=1024,round=stochastic,q4" into its specs (codec_list.h) and checks each one.
 void add_codecs(const char* list, std::vector<std::string>* codecs) {
-  std::vector<std::string> specs;
-  std::string rest = list;
-  for (size_t at = 0; at <= rest.size();) {
-    const size_t comma = std::min(rest.find(',', at), rest.size());
-    const std::string piece = rest.substr(at, comma - at);
-    at = comma + 1;
-    const bool continues = piece.find('=') != std::string::npos && piece.find(':') == std::string::npos;
-    if (continues && !specs.empty())
-      specs.back() += "," + piece;
-    else
-      specs.push_back(piece);
-  }
+  const std::vector<std::string> specs = qccl_perf::split_codec_list(list);
   for (const std::string& s : specs) {
     try {
       qccl::kernels::parse_codec_spec(s);

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "codec_list.h"
+
 namespace qccl_perf {
 
 const char* const kTypeNames[qcclNumTypes] = {"int8",  "uint8", "int32",  "uint32", "int64",
@@ -87,22 +89,11 @@ double parse_rate(const char* option, const char* s) {
   bad_value(option, s, "unknown unit (use bit, kbit, mbit, gbit, tbit, or bps, kbps, mbps, gbps for bytes/s)");
 }
 
-// --codec SPEC[,SPEC...]: specs contain commas of their own (q8:bucket=256,round=stochastic), so a
-// token with '=' continues the spec before it, and any other token starts a new one.
+// --codec SPEC[,SPEC...] (codec_list.h).
 std::vector<std::string> parse_codecs(const char* option, const char* s) {
-  std::vector<std::string> specs;
-  std::string text = s;
-  size_t at = 0;
-  while (at <= text.size()) {
-    const size_t comma = text.find(',', at);
-    const std::string token = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    at = comma == std::string::npos ? text.size() + 1 : comma + 1;
-    if (token.empty()) bad_value(option, s, "empty codec spec");
-    if (token.find('=') != std::string::npos && token.find(':') == std::string::npos && !specs.empty())
-      specs.back() += "," + token;
-    else
-      specs.push_back(token);
-  }
+  std::vector<std::string> specs = split_codec_list(s);
+  for (const std::string& spec : specs)
+    if (spec.empty()) bad_value(option, s, "empty codec spec");
   return specs;
 }
 
@@ -213,7 +204,8 @@ OPTIONS
         --codec SPEC[,SPEC...]
                              all_reduce_perf only: run the sweep once per codec spec through
                              qcclAllReduceCompressed (float, half, bfloat16; sum, avg), e.g.
-                             --codec q8,q4:round=stochastic,fp16. Adds three columns to each half
+                             --codec q8,q4:round=stochastic,fp16 (a key=value piece continues the
+                             spec before it; any other piece starts one). Adds three columns to each half
                              of the table: wire (bytes this rank sent), ratio (uncompressed bytes /
                              sent) and relerr (||out - exact|| / ||exact|| over all ranks, with -c;
                              #wrong is then N/A, as a lossy result is not exact). Marsit's sign
