@@ -1,7 +1,8 @@
 /* The example of README.md ("Using the library"), compiled and run by the test suite under qcclrun;
  * tests/docs/readme_test.cmake checks that README.md shows the lines between each pair of markers
  * verbatim. Every rank all-reduces a gradient of n floats in place, averages it while it "computes",
- * then averages it again through a 4-bit codec with error feedback. */
+ * then averages it again through a 4-bit codec with error feedback; then runs two Marsit rounds on
+ * an update (a full-precision one, then a sign one). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -41,6 +42,26 @@ int main(void) {
   for (size_t i = 0; i < n; ++i) wrong += grad[i] != (float)nranks;
   qcclCodecStateDestroy(state);
   qcclCodecDestroy(q4);
+
+  float* update = malloc(n * sizeof(float));
+  float* step = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; ++i) update[i] = 0.25f;
+  /* [readme] */
+  qcclCodec_t marsit;
+  qcclCodecCreate("sign:eta_s=0.002,k=100,topology=ring", &marsit);  /* or topology=torus:RxC */
+  qcclCodecState_t mstate;                     /* one per tensor: compensation and round */
+  qcclCodecStateCreate(comm, n, &mstate);
+  qcclAllReduceCompressed(update, step, n, qcclFloat32, qcclAvg, marsit, mstate, comm);
+  /* [readme] */
+
+  /* Round 0 is the full-precision average of equal values; round 1 sends signs, all positive. */
+  for (size_t i = 0; i < n; ++i) wrong += step[i] != 0.25f;
+  qcclAllReduceCompressed(update, step, n, qcclFloat32, qcclAvg, marsit, mstate, comm);
+  for (size_t i = 0; i < n; ++i) wrong += step[i] != 0.002f;
+  qcclCodecStateDestroy(mstate);
+  qcclCodecDestroy(marsit);
+  free(update);
+  free(step);
   printf("rank %d of %d: %d wrong elements\n", rank, nranks, wrong);
   free(grad);
   if (qcclCommDestroy(comm) != qcclSuccess) return 1;

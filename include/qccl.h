@@ -273,9 +273,14 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  *   none                 float32 as is (measures the fused path's own cost)
  *   fp16, bf16           IEEE half / bfloat16 (2 bytes per value, round to nearest even)
  *   q1 .. q8             bucketed min-max quantization: N bits per value plus 8 bytes per bucket
+ *   sign                 Marsit (Wu et al., DAC 2022): one bit per value, merged stochastically at
+ *                        every hop of a ring or torus (see qcclAllReduceCompressed)
  * keys: bucket=B (q only; multiple of 8; default 512), round=nearest|stochastic (q only; default
- * nearest; stochastic rounding is unbiased), ef=on|off (error feedback; needs a codec state; default
- * off), seed=S (keys the stochastic rounding; default 0).
+ * nearest; stochastic rounding is unbiased), ef=on|off (error feedback, not sign; needs a codec
+ * state; default off), seed=S (keys the random rounding and merging; default 0); for sign:
+ * eta_s=E (required: the magnitude of a sign round's update), k=K (every K-th round, t = 0
+ * included, is a full-precision average; 0 = never; default 100), topology=ring|torus:RxC (default
+ * ring; R * C must be the rank count; ranks sit row-major).
  * Every rank ends with identical bits; the bits do not depend on the chunk size or pipeline depth.
  * Error bounds per algorithm are in docs/PERF.md and collectives/allreduce_*_compressed.cc. */
 
@@ -283,9 +288,11 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
 QCCL_API qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec);
 QCCL_API qcclResult_t qcclCodecDestroy(qcclCodec_t codec);
 
-/* State a codec keeps for one tensor across steps: the error-feedback residual (count float32, owned
- * by qccl, charged to the communicator's QCCL_CODEC_STATE_BUDGET) and the step counter that keys the
- * stochastic rounding. Create one per tensor you all-reduce repeatedly; use it with one tensor size.
+/* State a codec keeps for one tensor across steps: the error-feedback residual or Marsit's
+ * compensation (count float32, owned by qccl, charged to the communicator's QCCL_CODEC_STATE_BUDGET)
+ * and the step counter that keys the random rounding (Marsit's round t). Every rank passes its own
+ * state at the same step: ranks whose steps differ fail with qcclMismatch. Calls that share a state
+ * run one after the other in call order. Create one per tensor you all-reduce repeatedly; use it with one tensor size.
  * Save/Load give a checkpoint: size bytes from qcclCodecStateSize, restored into a state of the same
  * count (a mismatch or a corrupt buffer is qcclInvalidArgument). Not thread-safe per state. */
 QCCL_API qcclResult_t qcclCodecStateCreate(qcclComm_t comm, size_t count, qcclCodecState_t* state);
@@ -296,7 +303,11 @@ QCCL_API qcclResult_t qcclCodecStateLoad(qcclCodecState_t state, const void* buf
 
 /* AllReduce through a codec. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16; op: qcclSum or
  * qcclAvg. state may be NULL unless the codec has ef=on; with a state, its residual and step are
- * used and updated. Returns qcclNonFinite (on every rank) when an input held NaN or Inf. */
+ * used and updated. Returns qcclNonFinite (on every rank) when an input held NaN or Inf.
+ * With the sign codec (Marsit): qcclFloat32, qcclAvg and a state are required; sendbuff is the
+ * update u, and every rank receives the same g: eta_s * (2b - 1) with b the merged sign of u + c
+ * (c <- u + c - g), or in rounds t = 0, K, 2K, ... the average of u + c (c <- 0). Where u + c is
+ * not finite, that chunk's g is NaN on every rank and c is left as it was (qcclNonFinite). */
 QCCL_API qcclResult_t qcclAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count,
                                               qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                               qcclCodecState_t state, qcclComm_t comm);

@@ -1,5 +1,6 @@
 // Codec state: what a codec keeps for one tensor across steps (DESIGN.md "Codec state"): the
-// error-feedback residual and the step counter that keys stochastic rounding. Owned by qccl, charged
+// error-feedback residual or Marsit's compensation, and the step counter that keys random rounding
+// (Marsit's round t). Owned by qccl, charged
 // to its communicator's budget (QCCL_CODEC_STATE_BUDGET), and serializable for checkpoints.
 #pragma once
 
