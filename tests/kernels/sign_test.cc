@@ -124,6 +124,32 @@ TEST_CASE("merge_signs keys word w of a run by first_word + w", "[sign]") {
   for (size_t w = 0; w < 25; ++w) REQUIRE(tail[w] == whole[15 + w]);
 }
 
+TEST_CASE("merge_signs (vectorized) equals marsit_merge for every k, agreement level and offset", "[sign]") {
+  std::mt19937 rng(17);
+  // Word offsets around 2^29, where the Philox block index 8 * word carries into its high word.
+  for (uint64_t first : {uint64_t{0}, uint64_t{77}, (uint64_t{1} << 29) - 9, uint64_t{1} << 40})
+    for (uint32_t k : {1u, 2u, 3u, 5u, 8u, 9u, 64u, 1000u})
+      for (double agree : {0.0, 0.5, 0.97, 1.0})
+        for (size_t n : {size_t{1}, size_t{31}, size_t{70}, size_t{1029}}) {
+          std::vector<uint32_t> a(n), s(n), out(n);
+          for (size_t w = 0; w < n; ++w) {
+            a[w] = rng();
+            uint32_t flip = 0;
+            for (int b = 0; b < 32; ++b) flip |= static_cast<uint32_t>(rng() % 1000 >= agree * 1000) << b;
+            s[w] = a[w] ^ flip;
+          }
+          const PhiloxKey key{first + k, 3, k, 1u << 10 | 5};
+          merge_signs(a.data(), s.data(), out.data(), n, k, key, first);
+          for (size_t w = 0; w < n; ++w) {
+            INFO("first " << first << ", k " << k << ", agreement " << agree << ", n " << n << ", word " << w);
+            REQUIRE(out[w] == marsit_merge(a[w], s[w], k, key, first + w));
+          }
+          std::vector<uint32_t> in_place = s;  // out aliasing the local bits, as the executor may
+          merge_signs(a.data(), in_place.data(), in_place.data(), n, k, key, first);
+          REQUIRE(in_place == out);
+        }
+}
+
 TEST_CASE("the sign codec through encode/decode: 4 bytes per 32 values, +-eta", "[sign]") {
   const CodecConfig codec = parse_codec_spec("sign:eta_s=0.125");
   CHECK(codec.encoded_bytes(0) == 0);
