@@ -56,8 +56,8 @@ HWY_INLINE void ForEachVector(const TIn* in, TOut* out, size_t n, size_t w, cons
   size_t i = 0;
   for (; i + w <= n; i += w) step(in + i, out + i);
   if (i == n) return;
-  HWY_ALIGN TIn in_tail[HWY_MAX_BYTES / sizeof(float)] = {};
-  HWY_ALIGN TOut out_tail[HWY_MAX_BYTES / sizeof(float)] = {};
+  HWY_ALIGN TIn in_tail[HWY_MAX_BYTES / sizeof(TIn)] = {};
+  HWY_ALIGN TOut out_tail[HWY_MAX_BYTES / sizeof(TOut)] = {};
   memcpy(in_tail, in + i, (n - i) * sizeof(TIn));
   memcpy(out_tail, out + i, (n - i) * sizeof(TOut));
   step(in_tail, out_tail);

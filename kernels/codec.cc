@@ -20,6 +20,7 @@
 // targets do, and the fused rounding differs from quant.h's dequantize (m + s * c rounded twice).
 
 #include "kernels/codec.h"
+#include "kernels/intsgd.h"
 #include "kernels/marsit.h"
 #include "kernels/sign.h"
 
@@ -215,6 +216,7 @@ size_t EncodeImpl(const CodecConfig& c, const float* in, size_t count, void* out
     case CodecKind::kQuant:
       break;
     case CodecKind::kSign:  // encode() routes the sign codec to marsit.h before dispatching here
+    case CodecKind::kInt:   // and IntSGD's to intsgd.h
       return 0;
   }
   auto* bytes = static_cast<uint8_t*>(out);
@@ -237,6 +239,7 @@ size_t DecodeAny(const CodecConfig& c, const void* in, size_t count, float* out)
     case CodecKind::kQuant:
       break;
     case CodecKind::kSign:  // decode() routes the sign codec to marsit.h before dispatching here
+    case CodecKind::kInt:   // and IntSGD's to intsgd.h
       return 0;
   }
   const auto* bytes = static_cast<const uint8_t*>(in);
@@ -259,14 +262,29 @@ namespace qccl::kernels {
 HWY_EXPORT(EncodeImpl);
 HWY_EXPORT(DecodeImpl);
 
-// The sign codec (Marsit) has its own launchers (marsit.h); these entry points serve it too, so that
-// every codec can be encoded, decoded and measured the same way (codec_perf, tests).
+// The sign codec (Marsit) and IntSGD's integers have their own launchers (marsit.h, intsgd.h); these
+// entry points serve them too, so that every codec can be encoded, decoded and measured the same way
+// (codec_perf, tests). Here an integer codec is one rank's: the fixed alpha (1 when adaptive), the
+// whole wire range, decode = m / alpha; the collectives pass the shared alpha and rank count.
+namespace {
+float standalone_alpha(const CodecConfig& c) {
+  return c.alpha_mode == IntAlpha::kFixed ? static_cast<float>(c.alpha) : 1.0f;
+}
+}  // namespace
+
 EncodeReport encode(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
                     uint64_t first) {
   EncodeReport report;
   if (count == 0) return report;
-  if (c.kind == CodecKind::kSign) report.nonfinite = pack_signs(in, nullptr, count, static_cast<uint32_t*>(out));
-  else report.nonfinite = HWY_DYNAMIC_DISPATCH(EncodeImpl)(c, in, count, out, key, first);
+  if (c.kind == CodecKind::kSign) {
+    report.nonfinite = pack_signs(in, nullptr, count, static_cast<uint32_t*>(out));
+  } else if (c.kind == CodecKind::kInt) {
+    report.nonfinite = int_encode(c.bits, in, count, standalone_alpha(c), c.rounding == Rounding::kStochastic,
+                                  int_clip(c.bits, 1), key, first, out)
+                           .nonfinite;
+  } else {
+    report.nonfinite = HWY_DYNAMIC_DISPATCH(EncodeImpl)(c, in, count, out, key, first);
+  }
   return report;
 }
 
@@ -274,6 +292,10 @@ size_t decode(const CodecConfig& c, const void* in, size_t count, float* out) {
   if (count == 0) return 0;
   if (c.kind == CodecKind::kSign) {
     decode_signs(static_cast<const uint32_t*>(in), count, c.eta, out, nullptr, nullptr);
+    return 0;
+  }
+  if (c.kind == CodecKind::kInt) {
+    int_decode(c.bits, in, count, 1.0 / standalone_alpha(c), out);
     return 0;
   }
   return HWY_DYNAMIC_DISPATCH(DecodeImpl)(c, in, count, out, false);

@@ -5,12 +5,18 @@
 //   q1 .. q8       bucketed min-max quantization (quant.h): per bucket two float32 and N bits per value
 //   sign           Marsit's sign bits (sign.h): 1 bit per value, merged stochastically at every hop;
 //                  every k-th round is a full-precision average instead (marsit.h, the algorithms)
+//   int8 .. int32  IntSGD's integers (int_codec.h): Int(alpha * x) under a scale alpha shared by all
+//                  ranks, summed as integers without decoding (exact and order-independent)
 //
 // The spec grammar is `name[:key=value,...]` with keys bucket=B (q only; multiple of 8, default 512),
 // round=nearest|stochastic (q only; default nearest), ef=on|off (error feedback, not sign; default
 // off), seed=S (random rounding and merging; default 0), and for sign: eta_s=E (the magnitude of a
 // sign round's update; required), k=K (full-precision every K-th round, 0 = never; default 100),
-// topology=ring|torus:RxC (default ring). Unknown names, keys or values are errors that name the token.
+// topology=ring|torus:RxC (default ring); for int8, int16, int32: round=stochastic|nearest (default
+// stochastic), alpha=grad|lr|A (the scale: adaptive from the decoded sums, adaptive from the learning
+// rate the caller sets, or the fixed A; default grad), beta=B (moving average, [0, 1), default 0.9),
+// eps=E (> 0, default 1e-8), alpha0=A (the first step's scale; default: the first step is exact).
+// Unknown names, keys or values are errors that name the token.
 //
 // The encoded size is a pure function of the count and the spec (encoded_bytes), never of the data.
 // Runs passed to encode/decode start on a bucket boundary; so that results do not depend on how a
@@ -29,7 +35,10 @@ namespace qccl::kernels {
 // A torus side is a group id in Marsit's random key (philox.h: the stream has 12 bits, 2 for the phase).
 constexpr int kMaxTorusSide = 1024;
 
-enum class CodecKind : uint8_t { kNone, kFp16, kBf16, kQuant, kSign };
+enum class CodecKind : uint8_t { kNone, kFp16, kBf16, kQuant, kSign, kInt };
+// IntSGD's scale: Proposition 2 on the decoded sums (no learning rate), Proposition 2 with the
+// caller's learning rate (Algorithm 1), or fixed.
+enum class IntAlpha : uint8_t { kGrad, kLr, kFixed };
 enum class Rounding : uint8_t { kNearest, kStochastic };
 
 // A spec that does not parse; what() names the bad token.
@@ -49,6 +58,12 @@ struct CodecConfig {
   uint32_t period = 100;      // K: rounds t with t % K == 0 are full precision; 0 = never
   int torus_rows = 0;         // torus:RxC (sides up to kMaxTorusSide); 0 = ring
   int torus_cols = 0;
+  // kInt (IntSGD) only (bits is the wire width, 8, 16 or 32; rounding defaults to stochastic):
+  IntAlpha alpha_mode = IntAlpha::kGrad;
+  double alpha = 0;   // kFixed: the scale
+  double alpha0 = 0;  // > 0: step 0 is an integer round with this scale; 0: step 0 is exact
+  double beta = 0.9;
+  double eps = 1e-8;
 
   // Canonical text ("q4:bucket=512,round=stochastic,ef=on,seed=7"): what hash() digests.
   std::string canonical() const;

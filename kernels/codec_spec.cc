@@ -53,8 +53,11 @@ CodecConfig parse_codec_spec(const std::string& spec) {
     c.kind = CodecKind::kQuant, c.bits = name[1] - '0';
   } else if (name == "sign") {
     c.kind = CodecKind::kSign, c.bits = 1;
+  } else if (name == "int8" || name == "int16" || name == "int32") {
+    c.kind = CodecKind::kInt, c.bits = std::atoi(name.c_str() + 3);
+    c.rounding = Rounding::kStochastic;  // the paper's Int(): unbiased, what its theory covers
   } else {
-    bad(spec, "unknown codec '" + name + "' (none, fp16, bf16, q1 .. q8, sign)");
+    bad(spec, "unknown codec '" + name + "' (none, fp16, bf16, q1 .. q8, sign, int8, int16, int32)");
   }
   if (colon == std::string::npos) {
     if (c.kind == CodecKind::kSign) bad(spec, "sign needs eta_s=E, the magnitude of a sign round's update");
@@ -75,7 +78,8 @@ CodecConfig parse_codec_spec(const std::string& spec) {
       c.bucket = static_cast<uint32_t>(parse_number(spec, key, value, 8, 1u << 20));
       if (c.bucket % 8) bad(spec, "'" + token + "': the bucket must be a multiple of 8");
     } else if (key == "round") {
-      if (c.kind != CodecKind::kQuant) bad(spec, "'" + token + "': only q1 .. q8 round");
+      if (c.kind != CodecKind::kQuant && c.kind != CodecKind::kInt)
+        bad(spec, "'" + token + "': only q1 .. q8 and int8 .. int32 round");
       if (value == "nearest")
         c.rounding = Rounding::kNearest;
       else if (value == "stochastic")
@@ -99,7 +103,26 @@ CodecConfig parse_codec_spec(const std::string& spec) {
         bad(spec, "'" + token + "': topology is ring or torus:RxC with 1 <= R, C <= " +
                       std::to_string(kMaxTorusSide) + " (e.g. torus:2x4)");
       }
+    } else if (c.kind == CodecKind::kInt && key == "alpha") {
+      if (value == "grad") {
+        c.alpha_mode = IntAlpha::kGrad;
+      } else if (value == "lr") {
+        c.alpha_mode = IntAlpha::kLr;
+      } else {
+        c.alpha_mode = IntAlpha::kFixed;
+        c.alpha = parse_real(spec, key, value);
+        if (!std::isfinite(static_cast<float>(c.alpha))) bad(spec, "'" + token + "': alpha must fit float32");
+      }
+    } else if (c.kind == CodecKind::kInt && key == "alpha0") {
+      c.alpha0 = parse_real(spec, key, value);
+      if (!std::isfinite(static_cast<float>(c.alpha0))) bad(spec, "'" + token + "': alpha0 must fit float32");
+    } else if (c.kind == CodecKind::kInt && key == "beta") {
+      c.beta = value == "0" ? 0.0 : parse_real(spec, key, value);
+      if (!(c.beta < 1)) bad(spec, "'" + token + "': beta is in [0, 1)");
+    } else if (c.kind == CodecKind::kInt && key == "eps") {
+      c.eps = parse_real(spec, key, value);
     } else if (key == "ef") {
+      if (c.kind == CodecKind::kInt) bad(spec, "'" + token + "': IntSGD needs no error feedback (no ef)");
       if (c.kind == CodecKind::kSign) bad(spec, "'" + token + "': sign keeps its own compensation (no ef)");
       if (value == "on")
         c.error_feedback = true;
@@ -111,7 +134,10 @@ CodecConfig parse_codec_spec(const std::string& spec) {
       c.seed = parse_number(spec, key, value, 0, std::numeric_limits<uint64_t>::max());
     } else {
       bad(spec, "unknown key '" + key + "' (" +
-                    (c.kind == CodecKind::kSign ? "eta_s, k, topology, seed" : "bucket, round, ef, seed") + ")");
+                    (c.kind == CodecKind::kSign  ? "eta_s, k, topology, seed"
+                     : c.kind == CodecKind::kInt ? "round, alpha, alpha0, beta, eps, seed"
+                                                 : "bucket, round, ef, seed") +
+                    ")");
     }
   }
   if (c.kind == CodecKind::kSign && !(c.eta > 0)) bad(spec, "sign needs eta_s=E, the magnitude of a sign round's update");
@@ -128,6 +154,17 @@ std::string CodecConfig::canonical() const {
       return std::string("bf16") + (error_feedback ? ":ef=on" : "");
     case CodecKind::kQuant:
       break;
+    case CodecKind::kInt: {
+      auto real = [](double v) {
+        char text[32];
+        std::snprintf(text, sizeof(text), "%.17g", v);
+        return std::string(text);
+      };
+      return "int" + std::to_string(bits) + ":round=" + (rounding == Rounding::kStochastic ? "stochastic" : "nearest") +
+             ",alpha=" + (alpha_mode == IntAlpha::kGrad ? "grad" : alpha_mode == IntAlpha::kLr ? "lr" : real(alpha)) +
+             (alpha0 > 0 ? ",alpha0=" + real(alpha0) : "") + ",beta=" + real(beta) + ",eps=" + real(eps) +
+             ",seed=" + std::to_string(seed);
+    }
     case CodecKind::kSign: {
       char eta_text[32];
       std::snprintf(eta_text, sizeof(eta_text), "%.9g", static_cast<double>(eta));
@@ -158,6 +195,8 @@ size_t CodecConfig::encoded_bytes(size_t count) const {
       return quant_encoded_bytes(count, bucket, bits);
     case CodecKind::kSign:
       return sign_words(count) * sizeof(uint32_t);
+    case CodecKind::kInt:
+      return count * static_cast<size_t>(bits / 8);
   }
   return 0;
 }

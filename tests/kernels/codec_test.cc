@@ -279,13 +279,28 @@ TEST_CASE("codec specs parse with their defaults and round-trip through canonica
   CHECK(!torus.full_precision_round(0));
   CHECK((sign.full_precision_round(0) && !sign.full_precision_round(1) && sign.full_precision_round(200)));
 
+  for (int b : {8, 16, 32}) {
+    const CodecConfig c = spec("int" + std::to_string(b));
+    INFO("int" << b);
+    CHECK((c.kind == CodecKind::kInt && c.bits == b && c.alignment() == 1 && c.encoded_bytes(1001) == 1001u * b / 8));
+    CHECK((c.rounding == Rounding::kStochastic && c.alpha_mode == IntAlpha::kGrad && c.alpha0 == 0));
+    CHECK((c.beta == 0.9 && c.eps == 1e-8 && c.seed == 0));
+  }
+  CHECK(spec("int8").canonical() == "int8:round=stochastic,alpha=grad,beta=0.90000000000000002,eps=1e-08,seed=0");
+  const CodecConfig fixed = spec("int32:alpha=256.5,round=nearest,seed=4");
+  CHECK((fixed.alpha_mode == IntAlpha::kFixed && fixed.alpha == 256.5 && fixed.rounding == Rounding::kNearest));
+  const CodecConfig lr = spec("int16:alpha=lr,beta=0,eps=1e-6,alpha0=100");
+  CHECK((lr.alpha_mode == IntAlpha::kLr && lr.beta == 0 && lr.eps == 1e-6 && lr.alpha0 == 100));
+
   // canonical() spells every field that the codec uses, so equal text means an equal codec.
   // clang-format off
   const char* const specs[] = {"none", "none:ef=on", "fp16", "bf16", "bf16:ef=on", "q1", "q8", "q8:ef=on",
                                "q8:seed=1", "q8:seed=2", "q8:bucket=1024", "q8:round=stochastic",
                                "q3:seed=18446744073709551615,ef=on,round=stochastic,bucket=24",
                                "sign:eta_s=0.01", "sign:eta_s=0.02", "sign:eta_s=0.01,k=0", "sign:eta_s=0.01,seed=1",
-                               "sign:eta_s=0.01,topology=torus:2x4", "sign:eta_s=0.01,topology=torus:4x2"};
+                               "sign:eta_s=0.01,topology=torus:2x4", "sign:eta_s=0.01,topology=torus:4x2",
+                               "int8", "int16", "int32", "int8:round=nearest", "int8:alpha=lr", "int8:alpha=2",
+                               "int8:alpha=3", "int8:alpha0=50", "int8:beta=0.5", "int8:eps=1e-4", "int8:seed=9"};
   // clang-format on
   std::vector<uint64_t> hashes;
   for (const char* s : specs) {
@@ -304,7 +319,18 @@ TEST_CASE("codec spec errors name the bad token", "[codec][spec]") {
   using Catch::Matchers::Contains;
   CHECK_THAT(error_of("q9"), Contains("'q9'"));
   CHECK_THAT(error_of("q0"), Contains("'q0'"));
-  CHECK_THAT(error_of("int8"), Contains("'int8'"));
+  CHECK_THAT(error_of("int4"), Contains("'int4'"));
+  CHECK_THAT(error_of("int8:alpha=0"), Contains("alpha=0"));
+  CHECK_THAT(error_of("int8:alpha=-2"), Contains("alpha=-2"));
+  CHECK_THAT(error_of("int8:alpha=1e39"), Contains("alpha=1e39"));
+  CHECK_THAT(error_of("int8:alpha=fast"), Contains("alpha=fast"));
+  CHECK_THAT(error_of("int8:beta=1"), Contains("beta=1"));
+  CHECK_THAT(error_of("int8:beta=-0.5"), Contains("beta=-0.5"));
+  CHECK_THAT(error_of("int8:eps=0"), Contains("eps=0"));
+  CHECK_THAT(error_of("int8:alpha0=0"), Contains("alpha0=0"));
+  CHECK_THAT(error_of("int16:ef=on"), Contains("ef=on"));
+  CHECK_THAT(error_of("int32:bucket=64"), Contains("bucket=64"));
+  CHECK_THAT(error_of("int32:eta_s=1"), Contains("'eta_s'"));
   CHECK_THAT(error_of("q8x:bucket=8"), Contains("'q8x'"));
   CHECK_THAT(error_of("q8:foo=1"), Contains("'foo'"));
   CHECK_THAT(error_of("q8:bucket"), Contains("'bucket'"));
