@@ -15,6 +15,7 @@ QCCL_DECLARE_ALGORITHM(allreduce_ring)
 QCCL_DECLARE_ALGORITHM(allreduce_sra_compressed)
 QCCL_DECLARE_ALGORITHM(allreduce_ring_compressed)
 QCCL_DECLARE_ALGORITHM(allreduce_marsit)
+QCCL_DECLARE_ALGORITHM(allreduce_intsgd)
 QCCL_DECLARE_ALGORITHM(broadcast_binomial)
 QCCL_DECLARE_ALGORITHM(broadcast_chain)
 QCCL_DECLARE_ALGORITHM(reduce_binomial)
@@ -40,6 +41,7 @@ inline const char* uncompressed_with_two_ranks(const CollArgs& args) {
 inline const char* value_codec_with_two_ranks(const CollArgs& args) {
   if (!args.codec) return "compressed all-reduce only (no codec given)";
   if (args.codec->kind == kernels::CodecKind::kSign) return "the sign codec runs Marsit (marsit)";
+  if (args.codec->kind == kernels::CodecKind::kInt) return "the int codecs run IntSGD (intsgd)";
   return needs_two_ranks(args);
 }
 

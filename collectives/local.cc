@@ -25,6 +25,7 @@ const char* local_cannot_run(const CollArgs& args) {
   if (args.nranks != 1) return "serves single-rank communicators only";
   if (args.kind == CollKind::kSend || args.kind == CollKind::kRecv) return "point-to-point goes through the transport";
   if (args.codec && args.codec->kind == kernels::CodecKind::kSign) return "Marsit updates its state even on one rank";
+  if (args.codec && args.codec->kind == kernels::CodecKind::kInt) return "IntSGD rounds to integers even on one rank";
   return nullptr;
 }
 

@@ -33,6 +33,13 @@ enum class CollKind : uint8_t { kAllReduce, kBroadcast, kReduce, kAllGather, kRe
 constexpr int kNumCollKinds = 8;
 const char* coll_name(CollKind kind);  // "AllReduce", ... as in the C API
 
+// IntSGD's round (int8/int16/int32 codecs), fixed when the call starts to run: its scale depends on
+// the results of the earlier calls on the same codec state (src/codec_state.h).
+struct IntsgdRound {
+  bool exact = false;  // a float all-reduce (the paper's exact first communication), not integers
+  float alpha = 0;     // the scale every rank shares: m = Int(alpha * x), decoded as S / (n alpha)
+};
+
 // The validated arguments of one call (count in elements, with NCCL's meaning per collective:
 // AllGather's sendcount, ReduceScatter's recvcount, AlltoAll's count per peer).
 struct CollArgs {
@@ -52,6 +59,9 @@ struct CollArgs {
   const kernels::CodecConfig* codec = nullptr;
   float* residual = nullptr;
   kernels::PhiloxKey rng;
+  // The int codecs only: the round, owned by the call's record, filled in before the plan's first
+  // fragment is built.
+  const IntsgdRound* intsgd = nullptr;
 
   size_t element_size() const { return kernels::element_size(dtype); }
   // The largest buffer this rank touches, in bytes (what algorithm thresholds look at).
@@ -77,6 +87,12 @@ enum class StepKind : uint8_t {
                    // index .. index + n: c += u - g (Marsit Alg. 1 line 10); g NaN, c kept when tainted
   kResetCompensation,  // after a full-precision round: for n values of g (src), c (dst) = 0 where g is
                        // finite; where it is not, c is kept and the value counts as non-finite output
+  // IntSGD (int codecs; the wire type is the codec's). A fragment that met NaN or Inf is tainted as
+  // for Marsit and decodes to NaN.
+  kIntEncode,  // dst (wire) = clip(Int(factor * src (float))), n values from element index; counts clips
+  kIntAdd,     // dst (wire) += src (wire), wrapping
+  kIntDecode,  // dst (datatype) = src (wire) / (n alpha) (avg) or / alpha (sum), alpha = factor, through
+               // src2 (float scratch) unless float32; the exact sums of squares and largest |S| add up
 };
 
 struct Step {
@@ -158,6 +174,19 @@ class Program {
   }
   void reset_compensation(float* c, const float* g, size_t count) {
     push(StepKind::kResetCompensation, c, g, nullptr, count);
+  }
+
+  // IntSGD (see StepKind).
+  void int_encode(void* dst, const float* src, size_t count, uint64_t first, float alpha) {
+    if (!count) return;
+    push(StepKind::kIntEncode, dst, src, nullptr, count);
+    steps_.back().index = first, steps_.back().factor = alpha;
+  }
+  void int_add(void* acc, const void* src, size_t count) { push(StepKind::kIntAdd, acc, src, nullptr, count); }
+  void int_decode(void* dst, const void* src, size_t count, float alpha, float* scratch) {
+    if (!count) return;
+    push(StepKind::kIntDecode, dst, src, scratch, count);
+    steps_.back().factor = alpha;
   }
 
   const std::vector<Step>& steps() const { return steps_; }

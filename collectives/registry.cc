@@ -56,6 +56,10 @@ const std::vector<Algorithm>& algorithms() {
        "K-th round a full-precision ring average",
        "2(n-1)/n*4*ceil(D/32) (full precision: 2(n-1)/n*4D)", kAny, allreduce_marsit_cannot_run,
        make_allreduce_marsit},
+      {"intsgd", CollKind::kAllReduce,
+       "int codecs (IntSGD): integers under a shared scale, added without decoding along a ring reduce-scatter, "
+       "ring allgather of the sums (exact, order-independent); the first round exact in float",
+       "2(n-1)/n*(b/8)*D (exact round: 2(n-1)/n*S)", kAny, allreduce_intsgd_cannot_run, make_allreduce_intsgd},
 
       {"binomial", CollKind::kBroadcast, "binomial tree from the root; ceil(log2 n) rounds", "children*S", 64 * 1024,
        broadcast_binomial_cannot_run, make_broadcast_binomial},

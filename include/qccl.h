@@ -146,6 +146,10 @@ typedef struct qcclStats_v100 {
   double wireSeconds;         /* the rest: seconds - encodeSeconds - decodeSeconds (moving and
                                  waiting for bytes, with the codec work it did not overlap) */
   char codec[64];             /* the codec's canonical spec, "" when uncompressed */
+  /* IntSGD (the int8, int16, int32 codecs; 0 otherwise): */
+  double intAlpha;            /* the scale alpha every rank shared (0: an exact float round) */
+  uint64_t clippedValues;     /* values this rank clipped to its range (the sum stays exact) */
+  uint64_t largestInteger;    /* the largest |S| among the integer sums (the same on every rank) */
 } qcclStats_t;
 
 /* ---- Library and errors ------------------------------------------------------------------------ */
@@ -275,12 +279,19 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  *   q1 .. q8             bucketed min-max quantization: N bits per value plus 8 bytes per bucket
  *   sign                 Marsit (Wu et al., DAC 2022): one bit per value, merged stochastically at
  *                        every hop of a ring or torus (see qcclAllReduceCompressed)
+ *   int8, int16, int32   IntSGD (Mishchenko et al., ICLR 2022): Int(alpha x) under a scale alpha all
+ *                        ranks share, summed as integers without decoding (see qcclAllReduceCompressed)
  * keys: bucket=B (q only; multiple of 8; default 512), round=nearest|stochastic (q only; default
  * nearest; stochastic rounding is unbiased), ef=on|off (error feedback, not sign; needs a codec
  * state; default off), seed=S (keys the random rounding and merging; default 0); for sign:
  * eta_s=E (required: the magnitude of a sign round's update), k=K (every K-th round, t = 0
  * included, is a full-precision average; 0 = never; default 100), topology=ring|torus:RxC (default
- * ring; R * C must be the rank count; ranks sit row-major).
+ * ring; R * C must be the rank count; ranks sit row-major); for int8, int16, int32:
+ * round=stochastic|nearest (default stochastic: unbiased), alpha=grad|lr|A (grad: adaptive from the
+ * decoded averages, no learning rate; lr: Algorithm 1, adaptive from the learning rate set with
+ * qcclCodecStateSetLearningRate; A: fixed; default grad), beta=B (moving average, 0 <= B < 1,
+ * default 0.9), eps=E (> 0, default 1e-8), alpha0=A (scale of the first round; default: the first
+ * round is an exact float all-reduce).
  * Every rank ends with identical bits; the bits do not depend on the chunk size or pipeline depth.
  * Error bounds per algorithm are in docs/PERF.md and collectives/allreduce_*_compressed.cc. */
 
@@ -300,6 +311,11 @@ QCCL_API qcclResult_t qcclCodecStateDestroy(qcclCodecState_t state);
 QCCL_API qcclResult_t qcclCodecStateSize(qcclCodecState_t state, size_t* bytes);
 QCCL_API qcclResult_t qcclCodecStateSave(qcclCodecState_t state, void* buffer, size_t bytes);
 QCCL_API qcclResult_t qcclCodecStateLoad(qcclCodecState_t state, const void* buffer, size_t bytes);
+/* IntSGD with alpha=lr: the learning rate eta_k of the state's next calls, until set again (lr > 0,
+ * finite; every rank passes the same). Algorithm 1's alpha_k = sqrt(d) / sqrt(2 n r_k / eta_k^2 +
+ * eps^2), r_k the moving average of ||x^k - x^(k-1)||^2 = eta_(k-1)^2 ||g~||^2 for the SGD step
+ * x^(k+1) = x^k - eta_k g~, g~ the all-reduced average. */
+QCCL_API qcclResult_t qcclCodecStateSetLearningRate(qcclCodecState_t state, double lr);
 
 /* AllReduce through a codec. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16; op: qcclSum or
  * qcclAvg. state may be NULL unless the codec has ef=on; with a state, its residual and step are
@@ -307,7 +323,15 @@ QCCL_API qcclResult_t qcclCodecStateLoad(qcclCodecState_t state, const void* buf
  * With the sign codec (Marsit): qcclFloat32, qcclAvg and a state are required; sendbuff is the
  * update u, and every rank receives the same g: eta_s * (2b - 1) with b the merged sign of u + c
  * (c <- u + c - g), or in rounds t = 0, K, 2K, ... the average of u + c (c <- 0). Where u + c is
- * not finite, that chunk's g is NaN on every rank and c is left as it was (qcclNonFinite). */
+ * not finite, that chunk's g is NaN on every rank and c is left as it was (qcclNonFinite).
+ * With the int codecs (IntSGD): each rank sends clip(Int(alpha x)) in the wire type, clipped so that
+ * the sum of nranks integers fits it (int8 at 4 ranks: [-32, 31]); the ranks add integers without
+ * decoding, so every rank gets the same bits whatever the rank order; recvbuff = S / (nranks alpha)
+ * (qcclAvg) or S / alpha (qcclSum). Unclipped, each value is within 1/alpha of the exact average
+ * (1/(2 alpha) with round=nearest). A state is needed unless alpha is fixed; its first round is an
+ * exact float all-reduce unless alpha0 is given. qcclCommGetLastStats reports alpha, the values
+ * clipped and the largest integer sum. A NaN or Inf input is never summed: that chunk is NaN on every
+ * rank, the call returns qcclNonFinite everywhere, and alpha's moving average is left as it was. */
 QCCL_API qcclResult_t qcclAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count,
                                               qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                               qcclCodecState_t state, qcclComm_t comm);

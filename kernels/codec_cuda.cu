@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "kernels/half.h"
+#include "kernels/int_codec.h"
 #include "kernels/philox.h"
 #include "kernels/quant.h"
 #include "kernels/sign.h"
@@ -346,6 +347,37 @@ __global__ void decode_signs_kernel(const uint32_t* __restrict__ words, size_t n
   }
 }
 
+// ---- IntSGD's integer codec (int_codec.h), one thread per value ------------------------------------
+
+template <typename TWire>
+__global__ void int_encode_kernel(const float* __restrict__ x, size_t n, float alpha, bool stochastic, IntClip clip,
+                                  PhiloxKey key, uint64_t first, TWire* __restrict__ out,
+                                  unsigned long long* clipped, unsigned long long* nonfinite) {
+  unsigned long long clips = 0, bad = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    bool c = false, nf = false;
+    const float u = stochastic ? philox_uniform(key, first + i) : 0.0f;
+    out[i] = static_cast<TWire>(int_encode_value(x[i], alpha, u, stochastic, clip, &c, &nf));
+    clips += c, bad += nf;
+  }
+  count_add(clipped, clips);
+  count_add(nonfinite, bad);
+}
+
+template <typename TUnsigned>
+__global__ void int_add_kernel(const TUnsigned* in, TUnsigned* acc, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    acc[i] = static_cast<TUnsigned>(acc[i] + in[i]);  // modulo 2^bits, as the host's unsigned lanes
+}
+
+template <typename TWire, bool kAccumulate>
+__global__ void int_decode_kernel(const TWire* __restrict__ in, size_t n, double scale, float* __restrict__ out) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const float v = int_decode_value(in[i], scale);
+    out[i] = kAccumulate ? out[i] + v : v;
+  }
+}
+
 __global__ void divide_kernel(float* x, size_t n, float divisor) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
     x[i] /= divisor;
@@ -393,6 +425,11 @@ cudaError_t decode_quant(const CodecConfig& c, const void* in, size_t count, flo
                 nonfinite);
 }
 
+// codec.cc's standalone integer codec: the fixed alpha, 1 when adaptive.
+float standalone_alpha(const CodecConfig& c) {
+  return c.alpha_mode == IntAlpha::kFixed ? static_cast<float>(c.alpha) : 1.0f;
+}
+
 template <bool kAccumulate>
 cudaError_t decode_any(const CodecConfig& c, const void* in, size_t count, float* out,
                        unsigned long long* nonfinite, cudaStream_t stream) {
@@ -409,6 +446,15 @@ cudaError_t decode_any(const CodecConfig& c, const void* in, size_t count, float
     case CodecKind::kSign:
       return launch(decode_signs_kernel<kAccumulate>, blocks, kFlatThreads, stream, static_cast<const uint32_t*>(in),
                     count, c.eta, out, static_cast<float*>(nullptr), static_cast<const float*>(nullptr));
+    case CodecKind::kInt: {  // one rank's integers, as codec.cc's decode
+      const double scale = 1.0 / standalone_alpha(c);
+      switch (c.bits) {
+        case 8: return launch(int_decode_kernel<int8_t, kAccumulate>, blocks, kFlatThreads, stream, static_cast<const int8_t*>(in), count, scale, out);
+        case 16: return launch(int_decode_kernel<int16_t, kAccumulate>, blocks, kFlatThreads, stream, static_cast<const int16_t*>(in), count, scale, out);
+        case 32: return launch(int_decode_kernel<int32_t, kAccumulate>, blocks, kFlatThreads, stream, static_cast<const int32_t*>(in), count, scale, out);
+        default: return cudaErrorInvalidValue;
+      }
+    }
     case CodecKind::kQuant: break;
   }
   if (!valid_quant(c)) return cudaErrorInvalidValue;
@@ -440,6 +486,9 @@ cudaError_t encode_cuda(const CodecConfig& c, const float* in, size_t count, voi
       return launch(encode_cast_kernel<CodecKind::kBf16>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
     case CodecKind::kSign:
       return pack_signs_cuda(in, nullptr, count, static_cast<uint32_t*>(out), nonfinite, stream);
+    case CodecKind::kInt:
+      return int_encode_cuda(c.bits, in, count, standalone_alpha(c), c.rounding == Rounding::kStochastic,
+                             int_clip(c.bits, 1), key, first, out, nullptr, nonfinite, stream);
     case CodecKind::kQuant: break;
   }
   if (!valid_quant(c)) return cudaErrorInvalidValue;
@@ -484,6 +533,50 @@ cudaError_t decode_signs_cuda(const uint32_t* words, size_t n, float eta, float*
   if (n == 0) return cudaSuccess;
   if (words == nullptr || g == nullptr || (c != nullptr && u == nullptr)) return cudaErrorInvalidValue;
   return launch(decode_signs_kernel<false>, flat_blocks(n), kFlatThreads, stream, words, n, eta, g, c, u);
+}
+
+cudaError_t int_encode_cuda(int bits, const float* x, size_t n, float alpha, bool stochastic, IntClip clip,
+                            const PhiloxKey& key, uint64_t first, void* out, unsigned long long* clipped,
+                            unsigned long long* nonfinite, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (x == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  const size_t blocks = flat_blocks(n);
+  switch (bits) {
+    case 8:
+      return launch(int_encode_kernel<int8_t>, blocks, kFlatThreads, stream, x, n, alpha, stochastic, clip, key, first,
+                    static_cast<int8_t*>(out), clipped, nonfinite);
+    case 16:
+      return launch(int_encode_kernel<int16_t>, blocks, kFlatThreads, stream, x, n, alpha, stochastic, clip, key, first,
+                    static_cast<int16_t*>(out), clipped, nonfinite);
+    case 32:
+      return launch(int_encode_kernel<int32_t>, blocks, kFlatThreads, stream, x, n, alpha, stochastic, clip, key, first,
+                    static_cast<int32_t*>(out), clipped, nonfinite);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t int_add_cuda(int bits, const void* in, void* acc, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (in == nullptr || acc == nullptr) return cudaErrorInvalidValue;
+  const size_t blocks = flat_blocks(n);
+  switch (bits) {
+    case 8: return launch(int_add_kernel<uint8_t>, blocks, kFlatThreads, stream, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(acc), n);
+    case 16: return launch(int_add_kernel<uint16_t>, blocks, kFlatThreads, stream, static_cast<const uint16_t*>(in), static_cast<uint16_t*>(acc), n);
+    case 32: return launch(int_add_kernel<uint32_t>, blocks, kFlatThreads, stream, static_cast<const uint32_t*>(in), static_cast<uint32_t*>(acc), n);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t int_decode_cuda(int bits, const void* in, size_t n, double scale, float* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  const size_t blocks = flat_blocks(n);
+  switch (bits) {
+    case 8: return launch(int_decode_kernel<int8_t, false>, blocks, kFlatThreads, stream, static_cast<const int8_t*>(in), n, scale, out);
+    case 16: return launch(int_decode_kernel<int16_t, false>, blocks, kFlatThreads, stream, static_cast<const int16_t*>(in), n, scale, out);
+    case 32: return launch(int_decode_kernel<int32_t, false>, blocks, kFlatThreads, stream, static_cast<const int32_t*>(in), n, scale, out);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 // ---- convert.h on the device: the cast kernels without the count ------------------------------------

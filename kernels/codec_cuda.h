@@ -1,10 +1,10 @@
-// CUDA launchers of the codecs (codec.h), of the float32 conversions (convert.h) and of the
+// CUDA launchers of the codecs (codec.h, marsit.h, intsgd.h), of the float32 conversions (convert.h) and of the
 // reductions (reduce.h): kernels that loop over the element functions the host launchers are
 // defined by (quant.h, philox.h, half.h, and reduce_ops.h for reduce.h's promise), so that a device
 // and a host given the same input produce the same bits.
 //
 // Numerical promise: every launcher writes exactly the bytes its host counterpart writes, for every
-// codec (none, fp16, bf16, q1..q8 with either rounding), every count, every `first` and PhiloxKey,
+// codec (none, fp16, bf16, q1..q8 with either rounding, sign, int8..int32), every count, every `first` and PhiloxKey,
 // and returns (through `nonfinite`) the same count. Two exceptions, both about NaN payloads only:
 // an accumulation whose result is NaN (acc += NaN, Inf + -Inf) gives the GPU's canonical NaN
 // (0x7FFFFFFF) where x86 keeps an operand's payload, so decode_accumulate_cuda, load_add_float_cuda
@@ -40,6 +40,7 @@
 #include <cstdint>
 
 #include "kernels/codec.h"
+#include "kernels/int_codec.h"
 #include "kernels/types.h"
 
 namespace qccl::kernels {
@@ -66,6 +67,15 @@ cudaError_t merge_signs_cuda(const uint32_t* a, const uint32_t* s, uint32_t* out
                              const PhiloxKey& key, uint64_t first_word, cudaStream_t stream);
 cudaError_t decode_signs_cuda(const uint32_t* words, size_t n, float eta, float* g, float* c, const float* u,
                               cudaStream_t stream);
+
+// IntSGD's integer codec (intsgd.h on the device, the same bits): encode with the shared alpha and the
+// rank's clip range (clipped values and non-finite inputs added to the counters that are not null),
+// wrapping adds, and decode S * scale. bits is 8, 16 or 32 (else cudaErrorInvalidValue).
+cudaError_t int_encode_cuda(int bits, const float* x, size_t n, float alpha, bool stochastic, IntClip clip,
+                            const PhiloxKey& key, uint64_t first, void* out, unsigned long long* clipped,
+                            unsigned long long* nonfinite, cudaStream_t stream);
+cudaError_t int_add_cuda(int bits, const void* in, void* acc, size_t n, cudaStream_t stream);
+cudaError_t int_decode_cuda(int bits, const void* in, size_t n, double scale, float* out, cudaStream_t stream);
 
 // convert.h's conversions, for DataType kFloat32, kFloat16 and kBfloat16. in == out is allowed for
 // load_float_cuda and store_float_cuda with kFloat32 (nothing to do); other overlaps are not.

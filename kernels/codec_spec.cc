@@ -155,9 +155,12 @@ std::string CodecConfig::canonical() const {
     case CodecKind::kQuant:
       break;
     case CodecKind::kInt: {
-      auto real = [](double v) {
+      auto real = [](double v) {  // the shortest text that reads back as v
         char text[32];
-        std::snprintf(text, sizeof(text), "%.17g", v);
+        for (int digits = 6; digits <= 17; ++digits) {
+          std::snprintf(text, sizeof(text), "%.*g", digits, v);
+          if (std::strtod(text, nullptr) == v) break;
+        }
         return std::string(text);
       };
       return "int" + std::to_string(bits) + ":round=" + (rounding == Rounding::kStochastic ? "stochastic" : "nearest") +

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -99,6 +100,15 @@ void validate_compressed(const OpRecord& record, qcclCodec_t codec) {
     if (c.torus_rows && c.torus_rows * c.torus_cols != a.nranks)
       fail(qcclInvalidArgument, "codec '%s': a %dx%d torus has %d places but the communicator has %d ranks",
            spec.c_str(), c.torus_rows, c.torus_cols, c.torus_rows * c.torus_cols, a.nranks);
+  }
+  if (c.kind == kernels::CodecKind::kInt) {  // IntSGD
+    const std::string spec = c.canonical();
+    if (!record.state && c.alpha_mode != kernels::IntAlpha::kFixed)
+      fail(qcclInvalidArgument, "state is NULL but codec '%s' adapts its scale alpha from earlier rounds, which a "
+           "state keeps (qcclCodecStateCreate), or give a fixed alpha=A", spec.c_str());
+    if (record.state && c.alpha_mode == kernels::IntAlpha::kLr && !(record.state->intsgd().lr > 0))
+      fail(qcclInvalidUsage, "codec '%s' scales by the learning rate, but the state has none: call "
+           "qcclCodecStateSetLearningRate first", spec.c_str());
   }
   if (record.state && record.state->count() != a.count)
     fail(qcclInvalidArgument, "state holds %zu values but count = %zu (one state per tensor)", record.state->count(),
@@ -463,6 +473,14 @@ QCCL_API qcclResult_t qcclCodecStateLoad(qcclCodecState_t state, const void* buf
     require_out(state, "state");
     require_out(buffer, "buffer");
     state->state->load(buffer, bytes);
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStateSetLearningRate(qcclCodecState_t state, double lr) {
+  return api_call("qcclCodecStateSetLearningRate", [&] {
+    require_out(state, "state");
+    if (!(lr > 0) || !std::isfinite(lr)) fail(qcclInvalidArgument, "lr = %g: a learning rate is positive and finite", lr);
+    state->state->intsgd().lr = lr;
   });
 }
 

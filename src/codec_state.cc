@@ -10,11 +10,22 @@ namespace qccl {
 
 namespace {
 constexpr uint32_t kStateMagic = 0x54534351;  // "QCST"
-constexpr uint32_t kStateVersion = 1;
-constexpr size_t kHeaderBytes = 4 + 4 + 8 + 8 + 8;  // magic, version, count, step, checksum
+constexpr uint32_t kStateVersion = 2;
+// magic, version, count, step, IntSGD's r, lr and flags, checksum
+constexpr size_t kHeaderBytes = 4 + 4 + 8 + 8 + 8 + 8 + 8 + 8;
 
-uint64_t checksum(const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
+uint64_t bits_of(double v) {
+  uint64_t b;
+  std::memcpy(&b, &v, sizeof(b));
+  return b;
+}
+double double_of(uint64_t b) {
+  double v;
+  std::memcpy(&v, &b, sizeof(v));
+  return v;
+}
+
+uint64_t checksum(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull) {
   for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
   return h;
 }
@@ -52,7 +63,12 @@ void CodecState::save(void* buffer, size_t bytes) const {
   w.put<uint32_t>(kStateVersion);
   w.put<uint64_t>(residual_.size());
   w.put<uint64_t>(step_);
-  w.put<uint64_t>(checksum(residual_.data(), residual_.size() * sizeof(float)));
+  w.put<uint64_t>(bits_of(intsgd_.r));
+  w.put<uint64_t>(bits_of(intsgd_.lr));
+  w.put<uint64_t>(intsgd_.has_r ? 1 : 0);
+  // Over everything that follows the version: a flipped bit anywhere is caught.
+  w.put<uint64_t>(checksum(residual_.data(), residual_.size() * sizeof(float),
+                           checksum(w.bytes().data() + 8, w.bytes().size() - 8)));
   std::memcpy(buffer, w.bytes().data(), kHeaderBytes);
   std::memcpy(static_cast<char*>(buffer) + kHeaderBytes, residual_.data(), residual_.size() * sizeof(float));
 }
@@ -62,7 +78,12 @@ void CodecState::load(const void* buffer, size_t bytes) {
   const uint32_t magic = r.get<uint32_t>(), version = r.get<uint32_t>();
   if (magic != kStateMagic || version != kStateVersion)
     fail(qcclInvalidArgument, "buffer is not a qccl codec state checkpoint (magic 0x%08x, version %u)", magic, version);
-  const uint64_t count = r.get<uint64_t>(), step = r.get<uint64_t>(), sum = r.get<uint64_t>();
+  const uint64_t count = r.get<uint64_t>(), step = r.get<uint64_t>();
+  IntsgdMemory intsgd;
+  intsgd.r = double_of(r.get<uint64_t>());
+  intsgd.lr = double_of(r.get<uint64_t>());
+  const uint64_t flags = r.get<uint64_t>(), sum = r.get<uint64_t>();
+  intsgd.has_r = flags & 1;
   if (count != residual_.size())
     fail(qcclInvalidArgument, "checkpoint holds a state of %llu values, this state has %zu",
          static_cast<unsigned long long>(count), residual_.size());
@@ -70,9 +91,12 @@ void CodecState::load(const void* buffer, size_t bytes) {
     fail(qcclInvalidArgument, "checkpoint is truncated: %zu bytes of residual, %llu expected", r.remaining(),
          static_cast<unsigned long long>(count * sizeof(float)));
   const char* data = static_cast<const char*>(buffer) + kHeaderBytes;
-  if (checksum(data, count * sizeof(float)) != sum) fail(qcclInvalidArgument, "checkpoint checksum does not match");
+  const uint64_t scalars = checksum(static_cast<const uint8_t*>(buffer) + 8, kHeaderBytes - 16);
+  if (checksum(data, count * sizeof(float), scalars) != sum)
+    fail(qcclInvalidArgument, "checkpoint checksum does not match");
   std::memcpy(residual_.data(), data, count * sizeof(float));
   step_ = step;
+  intsgd_ = intsgd;
 }
 
 }  // namespace qccl

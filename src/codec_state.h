@@ -26,6 +26,15 @@ class StateBudget {
   std::atomic<size_t> used_{0};
 };
 
+// IntSGD's replicated scalars (int codecs): identical on every rank, since they change only through
+// results every rank shares. r is the moving average of ||x^k - x^(k-1)||^2 = eta_(k-1)^2 ||g~||^2
+// (alpha=lr) or of ||g~||^2 (alpha=grad), g~ the decoded average; lr is the caller's next eta.
+struct IntsgdMemory {
+  double r = 0;
+  bool has_r = false;  // false until a round completed with finite values: the next round is exact
+  double lr = 0;       // 0 until the caller sets it
+};
+
 class CodecState {
  public:
   CodecState(std::shared_ptr<StateBudget> budget, size_t count);
@@ -38,6 +47,7 @@ class CodecState {
   // The step of the next collective that uses this state (then incremented).
   uint64_t take_step() { return step_++; }
   uint64_t step() const { return step_; }
+  IntsgdMemory& intsgd() { return intsgd_; }
 
   size_t serialized_bytes() const;
   void save(void* buffer, size_t bytes) const;
@@ -48,6 +58,7 @@ class CodecState {
   std::shared_ptr<StateBudget> budget_;
   std::vector<float> residual_;
   uint64_t step_ = 0;
+  IntsgdMemory intsgd_;
 };
 
 }  // namespace qccl

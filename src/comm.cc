@@ -10,6 +10,7 @@
 
 #include "kernels/reduce.h"
 #include "src/errors.h"
+#include "src/intsgd_schedule.h"
 #include "src/log.h"
 
 namespace qccl {
@@ -138,6 +139,11 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     // The state's floats: the error-feedback residual, or Marsit's compensation.
     const bool keeps = args.codec->error_feedback || args.codec->kind == kernels::CodecKind::kSign;
     args.residual = keeps && record->state ? record->state->residual() : nullptr;
+    if (args.codec->kind == kernels::CodecKind::kInt) {
+      record->intsgd = std::make_unique<coll::IntsgdRound>();
+      record->intsgd_lr = record->state ? record->state->intsgd().lr : 0.0;
+      args.intsgd = record->intsgd.get();
+    }
   }
   const coll::Algorithm& algorithm = policy_.choose(args);
   coll::PlanOptions options;
@@ -199,6 +205,11 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
           std::max(0.0, last_stats_.seconds - last_stats_.encodeSeconds - last_stats_.decodeSeconds);
       if (const kernels::CodecConfig* codec = op.plan().args().codec)
         std::snprintf(last_stats_.codec, sizeof(last_stats_.codec), "%s", codec->canonical().c_str());
+      if (record.intsgd) {
+        last_stats_.intAlpha = record.intsgd->alpha;
+        last_stats_.clippedValues = op.clipped();
+        last_stats_.largestInteger = op.int_sums().max_abs;
+      }
     }
     if (record.scratch) scratch_pool_.push_back(std::move(record.scratch));
   } else if (result == qcclSuccess) {
@@ -211,11 +222,37 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
 // decodes the same bytes, so every rank reports the same count, and the communicator stays healthy.
 void Comm::finish_completed(OpRecord& record) {
   const Operation& op = *record.operation;
-  if (op.nonfinite() == 0) return finish(record, qcclSuccess, "");
+  size_t nonfinite = op.nonfinite();
+  if (record.intsgd) observe_intsgd(record, &nonfinite);
+  if (nonfinite == 0) return finish(record, qcclSuccess, "");
   finish(record, qcclNonFinite,
          format("%s: %zu output values are NaN or Inf: an input held NaN or Inf (or overflowed the codec), "
                 "and compressed collectives never turn that into finite values",
-                op.identity().header.describe().c_str(), op.nonfinite()));
+                op.identity().header.describe().c_str(), nonfinite));
+}
+
+void Comm::prepare_intsgd(OpRecord& record) {
+  const coll::CollArgs& args = record.operation->plan().args();
+  IntsgdMemory* memory = record.state ? &record.state->intsgd() : nullptr;
+  *record.intsgd = intsgd_round(*args.codec, memory, record.intsgd_lr, args.count, nranks_);
+  record.operation->set_codec_scale(record.intsgd->alpha);
+  QCCL_TRACE("%s: IntSGD %s round, alpha %.9g", record.operation->identity().header.describe().c_str(),
+             record.intsgd->exact ? "exact" : "integer", static_cast<double>(record.intsgd->alpha));
+}
+
+// Every rank holds the same result (exact round) or decoded the same sums (integer round), so every
+// rank computes the same norm and moves its memory the same way; a round with NaN or Inf teaches
+// nothing (the paper's safeguard against a skipped step corrupting alpha).
+void Comm::observe_intsgd(OpRecord& record, size_t* nonfinite) {
+  const Operation& op = *record.operation;
+  const coll::CollArgs& args = op.plan().args();
+  double mean_squares = 0;
+  if (record.intsgd->exact)
+    mean_squares = intsgd_exact_norm(args.recvbuf, args.count, args.dtype, args.op, nranks_, nonfinite);
+  else
+    mean_squares = intsgd_integer_norm(op.int_sums().squares(), record.intsgd->alpha, nranks_);
+  if (*nonfinite == 0 && record.state)
+    intsgd_observe(*args.codec, &record.state->intsgd(), record.intsgd_lr, mean_squares);
 }
 
 // ---- Driving -------------------------------------------------------------------------------------
@@ -275,6 +312,7 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       const auto& record = driving_[i];
       if (record->done.load(std::memory_order_relaxed) || waits_for_its_state(i)) continue;
       try {
+        if (record->intsgd && !record->operation->started()) prepare_intsgd(*record);
         moved |= record->operation->advance(*transport_);
         if (record->operation->finished()) finish_completed(*record);
       } catch (const Error& e) {

@@ -27,6 +27,8 @@ Operation::Operation(const coll::Algorithm& algorithm, std::unique_ptr<coll::Pla
   const size_t fragments = plan_->fragments();
   slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(depth, 1)), std::max<size_t>(fragments, 1)));
   for (size_t i = 0; i < slots_.size(); ++i) slots_[i].scratch = scratch + i * plan_->scratch_bytes();
+  const coll::CollArgs& args = plan_->args();
+  if (args.codec && args.codec->kind == kernels::CodecKind::kInt) clip_ = kernels::int_clip(args.codec->bits, args.nranks);
 }
 
 Operation::~Operation() = default;
@@ -267,6 +269,30 @@ void Operation::run_codec_step(const coll::Step& s, Slot& slot) {
         if (std::isfinite(g[i])) out[i] = 0.0f;
         else ++nonfinite_;
       }
+      break;
+    }
+    case coll::StepKind::kIntEncode: {
+      const kernels::IntEncodeReport report =
+          kernels::int_encode(codec.bits, static_cast<const float*>(s.src), s.n, s.factor,
+                              codec.rounding == kernels::Rounding::kStochastic, clip_, args.rng, s.index, s.dst);
+      clipped_ += report.clipped;
+      if (report.nonfinite) slot.tainted = true;  // never summed: the peers learn it from the key
+      bucket = &encode_seconds_;
+      break;
+    }
+    case coll::StepKind::kIntAdd: kernels::int_add(codec.bits, s.src, s.dst, s.n); break;
+    case coll::StepKind::kIntDecode: {
+      // Every rank decodes the same sums with the same taint, so every rank counts the same.
+      auto* f32 = args.dtype == kernels::DataType::kFloat32 ? out : static_cast<float*>(const_cast<void*>(s.src2));
+      if (slot.tainted) {
+        std::fill(f32, f32 + s.n, std::numeric_limits<float>::quiet_NaN());
+        nonfinite_ += s.n;
+      } else {
+        const double n = args.op == kernels::RedOp::kAvg ? args.nranks : 1;
+        kernels::int_decode(codec.bits, s.src, s.n, 1.0 / (n * static_cast<double>(s.factor)), f32);
+        kernels::int_accumulate_sums(codec.bits, s.src, s.n, &int_sums_);
+      }
+      if (f32 != out) kernels::store_float(args.dtype, f32, s.dst, s.n);
       break;
     }
     default:

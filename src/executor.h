@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "collectives/plan.h"
+#include "kernels/intsgd.h"
 #include "src/frame.h"
 #include "transports/transport.h"
 
@@ -63,6 +64,12 @@ class Operation {
   double encode_seconds() const { return encode_seconds_; }
   double decode_seconds() const { return decode_seconds_; }
   size_t nonfinite() const { return nonfinite_; }
+  // IntSGD: values this rank clipped, and the exact sums of squares and largest |S| of the sums it
+  // decoded (the same on every rank).
+  size_t clipped() const { return clipped_; }
+  const kernels::IntSums& int_sums() const { return int_sums_; }
+  // Before the operation starts: the codec scale its frame headers announce (FrameHeader::codec_scale).
+  void set_codec_scale(double scale) { identity_.header.codec_scale = identity_.expected.codec_scale = scale; }
 
  private:
   struct Transfer {
@@ -112,6 +119,9 @@ class Operation {
   double encode_seconds_ = 0;
   double decode_seconds_ = 0;
   size_t nonfinite_ = 0;
+  size_t clipped_ = 0;
+  kernels::IntSums int_sums_;
+  kernels::IntClip clip_;  // int codecs: this rank count's clip range
   Clock::time_point last_progress_;
 };
 

@@ -1,5 +1,7 @@
 #include "src/frame.h"
 
+#include <cstring>
+
 #include "src/errors.h"
 #include "src/wire.h"
 
@@ -46,6 +48,9 @@ void FrameHeader::encode(uint8_t out[kBytes]) const {
   w.put<uint64_t>(sequence);
   w.put<uint64_t>(codec_hash);
   w.put<uint64_t>(codec_step);
+  uint64_t scale_bits;
+  std::memcpy(&scale_bits, &codec_scale, sizeof(scale_bits));
+  w.put<uint64_t>(scale_bits);
   w.put<uint32_t>(0);
   std::memcpy(out, w.bytes().data(), kBytes);
 }
@@ -74,6 +79,8 @@ FrameHeader FrameHeader::decode(const uint8_t* data, size_t size, const std::str
   h.sequence = r.get<uint64_t>();
   h.codec_hash = r.get<uint64_t>();
   h.codec_step = r.get<uint64_t>();
+  const uint64_t scale_bits = r.get<uint64_t>();
+  std::memcpy(&h.codec_scale, &scale_bits, sizeof(scale_bits));
   return h;
 }
 
@@ -110,7 +117,8 @@ std::string FrameHeader::describe() const {
 std::string frame_mismatch(const FrameHeader& expected, const FrameHeader& theirs) {
   if (expected.kind == theirs.kind && expected.dtype == theirs.dtype && expected.op == theirs.op &&
       expected.root == theirs.root && expected.count == theirs.count && expected.sequence == theirs.sequence &&
-      expected.codec_hash == theirs.codec_hash && expected.codec_step == theirs.codec_step)
+      expected.codec_hash == theirs.codec_hash && expected.codec_step == theirs.codec_step &&
+      std::memcmp(&expected.codec_scale, &theirs.codec_scale, sizeof(double)) == 0)
     return std::string();
   // On the receiving end of a point-to-point pair the expectation is written as a Send; say Recv.
   std::string mine = expected.describe();
@@ -119,6 +127,10 @@ std::string frame_mismatch(const FrameHeader& expected, const FrameHeader& their
   if (expected.codec_step != theirs.codec_step && expected.codec_hash == theirs.codec_hash)
     text += " (their codec states are at different steps: every rank must pass its own state for the same tensor, "
             "restored from the same checkpoint)";
+  else if (expected.codec_step == theirs.codec_step && expected.codec_hash == theirs.codec_hash)
+    text += format(" with the shared scale alpha = %.17g, but this rank's is %.17g (the codec states diverged: the "
+                   "ranks passed different learning rates, or restored different checkpoints)",
+                   theirs.codec_scale, expected.codec_scale);
   return text;
 }
 

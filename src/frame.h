@@ -4,7 +4,7 @@
 //
 // How it travels. Every payload message carries a compact header in its transport key: the
 // collective's sequence number (15 bits) and a 12-bit fingerprint of the fields below; a receive
-// accepts any fingerprint and checks it on arrival. The full 56-byte header is sent once per link
+// accepts any fingerprint and checks it on arrival. The full 64-byte header is sent once per link
 // per collective, ahead of the payload on the same connection, and checked before any payload from
 // that peer is used. The payload itself therefore lands zero-copy in the user's buffer (UCX's
 // rendezvous reads it straight from the sender), which a header glued in front of each chunk would
@@ -21,8 +21,8 @@ namespace qccl {
 
 struct FrameHeader {
   static constexpr uint32_t kMagic = 0x46434351;  // "QCCF"
-  static constexpr uint16_t kVersion = 2;
-  static constexpr size_t kBytes = 56;
+  static constexpr uint16_t kVersion = 3;
+  static constexpr size_t kBytes = 64;
 
   coll::CollKind kind = coll::CollKind::kAllReduce;  // Send for both ends of a point-to-point pair
   kernels::DataType dtype = kernels::DataType::kFloat32;
@@ -32,6 +32,9 @@ struct FrameHeader {
   uint64_t sequence = 0;
   uint64_t codec_hash = 0;  // 0: uncompressed
   uint64_t codec_step = 0;  // the codec state's step (Marsit's t): ranks whose steps differ fail
+  // The scale every rank must share (IntSGD's alpha; 0 for other codecs): it depends on replicated
+  // state only, so a difference means the states diverged (and the integer sums would be garbage).
+  double codec_scale = 0;
   int32_t sender = -1;
 
   // What rank `args.rank` sends for these arguments (a Recv expects the matching Send's header).

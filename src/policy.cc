@@ -126,10 +126,14 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes) : min_bytes_
     } catch (const kernels::CodecSpecError& e) {
       fail(qcclInvalidArgument, "QCCL_CODEC: %s", e.what());
     }
-    if (codec->error_feedback || codec->kind == kernels::CodecKind::kSign)
+    const bool adaptive_int = codec->kind == kernels::CodecKind::kInt && codec->alpha_mode != kernels::IntAlpha::kFixed;
+    if (codec->error_feedback || codec->kind == kernels::CodecKind::kSign || adaptive_int)
       fail(qcclInvalidArgument, "QCCL_CODEC: '%s': %s needs a codec state; use qcclAllReduceCompressed with a "
-           "state from qcclCodecStateCreate", codec_spec.c_str(),
-           codec->error_feedback ? "error feedback" : "Marsit (its compensation)");
+           "state from qcclCodecStateCreate%s", codec_spec.c_str(),
+           codec->error_feedback                 ? "error feedback"
+           : codec->kind == kernels::CodecKind::kSign ? "Marsit (its compensation)"
+                                                      : "IntSGD's adaptive alpha (its moving average)",
+           adaptive_int ? ", or give a fixed alpha=A" : "");
     for (kernels::DataType t : types) by_type_[t] = codec;
   }
 }

@@ -87,6 +87,10 @@ double error_bound(const Job& job) {
       break;
     case kernels::CodecKind::kSign:
       FAIL("the sign codec runs Marsit (allreduce_marsit_test.cc)");
+      break;
+    case kernels::CodecKind::kInt:
+      FAIL("the int codecs run IntSGD (allreduce_intsgd_test.cc)");
+      break;
   }
   const int n = job.n;
   double ranges = 0, magnitudes = 0;  // sums over the encodes an element goes through

@@ -1,0 +1,162 @@
+// IntSGD's all-reduce (Mishchenko et al., ICLR 2022, Algorithm 1; ../shared/specs/intsgd.md): a
+// pipelined ring reduce-scatter that adds wire integers without decoding, then a ring allgather of
+// the owners' sums, which every rank decodes once: S / (n alpha) for an average, S / alpha for a sum.
+//
+// Per fragment (piece f of every segment), this rank first encodes its integers for every segment;
+// reduce-scatter step k then sends its running sum of segment r-k-1 and receives the previous rank's
+// running sum of segment r-k-2, which it adds to its own integers there. After n-1 steps it holds
+// segment r's sum S over all ranks. Allgather step k forwards the sum of segment r-k and receives
+// (and decodes) that of segment r-k-1.
+//
+// The sum is exact: every rank clips its integers so that any n of them add up inside the wire type,
+// and the additions wrap (int_codec.h), so S, and the decoded values, are the same bits on every rank
+// whatever the rank order, the chunk size or the pipeline depth (and equal the aggregator's).
+// Each value is encoded exactly once, keyed by (seed, step, rank, element): the ranks' rounding
+// errors are independent, as Lemma 1's variance bound d / (4 n alpha^2) for the average needs.
+//
+// The state's first round (no moving average yet) is exact instead: the float ring all-reduce of
+// allreduce_ring.cc on recvbuf, whose result seeds the moving average (IntsgdRound::exact).
+//
+// Wire bytes per rank: b/8 * sum over k of |seg(r-k-1)| + |seg(r-k)|, 2(n-1)/n * b/8 * D when n
+// divides D (b = 8, 16, 32); an exact round sends es instead of b/8 per value.
+#include "collectives/algorithms.h"
+#include "collectives/ring.h"
+
+namespace qccl::coll {
+
+namespace {
+
+class AllReduceIntsgd final : public Plan {
+ public:
+  AllReduceIntsgd(const CollArgs& args, const PlanOptions& options)
+      : Plan(args), ring_{args.rank, args.nranks}, segments_{args.count, args.nranks},
+        // A chunk is chunk_bytes of float32 input, in both kinds of round (same fragments).
+        chunk_(chunk_elements(options.chunk_bytes, sizeof(float), segments_.max_size())),
+        wire_(static_cast<size_t>(args.codec->bits / 8)) {}
+
+  size_t fragments() const override { return ceil_div(segments_.max_size(), chunk_); }
+  // Integer round: a wire buffer per segment, one for the incoming running sum, and a float buffer
+  // (staging for non-float32 data). The exact round uses the first chunk * es bytes.
+  size_t scratch_bytes() const override {
+    return static_cast<size_t>(ring_.n + 1) * wire_stride() + chunk_ * sizeof(float);
+  }
+
+  void build(size_t f, std::byte* scratch, Program& p) const override {
+    p.clear();
+    if (args_.intsgd->exact) return build_exact(f, scratch, p);
+    const int n = ring_.n;
+    const float alpha = args_.intsgd->alpha;
+    const auto total = static_cast<uint32_t>(fragments());
+    const size_t es = args_.element_size();
+    // wire(s): this rank's integers for segment s's piece, then the running sum it forwards, then
+    // (allgather) the sum of segment s.
+    auto wire = [&](int segment) { return scratch + static_cast<size_t>(segment) * wire_stride(); };
+    std::byte* incoming = wire(n);
+    auto* staging = reinterpret_cast<float*>(scratch + static_cast<size_t>(n + 1) * wire_stride());
+    auto part = [&](int segment) { return piece(segments_.size(segment), chunk_, f); };
+    auto at = [&](int segment) { return segments_.begin(segment) + part(segment).offset; };
+    auto bytes = [&](int segment) { return part(segment).count * wire_; };
+    auto msg = [&](int step) { return static_cast<uint32_t>(step) * total + static_cast<uint32_t>(f); };
+
+    // Every contribution is encoded before the first send, so that a NaN anywhere in the fragment
+    // taints this rank's first message: the taint then reaches every rank within n - 1 hops, before
+    // any of them decodes (the allgather comes after n - 1 reduce-scatter hops).
+    for (int s = 0; s < n; ++s) {
+      const size_t begin = at(s), count = part(s).count;
+      const void* in = static_cast<const char*>(args_.sendbuf) + begin * es;
+      const float* x = static_cast<const float*>(in);
+      if (args_.dtype != DataType::kFloat32) p.load(staging, in, count), x = staging;
+      p.int_encode(wire(s), x, count, begin, alpha);
+    }
+    for (int k = 0; k < n - 1; ++k) {  // reduce-scatter
+      const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
+      p.recv(0, ring_.prev(), msg(k), incoming, bytes(s_recv));
+      p.send(1, ring_.next(), msg(k), wire(s_send), bytes(s_send));
+      p.wait(0);
+      p.int_add(wire(s_recv), incoming, part(s_recv).count);
+      p.wait(1);
+    }
+    auto decode = [&](int segment) {
+      p.int_decode(static_cast<char*>(args_.recvbuf) + at(segment) * es, wire(segment), part(segment).count, alpha,
+                   staging);
+    };
+    decode(ring_.rank);
+    for (int k = 0; k < n - 1; ++k) {  // allgather: forward the sum of segment r-k, receive r-k-1's
+      const int s_send = ring_.at(-k), s_recv = ring_.at(-k - 1);
+      p.recv(0, ring_.prev(), msg(n - 1 + k), wire(s_recv), bytes(s_recv));
+      p.send(1, ring_.next(), msg(n - 1 + k), wire(s_send), bytes(s_send));
+      p.wait(0);
+      decode(s_recv);
+      p.wait(1);
+    }
+  }
+
+  void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
+    if (ring_.n < 2) return;
+    send_to->push_back(ring_.next());
+    recv_from->push_back(ring_.prev());
+  }
+
+  uint64_t wire_bytes_sent() const override {
+    return ring_elements() * (args_.intsgd->exact ? args_.element_size() : wire_);
+  }
+  uint64_t raw_wire_bytes() const override { return ring_elements() * args_.element_size(); }
+
+ private:
+  // The exact round: allreduce_ring.cc's reduce-scatter and allgather, in place on recvbuf.
+  void build_exact(size_t f, std::byte* scratch, Program& p) const {
+    const int n = ring_.n;
+    const size_t es = args_.element_size();
+    const auto total = static_cast<uint32_t>(fragments());
+    const auto* in = static_cast<const char*>(args_.sendbuf);
+    auto* out = static_cast<char*>(args_.recvbuf);
+    auto part = [&](int segment) { return piece(segments_.size(segment), chunk_, f); };
+    auto at = [&](int segment) { return (segments_.begin(segment) + part(segment).offset) * es; };
+    auto bytes = [&](int segment) { return part(segment).count * es; };
+    auto msg = [&](int step) { return static_cast<uint32_t>(step) * total + static_cast<uint32_t>(f); };
+    for (int s = 0; s < n; ++s) p.copy(out + at(s), in + at(s), bytes(s));
+    for (int k = 0; k < n - 1; ++k) {
+      const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
+      p.recv(0, ring_.prev(), msg(k), scratch, bytes(s_recv));
+      p.send(1, ring_.next(), msg(k), out + at(s_send), bytes(s_send));
+      p.wait(0);
+      p.reduce(out + at(s_recv), scratch, out + at(s_recv), part(s_recv).count);
+      p.wait(1);
+    }
+    p.average(out + at(ring_.rank), part(ring_.rank).count);
+    for (int k = 0; k < n - 1; ++k) {
+      const int s_send = ring_.at(-k), s_recv = ring_.at(-k - 1);
+      p.recv(0, ring_.prev(), msg(n - 1 + k), out + at(s_recv), bytes(s_recv));
+      p.send(1, ring_.next(), msg(n - 1 + k), out + at(s_send), bytes(s_send));
+      p.wait(0);
+      p.wait(1);
+    }
+  }
+
+  size_t wire_stride() const { return (chunk_ * wire_ + 63) / 64 * 64; }
+
+  uint64_t ring_elements() const {
+    uint64_t elements = 0;
+    for (int k = 0; k < ring_.n - 1; ++k) elements += segments_.size(ring_.at(-k - 1)) + segments_.size(ring_.at(-k));
+    return elements;
+  }
+
+  Ring ring_;
+  Segments segments_;
+  size_t chunk_;
+  size_t wire_;  // bytes per wire integer
+};
+
+}  // namespace
+
+const char* allreduce_intsgd_cannot_run(const CollArgs& args) {
+  if (!args.codec || args.codec->kind != kernels::CodecKind::kInt) return "IntSGD runs the int8, int16, int32 codecs only";
+  if (!args.intsgd) return "IntSGD needs its round (an internal error if a call gets here)";
+  return nullptr;  // one rank too: its integers are encoded and decoded like everyone's
+}
+
+std::unique_ptr<Plan> make_allreduce_intsgd(const CollArgs& args, const PlanOptions& options) {
+  return std::make_unique<AllReduceIntsgd>(args, options);
+}
+
+}  // namespace qccl::coll
