@@ -124,6 +124,29 @@ TEST_CASE("Marsit states at different steps: every rank fails with qcclMismatch 
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
 }
 
+TEST_CASE("IntSGD states with different learning rates: every rank fails with qcclMismatch naming alpha",
+          "[intsgd-alpha]") {
+  Job job;
+  warm_up(job);
+  qcclCodec_t codec = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate("int8:alpha=lr", &codec));
+  const size_t count = 5000;
+  qcclCodecState_t state = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(job.comm, count, &state));
+  QCCL_REQUIRE_OK(qcclCodecStateSetLearningRate(state, 0.1));
+  std::vector<float> x(count, 0.5f), g(count);
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclAvg, codec, state, job.comm));
+  // Rank 1 passes another learning rate: its alpha differs, and integers under different scales
+  // would add up to garbage. The frame headers carry alpha, so the call fails instead.
+  if (job.rank == 1) QCCL_REQUIRE_OK(qcclCodecStateSetLearningRate(state, 0.2));
+  qcclResult_t result = qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclAvg, codec, state, job.comm);
+  CHECK(result == qcclMismatch);
+  CHECK_THAT(last_error(), Catch::Contains("shared scale alpha") && Catch::Contains("codec states diverged"));
+  qcclCodecStateDestroy(state);
+  qcclCodecDestroy(codec);
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
 TEST_CASE("a peer that dies between collectives fails the others with qcclRemoteError", "[dead-peer]") {
   Job job;
   warm_up(job);

@@ -1,0 +1,229 @@
+// IntSGD through the C API on real processes (qcclrun, 1..8 ranks): the first round is exact, later
+// rounds are integers under an alpha that is the same bits on every rank and follows Proposition 2
+// through a learning-rate schedule with a 10x drop; results are the same bits everywhere and within
+// 1/alpha of the average; non-blocking rounds on one state equal blocking ones (alpha depends on the
+// previous result); a checkpoint replays a round; NaN is reported everywhere and teaches alpha
+// nothing; bfloat16 data; bad arguments are refused before anything is sent.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "kernels/half.h"
+#include "kernels/int_codec.h"
+#include "tests/ranks/rank_test_util.h"
+
+namespace qccl::test {
+namespace {
+
+struct Codec {
+  qcclCodec_t handle = nullptr;
+  explicit Codec(const std::string& spec) { QCCL_REQUIRE_OK(qcclCodecCreate(spec.c_str(), &handle)); }
+  ~Codec() { qcclCodecDestroy(handle); }
+};
+
+struct State {
+  qcclCodecState_t handle = nullptr;
+  State(qcclComm_t comm, size_t count) { QCCL_REQUIRE_OK(qcclCodecStateCreate(comm, count, &handle)); }
+  ~State() { qcclCodecStateDestroy(handle); }
+};
+
+template <class T>
+void require_same_everywhere(const T* data, size_t bytes) {
+  World& w = World::get();
+  uint64_t h = hash_bytes(data, bytes);
+  std::vector<uint64_t> all(w.size());
+  QCCL_REQUIRE_OK(qcclAllGather(&h, all.data(), 1, qcclUint64, w.comm()));
+  for (uint64_t other : all) REQUIRE(other == h);
+}
+
+double gradient(int rank, size_t i, int step) {
+  return 0.3 * std::sin(0.37 * static_cast<double>(i) + 1.1 * rank + 0.5 * step) / (1.0 + 0.2 * step);
+}
+
+qcclStats_t last_stats() {
+  qcclStats_t stats{};
+  stats.size = sizeof(stats);
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(World::get().comm(), &stats));
+  return stats;
+}
+
+}  // namespace
+
+TEST_CASE("IntSGD: exact first round, then integers under one alpha that follows Proposition 2", "[intsgd]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 20011;
+  for (const char* mode : {"lr", "grad"}) {
+    for (int bits : {8, 32}) {
+      const std::string spec = "int" + std::to_string(bits) + ":alpha=" + mode + ",seed=3";
+      INFO(spec);
+      Codec codec(spec);
+      State state(w.comm(), count);
+      std::vector<float> x(count), g(count);
+      double r = 0, lr_before = 0;
+      for (int step = 0; step < 8; ++step) {
+        INFO("step " << step);
+        const double lr = step < 5 ? 0.5 : 0.05;  // a 10x drop
+        QCCL_REQUIRE_OK(qcclCodecStateSetLearningRate(state.handle, lr));
+        for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(gradient(w.rank(), i, step));
+        QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclAvg, codec.handle,
+                                                state.handle, w.comm()));
+        const qcclStats_t stats = last_stats();
+        require_same_everywhere(g.data(), count * sizeof(float));
+        require_same_everywhere(&stats.intAlpha, sizeof(double));
+        require_same_everywhere(&stats.largestInteger, sizeof(uint64_t));
+        const double eta = std::string(mode) == "lr" ? lr : 1.0;
+        if (step == 0) {
+          CHECK(stats.intAlpha == 0);  // exact
+          if (n > 1) CHECK(stats.compressionRatio == 1.0);
+        } else {
+          // alpha from the moving average of the previous steps, rounded to float32.
+          const double expect = std::sqrt(static_cast<double>(count)) / std::sqrt(2.0 * n * r / (eta * eta) + 1e-16);
+          CHECK(stats.intAlpha == Approx(static_cast<float>(expect)).epsilon(1e-5));
+          if (n > 1) CHECK(stats.compressionRatio == Approx(32.0 / bits));
+          CHECK(stats.largestInteger > 0);
+          const kernels::IntClip clip = kernels::int_clip(bits, n);
+          CHECK(stats.largestInteger <= static_cast<uint64_t>(-int64_t{n} * clip.lo));
+          if (stats.clippedValues == 0)
+            for (size_t i = 0; i < count; ++i) {
+              double mean = 0;
+              for (int q = 0; q < n; ++q) mean += static_cast<float>(gradient(q, i, step));
+              REQUIRE(std::abs(g[i] - mean / n) <= 1.0 / stats.intAlpha + 1e-6);
+            }
+        }
+        // The moving average as Proposition 2 has it, from this round's (shared) average.
+        double squares = 0;
+        for (float v : g) squares += static_cast<double>(v) * v;
+        const double v = (std::string(mode) == "lr" ? lr * lr : 1.0) * squares;
+        r = step == 0 ? v : 0.9 * r + 0.1 * v;
+        lr_before = lr;
+      }
+      (void)lr_before;
+    }
+  }
+}
+
+TEST_CASE("IntSGD: non-blocking rounds on one state equal blocking ones; a checkpoint replays a round", "[intsgd]") {
+  World& w = World::get();
+  const size_t count = 5003;
+  Codec codec("int8:seed=7");
+  State state(w.comm(), count);
+  size_t bytes = 0;
+  QCCL_REQUIRE_OK(qcclCodecStateSize(state.handle, &bytes));
+  std::vector<uint8_t> start(bytes);
+  QCCL_REQUIRE_OK(qcclCodecStateSave(state.handle, start.data(), bytes));
+  const int rounds = 4;
+  std::vector<std::vector<float>> x(rounds, std::vector<float>(count)), blocking = x, overlapped = x;
+  for (int t = 0; t < rounds; ++t)
+    for (size_t i = 0; i < count; ++i) x[t][i] = static_cast<float>(gradient(w.rank(), i, t));
+  for (int t = 0; t < rounds; ++t)
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(x[t].data(), blocking[t].data(), count, qcclFloat32, qcclAvg,
+                                            codec.handle, state.handle, w.comm()));
+  QCCL_REQUIRE_OK(qcclCodecStateLoad(state.handle, start.data(), bytes));
+  std::vector<qcclRequest_t> requests(rounds);
+  for (int t = 0; t < rounds; ++t)
+    QCCL_REQUIRE_OK(qcclIAllReduceCompressed(x[t].data(), overlapped[t].data(), count, qcclFloat32, qcclAvg,
+                                             codec.handle, state.handle, w.comm(), &requests[t]));
+  for (qcclRequest_t& r : requests) QCCL_REQUIRE_OK(qcclWait(&r));
+  for (int t = 0; t < rounds; ++t) CHECK(overlapped[t] == blocking[t]);
+
+  // Replay: save after the rounds, run one more, restore, run it again.
+  std::vector<uint8_t> checkpoint(bytes);
+  QCCL_REQUIRE_OK(qcclCodecStateSave(state.handle, checkpoint.data(), bytes));
+  std::vector<float> g(count), again(count);
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x[0].data(), g.data(), count, qcclFloat32, qcclAvg, codec.handle,
+                                          state.handle, w.comm()));
+  const double alpha = last_stats().intAlpha;
+  QCCL_REQUIRE_OK(qcclCodecStateLoad(state.handle, checkpoint.data(), bytes));
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x[0].data(), again.data(), count, qcclFloat32, qcclAvg, codec.handle,
+                                          state.handle, w.comm()));
+  CHECK(last_stats().intAlpha == alpha);
+  CHECK(std::memcmp(g.data(), again.data(), count * sizeof(float)) == 0);
+  // A corrupted checkpoint is refused.
+  checkpoint[20] ^= 1;
+  CHECK(qcclCodecStateLoad(state.handle, checkpoint.data(), bytes) == qcclInvalidArgument);
+}
+
+TEST_CASE("IntSGD: NaN is qcclNonFinite on every rank and leaves alpha's moving average alone", "[intsgd]") {
+  World& w = World::get();
+  const size_t count = 4000;
+  Codec codec("int16:seed=1");
+  State state(w.comm(), count);
+  std::vector<float> x(count), g(count);
+  for (int step = 0; step < 2; ++step) {
+    for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(gradient(w.rank(), i, step));
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclAvg, codec.handle,
+                                            state.handle, w.comm()));
+  }
+  if (w.rank() == w.size() - 1) x[1234] = NAN;
+  CHECK(qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclAvg, codec.handle, state.handle,
+                                w.comm()) == qcclNonFinite);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("NaN or Inf"));
+  CHECK(std::isnan(g[1234]));
+  const double alpha_nan = last_stats().intAlpha;
+  x[1234] = 0.1f;
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclAvg, codec.handle, state.handle,
+                                          w.comm()));
+  CHECK(last_stats().intAlpha == alpha_nan);  // the NaN round did not move r
+  for (float v : g) REQUIRE(std::isfinite(v));
+}
+
+TEST_CASE("IntSGD: bfloat16 and float16 data, sums and fixed alpha without a state", "[intsgd]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 3001;
+  Codec codec("int32:alpha=4096,round=nearest");
+  std::vector<uint16_t> x(count), g(count);
+  std::vector<float> xf(count), gf(count);
+  for (qcclDataType_t type : {qcclBfloat16, qcclFloat16}) {
+    for (size_t i = 0; i < count; ++i) {
+      xf[i] = static_cast<float>(gradient(w.rank(), i, 0));
+      x[i] = type == qcclBfloat16 ? qccl::kernels::float_to_bf16(xf[i]) : qccl::kernels::float_to_half(xf[i]);
+    }
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), g.data(), count, type, qcclSum, codec.handle, nullptr, w.comm()));
+    require_same_everywhere(g.data(), count * sizeof(uint16_t));
+    for (size_t i = 0; i < count; ++i) {
+      double sum = 0;
+      for (int q = 0; q < n; ++q) {
+        const float v = static_cast<float>(gradient(q, i, 0));
+        sum += type == qcclBfloat16 ? qccl::kernels::bf16_to_float(qccl::kernels::float_to_bf16(v))
+                                    : qccl::kernels::half_to_float(qccl::kernels::float_to_half(v));
+      }
+      const float got = type == qcclBfloat16 ? qccl::kernels::bf16_to_float(g[i]) : qccl::kernels::half_to_float(g[i]);
+      // n values within 1/(2 alpha) each, then the cast of the result (half an ulp: 2^-9 or 2^-12 relative).
+      REQUIRE(std::abs(got - sum) <= n * 0.5 / 4096 + std::abs(sum) * (type == qcclBfloat16 ? 0x1p-8 : 0x1p-11) + 1e-6);
+    }
+  }
+}
+
+TEST_CASE("IntSGD: bad arguments are refused before anything is sent", "[intsgd]") {
+  World& w = World::get();
+  auto refused = [](qcclResult_t result, qcclResult_t code, const std::string& needle) {
+    CHECK(result == code);
+    CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains(needle));
+  };
+  Codec adaptive("int8"), by_lr("int8:alpha=lr");
+  State state(w.comm(), 64);
+  std::vector<float> x(64, 1.0f), g(64);
+  std::vector<int32_t> ints(64);
+  refused(qcclAllReduceCompressed(x.data(), g.data(), 64, qcclFloat32, qcclAvg, adaptive.handle, nullptr, w.comm()),
+          qcclInvalidArgument, "fixed alpha=A");
+  refused(qcclAllReduceCompressed(x.data(), g.data(), 64, qcclFloat32, qcclAvg, by_lr.handle, state.handle, w.comm()),
+          qcclInvalidUsage, "qcclCodecStateSetLearningRate");
+  refused(qcclCodecStateSetLearningRate(state.handle, -1.0), qcclInvalidArgument, "lr = -1");
+  refused(qcclCodecStateSetLearningRate(state.handle, NAN), qcclInvalidArgument, "lr = nan");
+  refused(qcclAllReduceCompressed(x.data(), g.data(), 64, qcclFloat32, qcclMax, adaptive.handle, state.handle, w.comm()),
+          qcclInvalidArgument, "sums or averages");
+  refused(qcclAllReduceCompressed(ints.data(), ints.data(), 64, qcclInt32, qcclSum, adaptive.handle, state.handle,
+                                  w.comm()),
+          qcclInvalidArgument, "datatype");
+  qcclCodec_t none = nullptr;
+  refused(qcclCodecCreate("int8:beta=1.5", &none), qcclInvalidArgument, "beta=1.5");
+  // Nothing was sent and no state moved: the next round is everyone's exact round 0.
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), g.data(), 64, qcclFloat32, qcclAvg, adaptive.handle, state.handle,
+                                          w.comm()));
+  for (float v : g) REQUIRE(v == 1.0f);
+  CHECK(last_stats().intAlpha == 0);
+}
+
+}  // namespace qccl::test
