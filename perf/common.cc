@@ -343,7 +343,8 @@ class Bench {
   std::vector<std::pair<std::string, qcclCodec_t>> codecs_;  // --codec
   qcclCodec_t codec_ = nullptr;                               // the sweep's codec, or none
   bool sign_codec_ = false;                                   // it is Marsit's (it needs a state)
-  mutable std::map<size_t, qcclCodecState_t> states_;         // Marsit: one state per count
+  bool int_codec_ = false;                                    // it is IntSGD's (alpha adapts in a state)
+  mutable std::map<size_t, qcclCodecState_t> states_;         // Marsit, IntSGD: one state per count
   uint64_t check_seed_ = 0;
   int failed_cells_ = 0;
   double bw_sum_ = 0;
@@ -422,6 +423,11 @@ void Bench::run() {
     for (const auto& [spec, codec] : codecs) {
       codec_ = codec;
       sign_codec_ = spec.rfind("sign", 0) == 0;
+      int_codec_ = spec.rfind("int", 0) == 0;
+      if (!states_.empty()) {  // a state belongs to one codec
+        for (auto& st : states_) qcclCodecStateDestroy(st.second);
+        states_.clear();
+      }
       if (codec && printer()) std::printf("# codec %s\n", spec.c_str());
       int sweeps = 0;
       for (int t = 0; t < qcclNumTypes; ++t) {
@@ -565,9 +571,14 @@ Call Bench::make_call(const Shape& s, bool in_place, int iter) const {
   if (in_place) recv += s.counts.recv_in_place * size_t(rank_) * es;
   const auto op = static_cast<qcclRedOp_t>(s.op == Pattern::kCopy ? qcclSum : s.op);
   Call call{send, recv, s.counts.param, s.type->type, op, s.root, rank_, nranks_, comm_, codec_};
-  if (sign_codec_ && s.counts.param > 0) {  // Marsit keeps its compensation in a state of the tensor's size
+  // Marsit keeps its compensation in a state of the tensor's size, IntSGD its moving average (its first
+  // round, the untimed one, is exact; the timed ones are integers).
+  if ((sign_codec_ || int_codec_) && s.counts.param > 0) {
     qcclCodecState_t& state = states_[s.counts.param];
-    if (!state) check(qcclCodecStateCreate(comm_, s.counts.param, &state), "qcclCodecStateCreate");
+    if (!state) {
+      check(qcclCodecStateCreate(comm_, s.counts.param, &state), "qcclCodecStateCreate");
+      if (int_codec_) check(qcclCodecStateSetLearningRate(state, 1.0), "qcclCodecStateSetLearningRate");
+    }
     call.state = state;
   }
   return call;

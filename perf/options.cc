@@ -211,7 +211,14 @@ OPTIONS
                              #wrong is then N/A, as a lossy result is not exact). Marsit's sign
                              codec (sign:eta_s=E,...) runs float32 avg only, with one codec state
                              per size; its relerr is N/A (it estimates the average of the signs),
-                             and its rounds follow k= (k=0: sign rounds only). Default: off
+                             and its rounds follow k= (k=0: sign rounds only). IntSGD's codecs
+                             (int8, int16, int32) also keep one state per size: the untimed first
+                             call is their exact round, the timed ones are integer rounds under
+                             the adaptive alpha (alpha=lr runs with learning rate 1). Their relerr
+                             is what Proposition 2 asks for: the rounding noise is of the order of
+                             the average itself (about 0.7), and more where the timed in-place
+                             rounds grew the values the state learned alpha from; a fixed alpha=A
+                             shows the codec's own precision. Default: off
         --link-rate RATE     the rate of each rank's link, in tc(8) units (100mbit, 1gbit, 10gbit;
                              "bps" = bytes/s), e.g. the RATE of qcclrun --netem: adds two columns to
                              each half of the table, the wire floor (the time the busbw definition
