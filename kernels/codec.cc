@@ -308,6 +308,17 @@ size_t decode_accumulate(const CodecConfig& c, const void* in, size_t count, flo
     for (size_t j = 0; j < count; ++j) acc[j] += sign_value(words[j / 32], static_cast<unsigned>(j % 32), c.eta);
     return 0;
   }
+  if (c.kind == CodecKind::kInt) {
+    const double scale = 1.0 / standalone_alpha(c);
+    const auto* bytes = static_cast<const char*>(in);
+    float tile[256];
+    for (size_t j = 0; j < count; j += 256) {
+      const size_t n = std::min<size_t>(256, count - j);
+      int_decode(c.bits, bytes + j * static_cast<size_t>(c.bits / 8), n, scale, tile);
+      for (size_t i = 0; i < n; ++i) acc[j + i] += tile[i];
+    }
+    return 0;
+  }
   return HWY_DYNAMIC_DISPATCH(DecodeImpl)(c, in, count, acc, true);
 }
 

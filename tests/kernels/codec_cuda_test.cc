@@ -22,6 +22,7 @@
 #include "kernels/codec.h"
 #include "kernels/codec_cuda.h"
 #include "kernels/convert.h"
+#include "kernels/intsgd.h"
 #include "kernels/marsit.h"
 #include "kernels/reduce.h"
 #include "kernels/sign.h"
@@ -173,6 +174,8 @@ std::vector<std::string> all_specs() {
       for (int bucket : {8, 24, 512})
         specs.push_back("q" + std::to_string(bits) + ":bucket=" + std::to_string(bucket) + ",round=" + round +
                         ",seed=11");
+  for (const char* spec : {"int8:seed=11", "int16:alpha=3.5,seed=11", "int32:alpha=1000,round=nearest"})
+    specs.push_back(spec);
   return specs;
 }
 
@@ -199,7 +202,10 @@ TEST_CASE("encode_cuda, decode_cuda and decode_accumulate_cuda match the host la
                     << (kc.misaligned ? ", misaligned" : ""));
           ++runs;
           // Misaligned: floats off 16 bytes, a q codec's bytes off any boundary, 16-bit codes off 4.
-          const size_t enc_offset = codec.kind == CodecKind::kQuant ? 1 : codec.kind == CodecKind::kNone ? 4 : 2;
+          const size_t enc_offset = codec.kind == CodecKind::kQuant  ? 1
+                                    : codec.kind == CodecKind::kNone ? 4
+                                    : codec.kind == CodecKind::kInt  ? static_cast<size_t>(codec.bits / 8)
+                                                                     : 2;
           float* in = reinterpret_cast<float*>(d_in.get()) + (kc.misaligned ? 1 : 0);
           uint8_t* enc = d_enc.get() + (kc.misaligned ? enc_offset : 0);
           float* out = reinterpret_cast<float*>(d_out.get() + (kc.misaligned ? 4 : 0));
@@ -332,6 +338,52 @@ TEST_CASE("Marsit's sign launchers match marsit.h bit for bit", "[sign][cuda]") 
     ok(cudaMemcpy(c_dev.data(), dc, n * 4, cudaMemcpyDeviceToHost));
     CHECK(first_difference(g.data(), g_dev.data(), n, false) == "");
     CHECK(first_difference(c.data(), c_dev.data(), n, true) == "");
+  }
+}
+
+TEST_CASE("IntSGD's launchers match intsgd.h bit for bit, clips and non-finite counts included", "[intsgd][cuda]") {
+  for (int bits : {8, 16, 32}) {
+    for (size_t n : {size_t{1}, size_t{255}, size_t{4099}, size_t{100003}}) {
+      INFO("int" << bits << " n " << n);
+      std::mt19937 rng(static_cast<uint32_t>(n + bits));
+      std::normal_distribution<float> normal(0.0f, 40.0f);
+      std::vector<float> x(n);
+      for (float& v : x) v = normal(rng);
+      if (n > 9) x[3] = NAN, x[5] = INFINITY, x[9] = 3e38f;
+      const size_t wb = static_cast<size_t>(bits / 8);
+      const IntClip clip = int_clip(bits, 5);
+      const PhiloxKey key{7, 2, 3, 0};
+      const DeviceBytes d_x(n * 4), d_m(n * wb), d_acc(n * wb), d_out(n * 4), d_count(16);
+      auto* counters = reinterpret_cast<unsigned long long*>(d_count.get());
+      ok(cudaMemcpy(d_x.get(), x.data(), n * 4, cudaMemcpyHostToDevice));
+      ok(cudaMemset(counters, 0, 16));
+      for (bool stochastic : {true, false}) {
+        std::vector<uint8_t> m(n * wb), dev(n * wb);
+        const IntEncodeReport report = int_encode(bits, x.data(), n, 1.7f, stochastic, clip, key, 77, m.data());
+        ok(cudaMemset(counters, 0, 16));
+        ok(int_encode_cuda(bits, reinterpret_cast<const float*>(d_x.get()), n, 1.7f, stochastic, clip, key, 77,
+                           d_m.get(), counters, counters + 1, nullptr));
+        ok(cudaMemcpy(dev.data(), d_m.get(), n * wb, cudaMemcpyDeviceToHost));
+        unsigned long long counts[2] = {};
+        ok(cudaMemcpy(counts, counters, 16, cudaMemcpyDeviceToHost));
+        CHECK(dev == m);
+        CHECK(counts[0] == report.clipped);
+        CHECK(counts[1] == report.nonfinite);
+        // Wrapping adds, then the decode of the sums.
+        std::vector<uint8_t> acc(n * wb);
+        for (auto& b : acc) b = static_cast<uint8_t>(rng());
+        ok(cudaMemcpy(d_acc.get(), acc.data(), n * wb, cudaMemcpyHostToDevice));
+        int_add(bits, m.data(), acc.data(), n);
+        ok(int_add_cuda(bits, d_m.get(), d_acc.get(), n, nullptr));
+        ok(cudaMemcpy(dev.data(), d_acc.get(), n * wb, cudaMemcpyDeviceToHost));
+        CHECK(dev == acc);
+        std::vector<float> out(n), out_dev(n);
+        int_decode(bits, acc.data(), n, 1.0 / (5 * 1.7), out.data());
+        ok(int_decode_cuda(bits, d_acc.get(), n, 1.0 / (5 * 1.7), reinterpret_cast<float*>(d_out.get()), nullptr));
+        ok(cudaMemcpy(out_dev.data(), d_out.get(), n * 4, cudaMemcpyDeviceToHost));
+        CHECK(first_difference(out.data(), out_dev.data(), n, false) == "");
+      }
+    }
   }
 }
 

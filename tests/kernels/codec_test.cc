@@ -869,7 +869,8 @@ TEST_CASE("decode_accumulate is acc + decode bit for bit", "[codec][accumulate]"
   with_nan[100] = NAN;
   const std::vector<float> inputs[] = {awkward(3000, 5), with_nan};
   for (const char* s :
-       {"none", "fp16", "bf16", "q1", "q2:bucket=24", "q4", "q5:round=stochastic", "q8", "q8:bucket=8"}) {
+       {"none", "fp16", "bf16", "q1", "q2:bucket=24", "q4", "q5:round=stochastic", "q8", "q8:bucket=8", "int8",
+        "int16:alpha=3.5", "int32:alpha=1000,round=nearest"}) {
     const CodecConfig c = spec(s);
     for (const std::vector<float>& in : inputs) {
       INFO(s << " count " << in.size());
