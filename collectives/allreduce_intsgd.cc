@@ -20,7 +20,7 @@
 // Wire bytes per rank: b/8 * sum over k of |seg(r-k-1)| + |seg(r-k)|, 2(n-1)/n * b/8 * D when n
 // divides D (b = 8, 16, 32); an exact round sends es instead of b/8 per value.
 #include "collectives/algorithms.h"
-#include "collectives/ring.h"
+#include "collectives/intsgd.h"
 
 namespace qccl::coll {
 
@@ -43,7 +43,7 @@ class AllReduceIntsgd final : public Plan {
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
-    if (args_.intsgd->exact) return build_exact(f, scratch, p);
+    if (args_.intsgd->exact) return build_intsgd_exact(args_, ring_, segments_, chunk_, fragments(), f, scratch, p);
     const int n = ring_.n;
     const float alpha = args_.intsgd->alpha;
     const auto total = static_cast<uint32_t>(fragments());
@@ -103,43 +103,9 @@ class AllReduceIntsgd final : public Plan {
   uint64_t raw_wire_bytes() const override { return ring_elements() * args_.element_size(); }
 
  private:
-  // The exact round: allreduce_ring.cc's reduce-scatter and allgather, in place on recvbuf.
-  void build_exact(size_t f, std::byte* scratch, Program& p) const {
-    const int n = ring_.n;
-    const size_t es = args_.element_size();
-    const auto total = static_cast<uint32_t>(fragments());
-    const auto* in = static_cast<const char*>(args_.sendbuf);
-    auto* out = static_cast<char*>(args_.recvbuf);
-    auto part = [&](int segment) { return piece(segments_.size(segment), chunk_, f); };
-    auto at = [&](int segment) { return (segments_.begin(segment) + part(segment).offset) * es; };
-    auto bytes = [&](int segment) { return part(segment).count * es; };
-    auto msg = [&](int step) { return static_cast<uint32_t>(step) * total + static_cast<uint32_t>(f); };
-    for (int s = 0; s < n; ++s) p.copy(out + at(s), in + at(s), bytes(s));
-    for (int k = 0; k < n - 1; ++k) {
-      const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
-      p.recv(0, ring_.prev(), msg(k), scratch, bytes(s_recv));
-      p.send(1, ring_.next(), msg(k), out + at(s_send), bytes(s_send));
-      p.wait(0);
-      p.reduce(out + at(s_recv), scratch, out + at(s_recv), part(s_recv).count);
-      p.wait(1);
-    }
-    p.average(out + at(ring_.rank), part(ring_.rank).count);
-    for (int k = 0; k < n - 1; ++k) {
-      const int s_send = ring_.at(-k), s_recv = ring_.at(-k - 1);
-      p.recv(0, ring_.prev(), msg(n - 1 + k), out + at(s_recv), bytes(s_recv));
-      p.send(1, ring_.next(), msg(n - 1 + k), out + at(s_send), bytes(s_send));
-      p.wait(0);
-      p.wait(1);
-    }
-  }
-
   size_t wire_stride() const { return (chunk_ * wire_ + 63) / 64 * 64; }
 
-  uint64_t ring_elements() const {
-    uint64_t elements = 0;
-    for (int k = 0; k < ring_.n - 1; ++k) elements += segments_.size(ring_.at(-k - 1)) + segments_.size(ring_.at(-k));
-    return elements;
-  }
+  uint64_t ring_elements() const { return intsgd_ring_elements(ring_, segments_); }
 
   Ring ring_;
   Segments segments_;
@@ -149,8 +115,44 @@ class AllReduceIntsgd final : public Plan {
 
 }  // namespace
 
+void build_intsgd_exact(const CollArgs& args, const Ring& ring, const Segments& segments, size_t chunk,
+                        size_t total, size_t f, std::byte* scratch, Program& p) {
+  const int n = ring.n;
+  const size_t es = args.element_size();
+  const auto* in = static_cast<const char*>(args.sendbuf);
+  auto* out = static_cast<char*>(args.recvbuf);
+  auto part = [&](int segment) { return piece(segments.size(segment), chunk, f); };
+  auto at = [&](int segment) { return (segments.begin(segment) + part(segment).offset) * es; };
+  auto bytes = [&](int segment) { return part(segment).count * es; };
+  auto msg = [&](int step) { return static_cast<uint32_t>(step * total + f); };
+  for (int s = 0; s < n; ++s) p.copy(out + at(s), in + at(s), bytes(s));
+  for (int k = 0; k < n - 1; ++k) {
+    const int s_send = ring.at(-k - 1), s_recv = ring.at(-k - 2);
+    p.recv(0, ring.prev(), msg(k), scratch, bytes(s_recv));
+    p.send(1, ring.next(), msg(k), out + at(s_send), bytes(s_send));
+    p.wait(0);
+    p.reduce(out + at(s_recv), scratch, out + at(s_recv), part(s_recv).count);
+    p.wait(1);
+  }
+  p.average(out + at(ring.rank), part(ring.rank).count);
+  for (int k = 0; k < n - 1; ++k) {
+    const int s_send = ring.at(-k), s_recv = ring.at(-k - 1);
+    p.recv(0, ring.prev(), msg(n - 1 + k), out + at(s_recv), bytes(s_recv));
+    p.send(1, ring.next(), msg(n - 1 + k), out + at(s_send), bytes(s_send));
+    p.wait(0);
+    p.wait(1);
+  }
+}
+
+uint64_t intsgd_ring_elements(const Ring& ring, const Segments& segments) {
+  uint64_t elements = 0;
+  for (int k = 0; k < ring.n - 1; ++k) elements += segments.size(ring.at(-k - 1)) + segments.size(ring.at(-k));
+  return elements;
+}
+
 const char* allreduce_intsgd_cannot_run(const CollArgs& args) {
   if (!args.codec || args.codec->kind != kernels::CodecKind::kInt) return "IntSGD runs the int8, int16, int32 codecs only";
+  if (args.codec->switch_aggregation) return "agg=switch runs intsgd_switch";
   if (!args.intsgd) return "IntSGD needs its round (an internal error if a call gets here)";
   return nullptr;  // one rank too: its integers are encoded and decoded like everyone's
 }

@@ -62,6 +62,9 @@ struct CollArgs {
   // The int codecs only: the round, owned by the call's record, filled in before the plan's first
   // fragment is built.
   const IntsgdRound* intsgd = nullptr;
+  // Aggregator processes the communicator reached (QCCL_AGGREGATORS): transport peers nranks ..
+  // nranks + aggregators - 1, for the int codecs' agg=switch.
+  int aggregators = 0;
 
   size_t element_size() const { return kernels::element_size(dtype); }
   // The largest buffer this rank touches, in bytes (what algorithm thresholds look at).
@@ -93,6 +96,7 @@ enum class StepKind : uint8_t {
   kIntAdd,     // dst (wire) += src (wire), wrapping
   kIntDecode,  // dst (datatype) = src (wire) / (n alpha) (avg) or / alpha (sum), alpha = factor, through
                // src2 (float scratch) unless float32; the exact sums of squares and largest |S| add up
+  kChunkHeader,  // dst (8 bytes) = the SwitchChunkHeader (collectives/intsgd.h) of n wire values
 };
 
 struct Step {
@@ -188,6 +192,8 @@ class Program {
     push(StepKind::kIntDecode, dst, src, scratch, count);
     steps_.back().factor = alpha;
   }
+
+  void chunk_header(void* dst, size_t count) { push(StepKind::kChunkHeader, dst, nullptr, nullptr, count); }
 
   const std::vector<Step>& steps() const { return steps_; }
 

@@ -60,6 +60,11 @@ const std::vector<Algorithm>& algorithms() {
        "int codecs (IntSGD): integers under a shared scale, added without decoding along a ring reduce-scatter, "
        "ring allgather of the sums (exact, order-independent); the first round exact in float",
        "2(n-1)/n*(b/8)*D (exact round: 2(n-1)/n*S)", kAny, allreduce_intsgd_cannot_run, make_allreduce_intsgd},
+      {"intsgd_switch", CollKind::kAllReduce,
+       "int codecs with agg=switch (IntSGD after SwitchML): integer chunks streamed to aggregator processes, which "
+       "add them in slots and send the sums back; the first round exact along a ring",
+       "(b/8)*D + 8 per chunk (exact round: 2(n-1)/n*S)", kAny, allreduce_intsgd_switch_cannot_run,
+       make_allreduce_intsgd_switch},
 
       {"binomial", CollKind::kBroadcast, "binomial tree from the root; ceil(log2 n) rounds", "children*S", 64 * 1024,
        broadcast_binomial_cannot_run, make_broadcast_binomial},

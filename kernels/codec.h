@@ -15,7 +15,9 @@
 // topology=ring|torus:RxC (default ring); for int8, int16, int32: round=stochastic|nearest (default
 // stochastic), alpha=grad|lr|A (the scale: adaptive from the decoded sums, adaptive from the learning
 // rate the caller sets, or the fixed A; default grad), beta=B (moving average, [0, 1), default 0.9),
-// eps=E (> 0, default 1e-8), alpha0=A (the first step's scale; default: the first step is exact).
+// eps=E (> 0, default 1e-8), alpha0=A (the first step's scale; default: the first step is exact),
+// agg=ring|switch (who adds the integers: the ranks along a ring, or aggregator processes that play
+// an in-network switch; default ring).
 // Unknown names, keys or values are errors that name the token.
 //
 // The encoded size is a pure function of the count and the spec (encoded_bytes), never of the data.
@@ -64,6 +66,7 @@ struct CodecConfig {
   double alpha0 = 0;  // > 0: step 0 is an integer round with this scale; 0: step 0 is exact
   double beta = 0.9;
   double eps = 1e-8;
+  bool switch_aggregation = false;  // agg=switch: summed by aggregator processes, not along a ring
 
   // Canonical text ("q4:bucket=512,round=stochastic,ef=on,seed=7"): what hash() digests.
   std::string canonical() const;

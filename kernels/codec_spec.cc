@@ -121,6 +121,13 @@ CodecConfig parse_codec_spec(const std::string& spec) {
       if (!(c.beta < 1)) bad(spec, "'" + token + "': beta is in [0, 1)");
     } else if (c.kind == CodecKind::kInt && key == "eps") {
       c.eps = parse_real(spec, key, value);
+    } else if (c.kind == CodecKind::kInt && key == "agg") {
+      if (value == "ring")
+        c.switch_aggregation = false;
+      else if (value == "switch")
+        c.switch_aggregation = true;
+      else
+        bad(spec, "'" + token + "': agg is ring or switch");
     } else if (key == "ef") {
       if (c.kind == CodecKind::kInt) bad(spec, "'" + token + "': IntSGD needs no error feedback (no ef)");
       if (c.kind == CodecKind::kSign) bad(spec, "'" + token + "': sign keeps its own compensation (no ef)");
@@ -135,7 +142,7 @@ CodecConfig parse_codec_spec(const std::string& spec) {
     } else {
       bad(spec, "unknown key '" + key + "' (" +
                     (c.kind == CodecKind::kSign  ? "eta_s, k, topology, seed"
-                     : c.kind == CodecKind::kInt ? "round, alpha, alpha0, beta, eps, seed"
+                     : c.kind == CodecKind::kInt ? "round, alpha, alpha0, beta, eps, agg, seed"
                                                  : "bucket, round, ef, seed") +
                     ")");
     }
@@ -166,7 +173,7 @@ std::string CodecConfig::canonical() const {
       return "int" + std::to_string(bits) + ":round=" + (rounding == Rounding::kStochastic ? "stochastic" : "nearest") +
              ",alpha=" + (alpha_mode == IntAlpha::kGrad ? "grad" : alpha_mode == IntAlpha::kLr ? "lr" : real(alpha)) +
              (alpha0 > 0 ? ",alpha0=" + real(alpha0) : "") + ",beta=" + real(beta) + ",eps=" + real(eps) +
-             ",seed=" + std::to_string(seed);
+             (switch_aggregation ? ",agg=switch" : "") + ",seed=" + std::to_string(seed);
     }
     case CodecKind::kSign: {
       char eta_text[32];

@@ -75,7 +75,7 @@ uint64_t random_magic() {
 }
 
 // The checks a compressed call adds to validate_call's.
-void validate_compressed(const OpRecord& record, qcclCodec_t codec) {
+void validate_compressed(const OpRecord& record, qcclCodec_t codec, int aggregators) {
   const coll::CollArgs& a = record.args;
   if (!codec || !codec->config) fail(qcclInvalidArgument, "codec is NULL (make one with qcclCodecCreate)");
   if (!kernels::codec_input_type(a.dtype))
@@ -109,6 +109,10 @@ void validate_compressed(const OpRecord& record, qcclCodec_t codec) {
     if (record.state && c.alpha_mode == kernels::IntAlpha::kLr && !(record.state->intsgd().lr > 0))
       fail(qcclInvalidUsage, "codec '%s' scales by the learning rate, but the state has none: call "
            "qcclCodecStateSetLearningRate first", spec.c_str());
+    if (c.switch_aggregation && aggregators == 0)
+      fail(qcclInvalidUsage, "codec '%s' sums through aggregator processes, but this communicator has none: start "
+           "them (qcclrun --aggregators K, or qccl_aggregator) and set QCCL_AGGREGATORS before creating it",
+           spec.c_str());
   }
   if (record.state && record.state->count() != a.count)
     fail(qcclInvalidArgument, "state holds %zu values but count = %zu (one state per tensor)", record.state->count(),
@@ -124,7 +128,7 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
   record->comm = comm->impl;
   if (compressed) {
     if (state) record->state = state->state;
-    validate_compressed(*record, codec);
+    validate_compressed(*record, codec, c.aggregators());
     record->codec = codec->config;
     record->args.codec = record->codec.get();
   }

@@ -89,6 +89,21 @@ void Comm::join(const BootstrapId& id) {
   std::vector<std::vector<uint8_t>> addresses;
   for (const PeerInfo& p : peers_) addresses.push_back(p.transport_address);
   transport_->connect(addresses);
+  if (!config_.aggregators.empty()) {
+    // IntSGD's aggregators: transport peers nranks .. nranks + K - 1. A rank sends them at most a
+    // chunk of int32 (chunk_bytes of float32 input) behind its 8-byte header.
+    AggregatorHello hello;
+    hello.job = id.magic;
+    hello.rank = rank_;
+    hello.nranks = nranks_;
+    hello.max_message = config_.chunk_bytes + 64;
+    hello.address = transport_->address();
+    aggregator_links_ = register_with_aggregators(config_.aggregators, hello, deadline);
+    for (size_t k = 0; k < aggregator_links_.size(); ++k) {
+      transport_->connect_peer(nranks_ + static_cast<int>(k), aggregator_links_[k].address);
+      names_.push_back(aggregator_links_[k].name);
+    }
+  }
   progress_thread_ = std::thread([this] { progress_thread_main(); });
   control_->barrier(deadline);
 
@@ -100,6 +115,7 @@ void Comm::join(const BootstrapId& id) {
             config_.pipeline_depth, config_.timeout_seconds);
   QCCL_INFO("algorithms %s", policy_.describe().c_str());
   QCCL_INFO("compression of plain all-reduce calls (QCCL_CODEC): %s", codec_policy_.describe().c_str());
+  if (!aggregator_links_.empty()) QCCL_INFO("IntSGD aggregators (QCCL_AGGREGATORS): %s", config_.aggregators.c_str());
 }
 
 Comm::~Comm() {
@@ -140,6 +156,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     const bool keeps = args.codec->error_feedback || args.codec->kind == kernels::CodecKind::kSign;
     args.residual = keeps && record->state ? record->state->residual() : nullptr;
     if (args.codec->kind == kernels::CodecKind::kInt) {
+      args.aggregators = aggregators();
       record->intsgd = std::make_unique<coll::IntsgdRound>();
       record->intsgd_lr = record->state ? record->state->intsgd().lr : 0.0;
       args.intsgd = record->intsgd.get();

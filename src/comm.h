@@ -22,6 +22,7 @@
 
 #include "collectives/plan.h"
 #include "include/qccl.h"
+#include "src/aggregator.h"
 #include "src/bootstrap.h"
 #include "src/codec_state.h"
 #include "src/config.h"
@@ -80,6 +81,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   qcclResult_t health(std::string* message) const;
   void last_stats(qcclStats_t* out) const;
   const std::shared_ptr<StateBudget>& state_budget() const { return state_budget_; }
+  // IntSGD's aggregator processes this communicator registered with (QCCL_AGGREGATORS).
+  int aggregators() const { return static_cast<int>(aggregator_links_.size()); }
 
  private:
   Comm(int rank, int nranks, const Config& config);
@@ -113,7 +116,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   const std::shared_ptr<StateBudget> state_budget_;
   LocalTopology topology_;
   std::vector<PeerInfo> peers_;
-  std::vector<std::string> names_;  // "rank 3 (host:pid)"
+  std::vector<AggregatorLink> aggregator_links_;  // kept open: closing them ends the job at the aggregators
+  std::vector<std::string> names_;  // "rank 3 (host:pid)", then "aggregator 0 (host:port)"
   bool oversubscribed_ = false;      // more ranks on this host than CPUs: spinning yields
 
   std::unique_ptr<transport::UcxTransport> transport_;

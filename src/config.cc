@@ -20,7 +20,8 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_SOCKET_IFNAME", "unset (first non-loopback IPv4)", "interface whose address the bootstrap listens on and advertises"},
       {"QCCL_CODEC", "unset (no compression)", "compress plain qcclAllReduce calls (sum/avg of float, half, bfloat16): a codec spec such as q8 for all three, or TYPE=SPEC;TYPE=SPEC per datatype"},
       {"QCCL_CODEC_MIN_BYTES", "1048576", "QCCL_CODEC compresses only all-reduces of at least this many bytes"},
-      {"QCCL_CODEC_STATE_BUDGET", "4294967296", "bytes of codec state (error-feedback residuals) one communicator may hold"},
+      {"QCCL_CODEC_STATE_BUDGET", "4294967296", "bytes of codec state (error-feedback residuals, Marsit compensations, IntSGD states) one communicator may hold"},
+      {"QCCL_AGGREGATORS", "unset (none)", "host:port,... of IntSGD's aggregator processes (qccl_aggregator; set by qcclrun --aggregators K): every communicator registers with them, and the int codecs' agg=switch sums through them"},
       {"QCCL_RANK", "unset", "this process's rank, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_NRANKS", "unset", "number of ranks, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_ROOT", "unset", "host:port where rank 0 runs the bootstrap root, for qcclCommInitEnv (set by qcclrun)"},
@@ -99,6 +100,7 @@ Config Config::resolve(const qcclConfig_t* overrides) {
   if (const char* v = env("QCCL_CODEC")) c.codec = v;
   if (const char* v = env("QCCL_CODEC_MIN_BYTES")) c.codec_min_bytes = parse_size("QCCL_CODEC_MIN_BYTES", v);
   if (const char* v = env("QCCL_CODEC_STATE_BUDGET")) c.codec_state_budget = parse_size("QCCL_CODEC_STATE_BUDGET", v);
+  if (const char* v = env("QCCL_AGGREGATORS")) c.aggregators = v;
 
   if (!overrides) return c;
   if (overrides->magic != QCCL_CONFIG_MAGIC)

@@ -29,6 +29,7 @@ struct Config {
   std::string codec;               // QCCL_CODEC: compress plain AllReduce calls (CodecPolicy)
   size_t codec_min_bytes = 1 << 20;  // QCCL_CODEC_MIN_BYTES
   size_t codec_state_budget = size_t{4} << 30;  // QCCL_CODEC_STATE_BUDGET
+  std::string aggregators;         // QCCL_AGGREGATORS: host:port,... of IntSGD's aggregator processes
 
   // Environment first, then the fields of `overrides` that are set (overrides may be null).
   // Throws Error(qcclInvalidArgument) naming the variable or field and its value.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "collectives/intsgd.h"
 #include "kernels/codec.h"
 #include "kernels/convert.h"
 #include "kernels/marsit.h"
@@ -293,6 +294,13 @@ void Operation::run_codec_step(const coll::Step& s, Slot& slot) {
         kernels::int_accumulate_sums(codec.bits, s.src, s.n, &int_sums_);
       }
       if (f32 != out) kernels::store_float(args.dtype, f32, s.dst, s.n);
+      break;
+    }
+    case coll::StepKind::kChunkHeader: {
+      coll::SwitchChunkHeader header;
+      header.bits = static_cast<uint8_t>(codec.bits);
+      header.count = static_cast<uint32_t>(s.n);
+      header.encode(s.dst);
       break;
     }
     default:

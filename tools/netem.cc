@@ -281,6 +281,10 @@ std::string Netem::build(const std::function<bool()>& interrupted) {
   return interrupted() ? "interrupted" : "";
 }
 
+std::string Netem::add_aggregator(int k) {
+  return ip_cmd({"-n", hub_netns(), "addr", "add", aggregator_ip(k) + "/16", "dev", kBridge});
+}
+
 void Netem::teardown() {
   // Deleting a rank's namespace destroys its veth pair; deleting the hub destroys the bridge.
   while (!created_.empty()) {

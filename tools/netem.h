@@ -62,6 +62,14 @@ class Netem {
   std::string rank_netns_path(int rank) const { return "/var/run/netns/" + rank_netns(rank); }
   std::string rank_ifname(int rank) const { return "veth" + std::to_string(rank); }
   std::string rank_ip(int rank) const;
+  // IntSGD's aggregators live in the hub namespace, on the bridge itself: their traffic is shaped
+  // only by the ranks' links, as a switch's backplane would not be. add_aggregator gives the bridge
+  // aggregator k's address (k < 250).
+  std::string add_aggregator(int k);
+  std::string aggregator_ip(int k) const { return "10.99.255." + std::to_string(250 - k); }
+  std::string hub_netns_name() const { return hub_netns(); }
+  std::string hub_netns_path() const { return "/var/run/netns/" + hub_netns(); }
+  static constexpr const char* kBridgeName = "br0";
   std::string describe() const;  // the network, for --verbose
 
  private:

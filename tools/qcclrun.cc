@@ -94,6 +94,12 @@ OPTIONS
                         (see NETWORK EMULATION). RATE uses tc(8) units: 500kbit, 100mbit, 1gbit,
                         10gbit; "bps" means bytes per second (10mbps = 80mbit); a bare number is bit/s.
                         Needs root. Default: no emulation, ranks share the host's network.
+    --aggregators K     Also start K IntSGD aggregators (qccl_aggregator, found next to qcclrun) and
+                        give every rank QCCL_AGGREGATORS, so that the int codecs' agg=switch sums
+                        through them (0 to 64; default 0). They listen on 127.0.0.1, or with --netem
+                        on the bridge itself (10.99.255.250 - k, port 29600 + k), unshaped like a
+                        switch's backplane: only the ranks' own links limit what they exchange. They
+                        are stopped when the ranks have exited.
     --cleanup           Only delete network namespaces left behind by qcclrun jobs that no longer run
                         (e.g. after kill -9), then exit. Needs root.
     -v, --verbose       Print the network being built, every ip/tc command, and each rank's pid and
@@ -154,6 +160,7 @@ struct Options {
   double grace_s = 2.0;
   double timeout_s = 0;  // 0: no limit
   uint64_t netem_bits = 0;  // 0: no --netem
+  int aggregators = 0;      // --aggregators K
   bool verbose = false;
   bool cleanup_only = false;
   std::vector<std::string> program;  // PROGRAM ARGS...
@@ -235,6 +242,8 @@ Options parse_options(int argc, char** argv) {
       if (!qccl::tools::parse_rate(rate, &o.netem_bits))
         usage_error("invalid rate '" + rate + "' for --netem (expected a tc rate of at least 1kbit, "
                     "e.g. 100mbit, 1gbit, 10mbps)");
+    } else if (name == "--aggregators") {
+      o.aggregators = static_cast<int>(parse_int(name, value(), 0, 64));
     } else if (name == "--cleanup") {
       flag();
       o.cleanup_only = true;
@@ -405,9 +414,13 @@ struct Rank {
 
 class Job {
  public:
-  Job(const Options& o, const Netem* netem, int sigfd, std::string root, std::string magic)
+  // helpers: processes that serve the ranks (aggregators), stopped once every rank has exited;
+  // aggregators: their addresses for QCCL_AGGREGATORS (empty: none).
+  Job(const Options& o, const Netem* netem, int sigfd, std::string root, std::string magic,
+      std::vector<pid_t> helpers = {}, std::string aggregators = "")
       : opts_(o), netem_(netem), sigfd_(sigfd), root_(std::move(root)), magic_(std::move(magic)),
-        output_(o.nranks, o.prefix), ranks_(o.nranks) {}
+        helpers_(std::move(helpers)), aggregators_(std::move(aggregators)), output_(o.nranks, o.prefix),
+        ranks_(o.nranks) {}
 
   // Runs the job to the end and returns qcclrun's exit status.
   int run() {
@@ -439,6 +452,7 @@ class Job {
           output_.close_stream(r, ranks_[r].err);
         }
     }
+    for (pid_t helper : helpers_) kill(-helper, SIGTERM);  // reaped below, with the ranks' leftovers
     reap_leftovers(now_s() + kDrainSeconds);
     return exit_code_;
   }
@@ -456,6 +470,7 @@ class Job {
         {"QCCL_ROOT", root_},
         {"QCCL_MAGIC", magic_},
     };
+    if (!aggregators_.empty()) set.push_back({"QCCL_AGGREGATORS", aggregators_});
     if (netem_) {
       // Without UCX_TLS, UCX reaches the other ranks through shared memory and ignores the shaping.
       set.push_back({"UCX_TLS", "tcp,self"});
@@ -596,9 +611,14 @@ class Job {
   void reap() {
     int status;
     pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
       for (int r = 0; r < opts_.nranks; r++)
         if (ranks_[r].pid == pid && !ranks_[r].reaped) on_rank_exit(r, status);
+      // An aggregator that dies leaves the ranks waiting for sums: say so (they fail at QCCL_TIMEOUT).
+      for (size_t k = 0; k < helpers_.size(); k++)
+        if (helpers_[k] == pid && phase_ == Phase::kRunning)
+          fprintf(stderr, "qcclrun: aggregator %zu (pid %d) exited while the ranks run\n", k, pid);
+    }
   }
 
   void on_rank_exit(int r, int status) {
@@ -649,12 +669,87 @@ class Job {
   const Netem* netem_;
   int sigfd_;
   std::string root_, magic_;
+  std::vector<pid_t> helpers_;
+  std::string aggregators_;
   Output output_;
   std::vector<Rank> ranks_;
   Phase phase_ = Phase::kRunning;
   int exit_code_ = 0;
   double kill_at_ = kNever;
 };
+
+// Starts IntSGD's aggregator k (qccl_aggregator, next to this executable) in its own process group,
+// in the hub namespace with --netem; *address is where it listens. Returns its pid, or -1 after
+// printing why it cannot start.
+pid_t start_aggregator(int k, const Netem* netem, bool verbose, std::string* address) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(".");
+  dir = dir.substr(0, dir.rfind('/'));
+  const std::string program = dir + "/qccl_aggregator";
+  if (access(program.c_str(), X_OK) != 0) {
+    fprintf(stderr, "qcclrun: --aggregators: cannot run %s: %s\n", program.c_str(), strerror(errno));
+    return -1;
+  }
+  if (netem) {
+    std::string err = const_cast<Netem*>(netem)->add_aggregator(k);
+    if (!err.empty()) {
+      fprintf(stderr, "qcclrun: --aggregators: %s\n", err.c_str());
+      return -1;
+    }
+    *address = netem->aggregator_ip(k) + ":" + std::to_string(29600 + k);
+  } else {
+    *address = "127.0.0.1:" + std::to_string(find_free_port());
+  }
+  std::vector<std::string> env;
+  for (char** e = environ; *e; e++) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    if (!netem || (name != "UCX_TLS" && name != "UCX_NET_DEVICES")) env.push_back(entry);
+  }
+  if (netem) {  // the ranks reach it over tcp through the bridge
+    env.push_back("UCX_TLS=tcp,self");
+    env.push_back(std::string("UCX_NET_DEVICES=") + Netem::kBridgeName);
+  }
+  std::vector<std::string> args = {program, "--listen", *address};
+  if (verbose) args.push_back("--verbose");
+  std::vector<char*> cargv, cenv;
+  for (auto& a : args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  for (auto& e : env) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
+  const std::string ns_path = netem ? netem->hub_netns_path() : "", ns_name = netem ? netem->hub_netns_name() : "";
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(kExitCannotRun);
+    int devnull = open("/dev/null", O_RDONLY);
+    dup2(devnull, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    if (netem) {
+      std::string e = qccl::tools::enter_netns(ns_path.c_str(), ns_name.c_str());
+      if (!e.empty()) {
+        dprintf(2, "qcclrun: cannot enter network namespace %s: %s\n", ns_name.c_str(), e.c_str());
+        _exit(kExitCannotRun);
+      }
+    }
+    execve(cargv[0], cargv.data(), cenv.data());
+    dprintf(2, "qcclrun: cannot execute '%s': %s\n", cargv[0], strerror(errno));
+    _exit(kExitCannotRun);
+  }
+  if (pid < 0) {
+    fprintf(stderr, "qcclrun: cannot start aggregator %d: fork: %s\n", k, strerror(errno));
+    return -1;
+  }
+  setpgid(pid, pid);
+  if (verbose) fprintf(stderr, "qcclrun: aggregator %d: pid %d, %s\n", k, pid, address->c_str());
+  return pid;
+}
 
 // The termination signal waiting in the blocked set, or 0.
 int pending_termination_signal() {
@@ -728,9 +823,23 @@ int main(int argc, char** argv) {
     }
   }
 
+  std::vector<pid_t> helpers;
+  std::string aggregators;
+  for (int k = 0; k < opts.aggregators; ++k) {
+    std::string address;
+    const pid_t pid = start_aggregator(k, netem.get(), opts.verbose, &address);
+    if (pid < 0) {
+      for (pid_t h : helpers) kill(-h, SIGKILL), waitpid(h, nullptr, 0);
+      netem.reset();
+      return kExitLauncherError;
+    }
+    helpers.push_back(pid);
+    aggregators += (k ? "," : "") + address;
+  }
+
   int port = opts.root_port ? opts.root_port : netem ? kNetemDefaultRootPort : find_free_port();
   std::string root = (netem ? netem->rank_ip(0) : "127.0.0.1") + ":" + std::to_string(port);
-  int status = Job(opts, netem.get(), sigfd, root, random_magic()).run();
+  int status = Job(opts, netem.get(), sigfd, root, random_magic(), helpers, aggregators).run();
   netem.reset();  // deletes the namespaces, now that no rank is left in them
   return status;
 }

@@ -136,15 +136,20 @@ void UcxTransport::connect(const std::vector<std::vector<uint8_t>>& addresses) {
   if (static_cast<int>(addresses.size()) != nranks_)
     fail(qcclInternalError, "UcxTransport::connect: %zu addresses for %d ranks", addresses.size(), nranks_);
   endpoints_.assign(nranks_, nullptr);
-  for (int peer = 0; peer < nranks_; ++peer) {
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    params.address = reinterpret_cast<const ucp_address_t*>(addresses[peer].data());
-    params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    ucs_status_t status = ucp_ep_create(worker_, &params, &endpoints_[peer]);
-    if (status != UCS_OK)
-      fail(qcclSystemError, "UCX ucp_ep_create to rank %d failed: %s", peer, ucs_status_string(status));
-  }
+  for (int peer = 0; peer < nranks_; ++peer)
+    if (!addresses[peer].empty()) connect_peer(peer, addresses[peer]);
+}
+
+void UcxTransport::connect_peer(int peer, const std::vector<uint8_t>& address) {
+  if (peer < 0 || peer >= kMaxRanks) fail(qcclInternalError, "UcxTransport::connect_peer: peer %d", peer);
+  if (static_cast<size_t>(peer) >= endpoints_.size()) endpoints_.resize(static_cast<size_t>(peer) + 1, nullptr);
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+  ucs_status_t status = ucp_ep_create(worker_, &params, &endpoints_[peer]);
+  if (status != UCS_OK)
+    fail(qcclSystemError, "UCX ucp_ep_create to peer %d failed: %s", peer, ucs_status_string(status));
 }
 
 Handle UcxTransport::isend(int peer, Key key, const void* buf, size_t bytes) {
@@ -231,7 +236,7 @@ std::string UcxTransport::describe() const {
   // "lane[0]:  3:sysv/memory.0 md[2] ..." and we collect the distinct "name/device" tokens.
   std::set<std::string> lanes;
   for (int peer = 0; peer < nranks_; ++peer) {
-    if (peer == rank_ && nranks_ > 1) continue;
+    if ((peer == rank_ && nranks_ > 1) || static_cast<size_t>(peer) >= endpoints_.size() || !endpoints_[peer]) continue;
     char* text = nullptr;
     size_t size = 0;
     FILE* stream = open_memstream(&text, &size);

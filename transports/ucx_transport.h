@@ -30,8 +30,12 @@ class UcxTransport final : public Transport {
 
   // This worker's address, to be exchanged through the bootstrap.
   const std::vector<uint8_t>& address() const { return address_; }
-  // Creates an endpoint to every rank from their addresses (addresses[rank] is ours).
+  // Creates an endpoint to every rank from their addresses (addresses[rank] is ours; an empty
+  // address leaves that peer unconnected).
   void connect(const std::vector<std::vector<uint8_t>>& addresses);
+  // Connects one more peer, numbered `peer` (>= the ranks: IntSGD's aggregators), whose worker
+  // announces itself with that number as its sender rank.
+  void connect_peer(int peer, const std::vector<uint8_t>& address);
 
   Handle isend(int peer, Key key, const void* buf, size_t bytes) override;
   Handle irecv(int peer, Key key, Key ignore, void* buf, size_t bytes) override;

@@ -5,6 +5,7 @@
 // previous result); a checkpoint replays a round; NaN is reported everywhere and teaches alpha
 // nothing; bfloat16 data; bad arguments are refused before anything is sent.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -219,11 +220,76 @@ TEST_CASE("IntSGD: bad arguments are refused before anything is sent", "[intsgd]
           qcclInvalidArgument, "datatype");
   qcclCodec_t none = nullptr;
   refused(qcclCodecCreate("int8:beta=1.5", &none), qcclInvalidArgument, "beta=1.5");
+  if (!std::getenv("QCCL_AGGREGATORS")) {
+    Codec switched("int8:agg=switch");
+    refused(qcclAllReduceCompressed(x.data(), g.data(), 64, qcclFloat32, qcclAvg, switched.handle, state.handle,
+                                    w.comm()),
+            qcclInvalidUsage, "qcclrun --aggregators K");
+  }
   // Nothing was sent and no state moved: the next round is everyone's exact round 0.
   QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), g.data(), 64, qcclFloat32, qcclAvg, adaptive.handle, state.handle,
                                           w.comm()));
   for (float v : g) REQUIRE(v == 1.0f);
   CHECK(last_stats().intAlpha == 0);
+}
+
+// ---- agg=switch: run under qcclrun --aggregators K ------------------------------------------------
+
+TEST_CASE("IntSGD through aggregators: the same bits as the ring, round after round", "[switch]") {
+  REQUIRE(std::getenv("QCCL_AGGREGATORS") != nullptr);
+  World& w = World::get();
+  const size_t count = 300007;  // several chunks per aggregator
+  for (const char* base : {"int8:seed=5", "int16:alpha=lr,seed=6", "int32:alpha=2000,round=nearest"}) {
+    INFO(base);
+    Codec ring(base), switched(std::string(base) + ",agg=switch");
+    State ring_state(w.comm(), count), switch_state(w.comm(), count);
+    QCCL_REQUIRE_OK(qcclCodecStateSetLearningRate(ring_state.handle, 0.1));
+    QCCL_REQUIRE_OK(qcclCodecStateSetLearningRate(switch_state.handle, 0.1));
+    std::vector<float> x(count), by_ring(count), by_switch(count);
+    for (int step = 0; step < 4; ++step) {
+      INFO("step " << step);
+      for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(gradient(w.rank(), i, step));
+      QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), by_ring.data(), count, qcclFloat32, qcclAvg, ring.handle,
+                                              ring_state.handle, w.comm()));
+      const qcclStats_t ring_stats = last_stats();
+      QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), by_switch.data(), count, qcclFloat32, qcclAvg,
+                                              switched.handle, switch_state.handle, w.comm()));
+      const qcclStats_t switch_stats = last_stats();
+      CHECK(std::string(switch_stats.algorithm) == "intsgd_switch");
+      CHECK(switch_stats.intAlpha == ring_stats.intAlpha);
+      REQUIRE(std::memcmp(by_ring.data(), by_switch.data(), count * sizeof(float)) == 0);
+      require_same_everywhere(by_switch.data(), count * sizeof(float));
+      if (switch_stats.intAlpha > 0) {  // an integer round: each rank moves S up (and S down)
+        CHECK(switch_stats.largestInteger == ring_stats.largestInteger);
+        const uint64_t bits = std::string(base).rfind("int8", 0) == 0 ? 8 : std::string(base).rfind("int16", 0) == 0 ? 16 : 32;
+        const uint64_t chunks = (count + 65535) / 65536;  // chunk_bytes / 4 values
+        CHECK(switch_stats.wireBytesSent == count * bits / 8 + 8 * chunks);
+        CHECK(switch_stats.wireBytesReceived == count * bits / 8 + 8 * chunks);
+      }
+    }
+  }
+}
+
+TEST_CASE("IntSGD through aggregators: NaN is reported on every rank, and a sum still works after", "[switch]") {
+  REQUIRE(std::getenv("QCCL_AGGREGATORS") != nullptr);
+  World& w = World::get();
+  const size_t count = 200000;
+  Codec codec("int8:alpha=50,agg=switch");
+  std::vector<float> x(count), g(count);
+  for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(gradient(w.rank(), i, 1));
+  if (w.rank() == w.size() - 1) x[150000] = NAN;
+  CHECK(qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm()) ==
+        qcclNonFinite);
+  CHECK(std::isnan(g[150000]));
+  CHECK(std::isfinite(g[0]));  // another chunk
+  x[150000] = 0;
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr,
+                                          w.comm()));
+  for (size_t i = 0; i < count; i += 997) {
+    double sum = 0;
+    for (int q = 0; q < w.size(); ++q) sum += i == 150000 && q == w.size() - 1 ? 0.0f : static_cast<float>(gradient(q, i, 1));
+    REQUIRE(std::abs(g[i] - sum) <= w.size() * 1.0 / 50 + 1e-5);
+  }
 }
 
 }  // namespace qccl::test

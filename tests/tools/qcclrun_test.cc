@@ -152,6 +152,21 @@ TEST_CASE("signals to qcclrun are forwarded and the ranks cleaned up", "[qcclrun
   }
 }
 
+TEST_CASE("--aggregators starts IntSGD's aggregators, tells the ranks, and stops them after", "[qcclrun]") {
+  RunResult r = run_qcclrun({"-n", "2", "--aggregators", "3", "--", "sh", "-c", "echo agg $QCCL_AGGREGATORS"}, 20);
+  REQUIRE(r.status == 0);
+  std::regex re(R"(\[\d\] agg (127\.0\.0\.1:\d+),(127\.0\.0\.1:\d+),(127\.0\.0\.1:\d+))");
+  std::set<std::string> lists;
+  for (const auto& line : split_lines(r.out)) {
+    std::smatch m;
+    REQUIRE(std::regex_match(line, m, re));
+    CHECK(m[1] != m[2]);
+    lists.insert(m[0].str().substr(4));
+  }
+  CHECK(lists.size() == 1);  // every rank was told the same aggregators
+  CHECK(r.err.empty());      // they started quietly, and were stopped without a word
+}
+
 TEST_CASE("qcclrun usage errors name the problem", "[qcclrun]") {
   RunResult r = run_qcclrun({"--bogus", "-n", "2", "true"});
   CHECK(r.status == 125);
@@ -168,9 +183,12 @@ TEST_CASE("qcclrun usage errors name the problem", "[qcclrun]") {
   r = run_qcclrun({"--netem=10furlongs", "-n", "2", "true"});
   CHECK(r.status == 125);
   CHECK(count(r.err, "'10furlongs'") == 1);
+  r = run_qcclrun({"--aggregators", "65", "-n", "2", "true"});
+  CHECK(r.status == 125);
+  CHECK(count(r.err, "'65'") == 1);
   r = run_qcclrun({"--help"});
   CHECK(r.status == 0);
-  for (const char* part : {"SYNOPSIS", "OPTIONS", "ENVIRONMENT", "EXIT STATUS", "EXAMPLES", "--netem"})
+  for (const char* part : {"SYNOPSIS", "OPTIONS", "ENVIRONMENT", "EXIT STATUS", "EXAMPLES", "--netem", "--aggregators"})
     CHECK(count(r.out, part) >= 1);
   r = run_qcclrun({"--version"});
   CHECK(r.status == 0);
