@@ -291,7 +291,9 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  * decoded averages, no learning rate; lr: Algorithm 1, adaptive from the learning rate set with
  * qcclCodecStateSetLearningRate; A: fixed; default grad), beta=B (moving average, 0 <= B < 1,
  * default 0.9), eps=E (> 0, default 1e-8), alpha0=A (scale of the first round; default: the first
- * round is an exact float all-reduce).
+ * round is an exact float all-reduce), agg=ring|switch (who adds the integers: the ranks along a
+ * ring, or the aggregator processes of QCCL_AGGREGATORS, as an in-network switch would; default
+ * ring; the sums are the same bits).
  * Every rank ends with identical bits; the bits do not depend on the chunk size or pipeline depth.
  * Error bounds per algorithm are in docs/PERF.md and collectives/allreduce_*_compressed.cc. */
 
