@@ -75,7 +75,7 @@ TEST_CASE("clip bounds keep every n-rank sum inside the wire type, computed in i
       const int64_t top = (int64_t{1} << (bits - 1)) - 1;
       CHECK(int64_t{n} * c.hi <= top);
       CHECK(int64_t{n} * c.lo >= -top - 1);
-      CHECK(int64_t{n} * (c.hi + 1) > top);  // the widest range that is safe
+      CHECK(int64_t{n} * (int64_t{c.hi} + 1) > top);  // the widest range that is safe
       CHECK((static_cast<int64_t>(c.hi_f) <= c.hi && static_cast<int64_t>(c.lo_f) >= c.lo));
       CHECK(static_cast<double>(c.hi_f) == std::floor(static_cast<double>(c.hi_f)));
     }
