@@ -423,8 +423,9 @@ int serve(const Options& o) {
       f.hellos[static_cast<size_t>(hello.rank)] = hello;
       f.sockets[static_cast<size_t>(hello.rank)] = std::move(s);
       if (std::find(f.seen.begin(), f.seen.end(), false) != f.seen.end()) continue;
-      jobs.push_back(std::make_unique<Job>(std::move(f.sockets), std::move(f.hellos), o));
-      forming.erase(hello.job);
+      Forming formed = std::move(f);
+      forming.erase(hello.job);  // formed or failed, it is no longer forming
+      jobs.push_back(std::make_unique<Job>(std::move(formed.sockets), std::move(formed.hellos), o));
       if (o.verbose)
         std::fprintf(stderr, "qccl_aggregator: job %016llx of %d ranks formed (aggregator %d)\n",
                      static_cast<unsigned long long>(jobs.back()->id()), jobs.back()->nranks(),

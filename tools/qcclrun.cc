@@ -681,7 +681,7 @@ class Job {
 // Starts IntSGD's aggregator k (qccl_aggregator, next to this executable) in its own process group,
 // in the hub namespace with --netem; *address is where it listens. Returns its pid, or -1 after
 // printing why it cannot start.
-pid_t start_aggregator(int k, const Netem* netem, bool verbose, std::string* address) {
+pid_t start_aggregator(int k, Netem* netem, bool verbose, std::string* address) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(".");
@@ -692,7 +692,7 @@ pid_t start_aggregator(int k, const Netem* netem, bool verbose, std::string* add
     return -1;
   }
   if (netem) {
-    std::string err = const_cast<Netem*>(netem)->add_aggregator(k);
+    std::string err = netem->add_aggregator(k);
     if (!err.empty()) {
       fprintf(stderr, "qcclrun: --aggregators: %s\n", err.c_str());
       return -1;
