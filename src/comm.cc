@@ -157,6 +157,10 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     args.residual = keeps && record->state ? record->state->residual() : nullptr;
     if (args.codec->kind == kernels::CodecKind::kInt) {
       args.aggregators = aggregators();
+      if (args.codec->switch_aggregation) {
+        std::lock_guard<std::mutex> lock(ops_mu_);
+        if (!aggregator_lost_.empty()) throw Error(qcclRemoteError, aggregator_lost_);
+      }
       record->intsgd = std::make_unique<coll::IntsgdRound>();
       record->intsgd_lr = record->state ? record->state->intsgd().lr : 0.0;
       args.intsgd = record->intsgd.get();
@@ -361,12 +365,45 @@ void Comm::wait_for_events(bool progress_thread) {
   std::vector<pollfd> fds;
   fds.push_back({transport_->event_fd(), POLLIN, 0});
   fds.push_back({progress_thread ? progress_wake_fd_ : driver_wake_fd_, POLLIN, 0});
-  if (progress_thread)
+  size_t control_end = 2;
+  if (progress_thread) {
     for (int fd : control_->fds()) fds.push_back({fd, POLLIN, 0});
+    control_end = fds.size();
+    for (int fd : aggregator_fds()) fds.push_back({fd, POLLIN, 0});
+  }
   if (::poll(fds.data(), fds.size(), kMaxBlockMs) <= 0) return;
   if (fds[1].revents) drain(fds[1].fd);
-  for (size_t i = 2; i < fds.size(); ++i)
-    if (fds[i].revents) control_->service(fds[i].fd);
+  for (size_t i = 2; i < fds.size(); ++i) {
+    if (!fds[i].revents) continue;
+    if (i < control_end) control_->service(fds[i].fd);
+    else service_aggregator(i - control_end);
+  }
+}
+
+std::vector<int> Comm::aggregator_fds() const {
+  std::vector<int> fds;
+  for (const AggregatorLink& link : aggregator_links_) fds.push_back(link.socket.fd());  // -1 once closed: poll skips it
+  return fds;
+}
+
+void Comm::service_aggregator(size_t k) {
+  AggregatorLink& link = aggregator_links_[k];
+  char byte;
+  try {
+    if (link.socket.read_some(&byte, 1) != 0) return;  // aggregators send nothing after the reply
+  } catch (const Error&) {
+  }
+  link.socket.close();
+  const std::string why = link.name + " closed its connection (it died or was stopped): the int codecs' agg=switch "
+                                      "cannot sum through it";
+  QCCL_WARN("%s", why.c_str());
+  {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    if (aggregator_lost_.empty()) aggregator_lost_ = why;
+  }
+  // Operations in flight may wait for its sums. None are at a clean teardown (destroy drains them
+  // before the closing barrier), when an aggregator may drop the job as the first rank leaves.
+  if (active_count_.load() > 0) break_comm(Failure{qcclRemoteError, why, 0}, true);
 }
 
 // Calls that share a codec state run one after the other, in the order they were made: each reads
@@ -409,11 +446,16 @@ void Comm::progress_thread_main() {
     std::vector<pollfd> fds;
     fds.push_back({progress_wake_fd_, POLLIN, 0});
     for (int fd : control_fds) fds.push_back({fd, POLLIN, 0});
+    const size_t control_end = fds.size();
+    for (int fd : aggregator_fds()) fds.push_back({fd, POLLIN, 0});
     int rc = ::poll(fds.data(), fds.size(), 1000);
     if (rc > 0) {
       if (fds[0].revents) drain(progress_wake_fd_);
-      for (size_t i = 1; i < fds.size(); ++i)
-        if (fds[i].revents) control_->service(fds[i].fd);
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (!fds[i].revents) continue;
+        if (i < control_end) control_->service(fds[i].fd);
+        else service_aggregator(i - control_end);
+      }
     }
     if (stopping_) break;
     if (active_count_.load() == 0) continue;

@@ -107,6 +107,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
   static uint64_t failure_sequence(const OpRecord& record);
   void wake(int fd);
   void shutdown();
+  // An aggregator's registration connection became readable: it closed (the aggregator died or was
+  // stopped). Fails the operations in flight, and later agg=switch calls (progress thread only).
+  void service_aggregator(size_t k);
+  std::vector<int> aggregator_fds() const;
 
   const int rank_;
   const int nranks_;
@@ -117,6 +121,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   LocalTopology topology_;
   std::vector<PeerInfo> peers_;
   std::vector<AggregatorLink> aggregator_links_;  // kept open: closing them ends the job at the aggregators
+  std::string aggregator_lost_;                   // guarded by ops_mu_: why agg=switch cannot run
   std::vector<std::string> names_;  // "rank 3 (host:pid)", then "aggregator 0 (host:port)"
   bool oversubscribed_ = false;      // more ranks on this host than CPUs: spinning yields
 

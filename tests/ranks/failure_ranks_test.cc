@@ -1,10 +1,15 @@
 // Failures on real processes, one scenario per CTest entry (each breaks its communicator): ranks that
 // disagree, a peer that dies before or during a collective, a peer that is stuck past QCCL_TIMEOUT,
 // and aborts. Every surviving rank must return an error that tells the story, never hang.
+#include <dirent.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "tests/ranks/rank_test_util.h"
@@ -53,6 +58,41 @@ void all_warmed_up(const Job& job, int victim) {
   for (int r = 0; r < job.size; ++r)
     if (r != victim) QCCL_REQUIRE_OK(qcclRecv(&tokens[r], 1, qcclInt32, r, job.comm));
   QCCL_REQUIRE_OK(qcclGroupEnd());
+}
+
+// The process listening on TCP `port` (IPv4), from /proc/net/tcp's inode and /proc/*/fd; -1 if none.
+pid_t listener_pid(int port) {
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line, inode;
+  std::getline(tcp, line);  // header
+  char want[8];
+  std::snprintf(want, sizeof(want), ":%04X", port);
+  while (std::getline(tcp, line)) {
+    std::istringstream f(line);
+    std::string sl, local, remote, state, skip;
+    f >> sl >> local >> remote >> state;
+    if (local.size() < 5 || local.substr(local.size() - 5) != want || state != "0A") continue;
+    for (int i = 0; i < 5; ++i) f >> skip;  // tx:rx, tr:when, retrnsmt, uid, timeout
+    f >> inode;
+  }
+  if (inode.empty()) return -1;
+  const std::string target = "socket:[" + inode + "]";
+  DIR* proc = opendir("/proc");
+  pid_t found = -1;
+  while (dirent* e = proc ? readdir(proc) : nullptr) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    const std::string fd_dir = "/proc/" + std::string(e->d_name) + "/fd";
+    DIR* fds = opendir(fd_dir.c_str());
+    while (dirent* fd = fds ? readdir(fds) : nullptr) {
+      char link[64] = {};
+      const ssize_t n = readlink((fd_dir + "/" + fd->d_name).c_str(), link, sizeof(link) - 1);
+      if (n > 0 && target == link) found = pid;
+    }
+    if (fds) closedir(fds);
+  }
+  if (proc) closedir(proc);
+  return found;
 }
 
 }  // namespace
@@ -143,6 +183,33 @@ TEST_CASE("IntSGD states with different learning rates: every rank fails with qc
   CHECK(result == qcclMismatch);
   CHECK_THAT(last_error(), Catch::Contains("shared scale alpha") && Catch::Contains("codec states diverged"));
   qcclCodecStateDestroy(state);
+  qcclCodecDestroy(codec);
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
+TEST_CASE("an aggregator that dies fails agg=switch calls with qcclRemoteError naming it", "[aggregator-dies]") {
+  Job job;
+  warm_up(job);
+  const char* aggregators = std::getenv("QCCL_AGGREGATORS");
+  REQUIRE(aggregators != nullptr);  // run under qcclrun --aggregators 1
+  qcclCodec_t codec = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate("int8:alpha=10,agg=switch", &codec));
+  std::vector<float> x(1 << 20, 0.5f), y(1 << 20);
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, codec, nullptr, job.comm));
+  warm_up(job);  // every rank is past the first sum
+  if (job.rank == 0) {
+    const std::string list = aggregators;
+    const pid_t pid = listener_pid(std::atoi(list.substr(list.rfind(':') + 1).c_str()));
+    REQUIRE(pid > 0);
+    REQUIRE(kill(pid, SIGKILL) == 0);
+  }
+  // Sums keep being asked for until one fails: in flight when the connection closes (the call breaks)
+  // or started after (refused at once). qcclTimeout would mean the death went unnoticed.
+  qcclResult_t result = qcclSuccess;
+  for (int i = 0; i < 1000 && result == qcclSuccess; ++i)
+    result = qcclAllReduceCompressed(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, codec, nullptr, job.comm);
+  CHECK(result == qcclRemoteError);
+  CHECK_THAT(last_error(), Catch::Contains("aggregator 0") && Catch::Contains("closed its connection"));
   qcclCodecDestroy(codec);
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
 }
