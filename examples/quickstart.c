@@ -2,7 +2,8 @@
  * tests/docs/readme_test.cmake checks that README.md shows the lines between each pair of markers
  * verbatim. Every rank all-reduces a gradient of n floats in place, averages it while it "computes",
  * then averages it again through a 4-bit codec with error feedback; then runs two Marsit rounds on
- * an update (a full-precision one, then a sign one). */
+ * an update (a full-precision one, then a sign one), and two IntSGD rounds on the gradient (the
+ * exact first one, then integers). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -62,6 +63,26 @@ int main(void) {
   qcclCodecDestroy(marsit);
   free(update);
   free(step);
+
+  const double lr = 0.1;
+  /* [readme] */
+  qcclCodec_t intsgd;
+  qcclCodecCreate("int8:alpha=lr", &intsgd);   /* or alpha=grad (no learning rate), or alpha=A fixed */
+  qcclCodecState_t istate;                     /* one per tensor: alpha's moving average */
+  qcclCodecStateCreate(comm, n, &istate);
+  qcclCodecStateSetLearningRate(istate, lr);   /* whenever it changes */
+  qcclAllReduceCompressed(grad, grad, n, qcclFloat32, qcclAvg, intsgd, istate, comm);
+  /* [readme] */
+
+  /* The first round is exact: the average of equal values. The second sends small integers under the
+   * shared alpha; their randomized rounding is unbiased, so the values average to the rank count. */
+  for (size_t i = 0; i < n; ++i) wrong += grad[i] != (float)nranks;
+  qcclAllReduceCompressed(grad, grad, n, qcclFloat32, qcclAvg, intsgd, istate, comm);
+  double mean = 0;
+  for (size_t i = 0; i < n; ++i) mean += grad[i] / (double)n;
+  wrong += mean < 0.99 * nranks || mean > 1.01 * nranks;
+  qcclCodecStateDestroy(istate);
+  qcclCodecDestroy(intsgd);
   printf("rank %d of %d: %d wrong elements\n", rank, nranks, wrong);
   free(grad);
   if (qcclCommDestroy(comm) != qcclSuccess) return 1;
