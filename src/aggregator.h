@@ -23,7 +23,7 @@ constexpr uint32_t kAggregatorMagic = 0x47414351;  // "QCAG"
 constexpr uint16_t kAggregatorVersion = 1;
 
 struct AggregatorHello {
-  uint64_t job = 0;           // the communicator's bootstrap magic: the ranks of one communicator share it
+  uint64_t job = 0;           // the communicator's identity, the same on its ranks and on no other communicator
   int32_t rank = 0;
   int32_t nranks = 0;
   int32_t index = 0;          // this aggregator's number k in QCCL_AGGREGATORS

@@ -93,7 +93,10 @@ void Comm::join(const BootstrapId& id) {
     // IntSGD's aggregators: transport peers nranks .. nranks + K - 1. A rank sends them at most a
     // chunk of int32 (chunk_bytes of float32 input) behind its 8-byte header.
     AggregatorHello hello;
+    // The job: the bootstrap magic, which communicators made from the environment share, mixed with
+    // rank 0's control-plane address, which is this communicator's own.
     hello.job = id.magic;
+    for (unsigned char c : peers_[0].control_address) hello.job = (hello.job ^ c) * 1099511628211ull;
     hello.rank = rank_;
     hello.nranks = nranks_;
     hello.max_message = config_.chunk_bytes + 64;
