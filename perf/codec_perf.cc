@@ -45,6 +45,10 @@ DESCRIPTION
     pack_signs of u + c followed by the merge of a ring hop (k = 3) with a received word of random
     bits, decode is decode_signs with the compensation update c += u - g, and dec+acc is "-".
 
+    IntSGD's codecs (int8, int16, int32) are timed as one rank's: encode is Int(alpha x) under the
+    spec's fixed alpha (1 when adaptive) over the whole wire range, decode is m / alpha (the
+    collectives pass the shared alpha and divide by n alpha; the work per value is the same).
+
     Every rate is in GB/s (1e9 bytes/s) of float32 input, SIZE / time, whatever the codec reads and
     writes, so the columns compare directly; "/mcp" is that rate divided by memcpy's. Each rate is the
     median of -n repetitions; in each repetition the four operations run one after the other, so the
