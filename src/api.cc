@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cstddef>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <random>
 
