@@ -161,7 +161,7 @@ struct Contribution {
 class Job {
  public:
   Job(std::vector<net::Socket> sockets, std::vector<AggregatorHello> hellos, const Options& o)
-      : sockets_(std::move(sockets)), hellos_(std::move(hellos)), options_(o) {
+      : sockets_(std::move(sockets)), hellos_(std::move(hellos)) {
     n_ = hellos_[0].nranks;
     max_message_ = hellos_[0].max_message;
     for (const AggregatorHello& h : hellos_) max_message_ = std::max<size_t>(max_message_, h.max_message);
@@ -302,7 +302,6 @@ class Job {
 
   std::vector<net::Socket> sockets_;
   std::vector<AggregatorHello> hellos_;
-  const Options& options_;
   int n_ = 0;
   size_t max_message_ = 0;
   std::unique_ptr<transport::UcxTransport> transport_;
