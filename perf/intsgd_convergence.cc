@@ -17,9 +17,14 @@
 #include <string>
 #include <vector>
 
+#include "demo.h"
 #include "qccl.h"
 
 namespace {
+
+using qccl_demo::check;
+using qccl_demo::number;
+using qccl_demo::UsageError;
 
 constexpr const char kHelp[] = R"HELP(NAME
     intsgd_convergence - logistic regression trained with SGD and with IntSGD's integer all-reduce
@@ -98,20 +103,6 @@ struct Options {
   uint64_t seed = 1;
 };
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-double number(const char* option, const char* s, double lo, double hi) {
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  if (!*s || *end || errno || !(v >= lo && v <= hi))
-    throw UsageError(std::string("invalid value '") + s + "' for " + option + " (expected a number in [" +
-                     std::to_string(lo) + ", " + std::to_string(hi) + "])");
-  return v;
-}
-
 std::string one_of(const char* option, const char* s, std::initializer_list<const char*> allowed) {
   for (const char* a : allowed)
     if (std::strcmp(s, a) == 0) return s;
@@ -163,14 +154,6 @@ bool parse(int argc, char** argv, Options* o) {
   }
   if (optind < argc) throw UsageError(std::string("unexpected argument '") + argv[optind] + "' (see --help)");
   return true;
-}
-
-struct QcclError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(qcclResult_t r, const char* what) {
-  if (r != qcclSuccess) throw QcclError(std::string(what) + ": " + qcclGetLastError(nullptr));
 }
 
 // This rank's rows (row-major, rows x dim) and labels.
@@ -318,17 +301,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  try {
-    if (!parse(argc, argv, &o)) return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "intsgd_convergence: %s\n", e.what());
-    return 2;
-  }
-  try {
-    return run(o);
-  } catch (const QcclError& e) {
-    std::fprintf(stderr, "intsgd_convergence: %s\n", e.what());
-    return 3;
-  }
+  return qccl_demo::demo_main<Options>("intsgd_convergence", argc, argv, parse, run);
 }

@@ -16,9 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "demo.h"
 #include "qccl.h"
 
 namespace {
+
+using qccl_demo::check;
+using qccl_demo::number;
+using qccl_demo::UsageError;
 
 constexpr const char kHelp[] = R"HELP(NAME
     marsit_convergence - least squares trained with SGD and with Marsit's sign all-reduce
@@ -95,20 +100,6 @@ struct Options {
   std::string topology = "ring";
 };
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-double number(const char* option, const char* s, double lo, double hi) {
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  if (!*s || *end || errno || !(v >= lo && v <= hi))
-    throw UsageError(std::string("invalid value '") + s + "' for " + option + " (expected a number in [" +
-                     std::to_string(lo) + ", " + std::to_string(hi) + "])");
-  return v;
-}
-
 bool parse(int argc, char** argv, Options* o) {
   enum { kDim = 256, kRows, kBatch, kSteps, kLr, kEta, kK, kTopology, kSeed, kEvery, kTolerance };
   static const option longs[] = {{"dim", required_argument, nullptr, kDim},
@@ -147,14 +138,6 @@ bool parse(int argc, char** argv, Options* o) {
   }
   if (optind < argc) throw UsageError(std::string("unexpected argument '") + argv[optind] + "' (see --help)");
   return true;
-}
-
-struct QcclError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(qcclResult_t r, const char* what) {
-  if (r != qcclSuccess) throw QcclError(std::string(what) + ": " + qcclGetLastError(nullptr));
 }
 
 // This rank's rows (row-major, rows x dim) and targets.
@@ -290,17 +273,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  try {
-    if (!parse(argc, argv, &o)) return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "marsit_convergence: %s\n", e.what());
-    return 2;
-  }
-  try {
-    return run(o);
-  } catch (const QcclError& e) {
-    std::fprintf(stderr, "marsit_convergence: %s\n", e.what());
-    return 3;
-  }
+  return qccl_demo::demo_main<Options>("marsit_convergence", argc, argv, parse, run);
 }

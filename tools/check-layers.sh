@@ -33,7 +33,7 @@ check() {  # folder (or file), extended regex of allowed include paths, files of
 check kernels 'kernels/[a-z_.-]+'
 check transports 'transports/[a-z_.-]+|src/(errors|log)\.h'
 check collectives 'collectives/[a-z_.-]+|kernels/[a-z_.-]+'
-check perf 'qccl\.h|common\.h|options\.h|codec_list\.h' perf/codec_perf.cc
+check perf 'qccl\.h|common\.h|options\.h|codec_list\.h|demo\.h' perf/codec_perf.cc
 check examples 'qccl\.h'
 check perf/codec_perf.cc 'kernels/[a-z_.-]+|codec_list\.h'
 

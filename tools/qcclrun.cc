@@ -404,6 +404,37 @@ class Output {
   bool broken_[3] = {false, false, false};
 };
 
+// In a child of qcclrun, after fork(): its own process group, killed with qcclrun, stdin from
+// /dev/null and stdout/stderr onto out_fd/err_fd (-1: inherited), signals as exec expects them, the
+// network namespace at ns_path (empty: this one), then argv. Never returns.
+[[noreturn]] void exec_child(pid_t parent, int out_fd, int err_fd, const std::string& ns_path,
+                             const std::string& ns_name, char** argv, char** envp) {
+  setpgid(0, 0);
+  // A child must not outlive a qcclrun that is SIGKILLed (its namespaces are cleaned up later).
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(kExitCannotRun);
+  int devnull = open("/dev/null", O_RDONLY);
+  dup2(devnull, 0);
+  if (out_fd >= 0) dup2(out_fd, 1);
+  if (err_fd >= 0) dup2(err_fd, 2);
+  // The blocked mask and the ignored SIGPIPE would both survive exec.
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  signal(SIGPIPE, SIG_DFL);
+  if (!ns_path.empty()) {
+    std::string e = qccl::tools::enter_netns(ns_path.c_str(), ns_name.c_str());
+    if (!e.empty()) {
+      dprintf(2, "qcclrun: cannot enter network namespace %s: %s\n", ns_name.c_str(), e.c_str());
+      _exit(kExitCannotRun);
+    }
+  }
+  execvpe(argv[0], argv, envp);
+  int e = errno;
+  dprintf(2, "qcclrun: cannot execute '%s': %s\n", argv[0], strerror(e));
+  _exit(e == ENOENT ? kExitNotFound : kExitCannotRun);
+}
+
 // ---- Supervision -----------------------------------------------------------------------------------
 
 struct Rank {
@@ -512,32 +543,7 @@ class Job {
     std::string ns_path = netem_ ? netem_->rank_netns_path(r) : "";
     const pid_t parent = getpid();
     pid_t pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);
-      // A rank must not outlive a qcclrun that is SIGKILLed (its namespaces are cleaned up later).
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(kExitCannotRun);
-      int devnull = open("/dev/null", O_RDONLY);
-      dup2(devnull, 0);
-      dup2(out[1], 1);
-      dup2(err[1], 2);
-      // The blocked mask and the ignored SIGPIPE would both survive exec.
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      signal(SIGPIPE, SIG_DFL);
-      if (netem_) {
-        std::string e = qccl::tools::enter_netns(ns_path.c_str(), ns_name.c_str());
-        if (!e.empty()) {
-          dprintf(2, "qcclrun: cannot enter network namespace %s: %s\n", ns_name.c_str(), e.c_str());
-          _exit(kExitCannotRun);
-        }
-      }
-      execvpe(cargv[0], cargv.data(), cenv.data());
-      int e = errno;
-      dprintf(2, "qcclrun: cannot execute '%s': %s\n", cargv[0], strerror(e));
-      _exit(e == ENOENT ? kExitNotFound : kExitCannotRun);
-    }
+    if (pid == 0) exec_child(parent, out[1], err[1], ns_path, ns_name, cargv.data(), cenv.data());
     close(out[1]);
     close(err[1]);
     if (pid < 0) {
@@ -721,27 +727,7 @@ pid_t start_aggregator(int k, Netem* netem, bool verbose, std::string* address) 
   const std::string ns_path = netem ? netem->hub_netns_path() : "", ns_name = netem ? netem->hub_netns_name() : "";
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(kExitCannotRun);
-    int devnull = open("/dev/null", O_RDONLY);
-    dup2(devnull, 0);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    signal(SIGPIPE, SIG_DFL);
-    if (netem) {
-      std::string e = qccl::tools::enter_netns(ns_path.c_str(), ns_name.c_str());
-      if (!e.empty()) {
-        dprintf(2, "qcclrun: cannot enter network namespace %s: %s\n", ns_name.c_str(), e.c_str());
-        _exit(kExitCannotRun);
-      }
-    }
-    execve(cargv[0], cargv.data(), cenv.data());
-    dprintf(2, "qcclrun: cannot execute '%s': %s\n", cargv[0], strerror(errno));
-    _exit(kExitCannotRun);
-  }
+  if (pid == 0) exec_child(parent, -1, -1, ns_path, ns_name, cargv.data(), cenv.data());
   if (pid < 0) {
     fprintf(stderr, "qcclrun: cannot start aggregator %d: fork: %s\n", k, strerror(errno));
     return -1;

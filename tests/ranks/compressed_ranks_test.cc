@@ -45,12 +45,6 @@ double bound(const std::string& spec, DataType t, RedOp op, int n) {
   return op == RedOp::kAvg ? b / n + 1e-6 : b;
 }
 
-struct Codec {
-  qcclCodec_t handle = nullptr;
-  explicit Codec(const std::string& spec) { QCCL_REQUIRE_OK(qcclCodecCreate(spec.c_str(), &handle)); }
-  ~Codec() { qcclCodecDestroy(handle); }
-};
-
 uint64_t allgather_equal(const void* data, size_t bytes) {
   World& w = World::get();
   uint64_t h = hash_bytes(data, bytes);

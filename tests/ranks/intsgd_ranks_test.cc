@@ -16,27 +16,6 @@
 namespace qccl::test {
 namespace {
 
-struct Codec {
-  qcclCodec_t handle = nullptr;
-  explicit Codec(const std::string& spec) { QCCL_REQUIRE_OK(qcclCodecCreate(spec.c_str(), &handle)); }
-  ~Codec() { qcclCodecDestroy(handle); }
-};
-
-struct State {
-  qcclCodecState_t handle = nullptr;
-  State(qcclComm_t comm, size_t count) { QCCL_REQUIRE_OK(qcclCodecStateCreate(comm, count, &handle)); }
-  ~State() { qcclCodecStateDestroy(handle); }
-};
-
-template <class T>
-void require_same_everywhere(const T* data, size_t bytes) {
-  World& w = World::get();
-  uint64_t h = hash_bytes(data, bytes);
-  std::vector<uint64_t> all(w.size());
-  QCCL_REQUIRE_OK(qcclAllGather(&h, all.data(), 1, qcclUint64, w.comm()));
-  for (uint64_t other : all) REQUIRE(other == h);
-}
-
 double gradient(int rank, size_t i, int step) {
   return 0.3 * std::sin(0.37 * static_cast<double>(i) + 1.1 * rank + 0.5 * step) / (1.0 + 0.2 * step);
 }

@@ -69,4 +69,26 @@ inline uint64_t hash_bytes(const void* p, size_t n) {
   return h;
 }
 
+// A codec and a codec state for the length of a scope.
+struct Codec {
+  qcclCodec_t handle = nullptr;
+  explicit Codec(const std::string& spec) { QCCL_REQUIRE_OK(qcclCodecCreate(spec.c_str(), &handle)); }
+  ~Codec() { qcclCodecDestroy(handle); }
+};
+
+struct State {
+  qcclCodecState_t handle = nullptr;
+  State(qcclComm_t comm, size_t count) { QCCL_REQUIRE_OK(qcclCodecStateCreate(comm, count, &handle)); }
+  ~State() { qcclCodecStateDestroy(handle); }
+};
+
+// Requires that every rank of the world holds the same bytes (a collective).
+inline void require_same_everywhere(const void* data, size_t bytes) {
+  World& w = World::get();
+  uint64_t h = hash_bytes(data, bytes);
+  std::vector<uint64_t> all(w.size());
+  QCCL_REQUIRE_OK(qcclAllGather(&h, all.data(), 1, qcclUint64, w.comm()));
+  for (uint64_t other : all) REQUIRE(other == h);
+}
+
 }  // namespace qccl::test
