@@ -20,7 +20,8 @@
 // (sign.h), whatever order the hops took; in the torus a uniform choice within the row times a
 // uniform choice among equal-weight rows is uniform over all M ranks. So every output bit is 1 with
 // probability (ranks whose bit is 1) / M, and unanimous bits pass exactly. Every rank decodes the same
-// final words: g = eta_s (2 b - 1), and c <- w - g (marsit.md §1.6).
+// final words: g = eta_s (2 b - 1), and c <- w - g (marsit.md §1.6): the pack leaves w in the
+// compensation and the decode records the words (kernels/marsit.h, Compensation).
 //
 // Random bits: the merge of a word at hop k draws from Philox keyed by (seed, step t, k,
 // phase << 10 | row or column, global word index), never by rank, so the bits are a pure function of
@@ -32,7 +33,8 @@
 //
 // Non-finite input: a NaN or Inf in w sets the fragment's taint, which rides with every later send
 // of the fragment; the cell that held it travels through every rank, so every rank decodes that
-// fragment to NaN, leaves its c alone, and reports the same count.
+// fragment to NaN, puts its c back (the stored values the pack replaced wait in scratch), and reports
+// the same count.
 #include "collectives/algorithms.h"
 #include "collectives/marsit.h"
 #include "collectives/ring.h"
@@ -59,8 +61,12 @@ class AllReduceMarsit final : public Plan {
 
   size_t fragments() const override { return ceil_div(Segments{row_segments_.max_size(), rows_}.max_size(), chunk_); }
   // Word buffers of one row segment's part (R chunks): outgoing x2, incoming, local signs, this rank's
-  // row aggregate, and the C final row segments (on a ring, this rank's is the aggregate).
-  size_t scratch_bytes() const override { return (5 + static_cast<size_t>(cols_)) * row_buffer_words() * 4; }
+  // row aggregate, and the C final row segments (on a ring, this rank's is the aggregate); then the
+  // backup of the compensation's stored values for the fragment's C row segments (32 floats a word),
+  // put back if the fragment turns out tainted.
+  size_t scratch_bytes() const override {
+    return (5 + static_cast<size_t>(cols_)) * row_buffer_words() * 4 + backup_floats() * sizeof(float);
+  }
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
@@ -72,6 +78,7 @@ class AllReduceMarsit final : public Plan {
     uint32_t* aggregate = buffer(4);
     // On a ring the row aggregate is final: no column phase.
     auto final_segment = [&](int j) { return rows_ == 1 && j == row_.rank ? aggregate : buffer(5 + static_cast<size_t>(j)); };
+    auto* backup = reinterpret_cast<float*>(buffer(5 + static_cast<size_t>(cols_)));
     const Fragment fr{this, f};
     const auto total = static_cast<uint32_t>(fragments());
     uint32_t step = 0;  // message ids: one per ring step of any phase
@@ -81,13 +88,13 @@ class AllReduceMarsit final : public Plan {
     const int column_next = column_id(column_.next()), column_prev = column_id(column_.prev());
 
     // 1. Row reduce-scatter.
-    pack_segment(p, fr, C == 1 ? aggregate : outgoing[0], row_.at(-1));
+    pack_segment(p, fr, C == 1 ? aggregate : outgoing[0], row_.at(-1), backup);
     for (int s = 0; s < C - 1; ++s) {
       const int j_send = row_.at(-s - 1), j_recv = row_.at(-s - 2);
       const uint32_t id = msg();
       p.recv(0, row_prev, id, incoming, fr.segment_words(j_recv) * 4);
       p.send(1, row_next, id, outgoing[s % 2], fr.segment_words(j_send) * 4);
-      pack_segment(p, fr, local, j_recv);
+      pack_segment(p, fr, local, j_recv, backup);
       p.wait(0);
       uint32_t* merged = j_recv == col ? aggregate : outgoing[(s + 1) % 2];
       for (int i = 0; i < R; ++i) {
@@ -136,7 +143,7 @@ class AllReduceMarsit final : public Plan {
     for (int j = 0; j < C; ++j)
       for (int i = 0; i < R; ++i) {
         const Elements e = fr.elements(j, i);
-        p.decode_signs(g + e.first, final_segment(j) + fr.offset(j, i), e.first, e.count);
+        p.decode_signs(g + e.first, final_segment(j) + fr.offset(j, i), e.first, e.count, backup_of(backup, fr, j, i));
       }
   }
 
@@ -191,15 +198,22 @@ class AllReduceMarsit final : public Plan {
     }
   };
 
-  // local = the signs of w = u + c for fragment f's part of row segment j.
-  void pack_segment(Program& p, const Fragment& fr, uint32_t* out, int j) const {
+  // local = the signs of w = u + c for fragment f's part of row segment j; c's stored values become w,
+  // the old ones go to the backup.
+  void pack_segment(Program& p, const Fragment& fr, uint32_t* out, int j, float* backup) const {
     const auto* u = static_cast<const float*>(args_.sendbuf);
     for (int i = 0; i < rows_; ++i) {
       const Elements e = fr.elements(j, i);
-      p.pack_signs(out + fr.offset(j, i), u + e.first, args_.residual + e.first, e.count);
+      p.pack_signs(out + fr.offset(j, i), u + e.first, e.first, e.count, backup_of(backup, fr, j, i));
     }
   }
 
+  // Where the values of fragment f's piece of cell (j, i) keep their backup: 32 floats per word of
+  // the piece's place in the row buffers, row segment after row segment.
+  float* backup_of(float* backup, const Fragment& fr, int j, int i) const {
+    return backup + (static_cast<size_t>(j) * row_buffer_words() + fr.offset(j, i)) * 32;
+  }
+  size_t backup_floats() const { return static_cast<size_t>(cols_) * row_buffer_words() * 32; }
   size_t row_buffer_words() const { return chunk_ * static_cast<size_t>(rows_); }
   int row_id(int column) const { return column_.rank * cols_ + column; }
   int column_id(int row) const { return row * cols_ + row_.rank; }
@@ -233,7 +247,7 @@ const char* marsit_cannot_run(const CollArgs& args) {
   if (!codec || codec->kind != kernels::CodecKind::kSign) return "Marsit runs the sign codec only";
   if (args.dtype != DataType::kFloat32) return "Marsit takes float32 updates";
   if (args.op != RedOp::kAvg) return "Marsit's result estimates the average (op avg)";
-  if (!args.residual) return "Marsit needs a codec state (the compensation)";
+  if (!args.compensation.stored) return "Marsit needs a codec state (the compensation)";
   if (codec->torus_rows && codec->torus_rows * codec->torus_cols != args.nranks)
     return "the codec's torus does not have one place per rank";
   return nullptr;

@@ -28,14 +28,13 @@ class MarsitFullPrecision final : public Plan {
     const auto total = static_cast<uint32_t>(fragments());
     const auto* u = static_cast<const float*>(args_.sendbuf);
     auto* g = static_cast<float*>(args_.recvbuf);
-    float* c = args_.residual;
     auto* incoming = reinterpret_cast<float*>(scratch);
     auto part = [&](int segment) { return piece(segments_.size(segment), chunk_, f); };
     auto at = [&](int segment) { return segments_.begin(segment) + part(segment).offset; };
     auto bytes = [&](int segment) { return part(segment).count * sizeof(float); };
     auto msg = [&](int step) { return static_cast<uint32_t>(step) * total + static_cast<uint32_t>(f); };
 
-    for (int s = 0; s < n; ++s) p.reduce(g + at(s), u + at(s), c + at(s), part(s).count);  // w = u + c
+    for (int s = 0; s < n; ++s) p.add_compensation(g + at(s), u + at(s), at(s), part(s).count);  // w = u + c
     for (int k = 0; k < n - 1; ++k) {  // reduce-scatter
       const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
       p.recv(0, ring_.prev(), msg(k), incoming, bytes(s_recv));
@@ -53,7 +52,7 @@ class MarsitFullPrecision final : public Plan {
       p.wait(0);
       p.wait(1);
     }
-    for (int s = 0; s < n; ++s) p.reset_compensation(c + at(s), g + at(s), part(s).count);
+    for (int s = 0; s < n; ++s) p.reset_compensation(g + at(s), at(s), part(s).count);
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {

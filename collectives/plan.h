@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/codec.h"
+#include "kernels/marsit.h"
 #include "kernels/types.h"
 
 namespace qccl::coll {
@@ -54,10 +55,12 @@ struct CollArgs {
   int rank = 0;
   int nranks = 1;
   // Compressed collectives only (null otherwise): the codec, the error-feedback residual (count
-  // floats, owned by the caller's codec state; null without error feedback) and the key of the
-  // stochastic rounding (seed from the codec, step from the state or the sequence number, rank).
+  // floats, owned by the caller's codec state; null without error feedback), Marsit's compensation
+  // (the sign codec with a state) and the key of the stochastic rounding (seed from the codec, step
+  // from the state or the sequence number, rank).
   const kernels::CodecConfig* codec = nullptr;
   float* residual = nullptr;
+  kernels::Compensation compensation;
   kernels::PhiloxKey rng;
   // The int codecs only: the round, owned by the call's record, filled in before the plan's first
   // fragment is built.
@@ -82,13 +85,16 @@ enum class StepKind : uint8_t {
   kDecodeAdd,      // dst (float) += decode(src (bytes))
   kDecodeOut,      // dst (datatype) = decode(src (bytes)), through src2 (float scratch) unless float32
   kErrorFeedback,  // dst (float residual) = factor * (src (float) - decode(src2 (bytes)))
-  // Marsit (sign codec). A fragment is "tainted" once it met a non-finite value, here or (through a
-  // bit of the message key) at a peer; a tainted fragment decodes to NaN and leaves the state alone.
-  kPackSigns,      // dst (words) = signs of src + src2 (floats; src2 may be null), n values
+  // Marsit (sign codec; the compensation c of CollArgs, elements index .. index + n). A fragment is
+  // "tainted" once it met a non-finite value, here or (through a bit of the message key) at a peer; a
+  // tainted fragment decodes to NaN and leaves the state alone.
+  kPackSigns,      // dst (words) = signs of w = src (u) + c; c's stored values = w, the old ones to src2
+                   // (float backup in scratch)
   kMergeSigns,     // dst (words) = merge(src, src2) at a hop of `aux` contributions, stream msg, word index
-  kDecodeSigns,    // dst (float g) = eta (2 bit - 1) of src (words), and the compensation of elements
-                   // index .. index + n: c += u - g (Marsit Alg. 1 line 10); g NaN, c kept when tainted
-  kResetCompensation,  // after a full-precision round: for n values of g (src), c (dst) = 0 where g is
+  kDecodeSigns,    // dst (float g) = eta (2 bit - 1) of src (words), recorded in c, so c = w - g (Marsit
+                   // Alg. 1 line 10); when tainted: g NaN, c's stored values back from src2 (the backup)
+  kAddCompensation,    // dst (float) = src (u) + c: the full-precision round's w
+  kResetCompensation,  // after a full-precision round: for n values of g (src), c = 0 where g is
                        // finite; where it is not, c is kept and the value counts as non-finite output
   // IntSGD (int codecs; the wire type is the codec's). A fragment that met NaN or Inf is tainted as
   // for Marsit and decodes to NaN.
@@ -108,7 +114,7 @@ struct Step {
   const void* src2 = nullptr; // kReduce: second operand
   void* dst = nullptr;        // kRecv: destination; kReduce, kCopy, kAverage: output
   size_t n = 0;               // kRecv, kSend, kCopy: bytes; the others: elements
-  uint64_t index = 0;         // kEncode: index of the first element in the whole buffer; kMergeSigns: word
+  uint64_t index = 0;         // kEncode, Marsit: index of the first element in the whole buffer; kMergeSigns: word
   float factor = 1.0f;        // kErrorFeedback
   uint32_t aux = 0;           // kMergeSigns: the number of contributions after the merge
 };
@@ -162,8 +168,10 @@ class Program {
   }
 
   // Marsit (see StepKind).
-  void pack_signs(uint32_t* dst, const float* u, const float* c, size_t count) {
-    push(StepKind::kPackSigns, dst, u, c, count);
+  void pack_signs(uint32_t* dst, const float* u, size_t first, size_t count, float* backup) {
+    if (!count) return;
+    push(StepKind::kPackSigns, dst, u, backup, count);
+    steps_.back().index = first;
   }
   void merge_signs(uint32_t* dst, const uint32_t* incoming, const uint32_t* local, size_t words, uint32_t k,
                    uint32_t stream, uint64_t first_word) {
@@ -171,13 +179,20 @@ class Program {
     push(StepKind::kMergeSigns, dst, incoming, local, words);
     steps_.back().aux = k, steps_.back().msg = stream, steps_.back().index = first_word;
   }
-  void decode_signs(float* g, const uint32_t* words, size_t first, size_t count) {
+  void decode_signs(float* g, const uint32_t* words, size_t first, size_t count, const float* backup) {
     if (!count) return;
-    push(StepKind::kDecodeSigns, g, words, nullptr, count);
+    push(StepKind::kDecodeSigns, g, words, backup, count);
     steps_.back().index = first;
   }
-  void reset_compensation(float* c, const float* g, size_t count) {
-    push(StepKind::kResetCompensation, c, g, nullptr, count);
+  void add_compensation(float* w, const float* u, size_t first, size_t count) {
+    if (!count) return;
+    push(StepKind::kAddCompensation, w, u, nullptr, count);
+    steps_.back().index = first;
+  }
+  void reset_compensation(const float* g, size_t first, size_t count) {
+    if (!count) return;
+    push(StepKind::kResetCompensation, nullptr, g, nullptr, count);
+    steps_.back().index = first;
   }
 
   // IntSGD (see StepKind).

@@ -323,9 +323,11 @@ QCCL_API qcclResult_t qcclCodecStateSetLearningRate(qcclCodecState_t state, doub
  * qcclAvg. state may be NULL unless the codec has ef=on; with a state, its residual and step are
  * used and updated. Returns qcclNonFinite (on every rank) when an input held NaN or Inf.
  * With the sign codec (Marsit): qcclFloat32, qcclAvg and a state are required; sendbuff is the
- * update u, and every rank receives the same g: eta_s * (2b - 1) with b the merged sign of u + c
- * (c <- u + c - g), or in rounds t = 0, K, 2K, ... the average of u + c (c <- 0). Where u + c is
- * not finite, that chunk's g is NaN on every rank and c is left as it was (qcclNonFinite).
+ * update u, and every rank receives the same g: eta_s * (2b - 1) with b the merged sign of w = u + c
+ * (c <- w - g), or in rounds t = 0, K, 2K, ... the average of w (c <- 0). Where w is not finite,
+ * that chunk's g is NaN on every rank and c is left as it was (qcclNonFinite). The first sign call
+ * on a state charges 8 more bytes per 32 values to the budget (the pending round's bits and eta_s;
+ * past the budget: qcclInvalidUsage, nothing run).
  * With the int codecs (IntSGD): each rank sends clip(Int(alpha x)) in the wire type, clipped so that
  * the sum of nranks integers fits it (int8 at 4 ranks: [-32, 31]); the ranks add integers without
  * decoding, so every rank gets the same bits whatever the rank order; recvbuff = S / (nranks alpha)

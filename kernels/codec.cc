@@ -277,7 +277,7 @@ EncodeReport encode(const CodecConfig& c, const float* in, size_t count, void* o
   EncodeReport report;
   if (count == 0) return report;
   if (c.kind == CodecKind::kSign) {
-    report.nonfinite = pack_signs(in, nullptr, count, static_cast<uint32_t*>(out));
+    report.nonfinite = pack_signs(in, nullptr, 0, count, static_cast<uint32_t*>(out), nullptr);
   } else if (c.kind == CodecKind::kInt) {
     report.nonfinite = int_encode(c.bits, in, count, standalone_alpha(c), c.rounding == Rounding::kStochastic,
                                   int_clip(c.bits, 1), key, first, out)
@@ -291,7 +291,7 @@ EncodeReport encode(const CodecConfig& c, const float* in, size_t count, void* o
 size_t decode(const CodecConfig& c, const void* in, size_t count, float* out) {
   if (count == 0) return 0;
   if (c.kind == CodecKind::kSign) {
-    decode_signs(static_cast<const uint32_t*>(in), count, c.eta, out, nullptr, nullptr);
+    decode_signs(static_cast<const uint32_t*>(in), count, c.eta, out, nullptr, 0);
     return 0;
   }
   if (c.kind == CodecKind::kInt) {

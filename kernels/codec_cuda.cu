@@ -315,14 +315,20 @@ __global__ void decode_cast_kernel(const void* __restrict__ in, size_t n, float*
 
 // ---- Marsit's sign codec (sign.h), one thread per 32-value word or per value ------------------------
 
-__global__ void pack_signs_kernel(const float* __restrict__ u, const float* __restrict__ c, size_t n,
-                                  uint32_t* __restrict__ words, unsigned long long* nonfinite) {
+__global__ void pack_signs_kernel(const float* __restrict__ u, Compensation c, size_t first, size_t n,
+                                  uint32_t* __restrict__ words, float* __restrict__ backup,
+                                  unsigned long long* nonfinite) {
   for (size_t w = blockIdx.x * size_t(blockDim.x) + threadIdx.x; w * 32 < n; w += size_t(gridDim.x) * blockDim.x) {
     uint32_t word = 0;
     unsigned bad = 0;
     for (unsigned b = 0; b < 32 && w * 32 + b < n; ++b) {
-      const size_t j = w * 32 + b;
-      const float x = c ? u[j] + c[j] : u[j];
+      const size_t i = w * 32 + b, j = first + i;
+      float x = u[i];
+      if (c.stored) {
+        if (backup) backup[i] = c.stored[j];
+        x += compensation_value(c.stored[j], c.words[j / 32], static_cast<unsigned>(j % 32), c.eta[j / 32]);
+        c.stored[j] = x;
+      }
       word |= sign_bit(x) << b;
       bad += isfinite(x) ? 0 : 1;
     }
@@ -339,12 +345,31 @@ __global__ void merge_signs_kernel(const uint32_t* a, const uint32_t* s, uint32_
 
 template <bool kAccumulate>
 __global__ void decode_signs_kernel(const uint32_t* __restrict__ words, size_t n, float eta, float* __restrict__ g,
-                                    float* __restrict__ c, const float* __restrict__ u) {
-  for (size_t j = blockIdx.x * size_t(blockDim.x) + threadIdx.x; j < n; j += size_t(gridDim.x) * blockDim.x) {
-    const float v = sign_value(words[j / 32], static_cast<unsigned>(j % 32), eta);
-    if (c) c[j] += u[j] - v;  // u before g: they may be one buffer
-    g[j] = kAccumulate ? g[j] + v : v;
+                                    Compensation c, size_t first) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = sign_value(words[i / 32], static_cast<unsigned>(i % 32), eta);
+    if (c.stored && i % 32 == 0) c.words[(first + i) / 32] = words[i / 32], c.eta[(first + i) / 32] = eta;
+    g[i] = kAccumulate ? g[i] + v : v;
   }
+}
+
+__global__ void add_compensation_kernel(const float* x, Compensation c, size_t first, size_t n, float* out) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t j = first + i;
+    const float cj = compensation_value(c.stored[j], c.words[j / 32], static_cast<unsigned>(j % 32), c.eta[j / 32]);
+    out[i] = x ? x[i] + cj : cj;
+  }
+}
+
+__global__ void reset_compensation_kernel(const float* __restrict__ g, Compensation c, size_t first, size_t n,
+                                          unsigned long long* nonfinite) {
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t j = first + i;
+    if (isfinite(g[i])) c.stored[j] = sign_value(c.words[j / 32], static_cast<unsigned>(j % 32), c.eta[j / 32]);
+    else ++bad;
+  }
+  count_add(nonfinite, bad);
 }
 
 // ---- IntSGD's integer codec (int_codec.h), one thread per value ------------------------------------
@@ -445,7 +470,7 @@ cudaError_t decode_any(const CodecConfig& c, const void* in, size_t count, float
       return launch(decode_cast_kernel<CodecKind::kBf16, kAccumulate>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
     case CodecKind::kSign:
       return launch(decode_signs_kernel<kAccumulate>, blocks, kFlatThreads, stream, static_cast<const uint32_t*>(in),
-                    count, c.eta, out, static_cast<float*>(nullptr), static_cast<const float*>(nullptr));
+                    count, c.eta, out, Compensation{}, size_t{0});
     case CodecKind::kInt: {  // one rank's integers, as codec.cc's decode
       const double scale = 1.0 / standalone_alpha(c);
       switch (c.bits) {
@@ -485,7 +510,7 @@ cudaError_t encode_cuda(const CodecConfig& c, const float* in, size_t count, voi
     case CodecKind::kBf16:
       return launch(encode_cast_kernel<CodecKind::kBf16>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
     case CodecKind::kSign:
-      return pack_signs_cuda(in, nullptr, count, static_cast<uint32_t*>(out), nonfinite, stream);
+      return pack_signs_cuda(in, Compensation{}, 0, count, static_cast<uint32_t*>(out), nullptr, nonfinite, stream);
     case CodecKind::kInt:
       return int_encode_cuda(c.bits, in, count, standalone_alpha(c), c.rounding == Rounding::kStochastic,
                              int_clip(c.bits, 1), key, first, out, nullptr, nonfinite, stream);
@@ -514,11 +539,12 @@ cudaError_t decode_accumulate_cuda(const CodecConfig& c, const void* in, size_t 
   return decode_any<true>(c, in, count, acc, nonfinite, stream);
 }
 
-cudaError_t pack_signs_cuda(const float* u, const float* c, size_t n, uint32_t* words, unsigned long long* nonfinite,
-                            cudaStream_t stream) {
+cudaError_t pack_signs_cuda(const float* u, Compensation c, size_t first, size_t n, uint32_t* words, float* backup,
+                            unsigned long long* nonfinite, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  if (u == nullptr || words == nullptr) return cudaErrorInvalidValue;
-  return launch(pack_signs_kernel, flat_blocks(sign_words(n)), kFlatThreads, stream, u, c, n, words, nonfinite);
+  if (u == nullptr || words == nullptr || (c.stored && first % 32)) return cudaErrorInvalidValue;
+  return launch(pack_signs_kernel, flat_blocks(sign_words(n)), kFlatThreads, stream, u, c, first, n, words, backup,
+                nonfinite);
 }
 
 cudaError_t merge_signs_cuda(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t nwords, uint32_t k,
@@ -528,11 +554,25 @@ cudaError_t merge_signs_cuda(const uint32_t* a, const uint32_t* s, uint32_t* out
   return launch(merge_signs_kernel, flat_blocks(nwords), kFlatThreads, stream, a, s, out, nwords, k, key, first_word);
 }
 
-cudaError_t decode_signs_cuda(const uint32_t* words, size_t n, float eta, float* g, float* c, const float* u,
+cudaError_t decode_signs_cuda(const uint32_t* words, size_t n, float eta, float* g, Compensation c, size_t first,
                               cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  if (words == nullptr || g == nullptr || (c != nullptr && u == nullptr)) return cudaErrorInvalidValue;
-  return launch(decode_signs_kernel<false>, flat_blocks(n), kFlatThreads, stream, words, n, eta, g, c, u);
+  if (words == nullptr || g == nullptr || (c.stored && first % 32)) return cudaErrorInvalidValue;
+  return launch(decode_signs_kernel<false>, flat_blocks(n), kFlatThreads, stream, words, n, eta, g, c, first);
+}
+
+cudaError_t add_compensation_cuda(const float* x, Compensation c, size_t first, size_t n, float* out,
+                                  cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (c.stored == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  return launch(add_compensation_kernel, flat_blocks(n), kFlatThreads, stream, x, c, first, n, out);
+}
+
+cudaError_t reset_compensation_cuda(const float* g, Compensation c, size_t first, size_t n,
+                                    unsigned long long* nonfinite, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (g == nullptr || c.stored == nullptr) return cudaErrorInvalidValue;
+  return launch(reset_compensation_kernel, flat_blocks(n), kFlatThreads, stream, g, c, first, n, nonfinite);
 }
 
 cudaError_t int_encode_cuda(int bits, const float* x, size_t n, float alpha, bool stochastic, IntClip clip,

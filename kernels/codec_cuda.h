@@ -41,6 +41,7 @@
 
 #include "kernels/codec.h"
 #include "kernels/int_codec.h"
+#include "kernels/marsit.h"
 #include "kernels/types.h"
 
 namespace qccl::kernels {
@@ -58,15 +59,22 @@ cudaError_t decode_cuda(const CodecConfig& codec, const void* in, size_t count, 
 cudaError_t decode_accumulate_cuda(const CodecConfig& codec, const void* in, size_t count, float* acc,
                                    unsigned long long* nonfinite, cudaStream_t stream);
 
-// Marsit's sign codec (marsit.h on the device, the same bits): words of n values' signs of u + c (c
-// may be null; non-finite sums counted into *nonfinite when it is not null), the merge of a hop
-// holding k contributions, and the decode g = eta * (2 bit - 1) with c += u - g (c may be null).
-cudaError_t pack_signs_cuda(const float* u, const float* c, size_t n, uint32_t* words, unsigned long long* nonfinite,
-                            cudaStream_t stream);
+// Marsit's sign codec (marsit.h on the device, the same bits; c holds device pointers, c.stored null
+// for none): the pack of n values' signs of w = u + c (stored = w, the old values to backup when it is
+// not null; non-finite w counted into *nonfinite when it is not null), the merge of a hop holding k
+// contributions, the decode g = eta * (2 bit - 1) recording the round in c, and the full-precision
+// round's w = x + c and compensation reset. first is the run's first value in the tensor (a multiple
+// of 32 for the pack and the decode with c, else cudaErrorInvalidValue).
+cudaError_t pack_signs_cuda(const float* u, Compensation c, size_t first, size_t n, uint32_t* words, float* backup,
+                            unsigned long long* nonfinite, cudaStream_t stream);
 cudaError_t merge_signs_cuda(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t nwords, uint32_t k,
                              const PhiloxKey& key, uint64_t first_word, cudaStream_t stream);
-cudaError_t decode_signs_cuda(const uint32_t* words, size_t n, float eta, float* g, float* c, const float* u,
+cudaError_t decode_signs_cuda(const uint32_t* words, size_t n, float eta, float* g, Compensation c, size_t first,
                               cudaStream_t stream);
+cudaError_t add_compensation_cuda(const float* x, Compensation c, size_t first, size_t n, float* out,
+                                  cudaStream_t stream);
+cudaError_t reset_compensation_cuda(const float* g, Compensation c, size_t first, size_t n,
+                                    unsigned long long* nonfinite, cudaStream_t stream);
 
 // IntSGD's integer codec (intsgd.h on the device, the same bits): encode with the shared alpha and the
 // rank's clip range (clipped values and non-finite inputs added to the counters that are not null),

@@ -1,9 +1,10 @@
 // Host launchers of Marsit's sign codec, vectorized with Highway and bit-identical to the element
 // functions of sign.h (which the CUDA kernels and the tails here call):
-//   pack    compare u + c > 0 a vector at a time and gather the lanes' mask bits into words;
+//   pack    per word: c = stored - the pending +-eta (the word's bits tested lane by lane), w = u + c,
+//           stored = w, and the lanes' w > 0 mask bits gathered into the word;
 //   merge   one word per 32-bit lane: the bit-sliced Bernoulli digits of kPhiloxGroups * lanes
 //           words at once, from vector Philox blocks (philox-inl.h), until every lane is decided;
-//   decode  broadcast a word, test each lane's bit, select +-eta, update c = c + (u - g).
+//   decode  broadcast a word, test each lane's bit, select +-eta; record the word and eta.
 #include "kernels/marsit.h"
 
 #include <algorithm>
@@ -30,12 +31,31 @@ alignas(64) constexpr uint32_t kBit[32] = {
     1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15, 1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21,
     1u << 22, 1u << 23, 1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
 
-// The scalar loop, for the values past the last whole word.
-size_t PackTail(const float* u, const float* c, size_t n, uint32_t* word) {
+// Shift counts that move bit j of a word to bit 31, for lane j: the pack tests lanes i .. i + Lanes.
+alignas(64) constexpr uint32_t kToBit31[32] = {31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                               15, 14, 13, 12, 11, 10, 9,  8,  7,  6,  5,  4,  3,  2,  1,  0};
+
+// The lanes of a vector whose bit is set in `word`: lane l tests bit i + l (kBit + i).
+template <class DF>
+hn::Mask<DF> BitsSet(DF df, uint32_t word, size_t i) {
+  const hn::RebindToUnsigned<DF> du;
+  return hn::RebindMask(df, hn::Ne(hn::And(hn::Set(du, word), hn::Load(du, kBit + i)), hn::Zero(du)));
+}
+
+// The element loop for n <= 32 values of one word (sign.h's functions): the values past the last
+// whole word, and the word of a run that is not word-aligned.
+size_t PackTail(const float* u, const Compensation* c, size_t first, size_t n, uint32_t* word, float* backup) {
   size_t nonfinite = 0;
   uint32_t bits = 0;
   for (size_t b = 0; b < n; ++b) {
-    const float x = c ? u[b] + c[b] : u[b];
+    float x = u[b];
+    if (c) {
+      const size_t j = first + b;
+      float& stored = c->stored[j];
+      if (backup) backup[b] = stored;
+      x += compensation_value(stored, c->words[j / 32], static_cast<unsigned>(j % 32), c->eta[j / 32]);
+      stored = x;
+    }
     bits |= sign_bit(x) << b;
     nonfinite += std::isfinite(x) ? 0 : 1;
   }
@@ -43,29 +63,42 @@ size_t PackTail(const float* u, const float* c, size_t n, uint32_t* word) {
   return nonfinite;
 }
 
-size_t PackSignsImpl(const float* u, const float* c, size_t n, uint32_t* words) {
+size_t PackSignsImpl(const float* u, const Compensation* c, size_t first, size_t n, uint32_t* words, float* backup) {
   const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
   const size_t w = hn::Lanes(df);  // divides 32 on every target (1 .. 16 float lanes)
   const auto zero = hn::Zero(df);
+  const auto sign = hn::Set(du, 0x80000000u);
   size_t nonfinite = 0, j = 0;
   for (; j + 32 <= n; j += 32) {
     uint32_t word = 0;
-    auto bad = hn::FirstN(df, 0);  // any lane NaN or Inf
+    const size_t at = first + j;  // this word's first value in the tensor
+    // The pending g = +-eta: eta with its sign bit flipped where the word's bit is 0 (-eta is exactly
+    // that), lane l's bit moved to bit 31 by a shift of 31 - l.
+    const auto eta = hn::BitCast(du, hn::Set(df, c ? c->eta[at / 32] : 0.0f));
+    const auto negative = hn::Set(du, c ? ~c->words[at / 32] : 0u);
+    auto finite = zero;  // x - x is 0 for finite x, NaN otherwise: summed, NaN if any lane is not finite
     for (size_t i = 0; i < 32; i += w) {
       auto x = hn::LoadU(df, u + j + i);
-      if (c) x = hn::Add(x, hn::LoadU(df, c + j + i));
-      bad = hn::Or(bad, hn::Not(hn::IsFinite(x)));
+      if (c) {
+        const auto stored = hn::LoadU(df, c->stored + at + i);
+        if (backup) hn::StoreU(stored, df, backup + j + i);
+        const auto g = hn::BitCast(df, hn::Xor(eta, hn::And(hn::Shl(negative, hn::Load(du, kToBit31 + i)), sign)));
+        x = hn::Add(x, hn::Sub(stored, g));
+        hn::StoreU(x, df, c->stored + at + i);
+      }
+      finite = hn::Add(finite, hn::Sub(x, x));
       uint8_t mask[8] = {};
       hn::StoreMaskBits(df, hn::Gt(x, zero), mask);  // lane l is bit l % 8 of byte l / 8
       word |= (static_cast<uint32_t>(mask[0]) | static_cast<uint32_t>(mask[1]) << 8) << i;
     }
     words[j / 32] = word;
-    if (!hn::AllFalse(df, bad)) {  // rare: count exactly, with the scalar test
-      uint32_t ignored;
-      nonfinite += PackTail(u + j, c ? c + j : nullptr, 32, &ignored);
+    if (HWY_UNLIKELY(!hn::AllTrue(df, hn::Eq(finite, zero)))) {  // rare: count exactly, from the w just written
+      const float* x = c ? c->stored + at : u + j;
+      for (size_t b = 0; b < 32; ++b) nonfinite += std::isfinite(x[b]) ? 0 : 1;
     }
   }
-  if (j < n) nonfinite += PackTail(u + j, c ? c + j : nullptr, n - j, &words[j / 32]);
+  if (j < n) nonfinite += PackTail(u + j, c, first + j, n - j, &words[j / 32], backup ? backup + j : nullptr);
   return nonfinite;
 }
 
@@ -133,29 +166,73 @@ void MergeSignsImpl(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t 
 #endif
 }
 
-void DecodeSignsImpl(const uint32_t* words, size_t n, float eta, float* g, float* c, const float* u) {
+void DecodeSignsImpl(const uint32_t* words, size_t n, float eta, float* g, const Compensation* c, size_t first) {
   const hn::ScalableTag<float> df;
-  const hn::RebindToUnsigned<decltype(df)> du;
   const size_t w = hn::Lanes(df);
   const auto plus = hn::Set(df, eta), minus = hn::Set(df, -eta);
-  size_t j = 0;
-  for (; j + 32 <= n; j += 32) {
-    const auto word = hn::Set(du, words[j / 32]);
-    for (size_t i = 0; i < 32; i += w) {
-      const auto set = hn::RebindMask(df, hn::Ne(hn::And(word, hn::Load(du, kBit + i)), hn::Zero(du)));
-      const auto v = hn::IfThenElse(set, plus, minus);
-      if (c) {  // u before g: they may be one buffer (an in-place all-reduce)
-        const auto cu = hn::Add(hn::LoadU(df, c + j + i), hn::Sub(hn::LoadU(df, u + j + i), v));
-        hn::StoreU(cu, df, c + j + i);
-      }
-      hn::StoreU(v, df, g + j + i);
+  for (size_t j = 0; j < n; j += 32) {
+    const uint32_t word = words[j / 32];
+    if (c) c->words[(first + j) / 32] = word, c->eta[(first + j) / 32] = eta;
+    if (j + 32 > n) {  // the last, partial word
+      for (size_t b = 0; j + b < n; ++b) g[j + b] = sign_value(word, static_cast<unsigned>(b), eta);
+      break;
     }
+    for (size_t i = 0; i < 32; i += w) hn::StoreU(hn::IfThenElse(BitsSet(df, word, i), plus, minus), df, g + j + i);
   }
-  for (; j < n; ++j) {
-    const float v = sign_value(words[j / 32], static_cast<unsigned>(j % 32), eta);
-    if (c) c[j] += u[j] - v;
-    g[j] = v;
-  }
+}
+
+// Calls scalar(i) for the values i of first .. first + n - 1 outside whole words, and word(i) for
+// the first value of every whole word (values i .. i + 31).
+template <class Scalar, class Word>
+void ForWords(size_t first, size_t n, const Scalar& scalar, const Word& word) {
+  size_t i = 0;
+  for (; i < n && (first + i) % 32; ++i) scalar(i);
+  for (; i + 32 <= n; i += 32) word(i);
+  for (; i < n; ++i) scalar(i);
+}
+
+void AddCompensationImpl(const float* x, const Compensation& c, size_t first, size_t n, float* out) {
+  const hn::ScalableTag<float> df;
+  const size_t w = hn::Lanes(df);
+  auto scalar = [&](size_t i) {
+    const size_t j = first + i;
+    const float cj = compensation_value(c.stored[j], c.words[j / 32], static_cast<unsigned>(j % 32), c.eta[j / 32]);
+    out[i] = x ? x[i] + cj : cj;
+  };
+  auto word = [&](size_t i) {
+    const size_t at = (first + i) / 32;
+    const auto plus = hn::Set(df, c.eta[at]), minus = hn::Neg(plus);
+    for (size_t l = 0; l < 32; l += w) {
+      auto v = hn::Sub(hn::LoadU(df, c.stored + first + i + l), hn::IfThenElse(BitsSet(df, c.words[at], l), plus, minus));
+      if (x) v = hn::Add(hn::LoadU(df, x + i + l), v);
+      hn::StoreU(v, df, out + i + l);
+    }
+  };
+  ForWords(first, n, scalar, word);
+}
+
+size_t ResetCompensationImpl(const float* g, const Compensation& c, size_t first, size_t n) {
+  const hn::ScalableTag<float> df;
+  const size_t w = hn::Lanes(df);
+  size_t nonfinite = 0;
+  auto scalar = [&](size_t i) {
+    const size_t j = first + i;
+    if (std::isfinite(g[i])) c.stored[j] = sign_value(c.words[j / 32], static_cast<unsigned>(j % 32), c.eta[j / 32]);
+    else ++nonfinite;
+  };
+  auto word = [&](size_t i) {
+    const size_t at = (first + i) / 32;
+    const auto plus = hn::Set(df, c.eta[at]), minus = hn::Neg(plus);
+    for (size_t l = 0; l < 32; l += w) {
+      const auto finite = hn::IsFinite(hn::LoadU(df, g + i + l));
+      float* stored = c.stored + first + i + l;
+      const auto pending = hn::IfThenElse(BitsSet(df, c.words[at], l), plus, minus);
+      hn::StoreU(hn::IfThenElse(finite, pending, hn::LoadU(df, stored)), df, stored);
+      nonfinite += w - hn::CountTrue(df, finite);
+    }
+  };
+  ForWords(first, n, scalar, word);
+  return nonfinite;
 }
 
 }  // namespace HWY_NAMESPACE
@@ -168,9 +245,11 @@ namespace qccl::kernels {
 HWY_EXPORT(PackSignsImpl);
 HWY_EXPORT(MergeSignsImpl);
 HWY_EXPORT(DecodeSignsImpl);
+HWY_EXPORT(AddCompensationImpl);
+HWY_EXPORT(ResetCompensationImpl);
 
-size_t pack_signs(const float* u, const float* c, size_t n, uint32_t* words) {
-  return HWY_DYNAMIC_DISPATCH(PackSignsImpl)(u, c, n, words);
+size_t pack_signs(const float* u, const Compensation* c, size_t first, size_t n, uint32_t* words, float* backup) {
+  return HWY_DYNAMIC_DISPATCH(PackSignsImpl)(u, c, first, n, words, backup);
 }
 
 void merge_signs(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t nwords, uint32_t k,
@@ -178,8 +257,16 @@ void merge_signs(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t nwo
   HWY_DYNAMIC_DISPATCH(MergeSignsImpl)(a, s, out, nwords, k, key, first_word);
 }
 
-void decode_signs(const uint32_t* words, size_t n, float eta, float* g, float* c, const float* u) {
-  HWY_DYNAMIC_DISPATCH(DecodeSignsImpl)(words, n, eta, g, c, u);
+void decode_signs(const uint32_t* words, size_t n, float eta, float* g, const Compensation* c, size_t first) {
+  HWY_DYNAMIC_DISPATCH(DecodeSignsImpl)(words, n, eta, g, c, first);
+}
+
+void add_compensation(const float* x, const Compensation& c, size_t first, size_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(AddCompensationImpl)(x, c, first, n, out);
+}
+
+size_t reset_compensation(const float* g, const Compensation& c, size_t first, size_t n) {
+  return HWY_DYNAMIC_DISPATCH(ResetCompensationImpl)(g, c, first, n);
 }
 
 }  // namespace qccl::kernels

@@ -71,6 +71,12 @@ QCCL_HD uint32_t marsit_merge(uint32_t a, uint32_t s, uint32_t k, const PhiloxKe
 // eta_s * (2 * bit - 1): the decoded global update.
 QCCL_HD float sign_value(uint32_t word, unsigned bit, float eta) { return ((word >> bit) & 1u) ? eta : -eta; }
 
+// Marsit's compensation, kept lazily (marsit.h, Compensation): c = stored - the pending round's
+// eta_s (2 b - 1), from the bit that round decoded (eta 0: nothing pending, c = stored).
+QCCL_HD float compensation_value(float stored, uint32_t word, unsigned bit, float eta) {
+  return stored - sign_value(word, bit, eta);
+}
+
 QCCL_HD size_t sign_words(size_t n) { return (n + 31) / 32; }
 
 }  // namespace qccl::kernels

@@ -42,8 +42,10 @@ DESCRIPTION
       dec+acc  decode_accumulate(codec, wire, SIZE / 4 values) into a float32 accumulator
 
     For Marsit's sign codec (sign:eta_s=E) the columns time its hot path instead: encode is
-    pack_signs of u + c followed by the merge of a ring hop (k = 3) with a received word of random
-    bits, decode is decode_signs with the compensation update c += u - g, and dec+acc is "-".
+    pack_signs of w = u + c (which also leaves w in the compensation and copies the old values to a
+    backup, 64 Ki values at a time as a collective's 256 KiB chunks do) followed by the merge of a
+    ring hop (k = 3) with a received word of random bits; decode is decode_signs, which writes g and
+    records the round's words in the compensation (c = w - g); dec+acc is "-".
 
     IntSGD's codecs (int8, int16, int32) are timed as one rank's: encode is Int(alpha x) under the
     spec's fixed alpha (1 when adaptive) over the whole wire range, decode is m / alpha (the
@@ -233,6 +235,8 @@ struct Buffers {
   std::vector<float> in, out, acc, copy;
   std::vector<uint8_t> wire;
   std::vector<uint32_t> incoming;  // sign: the bits a ring hop receives
+  std::vector<uint32_t> pending_words;  // sign: the compensation's pending round (acc: its stored values)
+  std::vector<float> pending_eta, backup;
 };
 
 // Medians in GB/s of float32 input: memcpy, encode, decode, decode_accumulate.
@@ -248,15 +252,20 @@ Row measure(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b
   Row row;
   const bool sign = codec.kind == qccl::kernels::CodecKind::kSign;
   auto* words = reinterpret_cast<uint32_t*>(b->wire.data());
+  const qccl::kernels::Compensation c{b->acc.data(), b->pending_words.data(), b->pending_eta.data()};
   auto op = [&](int which) {
-    if (sign) {  // Marsit's hot path: signs of u + c, the merge of a hop; the decode updating c
+    if (sign) {  // Marsit's hot path: signs of u + c, the merge of a hop; the decode recording the round
       switch (which) {
         case 0: std::memcpy(b->copy.data(), b->in.data(), bytes); break;
         case 1:
-          row.nonfinite_seen |= qccl::kernels::pack_signs(b->in.data(), b->acc.data(), count, words) != 0;
+          for (size_t first = 0; first < count; first += b->backup.size()) {
+            const size_t n = std::min(b->backup.size(), count - first);
+            row.nonfinite_seen |=
+                qccl::kernels::pack_signs(b->in.data() + first, &c, first, n, words + first / 32, b->backup.data()) != 0;
+          }
           qccl::kernels::merge_signs(b->incoming.data(), words, words, qccl::kernels::sign_words(count), 3, key, 0);
           break;
-        case 2: qccl::kernels::decode_signs(words, count, codec.eta, b->out.data(), b->acc.data(), b->in.data()); break;
+        case 2: qccl::kernels::decode_signs(words, count, codec.eta, b->out.data(), &c, 0); break;
         default: break;
       }
       return;
@@ -287,6 +296,7 @@ Row measure(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b
     // Keep the accumulator (the sign codec's compensation) bounded, untimed, so that it never
     // overflows to Inf.
     std::fill(b->acc.begin(), b->acc.begin() + count, 0.0f);
+    std::fill(b->pending_eta.begin(), b->pending_eta.end(), 0.0f);
   }
   for (int which = 0; which < 4; ++which) row.gbps[which] = median(rates[which]);
   return row;
@@ -305,6 +315,9 @@ int run(const Options& o) {
   b.out.assign(max_count, 0.0f), b.acc.assign(max_count, 0.0f), b.copy.assign(max_count, 0.0f);
   b.wire.assign(max_wire, 0);
   b.incoming.resize(qccl::kernels::sign_words(max_count));
+  b.pending_words.assign(qccl::kernels::sign_words(max_count), 0);
+  b.pending_eta.assign(qccl::kernels::sign_words(max_count), 0.0f);
+  b.backup.assign(size_t{64} << 10, 0.0f);
   for (uint32_t& w : b.incoming) w = static_cast<uint32_t>(rng());
 
   std::printf(

@@ -131,6 +131,9 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
     validate_compressed(*record, codec, c.aggregators());
     record->codec = codec->config;
     record->args.codec = record->codec.get();
+    // Marsit's compensation grows its pending-round arrays at the first sign call: past the budget,
+    // the call fails here, before it takes a sequence number or a step.
+    if (record->state && record->codec->kind == kernels::CodecKind::kSign) record->state->compensation();
   }
   if (group_active()) {
     group_defer(record, request == nullptr);

@@ -50,7 +50,27 @@ CodecState::CodecState(std::shared_ptr<StateBudget> budget, size_t count) : budg
   }
 }
 
-CodecState::~CodecState() { budget_->release(residual_.size() * sizeof(float)); }
+CodecState::~CodecState() { budget_->release(residual_.size() * sizeof(float) + pending_bytes()); }
+
+size_t CodecState::pending_bytes() const {
+  return pending_words_.size() * sizeof(uint32_t) + pending_eta_.size() * sizeof(float);
+}
+
+kernels::Compensation CodecState::compensation() {
+  const size_t words = (residual_.size() + 31) / 32;
+  if (pending_eta_.size() != words) {
+    budget_->charge(words * (sizeof(uint32_t) + sizeof(float)));
+    try {
+      pending_words_.assign(words, 0);
+      pending_eta_.assign(words, 0.0f);  // nothing pending: c = the stored values
+    } catch (...) {
+      budget_->release(words * (sizeof(uint32_t) + sizeof(float)));
+      pending_words_.clear(), pending_eta_.clear();
+      throw;
+    }
+  }
+  return kernels::Compensation{residual_.data(), pending_words_.data(), pending_eta_.data()};
+}
 
 size_t CodecState::serialized_bytes() const { return kHeaderBytes + residual_.size() * sizeof(float); }
 
@@ -66,11 +86,18 @@ void CodecState::save(void* buffer, size_t bytes) const {
   w.put<uint64_t>(bits_of(intsgd_.r));
   w.put<uint64_t>(bits_of(intsgd_.lr));
   w.put<uint64_t>(intsgd_.has_r ? 1 : 0);
+  // The floats: the residual, or Marsit's compensation with its pending round applied.
+  auto* floats = reinterpret_cast<float*>(static_cast<char*>(buffer) + kHeaderBytes);
+  if (pending_eta_.empty()) {
+    std::memcpy(floats, residual_.data(), residual_.size() * sizeof(float));
+  } else {
+    const kernels::Compensation c{const_cast<float*>(residual_.data()), const_cast<uint32_t*>(pending_words_.data()),
+                                  const_cast<float*>(pending_eta_.data())};
+    kernels::add_compensation(nullptr, c, 0, residual_.size(), floats);
+  }
   // Over everything that follows the version: a flipped bit anywhere is caught.
-  w.put<uint64_t>(checksum(residual_.data(), residual_.size() * sizeof(float),
-                           checksum(w.bytes().data() + 8, w.bytes().size() - 8)));
+  w.put<uint64_t>(checksum(floats, residual_.size() * sizeof(float), checksum(w.bytes().data() + 8, w.bytes().size() - 8)));
   std::memcpy(buffer, w.bytes().data(), kHeaderBytes);
-  std::memcpy(static_cast<char*>(buffer) + kHeaderBytes, residual_.data(), residual_.size() * sizeof(float));
 }
 
 void CodecState::load(const void* buffer, size_t bytes) {
@@ -95,6 +122,7 @@ void CodecState::load(const void* buffer, size_t bytes) {
   if (checksum(data, count * sizeof(float), scalars) != sum)
     fail(qcclInvalidArgument, "checkpoint checksum does not match");
   std::memcpy(residual_.data(), data, count * sizeof(float));
+  std::fill(pending_eta_.begin(), pending_eta_.end(), 0.0f);  // the checkpoint holds c itself
   step_ = step;
   intsgd_ = intsgd;
 }

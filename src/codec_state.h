@@ -10,6 +10,8 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/marsit.h"
+
 namespace qccl {
 
 // A communicator's budget for codec state, shared by the states it created (thread-safe).
@@ -44,6 +46,10 @@ class CodecState {
 
   size_t count() const { return residual_.size(); }
   float* residual() { return residual_.data(); }
+  // Marsit's compensation: the residual's floats as its stored values, with the words and eta_s of
+  // a pending sign round (kernels/marsit.h). Those are allocated, and charged to the budget, at the
+  // first call (Error(qcclInvalidUsage) past the budget); nothing is pending until a sign round.
+  kernels::Compensation compensation();
   // The step of the next collective that uses this state (then incremented).
   uint64_t take_step() { return step_++; }
   uint64_t step() const { return step_; }
@@ -55,8 +61,12 @@ class CodecState {
   void load(const void* buffer, size_t bytes);
 
  private:
+  size_t pending_bytes() const;
+
   std::shared_ptr<StateBudget> budget_;
   std::vector<float> residual_;
+  std::vector<uint32_t> pending_words_;  // Marsit: empty until compensation() is first called
+  std::vector<float> pending_eta_;
   uint64_t step_ = 0;
   IntsgdMemory intsgd_;
 };

@@ -242,8 +242,8 @@ void Operation::run_codec_step(const coll::Step& s, Slot& slot) {
       break;
     }
     case coll::StepKind::kPackSigns:
-      if (kernels::pack_signs(static_cast<const float*>(s.src), static_cast<const float*>(s.src2), s.n,
-                              static_cast<uint32_t*>(s.dst)))
+      if (kernels::pack_signs(static_cast<const float*>(s.src), &args.compensation, s.index, s.n,
+                              static_cast<uint32_t*>(s.dst), static_cast<float*>(const_cast<void*>(s.src2))))
         slot.tainted = true;
       bucket = &encode_seconds_;
       break;
@@ -258,20 +258,18 @@ void Operation::run_codec_step(const coll::Step& s, Slot& slot) {
     case coll::StepKind::kDecodeSigns:
       if (slot.tainted) {  // a NaN or Inf somewhere in this fragment: no finite garbage, state kept
         std::fill(out, out + s.n, std::numeric_limits<float>::quiet_NaN());
+        std::memcpy(args.compensation.stored + s.index, s.src2, s.n * sizeof(float));
         nonfinite_ += s.n;
       } else {
-        kernels::decode_signs(static_cast<const uint32_t*>(s.src), s.n, codec.eta, out, args.residual + s.index,
-                              static_cast<const float*>(args.sendbuf) + s.index);
+        kernels::decode_signs(static_cast<const uint32_t*>(s.src), s.n, codec.eta, out, &args.compensation, s.index);
       }
       break;
-    case coll::StepKind::kResetCompensation: {
-      const auto* g = static_cast<const float*>(s.src);
-      for (size_t i = 0; i < s.n; ++i) {
-        if (std::isfinite(g[i])) out[i] = 0.0f;
-        else ++nonfinite_;
-      }
+    case coll::StepKind::kAddCompensation:
+      kernels::add_compensation(static_cast<const float*>(s.src), args.compensation, s.index, s.n, out);
       break;
-    }
+    case coll::StepKind::kResetCompensation:
+      nonfinite_ += kernels::reset_compensation(static_cast<const float*>(s.src), args.compensation, s.index, s.n);
+      break;
     case coll::StepKind::kIntEncode: {
       const kernels::IntEncodeReport report =
           kernels::int_encode(codec.bits, static_cast<const float*>(s.src), s.n, s.factor,

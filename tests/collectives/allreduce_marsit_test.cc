@@ -2,7 +2,7 @@
 // network, on rings of 1 to 8 ranks and on tori: unanimous bits pass exactly; each output bit is 1
 // with probability (ranks whose bit is 1) / M, whichever ring or torus position holds the ones
 // (5-sigma binomial bounds, fixed seeds); identical bits on every rank and for every chunk size and
-// pipeline depth; the compensation c <- u + c - g and its reset in full-precision rounds; the K
+// pipeline depth; the compensation c <- (u + c) - g and its reset in full-precision rounds; the K
 // schedule; wire bytes 2(M-1)/M * 4 ceil(D/32); and NaN reported on every rank with the state kept.
 #include <catch2/catch.hpp>
 
@@ -15,6 +15,7 @@
 #include <string>
 
 #include "kernels/codec.h"
+#include "kernels/marsit.h"
 #include "kernels/sign.h"
 #include "tests/collectives/sim_runner.h"
 
@@ -42,10 +43,29 @@ kernels::CodecConfig sign_codec(Grid grid, uint32_t period = 0, uint64_t seed = 
   return kernels::parse_codec_spec(spec);
 }
 
-// Every rank's u, c (its codec state) and g for one round.
+// Every rank's u, c (its compensation) and g for one round. The collective keeps c lazily (stored
+// values and a pending round, kernels/marsit.h); c is what they stand for, and a test may set it.
 struct Round {
   std::vector<std::vector<float>> u, c, g;
   std::shared_ptr<SimRun> sim;  // (shared: rounds are copied to rerun the same inputs)
+  std::vector<std::vector<float>> stored, eta, c_seen;
+  std::vector<std::vector<uint32_t>> words;
+
+  kernels::Compensation compensation(int r) {
+    const size_t count = c[r].size();
+    if (stored.size() != c.size()) stored.resize(c.size()), eta.resize(c.size()), words.resize(c.size()), c_seen.resize(c.size());
+    if (c_seen[r].size() != count || std::memcmp(c_seen[r].data(), c[r].data(), count * sizeof(float)) != 0) {
+      stored[r] = c[r];  // set by the test: nothing pending
+      eta[r].assign(kernels::sign_words(count), 0.0f);
+      words[r].assign(kernels::sign_words(count), 0);
+    }
+    return kernels::Compensation{stored[r].data(), words[r].data(), eta[r].data()};
+  }
+  void read_compensation(int r) {
+    kernels::add_compensation(nullptr, kernels::Compensation{stored[r].data(), words[r].data(), eta[r].data()}, 0,
+                              c[r].size(), c[r].data());
+    c_seen[r] = c[r];
+  }
 };
 
 void run_round(Round& round, const kernels::CodecConfig& codec, uint64_t step, size_t chunk_bytes = 4096,
@@ -62,10 +82,11 @@ void run_round(Round& round, const kernels::CodecConfig& codec, uint64_t step, s
     a.sendbuf = in_place ? round.g[r].data() : round.u[r].data();
     a.recvbuf = round.g[r].data();
     a.codec = &codec;
-    a.residual = round.c[r].data();
+    a.compensation = round.compensation(r);
     a.rng = kernels::PhiloxKey{codec.seed, step, static_cast<uint32_t>(r), 0};
   }
   round.sim = std::make_shared<SimRun>(run_on_sim(args, "marsit", chunk_bytes, depth));
+  for (int r = 0; r < n; ++r) round.read_compensation(r);
 }
 
 Round make_round(int n, size_t count) {
@@ -115,7 +136,7 @@ uint64_t ring_values(int r, int n, size_t count) {
 
 const Grid kGrids[] = {{1, 1}, {1, 2}, {1, 3}, {1, 4}, {1, 5}, {1, 7}, {1, 8}, {2, 2}, {2, 3}, {3, 2}, {2, 4}, {4, 2}};
 
-TEST_CASE("Marsit: unanimous signs pass exactly, c <- u + c - g, identical bits, closed-form bytes", "[marsit]") {
+TEST_CASE("Marsit: unanimous signs pass exactly, c <- (u + c) - g, identical bits, closed-form bytes", "[marsit]") {
   for (Grid grid : kGrids)
     for (size_t count : {size_t{1}, size_t{31}, size_t{33}, size_t{100}, size_t{4099}, size_t{40000}}) {
       INFO(grid.name() << ", count " << count);
@@ -136,7 +157,7 @@ TEST_CASE("Marsit: unanimous signs pass exactly, c <- u + c - g, identical bits,
       for (int r = 0; r < n; ++r) {
         for (size_t i = 0; i < count; ++i) {
           REQUIRE(round.g[r][i] == kEta * static_cast<float>(sign[i]));
-          REQUIRE(round.c[r][i] == c_before[r][i] + (round.u[r][i] - round.g[r][i]));
+          REQUIRE(round.c[r][i] == (round.u[r][i] + c_before[r][i]) - round.g[r][i]);  // c <- w - g
         }
         CHECK(round.sim->ops[r]->nonfinite() == 0);
         CHECK(round.sim->ops[r]->bytes_sent() == round.sim->plan_bytes[r]);
@@ -286,7 +307,7 @@ TEST_CASE("Marsit: every K-th round (t = 0 included) is the full-precision avera
           CHECK(round.sim->plan_bytes[r] == sign_round_bytes(grid, r, count));
           for (size_t i = 0; i < count; ++i) {
             REQUIRE(std::abs(round.g[r][i]) == kEta);
-            REQUIRE(round.c[r][i] == c_before[r][i] + (round.u[r][i] - round.g[r][i]));
+            REQUIRE(round.c[r][i] == (round.u[r][i] + c_before[r][i]) - round.g[r][i]);  // c <- w - g
           }
         }
         // What each rank gave minus what was applied is its compensation, at every step.
@@ -334,7 +355,7 @@ TEST_CASE("Marsit: NaN in one rank's update is NaN for its whole fragment on eve
           for (size_t i = 0; i < count; ++i) {
             REQUIRE(std::isnan(round.g[r][i]) == (fragment_of(grid, count, i, 4) == fragment_of(grid, count, bad, 4)));
             if (std::isnan(round.g[r][i])) REQUIRE(round.c[r][i] == c_before[r][i]);
-            else REQUIRE(round.c[r][i] == c_before[r][i] + (round.u[r][i] - round.g[r][i]));
+            else REQUIRE(round.c[r][i] == (round.u[r][i] + c_before[r][i]) - round.g[r][i]);  // c <- w - g
           }
         }
       }

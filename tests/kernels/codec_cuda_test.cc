@@ -292,52 +292,75 @@ TEST_CASE("invalid arguments enqueue nothing and say cudaErrorInvalidValue", "[c
   ok(cudaDeviceSynchronize());
 }
 
-TEST_CASE("Marsit's sign launchers match marsit.h bit for bit", "[sign][cuda]") {
+// Host vectors copied to the device and back.
+template <typename T>
+struct Mirrored {
+  std::vector<T> host;
+  DeviceBytes device;
+  explicit Mirrored(std::vector<T> values) : host(std::move(values)), device(host.size() * sizeof(T)) {
+    ok(cudaMemcpy(device.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  T* dev() const { return reinterpret_cast<T*>(device.get()); }
+  std::vector<T> fetch() const {
+    std::vector<T> out(host.size());
+    ok(cudaMemcpy(out.data(), device.get(), host.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+};
+
+TEST_CASE("Marsit's sign launchers match marsit.h bit for bit, the lazy compensation included", "[sign][cuda]") {
   for (size_t n : {size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{1000}, size_t{100003}}) {
     INFO("n " << n);
-    const size_t words = sign_words(n);
+    // The run is values 32 .. 32 + n - 1 of a tensor whose compensation has a round pending.
+    const size_t first = 32, total = first + n, words = sign_words(n);
     std::mt19937 rng(static_cast<uint32_t>(n));
     std::normal_distribution<float> normal;
-    std::vector<float> u(n), c(n);
-    for (size_t j = 0; j < n; ++j) u[j] = normal(rng), c[j] = 0.3f * normal(rng);
+    std::vector<float> u(n), stored(total), eta(sign_words(total));
+    std::vector<uint32_t> pending(sign_words(total)), incoming(words);
+    for (float& v : u) v = normal(rng);
+    for (float& v : stored) v = 0.3f * normal(rng);
+    for (size_t w = 0; w < pending.size(); ++w) pending[w] = rng(), eta[w] = w % 3 ? 0.0625f : 0.0f;
+    for (uint32_t& w : incoming) w = rng();
     u[0] = -0.0f;
     if (n > 7) u[7] = NAN;
-    std::vector<uint32_t> a(words);
-    for (uint32_t& w : a) w = rng();
-    const DeviceBytes d_u(n * 4), d_c(n * 4), d_g(n * 4), d_a(words * 4), d_s(words * 4), d_count(8);
-    auto* du = reinterpret_cast<float*>(d_u.get());
-    auto* dc = reinterpret_cast<float*>(d_c.get());
-    auto* dg = reinterpret_cast<float*>(d_g.get());
-    auto* da = reinterpret_cast<uint32_t*>(d_a.get());
-    auto* ds = reinterpret_cast<uint32_t*>(d_s.get());
-    auto* counter = reinterpret_cast<unsigned long long*>(d_count.get());
-    ok(cudaMemcpy(du, u.data(), n * 4, cudaMemcpyHostToDevice));
-    ok(cudaMemcpy(dc, c.data(), n * 4, cudaMemcpyHostToDevice));
-    ok(cudaMemcpy(da, a.data(), words * 4, cudaMemcpyHostToDevice));
-    ok(cudaMemset(counter, 0, 8));
+    const Mirrored<float> d_u{u}, d_stored{stored}, d_eta{eta}, d_backup{std::vector<float>(n)}, d_g{std::vector<float>(n)};
+    const Mirrored<uint32_t> d_pending{pending}, d_words{std::vector<uint32_t>(words)}, d_incoming{incoming};
+    const Mirrored<unsigned long long> d_count{std::vector<unsigned long long>(1, 0)};
+    const Compensation host{stored.data(), pending.data(), eta.data()};
+    const Compensation dev{d_stored.dev(), d_pending.dev(), d_eta.dev()};
 
-    std::vector<uint32_t> s(words), merged(words), dev(words);
-    const size_t nonfinite = pack_signs(u.data(), c.data(), n, s.data());
-    ok(pack_signs_cuda(du, dc, n, ds, counter, nullptr));
-    ok(cudaMemcpy(dev.data(), ds, words * 4, cudaMemcpyDeviceToHost));
-    unsigned long long dev_nonfinite = 0;
-    ok(cudaMemcpy(&dev_nonfinite, counter, 8, cudaMemcpyDeviceToHost));
-    CHECK(dev == s);
-    CHECK(dev_nonfinite == nonfinite);
+    std::vector<uint32_t> s(words), merged(words);
+    std::vector<float> backup(n);
+    const size_t nonfinite = pack_signs(u.data(), &host, first, n, s.data(), backup.data());
+    ok(pack_signs_cuda(d_u.dev(), dev, first, n, d_words.dev(), d_backup.dev(), d_count.dev(), nullptr));
+    CHECK(d_words.fetch() == s);
+    CHECK(d_count.fetch()[0] == nonfinite);
+    CHECK(first_difference(stored.data(), d_stored.fetch().data(), total, true) == "");  // w: NaN at 7
+    CHECK(first_difference(backup.data(), d_backup.fetch().data(), n, false) == "");
 
     const PhiloxKey key{3, 17, 5, 1u << 10 | 2};
-    merge_signs(a.data(), s.data(), merged.data(), words, 5, key, 1234);
-    ok(merge_signs_cuda(da, ds, da, words, 5, key, 1234, nullptr));  // in place
-    ok(cudaMemcpy(dev.data(), da, words * 4, cudaMemcpyDeviceToHost));
-    CHECK(dev == merged);
+    merge_signs(incoming.data(), s.data(), merged.data(), words, 5, key, 1234);
+    ok(merge_signs_cuda(d_incoming.dev(), d_words.dev(), d_incoming.dev(), words, 5, key, 1234, nullptr));  // in place
+    CHECK(d_incoming.fetch() == merged);
 
-    std::vector<float> g(n), g_dev(n), c_dev(n);
-    decode_signs(merged.data(), n, 0.125f, g.data(), c.data(), u.data());
-    ok(decode_signs_cuda(da, n, 0.125f, dg, dc, du, nullptr));
-    ok(cudaMemcpy(g_dev.data(), dg, n * 4, cudaMemcpyDeviceToHost));
-    ok(cudaMemcpy(c_dev.data(), dc, n * 4, cudaMemcpyDeviceToHost));
-    CHECK(first_difference(g.data(), g_dev.data(), n, false) == "");
-    CHECK(first_difference(c.data(), c_dev.data(), n, true) == "");
+    std::vector<float> g(n);
+    decode_signs(merged.data(), n, 0.125f, g.data(), &host, first);
+    ok(decode_signs_cuda(d_incoming.dev(), n, 0.125f, d_g.dev(), dev, first, nullptr));
+    CHECK(first_difference(g.data(), d_g.fetch().data(), n, false) == "");
+    CHECK(d_pending.fetch() == pending);
+    CHECK(d_eta.fetch() == eta);
+    CHECK(pack_signs_cuda(d_u.dev(), dev, 5, n, d_words.dev(), nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+
+    // The full-precision round's helpers, from a first value inside a word.
+    std::vector<float> w(n);
+    add_compensation(u.data(), host, 3, n, w.data());
+    ok(add_compensation_cuda(d_u.dev(), dev, 3, n, d_g.dev(), nullptr));
+    CHECK(first_difference(w.data(), d_g.fetch().data(), n, true) == "");
+    const size_t bad = reset_compensation(w.data(), host, 3, n);
+    ok(cudaMemset(d_count.dev(), 0, sizeof(unsigned long long)));
+    ok(reset_compensation_cuda(d_g.dev(), dev, 3, n, d_count.dev(), nullptr));
+    CHECK(d_count.fetch()[0] == bad);
+    CHECK(first_difference(stored.data(), d_stored.fetch().data(), total, true) == "");
   }
 }
 

@@ -239,6 +239,23 @@ TEST_CASE("codec state budget: a state beyond QCCL_CODEC_STATE_BUDGET is refused
   QCCL_REQUIRE_OK(qcclCodecStateDestroy(a));
   QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), 100000, &b));  // freed budget is reusable
   QCCL_REQUIRE_OK(qcclCodecStateDestroy(b));
+
+  // Marsit's first sign round takes 8 bytes per 32 values more: 1,000,000 + 7,813 * 8 bytes do not fit.
+  qcclCodec_t sign = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate("sign:eta_s=0.5,k=0", &sign));
+  std::vector<float> u(250000, 1.0f), g(u.size());
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), u.size(), &a));
+  CHECK(qcclAllReduceCompressed(u.data(), g.data(), u.size(), qcclFloat32, qcclAvg, sign, a, w.comm()) ==
+        qcclInvalidUsage);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("62504 bytes would exceed QCCL_CODEC_STATE_BUDGET"));
+  QCCL_REQUIRE_OK(qcclCodecStateDestroy(a));
+  // Nothing ran: with a state that fits, a sign round (k = 0: never full precision) runs in step.
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), 240000, &a));  // 960,000 + 60,000 bytes
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(u.data(), g.data(), 240000, qcclFloat32, qcclAvg, sign, a, w.comm()));
+  CHECK(g[0] == 0.5f);
+  CHECK(g[239999] == 0.5f);
+  QCCL_REQUIRE_OK(qcclCodecStateDestroy(a));
+  QCCL_REQUIRE_OK(qcclCodecDestroy(sign));
 }
 
 }  // namespace qccl::test
