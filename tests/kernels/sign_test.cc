@@ -10,6 +10,8 @@
 #include <random>
 #include <vector>
 
+#include <hwy/targets.h>
+
 #include "kernels/codec.h"
 #include "kernels/marsit.h"
 #include "kernels/sign.h"
@@ -75,6 +77,20 @@ TEST_CASE("marsit_merge: agreeing bits pass, k = 1 is the local bits, the paper'
   }
 }
 
+// Runs body once per Highway target that marsit.cc was compiled for and this CPU supports, with
+// dispatch pinned to that target (the scalar target runs the element functions themselves).
+template <class Body>
+void for_each_target(Body body) {
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  REQUIRE(targets.size() >= 2);  // at least the scalar fallback and one SIMD target on x86-64
+  for (int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    INFO("Highway target " << hwy::TargetName(target));
+    body();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 // A compensation of n values with a pending round: random stored values, words and eta (some words
 // with eta 0, nothing pending), and c, the values it stands for, by the element function.
 struct TestCompensation {
@@ -94,125 +110,133 @@ bool same_float(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 TEST_CASE("pack_signs: bit i of the run is w = u + c > 0; stored = w, the old values backed up; NaN counted",
           "[sign]") {
-  for (size_t total : {size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{100}, size_t{1000}})
-    for (size_t first : {size_t{0}, size_t{32}, size_t{64}}) {
-      if (first >= total) continue;
-      const size_t n = total - first;
-      TestCompensation c(total, static_cast<uint32_t>(total + first));
-      const TestCompensation before = c;
-      std::vector<float> u(n);
-      std::mt19937 rng(static_cast<uint32_t>(n));
-      std::normal_distribution<float> normal;
-      for (float& v : u) v = normal(rng);
-      u[0] = -c.c(first);  // w is exactly 0 (bit 0), or -0 + 0
-      if (n > 5) u[5] = std::numeric_limits<float>::quiet_NaN();
-      if (n > 40) u[40] = std::numeric_limits<float>::infinity();
-      std::vector<uint32_t> words(sign_words(n), 0xdeadbeef), alone(sign_words(n));
-      std::vector<float> backup(n, -7.0f);
-      const Compensation view = c.view();
-      const size_t nonfinite = pack_signs(u.data(), &view, first, n, words.data(), backup.data());
-      CHECK(nonfinite == (n > 5 ? 1u : 0u) + (n > 40 ? 1u : 0u));
-      CHECK(pack_signs(u.data(), nullptr, 0, n, alone.data(), nullptr) == nonfinite);
-      for (size_t i = 0; i < 32 * words.size(); ++i) {
-        INFO("total " << total << ", first " << first << ", i " << i);
-        const uint32_t bit = (words[i / 32] >> (i % 32)) & 1u, bit_alone = (alone[i / 32] >> (i % 32)) & 1u;
-        if (i >= n) {  // pads
-          REQUIRE(bit == 0u);
-          REQUIRE(bit_alone == 0u);
-          continue;
+  for_each_target([] {
+    for (size_t total : {size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{100}, size_t{1000}})
+      for (size_t first : {size_t{0}, size_t{32}, size_t{64}}) {
+        if (first >= total) continue;
+        const size_t n = total - first;
+        TestCompensation c(total, static_cast<uint32_t>(total + first));
+        const TestCompensation before = c;
+        std::vector<float> u(n);
+        std::mt19937 rng(static_cast<uint32_t>(n));
+        std::normal_distribution<float> normal;
+        for (float& v : u) v = normal(rng);
+        u[0] = -c.c(first);  // w is exactly 0 (bit 0), or -0 + 0
+        if (n > 5) u[5] = std::numeric_limits<float>::quiet_NaN();
+        if (n > 40) u[40] = std::numeric_limits<float>::infinity();
+        std::vector<uint32_t> words(sign_words(n), 0xdeadbeef), alone(sign_words(n));
+        std::vector<float> backup(n, -7.0f);
+        const Compensation view = c.view();
+        const size_t nonfinite = pack_signs(u.data(), &view, first, n, words.data(), backup.data());
+        CHECK(nonfinite == (n > 5 ? 1u : 0u) + (n > 40 ? 1u : 0u));
+        CHECK(pack_signs(u.data(), nullptr, 0, n, alone.data(), nullptr) == nonfinite);
+        for (size_t i = 0; i < 32 * words.size(); ++i) {
+          INFO("total " << total << ", first " << first << ", i " << i);
+          const uint32_t bit = (words[i / 32] >> (i % 32)) & 1u, bit_alone = (alone[i / 32] >> (i % 32)) & 1u;
+          if (i >= n) {  // pads
+            REQUIRE(bit == 0u);
+            REQUIRE(bit_alone == 0u);
+            continue;
+          }
+          const float w = u[i] + before.c(first + i);
+          REQUIRE(bit == (w > 0.0f ? 1u : 0u));
+          REQUIRE(bit_alone == (u[i] > 0.0f ? 1u : 0u));
+          REQUIRE(same_float(c.stored[first + i], w));
+          REQUIRE(same_float(backup[i], before.stored[first + i]));
         }
-        const float w = u[i] + before.c(first + i);
-        REQUIRE(bit == (w > 0.0f ? 1u : 0u));
-        REQUIRE(bit_alone == (u[i] > 0.0f ? 1u : 0u));
-        REQUIRE(same_float(c.stored[first + i], w));
-        REQUIRE(same_float(backup[i], before.stored[first + i]));
+        for (size_t j = 0; j < first; ++j) REQUIRE(same_float(c.stored[j], before.stored[j]));  // outside the run
+        REQUIRE(c.words == before.words);
+        REQUIRE(c.eta == before.eta);
       }
-      for (size_t j = 0; j < first; ++j) REQUIRE(same_float(c.stored[j], before.stored[j]));  // outside the run
-      REQUIRE(c.words == before.words);
-      REQUIRE(c.eta == before.eta);
-    }
+  });
 }
 
 TEST_CASE("decode_signs: g = eta (2 bit - 1), in place on u; the round recorded, so c = w - g", "[sign]") {
-  const size_t total = 64 + 77;
-  const std::vector<uint32_t> words = {0x12345678u, 0xffff0000u, 0x0000ffffu};
-  for (bool in_place : {false, true}) {
-    TestCompensation c(total, 5);
-    std::vector<float> u(77), g(77);
-    for (size_t i = 0; i < u.size(); ++i) u[i] = 0.01f * static_cast<float>(i) - 0.3f;
-    std::vector<float> w(77);
-    for (size_t i = 0; i < w.size(); ++i) w[i] = u[i] + c.c(64 + i);
-    const Compensation view = c.view();
-    pack_signs(u.data(), &view, 64, u.size(), std::vector<uint32_t>(3).data(), nullptr);
-    float* out = in_place ? u.data() : g.data();
-    decode_signs(words.data(), u.size(), 0.5f, out, &view, 64);
-    for (size_t i = 0; i < u.size(); ++i) {
-      INFO("in place " << in_place << ", i " << i);
-      const float expect = (words[i / 32] >> (i % 32)) & 1u ? 0.5f : -0.5f;
-      REQUIRE(out[i] == expect);
-      REQUIRE(same_float(c.c(64 + i), w[i] - expect));  // Marsit Alg. 1 line 10: c <- w - g
+  for_each_target([] {
+    const size_t total = 64 + 77;
+    const std::vector<uint32_t> words = {0x12345678u, 0xffff0000u, 0x0000ffffu};
+    for (bool in_place : {false, true}) {
+      TestCompensation c(total, 5);
+      std::vector<float> u(77), g(77);
+      for (size_t i = 0; i < u.size(); ++i) u[i] = 0.01f * static_cast<float>(i) - 0.3f;
+      std::vector<float> w(77);
+      for (size_t i = 0; i < w.size(); ++i) w[i] = u[i] + c.c(64 + i);
+      const Compensation view = c.view();
+      pack_signs(u.data(), &view, 64, u.size(), std::vector<uint32_t>(3).data(), nullptr);
+      float* out = in_place ? u.data() : g.data();
+      decode_signs(words.data(), u.size(), 0.5f, out, &view, 64);
+      for (size_t i = 0; i < u.size(); ++i) {
+        INFO("in place " << in_place << ", i " << i);
+        const float expect = (words[i / 32] >> (i % 32)) & 1u ? 0.5f : -0.5f;
+        REQUIRE(out[i] == expect);
+        REQUIRE(same_float(c.c(64 + i), w[i] - expect));  // Marsit Alg. 1 line 10: c <- w - g
+      }
+      for (size_t k = 0; k < 3; ++k) CHECK((c.words[2 + k] == words[k] && c.eta[2 + k] == 0.5f));
     }
-    for (size_t k = 0; k < 3; ++k) CHECK((c.words[2 + k] == words[k] && c.eta[2 + k] == 0.5f));
-  }
-  std::vector<float> g(77);  // without a compensation: g alone
-  decode_signs(words.data(), g.size(), 0.25f, g.data(), nullptr, 0);
-  for (size_t i = 0; i < g.size(); ++i) REQUIRE(g[i] == ((words[i / 32] >> (i % 32)) & 1u ? 0.25f : -0.25f));
+    std::vector<float> g(77);  // without a compensation: g alone
+    decode_signs(words.data(), g.size(), 0.25f, g.data(), nullptr, 0);
+    for (size_t i = 0; i < g.size(); ++i) REQUIRE(g[i] == ((words[i / 32] >> (i % 32)) & 1u ? 0.25f : -0.25f));
+  });
 }
 
 TEST_CASE("sign rounds through the lazy compensation equal c <- (u + c) - g step by step", "[sign]") {
-  const size_t n = 1000;
-  std::vector<float> c_eager(n, 0.0f), stored(n, 0.0f), eta(sign_words(n), 0.0f), g(n), u(n);
-  std::vector<uint32_t> pending(sign_words(n), 0), words(sign_words(n));
-  const Compensation c{stored.data(), pending.data(), eta.data()};
-  std::mt19937 rng(21);
-  std::normal_distribution<float> normal;
-  for (int round = 0; round < 20; ++round) {
-    for (float& v : u) v = 0.01f * normal(rng);
-    const float eta_s = round % 4 == 3 ? 0.02f : 0.005f;  // the codec may change between calls
-    pack_signs(u.data(), &c, 0, n, words.data(), nullptr);
-    for (uint32_t& w : words) w ^= rng();  // what the network round might return
-    decode_signs(words.data(), n, eta_s, g.data(), &c, 0);
-    std::vector<float> lazy(n);
-    add_compensation(nullptr, c, 0, n, lazy.data());
-    for (size_t j = 0; j < n; ++j) {
-      c_eager[j] = (u[j] + c_eager[j]) - g[j];
-      INFO("round " << round << ", value " << j);
-      REQUIRE(same_float(lazy[j], c_eager[j]));
+  for_each_target([] {
+    const size_t n = 1000;
+    std::vector<float> c_eager(n, 0.0f), stored(n, 0.0f), eta(sign_words(n), 0.0f), g(n), u(n);
+    std::vector<uint32_t> pending(sign_words(n), 0), words(sign_words(n));
+    const Compensation c{stored.data(), pending.data(), eta.data()};
+    std::mt19937 rng(21);
+    std::normal_distribution<float> normal;
+    for (int round = 0; round < 20; ++round) {
+      for (float& v : u) v = 0.01f * normal(rng);
+      const float eta_s = round % 4 == 3 ? 0.02f : 0.005f;  // the codec may change between calls
+      pack_signs(u.data(), &c, 0, n, words.data(), nullptr);
+      for (uint32_t& w : words) w ^= rng();  // what the network round might return
+      decode_signs(words.data(), n, eta_s, g.data(), &c, 0);
+      std::vector<float> lazy(n);
+      add_compensation(nullptr, c, 0, n, lazy.data());
+      for (size_t j = 0; j < n; ++j) {
+        c_eager[j] = (u[j] + c_eager[j]) - g[j];
+        INFO("round " << round << ", value " << j);
+        REQUIRE(same_float(lazy[j], c_eager[j]));
+      }
     }
-  }
+  });
 }
 
 TEST_CASE("add_compensation and reset_compensation from any first value", "[sign]") {
-  for (size_t first : {size_t{0}, size_t{5}, size_t{32}, size_t{37}})
-    for (size_t n : {size_t{1}, size_t{27}, size_t{31}, size_t{64}, size_t{100}, size_t{333}}) {
-      INFO("first " << first << ", n " << n);
-      const size_t total = first + n + 40;
-      TestCompensation c(total, static_cast<uint32_t>(first * 1000 + n));
-      const TestCompensation before = c;
-      std::vector<float> x(n), w(n), c_alone(n);
-      for (size_t i = 0; i < n; ++i) x[i] = 0.1f * static_cast<float>(i) - 3.0f;
-      add_compensation(x.data(), c.view(), first, n, w.data());
-      add_compensation(nullptr, c.view(), first, n, c_alone.data());
-      std::vector<float> in_place = x;
-      add_compensation(in_place.data(), c.view(), first, n, in_place.data());
-      for (size_t i = 0; i < n; ++i) {
-        REQUIRE(same_float(w[i], x[i] + before.c(first + i)));
-        REQUIRE(same_float(c_alone[i], before.c(first + i)));
-        REQUIRE(same_float(in_place[i], w[i]));
+  for_each_target([] {
+    for (size_t first : {size_t{0}, size_t{5}, size_t{32}, size_t{37}})
+      for (size_t n : {size_t{1}, size_t{27}, size_t{31}, size_t{64}, size_t{100}, size_t{333}}) {
+        INFO("first " << first << ", n " << n);
+        const size_t total = first + n + 40;
+        TestCompensation c(total, static_cast<uint32_t>(first * 1000 + n));
+        const TestCompensation before = c;
+        std::vector<float> x(n), w(n), c_alone(n);
+        for (size_t i = 0; i < n; ++i) x[i] = 0.1f * static_cast<float>(i) - 3.0f;
+        add_compensation(x.data(), c.view(), first, n, w.data());
+        add_compensation(nullptr, c.view(), first, n, c_alone.data());
+        std::vector<float> in_place = x;
+        add_compensation(in_place.data(), c.view(), first, n, in_place.data());
+        for (size_t i = 0; i < n; ++i) {
+          REQUIRE(same_float(w[i], x[i] + before.c(first + i)));
+          REQUIRE(same_float(c_alone[i], before.c(first + i)));
+          REQUIRE(same_float(in_place[i], w[i]));
+        }
+        std::vector<float> g(n, 1.0f);
+        g[0] = std::numeric_limits<float>::quiet_NaN();
+        if (n > 30) g[30] = -std::numeric_limits<float>::infinity();
+        CHECK(reset_compensation(g.data(), c.view(), first, n) == (n > 30 ? 2u : 1u));
+        for (size_t j = 0; j < total; ++j) {
+          INFO("value " << j);
+          const bool inside = j >= first && j < first + n;
+          if (inside && std::isfinite(g[j - first])) REQUIRE(c.c(j) == 0.0f);
+          else REQUIRE(same_float(c.c(j), before.c(j)));  // kept where g is not finite, and outside
+        }
+        REQUIRE(c.words == before.words);
+        REQUIRE(c.eta == before.eta);
       }
-      std::vector<float> g(n, 1.0f);
-      g[0] = std::numeric_limits<float>::quiet_NaN();
-      if (n > 30) g[30] = -std::numeric_limits<float>::infinity();
-      CHECK(reset_compensation(g.data(), c.view(), first, n) == (n > 30 ? 2u : 1u));
-      for (size_t j = 0; j < total; ++j) {
-        INFO("value " << j);
-        const bool inside = j >= first && j < first + n;
-        if (inside && std::isfinite(g[j - first])) REQUIRE(c.c(j) == 0.0f);
-        else REQUIRE(same_float(c.c(j), before.c(j)));  // kept where g is not finite, and outside
-      }
-      REQUIRE(c.words == before.words);
-      REQUIRE(c.eta == before.eta);
-    }
+  });
 }
 
 TEST_CASE("merge_signs keys word w of a run by first_word + w", "[sign]") {
