@@ -203,7 +203,8 @@ void AddCompensationImpl(const float* x, const Compensation& c, size_t first, si
     const size_t at = (first + i) / 32;
     const auto plus = hn::Set(df, c.eta[at]), minus = hn::Neg(plus);
     for (size_t l = 0; l < 32; l += w) {
-      auto v = hn::Sub(hn::LoadU(df, c.stored + first + i + l), hn::IfThenElse(BitsSet(df, c.words[at], l), plus, minus));
+      const auto pending = hn::IfThenElse(BitsSet(df, c.words[at], l), plus, minus);
+      auto v = hn::Sub(hn::LoadU(df, c.stored + first + i + l), pending);
       if (x) v = hn::Add(hn::LoadU(df, x + i + l), v);
       hn::StoreU(v, df, out + i + l);
     }

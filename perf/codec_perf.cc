@@ -260,8 +260,8 @@ Row measure(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b
         case 1:
           for (size_t first = 0; first < count; first += b->backup.size()) {
             const size_t n = std::min(b->backup.size(), count - first);
-            row.nonfinite_seen |=
-                qccl::kernels::pack_signs(b->in.data() + first, &c, first, n, words + first / 32, b->backup.data()) != 0;
+            row.nonfinite_seen |= qccl::kernels::pack_signs(b->in.data() + first, &c, first, n, words + first / 32,
+                                                            b->backup.data()) != 0;
           }
           qccl::kernels::merge_signs(b->incoming.data(), words, words, qccl::kernels::sign_words(count), 3, key, 0);
           break;

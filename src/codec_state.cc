@@ -96,7 +96,8 @@ void CodecState::save(void* buffer, size_t bytes) const {
     kernels::add_compensation(nullptr, c, 0, residual_.size(), floats);
   }
   // Over everything that follows the version: a flipped bit anywhere is caught.
-  w.put<uint64_t>(checksum(floats, residual_.size() * sizeof(float), checksum(w.bytes().data() + 8, w.bytes().size() - 8)));
+  const uint64_t scalars = checksum(w.bytes().data() + 8, w.bytes().size() - 8);
+  w.put<uint64_t>(checksum(floats, residual_.size() * sizeof(float), scalars));
   std::memcpy(buffer, w.bytes().data(), kHeaderBytes);
 }
 

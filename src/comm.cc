@@ -152,12 +152,13 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   if (args.codec) {
     // Stochastic rounding is keyed by the state's step when the caller keeps one (so that a rerun of
     // a training step from a checkpoint draws the same numbers), else by the sequence number.
-    // The state's floats: the error-feedback residual, or Marsit's compensation (allocated by the API).
-    if (record->state && args.codec->error_feedback) args.residual = record->state->residual();
-    if (record->state && args.codec->kind == kernels::CodecKind::kSign) args.compensation = record->state->compensation();
     if (record->state) codec_step = record->state->take_step();
     const uint64_t step = record->state ? codec_step : identity.sequence;
     args.rng = kernels::PhiloxKey{args.codec->seed, step, static_cast<uint32_t>(rank_), 0};
+    // The state's floats: the error-feedback residual, or Marsit's compensation (allocated by the API).
+    if (record->state && args.codec->error_feedback) args.residual = record->state->residual();
+    if (record->state && args.codec->kind == kernels::CodecKind::kSign)
+      args.compensation = record->state->compensation();
     if (args.codec->kind == kernels::CodecKind::kInt) {
       args.aggregators = aggregators();
       if (args.codec->switch_aggregation) {

@@ -53,7 +53,8 @@ struct Round {
 
   kernels::Compensation compensation(int r) {
     const size_t count = c[r].size();
-    if (stored.size() != c.size()) stored.resize(c.size()), eta.resize(c.size()), words.resize(c.size()), c_seen.resize(c.size());
+    if (stored.size() != c.size())
+      stored.resize(c.size()), eta.resize(c.size()), words.resize(c.size()), c_seen.resize(c.size());
     if (c_seen[r].size() != count || std::memcmp(c_seen[r].data(), c[r].data(), count * sizeof(float)) != 0) {
       stored[r] = c[r];  // set by the test: nothing pending
       eta[r].assign(kernels::sign_words(count), 0.0f);

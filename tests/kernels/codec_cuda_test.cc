@@ -323,7 +323,8 @@ TEST_CASE("Marsit's sign launchers match marsit.h bit for bit, the lazy compensa
     for (uint32_t& w : incoming) w = rng();
     u[0] = -0.0f;
     if (n > 7) u[7] = NAN;
-    const Mirrored<float> d_u{u}, d_stored{stored}, d_eta{eta}, d_backup{std::vector<float>(n)}, d_g{std::vector<float>(n)};
+    const Mirrored<float> d_u{u}, d_stored{stored}, d_eta{eta};
+    const Mirrored<float> d_backup{std::vector<float>(n)}, d_g{std::vector<float>(n)};
     const Mirrored<uint32_t> d_pending{pending}, d_words{std::vector<uint32_t>(words)}, d_incoming{incoming};
     const Mirrored<unsigned long long> d_count{std::vector<unsigned long long>(1, 0)};
     const Compensation host{stored.data(), pending.data(), eta.data()};

@@ -103,7 +103,9 @@ struct TestCompensation {
     for (size_t w = 0; w < words.size(); ++w) words[w] = rng(), eta[w] = w % 3 == 1 ? 0.0f : 0.0625f * (1 + w % 5);
   }
   Compensation view() { return Compensation{stored.data(), words.data(), eta.data()}; }
-  float c(size_t j) const { return compensation_value(stored[j], words[j / 32], static_cast<unsigned>(j % 32), eta[j / 32]); }
+  float c(size_t j) const {
+    return compensation_value(stored[j], words[j / 32], static_cast<unsigned>(j % 32), eta[j / 32]);
+  }
 };
 
 bool same_float(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }

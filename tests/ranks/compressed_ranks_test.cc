@@ -247,7 +247,8 @@ TEST_CASE("codec state budget: a state beyond QCCL_CODEC_STATE_BUDGET is refused
   QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), u.size(), &a));
   CHECK(qcclAllReduceCompressed(u.data(), g.data(), u.size(), qcclFloat32, qcclAvg, sign, a, w.comm()) ==
         qcclInvalidUsage);
-  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("62504 bytes would exceed QCCL_CODEC_STATE_BUDGET"));
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)),
+             Catch::Contains("62504 bytes would exceed QCCL_CODEC_STATE_BUDGET"));
   QCCL_REQUIRE_OK(qcclCodecStateDestroy(a));
   // Nothing ran: with a state that fits, a sign round (k = 0: never full precision) runs in step.
   QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), 240000, &a));  // 960,000 + 60,000 bytes
