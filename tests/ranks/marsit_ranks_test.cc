@@ -112,18 +112,29 @@ TEST_CASE("Marsit: non-blocking rounds on one state run in call order, as blocki
   for (int t = 0; t < rounds; ++t) CHECK(overlapped[t] == blocking[t]);
 }
 
-TEST_CASE("Marsit: NaN in one rank's update is qcclNonFinite on every rank, communicator intact", "[marsit]") {
+TEST_CASE("Marsit: NaN in one rank's update is qcclNonFinite on every rank, state and communicator intact",
+          "[marsit]") {
   World& w = World::get();
-  const size_t count = 4000;
+  const size_t count = 4000;  // one fragment: the NaN taints every value
   Codec codec("sign:eta_s=0.01,k=0");
   State state(w.comm(), count);
   std::vector<float> u(count), g(count);
   for (size_t i = 0; i < count; ++i) u[i] = static_cast<float>(update(w.rank(), i, 0));
+  // A sign round first, so that the compensation has a round pending when the NaN round overwrites it.
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(u.data(), g.data(), count, qcclFloat32, qcclAvg, codec.handle, state.handle,
+                                          w.comm()));
+  size_t bytes = 0;
+  QCCL_REQUIRE_OK(qcclCodecStateSize(state.handle, &bytes));
+  std::vector<uint8_t> before(bytes), after(bytes);
+  QCCL_REQUIRE_OK(qcclCodecStateSave(state.handle, before.data(), bytes));
   if (w.rank() == w.size() - 1) u[1234] = NAN;
   CHECK(qcclAllReduceCompressed(u.data(), g.data(), count, qcclFloat32, qcclAvg, codec.handle, state.handle,
                                 w.comm()) == qcclNonFinite);
   CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("NaN or Inf"));
   CHECK(std::isnan(g[1234]));
+  QCCL_REQUIRE_OK(qcclCodecStateSave(state.handle, after.data(), bytes));
+  const size_t floats = bytes - count * sizeof(float);  // the compensation follows the header
+  CHECK(std::memcmp(before.data() + floats, after.data() + floats, count * sizeof(float)) == 0);
   u[1234] = 0.5f;
   QCCL_REQUIRE_OK(qcclAllReduceCompressed(u.data(), g.data(), count, qcclFloat32, qcclAvg, codec.handle, state.handle,
                                           w.comm()));
