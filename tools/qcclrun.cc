@@ -28,6 +28,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,9 +85,11 @@ OPTIONS
     -n, -np, --np N     Number of ranks, 1 to 4096. Required.
     -x NAME=VALUE       Set NAME in every rank's environment (repeatable). Overrides what qcclrun sets.
                         -x NAME passes qcclrun's own value of NAME through unchanged.
-    --root-port P       Port of QCCL_ROOT. Default: a free port, found by binding port 0 on 127.0.0.1
-                        and closing it (so another program could still take it before rank 0); with
-                        --netem, 29500 (every job has its own namespaces, so it is always free).
+    --root-port P       Port of QCCL_ROOT. Default: a port free at start, picked at random below the
+                        kernel's ephemeral range (net.ipv4.ip_local_port_range), where outgoing
+                        connections never take it; a program binding the same port explicitly before
+                        rank 0 could still, which P avoids. With --netem, 29500 (every job has its own
+                        namespaces, so it is always free).
     --no-prefix         Forward output without the "[R] " prefix (still whole lines).
     --grace SEC         Seconds between SIGTERM and SIGKILL when stopping ranks. Default 2.
     --timeout SEC       Stop the job and exit 124 when it runs longer than SEC. Default 0 (no limit).
@@ -295,21 +298,49 @@ std::string random_magic() {
   return hex;
 }
 
-// A port that was free a moment ago. Rank 0 binds it later, so another program could take it in
-// between; --root-port avoids the race when that matters.
-int find_free_port() {
+// The first port of the kernel's ephemeral range, from which connect() and bind(port 0) take ports.
+int ephemeral_low() {
+  int low = 32768, high = 60999;
+  if (FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    fclose(f);
+  }
+  return low;
+}
+
+// True when nothing holds `port` on any address (no SO_REUSEADDR: a socket in TIME_WAIT counts too).
+bool port_is_free(int port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    fprintf(stderr, "qcclrun: cannot find a free port for QCCL_ROOT: %s\n", strerror(errno));
-    exit(kExitLauncherError);
-  }
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   close(fd);
-  return ntohs(addr.sin_port);
+  return free;
+}
+
+// A port that was free a moment ago, for a listener that a child binds later. It is taken below the
+// ephemeral range: the outgoing connections of other jobs' ranks (and their port-0 listeners) take
+// their ports from that range by the hundred, and one of them taking this port before rank 0 binds
+// it made jobs fail at random. Below the range only a program binding the same port explicitly can
+// take it (--root-port avoids even that); ports this process handed out already are skipped.
+int find_free_port() {
+  static std::vector<int> handed_out;
+  const int high = ephemeral_low(), low = std::max(1024, high - 16384);
+  if (high - low >= 256) {
+    std::random_device random;
+    const int span = high - low, start = static_cast<int>(random() % static_cast<unsigned>(span));
+    for (int i = 0; i < span; ++i) {
+      const int port = low + (start + i) % span;
+      if (std::find(handed_out.begin(), handed_out.end(), port) != handed_out.end() || !port_is_free(port)) continue;
+      handed_out.push_back(port);
+      return port;
+    }
+  }
+  fprintf(stderr, "qcclrun: no free port below the ephemeral range (%d) for QCCL_ROOT; pass --root-port\n", high);
+  exit(kExitLauncherError);
 }
 
 // N ranks need 2N pipe ends open at once; the default soft limit of 1024 would stop at ~500 ranks.

@@ -5,7 +5,6 @@
 // §4 P1-P4, P6, P7, P13). Fixed seeds throughout; every bound is derived next to its check.
 #include "kernels/codec.h"
 
-#include <hwy/targets.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include "kernels/philox.h"
 #include "kernels/quant.h"
 #include "kernels/reduce.h"
+#include "tests/kernels/hwy_targets.h"
 
 namespace qccl::kernels {
 namespace {
@@ -466,15 +466,7 @@ void check_all_codecs() {
 }
 
 TEST_CASE("every Highway target matches the scalar reference byte for byte", "[codec][hwy]") {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  REQUIRE(targets.size() >= 2);  // at least one vector target and the scalar fallback
-  for (int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
-    INFO("Highway target " << hwy::TargetName(target));
-    REQUIRE(std::string(reduce_target_name()) == hwy::TargetName(target));  // dispatch did switch
-    check_all_codecs();
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  for_each_target([] { check_all_codecs(); });
 }
 
 // Every float16 and bfloat16 value, and float32 inputs that cover every exponent and NaN payload.

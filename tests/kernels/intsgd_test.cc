@@ -2,7 +2,6 @@
 // against the element functions on every Highway target, Lemma 1 (unbiased rounding, its variance
 // and its deterministic bound), wrapping sums that are exact whatever the order, exact sums of
 // squares, and the alpha rule of Proposition 2.
-#include <hwy/targets.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include "kernels/codec.h"
 #include "kernels/int_codec.h"
 #include "kernels/intsgd.h"
+#include "tests/kernels/hwy_targets.h"
 
 namespace qccl::kernels {
 namespace {
@@ -83,11 +83,7 @@ TEST_CASE("clip bounds keep every n-rank sum inside the wire type, computed in i
 }
 
 TEST_CASE("the launchers are the element functions, value for value, on every Highway target", "[intsgd][hwy]") {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  REQUIRE(targets.size() >= 2);
-  for (int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
-    INFO("Highway target " << hwy::TargetName(target));
+  for_each_target([] {
     for (int bits : {8, 16, 32}) {
       for (size_t n : {size_t{1}, size_t{7}, size_t{255}, size_t{256}, size_t{257}, size_t{1031}}) {
         const std::vector<float> x = awkward_values(n, static_cast<uint32_t>(n + bits));
@@ -117,8 +113,7 @@ TEST_CASE("the launchers are the element functions, value for value, on every Hi
         }
       }
     }
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  });
 }
 
 TEST_CASE("randomized rounding is unbiased with variance p(1 - p) (Lemma 1)", "[intsgd][stats]") {

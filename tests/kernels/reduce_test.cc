@@ -5,7 +5,6 @@
 #include "kernels/reduce.h"
 
 #include <catch2/catch.hpp>
-#include <hwy/targets.h>
 
 #include <cmath>
 #include <cstdint>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "kernels/half.h"
+#include "tests/kernels/hwy_targets.h"
 
 namespace qccl::kernels {
 namespace {
@@ -220,21 +220,6 @@ void sweep_all(uint64_t seed) {
       }
     }
   }
-}
-
-// Runs body once per Highway target that reduce.cc was compiled for and this CPU supports, with
-// dispatch pinned to that target.
-template <class Body>
-void for_each_target(Body body) {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  REQUIRE(targets.size() >= 2);  // at least the scalar fallback and one SIMD target on x86-64
-  for (int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
-    INFO("Highway target " << hwy::TargetName(target));
-    REQUIRE(std::string(reduce_target_name()) == hwy::TargetName(target));
-    body();
-  }
-  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST_CASE("reduce matches the reference for every type, op, count and placement", "[reduce]") {

@@ -10,11 +10,10 @@
 #include <random>
 #include <vector>
 
-#include <hwy/targets.h>
-
 #include "kernels/codec.h"
 #include "kernels/marsit.h"
 #include "kernels/sign.h"
+#include "tests/kernels/hwy_targets.h"
 
 namespace qccl::kernels {
 namespace {
@@ -75,20 +74,6 @@ TEST_CASE("marsit_merge: agreeing bits pass, k = 1 is the local bits, the paper'
     REQUIRE(out == ((a & s) | ((a ^ s) & v)));  // Wu et al. eq. 2
     REQUIRE(marsit_merge(a, s, 1, hop, word) == s);
   }
-}
-
-// Runs body once per Highway target that marsit.cc was compiled for and this CPU supports, with
-// dispatch pinned to that target (the scalar target runs the element functions themselves).
-template <class Body>
-void for_each_target(Body body) {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  REQUIRE(targets.size() >= 2);  // at least the scalar fallback and one SIMD target on x86-64
-  for (int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
-    INFO("Highway target " << hwy::TargetName(target));
-    body();
-  }
-  hwy::SetSupportedTargetsForTest(0);
 }
 
 // A compensation of n values with a pending round: random stored values, words and eta (some words

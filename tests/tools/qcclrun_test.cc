@@ -3,6 +3,7 @@
 // time limit far below the sleeps it interrupts, so "the job was stopped" is what makes it pass.
 #include <catch2/catch.hpp>
 
+#include <cstdio>
 #include <map>
 #include <regex>
 #include <set>
@@ -10,6 +11,17 @@
 #include "tests/tools/qcclrun_test_util.h"
 
 using namespace qcclrun_test;
+
+namespace {
+int ephemeral_range_start() {
+  int low = 32768, high = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  return low;
+}
+}  // namespace
 
 TEST_CASE("qcclrun sets the environment of every rank", "[qcclrun]") {
   RunResult r = run_qcclrun(
@@ -25,7 +37,9 @@ TEST_CASE("qcclrun sets the environment of every rank", "[qcclrun]") {
     REQUIRE(std::regex_match(line, m, re));
     CHECK(m[1] == m[2]);  // prefix, QCCL_RANK and QCCL_LOCAL_RANK agree
     CHECK(m[2] == m[3]);
-    CHECK(std::stoi(m[4]) > 0);
+    // Below the ephemeral range, where no outgoing connection can take it before rank 0 binds it.
+    CHECK(std::stoi(m[4]) >= 1024);
+    CHECK(std::stoi(m[4]) < ephemeral_range_start());
     ranks.insert(m[2]);
     roots.insert(m[4]);
     magics.insert(m[5]);
