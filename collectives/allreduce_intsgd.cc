@@ -92,9 +92,7 @@ class AllReduceIntsgd final : public Plan {
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
-    if (ring_.n < 2) return;
-    send_to->push_back(ring_.next());
-    recv_from->push_back(ring_.prev());
+    ring_.links(send_to, recv_from);
   }
 
   uint64_t wire_bytes_sent() const override {

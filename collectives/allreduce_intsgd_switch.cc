@@ -70,9 +70,7 @@ class AllReduceIntsgdSwitch final : public Plan {
   // The ring's links: the exact round uses them, and every call announces its frame header on them,
   // so that ranks that disagree (count, codec, step, alpha) fail before the aggregators add garbage.
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
-    if (ring_.n < 2) return;
-    send_to->push_back(ring_.next());
-    recv_from->push_back(ring_.prev());
+    ring_.links(send_to, recv_from);
   }
 
   uint64_t wire_bytes_sent() const override {

@@ -46,8 +46,7 @@ class ReduceScatterRing final : public Plan {
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
-    send_to->push_back(ring_.next());
-    recv_from->push_back(ring_.prev());
+    ring_.links(send_to, recv_from);
   }
 
   uint64_t wire_bytes_sent() const override {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <vector>
 
 namespace qccl::coll {
 
@@ -15,6 +16,13 @@ struct Ring {
   int prev() const { return (rank + n - 1) % n; }
   // The rank `offset` places along the ring from this one (offset may be negative).
   int at(int offset) const { return ((rank + offset) % n + n) % n; }
+  // A ring plan's links (Plan::links): it sends to the next rank and receives from the previous one;
+  // a ring of one has none.
+  void links(std::vector<int>* send_to, std::vector<int>* recv_from) const {
+    if (n < 2) return;
+    send_to->push_back(next());
+    recv_from->push_back(prev());
+  }
 };
 
 // count elements split into n segments whose sizes differ by at most one; segment i starts at

@@ -1,10 +1,10 @@
 // Host launchers of Marsit's sign codec, vectorized with Highway and bit-identical to the element
 // functions of sign.h (which the CUDA kernels and the tails here call):
-//   pack    per word: c = stored - the pending +-eta (the word's bits tested lane by lane), w = u + c,
+//   pack    per word: c = stored - the pending +-eta (SignValues of the pending word), w = u + c,
 //           stored = w, and the lanes' w > 0 mask bits gathered into the word;
 //   merge   one word per 32-bit lane: the bit-sliced Bernoulli digits of kPhiloxGroups * lanes
 //           words at once, from vector Philox blocks (philox-inl.h), until every lane is decided;
-//   decode  broadcast a word, test each lane's bit, select +-eta; record the word and eta.
+//   decode  g = SignValues of each word; record the word and eta.
 #include "kernels/marsit.h"
 
 #include <algorithm>
@@ -25,21 +25,17 @@ namespace qccl::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Bit j of a word, for lane j: decode tests lanes i .. i + Lanes against kBit + i.
-alignas(64) constexpr uint32_t kBit[32] = {
-    1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,  1u << 8,  1u << 9,  1u << 10,
-    1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15, 1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21,
-    1u << 22, 1u << 23, 1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
-
-// Shift counts that move bit j of a word to bit 31, for lane j: the pack tests lanes i .. i + Lanes.
+// Shift counts that move bit j of a word to bit 31, for lane j: SignValues takes lanes i .. i + Lanes.
 alignas(64) constexpr uint32_t kToBit31[32] = {31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
                                                15, 14, 13, 12, 11, 10, 9,  8,  7,  6,  5,  4,  3,  2,  1,  0};
 
-// The lanes of a vector whose bit is set in `word`: lane l tests bit i + l (kBit + i).
+// sign_value(word, i + l, eta) in lane l: eta with its sign bit flipped where the lane's bit is 0
+// (-eta is exactly that), the bit moved to bit 31 by a shift of 31 - (i + l).
 template <class DF>
-hn::Mask<DF> BitsSet(DF df, uint32_t word, size_t i) {
+hn::Vec<DF> SignValues(DF df, uint32_t word, float eta, size_t i) {
   const hn::RebindToUnsigned<DF> du;
-  return hn::RebindMask(df, hn::Ne(hn::And(hn::Set(du, word), hn::Load(du, kBit + i)), hn::Zero(du)));
+  const auto flip = hn::And(hn::Shl(hn::Set(du, ~word), hn::Load(du, kToBit31 + i)), hn::Set(du, 0x80000000u));
+  return hn::BitCast(df, hn::Xor(hn::BitCast(du, hn::Set(df, eta)), flip));
 }
 
 // The element loop for n <= 32 values of one word (sign.h's functions): the values past the last
@@ -65,26 +61,19 @@ size_t PackTail(const float* u, const Compensation* c, size_t first, size_t n, u
 
 size_t PackSignsImpl(const float* u, const Compensation* c, size_t first, size_t n, uint32_t* words, float* backup) {
   const hn::ScalableTag<float> df;
-  const hn::RebindToUnsigned<decltype(df)> du;
   const size_t w = hn::Lanes(df);  // divides 32 on every target (1 .. 16 float lanes)
   const auto zero = hn::Zero(df);
-  const auto sign = hn::Set(du, 0x80000000u);
   size_t nonfinite = 0, j = 0;
   for (; j + 32 <= n; j += 32) {
     uint32_t word = 0;
     const size_t at = first + j;  // this word's first value in the tensor
-    // The pending g = +-eta: eta with its sign bit flipped where the word's bit is 0 (-eta is exactly
-    // that), lane l's bit moved to bit 31 by a shift of 31 - l.
-    const auto eta = hn::BitCast(du, hn::Set(df, c ? c->eta[at / 32] : 0.0f));
-    const auto negative = hn::Set(du, c ? ~c->words[at / 32] : 0u);
     auto finite = zero;  // x - x is 0 for finite x, NaN otherwise: summed, NaN if any lane is not finite
     for (size_t i = 0; i < 32; i += w) {
       auto x = hn::LoadU(df, u + j + i);
-      if (c) {
+      if (c) {  // c = stored - the pending round's +-eta
         const auto stored = hn::LoadU(df, c->stored + at + i);
         if (backup) hn::StoreU(stored, df, backup + j + i);
-        const auto g = hn::BitCast(df, hn::Xor(eta, hn::And(hn::Shl(negative, hn::Load(du, kToBit31 + i)), sign)));
-        x = hn::Add(x, hn::Sub(stored, g));
+        x = hn::Add(x, hn::Sub(stored, SignValues(df, c->words[at / 32], c->eta[at / 32], i)));
         hn::StoreU(x, df, c->stored + at + i);
       }
       finite = hn::Add(finite, hn::Sub(x, x));
@@ -169,7 +158,6 @@ void MergeSignsImpl(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t 
 void DecodeSignsImpl(const uint32_t* words, size_t n, float eta, float* g, const Compensation* c, size_t first) {
   const hn::ScalableTag<float> df;
   const size_t w = hn::Lanes(df);
-  const auto plus = hn::Set(df, eta), minus = hn::Set(df, -eta);
   for (size_t j = 0; j < n; j += 32) {
     const uint32_t word = words[j / 32];
     if (c) c->words[(first + j) / 32] = word, c->eta[(first + j) / 32] = eta;
@@ -177,7 +165,7 @@ void DecodeSignsImpl(const uint32_t* words, size_t n, float eta, float* g, const
       for (size_t b = 0; j + b < n; ++b) g[j + b] = sign_value(word, static_cast<unsigned>(b), eta);
       break;
     }
-    for (size_t i = 0; i < 32; i += w) hn::StoreU(hn::IfThenElse(BitsSet(df, word, i), plus, minus), df, g + j + i);
+    for (size_t i = 0; i < 32; i += w) hn::StoreU(SignValues(df, word, eta, i), df, g + j + i);
   }
 }
 
@@ -201,9 +189,8 @@ void AddCompensationImpl(const float* x, const Compensation& c, size_t first, si
   };
   auto word = [&](size_t i) {
     const size_t at = (first + i) / 32;
-    const auto plus = hn::Set(df, c.eta[at]), minus = hn::Neg(plus);
     for (size_t l = 0; l < 32; l += w) {
-      const auto pending = hn::IfThenElse(BitsSet(df, c.words[at], l), plus, minus);
+      const auto pending = SignValues(df, c.words[at], c.eta[at], l);
       auto v = hn::Sub(hn::LoadU(df, c.stored + first + i + l), pending);
       if (x) v = hn::Add(hn::LoadU(df, x + i + l), v);
       hn::StoreU(v, df, out + i + l);
@@ -223,11 +210,10 @@ size_t ResetCompensationImpl(const float* g, const Compensation& c, size_t first
   };
   auto word = [&](size_t i) {
     const size_t at = (first + i) / 32;
-    const auto plus = hn::Set(df, c.eta[at]), minus = hn::Neg(plus);
     for (size_t l = 0; l < 32; l += w) {
       const auto finite = hn::IsFinite(hn::LoadU(df, g + i + l));
       float* stored = c.stored + first + i + l;
-      const auto pending = hn::IfThenElse(BitsSet(df, c.words[at], l), plus, minus);
+      const auto pending = SignValues(df, c.words[at], c.eta[at], l);
       hn::StoreU(hn::IfThenElse(finite, pending, hn::LoadU(df, stored)), df, stored);
       nonfinite += w - hn::CountTrue(df, finite);
     }

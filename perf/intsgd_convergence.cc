@@ -24,6 +24,10 @@ namespace {
 
 using qccl_demo::check;
 using qccl_demo::number;
+using qccl_demo::print_losses;
+using qccl_demo::refuse_operands;
+using qccl_demo::Traffic;
+using qccl_demo::unknown_option;
 using qccl_demo::UsageError;
 
 constexpr const char kHelp[] = R"HELP(NAME
@@ -147,12 +151,10 @@ bool parse(int argc, char** argv, Options* o) {
       case kEvery: o->every = static_cast<int>(number("--every", optarg, 1, 1e9)); break;
       case kTolerance: o->tolerance = number("--tolerance", optarg, 0, 1e6); break;
       case 'h': std::fputs(kHelp, stdout); return false;
-      default:
-        throw UsageError(std::string("unknown option, or one without its value: '") + argv[optind - 1] +
-                         "' (see --help)");
+      default: unknown_option(argv, optind);
     }
   }
-  if (optind < argc) throw UsageError(std::string("unexpected argument '") + argv[optind] + "' (see --help)");
+  refuse_operands(argc, argv, optind);
   return true;
 }
 
@@ -220,7 +222,7 @@ double loss(const Problem& p, const std::vector<float>& x, double lambda, int nr
 struct Run {
   std::vector<float> x;
   std::vector<double> losses;
-  double wire = 0, raw = 0;  // bytes this rank sent, and what uncompressed would have
+  Traffic traffic;  // what this rank sent
   uint64_t largest = 0, clipped = 0;
 };
 
@@ -261,11 +263,7 @@ int run(const Options& o) {
         check(qcclAllReduceCompressed(g.data(), avg.data(), g.size(), qcclFloat32, qcclAvg, codec, state, comm),
               "qcclAllReduceCompressed");
       }
-      qcclStats_t stats{};
-      stats.size = sizeof(stats);
-      check(qcclCommGetLastStats(comm, &stats), "qcclCommGetLastStats");
-      r.wire += static_cast<double>(stats.wireBytesSent);
-      r.raw += static_cast<double>(stats.wireBytesSent) * (method == 0 ? 1.0 : stats.compressionRatio);
+      const qcclStats_t stats = r.traffic.add_last_call(comm, method == 1);
       r.largest = std::max<uint64_t>(r.largest, stats.largestInteger);
       r.clipped += stats.clippedValues;
       for (int j = 0; j < o.dim; ++j) r.x[j] -= static_cast<float>(o.lr) * avg[j];
@@ -276,12 +274,8 @@ int run(const Options& o) {
   check(qcclAllReduce(&clipped, &clipped, 1, qcclUint64, qcclSum, comm), "qcclAllReduce (clips)");
   int status = 0;
   if (rank == 0) {
-    for (size_t i = 0; i < runs[0].losses.size(); ++i) {
-      const int step = i == 0 ? 0 : std::min(static_cast<int>(i) * o.every, o.steps);
-      std::printf("  %8d %14.6g %14.6g %14.4f\n", step, runs[0].losses[i], runs[1].losses[i],
-                  runs[1].losses[i] / runs[0].losses[i]);
-    }
-    auto bits = [](const Run& r) { return r.raw > 0 ? 32.0 * r.wire / r.raw : 32.0; };
+    print_losses(runs[0].losses, runs[1].losses, o.every, o.steps);
+    auto bits = [](const Run& r) { return r.traffic.bits_per_value(); };
     std::printf("# bits per value sent: sgd %.2f, intsgd %.2f\n", bits(runs[0]), bits(runs[1]));
     const int wire_bits = std::atoi(o.wire.c_str() + 3);
     std::printf("# largest integer sum: %llu (%s carries up to %lld); values clipped: %llu\n",

@@ -23,7 +23,10 @@ namespace {
 
 using qccl_demo::check;
 using qccl_demo::number;
-using qccl_demo::UsageError;
+using qccl_demo::print_losses;
+using qccl_demo::refuse_operands;
+using qccl_demo::Traffic;
+using qccl_demo::unknown_option;
 
 constexpr const char kHelp[] = R"HELP(NAME
     marsit_convergence - least squares trained with SGD and with Marsit's sign all-reduce
@@ -131,12 +134,10 @@ bool parse(int argc, char** argv, Options* o) {
       case kEvery: o->every = static_cast<int>(number("--every", optarg, 1, 1e9)); break;
       case kTolerance: o->tolerance = number("--tolerance", optarg, 0, 1e6); break;
       case 'h': std::fputs(kHelp, stdout); return false;
-      default:
-        throw UsageError(std::string("unknown option, or one without its value: '") + argv[optind - 1] +
-                         "' (see --help)");
+      default: unknown_option(argv, optind);
     }
   }
-  if (optind < argc) throw UsageError(std::string("unexpected argument '") + argv[optind] + "' (see --help)");
+  refuse_operands(argc, argv, optind);
   return true;
 }
 
@@ -197,7 +198,7 @@ double loss(const Problem& p, const std::vector<float>& x, int nranks, qcclComm_
 struct Run {
   std::vector<float> x;
   std::vector<double> losses;
-  double wire = 0, raw = 0;  // bytes this rank sent, and what uncompressed would have
+  Traffic traffic;  // what this rank sent
 };
 
 int run(const Options& o) {
@@ -238,23 +239,15 @@ int run(const Options& o) {
       else
         check(qcclAllReduceCompressed(u.data(), g.data(), u.size(), qcclFloat32, qcclAvg, codec, state, comm),
               "qcclAllReduceCompressed");
-      qcclStats_t stats{};
-      stats.size = sizeof(stats);
-      check(qcclCommGetLastStats(comm, &stats), "qcclCommGetLastStats");
-      r.wire += static_cast<double>(stats.wireBytesSent);
-      r.raw += static_cast<double>(stats.wireBytesSent) * (method == 0 ? 1.0 : stats.compressionRatio);
+      r.traffic.add_last_call(comm, method == 1);
       for (int j = 0; j < o.dim; ++j) r.x[j] -= g[j];
       if ((t + 1) % o.every == 0 || t + 1 == o.steps) r.losses.push_back(loss(p, r.x, nranks, comm));
     }
   }
   int status = 0;
   if (rank == 0) {
-    for (size_t i = 0; i < runs[0].losses.size(); ++i) {
-      const int step = i == 0 ? 0 : std::min(static_cast<int>(i) * o.every, o.steps);
-      std::printf("  %8d %14.6g %14.6g %14.4f\n", step, runs[0].losses[i], runs[1].losses[i],
-                  runs[1].losses[i] / runs[0].losses[i]);
-    }
-    auto bits = [](const Run& r) { return r.raw > 0 ? 32.0 * r.wire / r.raw : 32.0; };
+    print_losses(runs[0].losses, runs[1].losses, o.every, o.steps);
+    auto bits = [](const Run& r) { return r.traffic.bits_per_value(); };
     std::printf("# bits per value sent: sgd %.2f, marsit %.2f (1 + 31/K = %.2f)\n", bits(runs[0]), bits(runs[1]),
                 o.k ? 1.0 + 31.0 / static_cast<double>(o.k) : 1.0);
     const bool close = runs[1].losses.back() <= (1 + o.tolerance) * runs[0].losses.back();

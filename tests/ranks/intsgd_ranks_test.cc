@@ -88,26 +88,14 @@ TEST_CASE("IntSGD: non-blocking rounds on one state equal blocking ones; a check
   const size_t count = 5003;
   Codec codec("int8:seed=7");
   State state(w.comm(), count);
-  size_t bytes = 0;
-  QCCL_REQUIRE_OK(qcclCodecStateSize(state.handle, &bytes));
-  std::vector<uint8_t> start(bytes);
-  QCCL_REQUIRE_OK(qcclCodecStateSave(state.handle, start.data(), bytes));
-  const int rounds = 4;
-  std::vector<std::vector<float>> x(rounds, std::vector<float>(count)), blocking = x, overlapped = x;
-  for (int t = 0; t < rounds; ++t)
+  std::vector<std::vector<float>> x(4, std::vector<float>(count));
+  for (int t = 0; t < 4; ++t)
     for (size_t i = 0; i < count; ++i) x[t][i] = static_cast<float>(gradient(w.rank(), i, t));
-  for (int t = 0; t < rounds; ++t)
-    QCCL_REQUIRE_OK(qcclAllReduceCompressed(x[t].data(), blocking[t].data(), count, qcclFloat32, qcclAvg,
-                                            codec.handle, state.handle, w.comm()));
-  QCCL_REQUIRE_OK(qcclCodecStateLoad(state.handle, start.data(), bytes));
-  std::vector<qcclRequest_t> requests(rounds);
-  for (int t = 0; t < rounds; ++t)
-    QCCL_REQUIRE_OK(qcclIAllReduceCompressed(x[t].data(), overlapped[t].data(), count, qcclFloat32, qcclAvg,
-                                             codec.handle, state.handle, w.comm(), &requests[t]));
-  for (qcclRequest_t& r : requests) QCCL_REQUIRE_OK(qcclWait(&r));
-  for (int t = 0; t < rounds; ++t) CHECK(overlapped[t] == blocking[t]);
+  require_nonblocking_in_call_order(codec, state, x);
 
   // Replay: save after the rounds, run one more, restore, run it again.
+  size_t bytes = 0;
+  QCCL_REQUIRE_OK(qcclCodecStateSize(state.handle, &bytes));
   std::vector<uint8_t> checkpoint(bytes);
   QCCL_REQUIRE_OK(qcclCodecStateSave(state.handle, checkpoint.data(), bytes));
   std::vector<float> g(count), again(count);

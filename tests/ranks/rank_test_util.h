@@ -91,4 +91,31 @@ inline void require_same_everywhere(const void* data, size_t bytes) {
   for (uint64_t other : all) REQUIRE(other == h);
 }
 
+// Calls on one codec state run in call order: the rounds `inputs` (float32 averages), run blocking
+// from the state as it is, then again from the same start as non-blocking calls all in flight at
+// once, give the same results bit for bit. The state ends after the non-blocking rounds.
+inline void require_nonblocking_in_call_order(const Codec& codec, const State& state,
+                                              const std::vector<std::vector<float>>& inputs) {
+  World& w = World::get();
+  size_t bytes = 0;
+  QCCL_REQUIRE_OK(qcclCodecStateSize(state.handle, &bytes));
+  std::vector<uint8_t> start(bytes);
+  QCCL_REQUIRE_OK(qcclCodecStateSave(state.handle, start.data(), bytes));
+  std::vector<std::vector<float>> blocking(inputs.size()), overlapped(inputs.size());
+  for (size_t t = 0; t < inputs.size(); ++t) {
+    blocking[t].resize(inputs[t].size());
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(inputs[t].data(), blocking[t].data(), inputs[t].size(), qcclFloat32,
+                                            qcclAvg, codec.handle, state.handle, w.comm()));
+  }
+  QCCL_REQUIRE_OK(qcclCodecStateLoad(state.handle, start.data(), bytes));
+  std::vector<qcclRequest_t> requests(inputs.size());
+  for (size_t t = 0; t < inputs.size(); ++t) {
+    overlapped[t].resize(inputs[t].size());
+    QCCL_REQUIRE_OK(qcclIAllReduceCompressed(inputs[t].data(), overlapped[t].data(), inputs[t].size(), qcclFloat32,
+                                             qcclAvg, codec.handle, state.handle, w.comm(), &requests[t]));
+  }
+  for (qcclRequest_t& r : requests) QCCL_REQUIRE_OK(qcclWait(&r));
+  for (size_t t = 0; t < inputs.size(); ++t) CHECK(overlapped[t] == blocking[t]);
+}
+
 }  // namespace qccl::test
