@@ -1,7 +1,7 @@
 #include "src/aggregator.h"
 
-#include "src/errors.h"
-#include "src/wire.h"
+#include "base/errors.h"
+#include "base/wire.h"
 
 namespace qccl {
 

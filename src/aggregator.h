@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "src/socket.h"
+#include "base/socket.h"
 
 namespace qccl {
 

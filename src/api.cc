@@ -8,14 +8,14 @@
 #include <cstring>
 #include <random>
 
+#include "base/config.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "include/qccl.h"
+#include "kernels/convert.h"
 #include "src/bootstrap.h"
 #include "src/comm.h"
-#include "src/config.h"
-#include "src/errors.h"
-#include "kernels/convert.h"
 #include "src/group.h"
-#include "src/log.h"
 #include "src/validate.h"
 
 struct qcclComm {

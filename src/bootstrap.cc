@@ -7,9 +7,9 @@
 #include <memory>
 #include <thread>
 
-#include "src/errors.h"
-#include "src/log.h"
-#include "src/wire.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/wire.h"
 
 namespace qccl {
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "base/socket.h"
 #include "include/qccl.h"
-#include "src/socket.h"
 
 namespace qccl {
 

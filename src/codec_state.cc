@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "src/errors.h"
-#include "src/wire.h"
+#include "base/errors.h"
+#include "base/wire.h"
 
 namespace qccl {
 

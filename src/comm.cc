@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/errors.h"
+#include "base/log.h"
 #include "kernels/reduce.h"
-#include "src/errors.h"
 #include "src/intsgd_schedule.h"
-#include "src/log.h"
 
 namespace qccl {
 

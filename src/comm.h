@@ -20,12 +20,12 @@
 #include <thread>
 #include <vector>
 
+#include "base/config.h"
 #include "collectives/plan.h"
 #include "include/qccl.h"
 #include "src/aggregator.h"
 #include "src/bootstrap.h"
 #include "src/codec_state.h"
-#include "src/config.h"
 #include "src/control.h"
 #include "src/executor.h"
 #include "src/policy.h"

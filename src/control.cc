@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
-#include "src/errors.h"
-#include "src/log.h"
-#include "src/wire.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/wire.h"
 
 namespace qccl {
 

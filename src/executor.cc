@@ -5,20 +5,19 @@
 #include <cstring>
 #include <limits>
 
+#include "base/errors.h"
 #include "collectives/intsgd.h"
 #include "kernels/codec.h"
 #include "kernels/convert.h"
 #include "kernels/marsit.h"
 #include "kernels/reduce.h"
-#include "src/errors.h"
+#include "src/message_key.h"
 
 namespace qccl {
 
-namespace {
-constexpr transport::Key kFingerprintBits = 0xfff;
-constexpr transport::Key kTaintBit = transport::Key{1} << 28;
-constexpr transport::Key kIgnoredBits = kFingerprintBits | kTaintBit;  // what receives do not match
-}  // namespace
+using message_key::kFingerprintBits;
+using message_key::kIgnoredBits;
+using message_key::kTaintBit;
 
 Operation::Operation(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                      const OperationIdentity& identity, int depth, std::byte* scratch,
@@ -35,9 +34,7 @@ Operation::Operation(const coll::Algorithm& algorithm, std::unique_ptr<coll::Pla
 Operation::~Operation() = default;
 
 transport::Key Operation::key(uint32_t message, bool tainted) const {
-  return (static_cast<transport::Key>(identity_.p2p) << 43) |
-         (static_cast<transport::Key>(identity_.sequence & 0x3fff) << 29) | (tainted ? kTaintBit : 0) |
-         (static_cast<transport::Key>(message & 0xffff) << 12) | identity_.header.fingerprint();
+  return message_key::make(identity_.p2p, identity_.sequence, tainted, message, identity_.header.fingerprint());
 }
 
 const std::string& Operation::name(int rank) const { return (*names_)[rank]; }

@@ -6,10 +6,8 @@
 // transport's event descriptor when nothing moves. Hot-path budget per fragment: no allocation (the
 // Program is rebuilt in place), no system call beyond the transport's own, no lock.
 //
-// Keys: [p2p:1 | sequence:14 | taint:1 | message:16 | fingerprint:12] (transports/ adds the sender's
-// rank). The taint bit carries "this fragment met a non-finite value" from rank to rank at no cost in
-// bytes (Marsit's sign bits have no room for NaN); receives ignore it and the fingerprint.
-// Message 0 of every collective is the frame header; payload message m travels as 1 + m mod 65535.
+// Keys: src/message_key.h. Message 0 of every collective is the frame header; payload message m
+// travels as 1 + m mod 65535.
 #pragma once
 
 #include <chrono>

@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "src/errors.h"
-#include "src/wire.h"
+#include "base/errors.h"
+#include "base/wire.h"
 
 namespace qccl {
 

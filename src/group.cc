@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "src/errors.h"
+#include "base/errors.h"
 
 namespace qccl {
 

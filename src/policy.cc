@@ -4,8 +4,8 @@
 
 #include <cstring>
 
-#include "src/errors.h"
-#include "src/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 
 namespace qccl {
 

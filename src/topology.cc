@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "src/errors.h"
+#include "base/errors.h"
 
 namespace qccl {
 

@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "base/errors.h"
 #include "include/qccl.h"
-#include "src/errors.h"
 
 namespace qccl {
 

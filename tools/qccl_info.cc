@@ -1,17 +1,10 @@
 // qccl_info: what this build of qccl has — version, every QCCL_* variable with its default and its
 // value here, every algorithm of the registry with its wire-bytes formula and default size range,
 // and the kernels and transport it would use (in the manner of ucx_info).
-#include <ucp/api/ucp.h>
-
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 
-#include "collectives/plan.h"
-#include "include/qccl.h"
-#include "kernels/reduce.h"
-#include "src/config.h"
+#include "src/build_info.h"
 
 namespace {
 
@@ -24,33 +17,6 @@ void usage(FILE* out) {
                "  -v   versions: qccl, UCX, and the vector target the reduction kernels dispatch to\n"
                "  -h   this help\n"
                "Exit status: 0, or 2 for an unknown option.\n");
-}
-
-void versions() {
-  int v = 0;
-  qcclGetVersion(&v);
-  std::printf("# qccl %d.%d.%d (library code %d)\n", QCCL_MAJOR, QCCL_MINOR, QCCL_PATCH, v);
-  std::printf("# UCX %s\n", ucp_get_version_string());
-  std::printf("# reduction kernels: %s\n", qccl::kernels::reduce_target_name());
-}
-
-void environment() {
-  std::printf("#\n# %-22s %-34s %s\n", "variable", "default", "value here");
-  for (const qccl::EnvVar& v : qccl::env_vars()) {
-    const char* now = std::getenv(v.name);
-    std::printf("  %-22s %-34s %s\n", v.name, v.default_value, now ? now : "(unset)");
-    std::printf("  %-22s %s\n", "", v.description);
-  }
-}
-
-void algorithms() {
-  std::printf("#\n# %-14s %-20s %-12s %-28s %s\n", "collective", "algorithm", "default up to", "wire bytes per rank",
-              "description");
-  for (const qccl::coll::Algorithm& a : qccl::coll::algorithms()) {
-    std::string range = a.default_max_bytes ? std::to_string(a.default_max_bytes) + " B" : "any size";
-    std::printf("  %-14s %-20s %-12s %-28s %s\n", qccl::coll::coll_name(a.collective), a.name, range.c_str(),
-                a.wire_bytes, a.description);
-  }
 }
 
 }  // namespace
@@ -69,8 +35,8 @@ int main(int argc, char** argv) {
     }
   }
   if (!a && !e && !v) a = e = v = true;
-  if (v) versions();
-  if (e) environment();
-  if (a) algorithms();
+  if (v) qccl::print_versions(stdout);
+  if (e) qccl::print_environment(stdout);
+  if (a) qccl::print_algorithms(stdout);
   return 0;
 }

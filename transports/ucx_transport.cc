@@ -10,8 +10,8 @@
 #include <mutex>
 #include <set>
 
-#include "src/errors.h"
-#include "src/log.h"
+#include "base/errors.h"
+#include "base/log.h"
 
 namespace qccl::transport {
 

@@ -10,9 +10,9 @@
 #include <map>
 #include <random>
 
+#include "base/errors.h"
 #include "collectives/plan.h"
 #include "kernels/half.h"
-#include "src/errors.h"
 #include "src/executor.h"
 #include "tests/collectives/sim_runner.h"
 #include "tests/common/reference.h"

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "base/errors.h"
 #include "src/bootstrap.h"
-#include "src/errors.h"
 #include "src/frame.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -10,10 +10,10 @@
 #include <thread>
 #include <vector>
 
+#include "base/errors.h"
+#include "base/wire.h"
 #include "include/qccl.h"
 #include "src/bootstrap.h"
-#include "src/errors.h"
-#include "src/wire.h"
 
 namespace qccl::test {
 namespace {

@@ -5,12 +5,12 @@
 #include <cstdlib>
 #include <random>
 
+#include "base/config.h"
+#include "base/errors.h"
+#include "base/wire.h"
 #include "collectives/ring.h"
-#include "src/config.h"
-#include "src/errors.h"
 #include "src/frame.h"
 #include "src/policy.h"
-#include "src/wire.h"
 
 namespace qccl::test {
 namespace {

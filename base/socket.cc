@@ -1,4 +1,4 @@
-#include "src/socket.h"
+#include "base/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <thread>
 
-#include "src/errors.h"
+#include "base/errors.h"
 
 namespace qccl::net {
 

@@ -1,10 +1,10 @@
-#include "src/config.h"
+#include "base/config.h"
 
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 
-#include "src/errors.h"
+#include "base/errors.h"
 
 namespace qccl {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "src/errors.h"
+#include "base/errors.h"
 
 namespace qccl {
 

@@ -1,4 +1,4 @@
-#include "src/log.h"
+#include "base/log.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "src/errors.h"
+#include "base/errors.h"
 
 #include <cstdarg>
 #include <cstdio>

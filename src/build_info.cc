@@ -1,0 +1,42 @@
+#include "src/build_info.h"
+
+#include <ucp/api/ucp.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "base/config.h"
+#include "collectives/plan.h"
+#include "include/qccl.h"
+#include "kernels/reduce.h"
+
+namespace qccl {
+
+void print_versions(FILE* out) {
+  int v = 0;
+  qcclGetVersion(&v);
+  std::fprintf(out, "# qccl %d.%d.%d (library code %d)\n", QCCL_MAJOR, QCCL_MINOR, QCCL_PATCH, v);
+  std::fprintf(out, "# UCX %s\n", ucp_get_version_string());
+  std::fprintf(out, "# reduction kernels: %s\n", kernels::reduce_target_name());
+}
+
+void print_environment(FILE* out) {
+  std::fprintf(out, "#\n# %-22s %-34s %s\n", "variable", "default", "value here");
+  for (const EnvVar& v : env_vars()) {
+    const char* now = std::getenv(v.name);
+    std::fprintf(out, "  %-22s %-34s %s\n", v.name, v.default_value, now ? now : "(unset)");
+    std::fprintf(out, "  %-22s %s\n", "", v.description);
+  }
+}
+
+void print_algorithms(FILE* out) {
+  std::fprintf(out, "#\n# %-14s %-20s %-12s %-28s %s\n", "collective", "algorithm", "default up to", "wire bytes per rank",
+              "description");
+  for (const coll::Algorithm& a : coll::algorithms()) {
+    std::string range = a.default_max_bytes ? std::to_string(a.default_max_bytes) + " B" : "any size";
+    std::fprintf(out, "  %-14s %-20s %-12s %-28s %s\n", coll::coll_name(a.collective), a.name, range.c_str(),
+                a.wire_bytes, a.description);
+  }
+}
+
+}  // namespace qccl

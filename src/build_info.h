@@ -1,0 +1,13 @@
+// What this build of qccl provides, as qccl_info prints it (in the manner of ucx_info): versions, every
+// QCCL_* variable with its default and its value in this environment, and the algorithm registry.
+#pragma once
+
+#include <cstdio>
+
+namespace qccl {
+
+void print_versions(FILE* out);     // qccl, UCX, and the vector target the reduction kernels use
+void print_environment(FILE* out);  // every QCCL_* variable: default, value here, meaning
+void print_algorithms(FILE* out);   // every registered algorithm: collective, range, wire bytes, description
+
+}  // namespace qccl

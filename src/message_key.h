@@ -1,0 +1,28 @@
+// The transport key of every message a collective sends, shared by the executor and by the IntSGD
+// aggregator daemon, which must take a chunk's key apart the same way:
+//   [p2p:1 | sequence:14 | taint:1 | message:16 | fingerprint:12]   (transports/ adds the sender)
+// The taint bit carries "this fragment met a non-finite value" from rank to rank at no cost in bytes
+// (Marsit's sign bits have no room for NaN); receives ignore it and the fingerprint, and check the
+// fingerprint on arrival (src/frame.h).
+#pragma once
+
+#include <cstdint>
+
+#include "transports/transport.h"
+
+namespace qccl::message_key {
+
+constexpr transport::Key kFingerprintBits = 0xfff;
+constexpr transport::Key kTaintBit = transport::Key{1} << 28;
+constexpr transport::Key kIgnoredBits = kFingerprintBits | kTaintBit;  // what receives do not match
+
+constexpr transport::Key make(bool p2p, uint64_t sequence, bool tainted, uint32_t message, uint32_t fingerprint) {
+  return (static_cast<transport::Key>(p2p) << 43) | (static_cast<transport::Key>(sequence & 0x3fff) << 29) |
+         (tainted ? kTaintBit : 0) | (static_cast<transport::Key>(message & 0xffff) << 12) |
+         (fingerprint & kFingerprintBits);
+}
+
+// What identifies one chunk of one collective, whoever sent it and whether it was tainted.
+constexpr transport::Key chunk_id(transport::Key key) { return key & ~kIgnoredBits; }
+
+}  // namespace qccl::message_key
