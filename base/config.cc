@@ -83,7 +83,9 @@ constexpr size_t kMaxChunkBytes = 1ull << 30;
 constexpr int kMaxPipelineDepth = 64;
 }  // namespace
 
-Config Config::resolve(const qcclConfig_t* overrides) {
+Config Config::resolve(const qcclConfig_t* overrides) { return from_environment().with(overrides); }
+
+Config Config::from_environment() {
   Config c;
   if (const char* v = env("QCCL_TIMEOUT")) c.timeout_seconds = parse_double("QCCL_TIMEOUT", v, 0, 1e9);
   if (const char* v = env("QCCL_CHUNK_BYTES")) {
@@ -101,7 +103,11 @@ Config Config::resolve(const qcclConfig_t* overrides) {
   if (const char* v = env("QCCL_CODEC_MIN_BYTES")) c.codec_min_bytes = parse_size("QCCL_CODEC_MIN_BYTES", v);
   if (const char* v = env("QCCL_CODEC_STATE_BUDGET")) c.codec_state_budget = parse_size("QCCL_CODEC_STATE_BUDGET", v);
   if (const char* v = env("QCCL_AGGREGATORS")) c.aggregators = v;
+  return c;
+}
 
+Config Config::with(const qcclConfig_t* overrides) const {
+  Config c = *this;
   if (!overrides) return c;
   if (overrides->magic != QCCL_CONFIG_MAGIC)
     fail(qcclInvalidArgument, "config->magic = 0x%x: initialise qcclConfig_t with QCCL_CONFIG_INITIALIZER",

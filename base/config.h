@@ -34,6 +34,10 @@ struct Config {
   // Environment first, then the fields of `overrides` that are set (overrides may be null).
   // Throws Error(qcclInvalidArgument) naming the variable or field and its value.
   static Config resolve(const qcclConfig_t* overrides);
+  static Config from_environment();
+  // This configuration with the fields of `overrides` that are set (a split communicator inherits
+  // its parent's settings this way). Throws as resolve() does.
+  Config with(const qcclConfig_t* overrides) const;
 };
 
 // Parsers shared by the environment, the perf binaries' options and the codec specs. `what` names

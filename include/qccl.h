@@ -196,6 +196,20 @@ QCCL_API qcclResult_t qcclCommDestroy(qcclComm_t comm);
  * while another thread is blocked in a call on comm. comm is invalid afterwards. */
 QCCL_API qcclResult_t qcclCommAbort(qcclComm_t comm);
 
+/* Collective over every rank of comm (NCCL's ncclCommSplit): the ranks that pass the same color >= 0
+ * form a new communicator, *newcomm, in which they are ranked by key, then by their rank in comm. A
+ * rank that passes QCCL_SPLIT_NOCOLOR (any negative color) joins none: *newcomm = NULL, and it must
+ * still make the call. config NULL: the new communicator takes comm's settings; else comm's settings
+ * with the fields config sets. The new communicator is independent of comm: both may run
+ * collectives at the same time, from one thread or several, and either may be destroyed first.
+ * Blocks until the new communicator is built (or QCCL_TIMEOUT). Not inside qcclGroupStart/End.
+ * Results: qcclInvalidArgument (newcomm NULL, a bad config field), qcclInvalidUsage (inside a group),
+ * and comm's own failure (qcclRemoteError, qcclTimeout, ...) when the exchange over it fails, which
+ * breaks comm as any failed collective does. *newcomm is set only on success. */
+#define QCCL_SPLIT_NOCOLOR (-1)
+QCCL_API qcclResult_t qcclCommSplit(qcclComm_t comm, int color, int key, qcclComm_t* newcomm,
+                                    const qcclConfig_t* config);
+
 QCCL_API qcclResult_t qcclCommCount(const qcclComm_t comm, int* count);
 QCCL_API qcclResult_t qcclCommUserRank(const qcclComm_t comm, int* rank);
 

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
-#include <random>
 
 #include "base/config.h"
 #include "base/errors.h"
@@ -15,6 +14,7 @@
 #include "kernels/convert.h"
 #include "src/bootstrap.h"
 #include "src/comm.h"
+#include "src/comm_split.h"
 #include "src/group.h"
 #include "src/validate.h"
 
@@ -65,13 +65,6 @@ Comm& get(qcclComm_t comm) {
 template <class T>
 void require_out(T* p, const char* name) {
   if (!p) fail(qcclInvalidArgument, "%s is NULL", name);
-}
-
-uint64_t random_magic() {
-  std::random_device device;
-  uint64_t magic = 0;
-  while (magic == 0) magic = (static_cast<uint64_t>(device()) << 32) ^ device();
-  return magic;
 }
 
 // The checks a compressed call adds to validate_call's.
@@ -285,6 +278,18 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
     }
     QCCL_INFO("qcclCommInitEnv: rank %d of %d from %s", launch.rank, launch.nranks, launch.source.c_str());
     *comm = wrap(Comm::create(id, launch.nranks, launch.rank, resolved));
+  });
+}
+
+QCCL_API qcclResult_t qcclCommSplit(qcclComm_t comm, int color, int key, qcclComm_t* newcomm,
+                                    const qcclConfig_t* config) {
+  return api_call("qcclCommSplit", [&] {
+    Comm& parent = get(comm);
+    require_out(newcomm, "newcomm");
+    if (group_active())
+      fail(qcclInvalidUsage, "called between qcclGroupStart and qcclGroupEnd: a split cannot be deferred");
+    std::shared_ptr<Comm> made = split_comm(parent, color, key, config);
+    *newcomm = made ? wrap(std::move(made)) : nullptr;
   });
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <random>
 #include <thread>
 
 #include "base/errors.h"
@@ -12,6 +13,13 @@
 #include "base/wire.h"
 
 namespace qccl {
+
+uint64_t random_magic() {
+  std::random_device device;
+  uint64_t magic = 0;
+  while (magic == 0) magic = (static_cast<uint64_t>(device()) << 32) ^ device();
+  return magic;
+}
 
 namespace {
 

@@ -22,6 +22,9 @@ struct BootstrapId {
   net::Address root;
 };
 
+// A random non-zero magic for a new communicator's id.
+uint64_t random_magic();
+
 void encode_unique_id(const BootstrapId& id, qcclUniqueId* out);
 // Throws Error(qcclInvalidArgument) when the bytes are not a qccl unique id.
 BootstrapId decode_unique_id(const qcclUniqueId& id);

@@ -280,6 +280,21 @@ void Comm::observe_intsgd(OpRecord& record, size_t* nonfinite) {
     intsgd_observe(*args.codec, &record.state->intsgd(), record.intsgd_lr, mean_squares);
 }
 
+void Comm::allgather_bytes(const void* send, void* recv, size_t bytes) {
+  auto record = std::make_shared<OpRecord>();
+  coll::CollArgs& args = record->args;
+  args.kind = coll::CollKind::kAllGather;
+  args.sendbuf = send;
+  args.recvbuf = recv;
+  args.count = bytes;
+  args.dtype = kernels::DataType::kUint8;
+  args.rank = rank_;
+  args.nranks = nranks_;
+  record->comm = shared_from_this();
+  start(record, /*background=*/false);
+  wait(*record);
+}
+
 // ---- Driving -------------------------------------------------------------------------------------
 
 void Comm::wait(OpRecord& record) {

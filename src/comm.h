@@ -65,6 +65,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  const Config& config() const { return config_; }
 
   // Starts a validated call (a zero count completes at once). background: let the progress thread
   // drive it now (non-blocking calls and groups); otherwise the caller will wait() at once.
@@ -74,6 +75,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void wait(OpRecord& record);
   // Drives a little without blocking; true when the record is done.
   bool test(OpRecord& record);
+  // A blocking AllGather of `bytes` bytes per rank, for the runtime's own exchanges (qcclCommSplit):
+  // a collective like any other, in call order with the caller's. Throws the operation's error.
+  void allgather_bytes(const void* send, void* recv, size_t bytes);
 
   void destroy();  // collective
   void abort();    // local, always returns

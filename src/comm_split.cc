@@ -1,0 +1,52 @@
+#include "src/comm_split.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "base/errors.h"
+#include "base/log.h"
+#include "src/bootstrap.h"
+
+namespace qccl {
+
+// Two all-gathers over the parent: first every rank's (color, key), from which each rank computes
+// the same members and order for every color; then the unique id of each new communicator, which its
+// first member (its new rank 0) made by starting a bootstrap root in this process. Both exchanges
+// involve every rank of the parent, those without a color too, so that the parent's collectives stay
+// matched.
+std::shared_ptr<Comm> split_comm(Comm& parent, int color, int key, const qcclConfig_t* overrides) {
+  const Config config = parent.config().with(overrides);  // bad settings fail here, before any exchange
+  const int n = parent.nranks();
+  const int32_t mine[2] = {color < 0 ? -1 : color, key};
+  std::vector<int32_t> table(2 * static_cast<size_t>(n));
+  parent.allgather_bytes(mine, table.data(), sizeof(mine));
+
+  std::vector<int> members;  // parent ranks of my color, in new-rank order
+  if (color >= 0) {
+    for (int r = 0; r < n; ++r)
+      if (table[2 * r] == color) members.push_back(r);
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return table[2 * a + 1] < table[2 * b + 1]; });  // ties: parent rank
+  }
+  const auto position = std::find(members.begin(), members.end(), parent.rank());
+  const int new_rank = static_cast<int>(position - members.begin());
+  const int size = static_cast<int>(members.size());
+
+  qcclUniqueId id{};
+  if (color >= 0 && new_rank == 0) {
+    net::Socket listener = net::Socket::listen(net::local_address(config.socket_ifname));
+    const BootstrapId root{random_magic(), listener.local_address()};
+    encode_unique_id(root, &id);
+    start_root_service(std::move(listener), root.magic, size, config.timeout_seconds);
+  }
+  std::vector<qcclUniqueId> ids(static_cast<size_t>(n));
+  parent.allgather_bytes(&id, ids.data(), sizeof(id));
+  if (color < 0) return nullptr;
+
+  QCCL_INFO("qcclCommSplit: color %d key %d: rank %d of %d (parent rank %d of %d)", color, key, new_rank, size,
+            parent.rank(), n);
+  return Comm::create(decode_unique_id(ids[static_cast<size_t>(members[0])]), size, new_rank, config);
+}
+
+}  // namespace qccl
