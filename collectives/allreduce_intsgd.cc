@@ -32,7 +32,7 @@ class AllReduceIntsgd final : public Plan {
       : Plan(args), ring_{args.rank, args.nranks}, segments_{args.count, args.nranks},
         // A chunk is chunk_bytes of float32 input, in both kinds of round (same fragments).
         chunk_(chunk_elements(options.chunk_bytes, sizeof(float), segments_.max_size())),
-        wire_(static_cast<size_t>(args.codec->bits / 8)) {}
+        wire_(static_cast<size_t>(args.codec->bits / 8)), steps_(args_) {}
 
   size_t fragments() const override { return ceil_div(segments_.max_size(), chunk_); }
   // Integer round: a wire buffer per segment, one for the incoming running sum, and a float buffer
@@ -66,18 +66,18 @@ class AllReduceIntsgd final : public Plan {
       const void* in = static_cast<const char*>(args_.sendbuf) + begin * es;
       const float* x = static_cast<const float*>(in);
       if (args_.dtype != DataType::kFloat32) p.load(staging, in, count), x = staging;
-      p.int_encode(wire(s), x, count, begin, alpha);
+      steps_.encode(p, wire(s), x, count, begin, alpha);
     }
     for (int k = 0; k < n - 1; ++k) {  // reduce-scatter
       const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
       p.recv(0, ring_.prev(), msg(k), incoming, bytes(s_recv));
       p.send(1, ring_.next(), msg(k), wire(s_send), bytes(s_send));
       p.wait(0);
-      p.int_add(wire(s_recv), incoming, part(s_recv).count);
+      steps_.add(p, wire(s_recv), incoming, part(s_recv).count);
       p.wait(1);
     }
     auto decode = [&](int segment) {
-      p.int_decode(static_cast<char*>(args_.recvbuf) + at(segment) * es, wire(segment), part(segment).count, alpha,
+      steps_.decode(p, static_cast<char*>(args_.recvbuf) + at(segment) * es, wire(segment), part(segment).count, alpha,
                    staging);
     };
     decode(ring_.rank);
@@ -99,6 +99,7 @@ class AllReduceIntsgd final : public Plan {
     return ring_elements() * (args_.intsgd->exact ? args_.element_size() : wire_);
   }
   uint64_t raw_wire_bytes() const override { return ring_elements() * args_.element_size(); }
+  PlanReport report() const override { return steps_.report(); }
 
  private:
   size_t wire_stride() const { return (chunk_ * wire_ + 63) / 64 * 64; }
@@ -109,6 +110,7 @@ class AllReduceIntsgd final : public Plan {
   Segments segments_;
   size_t chunk_;
   size_t wire_;  // bytes per wire integer
+  IntsgdSteps steps_;
 };
 
 }  // namespace

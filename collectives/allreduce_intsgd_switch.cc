@@ -29,7 +29,7 @@ class AllReduceIntsgdSwitch final : public Plan {
       : Plan(args), ring_{args.rank, args.nranks}, segments_{args.count, args.nranks},
         chunk_(chunk_elements(options.chunk_bytes, sizeof(float), args.count)),
         ring_chunk_(chunk_elements(options.chunk_bytes, sizeof(float), segments_.max_size())),
-        wire_(static_cast<size_t>(args.codec->bits / 8)) {}
+        wire_(static_cast<size_t>(args.codec->bits / 8)), steps_(args_) {}
 
   // Enough fragments for either kind of round: the whole buffer's chunks, or the ring's.
   size_t fragments() const override {
@@ -56,13 +56,13 @@ class AllReduceIntsgdSwitch final : public Plan {
     const void* in = static_cast<const char*>(args_.sendbuf) + part.offset * es;
     const float* x = static_cast<const float*>(in);
     if (args_.dtype != DataType::kFloat32) p.load(staging, in, part.count), x = staging;
-    p.chunk_header(outgoing, part.count);
-    p.int_encode(outgoing + SwitchChunkHeader::kBytes, x, part.count, part.offset, alpha);
+    steps_.chunk_header(p, outgoing, part.count);
+    steps_.encode(p, outgoing + SwitchChunkHeader::kBytes, x, part.count, part.offset, alpha);
     const size_t bytes = SwitchChunkHeader::kBytes + part.count * wire_;
     p.recv(0, aggregator, static_cast<uint32_t>(f), incoming, bytes);
     p.send(1, aggregator, static_cast<uint32_t>(f), outgoing, bytes);
     p.wait(0);
-    p.int_decode(static_cast<char*>(args_.recvbuf) + part.offset * es, incoming + SwitchChunkHeader::kBytes,
+    steps_.decode(p, static_cast<char*>(args_.recvbuf) + part.offset * es, incoming + SwitchChunkHeader::kBytes,
                  part.count, alpha, staging);
     p.wait(1);
   }
@@ -78,6 +78,7 @@ class AllReduceIntsgdSwitch final : public Plan {
     return args_.count * wire_ + ceil_div(args_.count, chunk_) * SwitchChunkHeader::kBytes;
   }
   uint64_t raw_wire_bytes() const override { return intsgd_ring_elements(ring_, segments_) * args_.element_size(); }
+  PlanReport report() const override { return steps_.report(); }
 
  private:
   size_t message_stride() const {
@@ -90,6 +91,7 @@ class AllReduceIntsgdSwitch final : public Plan {
   size_t chunk_;       // values per chunk sent to an aggregator
   size_t ring_chunk_;  // values per segment piece in the exact round
   size_t wire_;
+  IntsgdSteps steps_;
 };
 
 }  // namespace

@@ -53,7 +53,7 @@ class AllReduceMarsit final : public Plan {
   AllReduceMarsit(const CollArgs& args, const PlanOptions& options)
       : Plan(args), rows_(args.codec->torus_rows ? args.codec->torus_rows : 1), cols_(args.nranks / rows_),
         row_{args.rank % cols_, cols_}, column_{args.rank / cols_, rows_},
-        row_segments_{kernels::sign_words(args.count), cols_} {
+        row_segments_{kernels::sign_words(args.count), cols_}, steps_(args_) {
     const size_t largest_cell = Segments{row_segments_.max_size(), rows_}.max_size();
     // A chunk is chunk_bytes of float32 input, as for the other codecs: its wire words are 1/32 of that.
     chunk_ = std::max<size_t>(1, std::min(options.chunk_bytes / sizeof(float) / 32, largest_cell));
@@ -99,7 +99,7 @@ class AllReduceMarsit final : public Plan {
       uint32_t* merged = j_recv == col ? aggregate : outgoing[(s + 1) % 2];
       for (int i = 0; i < R; ++i) {
         const size_t at = fr.offset(j_recv, i);
-        p.merge_signs(merged + at, incoming + at, local + at, fr.cell(j_recv, i).count, static_cast<uint32_t>(s + 2),
+        steps_.merge_signs(p, merged + at, incoming + at, local + at, fr.cell(j_recv, i).count, static_cast<uint32_t>(s + 2),
                       kRowPhase | static_cast<uint32_t>(row), fr.first_word(j_recv, i));
       }
       p.wait(1);
@@ -115,7 +115,7 @@ class AllReduceMarsit final : public Plan {
       p.send(1, column_next, id, partial, fr.cell(col, i_send).count * 4);
       p.wait(0);
       uint32_t* merged = i_recv == row ? mine + fr.offset(col, row) : outgoing[(s + 1) % 2];
-      p.merge_signs(merged, incoming, aggregate + fr.offset(col, i_recv), fr.cell(col, i_recv).count,
+      steps_.merge_signs(p, merged, incoming, aggregate + fr.offset(col, i_recv), fr.cell(col, i_recv).count,
                     static_cast<uint32_t>(s + 2), kColumnPhase | static_cast<uint32_t>(col), fr.first_word(col, i_recv));
       p.wait(1);
     }
@@ -143,7 +143,7 @@ class AllReduceMarsit final : public Plan {
     for (int j = 0; j < C; ++j)
       for (int i = 0; i < R; ++i) {
         const Elements e = fr.elements(j, i);
-        p.decode_signs(g + e.first, final_segment(j) + fr.offset(j, i), e.first, e.count, backup_of(backup, fr, j, i));
+        steps_.decode_signs(p, g + e.first, final_segment(j) + fr.offset(j, i), e.first, e.count, backup_of(backup, fr, j, i));
       }
   }
 
@@ -204,7 +204,7 @@ class AllReduceMarsit final : public Plan {
     const auto* u = static_cast<const float*>(args_.sendbuf);
     for (int i = 0; i < rows_; ++i) {
       const Elements e = fr.elements(j, i);
-      p.pack_signs(out + fr.offset(j, i), u + e.first, e.first, e.count, backup_of(backup, fr, j, i));
+      steps_.pack_signs(p, out + fr.offset(j, i), u + e.first, e.first, e.count, backup_of(backup, fr, j, i));
     }
   }
 
@@ -223,6 +223,7 @@ class AllReduceMarsit final : public Plan {
   Ring column_;  // this rank's column: position = its row
   Segments row_segments_;
   size_t chunk_;  // words per cell piece
+  MarsitSteps steps_;
 };
 
 }  // namespace

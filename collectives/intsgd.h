@@ -8,6 +8,7 @@
 
 #include "collectives/plan.h"
 #include "collectives/ring.h"
+#include "kernels/int_codec.h"
 
 namespace qccl::coll {
 
@@ -17,6 +18,66 @@ namespace qccl::coll {
 // values of the datatype.
 void build_intsgd_exact(const CollArgs& args, const Ring& ring, const Segments& segments, size_t chunk,
                         size_t total, size_t f, std::byte* scratch, Program& p);
+
+// IntSGD's numerics as step kernels (plan.h), bound to one call: the wire width, the clip range of
+// this rank count, the rounding and its random key, the datatype and op of the result. A plan holds
+// one and adds its steps through it; report() gives what the kernels counted. A fragment that met NaN
+// or Inf is tainted (as for Marsit): its integers are never summed into garbage, it decodes to NaN.
+class IntsgdSteps {
+ public:
+  explicit IntsgdSteps(const CollArgs& args);
+  IntsgdSteps(const IntsgdSteps&) = delete;  // programs point at the kernels
+  IntsgdSteps& operator=(const IntsgdSteps&) = delete;
+
+  // dst (wire) = clip(Int(alpha * src)), values first .. first + count; counts the clips.
+  void encode(Program& p, void* dst, const float* src, size_t count, uint64_t first, float alpha) const;
+  // acc (wire) += src (wire), wrapping.
+  void add(Program& p, void* acc, const void* src, size_t count) const;
+  // dst (datatype) = src (wire) / (n alpha) (avg) or / alpha (sum), through `scratch` (float) unless
+  // float32; the exact sums of squares and the largest |S| add up (report()).
+  void decode(Program& p, void* dst, const void* src, size_t count, float alpha, float* scratch) const;
+  // dst (8 bytes) = the SwitchChunkHeader of `count` wire values.
+  void chunk_header(Program& p, void* dst, size_t count) const;
+
+  PlanReport report() const { return PlanReport{bound_.clipped, bound_.sums}; }
+
+ private:
+  struct Bound {
+    int bits;
+    bool stochastic;
+    kernels::IntClip clip;
+    kernels::PhiloxKey rng;
+    DataType dtype;
+    double divisor;  // n for an average, 1 for a sum
+    mutable size_t clipped = 0;
+    mutable kernels::IntSums sums;
+  };
+  struct Encode final : StepKernel {
+    const Bound* b;
+    Phase phase() const override { return Phase::kEncode; }
+    void run(const step::Compute& s, StepContext& context) const override;
+  };
+  struct Add final : StepKernel {
+    const Bound* b;
+    Phase phase() const override { return Phase::kDecode; }
+    void run(const step::Compute& s, StepContext& context) const override;
+  };
+  struct Decode final : StepKernel {
+    const Bound* b;
+    Phase phase() const override { return Phase::kDecode; }
+    void run(const step::Compute& s, StepContext& context) const override;
+  };
+  struct Header final : StepKernel {
+    const Bound* b;
+    Phase phase() const override { return Phase::kEncode; }
+    void run(const step::Compute& s, StepContext& context) const override;
+  };
+  Bound bound_;
+  Encode encode_;
+  Add add_;
+  Decode decode_;
+  Header header_;
+};
 
 // The values a rank sends in a ring all-reduce (exact round: times the element size; integer round
 // on the ring: times the wire bytes).

@@ -29,4 +29,69 @@ void marsit_links(const CollArgs& args, std::vector<int>* send_to, std::vector<i
 // Why Marsit cannot run these arguments, or nullptr.
 const char* marsit_cannot_run(const CollArgs& args);
 
+// Marsit's numerics as step kernels (plan.h), bound to one call: its compensation c, random key and
+// eta_s. A plan holds one and adds its steps through it. A fragment is "tainted" once it met a
+// non-finite value, here or at a peer: a tainted fragment decodes to NaN and leaves the state alone.
+class MarsitSteps {
+ public:
+  explicit MarsitSteps(const CollArgs& args);
+  MarsitSteps(const MarsitSteps&) = delete;  // programs point at the kernels
+  MarsitSteps& operator=(const MarsitSteps&) = delete;
+
+  // dst (words) = signs of w = u + c for values first .. first + count; c's stored values become w,
+  // the old ones go to `backup` (float scratch) for a tainted fragment to put back.
+  void pack_signs(Program& p, uint32_t* dst, const float* u, size_t first, size_t count, float* backup) const;
+  // dst = merge(incoming, local) at a hop that has k contributions after it, random stream `stream`,
+  // words first_word .. (marsit.md §6.2: one merge per step, phase, group, hop and word).
+  void merge_signs(Program& p, uint32_t* dst, const uint32_t* incoming, const uint32_t* local, size_t words,
+                   uint32_t k, uint32_t stream, uint64_t first_word) const;
+  // g = eta_s (2 bit - 1) of the words, recorded in c so that c = w - g (Marsit Alg. 1 line 10); when
+  // tainted: g = NaN, and c's stored values back from `backup`.
+  void decode_signs(Program& p, float* g, const uint32_t* words, size_t first, size_t count,
+                    const float* backup) const;
+  // w = u + c: the full-precision round's contribution.
+  void add_compensation(Program& p, float* w, const float* u, size_t first, size_t count) const;
+  // After a full-precision round: c = 0 where g is finite; where it is not, c is kept and the value
+  // counts as non-finite output.
+  void reset_compensation(Program& p, const float* g, size_t first, size_t count) const;
+
+ private:
+  struct Bound {
+    kernels::Compensation c;
+    kernels::PhiloxKey rng;
+    float eta;
+  };
+  struct Pack final : StepKernel {
+    const Bound* b;
+    Phase phase() const override { return Phase::kEncode; }
+    void run(const step::Compute& s, StepContext& context) const override;
+  };
+  struct Merge final : StepKernel {
+    const Bound* b;
+    Phase phase() const override { return Phase::kEncode; }
+    void run(const step::Compute& s, StepContext& context) const override;
+  };
+  struct Decode final : StepKernel {
+    const Bound* b;
+    Phase phase() const override { return Phase::kDecode; }
+    void run(const step::Compute& s, StepContext& context) const override;
+  };
+  struct AddCompensation final : StepKernel {
+    const Bound* b;
+    Phase phase() const override { return Phase::kDecode; }
+    void run(const step::Compute& s, StepContext& context) const override;
+  };
+  struct ResetCompensation final : StepKernel {
+    const Bound* b;
+    Phase phase() const override { return Phase::kDecode; }
+    void run(const step::Compute& s, StepContext& context) const override;
+  };
+  Bound bound_;
+  Pack pack_;
+  Merge merge_;
+  Decode decode_;
+  AddCompensation add_;
+  ResetCompensation reset_;
+};
+
 }  // namespace qccl::coll

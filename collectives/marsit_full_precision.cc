@@ -17,7 +17,7 @@ class MarsitFullPrecision final : public Plan {
  public:
   MarsitFullPrecision(const CollArgs& args, const PlanOptions& options)
       : Plan(args), ring_{args.rank, args.nranks}, segments_{args.count, args.nranks},
-        chunk_(chunk_elements(options.chunk_bytes, sizeof(float), segments_.max_size())) {}
+        chunk_(chunk_elements(options.chunk_bytes, sizeof(float), segments_.max_size())), steps_(args_) {}
 
   size_t fragments() const override { return ceil_div(segments_.max_size(), chunk_); }
   size_t scratch_bytes() const override { return chunk_ * sizeof(float); }
@@ -34,7 +34,7 @@ class MarsitFullPrecision final : public Plan {
     auto bytes = [&](int segment) { return part(segment).count * sizeof(float); };
     auto msg = [&](int step) { return static_cast<uint32_t>(step) * total + static_cast<uint32_t>(f); };
 
-    for (int s = 0; s < n; ++s) p.add_compensation(g + at(s), u + at(s), at(s), part(s).count);  // w = u + c
+    for (int s = 0; s < n; ++s) steps_.add_compensation(p, g + at(s), u + at(s), at(s), part(s).count);  // w = u + c
     for (int k = 0; k < n - 1; ++k) {  // reduce-scatter
       const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
       p.recv(0, ring_.prev(), msg(k), incoming, bytes(s_recv));
@@ -52,7 +52,7 @@ class MarsitFullPrecision final : public Plan {
       p.wait(0);
       p.wait(1);
     }
-    for (int s = 0; s < n; ++s) p.reset_compensation(g + at(s), at(s), part(s).count);
+    for (int s = 0; s < n; ++s) steps_.reset_compensation(p, g + at(s), at(s), part(s).count);
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
@@ -69,6 +69,7 @@ class MarsitFullPrecision final : public Plan {
   Ring ring_;
   Segments segments_;
   size_t chunk_;
+  MarsitSteps steps_;
 };
 
 }  // namespace

@@ -11,17 +11,23 @@
 //   - the same arguments give the same fragments and steps on every run;
 //   - the result does not depend on the chunk size or the pipeline depth: the reduction order of
 //     each element is fixed by the rank count alone (segments never depend on the chunk size);
-//   - a transfer of zero bytes is never posted, and both ends agree on that;
-//   - message ids are unique per (peer pair, collective) among the messages in flight.
+//   - a fixed-size transfer of zero bytes is never posted, and both ends agree on that;
+//   - ordered: within a fragment, the messages one rank sends another are received by that rank in
+//     the same order (the labels `msg` of its sends to p equal, in program order, those of p's
+//     receives from it). The executor therefore needs no per-message id on the wire: messages are
+//     keyed by fragment, and a transport without tags (NCCL point-to-point) matches them in order.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "kernels/codec.h"
+#include "kernels/intsgd.h"
 #include "kernels/marsit.h"
 #include "kernels/types.h"
 
@@ -74,149 +80,237 @@ struct CollArgs {
   size_t message_bytes() const;
 };
 
-enum class StepKind : uint8_t {
-  kRecv, kSend, kWait, kReduce, kCopy, kAverage,
-  // Compressed collectives: float32 accumulators, the codec of CollArgs (elements in n).
-  kLoad,           // dst (float) = src (datatype)
-  kLoadAdd,        // dst (float) += src (datatype)
-  kAddFloat,       // dst (float) += src (float)
-  kDivide,         // dst (float) /= nranks
-  kEncode,         // dst (bytes) = encode(src (float)); rounding keyed by stream (msg) and element (index)
-  kDecodeAdd,      // dst (float) += decode(src (bytes))
-  kDecodeOut,      // dst (datatype) = decode(src (bytes)), through src2 (float scratch) unless float32
-  kErrorFeedback,  // dst (float residual) = factor * (src (float) - decode(src2 (bytes)))
-  // Marsit (sign codec; the compensation c of CollArgs, elements index .. index + n). A fragment is
-  // "tainted" once it met a non-finite value, here or (through a bit of the message key) at a peer; a
-  // tainted fragment decodes to NaN and leaves the state alone.
-  kPackSigns,      // dst (words) = signs of w = src (u) + c; c's stored values = w, the old ones to src2
-                   // (float backup in scratch)
-  kMergeSigns,     // dst (words) = merge(src, src2) at a hop of `aux` contributions, stream msg, word index
-  kDecodeSigns,    // dst (float g) = eta (2 bit - 1) of src (words), recorded in c, so c = w - g (Marsit
-                   // Alg. 1 line 10); when tainted: g NaN, c's stored values back from src2 (the backup)
-  kAddCompensation,    // dst (float) = src (u) + c: the full-precision round's w
-  kResetCompensation,  // after a full-precision round: for n values of g (src), c = 0 where g is
-                       // finite; where it is not, c is kept and the value counts as non-finite output
-  // IntSGD (int codecs; the wire type is the codec's). A fragment that met NaN or Inf is tainted as
-  // for Marsit and decodes to NaN.
-  kIntEncode,  // dst (wire) = clip(Int(factor * src (float))), n values from element index; counts clips
-  kIntAdd,     // dst (wire) += src (wire), wrapping
-  kIntDecode,  // dst (datatype) = src (wire) / (n alpha) (avg) or / alpha (sum), alpha = factor, through
-               // src2 (float scratch) unless float32; the exact sums of squares and largest |S| add up
-  kChunkHeader,  // dst (8 bytes) = the SwitchChunkHeader (collectives/intsgd.h) of n wire values
+// ---- Steps ----------------------------------------------------------------------------------------
+//
+// A fragment's program is a list of typed steps. The transfer and data-movement steps are the
+// executor's own; the codec steps take the codec they use (so one plan may use a different codec on
+// each step, e.g. one per link class); a method's own numerics are Compute steps, which call a
+// StepKernel the plan owns (so the executor knows no method).
+namespace step {
+
+// Posts a receive from `peer` into dst (capacity bytes). With `received`, the message may be shorter
+// than the capacity and its length is stored there once it arrives (variable-length codecs); without,
+// it must be exactly `capacity` bytes.
+struct Recv {
+  uint16_t slot;
+  int32_t peer;
+  uint32_t msg;  // the plan's label of the message (unique per fragment, peer pair and direction)
+  void* dst;
+  size_t capacity;
+  size_t* received;
+};
+// Posts a send of `bytes` bytes, or, with `length`, of the *length bytes an earlier step wrote there
+// (at most `bytes`; a variable-length message is sent even when empty, since its receive is posted).
+struct Send {
+  uint16_t slot;
+  int32_t peer;
+  uint32_t msg;
+  const void* src;
+  size_t bytes;
+  const size_t* length;
+};
+// Blocks the fragment (not the executor) until the slot's transfer completed; an unused slot passes.
+struct Wait {
+  uint16_t slot;
+};
+struct Reduce {  // dst = a op b, elementwise in the call's datatype and op; dst may equal a or b
+  void* dst;
+  const void* a;
+  const void* b;
+  size_t count;
+};
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+struct Average {  // buf /= nranks, the last step of RedOp::kAvg (a no-op for other ops)
+  void* buf;
+  size_t count;
+};
+// float32 accumulators of the compressed collectives.
+struct Load {  // dst (float) = src (the call's datatype), or += with `add`
+  float* dst;
+  const void* src;
+  size_t count;
+  bool add;
+};
+struct AddFloat {
+  float* dst;
+  const float* src;
+  size_t count;
+};
+struct Divide {  // dst /= nranks
+  float* dst;
+  size_t count;
+};
+// dst = encode(src): rounding keyed by `stream` and element index `first`; with `length`, the number
+// of bytes written is stored there.
+struct Encode {
+  const kernels::CodecConfig* codec;
+  void* dst;
+  const float* src;
+  size_t count;
+  uint64_t first;
+  uint32_t stream;
+  size_t* length;
+};
+struct DecodeAdd {  // dst (float) += decode(src)
+  const kernels::CodecConfig* codec;
+  float* dst;
+  const void* src;
+  size_t count;
+};
+// dst (the call's datatype) = decode(src), through `scratch` (float) unless the datatype is float32.
+// Every rank decodes the same bytes, so every rank counts the same non-finite outputs.
+struct DecodeOut {
+  const kernels::CodecConfig* codec;
+  void* dst;
+  const void* src;
+  size_t count;
+  float* scratch;
+};
+// residual = factor * (acc - decode(encoded)): error feedback's memory of what the encode missed.
+struct ErrorFeedback {
+  const kernels::CodecConfig* codec;
+  float* residual;
+  const float* acc;
+  const void* encoded;
+  size_t count;
+  float factor;
+};
+struct Compute;
+
+}  // namespace step
+
+// What a StepKernel may touch besides its operands: the fragment's taint (a non-finite value met
+// here or, through the message keys, at a peer: the fragment decodes to NaN and leaves state alone)
+// and the operation's count of non-finite outputs.
+struct StepContext {
+  bool* tainted;
+  size_t* nonfinite;
 };
 
-struct Step {
-  StepKind kind;
-  uint8_t slot = 0;           // kRecv, kSend, kWait: which of the fragment's transfer slots
-  int32_t peer = -1;          // kRecv, kSend
-  uint32_t msg = 0;           // kRecv, kSend: message id within the collective; kEncode: rounding stream
-  const void* src = nullptr;  // kSend: data; kReduce: first operand; kCopy: source
-  const void* src2 = nullptr; // kReduce: second operand
-  void* dst = nullptr;        // kRecv: destination; kReduce, kCopy, kAverage: output
-  size_t n = 0;               // kRecv, kSend, kCopy: bytes; the others: elements
-  uint64_t index = 0;         // kEncode, Marsit: index of the first element in the whole buffer; kMergeSigns: word
-  float factor = 1.0f;        // kErrorFeedback
-  uint32_t aux = 0;           // kMergeSigns: the number of contributions after the merge
+// A method's numerics for one kind of step (Marsit's sign packing, IntSGD's integer encode, ...):
+// the plan owns its kernels, bound to the call (its state, its random key), and lists them in Compute
+// steps. run() must not allocate; it is called on the executor's thread only.
+class StepKernel {
+ public:
+  enum class Phase : uint8_t { kEncode, kDecode };  // which statistic its time counts in
+  virtual ~StepKernel() = default;
+  virtual Phase phase() const = 0;
+  virtual void run(const step::Compute& step, StepContext& context) const = 0;
 };
 
-// The steps of one fragment, run in order. A kWait blocks the fragment (not the executor) until the
-// slot's transfer completes; other fragments keep going meanwhile.
+namespace step {
+// Operands a kernel interprets as it documents.
+struct Compute {
+  const StepKernel* kernel;
+  void* dst;
+  const void* src;
+  const void* src2;
+  size_t count;
+  uint64_t index;
+  uint32_t aux;
+  uint32_t stream;
+  float factor;
+};
+}  // namespace step
+
+using Step = std::variant<step::Recv, step::Send, step::Wait, step::Reduce, step::Copy, step::Average, step::Load,
+                          step::AddFloat, step::Divide, step::Encode, step::DecodeAdd, step::DecodeOut,
+                          step::ErrorFeedback, step::Compute>;
+
+// The steps of one fragment, run in order. The builders skip steps with nothing to do (zero counts),
+// so both ends of a transfer agree that an empty fixed-size message is never posted.
 class Program {
  public:
-  static constexpr int kSlots = 4;
+  // The codec of the codec steps that name none: the call's (the executor sets it), or another a plan
+  // chooses for the steps that follow with use_codec(); clear() returns to the call's.
+  void set_default_codec(const kernels::CodecConfig* codec) { default_codec_ = codec_ = codec; }
+  void use_codec(const kernels::CodecConfig* codec) { codec_ = codec; }
 
-  void clear() { steps_.clear(); }
+  void clear() {
+    steps_.clear();
+    transfer_slots_ = 0;
+    codec_ = default_codec_;
+  }
   void recv(int slot, int peer, uint32_t msg, void* dst, size_t bytes) {
-    if (bytes) steps_.push_back(Step{StepKind::kRecv, static_cast<uint8_t>(slot), peer, msg, nullptr, nullptr, dst, bytes});
+    if (bytes) add_transfer(slot, step::Recv{narrow(slot), peer, msg, dst, bytes, nullptr});
+  }
+  // A receive of at most `capacity` bytes whose length is stored in *received.
+  void recv_upto(int slot, int peer, uint32_t msg, void* dst, size_t capacity, size_t* received) {
+    add_transfer(slot, step::Recv{narrow(slot), peer, msg, dst, capacity, received});
   }
   void send(int slot, int peer, uint32_t msg, const void* src, size_t bytes) {
-    if (bytes) steps_.push_back(Step{StepKind::kSend, static_cast<uint8_t>(slot), peer, msg, src, nullptr, nullptr, bytes});
+    if (bytes) add_transfer(slot, step::Send{narrow(slot), peer, msg, src, bytes, nullptr});
   }
-  // Waiting on a slot whose transfer was never posted (zero bytes) passes at once.
-  void wait(int slot) { steps_.push_back(Step{StepKind::kWait, static_cast<uint8_t>(slot), -1, 0, nullptr, nullptr, nullptr, 0}); }
-  // dst = a op b (elementwise, the plan's datatype and op); dst may equal a or b.
+  // A send of the *length bytes (at most `capacity`) an earlier step stored.
+  void send_length(int slot, int peer, uint32_t msg, const void* src, size_t capacity, const size_t* length) {
+    add_transfer(slot, step::Send{narrow(slot), peer, msg, src, capacity, length});
+  }
+  void wait(int slot) { steps_.push_back(step::Wait{narrow(slot)}); }
   void reduce(void* dst, const void* a, const void* b, size_t count) {
-    if (count) steps_.push_back(Step{StepKind::kReduce, 0, -1, 0, a, b, dst, count});
+    if (count) steps_.push_back(step::Reduce{dst, a, b, count});
   }
   void copy(void* dst, const void* src, size_t bytes) {
-    if (bytes && dst != src) steps_.push_back(Step{StepKind::kCopy, 0, -1, 0, src, nullptr, dst, bytes});
+    if (bytes && dst != src) steps_.push_back(step::Copy{dst, src, bytes});
   }
-  // buf = buf / nranks, the last step of RedOp::kAvg (a no-op for other ops).
   void average(void* buf, size_t count) {
-    if (count) steps_.push_back(Step{StepKind::kAverage, 0, -1, 0, nullptr, nullptr, buf, count});
+    if (count) steps_.push_back(step::Average{buf, count});
   }
 
-  // Compressed collectives (see StepKind).
-  void load(float* dst, const void* src, size_t count) { push(StepKind::kLoad, dst, src, nullptr, count); }
-  void load_add(float* dst, const void* src, size_t count) { push(StepKind::kLoadAdd, dst, src, nullptr, count); }
-  void add_float(float* dst, const float* src, size_t count) { push(StepKind::kAddFloat, dst, src, nullptr, count); }
-  void divide(float* dst, size_t count) { push(StepKind::kDivide, dst, nullptr, nullptr, count); }
-  void encode(void* dst, const float* src, size_t count, uint64_t first, uint32_t stream) {
-    if (!count) return;
-    push(StepKind::kEncode, dst, src, nullptr, count);
-    steps_.back().index = first;
-    steps_.back().msg = stream;
+  // Compressed collectives (see step::).
+  void load(float* dst, const void* src, size_t count) {
+    if (count) steps_.push_back(step::Load{dst, src, count, false});
   }
-  void decode_add(float* dst, const void* src, size_t count) { push(StepKind::kDecodeAdd, dst, src, nullptr, count); }
+  void load_add(float* dst, const void* src, size_t count) {
+    if (count) steps_.push_back(step::Load{dst, src, count, true});
+  }
+  void add_float(float* dst, const float* src, size_t count) {
+    if (count) steps_.push_back(step::AddFloat{dst, src, count});
+  }
+  void divide(float* dst, size_t count) {
+    if (count) steps_.push_back(step::Divide{dst, count});
+  }
+  void encode(void* dst, const float* src, size_t count, uint64_t first, uint32_t stream, size_t* length = nullptr) {
+    if (count) steps_.push_back(step::Encode{codec_, dst, src, count, first, stream, length});
+  }
+  void decode_add(float* dst, const void* src, size_t count) {
+    if (count) steps_.push_back(step::DecodeAdd{codec_, dst, src, count});
+  }
   void decode_out(void* dst, const void* src, size_t count, float* scratch) {
-    push(StepKind::kDecodeOut, dst, src, scratch, count);
+    if (count) steps_.push_back(step::DecodeOut{codec_, dst, src, count, scratch});
   }
   void error_feedback(float* residual, const float* acc, const void* encoded, size_t count, float factor) {
-    if (!count) return;
-    push(StepKind::kErrorFeedback, residual, acc, encoded, count);
-    steps_.back().factor = factor;
+    if (count) steps_.push_back(step::ErrorFeedback{codec_, residual, acc, encoded, count, factor});
   }
-
-  // Marsit (see StepKind).
-  void pack_signs(uint32_t* dst, const float* u, size_t first, size_t count, float* backup) {
-    if (!count) return;
-    push(StepKind::kPackSigns, dst, u, backup, count);
-    steps_.back().index = first;
+  // A method's step (see StepKernel): skipped when count is zero.
+  void compute(const step::Compute& s) {
+    if (s.count) steps_.push_back(s);
   }
-  void merge_signs(uint32_t* dst, const uint32_t* incoming, const uint32_t* local, size_t words, uint32_t k,
-                   uint32_t stream, uint64_t first_word) {
-    if (!words) return;
-    push(StepKind::kMergeSigns, dst, incoming, local, words);
-    steps_.back().aux = k, steps_.back().msg = stream, steps_.back().index = first_word;
-  }
-  void decode_signs(float* g, const uint32_t* words, size_t first, size_t count, const float* backup) {
-    if (!count) return;
-    push(StepKind::kDecodeSigns, g, words, backup, count);
-    steps_.back().index = first;
-  }
-  void add_compensation(float* w, const float* u, size_t first, size_t count) {
-    if (!count) return;
-    push(StepKind::kAddCompensation, w, u, nullptr, count);
-    steps_.back().index = first;
-  }
-  void reset_compensation(const float* g, size_t first, size_t count) {
-    if (!count) return;
-    push(StepKind::kResetCompensation, nullptr, g, nullptr, count);
-    steps_.back().index = first;
-  }
-
-  // IntSGD (see StepKind).
-  void int_encode(void* dst, const float* src, size_t count, uint64_t first, float alpha) {
-    if (!count) return;
-    push(StepKind::kIntEncode, dst, src, nullptr, count);
-    steps_.back().index = first, steps_.back().factor = alpha;
-  }
-  void int_add(void* acc, const void* src, size_t count) { push(StepKind::kIntAdd, acc, src, nullptr, count); }
-  void int_decode(void* dst, const void* src, size_t count, float alpha, float* scratch) {
-    if (!count) return;
-    push(StepKind::kIntDecode, dst, src, scratch, count);
-    steps_.back().factor = alpha;
-  }
-
-  void chunk_header(void* dst, size_t count) { push(StepKind::kChunkHeader, dst, nullptr, nullptr, count); }
 
   const std::vector<Step>& steps() const { return steps_; }
+  // Transfer slots this fragment uses (1 + the largest slot index): not capped.
+  size_t transfer_slots() const { return transfer_slots_; }
 
  private:
-  void push(StepKind kind, void* dst, const void* src, const void* src2, size_t count) {
-    if (count) steps_.push_back(Step{kind, 0, -1, 0, src, src2, dst, count});
+  static uint16_t narrow(int slot) { return static_cast<uint16_t>(slot); }
+  template <class S>
+  void add_transfer(int slot, const S& s) {
+    transfer_slots_ = std::max(transfer_slots_, static_cast<size_t>(slot) + 1);
+    steps_.push_back(s);
   }
   std::vector<Step> steps_;
+  size_t transfer_slots_ = 0;
+  const kernels::CodecConfig* default_codec_ = nullptr;
+  const kernels::CodecConfig* codec_ = nullptr;
+};
+
+// What a plan's method kernels counted, for the call's statistics (IntSGD's clips and exact sums).
+struct PlanReport {
+  size_t clipped = 0;
+  kernels::IntSums int_sums;
 };
 
 // One call's work for one algorithm.
@@ -237,6 +331,8 @@ class Plan {
   virtual uint64_t wire_bytes_sent() const = 0;
   // What the same collective sends uncompressed (for the compression ratio of compressed plans).
   virtual uint64_t raw_wire_bytes() const { return wire_bytes_sent(); }
+  // What its method kernels counted (once the operation finished).
+  virtual PlanReport report() const { return PlanReport{}; }
 
  protected:
   CollArgs args_;

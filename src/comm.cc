@@ -107,15 +107,15 @@ void Comm::join(const BootstrapId& id) {
       names_.push_back(aggregator_links_[k].name);
     }
   }
+  executor_ = std::make_unique<HostExecutor>(*transport_, HostExecutorOptions{config_.pipeline_depth, false}, &names_);
   progress_thread_ = std::thread([this] { progress_thread_main(); });
   control_->barrier(deadline);
 
   QCCL_INFO("communicator of %d ranks (%d on this host, %d CPUs: %s), root %s", nranks_, local, topology_.bound_pus,
             oversubscribed_ ? "oversubscribed, spinning yields" : "spinning", id.root.to_string().c_str());
   QCCL_INFO("topology %s", topology_.summary().c_str());
-  QCCL_INFO("transport %s; reduction kernels %s; chunk %zu bytes, pipeline depth %d, timeout %g s",
-            transport_->describe().c_str(), kernels::reduce_target_name(), config_.chunk_bytes,
-            config_.pipeline_depth, config_.timeout_seconds);
+  QCCL_INFO("%s; reduction kernels %s; chunk %zu bytes, timeout %g s", executor_->describe().c_str(),
+            kernels::reduce_target_name(), config_.chunk_bytes, config_.timeout_seconds);
   QCCL_INFO("algorithms %s", policy_.describe().c_str());
   QCCL_INFO("compression of plain all-reduce calls (QCCL_CODEC): %s", codec_policy_.describe().c_str());
   if (!aggregator_links_.empty()) QCCL_INFO("IntSGD aggregators (QCCL_AGGREGATORS): %s", config_.aggregators.c_str());
@@ -177,8 +177,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   identity.header = FrameHeader::for_call(args, identity.sequence, args.codec ? args.codec->hash() : 0, codec_step);
   identity.expected = identity.header;
 
-  const int depth = config_.pipeline_depth;
-  const size_t scratch_bytes = plan->scratch_bytes() * static_cast<size_t>(depth);
+  const size_t scratch_bytes = executor_->scratch_bytes(*plan);
   {
     // Scratch buffers are reused across calls: a fresh allocation would page-fault every time.
     std::lock_guard<std::mutex> lock(ops_mu_);
@@ -192,8 +191,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   if (!record->scratch) record->scratch = std::make_shared<std::vector<std::byte>>(scratch_bytes);
   QCCL_TRACE("%s via %s: %zu fragments, %llu wire bytes", identity.header.describe().c_str(), algorithm.name,
              plan->fragments(), static_cast<unsigned long long>(plan->wire_bytes_sent()));
-  record->operation = std::make_unique<Operation>(algorithm, std::move(plan), identity, depth,
-                                                  record->scratch->data(), &names_);
+  record->operation = executor_->launch(algorithm, std::move(plan), identity, record->scratch->data());
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
     active_.push_back(record);
@@ -215,25 +213,27 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
       active_version_.fetch_add(1);
     }
     if (result == qcclSuccess || result == qcclNonFinite) {  // completed (a non-finite result is data)
-      const Operation& op = *record.operation;
+      const Execution& op = *record.operation;
+      const ExecutionStats& stats = op.stats();
       last_stats_ = qcclStats_t{};
-      last_stats_.wireBytesSent = op.bytes_sent();
-      last_stats_.wireBytesReceived = op.bytes_received();
+      last_stats_.wireBytesSent = stats.bytes_sent;
+      last_stats_.wireBytesReceived = stats.bytes_received;
       last_stats_.seconds = std::chrono::duration<double>(Clock::now() - record.started_at).count();
       last_stats_.sequence = op.identity().sequence;
       std::snprintf(last_stats_.algorithm, sizeof(last_stats_.algorithm), "%s", op.algorithm().name);
       const uint64_t raw = op.plan().raw_wire_bytes();
-      last_stats_.compressionRatio = op.bytes_sent() ? static_cast<double>(raw) / op.bytes_sent() : 1.0;
-      last_stats_.encodeSeconds = op.encode_seconds();
-      last_stats_.decodeSeconds = op.decode_seconds();
+      last_stats_.compressionRatio = stats.bytes_sent ? static_cast<double>(raw) / stats.bytes_sent : 1.0;
+      last_stats_.encodeSeconds = stats.encode_seconds;
+      last_stats_.decodeSeconds = stats.decode_seconds;
       last_stats_.wireSeconds =
           std::max(0.0, last_stats_.seconds - last_stats_.encodeSeconds - last_stats_.decodeSeconds);
       if (const kernels::CodecConfig* codec = op.plan().args().codec)
         std::snprintf(last_stats_.codec, sizeof(last_stats_.codec), "%s", codec->canonical().c_str());
       if (record.intsgd) {
         last_stats_.intAlpha = record.intsgd->alpha;
-        last_stats_.clippedValues = op.clipped();
-        last_stats_.largestInteger = op.int_sums().max_abs;
+        const coll::PlanReport report = op.plan().report();
+        last_stats_.clippedValues = report.clipped;
+        last_stats_.largestInteger = report.int_sums.max_abs;
       }
     }
     if (record.scratch) scratch_pool_.push_back(std::move(record.scratch));
@@ -246,8 +246,8 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
 // A completed operation succeeded, unless a compressed one decoded non-finite values: every rank
 // decodes the same bytes, so every rank reports the same count, and the communicator stays healthy.
 void Comm::finish_completed(OpRecord& record) {
-  const Operation& op = *record.operation;
-  size_t nonfinite = op.nonfinite();
+  const Execution& op = *record.operation;
+  size_t nonfinite = op.stats().nonfinite;
   if (record.intsgd) observe_intsgd(record, &nonfinite);
   if (nonfinite == 0) return finish(record, qcclSuccess, "");
   finish(record, qcclNonFinite,
@@ -269,13 +269,13 @@ void Comm::prepare_intsgd(OpRecord& record) {
 // rank computes the same norm and moves its memory the same way; a round with NaN or Inf teaches
 // nothing (the paper's safeguard against a skipped step corrupting alpha).
 void Comm::observe_intsgd(OpRecord& record, size_t* nonfinite) {
-  const Operation& op = *record.operation;
+  const Execution& op = *record.operation;
   const coll::CollArgs& args = op.plan().args();
   double mean_squares = 0;
   if (record.intsgd->exact)
     mean_squares = intsgd_exact_norm(args.recvbuf, args.count, args.dtype, args.op, nranks_, nonfinite);
   else
-    mean_squares = intsgd_integer_norm(op.int_sums().squares(), record.intsgd->alpha, nranks_);
+    mean_squares = intsgd_integer_norm(op.plan().report().int_sums.squares(), record.intsgd->alpha, nranks_);
   if (*nonfinite == 0 && record.state)
     intsgd_observe(*args.codec, &record.state->intsgd(), record.intsgd_lr, mean_squares);
 }
@@ -337,12 +337,12 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
   auto next_timeout_check = Clock::now() + std::chrono::milliseconds(kMaxBlockMs);
   while (!done()) {
     if (progress_thread && (stopping_ || callers_waiting_.load() > 0)) return;
-    if (!transport_) return;  // shut down under us (abort)
+    if (!executor_) return;  // shut down under us (abort)
     if (broken_) {
       fail_affected_operations();  // collectives the failure does not concern keep going
       if (done()) return;
     }
-    bool moved = transport_->progress();
+    bool moved = executor_->progress();
     if (driving_version_ != active_version_.load()) {
       std::lock_guard<std::mutex> lock(ops_mu_);
       driving_ = active_;
@@ -353,7 +353,7 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       if (record->done.load(std::memory_order_relaxed) || waits_for_its_state(i)) continue;
       try {
         if (record->intsgd && !record->operation->started()) prepare_intsgd(*record);
-        moved |= record->operation->advance(*transport_);
+        moved |= record->operation->advance();
         if (record->operation->finished()) finish_completed(*record);
       } catch (const Error& e) {
         break_comm(Failure{e.code(), e.message(), failure_sequence(*record)}, true);
@@ -374,7 +374,7 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       if (oversubscribed_) sched_yield();  // let a rank that has work run on this CPU
       continue;
     }
-    if (!transport_->arm()) continue;  // events arrived meanwhile: progress again
+    if (!executor_->arm()) continue;  // events arrived meanwhile: progress again
     wait_for_events(progress_thread);
   }
 }
@@ -382,7 +382,7 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
 // Blocks until the transport, a wake-up or (progress thread) the control plane has something.
 void Comm::wait_for_events(bool progress_thread) {
   std::vector<pollfd> fds;
-  fds.push_back({transport_->event_fd(), POLLIN, 0});
+  fds.push_back({executor_->event_fd(), POLLIN, 0});
   fds.push_back({progress_thread ? progress_wake_fd_ : driver_wake_fd_, POLLIN, 0});
   size_t control_end = 2;
   if (progress_thread) {
@@ -440,7 +440,7 @@ void Comm::check_timeouts() {
   const auto now = Clock::now();
   for (const auto& record : driving_) {
     if (record->done || !record->operation->started()) continue;  // not started: waits for its state
-    const Operation& op = *record->operation;
+    const Execution& op = *record->operation;
     const double idle = std::chrono::duration<double>(now - op.last_progress()).count();
     if (idle < config_.timeout_seconds) continue;
     Failure failure{qcclTimeout,
@@ -453,7 +453,7 @@ void Comm::check_timeouts() {
       return;
     }
     // Already broken by a later collective's failure, and this earlier one cannot finish either.
-    record->operation->cancel(*transport_);
+    record->operation->cancel();
     finish(*record, failure.code, failure.message);
   }
 }
@@ -525,7 +525,7 @@ void Comm::fail_affected_operations() {
     }
   }
   for (const auto& record : affected) {
-    if (transport_) record->operation->cancel(*transport_);
+    if (executor_) record->operation->cancel();
     finish(*record, failure.code, failure.message);
   }
 }
@@ -585,6 +585,7 @@ void Comm::shutdown() {
   if (progress_thread_.joinable()) progress_thread_.join();
   {
     std::lock_guard<std::mutex> drive(drive_mu_);
+    executor_.reset();
     transport_.reset();
   }
   if (control_) control_->close();

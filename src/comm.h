@@ -46,7 +46,7 @@ struct OpRecord {
   // and the learning rate the state held when the call was made.
   std::unique_ptr<coll::IntsgdRound> intsgd;
   double intsgd_lr = 0;
-  std::unique_ptr<Operation> operation;
+  std::unique_ptr<Execution> operation;
   std::shared_ptr<std::vector<std::byte>> scratch;
   std::chrono::steady_clock::time_point started_at;
   bool started = false;               // false while deferred in a group
@@ -129,7 +129,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::vector<std::string> names_;  // "rank 3 (host:pid)", then "aggregator 0 (host:port)"
   bool oversubscribed_ = false;      // more ranks on this host than CPUs: spinning yields
 
-  std::unique_ptr<transport::UcxTransport> transport_;
+  std::unique_ptr<transport::UcxTransport> transport_;  // set up here; moved by the executor
+  std::unique_ptr<Executor> executor_;
   std::unique_ptr<ControlPlane> control_;
   std::thread progress_thread_;
   int progress_wake_fd_ = -1;  // wakes the progress thread

@@ -1,15 +1,13 @@
 #include "src/executor.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <limits>
+#include <type_traits>
+#include <variant>
 
 #include "base/errors.h"
-#include "collectives/intsgd.h"
 #include "kernels/codec.h"
 #include "kernels/convert.h"
-#include "kernels/marsit.h"
 #include "kernels/reduce.h"
 #include "src/message_key.h"
 
@@ -20,35 +18,129 @@ using message_key::kIgnoredBits;
 using message_key::kTaintBit;
 
 namespace {
+
 // Message ids (executor.h): 0 the plan's frame headers, then the payload, then the agreement rounds.
 constexpr uint32_t kFirstAgreementMessage = 0xfff0;
 constexpr uint32_t kPayloadMessages = kFirstAgreementMessage - 1;
 constexpr size_t kMaxAgreementRounds = 0x10000 - kFirstAgreementMessage;
 
 bool rooted(coll::CollKind kind) { return kind == coll::CollKind::kBroadcast || kind == coll::CollKind::kReduce; }
-}  // namespace
 
-Operation::Operation(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
-                     const OperationIdentity& identity, int depth, std::byte* scratch,
-                     const std::vector<std::string>* names)
-    : algorithm_(algorithm), plan_(std::move(plan)), identity_(identity), names_(names),
-      last_progress_(Clock::now()) {
+class HostExecution final : public Execution {
+ public:
+  HostExecution(transport::Transport& transport, const HostExecutorOptions& options, const coll::Algorithm& algorithm,
+                std::unique_ptr<coll::Plan> plan, const OperationIdentity& identity, std::byte* scratch,
+                const std::vector<std::string>* names);
+
+  bool advance() override;
+  bool started() const override { return started_; }
+  bool finished() const override;
+  void cancel() override;
+  std::string waiting_for() const override;
+  Clock::time_point last_progress() const override { return last_progress_; }
+  const ExecutionStats& stats() const override { return stats_; }
+  const coll::Algorithm& algorithm() const override { return algorithm_; }
+  const coll::Plan& plan() const override { return *plan_; }
+  const OperationIdentity& identity() const override { return identity_; }
+  void set_codec_scale(double scale) override {
+    identity_.header.codec_scale = identity_.expected.codec_scale = scale;
+  }
+
+ private:
+  struct Transfer {
+    transport::Handle handle;
+    int peer = -1;
+    size_t bytes = 0;             // the posted length (a receive's capacity)
+    size_t* received = nullptr;   // a variable-length receive stores its length here
+  };
+  struct Slot {
+    size_t fragment = kIdle;
+    size_t pc = 0;
+    bool tainted = false;  // met NaN/Inf here or at a peer (see message_key.h)
+    std::byte* scratch = nullptr;
+    coll::Program program;
+    std::vector<Transfer> transfers;  // grown to the program's transfer_slots(), never shrunk
+  };
+  struct HeaderLink {
+    int peer;
+    transport::Handle handle;
+    uint8_t bytes[FrameHeader::kBytes];
+    bool done = false;
+  };
+  // Agreement round k (executor.h): the header sent to rank + 2^k and the one from rank - 2^k.
+  struct AgreementRound {
+    HeaderLink send;
+    HeaderLink recv;
+    bool sent = false;  // posted (only once rounds 0 .. k-1 are checked)
+  };
+  static constexpr size_t kIdle = ~size_t{0};
+
+  transport::Key key(uint32_t message, bool tainted = false) const {
+    return message_key::make(identity_.p2p, identity_.sequence, tainted, message, identity_.header.fingerprint());
+  }
+  void start();
+  bool poll_headers();
+  bool poll_agreement();
+  // Decodes a received header and fails (qcclMismatch, qcclRemoteError) unless it is what this rank
+  // expects from link.peer.
+  void check_header(const HeaderLink& link, size_t bytes) const;
+  bool agreed() const { return agreed_rounds_ == agreement_.size(); }
+  // Starts the next fragment in `slot`, unless none is left or it would be too far ahead of the
+  // oldest fragment in flight for their keys to differ (it is then tried again later).
+  void next_fragment(Slot& slot);
+  bool run(Slot& slot);
+  // One step of the slot's fragment; false when it must wait (the step is then retried).
+  bool execute(const coll::step::Recv& s, Slot& slot, bool* moved);
+  bool execute(const coll::step::Send& s, Slot& slot, bool* moved);
+  bool execute(const coll::step::Wait& s, Slot& slot, bool* moved);
+  bool execute(const coll::step::Reduce& s, Slot& slot, bool* moved);
+  bool execute(const coll::step::Copy& s, Slot& slot, bool* moved);
+  bool execute(const coll::step::Average& s, Slot& slot, bool* moved);
+  bool execute(const coll::step::Compute& s, Slot& slot, bool* moved);
+  template <class CodecStep>
+  bool execute(const CodecStep& s, Slot& slot, bool* moved);
+  // Ordered mode: whether a fragment older than the slot's still has a transfer of the same direction
+  // with `peer` to post.
+  bool earlier_fragment_posts(const Slot& slot, int peer, bool receive) const;
+  Transfer& transfer(Slot& slot, uint16_t index);
+  // Tests one transfer; true when it is done (handle empty). A received taint bit sets *tainted.
+  bool complete(Transfer& transfer, bool* moved, bool* tainted);
+  const std::string& name(int rank) const { return (*names_)[rank]; }
+
+  transport::Transport& transport_;
+  const HostExecutorOptions options_;
+  const coll::Algorithm& algorithm_;
+  std::unique_ptr<coll::Plan> plan_;
+  OperationIdentity identity_;
+  const std::vector<std::string>* names_;
+  std::vector<Slot> slots_;
+  std::vector<HeaderLink> header_sends_;
+  std::vector<HeaderLink> header_recvs_;
+  std::vector<AgreementRound> agreement_;  // Broadcast and Reduce on more than one rank
+  size_t agreed_rounds_ = 0;               // rounds 0 .. agreed_rounds_ - 1 are checked
+  bool started_ = false;
+  bool headers_verified_ = false;
+  size_t next_fragment_ = 0;
+  size_t fragments_done_ = 0;
+  ExecutionStats stats_;
+  Clock::time_point last_progress_;
+};
+
+HostExecution::HostExecution(transport::Transport& transport, const HostExecutorOptions& options,
+                             const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
+                             const OperationIdentity& identity, std::byte* scratch,
+                             const std::vector<std::string>* names)
+    : transport_(transport), options_(options), algorithm_(algorithm), plan_(std::move(plan)), identity_(identity),
+      names_(names), last_progress_(Clock::now()) {
   const size_t fragments = plan_->fragments();
-  slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(depth, 1)), std::max<size_t>(fragments, 1)));
-  for (size_t i = 0; i < slots_.size(); ++i) slots_[i].scratch = scratch + i * plan_->scratch_bytes();
-  const coll::CollArgs& args = plan_->args();
-  if (args.codec && args.codec->kind == kernels::CodecKind::kInt) clip_ = kernels::int_clip(args.codec->bits, args.nranks);
+  slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(options.depth, 1)), std::max<size_t>(fragments, 1)));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].scratch = scratch + i * plan_->scratch_bytes();
+    slots_[i].program.set_default_codec(plan_->args().codec);
+  }
 }
 
-Operation::~Operation() = default;
-
-transport::Key Operation::key(uint32_t message, bool tainted) const {
-  return message_key::make(identity_.p2p, identity_.sequence, tainted, message, identity_.header.fingerprint());
-}
-
-const std::string& Operation::name(int rank) const { return (*names_)[rank]; }
-
-void Operation::start(transport::Transport& transport) {
+void HostExecution::start() {
   started_ = true;
   last_progress_ = Clock::now();  // it may have waited for an earlier call on its codec state
   std::vector<int> send_to, recv_from;
@@ -64,14 +156,14 @@ void Operation::start(transport::Transport& transport) {
   for (size_t i = 0; i < recv_from.size(); ++i) {
     HeaderLink& link = header_recvs_[i];
     link.peer = recv_from[i];
-    link.handle = transport.irecv(link.peer, key(0), kIgnoredBits, link.bytes, sizeof(link.bytes));
+    link.handle = transport_.irecv(link.peer, key(0), kIgnoredBits, link.bytes, sizeof(link.bytes));
   }
   header_sends_.resize(send_to.size());
   for (size_t i = 0; i < send_to.size(); ++i) {
     HeaderLink& link = header_sends_[i];
     link.peer = send_to[i];
     identity_.header.encode(link.bytes);
-    link.handle = transport.isend(link.peer, key(0), link.bytes, sizeof(link.bytes));
+    link.handle = transport_.isend(link.peer, key(0), link.bytes, sizeof(link.bytes));
   }
   headers_verified_ = header_recvs_.empty();
 
@@ -87,37 +179,38 @@ void Operation::start(transport::Transport& transport) {
       const int distance = 1 << k;
       AgreementRound& round = agreement_[k];
       round.recv.peer = (args.rank - distance + args.nranks) % args.nranks;
-      round.recv.handle = transport.irecv(round.recv.peer, key(kFirstAgreementMessage + static_cast<uint32_t>(k)),
-                                          kIgnoredBits, round.recv.bytes, sizeof(round.recv.bytes));
+      round.recv.handle = transport_.irecv(round.recv.peer, key(kFirstAgreementMessage + static_cast<uint32_t>(k)),
+                                           kIgnoredBits, round.recv.bytes, sizeof(round.recv.bytes));
       round.send.peer = (args.rank + distance) % args.nranks;
       identity_.header.encode(round.send.bytes);
     }
     AgreementRound& first = agreement_[0];
-    first.send.handle = transport.isend(first.send.peer, key(kFirstAgreementMessage), first.send.bytes,
-                                        sizeof(first.send.bytes));
+    first.send.handle = transport_.isend(first.send.peer, key(kFirstAgreementMessage), first.send.bytes,
+                                         sizeof(first.send.bytes));
     first.sent = true;
   }
   for (Slot& slot : slots_) next_fragment(slot);
 }
 
-void Operation::next_fragment(Slot& slot) {
-  if (next_fragment_ >= plan_->fragments()) {
-    slot.fragment = kIdle;
-    return;
-  }
+void HostExecution::next_fragment(Slot& slot) {
+  slot.fragment = kIdle;
+  if (next_fragment_ >= plan_->fragments()) return;
+  for (const Slot& other : slots_)
+    if (other.fragment != kIdle && next_fragment_ - other.fragment >= kPayloadMessages) return;
   slot.fragment = next_fragment_++;
   slot.pc = 0;
   slot.tainted = false;
   plan_->build(slot.fragment, slot.scratch, slot.program);
+  if (slot.transfers.size() < slot.program.transfer_slots()) slot.transfers.resize(slot.program.transfer_slots());
 }
 
-bool Operation::poll_headers(transport::Transport& transport) {
+bool HostExecution::poll_headers() {
   bool moved = false;
   std::string error;
   transport::Completion done;
   for (HeaderLink& link : header_sends_) {
     if (link.done) continue;
-    switch (transport.test(link.handle, &done, &error)) {
+    switch (transport_.test(link.handle, &done, &error)) {
       case transport::Poll::kPending: break;
       case transport::Poll::kDone: link.done = moved = true; break;
       case transport::Poll::kFailed:
@@ -129,7 +222,7 @@ bool Operation::poll_headers(transport::Transport& transport) {
   bool all = true;
   for (HeaderLink& link : header_recvs_) {
     if (link.done) continue;
-    switch (transport.test(link.handle, &done, &error)) {
+    switch (transport_.test(link.handle, &done, &error)) {
       case transport::Poll::kPending: all = false; break;
       case transport::Poll::kFailed:
         fail(qcclRemoteError, "%s: receiving the frame header from %s failed: %s",
@@ -144,7 +237,7 @@ bool Operation::poll_headers(transport::Transport& transport) {
   return moved;
 }
 
-void Operation::check_header(const HeaderLink& link, size_t bytes) const {
+void HostExecution::check_header(const HeaderLink& link, size_t bytes) const {
   FrameHeader theirs = FrameHeader::decode(link.bytes, bytes, name(link.peer));
   std::string mismatch = frame_mismatch(identity_.expected, theirs);
   if (!mismatch.empty()) fail(qcclMismatch, "%s", mismatch.c_str());
@@ -154,14 +247,14 @@ void Operation::check_header(const HeaderLink& link, size_t bytes) const {
 
 // Checks whatever agreement rounds arrived (in any order: a mismatch fails at once), and sends round
 // k once rounds 0 .. k-1 are checked, which is what lets round k vouch for the ranks behind its sender.
-bool Operation::poll_agreement(transport::Transport& transport) {
+bool HostExecution::poll_agreement() {
   bool moved = false;
   std::string error;
   transport::Completion done;
   for (size_t k = 0; k < agreement_.size(); ++k) {
     AgreementRound& round = agreement_[k];
     if (round.sent && !round.send.done) {
-      switch (transport.test(round.send.handle, &done, &error)) {
+      switch (transport_.test(round.send.handle, &done, &error)) {
         case transport::Poll::kPending: break;
         case transport::Poll::kDone: round.send.done = moved = true; break;
         case transport::Poll::kFailed:
@@ -170,7 +263,7 @@ bool Operation::poll_agreement(transport::Transport& transport) {
       }
     }
     if (round.recv.done) continue;
-    switch (transport.test(round.recv.handle, &done, &error)) {
+    switch (transport_.test(round.recv.handle, &done, &error)) {
       case transport::Poll::kPending: break;
       case transport::Poll::kFailed:
         fail(qcclRemoteError, "%s: receiving the frame header (agreement round %zu) from %s failed: %s",
@@ -185,26 +278,29 @@ bool Operation::poll_agreement(transport::Transport& transport) {
     ++agreed_rounds_;
     if (agreed_rounds_ == agreement_.size()) break;
     AgreementRound& next = agreement_[agreed_rounds_];
-    next.send.handle = transport.isend(next.send.peer, key(kFirstAgreementMessage + static_cast<uint32_t>(agreed_rounds_)),
-                                       next.send.bytes, sizeof(next.send.bytes));
+    next.send.handle = transport_.isend(next.send.peer,
+                                        key(kFirstAgreementMessage + static_cast<uint32_t>(agreed_rounds_)),
+                                        next.send.bytes, sizeof(next.send.bytes));
     next.sent = moved = true;
   }
   return moved;
 }
 
-bool Operation::complete(Transfer& t, transport::Transport& transport, bool* moved, bool* tainted) {
+bool HostExecution::complete(Transfer& t, bool* moved, bool* tainted) {
   if (t.handle.empty()) return true;
   const bool receive = t.handle.receive;
   // Payload from a peer is used only once its frame header has been checked (it was sent first).
   if (receive && !headers_verified_) return false;
   transport::Completion done;
   std::string error;
-  switch (transport.test(t.handle, &done, &error)) {
+  switch (transport_.test(t.handle, &done, &error)) {
     case transport::Poll::kPending: return false;
     case transport::Poll::kFailed:
-      fail(error.find("truncated") != std::string::npos ? qcclMismatch : qcclRemoteError,
-           "%s: %s %s failed: %s", identity_.header.describe().c_str(), receive ? "receiving from" : "sending to",
-           name(t.peer).c_str(), error.c_str());
+      if (done.truncated)  // a longer message than this rank's plan expects: the ranks disagree
+        fail(qcclMismatch, "%s: %s sent a message longer than the %zu bytes this rank expects: %s",
+             identity_.expected.describe().c_str(), name(t.peer).c_str(), t.bytes, error.c_str());
+      fail(qcclRemoteError, "%s: %s %s failed: %s", identity_.header.describe().c_str(),
+           receive ? "receiving from" : "sending to", name(t.peer).c_str(), error.c_str());
     case transport::Poll::kDone: break;
   }
   *moved = true;
@@ -213,186 +309,175 @@ bool Operation::complete(Transfer& t, transport::Transport& transport, bool* mov
       fail(qcclMismatch, "%s: %s sent a message of another collective (fingerprint 0x%03llx, expected 0x%03x)",
            identity_.expected.describe().c_str(), name(t.peer).c_str(),
            static_cast<unsigned long long>(done.key & kFingerprintBits), identity_.header.fingerprint());
-    if (done.bytes != t.bytes)
+    if (t.received) {
+      *t.received = done.bytes;
+    } else if (done.bytes != t.bytes) {
       fail(qcclMismatch, "%s: %s sent %zu bytes where %zu were expected", identity_.expected.describe().c_str(),
            name(t.peer).c_str(), done.bytes, t.bytes);
-    bytes_received_ += done.bytes;
+    }
+    stats_.bytes_received += done.bytes;
     if (tainted && (done.key & kTaintBit)) *tainted = true;
   }
   return true;
 }
 
-bool Operation::run(Slot& slot, transport::Transport& transport) {
-  bool moved = false;
+HostExecution::Transfer& HostExecution::transfer(Slot& slot, uint16_t index) {
+  Transfer& t = slot.transfers[index];
+  if (!t.handle.empty())
+    fail(qcclInternalError, "%s (%s): fragment %zu posts on busy slot %u", identity_.header.describe().c_str(),
+         algorithm_.name, slot.fragment, index);
+  return t;
+}
+
+bool HostExecution::earlier_fragment_posts(const Slot& slot, int peer, bool receive) const {
+  for (const Slot& other : slots_) {
+    if (other.fragment == kIdle || other.fragment >= slot.fragment) continue;
+    const auto& steps = other.program.steps();
+    for (size_t i = other.pc; i < steps.size(); ++i) {
+      if (receive) {
+        if (const auto* r = std::get_if<coll::step::Recv>(&steps[i]); r && r->peer == peer) return true;
+      } else {
+        if (const auto* s = std::get_if<coll::step::Send>(&steps[i]); s && s->peer == peer) return true;
+      }
+    }
+  }
+  return false;
+}
+
+bool HostExecution::execute(const coll::step::Recv& s, Slot& slot, bool*) {
+  if (options_.ordered && earlier_fragment_posts(slot, s.peer, true)) return false;
+  Transfer& t = transfer(slot, s.slot);
+  t.peer = s.peer;
+  t.bytes = s.capacity;
+  t.received = s.received;
+  const auto message = static_cast<uint32_t>(1 + slot.fragment % kPayloadMessages);
+  t.handle = transport_.irecv(s.peer, key(message), kIgnoredBits, s.dst, s.capacity);
+  return true;
+}
+
+bool HostExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
+  if (options_.ordered && earlier_fragment_posts(slot, s.peer, false)) return false;
+  const size_t bytes = s.length ? *s.length : s.bytes;
+  if (bytes > s.bytes)
+    fail(qcclInternalError, "%s (%s): fragment %zu sends %zu bytes from a buffer of %zu",
+         identity_.header.describe().c_str(), algorithm_.name, slot.fragment, bytes, s.bytes);
+  Transfer& t = transfer(slot, s.slot);
+  t.peer = s.peer;
+  t.bytes = bytes;
+  t.received = nullptr;
+  const auto message = static_cast<uint32_t>(1 + slot.fragment % kPayloadMessages);
+  t.handle = transport_.isend(s.peer, key(message, slot.tainted), s.src, bytes);
+  stats_.bytes_sent += bytes;
+  return true;
+}
+
+bool HostExecution::execute(const coll::step::Wait& s, Slot& slot, bool* moved) {
+  return s.slot >= slot.transfers.size() || complete(slot.transfers[s.slot], moved, &slot.tainted);
+}
+
+bool HostExecution::execute(const coll::step::Reduce& s, Slot&, bool*) {
   const coll::CollArgs& args = plan_->args();
+  kernels::reduce(args.dtype, args.op, s.a, s.b, s.dst, s.count);
+  return true;
+}
+
+bool HostExecution::execute(const coll::step::Copy& s, Slot&, bool*) {
+  std::memcpy(s.dst, s.src, s.bytes);
+  return true;
+}
+
+bool HostExecution::execute(const coll::step::Average& s, Slot&, bool*) {
+  const coll::CollArgs& args = plan_->args();
+  if (args.op == kernels::RedOp::kAvg) kernels::finish_average(args.dtype, s.buf, s.count, args.nranks);
+  return true;
+}
+
+bool HostExecution::execute(const coll::step::Compute& s, Slot& slot, bool*) {
+  const auto begin = Clock::now();
+  coll::StepContext context{&slot.tainted, &stats_.nonfinite};
+  s.kernel->run(s, context);
+  const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+  (s.kernel->phase() == coll::StepKernel::Phase::kEncode ? stats_.encode_seconds : stats_.decode_seconds) += seconds;
+  return true;
+}
+
+// The float32 and codec steps of compressed collectives, timed into the encode and decode totals.
+template <class CodecStep>
+bool HostExecution::execute(const CodecStep& s, Slot&, bool*) {
+  namespace step = coll::step;
+  const coll::CollArgs& args = plan_->args();
+  const auto begin = Clock::now();
+  double* phase = &stats_.decode_seconds;
+  if constexpr (std::is_same_v<CodecStep, step::Load>) {
+    if (s.add) kernels::load_add_float(args.dtype, s.src, s.dst, s.count);
+    else kernels::load_float(args.dtype, s.src, s.dst, s.count);
+  } else if constexpr (std::is_same_v<CodecStep, step::AddFloat>) {
+    kernels::add_float(s.src, s.dst, s.count);
+  } else if constexpr (std::is_same_v<CodecStep, step::Divide>) {
+    kernels::divide_float(s.dst, s.count, static_cast<float>(args.nranks));
+  } else if constexpr (std::is_same_v<CodecStep, step::Encode>) {
+    kernels::PhiloxKey key = args.rng;
+    key.stream = s.stream;
+    kernels::encode(*s.codec, s.src, s.count, s.dst, key, s.first);
+    if (s.length) *s.length = s.codec->encoded_bytes(s.count);
+    phase = &stats_.encode_seconds;
+  } else if constexpr (std::is_same_v<CodecStep, step::DecodeAdd>) {
+    kernels::decode_accumulate(*s.codec, s.src, s.count, s.dst);
+  } else if constexpr (std::is_same_v<CodecStep, step::DecodeOut>) {
+    // Every rank decodes the same final bytes, so every rank counts the same non-finite values.
+    if (args.dtype == kernels::DataType::kFloat32) {
+      stats_.nonfinite += kernels::decode(*s.codec, s.src, s.count, static_cast<float*>(s.dst));
+    } else {
+      stats_.nonfinite += kernels::decode(*s.codec, s.src, s.count, s.scratch);
+      kernels::store_float(args.dtype, s.scratch, s.dst, s.count);
+    }
+  } else {
+    static_assert(std::is_same_v<CodecStep, step::ErrorFeedback>, "a step kind without an executor");
+    kernels::decode(*s.codec, s.encoded, s.count, s.residual);  // what the peers will decode...
+    for (size_t i = 0; i < s.count; ++i) s.residual[i] = s.factor * (s.acc[i] - s.residual[i]);  // ...and the miss
+  }
+  *phase += std::chrono::duration<double>(Clock::now() - begin).count();
+  return true;
+}
+
+bool HostExecution::run(Slot& slot) {
+  bool moved = false;
+  if (slot.fragment == kIdle) {  // held back by the key window, or nothing left
+    next_fragment(slot);
+    if (slot.fragment == kIdle) return false;
+  }
   while (slot.fragment != kIdle) {
     const auto& steps = slot.program.steps();
     if (slot.pc == steps.size()) {
       for (Transfer& t : slot.transfers)
-        if (!complete(t, transport, &moved, &slot.tainted)) return moved;
+        if (!complete(t, &moved, &slot.tainted)) return moved;
       ++fragments_done_;
       moved = true;
       next_fragment(slot);
       continue;
     }
-    const coll::Step& s = steps[slot.pc];
-    switch (s.kind) {
-      case coll::StepKind::kRecv:
-      case coll::StepKind::kSend: {
-        Transfer& t = slot.transfers[s.slot];
-        if (!t.handle.empty())
-          fail(qcclInternalError, "%s (%s): fragment %zu posts on busy slot %u", identity_.header.describe().c_str(),
-               algorithm_.name, slot.fragment, s.slot);
-        const uint32_t message = 1 + s.msg % kPayloadMessages;
-        t.peer = s.peer;
-        t.bytes = s.n;
-        if (s.kind == coll::StepKind::kRecv) {
-          t.handle = transport.irecv(s.peer, key(message), kIgnoredBits, s.dst, s.n);
-        } else {
-          t.handle = transport.isend(s.peer, key(message, slot.tainted), s.src, s.n);
-          bytes_sent_ += s.n;
-        }
-        break;
-      }
-      case coll::StepKind::kWait:
-        if (!complete(slot.transfers[s.slot], transport, &moved, &slot.tainted)) return moved;
-        break;
-      case coll::StepKind::kReduce:
-        kernels::reduce(args.dtype, args.op, s.src, s.src2, s.dst, s.n);
-        break;
-      case coll::StepKind::kCopy:
-        std::memcpy(s.dst, s.src, s.n);
-        break;
-      case coll::StepKind::kAverage:
-        if (args.op == kernels::RedOp::kAvg) kernels::finish_average(args.dtype, s.dst, s.n, args.nranks);
-        break;
-      default:
-        run_codec_step(s, slot);
-        break;
-    }
+    const bool done = std::visit([&](const auto& s) { return execute(s, slot, &moved); }, steps[slot.pc]);
+    if (!done) return moved;
     ++slot.pc;
     moved = true;
   }
   return moved;
 }
 
-// The float32 and codec steps of compressed collectives, timed into the encode and decode totals.
-void Operation::run_codec_step(const coll::Step& s, Slot& slot) {
-  const coll::CollArgs& args = plan_->args();
-  const kernels::CodecConfig& codec = *args.codec;
-  const auto start = Clock::now();
-  double* bucket = &decode_seconds_;
-  auto* out = static_cast<float*>(s.dst);
-  switch (s.kind) {
-    case coll::StepKind::kLoad: kernels::load_float(args.dtype, s.src, out, s.n); break;
-    case coll::StepKind::kLoadAdd: kernels::load_add_float(args.dtype, s.src, out, s.n); break;
-    case coll::StepKind::kAddFloat: kernels::add_float(static_cast<const float*>(s.src), out, s.n); break;
-    case coll::StepKind::kDivide: kernels::divide_float(out, s.n, static_cast<float>(args.nranks)); break;
-    case coll::StepKind::kEncode: {
-      kernels::PhiloxKey key = args.rng;
-      key.stream = s.msg;
-      kernels::encode(codec, static_cast<const float*>(s.src), s.n, s.dst, key, s.index);
-      bucket = &encode_seconds_;
-      break;
-    }
-    case coll::StepKind::kDecodeAdd: kernels::decode_accumulate(codec, s.src, s.n, out); break;
-    case coll::StepKind::kDecodeOut: {
-      // Every rank decodes the same final bytes, so every rank counts the same non-finite values.
-      if (args.dtype == kernels::DataType::kFloat32) {
-        nonfinite_ += kernels::decode(codec, s.src, s.n, out);
-      } else {
-        auto* scratch = static_cast<float*>(const_cast<void*>(s.src2));
-        nonfinite_ += kernels::decode(codec, s.src, s.n, scratch);
-        kernels::store_float(args.dtype, scratch, s.dst, s.n);
-      }
-      break;
-    }
-    case coll::StepKind::kErrorFeedback: {
-      kernels::decode(codec, s.src2, s.n, out);  // what the peers will decode...
-      const auto* acc = static_cast<const float*>(s.src);
-      for (size_t i = 0; i < s.n; ++i) out[i] = s.factor * (acc[i] - out[i]);  // ...and what it missed
-      break;
-    }
-    case coll::StepKind::kPackSigns:
-      if (kernels::pack_signs(static_cast<const float*>(s.src), &args.compensation, s.index, s.n,
-                              static_cast<uint32_t*>(s.dst), static_cast<float*>(const_cast<void*>(s.src2))))
-        slot.tainted = true;
-      bucket = &encode_seconds_;
-      break;
-    case coll::StepKind::kMergeSigns: {
-      kernels::PhiloxKey key = args.rng;
-      key.rank = s.aux, key.stream = s.msg;  // one merge per (step, phase, group, hop, word): marsit.md §6.2
-      kernels::merge_signs(static_cast<const uint32_t*>(s.src), static_cast<const uint32_t*>(s.src2),
-                           static_cast<uint32_t*>(s.dst), s.n, s.aux, key, s.index);
-      bucket = &encode_seconds_;
-      break;
-    }
-    case coll::StepKind::kDecodeSigns:
-      if (slot.tainted) {  // a NaN or Inf somewhere in this fragment: no finite garbage, state kept
-        std::fill(out, out + s.n, std::numeric_limits<float>::quiet_NaN());
-        std::memcpy(args.compensation.stored + s.index, s.src2, s.n * sizeof(float));
-        nonfinite_ += s.n;
-      } else {
-        kernels::decode_signs(static_cast<const uint32_t*>(s.src), s.n, codec.eta, out, &args.compensation, s.index);
-      }
-      break;
-    case coll::StepKind::kAddCompensation:
-      kernels::add_compensation(static_cast<const float*>(s.src), args.compensation, s.index, s.n, out);
-      break;
-    case coll::StepKind::kResetCompensation:
-      nonfinite_ += kernels::reset_compensation(static_cast<const float*>(s.src), args.compensation, s.index, s.n);
-      break;
-    case coll::StepKind::kIntEncode: {
-      const kernels::IntEncodeReport report =
-          kernels::int_encode(codec.bits, static_cast<const float*>(s.src), s.n, s.factor,
-                              codec.rounding == kernels::Rounding::kStochastic, clip_, args.rng, s.index, s.dst);
-      clipped_ += report.clipped;
-      if (report.nonfinite) slot.tainted = true;  // never summed: the peers learn it from the key
-      bucket = &encode_seconds_;
-      break;
-    }
-    case coll::StepKind::kIntAdd: kernels::int_add(codec.bits, s.src, s.dst, s.n); break;
-    case coll::StepKind::kIntDecode: {
-      // Every rank decodes the same sums with the same taint, so every rank counts the same.
-      auto* f32 = args.dtype == kernels::DataType::kFloat32 ? out : static_cast<float*>(const_cast<void*>(s.src2));
-      if (slot.tainted) {
-        std::fill(f32, f32 + s.n, std::numeric_limits<float>::quiet_NaN());
-        nonfinite_ += s.n;
-      } else {
-        const double n = args.op == kernels::RedOp::kAvg ? args.nranks : 1;
-        kernels::int_decode(codec.bits, s.src, s.n, 1.0 / (n * static_cast<double>(s.factor)), f32);
-        kernels::int_accumulate_sums(codec.bits, s.src, s.n, &int_sums_);
-      }
-      if (f32 != out) kernels::store_float(args.dtype, f32, s.dst, s.n);
-      break;
-    }
-    case coll::StepKind::kChunkHeader: {
-      coll::SwitchChunkHeader header;
-      header.bits = static_cast<uint8_t>(codec.bits);
-      header.count = static_cast<uint32_t>(s.n);
-      header.encode(s.dst);
-      break;
-    }
-    default:
-      fail(qcclInternalError, "%s: unknown step kind %d", identity_.header.describe().c_str(), static_cast<int>(s.kind));
-  }
-  *bucket += std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-bool Operation::advance(transport::Transport& transport) {
+bool HostExecution::advance() {
   bool moved = false;
   if (!started_) {
-    start(transport);
+    start();
     moved = true;
   }
-  moved |= poll_headers(transport);
-  if (!agreement_.empty()) moved |= poll_agreement(transport);
-  for (Slot& slot : slots_) moved |= run(slot, transport);
+  moved |= poll_headers();
+  if (!agreement_.empty()) moved |= poll_agreement();
+  for (Slot& slot : slots_) moved |= run(slot);
   if (moved) last_progress_ = Clock::now();
   return moved;
 }
 
-bool Operation::finished() const {
+bool HostExecution::finished() const {
   // A rooted collective also waits for its agreement rounds: until every rank is known to have called
   // the same collective, a rank that has all its data (a root that sent eagerly) may not succeed.
   if (!started_ || !headers_verified_ || !agreed() || fragments_done_ < plan_->fragments()) return false;
@@ -403,18 +488,18 @@ bool Operation::finished() const {
   return true;
 }
 
-void Operation::cancel(transport::Transport& transport) {
+void HostExecution::cancel() {
   for (Slot& slot : slots_)
-    for (Transfer& t : slot.transfers) transport.cancel(t.handle);
-  for (HeaderLink& link : header_sends_) transport.cancel(link.handle);
-  for (HeaderLink& link : header_recvs_) transport.cancel(link.handle);
+    for (Transfer& t : slot.transfers) transport_.cancel(t.handle);
+  for (HeaderLink& link : header_sends_) transport_.cancel(link.handle);
+  for (HeaderLink& link : header_recvs_) transport_.cancel(link.handle);
   for (AgreementRound& round : agreement_) {
-    transport.cancel(round.send.handle);
-    transport.cancel(round.recv.handle);
+    transport_.cancel(round.send.handle);
+    transport_.cancel(round.recv.handle);
   }
 }
 
-std::string Operation::waiting_for() const {
+std::string HostExecution::waiting_for() const {
   if (!headers_verified_)
     for (const HeaderLink& link : header_recvs_)
       if (!link.done) return "the frame header from " + name(link.peer);
@@ -433,6 +518,18 @@ std::string Operation::waiting_for() const {
   for (const AgreementRound& round : agreement_)
     if (!round.send.done) return "the frame header send to " + name(round.send.peer);
   return "nothing";
+}
+
+}  // namespace
+
+std::unique_ptr<Execution> HostExecutor::launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
+                                                const OperationIdentity& identity, std::byte* scratch) {
+  return std::make_unique<HostExecution>(transport_, options_, algorithm, std::move(plan), identity, scratch, names_);
+}
+
+std::string HostExecutor::describe() const {
+  return format("host executor, pipeline depth %d%s, over %s", options_.depth,
+                options_.ordered ? ", ordered" : "", transport_.describe().c_str());
 }
 
 }  // namespace qccl

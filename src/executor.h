@@ -1,10 +1,14 @@
-// The host executor: runs one Plan on a Transport with up to `depth` fragments in flight.
+// Executors: what runs a Plan. The communicator hands each call's plan to its Executor and drives the
+// Execution it gets back; the plan never knows which executor runs it, so the same plans can run on
+// the host over UCX (HostExecutor, here), on a GPU stream over NCCL point-to-point, or on a timed
+// simulation of a cluster.
 //
-// An Operation is a passive state machine: advance() does whatever can be done without blocking
-// (post transfers, test them, run reductions and copies) and returns whether anything moved. The
-// communicator's drive loop calls advance() on every active operation, and blocks on the
-// transport's event descriptor when nothing moves. Hot-path budget per fragment: no allocation (the
-// Program is rebuilt in place), no system call beyond the transport's own, no lock.
+// An Execution is a passive state machine: advance() does whatever can be done without blocking (post
+// transfers, test them, run reductions and codec steps) and returns whether anything moved. The
+// communicator's drive loop calls advance() on every active execution, and blocks on the executor's
+// event descriptor when nothing moves. Hot-path budget per fragment: no allocation (the Program is
+// rebuilt in place; slot tables grow only when a fragment needs more than any before), no system call
+// beyond the transport's own, no lock.
 //
 // Frame headers (src/frame.h) travel on the plan's links (Plan::links): message 0 to every rank the
 // plan sends to, checked before any payload from that peer is used. That is enough when every rank's
@@ -21,8 +25,13 @@
 // rank waits for a round that never comes and learns of it through the relay. The payload does not
 // wait for the rounds; only completion does.
 //
-// Keys (src/message_key.h): message 0 of every collective is the frame header on the plan's links;
-// messages 0xfff0 + k are agreement round k; payload message m travels as 1 + m mod 0xffef.
+// Payload keys (src/message_key.h) carry the fragment, not a per-message id: plans are ordered (plan.h),
+// so the messages of one fragment between two ranks match in program order, and fragments in flight
+// differ. Message 0 is the frame header, 1 + (f mod 0xffef) fragment f's payload, 0xfff0 + k agreement
+// round k; no two fragments in flight are 0xffef or more apart, so keys never collide, at any rank
+// count. In ordered mode (for transports without tags, like NCCL point-to-point) a fragment also posts
+// its transfers to a peer only after every earlier fragment has posted its own to that peer, so each
+// pair of ranks posts its messages in one agreed order.
 #pragma once
 
 #include <chrono>
@@ -33,7 +42,6 @@
 #include <vector>
 
 #include "collectives/plan.h"
-#include "kernels/intsgd.h"
 #include "src/frame.h"
 #include "transports/transport.h"
 
@@ -46,109 +54,84 @@ struct OperationIdentity {
   FrameHeader expected;   // what it expects from each peer (differs only for Recv)
 };
 
-class Operation {
+// What an execution measured, read once it finished.
+struct ExecutionStats {
+  uint64_t bytes_sent = 0;      // payload bytes this rank put on the wire (actual lengths)
+  uint64_t bytes_received = 0;
+  double encode_seconds = 0;    // compressed collectives: time in encode steps...
+  double decode_seconds = 0;    // ...and in decode, float32 load and sum steps
+  size_t nonfinite = 0;         // output values that decoded to NaN or Inf (the same on every rank)
+};
+
+// One call being run by an executor.
+class Execution {
  public:
   using Clock = std::chrono::steady_clock;
+  virtual ~Execution() = default;
 
-  // `scratch` must hold depth * plan->scratch_bytes() bytes and outlive the operation; `names`
-  // gives "rank 3 (host:pid)" for error messages.
-  Operation(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan, const OperationIdentity& identity,
-            int depth, std::byte* scratch, const std::vector<std::string>* names);
-  ~Operation();
-
-  // Throws Error (qcclMismatch, qcclSystemError, ...) when the collective cannot complete.
-  bool advance(transport::Transport& transport);
-  bool started() const { return started_; }
-  bool finished() const;
+  // Does what can be done without blocking; true when anything moved. Throws Error (qcclMismatch,
+  // qcclRemoteError, ...) when the collective cannot complete.
+  virtual bool advance() = 0;
+  virtual bool started() const = 0;
+  virtual bool finished() const = 0;
   // Withdraws every outstanding transfer (after a failure).
-  void cancel(transport::Transport& transport);
-
+  virtual void cancel() = 0;
   // For timeout messages: what the first blocked fragment waits for.
-  std::string waiting_for() const;
-  Clock::time_point last_progress() const { return last_progress_; }
+  virtual std::string waiting_for() const = 0;
+  virtual Clock::time_point last_progress() const = 0;
+  virtual const ExecutionStats& stats() const = 0;
 
-  const coll::Algorithm& algorithm() const { return algorithm_; }
-  const coll::Plan& plan() const { return *plan_; }
-  const OperationIdentity& identity() const { return identity_; }
-  uint64_t bytes_sent() const { return bytes_sent_; }
-  uint64_t bytes_received() const { return bytes_received_; }
-  // Compressed collectives: seconds spent encoding and decoding (float32 loads and sums count as
-  // decoding), and how many output values decoded to NaN or Inf (the same on every rank).
-  double encode_seconds() const { return encode_seconds_; }
-  double decode_seconds() const { return decode_seconds_; }
-  size_t nonfinite() const { return nonfinite_; }
-  // IntSGD: values this rank clipped, and the exact sums of squares and largest |S| of the sums it
-  // decoded (the same on every rank).
-  size_t clipped() const { return clipped_; }
-  const kernels::IntSums& int_sums() const { return int_sums_; }
-  // Before the operation starts: the codec scale its frame headers announce (FrameHeader::codec_scale).
-  void set_codec_scale(double scale) { identity_.header.codec_scale = identity_.expected.codec_scale = scale; }
+  virtual const coll::Algorithm& algorithm() const = 0;
+  virtual const coll::Plan& plan() const = 0;
+  virtual const OperationIdentity& identity() const = 0;
+  // Before the execution starts: the codec scale its frame headers announce (FrameHeader::codec_scale).
+  virtual void set_codec_scale(double scale) = 0;
+};
+
+// Runs plans. Not thread-safe: the communicator's drive lock serializes every call.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // Binds one call's plan. `scratch` must hold scratch_bytes(plan) bytes and outlive the execution.
+  virtual std::unique_ptr<Execution> launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
+                                            const OperationIdentity& identity, std::byte* scratch) = 0;
+  virtual size_t scratch_bytes(const coll::Plan& plan) const = 0;
+  // Moves the wire; true when something happened.
+  virtual bool progress() = 0;
+  // A descriptor that becomes readable when progress() has work (-1: poll only); block on it only after
+  // arm() returned true.
+  virtual int event_fd() const = 0;
+  virtual bool arm() = 0;
+  virtual std::string describe() const = 0;
+};
+
+struct HostExecutorOptions {
+  int depth = 2;         // fragments in flight per execution (QCCL_PIPELINE_DEPTH)
+  bool ordered = false;  // post each peer's transfers in fragment order (see above)
+};
+
+// The host executor: plans on host memory, numerics on this CPU, bytes through a Transport.
+// `names` gives "rank 3 (host:pid)" for error messages and must outlive the executor.
+class HostExecutor final : public Executor {
+ public:
+  HostExecutor(transport::Transport& transport, const HostExecutorOptions& options,
+               const std::vector<std::string>* names)
+      : transport_(transport), options_(options), names_(names) {}
+
+  std::unique_ptr<Execution> launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
+                                    const OperationIdentity& identity, std::byte* scratch) override;
+  size_t scratch_bytes(const coll::Plan& plan) const override {
+    return plan.scratch_bytes() * static_cast<size_t>(std::max(options_.depth, 1));
+  }
+  bool progress() override { return transport_.progress(); }
+  int event_fd() const override { return transport_.event_fd(); }
+  bool arm() override { return transport_.arm(); }
+  std::string describe() const override;
 
  private:
-  struct Transfer {
-    transport::Handle handle;
-    int peer = -1;
-    size_t bytes = 0;
-  };
-  struct Slot {
-    size_t fragment = kIdle;
-    size_t pc = 0;
-    bool tainted = false;  // met NaN/Inf here or at a peer (see the key layout)
-    std::byte* scratch = nullptr;
-    coll::Program program;
-    Transfer transfers[coll::Program::kSlots];
-  };
-  struct HeaderLink {
-    int peer;
-    transport::Handle handle;
-    uint8_t bytes[FrameHeader::kBytes];
-    bool done = false;
-  };
-  // Agreement round k (see above): the header sent to rank + 2^k and the one from rank - 2^k.
-  struct AgreementRound {
-    HeaderLink send;
-    HeaderLink recv;
-    bool sent = false;  // posted (only once rounds 0 .. k-1 are checked)
-  };
-  static constexpr size_t kIdle = ~size_t{0};
-
-  transport::Key key(uint32_t message, bool tainted = false) const;
-  void start(transport::Transport& transport);
-  bool poll_headers(transport::Transport& transport);
-  bool poll_agreement(transport::Transport& transport);
-  // Decodes a received header and fails (qcclMismatch, qcclRemoteError) unless it is what this rank
-  // expects from link.peer.
-  void check_header(const HeaderLink& link, size_t bytes) const;
-  bool agreed() const { return agreed_rounds_ == agreement_.size(); }
-  bool run(Slot& slot, transport::Transport& transport);
-  void run_codec_step(const coll::Step& step, Slot& slot);
-  // Tests one transfer; true when it is done (handle empty). A received taint bit sets *tainted.
-  bool complete(Transfer& transfer, transport::Transport& transport, bool* moved, bool* tainted);
-  void next_fragment(Slot& slot);
-  const std::string& name(int rank) const;
-
-  const coll::Algorithm& algorithm_;
-  std::unique_ptr<coll::Plan> plan_;
-  OperationIdentity identity_;
+  transport::Transport& transport_;
+  HostExecutorOptions options_;
   const std::vector<std::string>* names_;
-  std::vector<Slot> slots_;
-  std::vector<HeaderLink> header_sends_;
-  std::vector<HeaderLink> header_recvs_;
-  std::vector<AgreementRound> agreement_;  // Broadcast and Reduce on more than one rank
-  size_t agreed_rounds_ = 0;               // rounds 0 .. agreed_rounds_ - 1 are checked
-  bool started_ = false;
-  bool headers_verified_ = false;
-  size_t next_fragment_ = 0;
-  size_t fragments_done_ = 0;
-  uint64_t bytes_sent_ = 0;
-  uint64_t bytes_received_ = 0;
-  double encode_seconds_ = 0;
-  double decode_seconds_ = 0;
-  size_t nonfinite_ = 0;
-  size_t clipped_ = 0;
-  kernels::IntSums int_sums_;
-  kernels::IntClip clip_;  // int codecs: this rank count's clip range
-  Clock::time_point last_progress_;
 };
 
 }  // namespace qccl

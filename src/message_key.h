@@ -22,6 +22,11 @@ constexpr transport::Key make(bool p2p, uint64_t sequence, bool tainted, uint32_
          (fingerprint & kFingerprintBits);
 }
 
+// The message field: 0 a frame header, 1 .. 0xffef a fragment's payload, 0xfff0 + k agreement round k
+// (src/executor.h).
+constexpr uint32_t message(transport::Key key) { return static_cast<uint32_t>((key >> 12) & 0xffff); }
+constexpr bool is_payload(transport::Key key) { return message(key) != 0 && message(key) < 0xfff0; }
+
 // What identifies one chunk of one collective, whoever sent it and whether it was tainted.
 constexpr transport::Key chunk_id(transport::Key key) { return key & ~kIgnoredBits; }
 

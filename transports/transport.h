@@ -38,6 +38,7 @@ enum class Poll { kPending, kDone, kFailed };
 struct Completion {
   size_t bytes = 0;  // bytes received (receives only)
   Key key = 0;       // the sender's key (receives only)
+  bool truncated = false;  // kFailed only: the message was longer than the receive's buffer
 };
 
 class Transport {
@@ -47,7 +48,8 @@ class Transport {
   virtual Handle isend(int peer, Key key, const void* buf, size_t bytes) = 0;
   virtual Handle irecv(int peer, Key key, Key ignore, void* buf, size_t bytes) = 0;
 
-  // kDone fills *done and empties the handle; kFailed fills *error and empties the handle.
+  // kDone fills *done and empties the handle; kFailed fills *error (and done->truncated) and empties
+  // the handle.
   virtual Poll test(Handle& handle, Completion* done, std::string* error) = 0;
   // Withdraws a pending operation and empties the handle (a receive is cancelled; a send is
   // abandoned and finishes or fails inside the transport).

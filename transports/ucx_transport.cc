@@ -203,6 +203,7 @@ Poll UcxTransport::test(Handle& handle, Completion* done, std::string* error) {
     return Poll::kDone;
   }
   *error = ucs_status_string(status);
+  done->truncated = status == UCS_ERR_MESSAGE_TRUNCATED;
   ucp_request_free(handle.request);
   handle = Handle{};
   return Poll::kFailed;

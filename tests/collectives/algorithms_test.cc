@@ -45,6 +45,7 @@ struct Call {
   bool in_place = false;
   size_t chunk_bytes = 1024;
   int depth = 2;
+  bool ordered = false;  // the executors' ordered mode on a network that matches payload in send order
 };
 
 struct RankBuffers {
@@ -101,9 +102,9 @@ std::vector<RankBuffers> run(const Call& c, bool random_floats = false) {
       }
     }
   }
-  const SimRun sim = run_on_sim(args, c.algorithm, c.chunk_bytes, c.depth);
+  const SimRun sim = run_on_sim(args, c.algorithm, c.chunk_bytes, c.depth, c.ordered);
   for (int r = 0; r < c.nranks; ++r) {
-    buffers[r].bytes_sent = sim.ops[r]->bytes_sent();
+    buffers[r].bytes_sent = sim.ops[r]->stats().bytes_sent;
     buffers[r].plan_bytes = sim.plan_bytes[r];
   }
   if (c.in_place) {
@@ -184,7 +185,8 @@ std::string describe(const Call& c) {
   return std::string(coll::coll_name(c.kind)) + "/" + c.algorithm + " n=" + std::to_string(c.nranks) +
          " count=" + std::to_string(c.count) + " " + kernels::data_type_name(c.dtype) + " " +
          kernels::red_op_name(c.op) + " root=" + std::to_string(c.root) + (c.in_place ? " in-place" : "") +
-         " chunk=" + std::to_string(c.chunk_bytes) + " depth=" + std::to_string(c.depth);
+         " chunk=" + std::to_string(c.chunk_bytes) + " depth=" + std::to_string(c.depth) +
+         (c.ordered ? " ordered" : "");
 }
 
 }  // namespace
@@ -217,6 +219,28 @@ TEST_CASE("every algorithm: rank counts 2..9, odd counts, chunk sizes, depths, i
             c.kind = kind, c.algorithm = name, c.nranks = n, c.count = count, c.dtype = DataType::kInt32;
             c.op = RedOp::kSum, c.root = static_cast<int>(count % n), c.in_place = in_place;
             c.chunk_bytes = chunk, c.depth = 1 + static_cast<int>(count % 3);
+            INFO(describe(c));
+            check_exact(c, run(c));
+          }
+        }
+      }
+    }
+  }
+}
+
+// What a transport without tags (NCCL point-to-point) needs: each pair of ranks posts its payload in one
+// agreed order. The network here matches payload strictly in send order and fails a receive that meets
+// another fragment's message, so a plan or executor that posts out of order fails the test.
+TEST_CASE("every algorithm in ordered mode, on a network that ignores payload keys", "[collectives]") {
+  for (const auto& [kind, name] : collective_algorithms()) {
+    for (int n : {2, 3, 4, 7}) {
+      for (size_t count : {size_t{1}, size_t{257}, size_t{1000}}) {
+        for (size_t chunk : {size_t{4}, size_t{60}}) {
+          for (int depth : {1, 3}) {
+            Call c;
+            c.kind = kind, c.algorithm = name, c.nranks = n, c.count = count, c.dtype = DataType::kInt32;
+            c.op = RedOp::kSum, c.root = static_cast<int>(count % n), c.chunk_bytes = chunk, c.depth = depth;
+            c.ordered = true;
             INFO(describe(c));
             check_exact(c, run(c));
           }
@@ -307,11 +331,13 @@ TEST_CASE("point to point: a ring of sends and receives, and a send to self", "[
   for (int n : {1, 2, 3, 5}) {
     SimNetwork net(n);
     std::vector<std::unique_ptr<SimTransport>> transports;
-    std::vector<std::unique_ptr<Operation>> ops;
+    std::vector<std::unique_ptr<HostExecutor>> executors;
+    std::vector<std::unique_ptr<Execution>> ops;
     std::vector<std::vector<int64_t>> in(n, std::vector<int64_t>(100)), out(n, std::vector<int64_t>(100, -1));
     std::vector<std::string> names(n, "rank");
     for (int r = 0; r < n; ++r) {
       transports.push_back(std::make_unique<SimTransport>(net, r));
+      executors.push_back(std::make_unique<HostExecutor>(*transports[r], HostExecutorOptions{1, false}, &names));
       for (int i = 0; i < 100; ++i) in[r][i] = r * 1000 + i;
       for (CollKind kind : {CollKind::kRecv, CollKind::kSend}) {
         CollArgs a;
@@ -322,16 +348,15 @@ TEST_CASE("point to point: a ring of sends and receives, and a send to self", "[
         id.p2p = true;
         id.header = FrameHeader::for_call(a, 0, 0);
         id.expected = id.header;
-        ops.push_back(std::make_unique<Operation>(kind == CollKind::kSend ? *send : *recv,
-                                                  (kind == CollKind::kSend ? send : recv)->make(a, {}), id, 1,
-                                                  nullptr, &names));
+        ops.push_back(executors[r]->launch(kind == CollKind::kSend ? *send : *recv,
+                                           (kind == CollKind::kSend ? send : recv)->make(a, {}), id, nullptr));
       }
     }
     for (bool all = false; !all;) {
       bool moved = net.progress();
       all = true;
       for (size_t i = 0; i < ops.size(); ++i) {
-        moved |= ops[i]->advance(*transports[i / 2]);
+        moved |= ops[i]->advance();
         all &= ops[i]->finished();
       }
       if (!all && !moved) FAIL("deadlock");
@@ -346,7 +371,8 @@ TEST_CASE("mismatched collectives fail with a message that names both calls", "[
   std::vector<float> a(100), b(100), c(200), d(200);
   std::vector<std::string> names = {"rank 0", "rank 1"};
   std::vector<std::unique_ptr<SimTransport>> transports;
-  std::vector<std::unique_ptr<Operation>> ops;
+  std::vector<std::unique_ptr<HostExecutor>> executors;
+  std::vector<std::unique_ptr<Execution>> ops;
   std::vector<std::vector<std::byte>> scratch(2, std::vector<std::byte>(1 << 20));
   for (int r = 0; r < 2; ++r) {
     CollArgs args;
@@ -359,14 +385,15 @@ TEST_CASE("mismatched collectives fail with a message that names both calls", "[
     id.header = FrameHeader::for_call(args, 3, 0);
     id.expected = id.header;
     transports.push_back(std::make_unique<SimTransport>(net, r));
-    ops.push_back(std::make_unique<Operation>(*ring, ring->make(args, {}), id, 2, scratch[r].data(), &names));
+    executors.push_back(std::make_unique<HostExecutor>(*transports[r], HostExecutorOptions{2, false}, &names));
+    ops.push_back(executors[r]->launch(*ring, ring->make(args, {}), id, scratch[r].data()));
   }
   int failures = 0;
   for (int pass = 0; pass < 100 && failures < 2; ++pass) {
     net.progress();
     for (int r = 0; r < 2; ++r) {
       try {
-        ops[r]->advance(*transports[r]);
+        ops[r]->advance();
       } catch (const Error& e) {
         ++failures;
         CHECK(e.code() == qcclMismatch);

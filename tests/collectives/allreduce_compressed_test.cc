@@ -142,8 +142,8 @@ TEST_CASE("compressed all-reduce: within the proven bound, identical bits on eve
             CHECK(worst <= error_bound(job));
             for (int r = 1; r < n; ++r) CHECK(res.out[r] == res.out[0]);
             for (int r = 0; r < n; ++r) {
-              CHECK(res.sim.ops[r]->bytes_sent() == res.sim.plan_bytes[r]);
-              CHECK(res.sim.ops[r]->nonfinite() == 0);
+              CHECK(res.sim.ops[r]->stats().bytes_sent == res.sim.plan_bytes[r]);
+              CHECK(res.sim.ops[r]->stats().nonfinite == 0);
               if (codec.kind == kernels::CodecKind::kQuant) CHECK(res.sim.plan_bytes[r] < res.sim.raw_bytes[r]);
             }
           }
@@ -177,7 +177,7 @@ TEST_CASE("compressed all-reduce: wire bytes are 2(n-1)/n * E(S) when segments a
       const Result res = run(job, make_inputs(job, 1));
       const size_t segment = job.count / n;
       const uint64_t encoded = 8 * (segment / 512) + segment / 8 * 2;  // metas + 2-bit codes
-      for (int r = 0; r < n; ++r) CHECK(res.sim.ops[r]->bytes_sent() == 2 * (n - 1) * encoded);
+      for (int r = 0; r < n; ++r) CHECK(res.sim.ops[r]->stats().bytes_sent == 2 * (n - 1) * encoded);
     }
 }
 
@@ -248,7 +248,7 @@ TEST_CASE("NaN or Inf in one rank's input: every rank sees it, none gets finite 
         INFO(describe(job) << " input " << bad);
         const Result res = run(job, in);
         for (int r = 0; r < job.n; ++r) {
-          CHECK(res.sim.ops[r]->nonfinite() > 0);
+          CHECK(res.sim.ops[r]->stats().nonfinite > 0);
           CHECK_FALSE(std::isfinite(load(job.dtype, res.out[r].data(), 100)));
           CHECK(std::isfinite(load(job.dtype, res.out[r].data(), 600)));  // another bucket, another segment
         }

@@ -124,11 +124,11 @@ TEST_CASE("IntSGD: every rank decodes the exact integer sum; bounds, identical b
             const double bound = (std::string(round) == "stochastic" ? 1.0 : 0.5) / alpha;
             for (int r = 0; r < n; ++r) {
               REQUIRE(call.out[r] == expect);  // bit for bit, every rank
-              REQUIRE(call.sim->ops[r]->nonfinite() == 0);
-              REQUIRE(call.sim->ops[r]->clipped() == 0);
+              REQUIRE(call.sim->ops[r]->stats().nonfinite == 0);
+              REQUIRE(call.sim->ops[r]->plan().report().clipped == 0);
               const uint64_t bytes = ring_values(r, n, count) * static_cast<uint64_t>(bits / 8);
               CHECK(call.sim->plan_bytes[r] == bytes);
-              CHECK(call.sim->ops[r]->bytes_sent() == bytes);
+              CHECK(call.sim->ops[r]->stats().bytes_sent == bytes);
               CHECK(call.sim->raw_bytes[r] == ring_values(r, n, count) * 4);
             }
             double worst = 0;
@@ -239,7 +239,7 @@ TEST_CASE("IntSGD: inputs far past the clip bound never overflow the sum, and cl
       size_t clipped_here = 0;
       for (int r = 0; r < n; ++r) {
         REQUIRE(call.out[r] == expect);
-        clipped_here += call.sim->ops[r]->clipped();
+        clipped_here += call.sim->ops[r]->plan().report().clipped;
       }
       CHECK(clipped_here == clipped);
       CHECK(clipped >= static_cast<size_t>(n) * count / 2);
@@ -272,7 +272,7 @@ TEST_CASE("IntSGD: NaN or Inf on one rank is never summed: its fragment is NaN o
     for (size_t i = 0; i < count; ++i) expect_nan += fragment(i) == fragment(1234) || fragment(i) == fragment(4000);
     for (int r = 0; r < n; ++r) {
       INFO("n " << n << " rank " << r);
-      CHECK(call.sim->ops[r]->nonfinite() == expect_nan);
+      CHECK(call.sim->ops[r]->stats().nonfinite == expect_nan);
       for (size_t i = 0; i < count; ++i) {
         const bool tainted = fragment(i) == fragment(1234) || fragment(i) == fragment(4000);
         REQUIRE(std::isnan(call.out[r][i]) == tainted);
@@ -291,7 +291,7 @@ TEST_CASE("IntSGD: the exact round is the float ring all-reduce, with float byte
     for (int r = 0; r < n; ++r) {
       INFO("n " << n << " rank " << r);
       CHECK(call.out[r] == call.out[0]);
-      CHECK(call.sim->ops[r]->bytes_sent() == ring_values(r, n, count) * 4);
+      CHECK(call.sim->ops[r]->stats().bytes_sent == ring_values(r, n, count) * 4);
       CHECK(call.sim->plan_bytes[r] == ring_values(r, n, count) * 4);
     }
     for (size_t i = 0; i < count; ++i) {

@@ -160,8 +160,8 @@ TEST_CASE("Marsit: unanimous signs pass exactly, c <- (u + c) - g, identical bit
           REQUIRE(round.g[r][i] == kEta * static_cast<float>(sign[i]));
           REQUIRE(round.c[r][i] == (round.u[r][i] + c_before[r][i]) - round.g[r][i]);  // c <- w - g
         }
-        CHECK(round.sim->ops[r]->nonfinite() == 0);
-        CHECK(round.sim->ops[r]->bytes_sent() == round.sim->plan_bytes[r]);
+        CHECK(round.sim->ops[r]->stats().nonfinite == 0);
+        CHECK(round.sim->ops[r]->stats().bytes_sent == round.sim->plan_bytes[r]);
         CHECK(round.sim->plan_bytes[r] == sign_round_bytes(grid, r, count));
       }
     }
@@ -180,7 +180,7 @@ TEST_CASE("Marsit: wire bytes per rank are 2(M-1)/M * 4 ceil(D/32) when the word
     for (int r = 0; r < n; ++r) {
       INFO(grid.name() << ", rank " << r);
       CHECK(round.sim->plan_bytes[r] * static_cast<uint64_t>(n) == 2 * static_cast<uint64_t>(n - 1) * 4 * words);
-      CHECK(round.sim->ops[r]->bytes_sent() == round.sim->plan_bytes[r]);
+      CHECK(round.sim->ops[r]->stats().bytes_sent == round.sim->plan_bytes[r]);
       // The uncompressed ring all-reduce of the same values: 4 bytes per value (32 times as many,
       // less the padding of the last word).
       CHECK(round.sim->raw_bytes[r] == 4 * ring_values(r, n, count));
@@ -291,7 +291,7 @@ TEST_CASE("Marsit: every K-th round (t = 0 included) is the full-precision avera
       const bool full = t % period == 0;
       for (int r = 0; r < n; ++r) {
         CHECK(round.g[r] == round.g[0]);
-        CHECK(round.sim->ops[r]->bytes_sent() == round.sim->plan_bytes[r]);
+        CHECK(round.sim->ops[r]->stats().bytes_sent == round.sim->plan_bytes[r]);
         if (full) {
           CHECK(round.sim->plan_bytes[r] == round.sim->raw_bytes[r]);  // 4 bytes per value
           for (size_t i = 0; i < count; ++i) {
@@ -352,7 +352,7 @@ TEST_CASE("Marsit: NaN in one rank's update is NaN for its whole fragment on eve
         size_t nan_values = 0;
         for (size_t i = 0; i < count; ++i) nan_values += fragment_of(grid, count, i, 4) == fragment_of(grid, count, bad, 4);
         for (int r = 0; r < n; ++r) {
-          CHECK(round.sim->ops[r]->nonfinite() == nan_values);
+          CHECK(round.sim->ops[r]->stats().nonfinite == nan_values);
           for (size_t i = 0; i < count; ++i) {
             REQUIRE(std::isnan(round.g[r][i]) == (fragment_of(grid, count, i, 4) == fragment_of(grid, count, bad, 4)));
             if (std::isnan(round.g[r][i])) REQUIRE(round.c[r][i] == c_before[r][i]);
@@ -371,7 +371,7 @@ TEST_CASE("Marsit: NaN in a full-precision round leaves c where the average is N
   round.u[2][7] = -std::numeric_limits<float>::infinity();
   run_round(round, codec, 20);
   for (int r = 0; r < 3; ++r) {
-    CHECK(round.sim->ops[r]->nonfinite() == 1);
+    CHECK(round.sim->ops[r]->stats().nonfinite == 1);
     CHECK(std::isnan(round.g[r][7]));
     CHECK(round.c[r][7] == 0.125f);
     CHECK(round.g[r][8] == 0.625f);

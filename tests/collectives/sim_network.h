@@ -9,8 +9,10 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "src/message_key.h"
 #include "transports/transport.h"
 
 namespace qccl::test {
@@ -21,6 +23,7 @@ class SimNetwork {
     bool receive = false;
     bool done = false;
     bool failed = false;
+    bool out_of_order = false;  // ordered mode: the oldest payload message had another key
     size_t bytes = 0;
     transport::Key key = 0;
     // pending send
@@ -32,7 +35,11 @@ class SimNetwork {
     size_t capacity = 0;
   };
 
-  explicit SimNetwork(int nranks) : pending_sends_(nranks), pending_recvs_(nranks) {}
+  // ordered: payload messages (message_key::is_payload) match strictly in the order each sender sent
+  // them to each receiver, whatever their keys, as on a transport without tags; a receive that meets
+  // a payload message with another key than its own fails ("out of order"). Headers still match by key.
+  explicit SimNetwork(int nranks, bool ordered = false)
+      : pending_sends_(nranks), pending_recvs_(nranks), ordered_(ordered) {}
 
   Request* send(int src, int dst, transport::Key key, const void* data, size_t bytes) {
     auto* r = track(new Request());
@@ -60,8 +67,13 @@ class SimNetwork {
         auto& sends = pending_sends_[dst];
         // The oldest message from this source whose key matches (messages with equal keys are
         // therefore matched in the order they were sent).
-        auto match = std::find_if(sends.begin(), sends.end(), [rv](const Request* sv) {
-          return sv->src == rv->src && ((sv->key ^ rv->key) & ~rv->ignore & transport::kKeyMask) == 0;
+        auto keys_match = [rv](const Request* sv) {
+          return ((sv->key ^ rv->key) & ~rv->ignore & transport::kKeyMask) == 0;
+        };
+        auto match = std::find_if(sends.begin(), sends.end(), [&](const Request* sv) {
+          if (sv->src != rv->src) return false;
+          if (ordered_ && message_key::is_payload(rv->key)) return message_key::is_payload(sv->key);
+          return keys_match(sv);
         });
         if (match == sends.end()) {
           ++it;
@@ -69,7 +81,9 @@ class SimNetwork {
         }
         Request* sv = *match;
         sends.erase(match);
-        if (sv->bytes > rv->capacity) {
+        if (ordered_ && !keys_match(sv)) {
+          rv->failed = rv->out_of_order = true;
+        } else if (sv->bytes > rv->capacity) {
           rv->failed = true;
         } else {
           if (sv->bytes) std::memcpy(rv->buf, sv->data, sv->bytes);
@@ -84,6 +98,9 @@ class SimNetwork {
     }
     return moved;
   }
+
+  // A completed request whose handle was emptied: nothing refers to it any more.
+  void release(Request* r) { owned_.erase(r); }
 
   void cancel(Request* r) {
     for (auto& q : pending_sends_) q.erase(std::remove(q.begin(), q.end(), r), q.end());
@@ -101,12 +118,13 @@ class SimNetwork {
 
  private:
   Request* track(Request* r) {
-    owned_.emplace_back(r);
+    owned_.emplace(r, std::unique_ptr<Request>(r));
     return r;
   }
   std::vector<std::deque<Request*>> pending_sends_;
   std::vector<std::deque<Request*>> pending_recvs_;
-  std::vector<std::unique_ptr<Request>> owned_;
+  std::unordered_map<Request*, std::unique_ptr<Request>> owned_;  // until its handle completed
+  bool ordered_ = false;
   size_t messages_ = 0;
   size_t bytes_moved_ = 0;
 };
@@ -131,12 +149,19 @@ class SimTransport final : public transport::Transport {
     auto* r = static_cast<SimNetwork::Request*>(h.request);
     if (!r->done) return transport::Poll::kPending;
     h = transport::Handle{};
-    if (r->failed) {
-      *error = "Message truncated";
+    const SimNetwork::Request finished = *r;
+    net_.release(r);  // matched, so the network holds it no more
+    if (finished.out_of_order) {
+      *error = "the oldest payload message from this peer belongs to another fragment (ordered mode)";
       return transport::Poll::kFailed;
     }
-    done->bytes = r->bytes;
-    done->key = r->key;
+    if (finished.failed) {
+      *error = "Message truncated";
+      done->truncated = true;
+      return transport::Poll::kFailed;
+    }
+    done->bytes = finished.bytes;
+    done->key = finished.key;
     return transport::Poll::kDone;
   }
   void cancel(transport::Handle& h) override {
