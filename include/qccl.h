@@ -213,7 +213,11 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
 /* recvbuff[i] = op over ranks of sendbuff[i]. In place when sendbuff == recvbuff. */
 QCCL_API qcclResult_t qcclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                     qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm);
-/* Copies root's sendbuff into every rank's recvbuff. sendbuff is read on root only. */
+/* Copies root's sendbuff into every rank's recvbuff. sendbuff is read on root only. Like qcclReduce,
+ * it returns (with a nonzero count and more than one rank) on no rank before every rank has called it:
+ * alongside the data, the ranks compare their calls (ceil(log2 nranks) rounds of 64-byte messages), so
+ * that a rank passing another root or count fails the call with qcclMismatch everywhere instead of
+ * letting the others finish with different data. */
 QCCL_API qcclResult_t qcclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                     qcclDataType_t datatype, int root, qcclComm_t comm);
 /* As AllReduce, with the result on root only (recvbuff is ignored elsewhere and may be NULL). */

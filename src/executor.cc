@@ -18,6 +18,12 @@ namespace {
 constexpr transport::Key kFingerprintBits = 0xfff;
 constexpr transport::Key kTaintBit = transport::Key{1} << 28;
 constexpr transport::Key kIgnoredBits = kFingerprintBits | kTaintBit;  // what receives do not match
+// Message ids (executor.h): 0 the plan's frame headers, then the payload, then the agreement rounds.
+constexpr uint32_t kFirstAgreementMessage = 0xfff0;
+constexpr uint32_t kPayloadMessages = kFirstAgreementMessage - 1;
+constexpr size_t kMaxAgreementRounds = 0x10000 - kFirstAgreementMessage;
+
+bool rooted(coll::CollKind kind) { return kind == coll::CollKind::kBroadcast || kind == coll::CollKind::kReduce; }
 }  // namespace
 
 Operation::Operation(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
@@ -68,6 +74,29 @@ void Operation::start(transport::Transport& transport) {
     link.handle = transport.isend(link.peer, key(0), link.bytes, sizeof(link.bytes));
   }
   headers_verified_ = header_recvs_.empty();
+
+  const coll::CollArgs& args = plan_->args();
+  if (rooted(args.kind) && args.nranks > 1) {
+    size_t rounds = 0;
+    while ((int64_t{1} << rounds) < args.nranks) ++rounds;
+    if (rounds > kMaxAgreementRounds)
+      fail(qcclInternalError, "%s: %d ranks need %zu agreement rounds, more than the %zu message ids kept for them",
+           identity_.header.describe().c_str(), args.nranks, rounds, kMaxAgreementRounds);
+    agreement_.resize(rounds);
+    for (size_t k = 0; k < rounds; ++k) {
+      const int distance = 1 << k;
+      AgreementRound& round = agreement_[k];
+      round.recv.peer = (args.rank - distance + args.nranks) % args.nranks;
+      round.recv.handle = transport.irecv(round.recv.peer, key(kFirstAgreementMessage + static_cast<uint32_t>(k)),
+                                          kIgnoredBits, round.recv.bytes, sizeof(round.recv.bytes));
+      round.send.peer = (args.rank + distance) % args.nranks;
+      identity_.header.encode(round.send.bytes);
+    }
+    AgreementRound& first = agreement_[0];
+    first.send.handle = transport.isend(first.send.peer, key(kFirstAgreementMessage), first.send.bytes,
+                                        sizeof(first.send.bytes));
+    first.sent = true;
+  }
   for (Slot& slot : slots_) next_fragment(slot);
 }
 
@@ -105,18 +134,61 @@ bool Operation::poll_headers(transport::Transport& transport) {
       case transport::Poll::kFailed:
         fail(qcclRemoteError, "%s: receiving the frame header from %s failed: %s",
              identity_.expected.describe().c_str(), name(link.peer).c_str(), error.c_str());
-      case transport::Poll::kDone: {
+      case transport::Poll::kDone:
         link.done = moved = true;
-        FrameHeader theirs = FrameHeader::decode(link.bytes, done.bytes, name(link.peer));
-        std::string mismatch = frame_mismatch(identity_.expected, theirs);
-        if (!mismatch.empty()) fail(qcclMismatch, "%s", mismatch.c_str());
-        if (theirs.sender != link.peer)
-          fail(qcclRemoteError, "%s sent a frame header signed by rank %d", name(link.peer).c_str(), theirs.sender);
+        check_header(link, done.bytes);
         break;
-      }
     }
   }
   headers_verified_ = all;
+  return moved;
+}
+
+void Operation::check_header(const HeaderLink& link, size_t bytes) const {
+  FrameHeader theirs = FrameHeader::decode(link.bytes, bytes, name(link.peer));
+  std::string mismatch = frame_mismatch(identity_.expected, theirs);
+  if (!mismatch.empty()) fail(qcclMismatch, "%s", mismatch.c_str());
+  if (theirs.sender != link.peer)
+    fail(qcclRemoteError, "%s sent a frame header signed by rank %d", name(link.peer).c_str(), theirs.sender);
+}
+
+// Checks whatever agreement rounds arrived (in any order: a mismatch fails at once), and sends round
+// k once rounds 0 .. k-1 are checked, which is what lets round k vouch for the ranks behind its sender.
+bool Operation::poll_agreement(transport::Transport& transport) {
+  bool moved = false;
+  std::string error;
+  transport::Completion done;
+  for (size_t k = 0; k < agreement_.size(); ++k) {
+    AgreementRound& round = agreement_[k];
+    if (round.sent && !round.send.done) {
+      switch (transport.test(round.send.handle, &done, &error)) {
+        case transport::Poll::kPending: break;
+        case transport::Poll::kDone: round.send.done = moved = true; break;
+        case transport::Poll::kFailed:
+          fail(qcclRemoteError, "%s: sending the frame header (agreement round %zu) to %s failed: %s",
+               identity_.header.describe().c_str(), k, name(round.send.peer).c_str(), error.c_str());
+      }
+    }
+    if (round.recv.done) continue;
+    switch (transport.test(round.recv.handle, &done, &error)) {
+      case transport::Poll::kPending: break;
+      case transport::Poll::kFailed:
+        fail(qcclRemoteError, "%s: receiving the frame header (agreement round %zu) from %s failed: %s",
+             identity_.expected.describe().c_str(), k, name(round.recv.peer).c_str(), error.c_str());
+      case transport::Poll::kDone:
+        round.recv.done = moved = true;
+        check_header(round.recv, done.bytes);
+        break;
+    }
+  }
+  while (agreed_rounds_ < agreement_.size() && agreement_[agreed_rounds_].recv.done) {
+    ++agreed_rounds_;
+    if (agreed_rounds_ == agreement_.size()) break;
+    AgreementRound& next = agreement_[agreed_rounds_];
+    const uint32_t message = kFirstAgreementMessage + static_cast<uint32_t>(agreed_rounds_);
+    next.send.handle = transport.isend(next.send.peer, key(message), next.send.bytes, sizeof(next.send.bytes));
+    next.sent = moved = true;
+  }
   return moved;
 }
 
@@ -171,7 +243,7 @@ bool Operation::run(Slot& slot, transport::Transport& transport) {
         if (!t.handle.empty())
           fail(qcclInternalError, "%s (%s): fragment %zu posts on busy slot %u", identity_.header.describe().c_str(),
                algorithm_.name, slot.fragment, s.slot);
-        const uint32_t message = 1 + s.msg % 0xffff;
+        const uint32_t message = 1 + s.msg % kPayloadMessages;
         t.peer = s.peer;
         t.bytes = s.n;
         if (s.kind == coll::StepKind::kRecv) {
@@ -314,15 +386,20 @@ bool Operation::advance(transport::Transport& transport) {
     moved = true;
   }
   moved |= poll_headers(transport);
+  if (!agreement_.empty()) moved |= poll_agreement(transport);
   for (Slot& slot : slots_) moved |= run(slot, transport);
   if (moved) last_progress_ = Clock::now();
   return moved;
 }
 
 bool Operation::finished() const {
-  if (!started_ || !headers_verified_ || fragments_done_ < plan_->fragments()) return false;
+  // A rooted collective also waits for its agreement rounds: until every rank is known to have called
+  // the same collective, a rank that has all its data (a root that sent eagerly) may not succeed.
+  if (!started_ || !headers_verified_ || !agreed() || fragments_done_ < plan_->fragments()) return false;
   for (const HeaderLink& link : header_sends_)
     if (!link.done) return false;
+  for (const AgreementRound& round : agreement_)
+    if (!round.send.done) return false;
   return true;
 }
 
@@ -331,6 +408,10 @@ void Operation::cancel(transport::Transport& transport) {
     for (Transfer& t : slot.transfers) transport.cancel(t.handle);
   for (HeaderLink& link : header_sends_) transport.cancel(link.handle);
   for (HeaderLink& link : header_recvs_) transport.cancel(link.handle);
+  for (AgreementRound& round : agreement_) {
+    transport.cancel(round.send.handle);
+    transport.cancel(round.recv.handle);
+  }
 }
 
 std::string Operation::waiting_for() const {
@@ -346,6 +427,11 @@ std::string Operation::waiting_for() const {
   }
   for (const HeaderLink& link : header_sends_)
     if (!link.done) return "the frame header send to " + name(link.peer);
+  if (!agreed())
+    return format("the frame header of agreement round %zu from %s (every rank must call the same collective)",
+                  agreed_rounds_, name(agreement_[agreed_rounds_].recv.peer).c_str());
+  for (const AgreementRound& round : agreement_)
+    if (!round.send.done) return "the frame header send to " + name(round.send.peer);
   return "nothing";
 }
 

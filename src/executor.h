@@ -6,10 +6,26 @@
 // transport's event descriptor when nothing moves. Hot-path budget per fragment: no allocation (the
 // Program is rebuilt in place), no system call beyond the transport's own, no lock.
 //
+// Frame headers (src/frame.h) travel on the plan's links (Plan::links): message 0 to every rank the
+// plan sends to, checked before any payload from that peer is used. That is enough when every rank's
+// output depends on every other rank's data, which then reaches it only through checked links. It is
+// not enough for Broadcast and Reduce: data flows one way, from or to the root, so ranks that
+// disagree (on the root above all, which changes the plan's shape) may exchange nothing at all, and
+// an agreeing rank may complete before anyone has seen the disagreement. Their headers therefore
+// also go through ceil(log2 n) agreement rounds, as in a dissemination barrier: in round k a rank
+// sends its header to rank + 2^k and receives from rank - 2^k (mod n; round 0 is the ring), and it
+// sends round k only after it has checked rounds 0 .. k-1. A checked round k thus vouches for the 2^k
+// ranks before the sender as well, so a rank that has checked every round knows that every rank
+// announced the same header. The operation finishes only then: a disagreement anywhere fails the
+// rank that sees it (qcclMismatch, which the control plane relays to every rank), while every other
+// rank waits for a round that never comes and learns of it through the relay. The payload does not
+// wait for the rounds; only completion does.
+//
 // Keys: [p2p:1 | sequence:14 | taint:1 | message:16 | fingerprint:12] (transports/ adds the sender's
 // rank). The taint bit carries "this fragment met a non-finite value" from rank to rank at no cost in
 // bytes (Marsit's sign bits have no room for NaN); receives ignore it and the fingerprint.
-// Message 0 of every collective is the frame header; payload message m travels as 1 + m mod 65535.
+// Message 0 of every collective is the frame header on the plan's links; messages 0xfff0 + k are
+// agreement round k; payload message m travels as 1 + m mod 0xffef.
 #pragma once
 
 #include <chrono>
@@ -91,11 +107,22 @@ class Operation {
     uint8_t bytes[FrameHeader::kBytes];
     bool done = false;
   };
+  // Agreement round k (see above): the header sent to rank + 2^k and the one from rank - 2^k.
+  struct AgreementRound {
+    HeaderLink send;
+    HeaderLink recv;
+    bool sent = false;  // posted (only once rounds 0 .. k-1 are checked)
+  };
   static constexpr size_t kIdle = ~size_t{0};
 
   transport::Key key(uint32_t message, bool tainted = false) const;
   void start(transport::Transport& transport);
   bool poll_headers(transport::Transport& transport);
+  bool poll_agreement(transport::Transport& transport);
+  // Decodes a received header and fails (qcclMismatch, qcclRemoteError) unless it is what this rank
+  // expects from link.peer.
+  void check_header(const HeaderLink& link, size_t bytes) const;
+  bool agreed() const { return agreed_rounds_ == agreement_.size(); }
   bool run(Slot& slot, transport::Transport& transport);
   void run_codec_step(const coll::Step& step, Slot& slot);
   // Tests one transfer; true when it is done (handle empty). A received taint bit sets *tainted.
@@ -110,6 +137,8 @@ class Operation {
   std::vector<Slot> slots_;
   std::vector<HeaderLink> header_sends_;
   std::vector<HeaderLink> header_recvs_;
+  std::vector<AgreementRound> agreement_;  // Broadcast and Reduce on more than one rank
+  size_t agreed_rounds_ = 0;               // rounds 0 .. agreed_rounds_ - 1 are checked
   bool started_ = false;
   bool headers_verified_ = false;
   size_t next_fragment_ = 0;

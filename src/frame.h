@@ -1,14 +1,16 @@
-// The frame header: what a rank announces to each peer it sends to at the start of every collective,
-// so that ranks that called different collectives (or passed different counts, datatypes, ops, roots
-// or codecs) fail with a message that says so, instead of exchanging garbage.
+// The frame header: what a rank announces to its peers at the start of every collective, so that
+// ranks that called different collectives (or passed different counts, datatypes, ops, roots or
+// codecs) fail with a message that says so, instead of exchanging garbage.
 //
 // How it travels. Every payload message carries a compact header in its transport key: the
 // collective's sequence number (15 bits) and a 12-bit fingerprint of the fields below; a receive
-// accepts any fingerprint and checks it on arrival. The full 64-byte header is sent once per link
-// per collective, ahead of the payload on the same connection, and checked before any payload from
-// that peer is used. The payload itself therefore lands zero-copy in the user's buffer (UCX's
-// rendezvous reads it straight from the sender), which a header glued in front of each chunk would
-// prevent.
+// accepts any fingerprint and checks it on arrival. The full 64-byte header is sent once per link of
+// the plan (Plan::links) per collective, ahead of the payload on the same connection, and checked
+// before any payload from that peer is used. The payload itself therefore lands zero-copy in the
+// user's buffer (UCX's rendezvous reads it straight from the sender), which a header glued in front
+// of each chunk would prevent. Broadcast and Reduce also send it through ceil(log2 n) agreement
+// rounds (src/executor.h), since ranks that disagree on the root may share no link; a rooted
+// collective completes on no rank until every rank is known to have announced the same header.
 #pragma once
 
 #include <cstddef>

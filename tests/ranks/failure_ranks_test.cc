@@ -187,6 +187,76 @@ TEST_CASE("IntSGD states with different learning rates: every rank fails with qc
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
 }
 
+// Rooted collectives whose ranks pass different roots. The disagreeing ranks may have no link in
+// either rank's plan (rank 0 believes it is the root of a chain the others start at rank 1), so the
+// plans' own frame headers cannot see it; a root that sends eagerly may even be done before anyone
+// looks. Runs at 2, 3 and 4 ranks: every rank must fail with qcclMismatch naming both roots, for
+// every algorithm, small and large, never succeed with another rank's data or wait for QCCL_TIMEOUT.
+// The same holds for a count that differs on one rank only, which the ranks upstream of it never hear.
+TEST_CASE("ranks that pass different roots: every rank fails with qcclMismatch naming both", "[root-mismatch]") {
+  qcclComm_t world = nullptr;
+  QCCL_REQUIRE_OK(qcclCommInitEnv(&world, nullptr));
+  int rank = 0, size = 1;
+  qcclCommUserRank(world, &rank);
+  qcclCommCount(world, &size);
+  REQUIRE(size >= 2);
+  // The odd rank passes root 0 (or half the count) where the others pass root 1 (and the count).
+  struct Disagreement {
+    int odd_rank;
+    bool on_count;
+  };
+  const Disagreement disagreements[] = {{0, false}, {size - 1, false}, {size - 1, true}};
+  for (const char* coll : {"broadcast", "reduce"})
+    for (const char* algorithm : {"chain", "binomial"})
+      for (size_t full : {size_t{1000}, size_t{4} << 20})  // 4 KB (eager) and 16 MiB (rendezvous)
+        for (const Disagreement& d : disagreements) {
+          const bool odd = rank == d.odd_rank;
+          const int root = odd && !d.on_count ? 0 : 1;
+          const size_t count = odd && d.on_count ? full / 2 : full;
+          INFO(coll << " via " << algorithm << ", " << full << " floats, rank " << d.odd_rank << " passes "
+                    << (d.on_count ? "half the count" : "root 0, the others root 1") << "; this rank " << rank);
+          // A fresh communicator for each case (a mismatch breaks it), forced to `algorithm`.
+          qcclUniqueId id;
+          if (rank == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+          QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, world));
+          const std::string algorithms = std::string(coll) + "=" + algorithm;
+          qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+          config.algorithms = algorithms.c_str();
+          qcclComm_t comm = nullptr;
+          QCCL_REQUIRE_OK(qcclCommInitRankConfig(&comm, size, id, rank, &config));
+          std::vector<float> in(full, static_cast<float>(rank + 1)), out(full, -1.0f);
+          auto call = [&](int r, size_t n) {
+            return coll[0] == 'b' ? qcclBroadcast(in.data(), out.data(), n, qcclFloat32, r, comm)
+                                  : qcclReduce(in.data(), out.data(), n, qcclFloat32, qcclSum, r, comm);
+          };
+          // The same call with agreeing arguments runs the forced algorithm.
+          QCCL_REQUIRE_OK(call(1, full));
+          qcclStats_t stats{};
+          stats.size = sizeof(stats);
+          QCCL_REQUIRE_OK(qcclCommGetLastStats(comm, &stats));
+          CHECK(std::string(stats.algorithm) == algorithm);
+          const qcclResult_t result = call(root, count);
+          const std::string error = last_error();
+          CHECK(result == qcclMismatch);
+          if (d.on_count)
+            CHECK_THAT(error, Catch::Contains("count=" + std::to_string(full)) &&
+                                  Catch::Contains("count=" + std::to_string(full / 2)));
+          else
+            CHECK_THAT(error, Catch::Contains("root=0") && Catch::Contains("root=1"));
+          qcclResult_t async = qcclSuccess;
+          QCCL_REQUIRE_OK(qcclCommGetAsyncError(comm, &async));
+          CHECK(async == qcclMismatch);
+          // Every rank has returned before any aborts (an abort tells the peers, whose calls would
+          // then fail with qcclRemoteError instead): the world communicator is intact.
+          const int32_t code = result;
+          std::vector<int32_t> codes(size);
+          QCCL_REQUIRE_OK(qcclAllGather(&code, codes.data(), 1, qcclInt32, world));
+          for (int r = 0; r < size; ++r) CHECK(codes[r] == qcclMismatch);
+          CHECK(qcclCommAbort(comm) == qcclSuccess);
+        }
+  QCCL_REQUIRE_OK(qcclCommDestroy(world));
+}
+
 TEST_CASE("an aggregator that dies fails agg=switch calls with qcclRemoteError naming it", "[aggregator-dies]") {
   Job job;
   warm_up(job);
