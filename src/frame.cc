@@ -115,11 +115,12 @@ std::string FrameHeader::describe() const {
 }
 
 std::string frame_mismatch(const FrameHeader& expected, const FrameHeader& theirs) {
-  if (expected.kind == theirs.kind && expected.dtype == theirs.dtype && expected.op == theirs.op &&
-      expected.root == theirs.root && expected.count == theirs.count && expected.sequence == theirs.sequence &&
-      expected.codec_hash == theirs.codec_hash && expected.codec_step == theirs.codec_step &&
-      std::memcmp(&expected.codec_scale, &theirs.codec_scale, sizeof(double)) == 0)
-    return std::string();
+  const bool same_call = expected.kind == theirs.kind && expected.dtype == theirs.dtype && expected.op == theirs.op &&
+                         expected.root == theirs.root && expected.count == theirs.count &&
+                         expected.sequence == theirs.sequence && expected.codec_hash == theirs.codec_hash &&
+                         expected.codec_step == theirs.codec_step;
+  const bool same_scale = std::memcmp(&expected.codec_scale, &theirs.codec_scale, sizeof(double)) == 0;
+  if (same_call && same_scale) return std::string();
   // On the receiving end of a point-to-point pair the expectation is written as a Send; say Recv.
   std::string mine = expected.describe();
   if (expected.kind == coll::CollKind::kSend) mine.replace(0, 4, "Recv");
@@ -127,7 +128,7 @@ std::string frame_mismatch(const FrameHeader& expected, const FrameHeader& their
   if (expected.codec_step != theirs.codec_step && expected.codec_hash == theirs.codec_hash)
     text += " (their codec states are at different steps: every rank must pass its own state for the same tensor, "
             "restored from the same checkpoint)";
-  else if (expected.codec_step == theirs.codec_step && expected.codec_hash == theirs.codec_hash)
+  else if (same_call)  // and only the scales differ
     text += format(" with the shared scale alpha = %.17g, but this rank's is %.17g (the codec states diverged: the "
                    "ranks passed different learning rates, or restored different checkpoints)",
                    theirs.codec_scale, expected.codec_scale);

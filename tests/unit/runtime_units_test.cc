@@ -72,6 +72,42 @@ TEST_CASE("frame header: encode/decode round trip and mismatch messages", "[fram
   CHECK(frame_mismatch(FrameHeader::for_call(a, 1, 0), FrameHeader::for_call(b, 1, 0)).empty());
 }
 
+TEST_CASE("frame header: a mismatch names the codec's step or scale only when that is what differs", "[frame]") {
+  // Uncompressed: codec hash, step and scale are 0 on both sides, and none of them is mentioned.
+  FrameHeader h = FrameHeader::for_call(args_for(coll::CollKind::kAllReduce, 1000), 7, 0);
+  FrameHeader other = h;
+  other.count = 100;
+  std::string text = frame_mismatch(h, other);
+  CHECK_THAT(text, Catch::Contains("count=100") && Catch::Contains("count=1000"));
+  CHECK_THAT(text, !Catch::Contains("alpha") && !Catch::Contains("steps"));
+  other = h;
+  other.root = 3;  // ignored by AllReduce, but a header that says otherwise still differs
+  CHECK_THAT(frame_mismatch(h, other), !Catch::Contains("alpha"));
+
+  // Compressed, states at different steps.
+  FrameHeader c = FrameHeader::for_call(args_for(coll::CollKind::kAllReduce, 1000), 7, 0xc0dec, 5);
+  other = c;
+  other.codec_step = 4;
+  text = frame_mismatch(c, other);
+  CHECK_THAT(text, Catch::Contains("step 4") && Catch::Contains("step 5") &&
+                       Catch::Contains("codec states are at different steps"));
+  CHECK_THAT(text, !Catch::Contains("alpha"));
+
+  // Compressed, everything equal but the shared scale: the sentence names both values.
+  c.codec_scale = 0.25;
+  other = c;
+  other.codec_scale = 0.5;
+  text = frame_mismatch(c, other);
+  CHECK_THAT(text, Catch::Contains("shared scale alpha = 0.5, but this rank's is 0.25") &&
+                       Catch::Contains("codec states diverged"));
+  // ... and with the count differing too, the count is the story, not the scale.
+  other.count = 999;
+  CHECK_THAT(frame_mismatch(c, other), Catch::Contains("count=999") && !Catch::Contains("alpha"));
+  // Equal scales, bit for bit, agree.
+  other = c;
+  CHECK(frame_mismatch(c, other).empty());
+}
+
 TEST_CASE("frame header: corrupted or truncated bytes are a clear error, never a crash", "[frame]") {
   FrameHeader h = FrameHeader::for_call(args_for(coll::CollKind::kAllReduce, 7), 1, 0);
   uint8_t bytes[FrameHeader::kBytes];
