@@ -22,9 +22,12 @@
  *   qcclRemoteError, qcclTimeout, qcclAborted
  *                                           a peer or the communicator failed; unusable (abort it).
  *   qcclSystemError, qcclInternalError      the OS or qccl itself failed.
- *   qcclNonFinite                           a compressed collective completed, but an input held NaN
- *                                           or Inf: the affected outputs are NaN on every rank, and
- *                                           every rank returns this code; the communicator is intact.
+ *   qcclNonFinite                           a compressed collective completed, but some outputs are
+ *                                           NaN or Inf (an input held one, or a value overflowed the
+ *                                           codec): every rank holds the same outputs and returns this
+ *                                           code; the communicator is intact. Which outputs, and
+ *                                           whether they are NaN or keep an Inf, depends on the codec
+ *                                           (see qcclAllReduceCompressed).
  */
 #ifndef QCCL_H_
 #define QCCL_H_
@@ -59,7 +62,7 @@ typedef enum {
   qcclSystemError = 7,     /* a system call or the network failed */
   qcclInternalError = 8,   /* a bug in qccl */
   qcclInProgress = 9,      /* a non-blocking request has not completed yet (never an error) */
-  qcclNonFinite = 10,      /* a compressed collective met NaN/Inf input; outputs hold NaN (see above) */
+  qcclNonFinite = 10,      /* a compressed collective's outputs hold NaN or Inf (see above) */
   qcclNumResults = 11
 } qcclResult_t;
 
@@ -339,7 +342,16 @@ QCCL_API qcclResult_t qcclCodecStateSetLearningRate(qcclCodecState_t state, doub
 
 /* AllReduce through a codec. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16; op: qcclSum or
  * qcclAvg. state may be NULL unless the codec has ef=on; with a state, its residual and step are
- * used and updated. Returns qcclNonFinite (on every rank) when an input held NaN or Inf.
+ * used and updated.
+ * NaN and Inf under none, fp16, bf16 and q1 .. q8 (also in plain qcclAllReduce calls that QCCL_CODEC
+ * compresses): none, fp16 and bf16 carry them as an uncompressed float sum would: an output is +Inf
+ * (-Inf) where the inputs there hold +Inf (-Inf) and no NaN or opposite infinity, and NaN where they
+ * hold a NaN or both infinities; fp16 also rounds a value or partial sum of magnitude 65520 or more
+ * to +-Inf (bf16 only next to float32's largest value). The q codecs cannot carry them: every output
+ * of a bucket in which an input was NaN or Inf (or whose values overflow float32) is NaN. Other
+ * outputs are unaffected. The call returns qcclNonFinite on every rank, with the count of outputs
+ * that are NaN or Inf (the same on every rank) in qcclGetLastError. With one rank these codecs encode
+ * nothing: recvbuff is a copy of sendbuff, NaN and Inf included, and the call returns qcclSuccess.
  * With the sign codec (Marsit): qcclFloat32, qcclAvg and a state are required; sendbuff is the
  * update u, and every rank receives the same g: eta_s * (2b - 1) with b the merged sign of w = u + c
  * (c <- w - g), or in rounds t = 0, K, 2K, ... the average of w (c <- 0). Where w is not finite,

@@ -137,30 +137,51 @@ TEST_CASE("error feedback: a checkpointed state replays a step bit for bit", "[c
   QCCL_REQUIRE_OK(qcclCodecStateDestroy(state));
 }
 
-TEST_CASE("NaN in one rank's input: qcclNonFinite on every rank, NaN in the output, communicator intact",
-          "[compressed]") {
+// include/qccl.h, qcclNonFinite: the casts carry +Inf, -Inf and NaN as an uncompressed sum would;
+// a q codec turns the bucket that held one into NaN. Every rank returns qcclNonFinite with the same
+// count, and the communicator stays usable. One rank encodes nothing: a copy, Inf and all.
+TEST_CASE("NaN or Inf in one rank's input: qcclNonFinite on every rank, what each codec makes of it, "
+          "communicator intact", "[compressed]") {
   World& w = World::get();
-  Codec codec("q8:bucket=64");
-  const size_t count = 6400;
-  std::vector<float> in(count), out(count);
-  for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(input(w.rank(), i));
-  if (w.rank() == w.size() - 1) in[123] = NAN;
-  qcclResult_t result = qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat32, qcclSum, codec.handle,
-                                                nullptr, w.comm());
-  if (w.size() == 1) {
-    CHECK(result == qcclSuccess);  // one rank: a copy, NaN and all
-  } else {
-    CHECK(result == qcclNonFinite);
-    CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("NaN or Inf"));
-  }
-  CHECK(std::isnan(out[123]));
-  qcclResult_t async = qcclInternalError;
-  QCCL_REQUIRE_OK(qcclCommGetAsyncError(w.comm(), &async));
-  CHECK(async == qcclSuccess);
-  in[123] = 0.0f;
-  QCCL_REQUIRE_OK(qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr,
-                                          w.comm()));
-  CHECK(std::isfinite(out[123]));
+  const size_t count = 6400, at = 123;
+  for (const char* spec : {"fp16", "bf16", "q8:bucket=64"})
+    for (float bad : {INFINITY, -INFINITY, NAN}) {
+      INFO(spec << " with " << bad << " at " << at << " on the last rank");
+      Codec codec(spec);
+      const bool cast = spec[0] != 'q';
+      std::vector<float> in(count), out(count);
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(input(w.rank(), i));
+      if (w.rank() == w.size() - 1) in[at] = bad;
+      qcclResult_t result = qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat32, qcclSum,
+                                                    codec.handle, nullptr, w.comm());
+      // The values that are not finite: the one input for the casts (and one rank), its bucket for q8.
+      const bool one_value = cast || w.size() == 1;
+      const size_t first = one_value ? at : at / 64 * 64, last = one_value ? at + 1 : first + 64;
+      if (w.size() == 1) {
+        CHECK(result == qcclSuccess);
+      } else {
+        CHECK(result == qcclNonFinite);
+        CHECK_THAT(std::string(qcclGetLastError(nullptr)),
+                   Catch::Contains(": " + std::to_string(last - first) + " output values are NaN or Inf"));
+      }
+      for (size_t i = 0; i < count; ++i) {
+        if (i < first || i >= last) {
+          if (!std::isfinite(out[i])) FAIL_CHECK("output " << i << " is " << out[i]);
+        } else if (std::isnan(bad) || (!cast && w.size() > 1)) {
+          if (!std::isnan(out[i])) FAIL_CHECK("output " << i << " is " << out[i] << ", not NaN");
+        } else {
+          CHECK(out[i] == bad);
+        }
+      }
+      allgather_equal(out.data(), count * sizeof(float));
+      qcclResult_t async = qcclInternalError;
+      QCCL_REQUIRE_OK(qcclCommGetAsyncError(w.comm(), &async));
+      CHECK(async == qcclSuccess);
+      in[at] = 0.0f;
+      QCCL_REQUIRE_OK(qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat32, qcclSum, codec.handle,
+                                              nullptr, w.comm()));
+      CHECK(std::isfinite(out[at]));
+    }
 }
 
 TEST_CASE("QCCL_CODEC policy: plain all-reduce calls above the threshold are compressed", "[compressed]") {
