@@ -38,7 +38,6 @@ class SimNetwork {
     auto* r = track(new Request());
     r->src = src, r->dst = dst, r->key = key, r->data = data, r->bytes = bytes;
     pending_sends_[dst].push_back(r);
-    ++messages_;
     return r;
   }
 
@@ -77,7 +76,6 @@ class SimNetwork {
           rv->key = sv->key;
         }
         rv->done = sv->done = true;
-        bytes_moved_ += sv->bytes;
         it = recvs.erase(it);
         moved = true;
       }
@@ -97,7 +95,6 @@ class SimNetwork {
       if (!q.empty()) return false;
     return true;
   }
-  size_t messages() const { return messages_; }
 
  private:
   Request* track(Request* r) {
@@ -107,8 +104,6 @@ class SimNetwork {
   std::vector<std::deque<Request*>> pending_sends_;
   std::vector<std::deque<Request*>> pending_recvs_;
   std::vector<std::unique_ptr<Request>> owned_;
-  size_t messages_ = 0;
-  size_t bytes_moved_ = 0;
 };
 
 // One rank's view of a SimNetwork.
