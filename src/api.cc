@@ -142,6 +142,19 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
   c.wait(*record);
 }
 
+// The body of every blocking collective and point-to-point entry point.
+qcclResult_t run_collective(const char* name, qcclComm_t comm, const RawCall& call) {
+  return api_call(name, [&] { submit(comm, call, nullptr); });
+}
+
+// The body of every non-blocking (qcclI*) entry point: *request is set only on success.
+qcclResult_t start_collective(const char* name, qcclComm_t comm, const RawCall& call, qcclRequest_t* request) {
+  return api_call(name, [&] {
+    require_out(request, "request");
+    submit(comm, call, request);
+  });
+}
+
 struct EnvLaunch {
   int rank = 0;
   int nranks = 1;
@@ -353,79 +366,84 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats) 
   });
 }
 
-#define QCCL_CALL(name, request, ...) \
-  return api_call(name, [&] { submit(comm, RawCall{__VA_ARGS__}, request); })
-
 QCCL_API qcclResult_t qcclAllReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
                                     qcclRedOp_t op, qcclComm_t comm) {
-  QCCL_CALL("qcclAllReduce", nullptr, coll::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0);
+  return run_collective("qcclAllReduce", comm,
+                        RawCall{coll::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0});
 }
 QCCL_API qcclResult_t qcclBroadcast(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
                                     int root, qcclComm_t comm) {
-  QCCL_CALL("qcclBroadcast", nullptr, coll::CollKind::kBroadcast, sendbuff, recvbuff, count, datatype, 0, root);
+  return run_collective("qcclBroadcast", comm,
+                        RawCall{coll::CollKind::kBroadcast, sendbuff, recvbuff, count, datatype, 0, root});
 }
 QCCL_API qcclResult_t qcclReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
                                  qcclRedOp_t op, int root, qcclComm_t comm) {
-  QCCL_CALL("qcclReduce", nullptr, coll::CollKind::kReduce, sendbuff, recvbuff, count, datatype, op, root);
+  return run_collective("qcclReduce", comm,
+                        RawCall{coll::CollKind::kReduce, sendbuff, recvbuff, count, datatype, op, root});
 }
 QCCL_API qcclResult_t qcclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, qcclDataType_t datatype,
                                     qcclComm_t comm) {
-  QCCL_CALL("qcclAllGather", nullptr, coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0);
+  return run_collective("qcclAllGather", comm,
+                        RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0});
 }
-QCCL_API qcclResult_t qcclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                        qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm) {
-  QCCL_CALL("qcclReduceScatter", nullptr, coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0);
+QCCL_API qcclResult_t qcclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, qcclDataType_t datatype,
+                                        qcclRedOp_t op, qcclComm_t comm) {
+  return run_collective("qcclReduceScatter", comm,
+                        RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0});
 }
 QCCL_API qcclResult_t qcclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
                                    qcclComm_t comm) {
-  QCCL_CALL("qcclAlltoAll", nullptr, coll::CollKind::kAlltoAll, sendbuff, recvbuff, count, datatype, 0, 0);
+  return run_collective("qcclAlltoAll", comm,
+                        RawCall{coll::CollKind::kAlltoAll, sendbuff, recvbuff, count, datatype, 0, 0});
 }
-QCCL_API qcclResult_t qcclSend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer,
-                               qcclComm_t comm) {
-  QCCL_CALL("qcclSend", nullptr, coll::CollKind::kSend, sendbuff, nullptr, count, datatype, 0, peer);
+QCCL_API qcclResult_t qcclSend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer, qcclComm_t comm) {
+  return run_collective("qcclSend", comm, RawCall{coll::CollKind::kSend, sendbuff, nullptr, count, datatype, 0, peer});
 }
 QCCL_API qcclResult_t qcclRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer, qcclComm_t comm) {
-  QCCL_CALL("qcclRecv", nullptr, coll::CollKind::kRecv, nullptr, recvbuff, count, datatype, 0, peer);
+  return run_collective("qcclRecv", comm, RawCall{coll::CollKind::kRecv, nullptr, recvbuff, count, datatype, 0, peer});
 }
-
-#define QCCL_ICALL(name, ...)                                   \
-  return api_call(name, [&] {                                   \
-    require_out(request, "request");                            \
-    submit(comm, RawCall{__VA_ARGS__}, request);                \
-  })
 
 QCCL_API qcclResult_t qcclIAllReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
                                      qcclRedOp_t op, qcclComm_t comm, qcclRequest_t* request) {
-  QCCL_ICALL("qcclIAllReduce", coll::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0);
+  return start_collective("qcclIAllReduce", comm,
+                          RawCall{coll::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0}, request);
 }
 QCCL_API qcclResult_t qcclIBroadcast(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
                                      int root, qcclComm_t comm, qcclRequest_t* request) {
-  QCCL_ICALL("qcclIBroadcast", coll::CollKind::kBroadcast, sendbuff, recvbuff, count, datatype, 0, root);
+  return start_collective("qcclIBroadcast", comm,
+                          RawCall{coll::CollKind::kBroadcast, sendbuff, recvbuff, count, datatype, 0, root}, request);
 }
 QCCL_API qcclResult_t qcclIReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
                                   qcclRedOp_t op, int root, qcclComm_t comm, qcclRequest_t* request) {
-  QCCL_ICALL("qcclIReduce", coll::CollKind::kReduce, sendbuff, recvbuff, count, datatype, op, root);
+  return start_collective("qcclIReduce", comm,
+                          RawCall{coll::CollKind::kReduce, sendbuff, recvbuff, count, datatype, op, root}, request);
 }
 QCCL_API qcclResult_t qcclIAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, qcclDataType_t datatype,
                                      qcclComm_t comm, qcclRequest_t* request) {
-  QCCL_ICALL("qcclIAllGather", coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0);
+  return start_collective("qcclIAllGather", comm,
+                          RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, request);
 }
 QCCL_API qcclResult_t qcclIReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                          qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm,
                                          qcclRequest_t* request) {
-  QCCL_ICALL("qcclIReduceScatter", coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0);
+  return start_collective("qcclIReduceScatter", comm,
+                          RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0},
+                          request);
 }
 QCCL_API qcclResult_t qcclIAlltoAll(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
                                     qcclComm_t comm, qcclRequest_t* request) {
-  QCCL_ICALL("qcclIAlltoAll", coll::CollKind::kAlltoAll, sendbuff, recvbuff, count, datatype, 0, 0);
+  return start_collective("qcclIAlltoAll", comm,
+                          RawCall{coll::CollKind::kAlltoAll, sendbuff, recvbuff, count, datatype, 0, 0}, request);
 }
-QCCL_API qcclResult_t qcclISend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer,
-                                qcclComm_t comm, qcclRequest_t* request) {
-  QCCL_ICALL("qcclISend", coll::CollKind::kSend, sendbuff, nullptr, count, datatype, 0, peer);
+QCCL_API qcclResult_t qcclISend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer, qcclComm_t comm,
+                                qcclRequest_t* request) {
+  return start_collective("qcclISend", comm,
+                          RawCall{coll::CollKind::kSend, sendbuff, nullptr, count, datatype, 0, peer}, request);
 }
 QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer, qcclComm_t comm,
                                 qcclRequest_t* request) {
-  QCCL_ICALL("qcclIRecv", coll::CollKind::kRecv, nullptr, recvbuff, count, datatype, 0, peer);
+  return start_collective("qcclIRecv", comm,
+                          RawCall{coll::CollKind::kRecv, nullptr, recvbuff, count, datatype, 0, peer}, request);
 }
 
 QCCL_API qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec) {

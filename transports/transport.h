@@ -28,8 +28,6 @@ struct Handle {
   void* request = nullptr;
   bool receive = false;
   bool finished = false;
-  size_t bytes = 0;
-  uint64_t key = 0;
   bool empty() const { return request == nullptr && !finished; }
 };
 

@@ -1,8 +1,9 @@
 // Every algorithm of the registry, run by the real executor for every rank of a simulated network in
 // one thread, against a reference computed in double precision (exact integer arithmetic for integer
 // types): all collectives x datatypes x ops, rank counts 1..9, odd counts, in place and out of place,
-// several chunk sizes and pipeline depths. Also: wire bytes equal each plan's closed form, results
-// are bit-identical on every rank, and neither the chunk size nor the depth changes a single bit.
+// several chunk sizes and pipeline depths. Also: wire bytes equal each plan's formula and a closed
+// form written out here per algorithm, results are bit-identical on every rank, and neither the chunk
+// size nor the depth changes a single bit.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -120,6 +121,59 @@ std::vector<RankBuffers> run(const Call& c, bool random_floats = false) {
   return buffers;
 }
 
+// Bytes rank r sends, written out per algorithm from its textbook description, independently of the
+// plans' wire_bytes_sent() formulas (which check_exact compares with too). S is the message of one
+// rank: count elements.
+uint64_t closed_form_bytes(const Call& c, int r) {
+  const int n = c.nranks;
+  const uint64_t es = kernels::element_size(c.dtype), s = c.count * es;
+  if (c.algorithm == "local") return 0;
+  if (c.kind == CollKind::kAllReduce && c.algorithm == "ring") {
+    // count split into n segments, the first count % n of them one element longer. The reduce-scatter
+    // sends every segment but the rank's own (which it receives last, fully reduced); the allgather
+    // forwards every segment but its successor's (the one it receives last).
+    auto segment = [&](int i) { return c.count / n + (static_cast<size_t>(i) < c.count % n ? 1 : 0); };
+    return (2 * c.count - segment(r) - segment((r + 1) % n)) * es;
+  }
+  if (c.kind == CollKind::kAllReduce && c.algorithm == "recursive_doubling") {
+    // p = the largest power of two <= n; the first 2(n-p) ranks fold in pairs: the even one sends its
+    // buffer once and gets the result back; the odd one does log2(p) exchanges and sends the result.
+    int log2p = 0;
+    while ((2 << log2p) <= n) ++log2p;
+    const int folded = 2 * (n - (1 << log2p));
+    if (r < folded) return r % 2 == 0 ? s : (log2p + 1) * s;
+    return log2p * s;
+  }
+  if (c.kind == CollKind::kBroadcast && c.algorithm == "chain") {
+    return r == (c.root + n - 1) % n ? 0 : s;  // every rank but the chain's last forwards S
+  }
+  if (c.kind == CollKind::kBroadcast && c.algorithm == "binomial") {
+    // In positions v = rank - root (mod n), the parent of u is u with its lowest set bit cleared: a
+    // rank sends S to each position whose parent it is.
+    const int v = (r - c.root + n) % n;
+    uint64_t children = 0;
+    for (int u = 1; u < n; ++u) children += (u & (u - 1)) == v;
+    return children * s;
+  }
+  if (c.kind == CollKind::kReduce) return r == c.root ? 0 : s;  // chain and binomial: S up, once
+  if (c.kind == CollKind::kAllGather || c.kind == CollKind::kReduceScatter || c.kind == CollKind::kAlltoAll)
+    return (n - 1) * s;  // one block of count elements to or through each other rank
+  FAIL("no closed form for " << coll::coll_name(c.kind) << "/" << c.algorithm);
+  return 0;
+}
+
+// The bytes all ranks send together, which needs no convention about who sends what: every
+// all-reduce element of S crosses 2(n-1) links in a ring; a broadcast or reduce moves S over n-1 tree
+// or chain edges; each of n ranks moves (n-1) blocks in the others. (Recursive doubling depends on
+// the folding, and closed_form_bytes covers it.)
+uint64_t closed_form_total(const Call& c) {
+  const uint64_t n = static_cast<uint64_t>(c.nranks), s = c.count * kernels::element_size(c.dtype);
+  if (c.algorithm == "local") return 0;
+  if (c.kind == CollKind::kAllReduce) return c.algorithm == "ring" ? 2 * (n - 1) * s : 0;
+  if (c.kind == CollKind::kBroadcast || c.kind == CollKind::kReduce) return (n - 1) * s;
+  return n * (n - 1) * s;
+}
+
 // Checks every element of every rank's output against the reference.
 void check_exact(const Call& c, const std::vector<RankBuffers>& out) {
   const size_t n = static_cast<size_t>(c.nranks);
@@ -164,8 +218,12 @@ void check_exact(const Call& c, const std::vector<RankBuffers>& out) {
       default: FAIL("not a collective");
     }
     CHECK(out[r].bytes_sent == out[r].plan_bytes);
+    CHECK(out[r].bytes_sent == closed_form_bytes(c, r));
   }
   CHECK(wrong == 0);
+  uint64_t total = 0;
+  for (const RankBuffers& b : out) total += b.bytes_sent;
+  if (c.algorithm != "recursive_doubling") CHECK(total == closed_form_total(c));
 }
 
 std::vector<std::pair<CollKind, std::string>> collective_algorithms() {

@@ -1,7 +1,7 @@
 // The compressed all-reduce algorithms (ring with per-hop re-encoding, and scatter-reduce-allgather)
 // run by the real executor on a simulated network: results within each algorithm's proven error
 // bound, identical bits on every rank, the same bits for every chunk size and pipeline depth, wire
-// bytes equal to the closed form, error feedback that telescopes, and NaN/Inf reported, never hidden.
+// bytes equal to the closed form written out here, error feedback that telescopes, and NaN/Inf reported, never hidden.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -115,6 +115,36 @@ std::vector<kernels::CodecConfig> all_codecs() {
   return out;
 }
 
+// Bytes of one encoded run of m values, written out from the codec's format (kernels/quant.h): a q
+// codec sends every bucket's float minimum and maximum, then the codes packed 8 values to `bits`
+// bytes; fp16 and bf16 send 2 bytes per value, none 4.
+uint64_t encoded_bytes(const kernels::CodecConfig& codec, size_t m) {
+  switch (codec.kind) {
+    case kernels::CodecKind::kNone: return 4 * m;
+    case kernels::CodecKind::kFp16:
+    case kernels::CodecKind::kBf16: return 2 * m;
+    case kernels::CodecKind::kQuant:
+      return 8 * ((m + codec.bucket - 1) / codec.bucket) + (m + 7) / 8 * static_cast<uint64_t>(codec.bits);
+    default: FAIL("not a value codec: " << codec.canonical());
+  }
+  return 0;
+}
+
+// Bytes rank r sends, with `bytes` the size of one segment's message (encoded or raw). count is split
+// into n segments, the first count % n one element longer. The ring re-encodes as it reduces: the
+// reduce-scatter sends every segment but the rank's own, the allgather forwards every segment but its
+// successor's. SRA sends its contribution to every other segment's owner, then its own segment's sum
+// to each of the n-1 others. Together, both send every segment 2(n-1) times.
+template <class Bytes>
+uint64_t closed_form_bytes(const Job& job, int r, Bytes bytes) {
+  const int n = job.n;
+  auto segment = [&](int i) { return bytes(job.count / n + (static_cast<size_t>(i) < job.count % n ? 1 : 0)); };
+  uint64_t all = 0;
+  for (int i = 0; i < n; ++i) all += segment(i);
+  if (job.algorithm == "ring_compressed") return 2 * all - segment(r) - segment((r + 1) % n);
+  return all - segment(r) + static_cast<uint64_t>(n - 1) * segment(r);
+}
+
 std::string describe(const Job& job) {
   return job.algorithm + " n=" + std::to_string(job.n) + " count=" + std::to_string(job.count) + " " +
          kernels::data_type_name(job.dtype) + " " + kernels::red_op_name(job.op) + " " + job.codec.canonical() +
@@ -141,11 +171,20 @@ TEST_CASE("compressed all-reduce: within the proven bound, identical bits on eve
               worst = std::max(worst, std::fabs(load(dtype, res.out[0].data(), i) - res.exact[i]));
             CHECK(worst <= error_bound(job));
             for (int r = 1; r < n; ++r) CHECK(res.out[r] == res.out[0]);
+            const size_t es = kernels::element_size(dtype);
+            uint64_t total = 0, segments_encoded = 0;
+            for (int i = 0; i < n; ++i)
+              segments_encoded += encoded_bytes(codec, job.count / n + (static_cast<size_t>(i) < job.count % n ? 1 : 0));
             for (int r = 0; r < n; ++r) {
               CHECK(res.sim.ops[r]->stats().bytes_sent == res.sim.plan_bytes[r]);
+              CHECK(res.sim.plan_bytes[r] ==
+                    closed_form_bytes(job, r, [&](size_t m) { return encoded_bytes(codec, m); }));
+              CHECK(res.sim.raw_bytes[r] == closed_form_bytes(job, r, [&](size_t m) { return uint64_t{m * es}; }));
+              total += res.sim.ops[r]->stats().bytes_sent;
               CHECK(res.sim.ops[r]->stats().nonfinite == 0);
               if (codec.kind == kernels::CodecKind::kQuant) CHECK(res.sim.plan_bytes[r] < res.sim.raw_bytes[r]);
             }
+            CHECK(total == 2ull * (n - 1) * segments_encoded);
           }
 }
 

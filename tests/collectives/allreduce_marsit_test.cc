@@ -294,6 +294,7 @@ TEST_CASE("Marsit: every K-th round (t = 0 included) is the full-precision avera
         CHECK(round.sim->ops[r]->stats().bytes_sent == round.sim->plan_bytes[r]);
         if (full) {
           CHECK(round.sim->plan_bytes[r] == round.sim->raw_bytes[r]);  // 4 bytes per value
+          CHECK(round.sim->plan_bytes[r] == 4 * ring_values(r, n, count));  // a plain float32 ring
           for (size_t i = 0; i < count; ++i) {
             double average = 0, magnitude = 0;
             for (int q = 0; q < n; ++q) {

@@ -45,7 +45,6 @@ class SimNetwork {
     auto* r = track(new Request());
     r->src = src, r->dst = dst, r->key = key, r->data = data, r->bytes = bytes;
     pending_sends_[dst].push_back(r);
-    ++messages_;
     return r;
   }
 
@@ -91,7 +90,6 @@ class SimNetwork {
           rv->key = sv->key;
         }
         rv->done = sv->done = true;
-        bytes_moved_ += sv->bytes;
         it = recvs.erase(it);
         moved = true;
       }
@@ -114,7 +112,6 @@ class SimNetwork {
       if (!q.empty()) return false;
     return true;
   }
-  size_t messages() const { return messages_; }
 
  private:
   Request* track(Request* r) {
@@ -125,8 +122,6 @@ class SimNetwork {
   std::vector<std::deque<Request*>> pending_recvs_;
   std::unordered_map<Request*, std::unique_ptr<Request>> owned_;  // until its handle completed
   bool ordered_ = false;
-  size_t messages_ = 0;
-  size_t bytes_moved_ = 0;
 };
 
 // One rank's view of a SimNetwork.

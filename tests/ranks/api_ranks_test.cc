@@ -357,6 +357,37 @@ TEST_CASE("bad arguments are refused before anything is sent, naming the argumen
   CHECK(async == qcclSuccess);
 }
 
+TEST_CASE("every collective entry point names itself in its errors and sets *request only on success",
+          "[ranks]") {
+  float a[4] = {}, b[4] = {};
+  auto named = [](qcclResult_t result, const std::string& call, const char* what) {
+    CHECK(result == qcclInvalidArgument);
+    CHECK(std::string(qcclGetLastError(nullptr)) == call + ": " + what);
+  };
+  named(qcclAllReduce(a, b, 4, qcclFloat32, qcclSum, nullptr), "qcclAllReduce", "comm is NULL");
+  named(qcclBroadcast(a, b, 4, qcclFloat32, 0, nullptr), "qcclBroadcast", "comm is NULL");
+  named(qcclReduce(a, b, 4, qcclFloat32, qcclSum, 0, nullptr), "qcclReduce", "comm is NULL");
+  named(qcclAllGather(a, b, 1, qcclFloat32, nullptr), "qcclAllGather", "comm is NULL");
+  named(qcclReduceScatter(a, b, 1, qcclFloat32, qcclSum, nullptr), "qcclReduceScatter", "comm is NULL");
+  named(qcclAlltoAll(a, b, 1, qcclFloat32, nullptr), "qcclAlltoAll", "comm is NULL");
+  named(qcclSend(a, 4, qcclFloat32, 0, nullptr), "qcclSend", "comm is NULL");
+  named(qcclRecv(b, 4, qcclFloat32, 0, nullptr), "qcclRecv", "comm is NULL");
+  qcclRequest_t untouched = reinterpret_cast<qcclRequest_t>(&a);
+  qcclRequest_t req = untouched;
+  named(qcclIAllReduce(a, b, 4, qcclFloat32, qcclSum, nullptr, &req), "qcclIAllReduce", "comm is NULL");
+  named(qcclIBroadcast(a, b, 4, qcclFloat32, 0, nullptr, &req), "qcclIBroadcast", "comm is NULL");
+  named(qcclIReduce(a, b, 4, qcclFloat32, qcclSum, 0, nullptr, &req), "qcclIReduce", "comm is NULL");
+  named(qcclIAllGather(a, b, 1, qcclFloat32, nullptr, &req), "qcclIAllGather", "comm is NULL");
+  named(qcclIReduceScatter(a, b, 1, qcclFloat32, qcclSum, nullptr, &req), "qcclIReduceScatter", "comm is NULL");
+  named(qcclIAlltoAll(a, b, 1, qcclFloat32, nullptr, &req), "qcclIAlltoAll", "comm is NULL");
+  named(qcclISend(a, 4, qcclFloat32, 0, nullptr, &req), "qcclISend", "comm is NULL");
+  named(qcclIRecv(b, 4, qcclFloat32, 0, nullptr, &req), "qcclIRecv", "comm is NULL");
+  CHECK(req == untouched);
+  qcclComm_t comm = World::get().comm();
+  named(qcclIBroadcast(a, b, 4, qcclFloat32, 0, comm, nullptr), "qcclIBroadcast", "request is NULL");
+  named(qcclIRecv(b, 4, qcclFloat32, 0, comm, nullptr), "qcclIRecv", "request is NULL");
+}
+
 TEST_CASE("version and error strings", "[ranks]") {
   int version = 0;
   QCCL_REQUIRE_OK(qcclGetVersion(&version));

@@ -1,0 +1,271 @@
+// Every algorithm of the registry (collectives/registry.cc) on real processes, forced by name (STYLE
+// rule 16): one test case per registry entry, tagged "[collective=name]" as QCCL_ALGO spells it.
+// tests/ranks/CMakeLists.txt runs each case under qcclrun with QCCL_ALGO set to its tag, and
+// forced_algorithms_check.cmake fails when a registry entry has no such run. Each case checks that
+// the forced algorithm is the one that ran (a forced algorithm that declines falls back silently, by
+// size) and checks the results: exactly for the uncompressed ones (small integers in float32, so
+// every summation order gives the same bits), within the codec's bound and the same bits on every
+// rank for the compressed ones, with the wire bytes of their closed forms.
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "tests/ranks/rank_test_util.h"
+
+namespace qccl::test {
+namespace {
+
+// Large enough that selection by size would pick another algorithm than binomial and
+// recursive_doubling (so forcing them matters), and not a multiple of any rank count.
+constexpr size_t kCount = 30011;
+
+// Small integers: every sum of them is exact in float32.
+float value(int rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1)); }
+
+std::vector<float> values(int rank, size_t count, size_t first = 0) {
+  std::vector<float> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = value(rank, first + i);
+  return v;
+}
+
+float sum_over_ranks(int n, size_t i) {
+  float s = 0;
+  for (int r = 0; r < n; ++r) s += value(r, i);
+  return s;
+}
+
+qcclStats_t last_stats() {
+  qcclStats_t stats{};
+  stats.size = sizeof(stats);
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(World::get().comm(), &stats));
+  return stats;
+}
+
+// The forced algorithm ran: QCCL_ALGO names it, and the statistics of the last call name it too.
+void require_ran(const char* collective, const char* name) {
+  const char* algo = std::getenv("QCCL_ALGO");
+  INFO("QCCL_ALGO=" << (algo ? algo : "(unset)"));
+  REQUIRE(algo != nullptr);
+  REQUIRE(std::string(algo) == std::string(collective) + "=" + name);
+  CHECK(std::string(last_stats().algorithm) == name);
+}
+
+// A proven bound for q4 with rounding to nearest on inputs in [-1, 1] (compressed_ranks_test.cc
+// and allreduce_compressed_test.cc derive it): the ring re-encodes partial sums of up to n inputs at
+// n hops, each within half a quantization step of its bucket's range.
+double q4_sum_bound(int n) { return 0.5 / 15 * n * (n + 1) + 1e-5 * n; }
+
+double sine(int rank, size_t i) { return std::sin(0.731 * static_cast<double>(i) + 1.37 * rank); }
+
+void run_value_codec(const char* name) {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 512 * 6 * 10;  // segments of whole 512-value buckets for 2 and 3 ranks
+  Codec codec("q4:bucket=512");
+  std::vector<float> x(count), y(count);
+  for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(sine(w.rank(), i));
+  QCCL_REQUIRE_OK(
+      qcclAllReduceCompressed(x.data(), y.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm()));
+  require_ran("allreduce", name);
+  const qcclStats_t stats = last_stats();
+  require_same_everywhere(y.data(), count * sizeof(float));
+  double worst = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (int r = 0; r < n; ++r) exact += static_cast<float>(sine(r, i));
+    worst = std::max(worst, std::fabs(y[i] - exact));
+  }
+  CHECK(worst <= q4_sum_bound(n));
+  // Both send each rank's segment encoded n-1 times in the reduce-scatter and n-1 times in the
+  // allgather: per 512-value bucket, a float minimum and maximum and 512 four-bit codes.
+  const uint64_t segment = count / static_cast<size_t>(n);
+  CHECK(stats.wireBytesSent == 2ull * (n - 1) * (segment / 512) * (8 + 512 / 2));
+}
+
+}  // namespace
+
+TEST_CASE("local: every collective on one rank",
+          "[allreduce=local][broadcast=local][reduce=local]"
+          "[allgather=local][reducescatter=local][alltoall=local]") {
+  World& w = World::get();
+  REQUIRE(w.size() == 1);
+  const char* algo = std::getenv("QCCL_ALGO");
+  REQUIRE(algo != nullptr);
+  const std::string collective = std::string(algo).substr(0, std::string(algo).find('='));
+  const std::vector<float> x = values(0, kCount);
+  std::vector<float> y(kCount, -1.0f);
+  if (collective == "allreduce")
+    QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), kCount, qcclFloat32, qcclSum, w.comm()));
+  if (collective == "broadcast") QCCL_REQUIRE_OK(qcclBroadcast(x.data(), y.data(), kCount, qcclFloat32, 0, w.comm()));
+  if (collective == "reduce")
+    QCCL_REQUIRE_OK(qcclReduce(x.data(), y.data(), kCount, qcclFloat32, qcclSum, 0, w.comm()));
+  if (collective == "allgather") QCCL_REQUIRE_OK(qcclAllGather(x.data(), y.data(), kCount, qcclFloat32, w.comm()));
+  if (collective == "reducescatter")
+    QCCL_REQUIRE_OK(qcclReduceScatter(x.data(), y.data(), kCount, qcclFloat32, qcclSum, w.comm()));
+  if (collective == "alltoall") QCCL_REQUIRE_OK(qcclAlltoAll(x.data(), y.data(), kCount, qcclFloat32, w.comm()));
+  require_ran(collective.c_str(), "local");
+  CHECK(y == x);
+}
+
+TEST_CASE("AllReduce recursive_doubling and ring: exact sums", "[allreduce=recursive_doubling][allreduce=ring]") {
+  World& w = World::get();
+  const std::string name = std::string(std::getenv("QCCL_ALGO")).substr(std::string("allreduce=").size());
+  const std::vector<float> x = values(w.rank(), kCount);
+  std::vector<float> y(kCount, -1.0f);
+  QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), kCount, qcclFloat32, qcclSum, w.comm()));
+  require_ran("allreduce", name.c_str());
+  for (size_t i = 0; i < kCount; ++i) REQUIRE(y[i] == sum_over_ranks(w.size(), i));
+}
+
+TEST_CASE("AllReduce sra_compressed: q4 within its bound, the same bits on every rank", "[allreduce=sra_compressed]") {
+  run_value_codec("sra_compressed");
+}
+
+TEST_CASE("AllReduce ring_compressed: q4 within its bound, the same bits on every rank",
+          "[allreduce=ring_compressed]") {
+  run_value_codec("ring_compressed");
+}
+
+TEST_CASE("AllReduce marsit: a full-precision round, then a sign round, the same bits on every rank",
+          "[allreduce=marsit]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 32 * 6 * 100;  // whole 32-bit words in every segment for 2 and 3 ranks
+  Codec codec("sign:eta_s=0.05,k=2,seed=4");
+  State state(w.comm(), count);
+  std::vector<float> u(count), g(count);
+  for (size_t i = 0; i < count; ++i) u[i] = static_cast<float>(0.1 * sine(w.rank(), i));
+  // Round 0: the average of u (the compensation starts at 0).
+  QCCL_REQUIRE_OK(
+      qcclAllReduceCompressed(u.data(), g.data(), count, qcclFloat32, qcclAvg, codec.handle, state.handle, w.comm()));
+  require_ran("allreduce", "marsit");
+  require_same_everywhere(g.data(), count * sizeof(float));
+  for (size_t i = 0; i < count; ++i) {
+    double average = 0;
+    for (int r = 0; r < n; ++r) average += static_cast<float>(0.1 * sine(r, i));
+    REQUIRE(std::abs(g[i] - average / n) <= 1e-7);
+  }
+  // Round 1: signs, eta_s in magnitude, one bit per value on the wire.
+  QCCL_REQUIRE_OK(
+      qcclAllReduceCompressed(u.data(), g.data(), count, qcclFloat32, qcclAvg, codec.handle, state.handle, w.comm()));
+  require_ran("allreduce", "marsit");
+  const qcclStats_t stats = last_stats();
+  require_same_everywhere(g.data(), count * sizeof(float));
+  for (float x : g) REQUIRE(std::abs(x) == 0.05f);
+  CHECK(stats.wireBytesSent == 2ull * (n - 1) * (count / static_cast<size_t>(n) / 32) * 4);
+}
+
+// IntSGD with a fixed alpha (no state, so no exact first round): every rank sends round(alpha x) as
+// int8, the sum is exact, and the average is within 1/alpha of the true one when nothing is clipped.
+void run_int_codec(const std::string& spec, const char* name) {
+  World& w = World::get();
+  const int n = w.size();
+  const double alpha = 100;  // |alpha x| <= 30 fits int8's share for n <= 4 (127 / 4 = 31)
+  Codec codec(spec);
+  std::vector<float> x(kCount), g(kCount);
+  for (size_t i = 0; i < kCount; ++i) x[i] = static_cast<float>(0.3 * sine(w.rank(), i));
+  QCCL_REQUIRE_OK(
+      qcclAllReduceCompressed(x.data(), g.data(), kCount, qcclFloat32, qcclAvg, codec.handle, nullptr, w.comm()));
+  require_ran("allreduce", name);
+  const qcclStats_t stats = last_stats();
+  require_same_everywhere(g.data(), kCount * sizeof(float));
+  CHECK(stats.intAlpha == alpha);
+  REQUIRE(stats.clippedValues == 0);
+  for (size_t i = 0; i < kCount; ++i) {
+    double mean = 0;
+    for (int r = 0; r < n; ++r) mean += static_cast<float>(0.3 * sine(r, i));
+    REQUIRE(std::abs(g[i] - mean / n) <= 1.0 / alpha + 1e-6);
+  }
+}
+
+TEST_CASE("AllReduce intsgd: integers along a ring, the same bits on every rank", "[allreduce=intsgd]") {
+  run_int_codec("int8:alpha=100,seed=3", "intsgd");
+}
+
+TEST_CASE("AllReduce intsgd_switch: integers through aggregators, the same bits on every rank",
+          "[allreduce=intsgd_switch]") {
+  run_int_codec("int8:alpha=100,seed=3,agg=switch", "intsgd_switch");
+}
+
+TEST_CASE("Broadcast binomial and chain: every rank gets the root's buffer", "[broadcast=binomial][broadcast=chain]") {
+  World& w = World::get();
+  const std::string name = std::string(std::getenv("QCCL_ALGO")).substr(std::string("broadcast=").size());
+  const int root = w.size() - 1;
+  std::vector<float> y = w.rank() == root ? values(root, kCount) : std::vector<float>(kCount, -1.0f);
+  QCCL_REQUIRE_OK(qcclBroadcast(y.data(), y.data(), kCount, qcclFloat32, root, w.comm()));
+  require_ran("broadcast", name.c_str());
+  CHECK(y == values(root, kCount));
+}
+
+TEST_CASE("Reduce binomial and chain: the root gets the exact sum", "[reduce=binomial][reduce=chain]") {
+  World& w = World::get();
+  const std::string name = std::string(std::getenv("QCCL_ALGO")).substr(std::string("reduce=").size());
+  const int root = w.size() - 1;
+  const std::vector<float> x = values(w.rank(), kCount);
+  std::vector<float> y(kCount, -1.0f);
+  QCCL_REQUIRE_OK(qcclReduce(x.data(), y.data(), kCount, qcclFloat32, qcclSum, root, w.comm()));
+  require_ran("reduce", name.c_str());
+  if (w.rank() == root)
+    for (size_t i = 0; i < kCount; ++i) REQUIRE(y[i] == sum_over_ranks(w.size(), i));
+}
+
+TEST_CASE("AllGather ring: every rank's block in rank order", "[allgather=ring]") {
+  World& w = World::get();
+  const std::vector<float> x = values(w.rank(), kCount);
+  std::vector<float> y(kCount * static_cast<size_t>(w.size()), -1.0f);
+  QCCL_REQUIRE_OK(qcclAllGather(x.data(), y.data(), kCount, qcclFloat32, w.comm()));
+  require_ran("allgather", "ring");
+  for (int r = 0; r < w.size(); ++r)
+    CHECK(std::vector<float>(y.begin() + static_cast<long>(r * kCount),
+                             y.begin() + static_cast<long>((r + 1) * kCount)) == values(r, kCount));
+}
+
+TEST_CASE("ReduceScatter ring: each rank gets the exact sum of its block", "[reducescatter=ring]") {
+  World& w = World::get();
+  const size_t total = kCount * static_cast<size_t>(w.size());
+  const std::vector<float> x = values(w.rank(), total);
+  std::vector<float> y(kCount, -1.0f);
+  QCCL_REQUIRE_OK(qcclReduceScatter(x.data(), y.data(), kCount, qcclFloat32, qcclSum, w.comm()));
+  require_ran("reducescatter", "ring");
+  for (size_t i = 0; i < kCount; ++i) REQUIRE(y[i] == sum_over_ranks(w.size(), w.rank() * kCount + i));
+}
+
+TEST_CASE("AlltoAll pairwise: block r of rank q becomes block q of rank r", "[alltoall=pairwise]") {
+  World& w = World::get();
+  const int n = w.size();
+  // Rank q sends values(q, kCount, r * kCount) to rank r.
+  const std::vector<float> x = values(w.rank(), kCount * static_cast<size_t>(n));
+  std::vector<float> y(kCount * static_cast<size_t>(n), -1.0f);
+  QCCL_REQUIRE_OK(qcclAlltoAll(x.data(), y.data(), kCount, qcclFloat32, w.comm()));
+  require_ran("alltoall", "pairwise");
+  for (int q = 0; q < n; ++q)
+    CHECK(std::vector<float>(y.begin() + static_cast<long>(q * kCount),
+                             y.begin() + static_cast<long>((q + 1) * kCount)) ==
+          values(q, kCount, static_cast<size_t>(w.rank()) * kCount));
+}
+
+TEST_CASE("Send and Recv direct: a message around the ring", "[send=direct][recv=direct]") {
+  World& w = World::get();
+  const int n = w.size();
+  const std::string forced = std::getenv("QCCL_ALGO");
+  const std::string collective = forced.substr(0, forced.find('='));
+  const int next = (w.rank() + 1) % n, prev = (w.rank() + n - 1) % n;
+  const std::vector<float> x = values(w.rank(), kCount);
+  std::vector<float> y(kCount, -1.0f);
+  // Rank 0 sends first and every other rank receives first, so the blocking calls form a chain.
+  auto send = [&] {
+    QCCL_REQUIRE_OK(qcclSend(x.data(), kCount, qcclFloat32, next, w.comm()));
+    if (collective == "send") require_ran("send", "direct");
+  };
+  auto recv = [&] {
+    QCCL_REQUIRE_OK(qcclRecv(y.data(), kCount, qcclFloat32, prev, w.comm()));
+    if (collective == "recv") require_ran("recv", "direct");
+  };
+  if (w.rank() == 0)
+    send(), recv();
+  else
+    recv(), send();
+  CHECK(y == values(prev, kCount));
+}
+
+}  // namespace qccl::test
