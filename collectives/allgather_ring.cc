@@ -50,7 +50,7 @@ class AllGatherRing final : public Plan {
 
 }  // namespace
 
-const char* allgather_ring_cannot_run(const CollArgs& args) { return needs_two_ranks(args); }
+const char* allgather_ring_cannot_run(const CollArgs& args) { return uncompressed_with_two_ranks(args); }
 
 std::unique_ptr<Plan> make_allgather_ring(const CollArgs& args, const PlanOptions& options) {
   return std::make_unique<AllGatherRing>(args, options);

@@ -1,6 +1,10 @@
 // A communicator of one rank: every collective is a copy from sendbuf to recvbuf (nothing to
 // reduce with, and an average over one rank is the value itself). A compressed all-reduce is a copy
 // too: with nothing to send, there is nothing to compress, and the exact input is the best answer.
+// So is a compressed reduce-scatter, whose owner never encodes its own contribution: on one rank
+// that is all there is. A compressed all-gather is not served here: every rank decodes the owner's
+// bytes, the owner too, so allgather_compressed_ring runs it on one rank as well, and a block reads
+// decode(encode(x)) whatever the rank count.
 #include "collectives/algorithms.h"
 
 namespace qccl::coll {
@@ -26,6 +30,8 @@ const char* local_cannot_run(const CollArgs& args) {
   if (args.kind == CollKind::kSend || args.kind == CollKind::kRecv) return "point-to-point goes through the transport";
   if (args.codec && args.codec->kind == kernels::CodecKind::kSign) return "Marsit updates its state even on one rank";
   if (args.codec && args.codec->kind == kernels::CodecKind::kInt) return "IntSGD rounds to integers even on one rank";
+  if (args.codec && args.kind == CollKind::kAllGather)
+    return "a compressed all-gather decodes its own bytes even on one rank (compressed_ring)";
   return nullptr;
 }
 

@@ -60,7 +60,7 @@ class ReduceScatterRing final : public Plan {
 
 }  // namespace
 
-const char* reduce_scatter_ring_cannot_run(const CollArgs& args) { return needs_two_ranks(args); }
+const char* reduce_scatter_ring_cannot_run(const CollArgs& args) { return uncompressed_with_two_ranks(args); }
 
 std::unique_ptr<Plan> make_reduce_scatter_ring(const CollArgs& args, const PlanOptions& options) {
   return std::make_unique<ReduceScatterRing>(args, options);

@@ -78,8 +78,17 @@ const std::vector<Algorithm>& algorithms() {
 
       {"ring", CollKind::kAllGather, "pipelined ring", "(n-1)*sendcount*es", kAny, allgather_ring_cannot_run,
        make_allgather_ring},
+      {"compressed_ring", CollKind::kAllGather,
+       "compressed: each rank's block encoded once, the bytes forwarded around a ring, decoded by every rank (the "
+       "owner too)",
+       "(n-1)*E(sendcount)", kAny, allgather_compressed_ring_cannot_run, make_allgather_compressed_ring},
       {"ring", CollKind::kReduceScatter, "pipelined ring", "(n-1)*recvcount*es", kAny, reduce_scatter_ring_cannot_run,
        make_reduce_scatter_ring},
+      {"compressed_pairwise", CollKind::kReduceScatter,
+       "compressed: each contribution encoded once and sent to its block's owner in n-1 pairwise steps, added to "
+       "the owner's own input in rank order",
+       "(n-1)*E(recvcount)", kAny, reduce_scatter_compressed_pairwise_cannot_run,
+       make_reduce_scatter_compressed_pairwise},
       {"pairwise", CollKind::kAlltoAll, "n-1 pairwise exchange steps, pipelined", "(n-1)*count*es", kAny,
        alltoall_pairwise_cannot_run, make_alltoall_pairwise},
 

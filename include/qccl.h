@@ -315,8 +315,10 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  * round is an exact float all-reduce), agg=ring|switch (who adds the integers: the ranks along a
  * ring, or the aggregator processes of QCCL_AGGREGATORS, as an in-network switch would; default
  * ring; the sums are the same bits).
- * Every rank ends with identical bits; the bits do not depend on the chunk size or pipeline depth.
- * Error bounds per algorithm are in docs/PERF.md and collectives/allreduce_*_compressed.cc. */
+ * All-reduce and all-gather: every rank ends with identical bits; the bits never depend on the chunk
+ * size or pipeline depth. Error bounds per algorithm are in docs/PERF.md and the headers of
+ * collectives/allreduce_*_compressed.cc, allgather_compressed_ring.cc and
+ * reduce_scatter_compressed_pairwise.cc. QCCL_CODEC compresses plain all-reduce calls only. */
 
 /* Parses a codec spec. An unknown name, key or value is qcclInvalidArgument naming the token. */
 QCCL_API qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec);
@@ -326,7 +328,8 @@ QCCL_API qcclResult_t qcclCodecDestroy(qcclCodec_t codec);
  * compensation (count float32, owned by qccl, charged to the communicator's QCCL_CODEC_STATE_BUDGET)
  * and the step counter that keys the random rounding (Marsit's round t). Every rank passes its own
  * state at the same step: ranks whose steps differ fail with qcclMismatch. Calls that share a state
- * run one after the other in call order. Create one per tensor you all-reduce repeatedly; use it with one tensor size.
+ * run one after the other in call order. Create one per tensor you all-reduce (all-gather,
+ * reduce-scatter) repeatedly; use it with one tensor size and one collective.
  * Save/Load give a checkpoint: size bytes from qcclCodecStateSize, restored into a state of the same
  * count (a mismatch or a corrupt buffer is qcclInvalidArgument). Not thread-safe per state. */
 QCCL_API qcclResult_t qcclCodecStateCreate(qcclComm_t comm, size_t count, qcclCodecState_t* state);
@@ -373,6 +376,46 @@ QCCL_API qcclResult_t qcclIAllReduceCompressed(const void* sendbuff, void* recvb
                                                qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                                qcclCodecState_t state, qcclComm_t comm,
                                                qcclRequest_t* request);
+
+/* AllGather through a codec (NCCL's qcclAllGather layout: recvbuff holds nranks * sendcount values,
+ * rank r's block at recvbuff + r * sendcount; in place when sendbuff == recvbuff + rank * sendcount).
+ * Each rank encodes its sendcount values exactly once; the encoded blocks travel around a ring
+ * unchanged, and every rank, the owner of a block too (also on a single rank), decodes the same
+ * bytes, so every rank ends with identical bits: block r is decode(encode(x_r)), within the codec's
+ * bound of x_r (q codecs, nearest rounding: half a bucket step). datatype: qcclFloat32, qcclFloat16
+ * or qcclBfloat16. state may be NULL unless the codec has ef=on; a state has sendcount values (the
+ * residual of this rank's block) and its step keys the random rounding as for qcclAllReduceCompressed.
+ * Wire bytes per rank: (nranks - 1) * E(sendcount), E the codec's encoded size. Returns qcclNonFinite
+ * on every rank when an input held NaN or Inf. The sign codec (Marsit) and the int codecs (IntSGD)
+ * are all-reduce codecs: qcclInvalidArgument, nothing sent. Buffers, blocking and requests as for
+ * qcclAllGather and qcclIAllGather. */
+QCCL_API qcclResult_t qcclAllGatherCompressed(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                              qcclDataType_t datatype, qcclCodec_t codec, qcclCodecState_t state,
+                                              qcclComm_t comm);
+QCCL_API qcclResult_t qcclIAllGatherCompressed(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                               qcclDataType_t datatype, qcclCodec_t codec, qcclCodecState_t state,
+                                               qcclComm_t comm, qcclRequest_t* request);
+
+/* ReduceScatter through a codec (NCCL's layout: sendbuff holds nranks * recvcount values, block r
+ * for rank r; in place when recvbuff == sendbuff + rank * recvcount). Each rank encodes its
+ * contribution to every other rank's block exactly once and sends it to the block's owner; the owner
+ * adds the decoded contributions to its own input, which is never encoded, in a fixed order (its own
+ * first, then rank order), and divides by nranks for qcclAvg. Error with nearest rounding: at most
+ * the sum over the nranks - 1 contributions of half their bucket step, plus float32 rounding
+ * (collectives/reduce_scatter_compressed_pairwise.cc). The bits do not depend on the chunk size, the
+ * pipeline depth or timing; a single rank copies (nothing is encoded). datatype: qcclFloat32 in this
+ * release; op: qcclSum or qcclAvg. state may be NULL unless the codec has ef=on; a state has
+ * nranks * recvcount values (the residual of this rank's whole input). Wire bytes per rank:
+ * (nranks - 1) * E(recvcount). A NaN or Inf in another rank's contribution makes this rank's call
+ * return qcclNonFinite. Marsit's and IntSGD's codecs: qcclInvalidArgument, nothing sent. Buffers,
+ * blocking and requests as for qcclReduceScatter and qcclIReduceScatter. */
+QCCL_API qcclResult_t qcclReduceScatterCompressed(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                  qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                                  qcclCodecState_t state, qcclComm_t comm);
+QCCL_API qcclResult_t qcclIReduceScatterCompressed(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                   qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                                   qcclCodecState_t state, qcclComm_t comm,
+                                                   qcclRequest_t* request);
 
 /* Non-blocking check. When the request has completed, writes *done = 1, frees it, sets *request to
  * NULL and returns the operation's result; otherwise writes *done = 0 and returns qcclSuccess. */

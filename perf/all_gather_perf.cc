@@ -1,4 +1,4 @@
-// all_gather_perf: qcclAllGather. recvbuff[r*count + i] = sendbuff of rank r [i]; in place: sendbuff is
+// all_gather_perf: qcclAllGather (qcclAllGatherCompressed with --codec). recvbuff[r*count + i] = sendbuff of rank r [i]; in place: sendbuff is
 // recvbuff + rank*count.
 #include "common.h"
 
@@ -14,6 +14,11 @@ void get_counts(size_t count, int n, qccl_perf::Counts* c) {
 }
 
 qcclResult_t run(const qccl_perf::Call& c, qccl_perf::Requests* requests) {
+  if (c.codec) {
+    if (!requests) return qcclAllGatherCompressed(c.sendbuff, c.recvbuff, c.count, c.type, c.codec, c.state, c.comm);
+    return qcclIAllGatherCompressed(c.sendbuff, c.recvbuff, c.count, c.type, c.codec, c.state, c.comm,
+                                    requests->add());
+  }
   if (!requests) return qcclAllGather(c.sendbuff, c.recvbuff, c.count, c.type, c.comm);
   return qcclIAllGather(c.sendbuff, c.recvbuff, c.count, c.type, c.comm, requests->add());
 }
@@ -31,7 +36,7 @@ constexpr qccl_perf::CollTest kTest = {
     /*result_on_root_only=*/false,
     "    algbw = n * count * sizeof(type) / t        (count = per-rank sendcount)\n"
     "    busbw = algbw * (n-1)/n\n",
-    get_counts, run, source, get_bw};
+    get_counts, run, source, get_bw, /*compressible=*/true};
 
 }  // namespace
 

@@ -32,7 +32,7 @@ constexpr qccl_perf::CollTest kTest = {
     /*result_on_root_only=*/false,
     "    algbw = count * sizeof(type) / t\n"
     "    busbw = algbw * 2(n-1)/n\n",
-    get_counts, run, source, get_bw, /*compressible=*/true};
+    get_counts, run, source, get_bw, /*compressible=*/true, /*all_reduce_codecs=*/true};
 
 }  // namespace
 

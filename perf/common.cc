@@ -324,6 +324,7 @@ class Bench {
   int64_t check_cell(const Shape& s, bool in_place, uint64_t seed);
   double relative_error(const Shape& s, bool in_place, uint64_t seed);
   bool compressible(const TypeInfo& type, int op) const;
+  Pattern pattern(const TypeInfo* type, int op, uint64_t seed) const;
   void fill_inputs(const Shape& s, bool in_place, const Pattern& p);
   int64_t count_wrong(const Shape& s, bool in_place, const Pattern& p);
   Shape shape_for(size_t bytes, const TypeInfo& type, int op, int root) const;
@@ -443,17 +444,29 @@ void Bench::run() {
       }
       if (codec && sweeps == 0 && printer())
         std::printf("#   nothing to run: this codec takes %s (see -d and -o)\n",
-                    sign_codec_ ? "float with op avg" : "float, half or bfloat16 with op sum or avg");
+                    (sign_codec_ || int_codec_) && !test_.all_reduce_codecs ? "an all-reduce (all_reduce_perf)"
+                    : sign_codec_                                          ? "float with op avg"
+                    : test_.compressed_float32_only                         ? "float with op sum or avg"
+                                                                            : "float, half or bfloat16 with op sum or avg");
     }
   }
 }
 
-// Codecs take float, half and bfloat16, summed or averaged (qcclAllReduceCompressed); Marsit's sign
-// codec takes float32 averaged.
+// Codecs take float, half and bfloat16, summed or averaged (qcclAllReduceCompressed, and
+// qcclAllGatherCompressed, which does not reduce); a compressed reduce-scatter takes float32 only.
+// Marsit's sign codec takes float32 averaged; it and IntSGD's codecs are all-reduce only.
 bool Bench::compressible(const TypeInfo& type, int op) const {
+  if ((sign_codec_ || int_codec_) && !test_.all_reduce_codecs) return false;
   if (sign_codec_) return type.type == qcclFloat32 && op == qcclAvg;
+  if (test_.compressed_float32_only && type.type != qcclFloat32) return false;
   const bool floating = type.type == qcclFloat32 || type.type == qcclFloat16 || type.type == qcclBfloat16;
   return floating && (op == qcclSum || op == qcclAvg);
+}
+
+// The inputs of a sweep: a copy's arbitrary bits (NaN included), except through a codec, which
+// gets the small finite values of a sum (a codec turns NaN into a NaN bucket and qcclNonFinite).
+Pattern Bench::pattern(const TypeInfo* type, int op, uint64_t seed) const {
+  return Pattern{type, codec_ && op == Pattern::kCopy ? static_cast<int>(qcclSum) : op, seed, nranks_};
 }
 
 // nccl-tests' TimeTest: a barrier, warm-up at the largest and the smallest size, then every size.
@@ -462,7 +475,7 @@ void Bench::sweep(const TypeInfo& type, int op, int root) {
     // Timed iterations read the buffers at many offsets, where earlier sweeps left other datatypes'
     // bits: read as this type they can be NaN, which a compressed collective reports (qcclNonFinite).
     // Codecs must time on finite values, so every element gets one.
-    const Pattern p{&type, op, 0, nranks_};
+    const Pattern p = pattern(&type, op, 0);
     for (char* buffer : {send_.get(), recv_.get()})
       for (size_t i = 0; i < buffer_bytes_ / type.size; ++i)
         store(buffer + i * type.size, input_bits(p, rank_, i), type.size);
@@ -502,7 +515,7 @@ void Bench::bench_size(Shape s) {
 Cell Bench::bench_cell(const Shape& s, bool in_place) {
   Cell cell;
   if (in_place && !test_.has_in_place) return cell;
-  if (opt_.check) fill_inputs(s, in_place, Pattern{s.type, s.op, 0, nranks_});
+  if (opt_.check) fill_inputs(s, in_place, pattern(s.type, s.op, 0));
   run_ops(s, in_place, 0, 1);
   cell.stats.size = sizeof cell.stats;
   check(qcclCommGetLastStats(comm_, &cell.stats), "qcclCommGetLastStats");
@@ -513,7 +526,8 @@ Cell Bench::bench_cell(const Shape& s, bool in_place) {
   for (int c = 0; c < opt_.check; ++c) {
     if (codec_) {  // lossy: the relative error, not an exact comparison
       if (sign_codec_) break;  // Marsit estimates the average of the signs, not of the values: N/A
-      cell.relerr = std::max(cell.relerr, relative_error(s, in_place, ++check_seed_));
+      const double relerr = relative_error(s, in_place, ++check_seed_);
+      cell.relerr = std::isnan(relerr) ? relerr : std::max(cell.relerr, relerr);  // NaN must show (and fail)
       continue;
     }
     cell.wrong = check_cell(s, in_place, ++check_seed_);
@@ -598,7 +612,7 @@ int64_t Bench::check_cell(const Shape& s, bool in_place, uint64_t seed) {
 // One compressed check: fresh inputs, one operation, then ||out - exact||_2 / ||exact||_2 over every
 // element of every rank (the sums of squares are all-reduced in float64).
 double Bench::relative_error(const Shape& s, bool in_place, uint64_t seed) {
-  const Pattern p{s.type, s.op, seed, nranks_};
+  const Pattern p = pattern(s.type, s.op, seed);
   fill_inputs(s, in_place, p);
   run_ops(s, in_place, 0, 1);
   const Call call = make_call(s, in_place, 0);
@@ -606,8 +620,10 @@ double Bench::relative_error(const Shape& s, bool in_place, uint64_t seed) {
   const char* out = static_cast<const char*>(call.recvbuff);
   double sums[2] = {0, 0};  // squared error, squared reference
   for (size_t i = 0; i < s.counts.recv; ++i) {
+    const Source src = test_.source(i, call);
     int ulps = 0;
-    const double want = decode_real(*s.type, reduced_bits(p, test_.source(i, call).index, &ulps));
+    const double want = decode_real(
+        *s.type, src.rank == Source::kAllRanks ? reduced_bits(p, src.index, &ulps) : input_bits(p, src.rank, src.index));
     const double got = decode_real(*s.type, load(out + i * es, es));
     sums[0] += (got - want) * (got - want);
     sums[1] += want * want;

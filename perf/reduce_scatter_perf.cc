@@ -1,4 +1,4 @@
-// reduce_scatter_perf: qcclReduceScatter. recvbuff[i] = op over ranks of sendbuff[rank*count + i]; in
+// reduce_scatter_perf: qcclReduceScatter (qcclReduceScatterCompressed with --codec, float32). recvbuff[i] = op over ranks of sendbuff[rank*count + i]; in
 // place: recvbuff is sendbuff + rank*count.
 #include "common.h"
 
@@ -13,6 +13,12 @@ void get_counts(size_t count, int n, qccl_perf::Counts* c) {
 }
 
 qcclResult_t run(const qccl_perf::Call& c, qccl_perf::Requests* requests) {
+  if (c.codec) {
+    if (!requests)
+      return qcclReduceScatterCompressed(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.codec, c.state, c.comm);
+    return qcclIReduceScatterCompressed(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.codec, c.state, c.comm,
+                                        requests->add());
+  }
   if (!requests) return qcclReduceScatter(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.comm);
   return qcclIReduceScatter(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.comm, requests->add());
 }
@@ -32,7 +38,8 @@ constexpr qccl_perf::CollTest kTest = {
     /*result_on_root_only=*/false,
     "    algbw = n * count * sizeof(type) / t        (count = per-rank recvcount)\n"
     "    busbw = algbw * (n-1)/n\n",
-    get_counts, run, source, get_bw};
+    get_counts, run, source, get_bw, /*compressible=*/true, /*all_reduce_codecs=*/false,
+    /*compressed_float32_only=*/true};
 
 }  // namespace
 

@@ -73,8 +73,22 @@ void validate_compressed(const OpRecord& record, qcclCodec_t codec, int aggregat
   if (!codec || !codec->config) fail(qcclInvalidArgument, "codec is NULL (make one with qcclCodecCreate)");
   if (!kernels::codec_input_type(a.dtype))
     fail(qcclInvalidArgument, "datatype = %s: codecs take float, half or bfloat16", kernels::data_type_name(a.dtype));
-  if (a.op != kernels::RedOp::kSum && a.op != kernels::RedOp::kAvg)
-    fail(qcclInvalidArgument, "op = %s: compressed all-reduce sums or averages", kernels::red_op_name(a.op));
+  const bool all_reduce = a.kind == coll::CollKind::kAllReduce;
+  if (a.kind != coll::CollKind::kAllGather && a.op != kernels::RedOp::kSum && a.op != kernels::RedOp::kAvg)
+    fail(qcclInvalidArgument, "op = %s: compressed %s sums or averages", kernels::red_op_name(a.op),
+         all_reduce ? "all-reduce" : "reduce-scatter");
+  if (!all_reduce && codec && codec->config) {
+    // The sign and int codecs change how ranks combine values, which only an all-reduce does here.
+    const kernels::CodecConfig& c = *codec->config;
+    if (c.kind == kernels::CodecKind::kSign)
+      fail(qcclInvalidArgument, "codec '%s': Marsit is an all-reduce (qcclAllReduceCompressed)", c.canonical().c_str());
+    if (c.kind == kernels::CodecKind::kInt)
+      fail(qcclInvalidArgument, "codec '%s': IntSGD's integer sums are an all-reduce in this release "
+           "(qcclAllReduceCompressed)", c.canonical().c_str());
+  }
+  if (a.kind == coll::CollKind::kReduceScatter && a.dtype != kernels::DataType::kFloat32)
+    fail(qcclInvalidArgument, "datatype = %s: compressed reduce-scatter takes float32 in this release (the owner's "
+         "float32 sum has no store step to a 16-bit output yet)", kernels::data_type_name(a.dtype));
   if (codec->config->error_feedback && !record.state)
     fail(qcclInvalidArgument, "state is NULL but codec '%s' has ef=on: error feedback keeps its residual in a "
          "state (qcclCodecStateCreate)", codec->config->canonical().c_str());
@@ -107,9 +121,17 @@ void validate_compressed(const OpRecord& record, qcclCodec_t codec, int aggregat
            "them (qcclrun --aggregators K, or qccl_aggregator) and set QCCL_AGGREGATORS before creating it",
            spec.c_str());
   }
-  if (record.state && record.state->count() != a.count)
-    fail(qcclInvalidArgument, "state holds %zu values but count = %zu (one state per tensor)", record.state->count(),
-         a.count);
+  // The state covers what this rank encodes: AllGather's sendcount values, ReduceScatter's whole
+  // input (nranks * recvcount), an all-reduce's count.
+  if (a.kind == coll::CollKind::kReduceScatter) {
+    const size_t input = a.count * static_cast<size_t>(a.nranks);
+    if (record.state && record.state->count() != input)
+      fail(qcclInvalidArgument, "state holds %zu values but nranks * recvcount = %d * %zu = %zu (the residual "
+           "covers the whole input)", record.state->count(), a.nranks, a.count, input);
+  } else if (record.state && record.state->count() != a.count) {
+    fail(qcclInvalidArgument, "state holds %zu values but %s = %zu (one state per tensor)", record.state->count(),
+         a.kind == coll::CollKind::kAllGather ? "sendcount" : "count", a.count);
+  }
 }
 
 // Validates, then runs (blocking), starts (non-blocking) or defers (inside a group) one call.
@@ -530,6 +552,44 @@ QCCL_API qcclResult_t qcclIAllReduceCompressed(const void* sendbuff, void* recvb
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0}, request, codec,
            state, true);
+  });
+}
+
+QCCL_API qcclResult_t qcclAllGatherCompressed(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                              qcclDataType_t datatype, qcclCodec_t codec, qcclCodecState_t state,
+                                              qcclComm_t comm) {
+  return api_call("qcclAllGatherCompressed", [&] {
+    submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, nullptr, codec,
+           state, true);
+  });
+}
+
+QCCL_API qcclResult_t qcclIAllGatherCompressed(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                               qcclDataType_t datatype, qcclCodec_t codec, qcclCodecState_t state,
+                                               qcclComm_t comm, qcclRequest_t* request) {
+  return api_call("qcclIAllGatherCompressed", [&] {
+    require_out(request, "request");
+    submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, request, codec,
+           state, true);
+  });
+}
+
+QCCL_API qcclResult_t qcclReduceScatterCompressed(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                  qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                                  qcclCodecState_t state, qcclComm_t comm) {
+  return api_call("qcclReduceScatterCompressed", [&] {
+    submit(comm, RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, nullptr,
+           codec, state, true);
+  });
+}
+
+QCCL_API qcclResult_t qcclIReduceScatterCompressed(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                   qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                                   qcclCodecState_t state, qcclComm_t comm, qcclRequest_t* request) {
+  return api_call("qcclIReduceScatterCompressed", [&] {
+    require_out(request, "request");
+    submit(comm, RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, request,
+           codec, state, true);
   });
 }
 

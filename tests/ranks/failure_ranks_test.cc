@@ -138,6 +138,20 @@ TEST_CASE("different codecs at the same point: every rank fails with qcclMismatc
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
 }
 
+TEST_CASE("different codecs in a compressed all-gather: every rank fails with qcclMismatch",
+          "[codec-mismatch-allgather]") {
+  Job job;
+  warm_up(job);
+  qcclCodec_t codec = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate(job.rank == 0 ? "q8" : "q4", &codec));
+  std::vector<float> x(5000, 1.0f), y(5000 * job.size);
+  qcclResult_t result = qcclAllGatherCompressed(x.data(), y.data(), x.size(), qcclFloat32, codec, nullptr, job.comm);
+  CHECK(result == qcclMismatch);
+  CHECK_THAT(last_error(), Catch::Contains("codec"));
+  qcclCodecDestroy(codec);
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
 TEST_CASE("Marsit states at different steps: every rank fails with qcclMismatch saying so", "[marsit-step]") {
   Job job;
   warm_up(job);

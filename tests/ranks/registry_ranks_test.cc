@@ -230,6 +230,53 @@ TEST_CASE("ReduceScatter ring: each rank gets the exact sum of its block", "[red
   for (size_t i = 0; i < kCount; ++i) REQUIRE(y[i] == sum_over_ranks(w.size(), w.rank() * kCount + i));
 }
 
+// q8 with rounding to nearest on inputs in [-1, 1]: a decoded value is within half a step, (max - min)
+// / 255 / 2 <= 1 / 255, of the value encoded (plus float32 rounding of the bucket's affine map).
+constexpr double kQ8Error = 1.0 / 255 + 1e-6;
+
+TEST_CASE("AllGather compressed_ring: every block decoded from its owner's bytes, the same bits everywhere",
+          "[allgather=compressed_ring]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 512 * 7;
+  Codec codec("q8:bucket=512");
+  std::vector<float> x(count), y(count * static_cast<size_t>(n));
+  for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(sine(w.rank(), i));
+  QCCL_REQUIRE_OK(qcclAllGatherCompressed(x.data(), y.data(), count, qcclFloat32, codec.handle, nullptr, w.comm()));
+  require_ran("allgather", "compressed_ring");
+  const qcclStats_t stats = last_stats();
+  require_same_everywhere(y.data(), y.size() * sizeof(float));
+  double worst = 0;
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(y[r * count + i]) - static_cast<float>(sine(r, i))));
+  CHECK(worst <= kQ8Error);
+  // Each rank forwards every block but its successor's: (n - 1) blocks of 7 buckets of 8 + 512 bytes.
+  CHECK(stats.wireBytesSent == static_cast<uint64_t>(n - 1) * 7 * (8 + 512));
+}
+
+TEST_CASE("ReduceScatter compressed_pairwise: each contribution encoded once, within its bound",
+          "[reducescatter=compressed_pairwise]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 512 * 5, total = count * static_cast<size_t>(n);
+  Codec codec("q8:bucket=512");
+  std::vector<float> x(total), y(count);
+  for (size_t i = 0; i < total; ++i) x[i] = static_cast<float>(sine(w.rank(), i));
+  QCCL_REQUIRE_OK(
+      qcclReduceScatterCompressed(x.data(), y.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm()));
+  require_ran("reducescatter", "compressed_pairwise");
+  double worst = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (int r = 0; r < n; ++r) exact += static_cast<float>(sine(r, w.rank() * count + i));
+    worst = std::max(worst, std::fabs(y[i] - exact));
+  }
+  CHECK(worst <= (n - 1) * kQ8Error + 1e-5 * n);  // the owner's own input is never encoded
+  // Each rank sends its contribution to every other block once: (n - 1) blocks of 5 q8 buckets.
+  CHECK(last_stats().wireBytesSent == static_cast<uint64_t>(n - 1) * 5 * (8 + 512));
+}
+
 TEST_CASE("AlltoAll pairwise: block r of rank q becomes block q of rank r", "[alltoall=pairwise]") {
   World& w = World::get();
   const int n = w.size();
