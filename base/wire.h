@@ -57,6 +57,13 @@ class ByteReader {
     auto b = get_bytes(max_len);
     return std::string(b.begin(), b.end());
   }
+  // The next n bytes, in place (valid as long as the buffer).
+  const uint8_t* take(size_t n) {
+    need(n);
+    const uint8_t* at = p_;
+    p_ += n;
+    return at;
+  }
   size_t remaining() const { return static_cast<size_t>(end_ - p_); }
 
  private:

@@ -43,9 +43,9 @@ class AllReduceIntsgd final : public Plan {
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
-    if (args_.intsgd->exact) return build_intsgd_exact(args_, ring_, segments_, chunk_, fragments(), f, scratch, p);
+    if (intsgd_call(args_).round().exact) return build_intsgd_exact(args_, ring_, segments_, chunk_, fragments(), f, scratch, p);
     const int n = ring_.n;
-    const float alpha = args_.intsgd->alpha;
+    const float alpha = intsgd_call(args_).round().alpha;
     const auto total = static_cast<uint32_t>(fragments());
     const size_t es = args_.element_size();
     // wire(s): this rank's integers for segment s's piece, then the running sum it forwards, then
@@ -96,10 +96,9 @@ class AllReduceIntsgd final : public Plan {
   }
 
   uint64_t wire_bytes_sent() const override {
-    return ring_elements() * (args_.intsgd->exact ? args_.element_size() : wire_);
+    return ring_elements() * (intsgd_call(args_).round().exact ? args_.element_size() : wire_);
   }
   uint64_t raw_wire_bytes() const override { return ring_elements() * args_.element_size(); }
-  PlanReport report() const override { return steps_.report(); }
 
  private:
   size_t wire_stride() const { return (chunk_ * wire_ + 63) / 64 * 64; }
@@ -153,7 +152,7 @@ uint64_t intsgd_ring_elements(const Ring& ring, const Segments& segments) {
 const char* allreduce_intsgd_cannot_run(const CollArgs& args) {
   if (!args.codec || args.codec->kind != kernels::CodecKind::kInt) return "IntSGD runs the int8, int16, int32 codecs only";
   if (args.codec->switch_aggregation) return "agg=switch runs intsgd_switch";
-  if (!args.intsgd) return "IntSGD needs its round (an internal error if a call gets here)";
+  if (!args.method_call) return "IntSGD needs its call (an internal error if a call gets here)";
   return nullptr;  // one rank too: its integers are encoded and decoded like everyone's
 }
 

@@ -40,14 +40,14 @@ class AllReduceIntsgdSwitch final : public Plan {
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
-    if (args_.intsgd->exact) {
+    if (intsgd_call(args_).round().exact) {
       if (f < ceil_div(segments_.max_size(), ring_chunk_))
         build_intsgd_exact(args_, ring_, segments_, ring_chunk_, fragments(), f, scratch, p);
       return;
     }
     const Piece part = piece(args_.count, chunk_, f);
     if (part.count == 0) return;
-    const float alpha = args_.intsgd->alpha;
+    const float alpha = intsgd_call(args_).round().alpha;
     const size_t es = args_.element_size();
     const int aggregator = args_.nranks + static_cast<int>(f % static_cast<size_t>(args_.aggregators));
     std::byte* outgoing = scratch;
@@ -74,11 +74,11 @@ class AllReduceIntsgdSwitch final : public Plan {
   }
 
   uint64_t wire_bytes_sent() const override {
-    if (args_.intsgd->exact) return intsgd_ring_elements(ring_, segments_) * args_.element_size();
+    if (intsgd_call(args_).round().exact) return intsgd_ring_elements(ring_, segments_) * args_.element_size();
     return args_.count * wire_ + ceil_div(args_.count, chunk_) * SwitchChunkHeader::kBytes;
   }
   uint64_t raw_wire_bytes() const override { return intsgd_ring_elements(ring_, segments_) * args_.element_size(); }
-  PlanReport report() const override { return steps_.report(); }
+  bool uses_aggregators() const override { return true; }
 
  private:
   size_t message_stride() const {
@@ -99,7 +99,7 @@ class AllReduceIntsgdSwitch final : public Plan {
 const char* allreduce_intsgd_switch_cannot_run(const CollArgs& args) {
   if (!args.codec || args.codec->kind != kernels::CodecKind::kInt || !args.codec->switch_aggregation)
     return "the int codecs with agg=switch only";
-  if (!args.intsgd) return "IntSGD needs its round (an internal error if a call gets here)";
+  if (!args.method_call) return "IntSGD needs its call (an internal error if a call gets here)";
   if (args.aggregators < 1) return "no aggregator processes (QCCL_AGGREGATORS; qcclrun --aggregators K)";
   return nullptr;
 }

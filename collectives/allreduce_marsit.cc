@@ -248,7 +248,8 @@ const char* marsit_cannot_run(const CollArgs& args) {
   if (!codec || codec->kind != kernels::CodecKind::kSign) return "Marsit runs the sign codec only";
   if (args.dtype != DataType::kFloat32) return "Marsit takes float32 updates";
   if (args.op != RedOp::kAvg) return "Marsit's result estimates the average (op avg)";
-  if (!args.compensation.stored) return "Marsit needs a codec state (the compensation)";
+  if (!args.method_call || !static_cast<const MarsitCall*>(args.method_call)->compensation.stored)
+    return "Marsit needs a codec state (the compensation)";
   if (codec->torus_rows && codec->torus_rows * codec->torus_cols != args.nranks)
     return "the codec's torus does not have one place per rank";
   return nullptr;

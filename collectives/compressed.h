@@ -13,10 +13,22 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "collectives/method.h"
 #include "collectives/plan.h"
 #include "collectives/ring.h"
 
 namespace qccl::coll {
+
+// A call of the value-codec method (none, fp16, bf16, q1-q8; collectives/quantized_method.cc): the
+// error-feedback residual of its state, or null without error feedback.
+struct QuantizedCall final : MethodCall {
+  float* residual = nullptr;
+};
+
+// The residual of a call of this method (null without error feedback).
+inline float* residual_of(const CollArgs& args) {
+  return args.method_call ? static_cast<const QuantizedCall*>(args.method_call)->residual : nullptr;
+}
 
 // Elements per chunk for a compressed plan: a multiple of the codec's alignment (its bucket), so that
 // chunk boundaries never split a bucket and the bits do not depend on the chunk size.
@@ -44,20 +56,20 @@ struct CompressedScratch {
 // acc = this rank's input for [begin, begin + count) plus, with error feedback, its residual there.
 inline void load_contribution(const CollArgs& args, Program& p, float* acc, size_t begin, size_t count) {
   p.load(acc, static_cast<const char*>(args.sendbuf) + begin * args.element_size(), count);
-  if (args.residual) p.add_float(acc, args.residual + begin, count);
+  if (float* residual = residual_of(args)) p.add_float(acc, residual + begin, count);
 }
 
 // encoded = encode(acc) for [begin, begin + count), and the residual update of error feedback.
 inline void encode_contribution(const CollArgs& args, Program& p, void* encoded, const float* acc, size_t begin,
                                 size_t count, float residual_scale = 1.0f) {
   p.encode(encoded, acc, count, begin, 0);
-  if (args.residual) p.error_feedback(args.residual + begin, acc, encoded, count, residual_scale);
+  if (float* residual = residual_of(args)) p.error_feedback(residual + begin, acc, encoded, count, residual_scale);
 }
 
 // encoded = encode(this rank's input for [begin, begin + count)), staged through `staging` only when
 // it must be: float32 input without error feedback is encoded straight from the user's buffer.
 inline void encode_input(const CollArgs& args, Program& p, void* encoded, float* staging, size_t begin, size_t count) {
-  if (args.dtype == DataType::kFloat32 && !args.residual) {
+  if (args.dtype == DataType::kFloat32 && !residual_of(args)) {
     p.encode(encoded, static_cast<const float*>(args.sendbuf) + begin, count, begin, 0);
     return;
   }

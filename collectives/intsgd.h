@@ -6,9 +6,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "collectives/intsgd_schedule.h"
+#include "collectives/method.h"
 #include "collectives/plan.h"
 #include "collectives/ring.h"
 #include "kernels/int_codec.h"
+#include "kernels/intsgd.h"
 
 namespace qccl::coll {
 
@@ -19,9 +22,41 @@ namespace qccl::coll {
 void build_intsgd_exact(const CollArgs& args, const Ring& ring, const Segments& segments, size_t chunk,
                         size_t total, size_t f, std::byte* scratch, Program& p);
 
+// A call of IntSGD (intsgd_method.cc): its round, fixed in prepare() from the state's memory (earlier
+// calls on the state have completed by then), and what its kernels count: the clips and the exact
+// sums of squares and largest |S| of the integer sums it decodes (the same on every rank).
+class IntsgdCall final : public MethodCall {
+ public:
+  IntsgdCall(const CollArgs& args, IntsgdMemory* memory, double lr)
+      : codec_(*args.codec), memory_(memory), lr_(lr), count_(args.count), nranks_(args.nranks) {}
+  const IntsgdRound& round() const { return round_; }
+  // Sets the round prepare() would compute (tests that run plans without a communicator).
+  void set_round(const IntsgdRound& round) { round_ = round; }
+  size_t* clipped() const { return &clipped_; }
+  kernels::IntSums* sums() const { return &sums_; }
+
+  void prepare(const CollArgs&) override;
+  double scale() const override { return round_.alpha; }
+  void complete(const CollArgs& args, const Plan& plan, size_t* nonfinite) override;
+  MethodStats stats(const Plan&) const override;
+
+ private:
+  const kernels::CodecConfig codec_;
+  IntsgdMemory* memory_;  // null: a fixed alpha keeps no memory
+  double lr_;             // the learning rate the state held when the call was made
+  size_t count_;
+  int nranks_;
+  IntsgdRound round_;
+  mutable size_t clipped_ = 0;
+  mutable kernels::IntSums sums_;
+};
+
+// The IntSGD call of a plan's arguments (its plans run only with one: their cannot_run checks).
+inline const IntsgdCall& intsgd_call(const CollArgs& args) { return *static_cast<const IntsgdCall*>(args.method_call); }
+
 // IntSGD's numerics as step kernels (plan.h), bound to one call: the wire width, the clip range of
 // this rank count, the rounding and its random key, the datatype and op of the result. A plan holds
-// one and adds its steps through it; report() gives what the kernels counted. A fragment that met NaN
+// one and adds its steps through it; the kernels count into the call (IntsgdCall). A fragment that met NaN
 // or Inf is tainted (as for Marsit): its integers are never summed into garbage, it decodes to NaN.
 class IntsgdSteps {
  public:
@@ -34,12 +69,10 @@ class IntsgdSteps {
   // acc (wire) += src (wire), wrapping.
   void add(Program& p, void* acc, const void* src, size_t count) const;
   // dst (datatype) = src (wire) / (n alpha) (avg) or / alpha (sum), through `scratch` (float) unless
-  // float32; the exact sums of squares and the largest |S| add up (report()).
+  // float32; the exact sums of squares and the largest |S| add up in the call.
   void decode(Program& p, void* dst, const void* src, size_t count, float alpha, float* scratch) const;
   // dst (8 bytes) = the SwitchChunkHeader of `count` wire values.
   void chunk_header(Program& p, void* dst, size_t count) const;
-
-  PlanReport report() const { return PlanReport{bound_.clipped, bound_.sums}; }
 
  private:
   struct Bound {
@@ -48,9 +81,9 @@ class IntsgdSteps {
     kernels::IntClip clip;
     kernels::PhiloxKey rng;
     DataType dtype;
-    double divisor;  // n for an average, 1 for a sum
-    mutable size_t clipped = 0;
-    mutable kernels::IntSums sums;
+    double divisor;              // n for an average, 1 for a sum
+    size_t* clipped;             // the call's counts
+    kernels::IntSums* sums;
   };
   struct Encode final : StepKernel {
     const Bound* b;

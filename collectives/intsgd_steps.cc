@@ -17,6 +17,8 @@ IntsgdSteps::IntsgdSteps(const CollArgs& args) {
   bound_.rng = args.rng;
   bound_.dtype = args.dtype;
   bound_.divisor = args.op == RedOp::kAvg ? args.nranks : 1;
+  bound_.clipped = intsgd_call(args).clipped();
+  bound_.sums = intsgd_call(args).sums();
   encode_.b = add_.b = decode_.b = header_.b = &bound_;
 }
 
@@ -39,7 +41,7 @@ void IntsgdSteps::chunk_header(Program& p, void* dst, size_t count) const {
 void IntsgdSteps::Encode::run(const step::Compute& s, StepContext& context) const {
   const kernels::IntEncodeReport report = kernels::int_encode(b->bits, static_cast<const float*>(s.src), s.count,
                                                               s.factor, b->stochastic, b->clip, b->rng, s.index, s.dst);
-  b->clipped += report.clipped;
+  *b->clipped += report.clipped;
   if (report.nonfinite) *context.tainted = true;  // never summed: the peers learn it from the key
 }
 
@@ -56,7 +58,7 @@ void IntsgdSteps::Decode::run(const step::Compute& s, StepContext& context) cons
     *context.nonfinite += s.count;
   } else {
     kernels::int_decode(b->bits, s.src, s.count, 1.0 / (b->divisor * static_cast<double>(s.factor)), f32);
-    kernels::int_accumulate_sums(b->bits, s.src, s.count, &b->sums);
+    kernels::int_accumulate_sums(b->bits, s.src, s.count, b->sums);
   }
   if (f32 != out) kernels::store_float(b->dtype, f32, s.dst, s.count);
 }

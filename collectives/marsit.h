@@ -13,7 +13,9 @@
 #include <memory>
 #include <vector>
 
+#include "collectives/method.h"
 #include "collectives/plan.h"
+#include "kernels/marsit.h"
 
 namespace qccl::coll {
 
@@ -28,6 +30,11 @@ void marsit_links(const CollArgs& args, std::vector<int>* send_to, std::vector<i
 
 // Why Marsit cannot run these arguments, or nullptr.
 const char* marsit_cannot_run(const CollArgs& args);
+
+// A call of Marsit (marsit_method.cc): the compensation c of its state.
+struct MarsitCall final : MethodCall {
+  kernels::Compensation compensation;
+};
 
 // Marsit's numerics as step kernels (plan.h), bound to one call: its compensation c, random key and
 // eta_s. A plan holds one and adds its steps through it. A fragment is "tainted" once it met a

@@ -11,7 +11,8 @@
 namespace qccl::coll {
 
 MarsitSteps::MarsitSteps(const CollArgs& args)
-    : bound_{args.compensation, args.rng, args.codec ? args.codec->eta : 0.0f} {
+    : bound_{args.method_call ? static_cast<const MarsitCall*>(args.method_call)->compensation : kernels::Compensation{},
+             args.rng, args.codec ? args.codec->eta : 0.0f} {
   pack_.b = merge_.b = decode_.b = add_.b = reset_.b = &bound_;
 }
 

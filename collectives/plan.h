@@ -27,8 +27,7 @@
 #include <vector>
 
 #include "kernels/codec.h"
-#include "kernels/intsgd.h"
-#include "kernels/marsit.h"
+#include "kernels/philox.h"
 #include "kernels/types.h"
 
 namespace qccl::coll {
@@ -40,12 +39,7 @@ enum class CollKind : uint8_t { kAllReduce, kBroadcast, kReduce, kAllGather, kRe
 constexpr int kNumCollKinds = 8;
 const char* coll_name(CollKind kind);  // "AllReduce", ... as in the C API
 
-// IntSGD's round (int8/int16/int32 codecs), fixed when the call starts to run: its scale depends on
-// the results of the earlier calls on the same codec state (src/codec_state.h).
-struct IntsgdRound {
-  bool exact = false;  // a float all-reduce (the paper's exact first communication), not integers
-  float alpha = 0;     // the scale every rank shares: m = Int(alpha * x), decoded as S / (n alpha)
-};
+class MethodCall;  // collectives/method.h
 
 // The validated arguments of one call (count in elements, with NCCL's meaning per collective:
 // AllGather's sendcount, ReduceScatter's recvcount, AlltoAll's count per peer).
@@ -60,19 +54,14 @@ struct CollArgs {
   int peer = 0;  // Send, Recv
   int rank = 0;
   int nranks = 1;
-  // Compressed collectives only (null otherwise): the codec, the error-feedback residual (count
-  // floats, owned by the caller's codec state; null without error feedback), Marsit's compensation
-  // (the sign codec with a state) and the key of the stochastic rounding (seed from the codec, step
-  // from the state or the sequence number, rank).
+  // Compressed collectives only (null otherwise): the codec, the key of its random rounding (seed
+  // from the codec, step from the codec state or the sequence number, rank), and the call of the
+  // codec's method (collectives/method.h), through which the method's plans reach its state.
   const kernels::CodecConfig* codec = nullptr;
-  float* residual = nullptr;
-  kernels::Compensation compensation;
   kernels::PhiloxKey rng;
-  // The int codecs only: the round, owned by the call's record, filled in before the plan's first
-  // fragment is built.
-  const IntsgdRound* intsgd = nullptr;
+  const MethodCall* method_call = nullptr;
   // Aggregator processes the communicator reached (QCCL_AGGREGATORS): transport peers nranks ..
-  // nranks + aggregators - 1, for the int codecs' agg=switch.
+  // nranks + aggregators - 1, for plans that sum through them.
   int aggregators = 0;
 
   size_t element_size() const { return kernels::element_size(dtype); }
@@ -307,12 +296,6 @@ class Program {
   const kernels::CodecConfig* codec_ = nullptr;
 };
 
-// What a plan's method kernels counted, for the call's statistics (IntSGD's clips and exact sums).
-struct PlanReport {
-  size_t clipped = 0;
-  kernels::IntSums int_sums;
-};
-
 // One call's work for one algorithm.
 class Plan {
  public:
@@ -331,8 +314,8 @@ class Plan {
   virtual uint64_t wire_bytes_sent() const = 0;
   // What the same collective sends uncompressed (for the compression ratio of compressed plans).
   virtual uint64_t raw_wire_bytes() const { return wire_bytes_sent(); }
-  // What its method kernels counted (once the operation finished).
-  virtual PlanReport report() const { return PlanReport{}; }
+  // Whether it exchanges data with the communicator's aggregator processes (peers nranks and up).
+  virtual bool uses_aggregators() const { return false; }
 
  protected:
   CollArgs args_;

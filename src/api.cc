@@ -67,60 +67,25 @@ void require_out(T* p, const char* name) {
   if (!p) fail(qcclInvalidArgument, "%s is NULL", name);
 }
 
-// The checks a compressed call adds to validate_call's.
+// The checks a compressed call adds to validate_call's: the generic ones here, then the codec's
+// method's (collectives/method.h), then the state's size. Nothing is sent before they pass.
 void validate_compressed(const OpRecord& record, qcclCodec_t codec, int aggregators) {
   const coll::CollArgs& a = record.args;
   if (!codec || !codec->config) fail(qcclInvalidArgument, "codec is NULL (make one with qcclCodecCreate)");
+  const kernels::CodecConfig& c = *codec->config;
   if (!kernels::codec_input_type(a.dtype))
     fail(qcclInvalidArgument, "datatype = %s: codecs take float, half or bfloat16", kernels::data_type_name(a.dtype));
-  const bool all_reduce = a.kind == coll::CollKind::kAllReduce;
   if (a.kind != coll::CollKind::kAllGather && a.op != kernels::RedOp::kSum && a.op != kernels::RedOp::kAvg)
     fail(qcclInvalidArgument, "op = %s: compressed %s sums or averages", kernels::red_op_name(a.op),
-         all_reduce ? "all-reduce" : "reduce-scatter");
-  if (!all_reduce && codec && codec->config) {
-    // The sign and int codecs change how ranks combine values, which only an all-reduce does here.
-    const kernels::CodecConfig& c = *codec->config;
-    if (c.kind == kernels::CodecKind::kSign)
-      fail(qcclInvalidArgument, "codec '%s': Marsit is an all-reduce (qcclAllReduceCompressed)", c.canonical().c_str());
-    if (c.kind == kernels::CodecKind::kInt)
-      fail(qcclInvalidArgument, "codec '%s': IntSGD's integer sums are an all-reduce in this release "
-           "(qcclAllReduceCompressed)", c.canonical().c_str());
-  }
-  if (a.kind == coll::CollKind::kReduceScatter && a.dtype != kernels::DataType::kFloat32)
-    fail(qcclInvalidArgument, "datatype = %s: compressed reduce-scatter takes float32 in this release (the owner's "
-         "float32 sum has no store step to a 16-bit output yet)", kernels::data_type_name(a.dtype));
-  if (codec->config->error_feedback && !record.state)
-    fail(qcclInvalidArgument, "state is NULL but codec '%s' has ef=on: error feedback keeps its residual in a "
-         "state (qcclCodecStateCreate)", codec->config->canonical().c_str());
-  const kernels::CodecConfig& c = *codec->config;
-  if (c.kind == kernels::CodecKind::kSign) {  // Marsit
-    const std::string spec = c.canonical();
-    if (!record.state)
-      fail(qcclInvalidArgument, "state is NULL but codec '%s' is Marsit, which keeps its compensation and round "
-           "counter in a state (qcclCodecStateCreate)", spec.c_str());
-    if (a.dtype != kernels::DataType::kFloat32)
-      fail(qcclInvalidArgument, "datatype = %s: codec '%s' (Marsit) takes float32 updates",
-           kernels::data_type_name(a.dtype), spec.c_str());
-    if (a.op != kernels::RedOp::kAvg)
-      fail(qcclInvalidArgument, "op = %s: codec '%s' (Marsit) returns an estimate of the average update; pass "
-           "qcclAvg", kernels::red_op_name(a.op), spec.c_str());
-    if (c.torus_rows && c.torus_rows * c.torus_cols != a.nranks)
-      fail(qcclInvalidArgument, "codec '%s': a %dx%d torus has %d places but the communicator has %d ranks",
-           spec.c_str(), c.torus_rows, c.torus_cols, c.torus_rows * c.torus_cols, a.nranks);
-  }
-  if (c.kind == kernels::CodecKind::kInt) {  // IntSGD
-    const std::string spec = c.canonical();
-    if (!record.state && c.alpha_mode != kernels::IntAlpha::kFixed)
-      fail(qcclInvalidArgument, "state is NULL but codec '%s' adapts its scale alpha from earlier rounds, which a "
-           "state keeps (qcclCodecStateCreate), or give a fixed alpha=A", spec.c_str());
-    if (record.state && c.alpha_mode == kernels::IntAlpha::kLr && !(record.state->intsgd().lr > 0))
-      fail(qcclInvalidUsage, "codec '%s' scales by the learning rate, but the state has none: call "
-           "qcclCodecStateSetLearningRate first", spec.c_str());
-    if (c.switch_aggregation && aggregators == 0)
-      fail(qcclInvalidUsage, "codec '%s' sums through aggregator processes, but this communicator has none: start "
-           "them (qcclrun --aggregators K, or qccl_aggregator) and set QCCL_AGGREGATORS before creating it",
-           spec.c_str());
-  }
+         a.kind == coll::CollKind::kAllReduce ? "all-reduce" : "reduce-scatter");
+  const coll::Method* method = coll::method_for(c);
+  if (!method) fail(qcclInternalError, "codec '%s' has no method", c.canonical().c_str());
+  coll::CollArgs with_codec = a;
+  with_codec.codec = &c;
+  const coll::StateView view = record.state ? record.state->view() : coll::StateView{};
+  if (auto refusal = method->refuse(with_codec, record.state ? &view : nullptr, aggregators))
+    fail(refusal->kind == coll::Refusal::Kind::kUsage ? qcclInvalidUsage : qcclInvalidArgument, "%s",
+         refusal->message.c_str());
   // The state covers what this rank encodes: AllGather's sendcount values, ReduceScatter's whole
   // input (nranks * recvcount), an all-reduce's count.
   if (a.kind == coll::CollKind::kReduceScatter) {
@@ -132,6 +97,9 @@ void validate_compressed(const OpRecord& record, qcclCodec_t codec, int aggregat
     fail(qcclInvalidArgument, "state holds %zu values but %s = %zu (one state per tensor)", record.state->count(),
          a.kind == coll::CollKind::kAllGather ? "sendcount" : "count", a.count);
   }
+  // The method's state is made at the first call that needs one: past the budget, or when another
+  // method made the state's, the call fails here, before it takes a sequence number or a step.
+  if (record.state) record.state->bind(*method, c);
 }
 
 // Validates, then runs (blocking), starts (non-blocking) or defers (inside a group) one call.
@@ -146,9 +114,6 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
     validate_compressed(*record, codec, c.aggregators());
     record->codec = codec->config;
     record->args.codec = record->codec.get();
-    // Marsit's compensation grows its pending-round arrays at the first sign call: past the budget,
-    // the call fails here, before it takes a sequence number or a step.
-    if (record->state && record->codec->kind == kernels::CodecKind::kSign) record->state->compensation();
   }
   if (group_active()) {
     group_defer(record, request == nullptr);
@@ -532,7 +497,7 @@ QCCL_API qcclResult_t qcclCodecStateSetLearningRate(qcclCodecState_t state, doub
   return api_call("qcclCodecStateSetLearningRate", [&] {
     require_out(state, "state");
     if (!(lr > 0) || !std::isfinite(lr)) fail(qcclInvalidArgument, "lr = %g: a learning rate is positive and finite", lr);
-    state->state->intsgd().lr = lr;
+    state->state->set_learning_rate(lr);
   });
 }
 

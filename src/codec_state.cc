@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 #include "base/errors.h"
 #include "base/wire.h"
@@ -9,10 +10,13 @@
 namespace qccl {
 
 namespace {
+
 constexpr uint32_t kStateMagic = 0x54534351;  // "QCST"
-constexpr uint32_t kStateVersion = 2;
-// magic, version, count, step, IntSGD's r, lr and flags, checksum
-constexpr size_t kHeaderBytes = 4 + 4 + 8 + 8 + 8 + 8 + 8 + 8;
+// 1: count, step, residual. 2: + IntSGD's memory and learning rate. 3: the method's own state.
+constexpr uint32_t kStateVersion = 3;
+constexpr uint32_t kStoreMagic = 0x53534351;  // "QCSS"
+constexpr uint32_t kStoreVersion = 1;
+constexpr size_t kMaxMethodName = 64;
 
 uint64_t bits_of(double v) {
   uint64_t b;
@@ -29,50 +33,66 @@ uint64_t checksum(const void* data, size_t bytes, uint64_t h = 14695981039346656
   for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
   return h;
 }
+
 }  // namespace
+
+// ---- Budgets -------------------------------------------------------------------------------------
 
 void StateBudget::charge(size_t bytes) {
   size_t used = used_.load();
   do {
     if (bytes > limit_ - std::min(used, limit_))
-      fail(qcclInvalidUsage, "codec state of %zu bytes would exceed QCCL_CODEC_STATE_BUDGET (%zu bytes, %zu in use)",
-           bytes, limit_, used);
+      fail(qcclInvalidUsage, "codec state of %zu bytes would exceed %s (%zu bytes, %zu in use)", bytes, name_.c_str(),
+           limit_, used);
   } while (!used_.compare_exchange_weak(used, used + bytes));
-}
-
-CodecState::CodecState(std::shared_ptr<StateBudget> budget, size_t count) : budget_(std::move(budget)) {
-  budget_->charge(count * sizeof(float));
+  if (!parent_) return;
   try {
-    residual_.assign(count, 0.0f);
+    parent_->charge(bytes);
   } catch (...) {
-    budget_->release(count * sizeof(float));
+    used_.fetch_sub(bytes);
     throw;
   }
 }
 
-CodecState::~CodecState() { budget_->release(residual_.size() * sizeof(float) + pending_bytes()); }
-
-size_t CodecState::pending_bytes() const {
-  return pending_words_.size() * sizeof(uint32_t) + pending_eta_.size() * sizeof(float);
+void StateBudget::release(size_t bytes) {
+  used_.fetch_sub(bytes);
+  if (parent_) parent_->release(bytes);
 }
 
-kernels::Compensation CodecState::compensation() {
-  const size_t words = (residual_.size() + 31) / 32;
-  if (pending_eta_.size() != words) {
-    budget_->charge(words * (sizeof(uint32_t) + sizeof(float)));
-    try {
-      pending_words_.assign(words, 0);
-      pending_eta_.assign(words, 0.0f);  // nothing pending: c = the stored values
-    } catch (...) {
-      budget_->release(words * (sizeof(uint32_t) + sizeof(float)));
-      pending_words_.clear(), pending_eta_.clear();
-      throw;
-    }
+// ---- One tensor's state --------------------------------------------------------------------------
+
+CodecState::CodecState(std::shared_ptr<StateBudget> budget, size_t count) : budget_(std::move(budget)), count_(count) {}
+
+CodecState::~CodecState() { budget_->release(charged_); }
+
+void CodecState::adopt(std::unique_ptr<coll::MethodState> state) {
+  const size_t bytes = state ? state->bytes() : 0;
+  budget_->charge(bytes);
+  budget_->release(charged_);
+  charged_ = bytes;
+  state_ = std::move(state);
+}
+
+coll::MethodState* CodecState::bind(const coll::Method& method, const kernels::CodecConfig& codec) {
+  if (method_ && method_ != &method)
+    fail(qcclInvalidUsage, "the codec state holds %s's state, but codec '%s' is %s's: one state per tensor and method",
+         method_->name(), codec.canonical().c_str(), method.name());
+  if (!state_) {
+    std::unique_ptr<coll::MethodState> made = method.make_state(count_, &codec);
+    if (made && has_legacy_) made->load_legacy(legacy_);
+    if (made) adopt(std::move(made));
+    if (state_) has_legacy_ = false, legacy_values_.clear();
   }
-  return kernels::Compensation{residual_.data(), pending_words_.data(), pending_eta_.data()};
+  method_ = &method;
+  return state_.get();
 }
 
-size_t CodecState::serialized_bytes() const { return kHeaderBytes + residual_.size() * sizeof(float); }
+size_t CodecState::serialized_bytes() const {
+  const size_t name = method_ ? std::strlen(method_->name()) : 0;
+  // magic, version, count, step, learning rate, name (length + bytes), state version, state length,
+  // state, checksum
+  return 4 + 4 + 8 + 8 + 8 + 4 + name + 4 + 8 + (state_ ? state_->serialized_bytes() : 0) + 8;
+}
 
 void CodecState::save(void* buffer, size_t bytes) const {
   if (bytes < serialized_bytes())
@@ -81,51 +101,192 @@ void CodecState::save(void* buffer, size_t bytes) const {
   ByteWriter w;
   w.put<uint32_t>(kStateMagic);
   w.put<uint32_t>(kStateVersion);
-  w.put<uint64_t>(residual_.size());
+  w.put<uint64_t>(count_);
   w.put<uint64_t>(step_);
-  w.put<uint64_t>(bits_of(intsgd_.r));
-  w.put<uint64_t>(bits_of(intsgd_.lr));
-  w.put<uint64_t>(intsgd_.has_r ? 1 : 0);
-  // The floats: the residual, or Marsit's compensation with its pending round applied.
-  auto* floats = reinterpret_cast<float*>(static_cast<char*>(buffer) + kHeaderBytes);
-  if (pending_eta_.empty()) {
-    std::memcpy(floats, residual_.data(), residual_.size() * sizeof(float));
-  } else {
-    const kernels::Compensation c{const_cast<float*>(residual_.data()), const_cast<uint32_t*>(pending_words_.data()),
-                                  const_cast<float*>(pending_eta_.data())};
-    kernels::add_compensation(nullptr, c, 0, residual_.size(), floats);
-  }
+  w.put<uint64_t>(bits_of(learning_rate_));
+  w.put_string(method_ ? method_->name() : "");
+  w.put<uint32_t>(state_ ? state_->version() : 0);
+  std::vector<uint8_t> blob(state_ ? state_->serialized_bytes() : 0);
+  if (state_) state_->save(blob.data());
+  w.put<uint64_t>(blob.size());
+  w.bytes().insert(w.bytes().end(), blob.begin(), blob.end());
   // Over everything that follows the version: a flipped bit anywhere is caught.
-  const uint64_t scalars = checksum(w.bytes().data() + 8, w.bytes().size() - 8);
-  w.put<uint64_t>(checksum(floats, residual_.size() * sizeof(float), scalars));
-  std::memcpy(buffer, w.bytes().data(), kHeaderBytes);
+  w.put<uint64_t>(checksum(w.bytes().data() + 8, w.bytes().size() - 8));
+  std::memcpy(buffer, w.bytes().data(), w.bytes().size());
 }
 
 void CodecState::load(const void* buffer, size_t bytes) {
-  ByteReader r(static_cast<const uint8_t*>(buffer), bytes, "codec state checkpoint", qcclInvalidArgument);
+  const auto* data = static_cast<const uint8_t*>(buffer);
+  ByteReader r(data, bytes, "codec state checkpoint", qcclInvalidArgument);
   const uint32_t magic = r.get<uint32_t>(), version = r.get<uint32_t>();
-  if (magic != kStateMagic || version != kStateVersion)
-    fail(qcclInvalidArgument, "buffer is not a qccl codec state checkpoint (magic 0x%08x, version %u)", magic, version);
+  if (magic != kStateMagic || version < 1 || version > kStateVersion)
+    fail(qcclInvalidArgument, "buffer is not a qccl codec state checkpoint of format 1 to %u (magic 0x%08x, version %u)",
+         kStateVersion, magic, version);
   const uint64_t count = r.get<uint64_t>(), step = r.get<uint64_t>();
-  IntsgdMemory intsgd;
-  intsgd.r = double_of(r.get<uint64_t>());
-  intsgd.lr = double_of(r.get<uint64_t>());
-  const uint64_t flags = r.get<uint64_t>(), sum = r.get<uint64_t>();
-  intsgd.has_r = flags & 1;
-  if (count != residual_.size())
+  if (count != count_)
     fail(qcclInvalidArgument, "checkpoint holds a state of %llu values, this state has %zu",
-         static_cast<unsigned long long>(count), residual_.size());
-  if (r.remaining() < count * sizeof(float))
-    fail(qcclInvalidArgument, "checkpoint is truncated: %zu bytes of residual, %llu expected", r.remaining(),
-         static_cast<unsigned long long>(count * sizeof(float)));
-  const char* data = static_cast<const char*>(buffer) + kHeaderBytes;
-  const uint64_t scalars = checksum(static_cast<const uint8_t*>(buffer) + 8, kHeaderBytes - 16);
-  if (checksum(data, count * sizeof(float), scalars) != sum)
-    fail(qcclInvalidArgument, "checkpoint checksum does not match");
-  std::memcpy(residual_.data(), data, count * sizeof(float));
-  std::fill(pending_eta_.begin(), pending_eta_.end(), 0.0f);  // the checkpoint holds c itself
+         static_cast<unsigned long long>(count), count_);
+
+  if (version <= 2) {  // one float per value, and (2) IntSGD's memory: handed to the method's state
+    double lr = learning_rate_;
+    coll::LegacyState legacy;
+    uint64_t sum = 0;
+    size_t header = 4 + 4 + 8 + 8 + 8;
+    if (version == 2) {
+      legacy.moving_average = double_of(r.get<uint64_t>());
+      lr = double_of(r.get<uint64_t>());
+      legacy.has_moving_average = r.get<uint64_t>() & 1;
+      header += 8 + 8 + 8;
+    }
+    sum = r.get<uint64_t>();
+    if (r.remaining() < count * sizeof(float))
+      fail(qcclInvalidArgument, "checkpoint is truncated: %zu bytes of values, %llu expected", r.remaining(),
+           static_cast<unsigned long long>(count * sizeof(float)));
+    const uint8_t* values = data + header;
+    // Format 1 sums the values; format 2 the header fields after the version, then the values.
+    const uint64_t expected = version == 1 ? checksum(values, count * sizeof(float))
+                                           : checksum(values, count * sizeof(float), checksum(data + 8, header - 16));
+    if (expected != sum) fail(qcclInvalidArgument, "checkpoint checksum does not match");
+    std::vector<float> floats(count);
+    std::memcpy(floats.data(), values, count * sizeof(float));
+    legacy.values = floats.data();
+    legacy.count = count;
+    if (state_) {
+      state_->load_legacy(legacy);
+    } else {
+      legacy_values_ = std::move(floats);
+      legacy_ = legacy;
+      legacy_.values = legacy_values_.data();
+      has_legacy_ = true;
+    }
+    step_ = step;
+    learning_rate_ = lr;
+    return;
+  }
+
+  const double lr = double_of(r.get<uint64_t>());
+  const std::string name = r.get_string(kMaxMethodName);
+  const uint32_t state_version = r.get<uint32_t>();
+  const uint64_t length = r.get<uint64_t>();
+  if (length > r.remaining())
+    fail(qcclInvalidArgument, "checkpoint is truncated: %zu bytes of method state, %llu expected", r.remaining(),
+         static_cast<unsigned long long>(length));
+  const uint8_t* blob = r.take(static_cast<size_t>(length));
+  const size_t covered = bytes - r.remaining();
+  const uint64_t sum = r.get<uint64_t>();
+  if (checksum(data + 8, covered - 8) != sum) fail(qcclInvalidArgument, "checkpoint checksum does not match");
+
+  const coll::Method* method = nullptr;
+  if (!name.empty()) {
+    method = coll::find_method(name);
+    if (!method) fail(qcclInvalidArgument, "checkpoint holds the state of method '%s', which this build does not have", name.c_str());
+    if (method_ && method_ != method)
+      fail(qcclInvalidArgument, "checkpoint holds %s's state, but this state is %s's", name.c_str(), method_->name());
+  }
+  std::unique_ptr<coll::MethodState> restored;
+  if (method && length) {
+    restored = method->make_state(count_, nullptr);
+    try {
+      restored->load(blob, static_cast<size_t>(length), state_version);
+    } catch (const std::invalid_argument& e) {
+      fail(qcclInvalidArgument, "checkpoint's %s state: %s", name.c_str(), e.what());
+    }
+  }
+  adopt(std::move(restored));
+  if (method) method_ = method;
+  has_legacy_ = false;
+  legacy_values_.clear();
   step_ = step;
-  intsgd_ = intsgd;
+  learning_rate_ = lr;
+}
+
+// ---- Many tensors' states ------------------------------------------------------------------------
+
+CodecStore::CodecStore(std::shared_ptr<StateBudget> comm_budget, size_t limit)
+    : budget_(std::make_shared<StateBudget>(limit ? limit : ~size_t{0}, std::move(comm_budget),
+                                            "the store's budget")) {}
+
+std::shared_ptr<CodecState> CodecStore::get(uint64_t key, size_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = states_.find(key);
+  if (it != states_.end()) {
+    if (it->second->count() != count)
+      fail(qcclInvalidArgument, "count = %zu but the state of key %llu holds %zu values (one key per tensor)", count,
+           static_cast<unsigned long long>(key), it->second->count());
+    return it->second;
+  }
+  auto state = std::make_shared<CodecState>(budget_, count);
+  states_.emplace(key, state);
+  return state;
+}
+
+bool CodecStore::erase(uint64_t key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return states_.erase(key) != 0;
+}
+
+size_t CodecStore::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return states_.size();
+}
+
+size_t CodecStore::serialized_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t total = 4 + 4 + 8 + 8;  // magic, version, entries, checksum
+  for (const auto& [key, state] : states_) total += 8 + 8 + state->serialized_bytes();
+  return total;
+}
+
+void CodecStore::save(void* buffer, size_t bytes) const {
+  const size_t need = serialized_bytes();
+  if (bytes < need) fail(qcclInvalidArgument, "bytes = %zu is smaller than the store's %zu (qcclCodecStoreSize)", bytes, need);
+  std::lock_guard<std::mutex> lock(mu_);
+  ByteWriter w;
+  w.put<uint32_t>(kStoreMagic);
+  w.put<uint32_t>(kStoreVersion);
+  w.put<uint64_t>(states_.size());
+  for (const auto& [key, state] : states_) {
+    std::vector<uint8_t> blob(state->serialized_bytes());
+    state->save(blob.data(), blob.size());
+    w.put<uint64_t>(key);
+    w.put<uint64_t>(blob.size());
+    w.bytes().insert(w.bytes().end(), blob.begin(), blob.end());
+  }
+  w.put<uint64_t>(checksum(w.bytes().data() + 8, w.bytes().size() - 8));
+  std::memcpy(buffer, w.bytes().data(), w.bytes().size());
+}
+
+void CodecStore::load(const void* buffer, size_t bytes) {
+  const auto* data = static_cast<const uint8_t*>(buffer);
+  ByteReader r(data, bytes, "codec store checkpoint", qcclInvalidArgument);
+  const uint32_t magic = r.get<uint32_t>(), version = r.get<uint32_t>();
+  if (magic != kStoreMagic || version < 1 || version > kStoreVersion)
+    fail(qcclInvalidArgument, "buffer is not a qccl codec store checkpoint of format 1 to %u (magic 0x%08x, version %u)",
+         kStoreVersion, magic, version);
+  const uint64_t entries = r.get<uint64_t>();
+  std::map<uint64_t, std::shared_ptr<CodecState>> restored;
+  for (uint64_t i = 0; i < entries; ++i) {
+    const uint64_t key = r.get<uint64_t>(), length = r.get<uint64_t>();
+    if (length > r.remaining() || length < 16)
+      fail(qcclInvalidArgument, "codec store checkpoint: entry %llu (key %llu) is truncated",
+           static_cast<unsigned long long>(i), static_cast<unsigned long long>(key));
+    const uint8_t* blob = r.take(static_cast<size_t>(length));
+    uint64_t count = 0;  // the state's count sits after its magic and version
+    for (int b = 0; b < 8; ++b) count |= uint64_t{blob[8 + b]} << (8 * b);
+    auto state = std::make_shared<CodecState>(budget_, static_cast<size_t>(count));
+    try {
+      state->load(blob, static_cast<size_t>(length));
+    } catch (const Error& e) {
+      fail(e.code(), "codec store checkpoint, key %llu: %s", static_cast<unsigned long long>(key), e.message().c_str());
+    }
+    if (!restored.emplace(key, std::move(state)).second)
+      fail(qcclInvalidArgument, "codec store checkpoint holds key %llu twice", static_cast<unsigned long long>(key));
+  }
+  const size_t covered = bytes - r.remaining();
+  if (checksum(data + 8, covered - 8) != r.get<uint64_t>())
+    fail(qcclInvalidArgument, "codec store checkpoint checksum does not match");
+  std::lock_guard<std::mutex> lock(mu_);
+  states_.swap(restored);
 }
 
 }  // namespace qccl

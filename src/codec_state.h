@@ -1,40 +1,44 @@
-// Codec state: what a codec keeps for one tensor across steps (DESIGN.md "Codec state"): the
-// error-feedback residual or Marsit's compensation, and the step counter that keys random rounding
-// (Marsit's round t). Owned by qccl, charged
-// to its communicator's budget (QCCL_CODEC_STATE_BUDGET), and serializable for checkpoints.
+// Codec state: what the library keeps for one tensor across calls (DESIGN.md "Codec state"): the step
+// counter that keys random rounding (Marsit's round t), the learning rate the caller set, and the
+// state of the method that first used it (collectives/method.h: an error-feedback residual, Marsit's
+// compensation, IntSGD's moving average), made at that first use. Owned by qccl, charged to a budget
+// (the communicator's QCCL_CODEC_STATE_BUDGET, and a store's own when it lives in one), and
+// serializable for checkpoints. CodecStore holds many tensors' states by key.
+//
+// Threads: calls on one state run one after the other (the communicator orders them), so nothing here
+// locks except the budgets and the store's map.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
-#include "kernels/marsit.h"
+#include "collectives/method.h"
 
 namespace qccl {
 
-// A communicator's budget for codec state, shared by the states it created (thread-safe).
+// A budget for codec state, shared by the states charged to it (thread-safe). A store's budget has its
+// communicator's as parent: a charge must fit both.
 class StateBudget {
  public:
-  explicit StateBudget(size_t limit) : limit_(limit) {}
-  // Throws Error(qcclInvalidUsage) naming the sizes when `bytes` more would exceed the limit.
+  StateBudget(size_t limit, std::shared_ptr<StateBudget> parent = nullptr, std::string name = "QCCL_CODEC_STATE_BUDGET")
+      : limit_(limit), parent_(std::move(parent)), name_(std::move(name)) {}
+  // Throws Error(qcclInvalidUsage) naming the sizes when `bytes` more would exceed a limit.
   void charge(size_t bytes);
-  void release(size_t bytes) { used_.fetch_sub(bytes); }
+  void release(size_t bytes);
   size_t limit() const { return limit_; }
+  size_t used() const { return used_.load(); }
 
  private:
   const size_t limit_;
+  const std::shared_ptr<StateBudget> parent_;
+  const std::string name_;
   std::atomic<size_t> used_{0};
-};
-
-// IntSGD's replicated scalars (int codecs): identical on every rank, since they change only through
-// results every rank shares. r is the moving average of ||x^k - x^(k-1)||^2 = eta_(k-1)^2 ||g~||^2
-// (alpha=lr) or of ||g~||^2 (alpha=grad), g~ the decoded average; lr is the caller's next eta.
-struct IntsgdMemory {
-  double r = 0;
-  bool has_r = false;  // false until a round completed with finite values: the next round is exact
-  double lr = 0;       // 0 until the caller sets it
 };
 
 class CodecState {
@@ -44,31 +48,65 @@ class CodecState {
   CodecState(const CodecState&) = delete;
   CodecState& operator=(const CodecState&) = delete;
 
-  size_t count() const { return residual_.size(); }
-  float* residual() { return residual_.data(); }
-  // Marsit's compensation: the residual's floats as its stored values, with the words and eta_s of
-  // a pending sign round (kernels/marsit.h). Those are allocated, and charged to the budget, at the
-  // first call (Error(qcclInvalidUsage) past the budget); nothing is pending until a sign round.
-  kernels::Compensation compensation();
+  size_t count() const { return count_; }
   // The step of the next collective that uses this state (then incremented).
   uint64_t take_step() { return step_++; }
   uint64_t step() const { return step_; }
-  IntsgdMemory& intsgd() { return intsgd_; }
+  double learning_rate() const { return learning_rate_; }
+  void set_learning_rate(double lr) { learning_rate_ = lr; }
+  coll::StateView view() const { return coll::StateView{count_, learning_rate_}; }
+
+  // The state of `method` for this codec, made (and charged) at the first call that needs one.
+  // Throws Error(qcclInvalidUsage) when another method made this state's (one state per tensor and
+  // method), or past the budget; nothing is sent before that.
+  coll::MethodState* bind(const coll::Method& method, const kernels::CodecConfig& codec);
 
   size_t serialized_bytes() const;
   void save(void* buffer, size_t bytes) const;
-  // Throws Error(qcclInvalidArgument) naming what does not match (magic, version, count, checksum).
+  // Restores a checkpoint of this format or an earlier one (1 and 2 predate per-method states).
+  // Throws Error(qcclInvalidArgument) naming what does not match (magic, version, count, method,
+  // checksum); the state is unchanged then.
   void load(const void* buffer, size_t bytes);
 
  private:
-  size_t pending_bytes() const;
+  void adopt(std::unique_ptr<coll::MethodState> state);
 
-  std::shared_ptr<StateBudget> budget_;
-  std::vector<float> residual_;
-  std::vector<uint32_t> pending_words_;  // Marsit: empty until compensation() is first called
-  std::vector<float> pending_eta_;
+  const std::shared_ptr<StateBudget> budget_;
+  const size_t count_;
   uint64_t step_ = 0;
-  IntsgdMemory intsgd_;
+  double learning_rate_ = 0;
+  const coll::Method* method_ = nullptr;  // the method that first used the state
+  std::unique_ptr<coll::MethodState> state_;
+  size_t charged_ = 0;
+  // A checkpoint of format 1 or 2 restored before the method is known: handed to its state then.
+  std::vector<float> legacy_values_;
+  coll::LegacyState legacy_;
+  bool has_legacy_ = false;
+};
+
+// Many tensors' states by key (DESIGN.md "Codec state": keyed by a tensor handle the caller makes).
+// Calls on states of different keys run concurrently; calls on one key run in call order. Its own
+// budget (0: none beyond its communicator's) bounds the states it holds. Thread-safe.
+class CodecStore {
+ public:
+  CodecStore(std::shared_ptr<StateBudget> comm_budget, size_t limit);
+  // The state of `key`, made for `count` values at the first get. Throws Error(qcclInvalidArgument)
+  // when the key's state holds another count, (qcclInvalidUsage) past a budget.
+  std::shared_ptr<CodecState> get(uint64_t key, size_t count);
+  // Forgets a key (calls in flight keep its state alive). False when there was none.
+  bool erase(uint64_t key);
+  size_t size() const;
+  size_t serialized_bytes() const;
+  void save(void* buffer, size_t bytes) const;
+  // Replaces the whole contents with a checkpoint's (this format or an earlier one). Throws
+  // Error(qcclInvalidArgument) naming what is wrong; the store is unchanged then.
+  void load(const void* buffer, size_t bytes);
+  const std::shared_ptr<StateBudget>& budget() const { return budget_; }
+
+ private:
+  mutable std::mutex mu_;
+  const std::shared_ptr<StateBudget> budget_;
+  std::map<uint64_t, std::shared_ptr<CodecState>> states_;
 };
 
 }  // namespace qccl

@@ -11,7 +11,6 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "kernels/reduce.h"
-#include "src/intsgd_schedule.h"
 
 namespace qccl {
 
@@ -155,25 +154,23 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     if (record->state) codec_step = record->state->take_step();
     const uint64_t step = record->state ? codec_step : identity.sequence;
     args.rng = kernels::PhiloxKey{args.codec->seed, step, static_cast<uint32_t>(rank_), 0};
-    // The state's floats: the error-feedback residual, or Marsit's compensation (allocated by the API).
-    if (record->state && args.codec->error_feedback) args.residual = record->state->residual();
-    if (record->state && args.codec->kind == kernels::CodecKind::kSign)
-      args.compensation = record->state->compensation();
-    if (args.codec->kind == kernels::CodecKind::kInt) {
-      args.aggregators = aggregators();
-      if (args.codec->switch_aggregation) {
-        std::lock_guard<std::mutex> lock(ops_mu_);
-        if (!aggregator_lost_.empty()) throw Error(qcclRemoteError, aggregator_lost_);
-      }
-      record->intsgd = std::make_unique<coll::IntsgdRound>();
-      record->intsgd_lr = record->state ? record->state->intsgd().lr : 0.0;
-      args.intsgd = record->intsgd.get();
-    }
+    args.aggregators = aggregators();
+    // The codec's method binds the call to the state it keeps (made, and charged, at submission).
+    const coll::Method* method = coll::method_for(*args.codec);
+    if (!method) fail(qcclInternalError, "codec '%s' has no method", args.codec->canonical().c_str());
+    coll::MethodState* method_state = record->state ? record->state->bind(*method, *args.codec) : nullptr;
+    const coll::StateView view = record->state ? record->state->view() : coll::StateView{};
+    record->call = method->begin(args, method_state, record->state ? &view : nullptr);
+    args.method_call = record->call.get();
   }
   const coll::Algorithm& algorithm = policy_.choose(args);
   coll::PlanOptions options;
   options.chunk_bytes = config_.chunk_bytes;
   std::unique_ptr<coll::Plan> plan = algorithm.make(args, options);
+  if (plan->uses_aggregators()) {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    if (!aggregator_lost_.empty()) throw Error(qcclRemoteError, aggregator_lost_);
+  }
   identity.header = FrameHeader::for_call(args, identity.sequence, args.codec ? args.codec->hash() : 0, codec_step);
   identity.expected = identity.header;
 
@@ -229,11 +226,11 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
           std::max(0.0, last_stats_.seconds - last_stats_.encodeSeconds - last_stats_.decodeSeconds);
       if (const kernels::CodecConfig* codec = op.plan().args().codec)
         std::snprintf(last_stats_.codec, sizeof(last_stats_.codec), "%s", codec->canonical().c_str());
-      if (record.intsgd) {
-        last_stats_.intAlpha = record.intsgd->alpha;
-        const coll::PlanReport report = op.plan().report();
-        last_stats_.clippedValues = report.clipped;
-        last_stats_.largestInteger = report.int_sums.max_abs;
+      if (record.call) {
+        const coll::MethodStats method = record.call->stats(op.plan());
+        if (method.has_scale) last_stats_.intAlpha = method.scale;
+        last_stats_.clippedValues = method.clipped;
+        last_stats_.largestInteger = method.largest;
       }
     }
     if (record.scratch) scratch_pool_.push_back(std::move(record.scratch));
@@ -248,7 +245,7 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
 void Comm::finish_completed(OpRecord& record) {
   const Execution& op = *record.operation;
   size_t nonfinite = op.stats().nonfinite;
-  if (record.intsgd) observe_intsgd(record, &nonfinite);
+  if (record.call) record.call->complete(op.plan().args(), op.plan(), &nonfinite);
   if (nonfinite == 0) return finish(record, qcclSuccess, "");
   finish(record, qcclNonFinite,
          format("%s: %zu output values are NaN or Inf: an input held NaN or Inf (or overflowed the codec), "
@@ -256,28 +253,12 @@ void Comm::finish_completed(OpRecord& record) {
                 op.identity().header.describe().c_str(), nonfinite));
 }
 
-void Comm::prepare_intsgd(OpRecord& record) {
-  const coll::CollArgs& args = record.operation->plan().args();
-  IntsgdMemory* memory = record.state ? &record.state->intsgd() : nullptr;
-  *record.intsgd = intsgd_round(*args.codec, memory, record.intsgd_lr, args.count, nranks_);
-  record.operation->set_codec_scale(record.intsgd->alpha);
-  QCCL_TRACE("%s: IntSGD %s round, alpha %.9g", record.operation->identity().header.describe().c_str(),
-             record.intsgd->exact ? "exact" : "integer", static_cast<double>(record.intsgd->alpha));
-}
-
-// Every rank holds the same result (exact round) or decoded the same sums (integer round), so every
-// rank computes the same norm and moves its memory the same way; a round with NaN or Inf teaches
-// nothing (the paper's safeguard against a skipped step corrupting alpha).
-void Comm::observe_intsgd(OpRecord& record, size_t* nonfinite) {
-  const Execution& op = *record.operation;
-  const coll::CollArgs& args = op.plan().args();
-  double mean_squares = 0;
-  if (record.intsgd->exact)
-    mean_squares = intsgd_exact_norm(args.recvbuf, args.count, args.dtype, args.op, nranks_, nonfinite);
-  else
-    mean_squares = intsgd_integer_norm(op.plan().report().int_sums.squares(), record.intsgd->alpha, nranks_);
-  if (*nonfinite == 0 && record.state)
-    intsgd_observe(*args.codec, &record.state->intsgd(), record.intsgd_lr, mean_squares);
+// The call of a compressed collective is about to run (earlier calls on its state are done): its
+// method fixes what depends on them (IntSGD's alpha), and the frame headers announce the scale.
+void Comm::prepare(OpRecord& record) {
+  record.call->prepare(record.operation->plan().args());
+  record.operation->set_codec_scale(record.call->scale());
+  QCCL_TRACE("%s: codec scale %.9g", record.operation->identity().header.describe().c_str(), record.call->scale());
 }
 
 void Comm::allgather_bytes(const void* send, void* recv, size_t bytes) {
@@ -352,7 +333,7 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       const auto& record = driving_[i];
       if (record->done.load(std::memory_order_relaxed) || waits_for_its_state(i)) continue;
       try {
-        if (record->intsgd && !record->operation->started()) prepare_intsgd(*record);
+        if (record->call && !record->operation->started()) prepare(*record);
         moved |= record->operation->advance();
         if (record->operation->finished()) finish_completed(*record);
       } catch (const Error& e) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "collectives/method.h"
 #include "collectives/plan.h"
 #include "include/qccl.h"
 #include "src/aggregator.h"
@@ -42,10 +43,8 @@ struct OpRecord {
   std::shared_ptr<Comm> comm;
   std::shared_ptr<const kernels::CodecConfig> codec;  // keeps args.codec alive (compressed calls)
   std::shared_ptr<CodecState> state;                  // the caller's codec state, if any
-  // The int codecs (IntSGD): the round (args.intsgd points here), fixed when the call starts to run,
-  // and the learning rate the state held when the call was made.
-  std::unique_ptr<coll::IntsgdRound> intsgd;
-  double intsgd_lr = 0;
+  // Compressed calls: the call of the codec's method (args.method_call points here).
+  std::unique_ptr<coll::MethodCall> call;
   std::unique_ptr<Execution> operation;
   std::shared_ptr<std::vector<std::byte>> scratch;
   std::chrono::steady_clock::time_point started_at;
@@ -100,10 +99,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void check_timeouts();
   void finish(OpRecord& record, qcclResult_t result, const std::string& error);
   void finish_completed(OpRecord& record);
-  // IntSGD: the round of a call about to run (earlier calls on its state are done), and what its
-  // completion teaches the state.
-  void prepare_intsgd(OpRecord& record);
-  void observe_intsgd(OpRecord& record, size_t* nonfinite);
+  // A compressed call about to run: its method's prepare() and the scale its headers announce.
+  void prepare(OpRecord& record);
   // With the drive lock held: fails and withdraws the operations the failure concerns.
   void fail_affected_operations();
   void break_comm(const Failure& failure, bool report);

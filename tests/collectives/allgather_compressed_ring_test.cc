@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "collectives/compressed.h"
 #include "kernels/codec.h"
 #include "tests/collectives/sim_runner.h"
 #include "tests/common/reference.h"
@@ -48,6 +49,7 @@ Result run(const Job& job, const std::vector<std::vector<uint8_t>>& in, std::vec
   const size_t es = kernels::element_size(job.dtype);
   res.out.assign(job.n, std::vector<uint8_t>(job.n * job.count * es, 0xee));
   std::vector<CollArgs> args(job.n);
+  std::vector<coll::QuantizedCall> calls(job.n);  // the method's calls: their residuals
   for (int r = 0; r < job.n; ++r) {
     CollArgs& a = args[r];
     a.kind = CollKind::kAllGather, a.count = job.count, a.dtype = job.dtype;
@@ -60,7 +62,8 @@ Result run(const Job& job, const std::vector<std::vector<uint8_t>>& in, std::vec
     }
     a.codec = &job.codec;
     a.rng = kernels::PhiloxKey{job.codec.seed, job.step, static_cast<uint32_t>(r), 0};
-    if (residuals) a.residual = (*residuals)[r].data();
+    if (residuals) calls[r].residual = (*residuals)[r].data();
+    a.method_call = &calls[r];
   }
   res.sim = run_on_sim(args, "compressed_ring", job.chunk_bytes, job.depth);
   return res;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 
+#include "collectives/compressed.h"
 #include "kernels/codec.h"
 #include "tests/collectives/sim_runner.h"
 #include "tests/common/reference.h"
@@ -54,6 +55,7 @@ Result run(const Job& job, const std::vector<std::vector<uint8_t>>& in, std::vec
   res.out.assign(job.n, std::vector<uint8_t>(job.count * es, 0xee));
   res.exact.assign(job.count, 0.0);
   std::vector<CollArgs> args(job.n);
+  std::vector<coll::QuantizedCall> calls(job.n);  // the method's calls: their residuals
   for (int r = 0; r < job.n; ++r) {
     for (size_t i = 0; i < job.count; ++i) res.exact[i] += load(job.dtype, in[r].data(), i);
     CollArgs& a = args[r];
@@ -61,7 +63,8 @@ Result run(const Job& job, const std::vector<std::vector<uint8_t>>& in, std::vec
     a.rank = r, a.nranks = job.n, a.sendbuf = in[r].data(), a.recvbuf = res.out[r].data();
     a.codec = &job.codec;
     a.rng = kernels::PhiloxKey{job.codec.seed, job.step, static_cast<uint32_t>(r), 0};
-    if (residuals) a.residual = (*residuals)[r].data();
+    if (residuals) calls[r].residual = (*residuals)[r].data();
+    a.method_call = &calls[r];
   }
   if (job.op == RedOp::kAvg)
     for (double& e : res.exact) e /= job.n;

@@ -15,8 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/codec.h"
+#include "collectives/intsgd.h"
 #include "collectives/ring.h"
+#include "kernels/codec.h"
 #include "kernels/int_codec.h"
 #include "tests/collectives/sim_runner.h"
 
@@ -33,6 +34,7 @@ struct Call {
   std::vector<std::vector<float>> out;
   kernels::CodecConfig codec;
   coll::IntsgdRound round;
+  std::vector<std::shared_ptr<coll::IntsgdCall>> calls;  // per rank, with `round` set
   RedOp op = RedOp::kAvg;
   uint64_t step = 3;
   bool same_streams = false;  // every rank rounds with rank 0's key (a broken configuration)
@@ -45,6 +47,7 @@ void run(Call& call, size_t chunk_bytes = 4096, int depth = 2, bool in_place = f
   const size_t count = call.x[0].size();
   call.out.assign(n, std::vector<float>(count, -777.0f));
   std::vector<CollArgs> args(n);
+  call.calls.clear();
   for (int r = 0; r < n; ++r) {
     CollArgs& a = args[r];
     a.kind = CollKind::kAllReduce, a.count = count, a.dtype = DataType::kFloat32, a.op = call.op;
@@ -53,9 +56,11 @@ void run(Call& call, size_t chunk_bytes = 4096, int depth = 2, bool in_place = f
     a.sendbuf = in_place ? call.out[r].data() : call.x[r].data();
     a.recvbuf = call.out[r].data();
     a.codec = &call.codec;
-    a.intsgd = &call.round;
     const int key_rank = call.same_streams ? 0 : call.key_rank.empty() ? r : call.key_rank[r];
     a.rng = kernels::PhiloxKey{call.codec.seed, call.step, static_cast<uint32_t>(key_rank), 0};
+    call.calls.push_back(std::make_shared<coll::IntsgdCall>(a, nullptr, 0.0));
+    call.calls.back()->set_round(call.round);
+    a.method_call = call.calls.back().get();
   }
   call.sim = std::make_shared<SimRun>(run_on_sim(args, "intsgd", chunk_bytes, depth));
 }
@@ -125,7 +130,7 @@ TEST_CASE("IntSGD: every rank decodes the exact integer sum; bounds, identical b
             for (int r = 0; r < n; ++r) {
               REQUIRE(call.out[r] == expect);  // bit for bit, every rank
               REQUIRE(call.sim->ops[r]->stats().nonfinite == 0);
-              REQUIRE(call.sim->ops[r]->plan().report().clipped == 0);
+              REQUIRE(*call.calls[r]->clipped() == 0);
               const uint64_t bytes = ring_values(r, n, count) * static_cast<uint64_t>(bits / 8);
               CHECK(call.sim->plan_bytes[r] == bytes);
               CHECK(call.sim->ops[r]->stats().bytes_sent == bytes);
@@ -239,7 +244,7 @@ TEST_CASE("IntSGD: inputs far past the clip bound never overflow the sum, and cl
       size_t clipped_here = 0;
       for (int r = 0; r < n; ++r) {
         REQUIRE(call.out[r] == expect);
-        clipped_here += call.sim->ops[r]->plan().report().clipped;
+        clipped_here += *call.calls[r]->clipped();
       }
       CHECK(clipped_here == clipped);
       CHECK(clipped >= static_cast<size_t>(n) * count / 2);

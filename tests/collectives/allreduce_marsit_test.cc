@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 
+#include "collectives/marsit.h"
 #include "kernels/codec.h"
 #include "kernels/marsit.h"
 #include "kernels/sign.h"
@@ -75,6 +76,7 @@ void run_round(Round& round, const kernels::CodecConfig& codec, uint64_t step, s
   const size_t count = round.u[0].size();
   round.g.assign(n, std::vector<float>(count, -1234.5f));
   std::vector<CollArgs> args(n);
+  std::vector<coll::MarsitCall> calls(n);  // the method's calls: each rank's compensation
   for (int r = 0; r < n; ++r) {
     CollArgs& a = args[r];
     a.kind = CollKind::kAllReduce, a.count = count, a.dtype = DataType::kFloat32, a.op = RedOp::kAvg;
@@ -83,7 +85,8 @@ void run_round(Round& round, const kernels::CodecConfig& codec, uint64_t step, s
     a.sendbuf = in_place ? round.g[r].data() : round.u[r].data();
     a.recvbuf = round.g[r].data();
     a.codec = &codec;
-    a.compensation = round.compensation(r);
+    calls[r].compensation = round.compensation(r);
+    a.method_call = &calls[r];
     a.rng = kernels::PhiloxKey{codec.seed, step, static_cast<uint32_t>(r), 0};
   }
   round.sim = std::make_shared<SimRun>(run_on_sim(args, "marsit", chunk_bytes, depth));

@@ -13,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/compressed.h"
+#include "collectives/intsgd.h"
+#include "collectives/marsit.h"
 #include "collectives/plan.h"
 #include "kernels/codec.h"
 #include "tests/collectives/sim_runner.h"
@@ -33,6 +36,7 @@ struct Job {
   std::vector<std::vector<uint32_t>> words;
   std::vector<std::vector<float>> eta;
   coll::IntsgdRound round;
+  std::vector<std::unique_ptr<coll::MethodCall>> calls;
 };
 
 void fill(Job& job, const coll::Algorithm& a, int n, size_t count, const kernels::CodecConfig* codec) {
@@ -47,9 +51,19 @@ void fill(Job& job, const coll::Algorithm& a, int n, size_t count, const kernels
     x.peer = (r + 1) % n;
     x.sendbuf = x.recvbuf = reinterpret_cast<void*>(uintptr_t{4096});  // never dereferenced
     x.codec = codec;
-    x.compensation = kernels::Compensation{job.state[r].data(), job.words[r].data(), job.eta[r].data()};
-    x.intsgd = &job.round;
     x.aggregators = 2;
+    if (codec && codec->kind == kernels::CodecKind::kSign) {
+      auto call = std::make_unique<coll::MarsitCall>();
+      call->compensation = kernels::Compensation{job.state[r].data(), job.words[r].data(), job.eta[r].data()};
+      job.calls.push_back(std::move(call));
+    } else if (codec && codec->kind == kernels::CodecKind::kInt) {
+      auto call = std::make_unique<coll::IntsgdCall>(x, nullptr, 0.0);
+      call->set_round(job.round);
+      job.calls.push_back(std::move(call));
+    } else {
+      job.calls.push_back(std::make_unique<coll::QuantizedCall>());
+    }
+    x.method_call = job.calls.back().get();
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 
+#include "collectives/compressed.h"
 #include "kernels/codec.h"
 #include "tests/collectives/sim_runner.h"
 #include "tests/common/reference.h"
@@ -50,6 +51,7 @@ Result run(const Job& job, const std::vector<std::vector<float>>& in, std::vecto
   res.out.assign(job.n, std::vector<float>(job.count, -12345.0f));
   std::vector<std::vector<float>> in_place_buffers = in;  // in place: recvbuff = sendbuff + rank * recvcount
   std::vector<CollArgs> args(job.n);
+  std::vector<coll::QuantizedCall> calls(job.n);  // the method's calls: their residuals
   for (int r = 0; r < job.n; ++r) {
     CollArgs& a = args[r];
     a.kind = CollKind::kReduceScatter, a.count = job.count, a.dtype = DataType::kFloat32, a.op = job.op;
@@ -58,7 +60,8 @@ Result run(const Job& job, const std::vector<std::vector<float>>& in, std::vecto
     a.recvbuf = job.in_place ? in_place_buffers[r].data() + r * job.count : res.out[r].data();
     a.codec = &job.codec;
     a.rng = kernels::PhiloxKey{job.codec.seed, job.step, static_cast<uint32_t>(r), 0};
-    if (residuals) a.residual = (*residuals)[r].data();
+    if (residuals) calls[r].residual = (*residuals)[r].data();
+    a.method_call = &calls[r];
   }
   res.sim = run_on_sim(args, "compressed_pairwise", job.chunk_bytes, job.depth);
   if (job.in_place)

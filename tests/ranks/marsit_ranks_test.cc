@@ -119,7 +119,8 @@ TEST_CASE("Marsit: NaN in one rank's update is qcclNonFinite on every rank, stat
   CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("NaN or Inf"));
   CHECK(std::isnan(g[1234]));
   QCCL_REQUIRE_OK(qcclCodecStateSave(state.handle, after.data(), bytes));
-  const size_t floats = bytes - count * sizeof(float);  // the compensation follows the header
+  // The compensation (src/codec_state.h, format 3): after the header, before the 8-byte checksum.
+  const size_t floats = bytes - 8 - count * sizeof(float);
   CHECK(std::memcmp(before.data() + floats, after.data() + floats, count * sizeof(float)) == 0);
   u[1234] = 0.5f;
   QCCL_REQUIRE_OK(qcclAllReduceCompressed(u.data(), g.data(), count, qcclFloat32, qcclAvg, codec.handle, state.handle,

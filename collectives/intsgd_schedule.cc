@@ -1,4 +1,4 @@
-#include "src/intsgd_schedule.h"
+#include "collectives/intsgd_schedule.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,11 +7,11 @@
 #include "kernels/convert.h"
 #include "kernels/int_codec.h"
 
-namespace qccl {
+namespace qccl::coll {
 
-coll::IntsgdRound intsgd_round(const kernels::CodecConfig& codec, const IntsgdMemory* memory, double lr, size_t count,
+IntsgdRound intsgd_round(const kernels::CodecConfig& codec, const IntsgdMemory* memory, double lr, size_t count,
                                int nranks) {
-  coll::IntsgdRound round;
+  IntsgdRound round;
   double alpha = codec.alpha;
   if (codec.alpha_mode != kernels::IntAlpha::kFixed) {
     if (!memory || !memory->has_r) {
@@ -56,4 +56,4 @@ double intsgd_exact_norm(const void* out, size_t count, kernels::DataType dtype,
   return sum;
 }
 
-}  // namespace qccl
+}  // namespace qccl::coll

@@ -10,15 +10,29 @@
 
 #include "collectives/plan.h"
 #include "kernels/codec.h"
-#include "src/codec_state.h"
 
-namespace qccl {
+namespace qccl::coll {
+
+// IntSGD's round, fixed when the call starts to run: its scale depends on the results of the earlier
+// calls on the same codec state.
+struct IntsgdRound {
+  bool exact = false;  // a float all-reduce (the paper's exact first communication), not integers
+  float alpha = 0;     // the scale every rank shares: m = Int(alpha * x), decoded as S / (n alpha)
+};
+
+// IntSGD's replicated memory (its codec state): identical on every rank, since it changes only through
+// results every rank shares. r is the moving average of ||x^k - x^(k-1)||^2 = eta_(k-1)^2 ||g~||^2
+// (alpha=lr) or of ||g~||^2 (alpha=grad), g~ the decoded average.
+struct IntsgdMemory {
+  double r = 0;
+  bool has_r = false;  // false until a round completed with finite values: the next round is exact
+};
 
 // The round of the next call. Fixed alpha: always integers with it. Adaptive: while the memory has
 // no observation, an exact round (or integers with alpha0 when the codec sets one); then
 // alpha = sqrt(d) / sqrt(2 n r / eta^2 + eps^2), eta = lr (alpha=lr) or 1 (alpha=grad), rounded to
 // float32 (the scale encode multiplies by; at most FLT_MAX). memory may be null (fixed alpha only).
-coll::IntsgdRound intsgd_round(const kernels::CodecConfig& codec, const IntsgdMemory* memory, double lr, size_t count,
+IntsgdRound intsgd_round(const kernels::CodecConfig& codec, const IntsgdMemory* memory, double lr, size_t count,
                                int nranks);
 
 // After a round that completed with finite values: r <- beta r + (1 - beta) v (r <- v the first time),
@@ -34,4 +48,4 @@ double intsgd_integer_norm(double sum_of_squares, float alpha, int nranks);
 double intsgd_exact_norm(const void* out, size_t count, kernels::DataType dtype, kernels::RedOp op, int nranks,
                          size_t* nonfinite);
 
-}  // namespace qccl
+}  // namespace qccl::coll
