@@ -104,6 +104,7 @@ typedef struct qcclComm* qcclComm_t;
 typedef struct qcclRequest* qcclRequest_t;
 typedef struct qcclCodec* qcclCodec_t;
 typedef struct qcclCodecState* qcclCodecState_t;
+typedef struct qcclCodecStore* qcclCodecStore_t;
 
 #define QCCL_UNIQUE_ID_BYTES 128
 /* The root's address and a random 64-bit magic. Copy it to every rank by any side channel; peers
@@ -324,14 +325,20 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
 QCCL_API qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec);
 QCCL_API qcclResult_t qcclCodecDestroy(qcclCodec_t codec);
 
-/* State a codec keeps for one tensor across steps: the error-feedback residual or Marsit's
- * compensation (count float32, owned by qccl, charged to the communicator's QCCL_CODEC_STATE_BUDGET)
- * and the step counter that keys the random rounding (Marsit's round t). Every rank passes its own
- * state at the same step: ranks whose steps differ fail with qcclMismatch. Calls that share a state
- * run one after the other in call order. Create one per tensor you all-reduce (all-gather,
- * reduce-scatter) repeatedly; use it with one tensor size and one collective.
- * Save/Load give a checkpoint: size bytes from qcclCodecStateSize, restored into a state of the same
- * count (a mismatch or a corrupt buffer is qcclInvalidArgument). Not thread-safe per state. */
+/* State a codec keeps for one tensor across steps: the step counter that keys the random rounding
+ * (Marsit's round t), and what the codec's method keeps: the error-feedback residual (ef=on: a
+ * float32 per value), Marsit's compensation (a float32 per value and 8 bytes per 32 values), IntSGD's
+ * moving average (a few bytes; nothing with a fixed alpha). That memory is made at the first call
+ * that needs it and charged to the communicator's QCCL_CODEC_STATE_BUDGET (past it, that call fails
+ * with qcclInvalidUsage before anything is sent); a state serves one method: a call with another
+ * method's codec is qcclInvalidUsage. Every rank passes its own state at the same step: ranks whose
+ * steps differ fail with qcclMismatch. Calls that share a state run one after the other in call
+ * order. Create one per tensor you all-reduce (all-gather, reduce-scatter) repeatedly; use it with
+ * one tensor size and one collective.
+ * Save/Load give a checkpoint: qcclCodecStateSize bytes (ask again after calls: the method's memory
+ * appears at its first call), restored into a state of the same count; a checkpoint of an earlier
+ * qccl release restores too. A mismatch or a corrupt buffer is qcclInvalidArgument and leaves the
+ * state as it was. Not thread-safe per state. */
 QCCL_API qcclResult_t qcclCodecStateCreate(qcclComm_t comm, size_t count, qcclCodecState_t* state);
 QCCL_API qcclResult_t qcclCodecStateDestroy(qcclCodecState_t state);
 QCCL_API qcclResult_t qcclCodecStateSize(qcclCodecState_t state, size_t* bytes);
@@ -342,6 +349,31 @@ QCCL_API qcclResult_t qcclCodecStateLoad(qcclCodecState_t state, const void* buf
  * eps^2), r_k the moving average of ||x^k - x^(k-1)||^2 = eta_(k-1)^2 ||g~||^2 for the SGD step
  * x^(k+1) = x^k - eta_k g~, g~ the all-reduced average. */
 QCCL_API qcclResult_t qcclCodecStateSetLearningRate(qcclCodecState_t state, double lr);
+
+/* A store of many tensors' codec states by a 64-bit key the caller chooses (a parameter's or bucket's
+ * id), for frameworks that compress many tensors: calls on states of different keys run concurrently,
+ * calls on one key in call order. budgetBytes bounds the memory of the store's states (0: only the
+ * communicator's QCCL_CODEC_STATE_BUDGET, which also counts them). Thread-safe. */
+QCCL_API qcclResult_t qcclCodecStoreCreate(qcclComm_t comm, size_t budgetBytes, qcclCodecStore_t* store);
+/* Frees the store and its states' handles (calls in flight keep their states alive). */
+QCCL_API qcclResult_t qcclCodecStoreDestroy(qcclCodecStore_t store);
+/* The state of `key`, made for count values at the first get (another count later is
+ * qcclInvalidArgument). The handle belongs to the store: the same for every get of the key, usable
+ * wherever a qcclCodecState_t is, valid until the store is destroyed; qcclCodecStateDestroy refuses
+ * it (qcclInvalidUsage). */
+QCCL_API qcclResult_t qcclCodecStoreGet(qcclCodecStore_t store, uint64_t key, size_t count,
+                                        qcclCodecState_t* state);
+/* Forgets a key: its handle fails with qcclInvalidUsage until a get makes the key anew. A key the
+ * store does not hold is qcclInvalidArgument. */
+QCCL_API qcclResult_t qcclCodecStoreErase(qcclCodecStore_t store, uint64_t key);
+/* A checkpoint of the whole store (every key's state, versioned): Size, then Save into that many
+ * bytes. Load replaces the store's contents with a checkpoint's (of this release or an earlier
+ * one): handles follow their keys; those of keys the checkpoint lacks act as erased. The restored
+ * states are charged before the old ones are freed. A corrupt buffer is qcclInvalidArgument and
+ * leaves the store as it was. */
+QCCL_API qcclResult_t qcclCodecStoreSize(qcclCodecStore_t store, size_t* bytes);
+QCCL_API qcclResult_t qcclCodecStoreSave(qcclCodecStore_t store, void* buffer, size_t bytes);
+QCCL_API qcclResult_t qcclCodecStoreLoad(qcclCodecStore_t store, const void* buffer, size_t bytes);
 
 /* AllReduce through a codec. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16; op: qcclSum or
  * qcclAvg. state may be NULL unless the codec has ef=on; with a state, its residual and step are

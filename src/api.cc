@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "base/config.h"
 #include "base/errors.h"
@@ -31,7 +33,16 @@ struct qcclCodec {
 };
 
 struct qcclCodecState {
-  std::shared_ptr<qccl::CodecState> state;
+  std::shared_ptr<qccl::CodecState> state;  // null once its store erased the key
+  qcclCodecStore* store = nullptr;          // the store it belongs to (it frees the handle), if any
+  uint64_t key = 0;
+};
+
+// A store's handles live as long as the store, so that a handle of an erased key fails cleanly.
+struct qcclCodecStore {
+  std::shared_ptr<qccl::CodecStore> impl;
+  std::mutex mu;
+  std::map<uint64_t, std::unique_ptr<qcclCodecState>> handles;
 };
 
 namespace qccl {
@@ -65,6 +76,20 @@ Comm& get(qcclComm_t comm) {
 template <class T>
 void require_out(T* p, const char* name) {
   if (!p) fail(qcclInvalidArgument, "%s is NULL", name);
+}
+
+// The codec state behind a handle (a store's handle whose key was erased has none).
+CodecState& state_of(qcclCodecState_t state) {
+  require_out(state, "state");
+  if (!state->state)
+    fail(qcclInvalidUsage, "state: key %llu was erased from its store (qcclCodecStoreGet makes it anew)",
+         static_cast<unsigned long long>(state->key));
+  return *state->state;
+}
+
+qcclCodecStore& store_of(qcclCodecStore_t store) {
+  if (!store || !store->impl) fail(qcclInvalidArgument, "store is NULL (make one with qcclCodecStoreCreate)");
+  return *store;
 }
 
 // The checks a compressed call adds to validate_call's: the generic ones here, then the codec's
@@ -110,7 +135,7 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
   record->args = validate_call(call, c.rank(), c.nranks());
   record->comm = comm->impl;
   if (compressed) {
-    if (state) record->state = state->state;
+    if (state) record->state = state_of(state).shared_from_this();
     validate_compressed(*record, codec, c.aggregators());
     record->codec = codec->config;
     record->args.codec = record->codec.get();
@@ -465,39 +490,111 @@ QCCL_API qcclResult_t qcclCodecStateCreate(qcclComm_t comm, size_t count, qcclCo
 QCCL_API qcclResult_t qcclCodecStateDestroy(qcclCodecState_t state) {
   return api_call("qcclCodecStateDestroy", [&] {
     require_out(state, "state");
+    if (state->store)
+      fail(qcclInvalidUsage, "state belongs to a codec store (key %llu): erase it with qcclCodecStoreErase",
+           static_cast<unsigned long long>(state->key));
     delete state;  // calls in flight keep the state alive
   });
 }
 
 QCCL_API qcclResult_t qcclCodecStateSize(qcclCodecState_t state, size_t* bytes) {
   return api_call("qcclCodecStateSize", [&] {
-    require_out(state, "state");
+    CodecState& s = state_of(state);
     require_out(bytes, "bytes");
-    *bytes = state->state->serialized_bytes();
+    *bytes = s.serialized_bytes();
   });
 }
 
 QCCL_API qcclResult_t qcclCodecStateSave(qcclCodecState_t state, void* buffer, size_t bytes) {
   return api_call("qcclCodecStateSave", [&] {
-    require_out(state, "state");
+    CodecState& s = state_of(state);
     require_out(buffer, "buffer");
-    state->state->save(buffer, bytes);
+    s.save(buffer, bytes);
   });
 }
 
 QCCL_API qcclResult_t qcclCodecStateLoad(qcclCodecState_t state, const void* buffer, size_t bytes) {
   return api_call("qcclCodecStateLoad", [&] {
-    require_out(state, "state");
+    CodecState& s = state_of(state);
     require_out(buffer, "buffer");
-    state->state->load(buffer, bytes);
+    s.load(buffer, bytes);
   });
 }
 
 QCCL_API qcclResult_t qcclCodecStateSetLearningRate(qcclCodecState_t state, double lr) {
   return api_call("qcclCodecStateSetLearningRate", [&] {
-    require_out(state, "state");
+    CodecState& s = state_of(state);
     if (!(lr > 0) || !std::isfinite(lr)) fail(qcclInvalidArgument, "lr = %g: a learning rate is positive and finite", lr);
-    state->state->set_learning_rate(lr);
+    s.set_learning_rate(lr);
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStoreCreate(qcclComm_t comm, size_t budgetBytes, qcclCodecStore_t* store) {
+  return api_call("qcclCodecStoreCreate", [&] {
+    Comm& c = get(comm);
+    require_out(store, "store");
+    auto made = std::make_unique<qcclCodecStore>();
+    made->impl = std::make_shared<CodecStore>(c.state_budget(), budgetBytes);
+    *store = made.release();
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStoreDestroy(qcclCodecStore_t store) {
+  return api_call("qcclCodecStoreDestroy", [&] {
+    store_of(store);
+    delete store;  // its handles with it; calls in flight keep their states alive
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStoreGet(qcclCodecStore_t store, uint64_t key, size_t count, qcclCodecState_t* state) {
+  return api_call("qcclCodecStoreGet", [&] {
+    qcclCodecStore& s = store_of(store);
+    require_out(state, "state");
+    if (count == 0) fail(qcclInvalidArgument, "count = 0: a codec state is for a tensor of at least one value");
+    if (count > (size_t{1} << 60) / sizeof(float)) fail(qcclInvalidArgument, "count = %zu is too large", count);
+    std::lock_guard<std::mutex> lock(s.mu);
+    std::unique_ptr<qcclCodecState>& handle = s.handles[key];
+    if (!handle) handle = std::make_unique<qcclCodecState>(qcclCodecState{nullptr, store, key});
+    handle->state = s.impl->get(key, count);
+    *state = handle.get();
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStoreErase(qcclCodecStore_t store, uint64_t key) {
+  return api_call("qcclCodecStoreErase", [&] {
+    qcclCodecStore& s = store_of(store);
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.impl->erase(key))
+      fail(qcclInvalidArgument, "key = %llu: the store holds no state of that key", static_cast<unsigned long long>(key));
+    auto it = s.handles.find(key);
+    if (it != s.handles.end()) it->second->state = nullptr;
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStoreSize(qcclCodecStore_t store, size_t* bytes) {
+  return api_call("qcclCodecStoreSize", [&] {
+    qcclCodecStore& s = store_of(store);
+    require_out(bytes, "bytes");
+    *bytes = s.impl->serialized_bytes();
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStoreSave(qcclCodecStore_t store, void* buffer, size_t bytes) {
+  return api_call("qcclCodecStoreSave", [&] {
+    qcclCodecStore& s = store_of(store);
+    require_out(buffer, "buffer");
+    s.impl->save(buffer, bytes);
+  });
+}
+
+QCCL_API qcclResult_t qcclCodecStoreLoad(qcclCodecStore_t store, const void* buffer, size_t bytes) {
+  return api_call("qcclCodecStoreLoad", [&] {
+    qcclCodecStore& s = store_of(store);
+    require_out(buffer, "buffer");
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.impl->load(buffer, bytes);
+    // Handles follow their keys to the restored states; those of keys the checkpoint lacks are erased.
+    for (auto& [key, handle] : s.handles) handle->state = s.impl->find(key);
   });
 }
 

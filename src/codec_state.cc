@@ -225,6 +225,12 @@ bool CodecStore::erase(uint64_t key) {
   return states_.erase(key) != 0;
 }
 
+std::shared_ptr<CodecState> CodecStore::find(uint64_t key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = states_.find(key);
+  return it == states_.end() ? nullptr : it->second;
+}
+
 size_t CodecStore::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return states_.size();

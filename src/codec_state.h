@@ -41,7 +41,7 @@ class StateBudget {
   std::atomic<size_t> used_{0};
 };
 
-class CodecState {
+class CodecState : public std::enable_shared_from_this<CodecState> {
  public:
   CodecState(std::shared_ptr<StateBudget> budget, size_t count);
   ~CodecState();
@@ -95,11 +95,15 @@ class CodecStore {
   std::shared_ptr<CodecState> get(uint64_t key, size_t count);
   // Forgets a key (calls in flight keep its state alive). False when there was none.
   bool erase(uint64_t key);
+  // The state of `key`, or null.
+  std::shared_ptr<CodecState> find(uint64_t key) const;
   size_t size() const;
   size_t serialized_bytes() const;
   void save(void* buffer, size_t bytes) const;
-  // Replaces the whole contents with a checkpoint's (this format or an earlier one). Throws
-  // Error(qcclInvalidArgument) naming what is wrong; the store is unchanged then.
+  // Replaces the whole contents with a checkpoint's (this format or an earlier one). The restored
+  // states are charged before the old ones are freed, so a restore needs room for both. Throws
+  // Error(qcclInvalidArgument, or qcclInvalidUsage past a budget) naming what is wrong; the store is
+  // unchanged then.
   void load(const void* buffer, size_t bytes);
   const std::shared_ptr<StateBudget>& budget() const { return budget_; }
 

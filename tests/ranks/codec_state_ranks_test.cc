@@ -1,0 +1,128 @@
+// Keyed codec states through the C API on real processes (src/codec_state.h, qcclCodecStore*): many
+// tensors' error-feedback states in one store, their calls in flight together (per key in call order),
+// a checkpoint of the whole store that replays the same bits, erased keys, a store's own budget, and
+// handles that refuse to be destroyed outside their store.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "tests/ranks/rank_test_util.h"
+
+namespace qccl::test {
+namespace {
+
+constexpr uint64_t kKeys[] = {11, 12, uint64_t{1} << 50, 7};
+constexpr size_t kCounts[] = {1000, 4096, 33, 70000};
+
+struct Store {
+  qcclCodecStore_t handle = nullptr;
+  Store(qcclComm_t comm, size_t budget) { QCCL_REQUIRE_OK(qcclCodecStoreCreate(comm, budget, &handle)); }
+  ~Store() { qcclCodecStoreDestroy(handle); }
+};
+
+float input(int rank, size_t key_index, int round, size_t i) {
+  return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + rank + 3.1 * static_cast<double>(key_index) + round));
+}
+
+// Round `round` of every key: all calls in flight at once (non-blocking), or one after the other.
+std::vector<std::vector<float>> run_round(qcclCodecStore_t store, const Codec& codec, int round, bool overlapped) {
+  World& w = World::get();
+  std::vector<std::vector<float>> in(std::size(kKeys)), out(std::size(kKeys));
+  std::vector<qcclRequest_t> requests;
+  for (size_t k = 0; k < std::size(kKeys); ++k) {
+    in[k].resize(kCounts[k]);
+    out[k].assign(kCounts[k], -1.0f);
+    for (size_t i = 0; i < kCounts[k]; ++i) in[k][i] = input(w.rank(), k, round, i);
+    qcclCodecState_t state = nullptr;
+    QCCL_REQUIRE_OK(qcclCodecStoreGet(store, kKeys[k], kCounts[k], &state));
+    if (overlapped) {
+      requests.emplace_back();
+      QCCL_REQUIRE_OK(qcclIAllReduceCompressed(in[k].data(), out[k].data(), kCounts[k], qcclFloat32, qcclAvg,
+                                               codec.handle, state, w.comm(), &requests.back()));
+    } else {
+      QCCL_REQUIRE_OK(qcclAllReduceCompressed(in[k].data(), out[k].data(), kCounts[k], qcclFloat32, qcclAvg,
+                                              codec.handle, state, w.comm()));
+    }
+  }
+  for (qcclRequest_t& r : requests) QCCL_REQUIRE_OK(qcclWait(&r));
+  return out;
+}
+
+std::vector<uint8_t> save(qcclCodecStore_t store) {
+  size_t bytes = 0;
+  QCCL_REQUIRE_OK(qcclCodecStoreSize(store, &bytes));
+  std::vector<uint8_t> buffer(bytes);
+  QCCL_REQUIRE_OK(qcclCodecStoreSave(store, buffer.data(), bytes));
+  return buffer;
+}
+
+}  // namespace
+
+TEST_CASE("keyed states: calls on different keys in flight together give the bits of calls one by one",
+          "[codec_state]") {
+  World& w = World::get();
+  Codec codec("q4:ef=on,round=stochastic,seed=5");
+  Store overlapped(w.comm(), 0), sequential(w.comm(), 0);
+  for (int round = 0; round < 3; ++round) {
+    const auto a = run_round(overlapped.handle, codec, round, true);
+    const auto b = run_round(sequential.handle, codec, round, false);
+    for (size_t k = 0; k < std::size(kKeys); ++k) {
+      INFO("round " << round << " key " << kKeys[k]);
+      REQUIRE(a[k] == b[k]);
+      require_same_everywhere(a[k].data(), a[k].size() * sizeof(float));
+    }
+  }
+  // The residuals evolved identically too.
+  CHECK(save(overlapped.handle) == save(sequential.handle));
+}
+
+TEST_CASE("keyed states: a store checkpoint replays a round bit for bit", "[codec_state]") {
+  World& w = World::get();
+  Codec codec("q2:ef=on,round=stochastic");
+  Store store(w.comm(), 0);
+  run_round(store.handle, codec, 0, true);
+  const std::vector<uint8_t> checkpoint = save(store.handle);
+  const auto first = run_round(store.handle, codec, 1, true);
+  run_round(store.handle, codec, 2, true);
+  QCCL_REQUIRE_OK(qcclCodecStoreLoad(store.handle, checkpoint.data(), checkpoint.size()));
+  const auto replay = run_round(store.handle, codec, 1, true);  // same steps, same residuals: same bits
+  for (size_t k = 0; k < std::size(kKeys); ++k) CHECK(replay[k] == first[k]);
+
+  // Into a fresh store too, whose handles are made by the gets after the load.
+  Store other(w.comm(), 0);
+  QCCL_REQUIRE_OK(qcclCodecStoreLoad(other.handle, checkpoint.data(), checkpoint.size()));
+  CHECK(run_round(other.handle, codec, 1, false) == first);
+}
+
+TEST_CASE("keyed states: handles, erased keys, and a store's own budget", "[codec_state]") {
+  World& w = World::get();
+  Store store(w.comm(), 100000);
+  qcclCodecState_t a = nullptr, again = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecStoreGet(store.handle, 5, 1000, &a));
+  QCCL_REQUIRE_OK(qcclCodecStoreGet(store.handle, 5, 1000, &again));
+  CHECK(a == again);
+  CHECK(qcclCodecStoreGet(store.handle, 5, 999, &again) == qcclInvalidArgument);
+  CHECK(qcclCodecStateDestroy(a) == qcclInvalidUsage);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("belongs to a codec store"));
+
+  Codec ef("q8:ef=on");
+  std::vector<float> x(30000, 0.5f), y(x.size());
+  QCCL_REQUIRE_OK(qcclCodecStoreErase(store.handle, 5));
+  CHECK(qcclAllReduceCompressed(x.data(), y.data(), 1000, qcclFloat32, qcclSum, ef.handle, a, w.comm()) ==
+        qcclInvalidUsage);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("key 5 was erased"));
+  CHECK(qcclCodecStoreErase(store.handle, 5) == qcclInvalidArgument);
+
+  // 30,000 values of residual (120 kB) exceed the store's 100 kB: refused before anything is sent.
+  qcclCodecState_t big = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecStoreGet(store.handle, 6, x.size(), &big));
+  CHECK(qcclAllReduceCompressed(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, ef.handle, big, w.comm()) ==
+        qcclInvalidUsage);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("the store's budget"));
+  QCCL_REQUIRE_OK(qcclCodecStoreGet(store.handle, 5, 1000, &again));  // the key made anew
+  CHECK(again == a);
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), y.data(), 1000, qcclFloat32, qcclSum, ef.handle, a, w.comm()));
+  for (size_t i = 0; i < 1000; ++i) REQUIRE(std::fabs(y[i] - 0.5f * w.size()) <= 0.5f * w.size() / 255 + 1e-5f);
+}
+
+}  // namespace qccl::test
