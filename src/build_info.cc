@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/config.h"
+#include "collectives/method.h"
 #include "collectives/plan.h"
 #include "include/qccl.h"
 #include "kernels/reduce.h"
@@ -37,6 +38,11 @@ void print_algorithms(FILE* out) {
     std::fprintf(out, "  %-14s %-20s %-12s %-28s %s\n", coll::coll_name(a.collective), a.name, range.c_str(),
                 a.wire_bytes, a.description);
   }
+}
+
+void print_methods(FILE* out) {
+  std::fprintf(out, "#\n# %-10s %s\n", "method", "codecs and description");
+  for (const coll::Method* m : coll::methods()) std::fprintf(out, "  %-10s %s\n", m->name(), m->description());
 }
 
 }  // namespace qccl

@@ -6,6 +6,7 @@
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "collectives/method.h"
 
 namespace qccl {
 
@@ -126,14 +127,16 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes) : min_bytes_
     } catch (const kernels::CodecSpecError& e) {
       fail(qcclInvalidArgument, "QCCL_CODEC: %s", e.what());
     }
-    const bool adaptive_int = codec->kind == kernels::CodecKind::kInt && codec->alpha_mode != kernels::IntAlpha::kFixed;
-    if (codec->error_feedback || codec->kind == kernels::CodecKind::kSign || adaptive_int)
-      fail(qcclInvalidArgument, "QCCL_CODEC: '%s': %s needs a codec state; use qcclAllReduceCompressed with a "
-           "state from qcclCodecStateCreate%s", codec_spec.c_str(),
-           codec->error_feedback                 ? "error feedback"
-           : codec->kind == kernels::CodecKind::kSign ? "Marsit (its compensation)"
-                                                      : "IntSGD's adaptive alpha (its moving average)",
-           adaptive_int ? ", or give a fixed alpha=A" : "");
+    // The codec's method must accept a plain all-reduce without a state (error feedback, Marsit and
+    // an adaptive IntSGD alpha keep one): refused here, at communicator creation.
+    const coll::Method* method = coll::method_for(*codec);
+    coll::CollArgs plain;
+    plain.kind = coll::CollKind::kAllReduce, plain.count = 1, plain.nranks = 2, plain.codec = codec.get();
+    plain.dtype = types.front(), plain.op = kernels::RedOp::kSum;
+    if (!method) fail(qcclInvalidArgument, "QCCL_CODEC: '%s' has no method", codec_spec.c_str());
+    if (auto refusal = method->refuse(plain, nullptr, /*aggregators=*/1))
+      fail(qcclInvalidArgument, "QCCL_CODEC: '%s' cannot compress plain qcclAllReduce calls: %s", codec_spec.c_str(),
+           refusal->message.c_str());
     for (kernels::DataType t : types) by_type_[t] = codec;
   }
 }

@@ -10,9 +10,10 @@ namespace {
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "Usage: qccl_info [-a] [-e] [-v] [-h]\n"
+               "Usage: qccl_info [-a] [-m] [-e] [-v] [-h]\n"
                "Prints what this build of qccl provides (everything when no option is given).\n"
                "  -a   algorithms: name, collective, default size range, wire bytes per rank, description\n"
+               "  -m   compression methods: name, the codecs each serves\n"
                "  -e   environment: every QCCL_* variable, its default, and its value in this environment\n"
                "  -v   versions: qccl, UCX, and the vector target the reduction kernels dispatch to\n"
                "  -h   this help\n"
@@ -22,10 +23,11 @@ void usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool a = false, e = false, v = false;
+  bool a = false, e = false, v = false, m = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "-a")) a = true;
     else if (!std::strcmp(argv[i], "-e")) e = true;
+    else if (!std::strcmp(argv[i], "-m")) m = true;
     else if (!std::strcmp(argv[i], "-v")) v = true;
     else if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) return usage(stdout), 0;
     else {
@@ -34,9 +36,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!a && !e && !v) a = e = v = true;
+  if (!a && !e && !v && !m) a = e = v = m = true;
   if (v) qccl::print_versions(stdout);
   if (e) qccl::print_environment(stdout);
   if (a) qccl::print_algorithms(stdout);
+  if (m) qccl::print_methods(stdout);
   return 0;
 }

@@ -215,7 +215,8 @@ TEST_CASE("QCCL_CODEC policy: plain all-reduce calls above the threshold are com
 
   config.codec = "q8:ef=on";
   CHECK(qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config) == qcclInvalidArgument);
-  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("error feedback needs a codec state"));
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)),
+             Catch::Contains("cannot compress plain qcclAllReduce calls: state is NULL but codec"));
 }
 
 TEST_CASE("bad codec arguments are refused before anything is sent, naming the token", "[compressed]") {
