@@ -24,10 +24,12 @@ class IntsgdState final : public MethodState {
   void save(uint8_t* out) const override {
     uint64_t r, flags = memory_.has_r ? 1 : 0;
     std::memcpy(&r, &memory_.r, sizeof(r));
-    for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(r >> (8 * i)), out[8 + i] = static_cast<uint8_t>(flags >> (8 * i));
+    for (int i = 0; i < 8; ++i)
+      out[i] = static_cast<uint8_t>(r >> (8 * i)), out[8 + i] = static_cast<uint8_t>(flags >> (8 * i));
   }
   void load(const uint8_t* in, size_t bytes, uint32_t version) override {
-    if (version != 1) throw std::invalid_argument("IntSGD memory of format " + std::to_string(version) + " (this is 1)");
+    if (version != 1)
+      throw std::invalid_argument("IntSGD memory of format " + std::to_string(version) + " (this is 1)");
     if (bytes != serialized_bytes())
       throw std::invalid_argument("IntSGD memory of " + std::to_string(bytes) + " bytes (expected 16)");
     uint64_t r = 0, flags = 0;

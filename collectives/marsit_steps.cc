@@ -11,8 +11,9 @@
 namespace qccl::coll {
 
 MarsitSteps::MarsitSteps(const CollArgs& args)
-    : bound_{args.method_call ? static_cast<const MarsitCall*>(args.method_call)->compensation : kernels::Compensation{},
-             args.rng, args.codec ? args.codec->eta : 0.0f} {
+    : bound_{
+          args.method_call ? static_cast<const MarsitCall*>(args.method_call)->compensation : kernels::Compensation{},
+          args.rng, args.codec ? args.codec->eta : 0.0f} {
   pack_.b = merge_.b = decode_.b = add_.b = reset_.b = &bound_;
 }
 
@@ -21,8 +22,8 @@ void MarsitSteps::pack_signs(Program& p, uint32_t* dst, const float* u, size_t f
   p.compute(step::Compute{&pack_, dst, u, backup, count, first, 0, 0, 0});
 }
 
-void MarsitSteps::merge_signs(Program& p, uint32_t* dst, const uint32_t* incoming, const uint32_t* local,
-                              size_t words, uint32_t k, uint32_t stream, uint64_t first_word) const {
+void MarsitSteps::merge_signs(Program& p, uint32_t* dst, const uint32_t* incoming, const uint32_t* local, size_t words,
+                              uint32_t k, uint32_t stream, uint64_t first_word) const {
   p.compute(step::Compute{&merge_, dst, incoming, local, words, first_word, k, stream, 0});
 }
 

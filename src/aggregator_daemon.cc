@@ -110,8 +110,10 @@ class Job {
     for (int r = 0; r < n_; ++r) {
       for (Posted& p : posted_[r]) {
         switch (transport_->test(p.handle, &done, &error)) {
-          case transport::Poll::kPending: break;
-          case transport::Poll::kFailed: throw std::runtime_error("a receive from rank " + std::to_string(r) + " failed: " + error);
+          case transport::Poll::kPending:
+            break;
+          case transport::Poll::kFailed:
+            throw std::runtime_error("a receive from rank " + std::to_string(r) + " failed: " + error);
           case transport::Poll::kDone:
             moved = true;
             contribute(r, done.key, p.buffer.data(), done.bytes);
@@ -126,9 +128,14 @@ class Job {
       for (transport::Handle& h : s.sends) {
         if (h.empty()) continue;
         switch (transport_->test(h, &done, &error)) {
-          case transport::Poll::kPending: all = false; break;
-          case transport::Poll::kFailed: throw std::runtime_error("sending a sum failed: " + error);
-          case transport::Poll::kDone: moved = true; break;
+          case transport::Poll::kPending:
+            all = false;
+            break;
+          case transport::Poll::kFailed:
+            throw std::runtime_error("sending a sum failed: " + error);
+          case transport::Poll::kDone:
+            moved = true;
+            break;
         }
       }
       if (!all) continue;
@@ -191,7 +198,7 @@ class Job {
       if (!same) slot->mismatch = true;
       if (!slot->mismatch)
         kernels::int_add(h.bits, data + SwitchChunkHeader::kBytes, slot->sum.data() + SwitchChunkHeader::kBytes,
-                               h.count);
+                         h.count);
     }
     slot->from[static_cast<size_t>(rank)] = true;
     slot->key |= key & kTaintBit;
@@ -336,13 +343,11 @@ int run_aggregator_daemon(const AggregatorDaemonOptions& o) {
       jobs.push_back(std::make_unique<Job>(std::move(formed.sockets), std::move(formed.hellos), o));
       if (o.verbose)
         std::fprintf(stderr, "qccl_aggregator: job %016llx of %d ranks formed (aggregator %d)\n",
-                     static_cast<unsigned long long>(jobs.back()->id()), jobs.back()->nranks(),
-                     hello.index);
+                     static_cast<unsigned long long>(jobs.back()->id()), jobs.back()->nranks(), hello.index);
     } catch (const Error& e) {
       std::fprintf(stderr, "qccl_aggregator: registration from %s: %s\n", from.c_str(), e.what());
     }
   }
 }
-
 
 }  // namespace qccl

@@ -31,12 +31,12 @@ void print_environment(FILE* out) {
 }
 
 void print_algorithms(FILE* out) {
-  std::fprintf(out, "#\n# %-14s %-20s %-12s %-28s %s\n", "collective", "algorithm", "default up to", "wire bytes per rank",
-              "description");
+  std::fprintf(out, "#\n# %-14s %-20s %-12s %-28s %s\n", "collective", "algorithm", "default up to",
+               "wire bytes per rank", "description");
   for (const coll::Algorithm& a : coll::algorithms()) {
     std::string range = a.default_max_bytes ? std::to_string(a.default_max_bytes) + " B" : "any size";
     std::fprintf(out, "  %-14s %-20s %-12s %-28s %s\n", coll::coll_name(a.collective), a.name, range.c_str(),
-                a.wire_bytes, a.description);
+                 a.wire_bytes, a.description);
   }
 }
 

@@ -120,8 +120,9 @@ void CodecState::load(const void* buffer, size_t bytes) {
   ByteReader r(data, bytes, "codec state checkpoint", qcclInvalidArgument);
   const uint32_t magic = r.get<uint32_t>(), version = r.get<uint32_t>();
   if (magic != kStateMagic || version < 1 || version > kStateVersion)
-    fail(qcclInvalidArgument, "buffer is not a qccl codec state checkpoint of format 1 to %u (magic 0x%08x, version %u)",
-         kStateVersion, magic, version);
+    fail(qcclInvalidArgument,
+         "buffer is not a qccl codec state checkpoint of format 1 to %u (magic 0x%08x, version %u)", kStateVersion,
+         magic, version);
   const uint64_t count = r.get<uint64_t>(), step = r.get<uint64_t>();
   if (count != count_)
     fail(qcclInvalidArgument, "checkpoint holds a state of %llu values, this state has %zu",
@@ -179,7 +180,9 @@ void CodecState::load(const void* buffer, size_t bytes) {
   const coll::Method* method = nullptr;
   if (!name.empty()) {
     method = coll::find_method(name);
-    if (!method) fail(qcclInvalidArgument, "checkpoint holds the state of method '%s', which this build does not have", name.c_str());
+    if (!method)
+      fail(qcclInvalidArgument, "checkpoint holds the state of method '%s', which this build does not have",
+           name.c_str());
     if (method_ && method_ != method)
       fail(qcclInvalidArgument, "checkpoint holds %s's state, but this state is %s's", name.c_str(), method_->name());
   }
@@ -203,8 +206,8 @@ void CodecState::load(const void* buffer, size_t bytes) {
 // ---- Many tensors' states ------------------------------------------------------------------------
 
 CodecStore::CodecStore(std::shared_ptr<StateBudget> comm_budget, size_t limit)
-    : budget_(std::make_shared<StateBudget>(limit ? limit : ~size_t{0}, std::move(comm_budget),
-                                            "the store's budget")) {}
+    : budget_(std::make_shared<StateBudget>(limit ? limit : ~size_t{0}, std::move(comm_budget), "the store's budget")) {
+}
 
 std::shared_ptr<CodecState> CodecStore::get(uint64_t key, size_t count) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -245,7 +248,8 @@ size_t CodecStore::serialized_bytes() const {
 
 void CodecStore::save(void* buffer, size_t bytes) const {
   const size_t need = serialized_bytes();
-  if (bytes < need) fail(qcclInvalidArgument, "bytes = %zu is smaller than the store's %zu (qcclCodecStoreSize)", bytes, need);
+  if (bytes < need)
+    fail(qcclInvalidArgument, "bytes = %zu is smaller than the store's %zu (qcclCodecStoreSize)", bytes, need);
   std::lock_guard<std::mutex> lock(mu_);
   ByteWriter w;
   w.put<uint32_t>(kStoreMagic);
@@ -267,8 +271,9 @@ void CodecStore::load(const void* buffer, size_t bytes) {
   ByteReader r(data, bytes, "codec store checkpoint", qcclInvalidArgument);
   const uint32_t magic = r.get<uint32_t>(), version = r.get<uint32_t>();
   if (magic != kStoreMagic || version < 1 || version > kStoreVersion)
-    fail(qcclInvalidArgument, "buffer is not a qccl codec store checkpoint of format 1 to %u (magic 0x%08x, version %u)",
-         kStoreVersion, magic, version);
+    fail(qcclInvalidArgument,
+         "buffer is not a qccl codec store checkpoint of format 1 to %u (magic 0x%08x, version %u)", kStoreVersion,
+         magic, version);
   const uint64_t entries = r.get<uint64_t>();
   std::map<uint64_t, std::shared_ptr<CodecState>> restored;
   for (uint64_t i = 0; i < entries; ++i) {

@@ -42,16 +42,14 @@ class HostExecution final : public Execution {
   const coll::Algorithm& algorithm() const override { return algorithm_; }
   const coll::Plan& plan() const override { return *plan_; }
   const OperationIdentity& identity() const override { return identity_; }
-  void set_codec_scale(double scale) override {
-    identity_.header.codec_scale = identity_.expected.codec_scale = scale;
-  }
+  void set_codec_scale(double scale) override { identity_.header.codec_scale = identity_.expected.codec_scale = scale; }
 
  private:
   struct Transfer {
     transport::Handle handle;
     int peer = -1;
-    size_t bytes = 0;             // the posted length (a receive's capacity)
-    size_t* received = nullptr;   // a variable-length receive stores its length here
+    size_t bytes = 0;            // the posted length (a receive's capacity)
+    size_t* received = nullptr;  // a variable-length receive stores its length here
   };
   struct Slot {
     size_t fragment = kIdle;
@@ -130,8 +128,13 @@ HostExecution::HostExecution(transport::Transport& transport, const HostExecutor
                              const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                              const OperationIdentity& identity, std::byte* scratch,
                              const std::vector<std::string>* names)
-    : transport_(transport), options_(options), algorithm_(algorithm), plan_(std::move(plan)), identity_(identity),
-      names_(names), last_progress_(Clock::now()) {
+    : transport_(transport),
+      options_(options),
+      algorithm_(algorithm),
+      plan_(std::move(plan)),
+      identity_(identity),
+      names_(names),
+      last_progress_(Clock::now()) {
   const size_t fragments = plan_->fragments();
   slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(options.depth, 1)), std::max<size_t>(fragments, 1)));
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -185,8 +188,8 @@ void HostExecution::start() {
       identity_.header.encode(round.send.bytes);
     }
     AgreementRound& first = agreement_[0];
-    first.send.handle = transport_.isend(first.send.peer, key(kFirstAgreementMessage), first.send.bytes,
-                                         sizeof(first.send.bytes));
+    first.send.handle =
+        transport_.isend(first.send.peer, key(kFirstAgreementMessage), first.send.bytes, sizeof(first.send.bytes));
     first.sent = true;
   }
   for (Slot& slot : slots_) next_fragment(slot);
@@ -211,8 +214,11 @@ bool HostExecution::poll_headers() {
   for (HeaderLink& link : header_sends_) {
     if (link.done) continue;
     switch (transport_.test(link.handle, &done, &error)) {
-      case transport::Poll::kPending: break;
-      case transport::Poll::kDone: link.done = moved = true; break;
+      case transport::Poll::kPending:
+        break;
+      case transport::Poll::kDone:
+        link.done = moved = true;
+        break;
       case transport::Poll::kFailed:
         fail(qcclRemoteError, "%s: sending the frame header to %s failed: %s", identity_.header.describe().c_str(),
              name(link.peer).c_str(), error.c_str());
@@ -223,7 +229,9 @@ bool HostExecution::poll_headers() {
   for (HeaderLink& link : header_recvs_) {
     if (link.done) continue;
     switch (transport_.test(link.handle, &done, &error)) {
-      case transport::Poll::kPending: all = false; break;
+      case transport::Poll::kPending:
+        all = false;
+        break;
       case transport::Poll::kFailed:
         fail(qcclRemoteError, "%s: receiving the frame header from %s failed: %s",
              identity_.expected.describe().c_str(), name(link.peer).c_str(), error.c_str());
@@ -255,8 +263,11 @@ bool HostExecution::poll_agreement() {
     AgreementRound& round = agreement_[k];
     if (round.sent && !round.send.done) {
       switch (transport_.test(round.send.handle, &done, &error)) {
-        case transport::Poll::kPending: break;
-        case transport::Poll::kDone: round.send.done = moved = true; break;
+        case transport::Poll::kPending:
+          break;
+        case transport::Poll::kDone:
+          round.send.done = moved = true;
+          break;
         case transport::Poll::kFailed:
           fail(qcclRemoteError, "%s: sending the frame header (agreement round %zu) to %s failed: %s",
                identity_.header.describe().c_str(), k, name(round.send.peer).c_str(), error.c_str());
@@ -264,7 +275,8 @@ bool HostExecution::poll_agreement() {
     }
     if (round.recv.done) continue;
     switch (transport_.test(round.recv.handle, &done, &error)) {
-      case transport::Poll::kPending: break;
+      case transport::Poll::kPending:
+        break;
       case transport::Poll::kFailed:
         fail(qcclRemoteError, "%s: receiving the frame header (agreement round %zu) from %s failed: %s",
              identity_.expected.describe().c_str(), k, name(round.recv.peer).c_str(), error.c_str());
@@ -278,9 +290,9 @@ bool HostExecution::poll_agreement() {
     ++agreed_rounds_;
     if (agreed_rounds_ == agreement_.size()) break;
     AgreementRound& next = agreement_[agreed_rounds_];
-    next.send.handle = transport_.isend(next.send.peer,
-                                        key(kFirstAgreementMessage + static_cast<uint32_t>(agreed_rounds_)),
-                                        next.send.bytes, sizeof(next.send.bytes));
+    next.send.handle =
+        transport_.isend(next.send.peer, key(kFirstAgreementMessage + static_cast<uint32_t>(agreed_rounds_)),
+                         next.send.bytes, sizeof(next.send.bytes));
     next.sent = moved = true;
   }
   return moved;
@@ -294,14 +306,16 @@ bool HostExecution::complete(Transfer& t, bool* moved, bool* tainted) {
   transport::Completion done;
   std::string error;
   switch (transport_.test(t.handle, &done, &error)) {
-    case transport::Poll::kPending: return false;
+    case transport::Poll::kPending:
+      return false;
     case transport::Poll::kFailed:
       if (done.truncated)  // a longer message than this rank's plan expects: the ranks disagree
         fail(qcclMismatch, "%s: %s sent a message longer than the %zu bytes this rank expects: %s",
              identity_.expected.describe().c_str(), name(t.peer).c_str(), t.bytes, error.c_str());
       fail(qcclRemoteError, "%s: %s %s failed: %s", identity_.header.describe().c_str(),
            receive ? "receiving from" : "sending to", name(t.peer).c_str(), error.c_str());
-    case transport::Poll::kDone: break;
+    case transport::Poll::kDone:
+      break;
   }
   *moved = true;
   if (receive) {
@@ -409,8 +423,10 @@ bool HostExecution::execute(const CodecStep& s, Slot&, bool*) {
   const auto begin = Clock::now();
   double* phase = &stats_.decode_seconds;
   if constexpr (std::is_same_v<CodecStep, step::Load>) {
-    if (s.add) kernels::load_add_float(args.dtype, s.src, s.dst, s.count);
-    else kernels::load_float(args.dtype, s.src, s.dst, s.count);
+    if (s.add)
+      kernels::load_add_float(args.dtype, s.src, s.dst, s.count);
+    else
+      kernels::load_float(args.dtype, s.src, s.dst, s.count);
   } else if constexpr (std::is_same_v<CodecStep, step::AddFloat>) {
     kernels::add_float(s.src, s.dst, s.count);
   } else if constexpr (std::is_same_v<CodecStep, step::Divide>) {
@@ -528,8 +544,8 @@ std::unique_ptr<Execution> HostExecutor::launch(const coll::Algorithm& algorithm
 }
 
 std::string HostExecutor::describe() const {
-  return format("host executor, pipeline depth %d%s, over %s", options_.depth,
-                options_.ordered ? ", ordered" : "", transport_.describe().c_str());
+  return format("host executor, pipeline depth %d%s, over %s", options_.depth, options_.ordered ? ", ordered" : "",
+                transport_.describe().c_str());
 }
 
 }  // namespace qccl

@@ -50,17 +50,17 @@ namespace qccl {
 struct OperationIdentity {
   uint64_t sequence = 0;  // the collective's number on the communicator (per peer for point-to-point)
   bool p2p = false;
-  FrameHeader header;     // what this rank sends on each of its links
-  FrameHeader expected;   // what it expects from each peer (differs only for Recv)
+  FrameHeader header;    // what this rank sends on each of its links
+  FrameHeader expected;  // what it expects from each peer (differs only for Recv)
 };
 
 // What an execution measured, read once it finished.
 struct ExecutionStats {
-  uint64_t bytes_sent = 0;      // payload bytes this rank put on the wire (actual lengths)
+  uint64_t bytes_sent = 0;  // payload bytes this rank put on the wire (actual lengths)
   uint64_t bytes_received = 0;
-  double encode_seconds = 0;    // compressed collectives: time in encode steps...
-  double decode_seconds = 0;    // ...and in decode, float32 load and sum steps
-  size_t nonfinite = 0;         // output values that decoded to NaN or Inf (the same on every rank)
+  double encode_seconds = 0;  // compressed collectives: time in encode steps...
+  double decode_seconds = 0;  // ...and in decode, float32 load and sum steps
+  size_t nonfinite = 0;       // output values that decoded to NaN or Inf (the same on every rank)
 };
 
 // One call being run by an executor.

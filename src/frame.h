@@ -3,14 +3,15 @@
 // codecs) fail with a message that says so, instead of exchanging garbage.
 //
 // How it travels. Every payload message carries a compact header in its transport key: the
-// collective's sequence number (15 bits) and a 12-bit fingerprint of the fields below; a receive
-// accepts any fingerprint and checks it on arrival. The full 64-byte header is sent once per link of
-// the plan (Plan::links) per collective, ahead of the payload on the same connection, and checked
-// before any payload from that peer is used. The payload itself therefore lands zero-copy in the
-// user's buffer (UCX's rendezvous reads it straight from the sender), which a header glued in front
-// of each chunk would prevent. Broadcast and Reduce also send it through ceil(log2 n) agreement
-// rounds (src/executor.h), since ranks that disagree on the root may share no link; a rooted
-// collective completes on no rank until every rank is known to have announced the same header.
+// collective's sequence number (its low 14 bits, src/message_key.h) and a 12-bit fingerprint of the
+// fields below; a receive accepts any fingerprint and checks it on arrival. The full 64-byte header
+// is sent once per link of the plan (Plan::links) per collective, ahead of the payload on the same
+// connection, and checked before any payload from that peer is used. The payload itself therefore
+// lands zero-copy in the user's buffer (UCX's rendezvous reads it straight from the sender), which
+// a header glued in front of each chunk would prevent. Broadcast and Reduce also send it through
+// ceil(log2 n) agreement rounds (src/executor.h), since ranks that disagree on the root may share
+// no link; a rooted collective completes on no rank until every rank is known to have announced the
+// same header.
 #pragma once
 
 #include <cstddef>

@@ -116,8 +116,8 @@ TEST_CASE("every registered plan is ordered: each pair's messages are received i
     if (a.collective == CollKind::kSend || a.collective == CollKind::kRecv) continue;  // one message each way
     for (int n : {1, 2, 3, 5, 6}) {
       // The codecs an algorithm may take: none, then each it accepts.
-      for (const kernels::CodecConfig* codec : {static_cast<const kernels::CodecConfig*>(nullptr), &q8, &sign,
-                                                &torus, &int8, &int8_switch}) {
+      for (const kernels::CodecConfig* codec :
+           {static_cast<const kernels::CodecConfig*>(nullptr), &q8, &sign, &torus, &int8, &int8_switch}) {
         for (uint64_t step : {uint64_t{0}, uint64_t{1}}) {  // Marsit: full precision, then a sign round
           for (bool exact : {true, false}) {                // IntSGD: the exact round, then integers
             Job job;

@@ -21,7 +21,8 @@ struct Store {
 };
 
 float input(int rank, size_t key_index, int round, size_t i) {
-  return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + rank + 3.1 * static_cast<double>(key_index) + round));
+  return static_cast<float>(
+      std::sin(0.37 * static_cast<double>(i) + rank + 3.1 * static_cast<double>(key_index) + round));
 }
 
 // Round `round` of every key: all calls in flight at once (non-blocking), or one after the other.

@@ -111,8 +111,8 @@ TEST_CASE("codec state: Marsit's compensation is checkpointed as c itself, its p
   auto call = begin(a, sign, args);
   kernels::Compensation c = static_cast<coll::MarsitCall*>(call.get())->compensation;
   for (int i = 0; i < 64; ++i) c.stored[i] = 1.0f + i;  // w after a pack
-  c.words[0] = 0xffffffffu, c.words[1] = 0;               // the decoded bits of a round...
-  c.eta[0] = c.eta[1] = 0.5f;                             // ...pending: c = w - g
+  c.words[0] = 0xffffffffu, c.words[1] = 0;             // the decoded bits of a round...
+  c.eta[0] = c.eta[1] = 0.5f;                           // ...pending: c = w - g
   CHECK(budget->used() == 64 * 4 + 2 * 8);
 
   const std::vector<uint8_t> bytes = save(a);
@@ -209,8 +209,9 @@ TEST_CASE("codec state: one method per state; corrupt, foreign and mismatched ch
   coll::CollArgs args;
   CodecState marsit(budget, 32);
   begin(marsit, kernels::parse_codec_spec("sign:eta_s=1"), args);
-  CHECK(code_of([&] { marsit.bind(method_of(kernels::parse_codec_spec("q8:ef=on")), kernels::parse_codec_spec("q8:ef=on")); }) ==
-        qcclInvalidUsage);
+  CHECK(code_of([&] {
+          marsit.bind(method_of(kernels::parse_codec_spec("q8:ef=on")), kernels::parse_codec_spec("q8:ef=on"));
+        }) == qcclInvalidUsage);
 
   CodecState quantized(budget, 32);
   auto call = begin(quantized, kernels::parse_codec_spec("q8:ef=on"), args);
@@ -232,8 +233,10 @@ TEST_CASE("codec state: one method per state; corrupt, foreign and mismatched ch
   CHECK(save(quantized) == bytes);
 }
 
-TEST_CASE("codec state budgets: charged when a method's state is made, released when it goes; a store's sits "
-          "inside its communicator's", "[codec_state]") {
+TEST_CASE(
+    "codec state budgets: charged when a method's state is made, released when it goes; a store's sits "
+    "inside its communicator's",
+    "[codec_state]") {
   auto comm_budget = std::make_shared<StateBudget>(10000);
   coll::CollArgs args;
   const kernels::CodecConfig ef = kernels::parse_codec_spec("q8:ef=on");
@@ -245,7 +248,7 @@ TEST_CASE("codec state budgets: charged when a method's state is made, released 
     CHECK(comm_budget->used() == 2000);
     auto b = store.get(2, 500);
     CHECK(code_of([&] { begin(*b, ef, args); }) == qcclInvalidUsage);  // past the store's 3000
-    CHECK(comm_budget->used() == 2000);                                 // nothing kept of the refusal
+    CHECK(comm_budget->used() == 2000);                                // nothing kept of the refusal
     CHECK(store.get(1, 500) == a);
     CHECK(code_of([&] { store.get(1, 501); }) == qcclInvalidArgument);
     CHECK(store.erase(1));
