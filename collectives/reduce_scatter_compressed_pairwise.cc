@@ -36,7 +36,7 @@ namespace {
 class ReduceScatterCompressedPairwise final : public Plan {
  public:
   ReduceScatterCompressedPairwise(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks},
+      : Plan(args), ring_(Ring::whole(args.rank, args.nranks)),
         // float buffers: accumulator, encode staging, decoded; encoded: 2 outgoing, one received per rank
         layout_{compressed_chunk(args, options.chunk_bytes, args.count), 3, 2 + static_cast<size_t>(args.nranks)} {}
 
@@ -45,7 +45,7 @@ class ReduceScatterCompressedPairwise final : public Plan {
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
-    const int n = ring_.n, own = ring_.rank;
+    const int n = ring_.size(), own = ring_.position();
     const Piece pc = piece(args_.count, layout_.chunk, f);
     const size_t bytes = args_.codec->encoded_bytes(pc.count);
     const auto total = static_cast<uint32_t>(fragments());
@@ -59,12 +59,12 @@ class ReduceScatterCompressedPairwise final : public Plan {
 
     // Each contribution encoded once and sent straight to its block's owner.
     for (int k = 1; k < n; ++k) {
-      const int to = ring_.at(k), from = ring_.at(-k);
+      const int to = ring_.position_at(k), from = ring_.position_at(-k);
       std::byte* buffer = outgoing[k % 2];
       if (k >= 3) p.wait(1 + k % 2);  // the send that last used this buffer
       encode_input(args_, p, buffer, staging, begin(to), pc.count);
-      p.recv(0, from, static_cast<uint32_t>(k - 1) * total + static_cast<uint32_t>(f), received(from), bytes);
-      p.send(1 + k % 2, to, static_cast<uint32_t>(k - 1) * total + static_cast<uint32_t>(f), buffer, bytes);
+      p.recv(0, ring_.member(from), static_cast<uint32_t>(k - 1) * total + static_cast<uint32_t>(f), received(from), bytes);
+      p.send(1 + k % 2, ring_.member(to), static_cast<uint32_t>(k - 1) * total + static_cast<uint32_t>(f), buffer, bytes);
       p.wait(0);
     }
     p.wait(1);
@@ -83,7 +83,7 @@ class ReduceScatterCompressedPairwise final : public Plan {
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
-    for (int k = 1; k < ring_.n; ++k) {
+    for (int k = 1; k < ring_.size(); ++k) {
       send_to->push_back(ring_.at(k));
       recv_from->push_back(ring_.at(-k));
     }
@@ -92,10 +92,10 @@ class ReduceScatterCompressedPairwise final : public Plan {
   uint64_t wire_bytes_sent() const override {
     uint64_t per_block = 0;
     for (size_t f = 0; f < fragments(); ++f) per_block += args_.codec->encoded_bytes(piece(args_.count, layout_.chunk, f).count);
-    return static_cast<uint64_t>(ring_.n - 1) * per_block;
+    return static_cast<uint64_t>(ring_.size() - 1) * per_block;
   }
   uint64_t raw_wire_bytes() const override {
-    return static_cast<uint64_t>(ring_.n - 1) * args_.count * args_.element_size();
+    return static_cast<uint64_t>(ring_.size() - 1) * args_.count * args_.element_size();
   }
 
  private:

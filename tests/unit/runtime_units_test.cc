@@ -204,13 +204,69 @@ TEST_CASE("segments: n near-equal parts that tile the count, independent of chun
       CHECK(largest == s.max_size());
     }
   }
-  coll::Ring ring{0, 5};
+  const coll::Ring ring = coll::Ring::whole(0, 5);
   CHECK(ring.at(-1) == 4);
   CHECK(ring.at(-11) == 4);
   CHECK(ring.at(7) == 2);
+  CHECK(ring.position_at(7) == 2);
   CHECK(coll::piece(10, 4, 2).offset == 8);
   CHECK(coll::piece(10, 4, 2).count == 2);
   CHECK(coll::piece(10, 4, 3).count == 0);
+}
+
+TEST_CASE("a ring over a member list: positions index blocks, next/prev/at return communicator ranks") {
+  const coll::Ring ring({6, 2, 9, 4}, 9);  // position i -> rank members[i]
+  CHECK(ring.size() == 4);
+  CHECK(ring.position() == 2);
+  CHECK(ring.rank() == 9);
+  CHECK(ring.next() == 4);
+  CHECK(ring.prev() == 2);
+  CHECK(ring.at(2) == 6);
+  CHECK(ring.at(-3) == 4);
+  CHECK(ring.position_at(-3) == 3);
+  CHECK(ring.member(1) == 2);
+  CHECK(ring.position_of(4) == 3);
+  CHECK(ring.position_of(5) == -1);
+  std::vector<int> to, from;
+  ring.links(&to, &from);
+  CHECK(to == std::vector<int>{4});
+  CHECK(from == std::vector<int>{2});
+  to.clear(), from.clear();
+  coll::Ring({3}, 3).links(&to, &from);  // a ring of one has no links
+  CHECK(to.empty());
+  CHECK(from.empty());
+}
+
+TEST_CASE("grid rows and columns are member-list rings") {
+  // 2 x 3 grid: rank 4 sits at row 1, column 1.
+  const coll::Ring row = coll::grid_row(4, 3), column = coll::grid_column(4, 2, 3);
+  CHECK(row.members() == std::vector<int>{3, 4, 5});
+  CHECK(row.position() == 1);
+  CHECK(row.next() == 5);
+  CHECK(row.prev() == 3);
+  CHECK(column.members() == std::vector<int>{1, 4});
+  CHECK(column.position() == 1);
+  CHECK(column.next() == 1);
+}
+
+TEST_CASE("binomial trees over a member list") {
+  // Over the whole communicator of 6 ranks rooted at 2 (v = rank - 2 mod 6): v=0 has children
+  // v=1, 2, 4; v=2 (rank 4) has parent v=0 and child v=3 (rank 5); v=5 (rank 1) has parent v=4 (rank 0).
+  const coll::BinomialTree root(coll::Ring::whole(2, 6), 2);
+  CHECK(root.parent == -1);
+  CHECK(root.children == std::vector<int>{3, 4, 0});
+  const coll::BinomialTree four(coll::Ring::whole(4, 6), 2);
+  CHECK(four.parent == 2);
+  CHECK(four.children == std::vector<int>{5});
+  const coll::BinomialTree one(coll::Ring::whole(1, 6), 2);
+  CHECK(one.parent == 0);
+  CHECK(one.children.empty());
+  // Over members {7, 3, 5} rooted at rank 3 (position 1): 3 -> 5 and 3 -> 7.
+  const coll::BinomialTree sub_root(coll::Ring({7, 3, 5}, 3), 3);
+  CHECK(sub_root.children == std::vector<int>{5, 7});
+  const coll::BinomialTree sub_leaf(coll::Ring({7, 3, 5}, 7), 3);
+  CHECK(sub_leaf.parent == 3);
+  CHECK(sub_leaf.children.empty());
 }
 
 }  // namespace qccl::test
