@@ -26,6 +26,7 @@
 #include <variant>
 #include <vector>
 
+#include "collectives/node_map.h"
 #include "kernels/codec.h"
 #include "kernels/intsgd.h"
 #include "kernels/marsit.h"
@@ -60,6 +61,10 @@ struct CollArgs {
   int peer = 0;  // Send, Recv
   int rank = 0;
   int nranks = 1;
+  // Which ranks share a host: the communicator's (computed once at its creation, owned by it, valid
+  // while the call runs); null where no communicator made the arguments (simulated-network tests
+  // that do not set one). Hierarchical plans split their rings by it.
+  const NodeMap* nodes = nullptr;
   // Compressed collectives only (null otherwise): the codec, the error-feedback residual (count
   // floats, owned by the caller's codec state; null without error feedback), Marsit's compensation
   // (the sign codec with a state) and the key of the stochastic rounding (seed from the codec, step
