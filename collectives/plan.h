@@ -140,6 +140,13 @@ struct Load {  // dst (float) = src (the call's datatype), or += with `add`
   size_t count;
   bool add;
 };
+// dst (the call's datatype) = src (float32), rounded to nearest even; the executor counts the
+// non-finite values it writes (NaN or Inf that reached the sum, and float16's overflow to Inf).
+struct Store {
+  void* dst;
+  const float* src;
+  size_t count;
+};
 struct AddFloat {
   float* dst;
   const float* src;
@@ -223,7 +230,7 @@ struct Compute {
 }  // namespace step
 
 using Step = std::variant<step::Recv, step::Send, step::Wait, step::Reduce, step::Copy, step::Average, step::Load,
-                          step::AddFloat, step::Divide, step::Encode, step::DecodeAdd, step::DecodeOut,
+                          step::Store, step::AddFloat, step::Divide, step::Encode, step::DecodeAdd, step::DecodeOut,
                           step::ErrorFeedback, step::Compute>;
 
 // The steps of one fragment, run in order. The builders skip steps with nothing to do (zero counts),
@@ -271,6 +278,9 @@ class Program {
   }
   void load_add(float* dst, const void* src, size_t count) {
     if (count) steps_.push_back(step::Load{dst, src, count, true});
+  }
+  void store(void* dst, const float* src, size_t count) {
+    if (count) steps_.push_back(step::Store{dst, src, count});
   }
   void add_float(float* dst, const float* src, size_t count) {
     if (count) steps_.push_back(step::AddFloat{dst, src, count});

@@ -86,9 +86,6 @@ void validate_compressed(const OpRecord& record, qcclCodec_t codec, int aggregat
       fail(qcclInvalidArgument, "codec '%s': IntSGD's integer sums are an all-reduce in this release "
            "(qcclAllReduceCompressed)", c.canonical().c_str());
   }
-  if (a.kind == coll::CollKind::kReduceScatter && a.dtype != kernels::DataType::kFloat32)
-    fail(qcclInvalidArgument, "datatype = %s: compressed reduce-scatter takes float32 in this release (the owner's "
-         "float32 sum has no store step to a 16-bit output yet)", kernels::data_type_name(a.dtype));
   if (codec->config->error_feedback && !record.state)
     fail(qcclInvalidArgument, "state is NULL but codec '%s' has ef=on: error feedback keeps its residual in a "
          "state (qcclCodecStateCreate)", codec->config->canonical().c_str());
