@@ -22,6 +22,7 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_CODEC_MIN_BYTES", "1048576", "QCCL_CODEC compresses only all-reduces of at least this many bytes"},
       {"QCCL_CODEC_STATE_BUDGET", "4294967296", "bytes of codec state (error-feedback residuals, Marsit compensations, IntSGD states) one communicator may hold"},
       {"QCCL_AGGREGATORS", "unset (none)", "host:port,... of IntSGD's aggregator processes (qccl_aggregator; set by qcclrun --aggregators K): every communicator registers with them, and the int codecs' agg=switch sums through them"},
+      {"QCCL_NODE_MAP", "unset (by host)", "which ranks share a node, to emulate several nodes on one host: one node label per rank, comma-separated non-negative integers such as 0,0,1,1 (ranks with equal labels share a node); it must list every rank of the communicator"},
       {"QCCL_RANK", "unset", "this process's rank, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_NRANKS", "unset", "number of ranks, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_ROOT", "unset", "host:port where rank 0 runs the bootstrap root, for qcclCommInitEnv (set by qcclrun)"},
@@ -103,6 +104,7 @@ Config Config::from_environment() {
   if (const char* v = env("QCCL_CODEC_MIN_BYTES")) c.codec_min_bytes = parse_size("QCCL_CODEC_MIN_BYTES", v);
   if (const char* v = env("QCCL_CODEC_STATE_BUDGET")) c.codec_state_budget = parse_size("QCCL_CODEC_STATE_BUDGET", v);
   if (const char* v = env("QCCL_AGGREGATORS")) c.aggregators = v;
+  if (const char* v = env("QCCL_NODE_MAP")) c.node_map = v;
   return c;
 }
 

@@ -28,7 +28,7 @@ namespace {
 class AllGatherCompressedRing final : public Plan {
  public:
   AllGatherCompressedRing(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks},
+      : Plan(args), ring_(Ring::whole(args.rank, args.nranks)),
         // float buffers: encode staging, decode scratch; encoded: one per rank's block
         layout_{compressed_chunk(args, options.chunk_bytes, args.count), 2, static_cast<size_t>(args.nranks)} {}
 
@@ -46,12 +46,12 @@ class AllGatherCompressedRing final : public Plan {
     auto out = [&](int block) {
       return static_cast<char*>(args_.recvbuf) + (static_cast<size_t>(block) * args_.count + pc.offset) * args_.element_size();
     };
-    const int own = ring_.rank;
+    const int own = ring_.position();
 
     // This rank's block, encoded once (the residual indexed within the block).
     encode_input(args_, p, encoded(own), staging, pc.offset, pc.count);
-    for (int k = 0; k < ring_.n - 1; ++k) {
-      const int s_send = ring_.at(-k), s_recv = ring_.at(-k - 1);
+    for (int k = 0; k < ring_.size() - 1; ++k) {
+      const int s_send = ring_.position_at(-k), s_recv = ring_.position_at(-k - 1);
       const uint32_t msg = static_cast<uint32_t>(k) * total + static_cast<uint32_t>(f);
       p.recv(0, ring_.prev(), msg, encoded(s_recv), bytes);
       p.send(1, ring_.next(), msg, encoded(s_send), bytes);
@@ -60,7 +60,7 @@ class AllGatherCompressedRing final : public Plan {
       p.decode_out(out(s_recv), encoded(s_recv), pc.count, decoded);
       p.wait(1);
     }
-    if (ring_.n == 1) p.decode_out(out(own), encoded(own), pc.count, decoded);
+    if (ring_.size() == 1) p.decode_out(out(own), encoded(own), pc.count, decoded);
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
@@ -70,10 +70,10 @@ class AllGatherCompressedRing final : public Plan {
   uint64_t wire_bytes_sent() const override {
     uint64_t per_block = 0;
     for (size_t f = 0; f < fragments(); ++f) per_block += args_.codec->encoded_bytes(piece(args_.count, layout_.chunk, f).count);
-    return static_cast<uint64_t>(ring_.n - 1) * per_block;
+    return static_cast<uint64_t>(ring_.size() - 1) * per_block;
   }
   uint64_t raw_wire_bytes() const override {
-    return static_cast<uint64_t>(ring_.n - 1) * args_.count * args_.element_size();
+    return static_cast<uint64_t>(ring_.size() - 1) * args_.count * args_.element_size();
   }
 
  private:

@@ -12,7 +12,7 @@ namespace {
 class AllGatherRing final : public Plan {
  public:
   AllGatherRing(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks}, chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)) {}
+      : Plan(args), ring_(Ring::whole(args.rank, args.nranks)), chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)) {}
 
   size_t fragments() const override { return ceil_div(args_.count, chunk_); }
 
@@ -24,12 +24,12 @@ class AllGatherRing final : public Plan {
     const auto fragments_total = static_cast<uint32_t>(fragments());
     auto block = [&](int r) { return static_cast<char*>(args_.recvbuf) + (r * args_.count + pc.offset) * es; };
     const char* own = static_cast<const char*>(args_.sendbuf) + pc.offset * es;
-    for (int k = 0; k < ring_.n - 1; ++k) {
-      const int s_send = ring_.at(-k), s_recv = ring_.at(-k - 1);
+    for (int k = 0; k < ring_.size() - 1; ++k) {
+      const int s_send = ring_.position_at(-k), s_recv = ring_.position_at(-k - 1);
       const uint32_t msg = static_cast<uint32_t>(k) * fragments_total + static_cast<uint32_t>(f);
       p.recv(0, ring_.prev(), msg, block(s_recv), bytes);
       p.send(1, ring_.next(), msg, k == 0 ? own : block(s_send), bytes);
-      if (k == 0) p.copy(block(ring_.rank), own, bytes);  // a no-op in place
+      if (k == 0) p.copy(block(ring_.position()), own, bytes);  // a no-op in place
       p.wait(0);
       p.wait(1);
     }
@@ -40,7 +40,7 @@ class AllGatherRing final : public Plan {
   }
 
   uint64_t wire_bytes_sent() const override {
-    return static_cast<uint64_t>(ring_.n - 1) * args_.count * args_.element_size();
+    return static_cast<uint64_t>(ring_.size() - 1) * args_.count * args_.element_size();
   }
 
  private:

@@ -29,7 +29,7 @@ namespace {
 class AllReduceIntsgd final : public Plan {
  public:
   AllReduceIntsgd(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks}, segments_{args.count, args.nranks},
+      : Plan(args), ring_(Ring::whole(args.rank, args.nranks)), segments_{args.count, args.nranks},
         // A chunk is chunk_bytes of float32 input, in both kinds of round (same fragments).
         chunk_(chunk_elements(options.chunk_bytes, sizeof(float), segments_.max_size())),
         wire_(static_cast<size_t>(args.codec->bits / 8)), steps_(args_) {}
@@ -38,13 +38,13 @@ class AllReduceIntsgd final : public Plan {
   // Integer round: a wire buffer per segment, one for the incoming running sum, and a float buffer
   // (staging for non-float32 data). The exact round uses the first chunk * es bytes.
   size_t scratch_bytes() const override {
-    return static_cast<size_t>(ring_.n + 1) * wire_stride() + chunk_ * sizeof(float);
+    return static_cast<size_t>(ring_.size() + 1) * wire_stride() + chunk_ * sizeof(float);
   }
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
     if (intsgd_call(args_).round().exact) return build_intsgd_exact(args_, ring_, segments_, chunk_, fragments(), f, scratch, p);
-    const int n = ring_.n;
+    const int n = ring_.size();
     const float alpha = intsgd_call(args_).round().alpha;
     const auto total = static_cast<uint32_t>(fragments());
     const size_t es = args_.element_size();
@@ -69,7 +69,7 @@ class AllReduceIntsgd final : public Plan {
       steps_.encode(p, wire(s), x, count, begin, alpha);
     }
     for (int k = 0; k < n - 1; ++k) {  // reduce-scatter
-      const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
+      const int s_send = ring_.position_at(-k - 1), s_recv = ring_.position_at(-k - 2);
       p.recv(0, ring_.prev(), msg(k), incoming, bytes(s_recv));
       p.send(1, ring_.next(), msg(k), wire(s_send), bytes(s_send));
       p.wait(0);
@@ -80,9 +80,9 @@ class AllReduceIntsgd final : public Plan {
       steps_.decode(p, static_cast<char*>(args_.recvbuf) + at(segment) * es, wire(segment), part(segment).count, alpha,
                    staging);
     };
-    decode(ring_.rank);
+    decode(ring_.position());
     for (int k = 0; k < n - 1; ++k) {  // allgather: forward the sum of segment r-k, receive r-k-1's
-      const int s_send = ring_.at(-k), s_recv = ring_.at(-k - 1);
+      const int s_send = ring_.position_at(-k), s_recv = ring_.position_at(-k - 1);
       p.recv(0, ring_.prev(), msg(n - 1 + k), wire(s_recv), bytes(s_recv));
       p.send(1, ring_.next(), msg(n - 1 + k), wire(s_send), bytes(s_send));
       p.wait(0);
@@ -116,7 +116,7 @@ class AllReduceIntsgd final : public Plan {
 
 void build_intsgd_exact(const CollArgs& args, const Ring& ring, const Segments& segments, size_t chunk,
                         size_t total, size_t f, std::byte* scratch, Program& p) {
-  const int n = ring.n;
+  const int n = ring.size();
   const size_t es = args.element_size();
   const auto* in = static_cast<const char*>(args.sendbuf);
   auto* out = static_cast<char*>(args.recvbuf);
@@ -126,16 +126,16 @@ void build_intsgd_exact(const CollArgs& args, const Ring& ring, const Segments& 
   auto msg = [&](int step) { return static_cast<uint32_t>(step * total + f); };
   for (int s = 0; s < n; ++s) p.copy(out + at(s), in + at(s), bytes(s));
   for (int k = 0; k < n - 1; ++k) {
-    const int s_send = ring.at(-k - 1), s_recv = ring.at(-k - 2);
+    const int s_send = ring.position_at(-k - 1), s_recv = ring.position_at(-k - 2);
     p.recv(0, ring.prev(), msg(k), scratch, bytes(s_recv));
     p.send(1, ring.next(), msg(k), out + at(s_send), bytes(s_send));
     p.wait(0);
     p.reduce(out + at(s_recv), scratch, out + at(s_recv), part(s_recv).count);
     p.wait(1);
   }
-  p.average(out + at(ring.rank), part(ring.rank).count);
+  p.average(out + at(ring.position()), part(ring.position()).count);
   for (int k = 0; k < n - 1; ++k) {
-    const int s_send = ring.at(-k), s_recv = ring.at(-k - 1);
+    const int s_send = ring.position_at(-k), s_recv = ring.position_at(-k - 1);
     p.recv(0, ring.prev(), msg(n - 1 + k), out + at(s_recv), bytes(s_recv));
     p.send(1, ring.next(), msg(n - 1 + k), out + at(s_send), bytes(s_send));
     p.wait(0);
@@ -145,7 +145,7 @@ void build_intsgd_exact(const CollArgs& args, const Ring& ring, const Segments& 
 
 uint64_t intsgd_ring_elements(const Ring& ring, const Segments& segments) {
   uint64_t elements = 0;
-  for (int k = 0; k < ring.n - 1; ++k) elements += segments.size(ring.at(-k - 1)) + segments.size(ring.at(-k));
+  for (int k = 0; k < ring.size() - 1; ++k) elements += segments.size(ring.position_at(-k - 1)) + segments.size(ring.position_at(-k));
   return elements;
 }
 

@@ -26,7 +26,7 @@ namespace {
 class AllReduceIntsgdSwitch final : public Plan {
  public:
   AllReduceIntsgdSwitch(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks}, segments_{args.count, args.nranks},
+      : Plan(args), ring_(Ring::whole(args.rank, args.nranks)), segments_{args.count, args.nranks},
         chunk_(chunk_elements(options.chunk_bytes, sizeof(float), args.count)),
         ring_chunk_(chunk_elements(options.chunk_bytes, sizeof(float), segments_.max_size())),
         wire_(static_cast<size_t>(args.codec->bits / 8)), steps_(args_) {}

@@ -52,7 +52,7 @@ class AllReduceMarsit final : public Plan {
  public:
   AllReduceMarsit(const CollArgs& args, const PlanOptions& options)
       : Plan(args), rows_(args.codec->torus_rows ? args.codec->torus_rows : 1), cols_(args.nranks / rows_),
-        row_{args.rank % cols_, cols_}, column_{args.rank / cols_, rows_},
+        row_(grid_row(args.rank, cols_)), column_(grid_column(args.rank, rows_, cols_)),
         row_segments_{kernels::sign_words(args.count), cols_}, steps_(args_) {
     const size_t largest_cell = Segments{row_segments_.max_size(), rows_}.max_size();
     // A chunk is chunk_bytes of float32 input, as for the other codecs: its wire words are 1/32 of that.
@@ -77,20 +77,20 @@ class AllReduceMarsit final : public Plan {
     uint32_t* local = buffer(3);
     uint32_t* aggregate = buffer(4);
     // On a ring the row aggregate is final: no column phase.
-    auto final_segment = [&](int j) { return rows_ == 1 && j == row_.rank ? aggregate : buffer(5 + static_cast<size_t>(j)); };
+    auto final_segment = [&](int j) { return rows_ == 1 && j == row_.position() ? aggregate : buffer(5 + static_cast<size_t>(j)); };
     auto* backup = reinterpret_cast<float*>(buffer(5 + static_cast<size_t>(cols_)));
     const Fragment fr{this, f};
     const auto total = static_cast<uint32_t>(fragments());
     uint32_t step = 0;  // message ids: one per ring step of any phase
     auto msg = [&] { return step++ * total + static_cast<uint32_t>(f); };
-    const int col = row_.rank, row = column_.rank, C = cols_, R = rows_;
-    const int row_next = row_id(row_.next()), row_prev = row_id(row_.prev());
-    const int column_next = column_id(column_.next()), column_prev = column_id(column_.prev());
+    const int col = row_.position(), row = column_.position(), C = cols_, R = rows_;
+    const int row_next = row_.next(), row_prev = row_.prev();
+    const int column_next = column_.next(), column_prev = column_.prev();
 
     // 1. Row reduce-scatter.
-    pack_segment(p, fr, C == 1 ? aggregate : outgoing[0], row_.at(-1), backup);
+    pack_segment(p, fr, C == 1 ? aggregate : outgoing[0], row_.position_at(-1), backup);
     for (int s = 0; s < C - 1; ++s) {
-      const int j_send = row_.at(-s - 1), j_recv = row_.at(-s - 2);
+      const int j_send = row_.position_at(-s - 1), j_recv = row_.position_at(-s - 2);
       const uint32_t id = msg();
       p.recv(0, row_prev, id, incoming, fr.segment_words(j_recv) * 4);
       p.send(1, row_next, id, outgoing[s % 2], fr.segment_words(j_send) * 4);
@@ -108,7 +108,7 @@ class AllReduceMarsit final : public Plan {
     // 2. Column all-reduce of row segment `col`, cell by cell.
     uint32_t* mine = final_segment(col);
     for (int s = 0; s < R - 1; ++s) {
-      const int i_send = column_.at(-s - 1), i_recv = column_.at(-s - 2);
+      const int i_send = column_.position_at(-s - 1), i_recv = column_.position_at(-s - 2);
       const uint32_t id = msg();
       const uint32_t* partial = s == 0 ? aggregate + fr.offset(col, i_send) : outgoing[s % 2];
       p.recv(0, column_prev, id, incoming, fr.cell(col, i_recv).count * 4);
@@ -120,7 +120,7 @@ class AllReduceMarsit final : public Plan {
       p.wait(1);
     }
     for (int s = 0; s < R - 1; ++s) {
-      const int i_send = column_.at(-s), i_recv = column_.at(-s - 1);
+      const int i_send = column_.position_at(-s), i_recv = column_.position_at(-s - 1);
       const uint32_t id = msg();
       p.recv(0, column_prev, id, mine + fr.offset(col, i_recv), fr.cell(col, i_recv).count * 4);
       p.send(1, column_next, id, mine + fr.offset(col, i_send), fr.cell(col, i_send).count * 4);
@@ -130,7 +130,7 @@ class AllReduceMarsit final : public Plan {
 
     // 3. Row allgather of the final row segments.
     for (int s = 0; s < C - 1; ++s) {
-      const int j_send = row_.at(-s), j_recv = row_.at(-s - 1);
+      const int j_send = row_.position_at(-s), j_recv = row_.position_at(-s - 1);
       const uint32_t id = msg();
       p.recv(0, row_prev, id, final_segment(j_recv), fr.segment_words(j_recv) * 4);
       p.send(1, row_next, id, final_segment(j_send), fr.segment_words(j_send) * 4);
@@ -154,19 +154,20 @@ class AllReduceMarsit final : public Plan {
   uint64_t wire_bytes_sent() const override {
     uint64_t words = 0;
     for (int s = 0; s < cols_ - 1; ++s)  // row reduce-scatter and allgather
-      words += row_segments_.size(row_.at(-s - 1)) + row_segments_.size(row_.at(-s));
-    const Segments cells{row_segments_.size(row_.rank), rows_};
+      words += row_segments_.size(row_.position_at(-s - 1)) + row_segments_.size(row_.position_at(-s));
+    const Segments cells{row_segments_.size(row_.position()), rows_};
     for (int s = 0; s < rows_ - 1; ++s)  // column reduce-scatter and allgather
-      words += cells.size(column_.at(-s - 1)) + cells.size(column_.at(-s));
+      words += cells.size(column_.position_at(-s - 1)) + cells.size(column_.position_at(-s));
     return words * sizeof(uint32_t);
   }
 
   // What the uncompressed ring all-reduce sends: 4 bytes per value.
   uint64_t raw_wire_bytes() const override {
-    const Ring ring{args_.rank, args_.nranks};
+    const Ring ring = Ring::whole(args_.rank, args_.nranks);
     const Segments segments{args_.count, args_.nranks};
     uint64_t values = 0;
-    for (int k = 0; k < ring.n - 1; ++k) values += segments.size(ring.at(-k - 1)) + segments.size(ring.at(-k));
+    for (int k = 0; k < ring.size() - 1; ++k)
+      values += segments.size(ring.position_at(-k - 1)) + segments.size(ring.position_at(-k));
     return values * sizeof(float);
   }
 
@@ -215,8 +216,6 @@ class AllReduceMarsit final : public Plan {
   }
   size_t backup_floats() const { return static_cast<size_t>(cols_) * row_buffer_words() * 32; }
   size_t row_buffer_words() const { return chunk_ * static_cast<size_t>(rows_); }
-  int row_id(int column) const { return column_.rank * cols_ + column; }
-  int column_id(int row) const { return row * cols_ + row_.rank; }
 
   int rows_, cols_;
   Ring row_;     // this rank's row: position = its column
@@ -230,17 +229,11 @@ class AllReduceMarsit final : public Plan {
 
 void marsit_links(const CollArgs& args, std::vector<int>* send_to, std::vector<int>* recv_from) {
   if (args.nranks < 2) return;
-  const int cols = args.nranks / (args.codec->torus_rows ? args.codec->torus_rows : 1);
-  const int row = args.rank / cols, col = args.rank % cols;
-  auto link = [&](int to, int from) {
-    if (to == args.rank) return;  // a row or column of one
-    send_to->push_back(to);
-    recv_from->push_back(from);
-  };
-  link((args.rank + 1) % args.nranks, (args.rank + args.nranks - 1) % args.nranks);  // the ring
-  link(row * cols + (col + 1) % cols, row * cols + (col + cols - 1) % cols);        // the row ring
-  const int rows = args.nranks / cols;
-  link(((row + 1) % rows) * cols + col, ((row + rows - 1) % rows) * cols + col);    // the column ring
+  const int rows = args.codec->torus_rows ? args.codec->torus_rows : 1, cols = args.nranks / rows;
+  // The ring, the row ring and the column ring (a row or column of one has no links).
+  Ring::whole(args.rank, args.nranks).links(send_to, recv_from);
+  grid_row(args.rank, cols).links(send_to, recv_from);
+  grid_column(args.rank, rows, cols).links(send_to, recv_from);
 }
 
 const char* marsit_cannot_run(const CollArgs& args) {

@@ -21,7 +21,7 @@ namespace {
 class AllReduceRing final : public Plan {
  public:
   AllReduceRing(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks}, segments_{args.count, args.nranks},
+      : Plan(args), ring_(Ring::whole(args.rank, args.nranks)), segments_{args.count, args.nranks},
         chunk_(chunk_elements(options.chunk_bytes, args.element_size(), Segments{args.count, args.nranks}.max_size())) {}
 
   size_t fragments() const override { return ceil_div(segments_.max_size(), chunk_); }
@@ -31,13 +31,13 @@ class AllReduceRing final : public Plan {
     p.clear();
     const size_t es = args_.element_size();
     const Buffers buf{static_cast<const char*>(args_.sendbuf), static_cast<char*>(args_.recvbuf), es};
-    const int n = ring_.n;
+    const int n = ring_.size();
     const auto fragments_total = static_cast<uint32_t>(fragments());
     auto part = [&](int segment) { return piece(segments_.size(segment), chunk_, f); };
     auto at = [&](int segment) { return segments_.begin(segment) + part(segment).offset; };
 
     for (int k = 0; k < n - 1; ++k) {  // reduce-scatter
-      const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
+      const int s_send = ring_.position_at(-k - 1), s_recv = ring_.position_at(-k - 2);
       const uint32_t msg = static_cast<uint32_t>(k) * fragments_total + static_cast<uint32_t>(f);
       const void* partial = k == 0 ? static_cast<const void*>(buf.src(at(s_send))) : buf.dst(at(s_send));
       p.recv(0, ring_.prev(), msg, scratch, part(s_recv).count * es);
@@ -46,11 +46,11 @@ class AllReduceRing final : public Plan {
       p.reduce(buf.dst(at(s_recv)), scratch, buf.src(at(s_recv)), part(s_recv).count);
       p.wait(1);
     }
-    const int own = ring_.rank;
+    const int own = ring_.position();
     if (args_.op == RedOp::kAvg) p.average(buf.dst(at(own)), part(own).count);
 
     for (int k = 0; k < n - 1; ++k) {  // allgather
-      const int s_send = ring_.at(-k), s_recv = ring_.at(-k - 1);
+      const int s_send = ring_.position_at(-k), s_recv = ring_.position_at(-k - 1);
       const uint32_t msg = static_cast<uint32_t>(n - 1 + k) * fragments_total + static_cast<uint32_t>(f);
       p.recv(0, ring_.prev(), msg, buf.dst(at(s_recv)), part(s_recv).count * es);
       p.send(1, ring_.next(), msg, buf.dst(at(s_send)), part(s_send).count * es);
@@ -65,7 +65,8 @@ class AllReduceRing final : public Plan {
 
   uint64_t wire_bytes_sent() const override {
     uint64_t elements = 0;
-    for (int k = 0; k < ring_.n - 1; ++k) elements += segments_.size(ring_.at(-k - 1)) + segments_.size(ring_.at(-k));
+    for (int k = 0; k < ring_.size() - 1; ++k)
+      elements += segments_.size(ring_.position_at(-k - 1)) + segments_.size(ring_.position_at(-k));
     return elements * args_.element_size();
   }
 

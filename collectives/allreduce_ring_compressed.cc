@@ -23,7 +23,7 @@ namespace {
 class AllReduceRingCompressed final : public Plan {
  public:
   AllReduceRingCompressed(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks}, segments_{args.count, args.nranks},
+      : Plan(args), ring_(Ring::whole(args.rank, args.nranks)), segments_{args.count, args.nranks},
         // float buffers: accumulator, decode scratch; encoded: 2 outgoing partials, 1 incoming, n owners
         layout_{compressed_chunk(args, options.chunk_bytes, segments_.max_size()), 2,
                 static_cast<size_t>(args.nranks) + 3} {}
@@ -34,7 +34,7 @@ class AllReduceRingCompressed final : public Plan {
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
     const kernels::CodecConfig& codec = *args_.codec;
-    const int n = ring_.n;
+    const int n = ring_.size();
     const auto total = static_cast<uint32_t>(fragments());
     float* acc = layout_.float_buffer(scratch, 0);
     float* decoded = layout_.float_buffer(scratch, 1);
@@ -48,11 +48,11 @@ class AllReduceRingCompressed final : public Plan {
     char* out = static_cast<char*>(args_.recvbuf);
 
     // Reduce-scatter with re-encoding at every hop.
-    const int own = ring_.rank;
-    const int first = ring_.at(-1);
+    const int own = ring_.position();
+    const int first = ring_.position_at(-1);
     encode_input(args_, p, outgoing[0], acc, begin(first), part(first).count);
     for (int k = 0; k < n - 1; ++k) {
-      const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
+      const int s_send = ring_.position_at(-k - 1), s_recv = ring_.position_at(-k - 2);
       p.recv(0, ring_.prev(), msg(k), incoming, bytes(s_recv));
       p.send(1, ring_.next(), msg(k), outgoing[k % 2], bytes(s_send));
       p.wait(0);
@@ -65,7 +65,7 @@ class AllReduceRingCompressed final : public Plan {
     // Allgather of the owners' bytes; every rank decodes them, its own included.
     p.decode_out(out + begin(own) * args_.element_size(), owned(own), part(own).count, decoded);
     for (int k = 0; k < n - 1; ++k) {
-      const int s_send = ring_.at(-k), s_recv = ring_.at(-k - 1);
+      const int s_send = ring_.position_at(-k), s_recv = ring_.position_at(-k - 1);
       p.recv(0, ring_.prev(), msg(n - 1 + k), owned(s_recv), bytes(s_recv));
       p.send(1, ring_.next(), msg(n - 1 + k), owned(s_send), bytes(s_send));
       p.wait(0);
@@ -86,8 +86,8 @@ class AllReduceRingCompressed final : public Plan {
   template <class Bytes>
   uint64_t ring_bytes(Bytes size) const {
     uint64_t total = 0;
-    for (int k = 0; k < ring_.n - 1; ++k)
-      total += size(segments_.size(ring_.at(-k - 1))) + size(segments_.size(ring_.at(-k)));
+    for (int k = 0; k < ring_.size() - 1; ++k)
+      total += size(segments_.size(ring_.position_at(-k - 1))) + size(segments_.size(ring_.position_at(-k)));
     return total;
   }
 

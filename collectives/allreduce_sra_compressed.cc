@@ -21,7 +21,7 @@ namespace {
 class AllReduceSraCompressed final : public Plan {
  public:
   AllReduceSraCompressed(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks}, segments_{args.count, args.nranks},
+      : Plan(args), ring_(Ring::whole(args.rank, args.nranks)), segments_{args.count, args.nranks},
         // float buffers: accumulator, encode staging, decode scratch; encoded: 2 outgoing, one per rank
         layout_{compressed_chunk(args, options.chunk_bytes, segments_.max_size()), 3,
                 2 + static_cast<size_t>(args.nranks)} {}
@@ -32,7 +32,7 @@ class AllReduceSraCompressed final : public Plan {
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
     const kernels::CodecConfig& codec = *args_.codec;
-    const int n = ring_.n, own = ring_.rank;
+    const int n = ring_.size(), own = ring_.position();
     const auto total = static_cast<uint32_t>(fragments());
     float* acc = layout_.float_buffer(scratch, 0);
     float* staging = layout_.float_buffer(scratch, 1);
@@ -48,12 +48,12 @@ class AllReduceSraCompressed final : public Plan {
 
     // Scatter-reduce: each contribution encoded once, sent straight to its owner.
     for (int k = 1; k < n; ++k) {
-      const int to = ring_.at(k), from = ring_.at(-k);
+      const int to = ring_.position_at(k), from = ring_.position_at(-k);
       std::byte* buffer = outgoing[k % 2];
       if (k >= 3) p.wait(1 + k % 2);  // the send that last used this buffer
       encode_input(args_, p, buffer, staging, begin(to), part(to).count);
-      p.recv(0, from, msg(k - 1), received(from), bytes(own));
-      p.send(1 + k % 2, to, msg(k - 1), buffer, bytes(to));
+      p.recv(0, ring_.member(from), msg(k - 1), received(from), bytes(own));
+      p.send(1 + k % 2, ring_.member(to), msg(k - 1), buffer, bytes(to));
       p.wait(0);
     }
     p.wait(1);
@@ -66,9 +66,9 @@ class AllReduceSraCompressed final : public Plan {
     // Allgather of the owners' bytes.
     p.decode_out(out + begin(own) * args_.element_size(), received(own), part(own).count, decoded);
     for (int k = 1; k < n; ++k) {
-      const int to = ring_.at(k), from = ring_.at(-k);
-      p.recv(0, from, msg(n - 2 + k), received(from), bytes(from));
-      p.send(1, to, msg(n - 2 + k), received(own), bytes(own));
+      const int to = ring_.position_at(k), from = ring_.position_at(-k);
+      p.recv(0, ring_.member(from), msg(n - 2 + k), received(from), bytes(from));
+      p.send(1, ring_.member(to), msg(n - 2 + k), received(own), bytes(own));
       p.wait(0);
       p.decode_out(out + begin(from) * args_.element_size(), received(from), part(from).count, decoded);
       p.wait(1);
@@ -76,7 +76,7 @@ class AllReduceSraCompressed final : public Plan {
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
-    for (int k = 1; k < ring_.n; ++k) {
+    for (int k = 1; k < ring_.size(); ++k) {
       send_to->push_back(ring_.at(k));
       recv_from->push_back(ring_.at(-k));
     }
@@ -89,7 +89,8 @@ class AllReduceSraCompressed final : public Plan {
   template <class Bytes>
   uint64_t sra_bytes(Bytes size) const {
     uint64_t total = 0;
-    for (int k = 1; k < ring_.n; ++k) total += size(segments_.size(ring_.at(k))) + size(segments_.size(ring_.rank));
+    for (int k = 1; k < ring_.size(); ++k)
+      total += size(segments_.size(ring_.position_at(k))) + size(segments_.size(ring_.position()));
     return total;
   }
 

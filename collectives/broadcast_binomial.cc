@@ -14,14 +14,7 @@ class BroadcastBinomial final : public Plan {
  public:
   BroadcastBinomial(const CollArgs& args, const PlanOptions& options)
       : Plan(args), chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)),
-        v_((args.rank - args.root + args.nranks) % args.nranks) {
-    // The parent is reached through v's lowest set bit; children through the smaller bits.
-    int mask = 1;
-    while (mask < args.nranks && !(v_ & mask)) mask <<= 1;
-    if (v_ != 0) parent_ = real(v_ - mask);
-    for (int m = mask >> 1; m > 0; m >>= 1)
-      if (v_ + m < args.nranks) children_.push_back(real(v_ + m));
-  }
+        tree_(Ring::whole(args.rank, args.nranks), args.root) {}
 
   size_t fragments() const override { return ceil_div(args_.count, chunk_); }
 
@@ -33,38 +26,36 @@ class BroadcastBinomial final : public Plan {
     char* out = static_cast<char*>(args_.recvbuf) + pc.offset * es;
     const auto msg = static_cast<uint32_t>(f);
     const char* data = out;
-    if (parent_ < 0) {
+    if (tree_.parent < 0) {
       data = static_cast<const char*>(args_.sendbuf) + pc.offset * es;
       p.copy(out, data, bytes);
     } else {
-      p.recv(0, parent_, msg, out, bytes);
+      p.recv(0, tree_.parent, msg, out, bytes);
       p.wait(0);
     }
-    // Children in flight two at a time (slots 1 and 2).
-    for (size_t i = 0; i < children_.size(); ++i) {
+    // Children in flight two at a time (slots 1 and 2), the largest subtree first.
+    const std::vector<int>& children = tree_.children;
+    for (size_t i = 0; i < children.size(); ++i) {
       const int slot = 1 + static_cast<int>(i % 2);
       if (i >= 2) p.wait(slot);
-      p.send(slot, children_[i], msg, data, bytes);
+      p.send(slot, children[children.size() - 1 - i], msg, data, bytes);
     }
     p.wait(1);
     p.wait(2);
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
-    if (parent_ >= 0) recv_from->push_back(parent_);
-    send_to->insert(send_to->end(), children_.begin(), children_.end());
+    if (tree_.parent >= 0) recv_from->push_back(tree_.parent);
+    send_to->insert(send_to->end(), tree_.children.rbegin(), tree_.children.rend());
   }
 
   uint64_t wire_bytes_sent() const override {
-    return static_cast<uint64_t>(args_.count) * args_.element_size() * children_.size();
+    return static_cast<uint64_t>(args_.count) * args_.element_size() * tree_.children.size();
   }
 
  private:
-  int real(int v) const { return (v + args_.root) % args_.nranks; }
   size_t chunk_;
-  int v_;
-  int parent_ = -1;
-  std::vector<int> children_;
+  BinomialTree tree_;
 };
 
 }  // namespace

@@ -13,8 +13,8 @@ namespace {
 class BroadcastChain final : public Plan {
  public:
   BroadcastChain(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks}, chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)),
-        position_((args.rank - args.root + args.nranks) % args.nranks) {}
+      : Plan(args), ring_(Ring::whole(args.rank, args.nranks)), chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)),
+        position_((ring_.position() - ring_.position_of(args.root) + ring_.size()) % ring_.size()) {}
 
   size_t fragments() const override { return ceil_div(args_.count, chunk_); }
 
@@ -50,10 +50,10 @@ class BroadcastChain final : public Plan {
   }
 
  private:
-  bool last() const { return position_ == args_.nranks - 1; }
+  bool last() const { return position_ == ring_.size() - 1; }
   Ring ring_;
   size_t chunk_;
-  int position_;
+  int position_;  // along the chain: the root is 0
 };
 
 }  // namespace

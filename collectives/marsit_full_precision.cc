@@ -16,7 +16,7 @@ namespace {
 class MarsitFullPrecision final : public Plan {
  public:
   MarsitFullPrecision(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks}, segments_{args.count, args.nranks},
+      : Plan(args), ring_(Ring::whole(args.rank, args.nranks)), segments_{args.count, args.nranks},
         chunk_(chunk_elements(options.chunk_bytes, sizeof(float), segments_.max_size())), steps_(args_) {}
 
   size_t fragments() const override { return ceil_div(segments_.max_size(), chunk_); }
@@ -24,7 +24,7 @@ class MarsitFullPrecision final : public Plan {
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
-    const int n = ring_.n;
+    const int n = ring_.size();
     const auto total = static_cast<uint32_t>(fragments());
     const auto* u = static_cast<const float*>(args_.sendbuf);
     auto* g = static_cast<float*>(args_.recvbuf);
@@ -36,17 +36,17 @@ class MarsitFullPrecision final : public Plan {
 
     for (int s = 0; s < n; ++s) steps_.add_compensation(p, g + at(s), u + at(s), at(s), part(s).count);  // w = u + c
     for (int k = 0; k < n - 1; ++k) {  // reduce-scatter
-      const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
+      const int s_send = ring_.position_at(-k - 1), s_recv = ring_.position_at(-k - 2);
       p.recv(0, ring_.prev(), msg(k), incoming, bytes(s_recv));
       p.send(1, ring_.next(), msg(k), g + at(s_send), bytes(s_send));
       p.wait(0);
       p.reduce(g + at(s_recv), incoming, g + at(s_recv), part(s_recv).count);
       p.wait(1);
     }
-    const int own = ring_.rank;
+    const int own = ring_.position();
     p.average(g + at(own), part(own).count);
     for (int k = 0; k < n - 1; ++k) {  // allgather
-      const int s_send = ring_.at(-k), s_recv = ring_.at(-k - 1);
+      const int s_send = ring_.position_at(-k), s_recv = ring_.position_at(-k - 1);
       p.recv(0, ring_.prev(), msg(n - 1 + k), g + at(s_recv), bytes(s_recv));
       p.send(1, ring_.next(), msg(n - 1 + k), g + at(s_send), bytes(s_send));
       p.wait(0);
@@ -61,7 +61,8 @@ class MarsitFullPrecision final : public Plan {
 
   uint64_t wire_bytes_sent() const override {
     uint64_t elements = 0;
-    for (int k = 0; k < ring_.n - 1; ++k) elements += segments_.size(ring_.at(-k - 1)) + segments_.size(ring_.at(-k));
+    for (int k = 0; k < ring_.size() - 1; ++k)
+      elements += segments_.size(ring_.position_at(-k - 1)) + segments_.size(ring_.position_at(-k));
     return elements * sizeof(float);
   }
 

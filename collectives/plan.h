@@ -26,6 +26,7 @@
 #include <variant>
 #include <vector>
 
+#include "collectives/node_map.h"
 #include "kernels/codec.h"
 #include "kernels/philox.h"
 #include "kernels/types.h"
@@ -54,6 +55,10 @@ struct CollArgs {
   int peer = 0;  // Send, Recv
   int rank = 0;
   int nranks = 1;
+  // Which ranks share a host: the communicator's (computed once at its creation, owned by it, valid
+  // while the call runs); null where no communicator made the arguments (simulated-network tests
+  // that do not set one). Hierarchical plans split their rings by it.
+  const NodeMap* nodes = nullptr;
   // Compressed collectives only (null otherwise): the codec, the key of its random rounding (seed
   // from the codec, step from the codec state or the sequence number, rank), and the call of the
   // codec's method (collectives/method.h), through which the method's plans reach its state.
@@ -123,6 +128,13 @@ struct Load {  // dst (float) = src (the call's datatype), or += with `add`
   const void* src;
   size_t count;
   bool add;
+};
+// dst (the call's datatype) = src (float32), rounded to nearest even; the executor counts the
+// non-finite values it writes (NaN or Inf that reached the sum, and float16's overflow to Inf).
+struct Store {
+  void* dst;
+  const float* src;
+  size_t count;
 };
 struct AddFloat {
   float* dst;
@@ -207,7 +219,7 @@ struct Compute {
 }  // namespace step
 
 using Step = std::variant<step::Recv, step::Send, step::Wait, step::Reduce, step::Copy, step::Average, step::Load,
-                          step::AddFloat, step::Divide, step::Encode, step::DecodeAdd, step::DecodeOut,
+                          step::Store, step::AddFloat, step::Divide, step::Encode, step::DecodeAdd, step::DecodeOut,
                           step::ErrorFeedback, step::Compute>;
 
 // The steps of one fragment, run in order. The builders skip steps with nothing to do (zero counts),
@@ -255,6 +267,9 @@ class Program {
   }
   void load_add(float* dst, const void* src, size_t count) {
     if (count) steps_.push_back(step::Load{dst, src, count, true});
+  }
+  void store(void* dst, const float* src, size_t count) {
+    if (count) steps_.push_back(step::Store{dst, src, count});
   }
   void add_float(float* dst, const float* src, size_t count) {
     if (count) steps_.push_back(step::AddFloat{dst, src, count});

@@ -56,10 +56,6 @@ class QuantizedMethod final : public Method {
     const std::string spec = args.codec->canonical();
     if (args.kind != CollKind::kAllReduce && args.kind != CollKind::kAllGather && args.kind != CollKind::kReduceScatter)
       return argument(std::string("codec '") + spec + "': " + coll_name(args.kind) + " has no compressed form");
-    if (args.kind == CollKind::kReduceScatter && args.dtype != DataType::kFloat32)
-      return argument(std::string("datatype = ") + kernels::data_type_name(args.dtype) +
-                      ": compressed reduce-scatter takes float32 in this release (the owner's float32 sum has no "
-                      "store step to a 16-bit output yet)");
     if (args.codec->error_feedback && !state)
       return argument("state is NULL but codec '" + spec +
                       "' has ef=on: error feedback keeps its residual in a state (qcclCodecStateCreate)");

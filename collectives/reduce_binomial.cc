@@ -15,15 +15,7 @@ class ReduceBinomial final : public Plan {
  public:
   ReduceBinomial(const CollArgs& args, const PlanOptions& options)
       : Plan(args), chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)),
-        v_((args.rank - args.root + args.nranks) % args.nranks) {
-    for (int mask = 1; mask < args.nranks; mask <<= 1) {
-      if (v_ & mask) {
-        parent_ = real(v_ - mask);
-        break;
-      }
-      if ((v_ | mask) < args.nranks) children_.push_back(real(v_ | mask));
-    }
-  }
+        tree_(Ring::whole(args.rank, args.nranks), args.root) {}
 
   size_t fragments() const override { return ceil_div(args_.count, chunk_); }
   size_t scratch_bytes() const override { return 2 * chunk_ * args_.element_size(); }
@@ -35,12 +27,12 @@ class ReduceBinomial final : public Plan {
     const size_t bytes = pc.count * es;
     const char* in = static_cast<const char*>(args_.sendbuf) + pc.offset * es;
     const auto msg = static_cast<uint32_t>(f);
-    const bool root = parent_ < 0;
+    const bool root = tree_.parent < 0;
     std::byte* received = scratch;
     void* partial = root ? static_cast<void*>(static_cast<char*>(args_.recvbuf) + pc.offset * es)
                          : static_cast<void*>(scratch + chunk_ * es);
     const void* mine = in;
-    for (int child : children_) {
+    for (int child : tree_.children) {  // smallest subtree first: a fixed order
       p.recv(0, child, msg, received, bytes);
       p.wait(0);
       p.reduce(partial, mine, received, pc.count);
@@ -51,25 +43,22 @@ class ReduceBinomial final : public Plan {
       if (args_.op == RedOp::kAvg) p.average(partial, pc.count);
       return;
     }
-    p.send(1, parent_, msg, mine, bytes);
+    p.send(1, tree_.parent, msg, mine, bytes);
     p.wait(1);
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
-    if (parent_ >= 0) send_to->push_back(parent_);
-    recv_from->insert(recv_from->end(), children_.begin(), children_.end());
+    if (tree_.parent >= 0) send_to->push_back(tree_.parent);
+    recv_from->insert(recv_from->end(), tree_.children.begin(), tree_.children.end());
   }
 
   uint64_t wire_bytes_sent() const override {
-    return parent_ < 0 ? 0 : static_cast<uint64_t>(args_.count) * args_.element_size();
+    return tree_.parent < 0 ? 0 : static_cast<uint64_t>(args_.count) * args_.element_size();
   }
 
  private:
-  int real(int v) const { return (v + args_.root) % args_.nranks; }
   size_t chunk_;
-  int v_;
-  int parent_ = -1;
-  std::vector<int> children_;
+  BinomialTree tree_;
 };
 
 }  // namespace

@@ -14,7 +14,7 @@ namespace {
 class ReduceScatterRing final : public Plan {
  public:
   ReduceScatterRing(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), ring_{args.rank, args.nranks}, chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)) {}
+      : Plan(args), ring_(Ring::whole(args.rank, args.nranks)), chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)) {}
 
   size_t fragments() const override { return ceil_div(args_.count, chunk_); }
   // One received partial and two outgoing partials.
@@ -30,9 +30,9 @@ class ReduceScatterRing final : public Plan {
     std::byte* received = scratch;
     std::byte* partial[2] = {scratch + chunk_ * es, scratch + 2 * chunk_ * es};
     char* out = static_cast<char*>(args_.recvbuf) + pc.offset * es;
-    const int n = ring_.n;
+    const int n = ring_.size();
     for (int k = 0; k < n - 1; ++k) {
-      const int s_send = ring_.at(-k - 1), s_recv = ring_.at(-k - 2);
+      const int s_send = ring_.position_at(-k - 1), s_recv = ring_.position_at(-k - 2);
       const uint32_t msg = static_cast<uint32_t>(k) * fragments_total + static_cast<uint32_t>(f);
       const void* outgoing = k == 0 ? static_cast<const void*>(in(s_send)) : partial[(k - 1) % 2];
       void* result = k == n - 2 ? static_cast<void*>(out) : partial[k % 2];
@@ -50,7 +50,7 @@ class ReduceScatterRing final : public Plan {
   }
 
   uint64_t wire_bytes_sent() const override {
-    return static_cast<uint64_t>(ring_.n - 1) * args_.count * args_.element_size();
+    return static_cast<uint64_t>(ring_.size() - 1) * args_.count * args_.element_size();
   }
 
  private:

@@ -4,24 +4,92 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace qccl::coll {
 
-// A ring of n ranks in rank order.
-struct Ring {
-  int rank;
-  int n;
-  int next() const { return (rank + 1) % n; }
-  int prev() const { return (rank + n - 1) % n; }
-  // The rank `offset` places along the ring from this one (offset may be negative).
-  int at(int offset) const { return ((rank + offset) % n + n) % n; }
+// A ring over an ordered list of communicator ranks: position i holds rank members[i], and the ring
+// runs position 0 -> 1 -> ... -> n-1 -> 0. The whole communicator in rank order is the special case
+// members = 0 .. n-1 (Ring::whole); a sub-group (the ranks of one node, one rank per node, a torus
+// row) is any other list, so that one plan can run over part of the communicator. Positions index
+// the algorithm's blocks and segments; next(), prev(), at() and member() return communicator ranks,
+// which is what a step's peer is.
+class Ring {
+ public:
+  // `members` in ring order, distinct; `rank` must be one of them.
+  Ring(std::vector<int> members, int rank)
+      : members_(std::move(members)), n_(static_cast<int>(members_.size())), position_(position_of(rank)) {}
+  // The whole communicator of `nranks` ranks in rank order, seen from `rank`.
+  static Ring whole(int rank, int nranks) {
+    std::vector<int> members(static_cast<size_t>(nranks));
+    for (int r = 0; r < nranks; ++r) members[static_cast<size_t>(r)] = r;
+    return Ring(std::move(members), rank);
+  }
+
+  int size() const { return n_; }
+  int position() const { return position_; }  // this rank's
+  int rank() const { return member(position_); }
+  // The position `offset` places along the ring from this rank's (offset may be negative).
+  int position_at(int offset) const { return ((position_ + offset) % n_ + n_) % n_; }
+  // The communicator rank at a position (0 <= position < size()).
+  int member(int position) const { return members_[static_cast<size_t>(position)]; }
+  // The communicator rank `offset` places along the ring from this one.
+  int at(int offset) const { return member(position_at(offset)); }
+  int next() const { return at(1); }
+  int prev() const { return at(-1); }
+  // The position of communicator rank `rank`, or -1 when it is not a member.
+  int position_of(int rank) const {
+    const auto it = std::find(members_.begin(), members_.end(), rank);
+    return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
+  }
+  const std::vector<int>& members() const { return members_; }
   // A ring plan's links (Plan::links): it sends to the next rank and receives from the previous one;
   // a ring of one has none.
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const {
-    if (n < 2) return;
+    if (n_ < 2) return;
     send_to->push_back(next());
     recv_from->push_back(prev());
+  }
+
+ private:
+  std::vector<int> members_;
+  int n_;
+  int position_;
+};
+
+// The rows and columns of an R x C grid of the communicator's ranks (rank r at row r / C, column
+// r % C), as rings: a row's position is the column, a column's position is the row.
+inline Ring grid_row(int rank, int cols) {
+  std::vector<int> members(static_cast<size_t>(cols));
+  for (int j = 0; j < cols; ++j) members[static_cast<size_t>(j)] = rank / cols * cols + j;
+  return Ring(std::move(members), rank);
+}
+inline Ring grid_column(int rank, int rows, int cols) {
+  std::vector<int> members(static_cast<size_t>(rows));
+  for (int i = 0; i < rows; ++i) members[static_cast<size_t>(i)] = i * cols + rank % cols;
+  return Ring(std::move(members), rank);
+}
+
+// A binomial tree over a ring's members rooted at the member `root_rank` (MPICH's binomial broadcast
+// and reduce): with v = (position - the root's position) mod n, the parent is v - m for m the lowest set bit of v, and
+// the children are v + m' for every power of two m' < m with v + m' < n. Parent and children are
+// communicator ranks; children are listed smallest m' first (the order a reduce adds them in).
+struct BinomialTree {
+  int parent = -1;  // -1 at the root
+  std::vector<int> children;
+
+  BinomialTree(const Ring& members, int root_rank) {
+    const int n = members.size(), root = members.position_of(root_rank);
+    const int v = (members.position() - root + n) % n;
+    auto rank_of = [&](int u) { return members.member((u + root) % n); };
+    for (int mask = 1; mask < n; mask <<= 1) {
+      if (v & mask) {
+        parent = rank_of(v - mask);
+        break;
+      }
+      if (v + mask < n) children.push_back(rank_of(v + mask));
+    }
   }
 };
 

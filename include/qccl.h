@@ -435,10 +435,12 @@ QCCL_API qcclResult_t qcclIAllGatherCompressed(const void* sendbuff, void* recvb
  * first, then rank order), and divides by nranks for qcclAvg. Error with nearest rounding: at most
  * the sum over the nranks - 1 contributions of half their bucket step, plus float32 rounding
  * (collectives/reduce_scatter_compressed_pairwise.cc). The bits do not depend on the chunk size, the
- * pipeline depth or timing; a single rank copies (nothing is encoded). datatype: qcclFloat32 in this
- * release; op: qcclSum or qcclAvg. state may be NULL unless the codec has ef=on; a state has
- * nranks * recvcount values (the residual of this rank's whole input). Wire bytes per rank:
- * (nranks - 1) * E(recvcount). A NaN or Inf in another rank's contribution makes this rank's call
+ * pipeline depth or timing; a single rank copies (nothing is encoded). datatype: qcclFloat32,
+ * qcclFloat16 or qcclBfloat16 (the sum is kept in float32 and rounded to the datatype once, at the
+ * end: add half an ulp of the result to the error); op: qcclSum or qcclAvg. state may be NULL unless
+ * the codec has ef=on; a state has nranks * recvcount values (the residual of this rank's whole
+ * input). Wire bytes per rank: (nranks - 1) * E(recvcount). NaN or Inf in any rank's input for
+ * this rank's block, its own included, or a float16 result beyond 65504, makes this rank's call
  * return qcclNonFinite. Marsit's and IntSGD's codecs: qcclInvalidArgument, nothing sent. Buffers,
  * blocking and requests as for qcclReduceScatter and qcclIReduceScatter. */
 QCCL_API qcclResult_t qcclReduceScatterCompressed(const void* sendbuff, void* recvbuff, size_t recvcount,

@@ -44,6 +44,19 @@ void store_float(DataType t, const float* in, void* out, size_t n) {
     for (size_t i = 0; i < n; ++i) h[i] = float_to_bf16(in[i]);
 }
 
+size_t count_nonfinite(DataType t, const void* x, size_t n) {
+  size_t count = 0;
+  if (t == DataType::kFloat32) {
+    const auto* f = static_cast<const float*>(x);
+    for (size_t i = 0; i < n; ++i) count += (float_to_bits(f[i]) & 0x7f800000u) == 0x7f800000u;
+    return count;
+  }
+  const auto* h = static_cast<const uint16_t*>(x);
+  const uint16_t exponent = t == DataType::kFloat16 ? 0x7c00 : 0x7f80;
+  for (size_t i = 0; i < n; ++i) count += (h[i] & exponent) == exponent;
+  return count;
+}
+
 void divide_float(float* x, size_t n, float divisor) {
   for (size_t i = 0; i < n; ++i) x[i] /= divisor;
 }

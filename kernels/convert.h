@@ -17,6 +17,8 @@ constexpr bool codec_input_type(DataType t) {
 void load_float(DataType t, const void* in, float* out, size_t n);      // out = float(in)
 void load_add_float(DataType t, const void* in, float* acc, size_t n);  // acc += float(in)
 void store_float(DataType t, const float* in, void* out, size_t n);     // out = round(in)
+// The NaN and Inf values among n values of type t (float32, float16 or bfloat16): an exponent of all ones.
+size_t count_nonfinite(DataType t, const void* x, size_t n);
 void divide_float(float* x, size_t n, float divisor);                    // x /= divisor (an average of
                                                                         // equal values stays exact)
 void add_float(const float* in, float* acc, size_t n);                  // acc += in

@@ -446,19 +446,17 @@ void Bench::run() {
         std::printf("#   nothing to run: this codec takes %s (see -d and -o)\n",
                     (sign_codec_ || int_codec_) && !test_.all_reduce_codecs ? "an all-reduce (all_reduce_perf)"
                     : sign_codec_                                          ? "float with op avg"
-                    : test_.compressed_float32_only                         ? "float with op sum or avg"
                                                                             : "float, half or bfloat16 with op sum or avg");
     }
   }
 }
 
 // Codecs take float, half and bfloat16, summed or averaged (qcclAllReduceCompressed, and
-// qcclAllGatherCompressed, which does not reduce); a compressed reduce-scatter takes float32 only.
+// qcclAllGatherCompressed, which does not reduce, and qcclReduceScatterCompressed).
 // Marsit's sign codec takes float32 averaged; it and IntSGD's codecs are all-reduce only.
 bool Bench::compressible(const TypeInfo& type, int op) const {
   if ((sign_codec_ || int_codec_) && !test_.all_reduce_codecs) return false;
   if (sign_codec_) return type.type == qcclFloat32 && op == qcclAvg;
-  if (test_.compressed_float32_only && type.type != qcclFloat32) return false;
   const bool floating = type.type == qcclFloat32 || type.type == qcclFloat16 || type.type == qcclBfloat16;
   return floating && (op == qcclSum || op == qcclAvg);
 }

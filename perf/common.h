@@ -82,7 +82,6 @@ struct CollTest {
   void (*get_bw)(size_t count, size_t type_size, double seconds, int nranks, double* algbw, double* busbw);
   bool compressible = false;  // takes --codec (run() honours Call::codec)
   bool all_reduce_codecs = false;      // also Marsit's sign and IntSGD's int codecs (all-reduce only)
-  bool compressed_float32_only = false;  // with a codec, float32 only (compressed reduce-scatter)
 };
 
 // The whole benchmark: parses argv, runs the sweep, prints the table on rank 0. Returns the exit

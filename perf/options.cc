@@ -205,7 +205,8 @@ OPTIONS
                              all_reduce_perf, all_gather_perf and reduce_scatter_perf: run the
                              sweep once per codec spec through qcclAllReduceCompressed (float,
                              half, bfloat16; sum, avg), qcclAllGatherCompressed (float, half,
-                             bfloat16) or qcclReduceScatterCompressed (float; sum, avg), e.g.
+                             bfloat16) or qcclReduceScatterCompressed (float, half,
+                             bfloat16; sum, avg), e.g.
                              --codec q8,q4:round=stochastic,fp16 (a key=value piece continues the
                              spec before it; any other piece starts one). Adds three columns to each half
                              of the table: wire (bytes this rank sent), ratio (uncompressed bytes /

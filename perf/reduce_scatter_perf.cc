@@ -1,4 +1,4 @@
-// reduce_scatter_perf: qcclReduceScatter (qcclReduceScatterCompressed with --codec, float32). recvbuff[i] = op over ranks of sendbuff[rank*count + i]; in
+// reduce_scatter_perf: qcclReduceScatter (qcclReduceScatterCompressed with --codec). recvbuff[i] = op over ranks of sendbuff[rank*count + i]; in
 // place: recvbuff is sendbuff + rank*count.
 #include "common.h"
 
@@ -38,8 +38,7 @@ constexpr qccl_perf::CollTest kTest = {
     /*result_on_root_only=*/false,
     "    algbw = n * count * sizeof(type) / t        (count = per-rank recvcount)\n"
     "    busbw = algbw * (n-1)/n\n",
-    get_counts, run, source, get_bw, /*compressible=*/true, /*all_reduce_codecs=*/false,
-    /*compressed_float32_only=*/true};
+    get_counts, run, source, get_bw, /*compressible=*/true, /*all_reduce_codecs=*/false};
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "kernels/reduce.h"
+#include "src/node_map.h"
 
 namespace qccl {
 
@@ -55,6 +56,7 @@ std::shared_ptr<Comm> Comm::create(const BootstrapId& id, int nranks, int rank, 
 void Comm::join(const BootstrapId& id) {
   const auto deadline = net::Deadline::after(config_.timeout_seconds);
   log_set_rank(rank_);
+  if (!config_.node_map.empty()) parse_node_map(config_.node_map, nranks_);  // refused before any exchange
   topology_ = detect_local_topology();
   transport_ = std::make_unique<transport::UcxTransport>(rank_, nranks_);
 
@@ -77,6 +79,7 @@ void Comm::join(const BootstrapId& id) {
   }
   int local = 0;
   for (const PeerInfo& p : peers_) local += p.same_host(me) ? 1 : 0;
+  node_map_ = compute_node_map(peers_, config_.node_map);
   oversubscribed_ = local > topology_.bound_pus;
 
   control_ = std::make_unique<ControlPlane>(
@@ -113,6 +116,7 @@ void Comm::join(const BootstrapId& id) {
   QCCL_INFO("communicator of %d ranks (%d on this host, %d CPUs: %s), root %s", nranks_, local, topology_.bound_pus,
             oversubscribed_ ? "oversubscribed, spinning yields" : "spinning", id.root.to_string().c_str());
   QCCL_INFO("topology %s", topology_.summary().c_str());
+  QCCL_INFO("node map (%s): %s", config_.node_map.empty() ? "by host" : "QCCL_NODE_MAP", node_map_.describe().c_str());
   QCCL_INFO("%s; reduction kernels %s; chunk %zu bytes, timeout %g s", executor_->describe().c_str(),
             kernels::reduce_target_name(), config_.chunk_bytes, config_.timeout_seconds);
   QCCL_INFO("algorithms %s", policy_.describe().c_str());
@@ -141,6 +145,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     return;
   }
   if (!args.codec) args.codec = codec_policy_.choose(args);  // QCCL_CODEC compresses plain calls
+  args.nodes = &node_map_;
 
   OperationIdentity identity;
   identity.p2p = args.kind == coll::CollKind::kSend || args.kind == coll::CollKind::kRecv;

@@ -65,6 +65,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   const Config& config() const { return config_; }
+  const coll::NodeMap& node_map() const { return node_map_; }
 
   // Starts a validated call (a zero count completes at once). background: let the progress thread
   // drive it now (non-blocking calls and groups); otherwise the caller will wait() at once.
@@ -121,6 +122,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   const std::shared_ptr<StateBudget> state_budget_;
   LocalTopology topology_;
   std::vector<PeerInfo> peers_;
+  coll::NodeMap node_map_;  // which ranks share a host (QCCL_NODE_MAP or the peers' hosts); set at join
   std::vector<AggregatorLink> aggregator_links_;  // kept open: closing them ends the job at the aggregators
   std::string aggregator_lost_;                   // guarded by ops_mu_: why agg=switch cannot run
   std::vector<std::string> names_;  // "rank 3 (host:pid)", then "aggregator 0 (host:port)"

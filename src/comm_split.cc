@@ -7,6 +7,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "src/bootstrap.h"
+#include "src/node_map.h"
 
 namespace qccl {
 
@@ -16,7 +17,7 @@ namespace qccl {
 // involve every rank of the parent, those without a color too, so that the parent's collectives stay
 // matched.
 std::shared_ptr<Comm> split_comm(Comm& parent, int color, int key, const qcclConfig_t* overrides) {
-  const Config config = parent.config().with(overrides);  // bad settings fail here, before any exchange
+  Config config = parent.config().with(overrides);  // bad settings fail here, before any exchange
   const int n = parent.nranks();
   const int32_t mine[2] = {color < 0 ? -1 : color, key};
   std::vector<int32_t> table(2 * static_cast<size_t>(n));
@@ -46,6 +47,8 @@ std::shared_ptr<Comm> split_comm(Comm& parent, int color, int key, const qcclCon
 
   QCCL_INFO("qcclCommSplit: color %d key %d: rank %d of %d (parent rank %d of %d)", color, key, new_rank, size,
             parent.rank(), n);
+  // An emulated node map (QCCL_NODE_MAP) lists the parent's ranks: the child keeps its members' nodes.
+  if (!config.node_map.empty()) config.node_map = node_map_of_members(parent.node_map(), members);
   return Comm::create(decode_unique_id(ids[static_cast<size_t>(members[0])]), size, new_rank, config);
 }
 

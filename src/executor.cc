@@ -95,6 +95,7 @@ class HostExecution final : public Execution {
   bool execute(const coll::step::Copy& s, Slot& slot, bool* moved);
   bool execute(const coll::step::Average& s, Slot& slot, bool* moved);
   bool execute(const coll::step::Compute& s, Slot& slot, bool* moved);
+  bool execute(const coll::step::Store& s, Slot& slot, bool* moved);
   template <class CodecStep>
   bool execute(const CodecStep& s, Slot& slot, bool* moved);
   // Ordered mode: whether a fragment older than the slot's still has a transfer of the same direction
@@ -412,6 +413,16 @@ bool HostExecution::execute(const coll::step::Compute& s, Slot& slot, bool*) {
   s.kernel->run(s, context);
   const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
   (s.kernel->phase() == coll::StepKernel::Phase::kEncode ? stats_.encode_seconds : stats_.decode_seconds) += seconds;
+  return true;
+}
+
+// A float32 result written out in the call's datatype, its non-finite values counted (timed as decode).
+bool HostExecution::execute(const coll::step::Store& s, Slot&, bool*) {
+  const auto begin = Clock::now();
+  const kernels::DataType dtype = plan_->args().dtype;
+  kernels::store_float(dtype, s.src, s.dst, s.count);
+  stats_.nonfinite += kernels::count_nonfinite(dtype, s.dst, s.count);
+  stats_.decode_seconds += std::chrono::duration<double>(Clock::now() - begin).count();
   return true;
 }
 

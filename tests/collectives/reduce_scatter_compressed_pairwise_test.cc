@@ -2,7 +2,8 @@
 // block within the proven bound (the sum over the other ranks' contributions of their per-bucket
 // codec error, plus float32 rounding) of a double-precision reduction, the same bits for every chunk
 // size and pipeline depth, the owner's own input never encoded, wire bytes equal to a closed form
-// written here independently, and error feedback that telescopes.
+// written here independently, error feedback that telescopes, and float16/bfloat16 outputs within
+// the same bound plus half an ulp of the result.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "collectives/compressed.h"
 #include "kernels/codec.h"
+#include "kernels/convert.h"
 #include "tests/collectives/sim_runner.h"
 #include "tests/common/reference.h"
 
@@ -29,6 +31,7 @@ struct Job {
   int depth = 2;
   uint64_t step = 0;
   bool in_place = false;
+  DataType dtype = DataType::kFloat32;
 };
 
 struct Result {
@@ -46,27 +49,43 @@ std::vector<std::vector<float>> make_inputs(const Job& job, uint64_t seed) {
   return in;
 }
 
+// The inputs rounded to the job's datatype (so that the reference sums what the ranks send).
+void round_to(DataType dtype, std::vector<std::vector<float>>* in) {
+  for (auto& b : *in) {
+    std::vector<std::byte> typed(b.size() * kernels::element_size(dtype));
+    kernels::store_float(dtype, b.data(), typed.data(), b.size());
+    kernels::load_float(dtype, typed.data(), b.data(), b.size());
+  }
+}
+
+// Runs the job on inputs `in` (float32 values representable in job.dtype); res.out holds the blocks
+// converted back to float32.
 Result run(const Job& job, const std::vector<std::vector<float>>& in, std::vector<std::vector<float>>* residuals = nullptr) {
   Result res;
+  const size_t es = kernels::element_size(job.dtype);
   res.out.assign(job.n, std::vector<float>(job.count, -12345.0f));
-  std::vector<std::vector<float>> in_place_buffers = in;  // in place: recvbuff = sendbuff + rank * recvcount
+  std::vector<std::vector<std::byte>> send(job.n), out(job.n);  // in place: recvbuff = sendbuff + rank * recvcount
   std::vector<CollArgs> args(job.n);
   std::vector<coll::QuantizedCall> calls(job.n);  // the method's calls: their residuals
   for (int r = 0; r < job.n; ++r) {
+    send[r].resize(in[r].size() * es);
+    kernels::store_float(job.dtype, in[r].data(), send[r].data(), in[r].size());
+    out[r].resize(job.count * es);
+    kernels::store_float(job.dtype, res.out[r].data(), out[r].data(), job.count);
     CollArgs& a = args[r];
-    a.kind = CollKind::kReduceScatter, a.count = job.count, a.dtype = DataType::kFloat32, a.op = job.op;
+    a.kind = CollKind::kReduceScatter, a.count = job.count, a.dtype = job.dtype, a.op = job.op;
     a.rank = r, a.nranks = job.n;
-    a.sendbuf = job.in_place ? in_place_buffers[r].data() : in[r].data();
-    a.recvbuf = job.in_place ? in_place_buffers[r].data() + r * job.count : res.out[r].data();
+    a.sendbuf = send[r].data();
+    a.recvbuf = job.in_place ? send[r].data() + r * job.count * es : out[r].data();
     a.codec = &job.codec;
     a.rng = kernels::PhiloxKey{job.codec.seed, job.step, static_cast<uint32_t>(r), 0};
     if (residuals) calls[r].residual = (*residuals)[r].data();
     a.method_call = &calls[r];
   }
   res.sim = run_on_sim(args, "compressed_pairwise", job.chunk_bytes, job.depth);
-  if (job.in_place)
-    for (int r = 0; r < job.n; ++r)
-      std::copy_n(in_place_buffers[r].begin() + static_cast<ptrdiff_t>(r * job.count), job.count, res.out[r].begin());
+  for (int r = 0; r < job.n; ++r)
+    kernels::load_float(job.dtype, job.in_place ? send[r].data() + r * job.count * es : out[r].data(), res.out[r].data(),
+                        job.count);
   return res;
 }
 
@@ -106,6 +125,18 @@ std::vector<double> error_bounds(const Job& job, const std::vector<std::vector<f
   return bound;
 }
 
+// The float32 bound plus the output's rounding: half an ulp of the float32 result y, whose magnitude
+// is at most |exact| + bound (float16: 2^-11 |y|, or 2^-25 among subnormals; bfloat16: 2^-8 |y|).
+std::vector<double> output_bounds(const Job& job, const std::vector<double>& bound, const std::vector<double>& want) {
+  std::vector<double> out = bound;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double y = std::fabs(want[i]) + bound[i];
+    if (job.dtype == DataType::kFloat16) out[i] += y * 0x1p-11 + 0x1p-25;
+    if (job.dtype == DataType::kBfloat16) out[i] += y * 0x1p-8;
+  }
+  return out;
+}
+
 std::vector<double> exact(const Job& job, const std::vector<std::vector<float>>& in, int r) {
   std::vector<double> e(job.count, 0.0);
   for (int q = 0; q < job.n; ++q)
@@ -139,7 +170,8 @@ std::vector<kernels::CodecConfig> all_codecs() {
 std::string describe(const Job& job) {
   return "n=" + std::to_string(job.n) + " recvcount=" + std::to_string(job.count) + " " +
          kernels::red_op_name(job.op) + " " + job.codec.canonical() + " chunk=" + std::to_string(job.chunk_bytes) +
-         " depth=" + std::to_string(job.depth) + (job.in_place ? " in place" : "");
+         " depth=" + std::to_string(job.depth) + (job.in_place ? " in place" : "") + " " +
+         kernels::data_type_name(job.dtype);
 }
 
 }  // namespace
@@ -288,6 +320,91 @@ TEST_CASE("compressed reduce-scatter: NaN or Inf in a contribution reaches its o
       CHECK(std::isfinite(res.out[2][600]));
       CHECK(res.sim.ops[0]->stats().nonfinite == 0);
     }
+}
+
+TEST_CASE("compressed reduce-scatter: float16 and bfloat16 outputs within the bound plus half an ulp",
+          "[compressed]") {
+  for (DataType dtype : {DataType::kFloat16, DataType::kBfloat16})
+    for (const char* spec : {"none", "fp16", "bf16", "q8:bucket=64", "q4:bucket=64,round=stochastic,seed=3"})
+      for (int n : {2, 3, 4})
+        for (RedOp op : {RedOp::kSum, RedOp::kAvg})
+          for (bool in_place : {false, true}) {
+            Job job;
+            job.codec = kernels::parse_codec_spec(spec), job.n = n, job.op = op, job.in_place = in_place;
+            job.dtype = dtype, job.count = 997 + static_cast<size_t>(n);
+            INFO(describe(job));
+            auto in = make_inputs(job, 21 + n);
+            round_to(dtype, &in);
+            const Result res = run(job, in);
+            size_t over = 0, over_float32 = 0;
+            for (int r = 0; r < n; ++r) {
+              const std::vector<double> want = exact(job, in, r), bound = error_bounds(job, in, r);
+              const std::vector<double> typed = output_bounds(job, bound, want);
+              for (size_t i = 0; i < job.count; ++i) {
+                const double error = std::fabs(res.out[r][i] - want[i]);
+                if (!(error <= typed[i])) ++over;
+                if (!(error <= bound[i])) ++over_float32;
+              }
+              CHECK(res.sim.plan_bytes[r] == static_cast<uint64_t>(n - 1) * encoded_size(job.codec, job.count));
+              CHECK(res.sim.ops[r]->stats().bytes_sent == res.sim.plan_bytes[r]);
+              CHECK(res.sim.raw_bytes[r] == static_cast<uint64_t>(n - 1) * job.count * 2);
+              CHECK(res.sim.ops[r]->stats().nonfinite == 0);
+            }
+            CHECK(over == 0);
+            // The output's rounding is real: without its half ulp, the bound of exact contributions fails.
+            if (job.codec.kind == kernels::CodecKind::kNone) CHECK(over_float32 > 0);
+          }
+}
+
+TEST_CASE("compressed reduce-scatter: float16 and bfloat16 bits do not depend on the chunk size or depth",
+          "[compressed]") {
+  for (DataType dtype : {DataType::kFloat16, DataType::kBfloat16})
+    for (int n : {2, 3}) {
+      Job base;
+      base.codec = kernels::parse_codec_spec("q4:bucket=64,round=stochastic,seed=9"), base.n = n, base.count = 3001;
+      base.dtype = dtype, base.chunk_bytes = 1 << 20, base.depth = 1;
+      auto in = make_inputs(base, 5);
+      round_to(dtype, &in);
+      const Result reference = run(base, in);
+      for (size_t chunk : {size_t{256}, size_t{1000}})
+        for (int depth : {1, 3}) {
+          Job job = base;
+          job.chunk_bytes = chunk, job.depth = depth;
+          INFO(describe(job));
+          const Result res = run(job, in);
+          for (int r = 0; r < n; ++r) CHECK(res.out[r] == reference.out[r]);
+        }
+    }
+}
+
+TEST_CASE("compressed reduce-scatter: NaN or Inf in the owner's own input is reported too", "[compressed]") {
+  for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBfloat16})
+    for (float bad : {NAN, INFINITY}) {
+      Job job;
+      job.codec = kernels::parse_codec_spec("q8:bucket=64"), job.n = 3, job.count = 640, job.dtype = dtype;
+      auto in = make_inputs(job, 4);
+      round_to(dtype, &in);
+      in[2][2 * job.count + 100] = bad;  // rank 2's own block: never encoded
+      INFO(describe(job) << " input " << bad);
+      const Result res = run(job, in);
+      CHECK(res.sim.ops[2]->stats().nonfinite == 1);
+      CHECK_FALSE(std::isfinite(res.out[2][100]));
+      CHECK(std::isfinite(res.out[2][101]));
+      CHECK(res.sim.ops[0]->stats().nonfinite == 0);
+      CHECK(res.sim.ops[1]->stats().nonfinite == 0);
+    }
+}
+
+TEST_CASE("compressed reduce-scatter: a float16 sum beyond 65504 is Inf, reported", "[compressed]") {
+  Job job;
+  job.codec = kernels::parse_codec_spec("none"), job.n = 2, job.count = 64, job.dtype = DataType::kFloat16;
+  std::vector<std::vector<float>> in(2, std::vector<float>(2 * job.count, 1.0f));
+  in[0][5] = in[1][5] = 40000.0f;  // rank 0's block: 80000 overflows float16
+  const Result res = run(job, in);
+  CHECK(res.out[0][5] == INFINITY);
+  CHECK(res.out[0][6] == 2.0f);
+  CHECK(res.sim.ops[0]->stats().nonfinite == 1);
+  CHECK(res.sim.ops[1]->stats().nonfinite == 0);
 }
 
 }  // namespace qccl::test

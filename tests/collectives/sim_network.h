@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -38,12 +39,16 @@ class SimNetwork {
   // ordered: payload messages (message_key::is_payload) match strictly in the order each sender sent
   // them to each receiver, whatever their keys, as on a transport without tags; a receive that meets
   // a payload message with another key than its own fails ("out of order"). Headers still match by key.
+  // Payload bytes posted per (source, destination) link (frame headers not counted).
+  std::map<std::pair<int, int>, uint64_t> payload_bytes;
+
   explicit SimNetwork(int nranks, bool ordered = false)
       : pending_sends_(nranks), pending_recvs_(nranks), ordered_(ordered) {}
 
   Request* send(int src, int dst, transport::Key key, const void* data, size_t bytes) {
     auto* r = track(new Request());
     r->src = src, r->dst = dst, r->key = key, r->data = data, r->bytes = bytes;
+    if (message_key::is_payload(key)) payload_bytes[{src, dst}] += bytes;
     pending_sends_[dst].push_back(r);
     return r;
   }

@@ -29,11 +29,11 @@ struct SimRun {
   std::vector<uint64_t> raw_bytes;              // each plan's raw_wire_bytes()
 };
 
-inline SimRun run_on_sim(const std::vector<coll::CollArgs>& args, const std::string& algorithm_name,
-                         size_t chunk_bytes, int depth, bool ordered = false) {
+// Runs `algorithm`, which need not be registered (a test's own plan).
+inline SimRun run_algorithm_on_sim(const std::vector<coll::CollArgs>& args, const coll::Algorithm& algorithm_entry,
+                                   size_t chunk_bytes, int depth, bool ordered = false) {
   const int n = static_cast<int>(args.size());
-  const coll::Algorithm* algorithm = coll::find_algorithm(args[0].kind, algorithm_name);
-  REQUIRE(algorithm != nullptr);
+  const coll::Algorithm* algorithm = &algorithm_entry;
   SimRun out;
   out.net = std::make_unique<SimNetwork>(n, ordered);
   SimNetwork& net = *out.net;
@@ -70,6 +70,13 @@ inline SimRun run_on_sim(const std::vector<coll::CollArgs>& args, const std::str
   }
   CHECK(net.idle());
   return out;
+}
+
+inline SimRun run_on_sim(const std::vector<coll::CollArgs>& args, const std::string& algorithm_name,
+                         size_t chunk_bytes, int depth, bool ordered = false) {
+  const coll::Algorithm* algorithm = coll::find_algorithm(args[0].kind, algorithm_name);
+  REQUIRE(algorithm != nullptr);
+  return run_algorithm_on_sim(args, *algorithm, chunk_bytes, depth, ordered);
 }
 
 }  // namespace qccl::test

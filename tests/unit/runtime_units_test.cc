@@ -1,5 +1,5 @@
 // Unit tests of the runtime's small parts: frame headers, wire readers, configuration parsing,
-// algorithm policy, and the segment arithmetic every ring relies on.
+// algorithm policy, the segment arithmetic every ring relies on, and the node map.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -10,6 +10,7 @@
 #include "base/wire.h"
 #include "collectives/ring.h"
 #include "src/frame.h"
+#include "src/node_map.h"
 #include "src/policy.h"
 
 namespace qccl::test {
@@ -204,13 +205,127 @@ TEST_CASE("segments: n near-equal parts that tile the count, independent of chun
       CHECK(largest == s.max_size());
     }
   }
-  coll::Ring ring{0, 5};
+  const coll::Ring ring = coll::Ring::whole(0, 5);
   CHECK(ring.at(-1) == 4);
   CHECK(ring.at(-11) == 4);
   CHECK(ring.at(7) == 2);
+  CHECK(ring.position_at(7) == 2);
   CHECK(coll::piece(10, 4, 2).offset == 8);
   CHECK(coll::piece(10, 4, 2).count == 2);
   CHECK(coll::piece(10, 4, 3).count == 0);
+}
+
+TEST_CASE("a ring over a member list: positions index blocks, next/prev/at return communicator ranks") {
+  const coll::Ring ring({6, 2, 9, 4}, 9);  // position i -> rank members[i]
+  CHECK(ring.size() == 4);
+  CHECK(ring.position() == 2);
+  CHECK(ring.rank() == 9);
+  CHECK(ring.next() == 4);
+  CHECK(ring.prev() == 2);
+  CHECK(ring.at(2) == 6);
+  CHECK(ring.at(-3) == 4);
+  CHECK(ring.position_at(-3) == 3);
+  CHECK(ring.member(1) == 2);
+  CHECK(ring.position_of(4) == 3);
+  CHECK(ring.position_of(5) == -1);
+  std::vector<int> to, from;
+  ring.links(&to, &from);
+  CHECK(to == std::vector<int>{4});
+  CHECK(from == std::vector<int>{2});
+  to.clear(), from.clear();
+  coll::Ring({3}, 3).links(&to, &from);  // a ring of one has no links
+  CHECK(to.empty());
+  CHECK(from.empty());
+}
+
+TEST_CASE("grid rows and columns are member-list rings") {
+  // 2 x 3 grid: rank 4 sits at row 1, column 1.
+  const coll::Ring row = coll::grid_row(4, 3), column = coll::grid_column(4, 2, 3);
+  CHECK(row.members() == std::vector<int>{3, 4, 5});
+  CHECK(row.position() == 1);
+  CHECK(row.next() == 5);
+  CHECK(row.prev() == 3);
+  CHECK(column.members() == std::vector<int>{1, 4});
+  CHECK(column.position() == 1);
+  CHECK(column.next() == 1);
+}
+
+TEST_CASE("binomial trees over a member list") {
+  // Over the whole communicator of 6 ranks rooted at 2 (v = rank - 2 mod 6): v=0 has children
+  // v=1, 2, 4; v=2 (rank 4) has parent v=0 and child v=3 (rank 5); v=5 (rank 1) has parent v=4 (rank 0).
+  const coll::BinomialTree root(coll::Ring::whole(2, 6), 2);
+  CHECK(root.parent == -1);
+  CHECK(root.children == std::vector<int>{3, 4, 0});
+  const coll::BinomialTree four(coll::Ring::whole(4, 6), 2);
+  CHECK(four.parent == 2);
+  CHECK(four.children == std::vector<int>{5});
+  const coll::BinomialTree one(coll::Ring::whole(1, 6), 2);
+  CHECK(one.parent == 0);
+  CHECK(one.children.empty());
+  // Over members {7, 3, 5} rooted at rank 3 (position 1): 3 -> 5 and 3 -> 7.
+  const coll::BinomialTree sub_root(coll::Ring({7, 3, 5}, 3), 3);
+  CHECK(sub_root.children == std::vector<int>{5, 7});
+  const coll::BinomialTree sub_leaf(coll::Ring({7, 3, 5}, 7), 3);
+  CHECK(sub_leaf.parent == 3);
+  CHECK(sub_leaf.children.empty());
+}
+
+TEST_CASE("a node map from labels: nodes numbered by their lowest rank, ranks, local indexes, leaders") {
+  const coll::NodeMap m = coll::NodeMap::from_labels({7, 3, 7, 3, 5});
+  CHECK(m.nranks() == 5);
+  CHECK(m.nodes() == 3);
+  CHECK(m.node_of_rank() == std::vector<int>{0, 1, 0, 1, 2});
+  CHECK(m.ranks_of(0) == std::vector<int>{0, 2});
+  CHECK(m.ranks_of(1) == std::vector<int>{1, 3});
+  CHECK(m.ranks_of(2) == std::vector<int>{4});
+  CHECK(m.local_index(2) == 1);
+  CHECK(m.local_index(3) == 1);
+  CHECK(m.local_index(4) == 0);
+  CHECK(m.leaders() == std::vector<int>{0, 1, 4});
+  CHECK(m.leader(1) == 1);
+  CHECK(m.same_node(1, 3));
+  CHECK_FALSE(m.same_node(0, 1));
+  CHECK(m.describe() == "3 nodes: 0,1,0,1,2");
+  CHECK(coll::NodeMap::single_node(3).describe() == "1 node: 0,0,0");
+}
+
+PeerInfo peer_on(const std::string& host, const std::string& boot) {
+  PeerInfo p;
+  p.hostname = host;
+  p.boot_id = boot;
+  return p;
+}
+
+TEST_CASE("the communicator's node map: by host name and boot id, or QCCL_NODE_MAP") {
+  // Host b with two boot ids is two hosts (clones that share a name).
+  const std::vector<PeerInfo> peers = {peer_on("a", "1"), peer_on("b", "1"), peer_on("a", "1"), peer_on("b", "2")};
+  CHECK(compute_node_map(peers, "").describe() == "3 nodes: 0,1,0,2");
+  // One host: one node (what qcclrun on one machine gives).
+  CHECK(compute_node_map({peer_on("h", "x"), peer_on("h", "x")}, "").nodes() == 1);
+  // The override wins over the hosts; labels need not be dense or sorted.
+  CHECK(compute_node_map(peers, "0,0,1,1").describe() == "2 nodes: 0,0,1,1");
+  CHECK(compute_node_map(peers, "9,4,9,4").describe() == "2 nodes: 0,1,0,1");
+  CHECK(compute_node_map(peers, "0,1,2,3").nodes() == 4);
+}
+
+TEST_CASE("QCCL_NODE_MAP's grammar: one non-negative integer per rank, comma-separated") {
+  CHECK(parse_node_map("0,0,1,1", 4) == std::vector<int>{0, 0, 1, 1});
+  CHECK(parse_node_map("12", 1) == std::vector<int>{12});
+  for (const char* bad : {"", "0,,1", "0,1,", ",0", "0, 1", "-1,0", "a,b", "0;1", "2x2", "1234567890,0"}) {
+    INFO(bad);
+    try {
+      parse_node_map(bad, 2);
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.code() == qcclInvalidArgument);
+      CHECK_THAT(e.message(), Catch::Contains("QCCL_NODE_MAP") && Catch::Contains(std::string("\"") + bad + "\""));
+    }
+  }
+  CHECK_THROWS_WITH(parse_node_map("0,0,1", 4), Catch::Contains("QCCL_NODE_MAP = \"0,0,1\" lists 3 ranks") &&
+                                                    Catch::Contains("the communicator has 4"));
+  CHECK_THROWS_WITH(compute_node_map({peer_on("h", "x")}, "0,1"), Catch::Contains("lists 2 ranks"));
+  // A split child keeps its members' nodes.
+  CHECK(node_map_of_members(coll::NodeMap::from_labels({0, 0, 1, 1}), {3, 1, 2}) == "1,0,1");
 }
 
 }  // namespace qccl::test
