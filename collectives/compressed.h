@@ -39,6 +39,13 @@ inline size_t compressed_chunk(const CollArgs& args, size_t chunk_bytes, size_t 
   return std::max<size_t>(align, std::min(chunk, run_aligned));
 }
 
+// The encoded bytes of `count` values cut into chunks of `chunk` values, each encoded on its own.
+inline uint64_t chunked_encoded_bytes(const kernels::CodecConfig& codec, size_t count, size_t chunk) {
+  uint64_t bytes = 0;
+  for (size_t f = 0; f * chunk < count; ++f) bytes += codec.encoded_bytes(piece(count, chunk, f).count);
+  return bytes;
+}
+
 // A fragment's scratch: `floats` float32 buffers of `chunk` values, then `encoded` buffers of
 // codec.encoded_bytes(chunk) bytes (each rounded up to 64 bytes).
 struct CompressedScratch {

@@ -87,9 +87,7 @@ class ReduceScatterCompressedPairwise final : public Plan {
   }
 
   uint64_t wire_bytes_sent() const override {
-    uint64_t per_block = 0;
-    for (size_t f = 0; f < fragments(); ++f) per_block += args_.codec->encoded_bytes(piece(args_.count, layout_.chunk, f).count);
-    return static_cast<uint64_t>(ring_.size() - 1) * per_block;
+    return static_cast<uint64_t>(ring_.size() - 1) * chunked_encoded_bytes(*args_.codec, args_.count, layout_.chunk);
   }
   uint64_t raw_wire_bytes() const override {
     return static_cast<uint64_t>(ring_.size() - 1) * args_.count * args_.element_size();
