@@ -571,8 +571,8 @@ void Comm::shutdown() {
   if (progress_thread_.joinable()) progress_thread_.join();
   {
     std::lock_guard<std::mutex> drive(drive_mu_);
+    transport_.reset();  // first: it may still read the buffers the executor keeps for abandoned sends
     executor_.reset();
-    transport_.reset();
   }
   if (control_) control_->close();
 }

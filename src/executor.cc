@@ -30,7 +30,7 @@ class HostExecution final : public Execution {
  public:
   HostExecution(transport::Transport& transport, const HostExecutorOptions& options, const coll::Algorithm& algorithm,
                 std::unique_ptr<coll::Plan> plan, const OperationIdentity& identity, std::byte* scratch,
-                const std::vector<std::string>* names);
+                const std::vector<std::string>* names, std::vector<std::unique_ptr<uint8_t[]>>* abandoned);
 
   bool advance() override;
   bool started() const override { return started_; }
@@ -59,10 +59,13 @@ class HostExecution final : public Execution {
     coll::Program program;
     std::vector<Transfer> transfers;  // grown to the program's transfer_slots(), never shrunk
   };
+  // A frame header on its way. Its bytes live on the heap: a send still pending when the execution is
+  // cancelled is abandoned to the transport, which may read them until it is destroyed, so cancel()
+  // hands them to the executor, which outlives the transport.
   struct HeaderLink {
-    int peer;
+    int peer = -1;
     transport::Handle handle;
-    uint8_t bytes[FrameHeader::kBytes];
+    std::unique_ptr<uint8_t[]> bytes{new uint8_t[FrameHeader::kBytes]};
     bool done = false;
   };
   // Agreement round k (executor.h): the header sent to rank + 2^k and the one from rank - 2^k.
@@ -112,6 +115,7 @@ class HostExecution final : public Execution {
   std::unique_ptr<coll::Plan> plan_;
   OperationIdentity identity_;
   const std::vector<std::string>* names_;
+  std::vector<std::unique_ptr<uint8_t[]>>* abandoned_;  // the executor's: see HeaderLink
   std::vector<Slot> slots_;
   std::vector<HeaderLink> header_sends_;
   std::vector<HeaderLink> header_recvs_;
@@ -128,13 +132,15 @@ class HostExecution final : public Execution {
 HostExecution::HostExecution(transport::Transport& transport, const HostExecutorOptions& options,
                              const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                              const OperationIdentity& identity, std::byte* scratch,
-                             const std::vector<std::string>* names)
+                             const std::vector<std::string>* names,
+                             std::vector<std::unique_ptr<uint8_t[]>>* abandoned)
     : transport_(transport),
       options_(options),
       algorithm_(algorithm),
       plan_(std::move(plan)),
       identity_(identity),
       names_(names),
+      abandoned_(abandoned),
       last_progress_(Clock::now()) {
   const size_t fragments = plan_->fragments();
   slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(options.depth, 1)), std::max<size_t>(fragments, 1)));
@@ -160,14 +166,14 @@ void HostExecution::start() {
   for (size_t i = 0; i < recv_from.size(); ++i) {
     HeaderLink& link = header_recvs_[i];
     link.peer = recv_from[i];
-    link.handle = transport_.irecv(link.peer, key(0), kIgnoredBits, link.bytes, sizeof(link.bytes));
+    link.handle = transport_.irecv(link.peer, key(0), kIgnoredBits, link.bytes.get(), FrameHeader::kBytes);
   }
   header_sends_.resize(send_to.size());
   for (size_t i = 0; i < send_to.size(); ++i) {
     HeaderLink& link = header_sends_[i];
     link.peer = send_to[i];
-    identity_.header.encode(link.bytes);
-    link.handle = transport_.isend(link.peer, key(0), link.bytes, sizeof(link.bytes));
+    identity_.header.encode(link.bytes.get());
+    link.handle = transport_.isend(link.peer, key(0), link.bytes.get(), FrameHeader::kBytes);
   }
   headers_verified_ = header_recvs_.empty();
 
@@ -184,13 +190,13 @@ void HostExecution::start() {
       AgreementRound& round = agreement_[k];
       round.recv.peer = (args.rank - distance + args.nranks) % args.nranks;
       round.recv.handle = transport_.irecv(round.recv.peer, key(kFirstAgreementMessage + static_cast<uint32_t>(k)),
-                                           kIgnoredBits, round.recv.bytes, sizeof(round.recv.bytes));
+                                           kIgnoredBits, round.recv.bytes.get(), FrameHeader::kBytes);
       round.send.peer = (args.rank + distance) % args.nranks;
-      identity_.header.encode(round.send.bytes);
+      identity_.header.encode(round.send.bytes.get());
     }
     AgreementRound& first = agreement_[0];
     first.send.handle =
-        transport_.isend(first.send.peer, key(kFirstAgreementMessage), first.send.bytes, sizeof(first.send.bytes));
+        transport_.isend(first.send.peer, key(kFirstAgreementMessage), first.send.bytes.get(), FrameHeader::kBytes);
     first.sent = true;
   }
   for (Slot& slot : slots_) next_fragment(slot);
@@ -247,7 +253,7 @@ bool HostExecution::poll_headers() {
 }
 
 void HostExecution::check_header(const HeaderLink& link, size_t bytes) const {
-  FrameHeader theirs = FrameHeader::decode(link.bytes, bytes, name(link.peer));
+  FrameHeader theirs = FrameHeader::decode(link.bytes.get(), bytes, name(link.peer));
   std::string mismatch = frame_mismatch(identity_.expected, theirs);
   if (!mismatch.empty()) fail(qcclMismatch, "%s", mismatch.c_str());
   if (theirs.sender != link.peer)
@@ -293,7 +299,7 @@ bool HostExecution::poll_agreement() {
     AgreementRound& next = agreement_[agreed_rounds_];
     next.send.handle =
         transport_.isend(next.send.peer, key(kFirstAgreementMessage + static_cast<uint32_t>(agreed_rounds_)),
-                         next.send.bytes, sizeof(next.send.bytes));
+                         next.send.bytes.get(), FrameHeader::kBytes);
     next.sent = moved = true;
   }
   return moved;
@@ -518,11 +524,16 @@ bool HostExecution::finished() const {
 void HostExecution::cancel() {
   for (Slot& slot : slots_)
     for (Transfer& t : slot.transfers) transport_.cancel(t.handle);
-  for (HeaderLink& link : header_sends_) transport_.cancel(link.handle);
-  for (HeaderLink& link : header_recvs_) transport_.cancel(link.handle);
+  auto abandon = [this](HeaderLink& link) {
+    if (link.handle.empty()) return;
+    transport_.cancel(link.handle);
+    abandoned_->push_back(std::move(link.bytes));  // the transport may still read (or write) them
+  };
+  for (HeaderLink& link : header_sends_) abandon(link);
+  for (HeaderLink& link : header_recvs_) abandon(link);
   for (AgreementRound& round : agreement_) {
-    transport_.cancel(round.send.handle);
-    transport_.cancel(round.recv.handle);
+    abandon(round.send);
+    abandon(round.recv);
   }
 }
 
@@ -551,7 +562,8 @@ std::string HostExecution::waiting_for() const {
 
 std::unique_ptr<Execution> HostExecutor::launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                                                 const OperationIdentity& identity, std::byte* scratch) {
-  return std::make_unique<HostExecution>(transport_, options_, algorithm, std::move(plan), identity, scratch, names_);
+  return std::make_unique<HostExecution>(transport_, options_, algorithm, std::move(plan), identity, scratch, names_,
+                                         &abandoned_);
 }
 
 std::string HostExecutor::describe() const {

@@ -111,7 +111,9 @@ struct HostExecutorOptions {
 };
 
 // The host executor: plans on host memory, numerics on this CPU, bytes through a Transport.
-// `names` gives "rank 3 (host:pid)" for error messages and must outlive the executor.
+// `names` gives "rank 3 (host:pid)" for error messages and must outlive the executor. Destroy the
+// transport before the executor: buffers of transfers a failure abandoned stay with the executor
+// until then.
 class HostExecutor final : public Executor {
  public:
   HostExecutor(transport::Transport& transport, const HostExecutorOptions& options,
@@ -132,6 +134,7 @@ class HostExecutor final : public Executor {
   transport::Transport& transport_;
   HostExecutorOptions options_;
   const std::vector<std::string>* names_;
+  std::vector<std::unique_ptr<uint8_t[]>> abandoned_;  // frame headers of cancelled executions
 };
 
 }  // namespace qccl
