@@ -334,9 +334,19 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       driving_ = active_;
       driving_version_ = active_version_.load();
     }
+    // Collectives run in call order, as on a stream: one starts once every earlier one has started all
+    // its fragments, so the pipeline stays full across the boundary without the calls competing for
+    // the cores and the wire. Point-to-point calls are not held back (a group's sends and receives to
+    // several peers must progress together).
+    bool earlier_collective_filling = false;
     for (size_t i = 0; i < driving_.size(); ++i) {
       const auto& record = driving_[i];
-      if (record->done.load(std::memory_order_relaxed) || waits_for_its_state(i)) continue;
+      if (record->done.load(std::memory_order_relaxed)) continue;
+      const bool collective = !record->operation->identity().p2p;
+      const bool held = waits_for_its_state(i) || (collective && earlier_collective_filling &&
+                                                   !record->operation->started());
+      if (collective && (held || !record->operation->fragments_started())) earlier_collective_filling = true;
+      if (held) continue;
       try {
         if (record->call && !record->operation->started()) prepare(*record);
         moved |= record->operation->advance();
