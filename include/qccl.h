@@ -271,7 +271,10 @@ QCCL_API qcclResult_t qcclGroupEnd(void);
  * Same arguments as the blocking call, plus a request that completes when the operation has. The
  * operation progresses in the background (a progress thread per communicator) while the caller
  * computes. The buffers belong to qccl until the request completes. Inside a group, the request
- * starts at qcclGroupEnd. */
+ * starts at qcclGroupEnd. The collectives of one communicator run in call order, as on a CUDA
+ * stream: each starts once every earlier one has started all its pipeline chunks, so the pipeline
+ * stays full from one call to the next; requests may be waited on in any order. Point-to-point
+ * calls (qcclISend/qcclIRecv) are not held back by earlier calls. */
 QCCL_API qcclResult_t qcclIAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                      qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm,
                                      qcclRequest_t* request);

@@ -262,6 +262,48 @@ TEST_CASE("non-blocking: several calls in flight progress in the background", "[
   }
 }
 
+TEST_CASE("non-blocking: many mixed collectives back to back, waited in any order, all exact", "[ranks]") {
+  // Collectives of a communicator run in call order (qccl.h): every result must be exact whatever the
+  // order of the waits.
+  World& w = World::get();
+  const int n = w.size();
+  constexpr int kCalls = 24;
+  const size_t sizes[] = {1, 1000, 70000, 333333};
+  std::vector<std::vector<int32_t>> in(kCalls), out(kCalls);
+  std::vector<qcclRequest_t> requests(kCalls, nullptr);
+  auto kind_of = [](int k) { return k % 4; };  // all-reduce, all-gather, broadcast from k % n, reduce-scatter
+  for (int k = 0; k < kCalls; ++k) {
+    const size_t count = sizes[k % 4 == 0 ? (k / 4) % 4 : k % 4];
+    in[k].resize(kind_of(k) == 3 ? count * n : count);
+    for (size_t i = 0; i < in[k].size(); ++i) in[k][i] = static_cast<int32_t>(k * 7 + w.rank() * 3 + i % 11);
+    out[k].assign(kind_of(k) == 1 ? count * n : count, -1);
+    switch (kind_of(k)) {
+      case 0: QCCL_REQUIRE_OK(qcclIAllReduce(in[k].data(), out[k].data(), count, qcclInt32, qcclSum, w.comm(), &requests[k])); break;
+      case 1: QCCL_REQUIRE_OK(qcclIAllGather(in[k].data(), out[k].data(), count, qcclInt32, w.comm(), &requests[k])); break;
+      case 2: QCCL_REQUIRE_OK(qcclIBroadcast(in[k].data(), out[k].data(), count, qcclInt32, k % n, w.comm(), &requests[k])); break;
+      case 3: QCCL_REQUIRE_OK(qcclIReduceScatter(in[k].data(), out[k].data(), count, qcclInt32, qcclSum, w.comm(), &requests[k])); break;
+    }
+  }
+  for (int k = kCalls - 1; k >= 0; k -= 2) QCCL_REQUIRE_OK(qcclWait(&requests[k]));  // odd ones first, last first
+  for (int k = 0; k < kCalls; k += 2) QCCL_REQUIRE_OK(qcclWait(&requests[k]));
+  size_t wrong = 0;
+  for (int k = 0; k < kCalls; ++k) {
+    const size_t count = kind_of(k) == 3 ? in[k].size() / n : in[k].size();
+    auto value = [&](int rank, size_t i) { return static_cast<int32_t>(k * 7 + rank * 3 + i % 11); };
+    for (size_t i = 0; i < out[k].size(); ++i) {
+      int64_t e = 0;
+      switch (kind_of(k)) {
+        case 0: for (int q = 0; q < n; ++q) e += value(q, i); break;
+        case 1: e = value(static_cast<int>(i / count), i % count); break;
+        case 2: e = value(k % n, i); break;
+        case 3: for (int q = 0; q < n; ++q) e += value(q, w.rank() * count + i); break;
+      }
+      wrong += out[k][i] != static_cast<int32_t>(e);
+    }
+  }
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("non-blocking: a request completes with no test or wait call at all", "[ranks]") {
   World& w = World::get();
   const size_t count = 1 << 16;
