@@ -186,16 +186,25 @@ void CodecState::load(const void* buffer, size_t bytes) {
     if (method_ && method_ != method)
       fail(qcclInvalidArgument, "checkpoint holds %s's state, but this state is %s's", name.c_str(), method_->name());
   }
-  std::unique_ptr<coll::MethodState> restored;
-  if (method && length) {
-    restored = method->make_state(count_, nullptr);
+  // Into the state in place when this method made one already (calls bound to it keep pointing at
+  // it), else into a new one.
+  auto restore = [&](coll::MethodState& into) {
     try {
-      restored->load(blob, static_cast<size_t>(length), state_version);
+      into.load(blob, static_cast<size_t>(length), state_version);
     } catch (const std::invalid_argument& e) {
       fail(qcclInvalidArgument, "checkpoint's %s state: %s", name.c_str(), e.what());
     }
+  };
+  if (method && length && state_ && method_ == method) {
+    restore(*state_);
+  } else {
+    std::unique_ptr<coll::MethodState> restored;
+    if (method && length) {
+      restored = method->make_state(count_, nullptr);
+      restore(*restored);
+    }
+    adopt(std::move(restored));
   }
-  adopt(std::move(restored));
   if (method) method_ = method;
   has_legacy_ = false;
   legacy_values_.clear();

@@ -73,6 +73,12 @@ TEST_CASE("codec state: an error-feedback residual round-trips through a checkpo
   a.set_learning_rate(0.5);
   CHECK(budget->used() == 400);
 
+  // Restored into a state that already holds one: in place, so that a call bound to it sees it.
+  const std::vector<uint8_t> checkpoint = save(a);
+  for (int i = 0; i < 100; ++i) residual[i] = -1.0f;
+  a.load(checkpoint.data(), checkpoint.size());
+  for (int i = 0; i < 100; ++i) REQUIRE(residual[i] == 0.25f * i);
+
   CodecState b(budget, 100);
   b.load(save(a).data(), save(a).size());
   CHECK(b.step() == 2);
