@@ -243,7 +243,6 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
     last_stats_ = qcclStats_t{};
   }
   record.done.store(true, std::memory_order_release);
-  done_cv_.notify_all();
 }
 
 // A completed operation succeeded, unless a compressed one decoded non-finite values: every rank
@@ -286,16 +285,6 @@ void Comm::allgather_bytes(const void* send, void* recv, size_t bytes) {
 
 void Comm::wait(OpRecord& record) {
   while (!record.done.load(std::memory_order_acquire)) {
-    // While the progress thread drives the calls in flight, let it finish this one too and sleep:
-    // taking the drive over at every wait of a series of calls, and handing it back after, costs two
-    // thread switches per call, which is most of a call's time when ranks share cores.
-    if (progress_driving_.load()) {
-      std::unique_lock<std::mutex> lock(ops_mu_);
-      done_cv_.wait_for(lock, std::chrono::milliseconds(kMaxBlockMs), [&] {
-        return record.done.load(std::memory_order_acquire) || !progress_driving_.load();
-      });
-      continue;
-    }
     callers_waiting_.fetch_add(1);
     // Ask the progress thread to step aside, but only when it drives: waking it for nothing costs a
     // context switch per call. (It raises progress_driving_ before it looks at callers_waiting_,
@@ -345,19 +334,9 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       driving_ = active_;
       driving_version_ = active_version_.load();
     }
-    // Collectives run in call order, as on a stream: one starts once every earlier one has started all
-    // its fragments, so the pipeline stays full across the boundary without the calls competing for
-    // the cores and the wire. Point-to-point calls are not held back (a group's sends and receives to
-    // several peers must progress together).
-    bool earlier_collective_filling = false;
     for (size_t i = 0; i < driving_.size(); ++i) {
       const auto& record = driving_[i];
-      if (record->done.load(std::memory_order_relaxed)) continue;
-      const bool collective = !record->operation->identity().p2p;
-      const bool held = waits_for_its_state(i) || (collective && earlier_collective_filling &&
-                                                   !record->operation->started());
-      if (collective && (held || !record->operation->fragments_started())) earlier_collective_filling = true;
-      if (held) continue;
+      if (record->done.load(std::memory_order_relaxed) || waits_for_its_state(i)) continue;
       try {
         if (record->call && !record->operation->started()) prepare(*record);
         moved |= record->operation->advance();
@@ -491,10 +470,6 @@ void Comm::progress_thread_main() {
       if (drive.owns_lock()) drive_until([this] { return active_count_.load() == 0; }, true);
     }
     progress_driving_.store(false);
-    {
-      std::lock_guard<std::mutex> lock(ops_mu_);  // a waiter sleeping on done_cv_ rechecks who drives
-    }
-    done_cv_.notify_all();
   }
 }
 

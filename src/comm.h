@@ -13,7 +13,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -142,7 +141,6 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   // Operations started and not done; `active_version_` changes whenever the list does.
   mutable std::mutex ops_mu_;
-  std::condition_variable done_cv_;  // with ops_mu_: a record finished, or the progress thread stopped driving
   std::vector<std::shared_ptr<OpRecord>> active_;
   std::atomic<uint64_t> active_version_{0};
   std::atomic<int> active_count_{0};

@@ -34,7 +34,6 @@ class HostExecution final : public Execution {
 
   bool advance() override;
   bool started() const override { return started_; }
-  bool fragments_started() const override { return started_ && next_fragment_ >= plan_->fragments(); }
   bool finished() const override;
   void cancel() override;
   std::string waiting_for() const override;

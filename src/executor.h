@@ -73,8 +73,6 @@ class Execution {
   // qcclRemoteError, ...) when the collective cannot complete.
   virtual bool advance() = 0;
   virtual bool started() const = 0;
-  // Every fragment has been started (the last ones may still run): the next call may start.
-  virtual bool fragments_started() const = 0;
   virtual bool finished() const = 0;
   // Withdraws every outstanding transfer (after a failure).
   virtual void cancel() = 0;
