@@ -271,10 +271,16 @@ QCCL_API qcclResult_t qcclGroupEnd(void);
  * Same arguments as the blocking call, plus a request that completes when the operation has. The
  * operation progresses in the background (a progress thread per communicator) while the caller
  * computes. The buffers belong to qccl until the request completes. Inside a group, the request
- * starts at qcclGroupEnd. The collectives of one communicator run in call order, as on a CUDA
- * stream: each starts once every earlier one has started all its pipeline chunks, so the pipeline
- * stays full from one call to the next; requests may be waited on in any order. Point-to-point
- * calls (qcclISend/qcclIRecv) are not held back by earlier calls. */
+ * starts at qcclGroupEnd.
+ *
+ * Order, as on a CUDA stream: the collectives of one communicator (blocking or not, in a group or
+ * not) run in the order they were called, one pipeline for them all: the next one starts as soon as
+ * the one before has started its last chunk, so back-to-back calls keep the pipeline full. Their
+ * requests also complete in call order: when a collective's request has completed, so have those of
+ * every collective called before it on the communicator. A call's QCCL_TIMEOUT counts from when it
+ * starts, not from when it was called. Point-to-point calls (qcclSend/qcclRecv, qcclISend/qcclIRecv)
+ * are not ordered: each progresses as soon as it is started, beside the collectives and the other
+ * point-to-point calls, in any completion order (so ranks may post them in different orders). */
 QCCL_API qcclResult_t qcclIAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                      qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm,
                                      qcclRequest_t* request);

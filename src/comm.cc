@@ -179,21 +179,10 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   identity.header = FrameHeader::for_call(args, identity.sequence, args.codec ? args.codec->hash() : 0, codec_step);
   identity.expected = identity.header;
 
-  const size_t scratch_bytes = executor_->scratch_bytes(*plan);
-  {
-    // Scratch buffers are reused across calls: a fresh allocation would page-fault every time.
-    std::lock_guard<std::mutex> lock(ops_mu_);
-    for (auto it = scratch_pool_.begin(); it != scratch_pool_.end(); ++it)
-      if ((*it)->size() >= scratch_bytes) {
-        record->scratch = *it;
-        scratch_pool_.erase(it);
-        break;
-      }
-  }
-  if (!record->scratch) record->scratch = std::make_shared<std::vector<std::byte>>(scratch_bytes);
+  record->scratch_bytes = executor_->scratch_bytes(*plan);  // taken when it starts to run (take_scratch)
   QCCL_TRACE("%s via %s: %zu fragments, %llu wire bytes", identity.header.describe().c_str(), algorithm.name,
              plan->fragments(), static_cast<unsigned long long>(plan->wire_bytes_sent()));
-  record->operation = executor_->launch(algorithm, std::move(plan), identity, record->scratch->data());
+  record->operation = executor_->launch(algorithm, std::move(plan), identity, nullptr);
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
     active_.push_back(record);
@@ -201,6 +190,26 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     active_version_.fetch_add(1);
   }
   if (background) wake(progress_wake_fd_);
+}
+
+// Scratch buffers are reused across calls (a fresh allocation would page-fault every time), and
+// taken only when a call starts to run: calls queued behind others hold none, so 20 calls in flight
+// need the buffers of the few that run, not 20. The smallest that fits, so that a small call leaves
+// the large buffers to the large ones.
+void Comm::take_scratch(OpRecord& record) {
+  {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    auto best = scratch_pool_.end();
+    for (auto it = scratch_pool_.begin(); it != scratch_pool_.end(); ++it)
+      if ((*it)->size() >= record.scratch_bytes && (best == scratch_pool_.end() || (*it)->size() < (*best)->size()))
+        best = it;
+    if (best != scratch_pool_.end()) {
+      record.scratch = *best;
+      scratch_pool_.erase(best);
+    }
+  }
+  if (!record.scratch) record.scratch = std::make_shared<std::vector<std::byte>>(record.scratch_bytes);
+  record.operation->set_scratch(record.scratch->data());
 }
 
 void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& error) {
@@ -334,13 +343,39 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       driving_ = active_;
       driving_version_ = active_version_.load();
     }
+    // Collectives run in call order through one pipeline (comm.h): `slots` is what the older ones
+    // leave free of QCCL_PIPELINE_DEPTH, `open` whether the next may start at all, `older_undone`
+    // whether an older one has not completed yet. Point-to-point calls are outside the order.
+    size_t slots = static_cast<size_t>(std::max(config_.pipeline_depth, 1));
+    bool open = true;
+    bool older_undone = false;
     for (size_t i = 0; i < driving_.size(); ++i) {
       const auto& record = driving_[i];
-      if (record->done.load(std::memory_order_relaxed) || waits_for_its_state(i)) continue;
+      if (record->done.load(std::memory_order_relaxed)) continue;
+      Execution& op = *record->operation;
+      const bool ordered = !op.identity().p2p;
+      if (ordered && !op.started() && (!open || slots == 0 || waits_for_its_state(i))) {
+        open = false;  // every later collective waits behind this one
+        older_undone = true;
+        continue;
+      }
       try {
-        if (record->call && !record->operation->started()) prepare(*record);
-        moved |= record->operation->advance();
-        if (record->operation->finished()) finish_completed(*record);
+        if (ordered) op.set_fragment_limit(slots);
+        if (!op.started()) {
+          take_scratch(*record);
+          if (record->call) prepare(*record);
+        }
+        moved |= op.advance();
+        if (ordered) {
+          slots -= std::min(slots, op.fragments_in_flight());
+          open = open && op.started_every_fragment();
+        }
+        if (!op.finished()) {
+          older_undone |= ordered;
+        } else if (!ordered || !older_undone) {
+          finish_completed(*record);
+        }
+        // else: completed before an older collective; it completes after it (call order)
       } catch (const Error& e) {
         break_comm(Failure{e.code(), e.message(), failure_sequence(*record)}, true);
         break;
@@ -425,7 +460,9 @@ void Comm::check_timeouts() {
   if (config_.timeout_seconds <= 0) return;
   const auto now = Clock::now();
   for (const auto& record : driving_) {
-    if (record->done || !record->operation->started()) continue;  // not started: waits for its state
+    // Not started: waits for the collectives before it or for its state. Finished: waits to complete
+    // after an older collective, which has a clock of its own.
+    if (record->done || !record->operation->started() || record->operation->finished()) continue;
     const Execution& op = *record->operation;
     const double idle = std::chrono::duration<double>(now - op.last_progress()).count();
     if (idle < config_.timeout_seconds) continue;

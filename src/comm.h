@@ -8,6 +8,20 @@
 // the progress thread to step aside. The drive loop spins for QCCL_SPIN_US after the last event,
 // then blocks on the transport's event descriptor, so that 8 ranks on 2 cores still move.
 //
+// Order. The collectives of a communicator run in call order through one pipeline, as on a CUDA
+// stream: at most QCCL_PIPELINE_DEPTH fragments of all of them together are in flight, the oldest
+// collective gets the slots first, and collective k+1 starts once collective k has started all its
+// fragments and a slot is free, so the pipeline stays full across the boundary instead of draining.
+// (Running every outstanding collective at once, each with its own slots, made 20 non-blocking
+// 1 MiB all-reduces up to 5x slower than 20 blocking ones: docs/PERF.md.) A collective also
+// completes (its request, its statistics) only after every older one has: completion order is call
+// order. A collective that has not started has no timeout clock yet (QCCL_TIMEOUT counts from its
+// start). Point-to-point calls stand outside the order: each runs with its own slots as soon as it
+// is started, beside everything else, because ranks may post sends and receives in different orders
+// (qcclGroupStart/End with several peers, qcclISend then qcclIRecv on both sides), and ordering
+// them could deadlock. Calls that share a codec state also wait for the older one to finish, not
+// just to start (waits_for_its_state).
+//
 // Failure. The first failure breaks the communicator: it is recorded, reported to every peer
 // through the control plane, and fails every outstanding and future operation with that error.
 #pragma once
@@ -46,7 +60,8 @@ struct OpRecord {
   // Compressed calls: the call of the codec's method (args.method_call points here).
   std::unique_ptr<coll::MethodCall> call;
   std::unique_ptr<Execution> operation;
-  std::shared_ptr<std::vector<std::byte>> scratch;
+  std::shared_ptr<std::vector<std::byte>> scratch;  // from the communicator's pool, once it runs
+  size_t scratch_bytes = 0;
   std::chrono::steady_clock::time_point started_at;
   bool started = false;               // false while deferred in a group
   std::atomic<bool> done{false};
@@ -98,6 +113,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void progress_thread_main();
   bool waits_for_its_state(size_t index) const;  // index into driving_
   void check_timeouts();
+  void take_scratch(OpRecord& record);  // before the record's operation first advances
   void finish(OpRecord& record, qcclResult_t result, const std::string& error);
   void finish_completed(OpRecord& record);
   // A compressed call about to run: its method's prepare() and the scale its headers announce.

@@ -35,6 +35,9 @@ class HostExecution final : public Execution {
   bool advance() override;
   bool started() const override { return started_; }
   bool finished() const override;
+  void set_fragment_limit(size_t limit) override { fragment_limit_ = limit; }
+  size_t fragments_in_flight() const override { return in_flight_; }
+  bool started_every_fragment() const override { return started_ && next_fragment_ >= plan_->fragments(); }
   void cancel() override;
   std::string waiting_for() const override;
   Clock::time_point last_progress() const override { return last_progress_; }
@@ -43,6 +46,9 @@ class HostExecution final : public Execution {
   const coll::Plan& plan() const override { return *plan_; }
   const OperationIdentity& identity() const override { return identity_; }
   void set_codec_scale(double scale) override { identity_.header.codec_scale = identity_.expected.codec_scale = scale; }
+  void set_scratch(std::byte* scratch) override {
+    for (size_t i = 0; i < slots_.size(); ++i) slots_[i].scratch = scratch + i * plan_->scratch_bytes();
+  }
 
  private:
   struct Transfer {
@@ -86,8 +92,9 @@ class HostExecution final : public Execution {
   // expects from link.peer.
   void check_header(const HeaderLink& link, size_t bytes) const;
   bool agreed() const { return agreed_rounds_ == agreement_.size(); }
-  // Starts the next fragment in `slot`, unless none is left or it would be too far ahead of the
-  // oldest fragment in flight for their keys to differ (it is then tried again later).
+  // Starts the next fragment in `slot` (idle, or holding a fragment that completed), unless none is
+  // left, the fragment limit is reached, or it would be too far ahead of the oldest fragment in
+  // flight for their keys to differ (it is then tried again later).
   void next_fragment(Slot& slot);
   bool run(Slot& slot);
   // One step of the slot's fragment; false when it must wait (the step is then retried).
@@ -125,6 +132,8 @@ class HostExecution final : public Execution {
   bool headers_verified_ = false;
   size_t next_fragment_ = 0;
   size_t fragments_done_ = 0;
+  size_t in_flight_ = 0;                    // slots holding a fragment
+  size_t fragment_limit_ = ~size_t{0};      // set_fragment_limit (the slots bound it too)
   ExecutionStats stats_;
   Clock::time_point last_progress_;
 };
@@ -144,10 +153,8 @@ HostExecution::HostExecution(transport::Transport& transport, const HostExecutor
       last_progress_(Clock::now()) {
   const size_t fragments = plan_->fragments();
   slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(options.depth, 1)), std::max<size_t>(fragments, 1)));
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    slots_[i].scratch = scratch + i * plan_->scratch_bytes();
-    slots_[i].program.set_default_codec(plan_->args().codec);
-  }
+  for (Slot& slot : slots_) slot.program.set_default_codec(plan_->args().codec);
+  if (scratch) set_scratch(scratch);
 }
 
 void HostExecution::start() {
@@ -203,11 +210,15 @@ void HostExecution::start() {
 }
 
 void HostExecution::next_fragment(Slot& slot) {
-  slot.fragment = kIdle;
-  if (next_fragment_ >= plan_->fragments()) return;
+  if (slot.fragment != kIdle) {
+    slot.fragment = kIdle;
+    --in_flight_;
+  }
+  if (next_fragment_ >= plan_->fragments() || in_flight_ >= fragment_limit_) return;
   for (const Slot& other : slots_)
     if (other.fragment != kIdle && next_fragment_ - other.fragment >= kPayloadMessages) return;
   slot.fragment = next_fragment_++;
+  ++in_flight_;
   slot.pc = 0;
   slot.tainted = false;
   plan_->build(slot.fragment, slot.scratch, slot.program);

@@ -5,8 +5,9 @@
 //
 // An Execution is a passive state machine: advance() does whatever can be done without blocking (post
 // transfers, test them, run reductions and codec steps) and returns whether anything moved. The
-// communicator's drive loop calls advance() on every active execution, and blocks on the executor's
-// event descriptor when nothing moves. Hot-path budget per fragment: no allocation (the Program is
+// communicator's drive loop calls advance() on the active executions (collectives in call order,
+// sharing the pipeline slots through set_fragment_limit), and blocks on the executor's event
+// descriptor when nothing moves. Hot-path budget per fragment: no allocation (the Program is
 // rebuilt in place; slot tables grow only when a fragment needs more than any before), no system call
 // beyond the transport's own, no lock.
 //
@@ -74,6 +75,15 @@ class Execution {
   virtual bool advance() = 0;
   virtual bool started() const = 0;
   virtual bool finished() const = 0;
+  // Pipeline slots across operations (the communicator runs its collectives in call order and
+  // hands the slots the older ones leave free to the next): the most fragments this execution may
+  // have in flight from now on. It starts a new fragment only while it has fewer than `limit` in
+  // flight, and never withdraws one it has started. Default: its pipeline depth.
+  virtual void set_fragment_limit(size_t limit) = 0;
+  // Fragments started and not yet completed (0 before the execution starts and once it finished).
+  virtual size_t fragments_in_flight() const = 0;
+  // Whether every fragment of the plan has been started (true for a plan of none, once started).
+  virtual bool started_every_fragment() const = 0;
   // Withdraws every outstanding transfer (after a failure).
   virtual void cancel() = 0;
   // For timeout messages: what the first blocked fragment waits for.
@@ -86,13 +96,17 @@ class Execution {
   virtual const OperationIdentity& identity() const = 0;
   // Before the execution starts: the codec scale its frame headers announce (FrameHeader::codec_scale).
   virtual void set_codec_scale(double scale) = 0;
+  // Before the execution starts: its scratch (Executor::launch), so that a call queued behind others
+  // holds none until it runs.
+  virtual void set_scratch(std::byte* scratch) = 0;
 };
 
 // Runs plans. Not thread-safe: the communicator's drive lock serializes every call.
 class Executor {
  public:
   virtual ~Executor() = default;
-  // Binds one call's plan. `scratch` must hold scratch_bytes(plan) bytes and outlive the execution.
+  // Binds one call's plan. `scratch` must hold scratch_bytes(plan) bytes and outlive the execution;
+  // it may be null when Execution::set_scratch gives it before the first advance().
   virtual std::unique_ptr<Execution> launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                                             const OperationIdentity& identity, std::byte* scratch) = 0;
   virtual size_t scratch_bytes(const coll::Plan& plan) const = 0;
