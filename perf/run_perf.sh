@@ -24,7 +24,7 @@ usage: perf/run_perf.sh [--quick] [--build DIR] [--out FILE] [--update DOC] [--r
                 in DOC (e.g. docs/PERF.md) with the generated Markdown
   --repeats R   repeats of every run; the median is reported (default 3, --quick 1)
   --qccl-z N    all_reduce_perf's -z (default 2: blocking calls back to back, as MPI_Allreduce and
-                gloo::allreduce are timed; 0 lets qccl overlap the -n operations)
+                gloo::allreduce are timed; 0 issues them non-blocking, then waits)
   --no-netem    skip the emulated-network part (it needs root and network namespaces)
   --raw DIR     keep every run's raw nccl-tests table in DIR (default: deleted at exit)
 EOF
