@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,10 @@ using Clock = std::chrono::steady_clock;
 
 // How long a blocked driver sleeps at most before it looks at timeouts and flags again.
 constexpr int kMaxBlockMs = 100;
+
+// How long a caller whose wait is over may stay away before the progress thread takes the
+// remaining operations back (see Comm::wait).
+constexpr long kHandBackNs = 100'000;
 
 int make_eventfd() {
   int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -45,6 +50,8 @@ Comm::Comm(int rank, int nranks, const Config& config)
       send_sequence_(nranks, 0), recv_sequence_(nranks, 0) {
   progress_wake_fd_ = make_eventfd();
   driver_wake_fd_ = make_eventfd();
+  hand_back_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (hand_back_fd_ < 0) fail(qcclSystemError, "timerfd_create failed: %s", errno_string(errno).c_str());
 }
 
 std::shared_ptr<Comm> Comm::create(const BootstrapId& id, int nranks, int rank, const Config& config) {
@@ -128,6 +135,7 @@ Comm::~Comm() {
   if (!shut_down_) shutdown();
   close(progress_wake_fd_);
   close(driver_wake_fd_);
+  close(hand_back_fd_);
 }
 
 // ---- Starting and finishing operations -----------------------------------------------------------
@@ -293,6 +301,10 @@ void Comm::allgather_bytes(const void* send, void* recv, size_t bytes) {
 // ---- Driving -------------------------------------------------------------------------------------
 
 void Comm::wait(OpRecord& record) {
+  if (record.done.load(std::memory_order_acquire)) {
+  } else if (hand_back_armed_.exchange(false)) {
+    arm_hand_back(false);  // back in time: the progress thread need not take over meanwhile
+  }
   while (!record.done.load(std::memory_order_acquire)) {
     callers_waiting_.fetch_add(1);
     // Ask the progress thread to step aside, but only when it drives: waking it for nothing costs a
@@ -304,7 +316,15 @@ void Comm::wait(OpRecord& record) {
       callers_waiting_.fetch_sub(1);
       drive_until([&] { return record.done.load(std::memory_order_acquire); }, false);
     }
-    if (active_count_.load() > 0) wake(progress_wake_fd_);  // others remain: hand them back
+    // Others remain: hand them back to the progress thread, in a moment. A caller that waits for
+    // its requests one after the other (the DDP pattern) is back at once, and an immediate wake-up
+    // would make the two threads trade the drive lock once per request, which on an oversubscribed
+    // host costs a scheduler slice each time; a caller that goes away to compute leaves its
+    // operations undriven for kHandBackNs at most.
+    if (active_count_.load() > 0) {
+      hand_back_armed_.store(true);
+      arm_hand_back(true);
+    }
   }
   if (record.result != qcclSuccess) throw Error(record.result, record.error);
 }
@@ -487,13 +507,15 @@ void Comm::progress_thread_main() {
     std::vector<int> control_fds = control_->fds();
     std::vector<pollfd> fds;
     fds.push_back({progress_wake_fd_, POLLIN, 0});
+    fds.push_back({hand_back_fd_, POLLIN, 0});
     for (int fd : control_fds) fds.push_back({fd, POLLIN, 0});
     const size_t control_end = fds.size();
     for (int fd : aggregator_fds()) fds.push_back({fd, POLLIN, 0});
     int rc = ::poll(fds.data(), fds.size(), 1000);
     if (rc > 0) {
       if (fds[0].revents) drain(progress_wake_fd_);
-      for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[1].revents) drain(hand_back_fd_);
+      for (size_t i = 2; i < fds.size(); ++i) {
         if (!fds[i].revents) continue;
         if (i < control_end) control_->service(fds[i].fd);
         else service_aggregator(i - control_end);
@@ -508,6 +530,12 @@ void Comm::progress_thread_main() {
     }
     progress_driving_.store(false);
   }
+}
+
+void Comm::arm_hand_back(bool arm) {
+  itimerspec spec{};
+  if (arm) spec.it_value.tv_nsec = kHandBackNs;
+  (void)timerfd_settime(hand_back_fd_, 0, &spec, nullptr);  // cannot fail with a valid descriptor and time
 }
 
 void Comm::wake(int fd) {

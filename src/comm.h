@@ -124,6 +124,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // The first collective sequence number a failure of this record concerns (see Failure).
   static uint64_t failure_sequence(const OpRecord& record);
   void wake(int fd);
+  void arm_hand_back(bool arm);  // arms (or disarms) hand_back_fd_
   void shutdown();
   // An aggregator's registration connection became readable: it closed (the aggregator died or was
   // stopped). Fails the operations in flight, and later agg=switch calls (progress thread only).
@@ -150,6 +151,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::thread progress_thread_;
   int progress_wake_fd_ = -1;  // wakes the progress thread
   int driver_wake_fd_ = -1;    // wakes a caller that drives
+  int hand_back_fd_ = -1;      // a timer: wakes the progress thread a moment after a wait ended
+  std::atomic<bool> hand_back_armed_{false};
 
   // Submission side (the calling thread).
   uint64_t next_sequence_ = 0;
