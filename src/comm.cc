@@ -23,9 +23,9 @@ using Clock = std::chrono::steady_clock;
 // How long a blocked driver sleeps at most before it looks at timeouts and flags again.
 constexpr int kMaxBlockMs = 100;
 
-// How long a caller whose wait is over may stay away before the progress thread takes the
-// remaining operations back (see Comm::wait).
-constexpr long kHandBackNs = 100'000;
+// How long operations may stay undriven (started in the background, or left when a wait ended)
+// before the progress thread takes them over (see Comm::wait).
+constexpr long kHandOffNs = 1'000'000;  // 1 ms
 
 int make_eventfd() {
   int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -50,8 +50,8 @@ Comm::Comm(int rank, int nranks, const Config& config)
       send_sequence_(nranks, 0), recv_sequence_(nranks, 0) {
   progress_wake_fd_ = make_eventfd();
   driver_wake_fd_ = make_eventfd();
-  hand_back_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-  if (hand_back_fd_ < 0) fail(qcclSystemError, "timerfd_create failed: %s", errno_string(errno).c_str());
+  hand_off_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (hand_off_fd_ < 0) fail(qcclSystemError, "timerfd_create failed: %s", errno_string(errno).c_str());
 }
 
 std::shared_ptr<Comm> Comm::create(const BootstrapId& id, int nranks, int rank, const Config& config) {
@@ -135,7 +135,7 @@ Comm::~Comm() {
   if (!shut_down_) shutdown();
   close(progress_wake_fd_);
   close(driver_wake_fd_);
-  close(hand_back_fd_);
+  close(hand_off_fd_);
 }
 
 // ---- Starting and finishing operations -----------------------------------------------------------
@@ -197,7 +197,10 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     active_count_.fetch_add(1);
     active_version_.fetch_add(1);
   }
-  if (background) wake(progress_wake_fd_);
+  // The progress thread takes it over in a moment (see wait()): a caller that issues calls back to
+  // back and then waits drives them itself, with no thread beside it; one that goes away to compute
+  // leaves them undriven for kHandOffNs at most.
+  if (background && !hand_off_armed_.exchange(true)) arm_hand_off(true);
 }
 
 // Scratch buffers are reused across calls (a fresh allocation would page-fault every time), and
@@ -302,8 +305,8 @@ void Comm::allgather_bytes(const void* send, void* recv, size_t bytes) {
 
 void Comm::wait(OpRecord& record) {
   if (record.done.load(std::memory_order_acquire)) {
-  } else if (hand_back_armed_.exchange(false)) {
-    arm_hand_back(false);  // back in time: the progress thread need not take over meanwhile
+  } else if (hand_off_armed_.exchange(false)) {
+    arm_hand_off(false);  // here in time: the progress thread need not take over
   }
   while (!record.done.load(std::memory_order_acquire)) {
     callers_waiting_.fetch_add(1);
@@ -320,11 +323,8 @@ void Comm::wait(OpRecord& record) {
     // its requests one after the other (the DDP pattern) is back at once, and an immediate wake-up
     // would make the two threads trade the drive lock once per request, which on an oversubscribed
     // host costs a scheduler slice each time; a caller that goes away to compute leaves its
-    // operations undriven for kHandBackNs at most.
-    if (active_count_.load() > 0) {
-      hand_back_armed_.store(true);
-      arm_hand_back(true);
-    }
+    // operations undriven for kHandOffNs at most.
+    if (active_count_.load() > 0 && !hand_off_armed_.exchange(true)) arm_hand_off(true);
   }
   if (record.result != qcclSuccess) throw Error(record.result, record.error);
 }
@@ -507,14 +507,14 @@ void Comm::progress_thread_main() {
     std::vector<int> control_fds = control_->fds();
     std::vector<pollfd> fds;
     fds.push_back({progress_wake_fd_, POLLIN, 0});
-    fds.push_back({hand_back_fd_, POLLIN, 0});
+    fds.push_back({hand_off_fd_, POLLIN, 0});
     for (int fd : control_fds) fds.push_back({fd, POLLIN, 0});
     const size_t control_end = fds.size();
     for (int fd : aggregator_fds()) fds.push_back({fd, POLLIN, 0});
     int rc = ::poll(fds.data(), fds.size(), 1000);
     if (rc > 0) {
       if (fds[0].revents) drain(progress_wake_fd_);
-      if (fds[1].revents) drain(hand_back_fd_);
+      if (fds[1].revents) drain(hand_off_fd_);
       for (size_t i = 2; i < fds.size(); ++i) {
         if (!fds[i].revents) continue;
         if (i < control_end) control_->service(fds[i].fd);
@@ -532,10 +532,10 @@ void Comm::progress_thread_main() {
   }
 }
 
-void Comm::arm_hand_back(bool arm) {
+void Comm::arm_hand_off(bool arm) {
   itimerspec spec{};
-  if (arm) spec.it_value.tv_nsec = kHandBackNs;
-  (void)timerfd_settime(hand_back_fd_, 0, &spec, nullptr);  // cannot fail with a valid descriptor and time
+  if (arm) spec.it_value.tv_nsec = kHandOffNs;
+  (void)timerfd_settime(hand_off_fd_, 0, &spec, nullptr);  // cannot fail with a valid descriptor and time
 }
 
 void Comm::wake(int fd) {

@@ -5,7 +5,13 @@
 // (so a blocking collective runs on the caller's thread with no hand-off), or the communicator's
 // progress thread, which drives non-blocking operations while the caller computes, and also
 // watches the control plane for dead peers and failure reports. A caller that wants to wait asks
-// the progress thread to step aside. The drive loop spins for QCCL_SPIN_US after the last event,
+// the progress thread to step aside. The progress thread takes over operations that nobody drives
+// 1 ms after they were left so (started in the background, or still active when a wait ended),
+// unless a wait came meanwhile: a caller that issues non-blocking calls back to back and waits for
+// them one by one drives them itself, with no thread beside it and no trading of the drive lock
+// (on an oversubscribed host each trade can cost a scheduler slice), while one that computes leaves
+// them undriven for 1 ms at most. 100 us was too short for issuing 20 calls on 2 ranks on 2 cores
+// (docs/PERF.md). The drive loop spins for QCCL_SPIN_US after the last event,
 // then blocks on the transport's event descriptor, so that 8 ranks on 2 cores still move.
 //
 // Order. The collectives of a communicator run in call order through one pipeline, as on a CUDA
@@ -124,7 +130,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // The first collective sequence number a failure of this record concerns (see Failure).
   static uint64_t failure_sequence(const OpRecord& record);
   void wake(int fd);
-  void arm_hand_back(bool arm);  // arms (or disarms) hand_back_fd_
+  void arm_hand_off(bool arm);  // arms (or disarms) hand_off_fd_
   void shutdown();
   // An aggregator's registration connection became readable: it closed (the aggregator died or was
   // stopped). Fails the operations in flight, and later agg=switch calls (progress thread only).
@@ -151,8 +157,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::thread progress_thread_;
   int progress_wake_fd_ = -1;  // wakes the progress thread
   int driver_wake_fd_ = -1;    // wakes a caller that drives
-  int hand_back_fd_ = -1;      // a timer: wakes the progress thread a moment after a wait ended
-  std::atomic<bool> hand_back_armed_{false};
+  int hand_off_fd_ = -1;       // a timer: wakes the progress thread a moment after operations were
+                               // left undriven (started in the background, or when a wait ended)
+  std::atomic<bool> hand_off_armed_{false};  // set by the calling thread; a hint, the timer decides
 
   // Submission side (the calling thread).
   uint64_t next_sequence_ = 0;
