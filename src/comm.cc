@@ -26,6 +26,8 @@ constexpr int kMaxBlockMs = 100;
 // How long operations may stay undriven (started in the background, or left when a wait ended)
 // before the progress thread takes them over (see Comm::wait).
 constexpr long kHandOffNs = 1'000'000;  // 1 ms
+// A wait longer than this disarms the hand-off timer (Comm::wait).
+constexpr auto kShortWait = std::chrono::microseconds(100);
 
 int make_eventfd() {
   int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -304,10 +306,17 @@ void Comm::allgather_bytes(const void* send, void* recv, size_t bytes) {
 // ---- Driving -------------------------------------------------------------------------------------
 
 void Comm::wait(OpRecord& record) {
-  if (record.done.load(std::memory_order_acquire)) {
-  } else if (hand_off_armed_.exchange(false)) {
-    arm_hand_off(false);  // here in time: the progress thread need not take over
-  }
+  // An armed hand-off timer is left running while the wait is short (disarming costs a system call,
+  // a third of a 64 KiB all-reduce): if it fires while we drive, the progress thread finds the drive
+  // lock taken and sleeps again. A wait that lasts is worth the call, which spares the progress
+  // thread (and on an oversubscribed host, a rank that spins) a wake-up per timer period.
+  const auto entered = Clock::now();
+  auto done = [&] {
+    if (hand_off_armed_.load(std::memory_order_relaxed) && Clock::now() - entered > kShortWait &&
+        hand_off_armed_.exchange(false))
+      arm_hand_off(false);
+    return record.done.load(std::memory_order_acquire);
+  };
   while (!record.done.load(std::memory_order_acquire)) {
     callers_waiting_.fetch_add(1);
     // Ask the progress thread to step aside, but only when it drives: waking it for nothing costs a
@@ -317,7 +326,7 @@ void Comm::wait(OpRecord& record) {
     {
       std::lock_guard<std::mutex> drive(drive_mu_);
       callers_waiting_.fetch_sub(1);
-      drive_until([&] { return record.done.load(std::memory_order_acquire); }, false);
+      drive_until(done, false);
     }
     // Others remain: hand them back to the progress thread, in a moment. A caller that waits for
     // its requests one after the other (the DDP pattern) is back at once, and an immediate wake-up
@@ -514,7 +523,10 @@ void Comm::progress_thread_main() {
     int rc = ::poll(fds.data(), fds.size(), 1000);
     if (rc > 0) {
       if (fds[0].revents) drain(progress_wake_fd_);
-      if (fds[1].revents) drain(hand_off_fd_);
+      if (fds[1].revents) {
+        drain(hand_off_fd_);
+        hand_off_armed_.store(false);  // the next start or end of a wait arms it again
+      }
       for (size_t i = 2; i < fds.size(); ++i) {
         if (!fds[i].revents) continue;
         if (i < control_end) control_->service(fds[i].fd);

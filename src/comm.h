@@ -7,7 +7,7 @@
 // watches the control plane for dead peers and failure reports. A caller that wants to wait asks
 // the progress thread to step aside. The progress thread takes over operations that nobody drives
 // 1 ms after they were left so (started in the background, or still active when a wait ended),
-// unless a wait came meanwhile: a caller that issues non-blocking calls back to back and waits for
+// unless a caller drives them by then (it holds the drive lock when the timer fires): a caller that issues non-blocking calls back to back and waits for
 // them one by one drives them itself, with no thread beside it and no trading of the drive lock
 // (on an oversubscribed host each trade can cost a scheduler slice), while one that computes leaves
 // them undriven for 1 ms at most. 100 us was too short for issuing 20 calls on 2 ranks on 2 cores
@@ -159,7 +159,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   int driver_wake_fd_ = -1;    // wakes a caller that drives
   int hand_off_fd_ = -1;       // a timer: wakes the progress thread a moment after operations were
                                // left undriven (started in the background, or when a wait ended)
-  std::atomic<bool> hand_off_armed_{false};  // set by the calling thread; a hint, the timer decides
+  std::atomic<bool> hand_off_armed_{false};  // set when armed, cleared when it fired: saves system calls
 
   // Submission side (the calling thread).
   uint64_t next_sequence_ = 0;
