@@ -371,6 +371,8 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       std::lock_guard<std::mutex> lock(ops_mu_);
       driving_ = active_;
       driving_version_ = active_version_.load();
+      driving_p2p_ = std::any_of(driving_.begin(), driving_.end(),
+                                 [](const auto& r) { return r->operation->identity().p2p; });
     }
     // Collectives run in call order through one pipeline (comm.h): `slots` is what the older ones
     // leave free of QCCL_PIPELINE_DEPTH, `open` whether the next may start at all, `older_undone`
@@ -386,6 +388,9 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       if (ordered && !op.started() && (!open || slots == 0 || waits_for_its_state(i))) {
         open = false;  // every later collective waits behind this one
         older_undone = true;
+        // Nothing after it can start, and only a point-to-point call could move: with hundreds of
+        // calls outstanding, a pass over all of them on every spin is what the loop would cost.
+        if (!driving_p2p_) break;
         continue;
       }
       try {

@@ -175,6 +175,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   std::mutex drive_mu_;
   std::vector<std::shared_ptr<OpRecord>> driving_;  // the driver's copy of active_
+  bool driving_p2p_ = false;  // whether driving_ holds a point-to-point call
   uint64_t driving_version_ = ~uint64_t{0};
   std::atomic<int> callers_waiting_{0};
   std::atomic<bool> progress_driving_{false};  // the progress thread holds (or is taking) the drive lock
