@@ -23,12 +23,13 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_CODEC_STATE_BUDGET", "4294967296", "bytes of codec state (error-feedback residuals, Marsit compensations, IntSGD states) one communicator may hold"},
       {"QCCL_AGGREGATORS", "unset (none)", "host:port,... of IntSGD's aggregator processes (qccl_aggregator; set by qcclrun --aggregators K): every communicator registers with them, and the int codecs' agg=switch sums through them"},
       {"QCCL_NODE_MAP", "unset (by host)", "which ranks share a node, to emulate several nodes on one host: one node label per rank, comma-separated non-negative integers such as 0,0,1,1 (ranks with equal labels share a node); it must list every rank of the communicator"},
+      {"QCCL_OVERSUBSCRIBED", "unset (detected)", "1: more ranks than CPUs share this machine, so a spinning rank yields the CPU; 0: they do not; unset: ranks of this host (by host name and boot id) against the CPUs this process may use (qcclrun --nodes and --netem set 1 when their emulated hosts share too few CPUs)"},
       {"QCCL_RANK", "unset", "this process's rank, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_NRANKS", "unset", "number of ranks, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_ROOT", "unset", "host:port where rank 0 runs the bootstrap root, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_MAGIC", "derived from the job id", "64-bit hex bootstrap magic shared by the job's ranks (set by qcclrun)"},
-      {"QCCL_LOCAL_RANK", "unset", "rank among the ranks on this host (set by qcclrun; informational)"},
-      {"QCCL_LOCAL_NRANKS", "unset", "ranks on this host (set by qcclrun; informational)"},
+      {"QCCL_LOCAL_RANK", "unset", "rank among the ranks on this host, or emulated host (set by qcclrun; informational)"},
+      {"QCCL_LOCAL_NRANKS", "unset", "ranks on this host, or emulated host (set by qcclrun; informational)"},
   };
   return vars;
 }
@@ -105,6 +106,8 @@ Config Config::from_environment() {
   if (const char* v = env("QCCL_CODEC_STATE_BUDGET")) c.codec_state_budget = parse_size("QCCL_CODEC_STATE_BUDGET", v);
   if (const char* v = env("QCCL_AGGREGATORS")) c.aggregators = v;
   if (const char* v = env("QCCL_NODE_MAP")) c.node_map = v;
+  if (const char* v = env("QCCL_OVERSUBSCRIBED"))
+    c.oversubscribed = static_cast<int>(parse_int("QCCL_OVERSUBSCRIBED", v, 0, 1));
   return c;
 }
 

@@ -31,6 +31,7 @@ struct Config {
   size_t codec_state_budget = size_t{4} << 30;  // QCCL_CODEC_STATE_BUDGET
   std::string aggregators;         // QCCL_AGGREGATORS: host:port,... of IntSGD's aggregator processes
   std::string node_map;            // QCCL_NODE_MAP: node label per rank (src/node_map.h); empty: by host
+  int oversubscribed = -1;         // QCCL_OVERSUBSCRIBED: 0 or 1; -1 = detect (ranks of this host > its CPUs)
 
   // Environment first, then the fields of `overrides` that are set (overrides may be null).
   // Throws Error(qcclInvalidArgument) naming the variable or field and its value.

@@ -89,7 +89,8 @@ void Comm::join(const BootstrapId& id) {
   int local = 0;
   for (const PeerInfo& p : peers_) local += p.same_host(me) ? 1 : 0;
   node_map_ = compute_node_map(peers_, config_.node_map);
-  oversubscribed_ = local > topology_.bound_pus;
+  // QCCL_OVERSUBSCRIBED overrides the count: emulated hosts (qcclrun --nodes) share the CPUs.
+  oversubscribed_ = config_.oversubscribed >= 0 ? config_.oversubscribed == 1 : local > topology_.bound_pus;
 
   control_ = std::make_unique<ControlPlane>(
       rank_, nranks_, id.magic, names_,
@@ -126,6 +127,7 @@ void Comm::join(const BootstrapId& id) {
             oversubscribed_ ? "oversubscribed, spinning yields" : "spinning", id.root.to_string().c_str());
   QCCL_INFO("topology %s", topology_.summary().c_str());
   QCCL_INFO("node map (%s): %s", config_.node_map.empty() ? "by host" : "QCCL_NODE_MAP", node_map_.describe().c_str());
+  if (log_level() >= LogLevel::kInfo) QCCL_INFO("links: %s", describe_links().c_str());
   QCCL_INFO("%s; reduction kernels %s; chunk %zu bytes, timeout %g s", executor_->describe().c_str(),
             kernels::reduce_target_name(), config_.chunk_bytes, config_.timeout_seconds);
   QCCL_INFO("algorithms %s", policy_.describe().c_str());
@@ -138,6 +140,30 @@ Comm::~Comm() {
   close(progress_wake_fd_);
   close(driver_wake_fd_);
   close(hand_off_fd_);
+}
+
+// The transports to the other ranks, grouped by link class (a rank of the same node or of another
+// node) and transport, each group with its ranks as ranges: "same node, rank 1: cma/memory,
+// sysv/memory; other nodes, ranks 2-3: tcp/veth0".
+std::string Comm::describe_links() const {
+  std::map<std::pair<bool, std::string>, std::vector<int>> groups;
+  for (int peer = 0; peer < nranks_; ++peer)
+    if (peer != rank_)
+      groups[{!node_map_.same_node(rank_, peer), transport_->peer_transports(peer)}].push_back(peer);
+  std::string out;
+  for (const auto& [key, ranks] : groups) {
+    std::string list;
+    for (size_t i = 0; i < ranks.size();) {
+      size_t j = i;
+      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+      list += (list.empty() ? "" : ",") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+      i = j + 1;
+    }
+    out += format("%s%s, rank%s %s: %s", out.empty() ? "" : "; ", key.first ? "other nodes" : "same node",
+                  ranks.size() == 1 ? "" : "s", list.c_str(),
+                  key.second.empty() ? "none" : key.second.c_str());
+  }
+  return out.empty() ? "none (one rank)" : out;
 }
 
 // ---- Starting and finishing operations -----------------------------------------------------------

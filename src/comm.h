@@ -130,7 +130,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // The first collective sequence number a failure of this record concerns (see Failure).
   static uint64_t failure_sequence(const OpRecord& record);
   void wake(int fd);
-  void arm_hand_off(bool arm);  // arms (or disarms) hand_off_fd_
+  void arm_hand_off(bool arm);
+  std::string describe_links() const;  // for the INFO log  // arms (or disarms) hand_off_fd_
   void shutdown();
   // An aggregator's registration connection became readable: it closed (the aggregator died or was
   // stopped). Fails the operations in flight, and later agg=switch calls (progress thread only).

@@ -1,7 +1,12 @@
-// tools/netem.h: qcclrun's emulated network. Each rank gets its own network namespace with one veth
-// into a Linux bridge that lives in a separate "hub" namespace, so the host's own interfaces, routes and
-// qdiscs are never touched. Both directions of every veth are shaped with tc tbf, which makes each rank
-// a RATE full-duplex NIC on a non-blocking switch. Recipe and pitfalls: specs/transports.md §4.
+// tools/netem.h: qcclrun's emulated hosts and network. Each emulated host (one rank, or a block of
+// ranks with --nodes) gets its own network namespace with one veth into a Linux bridge that lives in a
+// separate "hub" namespace, so the machine's own interfaces, routes and qdiscs are never touched. Both
+// directions of every veth are shaped with tc tbf, which makes each host a RATE full-duplex NIC on a
+// non-blocking switch. Each host also gets its own boot id (a file bind-mounted over
+// /proc/sys/kernel/random/boot_id in its ranks' mount namespaces): qccl and UCX both tell hosts apart
+// by it, so ranks of one emulated host talk over shared memory, ranks of two hosts over tcp through
+// the shaped link, and every rank's node map shows the emulated hosts. Recipe and pitfalls:
+// specs/transports.md §4.
 //
 // Everything here is setup code for a launcher: plain, synchronous, and it reports errors as strings
 // (empty string = success) that qcclrun prints as they are.
@@ -40,14 +45,18 @@ std::string netem_preflight(const std::string& option);
 std::string run_command(const std::vector<std::string>& argv, bool verbose);
 
 // Deletes namespaces named qccl<pid>... whose qcclrun is gone (crashed or SIGKILLed); their veths and
-// bridge go with them. Returns how many were removed; failures are appended to *errors.
+// bridge go with them, and so does the job's directory of boot ids. Returns how many namespaces were
+// removed; failures are appended to *errors.
 int cleanup_stale_namespaces(bool verbose, std::string* errors);
 
 class Netem {
  public:
-  // Names derive from job_id (qcclrun's pid), so concurrent jobs never collide: namespaces
-  // qccl<pid>hub and qccl<pid>r<i>. Interface names repeat across namespaces, which is allowed.
-  Netem(pid_t job_id, int nranks, uint64_t rate_bits, bool verbose);
+  // host_sizes: the ranks of each emulated host, in rank order (host 0 has ranks 0 .. host_sizes[0]-1,
+  // and so on). rate_bits: the rate of each host's link, 0 for an unshaped link. Names derive from
+  // job_id (qcclrun's pid), so concurrent jobs never collide: namespaces qccl<pid>hub and
+  // qccl<pid>h<k>, boot ids in /run/qccl<pid>/. Interface names repeat across namespaces, which is
+  // allowed.
+  Netem(pid_t job_id, std::vector<int> host_sizes, uint64_t rate_bits, bool verbose);
   ~Netem();  // tears down whatever build() made
   Netem(const Netem&) = delete;
   Netem& operator=(const Netem&) = delete;
@@ -58,10 +67,15 @@ class Netem {
   // Deletes every namespace build() made (idempotent). Errors are printed as warnings.
   void teardown();
 
-  std::string rank_netns(int rank) const;
-  std::string rank_netns_path(int rank) const { return "/var/run/netns/" + rank_netns(rank); }
-  std::string rank_ifname(int rank) const { return "veth" + std::to_string(rank); }
-  std::string rank_ip(int rank) const;
+  int hosts() const { return static_cast<int>(host_sizes_.size()); }
+  int host_of(int rank) const { return host_of_rank_[static_cast<size_t>(rank)]; }
+  int host_size(int host) const { return host_sizes_[static_cast<size_t>(host)]; }
+  int host_first_rank(int host) const;
+  std::string host_netns(int host) const;
+  std::string host_netns_path(int host) const { return "/var/run/netns/" + host_netns(host); }
+  std::string host_ifname(int host) const { return "veth" + std::to_string(host); }
+  std::string host_ip(int host) const;
+  std::string host_boot_id_path(int host) const;  // the file build() wrote for the host's ranks
   // IntSGD's aggregators live in the hub namespace, on the bridge itself: their traffic is shaped
   // only by the ranks' links, as a switch's backplane would not be. add_aggregator gives the bridge
   // aggregator k's address (k < 250).
@@ -77,17 +91,23 @@ class Netem {
   std::string ip_cmd(std::vector<std::string> args);
   std::string tc_cmd(std::vector<std::string> args);
 
+  std::string job_dir() const;  // /run/qccl<pid>: the hosts' boot ids
+
   pid_t job_id_;
-  int nranks_;
-  TbfParams tbf_;
+  std::vector<int> host_sizes_;
+  std::vector<int> host_of_rank_;
+  TbfParams tbf_;  // rate_bits 0: unshaped
   bool verbose_;
   std::vector<std::string> created_;  // namespaces to delete, in creation order
+  bool job_dir_made_ = false;
 };
 
 // For a forked child before exec: joins the network namespace at netns_path and, like
 // `ip netns exec`, remounts /sys in a private mount namespace. Without that, /sys/class/net still
-// lists the host's interfaces and UCX rejects UCX_NET_DEVICES=veth<i> as "not available".
+// lists the host's interfaces and UCX rejects UCX_NET_DEVICES=veth<i> as "not available". With a
+// boot_id_path (not empty), also bind-mounts that file over /proc/sys/kernel/random/boot_id in the
+// same mount namespace: the child then belongs to that emulated host.
 // Returns "" or an error message. qcclrun is single-threaded, so this may allocate after fork().
-std::string enter_netns(const char* netns_path, const char* netns_name);
+std::string enter_netns(const char* netns_path, const char* netns_name, const char* boot_id_path);
 
 }  // namespace qccl::tools

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -79,7 +80,7 @@ DESCRIPTION
     the process groups of the other ranks, SIGKILL after the grace period, and exits with that rank's
     status. When a rank's main process exits, anything it left running in its process group is killed.
     SIGINT, SIGTERM and SIGHUP sent to qcclrun are forwarded to every rank (a second one sends SIGKILL
-    at once). The network of --netem is removed in every case.
+    at once). The network of --netem and --nodes is removed in every case.
 
 OPTIONS
     -n, -np, --np N     Number of ranks, 1 to 4096. Required.
@@ -93,18 +94,28 @@ OPTIONS
     --no-prefix         Forward output without the "[R] " prefix (still whole lines).
     --grace SEC         Seconds between SIGTERM and SIGKILL when stopping ranks. Default 2.
     --timeout SEC       Stop the job and exit 124 when it runs longer than SEC. Default 0 (no limit).
-    --netem RATE        Run every rank in its own network namespace behind a RATE full-duplex link
-                        (see NETWORK EMULATION). RATE uses tc(8) units: 500kbit, 100mbit, 1gbit,
-                        10gbit; "bps" means bytes per second (10mbps = 80mbit); a bare number is bit/s.
-                        Needs root. Default: no emulation, ranks share the host's network.
+    --netem RATE        Run every emulated host (every rank, unless --nodes groups them) in its own
+                        network namespace behind a RATE full-duplex link (see NETWORK EMULATION).
+                        RATE uses tc(8) units: 500kbit, 100mbit, 1gbit, 10gbit; "bps" means bytes per
+                        second (10mbps = 80mbit); a bare number is bit/s. Needs root. Default: no
+                        emulation, ranks share the host's network.
+    --nodes K | N1,N2,...
+                        Put the ranks on emulated hosts (see NETWORK EMULATION): K hosts of
+                        contiguous blocks of ranks as equal as can be (the first N mod K hosts one rank
+                        larger), or hosts of N1, N2, ... ranks in rank order (they must add up to N).
+                        Ranks of one host talk over shared memory; hosts talk over tcp through their
+                        links, shaped at RATE with --netem, unshaped without. Every rank's node map
+                        (QCCL_DEBUG=INFO) shows the hosts. Needs root. Default: with --netem, one
+                        host per rank; without, no emulation.
     --aggregators K     Also start K IntSGD aggregators (qccl_aggregator, found next to qcclrun) and
                         give every rank QCCL_AGGREGATORS, so that the int codecs' agg=switch sums
                         through them (0 to 64; default 0). They listen on 127.0.0.1, or with --netem
                         on the bridge itself (10.99.255.250 - k, port 29600 + k), unshaped like a
                         switch's backplane: only the ranks' own links limit what they exchange. They
                         are stopped when the ranks have exited.
-    --cleanup           Only delete network namespaces left behind by qcclrun jobs that no longer run
-                        (e.g. after kill -9), then exit. Needs root.
+    --cleanup           Only delete network namespaces (and /run/qccl<PID> boot-id directories) left
+                        behind by qcclrun jobs that no longer run (e.g. after kill -9), then exit.
+                        Needs root.
     -v, --verbose       Print the network being built, every ip/tc command, and each rank's pid and
                         exit status.
     -h, --help          Print this help and exit.
@@ -114,13 +125,17 @@ OPTIONS
 
 ENVIRONMENT
     Set for each rank:
-      QCCL_RANK, QCCL_LOCAL_RANK      the rank, 0 to N-1 (all ranks are local)
-      QCCL_NRANKS, QCCL_LOCAL_NRANKS  N
+      QCCL_RANK, QCCL_NRANKS          the rank, 0 to N-1, and N
+      QCCL_LOCAL_RANK, QCCL_LOCAL_NRANKS
+                                      the rank among the ranks of its host, and their number (all
+                                      ranks share one host without --netem or --nodes)
       QCCL_ROOT                       IP:PORT where rank 0 runs the bootstrap root
-                                      (127.0.0.1, or rank 0's veth address with --netem)
+                                      (127.0.0.1, or host 0's veth address with --netem or --nodes)
       QCCL_MAGIC                      16 hex digits from /dev/urandom, new for every job
-    and with --netem:
-      UCX_TLS=tcp,self  UCX_NET_DEVICES=vethR  QCCL_SOCKET_IFNAME=vethR
+    and with --netem or --nodes, for a rank of emulated host H:
+      UCX_TLS=sm,tcp,self  UCX_NET_DEVICES=vethH  QCCL_SOCKET_IFNAME=vethH
+      QCCL_OVERSUBSCRIBED=1           when N is larger than the CPUs qcclrun may run on (the emulated
+                                      hosts share them, which their ranks cannot see)
     Values of these variables in qcclrun's own environment are replaced: they would belong to an
     enclosing job, and reusing its QCCL_ROOT or QCCL_MAGIC would join the two jobs. Use -x to force a
     value. Everything else is inherited.
@@ -134,24 +149,32 @@ EXIT STATUS
     129, 130, 143  qcclrun received SIGHUP, SIGINT or SIGTERM
 
 NETWORK EMULATION
-    --netem builds, for job PID, a hub namespace qccl<PID>hub holding bridge br0 and, for each rank R,
-    a namespace qccl<PID>r<R> with interface vethR (address 10.99.x.y/16, rank R is host R+1) whose
-    peer hubR is a port of br0. Both directions of every link are shaped by tc tbf (rate RATE, burst
-    of 2 ms of traffic but at least 16 KiB, latency 10ms), so each rank has a RATE full-duplex NIC into
-    a non-blocking switch; the host's own interfaces are never touched. Ranks enter their namespace
-    like `ip netns exec`, with their own /sys. All namespaces are deleted when the job ends; at start,
-    and with --cleanup, those of dead qcclrun processes are deleted too.
-    Pitfalls: UCX uses shared memory between processes of one host even across network namespaces,
-    which bypasses the shaping; that is why UCX_TLS=tcp,self is set, and overriding it with -x defeats
-    --netem. This kernel has no netem qdisc, so only the rate is emulated: no added delay or loss, but
-    up to 10 ms of queueing under load. One TCP stream reaches ~0.95 of RATE, because Ethernet, IP and
-    TCP headers count against it. Ranks still share the PID, IPC and file-system namespaces, so files,
-    pipes and shared memory between them are not shaped; 127.0.0.1 reaches only the rank itself.
+    --netem and --nodes build, for job PID, a hub namespace qccl<PID>hub holding bridge br0 and, for
+    each emulated host H, a namespace qccl<PID>h<H> with interface vethH (address 10.99.x.y/16, host H
+    is address H+1) whose peer hubH is a port of br0. With --netem both directions of every link are
+    shaped by tc tbf (rate RATE, burst of 2 ms of traffic but at least 16 KiB, latency 10ms), so each
+    host has a RATE full-duplex NIC into a non-blocking switch; the machine's own interfaces are never
+    touched. Ranks enter their host's namespace like `ip netns exec`, with their own /sys, and see
+    their host's own boot id: a random one, written to /run/qccl<PID>/hostH.boot_id and bind-mounted
+    over /proc/sys/kernel/random/boot_id in the rank's mount namespace. qccl and UCX both tell hosts
+    apart by boot id (and host name), so the node map shows the emulated hosts, and UCX reaches a rank
+    of the same host through shared memory and a rank of another host through tcp over the links. All
+    namespaces and the boot-id directory are deleted when the job ends; at start, and with --cleanup,
+    those of dead qcclrun processes are deleted too.
+    Pitfalls: UCX_TLS=sm,tcp,self is set; -x UCX_TLS=tcp,self makes ranks of one host talk through
+    their host's link as well (over the veth, shaped once in each direction per host pair). This
+    kernel has no netem qdisc, so only the rate is emulated: no added delay or loss, but up to 10 ms of
+    queueing under load. One TCP stream reaches ~0.95 of RATE, because Ethernet, IP and TCP headers
+    count against it. Emulated hosts still share the machine's CPUs and memory bandwidth, and the PID,
+    IPC and file-system namespaces, so files and pipes between them are not shaped; 127.0.0.1 reaches
+    only the host itself.
 
 EXAMPLES
     qcclrun -n 4 ./tests/ranks/allreduce_ranks_test
     qcclrun -n 8 --timeout 120 -x QCCL_ALGO=ring -- ./perf/allreduce_perf -b 1M -e 64M
     sudo qcclrun --netem 1gbit -n 4 -v ./perf/allreduce_perf
+    sudo qcclrun --nodes 2 --netem 10gbit -n 4 -x QCCL_DEBUG=INFO ./perf/all_gather_perf
+    sudo qcclrun --nodes 1,3 -n 4 ./tests/ranks/api_ranks_test
     sudo qcclrun --cleanup
 )";
 
@@ -163,6 +186,8 @@ struct Options {
   double grace_s = 2.0;
   double timeout_s = 0;  // 0: no limit
   uint64_t netem_bits = 0;  // 0: no --netem
+  std::vector<int> node_sizes;  // ranks per emulated host (--nodes, or one per rank with --netem); empty: none
+  std::string nodes_text;       // --nodes as given
   int aggregators = 0;      // --aggregators K
   bool verbose = false;
   bool cleanup_only = false;
@@ -190,6 +215,36 @@ double parse_seconds(const std::string& opt, const std::string& text) {
   if (text.empty() || *end != '\0' || !std::isfinite(v) || v < 0)
     usage_error("invalid value '" + text + "' for " + opt + " (expected seconds, e.g. 2 or 0.5)");
   return v;
+}
+
+// The ranks of each emulated host: from --nodes (K hosts, or a list of sizes), else one host per rank
+// with --netem, else none.
+std::vector<int> node_sizes(const Options& o) {
+  std::vector<int> sizes;
+  if (o.nodes_text.empty()) {
+    if (o.netem_bits) sizes.assign(static_cast<size_t>(o.nranks), 1);
+    return sizes;
+  }
+  if (o.nodes_text.find(',') == std::string::npos) {
+    const int k = static_cast<int>(parse_int("--nodes", o.nodes_text, 1, o.nranks));
+    for (int h = 0; h < k; ++h) sizes.push_back(o.nranks / k + (h < o.nranks % k ? 1 : 0));
+    return sizes;
+  }
+  size_t start = 0;
+  long total = 0;
+  for (;;) {
+    const size_t comma = o.nodes_text.find(',', start);
+    const std::string item = o.nodes_text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty()) usage_error("invalid --nodes '" + o.nodes_text + "' (an empty host size)");
+    sizes.push_back(static_cast<int>(parse_int("a host size of --nodes", item, 1, o.nranks)));
+    total += sizes.back();
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (total != o.nranks)
+    usage_error("--nodes " + o.nodes_text + " puts " + std::to_string(total) + " ranks on its hosts, but -n is " +
+                std::to_string(o.nranks));
+  return sizes;
 }
 
 Options parse_options(int argc, char** argv) {
@@ -245,6 +300,9 @@ Options parse_options(int argc, char** argv) {
       if (!qccl::tools::parse_rate(rate, &o.netem_bits))
         usage_error("invalid rate '" + rate + "' for --netem (expected a tc rate of at least 1kbit, "
                     "e.g. 100mbit, 1gbit, 10mbps)");
+    } else if (name == "--nodes") {
+      o.nodes_text = value();
+      if (o.nodes_text.empty()) usage_error("option --nodes needs a host count or a list of host sizes");
     } else if (name == "--aggregators") {
       o.aggregators = static_cast<int>(parse_int(name, value(), 0, 64));
     } else if (name == "--cleanup") {
@@ -267,6 +325,7 @@ Options parse_options(int argc, char** argv) {
   if (o.cleanup_only) return o;
   if (o.nranks == 0) usage_error("the number of ranks is required (-n N)");
   if (o.program.empty()) usage_error("no program given");
+  o.node_sizes = node_sizes(o);
   return o;
 }
 
@@ -344,6 +403,13 @@ int find_free_port() {
 }
 
 // N ranks need 2N pipe ends open at once; the default soft limit of 1024 would stop at ~500 ranks.
+// The CPUs this process may run on (its affinity mask), at least 1.
+int available_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
 void raise_fd_limit() {
   rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -437,9 +503,10 @@ class Output {
 
 // In a child of qcclrun, after fork(): its own process group, killed with qcclrun, stdin from
 // /dev/null and stdout/stderr onto out_fd/err_fd (-1: inherited), signals as exec expects them, the
-// network namespace at ns_path (empty: this one), then argv. Never returns.
+// network namespace at ns_path (empty: this one) with the boot id of the file boot_id (empty: the
+// machine's), then argv. Never returns.
 [[noreturn]] void exec_child(pid_t parent, int out_fd, int err_fd, const std::string& ns_path,
-                             const std::string& ns_name, char** argv, char** envp) {
+                             const std::string& ns_name, const std::string& boot_id, char** argv, char** envp) {
   setpgid(0, 0);
   // A child must not outlive a qcclrun that is SIGKILLed (its namespaces are cleaned up later).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -454,7 +521,7 @@ class Output {
   sigprocmask(SIG_SETMASK, &none, nullptr);
   signal(SIGPIPE, SIG_DFL);
   if (!ns_path.empty()) {
-    std::string e = qccl::tools::enter_netns(ns_path.c_str(), ns_name.c_str());
+    std::string e = qccl::tools::enter_netns(ns_path.c_str(), ns_name.c_str(), boot_id.c_str());
     if (!e.empty()) {
       dprintf(2, "qcclrun: cannot enter network namespace %s: %s\n", ns_name.c_str(), e.c_str());
       _exit(kExitCannotRun);
@@ -524,20 +591,27 @@ class Job {
 
   std::vector<std::string> rank_environment(int r) const {
     // Later entries win: qcclrun's settings replace inherited values, and -x replaces both.
+    const int host = netem_ ? netem_->host_of(r) : 0;
+    const int local_rank = netem_ ? r - netem_->host_first_rank(host) : r;
+    const int local_nranks = netem_ ? netem_->host_size(host) : opts_.nranks;
     std::vector<std::pair<std::string, std::string>> set = {
         {"QCCL_RANK", std::to_string(r)},
         {"QCCL_NRANKS", std::to_string(opts_.nranks)},
-        {"QCCL_LOCAL_RANK", std::to_string(r)},
-        {"QCCL_LOCAL_NRANKS", std::to_string(opts_.nranks)},
+        {"QCCL_LOCAL_RANK", std::to_string(local_rank)},
+        {"QCCL_LOCAL_NRANKS", std::to_string(local_nranks)},
         {"QCCL_ROOT", root_},
         {"QCCL_MAGIC", magic_},
     };
     if (!aggregators_.empty()) set.push_back({"QCCL_AGGREGATORS", aggregators_});
     if (netem_) {
-      // Without UCX_TLS, UCX reaches the other ranks through shared memory and ignores the shaping.
-      set.push_back({"UCX_TLS", "tcp,self"});
-      set.push_back({"UCX_NET_DEVICES", netem_->rank_ifname(r)});
-      set.push_back({"QCCL_SOCKET_IFNAME", netem_->rank_ifname(r)});
+      // Shared memory reaches only the ranks of the same emulated host (its boot id), tcp the others
+      // through the host's link; the other transports (InfiniBand, ...) would bypass the links.
+      set.push_back({"UCX_TLS", "sm,tcp,self"});
+      set.push_back({"UCX_NET_DEVICES", netem_->host_ifname(host)});
+      set.push_back({"QCCL_SOCKET_IFNAME", netem_->host_ifname(host)});
+      // Each rank counts the ranks of its own host against the CPUs it may use, but the emulated
+      // hosts share this machine's CPUs.
+      if (opts_.nranks > available_cpus()) set.push_back({"QCCL_OVERSUBSCRIBED", "1"});
     }
     set.insert(set.end(), opts_.exports.begin(), opts_.exports.end());
     std::map<std::string, std::string> merged;
@@ -570,11 +644,13 @@ class Job {
     cenv.push_back(nullptr);
     for (const auto& a : opts_.program) cargv.push_back(const_cast<char*>(a.c_str()));
     cargv.push_back(nullptr);
-    std::string ns_name = netem_ ? netem_->rank_netns(r) : "";
-    std::string ns_path = netem_ ? netem_->rank_netns_path(r) : "";
+    const int host = netem_ ? netem_->host_of(r) : 0;
+    std::string ns_name = netem_ ? netem_->host_netns(host) : "";
+    std::string ns_path = netem_ ? netem_->host_netns_path(host) : "";
+    std::string boot_id = netem_ ? netem_->host_boot_id_path(host) : "";
     const pid_t parent = getpid();
     pid_t pid = fork();
-    if (pid == 0) exec_child(parent, out[1], err[1], ns_path, ns_name, cargv.data(), cenv.data());
+    if (pid == 0) exec_child(parent, out[1], err[1], ns_path, ns_name, boot_id, cargv.data(), cenv.data());
     close(out[1]);
     close(err[1]);
     if (pid < 0) {
@@ -758,7 +834,7 @@ pid_t start_aggregator(int k, Netem* netem, bool verbose, std::string* address) 
   const std::string ns_path = netem ? netem->hub_netns_path() : "", ns_name = netem ? netem->hub_netns_name() : "";
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid == 0) exec_child(parent, -1, -1, ns_path, ns_name, cargv.data(), cenv.data());
+  if (pid == 0) exec_child(parent, -1, -1, ns_path, ns_name, "", cargv.data(), cenv.data());
   if (pid < 0) {
     fprintf(stderr, "qcclrun: cannot start aggregator %d: fork: %s\n", k, strerror(errno));
     return -1;
@@ -798,8 +874,8 @@ int main(int argc, char** argv) {
   signal(SIGCHLD, SIG_DFL);
   Options opts = parse_options(argc, argv);
   if (opts.cleanup_only) return cleanup_only(opts);
-  if (opts.netem_bits) {
-    std::string err = qccl::tools::netem_preflight("--netem");
+  if (!opts.node_sizes.empty()) {
+    std::string err = qccl::tools::netem_preflight(opts.netem_bits ? "--netem" : "--nodes");
     if (!err.empty()) {
       fprintf(stderr, "qcclrun: %s\n", err.c_str());
       return kExitLauncherError;
@@ -821,11 +897,11 @@ int main(int argc, char** argv) {
   prctl(PR_SET_CHILD_SUBREAPER, 1);
 
   std::unique_ptr<Netem> netem;
-  if (opts.netem_bits) {
+  if (!opts.node_sizes.empty()) {
     std::string errors;
     qccl::tools::cleanup_stale_namespaces(opts.verbose, &errors);
     if (!errors.empty()) fprintf(stderr, "qcclrun: warning: %s", errors.c_str());
-    netem = std::make_unique<Netem>(getpid(), opts.nranks, opts.netem_bits, opts.verbose);
+    netem = std::make_unique<Netem>(getpid(), opts.node_sizes, opts.netem_bits, opts.verbose);
     if (opts.verbose) fputs(netem->describe().c_str(), stderr);
     std::string err = netem->build([] { return pending_termination_signal() != 0; });
     if (!err.empty()) {
@@ -855,7 +931,7 @@ int main(int argc, char** argv) {
   }
 
   int port = opts.root_port ? opts.root_port : netem ? kNetemDefaultRootPort : find_free_port();
-  std::string root = (netem ? netem->rank_ip(0) : "127.0.0.1") + ":" + std::to_string(port);
+  std::string root = (netem ? netem->host_ip(0) : "127.0.0.1") + ":" + std::to_string(port);
   int status = Job(opts, netem.get(), sigfd, root, random_magic(), helpers, aggregators).run();
   netem.reset();  // deletes the namespaces, now that no rank is left in them
   return status;

@@ -62,6 +62,8 @@ class Transport {
 
   // One line for the INFO log: the transports used to reach peers.
   virtual std::string describe() const = 0;
+  // The transports that reach `peer` ("sysv/memory, cma/memory", "tcp/eth0"), for the INFO log.
+  virtual std::string peer_transports(int peer) const = 0;
 };
 
 }  // namespace qccl::transport

@@ -231,38 +231,49 @@ bool UcxTransport::arm() {
   return true;
 }
 
+// UCX 1.13 has no ucp_ep_query for transport names; ucp_ep_print_info lists each lane as
+// "lane[0]:  3:sysv/memory.0 md[2] ..." and we collect the distinct "name/device" tokens.
+std::set<std::string> UcxTransport::lanes_of(int peer) const {
+  std::set<std::string> lanes;
+  if (peer < 0 || static_cast<size_t>(peer) >= endpoints_.size() || !endpoints_[peer]) return lanes;
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = open_memstream(&text, &size);
+  if (!stream) return lanes;
+  ucp_ep_print_info(endpoints_[peer], stream);
+  std::fclose(stream);
+  for (const char* p = text; (p = std::strstr(p, "lane[")) != nullptr;) {
+    const char* colon = std::strchr(p, ':');
+    if (!colon) break;
+    const char* start = std::strchr(colon + 1, ':');  // after the resource index
+    if (!start) break;
+    ++start;
+    const char* end = start;
+    while (*end && *end != ' ' && *end != '.') ++end;
+    lanes.insert(std::string(start, end));
+    p = end;
+  }
+  std::free(text);
+  return lanes;
+}
+
+namespace {
+std::string join_lanes(const std::set<std::string>& lanes) {
+  std::string out;
+  for (const auto& lane : lanes) out += (out.empty() ? "" : ", ") + lane;
+  return out;
+}
+}  // namespace
+
+std::string UcxTransport::peer_transports(int peer) const { return join_lanes(lanes_of(peer)); }
+
 std::string UcxTransport::describe() const {
-  // UCX 1.13 has no ucp_ep_query for transport names; ucp_ep_print_info lists each lane as
-  // "lane[0]:  3:sysv/memory.0 md[2] ..." and we collect the distinct "name/device" tokens.
   std::set<std::string> lanes;
   for (int peer = 0; peer < nranks_; ++peer) {
-    if ((peer == rank_ && nranks_ > 1) || static_cast<size_t>(peer) >= endpoints_.size() || !endpoints_[peer]) continue;
-    char* text = nullptr;
-    size_t size = 0;
-    FILE* stream = open_memstream(&text, &size);
-    if (!stream) continue;
-    ucp_ep_print_info(endpoints_[peer], stream);
-    std::fclose(stream);
-    for (const char* p = text; (p = std::strstr(p, "lane[")) != nullptr;) {
-      const char* colon = std::strchr(p, ':');
-      if (!colon) break;
-      const char* start = std::strchr(colon + 1, ':');  // after the resource index
-      if (!start) break;
-      ++start;
-      const char* end = start;
-      while (*end && *end != ' ' && *end != '.') ++end;
-      lanes.insert(std::string(start, end));
-      p = end;
-    }
-    std::free(text);
+    if (peer == rank_ && nranks_ > 1) continue;
+    lanes.merge(lanes_of(peer));
   }
-  std::string out = "UCX " + std::string(ucp_get_version_string()) + " (";
-  bool first = true;
-  for (const auto& lane : lanes) {
-    out += (first ? "" : ", ") + lane;
-    first = false;
-  }
-  return out + ")";
+  return "UCX " + std::string(ucp_get_version_string()) + " (" + join_lanes(lanes) + ")";
 }
 
 }  // namespace qccl::transport

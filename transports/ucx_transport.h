@@ -12,6 +12,7 @@
 #include <ucp/api/ucp.h>
 
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "transports/transport.h"
@@ -45,6 +46,7 @@ class UcxTransport final : public Transport {
   int event_fd() const override { return event_fd_; }
   bool arm() override;
   std::string describe() const override;
+  std::string peer_transports(int peer) const override;
 
  private:
   class Context;
@@ -56,6 +58,8 @@ class UcxTransport final : public Transport {
   std::vector<uint8_t> address_;
   std::vector<ucp_ep_h> endpoints_;
   std::vector<void*> abandoned_receives_;  // cancelled, not yet completed by UCX
+
+  std::set<std::string> lanes_of(int peer) const;  // the "name/device" of each lane to peer
 };
 
 }  // namespace qccl::transport

@@ -172,6 +172,7 @@ class SimTransport final : public transport::Transport {
   int event_fd() const override { return -1; }
   bool arm() override { return false; }
   std::string describe() const override { return "simulated"; }
+  std::string peer_transports(int) const override { return "simulated"; }
 
  private:
   SimNetwork& net_;

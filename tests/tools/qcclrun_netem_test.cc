@@ -37,7 +37,7 @@ struct GoFile {
 
 }  // namespace
 
-TEST_CASE("--netem puts each rank in its own namespace and removes them at exit", "[qcclrun][netem]") {
+TEST_CASE("--netem puts each rank on its own emulated host and removes them at exit", "[qcclrun][netem]") {
   if (!can_netem()) return;
   GoFile go;
   Qcclrun job({"--netem", "1gbit", "-n", "3", "sh", "-c",
@@ -55,14 +55,94 @@ TEST_CASE("--netem puts each rank in its own namespace and removes them at exit"
   REQUIRE(r.status == 0);
   const std::string p = "qccl" + std::to_string(job.pid());
   std::sort(during.begin(), during.end());
-  CHECK(during == std::vector<std::string>{p + "hub", p + "r0", p + "r1", p + "r2"});
+  CHECK(during == std::vector<std::string>{p + "h0", p + "h1", p + "h2", p + "hub"});
   for (int rank = 0; rank < 3; rank++) {
     std::string R = std::to_string(rank);
-    CHECK(count(r.out, "[" + R + "] ns=" + p + "r" + R + " env=tcp,self,veth" + R + ",veth" + R +
+    CHECK(count(r.out, "[" + R + "] ns=" + p + "h" + R + " env=sm,tcp,self,veth" + R + ",veth" + R +
                            ",10.99.0.1:29500 addr=10.99.0." + std::to_string(rank + 1) +
                            "/16 qdisc=tbf\n") == 1);
   }
   CHECK(namespaces_of(job.pid()).empty());
+  CHECK(access(("/run/qccl" + std::to_string(job.pid())).c_str(), F_OK) != 0);
+}
+
+// The value after `key` on rank R's line of `out` ("[R] ... key=VALUE ..."), or "" when absent.
+static std::string field(const std::string& out, int rank, const std::string& key) {
+  const std::string prefix = "[" + std::to_string(rank) + "] ";
+  for (size_t at = out.find(prefix); at != std::string::npos; at = out.find(prefix, at + 1)) {
+    if (at != 0 && out[at - 1] != '\n') continue;
+    const size_t eol = out.find('\n', at);
+    const std::string line = out.substr(at, eol == std::string::npos ? std::string::npos : eol - at);
+    const size_t k = line.find(" " + key + "=");
+    if (k == std::string::npos) continue;
+    const size_t v = k + key.size() + 2;
+    return line.substr(v, line.find(' ', v) == std::string::npos ? std::string::npos : line.find(' ', v) - v);
+  }
+  return "";
+}
+
+TEST_CASE("--nodes puts blocks of ranks on emulated hosts: one namespace, link and boot id each",
+          "[qcclrun][netem]") {
+  if (!can_netem()) return;
+  std::string machine_boot_id;
+  {
+    FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    REQUIRE(f);
+    char buf[64] = {0};
+    REQUIRE(fgets(buf, sizeof(buf), f));
+    fclose(f);
+    machine_boot_id = buf;
+    machine_boot_id.erase(machine_boot_id.find_last_not_of("\n") + 1);
+  }
+  const std::string script =
+      "echo ns=$(ip netns identify) local=$QCCL_LOCAL_RANK/$QCCL_LOCAL_NRANKS dev=$UCX_NET_DEVICES"
+      " boot=$(cat /proc/sys/kernel/random/boot_id) qdisc=$(tc qdisc show dev $QCCL_SOCKET_IFNAME | awk '{print $2}')";
+  struct Case {
+    std::vector<std::string> args;
+    std::vector<int> host_of_rank;
+    std::string qdisc;
+  };
+  for (const Case& c : {Case{{"--nodes", "2", "-n", "5"}, {0, 0, 0, 1, 1}, "noqueue"},
+                        Case{{"--nodes", "1,3", "--netem", "1gbit", "-n", "4"}, {0, 1, 1, 1}, "tbf"}}) {
+    std::vector<std::string> args = c.args;
+    args.insert(args.end(), {"sh", "-c", script});
+    Qcclrun job(args);
+    RunResult r = job.wait(30);
+    INFO(r.out << r.err);
+    REQUIRE(r.status == 0);
+    const std::string p = "qccl" + std::to_string(job.pid());
+    std::vector<int> local(c.host_of_rank.size()), size(c.host_of_rank.size());
+    for (size_t i = 0; i < c.host_of_rank.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) local[i] += c.host_of_rank[j] == c.host_of_rank[i];
+      for (int h : c.host_of_rank) size[i] += h == c.host_of_rank[i];
+    }
+    for (int rank = 0; rank < static_cast<int>(c.host_of_rank.size()); ++rank) {
+      const std::string host = std::to_string(c.host_of_rank[rank]);
+      CHECK(field(r.out, rank, "ns") == p + "h" + host);
+      CHECK(field(r.out, rank, "dev") == "veth" + host);
+      CHECK(field(r.out, rank, "local") == std::to_string(local[rank]) + "/" + std::to_string(size[rank]));
+      CHECK(field(r.out, rank, "qdisc") == c.qdisc);
+      const std::string boot = field(r.out, rank, "boot");
+      CHECK(boot.size() == 36);
+      CHECK(boot != machine_boot_id);
+      for (int other = 0; other < rank; ++other)
+        CHECK((field(r.out, other, "boot") == boot) == (c.host_of_rank[other] == c.host_of_rank[rank]));
+    }
+    CHECK(namespaces_of(job.pid()).empty());
+    CHECK(access(("/run/" + p).c_str(), F_OK) != 0);
+  }
+}
+
+TEST_CASE("--nodes refuses host lists that do not match -n", "[qcclrun][netem]") {
+  for (auto args : {std::vector<std::string>{"--nodes", "4", "-n", "3", "true"},
+                    std::vector<std::string>{"--nodes", "1,1", "-n", "3", "true"},
+                    std::vector<std::string>{"--nodes", "1,,2", "-n", "3", "true"},
+                    std::vector<std::string>{"--nodes", "0,3", "-n", "3", "true"}}) {
+    RunResult r = run_qcclrun(args);
+    INFO(r.err);
+    CHECK(r.status == 125);
+    CHECK(r.err.find("--nodes") != std::string::npos);
+  }
 }
 
 TEST_CASE("--netem removes its namespaces when a rank fails or qcclrun is interrupted",
@@ -114,9 +194,13 @@ TEST_CASE("qcclrun --cleanup removes namespaces of dead qcclrun jobs only", "[qc
   // A namespace that merely starts like ours must survive.
   const std::string other = "qcclx" + std::to_string(dead);
   REQUIRE(system(("ip netns add " + stale + " && ip netns add " + other).c_str()) == 0);
+  // And the dead job's directory of boot ids goes too.
+  const std::string dir = "/run/qccl" + std::to_string(dead);
+  REQUIRE(system(("mkdir -p " + dir + " && echo x > " + dir + "/host0.boot_id").c_str()) == 0);
   RunResult r = run_qcclrun({"--cleanup"});
   CHECK(r.status == 0);
   CHECK(namespaces_of(dead).empty());
+  CHECK(access(dir.c_str(), F_OK) != 0);
   CHECK(access(("/var/run/netns/" + other).c_str(), F_OK) == 0);
   CHECK(system(("ip netns del " + other).c_str()) == 0);
   if (system(("ip netns del " + stale + " 2>/dev/null").c_str()) != 0) {
