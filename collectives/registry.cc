@@ -76,8 +76,18 @@ const std::vector<Algorithm>& algorithms() {
       {"chain", CollKind::kReduce, "pipelined chain into the root", "S (root: 0)", kAny, reduce_chain_cannot_run,
        make_reduce_chain},
 
+      {"hierarchical", CollKind::kAllGather,
+       "node leaders gather their node's blocks, pass node bundles around a ring of leaders, and fan every block "
+       "out inside the node: each block crosses each node boundary once (several nodes, one with 2+ ranks)",
+       "member: sendcount*es; leader: ((L-1)(n-1) + n - L_next)*sendcount*es", kAny,
+       allgather_hierarchical_cannot_run, make_allgather_hierarchical},
       {"ring", CollKind::kAllGather, "pipelined ring", "(n-1)*sendcount*es", kAny, allgather_ring_cannot_run,
        make_allgather_ring},
+      {"compressed_hierarchical", CollKind::kAllGather,
+       "compressed: each rank's block encoded once; the bytes gathered by node leaders, passed in node bundles "
+       "around a ring of leaders and fanned out inside the node; decoded by every rank (the owner too)",
+       "member: E(sendcount); leader: ((L-1)(n-1) + n - L_next)*E(sendcount)", kAny,
+       allgather_compressed_hierarchical_cannot_run, make_allgather_compressed_hierarchical},
       {"compressed_ring", CollKind::kAllGather,
        "compressed: each rank's block encoded once, the bytes forwarded around a ring, decoded by every rank (the "
        "owner too)",

@@ -6,9 +6,11 @@
 // size) and checks the results: exactly for the uncompressed ones (small integers in float32, so
 // every summation order gives the same bits), within the codec's bound and the same bits on every
 // rank for the compressed ones, with the wire bytes of their closed forms.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "tests/ranks/rank_test_util.h"
 
@@ -253,6 +255,60 @@ TEST_CASE("AllGather compressed_ring: every block decoded from its owner's bytes
   CHECK(worst <= kQ8Error);
   // Each rank forwards every block but its successor's: (n - 1) blocks of 7 buckets of 8 + 512 bytes.
   CHECK(stats.wireBytesSent == static_cast<uint64_t>(n - 1) * 7 * (8 + 512));
+}
+
+// Whole blocks this rank sends in a hierarchical all-gather over QCCL_NODE_MAP's nodes (the tests force
+// one): a member sends its block to its node's leader; a leader sends its members every block but
+// theirs, and the next node's leader every block but that node's.
+uint64_t hierarchical_blocks_sent(int rank, int n) {
+  const char* map = std::getenv("QCCL_NODE_MAP");
+  REQUIRE(map != nullptr);
+  std::vector<int> label;
+  for (const char* p = map; *p; ++p)
+    if (*p != ',') label.push_back(*p - '0');
+  REQUIRE(static_cast<int>(label.size()) == n);
+  std::vector<int> leaders;  // the lowest rank of each label, in order of the leaders' ranks
+  for (int r = 0; r < n; ++r)
+    if (std::find(label.begin(), label.begin() + r, label[r]) == label.begin() + r) leaders.push_back(r);
+  auto size_of = [&](int leader) { return static_cast<uint64_t>(std::count(label.begin(), label.end(), label[leader])); };
+  const auto me = std::find(leaders.begin(), leaders.end(), rank);
+  if (me == leaders.end()) return 1;
+  const int next = leaders[static_cast<size_t>((me - leaders.begin() + 1)) % leaders.size()];
+  return (size_of(rank) - 1) * static_cast<uint64_t>(n - 1) + static_cast<uint64_t>(n) - size_of(next);
+}
+
+TEST_CASE("AllGather hierarchical: every rank's blocks exactly, through the node leaders", "[allgather=hierarchical]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 5000;
+  std::vector<float> x(count), y(count * static_cast<size_t>(n));
+  for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(sine(w.rank(), i));
+  QCCL_REQUIRE_OK(qcclAllGather(x.data(), y.data(), count, qcclFloat32, w.comm()));
+  require_ran("allgather", "hierarchical");
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) REQUIRE(y[r * count + i] == static_cast<float>(sine(r, i)));
+  CHECK(last_stats().wireBytesSent == hierarchical_blocks_sent(w.rank(), n) * count * sizeof(float));
+}
+
+TEST_CASE("AllGather compressed_hierarchical: every block decoded from its owner's bytes, the same bits everywhere",
+          "[allgather=compressed_hierarchical]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 512 * 7;
+  Codec codec("q8:bucket=512");
+  std::vector<float> x(count), y(count * static_cast<size_t>(n));
+  for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(sine(w.rank(), i));
+  QCCL_REQUIRE_OK(qcclAllGatherCompressed(x.data(), y.data(), count, qcclFloat32, codec.handle, nullptr, w.comm()));
+  require_ran("allgather", "compressed_hierarchical");
+  const uint64_t sent = last_stats().wireBytesSent;
+  require_same_everywhere(y.data(), y.size() * sizeof(float));
+  double worst = 0;
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(y[r * count + i]) - static_cast<float>(sine(r, i))));
+  CHECK(worst <= kQ8Error);
+  // Blocks of 7 buckets of 8 + 512 bytes.
+  CHECK(sent == hierarchical_blocks_sent(w.rank(), n) * 7 * (8 + 512));
 }
 
 TEST_CASE("ReduceScatter compressed_pairwise: each contribution encoded once, within its bound",
