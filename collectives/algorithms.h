@@ -1,6 +1,7 @@
 // Factories of every algorithm, one per file; registry.cc lists them (the only place that does).
 #pragma once
 
+#include "collectives/node_map.h"
 #include "collectives/plan.h"
 
 namespace qccl::coll {
@@ -27,6 +28,7 @@ QCCL_DECLARE_ALGORITHM(allgather_hierarchical)
 QCCL_DECLARE_ALGORITHM(allgather_compressed_hierarchical)
 QCCL_DECLARE_ALGORITHM(reduce_scatter_ring)
 QCCL_DECLARE_ALGORITHM(reduce_scatter_compressed_pairwise)
+QCCL_DECLARE_ALGORITHM(reduce_scatter_compressed_hierarchical)
 QCCL_DECLARE_ALGORITHM(alltoall_pairwise)
 QCCL_DECLARE_ALGORITHM(sendrecv_direct)
 
@@ -40,6 +42,15 @@ inline const char* needs_two_ranks(const CollArgs& args) {
 // For the uncompressed algorithms: they decline a call that carries a codec.
 inline const char* uncompressed_with_two_ranks(const CollArgs& args) {
   return args.codec ? "uncompressed only (a codec was given)" : needs_two_ranks(args);
+}
+
+// For the hierarchical algorithms: a node map of several nodes, one of them with two ranks or more
+// (with one node, or one rank per node, the flat algorithms move the same bytes).
+inline const char* needs_node_hierarchy(const CollArgs& args) {
+  if (!args.nodes) return "no node map";
+  if (args.nodes->nodes() < 2) return "one node (the flat algorithms are as good)";
+  if (args.nodes->nodes() == args.nranks) return "one rank per node (the flat algorithms are the same)";
+  return nullptr;
 }
 
 // For the compressed all-reduce algorithms that encode values (not Marsit's sign bits).

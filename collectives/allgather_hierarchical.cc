@@ -186,9 +186,7 @@ class AllGatherHierarchical final : public Plan {
 };
 
 const char* hierarchical_cannot_run(const CollArgs& args) {
-  if (!args.nodes) return "no node map";
-  if (args.nodes->nodes() < 2) return "one node (flat algorithms are as good)";
-  if (args.nodes->nodes() == args.nranks) return "one rank per node (the flat ring is the same)";
+  if (const char* why = needs_node_hierarchy(args)) return why;
   for (int node = 0; node < args.nodes->nodes(); ++node)
     if (leader_transfers(*args.nodes, node) > kMaxTransfersPerFragment) return "too many ranks per node for one leader";
   return nullptr;

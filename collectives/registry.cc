@@ -94,6 +94,12 @@ const std::vector<Algorithm>& algorithms() {
        "(n-1)*E(sendcount)", kAny, allgather_compressed_ring_cannot_run, make_allgather_compressed_ring},
       {"ring", CollKind::kReduceScatter, "pipelined ring", "(n-1)*recvcount*es", kAny, reduce_scatter_ring_cannot_run,
        make_reduce_scatter_ring},
+      {"compressed_hierarchical", CollKind::kReduceScatter,
+       "compressed: each node's leader sums its node's inputs in float32, encodes each node sum of another node's "
+       "block once for that node's leader, adds the other nodes' decoded sums in node order and scatters in the "
+       "node (several nodes, one with 2+ ranks)",
+       "member: n*recvcount*es; leader: (L-1)*4*recvcount + (n-L)*E(recvcount)", kAny,
+       reduce_scatter_compressed_hierarchical_cannot_run, make_reduce_scatter_compressed_hierarchical},
       {"compressed_pairwise", CollKind::kReduceScatter,
        "compressed: each contribution encoded once and sent to its block's owner in n-1 pairwise steps, added to "
        "the owner's own input in rank order",

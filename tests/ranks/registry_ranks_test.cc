@@ -311,6 +311,38 @@ TEST_CASE("AllGather compressed_hierarchical: every block decoded from its owner
   CHECK(sent == hierarchical_blocks_sent(w.rank(), n) * 7 * (8 + 512));
 }
 
+TEST_CASE("ReduceScatter compressed_hierarchical: node sums encoded once per remote node, within their bound",
+          "[reducescatter=compressed_hierarchical]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 512 * 5, total = count * static_cast<size_t>(n);
+  Codec codec("q8:bucket=512");
+  std::vector<float> x(total), y(count);
+  for (size_t i = 0; i < total; ++i) x[i] = static_cast<float>(sine(w.rank(), i));
+  QCCL_REQUIRE_OK(
+      qcclReduceScatterCompressed(x.data(), y.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm()));
+  require_ran("reducescatter", "compressed_hierarchical");
+  const uint64_t sent = last_stats().wireBytesSent;
+  double worst = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (int r = 0; r < n; ++r) exact += static_cast<float>(sine(r, w.rank() * count + i));
+    worst = std::max(worst, std::fabs(y[i] - exact));
+  }
+  // One q8 error per remote node, of a sum of up to n - 1 inputs in [-1, 1] (a range up to 2(n-1)).
+  CHECK(worst <= (n - 1) * (n - 1) * kQ8Error + 1e-5 * n);
+  // A member sends the leader its whole input; a leader sends each member its block in float32 and
+  // every other node's blocks to that node's leader, 5 q8 buckets each.
+  const char* map = std::getenv("QCCL_NODE_MAP");
+  REQUIRE(map != nullptr);
+  std::vector<int> label;
+  for (const char* p = map; *p; ++p)
+    if (*p != ',') label.push_back(*p - '0');
+  const bool leader = std::find(label.begin(), label.begin() + w.rank(), label[w.rank()]) == label.begin() + w.rank();
+  const uint64_t local = static_cast<uint64_t>(std::count(label.begin(), label.end(), label[w.rank()]));
+  CHECK(sent == (leader ? (local - 1) * count * 4 + (n - local) * 5 * (8 + 512) : total * sizeof(float)));
+}
+
 TEST_CASE("ReduceScatter compressed_pairwise: each contribution encoded once, within its bound",
           "[reducescatter=compressed_pairwise]") {
   World& w = World::get();

@@ -1,0 +1,325 @@
+// reduce_scatter_compressed_hierarchical run by the real executor on a simulated network, on node
+// maps 2x2, 4x2, 2+3, 1+3 and an interleaved one: each rank's block within the proven bound of a
+// double-precision reduction (one codec error per remote node, of that node's float32 sum, plus
+// float32 rounding: shared/specs/qsdp.md §4 P1/P11 with the sum over remote nodes), the same bits for
+// every chunk size and pipeline depth, wire bytes equal to a closed form written here from the
+// plan's description, error feedback that telescopes to the node leaders' residuals, and float16 /
+// bfloat16 outputs.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "collectives/compressed.h"
+#include "collectives/node_map.h"
+#include "kernels/codec.h"
+#include "kernels/convert.h"
+#include "tests/collectives/sim_runner.h"
+#include "tests/common/reference.h"
+
+namespace qccl::test {
+namespace {
+
+using coll::CollArgs;
+using coll::CollKind;
+using coll::NodeMap;
+
+struct Job {
+  std::vector<int> labels;  // node label per rank
+  size_t count = 1000;      // recvcount
+  RedOp op = RedOp::kSum;
+  const kernels::CodecConfig* codec = nullptr;
+  size_t chunk_bytes = 4096;
+  int depth = 2;
+  uint64_t step = 0;
+  bool in_place = false;
+  DataType dtype = DataType::kFloat32;
+  int n() const { return static_cast<int>(labels.size()); }
+};
+
+// Every rank's input, n * count values in [-1, 1] times a per-element scale up to 7, representable in
+// the job's datatype.
+std::vector<std::vector<float>> make_inputs(const Job& job, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  std::vector<std::vector<float>> in(job.n(), std::vector<float>(job.n() * job.count));
+  for (auto& b : in) {
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(uniform(rng) * (1 + i % 7));
+    std::vector<std::byte> typed(b.size() * kernels::element_size(job.dtype));
+    kernels::store_float(job.dtype, b.data(), typed.data(), b.size());
+    kernels::load_float(job.dtype, typed.data(), b.data(), b.size());
+  }
+  return in;
+}
+
+struct Result {
+  std::vector<std::vector<float>> out;  // per rank, its block in float32
+  SimRun sim;
+};
+
+Result run(const Job& job, const std::vector<std::vector<float>>& in, std::vector<std::vector<float>>* residuals = nullptr) {
+  const int n = job.n();
+  const NodeMap nodes = NodeMap::from_labels(job.labels);
+  const size_t es = kernels::element_size(job.dtype);
+  Result res;
+  res.out.assign(n, std::vector<float>(job.count, -12345.0f));
+  std::vector<std::vector<std::byte>> send(n), out(n);
+  std::vector<CollArgs> args(n);
+  std::vector<coll::QuantizedCall> calls(n);
+  for (int r = 0; r < n; ++r) {
+    send[r].resize(in[r].size() * es);
+    kernels::store_float(job.dtype, in[r].data(), send[r].data(), in[r].size());
+    out[r].resize(job.count * es);
+    CollArgs& a = args[r];
+    a.kind = CollKind::kReduceScatter, a.count = job.count, a.dtype = job.dtype, a.op = job.op;
+    a.rank = r, a.nranks = n, a.nodes = &nodes;
+    a.sendbuf = send[r].data();
+    a.recvbuf = job.in_place ? send[r].data() + r * job.count * es : out[r].data();
+    a.codec = job.codec;
+    a.rng = kernels::PhiloxKey{job.codec->seed, job.step, static_cast<uint32_t>(r), 0};
+    if (residuals) calls[r].residual = (*residuals)[r].data();
+    a.method_call = &calls[r];
+  }
+  res.sim = run_on_sim(args, "compressed_hierarchical", job.chunk_bytes, job.depth);
+  for (int r = 0; r < n; ++r)
+    kernels::load_float(job.dtype, static_cast<const std::byte*>(args[r].recvbuf), res.out[r].data(), job.count);
+  return res;
+}
+
+// The leader's float32 sum of node `node`'s inputs for block b: its own first, then the members' in
+// rank order (what the plan computes, float by float).
+std::vector<float> node_sum(const Job& job, const NodeMap& nodes, const std::vector<std::vector<float>>& in, int node, int b) {
+  std::vector<float> sum(job.count, 0.0f);
+  bool first = true;
+  for (int q : nodes.ranks_of(node)) {
+    for (size_t i = 0; i < job.count; ++i) sum[i] = first ? in[q][b * job.count + i] : sum[i] + in[q][b * job.count + i];
+    first = false;
+  }
+  return sum;
+}
+
+// The proven bound on |decode(encode(x)) - x| per value (quant.h): nearest s/2 + e, stochastic s + e,
+// s = (max - min) / (2^N - 1) per bucket, e = 2^-13 s + 2^-22 max(|min|, |max|) + 2^(N-149); the casts
+// half an ulp of the value.
+std::vector<double> codec_bounds(const kernels::CodecConfig& c, const std::vector<float>& x) {
+  std::vector<double> bound(x.size(), 0.0);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (c.kind == kernels::CodecKind::kFp16) bound[i] = std::fabs(x[i]) * 0x1p-11 + 0x1p-25;
+    if (c.kind == kernels::CodecKind::kBf16) bound[i] = std::fabs(x[i]) * 0x1p-8;
+  }
+  if (c.kind != kernels::CodecKind::kQuant) return bound;
+  for (size_t b = 0; b < x.size(); b += c.bucket) {
+    const size_t end = std::min<size_t>(x.size(), b + c.bucket);
+    const double lo = *std::min_element(x.begin() + b, x.begin() + end), hi = *std::max_element(x.begin() + b, x.begin() + end);
+    const double s = (hi - lo) / ((1u << c.bits) - 1);
+    const double e = 0x1p-13 * s + 0x1p-22 * std::max(std::fabs(lo), std::fabs(hi)) + std::ldexp(1.0, c.bits - 149);
+    for (size_t i = b; i < end; ++i) bound[i] = (c.rounding == kernels::Rounding::kStochastic ? s : s / 2) + e;
+  }
+  return bound;
+}
+
+// Per element of rank r's block: the codec bound of each remote node's sum, plus the float32
+// rounding of the n-1 additions of partial sums below 8n (2^-24 of each), divided for an average;
+// then the output's rounding (float16: 2^-11 |y| + 2^-25, bfloat16: 2^-8 |y|).
+std::vector<double> error_bounds(const Job& job, const std::vector<std::vector<float>>& in, int r,
+                                 const std::vector<double>& exact) {
+  const NodeMap nodes = NodeMap::from_labels(job.labels);
+  const int n = job.n();
+  std::vector<double> bound(job.count, (n - 1) * 8.0 * n * 0x1p-24);
+  for (int node = 0; node < nodes.nodes(); ++node) {
+    if (node == nodes.node_of(r)) continue;
+    const std::vector<double> b = codec_bounds(*job.codec, node_sum(job, nodes, in, node, r));
+    for (size_t i = 0; i < job.count; ++i) bound[i] += b[i];
+  }
+  for (size_t i = 0; i < job.count; ++i) {
+    if (job.op == RedOp::kAvg) bound[i] = bound[i] / n + 8.0 * 0x1p-24;
+    const double y = std::fabs(exact[i]) + bound[i];
+    if (job.dtype == DataType::kFloat16) bound[i] += y * 0x1p-11 + 0x1p-25;
+    if (job.dtype == DataType::kBfloat16) bound[i] += y * 0x1p-8;
+  }
+  return bound;
+}
+
+std::vector<double> exact_block(const Job& job, const std::vector<std::vector<float>>& in, int r) {
+  std::vector<double> exact(job.count, 0.0);
+  for (int q = 0; q < job.n(); ++q)
+    for (size_t i = 0; i < job.count; ++i) exact[i] += in[q][r * job.count + i];
+  if (job.op == RedOp::kAvg)
+    for (double& e : exact) e /= job.n();
+  return exact;
+}
+
+uint64_t encoded_block_bytes(const kernels::CodecConfig& c, size_t count) {
+  if (c.kind == kernels::CodecKind::kFp16 || c.kind == kernels::CodecKind::kBf16) return 2 * count;
+  uint64_t bytes = 0;  // quant.h: per bucket two float32 and ceil(L/8) * N bytes of codes
+  for (size_t b = 0; b < count; b += c.bucket) bytes += 8 + (std::min<size_t>(c.bucket, count - b) + 7) / 8 * c.bits;
+  return bytes;
+}
+
+// Bytes each rank sends: a member n raw blocks of its datatype; a leader its members' blocks in
+// float32 and the other nodes' blocks encoded.
+std::vector<uint64_t> bytes_sent(const Job& job) {
+  const NodeMap nodes = NodeMap::from_labels(job.labels);
+  const uint64_t n = static_cast<uint64_t>(job.n());
+  std::vector<uint64_t> bytes(n, n * job.count * kernels::element_size(job.dtype));
+  for (int node = 0; node < nodes.nodes(); ++node) {
+    const uint64_t size = nodes.ranks_of(node).size();
+    bytes[nodes.leader(node)] = (size - 1) * job.count * 4 + (n - size) * encoded_block_bytes(*job.codec, job.count);
+  }
+  return bytes;
+}
+
+const std::vector<std::vector<int>>& node_maps() {
+  static const std::vector<std::vector<int>> maps = {
+      {0, 0, 1, 1}, {0, 0, 1, 1, 2, 2, 3, 3}, {0, 0, 1, 1, 1}, {0, 1, 1, 1}, {0, 1, 0, 1, 0, 1}};
+  return maps;
+}
+
+std::string describe(const Job& job) {
+  std::string map;
+  for (int l : job.labels) map += std::to_string(l);
+  return "map " + map + " count=" + std::to_string(job.count) + " " + kernels::data_type_name(job.dtype) + " " +
+         job.codec->canonical() + (job.op == RedOp::kAvg ? " avg" : " sum") + " chunk=" + std::to_string(job.chunk_bytes) +
+         " depth=" + std::to_string(job.depth) + (job.in_place ? " in place" : "");
+}
+
+std::vector<kernels::CodecConfig> codecs() {
+  std::vector<kernels::CodecConfig> out;
+  for (const char* spec : {"q8:bucket=128", "q4:bucket=64,round=stochastic,seed=5", "q2:bucket=64", "fp16", "bf16"})
+    out.push_back(kernels::parse_codec_spec(spec));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("hierarchical compressed reduce-scatter: within one codec error per remote node, closed-form bytes",
+          "[hierarchical]") {
+  for (const auto& labels : node_maps())
+    for (const kernels::CodecConfig& codec : codecs())
+      for (DataType dtype : {DataType::kFloat32, DataType::kBfloat16, DataType::kFloat16})
+        for (RedOp op : {RedOp::kSum, RedOp::kAvg})
+          for (bool in_place : {false, true}) {
+            Job job{labels};
+            job.codec = &codec, job.dtype = dtype, job.op = op, job.in_place = in_place, job.count = 1001;
+            INFO(describe(job));
+            const auto in = make_inputs(job, 31);
+            const Result res = run(job, in);
+            const std::vector<uint64_t> bytes = bytes_sent(job);
+            for (int r = 0; r < job.n(); ++r) {
+              const std::vector<double> exact = exact_block(job, in, r);
+              const std::vector<double> bound = error_bounds(job, in, r, exact);
+              size_t over = 0;
+              for (size_t i = 0; i < job.count; ++i)
+                if (!(std::fabs(res.out[r][i] - exact[i]) <= bound[i])) ++over;
+              CHECK(over == 0);
+              CHECK(res.sim.plan_bytes[r] == bytes[r]);
+              CHECK(res.sim.ops[r]->stats().bytes_sent == bytes[r]);
+              CHECK(res.sim.ops[r]->stats().nonfinite == 0);
+            }
+          }
+}
+
+TEST_CASE("hierarchical compressed reduce-scatter: the bound can fail (2-bit codes are not exact)", "[hierarchical]") {
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("q2:bucket=64");
+  Job job{{0, 0, 1, 1}};
+  job.codec = &codec;
+  const auto in = make_inputs(job, 3);
+  const Result res = run(job, in);
+  double worst = 0;
+  const std::vector<double> exact = exact_block(job, in, 0);
+  for (size_t i = 0; i < job.count; ++i) worst = std::max(worst, std::fabs(res.out[0][i] - exact[i]));
+  CHECK(worst > 0.1);
+}
+
+TEST_CASE("hierarchical compressed reduce-scatter: the same bits for every chunk size and pipeline depth",
+          "[hierarchical]") {
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("q4:bucket=64,round=stochastic,seed=9");
+  for (const auto& labels : node_maps()) {
+    Job base{labels};
+    base.codec = &codec, base.count = 3001, base.chunk_bytes = 1 << 20, base.depth = 1;
+    const auto in = make_inputs(base, 5);
+    const Result reference = run(base, in);
+    for (size_t chunk : {size_t{256}, size_t{1000}, size_t{4096}})
+      for (int depth : {1, 2, 5}) {
+        Job job = base;
+        job.chunk_bytes = chunk, job.depth = depth;
+        INFO(describe(job));
+        const Result res = run(job, in);
+        for (int r = 0; r < job.n(); ++r) CHECK(res.out[r] == reference.out[r]);
+      }
+  }
+}
+
+TEST_CASE("hierarchical compressed reduce-scatter: error feedback telescopes to the leaders' residuals",
+          "[hierarchical]") {
+  // Each remote node's leader sends decode(encode(S + r_old)) = S + r_old - r_new, so over T calls
+  // the sum of a block's outputs is the sum of its exact values minus the remote leaders' final
+  // residuals there (they start at zero), up to float32 rounding.
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("q2:bucket=64");
+  for (const auto& labels : node_maps()) {
+    Job job{labels};
+    job.codec = &codec, job.count = 700;
+    const NodeMap nodes = NodeMap::from_labels(labels);
+    const int n = job.n(), calls = 4;
+    std::vector<std::vector<float>> residuals(n, std::vector<float>(n * job.count, 0.0f));
+    std::vector<std::vector<double>> got(n, std::vector<double>(job.count, 0.0)), want = got;
+    for (int t = 0; t < calls; ++t) {
+      job.step = static_cast<uint64_t>(t);
+      const auto in = make_inputs(job, 100 + t);
+      const Result res = run(job, in, &residuals);
+      for (int r = 0; r < n; ++r) {
+        const std::vector<double> exact = exact_block(job, in, r);
+        for (size_t i = 0; i < job.count; ++i) got[r][i] += res.out[r][i], want[r][i] += exact[i];
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      INFO("map of " << n << " ranks, rank " << r);
+      size_t over = 0;
+      for (size_t i = 0; i < job.count; ++i) {
+        double telescoped = want[r][i];
+        for (int node = 0; node < nodes.nodes(); ++node)
+          if (node != nodes.node_of(r)) telescoped -= residuals[nodes.leader(node)][r * job.count + i];
+        if (!(std::fabs(got[r][i] - telescoped) <= calls * 4.0 * n * 8.0 * n * 0x1p-24)) ++over;
+      }
+      CHECK(over == 0);
+      // Members keep no residual.
+      for (int q : nodes.ranks_of(nodes.node_of(r)))
+        if (q != nodes.leader(nodes.node_of(r)))
+          CHECK(std::all_of(residuals[q].begin(), residuals[q].end(), [](float v) { return v == 0.0f; }));
+    }
+  }
+}
+
+TEST_CASE("hierarchical compressed reduce-scatter: NaN in a member's input reaches its block's owner, reported",
+          "[hierarchical]") {
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("q8:bucket=64");
+  Job job{{0, 0, 1, 1}};
+  job.codec = &codec;
+  auto in = make_inputs(job, 9);
+  in[3][0 * job.count + 5] = NAN;  // rank 3 (a member of node 1) poisons block 0 (rank 0, node 0)
+  const Result res = run(job, in);
+  CHECK(std::isnan(res.out[0][5]));
+  CHECK(res.sim.ops[0]->stats().nonfinite > 0);
+  for (int r = 1; r < job.n(); ++r) CHECK(res.sim.ops[r]->stats().nonfinite == 0);
+}
+
+TEST_CASE("hierarchical compressed reduce-scatter: declines uncompressed calls and flat node maps", "[hierarchical]") {
+  const coll::Algorithm* hier = coll::find_algorithm(CollKind::kReduceScatter, "compressed_hierarchical");
+  REQUIRE(hier);
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("q8");
+  const NodeMap two = NodeMap::from_labels({0, 0, 1, 1}), flat = NodeMap::from_labels({0, 1, 2, 3});
+  CollArgs a;
+  a.kind = CollKind::kReduceScatter, a.nranks = 4, a.count = 10, a.nodes = &two;
+  CHECK(hier->cannot_run(a) != nullptr);  // no codec
+  a.codec = &codec;
+  CHECK(hier->cannot_run(a) == nullptr);
+  a.nodes = &flat;
+  CHECK(hier->cannot_run(a) != nullptr);
+  a.nodes = nullptr;
+  CHECK(hier->cannot_run(a) != nullptr);
+}
+
+}  // namespace qccl::test
