@@ -92,6 +92,12 @@ const std::vector<Algorithm>& algorithms() {
        "compressed: each rank's block encoded once, the bytes forwarded around a ring, decoded by every rank (the "
        "owner too)",
        "(n-1)*E(sendcount)", kAny, allgather_compressed_ring_cannot_run, make_allgather_compressed_ring},
+      {"hierarchical", CollKind::kReduceScatter,
+       "node leaders reduce their node's inputs, exchange the partials of each other node's blocks with that "
+       "node's leader, reduce those of their own node's blocks and scatter them in the node (several nodes, one "
+       "with 2+ ranks)",
+       "member: n*recvcount*es; leader: (n-1)*recvcount*es", kAny, reduce_scatter_hierarchical_cannot_run,
+       make_reduce_scatter_hierarchical},
       {"ring", CollKind::kReduceScatter, "pipelined ring", "(n-1)*recvcount*es", kAny, reduce_scatter_ring_cannot_run,
        make_reduce_scatter_ring},
       {"compressed_hierarchical", CollKind::kReduceScatter,

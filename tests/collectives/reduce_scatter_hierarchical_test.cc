@@ -1,5 +1,6 @@
-// reduce_scatter_compressed_hierarchical run by the real executor on a simulated network, on node
-// maps 2x2, 4x2, 2+3, 1+3 and an interleaved one: each rank's block within the proven bound of a
+// The hierarchical reduce-scatters run by the real executor on a simulated network, on node maps 2x2,
+// 4x2, 2+3, 1+3 and an interleaved one. Uncompressed: every datatype and op exact (small integers,
+// tests/common/reference.h), closed-form bytes. Compressed: each rank's block within the proven bound of a
 // double-precision reduction (one codec error per remote node, of that node's float32 sum, plus
 // float32 rounding: shared/specs/qsdp.md §4 P1/P11 with the sum over remote nodes), the same bits for
 // every chunk size and pipeline depth, wire bytes equal to a closed form written here from the
@@ -194,6 +195,44 @@ std::vector<kernels::CodecConfig> codecs() {
 }
 
 }  // namespace
+
+TEST_CASE("hierarchical reduce-scatter: every datatype and op exact, closed-form bytes", "[hierarchical]") {
+  const DataType types[] = {DataType::kInt8,    DataType::kUint8,   DataType::kInt32,    DataType::kUint32,
+                            DataType::kInt64,   DataType::kUint64,  DataType::kFloat16,  DataType::kBfloat16,
+                            DataType::kFloat32, DataType::kFloat64};
+  for (const auto& labels : node_maps())
+    for (DataType dtype : types)
+      for (RedOp op : {RedOp::kSum, RedOp::kProd, RedOp::kMax, RedOp::kMin, RedOp::kAvg})
+        for (bool in_place : {false, true})
+          for (size_t count : {size_t{0}, size_t{3}, size_t{777}}) {
+            const int n = static_cast<int>(labels.size());
+            const NodeMap nodes = NodeMap::from_labels(labels);
+            const size_t es = kernels::element_size(dtype);
+            INFO("map of " << n << " ranks, " << kernels::data_type_name(dtype) << " op " << static_cast<int>(op)
+                           << " count " << count << (in_place ? " in place" : ""));
+            std::vector<std::vector<uint8_t>> send(n, std::vector<uint8_t>(n * count * es)), out(n);
+            std::vector<CollArgs> args(n);
+            for (int r = 0; r < n; ++r) {
+              for (size_t i = 0; i < n * count; ++i) store(dtype, send[r].data(), i, input_value(dtype, op, r, i));
+              out[r].assign(count * es, 0xee);
+              CollArgs& a = args[r];
+              a.kind = CollKind::kReduceScatter, a.count = count, a.dtype = dtype, a.op = op;
+              a.rank = r, a.nranks = n, a.nodes = &nodes;
+              a.sendbuf = send[r].data();
+              a.recvbuf = in_place ? send[r].data() + r * count * es : out[r].data();
+            }
+            const SimRun sim = run_on_sim(args, "hierarchical", 1024, 2);
+            for (int r = 0; r < n; ++r) {
+              size_t wrong = 0;
+              for (size_t i = 0; i < count; ++i)
+                if (load(dtype, args[r].recvbuf, i) != expected_reduction(dtype, op, n, r * count + i)) ++wrong;
+              CHECK(wrong == 0);
+              const bool leader = nodes.leader(nodes.node_of(r)) == r;
+              CHECK(sim.plan_bytes[r] == static_cast<uint64_t>(leader ? n - 1 : n) * count * es);
+              CHECK(sim.ops[r]->stats().bytes_sent == sim.plan_bytes[r]);
+            }
+          }
+}
 
 TEST_CASE("hierarchical compressed reduce-scatter: within one codec error per remote node, closed-form bytes",
           "[hierarchical]") {

@@ -311,6 +311,22 @@ TEST_CASE("AllGather compressed_hierarchical: every block decoded from its owner
   CHECK(sent == hierarchical_blocks_sent(w.rank(), n) * 7 * (8 + 512));
 }
 
+TEST_CASE("ReduceScatter hierarchical: exact sums through the node leaders", "[reducescatter=hierarchical]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 3000, total = count * static_cast<size_t>(n);
+  std::vector<int32_t> x(total), y(count);
+  for (size_t i = 0; i < total; ++i) x[i] = static_cast<int32_t>((w.rank() + 1) * (i % 101)) - 50;
+  QCCL_REQUIRE_OK(qcclReduceScatter(x.data(), y.data(), count, qcclInt32, qcclSum, w.comm()));
+  require_ran("reducescatter", "hierarchical");
+  for (size_t i = 0; i < count; ++i) {
+    int64_t exact = 0;
+    const size_t j = static_cast<size_t>(w.rank()) * count + i;
+    for (int r = 0; r < n; ++r) exact += static_cast<int32_t>((r + 1) * (j % 101)) - 50;
+    REQUIRE(y[i] == exact);
+  }
+}
+
 TEST_CASE("ReduceScatter compressed_hierarchical: node sums encoded once per remote node, within their bound",
           "[reducescatter=compressed_hierarchical]") {
   World& w = World::get();
