@@ -154,6 +154,8 @@ typedef struct qcclStats_v100 {
   double intAlpha;            /* the scale alpha every rank shared (0: an exact float round) */
   uint64_t clippedValues;     /* values this rank clipped to its range (the sum stays exact) */
   uint64_t largestInteger;    /* the largest |S| among the integer sums (the same on every rank) */
+  /* Link classes (the communicator's node map: QCCL_DEBUG=INFO logs it): */
+  uint64_t interNodeBytesSent; /* the part of wireBytesSent that went to ranks of other nodes */
 } qcclStats_t;
 
 /* ---- Library and errors ------------------------------------------------------------------------ */

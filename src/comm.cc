@@ -268,6 +268,7 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
       last_stats_ = qcclStats_t{};
       last_stats_.wireBytesSent = stats.bytes_sent;
       last_stats_.wireBytesReceived = stats.bytes_received;
+      last_stats_.interNodeBytesSent = stats.inter_node_bytes_sent;
       last_stats_.seconds = std::chrono::duration<double>(Clock::now() - record.started_at).count();
       last_stats_.sequence = op.identity().sequence;
       std::snprintf(last_stats_.algorithm, sizeof(last_stats_.algorithm), "%s", op.algorithm().name);

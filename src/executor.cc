@@ -400,6 +400,9 @@ bool HostExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
   const auto message = static_cast<uint32_t>(1 + slot.fragment % kPayloadMessages);
   t.handle = transport_.isend(s.peer, key(message, slot.tainted), s.src, bytes);
   stats_.bytes_sent += bytes;
+  const coll::NodeMap* nodes = plan_->args().nodes;
+  if (nodes && s.peer < nodes->nranks() && !nodes->same_node(plan_->args().rank, s.peer))
+    stats_.inter_node_bytes_sent += bytes;
   return true;
 }
 

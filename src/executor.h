@@ -58,6 +58,7 @@ struct OperationIdentity {
 // What an execution measured, read once it finished.
 struct ExecutionStats {
   uint64_t bytes_sent = 0;  // payload bytes this rank put on the wire (actual lengths)
+  uint64_t inter_node_bytes_sent = 0;  // the part sent to ranks of other nodes (CollArgs::nodes)
   uint64_t bytes_received = 0;
   double encode_seconds = 0;  // compressed collectives: time in encode steps...
   double decode_seconds = 0;  // ...and in decode, float32 load and sum steps

@@ -157,6 +157,11 @@ TEST_CASE("compressed hierarchical all-gather: the flat compressed ring's bits o
             CHECK(hier.sim.plan_bytes[r] == blocks[r] * encoded_block_bytes(codec, job.count));
             CHECK(hier.sim.ops[r]->stats().bytes_sent == hier.sim.plan_bytes[r]);
             CHECK(hier.sim.raw_bytes[r] == blocks[r] * job.count * kernels::element_size(dtype));
+            // Across nodes only a leader sends: to the next leader, every block but the next node's.
+            const NodeMap nodes = NodeMap::from_labels(labels);
+            const int node = nodes.node_of(r), next = (node + 1) % nodes.nodes();
+            const uint64_t inter = nodes.leader(node) == r ? job.n() - nodes.ranks_of(next).size() : 0;
+            CHECK(hier.sim.ops[r]->stats().inter_node_bytes_sent == inter * encoded_block_bytes(codec, job.count));
           }
         }
 }

@@ -257,6 +257,11 @@ TEST_CASE("hierarchical compressed reduce-scatter: within one codec error per re
               CHECK(res.sim.plan_bytes[r] == bytes[r]);
               CHECK(res.sim.ops[r]->stats().bytes_sent == bytes[r]);
               CHECK(res.sim.ops[r]->stats().nonfinite == 0);
+              // Across nodes only a leader sends: the other nodes' blocks, encoded.
+              const NodeMap nodes = NodeMap::from_labels(labels);
+              const uint64_t local = nodes.ranks_of(nodes.node_of(r)).size();
+              CHECK(res.sim.ops[r]->stats().inter_node_bytes_sent ==
+                    (nodes.leader(nodes.node_of(r)) == r ? (job.n() - local) * encoded_block_bytes(codec, job.count) : 0));
             }
           }
 }
