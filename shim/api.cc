@@ -184,7 +184,7 @@ NCCL_SHIM_API(ncclResult_t, ncclCommFinalize, (ncclComm_t comm)) {
   FROM_REAL(CommFinalize, comm);
   FOREIGN(comm, CommFinalize, comm);
   return entry("ncclCommFinalize", [&] {
-    finalize(*usable(comm));
+    finalize(usable(comm));
     return ncclSuccess;
   });
 }

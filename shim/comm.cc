@@ -59,6 +59,19 @@ Comm::~Comm() {
   if (store) qcclCodecStoreDestroy(store);
 }
 
+struct Clique {
+  std::mutex mutex;
+  int open;                     // members not yet finalized or destroyed
+  std::vector<CommRef> closing;  // members waiting for the others
+};
+
+void make_clique(const std::vector<CommRef>& members) {
+  if (members.size() < 2) return;
+  auto clique = std::make_shared<Clique>();
+  clique->open = static_cast<int>(members.size());
+  for (const CommRef& c : members) c->clique = clique;
+}
+
 // ---- Configuration ----------------------------------------------------------------------------------------
 
 // NCCL's rule (init.cc): size first, the magic must be NCCL_CONFIG_INITIALIZER's, and fields newer
@@ -175,6 +188,7 @@ void init_all(ncclComm_t* comms, int ndev, const int* devlist) {
       if (qcclComm_t q = c->q.exchange(nullptr)) qcclCommAbort(q);
     fail(made[r]->init_result, "rank %d of %d: %s", r, ndev, made[r]->init_error.c_str());
   }
+  make_clique(made);
   for (int r = 0; r < ndev; ++r) comms[r] = register_comm(made[r]);
 }
 
@@ -292,20 +306,57 @@ void log_stats(const Comm& c) {
 }
 }  // namespace
 
+// qcclCommDestroy of every member at once (one thread each: the destroys wait for each other's peers).
+void destroy_together(std::vector<CommRef>& members) {
+  std::vector<qcclResult_t> results(members.size(), qcclSuccess);
+  std::vector<std::string> messages(members.size());
+  auto destroy_one = [&](size_t i) {
+    if (qcclComm_t q = members[i]->q.exchange(nullptr)) {
+      results[i] = qcclCommDestroy(q);
+      if (results[i] != qcclSuccess) messages[i] = qcclGetLastError(nullptr);
+    }
+  };
+  if (members.size() == 1) {
+    destroy_one(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < members.size(); ++i) threads.emplace_back(destroy_one, i);
+    for (auto& t : threads) t.join();
+  }
+  for (size_t i = 0; i < members.size(); ++i)
+    if (results[i] != qcclSuccess)
+      throw ShimError{to_nccl(results[i]), "qcclCommDestroy of rank " + std::to_string(members[i]->rank) + ": " + messages[i]};
+}
+
+// Hands c's qccl communicator to qcclCommDestroy, the collective that completes its work with its
+// peers: now, or with the last member of its clique (all of them together, one thread each).
+void close_host(const CommRef& c) {
+  if (c->closed) return;
+  c->closed = true;
+  if (c->store) {
+    qcclCodecStoreDestroy(c->store);
+    c->store = nullptr;
+  }
+  std::vector<CommRef> members{c};
+  if (c->clique) {
+    std::lock_guard<std::mutex> lock(c->clique->mutex);
+    c->clique->closing.push_back(c);
+    if (--c->clique->open > 0) return;  // the last member destroys them all
+    members = std::move(c->clique->closing);
+  }
+  destroy_together(members);
+}
+
 // NCCL's finalize completes the communicator's work with its peers; qccl's destroy is the collective
 // that does so, so it runs here and ncclCommDestroy only frees what is left.
-void finalize(Comm& c) {
-  if (c.real && real()->CommFinalize(c.real) != ncclSuccess) {
+void finalize(const CommRef& c) {
+  if (c->real && real()->CommFinalize(c->real) != ncclSuccess) {
     set_last_error_from_real();
     throw ShimError{ncclInternalError, ""};
   }
-  log_stats(c);
-  c.finalized = true;
-  if (c.store) {
-    qcclCodecStoreDestroy(c.store);
-    c.store = nullptr;
-  }
-  if (qcclComm_t q = c.q.exchange(nullptr)) check_qccl(qcclCommDestroy(q), "qcclCommDestroy");
+  log_stats(*c);
+  c->finalized = true;
+  close_host(c);
 }
 
 void destroy(ncclComm_t comm) {
@@ -319,14 +370,10 @@ void destroy(ncclComm_t comm) {
     c->real = nullptr;
   }
   if (!c->finalized) log_stats(*c);
-  if (c->store) {
-    qcclCodecStoreDestroy(c->store);
-    c->store = nullptr;
-  }
-  if (qcclComm_t q = c->q.exchange(nullptr)) {
-    qcclResult_t r = qcclCommDestroy(q);
-    if (r != qcclSuccess && first.code == ncclSuccess)
-      first = {to_nccl(r), std::string("qcclCommDestroy: ") + qcclGetLastError(nullptr)};
+  try {
+    close_host(c);
+  } catch (const ShimError& e) {
+    if (first.code == ncclSuccess) first = e;
   }
   if (first.code != ncclSuccess) throw first;
 }
@@ -341,6 +388,16 @@ void abort_comm(ncclComm_t comm) {
     c->real = nullptr;
   }
   if (qcclComm_t q = c->q.exchange(nullptr)) qcclCommAbort(q);  // local, always returns
+  // The clique's members that wait for this one need not wait any longer.
+  if (c->clique && !c->closed) {
+    c->closed = true;
+    std::vector<CommRef> rest;
+    {
+      std::lock_guard<std::mutex> lock(c->clique->mutex);
+      if (--c->clique->open == 0) rest = std::move(c->clique->closing);
+    }
+    if (!rest.empty()) destroy_together(rest);
+  }
   // Calls still running on other threads hold their own references; the last one frees c.
 }
 

@@ -340,6 +340,9 @@ void run_inits(std::vector<std::pair<CommRef, InitRequest>>& inits) {
   std::vector<std::thread> threads;
   for (auto& [c, request] : inits) threads.emplace_back([&c = c, &request = request] { run_init(*c, request); });
   for (auto& t : threads) t.join();
+  std::vector<CommRef> members;
+  for (auto& [c, request] : inits) members.push_back(c);
+  make_clique(members);
   for (auto& [c, request] : inits)
     if (c->init_result != ncclSuccess) throw ShimError{c->init_result, "rank " + std::to_string(request.rank) + ": " + c->init_error};
 }

@@ -93,6 +93,7 @@ struct Stats {
 };
 
 class CodecPolicy;
+struct Clique;
 
 struct Comm {
   // qccl's communicator: null while a non-blocking or grouped init runs, and after finalize or abort.
@@ -117,6 +118,12 @@ struct Comm {
   std::map<int, PreMulSumOp> ops;  // ncclNumOps, ncclNumOps + 1, ...
   int next_op = ncclNumOps;
   std::set<void*> registrations;   // host-memory ncclCommRegister handles
+
+  // Communicators made together in this process (ncclCommInitAll, or InitRank calls in one group):
+  // qccl's destroy is collective, so theirs run together once the last of them is finalized or
+  // destroyed; one thread may then finalize or destroy them one after the other, as NCCL allows.
+  std::shared_ptr<Clique> clique;
+  bool closed = false;  // handed to qcclCommDestroy (now or with its clique)
 
   std::unique_ptr<CodecPolicy> codec;
   qcclCodecStore_t store = nullptr;
@@ -149,7 +156,9 @@ struct InitRequest {
 ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config);
 void init_all(ncclComm_t* comms, int ndev, const int* devlist);
 ncclResult_t split(Comm& parent, int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config);
-void finalize(Comm& c);
+void finalize(const CommRef& c);
+// Comms initialised together in this process (see Comm::clique).
+void make_clique(const std::vector<CommRef>& members);
 void destroy(ncclComm_t comm);
 void abort_comm(ncclComm_t comm);
 void async_error(Comm& c, ncclResult_t* out);
