@@ -3,6 +3,7 @@
 #include "shim/dispatch.h"
 
 #include <cstring>
+#include <optional>
 
 #include "shim/codec_policy.h"
 
@@ -36,10 +37,12 @@ size_t recv_elements(const Call& c) {
   }
 }
 
-const PreMulSumOp* custom_op(Comm& c, ncclRedOp_t op) {
+// A copy: another thread may destroy the op while a call uses it.
+std::optional<PreMulSumOp> custom_op(Comm& c, ncclRedOp_t op) {
   std::lock_guard<std::mutex> lock(c.ops_mutex);
   auto it = c.ops.find(static_cast<int>(op));
-  return it == c.ops.end() ? nullptr : &it->second;
+  if (it == c.ops.end()) return std::nullopt;
+  return it->second;
 }
 
 void validate(Call& call) {
@@ -177,7 +180,9 @@ void issue_host(Call& call, Scratch& scratch) {
   const void* send = call.sendbuff;
   qcclRedOp_t op = static_cast<qcclRedOp_t>(call.op);
   if (is_reduction(call.kind) && call.op >= ncclNumOps) {
-    const PreMulSumOp* custom = custom_op(c, call.op);
+    const std::optional<PreMulSumOp> custom = custom_op(c, call.op);
+    if (!custom)  // destroyed between a grouped call and its ncclGroupEnd
+      fail(ncclInvalidArgument, "op = %d was destroyed (ncclRedOpDestroy) before the call ran", static_cast<int>(call.op));
     double s = custom->host_scalar;
     if (custom->residence == ncclScalarDevice) {
       if (cuda::is_device_pointer(custom->scalar_pointer))
@@ -277,7 +282,10 @@ void issue_host(Call& call, Scratch& scratch) {
 ncclRedOp_t real_op(Comm& c, ncclComm_t real_comm, ncclRedOp_t op) {
   if (op < ncclNumOps) return op;
   std::lock_guard<std::mutex> lock(c.ops_mutex);
-  PreMulSumOp& custom = c.ops.at(static_cast<int>(op));
+  auto it = c.ops.find(static_cast<int>(op));
+  if (it == c.ops.end())
+    fail(ncclInvalidArgument, "op = %d was destroyed (ncclRedOpDestroy) before the call ran", static_cast<int>(op));
+  PreMulSumOp& custom = it->second;
   if (!custom.has_real) {
     // The real twin of a shim op, made on first use (the real communicator may be younger than the op).
     void* scalar = custom.residence == ncclScalarDevice ? const_cast<void*>(custom.scalar_pointer) : custom.immediate;
@@ -394,7 +402,12 @@ ncclResult_t group_end() {
     return end;
   }
 
-  // Host: wait for every stream's earlier work, then one qccl group.
+  // Host: ops destroyed since their calls were queued fail the group before any call starts.
+  for (const Call& c : group.calls)
+    if (is_reduction(c.kind) && c.op >= ncclNumOps && !custom_op(*c.comm, c.op))
+      fail(ncclInvalidArgument, "%s: op = %d was destroyed (ncclRedOpDestroy) before ncclGroupEnd; nothing ran", c.name,
+           static_cast<int>(c.op));
+  // Then wait for every stream's earlier work, and run one qccl group.
   for (const Call& c : group.calls) cuda::synchronize(c.stream, c.name);
   Scratch scratch;
   check_qccl(qcclGroupStart(), "qcclGroupStart");
