@@ -219,7 +219,7 @@ void issue_host(Call& call, Scratch& scratch) {
         r = qcclReduceScatterCompressed(send, call.recvbuff, call.count, t, op, codec, state, q);
       // NaN or Inf outputs: NCCL returns them without an error, and so does the shim (with a warning).
       if (r == qcclNonFinite) log("WARN", "%s: %s", call.name, qcclGetLastError(nullptr));
-      else check_qccl(r, call.name);
+      else check_qccl(r, nullptr);
       c.stats.compressed_calls++;
       c.stats.compressed_plain_bytes += bytes;
       qcclStats_t st{};
@@ -232,7 +232,7 @@ void issue_host(Call& call, Scratch& scratch) {
     log_decision(c, call, bytes, "exact on qccl");
   }
 
-  const char* name = call.name;
+  const char* name = nullptr;  // qccl's message names its call; entry() prefixes the NCCL one
   switch (call.kind) {
     case Kind::kAllReduce: return check_qccl(qcclAllReduce(send, call.recvbuff, call.count, t, op, q), name);
     case Kind::kBroadcast:
@@ -270,7 +270,7 @@ void issue_host(Call& call, Scratch& scratch) {
       if (r != qcclSuccess) {
         std::string message = qcclGetLastError(nullptr);
         qcclGroupEnd();
-        throw ShimError{to_nccl(r), std::string(name) + ": " + message};
+        throw ShimError{to_nccl(r), message};
       }
       return check_qccl(qcclGroupEnd(), name);
     }
@@ -417,7 +417,7 @@ ncclResult_t group_end() {
     qcclGroupEnd();  // validated before queueing: a failure here leaves the queued calls to qccl's end
     throw;
   }
-  check_qccl(qcclGroupEnd(), "ncclGroupEnd");
+  check_qccl(qcclGroupEnd(), nullptr);
   return ncclSuccess;
 }
 

@@ -49,10 +49,12 @@ ncclResult_t to_nccl(qcclResult_t result) {
   }
 }
 
+// qccl's message names its call, argument and value; `what` adds the context when it says more.
 void check_qccl(qcclResult_t result, const char* what) {
   if (result == qcclSuccess) return;
   std::string message = qcclGetLastError(nullptr);
-  throw ShimError{to_nccl(result), std::string(what) + " failed (" + qcclGetErrorString(result) + "): " + message};
+  if (what && message.compare(0, std::strlen(what), what) != 0) message = std::string(what) + ": " + message;
+  throw ShimError{to_nccl(result), message};
 }
 
 void set_last_error(const std::string& message) {
