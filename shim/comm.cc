@@ -104,26 +104,32 @@ qcclConfig_t qccl_config() {
   return config;
 }
 
-// What a communicator needs once its qccl communicator exists: the compression policy and its store.
-void attach_policy(Comm& c) {
-  c.codec = CodecPolicy::from_env();
-  if (c.codec) {
-    qcclComm_t q = c.q.load();
-    check_qccl(qcclCodecStoreCreate(q, c.codec->state_budget(), &c.store), "qcclCodecStoreCreate");
+// Gives c its qccl communicator and the compression policy's store. The policy is read first, so that
+// a bad QCCL_NCCL_CODEC fails every rank before anything is sent; a store that cannot be made frees q.
+void attach(Comm& c, qcclComm_t q, std::unique_ptr<CodecPolicy> policy) {
+  if (policy) {
+    qcclResult_t r = qcclCodecStoreCreate(q, policy->state_budget(), &c.store);
+    if (r != qcclSuccess) {
+      std::string message = qcclGetLastError(nullptr);
+      qcclCommAbort(q);
+      throw ShimError{to_nccl(r), message};
+    }
     log("INFO", "comm %p rank %d/%d: QCCL_NCCL_CODEC %s", static_cast<void*>(&c), c.rank, c.nranks,
-        c.codec->describe().c_str());
+        policy->describe().c_str());
   }
+  c.codec = std::move(policy);
+  c.q.store(q);
 }
 
 }  // namespace
 
 void run_init(Comm& c, const InitRequest& request) {
   try {
+    std::unique_ptr<CodecPolicy> policy = CodecPolicy::from_env();
     qcclConfig_t config = qccl_config();
     qcclComm_t q = nullptr;
     check_qccl(qcclCommInitRankConfig(&q, request.nranks, request.id, request.rank, &config), "qcclCommInitRankConfig");
-    c.q.store(q);
-    attach_policy(c);
+    attach(c, q, std::move(policy));
     c.init_result = ncclSuccess;
   } catch (const ShimError& e) {
     c.init_result = e.code;
@@ -204,14 +210,14 @@ ncclResult_t split(Comm& parent, int color, int key, ncclComm_t* newcomm, const 
   qcclComm_t pq = parent.q.load();
   auto run = [pq, color, key](Comm& child) {
     try {
+      std::unique_ptr<CodecPolicy> policy = CodecPolicy::from_env();
       qcclConfig_t qc = qccl_config();
       qcclComm_t q = nullptr;
       check_qccl(qcclCommSplit(pq, color, key, &q, &qc), "qcclCommSplit");
       if (q) {
         qcclCommCount(q, &child.nranks);
         qcclCommUserRank(q, &child.rank);
-        child.q.store(q);
-        attach_policy(child);
+        attach(child, q, std::move(policy));
       }
       child.init_result = ncclSuccess;
     } catch (const ShimError& e) {

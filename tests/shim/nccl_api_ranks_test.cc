@@ -432,9 +432,15 @@ TEST_CASE("ncclCommGetAsyncError polled from a second thread while collectives r
     }
   });
   std::vector<float> x(1 << 16, 1.0f);
-  // At least 50 collectives, and on until the watchdog has polled during them a few hundred times.
-  for (int i = 0; i < 50 || (polls < 300 && i < 100000); ++i)
-    NCCL_REQUIRE_OK(ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat32, ncclAvg, w.comm, nullptr));
+  // Rounds of 50 collectives until every rank's watchdog has polled a few hundred times during them
+  // (the ranks agree on when to stop, so that they all make the same calls).
+  for (int round = 0; round < 1000; ++round) {
+    for (int i = 0; i < 50; ++i)
+      NCCL_REQUIRE_OK(ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat32, ncclAvg, w.comm, nullptr));
+    int more = polls < 300 ? 1 : 0;
+    NCCL_REQUIRE_OK(ncclAllReduce(&more, &more, 1, ncclInt32, ncclMax, w.comm, nullptr));
+    if (!more) break;
+  }
   done = true;
   watchdog.join();
   CHECK(polls >= 300);
