@@ -525,6 +525,32 @@ TEST_CASE("QCCL_NCCL_CODEC compresses large float all-reduces within the codec's
   CHECK(max_error <= bound);
   if (w.size > 1) CHECK_FALSE(identical);  // compressed for real: not the exact sum
 
+  // AllGather: every block is decode(encode(x_r)), within half a bucket step of x_r (range <= 2.5).
+  std::vector<float> gathered(count * w.size);
+  NCCL_REQUIRE_OK(ncclAllGather(x.data(), gathered.data(), count, ncclFloat32, w.comm, nullptr));
+  double gather_error = 0;
+  for (int r = 0; r < w.size; ++r) {
+    auto xr = signal(r, count);
+    for (size_t i = 0; i < count; ++i) gather_error = std::max(gather_error, std::fabs(static_cast<double>(gathered[r * count + i]) - xr[i]));
+  }
+  INFO("all-gather max error " << gather_error);
+  CHECK(gather_error <= 2.5 / 255 / 2 * 1.001);
+  if (w.size > 1) CHECK(gather_error > 0);
+
+  // ReduceScatter: this rank's block, the sum of the others' decoded contributions and its own input.
+  const size_t block = count / w.size;
+  std::vector<float> all = signal(w.rank, block * w.size), mine(block);
+  NCCL_REQUIRE_OK(ncclReduceScatter(all.data(), mine.data(), block, ncclFloat32, ncclSum, w.comm, nullptr));
+  double scatter_error = 0;
+  for (size_t i = 0; i < block; ++i) {
+    double exact_sum = 0;
+    for (int r = 0; r < w.size; ++r) exact_sum += signal(r, block * w.size)[w.rank * block + i];
+    scatter_error = std::max(scatter_error, std::fabs(mine[i] - exact_sum));
+    if (i == 64) break;  // the reference regenerates every rank's input: a sample of the block suffices
+  }
+  INFO("reduce-scatter max error " << scatter_error);
+  CHECK(scatter_error <= (w.size - 1) * 2.5 / 255 / 2 * 1.001 + 1e-5 * w.size);
+
   // Small calls stay exact (below QCCL_NCCL_CODEC_MIN_BYTES), and so do integer ones.
   std::vector<float> small(64, 0.1f * (w.rank + 1)), small_out(64);
   NCCL_REQUIRE_OK(ncclAllReduce(small.data(), small_out.data(), 64, ncclFloat32, ncclSum, w.comm, nullptr));
