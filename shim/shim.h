@@ -111,7 +111,7 @@ struct Comm {
   std::string init_error;
 
   // The real NCCL communicator, made at the first device-buffer call.
-  ncclComm_t real = nullptr;
+  std::atomic<ncclComm_t> real{nullptr};  // atomic: ncclCommGetAsyncError reads it from any thread
   std::mutex real_mutex;
 
   std::mutex ops_mutex;
