@@ -55,7 +55,9 @@ CommRef usable(ncclComm_t comm, const char* arg) {
 }
 
 Comm::~Comm() {
-  if (init_thread.joinable()) init_thread.join();
+  // The last reference may be the init thread's own (after an abort detached it): never join oneself.
+  if (init_thread.joinable() && init_thread.get_id() != std::this_thread::get_id()) init_thread.join();
+  if (init_thread.joinable()) init_thread.detach();
   if (store) qcclCodecStoreDestroy(store);
 }
 
@@ -119,6 +121,9 @@ void attach(Comm& c, qcclComm_t q, std::unique_ptr<CodecPolicy> policy) {
   }
   c.codec = std::move(policy);
   c.q.store(q);
+  // Aborted while this ran: whichever of the two takes q from c aborts it.
+  if (c.abandoned.load())
+    if (qcclComm_t mine = c.q.exchange(nullptr)) qcclCommAbort(mine);
 }
 
 }  // namespace
@@ -160,8 +165,7 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int 
   }
   if (!blocking) {
     c->init_state.store(1);
-    Comm* raw = c.get();
-    c->init_thread = std::thread([raw, request] { run_init(*raw, request); });
+    c->init_thread = std::thread([c, request] { run_init(*c, request); });
     *out = register_comm(c);
     return ncclInProgress;
   }
@@ -229,8 +233,7 @@ ncclResult_t split(Comm& parent, int color, int key, ncclComm_t* newcomm, const 
   // A rank that joins no communicator gets NULL at once (it still takes part in the exchange).
   if (!blocking && color != NCCL_SPLIT_NOCOLOR) {
     c->init_state.store(1);
-    Comm* raw = c.get();
-    c->init_thread = std::thread([raw, run] { run(*raw); });
+    c->init_thread = std::thread([c, run] { run(*c); });
     *newcomm = register_comm(c);
     return ncclInProgress;
   }
@@ -387,8 +390,10 @@ void destroy(ncclComm_t comm) {
 void abort_comm(ncclComm_t comm) {
   CommRef c = unregister_comm(comm);
   if (!c) fail(ncclInvalidArgument, "comm = %p is not a communicator of this library", static_cast<void*>(comm));
-  // An initialisation in flight finishes (or fails) first: qccl's handle exists only then.
-  if (c->init_thread.joinable() && c->init_thread.get_id() != std::this_thread::get_id()) c->init_thread.join();
+  // An initialisation in flight is abandoned, not waited for (NCCL's way to time out an init is a
+  // non-blocking init, polling, then ncclCommAbort): it aborts its communicator when it ends.
+  c->abandoned.store(true);
+  if (c->init_thread.joinable()) c->init_thread.detach();
   if (c->real) {
     real()->CommAbort(c->real);
     c->real = nullptr;

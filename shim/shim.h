@@ -105,7 +105,8 @@ struct Comm {
   bool finalized = false;
 
   // Initialisation that has not finished (non-blocking config, or InitRank inside a group).
-  std::thread init_thread;
+  std::thread init_thread;         // holds a reference to the Comm while it runs
+  std::atomic<bool> abandoned{false};  // ncclCommAbort during the init: its result is aborted at once
   std::atomic<int> init_state{0};  // 0 done, 1 running; the result is init_result
   ncclResult_t init_result = ncclSuccess;
   std::string init_error;

@@ -387,6 +387,26 @@ TEST_CASE("non-blocking initialisation, and configs checked as NCCL checks them"
   CHECK_THAT(last_error(), Catch::Contains("config->blocking = 2"));
 }
 
+TEST_CASE("an initialisation that cannot complete is abandoned at once by ncclCommAbort", "[nonblocking]") {
+  // NCCL's answer to "a timeout for ncclCommInitRank": a non-blocking init, polled, then aborted. Here
+  // each rank makes its own id for two ranks, so that its partner never comes.
+  ncclUniqueId lonely;
+  NCCL_REQUIRE_OK(ncclGetUniqueId(&lonely));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  CHECK(ncclCommInitRankConfig(&comm, 2, lonely, 0, &config) == ncclInProgress);
+  REQUIRE(comm != nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ncclResult_t state = ncclSuccess;
+  NCCL_REQUIRE_OK(ncclCommGetAsyncError(comm, &state));
+  CHECK(state == ncclInProgress);
+  auto t0 = std::chrono::steady_clock::now();
+  NCCL_REQUIRE_OK(ncclCommAbort(comm));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(seconds < 1.0);  // not QCCL_TIMEOUT
+}
+
 TEST_CASE("a non-blocking split, and InitRankScalable", "[nonblocking]") {
   World& w = World::get();
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
