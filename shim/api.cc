@@ -19,8 +19,9 @@ ncclResult_t entry(const char* name, F&& body) {
   try {
     return body();
   } catch (const ShimError& e) {
-    // An empty message means the real NCCL failed and its own ncclGetLastError has the words.
-    if (!(e.message.empty() && last_error_is_real())) set_last_error(std::string(name) + ": " + e.message);
+    // An empty message means the real NCCL failed, and the last-error line already has the words
+    // (its own ncclGetLastError, or the stand-in's for a function it lacks).
+    if (!e.message.empty()) set_last_error(std::string(name) + ": " + e.message);
     return e.code;
   } catch (const std::bad_alloc&) {
     set_last_error(std::string(name) + ": out of memory");

@@ -282,13 +282,25 @@ ncclComm_t ensure_real(Comm& c, const char* call) {
          call);
   if (!cuda::available()) fail(ncclInvalidUsage, "device buffers need a CUDA device, and the driver reports none (%s)", call);
   // Collective over qccl: rank 0 makes the real id, every rank receives it over qccl's communicator.
-  ncclUniqueId id{};
-  if (c.rank == 0 && r->GetUniqueId(&id) != ncclSuccess) {
-    set_last_error_from_real();
-    throw ShimError{ncclInternalError, ""};
+  // Rank 0 sends a failure as well, so that no rank waits for an id that will not come.
+  struct {
+    ncclUniqueId id;
+    int32_t made;
+  } shared{};
+  ncclResult_t id_result = ncclSuccess;
+  if (c.rank == 0) {
+    id_result = r->GetUniqueId(&shared.id);
+    shared.made = id_result == ncclSuccess;
   }
   qcclComm_t q = c.q.load();
-  check_qccl(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, q), "qcclBroadcast of the real NCCL's unique id");
+  check_qccl(qcclBroadcast(&shared, &shared, sizeof(shared), qcclUint8, 0, q),
+             "qcclBroadcast of the real NCCL's unique id");
+  if (id_result != ncclSuccess) {
+    set_last_error_from_real();
+    throw ShimError{id_result, ""};
+  }
+  if (!shared.made) fail(ncclRemoteError, "rank 0 could not make the real NCCL's unique id (%s)", call);
+  const ncclUniqueId& id = shared.id;
   ncclComm_t made = nullptr;
   ncclResult_t result = r->CommInitRank(&made, c.nranks, id, c.rank);
   if (result != ncclSuccess) {
@@ -359,9 +371,12 @@ void close_host(const CommRef& c) {
 // NCCL's finalize completes the communicator's work with its peers; qccl's destroy is the collective
 // that does so, so it runs here and ncclCommDestroy only frees what is left.
 void finalize(const CommRef& c) {
-  if (c->real && real()->CommFinalize(c->real) != ncclSuccess) {
-    set_last_error_from_real();
-    throw ShimError{ncclInternalError, ""};
+  if (c->real) {
+    ncclResult_t r = real()->CommFinalize(c->real);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      set_last_error_from_real();
+      throw ShimError{r, ""};
+    }
   }
   log_stats(*c);
   c->finalized = true;

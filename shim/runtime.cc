@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <strings.h>
+#include <type_traits>
 
 #include "shim/shim.h"
 
@@ -18,6 +19,7 @@ namespace qccl_nccl {
 namespace {
 thread_local std::string t_last_error;
 thread_local bool t_last_error_real = false;
+thread_local bool t_last_error_kept = false;  // a stand-in for a missing real function wrote it
 }  // namespace
 
 void fail(ncclResult_t code, const char* format, ...) {
@@ -60,9 +62,19 @@ void check_qccl(qcclResult_t result, const char* what) {
 void set_last_error(const std::string& message) {
   t_last_error = message;
   t_last_error_real = false;
+  t_last_error_kept = false;
 }
 const std::string& last_error() { return t_last_error; }
-void set_last_error_from_real() { t_last_error_real = true; }
+// The real NCCL's own ncclGetLastError has the words, unless the "real" function was the shim's
+// stand-in for one the library lacks, whose message names it.
+void set_last_error_from_real() {
+  if (t_last_error_kept) {
+    t_last_error_kept = false;
+    return;
+  }
+  t_last_error_real = true;
+}
+void keep_last_error() { t_last_error_kept = true; }
 bool last_error_is_real() { return t_last_error_real; }
 
 const char* type_name(ncclDataType_t t) {
@@ -232,20 +244,47 @@ int find_range(dl_phdr_info* info, size_t, void* data) {
   return 1;
 }
 
-// Fills `out` from `handle`; false when a function is missing (not an NCCL 2.28 library) or when the
-// handle is the shim itself (libnccl.so.2 could be a link to it).
+// What a function of the 2.28 API does when the real library is older and lacks it: says so, by name.
+template <const char* Name, typename R, typename... A>
+R missing_impl(A...) {
+  set_last_error(std::string(Name) + ": the real NCCL lacks this function (it is older than NCCL 2.28)");
+  keep_last_error();
+  if constexpr (std::is_same_v<R, ncclResult_t>) return ncclInvalidUsage;
+  else if constexpr (std::is_same_v<R, int>) return -1;
+  else if constexpr (std::is_same_v<R, const char*>) return "";
+  else if constexpr (std::is_void_v<R>) return;
+  else return R{};
+}
+template <const char* Name, typename R, typename... A>
+auto missing_for(R (*)(A...)) -> R (*)(A...) {
+  return &missing_impl<Name, R, A...>;
+}
+#define QCCL_NCCL_REAL_FN(ret, name, params) constexpr char kName##name[] = "nccl" #name;
+#include "shim/real_functions.inc"
+#undef QCCL_NCCL_REAL_FN
+
+// Fills `out` from `handle`. An older NCCL lacks some of 2.28's functions: those answer with
+// ncclInvalidUsage naming themselves. False when the handle is the shim itself (libnccl.so.2 may be a
+// link to it) or when the basics are missing (not an NCCL library).
 bool bind(void* handle, RealNccl* out) {
-  bool complete = true;
-#define QCCL_NCCL_REAL_FN(ret, name, params)                                            \
-  out->name = reinterpret_cast<ret(*) params>(dlsym(handle, "pnccl" #name));            \
-  if (!out->name) {                                                                     \
-    log("WARN", "the real NCCL (%s) lacks pnccl" #name, out->path.c_str());             \
-    complete = false;                                                                   \
+  std::string missing;
+#define QCCL_NCCL_REAL_FN(ret, name, params)                                     \
+  out->name = reinterpret_cast<ret(*) params>(dlsym(handle, "pnccl" #name));     \
+  if (!out->name) {                                                              \
+    missing += std::string(missing.empty() ? "" : ", ") + "pnccl" #name;         \
+    out->name = missing_for<kName##name>(static_cast<ret(*) params>(nullptr));   \
   }
 #include "shim/real_functions.inc"
 #undef QCCL_NCCL_REAL_FN
+  for (const char* basic : {"pncclGetVersion", "pncclGetUniqueId", "pncclCommInitRank", "pncclCommDestroy",
+                            "pncclCommAbort", "pncclCommGetAsyncError", "pncclGetLastError", "pncclGroupStart",
+                            "pncclGroupEnd", "pncclAllReduce"})
+    if (!dlsym(handle, basic)) {
+      log("WARN", "%s has no %s: not an NCCL library the drop-in can forward to", out->path.c_str(), basic);
+      return false;
+    }
+  if (!missing.empty()) log("INFO", "the real NCCL (%s) lacks %s", out->path.c_str(), missing.c_str());
   out->ResetDebugInitInternal = reinterpret_cast<void (*)()>(dlsym(handle, "ncclResetDebugInitInternal"));
-  if (!complete) return false;
   Dl_info self{}, other{};
   if (!dladdr(reinterpret_cast<void*>(&real), &self) ||
       !dladdr(reinterpret_cast<void*>(out->GetVersion), &other) || self.dli_fbase == other.dli_fbase)
@@ -296,7 +335,7 @@ void load() {
   if (bind(handle, r)) {
     g_real.store(r);
   } else {
-    log("WARN", "%s is not a usable NCCL 2.28 library; device buffers cannot be served", path.c_str());
+    log("WARN", "%s is not a usable NCCL library; device buffers cannot be served", path.c_str());
     delete r;
   }
 }

@@ -35,6 +35,7 @@ void set_last_error(const std::string& message);
 const std::string& last_error();
 // A failure of the real NCCL: its message is its own ncclGetLastError's.
 void set_last_error_from_real();
+void keep_last_error();
 bool last_error_is_real();
 
 const char* type_name(ncclDataType_t t);
