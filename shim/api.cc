@@ -86,7 +86,8 @@ using namespace qccl_nccl;
 
 // A communicator the shim did not make: the real NCCL's, when one is loaded.
 #define FOREIGN(comm, name, ...)                                                                         \
-  if (!find_comm(comm) && (comm) && real_if_loaded()) return checked_real(real_if_loaded()->name(__VA_ARGS__))
+  if (!find_comm(comm) && (comm) && real_owning_foreign_handles())                                         \
+  return checked_real(real_owning_foreign_handles()->name(__VA_ARGS__))
 
 // ---- Version, ids, errors ------------------------------------------------------------------------------
 
@@ -563,7 +564,8 @@ ncclTeam_t host_team(ncclComm_t comm, bool self_only) {
 #define TEAM_FN(name, self_only)                                                                   \
   NCCL_SHIM_API(ncclTeam_t, ncclTeam##name, (ncclComm_t comm)) {                                   \
     FROM_REAL(Team##name, comm);                                                                   \
-    if (!find_comm(comm) && comm && real_if_loaded()) return real_if_loaded()->Team##name(comm);   \
+    if (!find_comm(comm) && comm && real_owning_foreign_handles())                                 \
+      return real_owning_foreign_handles()->Team##name(comm);                                      \
     if (CommRef c = find_comm(comm); c && c->real) return real()->Team##name(c->real);             \
     return host_team(comm, self_only);                                                             \
   }
@@ -574,7 +576,8 @@ TEAM_FN(Rail, false)
 
 NCCL_SHIM_API(int, ncclTeamRankToWorld, (ncclComm_t comm, ncclTeam_t team, int rank)) {
   FROM_REAL(TeamRankToWorld, comm, team, rank);
-  if (!find_comm(comm) && comm && real_if_loaded()) return real_if_loaded()->TeamRankToWorld(comm, team, rank);
+  if (!find_comm(comm) && comm && real_owning_foreign_handles())
+    return real_owning_foreign_handles()->TeamRankToWorld(comm, team, rank);
   CommRef c = find_comm(comm);
   if (c && c->real) return real()->TeamRankToWorld(c->real, team, rank);
   if (!c) return -1;
@@ -583,7 +586,8 @@ NCCL_SHIM_API(int, ncclTeamRankToWorld, (ncclComm_t comm, ncclTeam_t team, int r
 
 NCCL_SHIM_API(int, ncclTeamRankToLsa, (ncclComm_t comm, ncclTeam_t team, int rank)) {
   FROM_REAL(TeamRankToLsa, comm, team, rank);
-  if (!find_comm(comm) && comm && real_if_loaded()) return real_if_loaded()->TeamRankToLsa(comm, team, rank);
+  if (!find_comm(comm) && comm && real_owning_foreign_handles())
+    return real_owning_foreign_handles()->TeamRankToLsa(comm, team, rank);
   CommRef c = find_comm(comm);
   if (c && c->real) return real()->TeamRankToLsa(c->real, team, rank);
   if (!c) return -1;
@@ -627,3 +631,33 @@ NCCL_SHIM_API(ncclResult_t, ncclLLA2ACreateRequirement,
                             .LLA2ACreateRequirement(nBlocks, nSlots, outHandle, outReq));
   });
 }
+
+// ---- NCCL 2.29's host functions (declared in shim.h) --------------------------------------------------------
+// Properties and window pointers describe the real NCCL's device state: forwarded, or refused naming
+// themselves when no real communicator or library serves them.
+
+NCCL_SHIM_API(ncclResult_t, ncclCommQueryProperties, (ncclComm_t comm, ncclCommProperties_t * props)) {
+  FROM_REAL(CommQueryProperties, comm, props);
+  FOREIGN(comm, CommQueryProperties, comm, props);
+  return entry("ncclCommQueryProperties", [&] {
+    CommRef c = usable(comm);
+    if (!c->real)
+      fail(ncclInvalidUsage, "comm = %p has no real NCCL communicator (it is made by the first device-buffer call), "
+           "whose properties these are", static_cast<void*>(comm));
+    return checked_real(real()->CommQueryProperties(c->real, props));
+  });
+}
+
+#define WINDOW_FN(name, params, ...)                                                                     \
+  NCCL_SHIM_API(ncclResult_t, nccl##name, params) {                                                      \
+    FROM_REAL(name, __VA_ARGS__);                                                                        \
+    return entry("nccl" #name, [&] {                                                                     \
+      return checked_real(need_real("windows are the real NCCL's (ncclCommWindowRegister)").name(__VA_ARGS__)); \
+    });                                                                                                  \
+  }
+WINDOW_FN(GetLsaMultimemDevicePointer, (ncclWindow_t window, size_t offset, void** outPtr), window, offset, outPtr)
+WINDOW_FN(GetLsaDevicePointer, (ncclWindow_t window, size_t offset, int lsaRank, void** outPtr), window, offset,
+          lsaRank, outPtr)
+WINDOW_FN(GetPeerDevicePointer, (ncclWindow_t window, size_t offset, int peer, void** outPtr), window, offset, peer,
+          outPtr)
+#undef WINDOW_FN

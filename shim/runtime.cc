@@ -247,7 +247,7 @@ int find_range(dl_phdr_info* info, size_t, void* data) {
 // What a function of the 2.28 API does when the real library is older and lacks it: says so, by name.
 template <const char* Name, typename R, typename... A>
 R missing_impl(A...) {
-  set_last_error(std::string(Name) + ": the real NCCL lacks this function (it is older than NCCL 2.28)");
+  set_last_error(std::string(Name) + ": the real NCCL lacks this function (it is older than the NCCL API the drop-in forwards)");
   keep_last_error();
   if constexpr (std::is_same_v<R, ncclResult_t>) return ncclInvalidUsage;
   else if constexpr (std::is_same_v<R, int>) return -1;
@@ -314,6 +314,7 @@ void find_preloaded() {
   if (!handle) return;
   auto* r = new RealNccl;
   r->path = info.dli_fname;
+  r->preloaded = true;
   if (bind(handle, r)) g_real.store(r);
   else delete r;
 }
@@ -350,6 +351,11 @@ const RealNccl* real() {
 const RealNccl* real_if_loaded() {
   std::call_once(g_preloaded_once, find_preloaded);
   return g_real.load();
+}
+
+const RealNccl* real_owning_foreign_handles() {
+  const RealNccl* r = real_if_loaded();
+  return r && r->preloaded ? r : nullptr;
 }
 
 bool called_from_real(const void* caller) {

@@ -18,6 +18,19 @@
 
 #include "qccl.h"
 
+// NCCL 2.29's functions beyond the toolkit's 2.28 header that nccl-tests and PyTorch reference, with
+// 2.29's signatures (NVIDIA/nccl src/nccl.h.in and nccl_device/core.h at v2.29). ncclCommProperties_t
+// stays opaque: the drop-in only forwards it.
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 29, 0)
+extern "C" {
+typedef struct ncclCommProperties ncclCommProperties_t;
+ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* props);
+ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void** outPtr);
+ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window, size_t offset, int lsaRank, void** outPtr);
+ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void** outPtr);
+}
+#endif
+
 namespace qccl_nccl {
 
 // ---- Errors -----------------------------------------------------------------------------------------
@@ -70,9 +83,13 @@ struct RealNccl {
   void (*ResetDebugInitInternal)() = nullptr;  // exported without a pncclX twin
   uintptr_t text_begin = 0, text_end = 0;  // the library's mapped range, to recognise its own calls
   std::string path;
+  bool preloaded = false;  // found in the process (the drop-in preloaded in front of it), not dlopen'ed
 };
 const RealNccl* real();  // loads it on first use; nullptr when no real NCCL could be loaded
 const RealNccl* real_if_loaded();  // without loading
+// The real NCCL when the drop-in is preloaded in front of it: the owner of communicator handles the drop-in
+// did not make. (A library the drop-in loaded itself makes no handle the program could hold.)
+const RealNccl* real_owning_foreign_handles();
 // True when `caller` (a return address) lies in the real library: its internal calls to its own API,
 // which the dynamic linker binds to the shim when it is preloaded, go straight back to it.
 bool called_from_real(const void* caller);

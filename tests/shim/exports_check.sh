@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The drop-in exports what NCCL exports: every dynamic symbol of the toolkit's libnccl.so.2, each ncclX
 # with its pncclX twin, none with an ELF symbol version, and every NCCL entry point that nccl-tests and
-# PyTorch reference (the lists of specs/nccl-abi.md section 1.6, as far as NCCL 2.28 declares them).
+# PyTorch reference (the lists of specs/nccl-abi.md section 1.6).
 #   exports_check.sh LIBQCCL_NCCL LIBNCCL_SO_2
 set -euo pipefail
 shim=$1 real=$2
@@ -25,7 +25,9 @@ others=$(exports "$shim" | grep -vE '^p?nccl' || true)
 if [[ -n $others ]]; then echo "exports beyond nccl*/pnccl*:"; echo "$others"; status=1; fi
 if nm -D --defined-only "$shim" | awk '{ print $3 }' | grep -q '@'; then echo "versioned symbols:"; nm -D --defined-only "$shim" | grep '@'; status=1; fi
 
-# nccl-tests v2.14.1 and HEAD, and PyTorch ProcessGroupNCCL's runtime calls (specs/nccl-abi.md 1.6).
+# nccl-tests v2.14.1 and HEAD, and PyTorch ProcessGroupNCCL's runtime calls (specs/nccl-abi.md 1.6), with
+# NCCL 2.29's host functions among them (nccl-tests HEAD's ncclGetLsaPointer, ncclGetLsaMultimemPointer and
+# ncclGetLocalPointer are device functions of nccl_device.h, which no library exports).
 consumers=(
   ncclAllGather ncclAllReduce ncclBcast ncclBroadcast ncclCommAbort ncclCommCount ncclCommDeregister
   ncclCommDestroy ncclCommGetAsyncError ncclCommInitAll ncclCommInitRank ncclCommRegister ncclCommUserRank
@@ -34,7 +36,8 @@ consumers=(
   ncclCommInitRankConfig ncclAlltoAll ncclGather ncclScatter ncclCommWindowRegister ncclCommWindowDeregister
   ncclDevCommCreate ncclDevCommDestroy ncclTeamWorld ncclTeamLsa ncclTeamRail ncclTeamRankToWorld
   ncclTeamRankToLsa ncclCommSplit ncclCommFinalize ncclCommInitRankScalable ncclGroupSimulateEnd
-  ncclCommCuDevice)
+  ncclCommCuDevice
+  ncclCommQueryProperties ncclGetLsaMultimemDevicePointer ncclGetPeerDevicePointer ncclGetLsaDevicePointer)
 for sym in "${consumers[@]}"; do
   exports "$shim" | grep -qx "$sym" || { echo "missing for nccl-tests/PyTorch: $sym"; status=1; }
 done

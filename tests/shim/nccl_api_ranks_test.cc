@@ -21,6 +21,14 @@
 
 #include "tests/common/reference.h"
 
+// NCCL 2.29's host functions, beyond the toolkit's 2.28 header; weak, so that the program linked with a
+// 2.28 libnccl.so.2 still links (preloaded, the drop-in provides them).
+extern "C" {
+struct ncclCommProperties;
+__attribute__((weak)) ncclResult_t ncclCommQueryProperties(ncclComm_t, ncclCommProperties*);
+__attribute__((weak)) ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t, size_t, int, void**);
+}
+
 namespace {
 
 using qccl::test::DataType;
@@ -153,6 +161,16 @@ TEST_CASE("the version, the error strings, and errors that name the call, argume
   CHECK_THAT(last_error(), Catch::Contains("ncclCommWindowRegister") && Catch::Contains("host memory"));
   CHECK(ncclCommShrink(w.comm, &bogus, 1, nullptr, nullptr, NCCL_SHRINK_DEFAULT) == ncclInvalidUsage);
   CHECK_THAT(last_error(), Catch::Contains("ncclCommShrink"));
+  REQUIRE(ncclGetPeerDevicePointer != nullptr);  // from the drop-in, alone or preloaded
+  void* peer = nullptr;
+  CHECK(ncclGetPeerDevicePointer(nullptr, 0, 0, &peer) == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("ncclGetPeerDevicePointer"));
+  struct {
+    size_t size;
+    unsigned magic, version;
+  } props{sizeof(props), 0, 0};
+  CHECK(ncclCommQueryProperties(w.comm, reinterpret_cast<ncclCommProperties*>(&props)) == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("ncclCommQueryProperties") && Catch::Contains("no real NCCL communicator"));
   // Registering host memory is accepted (qccl needs none) and undone.
   void* handle = nullptr;
   NCCL_REQUIRE_OK(ncclCommRegister(w.comm, x, sizeof(x), &handle));
