@@ -150,6 +150,10 @@ struct Driver {
   CUresult (*StreamSynchronize)(CUstream) = nullptr;
   CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus*) = nullptr;
   CUresult (*CtxGetDevice)(CUdevice*) = nullptr;
+  CUresult (*CtxGetCurrent)(CUcontext*) = nullptr;
+  CUresult (*StreamGetCtx)(CUstream, CUcontext*) = nullptr;
+  CUresult (*CtxPushCurrent)(CUcontext) = nullptr;
+  CUresult (*CtxPopCurrent)(CUcontext*) = nullptr;
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
   int devices = 0;
 };
@@ -167,8 +171,13 @@ const Driver& driver() {
     out.StreamIsCapturing = reinterpret_cast<decltype(out.StreamIsCapturing)>(dlsym(lib, "cuStreamIsCapturing"));
     out.CtxGetDevice = reinterpret_cast<decltype(out.CtxGetDevice)>(dlsym(lib, "cuCtxGetDevice"));
     out.GetErrorString = reinterpret_cast<decltype(out.GetErrorString)>(dlsym(lib, "cuGetErrorString"));
+    out.CtxGetCurrent = reinterpret_cast<decltype(out.CtxGetCurrent)>(dlsym(lib, "cuCtxGetCurrent"));
+    out.StreamGetCtx = reinterpret_cast<decltype(out.StreamGetCtx)>(dlsym(lib, "cuStreamGetCtx"));
+    out.CtxPushCurrent = reinterpret_cast<decltype(out.CtxPushCurrent)>(dlsym(lib, "cuCtxPushCurrent_v2"));
+    out.CtxPopCurrent = reinterpret_cast<decltype(out.CtxPopCurrent)>(dlsym(lib, "cuCtxPopCurrent_v2"));
     if (!init || !out.DeviceGetCount || !out.PointerGetAttribute || !out.StreamSynchronize ||
-        !out.StreamIsCapturing || !out.CtxGetDevice || !out.GetErrorString)
+        !out.StreamIsCapturing || !out.CtxGetDevice || !out.GetErrorString || !out.CtxGetCurrent ||
+        !out.StreamGetCtx || !out.CtxPushCurrent || !out.CtxPopCurrent)
       return out;
     if (init(0) != CUDA_SUCCESS || out.DeviceGetCount(&out.devices) != CUDA_SUCCESS || out.devices <= 0) return out;
     out.ok = true;
@@ -208,7 +217,20 @@ bool is_capturing(cudaStream_t stream) {
 
 void synchronize(cudaStream_t stream, const char* call) {
   if (!driver().ok) return;  // without CUDA there is no stream work to wait for
+  // A thread without a current context: a stream created elsewhere is waited for in its own context;
+  // the default streams of a thread that never used CUDA hold nothing.
+  CUcontext context = nullptr;
+  const auto handle = reinterpret_cast<uintptr_t>(stream);
+  const bool special = handle <= 2;  // 0 and CU_STREAM_LEGACY: the legacy stream; 2: per-thread
+  bool pushed = false;
+  if (driver().CtxGetCurrent(&context) != CUDA_SUCCESS || !context) {
+    if (special || driver().StreamGetCtx(reinterpret_cast<CUstream>(stream), &context) != CUDA_SUCCESS ||
+        driver().CtxPushCurrent(context) != CUDA_SUCCESS)
+      return;
+    pushed = true;
+  }
   CUresult r = driver().StreamSynchronize(reinterpret_cast<CUstream>(stream));
+  if (pushed) driver().CtxPopCurrent(&context);
   if (r != CUDA_SUCCESS)
     fail(ncclUnhandledCudaError, "waiting for stream %p before running on host buffers: %s (%s)", static_cast<void*>(stream),
          error_string(r), call);
