@@ -598,6 +598,27 @@ TEST_CASE("QCCL_NCCL_CODEC compresses large float all-reduces within the codec's
   CHECK(std::fabs(small_out[0] - expected) <= 1e-6f * w.size);
 }
 
+TEST_CASE("QCCL_NCCL_CODEC per datatype: float compressed, half exact", "[.][codec-per-type]") {
+  World& w = World::get();
+  if (w.size == 1) return;  // one rank encodes nothing
+  const size_t count = 1 << 15;
+  auto x = signal(w.rank, count);
+  std::vector<float> y(count);
+  NCCL_REQUIRE_OK(ncclAllReduce(x.data(), y.data(), count, ncclFloat32, ncclSum, w.comm, nullptr));
+  size_t inexact = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (int r = 0; r < w.size; ++r) exact += static_cast<double>(static_cast<float>(std::sin(0.001 * i + r) + 0.25 * r));
+    inexact += std::fabs(y[i] - exact) > 1e-5 * w.size;
+  }
+  CHECK(inexact > 0);  // q8
+  // Half: small integers, whose sums half holds exactly; "half=none" keeps them so.
+  auto in = inputs(DataType::kFloat16, RedOp::kSum, w.rank, count);
+  std::vector<uint8_t> out(count * 2);
+  NCCL_REQUIRE_OK(ncclAllReduce(in.data(), out.data(), count, ncclFloat16, ncclSum, w.comm, nullptr));
+  check_reduction(DataType::kFloat16, RedOp::kSum, out.data(), count, w.size, "half, exact by policy");
+}
+
 TEST_CASE("error feedback keyed by buffer: the sum of many steps' outputs stays within one step's error",
           "[.][codec-ef]") {
   World& w = World::get();
