@@ -361,10 +361,6 @@ bool in_group() { return t_group.depth > 0; }
 
 void group_start() { ++t_group.depth; }
 
-void group_discard() {
-  t_group = Group{};
-}
-
 void defer_init(CommRef c, InitRequest request) { t_group.inits.emplace_back(std::move(c), request); }
 
 ncclResult_t group_end() {
@@ -393,9 +389,14 @@ ncclResult_t group_end() {
     const RealNccl* r = real();
     check_real(r->GroupStart());
     ncclResult_t first = ncclSuccess;
-    for (Call& c : group.calls) {
-      ncclResult_t result = forward(c);
-      if (result != ncclSuccess && first == ncclSuccess) first = result;
+    try {
+      for (Call& c : group.calls) {
+        ncclResult_t result = forward(c);
+        if (result != ncclSuccess && first == ncclSuccess) first = result;
+      }
+    } catch (...) {
+      r->GroupEnd();  // the real library's group never stays open
+      throw;
     }
     ncclResult_t end = r->GroupEnd();
     check_real(first != ncclSuccess ? first : end);
@@ -438,7 +439,12 @@ ncclResult_t simulate_group_end(ncclSimInfo_t* info) {
   for (Call& c : group.calls) ensure_real(*c.comm, c.name);
   const RealNccl* r = real();
   check_real(r->GroupStart());
-  for (Call& c : group.calls) check_real(forward(c));
+  try {
+    for (Call& c : group.calls) check_real(forward(c));
+  } catch (...) {
+    r->GroupSimulateEnd(info);  // closes the real library's group without running it
+    throw;
+  }
   ncclResult_t result = r->GroupSimulateEnd(info);
   check_real(result);
   return result;

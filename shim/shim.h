@@ -192,7 +192,6 @@ bool config_blocking(const ncclConfig_t* config, const char* call);
 bool in_group();
 void group_start();
 ncclResult_t group_end();
-void group_discard();
 // InitRank calls made inside a group: run together (threads) at the outermost ncclGroupEnd.
 void defer_init(CommRef c, InitRequest request);
 
