@@ -28,21 +28,36 @@ constexpr uint32_t kHelloTag = 0x4c484351;  // "QCHL"
 constexpr uint32_t kTableTag = 0x42544351;  // "QCTB"
 constexpr uint32_t kRefuseTag = 0x4f4e4351; // "QCNO"
 constexpr uint32_t kVersion = 1;
+constexpr uint32_t kIdVersion = 2;  // 1 carried the root's address as text
 constexpr size_t kHelloHeaderBytes = 4 + 4 + 8 + 4 + 4 + 4;
 constexpr size_t kMaxBlobBytes = 64 * 1024;
 constexpr double kHelloSeconds = 10.0;  // a connection must say hello this fast or be dropped
 
 }  // namespace
 
+// The id is binary: tag, version, magic, then the root's address as family, port and raw address
+// bytes (IPv6 with its scope). At most 39 of the 128 bytes, so that it fits NCCL's ncclUniqueId (the
+// same 128 bytes) with room to spare; the rest is zero.
 void encode_unique_id(const BootstrapId& id, qcclUniqueId* out) {
-  static_assert(sizeof(sockaddr_storage) + 16 <= QCCL_UNIQUE_ID_BYTES + 16, "layout");
   std::memset(out, 0, sizeof(*out));
   ByteWriter w;
   w.put<uint32_t>(kIdTag);
-  w.put<uint32_t>(kVersion);
+  w.put<uint32_t>(kIdVersion);
   w.put<uint64_t>(id.magic);
-  w.put_string(id.root.to_string());
-  if (w.bytes().size() > QCCL_UNIQUE_ID_BYTES) fail(qcclInternalError, "unique id does not fit");
+  w.put<uint8_t>(static_cast<uint8_t>(id.root.family() == AF_INET6 ? 6 : 4));
+  w.put<uint16_t>(id.root.port());
+  if (id.root.family() == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(id.root.sa());
+    for (uint8_t b : a->sin6_addr.s6_addr) w.put<uint8_t>(b);
+    w.put<uint32_t>(a->sin6_scope_id);
+  } else if (id.root.family() == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(id.root.sa());
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&a->sin_addr.s_addr);  // network order as is
+    for (int i = 0; i < 4; ++i) w.put<uint8_t>(bytes[i]);
+  } else {
+    fail(qcclInternalError, "unique id: the root's address family %d is neither IPv4 nor IPv6", id.root.family());
+  }
+  static_assert(4 + 4 + 8 + 1 + 2 + 16 + 4 <= QCCL_UNIQUE_ID_BYTES, "the id fits");
   std::memcpy(out->internal, w.bytes().data(), w.bytes().size());
 }
 
@@ -51,11 +66,28 @@ BootstrapId decode_unique_id(const qcclUniqueId& id) {
                qcclInvalidArgument);
   uint32_t tag = r.get<uint32_t>();
   uint32_t version = r.get<uint32_t>();
-  if (tag != kIdTag || version != kVersion)
+  if (tag != kIdTag || version != kIdVersion)
     fail(qcclInvalidArgument, "uniqueId was not made by qcclGetUniqueId (tag 0x%08x, version %u)", tag, version);
   BootstrapId out;
   out.magic = r.get<uint64_t>();
-  out.root = net::Address::parse(r.get_string(96), "uniqueId root address");
+  const uint8_t family = r.get<uint8_t>();
+  const uint16_t port = r.get<uint16_t>();
+  if (family == 4) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    auto* bytes = reinterpret_cast<uint8_t*>(&a.sin_addr.s_addr);
+    for (int i = 0; i < 4; ++i) bytes[i] = r.get<uint8_t>();
+    out.root = net::Address::from_sockaddr(reinterpret_cast<const sockaddr*>(&a), sizeof(a));
+  } else if (family == 6) {
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    for (uint8_t& b : a.sin6_addr.s6_addr) b = r.get<uint8_t>();
+    a.sin6_scope_id = r.get<uint32_t>();
+    out.root = net::Address::from_sockaddr(reinterpret_cast<const sockaddr*>(&a), sizeof(a));
+  } else {
+    fail(qcclInvalidArgument, "uniqueId: address family %u is neither 4 nor 6 (not made by qcclGetUniqueId)", family);
+  }
+  out.root.set_port(port);
   return out;
 }
 

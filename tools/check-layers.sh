@@ -13,6 +13,7 @@
 #                 them (src/aggregator_daemon.h, src/build_info.h)
 #   perf/, examples/  the public API only, and perf's own headers (perf/codec_perf.cc, a kernel
 #                     microbenchmark: kernels/)
+#   shim/         the NCCL drop-in: the public API and its own headers (NCCL's nccl.h is a system header)
 #   tests/        anything
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +52,7 @@ check tools "include/qccl\.h|qccl\.h|base/$name|src/(aggregator_daemon|build_inf
 check perf 'qccl\.h|common\.h|options\.h|codec_list\.h|demo\.h|baseline_common\.h' perf/codec_perf.cc
 check perf/codec_perf.cc "kernels/$name|codec_list\.h"
 check examples 'qccl\.h'
+check shim "qccl\.h|shim/$name"
 check tests "(tests/[a-z0-9_/.-]+|(src|base|kernels|transports|collectives)/$name|include/qccl\.h|qccl\.h)"
 
 # Every top-level folder with sources must be one of the above.

@@ -115,6 +115,32 @@ TEST_CASE("ranks that disagree on the rank count: one is refused with the reason
   CHECK(timed_out == 1);
 }
 
+TEST_CASE("the unique id is binary, round-trips IPv4 and IPv6 roots, and leaves room in 128 bytes",
+          "[bootstrap]") {
+  for (const char* root : {"10.1.2.3:4567", "127.0.0.1:1", "[fe80::1:2:3:4]:65535", "[::1]:80"}) {
+    INFO(root);
+    BootstrapId b;
+    b.magic = 0x0123456789abcdefull;
+    b.root = net::Address::parse(root, "test");
+    qcclUniqueId id;
+    encode_unique_id(b, &id);
+    size_t used = sizeof(id.internal);
+    while (used > 0 && id.internal[used - 1] == 0) --used;
+    CHECK(used <= 39);  // NCCL's ncclUniqueId is the same 128 bytes: the rest is room to spare
+    const BootstrapId back = decode_unique_id(id);
+    CHECK(back.magic == b.magic);
+    CHECK(back.root.to_string() == b.root.to_string());
+    CHECK(back.root.port() == b.root.port());
+  }
+  BootstrapId b;
+  b.magic = 1;
+  b.root = net::Address::parse("10.0.0.1:5", "test");
+  qcclUniqueId id;
+  encode_unique_id(b, &id);
+  id.internal[16] = 9;  // the family byte
+  CHECK_THROWS_WITH(decode_unique_id(id), Catch::Contains("address family 9"));
+}
+
 TEST_CASE("bad ids, ranks and counts are rejected before anything is sent", "[bootstrap]") {
   qcclUniqueId garbage;
   std::memset(&garbage, 0x5a, sizeof(garbage));

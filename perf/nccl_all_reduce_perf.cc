@@ -1,0 +1,124 @@
+// The cost of the NCCL drop-in: one all-reduce timing loop built twice, against NCCL's API (run on the
+// drop-in, libqccl_nccl.so: nccl_all_reduce_perf) and against qccl's C API (qccl_all_reduce_perf), so
+// that the two differ only in the API the calls go through. Float sums on host buffers, in place.
+//   qcclrun -n 4 -- build/perf/nccl_all_reduce_perf [-b 1M] [-e 64M] [-f 64] [-n 20] [-w 3]
+// Under the drop-in, QCCL_NCCL_CODEC compresses as it would any NCCL program's calls. The first
+// communicator's id travels from rank 0 through a file named after qcclrun's job (QCCL_MAGIC).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifdef PERF_NCCL_API
+#include <nccl.h>
+typedef ncclComm_t Comm;
+typedef ncclUniqueId Id;
+#define API_NAME "NCCL API (libqccl_nccl.so)"
+static bool ok(ncclResult_t r) { return r == ncclSuccess; }
+static const char* last_error() { return ncclGetLastError(nullptr); }
+static bool get_id(Id* id) { return ok(ncclGetUniqueId(id)); }
+static bool init(Comm* c, int n, const Id& id, int rank) { return ok(ncclCommInitRank(c, n, id, rank)); }
+static bool all_reduce_f32(float* x, size_t n, Comm c) { return ok(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c, nullptr)); }
+static bool max_f64(double* x, Comm c) { return ok(ncclAllReduce(x, x, 1, ncclFloat64, ncclMax, c, nullptr)); }
+static void finish(Comm c) { ncclCommFinalize(c), ncclCommDestroy(c); }
+#else
+#include "qccl.h"
+typedef qcclComm_t Comm;
+typedef qcclUniqueId Id;
+#define API_NAME "qccl C API (libqccl.so)"
+static bool ok(qcclResult_t r) { return r == qcclSuccess; }
+static const char* last_error() { return qcclGetLastError(nullptr); }
+static bool get_id(Id* id) { return ok(qcclGetUniqueId(id)); }
+static bool init(Comm* c, int n, const Id& id, int rank) { return ok(qcclCommInitRank(c, n, id, rank)); }
+static bool all_reduce_f32(float* x, size_t n, Comm c) { return ok(qcclAllReduce(x, x, n, qcclFloat32, qcclSum, c)); }
+static bool max_f64(double* x, Comm c) { return ok(qcclAllReduce(x, x, 1, qcclFloat64, qcclMax, c)); }
+static void finish(Comm c) { qcclCommDestroy(c); }
+#endif
+
+static size_t parse_size(const char* s) {
+  char* end = nullptr;
+  double v = strtod(s, &end);
+  if (*end == 'K') v *= 1024;
+  if (*end == 'M') v *= 1024 * 1024;
+  if (*end == 'G') v *= 1024.0 * 1024 * 1024;
+  return static_cast<size_t>(v);
+}
+
+static int env_int(const char* name, int fallback) {
+  const char* v = getenv(name);
+  return v && *v ? atoi(v) : fallback;
+}
+
+int main(int argc, char** argv) {
+  size_t min_bytes = 1 << 20, max_bytes = 64 << 20, factor = 64;
+  int iters = 20, warmup = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "-b")) min_bytes = parse_size(argv[i + 1]);
+    else if (!strcmp(argv[i], "-e")) max_bytes = parse_size(argv[i + 1]);
+    else if (!strcmp(argv[i], "-f")) factor = parse_size(argv[i + 1]);
+    else if (!strcmp(argv[i], "-n")) iters = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "-w")) warmup = atoi(argv[i + 1]);
+    else {
+      fprintf(stderr, "usage: %s [-b BYTES] [-e BYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] (under qcclrun)\n", argv[0]);
+      return 2;
+    }
+  }
+  const int rank = env_int("QCCL_RANK", 0), nranks = env_int("QCCL_NRANKS", 1);
+  const char* job = getenv("QCCL_MAGIC");
+  const std::string file = std::string("/tmp/qccl_perf_id_") + (job ? job : "single") + (
+#ifdef PERF_NCCL_API
+      "_nccl"
+#else
+      "_qccl"
+#endif
+  );
+  Id id;
+  if (rank == 0) {
+    if (!get_id(&id)) return fprintf(stderr, "unique id: %s\n", last_error()), 1;
+    FILE* f = fopen((file + ".tmp").c_str(), "wb");
+    if (!f || fwrite(&id, sizeof(id), 1, f) != 1 || fclose(f)) return perror("id file"), 1;
+    rename((file + ".tmp").c_str(), file.c_str());
+  } else {
+    for (int tries = 0;; ++tries) {
+      FILE* f = fopen(file.c_str(), "rb");
+      if (f && fread(&id, sizeof(id), 1, f) == 1) {
+        fclose(f);
+        break;
+      }
+      if (f) fclose(f);
+      if (tries > 6000) return fprintf(stderr, "no id in %s\n", file.c_str()), 1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  Comm comm;
+  if (!init(&comm, nranks, id, rank)) return fprintf(stderr, "init: %s\n", last_error()), 1;
+  if (rank == 0) {
+    unlink(file.c_str());
+    printf("# %s, %d ranks, float sum in place, %d iterations after %d warm-up\n", API_NAME, nranks, iters, warmup);
+    printf("# %12s %12s %10s %10s %10s\n", "bytes", "count", "time(us)", "algbw", "busbw");
+  }
+  std::vector<float> x(max_bytes / sizeof(float), 1.0f);
+  for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
+    const size_t count = bytes / sizeof(float);
+    for (int i = 0; i < warmup; ++i)
+      if (!all_reduce_f32(x.data(), count, comm)) return fprintf(stderr, "all-reduce: %s\n", last_error()), 1;
+    double sync = 0;
+    if (!max_f64(&sync, comm)) return fprintf(stderr, "barrier: %s\n", last_error()), 1;  // start together
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i)
+      if (!all_reduce_f32(x.data(), count, comm)) return fprintf(stderr, "all-reduce: %s\n", last_error()), 1;
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+    if (!max_f64(&seconds, comm)) return fprintf(stderr, "max: %s\n", last_error()), 1;  // the slowest rank
+    const double algbw = bytes / seconds / 1e9, busbw = algbw * 2.0 * (nranks - 1) / nranks;
+    if (rank == 0) printf("  %12zu %12zu %10.1f %10.3f %10.3f\n", bytes, count, seconds * 1e6, algbw, busbw);
+    if (factor <= 1) break;
+  }
+  finish(comm);
+  return 0;
+}

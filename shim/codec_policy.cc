@@ -1,0 +1,124 @@
+#include "shim/codec_policy.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "shim/shim.h"
+
+namespace qccl_nccl {
+
+namespace {
+
+size_t parse_bytes(const char* name, const char* value) {
+  char* end = nullptr;
+  double v = std::strtod(value, &end);
+  double scale = 1;
+  if (end && *end) {
+    if (!std::strcmp(end, "K")) scale = 1024.0;
+    else if (!std::strcmp(end, "M")) scale = 1024.0 * 1024;
+    else if (!std::strcmp(end, "G")) scale = 1024.0 * 1024 * 1024;
+    else end = nullptr;
+  }
+  if (!end || end == value || !(v >= 0) || v * scale > 1e18)
+    fail(ncclInvalidArgument, "%s = '%s' is not a byte count (digits with an optional K, M or G)", name, value);
+  return static_cast<size_t>(v * scale);
+}
+
+std::string method_of(const std::string& spec) {
+  std::string name = spec.substr(0, spec.find(':'));
+  if (name.size() == 2 && name[0] == 'q' && name[1] >= '1' && name[1] <= '8') return "q";
+  if (name == "int8" || name == "int16" || name == "int32") return "int";
+  return name;
+}
+
+}  // namespace
+
+std::unique_ptr<CodecPolicy> CodecPolicy::from_env() {
+  const char* env = std::getenv("QCCL_NCCL_CODEC");
+  if (!env || !*env || !std::strcmp(env, "none")) return nullptr;
+  std::unique_ptr<CodecPolicy> p(new CodecPolicy);
+  if (const char* v = std::getenv("QCCL_NCCL_CODEC_MIN_BYTES"); v && *v)
+    p->min_bytes_ = parse_bytes("QCCL_NCCL_CODEC_MIN_BYTES", v);
+  if (const char* v = std::getenv("QCCL_NCCL_CODEC_STATE_BUDGET"); v && *v)
+    p->state_budget_ = parse_bytes("QCCL_NCCL_CODEC_STATE_BUDGET", v);
+  std::string spec = env;
+  size_t at = 0;
+  while (at < spec.size()) {
+    const size_t semi = spec.find(';', at);
+    std::string item = spec.substr(at, semi == std::string::npos ? std::string::npos : semi - at);
+    at = semi == std::string::npos ? spec.size() : semi + 1;
+    if (item.empty()) continue;
+    std::vector<Entry*> targets = {&p->float_, &p->half_, &p->bfloat16_};
+    const size_t eq = item.find('='), colon = item.find(':');
+    if (eq != std::string::npos && (colon == std::string::npos || eq < colon)) {  // TYPE=SPEC
+      const std::string type = item.substr(0, eq);
+      if (type == "float") targets = {&p->float_};
+      else if (type == "half") targets = {&p->half_};
+      else if (type == "bfloat16") targets = {&p->bfloat16_};
+      else
+        fail(ncclInvalidArgument, "QCCL_NCCL_CODEC = '%s': '%s' is not a datatype codecs take (float, half, bfloat16)",
+             env, type.c_str());
+      item = item.substr(eq + 1);
+    }
+    if (item == "none") {  // TYPE=none: that datatype stays exact
+      for (Entry* e : targets) *e = Entry{};
+      continue;
+    }
+    for (Entry* e : targets) {
+      qcclCodec_t codec = nullptr;
+      if (qcclCodecCreate(item.c_str(), &codec) != qcclSuccess)
+        fail(ncclInvalidArgument, "QCCL_NCCL_CODEC = '%s': %s", env, qcclGetLastError(nullptr));
+      if (e->codec) qcclCodecDestroy(e->codec);
+      *e = Entry{codec, item, method_of(item)};
+    }
+  }
+  if (!p->float_.codec && !p->half_.codec && !p->bfloat16_.codec) return nullptr;
+  return p;
+}
+
+CodecPolicy::~CodecPolicy() {
+  for (Entry* e : {&float_, &half_, &bfloat16_})
+    if (e->codec) qcclCodecDestroy(e->codec);
+}
+
+const CodecPolicy::Entry* CodecPolicy::entry(ncclDataType_t type) const {
+  switch (type) {
+    case ncclFloat32: return float_.codec ? &float_ : nullptr;
+    case ncclFloat16: return half_.codec ? &half_ : nullptr;
+    case ncclBfloat16: return bfloat16_.codec ? &bfloat16_ : nullptr;
+    default: return nullptr;
+  }
+}
+
+const std::string& CodecPolicy::spec_for(ncclDataType_t type) const {
+  static const std::string kNone = "none";
+  const Entry* e = entry(type);
+  return e ? e->spec : kNone;
+}
+
+// Which calls a codec can serve (qccl.h, "Compressed collectives"): every codec all-reduces sum and
+// avg; Marsit's sign codec only a float32 average; the all-gather and reduce-scatter take the q, fp16,
+// bf16 and none codecs.
+qcclCodec_t CodecPolicy::codec_for(CollKind kind, ncclDataType_t type, ncclRedOp_t op, size_t bytes,
+                                   const char** why) const {
+  const Entry* e = entry(type);
+  if (!e) return *why = "no codec for the datatype", nullptr;
+  if (bytes < min_bytes_) return *why = "below QCCL_NCCL_CODEC_MIN_BYTES", nullptr;
+  const bool reduces = kind != CollKind::kAllGather;
+  if (reduces && op != ncclSum && op != ncclAvg) return *why = "the op is neither sum nor avg", nullptr;
+  if (e->method == "sign" && (kind != CollKind::kAllReduce || type != ncclFloat32 || op != ncclAvg))
+    return *why = "the sign codec takes float32 average all-reduces only", nullptr;
+  if (e->method == "int" && kind != CollKind::kAllReduce)
+    return *why = "the int codecs take all-reduces only", nullptr;
+  return e->codec;
+}
+
+std::string CodecPolicy::describe() const {
+  std::string out;
+  if (float_.codec) out += "float=" + float_.spec;
+  if (half_.codec) out += (out.empty() ? "" : ";") + std::string("half=") + half_.spec;
+  if (bfloat16_.codec) out += (out.empty() ? "" : ";") + std::string("bfloat16=") + bfloat16_.spec;
+  return out + " from " + std::to_string(min_bytes_) + " bytes";
+}
+
+}  // namespace qccl_nccl

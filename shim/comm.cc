@@ -1,0 +1,430 @@
+// Communicators of the NCCL drop-in: one handle holds a qccl communicator and, from the first
+// device-buffer call on, the real NCCL's communicator.
+#include <cstring>
+#include <unordered_map>
+
+#include "shim/codec_policy.h"
+#include "shim/shim.h"
+
+namespace qccl_nccl {
+
+// ---- Registry ------------------------------------------------------------------------------------------
+
+namespace {
+std::mutex g_registry_mutex;
+std::unordered_map<const void*, CommRef>& registry() {
+  static auto* r = new std::unordered_map<const void*, CommRef>;  // never destroyed: atexit order
+  return *r;
+}
+ncclComm_t handle_of(Comm* c) { return reinterpret_cast<ncclComm_t>(c); }
+}  // namespace
+
+ncclComm_t register_comm(CommRef c) {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  ncclComm_t h = handle_of(c.get());
+  registry()[h] = std::move(c);
+  return h;
+}
+
+CommRef unregister_comm(ncclComm_t comm) {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  auto it = registry().find(comm);
+  if (it == registry().end()) return nullptr;
+  CommRef c = std::move(it->second);
+  registry().erase(it);
+  return c;
+}
+
+CommRef find_comm(ncclComm_t comm) {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  auto it = registry().find(comm);
+  return it == registry().end() ? nullptr : it->second;
+}
+
+CommRef usable(ncclComm_t comm, const char* arg) {
+  CommRef c = find_comm(comm);
+  if (!c) fail(ncclInvalidArgument, "%s = %p is not a communicator of this library", arg, static_cast<void*>(comm));
+  if (c->init_state.load() != 0)
+    fail(ncclInvalidUsage, "%s = %p is still being initialised (ncclCommGetAsyncError reports ncclInProgress)", arg,
+         static_cast<void*>(comm));
+  if (c->init_result != ncclSuccess)
+    fail(ncclInvalidUsage, "%s = %p failed to initialise: %s", arg, static_cast<void*>(comm), c->init_error.c_str());
+  if (c->finalized) fail(ncclInvalidUsage, "%s = %p was finalized (ncclCommFinalize)", arg, static_cast<void*>(comm));
+  if (!c->q.load()) fail(ncclInvalidUsage, "%s = %p has no qccl communicator (aborted)", arg, static_cast<void*>(comm));
+  return c;
+}
+
+Comm::~Comm() {
+  // The last reference may be the init thread's own (after an abort detached it): never join oneself.
+  if (init_thread.joinable() && init_thread.get_id() != std::this_thread::get_id()) init_thread.join();
+  if (init_thread.joinable()) init_thread.detach();
+  if (store) qcclCodecStoreDestroy(store);
+}
+
+struct Clique {
+  std::mutex mutex;
+  int open;                     // members not yet finalized or destroyed
+  std::vector<CommRef> closing;  // members waiting for the others
+};
+
+void make_clique(const std::vector<CommRef>& members) {
+  if (members.size() < 2) return;
+  auto clique = std::make_shared<Clique>();
+  clique->open = static_cast<int>(members.size());
+  for (const CommRef& c : members) c->clique = clique;
+}
+
+// ---- Configuration ----------------------------------------------------------------------------------------
+
+// NCCL's rule (init.cc): size first, the magic must be NCCL_CONFIG_INITIALIZER's, and fields newer
+// than `version` take their defaults. The shim reads `blocking` only (it exists since 2.14, before any
+// ncclConfig_t carried a size), so a caller built against any NCCL >= 2.14 header is understood.
+bool config_blocking(const ncclConfig_t* config, const char* call) {
+  if (!config) return true;
+  constexpr unsigned kMagic = 0xcafebeef;
+  if (config->size < offsetof(ncclConfig_t, blocking) + sizeof(int))
+    fail(ncclInvalidArgument, "config->size = %zu is smaller than the oldest ncclConfig_t (%s)", config->size, call);
+  if (config->magic != kMagic)
+    fail(ncclInvalidArgument, "config->magic = 0x%x: the ncclConfig_t was not initialised with NCCL_CONFIG_INITIALIZER",
+         config->magic);
+  if (config->version < NCCL_VERSION(2, 14, 0))
+    fail(ncclInvalidArgument, "config->version = %u is older than NCCL 2.14, the first with ncclConfig_t",
+         config->version);
+  if (config->blocking == NCCL_CONFIG_UNDEF_INT) return true;
+  if (config->blocking != 0 && config->blocking != 1)
+    fail(ncclInvalidArgument, "config->blocking = %d is neither 0 nor 1", config->blocking);
+  return config->blocking == 1;
+}
+
+namespace {
+
+// qccl's own QCCL_CODEC would compress plain all-reduces underneath the shim: the shim's communicators
+// leave compression to QCCL_NCCL_CODEC alone (an empty codec spec is "no policy").
+qcclConfig_t qccl_config() {
+  qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+  config.codec = "";
+  return config;
+}
+
+// Gives c its qccl communicator and the compression policy's store. The policy is read first, so that
+// a bad QCCL_NCCL_CODEC fails every rank before anything is sent; a store that cannot be made frees q.
+void attach(Comm& c, qcclComm_t q, std::unique_ptr<CodecPolicy> policy) {
+  if (policy) {
+    qcclResult_t r = qcclCodecStoreCreate(q, policy->state_budget(), &c.store);
+    if (r != qcclSuccess) {
+      std::string message = qcclGetLastError(nullptr);
+      qcclCommAbort(q);
+      throw ShimError{to_nccl(r), message};
+    }
+    log("INFO", "comm %p rank %d/%d: QCCL_NCCL_CODEC %s", static_cast<void*>(&c), c.rank, c.nranks,
+        policy->describe().c_str());
+  }
+  c.codec = std::move(policy);
+  c.q.store(q);
+  // Aborted while this ran: whichever of the two takes q from c aborts it.
+  if (c.abandoned.load())
+    if (qcclComm_t mine = c.q.exchange(nullptr)) qcclCommAbort(mine);
+}
+
+}  // namespace
+
+void run_init(Comm& c, const InitRequest& request) {
+  try {
+    std::unique_ptr<CodecPolicy> policy = CodecPolicy::from_env();
+    qcclConfig_t config = qccl_config();
+    qcclComm_t q = nullptr;
+    check_qccl(qcclCommInitRankConfig(&q, request.nranks, request.id, request.rank, &config), "qcclCommInitRankConfig");
+    attach(c, q, std::move(policy));
+    c.init_result = ncclSuccess;
+  } catch (const ShimError& e) {
+    c.init_result = e.code;
+    c.init_error = e.message;
+  }
+  c.init_state.store(0);
+}
+
+ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config) {
+  if (!out) fail(ncclInvalidArgument, "comm = NULL");
+  if (nranks < 1) fail(ncclInvalidArgument, "nranks = %d; it must be at least 1", nranks);
+  if (rank < 0 || rank >= nranks) fail(ncclInvalidArgument, "rank = %d is outside [0, nranks = %d)", rank, nranks);
+  const bool blocking = config_blocking(config, "ncclCommInitRankConfig");
+  static_assert(sizeof(ncclUniqueId) == sizeof(qcclUniqueId), "qccl's id travels in NCCL's 128 bytes");
+  InitRequest request{nranks, rank, {}, blocking};
+  std::memcpy(&request.id, &id, sizeof(request.id));
+
+  auto c = std::make_shared<Comm>();
+  c->nranks = nranks;
+  c->rank = rank;
+  c->device = cuda::current_device();
+  c->blocking = blocking;
+  if (in_group()) {  // NCCL initialises grouped communicators together at ncclGroupEnd
+    c->init_state.store(1);
+    *out = register_comm(c);
+    defer_init(c, request);
+    return ncclSuccess;
+  }
+  if (!blocking) {
+    c->init_state.store(1);
+    c->init_thread = std::thread([c, request] { run_init(*c, request); });
+    *out = register_comm(c);
+    return ncclInProgress;
+  }
+  run_init(*c, request);
+  if (c->init_result != ncclSuccess) throw ShimError{c->init_result, c->init_error};
+  *out = register_comm(c);
+  return ncclSuccess;
+}
+
+void init_all(ncclComm_t* comms, int ndev, const int* devlist) {
+  if (!comms) fail(ncclInvalidArgument, "comm = NULL");
+  if (ndev < 1) fail(ncclInvalidArgument, "ndev = %d; it must be at least 1", ndev);
+  qcclUniqueId id;
+  check_qccl(qcclGetUniqueId(&id), "qcclGetUniqueId");
+  // One process, ndev ranks: each joins on its own thread, as the bootstrap needs them all at once.
+  std::vector<CommRef> made(static_cast<size_t>(ndev));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ndev; ++r) {
+    made[r] = std::make_shared<Comm>();
+    made[r]->nranks = ndev;
+    made[r]->rank = r;
+    made[r]->device = devlist ? devlist[r] : (cuda::available() ? r : -1);
+    made[r]->init_state.store(1);
+    threads.emplace_back([&, r] { run_init(*made[r], InitRequest{ndev, r, id, true}); });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ndev; ++r) {
+    if (made[r]->init_result == ncclSuccess) continue;
+    for (auto& c : made)  // a failure anywhere: nothing is handed out
+      if (qcclComm_t q = c->q.exchange(nullptr)) qcclCommAbort(q);
+    fail(made[r]->init_result, "rank %d of %d: %s", r, ndev, made[r]->init_error.c_str());
+  }
+  make_clique(made);
+  for (int r = 0; r < ndev; ++r) comms[r] = register_comm(made[r]);
+}
+
+ncclResult_t split(Comm& parent, int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config) {
+  if (!newcomm) fail(ncclInvalidArgument, "newcomm = NULL");
+  if (in_group()) fail(ncclInvalidUsage, "called between ncclGroupStart and ncclGroupEnd: qccl cannot defer a split");
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    fail(ncclInvalidArgument, "color = %d; it must be >= 0 or NCCL_SPLIT_NOCOLOR", color);
+  const bool blocking = config ? config_blocking(config, "ncclCommSplit") : parent.blocking;
+  auto c = std::make_shared<Comm>();
+  c->device = parent.device;
+  c->blocking = blocking;
+  qcclComm_t pq = parent.q.load();
+  auto run = [pq, color, key](Comm& child) {
+    try {
+      std::unique_ptr<CodecPolicy> policy = CodecPolicy::from_env();
+      qcclConfig_t qc = qccl_config();
+      qcclComm_t q = nullptr;
+      check_qccl(qcclCommSplit(pq, color, key, &q, &qc), "qcclCommSplit");
+      if (q) {
+        qcclCommCount(q, &child.nranks);
+        qcclCommUserRank(q, &child.rank);
+        attach(child, q, std::move(policy));
+      }
+      child.init_result = ncclSuccess;
+    } catch (const ShimError& e) {
+      child.init_result = e.code;
+      child.init_error = e.message;
+    }
+    child.init_state.store(0);
+  };
+  // A rank that joins no communicator gets NULL at once (it still takes part in the exchange).
+  if (!blocking && color != NCCL_SPLIT_NOCOLOR) {
+    c->init_state.store(1);
+    c->init_thread = std::thread([c, run] { run(*c); });
+    *newcomm = register_comm(c);
+    return ncclInProgress;
+  }
+  run(*c);
+  if (c->init_result != ncclSuccess) throw ShimError{c->init_result, c->init_error};
+  *newcomm = c->q.load() ? register_comm(c) : nullptr;
+  return ncclSuccess;
+}
+
+void async_error(Comm& c, ncclResult_t* out) {
+  if (c.init_state.load() != 0) {
+    *out = ncclInProgress;
+    return;
+  }
+  if (c.init_result != ncclSuccess) {
+    *out = c.init_result;
+    set_last_error("ncclCommGetAsyncError: initialisation failed: " + c.init_error);
+    return;
+  }
+  qcclComm_t q = c.q.load();
+  if (!q) {  // finalized: the host side has nothing outstanding
+    *out = ncclSuccess;
+  } else {
+    qcclResult_t health = qcclSuccess;
+    check_qccl(qcclCommGetAsyncError(q, &health), "qcclCommGetAsyncError");
+    *out = to_nccl(health);
+    if (health != qcclSuccess) set_last_error(qcclGetLastError(nullptr));
+  }
+  // The real communicator's errors count too (device work fails there).
+  if (*out == ncclSuccess && c.real) {
+    ncclResult_t r = ncclSuccess;
+    if (real()->CommGetAsyncError(c.real, &r) == ncclSuccess && r != ncclSuccess) {
+      *out = r;
+      set_last_error_from_real();
+    }
+  }
+}
+
+ncclComm_t ensure_real(Comm& c, const char* call) {
+  std::lock_guard<std::mutex> lock(c.real_mutex);
+  if (c.real) return c.real;
+  const RealNccl* r = real();
+  if (!r)
+    fail(ncclInvalidUsage,
+         "device buffers need the real NCCL, and none could be loaded (set QCCL_NCCL_LIB to libnccl.so.2's path) (%s)",
+         call);
+  if (!cuda::available()) fail(ncclInvalidUsage, "device buffers need a CUDA device, and the driver reports none (%s)", call);
+  // Collective over qccl: rank 0 makes the real id, every rank receives it over qccl's communicator.
+  // Rank 0 sends a failure as well, so that no rank waits for an id that will not come.
+  struct {
+    ncclUniqueId id;
+    int32_t made;
+  } shared{};
+  ncclResult_t id_result = ncclSuccess;
+  if (c.rank == 0) {
+    id_result = r->GetUniqueId(&shared.id);
+    shared.made = id_result == ncclSuccess;
+  }
+  qcclComm_t q = c.q.load();
+  check_qccl(qcclBroadcast(&shared, &shared, sizeof(shared), qcclUint8, 0, q),
+             "qcclBroadcast of the real NCCL's unique id");
+  if (id_result != ncclSuccess) {
+    set_last_error_from_real();
+    throw ShimError{id_result, ""};
+  }
+  if (!shared.made) fail(ncclRemoteError, "rank 0 could not make the real NCCL's unique id (%s)", call);
+  const ncclUniqueId& id = shared.id;
+  ncclComm_t made = nullptr;
+  ncclResult_t result = r->CommInitRank(&made, c.nranks, id, c.rank);
+  if (result != ncclSuccess) {
+    set_last_error_from_real();
+    throw ShimError{result, ""};
+  }
+  log("INFO", "comm %p rank %d/%d: real NCCL communicator %p made for device buffers (%s)", static_cast<void*>(&c),
+      c.rank, c.nranks, static_cast<void*>(made), call);
+  c.real = made;
+  return made;
+}
+
+namespace {
+void log_stats(const Comm& c) {
+  if (!log_info()) return;
+  const Stats& s = c.stats;
+  log("INFO",
+      "comm %p rank %d/%d: %llu host calls (%llu bytes), %llu device calls (%llu bytes), %llu compressed "
+      "(%llu bytes on the wire for %llu)",
+      static_cast<const void*>(&c), c.rank, c.nranks, (unsigned long long)s.host_calls.load(),
+      (unsigned long long)s.host_bytes.load(), (unsigned long long)s.device_calls.load(),
+      (unsigned long long)s.device_bytes.load(), (unsigned long long)s.compressed_calls.load(),
+      (unsigned long long)s.compressed_wire_bytes.load(), (unsigned long long)s.compressed_plain_bytes.load());
+}
+}  // namespace
+
+// qcclCommDestroy of every member at once (one thread each: the destroys wait for each other's peers).
+void destroy_together(std::vector<CommRef>& members) {
+  std::vector<qcclResult_t> results(members.size(), qcclSuccess);
+  std::vector<std::string> messages(members.size());
+  auto destroy_one = [&](size_t i) {
+    if (qcclComm_t q = members[i]->q.exchange(nullptr)) {
+      results[i] = qcclCommDestroy(q);
+      if (results[i] != qcclSuccess) messages[i] = qcclGetLastError(nullptr);
+    }
+  };
+  if (members.size() == 1) {
+    destroy_one(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < members.size(); ++i) threads.emplace_back(destroy_one, i);
+    for (auto& t : threads) t.join();
+  }
+  for (size_t i = 0; i < members.size(); ++i)
+    if (results[i] != qcclSuccess)
+      throw ShimError{to_nccl(results[i]), "qcclCommDestroy of rank " + std::to_string(members[i]->rank) + ": " + messages[i]};
+}
+
+// Hands c's qccl communicator to qcclCommDestroy, the collective that completes its work with its
+// peers: now, or with the last member of its clique (all of them together, one thread each).
+void close_host(const CommRef& c) {
+  if (c->closed) return;
+  c->closed = true;
+  if (c->store) {
+    qcclCodecStoreDestroy(c->store);
+    c->store = nullptr;
+  }
+  std::vector<CommRef> members{c};
+  if (c->clique) {
+    std::lock_guard<std::mutex> lock(c->clique->mutex);
+    c->clique->closing.push_back(c);
+    if (--c->clique->open > 0) return;  // the last member destroys them all
+    members = std::move(c->clique->closing);
+  }
+  destroy_together(members);
+}
+
+// NCCL's finalize completes the communicator's work with its peers; qccl's destroy is the collective
+// that does so, so it runs here and ncclCommDestroy only frees what is left.
+void finalize(const CommRef& c) {
+  if (c->real) {
+    ncclResult_t r = real()->CommFinalize(c->real);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      set_last_error_from_real();
+      throw ShimError{r, ""};
+    }
+  }
+  log_stats(*c);
+  c->finalized = true;
+  close_host(c);
+}
+
+void destroy(ncclComm_t comm) {
+  CommRef c = unregister_comm(comm);
+  if (!c) fail(ncclInvalidArgument, "comm = %p is not a communicator of this library", static_cast<void*>(comm));
+  if (c->init_thread.joinable()) c->init_thread.join();
+  ShimError first{ncclSuccess, ""};
+  if (c->real) {
+    ncclResult_t r = real()->CommDestroy(c->real);
+    if (r != ncclSuccess) first = {r, std::string("the real NCCL's ncclCommDestroy: ") + real()->GetLastError(nullptr)};
+    c->real = nullptr;
+  }
+  if (!c->finalized) log_stats(*c);
+  try {
+    close_host(c);
+  } catch (const ShimError& e) {
+    if (first.code == ncclSuccess) first = e;
+  }
+  if (first.code != ncclSuccess) throw first;
+}
+
+void abort_comm(ncclComm_t comm) {
+  CommRef c = unregister_comm(comm);
+  if (!c) fail(ncclInvalidArgument, "comm = %p is not a communicator of this library", static_cast<void*>(comm));
+  // An initialisation in flight is abandoned, not waited for (NCCL's way to time out an init is a
+  // non-blocking init, polling, then ncclCommAbort): it aborts its communicator when it ends.
+  c->abandoned.store(true);
+  if (c->init_thread.joinable()) c->init_thread.detach();
+  if (c->real) {
+    real()->CommAbort(c->real);
+    c->real = nullptr;
+  }
+  if (qcclComm_t q = c->q.exchange(nullptr)) qcclCommAbort(q);  // local, always returns
+  // The clique's members that wait for this one need not wait any longer.
+  if (c->clique && !c->closed) {
+    c->closed = true;
+    std::vector<CommRef> rest;
+    {
+      std::lock_guard<std::mutex> lock(c->clique->mutex);
+      if (--c->clique->open == 0) rest = std::move(c->clique->closing);
+    }
+    if (!rest.empty()) destroy_together(rest);
+  }
+  // Calls still running on other threads hold their own references; the last one frees c.
+}
+
+}  // namespace qccl_nccl

@@ -1,0 +1,498 @@
+// Dispatch of NCCL calls: host buffers run on qccl on the calling thread, device buffers (and every
+// call made during CUDA graph capture) go to the real NCCL; groups collect calls until their end.
+#include "shim/dispatch.h"
+
+#include <cstring>
+#include <optional>
+
+#include "shim/codec_policy.h"
+
+namespace qccl_nccl {
+
+namespace {
+
+bool is_reduction(Kind k) { return k == Kind::kAllReduce || k == Kind::kReduce || k == Kind::kReduceScatter; }
+bool has_root(Kind k) { return k == Kind::kBroadcast || k == Kind::kReduce || k == Kind::kGather || k == Kind::kScatter; }
+bool is_p2p(Kind k) { return k == Kind::kSend || k == Kind::kRecv; }
+
+// Elements of sendbuff and recvbuff the call touches on this rank (NCCL's layouts).
+size_t send_elements(const Call& c) {
+  const size_t n = static_cast<size_t>(c.comm->nranks);
+  switch (c.kind) {
+    case Kind::kReduceScatter: case Kind::kAlltoAll: return c.count * n;
+    case Kind::kScatter: return c.comm->rank == c.root ? c.count * n : 0;
+    case Kind::kRecv: return 0;
+    case Kind::kBroadcast: return c.comm->rank == c.root ? c.count : 0;
+    default: return c.count;
+  }
+}
+size_t recv_elements(const Call& c) {
+  const size_t n = static_cast<size_t>(c.comm->nranks);
+  switch (c.kind) {
+    case Kind::kAllGather: case Kind::kAlltoAll: return c.count * n;
+    case Kind::kGather: return c.comm->rank == c.root ? c.count * n : 0;
+    case Kind::kReduce: return c.comm->rank == c.root ? c.count : 0;
+    case Kind::kSend: return 0;
+    default: return c.count;
+  }
+}
+
+// A copy: another thread may destroy the op while a call uses it.
+std::optional<PreMulSumOp> custom_op(Comm& c, ncclRedOp_t op) {
+  std::lock_guard<std::mutex> lock(c.ops_mutex);
+  auto it = c.ops.find(static_cast<int>(op));
+  if (it == c.ops.end()) return std::nullopt;
+  return it->second;
+}
+
+void validate(Call& call) {
+  Comm& c = *call.comm;
+  const size_t size = type_size(call.datatype);
+  if (!size) fail(ncclInvalidArgument, "datatype = %d is not an ncclDataType_t", static_cast<int>(call.datatype));
+  if (is_reduction(call.kind) && !(call.op >= ncclSum && call.op < ncclNumOps) && !custom_op(c, call.op))
+    fail(ncclInvalidArgument, "op = %d is neither a built-in ncclRedOp_t nor one made by ncclRedOpCreatePreMulSum on this comm",
+         static_cast<int>(call.op));
+  if (has_root(call.kind) && (call.root < 0 || call.root >= c.nranks))
+    fail(ncclInvalidArgument, "root = %d is outside [0, nranks = %d)", call.root, c.nranks);
+  if (is_p2p(call.kind) && (call.root < 0 || call.root >= c.nranks))
+    fail(ncclInvalidArgument, "peer = %d is outside [0, nranks = %d)", call.root, c.nranks);
+  if (send_elements(call) && !call.sendbuff) fail(ncclInvalidArgument, "sendbuff = NULL with count = %zu", call.count);
+  if (recv_elements(call) && !call.recvbuff) fail(ncclInvalidArgument, "recvbuff = NULL with count = %zu", call.count);
+
+  // Where the buffers live decides who runs the call; a graph being captured needs the real NCCL.
+  const bool send_dev = send_elements(call) && cuda::is_device_pointer(call.sendbuff);
+  const bool recv_dev = recv_elements(call) && cuda::is_device_pointer(call.recvbuff);
+  if (send_elements(call) && recv_elements(call) && send_dev != recv_dev)
+    fail(ncclInvalidArgument, "sendbuff = %p is %s memory and recvbuff = %p %s memory; both must be one or the other",
+         call.sendbuff, send_dev ? "device" : "host", call.recvbuff, recv_dev ? "device" : "host");
+  call.device = send_dev || recv_dev || cuda::is_capturing(call.stream);
+  if (!call.device && (call.datatype == ncclFloat8e4m3 || call.datatype == ncclFloat8e5m2))
+    fail(ncclInvalidArgument, "datatype = %s: qccl has no fp8 types, so host buffers cannot hold them",
+         type_name(call.datatype));
+}
+
+// ---- PreMulSum ----------------------------------------------------------------------------------------------
+
+double read_scalar(ncclDataType_t t, const void* p) {
+  switch (t) {
+    case ncclInt8: return *static_cast<const int8_t*>(p);
+    case ncclUint8: return *static_cast<const uint8_t*>(p);
+    case ncclInt32: return *static_cast<const int32_t*>(p);
+    case ncclUint32: return *static_cast<const uint32_t*>(p);
+    case ncclInt64: return static_cast<double>(*static_cast<const int64_t*>(p));
+    case ncclUint64: return static_cast<double>(*static_cast<const uint64_t*>(p));
+    case ncclFloat16: return __half2float(*static_cast<const __half*>(p));
+    case ncclFloat32: return *static_cast<const float*>(p);
+    case ncclFloat64: return *static_cast<const double*>(p);
+    case ncclBfloat16: return __bfloat162float(*static_cast<const __nv_bfloat16*>(p));
+    default: return 0;
+  }
+}
+
+// out[i] = scalar * in[i] in the datatype, as NCCL's PreMulSum multiplies before it sums. Integers
+// multiply as integers (wrapping as unsigned), half and bfloat16 round the float product once (the
+// product of two 16-bit values is exact in float, so this is the datatype's own multiply).
+template <typename T>
+void scale_int(const void* in, void* out, size_t n, double scalar) {
+  using U = std::make_unsigned_t<T>;
+  const U s = static_cast<U>(static_cast<T>(static_cast<int64_t>(scalar)));
+  for (size_t i = 0; i < n; ++i)
+    static_cast<T*>(out)[i] = static_cast<T>(static_cast<U>(static_cast<const T*>(in)[i]) * s);
+}
+
+void scale(ncclDataType_t t, const void* in, void* out, size_t n, double scalar) {
+  switch (t) {
+    case ncclInt8: return scale_int<int8_t>(in, out, n, scalar);
+    case ncclUint8: return scale_int<uint8_t>(in, out, n, scalar);
+    case ncclInt32: return scale_int<int32_t>(in, out, n, scalar);
+    case ncclUint32: return scale_int<uint32_t>(in, out, n, scalar);
+    case ncclInt64: return scale_int<int64_t>(in, out, n, scalar);
+    case ncclUint64: return scale_int<uint64_t>(in, out, n, scalar);
+    case ncclFloat32: {
+      const float s = static_cast<float>(scalar);
+      for (size_t i = 0; i < n; ++i) static_cast<float*>(out)[i] = static_cast<const float*>(in)[i] * s;
+      return;
+    }
+    case ncclFloat64:
+      for (size_t i = 0; i < n; ++i) static_cast<double*>(out)[i] = static_cast<const double*>(in)[i] * scalar;
+      return;
+    case ncclFloat16: {
+      const float s = __half2float(__float2half_rn(static_cast<float>(scalar)));
+      for (size_t i = 0; i < n; ++i)
+        static_cast<__half*>(out)[i] = __float2half_rn(__half2float(static_cast<const __half*>(in)[i]) * s);
+      return;
+    }
+    case ncclBfloat16: {
+      const float s = __bfloat162float(__float2bfloat16_rn(static_cast<float>(scalar)));
+      for (size_t i = 0; i < n; ++i)
+        static_cast<__nv_bfloat16*>(out)[i] =
+            __float2bfloat16_rn(__bfloat162float(static_cast<const __nv_bfloat16*>(in)[i]) * s);
+      return;
+    }
+    default: fail(ncclInvalidArgument, "datatype = %s cannot be scaled on host buffers", type_name(t));
+  }
+}
+
+// ---- Host path ------------------------------------------------------------------------------------------
+
+qcclDataType_t q_type(ncclDataType_t t) { return static_cast<qcclDataType_t>(t); }  // same numbering
+
+uint64_t state_key(Kind kind, const void* buffer, size_t count) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint64_t v : {static_cast<uint64_t>(kind), static_cast<uint64_t>(reinterpret_cast<uintptr_t>(buffer)),
+                     static_cast<uint64_t>(count)})
+    for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+  return h;
+}
+
+int size_class(size_t bytes) {
+  int c = 0;
+  while (bytes > 1) bytes >>= 1, ++c;
+  return c;
+}
+
+void log_decision(Comm& c, const Call& call, size_t bytes, const std::string& decision) {
+  if (!log_info()) return;
+  std::string key = std::string(call.name) + " " + type_name(call.datatype) + " " + decision;
+  {
+    std::lock_guard<std::mutex> lock(c.logged_mutex);
+    if (!c.logged.insert({key, size_class(bytes)}).second) return;
+  }
+  log("INFO", "comm %p rank %d/%d: %s %s, %zu bytes (size class 2^%d): %s", static_cast<void*>(&c), c.rank, c.nranks,
+      call.name, type_name(call.datatype), bytes, size_class(bytes), decision.c_str());
+}
+
+// Buffers a host call needs until its qccl group ends (PreMulSum's scaled inputs).
+using Scratch = std::vector<std::vector<unsigned char>>;
+
+// Issues one host call on qccl (queued when a qccl group is open, else run to completion).
+void issue_host(Call& call, Scratch& scratch) {
+  Comm& c = *call.comm;
+  qcclComm_t q = c.q.load();
+  if (!q) fail(ncclInvalidUsage, "comm = %p has no qccl communicator (aborted or finalized)", static_cast<void*>(call.handle));
+  const size_t esize = type_size(call.datatype);
+  const size_t bytes = call.count * esize;
+  const qcclDataType_t t = q_type(call.datatype);
+  c.stats.host_calls++;
+  c.stats.host_bytes += bytes;
+
+  // PreMulSum: scale this rank's input, then sum.
+  const void* send = call.sendbuff;
+  qcclRedOp_t op = static_cast<qcclRedOp_t>(call.op);
+  if (is_reduction(call.kind) && call.op >= ncclNumOps) {
+    const std::optional<PreMulSumOp> custom = custom_op(c, call.op);
+    if (!custom)  // destroyed between a grouped call and its ncclGroupEnd
+      fail(ncclInvalidArgument, "op = %d was destroyed (ncclRedOpDestroy) before the call ran", static_cast<int>(call.op));
+    double s = custom->host_scalar;
+    if (custom->residence == ncclScalarDevice) {
+      if (cuda::is_device_pointer(custom->scalar_pointer))
+        fail(ncclInvalidUsage, "op = %d's scalar is in device memory, which qccl's host path cannot read; use "
+             "ncclScalarHostImmediate for host buffers", static_cast<int>(call.op));
+      s = read_scalar(custom->datatype, custom->scalar_pointer);  // read when the call runs, as NCCL does
+    }
+    const size_t n = send_elements(call);
+    scratch.emplace_back(n * esize);
+    scale(call.datatype, call.sendbuff, scratch.back().data(), n, s);
+    send = scratch.back().data();
+    op = qcclSum;
+  }
+
+  // QCCL_NCCL_CODEC: compressed float all-reduces (all-gathers, reduce-scatters) with keyed state.
+  if (c.codec && (call.kind == Kind::kAllReduce || call.kind == Kind::kAllGather || call.kind == Kind::kReduceScatter)) {
+    const CollKind kind = call.kind == Kind::kAllReduce ? CollKind::kAllReduce
+                          : call.kind == Kind::kAllGather ? CollKind::kAllGather
+                                                          : CollKind::kReduceScatter;
+    const char* why = "";
+    qcclCodec_t codec = c.codec->codec_for(kind, call.datatype, call.op, bytes, &why);
+    if (codec) {
+      const size_t state_count = send_elements(call);
+      qcclCodecState_t state = nullptr;
+      check_qccl(qcclCodecStoreGet(c.store, state_key(call.kind, call.sendbuff, call.count), state_count, &state),
+                 "qcclCodecStoreGet");
+      log_decision(c, call, bytes, "compressed with " + c.codec->spec_for(call.datatype));
+      qcclResult_t r = qcclSuccess;
+      if (call.kind == Kind::kAllReduce)
+        r = qcclAllReduceCompressed(send, call.recvbuff, call.count, t, op, codec, state, q);
+      else if (call.kind == Kind::kAllGather)
+        r = qcclAllGatherCompressed(send, call.recvbuff, call.count, t, codec, state, q);
+      else
+        r = qcclReduceScatterCompressed(send, call.recvbuff, call.count, t, op, codec, state, q);
+      // NaN or Inf outputs: NCCL returns them without an error, and so does the shim (with a warning).
+      if (r == qcclNonFinite) log("WARN", "%s: %s", call.name, qcclGetLastError(nullptr));
+      else check_qccl(r, nullptr);
+      c.stats.compressed_calls++;
+      c.stats.compressed_plain_bytes += bytes;
+      qcclStats_t st{};
+      st.size = sizeof(st);
+      if (qcclCommGetLastStats(q, &st) == qcclSuccess) c.stats.compressed_wire_bytes += st.wireBytesSent;
+      return;
+    }
+    log_decision(c, call, bytes, std::string("exact (") + why + ")");
+  } else {
+    log_decision(c, call, bytes, "exact on qccl");
+  }
+
+  const char* name = nullptr;  // qccl's message names its call; entry() prefixes the NCCL one
+  switch (call.kind) {
+    case Kind::kAllReduce: return check_qccl(qcclAllReduce(send, call.recvbuff, call.count, t, op, q), name);
+    case Kind::kBroadcast:
+      return check_qccl(qcclBroadcast(call.sendbuff, call.recvbuff, call.count, t, call.root, q), name);
+    case Kind::kReduce: return check_qccl(qcclReduce(send, call.recvbuff, call.count, t, op, call.root, q), name);
+    case Kind::kAllGather: return check_qccl(qcclAllGather(call.sendbuff, call.recvbuff, call.count, t, q), name);
+    case Kind::kReduceScatter: return check_qccl(qcclReduceScatter(send, call.recvbuff, call.count, t, op, q), name);
+    case Kind::kAlltoAll: return check_qccl(qcclAlltoAll(call.sendbuff, call.recvbuff, call.count, t, q), name);
+    case Kind::kSend: return check_qccl(qcclSend(call.sendbuff, call.count, t, call.root, q), name);
+    case Kind::kRecv: return check_qccl(qcclRecv(call.recvbuff, call.count, t, call.root, q), name);
+    case Kind::kGather:
+    case Kind::kScatter: {
+      // qccl has no Gather or Scatter: the root exchanges a block with every other rank, as NCCL 2.28
+      // itself builds them from send/recv. The root's own block is a copy (none when in place).
+      const bool gather = call.kind == Kind::kGather;
+      const size_t block = bytes;
+      check_qccl(qcclGroupStart(), "qcclGroupStart");
+      qcclResult_t r = qcclSuccess;
+      if (c.rank == call.root) {
+        for (int p = 0; p < c.nranks && r == qcclSuccess; ++p) {
+          unsigned char* rb = static_cast<unsigned char*>(call.recvbuff);
+          const unsigned char* sb = static_cast<const unsigned char*>(call.sendbuff);
+          if (p == c.rank) {
+            const void* from = gather ? static_cast<const void*>(sb) : sb + p * block;
+            void* to = gather ? static_cast<void*>(rb + p * block) : rb;
+            if (from != to && block) std::memmove(to, from, block);
+            continue;
+          }
+          r = gather ? qcclRecv(rb + p * block, call.count, t, p, q) : qcclSend(sb + p * block, call.count, t, p, q);
+        }
+      } else {
+        r = gather ? qcclSend(call.sendbuff, call.count, t, call.root, q)
+                   : qcclRecv(call.recvbuff, call.count, t, call.root, q);
+      }
+      if (r != qcclSuccess) {
+        std::string message = qcclGetLastError(nullptr);
+        qcclGroupEnd();
+        throw ShimError{to_nccl(r), message};
+      }
+      return check_qccl(qcclGroupEnd(), name);
+    }
+  }
+}
+
+// ---- Device path --------------------------------------------------------------------------------------------
+
+ncclRedOp_t real_op(Comm& c, ncclComm_t real_comm, ncclRedOp_t op) {
+  if (op < ncclNumOps) return op;
+  std::lock_guard<std::mutex> lock(c.ops_mutex);
+  auto it = c.ops.find(static_cast<int>(op));
+  if (it == c.ops.end())
+    fail(ncclInvalidArgument, "op = %d was destroyed (ncclRedOpDestroy) before the call ran", static_cast<int>(op));
+  PreMulSumOp& custom = it->second;
+  if (!custom.has_real) {
+    // The real twin of a shim op, made on first use (the real communicator may be younger than the op).
+    void* scalar = custom.residence == ncclScalarDevice ? const_cast<void*>(custom.scalar_pointer) : custom.immediate;
+    ncclResult_t r = real()->RedOpCreatePreMulSum(&custom.real_op, scalar, custom.datatype,
+                                                  custom.residence == ncclScalarDevice ? ncclScalarDevice : ncclScalarHostImmediate,
+                                                  real_comm);
+    if (r != ncclSuccess) {
+      set_last_error_from_real();
+      throw ShimError{r, ""};
+    }
+    custom.has_real = true;
+  }
+  return custom.real_op;
+}
+
+ncclResult_t forward(Call& call) {
+  Comm& c = *call.comm;
+  ncclComm_t rc = ensure_real(c, call.name);
+  const RealNccl* r = real();
+  c.stats.device_calls++;
+  c.stats.device_bytes += call.count * type_size(call.datatype);
+  log_decision(c, call, call.count * type_size(call.datatype), "device buffers: the real NCCL");
+  const ncclRedOp_t op = is_reduction(call.kind) ? real_op(c, rc, call.op) : call.op;
+  switch (call.kind) {
+    case Kind::kAllReduce: return r->AllReduce(call.sendbuff, call.recvbuff, call.count, call.datatype, op, rc, call.stream);
+    case Kind::kBroadcast:
+      return r->Broadcast(call.sendbuff, call.recvbuff, call.count, call.datatype, call.root, rc, call.stream);
+    case Kind::kReduce:
+      return r->Reduce(call.sendbuff, call.recvbuff, call.count, call.datatype, op, call.root, rc, call.stream);
+    case Kind::kAllGather: return r->AllGather(call.sendbuff, call.recvbuff, call.count, call.datatype, rc, call.stream);
+    case Kind::kReduceScatter:
+      return r->ReduceScatter(call.sendbuff, call.recvbuff, call.count, call.datatype, op, rc, call.stream);
+    case Kind::kAlltoAll: return r->AlltoAll(call.sendbuff, call.recvbuff, call.count, call.datatype, rc, call.stream);
+    case Kind::kGather:
+      return r->Gather(call.sendbuff, call.recvbuff, call.count, call.datatype, call.root, rc, call.stream);
+    case Kind::kScatter:
+      return r->Scatter(call.sendbuff, call.recvbuff, call.count, call.datatype, call.root, rc, call.stream);
+    case Kind::kSend: return r->Send(call.sendbuff, call.count, call.datatype, call.root, rc, call.stream);
+    case Kind::kRecv: return r->Recv(call.recvbuff, call.count, call.datatype, call.root, rc, call.stream);
+  }
+  return ncclInternalError;
+}
+
+void check_real(ncclResult_t r) {
+  if (r == ncclSuccess || r == ncclInProgress) return;
+  set_last_error_from_real();
+  throw ShimError{r, ""};
+}
+
+// ---- Groups ---------------------------------------------------------------------------------------------------
+
+struct Group {
+  int depth = 0;
+  std::vector<Call> calls;
+  std::vector<std::pair<CommRef, InitRequest>> inits;
+};
+thread_local Group t_group;
+
+void run_inits(std::vector<std::pair<CommRef, InitRequest>>& inits) {
+  std::vector<std::thread> threads;
+  for (auto& [c, request] : inits) threads.emplace_back([&c = c, &request = request] { run_init(*c, request); });
+  for (auto& t : threads) t.join();
+  std::vector<CommRef> members;
+  for (auto& [c, request] : inits) members.push_back(c);
+  make_clique(members);
+  for (auto& [c, request] : inits)
+    if (c->init_result != ncclSuccess) throw ShimError{c->init_result, "rank " + std::to_string(request.rank) + ": " + c->init_error};
+}
+
+}  // namespace
+
+bool in_group() { return t_group.depth > 0; }
+
+void group_start() { ++t_group.depth; }
+
+void defer_init(CommRef c, InitRequest request) { t_group.inits.emplace_back(std::move(c), request); }
+
+ncclResult_t group_end() {
+  if (t_group.depth == 0) fail(ncclInvalidUsage, "no ncclGroupStart to end");
+  if (--t_group.depth > 0) return ncclSuccess;
+  Group group = std::move(t_group);
+  t_group = Group{};
+  if (!group.inits.empty()) run_inits(group.inits);
+  if (group.calls.empty()) return ncclSuccess;
+
+  const Call* first_host = nullptr;
+  const Call* first_device = nullptr;
+  for (const Call& c : group.calls) {
+    if (c.device && !first_device) first_device = &c;
+    if (!c.device && !first_host) first_host = &c;
+  }
+  if (first_host && first_device)
+    fail(ncclInvalidUsage,
+         "the group mixes host-memory buffers (%s on comm %p) with device-memory buffers (%s on comm %p), which "
+         "qccl and the real NCCL cannot run as one group; nothing ran",
+         first_host->name, static_cast<void*>(first_host->handle), first_device->name,
+         static_cast<void*>(first_device->handle));
+
+  if (first_device) {
+    for (Call& c : group.calls) ensure_real(*c.comm, c.name);  // collective over qccl: before the group
+    const RealNccl* r = real();
+    check_real(r->GroupStart());
+    ncclResult_t first = ncclSuccess;
+    try {
+      for (Call& c : group.calls) {
+        ncclResult_t result = forward(c);
+        if (result != ncclSuccess && first == ncclSuccess) first = result;
+      }
+    } catch (...) {
+      r->GroupEnd();  // the real library's group never stays open
+      throw;
+    }
+    ncclResult_t end = r->GroupEnd();
+    check_real(first != ncclSuccess ? first : end);
+    return end;
+  }
+
+  // Host: ops destroyed since their calls were queued fail the group before any call starts.
+  for (const Call& c : group.calls)
+    if (is_reduction(c.kind) && c.op >= ncclNumOps && !custom_op(*c.comm, c.op))
+      fail(ncclInvalidArgument, "%s: op = %d was destroyed (ncclRedOpDestroy) before ncclGroupEnd; nothing ran", c.name,
+           static_cast<int>(c.op));
+  // Then wait for every stream's earlier work, and run one qccl group.
+  for (const Call& c : group.calls) cuda::synchronize(c.stream, c.name);
+  Scratch scratch;
+  check_qccl(qcclGroupStart(), "qcclGroupStart");
+  try {
+    for (Call& c : group.calls) issue_host(c, scratch);
+  } catch (...) {
+    qcclGroupEnd();  // validated before queueing: a failure here leaves the queued calls to qccl's end
+    throw;
+  }
+  check_qccl(qcclGroupEnd(), nullptr);
+  return ncclSuccess;
+}
+
+ncclResult_t simulate_group_end(ncclSimInfo_t* info) {
+  if (t_group.depth == 0) fail(ncclInvalidUsage, "no ncclGroupStart to end");
+  if (--t_group.depth > 0) return ncclSuccess;
+  Group group = std::move(t_group);
+  t_group = Group{};
+  if (!group.inits.empty()) fail(ncclInvalidUsage, "the group creates communicators, which cannot be simulated; nothing ran");
+  for (const Call& c : group.calls)
+    if (!c.device)
+      fail(ncclInvalidUsage, "%s on host buffers: qccl has no cost model to simulate; the group ended without running",
+           c.name);
+  if (group.calls.empty()) {
+    info->estimatedTime = 0;
+    return ncclSuccess;
+  }
+  for (Call& c : group.calls) ensure_real(*c.comm, c.name);
+  const RealNccl* r = real();
+  check_real(r->GroupStart());
+  try {
+    for (Call& c : group.calls) check_real(forward(c));
+  } catch (...) {
+    r->GroupSimulateEnd(info);  // closes the real library's group without running it
+    throw;
+  }
+  ncclResult_t result = r->GroupSimulateEnd(info);
+  check_real(result);
+  return result;
+}
+
+void dispatch(Call call) {
+  validate(call);
+  if (in_group()) {
+    t_group.calls.push_back(std::move(call));
+    return;
+  }
+  if (call.device) return check_real(forward(call));
+  // Stream semantics: the call runs after the work already on its stream and is complete on return.
+  cuda::synchronize(call.stream, call.name);
+  Scratch scratch;
+  issue_host(call, scratch);
+}
+
+void create_premulsum(Comm& c, ncclRedOp_t* op, void* scalar, ncclDataType_t datatype, ncclScalarResidence_t residence) {
+  if (!op) fail(ncclInvalidArgument, "op = NULL");
+  if (!scalar) fail(ncclInvalidArgument, "scalar = NULL");
+  if (!type_size(datatype)) fail(ncclInvalidArgument, "datatype = %d is not an ncclDataType_t", static_cast<int>(datatype));
+  if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
+    fail(ncclInvalidArgument, "residence = %d is neither ncclScalarDevice nor ncclScalarHostImmediate",
+         static_cast<int>(residence));
+  PreMulSumOp made{datatype, residence, 0.0, scalar, {}, ncclSum, false};
+  if (residence == ncclScalarHostImmediate) {
+    if (datatype == ncclFloat8e4m3 || datatype == ncclFloat8e5m2)
+      fail(ncclInvalidArgument, "datatype = %s: qccl has no fp8 types", type_name(datatype));
+    made.host_scalar = read_scalar(datatype, scalar);
+    std::memcpy(made.immediate, scalar, type_size(datatype));
+    made.scalar_pointer = nullptr;
+  }
+  std::lock_guard<std::mutex> lock(c.ops_mutex);
+  if (c.next_op == ncclMaxRedOp) fail(ncclInvalidUsage, "every custom op id of comm %p is in use", static_cast<void*>(&c));
+  const int id = c.next_op++;
+  c.ops[id] = made;
+  *op = static_cast<ncclRedOp_t>(id);
+}
+
+void destroy_op(Comm& c, ncclRedOp_t op) {
+  std::lock_guard<std::mutex> lock(c.ops_mutex);
+  auto it = c.ops.find(static_cast<int>(op));
+  if (it == c.ops.end())
+    fail(ncclInvalidArgument, "op = %d was not made by ncclRedOpCreatePreMulSum on comm %p", static_cast<int>(op),
+         static_cast<void*>(&c));
+  if (it->second.has_real && c.real) real()->RedOpDestroy(it->second.real_op, c.real);
+  c.ops.erase(it);
+}
+
+}  // namespace qccl_nccl

@@ -1,0 +1,36 @@
+// One NCCL call on a shim communicator: validated, then run on qccl (host buffers) or forwarded to the
+// real NCCL (device buffers, graph capture), now or at the outermost ncclGroupEnd.
+#pragma once
+
+#include "shim/shim.h"
+
+namespace qccl_nccl {
+
+enum class Kind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAlltoAll, kGather, kScatter, kSend, kRecv };
+
+struct Call {
+  Kind kind;
+  const char* name;  // "ncclAllReduce", ...
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count;  // NCCL's count argument (per rank for AllGather/ReduceScatter/AlltoAll/Gather/Scatter)
+  ncclDataType_t datatype;
+  ncclRedOp_t op;  // reductions only
+  int root;        // root, or peer for Send/Recv
+  ncclComm_t handle;
+  cudaStream_t stream;
+  CommRef comm;
+  bool device = false;
+};
+
+// Validates and runs (or queues, inside a group) a call whose comm is a shim communicator.
+void dispatch(Call call);
+
+// ncclGroupSimulateEnd: the real NCCL's estimate for a group of device calls.
+ncclResult_t simulate_group_end(ncclSimInfo_t* info);
+
+// Custom reduction ops (ncclRedOpCreatePreMulSum).
+void create_premulsum(Comm& c, ncclRedOp_t* op, void* scalar, ncclDataType_t datatype, ncclScalarResidence_t residence);
+void destroy_op(Comm& c, ncclRedOp_t op);
+
+}  // namespace qccl_nccl

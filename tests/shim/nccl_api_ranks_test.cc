@@ -1,0 +1,742 @@
+// An NCCL program, written against the toolkit's nccl.h and nothing of qccl, run on host buffers through
+// the NCCL drop-in: linked with libqccl_nccl.so under qcclrun, or linked with the real libnccl.so.2 and
+// run under mpirun with libqccl_nccl.so preloaded. Every rank runs the same test cases in the same
+// order; results are compared with references computed in double from (rank, index), without
+// communication. The first communicator's id travels through a file (NCCL_TEST_ID_FILE), later ones
+// over that communicator.
+#include <nccl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/common/reference.h"
+
+// NCCL 2.29's host functions, beyond the toolkit's 2.28 header; weak, so that the program linked with a
+// 2.28 libnccl.so.2 still links (preloaded, the drop-in provides them).
+extern "C" {
+struct ncclCommProperties;
+__attribute__((weak)) ncclResult_t ncclCommQueryProperties(ncclComm_t, ncclCommProperties*);
+__attribute__((weak)) ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t, size_t, int, void**);
+}
+
+namespace {
+
+using qccl::test::DataType;
+using qccl::test::RedOp;
+
+#define NCCL_REQUIRE_OK(call)                                                                          \
+  do {                                                                                                 \
+    ncclResult_t result_ = (call);                                                                     \
+    INFO(#call << " -> " << ncclGetErrorString(result_) << ": " << ncclGetLastError(nullptr));         \
+    REQUIRE(result_ == ncclSuccess);                                                                   \
+  } while (0)
+
+int env_int(const char* a, const char* b, int fallback) {
+  for (const char* name : {a, b})
+    if (const char* v = std::getenv(name); v && *v) return std::atoi(v);
+  return fallback;
+}
+
+// The world: rank and size from qcclrun or mpirun, the id from rank 0 through a file.
+struct World {
+  int rank = env_int("QCCL_RANK", "OMPI_COMM_WORLD_RANK", 0);
+  int size = env_int("QCCL_NRANKS", "OMPI_COMM_WORLD_SIZE", 1);
+  ncclComm_t comm = nullptr;
+
+  static World& get() {
+    static World world;
+    return world;
+  }
+
+  // At exit, as NCCL programs end: finalize, then destroy.
+  ~World() {
+    if (!comm) return;  // aborted by a failure scenario
+    if (ncclCommFinalize(comm) != ncclSuccess || ncclCommDestroy(comm) != ncclSuccess)
+      std::fprintf(stderr, "finalize/destroy of the world failed: %s\n", ncclGetLastError(nullptr));
+  }
+
+ private:
+  World() {
+    ncclUniqueId id{};
+    const char* file = std::getenv("NCCL_TEST_ID_FILE");
+    if (size > 1 && !file) {
+      std::fprintf(stderr, "NCCL_TEST_ID_FILE is not set\n");
+      std::abort();
+    }
+    if (rank == 0) {
+      if (ncclGetUniqueId(&id) != ncclSuccess) std::abort();
+      if (file) {
+        std::string tmp = std::string(file) + ".tmp";
+        std::ofstream(tmp, std::ios::binary).write(id.internal, sizeof(id.internal));
+        std::rename(tmp.c_str(), file);  // whole or absent for the readers
+      }
+    } else {
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      for (;;) {
+        std::ifstream in(file, std::ios::binary);
+        if (in && in.read(id.internal, sizeof(id.internal))) break;
+        if (std::chrono::steady_clock::now() > deadline) std::abort();
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    ncclResult_t r = ncclCommInitRank(&comm, size, id, rank);
+    if (r != ncclSuccess) {
+      std::fprintf(stderr, "ncclCommInitRank: %s: %s\n", ncclGetErrorString(r), ncclGetLastError(nullptr));
+      std::abort();
+    }
+  }
+};
+
+// A fresh unique id for every rank of the world, made by rank 0 and broadcast over the world.
+ncclUniqueId shared_id() {
+  World& w = World::get();
+  ncclUniqueId id{};
+  if (w.rank == 0) NCCL_REQUIRE_OK(ncclGetUniqueId(&id));
+  NCCL_REQUIRE_OK(ncclBroadcast(&id, &id, sizeof(id), ncclUint8, 0, w.comm, nullptr));
+  return id;
+}
+
+size_t esize(DataType t) { return qccl::kernels::element_size(t); }
+ncclDataType_t nccl(DataType t) { return static_cast<ncclDataType_t>(t); }
+ncclRedOp_t nccl(RedOp op) { return static_cast<ncclRedOp_t>(op); }
+
+std::vector<uint8_t> inputs(DataType t, RedOp op, int rank, size_t count, size_t first = 0) {
+  std::vector<uint8_t> b(count * esize(t));
+  for (size_t i = 0; i < count; ++i) qccl::test::store(t, b.data(), i, qccl::test::input_value(t, op, rank, first + i));
+  return b;
+}
+
+const DataType kTypes[] = {DataType::kInt8,    DataType::kUint8,   DataType::kInt32,   DataType::kUint32,
+                           DataType::kInt64,   DataType::kUint64,  DataType::kFloat16, DataType::kFloat32,
+                           DataType::kFloat64, DataType::kBfloat16};
+const RedOp kOps[] = {RedOp::kSum, RedOp::kProd, RedOp::kMax, RedOp::kMin, RedOp::kAvg};
+
+std::string last_error() { return ncclGetLastError(nullptr); }
+
+TEST_CASE("the version, the error strings, and errors that name the call, argument and value", "[api]") {
+  World& w = World::get();
+  int version = 0;
+  NCCL_REQUIRE_OK(ncclGetVersion(&version));
+  CHECK(version == NCCL_VERSION_CODE);
+  CHECK(std::string(ncclGetErrorString(ncclInvalidUsage)) == "invalid usage (run with NCCL_DEBUG=WARN for details)");
+  CHECK(std::string(ncclGetErrorString(ncclRemoteError)) == "remote process exited or there was a network error");
+  int count = 0, rank = -1;
+  NCCL_REQUIRE_OK(ncclCommCount(w.comm, &count));
+  NCCL_REQUIRE_OK(ncclCommUserRank(w.comm, &rank));
+  CHECK(count == w.size);
+  CHECK(rank == w.rank);
+
+  float x[4] = {1, 2, 3, 4};
+  CHECK(ncclAllReduce(x, x, 4, static_cast<ncclDataType_t>(42), ncclSum, w.comm, nullptr) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("ncclAllReduce") && Catch::Contains("datatype = 42"));
+  CHECK(ncclAllReduce(x, x, 4, ncclFloat32, static_cast<ncclRedOp_t>(77), w.comm, nullptr) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("op = 77"));
+  CHECK(ncclAllReduce(x, x, 4, ncclFloat8e4m3, ncclSum, w.comm, nullptr) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("ncclFloat8e4m3"));
+  CHECK(ncclBroadcast(x, x, 4, ncclFloat32, w.size, w.comm, nullptr) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("root = " + std::to_string(w.size)));
+  CHECK(ncclAllReduce(nullptr, x, 4, ncclFloat32, ncclSum, w.comm, nullptr) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("sendbuff = NULL"));
+  int bogus = 0;
+  // Preloaded in front of the real NCCL, a handle the drop-in did not make is the real library's to judge.
+  if (!std::getenv("LD_PRELOAD")) {
+    CHECK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, reinterpret_cast<ncclComm_t>(&bogus), nullptr) ==
+          ncclInvalidArgument);
+    CHECK_THAT(last_error(), Catch::Contains("is not a communicator"));
+  }
+  CHECK(ncclGroupEnd() == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("ncclGroupEnd"));
+  // Functions qccl has no equivalent for say so, naming themselves, when no real NCCL serves them.
+  ncclWindow_t win = nullptr;
+  CHECK(ncclCommWindowRegister(w.comm, x, sizeof(x), &win, NCCL_WIN_DEFAULT) == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("ncclCommWindowRegister") && Catch::Contains("host memory"));
+  CHECK(ncclCommShrink(w.comm, &bogus, 1, nullptr, nullptr, NCCL_SHRINK_DEFAULT) == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("ncclCommShrink"));
+  REQUIRE(ncclGetPeerDevicePointer != nullptr);  // from the drop-in, alone or preloaded
+  void* peer = nullptr;
+  CHECK(ncclGetPeerDevicePointer(nullptr, 0, 0, &peer) == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("ncclGetPeerDevicePointer"));
+  struct {
+    size_t size;
+    unsigned magic, version;
+  } props{sizeof(props), 0, 0};
+  CHECK(ncclCommQueryProperties(w.comm, reinterpret_cast<ncclCommProperties*>(&props)) == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("ncclCommQueryProperties") && Catch::Contains("no real NCCL communicator"));
+  // Registering host memory is accepted (qccl needs none) and undone.
+  void* handle = nullptr;
+  NCCL_REQUIRE_OK(ncclCommRegister(w.comm, x, sizeof(x), &handle));
+  NCCL_REQUIRE_OK(ncclCommDeregister(w.comm, handle));
+  CHECK(ncclCommDeregister(w.comm, handle) == ncclInvalidArgument);
+}
+
+void check_reduction(DataType t, RedOp op, const void* got, size_t count, int nranks, const char* what) {
+  size_t wrong = 0, first = 0;
+  for (size_t i = 0; i < count; ++i)
+    if (qccl::test::load(t, got, i) != qccl::test::expected_reduction(t, op, nranks, i) && !wrong++) first = i;
+  INFO(what << " " << qccl::kernels::data_type_name(t) << " op " << static_cast<int>(op) << ": " << wrong
+            << " wrong values, first at " << first);
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("every reduction collective, datatype and op, in place and out of place", "[collectives]") {
+  World& w = World::get();
+  const size_t count = 1031;  // not a multiple of anything a chunking would like
+  for (DataType t : kTypes) {
+    for (RedOp op : kOps) {
+      const size_t es = esize(t);
+      auto in = inputs(t, op, w.rank, count);
+      std::vector<uint8_t> out(count * es);
+      NCCL_REQUIRE_OK(ncclAllReduce(in.data(), out.data(), count, nccl(t), nccl(op), w.comm, nullptr));
+      check_reduction(t, op, out.data(), count, w.size, "ncclAllReduce");
+      NCCL_REQUIRE_OK(ncclAllReduce(in.data(), in.data(), count, nccl(t), nccl(op), w.comm, nullptr));
+      check_reduction(t, op, in.data(), count, w.size, "ncclAllReduce in place");
+
+      const int root = static_cast<int>(static_cast<int>(op) % w.size);
+      in = inputs(t, op, w.rank, count);
+      std::fill(out.begin(), out.end(), 0);
+      NCCL_REQUIRE_OK(ncclReduce(in.data(), out.data(), count, nccl(t), nccl(op), root, w.comm, nullptr));
+      if (w.rank == root) check_reduction(t, op, out.data(), count, w.size, "ncclReduce");
+
+      // ReduceScatter: rank r gets block r of the reduction of every rank's nranks * count values.
+      auto all = inputs(t, op, w.rank, count * w.size);
+      std::vector<uint8_t> block(count * es);
+      NCCL_REQUIRE_OK(ncclReduceScatter(all.data(), block.data(), count, nccl(t), nccl(op), w.comm, nullptr));
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; ++i)
+        wrong += qccl::test::load(t, block.data(), i) !=
+                 qccl::test::expected_reduction(t, op, w.size, w.rank * count + i);
+      INFO("ncclReduceScatter " << qccl::kernels::data_type_name(t) << " op " << static_cast<int>(op));
+      CHECK(wrong == 0);
+    }
+  }
+}
+
+TEST_CASE("every data-movement collective and point to point, every datatype", "[collectives]") {
+  World& w = World::get();
+  const size_t count = 517;
+  const int n = w.size;
+  for (DataType t : kTypes) {
+    const size_t es = esize(t);
+    INFO(qccl::kernels::data_type_name(t));
+    auto value = [&](int rank, size_t i) { return qccl::test::input_value(t, RedOp::kSum, rank, i); };
+    auto mine = inputs(t, RedOp::kSum, w.rank, count * n);
+    std::vector<uint8_t> out(count * n * es);
+    auto check_block = [&](const uint8_t* got, int from_rank, size_t first, const char* what) {
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; ++i) wrong += qccl::test::load(t, got, i) != value(from_rank, first + i);
+      INFO(what << " block from rank " << from_rank);
+      CHECK(wrong == 0);
+    };
+
+    for (int root = 0; root < n; ++root) {
+      std::vector<uint8_t> b = w.rank == root ? inputs(t, RedOp::kSum, root, count) : std::vector<uint8_t>(count * es);
+      NCCL_REQUIRE_OK(ncclBroadcast(b.data(), b.data(), count, nccl(t), root, w.comm, nullptr));
+      check_block(b.data(), root, 0, "ncclBroadcast");
+      std::vector<uint8_t> c = w.rank == root ? inputs(t, RedOp::kSum, root, count) : std::vector<uint8_t>(count * es);
+      NCCL_REQUIRE_OK(ncclBcast(c.data(), count, nccl(t), root, w.comm, nullptr));
+      check_block(c.data(), root, 0, "ncclBcast");
+    }
+
+    NCCL_REQUIRE_OK(ncclAllGather(mine.data(), out.data(), count, nccl(t), w.comm, nullptr));
+    for (int r = 0; r < n; ++r) check_block(out.data() + r * count * es, r, 0, "ncclAllGather");
+
+    // AlltoAll: block r of my output is block `my rank` of rank r's input.
+    NCCL_REQUIRE_OK(ncclAlltoAll(mine.data(), out.data(), count, nccl(t), w.comm, nullptr));
+    for (int r = 0; r < n; ++r) check_block(out.data() + r * count * es, r, w.rank * count, "ncclAlltoAll");
+
+    const int root = n - 1;
+    std::fill(out.begin(), out.end(), 0);
+    NCCL_REQUIRE_OK(ncclGather(mine.data(), out.data(), count, nccl(t), root, w.comm, nullptr));
+    if (w.rank == root)
+      for (int r = 0; r < n; ++r) check_block(out.data() + r * count * es, r, 0, "ncclGather");
+    // Scatter: rank r gets block r of the root's input.
+    std::vector<uint8_t> got(count * es);
+    NCCL_REQUIRE_OK(ncclScatter(mine.data(), got.data(), count, nccl(t), 0, w.comm, nullptr));
+    check_block(got.data(), 0, w.rank * count, "ncclScatter");
+
+    // A ring of sends and receives in both directions, which only a group keeps from deadlocking.
+    const int next = (w.rank + 1) % n, prev = (w.rank + n - 1) % n;
+    std::vector<uint8_t> from_prev(count * es), from_next(count * es);
+    NCCL_REQUIRE_OK(ncclGroupStart());
+    NCCL_REQUIRE_OK(ncclSend(mine.data(), count, nccl(t), next, w.comm, nullptr));
+    NCCL_REQUIRE_OK(ncclSend(mine.data(), count, nccl(t), prev, w.comm, nullptr));
+    NCCL_REQUIRE_OK(ncclRecv(from_prev.data(), count, nccl(t), prev, w.comm, nullptr));
+    NCCL_REQUIRE_OK(ncclRecv(from_next.data(), count, nccl(t), next, w.comm, nullptr));
+    NCCL_REQUIRE_OK(ncclGroupEnd());
+    check_block(from_prev.data(), prev, 0, "ncclRecv from the previous rank");
+    check_block(from_next.data(), next, 0, "ncclRecv from the next rank");
+  }
+}
+
+TEST_CASE("PreMulSum with host-immediate and pointer scalars, every datatype", "[premulsum]") {
+  World& w = World::get();
+  const size_t count = 300;
+  for (DataType t : kTypes) {
+    INFO(qccl::kernels::data_type_name(t));
+    const size_t es = esize(t);
+    // nccl-tests' scalars: 1 on even ranks, 2 on odd ones.
+    std::vector<uint8_t> scalar(8);
+    qccl::test::store(t, scalar.data(), 0, w.rank % 2 ? 2.0 : 1.0);
+    for (ncclScalarResidence_t residence : {ncclScalarHostImmediate, ncclScalarDevice}) {
+      ncclRedOp_t op;
+      NCCL_REQUIRE_OK(ncclRedOpCreatePreMulSum(&op, scalar.data(), nccl(t), residence, w.comm));
+      CHECK(op >= ncclNumOps);
+      auto in = inputs(t, RedOp::kSum, w.rank, count);
+      std::vector<uint8_t> out(count * es);
+      NCCL_REQUIRE_OK(ncclAllReduce(in.data(), out.data(), count, nccl(t), op, w.comm, nullptr));
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; ++i) {
+        double sum = 0;
+        for (int r = 0; r < w.size; ++r) sum += (r % 2 ? 2.0 : 1.0) * qccl::test::input_value(t, RedOp::kSum, r, i);
+        std::vector<uint8_t> cell(8);
+        qccl::test::store(t, cell.data(), 0, sum);
+        wrong += qccl::test::load(t, out.data(), i) != qccl::test::load(t, cell.data(), 0);
+      }
+      INFO("residence " << residence);
+      CHECK(wrong == 0);
+      NCCL_REQUIRE_OK(ncclRedOpDestroy(op, w.comm));
+      CHECK(ncclAllReduce(in.data(), out.data(), count, nccl(t), op, w.comm, nullptr) == ncclInvalidArgument);
+    }
+  }
+}
+
+TEST_CASE("several collectives in one group", "[groups]") {
+  World& w = World::get();
+  const size_t count = 4096;
+  std::vector<float> a(count), b(count);
+  std::vector<double> c(count);
+  for (size_t i = 0; i < count; ++i) a[i] = static_cast<float>(w.rank + i % 7), c[i] = w.rank * 0.5;
+  std::vector<float> gathered(count * w.size);
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  NCCL_REQUIRE_OK(ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, w.comm, nullptr));
+  NCCL_REQUIRE_OK(ncclGroupStart());  // groups nest
+  NCCL_REQUIRE_OK(ncclAllReduce(c.data(), c.data(), count, ncclFloat64, ncclMax, w.comm, nullptr));
+  NCCL_REQUIRE_OK(ncclGroupEnd());
+  NCCL_REQUIRE_OK(ncclAllGather(a.data(), gathered.data(), count, ncclFloat32, w.comm, nullptr));
+  NCCL_REQUIRE_OK(ncclGroupEnd());
+  const double ranks_sum = w.size * (w.size - 1) / 2.0;
+  size_t wrong = 0;
+  for (size_t i = 0; i < count; ++i) {
+    wrong += b[i] != static_cast<float>(ranks_sum + w.size * (i % 7));
+    wrong += c[i] != (w.size - 1) * 0.5;
+    for (int r = 0; r < w.size; ++r) wrong += gathered[r * count + i] != static_cast<float>(r + i % 7);
+  }
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("split communicators by color and key, used beside their parent", "[split]") {
+  World& w = World::get();
+  // Two colors by parity, ranked in reverse (key = -rank); with 3 or more ranks, rank 0 joins none.
+  const bool out = w.size >= 3 && w.rank == 0;
+  const int color = out ? NCCL_SPLIT_NOCOLOR : w.rank % 2;
+  ncclComm_t child = nullptr;
+  NCCL_REQUIRE_OK(ncclCommSplit(w.comm, color, -w.rank, &child, nullptr));
+  if (out) {
+    CHECK(child == nullptr);
+  } else {
+    REQUIRE(child != nullptr);
+    std::vector<int> members;
+    for (int r = w.size - 1; r >= 0; --r)
+      if (!(w.size >= 3 && r == 0) && r % 2 == color) members.push_back(r);
+    int n = 0, rank = -1;
+    NCCL_REQUIRE_OK(ncclCommCount(child, &n));
+    NCCL_REQUIRE_OK(ncclCommUserRank(child, &rank));
+    CHECK(n == static_cast<int>(members.size()));
+    REQUIRE(rank >= 0);
+    REQUIRE(rank < n);
+    CHECK(members[rank] == w.rank);
+    int64_t x = w.rank + 1, sum = 0, expected = 0;
+    for (int m : members) expected += m + 1;
+    NCCL_REQUIRE_OK(ncclAllReduce(&x, &sum, 1, ncclInt64, ncclSum, child, nullptr));
+    CHECK(sum == expected);
+  }
+  // The parent still works, and the child is finalized and destroyed as NCCL programs do.
+  int64_t one = 1, total = 0;
+  NCCL_REQUIRE_OK(ncclAllReduce(&one, &total, 1, ncclInt64, ncclSum, w.comm, nullptr));
+  CHECK(total == w.size);
+  if (child) {
+    NCCL_REQUIRE_OK(ncclCommFinalize(child));
+    NCCL_REQUIRE_OK(ncclCommDestroy(child));
+  }
+}
+
+TEST_CASE("non-blocking initialisation, and configs checked as NCCL checks them", "[nonblocking]") {
+  World& w = World::get();
+  ncclUniqueId id = shared_id();
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, w.size, id, w.rank, &config);
+  CHECK((r == ncclInProgress || r == ncclSuccess));
+  REQUIRE(comm != nullptr);
+  ncclResult_t state = ncclInProgress;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+    NCCL_REQUIRE_OK(ncclCommGetAsyncError(comm, &state));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(state == ncclSuccess);
+  int32_t x = 3, y = 0;
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, nullptr));
+  CHECK(y == 3 * w.size);
+  NCCL_REQUIRE_OK(ncclCommFinalize(comm));
+  NCCL_REQUIRE_OK(ncclCommDestroy(comm));
+
+  ncclConfig_t bad = NCCL_CONFIG_INITIALIZER;
+  bad.magic = 0x1234;
+  CHECK(ncclCommInitRankConfig(&comm, w.size, id, w.rank, &bad) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("NCCL_CONFIG_INITIALIZER"));
+  ncclConfig_t old = NCCL_CONFIG_INITIALIZER;
+  old.version = NCCL_VERSION(2, 12, 0);
+  CHECK(ncclCommInitRankConfig(&comm, w.size, id, w.rank, &old) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("config->version"));
+  ncclConfig_t blocking2 = NCCL_CONFIG_INITIALIZER;
+  blocking2.blocking = 2;
+  CHECK(ncclCommInitRankConfig(&comm, w.size, id, w.rank, &blocking2) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("config->blocking = 2"));
+}
+
+TEST_CASE("an initialisation that cannot complete is abandoned at once by ncclCommAbort", "[nonblocking]") {
+  // NCCL's answer to "a timeout for ncclCommInitRank": a non-blocking init, polled, then aborted. Here
+  // each rank makes its own id for two ranks, so that its partner never comes.
+  ncclUniqueId lonely;
+  NCCL_REQUIRE_OK(ncclGetUniqueId(&lonely));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  CHECK(ncclCommInitRankConfig(&comm, 2, lonely, 0, &config) == ncclInProgress);
+  REQUIRE(comm != nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ncclResult_t state = ncclSuccess;
+  NCCL_REQUIRE_OK(ncclCommGetAsyncError(comm, &state));
+  CHECK(state == ncclInProgress);
+  auto t0 = std::chrono::steady_clock::now();
+  NCCL_REQUIRE_OK(ncclCommAbort(comm));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(seconds < 1.0);  // not QCCL_TIMEOUT
+}
+
+TEST_CASE("a non-blocking split, and InitRankScalable", "[nonblocking]") {
+  World& w = World::get();
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t child = nullptr;
+  ncclResult_t r = ncclCommSplit(w.comm, 0, w.rank, &child, &config);
+  CHECK((r == ncclInProgress || r == ncclSuccess));
+  REQUIRE(child != nullptr);
+  int32_t x = 1;
+  ncclResult_t state = ncclInProgress;
+  while (state == ncclInProgress) {
+    NCCL_REQUIRE_OK(ncclCommGetAsyncError(child, &state));
+    if (state == ncclInProgress) {
+      // Until it is ready, calls on it are refused, not run.
+      CHECK(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, child, nullptr) == ncclInvalidUsage);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  REQUIRE(state == ncclSuccess);
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, child, nullptr));
+  CHECK(x == w.size);
+  NCCL_REQUIRE_OK(ncclCommDestroy(child));
+
+  // Two ids, as ncclCommInitRankScalable spreads a bootstrap over several roots.
+  ncclUniqueId ids[2] = {shared_id(), shared_id()};
+  ncclComm_t scalable = nullptr;
+  NCCL_REQUIRE_OK(ncclCommInitRankScalable(&scalable, w.size, w.rank, 2, ids, nullptr));
+  int64_t y = w.rank, sum = 0;
+  NCCL_REQUIRE_OK(ncclAllReduce(&y, &sum, 1, ncclInt64, ncclSum, scalable, nullptr));
+  CHECK(sum == static_cast<int64_t>(w.size) * (w.size - 1) / 2);
+  NCCL_REQUIRE_OK(ncclCommDestroy(scalable));
+}
+
+TEST_CASE("ncclCommGetAsyncError polled from a second thread while collectives run", "[async]") {
+  World& w = World::get();
+  std::atomic<bool> done{false};
+  std::atomic<long> polls{0}, bad{0};
+  std::thread watchdog([&] {
+    while (!done.load()) {
+      ncclResult_t state = ncclInternalError;
+      if (ncclCommGetAsyncError(w.comm, &state) != ncclSuccess || state != ncclSuccess) bad++;
+      polls++;
+    }
+  });
+  std::vector<float> x(1 << 16, 1.0f);
+  // Rounds of 50 collectives until every rank's watchdog has polled a few hundred times during them
+  // (the ranks agree on when to stop, so that they all make the same calls).
+  for (int round = 0; round < 1000; ++round) {
+    for (int i = 0; i < 50; ++i)
+      NCCL_REQUIRE_OK(ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat32, ncclAvg, w.comm, nullptr));
+    int more = polls < 300 ? 1 : 0;
+    NCCL_REQUIRE_OK(ncclAllReduce(&more, &more, 1, ncclInt32, ncclMax, w.comm, nullptr));
+    if (!more) break;
+  }
+  done = true;
+  watchdog.join();
+  CHECK(polls >= 300);
+  CHECK(bad == 0);
+  CHECK(x[0] == 1.0f);
+}
+
+TEST_CASE("ncclCommInitAll: several ranks in one process, driven from one thread", "[initall]") {
+  // Local to each process: every process makes its own three-rank clique.
+  constexpr int kRanks = 3;
+  ncclComm_t comms[kRanks];
+  NCCL_REQUIRE_OK(ncclCommInitAll(comms, kRanks, nullptr));
+  std::vector<std::vector<int32_t>> bufs(kRanks, std::vector<int32_t>(1000));
+  for (int r = 0; r < kRanks; ++r)
+    for (size_t i = 0; i < 1000; ++i) bufs[r][i] = static_cast<int32_t>(r * 1000 + i);
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  for (int r = 0; r < kRanks; ++r)
+    NCCL_REQUIRE_OK(ncclAllReduce(bufs[r].data(), bufs[r].data(), 1000, ncclInt32, ncclSum, comms[r], nullptr));
+  NCCL_REQUIRE_OK(ncclGroupEnd());
+  size_t wrong = 0;
+  for (int r = 0; r < kRanks; ++r)
+    for (size_t i = 0; i < 1000; ++i) wrong += bufs[r][i] != static_cast<int32_t>(3000 + 3 * i);
+  CHECK(wrong == 0);
+  for (int r = 0; r < kRanks; ++r) {
+    int rank = -1;
+    NCCL_REQUIRE_OK(ncclCommUserRank(comms[r], &rank));
+    CHECK(rank == r);
+  }
+  for (int r = 0; r < kRanks; ++r) NCCL_REQUIRE_OK(ncclCommDestroy(comms[r]));  // one thread, one by one
+}
+
+TEST_CASE("InitRank calls in one group make communicators together", "[initgroup]") {
+  World& w = World::get();
+  // Two communicators over the same ranks, made in one group from one thread.
+  ncclUniqueId a = shared_id(), b = shared_id();
+  ncclComm_t ca = nullptr, cb = nullptr;
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  NCCL_REQUIRE_OK(ncclCommInitRank(&ca, w.size, a, w.rank));
+  NCCL_REQUIRE_OK(ncclCommInitRank(&cb, w.size, b, w.rank));
+  NCCL_REQUIRE_OK(ncclGroupEnd());
+  int x = 1, y = 0;
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, cb, nullptr));
+  CHECK(y == w.size);
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclMax, ca, nullptr));
+  CHECK(y == 1);
+  NCCL_REQUIRE_OK(ncclCommDestroy(ca));
+  NCCL_REQUIRE_OK(ncclCommDestroy(cb));
+}
+
+// ---- QCCL_NCCL_CODEC (run with it set: see CMakeLists.txt) --------------------------------------------
+
+// A smooth signal per rank, so that q8's buckets are narrow and the error bound is small against it.
+std::vector<float> signal(int rank, size_t count) {
+  std::vector<float> x(count);
+  for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(std::sin(0.001 * i + rank) + 0.25 * rank);
+  return x;
+}
+
+TEST_CASE("QCCL_NCCL_CODEC compresses large float all-reduces within the codec's bound", "[.][codec]") {
+  World& w = World::get();
+  const size_t count = 1 << 16;
+  std::vector<double> exact(count, 0.0);
+  double range = 0;
+  for (int r = 0; r < w.size; ++r) {
+    auto x = signal(r, count);
+    for (size_t i = 0; i < count; ++i) exact[i] += x[i];
+  }
+  for (size_t i = 0; i < count; ++i) range = std::max(range, std::fabs(exact[i]));
+  auto x = signal(w.rank, count);
+  std::vector<float> y(count);
+  NCCL_REQUIRE_OK(ncclAllReduce(x.data(), y.data(), count, ncclFloat32, ncclSum, w.comm, nullptr));
+  double max_error = 0;
+  bool identical = true;
+  for (size_t i = 0; i < count; ++i) {
+    max_error = std::max(max_error, std::fabs(y[i] - exact[i]));
+    identical = identical && static_cast<double>(y[i]) == static_cast<double>(static_cast<float>(exact[i]));
+  }
+  // q8 with 512-value buckets: each encode is within half a step (bucket range / 255 / 2) of its input;
+  // a ring re-encodes partial sums up to 2(n-1) times, whose ranges are at most the sum's, 2 * range.
+  const double bound = 2.0 * w.size * (2.0 * range / 255.0 / 2.0) + 1e-4 * range;
+  INFO("max error " << max_error << ", bound " << bound);
+  CHECK(max_error <= bound);
+  if (w.size > 1) CHECK_FALSE(identical);  // compressed for real: not the exact sum
+
+  // AllGather: every block is decode(encode(x_r)), within half a bucket step of x_r (range <= 2.5).
+  std::vector<float> gathered(count * w.size);
+  NCCL_REQUIRE_OK(ncclAllGather(x.data(), gathered.data(), count, ncclFloat32, w.comm, nullptr));
+  double gather_error = 0;
+  for (int r = 0; r < w.size; ++r) {
+    auto xr = signal(r, count);
+    for (size_t i = 0; i < count; ++i) gather_error = std::max(gather_error, std::fabs(static_cast<double>(gathered[r * count + i]) - xr[i]));
+  }
+  INFO("all-gather max error " << gather_error);
+  CHECK(gather_error <= 2.5 / 255 / 2 * 1.001);
+  if (w.size > 1) CHECK(gather_error > 0);
+
+  // ReduceScatter: this rank's block, the sum of the others' decoded contributions and its own input.
+  const size_t block = count / w.size;
+  std::vector<float> all = signal(w.rank, block * w.size), mine(block);
+  NCCL_REQUIRE_OK(ncclReduceScatter(all.data(), mine.data(), block, ncclFloat32, ncclSum, w.comm, nullptr));
+  double scatter_error = 0;
+  for (size_t i = 0; i < block; ++i) {
+    double exact_sum = 0;
+    for (int r = 0; r < w.size; ++r) exact_sum += signal(r, block * w.size)[w.rank * block + i];
+    scatter_error = std::max(scatter_error, std::fabs(mine[i] - exact_sum));
+    if (i == 64) break;  // the reference regenerates every rank's input: a sample of the block suffices
+  }
+  INFO("reduce-scatter max error " << scatter_error);
+  CHECK(scatter_error <= (w.size - 1) * 2.5 / 255 / 2 * 1.001 + 1e-5 * w.size);
+
+  // Small calls stay exact (below QCCL_NCCL_CODEC_MIN_BYTES), and so do integer ones.
+  std::vector<float> small(64, 0.1f * (w.rank + 1)), small_out(64);
+  NCCL_REQUIRE_OK(ncclAllReduce(small.data(), small_out.data(), 64, ncclFloat32, ncclSum, w.comm, nullptr));
+  float expected = 0;
+  for (int r = 0; r < w.size; ++r) expected += 0.1f * (r + 1);
+  CHECK(std::fabs(small_out[0] - expected) <= 1e-6f * w.size);
+}
+
+TEST_CASE("QCCL_NCCL_CODEC per datatype: float compressed, half exact", "[.][codec-per-type]") {
+  World& w = World::get();
+  if (w.size == 1) return;  // one rank encodes nothing
+  const size_t count = 1 << 15;
+  auto x = signal(w.rank, count);
+  std::vector<float> y(count);
+  NCCL_REQUIRE_OK(ncclAllReduce(x.data(), y.data(), count, ncclFloat32, ncclSum, w.comm, nullptr));
+  size_t inexact = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (int r = 0; r < w.size; ++r) exact += static_cast<double>(static_cast<float>(std::sin(0.001 * i + r) + 0.25 * r));
+    inexact += std::fabs(y[i] - exact) > 1e-5 * w.size;
+  }
+  CHECK(inexact > 0);  // q8
+  // Half: small integers, whose sums half holds exactly; "half=none" keeps them so.
+  auto in = inputs(DataType::kFloat16, RedOp::kSum, w.rank, count);
+  std::vector<uint8_t> out(count * 2);
+  NCCL_REQUIRE_OK(ncclAllReduce(in.data(), out.data(), count, ncclFloat16, ncclSum, w.comm, nullptr));
+  check_reduction(DataType::kFloat16, RedOp::kSum, out.data(), count, w.size, "half, exact by policy");
+}
+
+TEST_CASE("error feedback keyed by buffer: the sum of many steps' outputs stays within one step's error",
+          "[.][codec-ef]") {
+  World& w = World::get();
+  if (w.size == 1) return;  // one rank encodes nothing
+  const size_t count = 1 << 15;
+  const int steps = 20;
+  // Two tensors, one buffer each: each keeps its own residual.
+  auto x = signal(w.rank, count), z = signal(w.rank + 7, count);
+  std::vector<double> exact_x(count, 0.0), exact_z(count, 0.0);
+  for (int r = 0; r < w.size; ++r) {
+    auto a = signal(r, count), b = signal(r + 7, count);
+    for (size_t i = 0; i < count; ++i) exact_x[i] += a[i], exact_z[i] += b[i];
+  }
+  std::vector<float> yx(count), yz(count);
+  std::vector<double> acc_x(count, 0.0), acc_z(count, 0.0);
+  double one_step = 0;
+  for (int s = 0; s < steps; ++s) {
+    NCCL_REQUIRE_OK(ncclAllReduce(x.data(), yx.data(), count, ncclFloat32, ncclSum, w.comm, nullptr));
+    NCCL_REQUIRE_OK(ncclAllReduce(z.data(), yz.data(), count, ncclFloat32, ncclSum, w.comm, nullptr));
+    for (size_t i = 0; i < count; ++i) {
+      acc_x[i] += yx[i], acc_z[i] += yz[i];
+      if (s == 0) one_step = std::max(one_step, std::fabs(yx[i] - exact_x[i]));
+    }
+  }
+  double drift = 0;
+  for (size_t i = 0; i < count; ++i)
+    drift = std::max({drift, std::fabs(acc_x[i] - steps * exact_x[i]), std::fabs(acc_z[i] - steps * exact_z[i])});
+  // Without feedback a deterministic rounding error adds up step after step (up to steps * one_step);
+  // with it, what each step leaves out is sent in the next, so the total stays within a few steps' error.
+  INFO("first step's error " << one_step << ", drift after " << steps << " steps " << drift);
+  CHECK(one_step > 0);
+  CHECK(drift <= 4 * one_step);
+}
+
+TEST_CASE("past QCCL_NCCL_CODEC_STATE_BUDGET a compressed call fails before sending", "[.][codec-budget]") {
+  World& w = World::get();
+  std::vector<float> x(1 << 16, 1.0f);  // a 256 KiB residual: far past a 1 KiB budget
+  CHECK(ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat32, ncclSum, w.comm, nullptr) == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("ncclAllReduce") && Catch::Contains("budget"));
+  // Nothing was sent: the communicator still works for calls below the threshold.
+  float y = 1.0f;
+  NCCL_REQUIRE_OK(ncclAllReduce(&y, &y, 1, ncclFloat32, ncclSum, w.comm, nullptr));
+  CHECK(y == static_cast<float>(w.size));
+}
+
+// ---- Failures (one CTest entry each: they break the world communicator) ----------------------------------
+
+TEST_CASE("ranks passing different counts fail with ncclInvalidUsage, saying so", "[.][mismatch]") {
+  World& w = World::get();
+  std::vector<float> x(4096, 1.0f);
+  const size_t count = w.rank == 0 ? 4096 : 4000;
+  ncclResult_t r = ncclAllReduce(x.data(), x.data(), count, ncclFloat32, ncclSum, w.comm, nullptr);
+  CHECK(r == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("ncclAllReduce") && Catch::Contains("count"));
+  ncclResult_t state = ncclSuccess;
+  NCCL_REQUIRE_OK(ncclCommGetAsyncError(w.comm, &state));
+  CHECK(state != ncclSuccess);
+  NCCL_REQUIRE_OK(ncclCommAbort(w.comm));
+  w.comm = nullptr;  // gone: nothing to destroy at exit
+}
+
+TEST_CASE("a dead rank fails the others with ncclRemoteError", "[.][dead-rank]") {
+  World& w = World::get();
+  REQUIRE(w.size >= 2);
+  const int victim = w.size - 1;
+  // Everyone has finished warming up before the victim vanishes (its last message is small: eager).
+  int token = 1;
+  std::vector<float> x(1000, 1.0f);
+  NCCL_REQUIRE_OK(ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat32, ncclSum, w.comm, nullptr));
+  if (w.rank != victim) {
+    NCCL_REQUIRE_OK(ncclSend(&token, 1, ncclInt32, victim, w.comm, nullptr));
+  } else {
+    std::vector<int> tokens(w.size);
+    NCCL_REQUIRE_OK(ncclGroupStart());
+    for (int r = 0; r < w.size; ++r)
+      if (r != victim) NCCL_REQUIRE_OK(ncclRecv(&tokens[r], 1, ncclInt32, r, w.comm, nullptr));
+    NCCL_REQUIRE_OK(ncclGroupEnd());
+    std::fflush(nullptr);
+    syscall(SYS_exit_group, 0);  // vanish, as if killed (qcclrun ignores a clean exit)
+  }
+  std::vector<float> big(1 << 20, 1.0f);
+  ncclResult_t r = ncclAllReduce(big.data(), big.data(), big.size(), ncclFloat32, ncclSum, w.comm, nullptr);
+  CHECK(r == ncclRemoteError);
+  CHECK_THAT(last_error(), Catch::Contains("rank " + std::to_string(victim)));
+  ncclResult_t state = ncclSuccess;
+  NCCL_REQUIRE_OK(ncclCommGetAsyncError(w.comm, &state));
+  CHECK(state == ncclRemoteError);
+  NCCL_REQUIRE_OK(ncclCommAbort(w.comm));
+  w.comm = nullptr;  // gone: nothing to destroy at exit
+}
+
+TEST_CASE("ncclCommAbort on one rank fails the others' next call with ncclRemoteError", "[abort]") {
+  World& w = World::get();
+  if (w.size < 2) return;  // no other rank to notice
+  ncclUniqueId id = shared_id();
+  ncclComm_t comm = nullptr;
+  NCCL_REQUIRE_OK(ncclCommInitRank(&comm, w.size, id, w.rank));
+  int x = 1;
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, comm, nullptr));
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, w.comm, nullptr));  // all have warmed up
+  if (w.rank == 0) {
+    // The others are inside their next collective on comm by now (as in failure_ranks_test's abort).
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    NCCL_REQUIRE_OK(ncclCommAbort(comm));
+    // Freed: alone, the drop-in knows the handle is gone; preloaded, it is the real library's to judge.
+    if (!std::getenv("LD_PRELOAD"))
+      CHECK(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, comm, nullptr) == ncclInvalidArgument);
+  } else {
+    // Small (eager) messages: a large one racing the abort can fail in the transport first (qcclSystemError).
+    std::vector<float> v(1000, 1.0f);
+    CHECK(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat32, ncclSum, comm, nullptr) == ncclRemoteError);
+    CHECK_THAT(last_error(), Catch::Contains("ncclAllReduce") && Catch::Contains("qcclCommAbort was called on rank 0"));
+    NCCL_REQUIRE_OK(ncclCommAbort(comm));
+  }
+  // The world communicator is untouched.
+  int y = 1;
+  NCCL_REQUIRE_OK(ncclAllReduce(&y, &y, 1, ncclInt32, ncclSum, w.comm, nullptr));
+  CHECK(y == w.size);
+}
+
+}  // namespace
