@@ -315,7 +315,9 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  *   int8, int16, int32   IntSGD (Mishchenko et al., ICLR 2022): Int(alpha x) under a scale alpha all
  *                        ranks share, summed as integers without decoding (see qcclAllReduceCompressed)
  * keys: bucket=B (q only; multiple of 8; default 512), round=nearest|stochastic (q only; default
- * nearest; stochastic rounding is unbiased), ef=on|off (error feedback, not sign; needs a codec
+ * nearest; stochastic rounding is unbiased), levels=l0/l1/.../lK (q only: 2^N learned levels in
+ * [0, 1], strictly increasing, from 0 to 1, in place of evenly spaced ones; qcclCodecLearnLevels
+ * fits them; host memory only), ef=on|off (error feedback, not sign; needs a codec
  * state; default off), seed=S (keys the random rounding and merging; default 0); for sign:
  * eta_s=E (required: the magnitude of a sign round's update), k=K (every K-th round, t = 0
  * included, is a full-precision average; 0 = never; default 100), topology=ring|torus:RxC (default
@@ -335,6 +337,21 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
 /* Parses a codec spec. An unknown name, key or value is qcclInvalidArgument naming the token. */
 QCCL_API qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec);
 QCCL_API qcclResult_t qcclCodecDestroy(qcclCodec_t codec);
+
+/* QSDP's learned levels (Markov et al., ICML 2023, Algorithm 2): the 2^N levels of the q1 .. q8
+ * codec `codec` fitted to `count` values of `data` (float, half or bfloat16), cut into the codec's
+ * buckets and each bucket normalized to [0, 1], by online k-means (the nearest level moves 1% of the
+ * way to each value; `epochs` passes, 1 to 1000; the endpoints stay at the bucket's minimum and
+ * maximum), returned as a new codec (*learned; free it with qcclCodecDestroy). The wire size does
+ * not change: the codes index the learned levels instead of evenly spaced ones, which lowers the
+ * error on peaked (Laplace- or Gaussian-like) buckets at 2-5 bits (docs/PERF.md "Learned levels").
+ * With a communicator this is a collective: every rank calls it with the same codec, epochs and
+ * root, and every rank gets root's levels (only root's data are used; the others may pass NULL and
+ * 0), so that all ranks encode and decode alike. With comm NULL the levels are this rank's own.
+ * The levels are part of the codec's spec ("levels=l0/l1/..."), and so of the hash frame headers
+ * carry: ranks whose levels differ fail with qcclMismatch. Host memory only. */
+QCCL_API qcclResult_t qcclCodecLearnLevels(qcclCodec_t codec, const void* data, size_t count, qcclDataType_t datatype,
+                                           int epochs, int root, qcclComm_t comm, qcclCodec_t* learned);
 
 /* State a codec keeps for one tensor across steps: the step counter that keys the random rounding
  * (Marsit's round t), and what the codec's method keeps: the error-feedback residual (ef=on: a

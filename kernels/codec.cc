@@ -282,6 +282,8 @@ EncodeReport encode(const CodecConfig& c, const float* in, size_t count, void* o
     report.nonfinite = int_encode(c.bits, in, count, standalone_alpha(c), c.rounding == Rounding::kStochastic,
                                   int_clip(c.bits, 1), key, first, out)
                            .nonfinite;
+  } else if (!c.levels.empty()) {
+    report.nonfinite = encode_levels(c, in, count, out, key, first);
   } else {
     report.nonfinite = HWY_DYNAMIC_DISPATCH(EncodeImpl)(c, in, count, out, key, first);
   }
@@ -298,6 +300,7 @@ size_t decode(const CodecConfig& c, const void* in, size_t count, float* out) {
     int_decode(c.bits, in, count, 1.0 / standalone_alpha(c), out);
     return 0;
   }
+  if (!c.levels.empty()) return decode_levels(c, in, count, out, false);
   return HWY_DYNAMIC_DISPATCH(DecodeImpl)(c, in, count, out, false);
 }
 
@@ -319,6 +322,7 @@ size_t decode_accumulate(const CodecConfig& c, const void* in, size_t count, flo
     }
     return 0;
   }
+  if (!c.levels.empty()) return decode_levels(c, in, count, acc, true);
   return HWY_DYNAMIC_DISPATCH(DecodeImpl)(c, in, count, acc, true);
 }
 

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/philox.h"
 
@@ -67,6 +68,9 @@ struct CodecConfig {
   double beta = 0.9;
   double eps = 1e-8;
   bool switch_aggregation = false;  // agg=switch: summed by aggregator processes, not along a ring
+  // kQuant only: learned levels (levels.h), 2^bits values in [0, 1], strictly increasing, the first
+  // 0 and the last 1; empty for the evenly spaced levels of quant.h.
+  std::vector<float> levels;
 
   // Canonical text ("q4:bucket=512,round=stochastic,ef=on,seed=7"): what hash() digests.
   std::string canonical() const;
@@ -96,5 +100,18 @@ EncodeReport encode(const CodecConfig& codec, const float* in, size_t count, voi
 size_t decode(const CodecConfig& codec, const void* in, size_t count, float* out);
 // acc[i] += decoded value i (the fused step of a reduce-scatter hop). Same return value.
 size_t decode_accumulate(const CodecConfig& codec, const void* in, size_t count, float* acc);
+
+// The learned-levels codec's host loops (levels.h; encode and decode route a kQuant codec with
+// levels here).
+size_t encode_levels(const CodecConfig& codec, const float* in, size_t count, void* out, const PhiloxKey& key,
+                     uint64_t first);
+size_t decode_levels(const CodecConfig& codec, const void* in, size_t count, float* out, bool accumulate);
+
+// QSDP's Algorithm 2 (levels.h): 2^bits levels fitted to `data` cut into buckets of `bucket` values,
+// each normalized to [0, 1] by its minimum and maximum, by online k-means (the nearest level moves
+// `rate` of the way to each value in turn), `epochs` passes, starting from the evenly spaced levels,
+// the endpoints pinned to 0 and 1 after each pass. Deterministic; constant and non-finite buckets
+// are skipped. The result is strictly increasing (levels that met are pushed apart by a float32 ulp).
+std::vector<float> learn_levels(const float* data, size_t count, int bits, uint32_t bucket, double rate, int epochs);
 
 }  // namespace qccl::kernels

@@ -427,8 +427,9 @@ size_t flat_blocks(size_t items) {
   return blocks < kMaxFlatBlocks ? blocks : kMaxFlatBlocks;
 }
 
+// Learned levels (levels.h) have host loops only in this release: the device refuses them.
 bool valid_quant(const CodecConfig& c) {
-  return c.bits >= 1 && c.bits <= 8 && c.bucket > 0 && c.bucket % 8 == 0;
+  return c.bits >= 1 && c.bits <= 8 && c.bucket > 0 && c.bucket % 8 == 0 && c.levels.empty();
 }
 
 template <int kBits>

@@ -26,6 +26,32 @@ double parse_real(const std::string& spec, const std::string& key, const std::st
   return v;
 }
 
+// levels=l0/l1/.../lK (levels.h): 2^bits numbers, strictly increasing, from exactly 0 to exactly 1.
+std::vector<float> parse_levels(const std::string& spec, const std::string& value, int bits) {
+  std::vector<float> levels;
+  size_t at = 0;
+  while (at <= value.size()) {
+    const size_t slash = value.find('/', at);
+    const std::string item = value.substr(at, slash == std::string::npos ? std::string::npos : slash - at);
+    at = slash == std::string::npos ? value.size() + 1 : slash + 1;
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end || errno || !(v >= 0.0 && v <= 1.0))
+      bad(spec, "levels: '" + item + "' is not a number in [0, 1]");
+    levels.push_back(static_cast<float>(v));
+  }
+  const size_t want = size_t{1} << bits;
+  if (levels.size() != want)
+    bad(spec, "levels: " + std::to_string(levels.size()) + " levels given, q" + std::to_string(bits) + " has " +
+                  std::to_string(want));
+  if (levels.front() != 0.0f || levels.back() != 1.0f)
+    bad(spec, "levels: the first level must be 0 and the last 1 (the bucket's minimum and maximum)");
+  for (size_t k = 1; k < levels.size(); ++k)
+    if (!(levels[k] > levels[k - 1])) bad(spec, "levels: level " + std::to_string(k) + " is not above level " + std::to_string(k - 1));
+  return levels;
+}
+
 uint64_t parse_number(const std::string& spec, const std::string& key, const std::string& value, uint64_t lo,
                       uint64_t hi) {
   if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
@@ -139,11 +165,13 @@ CodecConfig parse_codec_spec(const std::string& spec) {
         bad(spec, "'" + token + "': ef is on or off");
     } else if (key == "seed") {
       c.seed = parse_number(spec, key, value, 0, std::numeric_limits<uint64_t>::max());
+    } else if (c.kind == CodecKind::kQuant && key == "levels") {
+      c.levels = parse_levels(spec, value, c.bits);
     } else {
       bad(spec, "unknown key '" + key + "' (" +
                     (c.kind == CodecKind::kSign  ? "eta_s, k, topology, seed"
                      : c.kind == CodecKind::kInt ? "round, alpha, alpha0, beta, eps, agg, seed"
-                                                 : "bucket, round, ef, seed") +
+                                                 : "bucket, round, ef, seed, levels") +
                     ")");
     }
   }
@@ -183,9 +211,18 @@ std::string CodecConfig::canonical() const {
              ",seed=" + std::to_string(seed);
     }
   }
-  return "q" + std::to_string(bits) + ":bucket=" + std::to_string(bucket) +
-         ",round=" + (rounding == Rounding::kStochastic ? "stochastic" : "nearest") +
-         ",ef=" + (error_feedback ? "on" : "off") + ",seed=" + std::to_string(seed);
+  std::string text = "q" + std::to_string(bits) + ":bucket=" + std::to_string(bucket) +
+                     ",round=" + (rounding == Rounding::kStochastic ? "stochastic" : "nearest") +
+                     ",ef=" + (error_feedback ? "on" : "off") + ",seed=" + std::to_string(seed);
+  if (!levels.empty()) {
+    text += ",levels=";
+    for (size_t k = 0; k < levels.size(); ++k) {
+      char level[32];
+      std::snprintf(level, sizeof(level), "%.9g", static_cast<double>(levels[k]));  // reads back as the same float
+      text += (k ? "/" : "") + std::string(level);
+    }
+  }
+  return text;
 }
 
 uint64_t CodecConfig::hash() const {

@@ -470,6 +470,42 @@ QCCL_API qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec) {
   });
 }
 
+QCCL_API qcclResult_t qcclCodecLearnLevels(qcclCodec_t codec, const void* data, size_t count, qcclDataType_t datatype,
+                                           int epochs, int root, qcclComm_t comm, qcclCodec_t* learned) {
+  return api_call("qcclCodecLearnLevels", [&] {
+    require_out(learned, "learned");
+    if (!codec || !codec->config) fail(qcclInvalidArgument, "codec is NULL (make one with qcclCodecCreate)");
+    const kernels::CodecConfig& base = *codec->config;
+    if (base.kind != kernels::CodecKind::kQuant)
+      fail(qcclInvalidArgument, "codec = '%s': only q1 .. q8 have levels", base.canonical().c_str());
+    if (epochs < 1 || epochs > 1000) fail(qcclInvalidArgument, "epochs = %d is out of range [1, 1000]", epochs);
+    Comm* c = comm ? &get(comm) : nullptr;
+    const int rank = c ? c->rank() : 0, nranks = c ? c->nranks() : 1;
+    if (root < 0 || root >= nranks) fail(qcclInvalidArgument, "root = %d is out of range [0, %d)", root, nranks);
+    const size_t levels = size_t{1} << base.bits;
+    std::vector<float> mine(levels);
+    if (rank == root) {
+      if (datatype < 0 || datatype >= qcclNumTypes ||
+          !kernels::codec_input_type(static_cast<kernels::DataType>(datatype)))
+        fail(qcclInvalidArgument, "datatype = %d: levels are learned from float, half or bfloat16", datatype);
+      if (count && !data) fail(qcclInvalidArgument, "data is NULL with count = %zu", count);
+      std::vector<float> values(count);
+      kernels::load_float(static_cast<kernels::DataType>(datatype), data, values.data(), count);
+      mine = kernels::learn_levels(values.data(), count, base.bits, base.bucket, 0.01, epochs);
+    }
+    kernels::CodecConfig result = base;
+    if (c) {  // root's levels on every rank
+      std::vector<float> all(levels * static_cast<size_t>(nranks));
+      c->allgather_bytes(mine.data(), all.data(), levels * sizeof(float));
+      result.levels.assign(all.begin() + static_cast<ptrdiff_t>(levels * root),
+                           all.begin() + static_cast<ptrdiff_t>(levels * (root + 1)));
+    } else {
+      result.levels = mine;
+    }
+    *learned = new qcclCodec{std::make_shared<const kernels::CodecConfig>(std::move(result))};
+  });
+}
+
 QCCL_API qcclResult_t qcclCodecDestroy(qcclCodec_t codec) {
   return api_call("qcclCodecDestroy", [&] {
     require_out(codec, "codec");

@@ -1,6 +1,7 @@
 // Failures on real processes, one scenario per CTest entry (each breaks its communicator): ranks that
 // disagree, a peer that dies before or during a collective, a peer that is stuck past QCCL_TIMEOUT,
 // and aborts. Every surviving rank must return an error that tells the story, never hang.
+#include <cmath>
 #include <dirent.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -149,6 +150,43 @@ TEST_CASE("different codecs in a compressed all-gather: every rank fails with qc
   CHECK(result == qcclMismatch);
   CHECK_THAT(last_error(), Catch::Contains("codec"));
   qcclCodecDestroy(codec);
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
+TEST_CASE("levels learned by each rank alone differ: every rank fails with qcclMismatch; root's levels agree",
+          "[levels-mismatch]") {
+  Job job;
+  warm_up(job);
+  qcclCodec_t base = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate("q3:bucket=64", &base));
+  std::vector<float> data(4096);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = std::sin(0.37f * static_cast<float>(i) * (job.rank + 1)) * (1 + i % 5);
+  std::vector<float> x(640), y(640 * job.size);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = data[i];
+  // Shared: every rank gets rank 0's levels (the others pass no data), and the all-gather runs.
+  qcclCodec_t shared = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecLearnLevels(base, job.rank == 0 ? data.data() : nullptr, job.rank == 0 ? data.size() : 0,
+                                       qcclFloat32, 2, 0, job.comm, &shared));
+  QCCL_REQUIRE_OK(qcclAllGatherCompressed(x.data(), y.data(), x.size(), qcclFloat32, shared, nullptr, job.comm));
+  // Alone: each rank's own data give its own levels, which the frame headers' codec hash tells apart.
+  qcclCodec_t own = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecLearnLevels(base, data.data(), data.size(), qcclFloat32, 2, 0, nullptr, &own));
+  qcclResult_t result = qcclAllGatherCompressed(x.data(), y.data(), x.size(), qcclFloat32, own, nullptr, job.comm);
+  CHECK(result == qcclMismatch);
+  CHECK_THAT(last_error(), Catch::Contains("codec"));
+  // Bad input is refused with the argument named.
+  qcclCodec_t fp16 = nullptr, out = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate("fp16", &fp16));
+  CHECK(qcclCodecLearnLevels(fp16, data.data(), data.size(), qcclFloat32, 1, 0, nullptr, &out) == qcclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("levels"));
+  CHECK(qcclCodecLearnLevels(base, data.data(), data.size(), qcclFloat32, 0, 0, nullptr, &out) == qcclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("epochs = 0"));
+  CHECK(qcclCodecLearnLevels(base, data.data(), data.size(), qcclInt32, 1, 0, nullptr, &out) == qcclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("datatype"));
+  qcclCodecDestroy(fp16);
+  qcclCodecDestroy(own);
+  qcclCodecDestroy(shared);
+  qcclCodecDestroy(base);
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
 }
 

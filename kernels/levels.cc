@@ -1,0 +1,136 @@
+// Host loops of the learned-levels codec (levels.h) and the fitting of the levels (QSDP Algorithm 2).
+// Scalar: the levels are a table lookup per value, which the uniform codec's vector loops do not do.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/codec.h"
+#include "kernels/levels.h"
+#include "kernels/philox.h"
+
+namespace qccl::kernels {
+
+namespace {
+
+// The level positions g_k = l_k * L in steps (levels.h), on the stack: encode and decode allocate
+// nothing (codec.h).
+struct Positions {
+  float g[256];
+  uint32_t count;
+};
+Positions positions(const CodecConfig& c) {
+  const float top = static_cast<float>(quant_levels(c.bits));
+  Positions p;
+  p.count = static_cast<uint32_t>(c.levels.size());
+  for (uint32_t k = 0; k < p.count; ++k) p.g[k] = c.levels[k] * top;
+  p.g[p.count - 1] = top;  // exactly L, whatever l * L rounds to
+  return p;
+}
+
+// Minimum and maximum of a bucket, -0 below +0 (as quant.h's scans), and whether all are finite.
+void scan(const float* x, size_t n, float* lo, float* hi, bool* finite) {
+  *lo = INFINITY, *hi = -INFINITY, *finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    if (!finite_float(v)) {
+      *finite = false;
+      continue;
+    }
+    if (v < *lo || (v == *lo && std::signbit(v))) *lo = v;
+    if (v > *hi || (v == *hi && !std::signbit(v))) *hi = v;
+  }
+  if (n == 0 || !*finite) *lo = *hi = 0.0f;
+}
+
+}  // namespace
+
+size_t encode_levels(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
+                     uint64_t first) {
+  const Positions g = positions(c);
+  auto* meta = static_cast<BucketMeta*>(out);
+  uint8_t* codes = static_cast<uint8_t*>(out) + quant_meta_bytes(count, c.bucket);
+  const bool stochastic = c.rounding == Rounding::kStochastic;
+  size_t nonfinite = 0;
+  for (size_t b = 0; b * c.bucket < count; ++b) {
+    const size_t begin = b * c.bucket, n = std::min<size_t>(c.bucket, count - begin);
+    float lo, hi;
+    bool finite;
+    scan(in + begin, n, &lo, &hi, &finite);
+    const BucketMeta m = bucket_meta(lo, hi, finite, c.bits);
+    meta[b] = m;
+    nonfinite += meta_is_nonfinite(m) ? 1 : 0;
+    for (size_t i = 0; i < n; i += 8) {
+      uint32_t word[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (size_t j = 0; j < 8 && i + j < n; ++j) {
+        const size_t e = begin + i + j;
+        if (!(m.step > 0.0f)) continue;  // all equal, or non-finite: code 0
+        const float t = (in[e] - m.min) / m.step;
+        word[j] = quantize_to_levels(t, g.g, g.count, stochastic ? philox_uniform(key, first + e) : -1.0f);
+      }
+      pack8(word, c.bits, codes + (begin + i) / 8 * static_cast<size_t>(c.bits));
+    }
+  }
+  return nonfinite;
+}
+
+size_t decode_levels(const CodecConfig& c, const void* in, size_t count, float* out, bool accumulate) {
+  const Positions g = positions(c);
+  const auto* meta = static_cast<const BucketMeta*>(in);
+  const uint8_t* codes = static_cast<const uint8_t*>(in) + quant_meta_bytes(count, c.bucket);
+  size_t nonfinite = 0;
+  for (size_t b = 0; b * c.bucket < count; ++b) {
+    const size_t begin = b * c.bucket, n = std::min<size_t>(c.bucket, count - begin);
+    const BucketMeta m = meta[b];
+    nonfinite += meta_is_nonfinite(m) ? n : 0;  // every value of the bucket decodes to NaN
+    for (size_t i = 0; i < n; i += 8) {
+      uint32_t word[8];
+      unpack8(codes + (begin + i) / 8 * static_cast<size_t>(c.bits), c.bits, word);
+      for (size_t j = 0; j < 8 && i + j < n; ++j) {
+        const float v = dequantize_from_levels(word[j], m, g.g);
+        if (accumulate) out[begin + i + j] += v;
+        else out[begin + i + j] = v;
+      }
+    }
+  }
+  return nonfinite;
+}
+
+std::vector<float> learn_levels(const float* data, size_t count, int bits, uint32_t bucket, double rate, int epochs) {
+  const size_t k = size_t{1} << bits;
+  std::vector<double> q(k);
+  for (size_t j = 0; j < k; ++j) q[j] = static_cast<double>(j) / static_cast<double>(k - 1);  // uniform start
+  std::vector<double> z;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    for (size_t begin = 0; begin < count; begin += bucket) {
+      const size_t n = std::min<size_t>(bucket, count - begin);
+      float lo, hi;
+      bool finite;
+      scan(data + begin, n, &lo, &hi, &finite);
+      if (!finite || !(hi > lo)) continue;  // nothing to learn from a constant or non-finite bucket
+      // Algorithm 2, lines 5-6, on the bucket's values normalized to [0, 1]: the nearest level moves
+      // a step `rate` towards the value (online k-means).
+      for (size_t i = 0; i < n; ++i) {
+        const double v = (static_cast<double>(data[begin + i]) - lo) / (static_cast<double>(hi) - lo);
+        const size_t up = static_cast<size_t>(std::lower_bound(q.begin(), q.end(), v) - q.begin());
+        size_t nearest = up;
+        if (up == k || (up > 0 && v - q[up - 1] <= q[up] - v)) nearest = up - 1;
+        q[nearest] -= rate * (q[nearest] - v);
+      }
+      // Keep the levels sorted as they move, so that the search stays valid.
+      std::sort(q.begin(), q.end());
+    }
+    q.front() = 0.0, q.back() = 1.0;  // endpoints pinned after each epoch (spec §1.4)
+  }
+  // Strictly increasing in float32 with the endpoints exact: levels that met are pushed apart by the
+  // smallest step that float32 can tell.
+  std::vector<float> levels(k);
+  for (size_t j = 0; j < k; ++j) levels[j] = static_cast<float>(std::clamp(q[j], 0.0, 1.0));
+  levels.front() = 0.0f, levels.back() = 1.0f;
+  for (size_t j = 1; j + 1 < k; ++j)
+    if (!(levels[j] > levels[j - 1])) levels[j] = std::nextafter(levels[j - 1], 2.0f);
+  for (size_t j = k - 1; j-- > 1;)
+    if (!(levels[j] < levels[j + 1])) levels[j] = std::nextafter(levels[j + 1], -1.0f);
+  return levels;
+}
+
+}  // namespace qccl::kernels
