@@ -30,6 +30,7 @@ QCCL_DECLARE_ALGORITHM(reduce_scatter_ring)
 QCCL_DECLARE_ALGORITHM(reduce_scatter_hierarchical)
 QCCL_DECLARE_ALGORITHM(reduce_scatter_compressed_pairwise)
 QCCL_DECLARE_ALGORITHM(reduce_scatter_compressed_hierarchical)
+QCCL_DECLARE_ALGORITHM(reduce_scatter_compressed_two_level)
 QCCL_DECLARE_ALGORITHM(alltoall_pairwise)
 QCCL_DECLARE_ALGORITHM(sendrecv_direct)
 

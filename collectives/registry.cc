@@ -100,6 +100,12 @@ const std::vector<Algorithm>& algorithms() {
        make_reduce_scatter_hierarchical},
       {"ring", CollKind::kReduceScatter, "pipelined ring", "(n-1)*recvcount*es", kAny, reduce_scatter_ring_cannot_run,
        make_reduce_scatter_ring},
+      {"compressed_two_level", CollKind::kReduceScatter,
+       "compressed, nodes of equal size: each rank sums its node's inputs for one lane of blocks in float32 (a "
+       "node reduce-scatter), encodes each node sum once for its block's owner in the other nodes, adds the "
+       "decoded sums it receives in node order",
+       "(L-1)*N*recvcount*es + (N-1)*E(recvcount)", kAny, reduce_scatter_compressed_two_level_cannot_run,
+       make_reduce_scatter_compressed_two_level},
       {"compressed_hierarchical", CollKind::kReduceScatter,
        "compressed: each node's leader sums its node's inputs in float32, encodes each node sum of another node's "
        "block once for that node's leader, adds the other nodes' decoded sums in node order and scatters in the "

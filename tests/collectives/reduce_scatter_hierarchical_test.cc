@@ -61,7 +61,8 @@ struct Result {
   SimRun sim;
 };
 
-Result run(const Job& job, const std::vector<std::vector<float>>& in, std::vector<std::vector<float>>* residuals = nullptr) {
+Result run(const Job& job, const std::vector<std::vector<float>>& in, std::vector<std::vector<float>>* residuals = nullptr,
+           const std::string& algorithm = "compressed_hierarchical") {
   const int n = job.n();
   const NodeMap nodes = NodeMap::from_labels(job.labels);
   const size_t es = kernels::element_size(job.dtype);
@@ -84,7 +85,7 @@ Result run(const Job& job, const std::vector<std::vector<float>>& in, std::vecto
     if (residuals) calls[r].residual = (*residuals)[r].data();
     a.method_call = &calls[r];
   }
-  res.sim = run_on_sim(args, "compressed_hierarchical", job.chunk_bytes, job.depth);
+  res.sim = run_on_sim(args, algorithm, job.chunk_bytes, job.depth);
   for (int r = 0; r < n; ++r)
     kernels::load_float(job.dtype, static_cast<const std::byte*>(args[r].recvbuf), res.out[r].data(), job.count);
   return res;
@@ -160,17 +161,42 @@ uint64_t encoded_block_bytes(const kernels::CodecConfig& c, size_t count) {
   return bytes;
 }
 
-// Bytes each rank sends: a member n raw blocks of its datatype; a leader its members' blocks in
-// float32 and the other nodes' blocks encoded.
-std::vector<uint64_t> bytes_sent(const Job& job) {
+// Bytes each rank sends, in all and to other nodes. compressed_hierarchical: a member n raw blocks
+// of its datatype to its leader; a leader its members' blocks in float32 and the other nodes' blocks
+// encoded to their leaders. compressed_two_level (L ranks per node, N nodes): N raw blocks to each
+// mate, and one encoded block to each other node.
+struct Bytes {
+  uint64_t all, inter_node;
+};
+std::vector<Bytes> bytes_sent(const Job& job, const std::string& algorithm) {
   const NodeMap nodes = NodeMap::from_labels(job.labels);
-  const uint64_t n = static_cast<uint64_t>(job.n());
-  std::vector<uint64_t> bytes(n, n * job.count * kernels::element_size(job.dtype));
-  for (int node = 0; node < nodes.nodes(); ++node) {
-    const uint64_t size = nodes.ranks_of(node).size();
-    bytes[nodes.leader(node)] = (size - 1) * job.count * 4 + (n - size) * encoded_block_bytes(*job.codec, job.count);
+  const uint64_t n = static_cast<uint64_t>(job.n()), es = kernels::element_size(job.dtype);
+  const uint64_t encoded = encoded_block_bytes(*job.codec, job.count);
+  std::vector<Bytes> bytes(n);
+  for (uint64_t r = 0; r < n; ++r) {
+    const uint64_t size = nodes.ranks_of(nodes.node_of(static_cast<int>(r))).size(), count_nodes = nodes.nodes();
+    if (algorithm == "compressed_two_level")
+      bytes[r] = {(size - 1) * count_nodes * job.count * es + (count_nodes - 1) * encoded, (count_nodes - 1) * encoded};
+    else if (nodes.leader(nodes.node_of(static_cast<int>(r))) == static_cast<int>(r))
+      bytes[r] = {(size - 1) * job.count * 4 + (n - size) * encoded, (n - size) * encoded};
+    else
+      bytes[r] = {n * job.count * es, 0};
   }
   return bytes;
+}
+
+// The algorithms that run a node map: the two-level one needs nodes of equal size.
+std::vector<std::string> algorithms_for(const std::vector<int>& labels) {
+  const NodeMap nodes = NodeMap::from_labels(labels);
+  bool equal = true;
+  for (int node = 1; node < nodes.nodes(); ++node) equal &= nodes.ranks_of(node).size() == nodes.ranks_of(0).size();
+  if (equal) return {"compressed_hierarchical", "compressed_two_level"};
+  return {"compressed_hierarchical"};
+}
+
+// Who keeps the residual of a node sum of block r for node `node`: its leader, or its rank in r's lane.
+int residual_owner(const NodeMap& nodes, int node, int r, const std::string& algorithm) {
+  return algorithm == "compressed_two_level" ? nodes.ranks_of(node)[nodes.local_index(r)] : nodes.leader(node);
 }
 
 const std::vector<std::vector<int>>& node_maps() {
@@ -237,33 +263,49 @@ TEST_CASE("hierarchical reduce-scatter: every datatype and op exact, closed-form
 TEST_CASE("hierarchical compressed reduce-scatter: within one codec error per remote node, closed-form bytes",
           "[hierarchical]") {
   for (const auto& labels : node_maps())
-    for (const kernels::CodecConfig& codec : codecs())
-      for (DataType dtype : {DataType::kFloat32, DataType::kBfloat16, DataType::kFloat16})
-        for (RedOp op : {RedOp::kSum, RedOp::kAvg})
-          for (bool in_place : {false, true}) {
-            Job job{labels};
-            job.codec = &codec, job.dtype = dtype, job.op = op, job.in_place = in_place, job.count = 1001;
-            INFO(describe(job));
-            const auto in = make_inputs(job, 31);
-            const Result res = run(job, in);
-            const std::vector<uint64_t> bytes = bytes_sent(job);
-            for (int r = 0; r < job.n(); ++r) {
-              const std::vector<double> exact = exact_block(job, in, r);
-              const std::vector<double> bound = error_bounds(job, in, r, exact);
-              size_t over = 0;
-              for (size_t i = 0; i < job.count; ++i)
-                if (!(std::fabs(res.out[r][i] - exact[i]) <= bound[i])) ++over;
-              CHECK(over == 0);
-              CHECK(res.sim.plan_bytes[r] == bytes[r]);
-              CHECK(res.sim.ops[r]->stats().bytes_sent == bytes[r]);
-              CHECK(res.sim.ops[r]->stats().nonfinite == 0);
-              // Across nodes only a leader sends: the other nodes' blocks, encoded.
-              const NodeMap nodes = NodeMap::from_labels(labels);
-              const uint64_t local = nodes.ranks_of(nodes.node_of(r)).size();
-              CHECK(res.sim.ops[r]->stats().inter_node_bytes_sent ==
-                    (nodes.leader(nodes.node_of(r)) == r ? (job.n() - local) * encoded_block_bytes(codec, job.count) : 0));
+    for (const std::string& algorithm : algorithms_for(labels))
+      for (const kernels::CodecConfig& codec : codecs())
+        for (DataType dtype : {DataType::kFloat32, DataType::kBfloat16, DataType::kFloat16})
+          for (RedOp op : {RedOp::kSum, RedOp::kAvg})
+            for (bool in_place : {false, true}) {
+              Job job{labels};
+              job.codec = &codec, job.dtype = dtype, job.op = op, job.in_place = in_place, job.count = 1001;
+              INFO(algorithm << " " << describe(job));
+              const auto in = make_inputs(job, 31);
+              const Result res = run(job, in, nullptr, algorithm);
+              const std::vector<Bytes> bytes = bytes_sent(job, algorithm);
+              for (int r = 0; r < job.n(); ++r) {
+                const std::vector<double> exact = exact_block(job, in, r);
+                const std::vector<double> bound = error_bounds(job, in, r, exact);
+                size_t over = 0;
+                for (size_t i = 0; i < job.count; ++i)
+                  if (!(std::fabs(res.out[r][i] - exact[i]) <= bound[i])) ++over;
+                CHECK(over == 0);
+                CHECK(res.sim.plan_bytes[r] == bytes[r].all);
+                CHECK(res.sim.ops[r]->stats().bytes_sent == bytes[r].all);
+                CHECK(res.sim.ops[r]->stats().inter_node_bytes_sent == bytes[r].inter_node);
+                CHECK(res.sim.ops[r]->stats().nonfinite == 0);
+              }
             }
-          }
+}
+
+TEST_CASE("two-level compressed reduce-scatter: with rounding to nearest, the leader algorithm's bits",
+          "[hierarchical]") {
+  for (const auto& labels : node_maps()) {
+    if (algorithms_for(labels).size() < 2) continue;
+    for (const kernels::CodecConfig& codec : codecs()) {
+      if (codec.rounding == kernels::Rounding::kStochastic) continue;
+      for (bool in_place : {false, true}) {
+        Job job{labels};
+        job.codec = &codec, job.in_place = in_place, job.count = 2001, job.op = RedOp::kAvg;
+        INFO(describe(job));
+        const auto in = make_inputs(job, 17);
+        const Result leader = run(job, in, nullptr, "compressed_hierarchical");
+        const Result lanes = run(job, in, nullptr, "compressed_two_level");
+        for (int r = 0; r < job.n(); ++r) CHECK(lanes.out[r] == leader.out[r]);
+      }
+    }
+  }
 }
 
 TEST_CASE("hierarchical compressed reduce-scatter: the bound can fail (2-bit codes are not exact)", "[hierarchical]") {
@@ -285,54 +327,60 @@ TEST_CASE("hierarchical compressed reduce-scatter: the same bits for every chunk
     Job base{labels};
     base.codec = &codec, base.count = 3001, base.chunk_bytes = 1 << 20, base.depth = 1;
     const auto in = make_inputs(base, 5);
-    const Result reference = run(base, in);
-    for (size_t chunk : {size_t{256}, size_t{1000}, size_t{4096}})
-      for (int depth : {1, 2, 5}) {
-        Job job = base;
-        job.chunk_bytes = chunk, job.depth = depth;
-        INFO(describe(job));
-        const Result res = run(job, in);
-        for (int r = 0; r < job.n(); ++r) CHECK(res.out[r] == reference.out[r]);
-      }
+    for (const std::string& algorithm : algorithms_for(labels)) {
+      const Result reference = run(base, in, nullptr, algorithm);
+      for (size_t chunk : {size_t{256}, size_t{1000}, size_t{4096}})
+        for (int depth : {1, 2, 5}) {
+          Job job = base;
+          job.chunk_bytes = chunk, job.depth = depth;
+          INFO(algorithm << " " << describe(job));
+          const Result res = run(job, in, nullptr, algorithm);
+          for (int r = 0; r < job.n(); ++r) CHECK(res.out[r] == reference.out[r]);
+        }
+    }
   }
 }
 
 TEST_CASE("hierarchical compressed reduce-scatter: error feedback telescopes to the leaders' residuals",
           "[hierarchical]") {
-  // Each remote node's leader sends decode(encode(S + r_old)) = S + r_old - r_new, so over T calls
-  // the sum of a block's outputs is the sum of its exact values minus the remote leaders' final
-  // residuals there (they start at zero), up to float32 rounding.
+  // Each remote node's encoding rank (its leader, or its rank in the block's lane) sends
+  // decode(encode(S + r_old)) = S + r_old - r_new, so over T calls the sum of a block's outputs is the
+  // sum of its exact values minus those ranks' final residuals there (they start at zero), up to
+  // float32 rounding.
   const kernels::CodecConfig codec = kernels::parse_codec_spec("q2:bucket=64");
   for (const auto& labels : node_maps()) {
-    Job job{labels};
-    job.codec = &codec, job.count = 700;
-    const NodeMap nodes = NodeMap::from_labels(labels);
-    const int n = job.n(), calls = 4;
-    std::vector<std::vector<float>> residuals(n, std::vector<float>(n * job.count, 0.0f));
-    std::vector<std::vector<double>> got(n, std::vector<double>(job.count, 0.0)), want = got;
-    for (int t = 0; t < calls; ++t) {
-      job.step = static_cast<uint64_t>(t);
-      const auto in = make_inputs(job, 100 + t);
-      const Result res = run(job, in, &residuals);
+    for (const std::string& algorithm : algorithms_for(labels)) {
+      Job job{labels};
+      job.codec = &codec, job.count = 700;
+      const NodeMap nodes = NodeMap::from_labels(labels);
+      const int n = job.n(), calls = 4;
+      std::vector<std::vector<float>> residuals(n, std::vector<float>(n * job.count, 0.0f));
+      std::vector<std::vector<double>> got(n, std::vector<double>(job.count, 0.0)), want = got;
+      for (int t = 0; t < calls; ++t) {
+        job.step = static_cast<uint64_t>(t);
+        const auto in = make_inputs(job, 100 + t);
+        const Result res = run(job, in, &residuals, algorithm);
+        for (int r = 0; r < n; ++r) {
+          const std::vector<double> exact = exact_block(job, in, r);
+          for (size_t i = 0; i < job.count; ++i) got[r][i] += res.out[r][i], want[r][i] += exact[i];
+        }
+      }
       for (int r = 0; r < n; ++r) {
-        const std::vector<double> exact = exact_block(job, in, r);
-        for (size_t i = 0; i < job.count; ++i) got[r][i] += res.out[r][i], want[r][i] += exact[i];
+        INFO(algorithm << ", map of " << n << " ranks, rank " << r);
+        size_t over = 0;
+        for (size_t i = 0; i < job.count; ++i) {
+          double telescoped = want[r][i];
+          for (int node = 0; node < nodes.nodes(); ++node)
+            if (node != nodes.node_of(r)) telescoped -= residuals[residual_owner(nodes, node, r, algorithm)][r * job.count + i];
+          if (!(std::fabs(got[r][i] - telescoped) <= calls * 4.0 * n * 8.0 * n * 0x1p-24)) ++over;
+        }
+        CHECK(over == 0);
+        // With the leader's algorithm, members keep no residual.
+        if (algorithm == "compressed_hierarchical")
+          for (int q : nodes.ranks_of(nodes.node_of(r)))
+            if (q != nodes.leader(nodes.node_of(r)))
+              CHECK(std::all_of(residuals[q].begin(), residuals[q].end(), [](float v) { return v == 0.0f; }));
       }
-    }
-    for (int r = 0; r < n; ++r) {
-      INFO("map of " << n << " ranks, rank " << r);
-      size_t over = 0;
-      for (size_t i = 0; i < job.count; ++i) {
-        double telescoped = want[r][i];
-        for (int node = 0; node < nodes.nodes(); ++node)
-          if (node != nodes.node_of(r)) telescoped -= residuals[nodes.leader(node)][r * job.count + i];
-        if (!(std::fabs(got[r][i] - telescoped) <= calls * 4.0 * n * 8.0 * n * 0x1p-24)) ++over;
-      }
-      CHECK(over == 0);
-      // Members keep no residual.
-      for (int q : nodes.ranks_of(nodes.node_of(r)))
-        if (q != nodes.leader(nodes.node_of(r)))
-          CHECK(std::all_of(residuals[q].begin(), residuals[q].end(), [](float v) { return v == 0.0f; }));
     }
   }
 }

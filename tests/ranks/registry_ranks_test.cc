@@ -359,6 +359,38 @@ TEST_CASE("ReduceScatter compressed_hierarchical: node sums encoded once per rem
   CHECK(sent == (leader ? (local - 1) * count * 4 + (n - local) * 5 * (8 + 512) : total * sizeof(float)));
 }
 
+TEST_CASE("ReduceScatter compressed_two_level: node sums shared by the node's ranks, within their bound",
+          "[reducescatter=compressed_two_level]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 512 * 5, total = count * static_cast<size_t>(n);
+  Codec codec("q8:bucket=512");
+  std::vector<float> x(total), y(count);
+  for (size_t i = 0; i < total; ++i) x[i] = static_cast<float>(sine(w.rank(), i));
+  QCCL_REQUIRE_OK(
+      qcclReduceScatterCompressed(x.data(), y.data(), count, qcclFloat32, qcclAvg, codec.handle, nullptr, w.comm()));
+  require_ran("reducescatter", "compressed_two_level");
+  const qcclStats_t stats = last_stats();
+  double worst = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (int r = 0; r < n; ++r) exact += static_cast<float>(sine(r, w.rank() * count + i));
+    worst = std::max(worst, std::fabs(y[i] - exact / n));
+  }
+  CHECK(worst <= (n - 1) * kQ8Error + 1e-5);  // one q8 error per remote node's sum, divided by n
+  // QCCL_NODE_MAP has nodes of equal size L: N raw blocks to each of L - 1 mates, one encoded block
+  // (5 q8 buckets) to each of N - 1 other nodes.
+  const char* map = std::getenv("QCCL_NODE_MAP");
+  REQUIRE(map != nullptr);
+  std::vector<int> label;
+  for (const char* p = map; *p; ++p)
+    if (*p != ',') label.push_back(*p - '0');
+  const uint64_t local = static_cast<uint64_t>(std::count(label.begin(), label.end(), label[w.rank()]));
+  const uint64_t nodes = static_cast<uint64_t>(n) / local;
+  CHECK(stats.wireBytesSent == (local - 1) * nodes * count * sizeof(float) + (nodes - 1) * 5 * (8 + 512));
+  CHECK(stats.interNodeBytesSent == (nodes - 1) * 5 * (8 + 512));
+}
+
 TEST_CASE("ReduceScatter compressed_pairwise: each contribution encoded once, within its bound",
           "[reducescatter=compressed_pairwise]") {
   World& w = World::get();
