@@ -32,6 +32,8 @@ QCCL_DECLARE_ALGORITHM(reduce_scatter_compressed_pairwise)
 QCCL_DECLARE_ALGORITHM(reduce_scatter_compressed_hierarchical)
 QCCL_DECLARE_ALGORITHM(reduce_scatter_compressed_two_level)
 QCCL_DECLARE_ALGORITHM(alltoall_pairwise)
+QCCL_DECLARE_ALGORITHM(gather_direct)
+QCCL_DECLARE_ALGORITHM(scatter_direct)
 QCCL_DECLARE_ALGORITHM(sendrecv_direct)
 
 #undef QCCL_DECLARE_ALGORITHM

@@ -36,9 +36,17 @@ namespace qccl::coll {
 using kernels::DataType;
 using kernels::RedOp;
 
-enum class CollKind : uint8_t { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAlltoAll, kSend, kRecv };
-constexpr int kNumCollKinds = 8;
+// Values are on the wire (frame headers): new kinds go at the end.
+enum class CollKind : uint8_t {
+  kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAlltoAll, kSend, kRecv, kGather, kScatter
+};
+constexpr int kNumCollKinds = 10;
 const char* coll_name(CollKind kind);  // "AllReduce", ... as in the C API
+// The collectives with a root (CollArgs::root; every rank must name the same one).
+inline bool rooted(CollKind kind) {
+  return kind == CollKind::kBroadcast || kind == CollKind::kReduce || kind == CollKind::kGather ||
+         kind == CollKind::kScatter;
+}
 
 class MethodCall;  // collectives/method.h
 

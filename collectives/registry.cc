@@ -14,6 +14,8 @@ const char* coll_name(CollKind kind) {
     case CollKind::kAlltoAll: return "AlltoAll";
     case CollKind::kSend: return "Send";
     case CollKind::kRecv: return "Recv";
+    case CollKind::kGather: return "Gather";
+    case CollKind::kScatter: return "Scatter";
   }
   return "?";
 }
@@ -23,7 +25,9 @@ size_t CollArgs::message_bytes() const {
   switch (kind) {
     case CollKind::kAllGather:
     case CollKind::kReduceScatter:
-    case CollKind::kAlltoAll: return bytes * static_cast<size_t>(nranks);
+    case CollKind::kAlltoAll:
+    case CollKind::kGather:
+    case CollKind::kScatter: return bytes * static_cast<size_t>(nranks);
     default: return bytes;
   }
 }
@@ -37,6 +41,8 @@ const std::vector<Algorithm>& algorithms() {
       {"local", CollKind::kAllGather, "single rank: copy", "0", kAny, local_cannot_run, make_local},
       {"local", CollKind::kReduceScatter, "single rank: copy", "0", kAny, local_cannot_run, make_local},
       {"local", CollKind::kAlltoAll, "single rank: copy", "0", kAny, local_cannot_run, make_local},
+      {"local", CollKind::kGather, "single rank: copy", "0", kAny, local_cannot_run, make_local},
+      {"local", CollKind::kScatter, "single rank: copy", "0", kAny, local_cannot_run, make_local},
 
       {"recursive_doubling", CollKind::kAllReduce,
        "log2(p) pairwise exchanges of the whole buffer (non-powers of two fold first); latency-bound sizes",
@@ -120,6 +126,10 @@ const std::vector<Algorithm>& algorithms() {
       {"pairwise", CollKind::kAlltoAll, "n-1 pairwise exchange steps, pipelined", "(n-1)*count*es", kAny,
        alltoall_pairwise_cannot_run, make_alltoall_pairwise},
 
+      {"direct", CollKind::kGather, "every rank sends its block straight to the root, pipelined", "count*es (root: 0)",
+       kAny, gather_direct_cannot_run, make_gather_direct},
+      {"direct", CollKind::kScatter, "the root sends every rank its block straight, pipelined",
+       "root: (n-1)*count*es (others: 0)", kAny, scatter_direct_cannot_run, make_scatter_direct},
       {"direct", CollKind::kSend, "one transport message", "S", kAny, sendrecv_direct_cannot_run, make_sendrecv_direct},
       {"direct", CollKind::kRecv, "one transport message", "0", kAny, sendrecv_direct_cannot_run, make_sendrecv_direct},
   };

@@ -255,6 +255,14 @@ QCCL_API qcclResult_t qcclReduceScatter(const void* sendbuff, void* recvbuff, si
  * must not overlap). */
 QCCL_API qcclResult_t qcclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                                    qcclDataType_t datatype, qcclComm_t comm);
+/* On the root: recvbuff[r*count + i] = sendbuff of rank r [i]; recvbuff is read only on the root
+ * (others may pass NULL). In place when the root's sendbuff == recvbuff + root*count. */
+QCCL_API qcclResult_t qcclGather(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                 int root, qcclComm_t comm);
+/* recvbuff[i] = the root's sendbuff[rank*count + i]; sendbuff is read only on the root (others may
+ * pass NULL). In place when the root's recvbuff == sendbuff + root*count. */
+QCCL_API qcclResult_t qcclScatter(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                  int root, qcclComm_t comm);
 /* Point to point: peer must call qcclRecv with the same count and datatype. Two ranks that send to
  * each other must do so inside qcclGroupStart/qcclGroupEnd (or with qcclISend/qcclIRecv), as in
  * NCCL, since a large send completes only when the receiver has posted its receive. */
@@ -299,6 +307,10 @@ QCCL_API qcclResult_t qcclIReduceScatter(const void* sendbuff, void* recvbuff, s
                                          qcclRequest_t* request);
 QCCL_API qcclResult_t qcclIAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                                     qcclDataType_t datatype, qcclComm_t comm, qcclRequest_t* request);
+QCCL_API qcclResult_t qcclIGather(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                  int root, qcclComm_t comm, qcclRequest_t* request);
+QCCL_API qcclResult_t qcclIScatter(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
+                                   int root, qcclComm_t comm, qcclRequest_t* request);
 QCCL_API qcclResult_t qcclISend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer,
                                 qcclComm_t comm, qcclRequest_t* request);
 QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer,

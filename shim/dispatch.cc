@@ -244,36 +244,9 @@ void issue_host(Call& call, Scratch& scratch) {
     case Kind::kSend: return check_qccl(qcclSend(call.sendbuff, call.count, t, call.root, q), name);
     case Kind::kRecv: return check_qccl(qcclRecv(call.recvbuff, call.count, t, call.root, q), name);
     case Kind::kGather:
-    case Kind::kScatter: {
-      // qccl has no Gather or Scatter: the root exchanges a block with every other rank, as NCCL 2.28
-      // itself builds them from send/recv. The root's own block is a copy (none when in place).
-      const bool gather = call.kind == Kind::kGather;
-      const size_t block = bytes;
-      check_qccl(qcclGroupStart(), "qcclGroupStart");
-      qcclResult_t r = qcclSuccess;
-      if (c.rank == call.root) {
-        for (int p = 0; p < c.nranks && r == qcclSuccess; ++p) {
-          unsigned char* rb = static_cast<unsigned char*>(call.recvbuff);
-          const unsigned char* sb = static_cast<const unsigned char*>(call.sendbuff);
-          if (p == c.rank) {
-            const void* from = gather ? static_cast<const void*>(sb) : sb + p * block;
-            void* to = gather ? static_cast<void*>(rb + p * block) : rb;
-            if (from != to && block) std::memmove(to, from, block);
-            continue;
-          }
-          r = gather ? qcclRecv(rb + p * block, call.count, t, p, q) : qcclSend(sb + p * block, call.count, t, p, q);
-        }
-      } else {
-        r = gather ? qcclSend(call.sendbuff, call.count, t, call.root, q)
-                   : qcclRecv(call.recvbuff, call.count, t, call.root, q);
-      }
-      if (r != qcclSuccess) {
-        std::string message = qcclGetLastError(nullptr);
-        qcclGroupEnd();
-        throw ShimError{to_nccl(r), message};
-      }
-      return check_qccl(qcclGroupEnd(), name);
-    }
+      return check_qccl(qcclGather(call.sendbuff, call.recvbuff, call.count, t, call.root, q), name);
+    case Kind::kScatter:
+      return check_qccl(qcclScatter(call.sendbuff, call.recvbuff, call.count, t, call.root, q), name);
   }
 }
 

@@ -403,6 +403,16 @@ QCCL_API qcclResult_t qcclReduceScatter(const void* sendbuff, void* recvbuff, si
   return run_collective("qcclReduceScatter", comm,
                         RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0});
 }
+QCCL_API qcclResult_t qcclGather(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, int root,
+                                 qcclComm_t comm) {
+  return run_collective("qcclGather", comm, RawCall{coll::CollKind::kGather, sendbuff, recvbuff, count, datatype, 0, root});
+}
+
+QCCL_API qcclResult_t qcclScatter(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, int root,
+                                  qcclComm_t comm) {
+  return run_collective("qcclScatter", comm, RawCall{coll::CollKind::kScatter, sendbuff, recvbuff, count, datatype, 0, root});
+}
+
 QCCL_API qcclResult_t qcclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
                                    qcclComm_t comm) {
   return run_collective("qcclAlltoAll", comm,
@@ -442,6 +452,18 @@ QCCL_API qcclResult_t qcclIReduceScatter(const void* sendbuff, void* recvbuff, s
                           RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0},
                           request);
 }
+QCCL_API qcclResult_t qcclIGather(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, int root,
+                                  qcclComm_t comm, qcclRequest_t* request) {
+  return start_collective("qcclIGather", comm,
+                          RawCall{coll::CollKind::kGather, sendbuff, recvbuff, count, datatype, 0, root}, request);
+}
+
+QCCL_API qcclResult_t qcclIScatter(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, int root,
+                                   qcclComm_t comm, qcclRequest_t* request) {
+  return start_collective("qcclIScatter", comm,
+                          RawCall{coll::CollKind::kScatter, sendbuff, recvbuff, count, datatype, 0, root}, request);
+}
+
 QCCL_API qcclResult_t qcclIAlltoAll(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype,
                                     qcclComm_t comm, qcclRequest_t* request) {
   return start_collective("qcclIAlltoAll", comm,

@@ -24,7 +24,7 @@ constexpr uint32_t kFirstAgreementMessage = 0xfff0;
 constexpr uint32_t kPayloadMessages = kFirstAgreementMessage - 1;
 constexpr size_t kMaxAgreementRounds = 0x10000 - kFirstAgreementMessage;
 
-bool rooted(coll::CollKind kind) { return kind == coll::CollKind::kBroadcast || kind == coll::CollKind::kReduce; }
+using coll::rooted;
 
 class HostExecution final : public Execution {
  public:

@@ -14,7 +14,7 @@ bool reduces(coll::CollKind kind) {
          kind == coll::CollKind::kReduceScatter;
 }
 
-bool rooted(coll::CollKind kind) { return kind == coll::CollKind::kBroadcast || kind == coll::CollKind::kReduce; }
+using coll::rooted;
 
 }  // namespace
 

@@ -65,7 +65,7 @@ coll::CollArgs validate_call(const RawCall& c, int rank, int nranks) {
     if (c.op < 0 || c.op >= qcclNumOps) fail(qcclInvalidArgument, "op = %d is not a qcclRedOp_t (0..%d)", c.op, qcclNumOps - 1);
     a.op = static_cast<kernels::RedOp>(c.op);
   }
-  const bool rooted = c.kind == CollKind::kBroadcast || c.kind == CollKind::kReduce;
+  const bool rooted = coll::rooted(c.kind);
   const bool p2p = c.kind == CollKind::kSend || c.kind == CollKind::kRecv;
   if (rooted && (c.root < 0 || c.root >= nranks))
     fail(qcclInvalidArgument, "root = %d is not a rank of this communicator (0..%d)", c.root, nranks - 1);
@@ -137,6 +137,30 @@ coll::CollArgs validate_call(const RawCall& c, int rank, int nranks) {
       if (overlap(c.sendbuf, bytes, c.recvbuf, bytes))
         fail(qcclInvalidArgument, "sendbuff %p and recvbuff %p overlap (%zu bytes each): AlltoAll cannot run in place",
              c.sendbuf, c.recvbuf, bytes);
+      break;
+    }
+    case CollKind::kGather: {
+      const size_t recv_bytes = buffer_bytes("recvbuff (nranks * count)", count, es, n);
+      if (!count) break;
+      require(c.sendbuf, "sendbuff", count);
+      if (root) {
+        require(c.recvbuf, "recvbuff (on the root)", count);
+        check_in_place({"sendbuff", c.sendbuf, count * es}, {"recvbuff", c.recvbuf, recv_bytes},
+                       static_cast<const char*>(c.recvbuf) + static_cast<size_t>(c.root) * count * es,
+                       "the in-place position recvbuff + root * count");
+      }
+      break;
+    }
+    case CollKind::kScatter: {
+      const size_t send_bytes = buffer_bytes("sendbuff (nranks * count)", count, es, n);
+      if (!count) break;
+      require(c.recvbuf, "recvbuff", count);
+      if (root) {
+        require(c.sendbuf, "sendbuff (on the root)", count);
+        check_in_place({"recvbuff", c.recvbuf, count * es}, {"sendbuff", c.sendbuf, send_bytes},
+                       static_cast<const char*>(c.sendbuf) + static_cast<size_t>(c.root) * count * es,
+                       "the in-place position sendbuff + root * count");
+      }
       break;
     }
     case CollKind::kSend:

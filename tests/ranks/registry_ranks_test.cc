@@ -88,7 +88,7 @@ void run_value_codec(const char* name) {
 
 TEST_CASE("local: every collective on one rank",
           "[allreduce=local][broadcast=local][reduce=local]"
-          "[allgather=local][reducescatter=local][alltoall=local]") {
+          "[allgather=local][reducescatter=local][alltoall=local][gather=local][scatter=local]") {
   World& w = World::get();
   REQUIRE(w.size() == 1);
   const char* algo = std::getenv("QCCL_ALGO");
@@ -105,6 +105,8 @@ TEST_CASE("local: every collective on one rank",
   if (collective == "reducescatter")
     QCCL_REQUIRE_OK(qcclReduceScatter(x.data(), y.data(), kCount, qcclFloat32, qcclSum, w.comm()));
   if (collective == "alltoall") QCCL_REQUIRE_OK(qcclAlltoAll(x.data(), y.data(), kCount, qcclFloat32, w.comm()));
+  if (collective == "gather") QCCL_REQUIRE_OK(qcclGather(x.data(), y.data(), kCount, qcclFloat32, 0, w.comm()));
+  if (collective == "scatter") QCCL_REQUIRE_OK(qcclScatter(x.data(), y.data(), kCount, qcclFloat32, 0, w.comm()));
   require_ran(collective.c_str(), "local");
   CHECK(y == x);
 }
@@ -425,6 +427,35 @@ TEST_CASE("AlltoAll pairwise: block r of rank q becomes block q of rank r", "[al
     CHECK(std::vector<float>(y.begin() + static_cast<long>(q * kCount),
                              y.begin() + static_cast<long>((q + 1) * kCount)) ==
           values(q, kCount, static_cast<size_t>(w.rank()) * kCount));
+}
+
+TEST_CASE("Gather direct: every rank's block on the root, from every root", "[gather=direct]") {
+  World& w = World::get();
+  const int n = w.size();
+  for (int root = 0; root < n; ++root) {
+    const std::vector<float> x = values(w.rank() + root, kCount);
+    std::vector<float> y(w.rank() == root ? kCount * static_cast<size_t>(n) : 0, -1.0f);
+    QCCL_REQUIRE_OK(qcclGather(x.data(), w.rank() == root ? y.data() : nullptr, kCount, qcclFloat32, root, w.comm()));
+    require_ran("gather", "direct");
+    CHECK(last_stats().wireBytesSent == (w.rank() == root ? 0 : kCount * sizeof(float)));
+    if (w.rank() != root) continue;
+    for (int q = 0; q < n; ++q)
+      CHECK(std::vector<float>(y.begin() + static_cast<long>(q * kCount), y.begin() + static_cast<long>((q + 1) * kCount)) ==
+            values(q + root, kCount));
+  }
+}
+
+TEST_CASE("Scatter direct: block r of the root's buffer on rank r, from every root", "[scatter=direct]") {
+  World& w = World::get();
+  const int n = w.size();
+  for (int root = 0; root < n; ++root) {
+    const std::vector<float> x = values(root, kCount * static_cast<size_t>(n));
+    std::vector<float> y(kCount, -1.0f);
+    QCCL_REQUIRE_OK(qcclScatter(w.rank() == root ? x.data() : nullptr, y.data(), kCount, qcclFloat32, root, w.comm()));
+    require_ran("scatter", "direct");
+    CHECK(last_stats().wireBytesSent == (w.rank() == root ? (n - 1) * kCount * sizeof(float) : 0));
+    CHECK(y == values(root, kCount, static_cast<size_t>(w.rank()) * kCount));
+  }
 }
 
 TEST_CASE("Send and Recv direct: a message around the ring", "[send=direct][recv=direct]") {
