@@ -326,8 +326,9 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  *                        every hop of a ring or torus (see qcclAllReduceCompressed)
  *   int8, int16, int32   IntSGD (Mishchenko et al., ICLR 2022): Int(alpha x) under a scale alpha all
  *                        ranks share, summed as integers without decoding (see qcclAllReduceCompressed)
- * keys: bucket=B (q only; multiple of 8; default 512), round=nearest|stochastic (q only; default
- * nearest; stochastic rounding is unbiased), levels=l0/l1/.../lK (q only: 2^N learned levels in
+ * keys: bucket=B (q only; multiple of 8; default 512), round=nearest|stochastic|shift (q only;
+ * default nearest; stochastic rounding is unbiased; shift is QSDP's quantization by random shift, one
+ * uniform per bucket shared by its values, unbiased too), levels=l0/l1/.../lK (q only: 2^N learned levels in
  * [0, 1], strictly increasing, from 0 to 1, in place of evenly spaced ones; qcclCodecLearnLevels
  * fits them; host memory only), ef=on|off (error feedback, not sign; needs a codec
  * state; default off), seed=S (keys the random rounding and merging; default 0); for sign:

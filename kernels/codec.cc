@@ -75,7 +75,7 @@ HWY_INLINE size_t WithBits(int bits, const F& f) {
 
 // Returns the number of non-finite buckets. Layout (quant.h): every bucket's meta, then every
 // bucket's codes; a bucket starts at a multiple of 8 values, so its codes start on a byte.
-template <int kBits, bool kStochastic>
+template <int kBits, Rounding kRound>
 HWY_NOINLINE size_t EncodeQuant(size_t bucket, const float* in, size_t count, uint8_t* out, const PhiloxKey& key,
                                 uint64_t first) {
   uint8_t* codes = out + quant_meta_bytes(count, bucket);
@@ -96,7 +96,13 @@ HWY_NOINLINE size_t EncodeQuant(size_t bucket, const float* in, size_t count, ui
     }
     for (size_t t = 0; t < len; t += kTile) {
       const size_t n = std::min(kTile, len - t);
-      const float* u = kStochastic ? FillUniforms(key, first + b0 + t, n, uniforms) : nullptr;
+      const float* u = nullptr;
+      if constexpr (kRound == Rounding::kStochastic) u = FillUniforms(key, first + b0 + t, n, uniforms);
+      if constexpr (kRound == Rounding::kShift) {  // the bucket's one uniform, for every value
+        const float shared = philox_uniform(key, shift_uniform_index(first + b0));
+        for (size_t j = 0; j < n; ++j) uniforms[j] = shared;
+        u = uniforms;
+      }
       if constexpr (kBits == 8) {  // one byte per code: no packing
         QuantizeTile(in + b0 + t, u, n, m, quant_levels(kBits), dst + t);
       } else {
@@ -220,10 +226,13 @@ size_t EncodeImpl(const CodecConfig& c, const float* in, size_t count, void* out
       return 0;
   }
   auto* bytes = static_cast<uint8_t*>(out);
-  const bool stochastic = c.rounding == Rounding::kStochastic;
   return WithBits(c.bits, [&](auto bits) {
-    return stochastic ? EncodeQuant<bits(), true>(c.bucket, in, count, bytes, key, first)
-                      : EncodeQuant<bits(), false>(c.bucket, in, count, bytes, key, first);
+    switch (c.rounding) {
+      case Rounding::kStochastic: return EncodeQuant<bits(), Rounding::kStochastic>(c.bucket, in, count, bytes, key, first);
+      case Rounding::kShift: return EncodeQuant<bits(), Rounding::kShift>(c.bucket, in, count, bytes, key, first);
+      case Rounding::kNearest: break;
+    }
+    return EncodeQuant<bits(), Rounding::kNearest>(c.bucket, in, count, bytes, key, first);
   });
 }
 

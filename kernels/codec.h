@@ -42,7 +42,9 @@ enum class CodecKind : uint8_t { kNone, kFp16, kBf16, kQuant, kSign, kInt };
 // IntSGD's scale: Proposition 2 on the decoded sums (no learning rate), Proposition 2 with the
 // caller's learning rate (Algorithm 1), or fixed.
 enum class IntAlpha : uint8_t { kGrad, kLr, kFixed };
-enum class Rounding : uint8_t { kNearest, kStochastic };
+// kShift (q codecs only): QSDP's quantization by random shift (Definition 1), one uniform per bucket
+// shared by all its values (quant.h).
+enum class Rounding : uint8_t { kNearest, kStochastic, kShift };
 
 // A spec that does not parse; what() names the bad token.
 struct CodecSpecError : std::invalid_argument {

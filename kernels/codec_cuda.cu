@@ -190,7 +190,7 @@ bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintpt
 template <int kBits>
 __global__ void __launch_bounds__(kEncodeThreads)
     encode_quant_kernel(const float* __restrict__ in, size_t count, uint8_t* __restrict__ out, unsigned bucket,
-                        unsigned team, bool stochastic, PhiloxKey key, uint64_t first, bool in_vec,
+                        unsigned team, Rounding rounding, PhiloxKey key, uint64_t first, bool in_vec,
                         bool out_aligned, unsigned long long* nonfinite) {
   auto* metas = reinterpret_cast<BucketMeta*>(out);
   uint8_t* codes = out + quant_meta_bytes(count, bucket);
@@ -229,11 +229,13 @@ __global__ void __launch_bounds__(kEncodeThreads)
       const unsigned n = len - g * 8 < 8 ? len - g * 8 : 8u;
       if (reload) load8(x + g * 8, n, in_vec, v);
       float u[8];
-      if (stochastic) {
+      if (rounding == Rounding::kStochastic) {
         uniforms8(key, first + b0 + g * 8, u);
       } else {
+        // round=shift: the bucket's one uniform (quant.h); nearest: 1/2.
+        const float shared = rounding == Rounding::kShift ? philox_uniform(key, shift_uniform_index(first + b0)) : 0.5f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) u[i] = 0.5f;
+        for (int i = 0; i < 8; ++i) u[i] = shared;
       }
       uint32_t group[8];
 #pragma unroll
@@ -439,7 +441,7 @@ cudaError_t encode_quant(const CodecConfig& c, const float* in, size_t count, vo
   while (team < c.bucket / 8 && team < kEncodeThreads) team *= 2;
   const size_t blocks = (quant_buckets(count, c.bucket) + kEncodeThreads / team - 1) / (kEncodeThreads / team);
   return launch(encode_quant_kernel<kBits>, blocks < kMaxEncodeBlocks ? blocks : kMaxEncodeBlocks, kEncodeThreads,
-                stream, in, count, static_cast<uint8_t*>(out), c.bucket, team, c.rounding == Rounding::kStochastic, key,
+                stream, in, count, static_cast<uint8_t*>(out), c.bucket, team, c.rounding, key,
                 first, aligned_to(in, 16), aligned_to(out, 8), nonfinite);
 }
 

@@ -110,8 +110,10 @@ CodecConfig parse_codec_spec(const std::string& spec) {
         c.rounding = Rounding::kNearest;
       else if (value == "stochastic")
         c.rounding = Rounding::kStochastic;
+      else if (value == "shift" && c.kind == CodecKind::kQuant)
+        c.rounding = Rounding::kShift;
       else
-        bad(spec, "'" + token + "': round is nearest or stochastic");
+        bad(spec, "'" + token + "': round is nearest, stochastic" + (c.kind == CodecKind::kQuant ? " or shift" : ""));
     } else if (c.kind == CodecKind::kSign && key == "eta_s") {
       c.eta = static_cast<float>(parse_real(spec, key, value));
       if (!(c.eta > 0) || !std::isfinite(c.eta)) bad(spec, "'" + token + "': eta_s must be a positive float32");
@@ -212,7 +214,7 @@ std::string CodecConfig::canonical() const {
     }
   }
   std::string text = "q" + std::to_string(bits) + ":bucket=" + std::to_string(bucket) +
-                     ",round=" + (rounding == Rounding::kStochastic ? "stochastic" : "nearest") +
+                     ",round=" + (rounding == Rounding::kStochastic ? "stochastic" : rounding == Rounding::kShift ? "shift" : "nearest") +
                      ",ef=" + (error_feedback ? "on" : "off") + ",seed=" + std::to_string(seed);
   if (!levels.empty()) {
     text += ",levels=";

@@ -49,7 +49,6 @@ size_t encode_levels(const CodecConfig& c, const float* in, size_t count, void* 
   const Positions g = positions(c);
   auto* meta = static_cast<BucketMeta*>(out);
   uint8_t* codes = static_cast<uint8_t*>(out) + quant_meta_bytes(count, c.bucket);
-  const bool stochastic = c.rounding == Rounding::kStochastic;
   size_t nonfinite = 0;
   for (size_t b = 0; b * c.bucket < count; ++b) {
     const size_t begin = b * c.bucket, n = std::min<size_t>(c.bucket, count - begin);
@@ -65,7 +64,10 @@ size_t encode_levels(const CodecConfig& c, const float* in, size_t count, void* 
         const size_t e = begin + i + j;
         if (!(m.step > 0.0f)) continue;  // all equal, or non-finite: code 0
         const float t = (in[e] - m.min) / m.step;
-        word[j] = quantize_to_levels(t, g.g, g.count, stochastic ? philox_uniform(key, first + e) : -1.0f);
+        const float u = c.rounding == Rounding::kStochastic ? philox_uniform(key, first + e)
+                        : c.rounding == Rounding::kShift     ? philox_uniform(key, shift_uniform_index(first + begin))
+                                                             : -1.0f;
+        word[j] = quantize_to_levels(t, g.g, g.count, u);
       }
       pack8(word, c.bits, codes + (begin + i) / 8 * static_cast<size_t>(c.bits));
     }

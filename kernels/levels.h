@@ -11,7 +11,8 @@
 //
 //   encode, nearest:    c = the k minimizing |t - g_k| (the lower one on a tie)
 //   encode, stochastic: c = k + 1 with probability (t - g_k) / (g_(k+1) - g_k), else k, for
-//                       g_k <= t < g_(k+1) (u the element's Philox uniform: up when u < p)
+//                       g_k <= t < g_(k+1) (u the element's Philox uniform: up when u < p; with
+//                       round=shift the bucket's one uniform, as in quant.h)
 //   decode:             x' = m + s * g_c
 //
 // Numerical promise, for finite inputs, with G = max_k (g_(k+1) - g_k) the widest gap in steps:

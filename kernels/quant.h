@@ -6,11 +6,16 @@
 // 8 consecutive codes fill exactly N bytes, so a bucket of L values takes ceil(L / 8) * N bytes.
 //
 //   encode: c = clamp(floor((x - m) / s + u), 0, 2^N - 1), u = 1/2 (nearest) or u ~ U[0, 1)
-//           (stochastic, QSDP eq. for P[q(v) = q_{i+1}] = (v - q_i)/(q_{i+1} - q_i), unbiased)
+//           (stochastic, QSDP eq. for P[q(v) = q_{i+1}] = (v - q_i)/(q_{i+1} - q_i), unbiased), or
+//           (shift) one u ~ U[0, 1) for the whole bucket: QSDP's quantization by random shift
+//           (Definition 1: the grid m + s(Z - u) shifted by a random r shared by all coordinates,
+//           values rounded to nearest on it), unbiased per value with the variance of Lemma 5,
+//           s^2 f (1 - f) for a value at fraction f of its step; the bucket's uniform is the Philox
+//           uniform of its first element (shift_uniform_index), so chunking changes nothing.
 //   decode: x' = m + s * c
 //
 // Numerical promise, for finite inputs, with s the bucket's step:
-//   nearest:    |x' - x| <= s/2 + e,   stochastic: |x' - x| < s + e,   E[x'] = x (stochastic only)
+//   nearest:    |x' - x| <= s/2 + e,   stochastic, shift: |x' - x| < s + e,   E[x'] = x (not nearest)
 // where e = 2^-13 * s + 2^-22 * max(|m|, |max|) + 2^(N-149) covers float32 rounding: (x - m) / s + u
 // is off by less than 2^-14 codes, which can move a code boundary by that much; m + s * c rounds
 // once; and a step in float32's subnormal range (or one that underflows to 0) is off by up to half
@@ -36,6 +41,10 @@ struct BucketMeta {
 };
 
 QCCL_HD uint32_t quant_levels(int bits) { return (1u << bits) - 1u; }
+
+// round=shift: the Philox element whose uniform a bucket shares, the index of its first value in
+// the whole buffer.
+QCCL_HD uint64_t shift_uniform_index(uint64_t bucket_first) { return bucket_first; }
 
 // x - x is 0 exactly when x is finite (NaN and Inf give NaN); no <cmath> needed on either side.
 QCCL_HD bool finite_float(float x) { return x - x == 0.0f; }

@@ -170,7 +170,7 @@ const KeyCase kKeys[] = {
 std::vector<std::string> all_specs() {
   std::vector<std::string> specs = {"none", "fp16", "bf16"};
   for (int bits = 1; bits <= 8; ++bits)
-    for (const char* round : {"nearest", "stochastic"})
+    for (const char* round : {"nearest", "stochastic", "shift"})
       for (int bucket : {8, 24, 512})
         specs.push_back("q" + std::to_string(bits) + ":bucket=" + std::to_string(bucket) + ",round=" + round +
                         ",seed=11");

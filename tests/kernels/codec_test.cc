@@ -83,7 +83,9 @@ Bytes reference_encode(const CodecConfig& c, const std::vector<float>& in, const
     for (size_t g = 0; g < len; g += 8) {
       uint32_t group[8] = {};
       for (size_t i = 0; i < 8 && g + i < len; ++i) {
-        const float u = c.rounding == Rounding::kStochastic ? philox_uniform(key, first + b0 + g + i) : 0.5f;
+        const float u = c.rounding == Rounding::kStochastic ? philox_uniform(key, first + b0 + g + i)
+                        : c.rounding == Rounding::kShift     ? philox_uniform(key, first + b0)  // the bucket's one
+                                                             : 0.5f;
         group[i] = quantize(in[b0 + g + i], m, u, quant_levels(c.bits));
       }
       pack8(group, c.bits, codes + (b0 + g) / 8 * c.bits);
@@ -399,7 +401,7 @@ TEST_CASE("encoded_bytes is the closed form, and encode writes exactly that many
 std::vector<std::string> every_codec() {
   std::vector<std::string> specs = {"none", "fp16", "bf16"};
   for (int bits = 1; bits <= 8; ++bits) {
-    for (const char* round : {"nearest", "stochastic"}) {
+    for (const char* round : {"nearest", "stochastic", "shift"}) {
       for (const char* bucket : {"8", "24", "512"})
         specs.push_back("q" + std::to_string(bits) + ":bucket=" + bucket + ",round=" + round + ",seed=3");
     }
@@ -505,7 +507,7 @@ TEST_CASE("fp16 and bf16 casts are half.h's bit for bit; none is exact", "[codec
 void check_bound(const CodecConfig& c, const std::vector<float>& x, const PhiloxKey& key) {
   const Bytes enc = encode_bytes(c, x, key, 0);
   const std::vector<float> y = decode_values(c, enc, x.size());
-  const bool stochastic = c.rounding == Rounding::kStochastic;
+  const bool stochastic = c.rounding != Rounding::kNearest;  // stochastic or shift: the same bound
   size_t worst_bucket_fails = 0;
   for (size_t b0 = 0, k = 0; b0 < x.size(); b0 += c.bucket, ++k) {
     const size_t len = std::min<size_t>(c.bucket, x.size() - b0);
@@ -534,7 +536,7 @@ void check_bound(const CodecConfig& c, const std::vector<float>& x, const Philox
 TEST_CASE("q1..q8 round trips stay within quant.h's proven bound", "[codec][quant]") {
   const size_t counts[] = {1, 7, 8, 100, 511, 513, 4099};
   for (int bits = 1; bits <= 8; ++bits) {
-    for (const char* round : {"nearest", "stochastic"}) {
+    for (const char* round : {"nearest", "stochastic", "shift"}) {
       for (uint32_t bucket : {8u, 64u, 512u, 1000u}) {
         const CodecConfig c =
             spec("q" + std::to_string(bits) + ":bucket=" + std::to_string(bucket) + ",round=" + round);
@@ -737,14 +739,52 @@ TEST_CASE("stochastic rounding is unbiased with variance s^2 f(1 - f)", "[codec]
   }
 }
 
+TEST_CASE("round=shift: one uniform per bucket, unbiased per value with Lemma 5's variance", "[codec][quant][stats]") {
+  // QSDP Definition 1: the grid shifted by one random r for the whole vector (here: bucket). Values
+  // at the same fraction of their step always round the same way, and values f and f' of a step
+  // round up together exactly when the shared u reaches 1 - min(f, f'); each value is still unbiased
+  // with variance s^2 f(1 - f) (Lemma 5).
+  constexpr size_t kTrials = 20000;
+  const CodecConfig c = spec("q4:bucket=64,round=shift,seed=5");
+  std::vector<float> x(64, 0.0f);
+  x[0] = -0.5f, x[1] = 1.0f;
+  const BucketMeta m = bucket_meta(-0.5f, 1.0f, true, 4);
+  const double fractions[] = {0.3, 0.3, 0.7};  // x[2] and x[3] share a fraction, in different steps
+  const uint32_t steps[] = {2, 9, 5};
+  for (size_t j = 0; j < 3; ++j) x[2 + j] = static_cast<float>(m.min + m.step * (steps[j] + fractions[j]));
+  double sum[3] = {0, 0, 0}, square[3] = {0, 0, 0};
+  size_t together = 0, both_up = 0;
+  for (size_t trial = 0; trial < kTrials; ++trial) {
+    const std::vector<float> y = decode_values(c, encode_bytes(c, x, key_of(c.seed, trial), 0), x.size());
+    bool up[3];
+    for (size_t j = 0; j < 3; ++j) {
+      sum[j] += y[2 + j], square[j] += static_cast<double>(y[2 + j]) * y[2 + j];
+      up[j] = y[2 + j] > x[2 + j];
+    }
+    together += up[0] == up[1];
+    both_up += up[1] && up[2];
+  }
+  CHECK(together == kTrials);  // dependent rounding: the same fraction, the same way
+  // up[1] (f = 0.3) needs u >= 0.7, up[2] (f = 0.7) needs u >= 0.3: both exactly when u >= 0.7.
+  CHECK(std::fabs(static_cast<double>(both_up) / kTrials - 0.3) <= 5 * std::sqrt(0.3 * 0.7 / kTrials));
+  for (size_t j = 0; j < 3; ++j) {
+    const double s = m.step, f = fractions[j];
+    const double mean = sum[j] / kTrials, var = square[j] / kTrials - mean * mean;
+    const double sigma = s * std::sqrt(f * (1 - f));
+    INFO("value " << x[2 + j] << " mean " << mean << " var " << var << " expected " << sigma * sigma);
+    CHECK(std::fabs(mean - x[2 + j]) <= 5 * sigma / std::sqrt(double(kTrials)) + rounding_slack(s, -0.5, 1.0, 4));
+    CHECK(std::fabs(var - sigma * sigma) <= 0.1 * sigma * sigma);  // 20,000 Bernoulli draws: about 1% sd
+  }
+}
+
 // ---- Determinism -----------------------------------------------------------------------------------
 
 TEST_CASE("encoding is deterministic, keyed, and independent of chunking", "[codec][determinism]") {
   const std::vector<float> x = gaussian(64 * 9 + 13, 1.0, 41);
   for (const char* s : {"q1:bucket=64", "q3:bucket=64", "q8:bucket=64"}) {
-    for (const char* round : {",round=nearest", ",round=stochastic"}) {
+    for (const char* round : {",round=nearest", ",round=stochastic", ",round=shift"}) {
       const CodecConfig c = spec(std::string(s) + round);
-      const bool stochastic = c.rounding == Rounding::kStochastic;
+      const bool stochastic = c.rounding != Rounding::kNearest;
       INFO(c.canonical());
       const PhiloxKey key = key_of(7, 100, 3, 2);
       const uint64_t first = 640;

@@ -119,7 +119,7 @@ TEST_CASE("learned levels: sorted, strictly increasing, pinned at 0 and 1, deter
 TEST_CASE("learned levels: every value within the bound of levels.h, both roundings", "[levels]") {
   std::mt19937_64 rng(11);
   for (int bits = 1; bits <= 8; ++bits)
-    for (const char* round : {"nearest", "stochastic"})
+    for (const char* round : {"nearest", "stochastic", "shift"})
       for (Shape shape : {Shape::kLaplace, Shape::kGaussian, Shape::kUniform}) {
         const std::vector<float> levels = random_levels(bits, rng);
         const CodecConfig c = with_levels("q" + std::to_string(bits) + ":bucket=64,round=" + round + ",seed=3", levels);
