@@ -61,6 +61,8 @@ std::pair<size_t, size_t> sizes(const Call& c) {
     case CollKind::kAllGather: return {c.count, c.count * n};
     case CollKind::kReduceScatter: return {c.count * n, c.count};
     case CollKind::kAlltoAll: return {c.count * n, c.count * n};
+    case CollKind::kGather: return {c.count, c.count * n};    // recv: the root's
+    case CollKind::kScatter: return {c.count * n, c.count};   // send: the root's
     default: return {c.count, c.count};
   }
 }
@@ -91,7 +93,17 @@ std::vector<RankBuffers> run(const Call& c, bool random_floats = false) {
     a.recvbuf = b.recv.data();
     if (c.in_place) {
       b.recv = b.send;
-      if (c.kind == CollKind::kAllGather) {  // sendbuf = recvbuf + rank * count
+      if (c.kind == CollKind::kGather || c.kind == CollKind::kScatter) {
+        // In place on the root only: Gather's sendbuf = recvbuf + root * count, Scatter's recvbuf =
+        // sendbuf + root * count; the other ranks run out of place.
+        b.recv.assign(recv_n * es, 0xee);
+        a.sendbuf = b.send.data(), a.recvbuf = b.recv.data();  // b.recv was reallocated above
+        if (r == c.root && c.kind == CollKind::kGather) {
+          std::memcpy(b.recv.data() + r * c.count * es, b.send.data(), c.count * es);
+          a.sendbuf = b.recv.data() + r * c.count * es;
+        }
+        if (r == c.root && c.kind == CollKind::kScatter) a.recvbuf = b.send.data() + r * c.count * es;
+      } else if (c.kind == CollKind::kAllGather) {  // sendbuf = recvbuf + rank * count
         b.recv.assign(recv_n * es, 0xee);
         std::memcpy(b.recv.data() + r * c.count * es, b.send.data(), c.count * es);
         a.sendbuf = b.recv.data() + r * c.count * es;
@@ -116,6 +128,8 @@ std::vector<RankBuffers> run(const Call& c, bool random_floats = false) {
         b.recv = std::vector<uint8_t>(b.recv.begin() + r * c.count * es, b.recv.begin() + (r + 1) * c.count * es);
       else if (c.kind == CollKind::kAllReduce || c.kind == CollKind::kBroadcast || c.kind == CollKind::kReduce)
         b.recv.resize(recv_n * es);
+      else if (c.kind == CollKind::kScatter && r == c.root)
+        b.recv = std::vector<uint8_t>(b.send.begin() + r * c.count * es, b.send.begin() + (r + 1) * c.count * es);
     }
   }
   return buffers;
@@ -156,6 +170,8 @@ uint64_t closed_form_bytes(const Call& c, int r) {
     return children * s;
   }
   if (c.kind == CollKind::kReduce) return r == c.root ? 0 : s;  // chain and binomial: S up, once
+  if (c.kind == CollKind::kGather) return r == c.root ? 0 : s;   // every block straight to the root
+  if (c.kind == CollKind::kScatter) return r == c.root ? (n - 1) * s : 0;
   if (c.kind == CollKind::kAllGather || c.kind == CollKind::kReduceScatter || c.kind == CollKind::kAlltoAll)
     return (n - 1) * s;  // one block of count elements to or through each other rank
   FAIL("no closed form for " << coll::coll_name(c.kind) << "/" << c.algorithm);
@@ -170,7 +186,9 @@ uint64_t closed_form_total(const Call& c) {
   const uint64_t n = static_cast<uint64_t>(c.nranks), s = c.count * kernels::element_size(c.dtype);
   if (c.algorithm == "local") return 0;
   if (c.kind == CollKind::kAllReduce) return c.algorithm == "ring" ? 2 * (n - 1) * s : 0;
-  if (c.kind == CollKind::kBroadcast || c.kind == CollKind::kReduce) return (n - 1) * s;
+  if (c.kind == CollKind::kBroadcast || c.kind == CollKind::kReduce || c.kind == CollKind::kGather ||
+      c.kind == CollKind::kScatter)
+    return (n - 1) * s;
   return n * (n - 1) * s;
 }
 
@@ -209,6 +227,15 @@ void check_exact(const Call& c, const std::vector<RankBuffers>& out) {
       case CollKind::kReduceScatter:
         for (size_t i = 0; i < c.count; ++i)
           expect(i, expected_reduction(c.dtype, c.op, c.nranks, static_cast<size_t>(r) * c.count + i));
+        break;
+      case CollKind::kGather:
+        if (r == c.root)
+          for (size_t s = 0; s < n; ++s)
+            for (size_t i = 0; i < c.count; ++i) expect(s * c.count + i, input_value(c.dtype, c.op, static_cast<int>(s), i));
+        break;
+      case CollKind::kScatter:
+        for (size_t i = 0; i < c.count; ++i)
+          expect(i, input_value(c.dtype, c.op, c.root, static_cast<size_t>(r) * c.count + i));
         break;
       case CollKind::kAlltoAll:
         for (size_t s = 0; s < n; ++s)
