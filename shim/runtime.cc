@@ -347,8 +347,16 @@ void load() {
   std::string path = "libnccl.so.2";
   if (const char* p = std::getenv("QCCL_NCCL_LIB"); p && *p) path = p;
   // RTLD_DEEPBIND: a copy loaded here binds its own calls to its own API (ncclGetUniqueId, ncclBroadcast,
-  // ...) inside itself, not to the shim's definitions that come first in the global scope.
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+  // ...) inside itself, not to the shim's definitions that come first in the global scope. The
+  // sanitizer runtimes refuse RTLD_DEEPBIND (they must interpose every library); there the real
+  // library's calls reach the shim's definitions, which hand calls whose return address lies in the
+  // real library straight back to it, as for a preloaded shim.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr int kBind = 0;
+#else
+  constexpr int kBind = RTLD_DEEPBIND;
+#endif
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | kBind);
   if (!handle) {
     log(std::getenv("QCCL_NCCL_LIB") ? "WARN" : "INFO", "no real NCCL: %s", dlerror());
     return;
