@@ -17,7 +17,8 @@
 // out - x_q = r_old - r_new, so the residual telescopes over calls.
 //
 // Wire bytes per rank: (n-1) * sum over chunks f of E(|chunk f|), E the codec's encoded_bytes; the
-// chunks hold whole buckets, so this equals (n-1) * E(sendcount).
+// chunks hold whole buckets, so this equals (n-1) * E(sendcount). With segments (CollArgs::segments),
+// chunks are cut at segment boundaries too and exact segments travel in their datatype (Pieces).
 #include "collectives/algorithms.h"
 #include "collectives/compressed.h"
 
@@ -30,15 +31,17 @@ class AllGatherCompressedRing final : public Plan {
   AllGatherCompressedRing(const CollArgs& args, const PlanOptions& options)
       : Plan(args), ring_(Ring::whole(args.rank, args.nranks)),
         // float buffers: encode staging, decode scratch; encoded: one per rank's block
-        layout_{compressed_chunk(args, options.chunk_bytes, args.count), 2, static_cast<size_t>(args.nranks)} {}
+        layout_{compressed_chunk(args, options.chunk_bytes, args.count), 2, static_cast<size_t>(args.nranks)},
+        pieces_(args, layout_.chunk) {}
 
-  size_t fragments() const override { return ceil_div(args_.count, layout_.chunk); }
+  size_t fragments() const override { return pieces_.size(); }
   size_t scratch_bytes() const override { return layout_.bytes(args_); }
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
-    const Piece pc = piece(args_.count, layout_.chunk, f);
-    const size_t bytes = args_.codec->encoded_bytes(pc.count);
+    p.use_codec(pieces_.codec(f));  // the call's codec, or exact for an exact segment
+    const Piece pc = pieces_[f];
+    const size_t bytes = pieces_.encoded_bytes(f);
     const auto total = static_cast<uint32_t>(fragments());
     float* staging = layout_.float_buffer(scratch, 0);
     float* decoded = layout_.float_buffer(scratch, 1);
@@ -68,7 +71,7 @@ class AllGatherCompressedRing final : public Plan {
   }
 
   uint64_t wire_bytes_sent() const override {
-    return static_cast<uint64_t>(ring_.size() - 1) * chunked_encoded_bytes(*args_.codec, args_.count, layout_.chunk);
+    return static_cast<uint64_t>(ring_.size() - 1) * pieces_.block_encoded_bytes();
   }
   uint64_t raw_wire_bytes() const override {
     return static_cast<uint64_t>(ring_.size() - 1) * args_.count * args_.element_size();
@@ -77,6 +80,7 @@ class AllGatherCompressedRing final : public Plan {
  private:
   Ring ring_;
   CompressedScratch layout_;
+  Pieces pieces_;
 };
 
 }  // namespace

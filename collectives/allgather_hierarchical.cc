@@ -21,6 +21,9 @@
 // The messages one rank sends another within a fragment are received in the same order (Plan's
 // ordering rule); a block's label is 1 + its owner's rank.
 //
+// With segments (CollArgs::segments, compressed only), fragments are cut at segment boundaries and
+// exact segments travel in their datatype (compressed.h, Pieces).
+//
 // Wire bytes per fragment, E a block's bytes (encoded or raw), L the node's ranks, n the
 // communicator's: a member sends E; a leader sends (L-1)(n-1)E to its members plus, to the next
 // leader, the blocks of every node but the next one's.
@@ -50,21 +53,23 @@ class AllGatherHierarchical final : public Plan {
         leaders_(nodes_.leaders(), leader_),
         chunk_(args.codec ? compressed_chunk(args, options.chunk_bytes, args.count)
                           : chunk_elements(options.chunk_bytes, args.element_size(), args.count)),
-        layout_{chunk_, 2, args.codec ? static_cast<size_t>(args.nranks) : 0} {
+        layout_{chunk_, 2, args.codec ? static_cast<size_t>(args.nranks) : 0},
+        pieces_(args, chunk_) {
     // The order in which a node's leader holds the blocks: its node's, then the bundles of the nodes
     // before it along the leaders' ring.
     for (int k = 0; k < leaders_.size(); ++k)
       for (int q : nodes_.ranks_of(nodes_.node_of(leaders_.at(-k)))) arrival_.push_back(q);
   }
 
-  size_t fragments() const override { return ceil_div(args_.count, chunk_); }
+  size_t fragments() const override { return pieces_.size(); }
   size_t scratch_bytes() const override { return args_.codec ? layout_.bytes(args_) : 0; }
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
-    const Piece pc = piece(args_.count, chunk_, f);
+    const Piece pc = pieces_[f];
     const size_t es = args_.element_size();
-    const size_t bytes = args_.codec ? args_.codec->encoded_bytes(pc.count) : pc.count * es;
+    if (args_.codec) p.use_codec(pieces_.codec(f));  // the call's codec, or exact for an exact segment
+    const size_t bytes = args_.codec ? pieces_.encoded_bytes(f) : pc.count * es;
     const auto total = static_cast<uint32_t>(fragments());
     auto label = [&](int q) { return static_cast<uint32_t>(1 + q) * total + static_cast<uint32_t>(f); };
     auto out = [&](int q) { return static_cast<char*>(args_.recvbuf) + (static_cast<size_t>(q) * args_.count + pc.offset) * es; };
@@ -173,7 +178,7 @@ class AllGatherHierarchical final : public Plan {
     return members * static_cast<uint64_t>(args_.nranks - 1) + to_next;
   }
   uint64_t block_bytes() const {
-    return args_.codec ? chunked_encoded_bytes(*args_.codec, args_.count, chunk_) : args_.count * args_.element_size();
+    return args_.codec ? pieces_.block_encoded_bytes() : args_.count * args_.element_size();
   }
 
   const NodeMap& nodes_;
@@ -182,6 +187,7 @@ class AllGatherHierarchical final : public Plan {
   Ring leaders_;              // one rank per node, in node order
   size_t chunk_;
   CompressedScratch layout_;  // with a codec: staging, decode scratch, one encoding per rank's block
+  Pieces pieces_;             // the fragments (cut at segments, with a codec)
   std::vector<int> arrival_;  // every rank, in the order this node's leader holds their blocks
 };
 

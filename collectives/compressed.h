@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "collectives/method.h"
 #include "collectives/plan.h"
@@ -46,13 +47,63 @@ inline uint64_t chunked_encoded_bytes(const kernels::CodecConfig& codec, size_t 
   return bytes;
 }
 
+// The codec of a call's exact segments: its datatype as is (kernels' none, fp16, bf16 codecs, which
+// decode a float32, float16 or bfloat16 input bit for bit).
+inline const kernels::CodecConfig* exact_codec(DataType dtype) {
+  static const kernels::CodecConfig none = kernels::parse_codec_spec("none"), fp16 = kernels::parse_codec_spec("fp16"),
+                                    bf16 = kernels::parse_codec_spec("bf16");
+  return dtype == DataType::kFloat16 ? &fp16 : dtype == DataType::kBfloat16 ? &bf16 : &none;
+}
+
+// The most bytes a chunk of `chunk` values encodes to, whichever codec its segment uses (an exact
+// segment of sums takes float32's 4 bytes per value, whatever the datatype: see Pieces).
+inline size_t max_encoded_bytes(const CollArgs& args, size_t chunk, bool sums = false) {
+  const size_t coded = args.codec->encoded_bytes(chunk);
+  if (!args.segments) return coded;
+  return std::max(coded, (sums ? exact_codec(DataType::kFloat32) : exact_codec(args.dtype))->encoded_bytes(chunk));
+}
+
+// The fragments of a compressed plan over one block of args.count values: chunks of at most `chunk`
+// values (a multiple of the codec's bucket), cut at every segment boundary (CollArgs::segments) and
+// counted from the segment's start, so that a segment's bits depend on its own values only (QSDP's
+// per-layer buckets; shared/specs/qsdp.md §4 P12) and never on the chunk size. Without segments, the
+// block is one segment and the pieces are piece(count, chunk, f). Each piece has the codec of its
+// segment: the call's, or for an exact segment exact_codec() of the datatype, or float32 where the
+// plan encodes `sums` (a node's float32 sum is no longer representable in float16 or bfloat16).
+class Pieces {
+ public:
+  Pieces(const CollArgs& args, size_t chunk, bool sums = false) {
+    const std::vector<Segment> whole = {Segment{0, args.count, false}};
+    const kernels::CodecConfig* exact = exact_codec(sums ? DataType::kFloat32 : args.dtype);
+    for (const Segment& s : args.segments ? *args.segments : whole)
+      for (size_t at = 0; at < s.count; at += chunk) {
+        pieces_.push_back(Piece{s.offset + at, std::min(chunk, s.count - at)});
+        codecs_.push_back(s.exact ? exact : args.codec);
+      }
+  }
+  size_t size() const { return pieces_.size(); }
+  const Piece& operator[](size_t f) const { return pieces_[f]; }
+  const kernels::CodecConfig* codec(size_t f) const { return codecs_[f]; }
+  size_t encoded_bytes(size_t f) const { return codecs_[f]->encoded_bytes(pieces_[f].count); }
+  // What the whole block encodes to, piece by piece (what a plan's wire bytes count per block).
+  uint64_t block_encoded_bytes() const {
+    uint64_t bytes = 0;
+    for (size_t f = 0; f < size(); ++f) bytes += encoded_bytes(f);
+    return bytes;
+  }
+
+ private:
+  std::vector<Piece> pieces_;
+  std::vector<const kernels::CodecConfig*> codecs_;
+};
+
 // A fragment's scratch: `floats` float32 buffers of `chunk` values, then `encoded` buffers of
-// codec.encoded_bytes(chunk) bytes (each rounded up to 64 bytes).
+// max_encoded_bytes(chunk) bytes (each rounded up to 64 bytes).
 struct CompressedScratch {
   size_t chunk;
   size_t floats;
   size_t encoded;
-  size_t encoded_stride(const CollArgs& args) const { return (args.codec->encoded_bytes(chunk) + 63) / 64 * 64; }
+  size_t encoded_stride(const CollArgs& args) const { return (max_encoded_bytes(args, chunk) + 63) / 64 * 64; }
   size_t bytes(const CollArgs& args) const { return floats * chunk * sizeof(float) + encoded * encoded_stride(args); }
   float* float_buffer(std::byte* scratch, size_t i) const { return reinterpret_cast<float*>(scratch) + i * chunk; }
   std::byte* encoded_buffer(const CollArgs& args, std::byte* scratch, size_t i) const {

@@ -50,6 +50,15 @@ inline bool rooted(CollKind kind) {
 
 class MethodCall;  // collectives/method.h
 
+// A run of a compressed block: `count` values from `offset`, encoded by the call's codec, or exactly
+// (in the block's own datatype: float32 as is, float16 and bfloat16 through the fp16 and bf16 casts,
+// which are exact on them).
+struct Segment {
+  size_t offset = 0;
+  size_t count = 0;
+  bool exact = false;
+};
+
 // The validated arguments of one call (count in elements, with NCCL's meaning per collective:
 // AllGather's sendcount, ReduceScatter's recvcount, AlltoAll's count per peer).
 struct CollArgs {
@@ -67,6 +76,10 @@ struct CollArgs {
   // while the call runs); null where no communicator made the arguments (simulated-network tests
   // that do not set one). Hierarchical plans split their rings by it.
   const NodeMap* nodes = nullptr;
+  // Compressed AllGather and ReduceScatter only (null otherwise): the block (sendcount or recvcount
+  // values) cut into consecutive segments, e.g. one per layer, some sent exactly (norms and biases:
+  // QSDP §5.1); the codec's bucket grid restarts at every segment (collectives/compressed.h, Pieces).
+  const std::vector<Segment>* segments = nullptr;
   // Compressed collectives only (null otherwise): the codec, the key of its random rounding (seed
   // from the codec, step from the codec state or the sequence number, rank), and the call of the
   // codec's method (collectives/method.h), through which the method's plans reach its state.

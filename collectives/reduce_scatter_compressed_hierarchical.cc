@@ -53,9 +53,10 @@ class ReduceScatterCompressedHierarchical final : public Plan {
  public:
   ReduceScatterCompressedHierarchical(const CollArgs& args, const PlanOptions& options)
       : Plan(args), nodes_(*args.nodes), node_(nodes_.node_of(args.rank)), leader_(nodes_.leader(node_)),
-        mates_(nodes_.ranks_of(node_)), chunk_(compressed_chunk(args, options.chunk_bytes, args.count)) {}
+        mates_(nodes_.ranks_of(node_)), chunk_(compressed_chunk(args, options.chunk_bytes, args.count)),
+        pieces_(args, chunk_, /*sums=*/true) {}
 
-  size_t fragments() const override { return ceil_div(args_.count, chunk_); }
+  size_t fragments() const override { return pieces_.size(); }
 
   // Leader: a float32 accumulator per block; the members' raw inputs; one encoding per block of the
   // other nodes (outgoing) and one per (other node, block of this node) (incoming). Member: one
@@ -69,8 +70,9 @@ class ReduceScatterCompressedHierarchical final : public Plan {
     p.clear();
     const int n = args_.nranks, me = args_.rank;
     const size_t es = args_.element_size();
-    const Piece pc = piece(args_.count, chunk_, f);
-    const size_t bytes = args_.codec->encoded_bytes(pc.count);
+    p.use_codec(pieces_.codec(f));  // the call's codec, or exact for an exact segment
+    const Piece pc = pieces_[f];
+    const size_t bytes = pieces_.encoded_bytes(f);
     const auto total = static_cast<uint32_t>(fragments());
     auto label = [&](int q) { return static_cast<uint32_t>(q) * total + static_cast<uint32_t>(f); };
     auto begin = [&](int q) { return static_cast<size_t>(q) * args_.count + pc.offset; };  // in the input
@@ -177,7 +179,7 @@ class ReduceScatterCompressedHierarchical final : public Plan {
       }
   }
 
-  uint64_t wire_bytes_sent() const override { return sent(chunked_encoded_bytes(*args_.codec, args_.count, chunk_)); }
+  uint64_t wire_bytes_sent() const override { return sent(pieces_.block_encoded_bytes()); }
   uint64_t raw_wire_bytes() const override { return sent(args_.count * args_.element_size()); }
 
  private:
@@ -191,13 +193,14 @@ class ReduceScatterCompressedHierarchical final : public Plan {
   size_t floats_bytes() const { return static_cast<size_t>(args_.nranks) * chunk_ * sizeof(float); }
   size_t raw_bytes() const { return (mates_.size() - 1) * static_cast<size_t>(args_.nranks) * chunk_ * args_.element_size(); }
   size_t encoded_count() const { return static_cast<size_t>(args_.nranks) + static_cast<size_t>(nodes_.nodes()) * mates_.size(); }
-  size_t encoded_stride() const { return (args_.codec->encoded_bytes(chunk_) + 63) / 64 * 64; }
+  size_t encoded_stride() const { return (max_encoded_bytes(args_, chunk_, /*sums=*/true) + 63) / 64 * 64; }
 
   const NodeMap& nodes_;
   int node_;
   int leader_;
   std::vector<int> mates_;  // the ranks of this node, in rank order (the leader first)
   size_t chunk_;
+  Pieces pieces_;  // the fragments, cut at segments
 };
 
 }  // namespace

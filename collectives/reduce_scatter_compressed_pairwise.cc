@@ -26,7 +26,8 @@
 // writes (float16's overflow to Inf too), so that rank's call reports qcclNonFinite.
 //
 // Wire bytes per rank: (n-1) * sum over chunks f of E(|chunk f|) = (n-1) * E(recvcount), E the
-// codec's encoded_bytes (every chunk holds whole buckets).
+// codec's encoded_bytes (every chunk holds whole buckets). With segments (CollArgs::segments), chunks
+// are cut at segment boundaries too and exact segments travel in their datatype (Pieces).
 #include "collectives/algorithms.h"
 #include "collectives/compressed.h"
 #include "kernels/convert.h"
@@ -40,16 +41,18 @@ class ReduceScatterCompressedPairwise final : public Plan {
   ReduceScatterCompressedPairwise(const CollArgs& args, const PlanOptions& options)
       : Plan(args), ring_(Ring::whole(args.rank, args.nranks)),
         // float buffers: accumulator, encode staging; encoded: 2 outgoing, one received per rank
-        layout_{compressed_chunk(args, options.chunk_bytes, args.count), 2, 2 + static_cast<size_t>(args.nranks)} {}
+        layout_{compressed_chunk(args, options.chunk_bytes, args.count), 2, 2 + static_cast<size_t>(args.nranks)},
+        pieces_(args, layout_.chunk) {}
 
-  size_t fragments() const override { return ceil_div(args_.count, layout_.chunk); }
+  size_t fragments() const override { return pieces_.size(); }
   size_t scratch_bytes() const override { return layout_.bytes(args_); }
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
     const int n = ring_.size(), own = ring_.position();
-    const Piece pc = piece(args_.count, layout_.chunk, f);
-    const size_t bytes = args_.codec->encoded_bytes(pc.count);
+    p.use_codec(pieces_.codec(f));  // the call's codec, or exact for an exact segment
+    const Piece pc = pieces_[f];
+    const size_t bytes = pieces_.encoded_bytes(f);
     const auto total = static_cast<uint32_t>(fragments());
     float* acc = layout_.float_buffer(scratch, 0);
     float* staging = layout_.float_buffer(scratch, 1);
@@ -87,7 +90,7 @@ class ReduceScatterCompressedPairwise final : public Plan {
   }
 
   uint64_t wire_bytes_sent() const override {
-    return static_cast<uint64_t>(ring_.size() - 1) * chunked_encoded_bytes(*args_.codec, args_.count, layout_.chunk);
+    return static_cast<uint64_t>(ring_.size() - 1) * pieces_.block_encoded_bytes();
   }
   uint64_t raw_wire_bytes() const override {
     return static_cast<uint64_t>(ring_.size() - 1) * args_.count * args_.element_size();
@@ -96,6 +99,7 @@ class ReduceScatterCompressedPairwise final : public Plan {
  private:
   Ring ring_;
   CompressedScratch layout_;
+  Pieces pieces_;
 };
 
 }  // namespace

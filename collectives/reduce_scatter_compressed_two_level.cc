@@ -41,11 +41,12 @@ class ReduceScatterCompressedTwoLevel final : public Plan {
  public:
   ReduceScatterCompressedTwoLevel(const CollArgs& args, const PlanOptions& options)
       : Plan(args), nodes_(*args.nodes), node_(nodes_.node_of(args.rank)), lane_(nodes_.local_index(args.rank)),
-        mates_(nodes_.ranks_of(node_)), chunk_(compressed_chunk(args, options.chunk_bytes, args.count)) {
+        mates_(nodes_.ranks_of(node_)), chunk_(compressed_chunk(args, options.chunk_bytes, args.count)),
+        pieces_(args, chunk_, /*sums=*/true) {
     for (int node = 0; node < nodes_.nodes(); ++node) lane_blocks_.push_back(nodes_.ranks_of(node)[lane_]);
   }
 
-  size_t fragments() const override { return ceil_div(args_.count, chunk_); }
+  size_t fragments() const override { return pieces_.size(); }
 
   // A float32 sum per block of this lane (N), the mates' inputs for them ((L - 1) N, the call's
   // datatype), an encoding per node (N: outgoing to the other nodes, incoming from them).
@@ -59,8 +60,9 @@ class ReduceScatterCompressedTwoLevel final : public Plan {
     p.clear();
     const size_t es = args_.element_size();
     const size_t n_nodes = static_cast<size_t>(nodes_.nodes());
-    const Piece pc = piece(args_.count, chunk_, f);
-    const size_t bytes = args_.codec->encoded_bytes(pc.count);
+    p.use_codec(pieces_.codec(f));  // the call's codec, or exact for an exact segment
+    const Piece pc = pieces_[f];
+    const size_t bytes = pieces_.encoded_bytes(f);
     const auto total = static_cast<uint32_t>(fragments());
     auto label = [&](int q) { return static_cast<uint32_t>(q) * total + static_cast<uint32_t>(f); };
     auto begin = [&](int q) { return static_cast<size_t>(q) * args_.count + pc.offset; };  // in the input
@@ -151,7 +153,7 @@ class ReduceScatterCompressedTwoLevel final : public Plan {
       }
   }
 
-  uint64_t wire_bytes_sent() const override { return sent(chunked_encoded_bytes(*args_.codec, args_.count, chunk_)); }
+  uint64_t wire_bytes_sent() const override { return sent(pieces_.block_encoded_bytes()); }
   uint64_t raw_wire_bytes() const override { return sent(args_.count * args_.element_size()); }
 
  private:
@@ -159,7 +161,7 @@ class ReduceScatterCompressedTwoLevel final : public Plan {
     const uint64_t n_nodes = static_cast<uint64_t>(nodes_.nodes()), mates = mates_.size() - 1;
     return mates * n_nodes * args_.count * args_.element_size() + (n_nodes - 1) * block_bytes;
   }
-  size_t encoded_stride() const { return (args_.codec->encoded_bytes(chunk_) + 63) / 64 * 64; }
+  size_t encoded_stride() const { return (max_encoded_bytes(args_, chunk_, /*sums=*/true) + 63) / 64 * 64; }
 
   const NodeMap& nodes_;
   int node_;
@@ -167,6 +169,7 @@ class ReduceScatterCompressedTwoLevel final : public Plan {
   std::vector<int> mates_;        // the ranks of this node, in rank order
   std::vector<int> lane_blocks_;  // per node, its rank in this rank's lane
   size_t chunk_;
+  Pieces pieces_;  // the fragments, cut at segments
 };
 
 }  // namespace

@@ -492,6 +492,39 @@ QCCL_API qcclResult_t qcclIReduceScatterCompressed(const void* sendbuff, void* r
                                                    qcclCodecState_t state, qcclComm_t comm,
                                                    qcclRequest_t* request);
 
+/* Segments (QSDP's per-layer compression, Markov et al., ICML 2023, §5.1): a block (AllGather's
+ * sendcount values, each of ReduceScatter's nranks blocks of recvcount) cut into consecutive runs,
+ * e.g. one per layer, each sent with the codec (exact = 0) or exactly (exact = 1: norm layers and
+ * biases, in the block's own datatype, bit for bit; the hierarchical ReduceScatters send a node's
+ * float32 sums of an exact segment as float32). The codec's bucket grid restarts at every
+ * segment, so a segment's bytes depend on its own values only. The counts must add up to the block's
+ * (segments of 0 values are allowed); nsegments from 1 to 2^20. Every rank passes the same list (the
+ * frame headers' codec hash covers it: a rank with another list fails with qcclMismatch). Otherwise
+ * as qcclAllGatherCompressed and qcclReduceScatterCompressed; error feedback keeps no residual on
+ * exact segments (nothing is lost there). */
+typedef struct {
+  size_t count; /* values in this segment */
+  int exact;    /* 1: sent exactly; 0: with the codec */
+} qcclSegment_t;
+QCCL_API qcclResult_t qcclAllGatherCompressedSegments(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                                      qcclDataType_t datatype, qcclCodec_t codec,
+                                                      const qcclSegment_t* segments, int nsegments,
+                                                      qcclCodecState_t state, qcclComm_t comm);
+QCCL_API qcclResult_t qcclIAllGatherCompressedSegments(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                                       qcclDataType_t datatype, qcclCodec_t codec,
+                                                       const qcclSegment_t* segments, int nsegments,
+                                                       qcclCodecState_t state, qcclComm_t comm,
+                                                       qcclRequest_t* request);
+QCCL_API qcclResult_t qcclReduceScatterCompressedSegments(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                          qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                                          const qcclSegment_t* segments, int nsegments,
+                                                          qcclCodecState_t state, qcclComm_t comm);
+QCCL_API qcclResult_t qcclIReduceScatterCompressedSegments(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                           qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                                           const qcclSegment_t* segments, int nsegments,
+                                                           qcclCodecState_t state, qcclComm_t comm,
+                                                           qcclRequest_t* request);
+
 /* Non-blocking check. When the request has completed, writes *done = 1, frees it, sets *request to
  * NULL and returns the operation's result; otherwise writes *done = 0 and returns qcclSuccess. */
 QCCL_API qcclResult_t qcclTest(qcclRequest_t* request, int* done);

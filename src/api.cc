@@ -128,8 +128,30 @@ void validate_compressed(const OpRecord& record, qcclCodec_t codec, int aggregat
 }
 
 // Validates, then runs (blocking), starts (non-blocking) or defers (inside a group) one call.
+// A compressed call's segment list (qcclSegment_t) as the plans take it; the counts must add up to
+// the block.
+std::vector<coll::Segment> segment_list(const qcclSegment_t* segments, int nsegments, size_t block, const char* count_name) {
+  if (nsegments < 1 || nsegments > (1 << 20))
+    fail(qcclInvalidArgument, "nsegments = %d is out of range [1, %d]", nsegments, 1 << 20);
+  if (!segments) fail(qcclInvalidArgument, "segments is NULL with nsegments = %d", nsegments);
+  std::vector<coll::Segment> list;
+  size_t offset = 0;
+  for (int i = 0; i < nsegments; ++i) {
+    if (segments[i].exact != 0 && segments[i].exact != 1)
+      fail(qcclInvalidArgument, "segments[%d].exact = %d: 1 (sent exactly) or 0 (with the codec)", i, segments[i].exact);
+    if (segments[i].count > block - offset)
+      fail(qcclInvalidArgument, "segments[0..%d] hold more than %s = %zu values", i, count_name, block);
+    list.push_back(coll::Segment{offset, segments[i].count, segments[i].exact == 1});
+    offset += segments[i].count;
+  }
+  if (offset != block)
+    fail(qcclInvalidArgument, "the %d segments hold %zu values but %s = %zu", nsegments, offset, count_name, block);
+  return list;
+}
+
 void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCodec_t codec = nullptr,
-            qcclCodecState_t state = nullptr, bool compressed = false) {
+            qcclCodecState_t state = nullptr, bool compressed = false, const qcclSegment_t* segments = nullptr,
+            int nsegments = 0) {
   Comm& c = get(comm);
   auto record = std::make_shared<OpRecord>();
   record->args = validate_call(call, c.rank(), c.nranks());
@@ -139,6 +161,11 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
     validate_compressed(*record, codec, c.aggregators());
     record->codec = codec->config;
     record->args.codec = record->codec.get();
+    if (segments || nsegments) {
+      record->segments = segment_list(segments, nsegments, record->args.count,
+                                      call.kind == coll::CollKind::kAllGather ? "sendcount" : "recvcount");
+      record->args.segments = &record->segments;
+    }
   }
   if (group_active()) {
     group_defer(record, request == nullptr);
@@ -691,6 +718,50 @@ QCCL_API qcclResult_t qcclIAllGatherCompressed(const void* sendbuff, void* recvb
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, request, codec,
            state, true);
+  });
+}
+
+QCCL_API qcclResult_t qcclAllGatherCompressedSegments(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                                      qcclDataType_t datatype, qcclCodec_t codec,
+                                                      const qcclSegment_t* segments, int nsegments,
+                                                      qcclCodecState_t state, qcclComm_t comm) {
+  return api_call("qcclAllGatherCompressedSegments", [&] {
+    submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, nullptr, codec,
+           state, true, segments, nsegments);
+  });
+}
+
+QCCL_API qcclResult_t qcclIAllGatherCompressedSegments(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                                       qcclDataType_t datatype, qcclCodec_t codec,
+                                                       const qcclSegment_t* segments, int nsegments,
+                                                       qcclCodecState_t state, qcclComm_t comm,
+                                                       qcclRequest_t* request) {
+  return api_call("qcclIAllGatherCompressedSegments", [&] {
+    require_out(request, "request");
+    submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, request, codec,
+           state, true, segments, nsegments);
+  });
+}
+
+QCCL_API qcclResult_t qcclReduceScatterCompressedSegments(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                          qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                                          const qcclSegment_t* segments, int nsegments,
+                                                          qcclCodecState_t state, qcclComm_t comm) {
+  return api_call("qcclReduceScatterCompressedSegments", [&] {
+    submit(comm, RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, nullptr,
+           codec, state, true, segments, nsegments);
+  });
+}
+
+QCCL_API qcclResult_t qcclIReduceScatterCompressedSegments(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                           qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
+                                                           const qcclSegment_t* segments, int nsegments,
+                                                           qcclCodecState_t state, qcclComm_t comm,
+                                                           qcclRequest_t* request) {
+  return api_call("qcclIReduceScatterCompressedSegments", [&] {
+    require_out(request, "request");
+    submit(comm, RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, request,
+           codec, state, true, segments, nsegments);
   });
 }
 

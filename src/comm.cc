@@ -168,6 +168,20 @@ std::string Comm::describe_links() const {
 
 // ---- Starting and finishing operations -----------------------------------------------------------
 
+// What the frame headers carry to check that every rank runs the same codec: its hash, with the
+// segment list (CollArgs::segments) folded in, so that ranks whose lists differ fail as ranks whose
+// codecs differ do (0 for an uncompressed call).
+static uint64_t codec_hash(const coll::CollArgs& args) {
+  if (!args.codec) return 0;
+  uint64_t h = args.codec->hash();
+  if (args.segments)
+    for (const coll::Segment& s : *args.segments) {
+      h = (h ^ s.count) * 1099511628211ull;
+      h = (h ^ (s.exact ? 1u : 0u)) * 1099511628211ull;
+    }
+  return h ? h : 1;
+}
+
 void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   record->started = true;
   record->started_at = Clock::now();
@@ -212,7 +226,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     std::lock_guard<std::mutex> lock(ops_mu_);
     if (!aggregator_lost_.empty()) throw Error(qcclRemoteError, aggregator_lost_);
   }
-  identity.header = FrameHeader::for_call(args, identity.sequence, args.codec ? args.codec->hash() : 0, codec_step);
+  identity.header = FrameHeader::for_call(args, identity.sequence, codec_hash(args), codec_step);
   identity.expected = identity.header;
 
   record->scratch_bytes = executor_->scratch_bytes(*plan);  // taken when it starts to run (take_scratch)

@@ -62,6 +62,7 @@ struct OpRecord {
   coll::CollArgs args;
   std::shared_ptr<Comm> comm;
   std::shared_ptr<const kernels::CodecConfig> codec;  // keeps args.codec alive (compressed calls)
+  std::vector<coll::Segment> segments;                 // args.segments points here, when it is set
   std::shared_ptr<CodecState> state;                  // the caller's codec state, if any
   // Compressed calls: the call of the codec's method (args.method_call points here).
   std::unique_ptr<coll::MethodCall> call;

@@ -190,6 +190,41 @@ TEST_CASE("levels learned by each rank alone differ: every rank fails with qcclM
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
 }
 
+TEST_CASE("segment lists: one list runs, exact segments arrive exactly; different lists fail with qcclMismatch",
+          "[segments-mismatch]") {
+  Job job;
+  warm_up(job);
+  qcclCodec_t codec = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate("q2:bucket=64", &codec));
+  const size_t count = 1000;
+  std::vector<float> x(count), y(count * job.size);
+  for (size_t i = 0; i < count; ++i) x[i] = std::sin(0.1f * static_cast<float>(i) + job.rank);
+  const qcclSegment_t same[] = {{400, 0}, {100, 1}, {500, 0}};
+  QCCL_REQUIRE_OK(qcclAllGatherCompressedSegments(x.data(), y.data(), count, qcclFloat32, codec, same, 3, nullptr, job.comm));
+  for (int q = 0; q < job.size; ++q)
+    for (size_t i = 400; i < 500; ++i) REQUIRE(y[q * count + i] == std::sin(0.1f * static_cast<float>(i) + q));
+  // Bad lists are refused before anything is sent, naming what is wrong.
+  const qcclSegment_t short_list[] = {{400, 0}, {100, 1}};
+  CHECK(qcclAllGatherCompressedSegments(x.data(), y.data(), count, qcclFloat32, codec, short_list, 2, nullptr,
+                                        job.comm) == qcclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("segments hold 500 values but sendcount = 1000"));
+  const qcclSegment_t bad_flag[] = {{1000, 2}};
+  CHECK(qcclAllGatherCompressedSegments(x.data(), y.data(), count, qcclFloat32, codec, bad_flag, 1, nullptr,
+                                        job.comm) == qcclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("segments[0].exact = 2"));
+  CHECK(qcclAllGatherCompressedSegments(x.data(), y.data(), count, qcclFloat32, codec, nullptr, 3, nullptr, job.comm) ==
+        qcclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("segments is NULL"));
+  // Rank 0 cuts the block elsewhere: every rank fails, through the codec hash of the frame headers.
+  const qcclSegment_t other[] = {{400, 0}, {101, 1}, {499, 0}};
+  const qcclResult_t result = qcclAllGatherCompressedSegments(x.data(), y.data(), count, qcclFloat32, codec,
+                                                              job.rank == 0 ? other : same, 3, nullptr, job.comm);
+  CHECK(result == qcclMismatch);
+  CHECK_THAT(last_error(), Catch::Contains("codec"));
+  qcclCodecDestroy(codec);
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
 TEST_CASE("Marsit states at different steps: every rank fails with qcclMismatch saying so", "[marsit-step]") {
   Job job;
   warm_up(job);
