@@ -385,6 +385,53 @@ TEST_CASE("hierarchical compressed reduce-scatter: error feedback telescopes to 
   }
 }
 
+TEST_CASE("hierarchical compressed reduce-scatter: stochastic rounding unbiased over remote nodes' sums",
+          "[hierarchical]") {
+  // spec qsdp.md §4 P4 for the hierarchy: over K calls with independent rounding (the step keys it),
+  // the mean of an output approaches the exact sum, within 5 standard deviations of the mean of K
+  // draws whose variance is the sum over remote nodes of s^2 f (1 - f) (each node sum rounded once).
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("q2:bucket=64,round=stochastic,seed=4");
+  for (const auto& labels : {std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 0, 1, 1, 1}}) {
+    for (const std::string& algorithm : algorithms_for(labels)) {
+      Job job{labels};
+      job.codec = &codec, job.count = 256;
+      const NodeMap nodes = NodeMap::from_labels(labels);
+      const int n = job.n(), trials = 400;
+      const auto in = make_inputs(job, 77);
+      std::vector<std::vector<double>> mean(n, std::vector<double>(job.count, 0.0));
+      for (int t = 0; t < trials; ++t) {
+        job.step = static_cast<uint64_t>(t);
+        const Result res = run(job, in, nullptr, algorithm);
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < job.count; ++i) mean[r][i] += res.out[r][i] / static_cast<double>(trials);
+      }
+      for (int r = 0; r < n; ++r) {
+        const std::vector<double> exact = exact_block(job, in, r);
+        std::vector<double> variance(job.count, 0.0);
+        for (int node = 0; node < nodes.nodes(); ++node) {
+          if (node == nodes.node_of(r)) continue;
+          const std::vector<float> sum = node_sum(job, nodes, in, node, r);
+          for (size_t b = 0; b < job.count; b += codec.bucket) {
+            const size_t end = std::min<size_t>(job.count, b + codec.bucket);
+            const double lo = *std::min_element(sum.begin() + b, sum.begin() + end);
+            const double hi = *std::max_element(sum.begin() + b, sum.begin() + end);
+            const double s = (hi - lo) / 3;
+            for (size_t i = b; i < end; ++i) {
+              const double t = s > 0 ? (sum[i] - lo) / s : 0, f = t - std::floor(t);
+              variance[i] += s * s * f * (1 - f);
+            }
+          }
+        }
+        size_t over = 0;
+        for (size_t i = 0; i < job.count; ++i)
+          if (!(std::fabs(mean[r][i] - exact[i]) <= 5 * std::sqrt(variance[i] / trials) + 1e-5)) ++over;
+        INFO(algorithm << ", rank " << r);
+        CHECK(over == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("hierarchical compressed reduce-scatter: NaN in a member's input reaches its block's owner, reported",
           "[hierarchical]") {
   const kernels::CodecConfig codec = kernels::parse_codec_spec("q8:bucket=64");
