@@ -47,12 +47,15 @@ class UcxTransport::Context {
   ucp_context_h handle = nullptr;
 
   static std::shared_ptr<Context> get() {
-    static std::mutex mu;
-    static std::weak_ptr<Context> shared;
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto existing = shared.lock()) return existing;
+    // Never destroyed: a thread may still be creating a communicator when the process exits (an
+    // initialisation abandoned by the NCCL drop-in's ncclCommAbort), and an exit-time destructor of
+    // these would race with it.
+    static std::mutex* mu = new std::mutex;
+    static std::weak_ptr<Context>* shared = new std::weak_ptr<Context>;
+    std::lock_guard<std::mutex> lock(*mu);
+    if (auto existing = shared->lock()) return existing;
     auto created = std::make_shared<Context>();
-    shared = created;
+    *shared = created;
     return created;
   }
 
