@@ -35,6 +35,16 @@
 // Wire bytes per fragment (E encoded, S raw): a member sends n S of its datatype and nothing else;
 // a leader sends each member its block in float32 and each other node's leader that node's blocks
 // encoded: (L - 1) 4|chunk| + (n - L) E.
+//
+// Quantized inside the node as well (compressed_hierarchical_intra; QSDP leaves the intra-node
+// precision open, shared/specs/qsdp.md §6 Q4): a member encodes each of its n inputs once with the
+// call's codec (and its own residual, with error feedback) and sends the leader n E; the leader adds
+// the decoded inputs in rank order. Where the intra-node link is slower than the codecs (PCIe, a
+// virtualised host), that trades a codec error per member for (L - 1) n (S - E) fewer bytes on it.
+// The bound gains one term per member q of any node, of q's own input:
+//   |out - exact| <= sum over members q of (s_q / 2 + e_q) + sum over the other nodes m' of
+//                    (s_m' / 2 + e_m') + float32 rounding + the output's rounding,
+// where s_m' is now the step of the sum the leader formed from its members' decoded inputs.
 #include <algorithm>
 
 #include "collectives/algorithms.h"
@@ -51,19 +61,20 @@ constexpr size_t kMaxTransfersPerFragment = 60000;
 
 class ReduceScatterCompressedHierarchical final : public Plan {
  public:
-  ReduceScatterCompressedHierarchical(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), nodes_(*args.nodes), node_(nodes_.node_of(args.rank)), leader_(nodes_.leader(node_)),
+  ReduceScatterCompressedHierarchical(const CollArgs& args, const PlanOptions& options, bool encode_members)
+      : Plan(args), encode_members_(encode_members), nodes_(*args.nodes), node_(nodes_.node_of(args.rank)), leader_(nodes_.leader(node_)),
         mates_(nodes_.ranks_of(node_)), chunk_(compressed_chunk(args, options.chunk_bytes, args.count)),
         pieces_(args, chunk_, /*sums=*/true) {}
 
   size_t fragments() const override { return pieces_.size(); }
 
-  // Leader: a float32 accumulator per block; the members' raw inputs; one encoding per block of the
-  // other nodes (outgoing) and one per (other node, block of this node) (incoming). Member: one
-  // float32 block.
+  // Leader: a float32 accumulator per block; the members' inputs (raw or encoded); one encoding per
+  // block of the other nodes (outgoing) and one per (other node, block of this node) (incoming).
+  // Member: one float32 block; encoding its inputs, a float32 staging buffer and n encodings.
   size_t scratch_bytes() const override {
-    if (args_.rank != leader_) return chunk_ * sizeof(float);
-    return floats_bytes() + raw_bytes() + encoded_count() * encoded_stride();
+    if (args_.rank != leader_)
+      return chunk_ * sizeof(float) * (encode_members_ ? 2 : 1) + (encode_members_ ? n() * encoded_stride() : 0);
+    return floats_bytes() + members_bytes() + encoded_count() * encoded_stride();
   }
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
@@ -82,10 +93,17 @@ class ReduceScatterCompressedHierarchical final : public Plan {
 
     if (me != leader_) {
       float* block = reinterpret_cast<float*>(scratch);
+      float* staging = block + chunk_;
+      auto encoded = [&](int q) { return scratch + 2 * chunk_ * sizeof(float) + static_cast<size_t>(q) * encoded_stride(); };
       std::vector<int> sends;
       for (int q = 0; q < n; ++q) {
         sends.push_back(slot);
-        p.send(slot++, leader_, label(q), input + begin(q) * es, pc.count * es);
+        if (encode_members_) {
+          encode_input(args_, p, encoded(q), staging, begin(q), pc.count);
+          p.send(slot++, leader_, label(q), encoded(q), bytes);
+        } else {
+          p.send(slot++, leader_, label(q), input + begin(q) * es, pc.count * es);
+        }
       }
       const int back = slot++;
       p.recv(back, leader_, label(n), block, pc.count * sizeof(float));
@@ -96,9 +114,11 @@ class ReduceScatterCompressedHierarchical final : public Plan {
     }
 
     auto acc = [&](int q) { return reinterpret_cast<float*>(scratch) + static_cast<size_t>(q) * chunk_; };
-    std::byte* raw_base = scratch + floats_bytes();
-    auto raw = [&](size_t member, int q) { return raw_base + (member * static_cast<size_t>(n) + static_cast<size_t>(q)) * chunk_ * es; };
-    std::byte* encoded_base = raw_base + raw_bytes();
+    std::byte* members_base = scratch + floats_bytes();
+    auto from_member = [&](size_t member, int q) {  // member's input for block q, raw or encoded
+      return members_base + (member * static_cast<size_t>(n) + static_cast<size_t>(q)) * member_stride();
+    };
+    std::byte* encoded_base = members_base + members_bytes();
     auto outgoing = [&](int q) { return encoded_base + static_cast<size_t>(q) * encoded_stride(); };
     auto incoming = [&](int node, size_t local) {
       return encoded_base + (static_cast<size_t>(n) + static_cast<size_t>(node) * mates_.size() + local) * encoded_stride();
@@ -109,7 +129,7 @@ class ReduceScatterCompressedHierarchical final : public Plan {
     for (size_t m = 1; m < mates_.size(); ++m)
       for (int q = 0; q < n; ++q) {
         from_members.push_back(slot);
-        p.recv(slot++, mates_[m], label(q), raw(m - 1, q), pc.count * es);
+        p.recv(slot++, mates_[m], label(q), from_member(m - 1, q), encode_members_ ? bytes : pc.count * es);
       }
     std::vector<int> from_nodes;  // [other node in node order][block of this node]
     for (int node = 0; node < nodes_.nodes(); ++node)
@@ -125,7 +145,10 @@ class ReduceScatterCompressedHierarchical final : public Plan {
     for (size_t m = 1; m < mates_.size(); ++m)
       for (int q = 0; q < n; ++q) {
         p.wait(from_members[k++]);
-        p.load_add(acc(q), raw(m - 1, q), pc.count);
+        if (encode_members_)
+          p.decode_add(acc(q), from_member(m - 1, q), pc.count);
+        else
+          p.load_add(acc(q), from_member(m - 1, q), pc.count);
       }
 
     // Each other node's blocks, encoded once and sent to its leader.
@@ -186,15 +209,18 @@ class ReduceScatterCompressedHierarchical final : public Plan {
   // Bytes this rank sends over all fragments when an encoded block takes `block_bytes`.
   uint64_t sent(uint64_t block_bytes) const {
     const uint64_t n = static_cast<uint64_t>(args_.nranks), count = args_.count;
-    if (args_.rank != leader_) return n * count * args_.element_size();
+    if (args_.rank != leader_) return n * (encode_members_ ? block_bytes : count * args_.element_size());
     const uint64_t members = mates_.size() - 1;
     return members * count * sizeof(float) + (n - mates_.size()) * block_bytes;
   }
-  size_t floats_bytes() const { return static_cast<size_t>(args_.nranks) * chunk_ * sizeof(float); }
-  size_t raw_bytes() const { return (mates_.size() - 1) * static_cast<size_t>(args_.nranks) * chunk_ * args_.element_size(); }
+  size_t n() const { return static_cast<size_t>(args_.nranks); }
+  size_t floats_bytes() const { return n() * chunk_ * sizeof(float); }
+  size_t member_stride() const { return encode_members_ ? encoded_stride() : chunk_ * args_.element_size(); }
+  size_t members_bytes() const { return (mates_.size() - 1) * n() * member_stride(); }
   size_t encoded_count() const { return static_cast<size_t>(args_.nranks) + static_cast<size_t>(nodes_.nodes()) * mates_.size(); }
   size_t encoded_stride() const { return (max_encoded_bytes(args_, chunk_, /*sums=*/true) + 63) / 64 * 64; }
 
+  bool encode_members_;  // members send their inputs encoded (compressed_hierarchical_intra)
   const NodeMap& nodes_;
   int node_;
   int leader_;
@@ -216,7 +242,15 @@ const char* reduce_scatter_compressed_hierarchical_cannot_run(const CollArgs& ar
 }
 
 std::unique_ptr<Plan> make_reduce_scatter_compressed_hierarchical(const CollArgs& args, const PlanOptions& options) {
-  return std::make_unique<ReduceScatterCompressedHierarchical>(args, options);
+  return std::make_unique<ReduceScatterCompressedHierarchical>(args, options, /*encode_members=*/false);
+}
+
+const char* reduce_scatter_compressed_hierarchical_intra_cannot_run(const CollArgs& args) {
+  return reduce_scatter_compressed_hierarchical_cannot_run(args);
+}
+
+std::unique_ptr<Plan> make_reduce_scatter_compressed_hierarchical_intra(const CollArgs& args, const PlanOptions& options) {
+  return std::make_unique<ReduceScatterCompressedHierarchical>(args, options, /*encode_members=*/true);
 }
 
 }  // namespace qccl::coll

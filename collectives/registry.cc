@@ -123,6 +123,12 @@ const std::vector<Algorithm>& algorithms() {
        "the owner's own input in rank order",
        "(n-1)*E(recvcount)", kAny, reduce_scatter_compressed_pairwise_cannot_run,
        make_reduce_scatter_compressed_pairwise},
+      // After compressed_pairwise, which runs every compressed call: chosen only by name.
+      {"compressed_hierarchical_intra", CollKind::kReduceScatter,
+       "compressed_hierarchical with the members' inputs encoded for their leader too (one more codec error per "
+       "member, fewer bytes inside the node; chosen only by name)",
+       "member: n*E(recvcount); leader: (L-1)*4*recvcount + (n-L)*E(recvcount)", kAny,
+       reduce_scatter_compressed_hierarchical_intra_cannot_run, make_reduce_scatter_compressed_hierarchical_intra},
       {"pairwise", CollKind::kAlltoAll, "n-1 pairwise exchange steps, pipelined", "(n-1)*count*es", kAny,
        alltoall_pairwise_cannot_run, make_alltoall_pairwise},
 

@@ -5,7 +5,8 @@
 // float32 rounding: shared/specs/qsdp.md §4 P1/P11 with the sum over remote nodes), the same bits for
 // every chunk size and pipeline depth, wire bytes equal to a closed form written here from the
 // plan's description, error feedback that telescopes to the node leaders' residuals, and float16 /
-// bfloat16 outputs.
+// bfloat16 outputs. compressed_hierarchical_intra (members encode their inputs for the leader) is held
+// to the same properties with one more codec error per member, and to its residuals.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -91,13 +92,31 @@ Result run(const Job& job, const std::vector<std::vector<float>>& in, std::vecto
   return res;
 }
 
+bool members_encode(const std::string& algorithm) { return algorithm == "compressed_hierarchical_intra"; }
+
+// What member q's input for block b reaches its leader as: as it is, or (members_encode) decoded from
+// q's encoding of it, the whole block at once (chunks are whole buckets from the block's start, and
+// the rounding is keyed by rank, step and element index, so this is the plan's bits).
+std::vector<float> member_value(const Job& job, const std::vector<std::vector<float>>& in, int q, int b,
+                                const std::string& algorithm) {
+  std::vector<float> x(in[q].begin() + b * job.count, in[q].begin() + (b + 1) * job.count);
+  if (!members_encode(algorithm)) return x;
+  std::vector<std::byte> wire(job.codec->encoded_bytes(job.count));
+  const kernels::PhiloxKey key{job.codec->seed, job.step, static_cast<uint32_t>(q), 0};
+  kernels::encode(*job.codec, x.data(), job.count, wire.data(), key, static_cast<uint64_t>(b) * job.count);
+  kernels::decode(*job.codec, wire.data(), job.count, x.data());
+  return x;
+}
+
 // The leader's float32 sum of node `node`'s inputs for block b: its own first, then the members' in
 // rank order (what the plan computes, float by float).
-std::vector<float> node_sum(const Job& job, const NodeMap& nodes, const std::vector<std::vector<float>>& in, int node, int b) {
+std::vector<float> node_sum(const Job& job, const NodeMap& nodes, const std::vector<std::vector<float>>& in, int node, int b,
+                            const std::string& algorithm = "compressed_hierarchical") {
   std::vector<float> sum(job.count, 0.0f);
   bool first = true;
   for (int q : nodes.ranks_of(node)) {
-    for (size_t i = 0; i < job.count; ++i) sum[i] = first ? in[q][b * job.count + i] : sum[i] + in[q][b * job.count + i];
+    const std::vector<float> x = first ? member_value(job, in, q, b, "") : member_value(job, in, q, b, algorithm);
+    for (size_t i = 0; i < job.count; ++i) sum[i] = first ? x[i] : sum[i] + x[i];
     first = false;
   }
   return sum;
@@ -123,18 +142,27 @@ std::vector<double> codec_bounds(const kernels::CodecConfig& c, const std::vecto
   return bound;
 }
 
-// Per element of rank r's block: the codec bound of each remote node's sum, plus the float32
-// rounding of the n-1 additions of partial sums below 8n (2^-24 of each), divided for an average;
-// then the output's rounding (float16: 2^-11 |y| + 2^-25, bfloat16: 2^-8 |y|).
+// Per element of rank r's block: the codec bound of each remote node's sum (and with members_encode,
+// of each member's input), plus the float32 rounding of the n-1 additions of partial sums below 8n
+// (2^-24 of each), divided for an average; then the output's rounding (float16: 2^-11 |y| + 2^-25,
+// bfloat16: 2^-8 |y|).
 std::vector<double> error_bounds(const Job& job, const std::vector<std::vector<float>>& in, int r,
-                                 const std::vector<double>& exact) {
+                                 const std::vector<double>& exact, const std::string& algorithm) {
   const NodeMap nodes = NodeMap::from_labels(job.labels);
   const int n = job.n();
   std::vector<double> bound(job.count, (n - 1) * 8.0 * n * 0x1p-24);
   for (int node = 0; node < nodes.nodes(); ++node) {
-    if (node == nodes.node_of(r)) continue;
-    const std::vector<double> b = codec_bounds(*job.codec, node_sum(job, nodes, in, node, r));
-    for (size_t i = 0; i < job.count; ++i) bound[i] += b[i];
+    if (node != nodes.node_of(r)) {
+      const std::vector<double> b = codec_bounds(*job.codec, node_sum(job, nodes, in, node, r, algorithm));
+      for (size_t i = 0; i < job.count; ++i) bound[i] += b[i];
+    }
+    if (!members_encode(algorithm)) continue;
+    for (int q : nodes.ranks_of(node)) {
+      if (q == nodes.leader(node)) continue;
+      const std::vector<double> b =
+          codec_bounds(*job.codec, std::vector<float>(in[q].begin() + r * job.count, in[q].begin() + (r + 1) * job.count));
+      for (size_t i = 0; i < job.count; ++i) bound[i] += b[i];
+    }
   }
   for (size_t i = 0; i < job.count; ++i) {
     if (job.op == RedOp::kAvg) bound[i] = bound[i] / n + 8.0 * 0x1p-24;
@@ -162,7 +190,7 @@ uint64_t encoded_block_bytes(const kernels::CodecConfig& c, size_t count) {
 }
 
 // Bytes each rank sends, in all and to other nodes. compressed_hierarchical: a member n raw blocks
-// of its datatype to its leader; a leader its members' blocks in float32 and the other nodes' blocks
+// of its datatype to its leader (compressed_hierarchical_intra: n encoded blocks); a leader its members' blocks in float32 and the other nodes' blocks
 // encoded to their leaders. compressed_two_level (L ranks per node, N nodes): N raw blocks to each
 // mate, and one encoded block to each other node.
 struct Bytes {
@@ -180,7 +208,7 @@ std::vector<Bytes> bytes_sent(const Job& job, const std::string& algorithm) {
     else if (nodes.leader(nodes.node_of(static_cast<int>(r))) == static_cast<int>(r))
       bytes[r] = {(size - 1) * job.count * 4 + (n - size) * encoded, (n - size) * encoded};
     else
-      bytes[r] = {n * job.count * es, 0};
+      bytes[r] = {n * (members_encode(algorithm) ? encoded : job.count * es), 0};
   }
   return bytes;
 }
@@ -190,8 +218,8 @@ std::vector<std::string> algorithms_for(const std::vector<int>& labels) {
   const NodeMap nodes = NodeMap::from_labels(labels);
   bool equal = true;
   for (int node = 1; node < nodes.nodes(); ++node) equal &= nodes.ranks_of(node).size() == nodes.ranks_of(0).size();
-  if (equal) return {"compressed_hierarchical", "compressed_two_level"};
-  return {"compressed_hierarchical"};
+  if (equal) return {"compressed_hierarchical", "compressed_hierarchical_intra", "compressed_two_level"};
+  return {"compressed_hierarchical", "compressed_hierarchical_intra"};
 }
 
 // Who keeps the residual of a node sum of block r for node `node`: its leader, or its rank in r's lane.
@@ -276,7 +304,7 @@ TEST_CASE("hierarchical compressed reduce-scatter: within one codec error per re
               const std::vector<Bytes> bytes = bytes_sent(job, algorithm);
               for (int r = 0; r < job.n(); ++r) {
                 const std::vector<double> exact = exact_block(job, in, r);
-                const std::vector<double> bound = error_bounds(job, in, r, exact);
+                const std::vector<double> bound = error_bounds(job, in, r, exact, algorithm);
                 size_t over = 0;
                 for (size_t i = 0; i < job.count; ++i)
                   if (!(std::fabs(res.out[r][i] - exact[i]) <= bound[i])) ++over;
@@ -292,7 +320,8 @@ TEST_CASE("hierarchical compressed reduce-scatter: within one codec error per re
 TEST_CASE("two-level compressed reduce-scatter: with rounding to nearest, the leader algorithm's bits",
           "[hierarchical]") {
   for (const auto& labels : node_maps()) {
-    if (algorithms_for(labels).size() < 2) continue;
+    const std::vector<std::string> algorithms = algorithms_for(labels);
+    if (std::find(algorithms.begin(), algorithms.end(), "compressed_two_level") == algorithms.end()) continue;
     for (const kernels::CodecConfig& codec : codecs()) {
       if (codec.rounding == kernels::Rounding::kStochastic) continue;
       for (bool in_place : {false, true}) {
@@ -346,7 +375,7 @@ TEST_CASE("hierarchical compressed reduce-scatter: error feedback telescopes to 
   // Each remote node's encoding rank (its leader, or its rank in the block's lane) sends
   // decode(encode(S + r_old)) = S + r_old - r_new, so over T calls the sum of a block's outputs is the
   // sum of its exact values minus those ranks' final residuals there (they start at zero), up to
-  // float32 rounding.
+  // float32 rounding. Where members encode their inputs, every member's residual there as well.
   const kernels::CodecConfig codec = kernels::parse_codec_spec("q2:bucket=64");
   for (const auto& labels : node_maps()) {
     for (const std::string& algorithm : algorithms_for(labels)) {
@@ -372,6 +401,9 @@ TEST_CASE("hierarchical compressed reduce-scatter: error feedback telescopes to 
           double telescoped = want[r][i];
           for (int node = 0; node < nodes.nodes(); ++node)
             if (node != nodes.node_of(r)) telescoped -= residuals[residual_owner(nodes, node, r, algorithm)][r * job.count + i];
+          if (members_encode(algorithm))
+            for (int q = 0; q < n; ++q)
+              if (q != nodes.leader(nodes.node_of(q))) telescoped -= residuals[q][r * job.count + i];
           if (!(std::fabs(got[r][i] - telescoped) <= calls * 4.0 * n * 8.0 * n * 0x1p-24)) ++over;
         }
         CHECK(over == 0);
@@ -390,6 +422,9 @@ TEST_CASE("hierarchical compressed reduce-scatter: stochastic rounding unbiased 
   // spec qsdp.md §4 P4 for the hierarchy: over K calls with independent rounding (the step keys it),
   // the mean of an output approaches the exact sum, within 5 standard deviations of the mean of K
   // draws whose variance is the sum over remote nodes of s^2 f (1 - f) (each node sum rounded once).
+  // Where members encode their inputs, each member's rounding adds s_q^2 f (1 - f) and the node sum
+  // is itself random: its step is bounded by that of the exact sum's range widened by its members'
+  // steps on both sides, and its variance by a quarter of that step squared.
   const kernels::CodecConfig codec = kernels::parse_codec_spec("q2:bucket=64,round=stochastic,seed=4");
   for (const auto& labels : {std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 0, 1, 1, 1}}) {
     for (const std::string& algorithm : algorithms_for(labels)) {
@@ -408,19 +443,34 @@ TEST_CASE("hierarchical compressed reduce-scatter: stochastic rounding unbiased 
       for (int r = 0; r < n; ++r) {
         const std::vector<double> exact = exact_block(job, in, r);
         std::vector<double> variance(job.count, 0.0);
-        for (int node = 0; node < nodes.nodes(); ++node) {
-          if (node == nodes.node_of(r)) continue;
-          const std::vector<float> sum = node_sum(job, nodes, in, node, r);
+        // Per bucket of x: its step and, at each element, s^2 f (1 - f).
+        auto add_rounding = [&](const std::vector<float>& x, double widen, std::vector<double>* steps) {
           for (size_t b = 0; b < job.count; b += codec.bucket) {
             const size_t end = std::min<size_t>(job.count, b + codec.bucket);
-            const double lo = *std::min_element(sum.begin() + b, sum.begin() + end);
-            const double hi = *std::max_element(sum.begin() + b, sum.begin() + end);
+            const double lo = *std::min_element(x.begin() + b, x.begin() + end);
+            const double hi = *std::max_element(x.begin() + b, x.begin() + end);
             const double s = (hi - lo) / 3;
             for (size_t i = b; i < end; ++i) {
-              const double t = s > 0 ? (sum[i] - lo) / s : 0, f = t - std::floor(t);
-              variance[i] += s * s * f * (1 - f);
+              const double t = s > 0 ? (x[i] - lo) / s : 0, f = t - std::floor(t);
+              if (steps) (*steps)[i] = s;
+              const double wide = s + 2 * widen / 3;  // the step of the range widened by `widen` on each side
+              variance[i] += widen > 0 ? wide * wide / 4 : s * s * f * (1 - f);
             }
           }
+        };
+        for (int node = 0; node < nodes.nodes(); ++node) {
+          std::vector<double> member_steps(job.count, 0.0);  // the sum of the node's members' steps
+          if (members_encode(algorithm))
+            for (int q : nodes.ranks_of(node)) {
+              if (q == nodes.leader(node)) continue;
+              std::vector<double> steps(job.count);
+              add_rounding(std::vector<float>(in[q].begin() + r * job.count, in[q].begin() + (r + 1) * job.count), 0,
+                           &steps);
+              for (size_t i = 0; i < job.count; ++i) member_steps[i] += steps[i];
+            }
+          if (node == nodes.node_of(r)) continue;
+          const double widen = *std::max_element(member_steps.begin(), member_steps.end());
+          add_rounding(node_sum(job, nodes, in, node, r), widen, nullptr);
         }
         size_t over = 0;
         for (size_t i = 0; i < job.count; ++i)
@@ -446,19 +496,21 @@ TEST_CASE("hierarchical compressed reduce-scatter: NaN in a member's input reach
 }
 
 TEST_CASE("hierarchical compressed reduce-scatter: declines uncompressed calls and flat node maps", "[hierarchical]") {
-  const coll::Algorithm* hier = coll::find_algorithm(CollKind::kReduceScatter, "compressed_hierarchical");
-  REQUIRE(hier);
-  const kernels::CodecConfig codec = kernels::parse_codec_spec("q8");
-  const NodeMap two = NodeMap::from_labels({0, 0, 1, 1}), flat = NodeMap::from_labels({0, 1, 2, 3});
-  CollArgs a;
-  a.kind = CollKind::kReduceScatter, a.nranks = 4, a.count = 10, a.nodes = &two;
-  CHECK(hier->cannot_run(a) != nullptr);  // no codec
-  a.codec = &codec;
-  CHECK(hier->cannot_run(a) == nullptr);
-  a.nodes = &flat;
-  CHECK(hier->cannot_run(a) != nullptr);
-  a.nodes = nullptr;
-  CHECK(hier->cannot_run(a) != nullptr);
+  for (const char* name : {"compressed_hierarchical", "compressed_hierarchical_intra"}) {
+    const coll::Algorithm* hier = coll::find_algorithm(CollKind::kReduceScatter, name);
+    REQUIRE(hier);
+    const kernels::CodecConfig codec = kernels::parse_codec_spec("q8");
+    const NodeMap two = NodeMap::from_labels({0, 0, 1, 1}), flat = NodeMap::from_labels({0, 1, 2, 3});
+    CollArgs a;
+    a.kind = CollKind::kReduceScatter, a.nranks = 4, a.count = 10, a.nodes = &two;
+    CHECK(hier->cannot_run(a) != nullptr);  // no codec
+    a.codec = &codec;
+    CHECK(hier->cannot_run(a) == nullptr);
+    a.nodes = &flat;
+    CHECK(hier->cannot_run(a) != nullptr);
+    a.nodes = nullptr;
+    CHECK(hier->cannot_run(a) != nullptr);
+  }
 }
 
 }  // namespace qccl::test

@@ -45,7 +45,8 @@ std::vector<Setup> setups() {
           {CollKind::kAllGather, "compressed_hierarchical", {0, 0, 1, 1, 1}},
           {CollKind::kReduceScatter, "compressed_pairwise", {0, 1, 2}},
           {CollKind::kReduceScatter, "compressed_hierarchical", {0, 0, 1, 1, 1}},
-          {CollKind::kReduceScatter, "compressed_two_level", {0, 1, 0, 1}}};
+          {CollKind::kReduceScatter, "compressed_two_level", {0, 1, 0, 1}},
+          {CollKind::kReduceScatter, "compressed_hierarchical_intra", {0, 0, 1, 1, 1}}};
 }
 
 // Every rank's input in float32 (representable in dtype): AllGather one block, ReduceScatter n.
@@ -168,6 +169,8 @@ TEST_CASE("segments: exact runs exact, quantized runs coded on their own, bits i
         for (int r = 0; r < n; ++r) CHECK(base.bytes[r] == static_cast<uint64_t>(n - 1) * b);
       if (s.algorithm == "compressed_two_level")  // nodes of 2: N raw blocks to the mate, one block out
         for (int r = 0; r < n; ++r) CHECK(base.bytes[r] == 2 * kBlock * es + block_bytes(codec, dtype, true));
+      if (s.algorithm == "compressed_hierarchical_intra")  // members (1, 3, 4): n blocks, exact runs in float32
+        for (int r : {1, 3, 4}) CHECK(base.bytes[r] == n * block_bytes(codec, dtype, true));
     }
 }
 

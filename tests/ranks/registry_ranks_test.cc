@@ -361,6 +361,40 @@ TEST_CASE("ReduceScatter compressed_hierarchical: node sums encoded once per rem
   CHECK(sent == (leader ? (local - 1) * count * 4 + (n - local) * 5 * (8 + 512) : total * sizeof(float)));
 }
 
+TEST_CASE("ReduceScatter compressed_hierarchical_intra: members' inputs and node sums encoded once, within their bound",
+          "[reducescatter=compressed_hierarchical_intra]") {
+  World& w = World::get();
+  const int n = w.size();
+  const size_t count = 512 * 5, total = count * static_cast<size_t>(n);
+  Codec codec("q8:bucket=512");
+  std::vector<float> x(total), y(count);
+  for (size_t i = 0; i < total; ++i) x[i] = static_cast<float>(sine(w.rank(), i));
+  QCCL_REQUIRE_OK(
+      qcclReduceScatterCompressed(x.data(), y.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm()));
+  require_ran("reducescatter", "compressed_hierarchical_intra");
+  const uint64_t sent = last_stats().wireBytesSent;
+  double worst = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (int r = 0; r < n; ++r) exact += static_cast<float>(sine(r, w.rank() * count + i));
+    worst = std::max(worst, std::fabs(y[i] - exact));
+  }
+  // One q8 error per member's input (fewer than n members, each a range up to 2) and per remote node's
+  // sum (a range up to 2(n-1), widened by its members' errors: at most 2(n-1) kQ8Error).
+  CHECK(worst <= (n - 1) * kQ8Error + (n - 1) * (n - 1) * kQ8Error * (1 + kQ8Error) + 1e-5 * n);
+  // A member sends the leader its n blocks encoded (5 q8 buckets each); a leader as in
+  // compressed_hierarchical.
+  const char* map = std::getenv("QCCL_NODE_MAP");
+  REQUIRE(map != nullptr);
+  std::vector<int> label;
+  for (const char* p = map; *p; ++p)
+    if (*p != ',') label.push_back(*p - '0');
+  const bool leader = std::find(label.begin(), label.begin() + w.rank(), label[w.rank()]) == label.begin() + w.rank();
+  const uint64_t local = static_cast<uint64_t>(std::count(label.begin(), label.end(), label[w.rank()]));
+  const uint64_t block = 5 * (8 + 512);
+  CHECK(sent == (leader ? (local - 1) * count * 4 + (n - local) * block : static_cast<uint64_t>(n) * block));
+}
+
 TEST_CASE("ReduceScatter compressed_two_level: node sums shared by the node's ranks, within their bound",
           "[reducescatter=compressed_two_level]") {
   World& w = World::get();
