@@ -18,6 +18,7 @@ QCCL_DECLARE_ALGORITHM(allreduce_ring_compressed)
 QCCL_DECLARE_ALGORITHM(allreduce_marsit)
 QCCL_DECLARE_ALGORITHM(allreduce_intsgd)
 QCCL_DECLARE_ALGORITHM(allreduce_intsgd_switch)
+QCCL_DECLARE_ALGORITHM(allreduce_fft_allgather)
 QCCL_DECLARE_ALGORITHM(broadcast_binomial)
 QCCL_DECLARE_ALGORITHM(broadcast_chain)
 QCCL_DECLARE_ALGORITHM(reduce_binomial)
@@ -63,6 +64,7 @@ inline const char* value_codec_with_two_ranks(const CollArgs& args) {
   if (!args.codec) return "compressed all-reduce only (no codec given)";
   if (args.codec->kind == kernels::CodecKind::kSign) return "the sign codec runs Marsit (marsit)";
   if (args.codec->kind == kernels::CodecKind::kInt) return "the int codecs run IntSGD (intsgd)";
+  if (args.codec->kind == kernels::CodecKind::kFft) return "the fft codec runs FFT sparsification (fft_allgather)";
   return needs_two_ranks(args);
 }
 

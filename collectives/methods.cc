@@ -6,9 +6,10 @@ namespace qccl::coll {
 const Method& quantized_method();  // quantized_method.cc
 const Method& marsit_method();     // marsit_method.cc
 const Method& intsgd_method();     // intsgd_method.cc
+const Method& fft_method();        // fft_method.cc
 
 const std::vector<const Method*>& methods() {
-  static const std::vector<const Method*> list = {&quantized_method(), &marsit_method(), &intsgd_method()};
+  static const std::vector<const Method*> list = {&quantized_method(), &marsit_method(), &intsgd_method(), &fft_method()};
   return list;
 }
 

@@ -71,6 +71,11 @@ const std::vector<Algorithm>& algorithms() {
        "add them in slots and send the sums back; the first round exact along a ring",
        "(b/8)*D + 8 per chunk (exact round: 2(n-1)/n*S)", kAny, allreduce_intsgd_switch_cannot_run,
        make_allreduce_intsgd_switch},
+      {"fft_allgather", CollKind::kAllReduce,
+       "fft codec (FFT sparsification): each rank's encoded segments, of variable length, sent to every other rank; "
+       "every rank decodes all n in rank order and sums them (the same bits everywhere)",
+       "(n-1)*E, E <= encoded_bytes(count) (variable)", kAny, allreduce_fft_allgather_cannot_run,
+       make_allreduce_fft_allgather},
 
       {"binomial", CollKind::kBroadcast, "binomial tree from the root; ceil(log2 n) rounds", "children*S", 64 * 1024,
        broadcast_binomial_cannot_run, make_broadcast_binomial},

@@ -20,6 +20,7 @@
 // targets do, and the fused rounding differs from quant.h's dequantize (m + s * c rounded twice).
 
 #include "kernels/codec.h"
+#include "kernels/fft_sparse.h"
 #include "kernels/intsgd.h"
 #include "kernels/marsit.h"
 #include "kernels/sign.h"
@@ -223,6 +224,7 @@ size_t EncodeImpl(const CodecConfig& c, const float* in, size_t count, void* out
       break;
     case CodecKind::kSign:  // encode() routes the sign codec to marsit.h before dispatching here
     case CodecKind::kInt:   // and IntSGD's to intsgd.h
+    case CodecKind::kFft:   // and fft to fft_sparse.h
       return 0;
   }
   auto* bytes = static_cast<uint8_t*>(out);
@@ -230,7 +232,8 @@ size_t EncodeImpl(const CodecConfig& c, const float* in, size_t count, void* out
     switch (c.rounding) {
       case Rounding::kStochastic: return EncodeQuant<bits(), Rounding::kStochastic>(c.bucket, in, count, bytes, key, first);
       case Rounding::kShift: return EncodeQuant<bits(), Rounding::kShift>(c.bucket, in, count, bytes, key, first);
-      case Rounding::kNearest: break;
+      case Rounding::kNearest:
+      case Rounding::kTruncate: break;  // fft only
     }
     return EncodeQuant<bits(), Rounding::kNearest>(c.bucket, in, count, bytes, key, first);
   });
@@ -249,6 +252,7 @@ size_t DecodeAny(const CodecConfig& c, const void* in, size_t count, float* out)
       break;
     case CodecKind::kSign:  // decode() routes the sign codec to marsit.h before dispatching here
     case CodecKind::kInt:   // and IntSGD's to intsgd.h
+    case CodecKind::kFft:   // and fft to fft_sparse.h
       return 0;
   }
   const auto* bytes = static_cast<const uint8_t*>(in);
@@ -285,7 +289,11 @@ EncodeReport encode(const CodecConfig& c, const float* in, size_t count, void* o
                     uint64_t first) {
   EncodeReport report;
   if (count == 0) return report;
-  if (c.kind == CodecKind::kSign) {
+  report.bytes = c.encoded_bytes(count);
+  if (c.kind == CodecKind::kFft) {
+    const FftReport fft = fft_encode(c, in, count, out, *take_fft_workspace());
+    report.nonfinite = fft.nonfinite, report.bytes = fft.bytes;
+  } else if (c.kind == CodecKind::kSign) {
     report.nonfinite = pack_signs(in, nullptr, 0, count, static_cast<uint32_t*>(out), nullptr);
   } else if (c.kind == CodecKind::kInt) {
     report.nonfinite = int_encode(c.bits, in, count, standalone_alpha(c), c.rounding == Rounding::kStochastic,
@@ -301,6 +309,7 @@ EncodeReport encode(const CodecConfig& c, const float* in, size_t count, void* o
 
 size_t decode(const CodecConfig& c, const void* in, size_t count, float* out) {
   if (count == 0) return 0;
+  if (c.kind == CodecKind::kFft) return fft_decode(c, in, c.encoded_bytes(count), count, out, false, *take_fft_workspace());
   if (c.kind == CodecKind::kSign) {
     decode_signs(static_cast<const uint32_t*>(in), count, c.eta, out, nullptr, 0);
     return 0;
@@ -315,6 +324,7 @@ size_t decode(const CodecConfig& c, const void* in, size_t count, float* out) {
 
 size_t decode_accumulate(const CodecConfig& c, const void* in, size_t count, float* acc) {
   if (count == 0) return 0;
+  if (c.kind == CodecKind::kFft) return fft_decode(c, in, c.encoded_bytes(count), count, acc, true, *take_fft_workspace());
   if (c.kind == CodecKind::kSign) {
     const auto* words = static_cast<const uint32_t*>(in);
     for (size_t j = 0; j < count; ++j) acc[j] += sign_value(words[j / 32], static_cast<unsigned>(j % 32), c.eta);

@@ -7,6 +7,8 @@
 //                  every k-th round is a full-precision average instead (marsit.h, the algorithms)
 //   int8 .. int32  IntSGD's integers (int_codec.h): Int(alpha * x) under a scale alpha shared by all
 //                  ranks, summed as integers without decoding (exact and order-independent)
+//   fft            FFT sparsification (fft_sparse.h): per segment, the largest bins of its spectrum as
+//                  range floats (rfloat.h) behind a bitmap or indices; variable length
 //
 // The spec grammar is `name[:key=value,...]` with keys bucket=B (q only; multiple of 8, default 512),
 // round=nearest|stochastic (q only; default nearest), ef=on|off (error feedback, not sign; default
@@ -17,10 +19,15 @@
 // rate the caller sets, or the fixed A; default grad), beta=B (moving average, [0, 1), default 0.9),
 // eps=E (> 0, default 1e-8), alpha0=A (the first step's scale; default: the first step is exact),
 // agg=ring|switch (who adds the integers: the ranks along a ring, or aggregator processes that play
-// an in-network switch; default ring).
+// an in-network switch; default ring). For fft: theta=T (the fraction of bins dropped, [0, 1);
+// default 0.9), bits=N (bits per real or imaginary part, 3..16; default 10), mant=M (mantissa bits,
+// 1..N-1; default 6), max=X (the range's largest magnitude; default 1, the paper's), segment=L
+// (values per FFT, 2..2^26; default 65536), index=auto|bitmap|coo (default auto: the smaller),
+// round=trunc|nearest (default trunc, the paper's), ef=on|off.
 // Unknown names, keys or values are errors that name the token.
 //
-// The encoded size is a pure function of the count and the spec (encoded_bytes), never of the data.
+// The encoded size is a pure function of the count and the spec (encoded_bytes), never of the data;
+// fft's is a capacity, and its encodings report the bytes they wrote.
 // Runs passed to encode/decode start on a bucket boundary; so that results do not depend on how a
 // buffer is chunked, callers cut chunks at multiples of alignment() elements.
 #pragma once
@@ -38,13 +45,15 @@ namespace qccl::kernels {
 // A torus side is a group id in Marsit's random key (philox.h: the stream has 12 bits, 2 for the phase).
 constexpr int kMaxTorusSide = 1024;
 
-enum class CodecKind : uint8_t { kNone, kFp16, kBf16, kQuant, kSign, kInt };
+enum class CodecKind : uint8_t { kNone, kFp16, kBf16, kQuant, kSign, kInt, kFft };
 // IntSGD's scale: Proposition 2 on the decoded sums (no learning rate), Proposition 2 with the
 // caller's learning rate (Algorithm 1), or fixed.
 enum class IntAlpha : uint8_t { kGrad, kLr, kFixed };
 // kShift (q codecs only): QSDP's quantization by random shift (Definition 1), one uniform per bucket
 // shared by all its values (quant.h).
-enum class Rounding : uint8_t { kNearest, kStochastic, kShift };
+// kTruncate (fft only): toward zero, the paper's Algorithm 1.
+enum class Rounding : uint8_t { kNearest, kStochastic, kShift, kTruncate };
+enum class FftIndex : uint8_t { kAuto, kBitmap, kCoo };
 
 // A spec that does not parse; what() names the bad token.
 struct CodecSpecError : std::invalid_argument {
@@ -73,6 +82,12 @@ struct CodecConfig {
   // kQuant only: learned levels (levels.h), 2^bits values in [0, 1], strictly increasing, the first
   // 0 and the last 1; empty for the evenly spaced levels of quant.h.
   std::vector<float> levels;
+  // kFft only (bits: per real or imaginary part; rounding kTruncate or kNearest):
+  float theta = 0.9f;          // fraction of the bins dropped
+  int mant = 6;                // mantissa bits of the range float
+  float range_max = 1.0f;      // largest magnitude of the range float
+  uint32_t segment = 65536;    // values per FFT
+  FftIndex index = FftIndex::kAuto;
 
   // Canonical text ("q4:bucket=512,round=stochastic,ef=on,seed=7"): what hash() digests.
   std::string canonical() const;
@@ -80,7 +95,11 @@ struct CodecConfig {
   uint64_t hash() const;
   size_t encoded_bytes(size_t count) const;
   // Chunk boundaries must fall on multiples of this many values.
-  size_t alignment() const { return kind == CodecKind::kQuant ? bucket : kind == CodecKind::kSign ? 32 : 1; }
+  size_t alignment() const {
+    return kind == CodecKind::kQuant ? bucket : kind == CodecKind::kSign ? 32 : kind == CodecKind::kFft ? segment : 1;
+  }
+  // Whether encodings are shorter than encoded_bytes() depending on the data (fft).
+  bool variable_length() const { return kind == CodecKind::kFft; }
   // kSign: whether round t is a full-precision one.
   bool full_precision_round(uint64_t t) const { return period != 0 && t % period == 0; }
 };
@@ -91,6 +110,7 @@ CodecConfig parse_codec_spec(const std::string& spec);
 // are not finite after the cast (NaN and Inf pass through as themselves; fp16 overflow becomes Inf).
 struct EncodeReport {
   size_t nonfinite = 0;
+  size_t bytes = 0;  // written: encoded_bytes(count), or less for a variable-length codec
 };
 
 // Encodes count values. `first` is the index of in[0] in the whole buffer (it keys the random
@@ -99,6 +119,8 @@ EncodeReport encode(const CodecConfig& codec, const float* in, size_t count, voi
                     uint64_t first);
 // out[i] = decoded value i. Returns how many decoded values are not finite (a q bucket marked
 // non-finite decodes to NaN in full), so every rank that decodes the same bytes sees the same count.
+// A variable-length codec reads its lengths from its own headers (fft_decode checks them against
+// the bytes received).
 size_t decode(const CodecConfig& codec, const void* in, size_t count, float* out);
 // acc[i] += decoded value i (the fused step of a reduce-scatter hop). Same return value.
 size_t decode_accumulate(const CodecConfig& codec, const void* in, size_t count, float* acc);

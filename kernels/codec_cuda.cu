@@ -471,6 +471,8 @@ cudaError_t decode_any(const CodecConfig& c, const void* in, size_t count, float
       return launch(decode_cast_kernel<CodecKind::kFp16, kAccumulate>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
     case CodecKind::kBf16:
       return launch(decode_cast_kernel<CodecKind::kBf16, kAccumulate>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
+    case CodecKind::kFft:  // the host codec only (fft_sparse.h); cuFFT is not wired yet
+      return cudaErrorNotSupported;
     case CodecKind::kSign:
       return launch(decode_signs_kernel<kAccumulate>, blocks, kFlatThreads, stream, static_cast<const uint32_t*>(in),
                     count, c.eta, out, Compensation{}, size_t{0});
@@ -514,6 +516,8 @@ cudaError_t encode_cuda(const CodecConfig& c, const float* in, size_t count, voi
       return launch(encode_cast_kernel<CodecKind::kBf16>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
     case CodecKind::kSign:
       return pack_signs_cuda(in, Compensation{}, 0, count, static_cast<uint32_t*>(out), nullptr, nonfinite, stream);
+    case CodecKind::kFft:  // the host codec only (fft_sparse.h); cuFFT is not wired yet
+      return cudaErrorNotSupported;
     case CodecKind::kInt:
       return int_encode_cuda(c.bits, in, count, standalone_alpha(c), c.rounding == Rounding::kStochastic,
                              int_clip(c.bits, 1), key, first, out, nullptr, nonfinite, stream);

@@ -6,7 +6,9 @@
 #include <limits>
 
 #include "kernels/codec.h"
+#include "kernels/fft_sparse.h"
 #include "kernels/quant.h"
+#include "kernels/rfloat.h"
 #include "kernels/sign.h"
 
 namespace qccl::kernels {
@@ -52,6 +54,16 @@ std::vector<float> parse_levels(const std::string& spec, const std::string& valu
   return levels;
 }
 
+// The shortest text that reads back as the float32 v.
+std::string float_text(float v) {
+  char text[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, static_cast<double>(v));
+    if (std::strtof(text, nullptr) == v) break;
+  }
+  return text;
+}
+
 uint64_t parse_number(const std::string& spec, const std::string& key, const std::string& value, uint64_t lo,
                       uint64_t hi) {
   if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
@@ -61,6 +73,69 @@ uint64_t parse_number(const std::string& spec, const std::string& key, const std
   if (errno || v < lo || v > hi)
     bad(spec, key + "=" + value + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return v;
+}
+
+// fft's keys (codec.h), then whether its range float exists.
+CodecConfig parse_fft_keys(const std::string& spec, const std::string& rest, CodecConfig c) {
+  if (rest.empty()) bad(spec, "nothing after ':'");
+  size_t at = 0;
+  while (at <= rest.size()) {
+    const size_t comma = rest.find(',', at);
+    const std::string token = rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    at = comma == std::string::npos ? rest.size() + 1 : comma + 1;
+    const size_t eq = token.find('=');
+    if (token.empty() || eq == std::string::npos || eq == 0) bad(spec, "'" + token + "' is not key=value");
+    const std::string key = token.substr(0, eq), value = token.substr(eq + 1);
+    if (key == "theta") {
+      errno = 0;
+      char* end = nullptr;
+      const double theta = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end || errno || !(theta >= 0 && theta < 1))
+        bad(spec, "'" + token + "': theta, the fraction of bins dropped, is a number in [0, 1)");
+      c.theta = static_cast<float>(theta);
+      if (!(c.theta < 1.0f)) bad(spec, "'" + token + "': theta rounds to 1 in float32");
+    } else if (key == "bits") {
+      c.bits = static_cast<int>(parse_number(spec, key, value, 3, 16));
+    } else if (key == "mant") {
+      c.mant = static_cast<int>(parse_number(spec, key, value, 1, 15));
+    } else if (key == "max") {
+      c.range_max = static_cast<float>(parse_real(spec, key, value));
+    } else if (key == "segment") {
+      c.segment = static_cast<uint32_t>(parse_number(spec, key, value, 2, 1u << 26));
+    } else if (key == "index") {
+      if (value == "auto")
+        c.index = FftIndex::kAuto;
+      else if (value == "bitmap")
+        c.index = FftIndex::kBitmap;
+      else if (value == "coo")
+        c.index = FftIndex::kCoo;
+      else
+        bad(spec, "'" + token + "': index is auto, bitmap or coo");
+    } else if (key == "round") {
+      if (value == "trunc")
+        c.rounding = Rounding::kTruncate;
+      else if (value == "nearest")
+        c.rounding = Rounding::kNearest;
+      else
+        bad(spec, "'" + token + "': fft's round is trunc or nearest");
+    } else if (key == "ef") {
+      if (value == "on")
+        c.error_feedback = true;
+      else if (value == "off")
+        c.error_feedback = false;
+      else
+        bad(spec, "'" + token + "': ef is on or off");
+    } else {
+      bad(spec, "unknown key '" + key + "' (theta, bits, mant, max, segment, index, round, ef)");
+    }
+  }
+  if (c.mant > c.bits - 1)
+    bad(spec, "mant=" + std::to_string(c.mant) + " leaves no bit for the binades of bits=" + std::to_string(c.bits) +
+                  " (mant is in [1, bits - 1])");
+  if (const char* why = range_float_invalid(c.bits, c.mant, c.range_max))
+    bad(spec, "bits=" + std::to_string(c.bits) + ", mant=" + std::to_string(c.mant) + ", max=" + float_text(c.range_max) +
+                  ": " + why);
+  return c;
 }
 
 }  // namespace
@@ -82,13 +157,17 @@ CodecConfig parse_codec_spec(const std::string& spec) {
   } else if (name == "int8" || name == "int16" || name == "int32") {
     c.kind = CodecKind::kInt, c.bits = std::atoi(name.c_str() + 3);
     c.rounding = Rounding::kStochastic;  // the paper's Int(): unbiased, what its theory covers
+  } else if (name == "fft") {
+    c.kind = CodecKind::kFft, c.bits = 10;
+    c.rounding = Rounding::kTruncate;  // the paper's Algorithm 1
   } else {
-    bad(spec, "unknown codec '" + name + "' (none, fp16, bf16, q1 .. q8, sign, int8, int16, int32)");
+    bad(spec, "unknown codec '" + name + "' (none, fp16, bf16, q1 .. q8, sign, int8, int16, int32, fft)");
   }
   if (colon == std::string::npos) {
     if (c.kind == CodecKind::kSign) bad(spec, "sign needs eta_s=E, the magnitude of a sign round's update");
     return c;
   }
+  if (c.kind == CodecKind::kFft) return parse_fft_keys(spec, spec.substr(colon + 1), c);
   std::string rest = spec.substr(colon + 1);
   if (rest.empty()) bad(spec, "nothing after ':'");
   size_t at = 0;
@@ -205,6 +284,11 @@ std::string CodecConfig::canonical() const {
              (alpha0 > 0 ? ",alpha0=" + real(alpha0) : "") + ",beta=" + real(beta) + ",eps=" + real(eps) +
              (switch_aggregation ? ",agg=switch" : "") + ",seed=" + std::to_string(seed);
     }
+    case CodecKind::kFft:
+      return "fft:theta=" + float_text(theta) + ",bits=" + std::to_string(bits) + ",mant=" + std::to_string(mant) +
+             ",max=" + float_text(range_max) + ",segment=" + std::to_string(segment) + ",index=" +
+             (index == FftIndex::kBitmap ? "bitmap" : index == FftIndex::kCoo ? "coo" : "auto") +
+             ",round=" + (rounding == Rounding::kNearest ? "nearest" : "trunc") + ",ef=" + (error_feedback ? "on" : "off");
     case CodecKind::kSign: {
       char eta_text[32];
       std::snprintf(eta_text, sizeof(eta_text), "%.9g", static_cast<double>(eta));
@@ -246,6 +330,10 @@ size_t CodecConfig::encoded_bytes(size_t count) const {
       return sign_words(count) * sizeof(uint32_t);
     case CodecKind::kInt:
       return count * static_cast<size_t>(bits / 8);
+    case CodecKind::kFft: {
+      const size_t whole = count / segment, tail = count % segment;
+      return whole * fft_segment_capacity(*this, segment) + (tail ? fft_segment_capacity(*this, tail) : 0);
+    }
   }
   return 0;
 }

@@ -8,6 +8,7 @@ packages=(
   libucx-dev ucx-utils                      # transport (UCX 1.13 in Debian 12)
   libhwloc-dev                              # topology
   libhwy-dev                                # vectorised kernels with run-time dispatch (Highway)
+  libkissfft-dev                            # the fft codec's host FFT (KissFFT, BSD)
   catch2                                    # tests
   clang libclang-rt-14-dev                  # the wire fuzzer (libFuzzer)
   iproute2                                  # qcclrun --netem: ip, tc

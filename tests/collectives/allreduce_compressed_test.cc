@@ -94,6 +94,9 @@ double error_bound(const Job& job) {
     case kernels::CodecKind::kInt:
       FAIL("the int codecs run IntSGD (allreduce_intsgd_test.cc)");
       break;
+    case kernels::CodecKind::kFft:
+      FAIL("the fft codec runs FFT sparsification (allreduce_fft_test.cc)");
+      break;
   }
   const int n = job.n;
   double ranges = 0, magnitudes = 0;  // sums over the encodes an element goes through

@@ -1,0 +1,154 @@
+// FFT-sparsified all-reduce (Wang et al., HPDC '20, §3 and §4 "Implementation"; shared/specs/
+// fftsparse.md §1.2 and §1.7): every rank encodes each segment of its input once with the fft codec,
+// sends the payload, whose length depends on the data, to every other rank (an all-gather of
+// variable-length messages: receives of the codec's capacity learn the actual length, and the wire
+// carries only what was written), and decodes all n payloads, its own included, in rank order into
+// one float32 sum (divided by n for an average). Every rank decodes the same bytes in the same order,
+// so the output is bitwise identical everywhere.
+//
+// One fragment per segment, so the pipeline overlaps segment s + 1's FFT with segment s's transfers.
+// Each payload is decoded by its own inverse FFT and added in the spatial domain (spec P6: the sum of
+// the inverse transforms equals the inverse of the sum up to float32 rounding).
+//
+// Error with truncation, per segment: a rank's decoded payload x^ has |x^| <= |x| (Parseval and a
+// quantizer that never grows a magnitude; spec P16) and |x - x^|^2 <= theta_eff |x|^2 + quantization
+// (P3), so the sum's error is at most the sum of the ranks' errors.
+//
+// Wire bytes: (n - 1) times this rank's payloads, at most (n - 1) encoded_bytes(count).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "collectives/algorithms.h"
+#include "collectives/fft.h"
+#include "kernels/fft_sparse.h"
+
+namespace qccl::coll {
+
+namespace {
+
+// The codec's numerics as step kernels, bound to the call (its residual and statistics) and to a
+// workspace of FFT plans (kernels run on the executor's thread only, one step at a time).
+struct FftKernels {
+  explicit FftKernels(const CollArgs& args)
+      : codec(*args.codec),
+        call(const_cast<FftCall*>(static_cast<const FftCall*>(args.method_call))),
+        workspace(kernels::take_fft_workspace()),
+        decoded(call && call->residual ? std::min<size_t>(args.count, codec.segment) : 0) {
+    encode.k = decode.k = this;
+  }
+
+  // dst = encode(src) for values index .. index + count; *src2 (size_t) = its length. With error
+  // feedback, the residual there becomes src - decode(dst), unless the segment held NaN or Inf.
+  struct Encode final : StepKernel {
+    FftKernels* k;
+    Phase phase() const override { return Phase::kEncode; }
+    void run(const step::Compute& s, StepContext&) const override {
+      const auto* acc = static_cast<const float*>(s.src);
+      const kernels::FftReport report = kernels::fft_encode(k->codec, acc, s.count, s.dst, *k->workspace);
+      *static_cast<size_t*>(const_cast<void*>(s.src2)) = report.bytes;
+      if (!k->call) return;
+      k->call->clamped += report.clamped;
+      k->call->kept += report.kept;
+      if (!k->call->residual || report.nonfinite) return;
+      kernels::fft_decode(k->codec, s.dst, report.bytes, s.count, k->decoded.data(), false, *k->workspace);
+      float* residual = k->call->residual + s.index;
+      for (size_t i = 0; i < s.count; ++i) residual[i] = acc[i] - k->decoded[i];
+    }
+  };
+  // dst (float) = (aux: +=) decode(src) of *src2 (size_t) bytes.
+  struct Decode final : StepKernel {
+    FftKernels* k;
+    Phase phase() const override { return Phase::kDecode; }
+    void run(const step::Compute& s, StepContext&) const override {
+      kernels::fft_decode(k->codec, s.src, *static_cast<const size_t*>(s.src2), s.count, static_cast<float*>(s.dst),
+                          s.aux != 0, *k->workspace);
+    }
+  };
+
+  const kernels::CodecConfig& codec;
+  FftCall* call;
+  kernels::FftWorkspaceHandle workspace;
+  std::vector<float> decoded;  // error feedback: the own payload decoded
+  Encode encode;
+  Decode decode;
+};
+
+class AllReduceFftAllgather final : public Plan {
+ public:
+  explicit AllReduceFftAllgather(const CollArgs& args)
+      : Plan(args), segment_(args.codec->segment), kernels_(std::make_unique<FftKernels>(args)) {}
+
+  size_t fragments() const override { return (args_.count + segment_ - 1) / segment_; }
+
+  // The n payloads' lengths, a float32 contribution and a float32 sum, the n payloads.
+  size_t scratch_bytes() const override { return lengths_bytes() + 2 * floats_bytes() + n() * payload_stride(); }
+
+  void build(size_t f, std::byte* scratch, Program& p) const override {
+    p.clear();
+    const int me = args_.rank;
+    const size_t es = args_.element_size(), offset = f * segment_;
+    const size_t count = std::min(segment_, args_.count - offset), capacity = args_.codec->encoded_bytes(count);
+    auto* lengths = reinterpret_cast<size_t*>(scratch);
+    float* contribution = reinterpret_cast<float*>(scratch + lengths_bytes());
+    float* sum = contribution + std::min(segment_, args_.count);
+    auto payload = [&](int q) { return scratch + lengths_bytes() + 2 * floats_bytes() + static_cast<size_t>(q) * payload_stride(); };
+
+    int slot = 0;
+    std::vector<int> from(n(), -1);
+    for (int q = 0; q < static_cast<int>(n()); ++q)
+      if (q != me) {
+        from[q] = slot;
+        p.recv_upto(slot++, q, 0, payload(q), capacity, &lengths[q]);
+      }
+    p.load(contribution, static_cast<const char*>(args_.sendbuf) + offset * es, count);
+    const FftCall* call = static_cast<const FftCall*>(args_.method_call);
+    if (call && call->residual) p.add_float(contribution, call->residual + offset, count);
+    p.compute(step::Compute{&kernels_->encode, payload(me), contribution, &lengths[me], count, offset, 0, 0, 0});
+    std::vector<int> sends;
+    for (int q = 0; q < static_cast<int>(n()); ++q)
+      if (q != me) {
+        sends.push_back(slot);
+        p.send_length(slot++, q, 0, payload(me), capacity, &lengths[me]);
+      }
+    for (int q = 0; q < static_cast<int>(n()); ++q) {
+      if (q != me) p.wait(from[q]);
+      p.compute(step::Compute{&kernels_->decode, sum, payload(q), &lengths[q], count, offset,
+                              static_cast<uint32_t>(q != 0), 0, 0});
+    }
+    if (args_.op == RedOp::kAvg) p.divide(sum, count);
+    for (int s : sends) p.wait(s);
+    p.store(static_cast<char*>(args_.recvbuf) + offset * es, sum, count);
+  }
+
+  void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
+    for (int q = 0; q < args_.nranks; ++q)
+      if (q != args_.rank) send_to->push_back(q), recv_from->push_back(q);
+  }
+
+  // Variable length: the capacity, (n - 1) encoded_bytes(count); the statistics count what was sent.
+  uint64_t wire_bytes_sent() const override { return (n() - 1) * args_.codec->encoded_bytes(args_.count); }
+  uint64_t raw_wire_bytes() const override { return (n() - 1) * args_.count * args_.element_size(); }
+
+ private:
+  size_t n() const { return static_cast<size_t>(args_.nranks); }
+  size_t lengths_bytes() const { return (n() * sizeof(size_t) + 63) / 64 * 64; }
+  size_t floats_bytes() const { return std::min(segment_, args_.count) * sizeof(float); }
+  size_t payload_stride() const { return (args_.codec->encoded_bytes(std::min(segment_, args_.count)) + 63) / 64 * 64; }
+
+  size_t segment_;
+  std::unique_ptr<FftKernels> kernels_;  // programs point at its kernels
+};
+
+}  // namespace
+
+const char* allreduce_fft_allgather_cannot_run(const CollArgs& args) {
+  if (!args.codec || args.codec->kind != kernels::CodecKind::kFft) return "runs the fft codec only";
+  return needs_two_ranks(args);
+}
+
+std::unique_ptr<Plan> make_allreduce_fft_allgather(const CollArgs& args, const PlanOptions&) {
+  return std::make_unique<AllReduceFftAllgather>(args);
+}
+
+}  // namespace qccl::coll

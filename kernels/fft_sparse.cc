@@ -1,0 +1,354 @@
+// Host loops of the FFT-sparsifying codec (fft_sparse.h), on KissFFT's real transforms.
+#include "kernels/fft_sparse.h"
+
+#include <kiss_fftr.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+
+#include "kernels/rfloat.h"
+
+namespace qccl::kernels {
+
+FftShape fft_shape(const CodecConfig& c, size_t length) {
+  FftShape s;
+  s.length = length;
+  s.fft_length = length + (length & 1);  // KissFFT's real transform takes even lengths
+  s.bins = s.fft_length / 2 + 1;
+  const double keep = std::ceil((1.0 - static_cast<double>(c.theta)) * static_cast<double>(s.bins));
+  s.keep = std::min(s.bins, std::max<size_t>(1, static_cast<size_t>(keep)));
+  return s;
+}
+
+size_t fft_payload_bytes(const CodecConfig& c, const FftShape& shape, size_t count, bool indices) {
+  const size_t index_bytes = indices ? count * sizeof(uint32_t) : (shape.bins + 7) / 8;
+  return kFftHeaderBytes + index_bytes + (2 * count * static_cast<size_t>(c.bits) + 7) / 8;
+}
+
+namespace {
+
+// The index form of a payload of `count` bins.
+bool use_indices(const CodecConfig& c, const FftShape& shape, size_t count) {
+  if (c.index != FftIndex::kAuto) return c.index == FftIndex::kCoo;
+  return count * sizeof(uint32_t) < (shape.bins + 7) / 8;
+}
+
+}  // namespace
+
+size_t fft_segment_capacity(const CodecConfig& c, size_t length) {
+  const FftShape shape = fft_shape(c, length);
+  // With auto, a payload of count <= K bins takes the smaller form, which grows with count.
+  return fft_payload_bytes(c, shape, shape.keep, use_indices(c, shape, shape.keep));
+}
+
+// ---- Workspaces -----------------------------------------------------------------------------------
+
+// One length's forward and inverse plans and the buffers of a segment up to that length. KissFFT's
+// plans hold scratch, so a workspace serves one thread at a time; take_fft_workspace() hands out
+// pooled ones so that plans are computed once per process, not per call.
+class FftWorkspace {
+ public:
+  ~FftWorkspace() {
+    for (auto& p : plans_) {
+      kiss_fftr_free(p.forward);
+      kiss_fftr_free(p.inverse);
+    }
+  }
+
+  struct Plans {
+    size_t fft_length;
+    kiss_fftr_cfg forward;
+    kiss_fftr_cfg inverse;
+  };
+  // The plans of an FFT length (computed at the first use of the length in this workspace) and
+  // buffers for it.
+  const Plans& plans(size_t fft_length) {
+    for (const Plans& p : plans_)
+      if (p.fft_length == fft_length) return reserve(p);
+    const int n = static_cast<int>(fft_length);
+    plans_.push_back(Plans{fft_length, kiss_fftr_alloc(n, 0, nullptr, nullptr), kiss_fftr_alloc(n, 1, nullptr, nullptr)});
+    if (!plans_.back().forward || !plans_.back().inverse) throw std::bad_alloc();
+    return reserve(plans_.back());
+  }
+
+  std::vector<float> real;          // the segment, zero-padded to the FFT's length
+  std::vector<kiss_fft_cpx> bins;   // its spectrum
+  std::vector<float> magnitude;     // |bin|^2
+  std::vector<uint32_t> order;      // bin indices, the kept ones first after selection
+  std::vector<uint8_t> kept;        // per bin: kept
+  std::vector<uint32_t> codes;      // 2 per bin sent
+  std::vector<uint32_t> sent;       // the bins sent, increasing
+
+ private:
+  const Plans& reserve(const Plans& p) {
+    const size_t bins = p.fft_length / 2 + 1;
+    if (real.size() < p.fft_length) real.resize(p.fft_length);
+    if (this->bins.size() < bins) {
+      this->bins.resize(bins);
+      magnitude.resize(bins);
+      order.resize(bins);
+      kept.resize(bins);
+      codes.resize(2 * bins);
+      sent.resize(bins);
+    }
+    return p;
+  }
+  std::vector<Plans> plans_;
+};
+
+namespace {
+std::mutex pool_mutex;
+std::vector<FftWorkspace*>& pool() {
+  static auto* workspaces = new std::vector<FftWorkspace*>;  // never destroyed: exit cannot race a release
+  return *workspaces;
+}
+}  // namespace
+
+void FftWorkspaceDeleter::operator()(FftWorkspace* w) const {
+  std::lock_guard<std::mutex> lock(pool_mutex);
+  if (pool().size() < 64) {
+    pool().push_back(w);
+    return;
+  }
+  delete w;
+}
+
+FftWorkspaceHandle take_fft_workspace() {
+  {
+    std::lock_guard<std::mutex> lock(pool_mutex);
+    if (!pool().empty()) {
+      FftWorkspace* w = pool().back();
+      pool().pop_back();
+      return FftWorkspaceHandle(w);
+    }
+  }
+  return FftWorkspaceHandle(new FftWorkspace);
+}
+
+// ---- Encoding -------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr uint16_t kMagic = 0x5146;
+constexpr uint16_t kFlagNonfinite = 1, kFlagIndices = 2;
+
+void put16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+void put32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+uint16_t get16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+uint32_t get32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+uint32_t hash32(const CodecConfig& c) { return static_cast<uint32_t>(c.hash()); }
+
+void write_header(uint8_t* out, const CodecConfig& c, uint16_t flags, size_t length, size_t count) {
+  put16(out, kMagic);
+  put16(out + 2, flags);
+  put32(out + 4, static_cast<uint32_t>(length));
+  put32(out + 8, static_cast<uint32_t>(count));
+  put32(out + 12, hash32(c));
+}
+
+// Packs `count` codes of `bits` bits from bit 0 of out; returns the bytes written.
+size_t pack_codes(const uint32_t* codes, size_t count, int bits, uint8_t* out) {
+  const size_t bytes = (count * static_cast<size_t>(bits) + 7) / 8;
+  std::memset(out, 0, bytes);
+  uint64_t acc = 0;
+  int filled = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < count; ++i) {
+    acc |= static_cast<uint64_t>(codes[i]) << filled;
+    filled += bits;
+    while (filled >= 8) {
+      out[at++] = static_cast<uint8_t>(acc);
+      acc >>= 8;
+      filled -= 8;
+    }
+  }
+  if (filled > 0) out[at] = static_cast<uint8_t>(acc);
+  return bytes;
+}
+
+// Encodes one segment; returns the payload's bytes.
+size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* in, size_t length, uint8_t* out,
+                      FftWorkspace& ws, FftReport* report) {
+  const FftShape shape = fft_shape(c, length);
+  const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
+  bool finite = true;
+  for (size_t i = 0; i < length; ++i) finite &= std::isfinite(in[i]);
+  if (finite) {
+    std::memcpy(ws.real.data(), in, length * sizeof(float));
+    if (shape.fft_length > length) ws.real[length] = 0.0f;
+    kiss_fftr(plans.forward, ws.real.data(), ws.bins.data());
+    // Orthonormal scaling: the bins carry the segment's energy (Parseval), so one range serves any
+    // segment length.
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
+    for (size_t k = 0; k < shape.bins; ++k) {
+      kiss_fft_cpx& b = ws.bins[k];
+      b.r *= scale, b.i *= scale;
+      ws.magnitude[k] = b.r * b.r + b.i * b.i;
+      finite &= std::isfinite(ws.magnitude[k]);
+    }
+  }
+  if (!finite) {  // one NaN or Inf reaches every bin: send the flag alone
+    write_header(out, c, kFlagNonfinite, length, 0);
+    report->nonfinite += length;
+    return kFftHeaderBytes;
+  }
+
+  // The K bins of largest magnitude, ties to the lower index (exact K, whatever the values).
+  uint32_t* order = ws.order.data();
+  for (size_t k = 0; k < shape.bins; ++k) order[k] = static_cast<uint32_t>(k);
+  const float* mag = ws.magnitude.data();
+  auto larger = [mag](uint32_t a, uint32_t b) { return mag[a] > mag[b] || (mag[a] == mag[b] && a < b); };
+  if (shape.keep < shape.bins) std::nth_element(order, order + shape.keep - 1, order + shape.bins, larger);
+  std::memset(ws.kept.data(), 0, shape.bins);
+  for (size_t j = 0; j < shape.keep; ++j) ws.kept[order[j]] = 1;
+
+  // Codes in bin order; a bin whose two parts both underflow is not sent.
+  size_t count = 0;
+  for (size_t k = 0; k < shape.bins; ++k) {
+    if (!ws.kept[k]) continue;
+    bool clamp_re = false, clamp_im = false;
+    const uint32_t re = range_float_encode(rf, ws.bins[k].r, &clamp_re);
+    const uint32_t im = range_float_encode(rf, ws.bins[k].i, &clamp_im);
+    if ((re | im) & ~rf.sign) {  // index bits nonzero in either part
+      report->clamped += clamp_re + clamp_im;
+      ws.codes[2 * count] = re, ws.codes[2 * count + 1] = im;
+      ws.sent[count++] = static_cast<uint32_t>(k);
+    }
+  }
+  const bool indices = use_indices(c, shape, count);
+  write_header(out, c, indices ? kFlagIndices : 0, length, count);
+  uint8_t* at = out + kFftHeaderBytes;
+  if (indices) {
+    for (size_t j = 0; j < count; ++j, at += 4) put32(at, ws.sent[j]);
+  } else {
+    const size_t bitmap = (shape.bins + 7) / 8;
+    std::memset(at, 0, bitmap);
+    for (size_t j = 0; j < count; ++j) at[ws.sent[j] / 8] |= static_cast<uint8_t>(1u << (ws.sent[j] % 8));
+    at += bitmap;
+  }
+  at += pack_codes(ws.codes.data(), 2 * count, c.bits, at);
+  report->kept += count;
+  return static_cast<size_t>(at - out);
+}
+
+// Decodes one segment of `length` values from `avail` bytes into out; returns the bytes it took, or
+// 0 when the payload is malformed (out untouched).
+size_t decode_segment(const CodecConfig& c, const RangeFloat& rf, const uint8_t* in, size_t avail, size_t length,
+                      float* out, bool accumulate, FftWorkspace& ws, size_t* nonfinite) {
+  const FftShape shape = fft_shape(c, length);
+  if (avail < kFftHeaderBytes || get16(in) != kMagic || get32(in + 4) != length || get32(in + 12) != hash32(c)) return 0;
+  const uint16_t flags = get16(in + 2);
+  const size_t count = get32(in + 8);
+  if (flags & kFlagNonfinite) {
+    if (count != 0) return 0;
+    for (size_t i = 0; i < length; ++i) out[i] = std::numeric_limits<float>::quiet_NaN();
+    *nonfinite += length;
+    return kFftHeaderBytes;
+  }
+  const bool indices = flags & kFlagIndices;
+  if (count > shape.keep || indices != use_indices(c, shape, count)) return 0;
+  const size_t bytes = fft_payload_bytes(c, shape, count, indices);
+  if (avail < bytes) return 0;
+  const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
+
+  // The bins sent, increasing.
+  const uint8_t* at = in + kFftHeaderBytes;
+  size_t found = 0;
+  if (indices) {
+    for (size_t j = 0; j < count; ++j, at += 4) {
+      const uint32_t k = get32(at);
+      if (k >= shape.bins || (j > 0 && k <= ws.sent[j - 1])) return 0;
+      ws.sent[j] = k;
+    }
+    found = count;
+  } else {
+    for (size_t k = 0; k < shape.bins; ++k)
+      if (at[k / 8] >> (k % 8) & 1) {
+        if (found == count) return 0;
+        ws.sent[found++] = static_cast<uint32_t>(k);
+      }
+    if ((shape.bins % 8) && (at[shape.bins / 8] >> (shape.bins % 8))) return 0;  // bits past the last bin
+    at += (shape.bins + 7) / 8;
+  }
+  if (found != count) return 0;
+
+  std::memset(ws.bins.data(), 0, shape.bins * sizeof(kiss_fft_cpx));
+  const uint32_t mask = (1u << c.bits) - 1;
+  uint64_t acc = 0;
+  int filled = 0;
+  auto next_code = [&]() {
+    while (filled < c.bits) {
+      acc |= static_cast<uint64_t>(*at++) << filled;
+      filled += 8;
+    }
+    const uint32_t code = static_cast<uint32_t>(acc) & mask;
+    acc >>= c.bits;
+    filled -= c.bits;
+    return code;
+  };
+  for (size_t j = 0; j < count; ++j) {
+    ws.bins[ws.sent[j]].r = range_float_decode(rf, next_code());
+    ws.bins[ws.sent[j]].i = range_float_decode(rf, next_code());
+  }
+  kiss_fftri(plans.inverse, ws.bins.data(), ws.real.data());
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
+  for (size_t i = 0; i < length; ++i) {
+    const float v = ws.real[i] * scale;
+    out[i] = accumulate ? out[i] + v : v;
+  }
+  return bytes;
+}
+
+RangeFloat range_float_of(const CodecConfig& c) {
+  return make_range_float(c.bits, c.mant, c.range_max, c.rounding == Rounding::kNearest);
+}
+
+}  // namespace
+
+FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* out, FftWorkspace& ws) {
+  FftReport report;
+  const RangeFloat rf = range_float_of(c);
+  auto* bytes = static_cast<uint8_t*>(out);
+  for (size_t at = 0; at < count; at += c.segment) {
+    const size_t length = std::min<size_t>(c.segment, count - at);
+    report.bytes += encode_segment(c, rf, in + at, length, bytes + report.bytes, ws, &report);
+  }
+  return report;
+}
+
+size_t fft_decode(const CodecConfig& c, const void* in, size_t bytes, size_t count, float* out, bool accumulate,
+                  FftWorkspace& ws) {
+  const RangeFloat rf = range_float_of(c);
+  const auto* p = static_cast<const uint8_t*>(in);
+  size_t used = 0, nonfinite = 0;
+  for (size_t at = 0; at < count; at += c.segment) {
+    const size_t length = std::min<size_t>(c.segment, count - at);
+    const size_t took = decode_segment(c, rf, p + used, bytes - used, length, out + at, accumulate, ws, &nonfinite);
+    if (took == 0) {  // malformed: NaN from here on
+      for (size_t i = at; i < count; ++i) out[i] = std::numeric_limits<float>::quiet_NaN();
+      return nonfinite + (count - at);
+    }
+    used += took;
+  }
+  return nonfinite;
+}
+
+double fft_break_even_ratio(double comm_rate, double quantize_rate, double fft_rate, double pack_rate,
+                            double select_rate) {
+  const double denominator = 1.0 - 2.0 * comm_rate * (2.0 / quantize_rate + 1.0 / fft_rate + 1.0 / pack_rate + 1.0 / select_rate);
+  return denominator > 0 ? 1.0 / denominator : std::numeric_limits<double>::infinity();
+}
+
+}  // namespace qccl::kernels

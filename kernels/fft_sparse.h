@@ -1,0 +1,75 @@
+// The FFT-sparsifying codec (Wang et al., "FFT-based Gradient Sparsification", HPDC '20;
+// shared/specs/fftsparse.md): per segment of L values, a real-to-complex FFT scaled by 1/sqrt(L'),
+// L' = L rounded up to even (orthonormal: the spectrum has the segment's energy, Parseval), the K =
+// ceil((1 - theta) (L'/2 + 1)) bins of largest magnitude (ties to the lower bin), each bin's real and
+// imaginary parts as range floats (rfloat.h), packed behind a bitmap of the L'/2 + 1 bins or a list of
+// their indices (whichever is smaller, or as the spec says). Decoding scatters the codes back into a
+// spectrum and runs the inverse FFT with the same scaling.
+//
+// A segment's payload, little-endian, variable length (a kept bin whose two codes both underflow to
+// zero is dropped, so the count varies below K):
+//   u16 magic 0x5146 | u16 flags (1: the segment held NaN or Inf, nothing follows; 2: indices, not a
+//   bitmap) | u32 logical length | u32 count of bins sent | u32 low half of the codec's hash
+//   bitmap: ceil(B / 8) bytes, bin k at bit k % 8 of byte k / 8   or   indices: count u32, increasing
+//   codes: 2 count codes of N bits (real, imaginary per bin), packed from bit 0 of the first byte
+// An encoded run is its segments' payloads back to back.
+//
+// Not thread-safe per FftWorkspace (the FFT plans keep scratch); workspaces are pooled per thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/codec.h"
+
+namespace qccl::kernels {
+
+constexpr size_t kFftHeaderBytes = 16;
+
+// One segment's shape: its values, the FFT's length (even), the bins and the bins kept.
+struct FftShape {
+  size_t length;
+  size_t fft_length;
+  size_t bins;
+  size_t keep;
+};
+FftShape fft_shape(const CodecConfig& c, size_t length);
+// The most bytes a segment of `length` values encodes to (K bins, the smaller index form for auto).
+size_t fft_segment_capacity(const CodecConfig& c, size_t length);
+// The bytes a segment's payload takes with `count` bins sent in the given index form.
+size_t fft_payload_bytes(const CodecConfig& c, const FftShape& shape, size_t count, bool indices);
+
+// What encoding saw (summed over the segments of a run).
+struct FftReport {
+  size_t bytes = 0;      // written
+  size_t nonfinite = 0;  // values of segments that held NaN or Inf (sent as such: decoded as NaN)
+  size_t clamped = 0;    // real or imaginary parts above the range, sent as its largest magnitude
+  size_t kept = 0;       // bins sent
+};
+
+// FFT plans and buffers for segments up to a length; reused across calls (take_fft_workspace).
+class FftWorkspace;
+struct FftWorkspaceDeleter {
+  void operator()(FftWorkspace* w) const;  // back to the pool
+};
+using FftWorkspaceHandle = std::unique_ptr<FftWorkspace, FftWorkspaceDeleter>;
+FftWorkspaceHandle take_fft_workspace();
+
+// Encodes `count` values (segments of c.segment values from in[0]; the last may be shorter) into
+// out, which holds encoded_bytes(count) (the capacity).
+FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* out, FftWorkspace& ws);
+// out[i] = (or +=) the decoded value i of the run of `count` values encoded in `bytes` bytes. Returns
+// how many decoded values are not finite; a payload that is malformed for this codec and count
+// (another codec, a length or count out of range, indices not increasing, bytes missing) decodes to
+// NaN over its segment and the rest of the run, and counts as such.
+size_t fft_decode(const CodecConfig& c, const void* in, size_t bytes, size_t count, float* out, bool accumulate,
+                  FftWorkspace& ws);
+
+// The smallest compression ratio k at which compressing pays (the paper's Eq. 4): 1 / (1 - 2 T_comm
+// (2 / T_m + 1 / T_f + 1 / T_p + 1 / T_s)), rates in bytes per second; +infinity when nothing pays.
+double fft_break_even_ratio(double comm_rate, double quantize_rate, double fft_rate, double pack_rate,
+                            double select_rate);
+
+}  // namespace qccl::kernels

@@ -1,0 +1,425 @@
+// The fft codec (kernels/fft_sparse.h, kernels/rfloat.h) against shared/specs/fftsparse.md §4: the
+// range float exhaustively (P7), its error bounds (P8) and a worked vector (P9); the transform's
+// energy identities through the whole codec (P1-P4, P16), the smooth-signal capture against spatial
+// top-k at the same number of reals (P5), the payload format read by this test from its documented
+// layout (P11, P12 with the spec's 2^20 example), NaN and malformed payloads, odd and tail lengths,
+// the spec grammar's errors, and Eq. 4's break-even helper (P17). References in double precision.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <complex>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/codec.h"
+#include "kernels/fft_sparse.h"
+#include "kernels/rfloat.h"
+
+namespace qccl::kernels {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+// The documented header: magic, flags, logical length, count, hash (fft_sparse.h).
+struct Header {
+  uint16_t magic, flags;
+  uint32_t length, count, hash;
+};
+Header header_at(const uint8_t* p) {
+  Header h;
+  std::memcpy(&h.magic, p, 2);
+  std::memcpy(&h.flags, p + 2, 2);
+  std::memcpy(&h.length, p + 4, 4);
+  std::memcpy(&h.count, p + 8, 4);
+  std::memcpy(&h.hash, p + 12, 4);
+  return h;
+}
+
+// The bins a bitmap payload sends, from its bitmap.
+std::vector<size_t> bitmap_bins(const uint8_t* payload, size_t bins) {
+  std::vector<size_t> out;
+  for (size_t k = 0; k < bins; ++k)
+    if (payload[16 + k / 8] >> (k % 8) & 1) out.push_back(k);
+  return out;
+}
+
+struct Coded {
+  std::vector<uint8_t> wire;
+  std::vector<float> decoded;
+  FftReport report;
+};
+Coded round_trip(const CodecConfig& c, const std::vector<float>& x) {
+  Coded r;
+  r.wire.assign(c.encoded_bytes(x.size()) + 1, 0xAB);
+  auto ws = take_fft_workspace();
+  r.report = fft_encode(c, x.data(), x.size(), r.wire.data(), *ws);
+  REQUIRE(r.report.bytes <= c.encoded_bytes(x.size()));
+  CHECK(r.wire[c.encoded_bytes(x.size())] == 0xAB);  // nothing past the capacity
+  r.decoded.assign(x.size(), -7.0f);
+  CHECK(fft_decode(c, r.wire.data(), r.report.bytes, x.size(), r.decoded.data(), false, *ws) == 0);
+  return r;
+}
+
+double norm(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += static_cast<double>(x) * x;
+  return std::sqrt(s);
+}
+double distance(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+  return std::sqrt(s);
+}
+
+// A double-precision real DFT scaled by 1/sqrt(L): bins 0 .. L/2.
+std::vector<std::complex<double>> dft(const std::vector<float>& x) {
+  const size_t n = x.size();
+  std::vector<std::complex<double>> X(n / 2 + 1);
+  for (size_t k = 0; k <= n / 2; ++k) {
+    std::complex<double> s = 0;
+    for (size_t j = 0; j < n; ++j) s += static_cast<double>(x[j]) * std::polar(1.0, -2 * kPi * double(k * j % n) / double(n));
+    X[k] = s / std::sqrt(double(n));
+  }
+  return X;
+}
+
+}  // namespace
+
+TEST_CASE("range float: every code of N <= 16 round-trips, in order, mirrored (P7)", "[fft]") {
+  for (int bits : {3, 4, 8, 10, 12, 16})
+    for (int mant = 1; mant <= bits - 1; ++mant)
+      for (float max : {1.0f, 0.75f, 1000.0f})
+        for (bool nearest : {false, true}) {
+          if (range_float_invalid(bits, mant, max)) continue;
+          INFO("bits=" << bits << " mant=" << mant << " max=" << max << (nearest ? " nearest" : " trunc"));
+          const RangeFloat r = make_range_float(bits, mant, max, nearest);
+          const uint32_t P = (1u << (bits - 1)) - 1, sign = 1u << (bits - 1);
+          CHECK(range_float_decode(r, 0) == 0.0f);
+          CHECK(range_float_decode(r, sign) == 0.0f);  // the unused negative zero
+          CHECK(range_float_decode(r, 1) == range_float_eps(r));
+          CHECK(range_float_decode(r, P) == range_float_max(r));
+          CHECK(range_float_max(r) <= max);
+          CHECK(range_float_max(r) > max * (1 - std::ldexp(1.0f, -mant)));
+          size_t wrong = 0;
+          float previous = 0;
+          for (uint32_t c = 1; c <= P; ++c) {
+            const float v = range_float_decode(r, c);
+            bool clamped = false;
+            wrong += range_float_encode(r, v, &clamped) != c || clamped;
+            wrong += !(v > previous);  // strictly increasing
+            wrong += range_float_decode(r, c | sign) != -v;  // the negative half mirrors
+            wrong += range_float_encode(r, -v, &clamped) != (c | sign);
+            previous = v;
+          }
+          CHECK(wrong == 0);
+        }
+}
+
+TEST_CASE("range float: truncation within 2^-m below |x|, nearest within 2^-(m+1), clamps, underflow (P8)", "[fft]") {
+  std::mt19937_64 rng(11);
+  for (int bits : {6, 10, 16})
+    for (int mant : {2, 4, bits - 2}) {
+      if (range_float_invalid(bits, mant, 1.0f)) continue;
+      INFO("bits=" << bits << " mant=" << mant);
+      const RangeFloat trunc = make_range_float(bits, mant, 1.0f, false), near = make_range_float(bits, mant, 1.0f, true);
+      const double lo = std::log(range_float_eps(trunc)), hi = std::log(range_float_max(trunc));
+      std::uniform_real_distribution<double> u(lo, hi);
+      size_t over = 0;
+      for (int i = 0; i < 20000; ++i) {
+        const float x = static_cast<float>(std::exp(u(rng))) * (i % 2 ? -1.0f : 1.0f);
+        bool clamped = false;
+        const float t = range_float_decode(trunc, range_float_encode(trunc, x, &clamped));
+        over += clamped || std::signbit(t) != std::signbit(x) || !(std::fabs(x) - std::fabs(t) >= 0) ||
+                !(std::fabs(x) - std::fabs(t) < std::ldexp(std::fabs(x), -mant));
+        const float n = range_float_decode(near, range_float_encode(near, x, &clamped));
+        over += !(std::fabs(x - n) <= std::ldexp(std::fabs(x), -(mant + 1)));
+      }
+      CHECK(over == 0);
+      bool clamped = false;
+      CHECK(range_float_decode(trunc, range_float_encode(trunc, 5.0f, &clamped)) == range_float_max(trunc));
+      CHECK(clamped);
+      clamped = false;
+      CHECK(range_float_decode(trunc, range_float_encode(trunc, -5.0f, &clamped)) == -range_float_max(trunc));
+      CHECK(clamped);
+      clamped = false;
+      CHECK(range_float_encode(trunc, range_float_eps(trunc) * 0.99f, &clamped) == 0);
+      CHECK(range_float_encode(trunc, -range_float_eps(trunc) * 0.5f, &clamped) == 0);
+      CHECK(range_float_encode(trunc, 0.0f, &clamped) == 0);
+      CHECK_FALSE(clamped);
+    }
+}
+
+TEST_CASE("range float: the worked vector, N=10, m=6, [-1, 1] (P9, sign-magnitude)", "[fft]") {
+  // S(1.0) = 0x3F800000 >> 17 = 8128; sign-magnitude has P = 511 magnitudes, so S(eps) = 8128 - 511
+  // + 1 = 7618 (the spec's 7617 is its P = 512 positive codes of the paper's split layout). 0.3 =
+  // 0x3E99999A: S = 8012, index 8012 - 7618 + 1 = 395, decoding to 8012 << 17 = 0.296875 (the same
+  // value the spec's code 396 decodes to).
+  const RangeFloat r = make_range_float(10, 6, 1.0f, false);
+  bool clamped = false;
+  CHECK(r.base == 7618);
+  CHECK(r.top == 8128);
+  CHECK(range_float_encode(r, 0.3f, &clamped) == 395);
+  CHECK(range_float_decode(r, 395) == 0.296875f);
+  CHECK(range_float_encode(r, -0.3f, &clamped) == (395 | 512));
+  uint32_t eps_bits = 7618u << 17;
+  float eps;
+  std::memcpy(&eps, &eps_bits, 4);
+  CHECK(range_float_eps(r) == eps);
+  CHECK(range_float_max(r) == 1.0f);
+  // m=1 and m=2 cannot reach 511 magnitudes below 1.0 in normal floats (the spec's table).
+  CHECK(range_float_invalid(10, 1, 1.0f) != nullptr);
+  CHECK(range_float_invalid(10, 2, 1.0f) != nullptr);
+  CHECK(range_float_invalid(10, 3, 1.0f) == nullptr);
+}
+
+TEST_CASE("fft codec: the spec grammar, canonical text, errors that name the token", "[fft]") {
+  const CodecConfig c = parse_codec_spec("fft");
+  CHECK(c.kind == CodecKind::kFft);
+  CHECK(c.canonical() == "fft:theta=0.9,bits=10,mant=6,max=1,segment=65536,index=auto,round=trunc,ef=off");
+  const CodecConfig d = parse_codec_spec("fft:theta=0.85,bits=12,mant=7,max=4,segment=1001,index=coo,round=nearest,ef=on");
+  CHECK(d.canonical() == "fft:theta=0.85,bits=12,mant=7,max=4,segment=1001,index=coo,round=nearest,ef=on");
+  CHECK(parse_codec_spec(d.canonical()).hash() == d.hash());
+  CHECK(parse_codec_spec("fft:theta=0").theta == 0.0f);
+  CHECK(c.hash() != parse_codec_spec("fft:theta=0.8").hash());
+  for (const char* bad : {"fft:theta=1", "fft:theta=-0.1", "fft:theta=nan", "fft:bits=2", "fft:bits=17", "fft:mant=0",
+                          "fft:bits=8,mant=8", "fft:mant=1", "fft:segment=1", "fft:index=dense", "fft:round=stochastic",
+                          "fft:bucket=64", "fft:max=0", "fft:theta", "fft:"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(parse_codec_spec(bad), CodecSpecError);
+  }
+  CHECK_THROWS_WITH(parse_codec_spec("fft:theta=1"), Catch::Contains("theta=1") && Catch::Contains("[0, 1)"));
+  CHECK_THROWS_WITH(parse_codec_spec("fft:mant=1"), Catch::Contains("mant=1") && Catch::Contains("smallest normal"));
+  CHECK_THROWS_WITH(parse_codec_spec("fft:seed=3"), Catch::Contains("unknown key 'seed'"));
+}
+
+TEST_CASE("fft codec: wire size of the spec's example and the documented layout (P11, P12)", "[fft]") {
+  // L = 2^20, theta = 0.85, N = 10: 524289 bins, K = 78644, bitmap 65537 B, codes 196610 B.
+  const CodecConfig big = parse_codec_spec("fft:theta=0.85,bits=10,segment=1048576");
+  const FftShape shape = fft_shape(big, 1u << 20);
+  CHECK(shape.bins == 524289);
+  CHECK(shape.keep == 78644);
+  CHECK(fft_segment_capacity(big, 1u << 20) == 16 + 65537 + 196610);
+  CHECK(big.encoded_bytes(1u << 20) == 16 + 262147);
+
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.2f);
+  for (const char* spec : {"fft:theta=0.5,segment=512,index=bitmap", "fft:theta=0.97,segment=512,index=coo",
+                           "fft:theta=0.5,segment=512", "fft:theta=0.99,segment=512", "fft:theta=0,segment=512,bits=12"}) {
+    const CodecConfig c = parse_codec_spec(spec);
+    INFO(spec);
+    std::vector<float> x(512);
+    for (float& v : x) v = normal(rng);
+    const Coded coded = round_trip(c, x);
+    const Header h = header_at(coded.wire.data());
+    const FftShape s = fft_shape(c, 512);
+    CHECK(h.magic == 0x5146);
+    CHECK(h.length == 512);
+    CHECK(h.hash == static_cast<uint32_t>(c.hash()));
+    CHECK(h.count <= s.keep);
+    CHECK(h.count + 10 >= s.keep);  // a few kept bins may underflow, not many of Gaussian data
+    const bool indices = h.flags & 2;
+    if (c.index == FftIndex::kBitmap) CHECK_FALSE(indices);
+    if (c.index == FftIndex::kCoo) CHECK(indices);
+    if (c.index == FftIndex::kAuto) CHECK(indices == (4 * h.count < (s.bins + 7) / 8));
+    const size_t index_bytes = indices ? 4 * h.count : (s.bins + 7) / 8;
+    CHECK(coded.report.bytes == 16 + index_bytes + (2 * h.count * c.bits + 7) / 8);
+    if (!indices) CHECK(bitmap_bins(coded.wire.data(), s.bins).size() == h.count);
+    CHECK(coded.report.kept == h.count);
+  }
+  // Bitmap and index forms decode to the same values.
+  std::vector<float> x(512);
+  for (float& v : x) v = normal(rng);
+  const Coded a = round_trip(parse_codec_spec("fft:theta=0.8,segment=512,index=bitmap"), x);
+  const Coded b = round_trip(parse_codec_spec("fft:theta=0.8,segment=512,index=coo"), x);
+  CHECK(a.decoded == b.decoded);
+  CHECK(a.report.bytes != b.report.bytes);
+}
+
+TEST_CASE("fft codec: Parseval and magnitude selection bound the error, non-expansive, monotone in theta (P1-P4, P16)",
+          "[fft]") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  for (size_t length : {size_t{256}, size_t{1000}, size_t{999}}) {
+    std::vector<float> x(length);
+    for (size_t i = 0; i < length; ++i) x[i] = normal(rng) + 0.1f * static_cast<float>(std::sin(0.05 * double(i)));
+    // The codec pads an odd segment with one zero: the identities hold for the padded vector, whose
+    // error bounds the error on the segment's own values from above.
+    std::vector<float> padded = x;
+    if (length % 2) padded.push_back(0.0f);
+    const std::vector<std::complex<double>> X = dft(padded);
+    double previous = std::numeric_limits<double>::infinity();
+    for (double theta : {0.95, 0.9, 0.75, 0.5, 0.2, 0.0}) {
+      const int mant = 12;
+      // max=4: the sine's bins reach 0.1 sqrt(L) / 2 = 1.6 at L = 1000 (the spec's scale hazard).
+      const CodecConfig c = parse_codec_spec("fft:theta=" + std::to_string(theta) + ",bits=16,mant=12,max=4,segment=" +
+                                             std::to_string(length) + ",index=bitmap");
+      INFO("length " << length << " theta " << theta);
+      const Coded coded = round_trip(c, x);
+      REQUIRE(coded.report.clamped == 0);
+      // theta_eff: the dropped share of the full L'-point spectrum (conjugate pairs twice, DC and
+      // Nyquist once), read from the bitmap.
+      const FftShape s = fft_shape(c, length);
+      std::vector<bool> sent(s.bins, false);
+      for (size_t k : bitmap_bins(coded.wire.data(), s.bins)) sent[k] = true;
+      // The quantization of a sent bin: per part at most 2^-m of it (truncation), or all of it when
+      // it is below the range's smallest magnitude (flushed to zero).
+      const double eps = range_float_eps(make_range_float(16, mant, 4.0f, false));
+      auto part_error = [&](double v) { return std::fabs(v) < eps ? v * v : std::ldexp(v * v, -2 * mant); };
+      double dropped_weight = 0, dropped_energy = 0, quantization = 0;
+      for (size_t k = 0; k < s.bins; ++k) {
+        const double w = (k == 0 || 2 * k == s.fft_length) ? 1 : 2;
+        if (!sent[k]) dropped_weight += w, dropped_energy += w * std::norm(X[k]);
+        if (sent[k]) quantization += w * (part_error(X[k].real()) + part_error(X[k].imag()));
+      }
+      const double theta_eff = dropped_weight / double(s.fft_length);
+      const double err = distance(x, coded.decoded), nx = norm(x);
+      // P1: the error's energy is the dropped bins' plus the sent bins' quantization (orthogonal in
+      // the spectrum), up to float32 rounding of the transforms (1e-6 of |x| here).
+      CHECK(err <= std::sqrt(dropped_energy + quantization) + 1e-6 * nx);
+      if (length % 2 == 0) CHECK(err >= std::sqrt(dropped_energy) - 1e-6 * nx);
+      // P3: magnitude selection drops at most theta_eff of the energy (the bins sent are among the K
+      // largest; one whose parts both flushed to zero counts as dropped, and is below eps).
+      CHECK(dropped_energy <= theta_eff * nx * nx * (1 + 1e-9) + 2 * eps * eps * double(s.bins));
+      CHECK(err <= std::sqrt(theta_eff * nx * nx + 2 * eps * eps * double(s.bins) + quantization) + 1e-6 * nx);
+      // P16: truncation never grows the vector (P2 plus |q(v)| <= |v|), up to float32 rounding.
+      CHECK(norm(coded.decoded) <= nx * (1 + 1e-5));
+      // P4: keeping more bins never increases the error (nested kept sets).
+      CHECK(err <= previous * (1 + 1e-5) + 1e-7);
+      previous = err;
+    }
+  }
+}
+
+TEST_CASE("fft codec: a few cosines are captured where spatial top-k of as many reals is not (P5)", "[fft]") {
+  const size_t L = 1024;
+  std::vector<float> x(L);
+  for (size_t j = 0; j < L; ++j)
+    x[j] = static_cast<float>(0.3 + 0.8 * std::cos(2 * kPi * 3 * double(j) / L + 0.4) +
+                              0.5 * std::cos(2 * kPi * 17 * double(j) / L + 1.1) +
+                              0.2 * std::cos(2 * kPi * 40 * double(j) / L + 2.0));
+  // Keep 8 of 513 bins (theta = 0.985): the 4 that carry the signal among them. Magnitudes reach
+  // 0.8 sqrt(L) / 2 = 12.8, so max=16; 16 bits with 12 mantissa bits: 2^-12 relative per part.
+  const CodecConfig c = parse_codec_spec("fft:theta=0.985,bits=16,mant=12,max=16,segment=1024");
+  const FftShape s = fft_shape(c, L);
+  REQUIRE(s.keep == 8);
+  const Coded coded = round_trip(c, x);
+  double fft_max_err = 0, xmax = 0;
+  for (size_t j = 0; j < L; ++j) {
+    fft_max_err = std::max(fft_max_err, std::fabs(double(coded.decoded[j]) - x[j]));
+    xmax = std::max(xmax, std::fabs(double(x[j])));
+  }
+  CHECK(fft_max_err <= 2e-3 * xmax);  // quantization-limited: 4 bins of 2^-12 relative error each
+  // Spatial top-k sending as many reals (2 K): the 16 largest |x_j|, the rest zero.
+  std::vector<size_t> order(L);
+  for (size_t j = 0; j < L; ++j) order[j] = j;
+  std::partial_sort(order.begin(), order.begin() + 2 * s.keep, order.end(),
+                    [&](size_t a, size_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
+  std::vector<float> spatial(L, 0.0f);
+  for (size_t j = 0; j < 2 * s.keep; ++j) spatial[order[j]] = x[order[j]];
+  CHECK(distance(x, coded.decoded) * 50 < distance(x, spatial));
+
+  // White noise: no advantage is claimed (a unitary transform keeps it white); both only run.
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng) * 0.1f;
+  const Coded noise = round_trip(parse_codec_spec("fft:theta=0.9,bits=12,mant=6,segment=1024"), x);
+  CHECK(distance(x, noise.decoded) < norm(x));
+}
+
+TEST_CASE("fft codec: NaN or Inf poisons its segment only, counted; malformed payloads decode to NaN", "[fft]") {
+  const CodecConfig c = parse_codec_spec("fft:theta=0.5,segment=100");
+  std::vector<float> x(350);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.1 * double(i))) * 0.5f;
+  x[150] = std::numeric_limits<float>::quiet_NaN();
+  x[320] = std::numeric_limits<float>::infinity();
+  std::vector<uint8_t> wire(c.encoded_bytes(x.size()));
+  auto ws = take_fft_workspace();
+  const FftReport report = fft_encode(c, x.data(), x.size(), wire.data(), *ws);
+  CHECK(report.nonfinite == 150);  // segments 1 (100 values) and 3 (the tail of 50)
+  std::vector<float> out(x.size(), 1.0f);
+  CHECK(fft_decode(c, wire.data(), report.bytes, x.size(), out.data(), true, *ws) == 150);
+  for (size_t i = 0; i < x.size(); ++i) {
+    INFO(i);
+    const bool poisoned = (i >= 100 && i < 200) || i >= 300;
+    CHECK(std::isnan(out[i]) == poisoned);
+  }
+  // The clean segments are what they are alone, added onto the 1s.
+  for (size_t at : {size_t{0}, size_t{200}}) {
+    const Coded alone = round_trip(c, std::vector<float>(x.begin() + static_cast<long>(at), x.begin() + static_cast<long>(at) + 100));
+    for (size_t i = 0; i < 100; ++i) CHECK(out[at + i] == 1.0f + alone.decoded[i]);
+  }
+
+  // Malformed: another codec's hash, a count above K, a truncated payload, a wrong length.
+  std::vector<float> y(100, 0.25f);
+  for (size_t i = 0; i < y.size(); ++i) y[i] += 0.1f * static_cast<float>(i % 7);
+  std::vector<uint8_t> good(c.encoded_bytes(100));
+  const size_t bytes = fft_encode(c, y.data(), 100, good.data(), *ws).bytes;
+  auto decodes_to_nan = [&](std::vector<uint8_t> w, size_t b, size_t count) {
+    std::vector<float> o(count, 0.0f);
+    const size_t bad = fft_decode(c, w.data(), b, count, o.data(), false, *ws);
+    return bad == count && std::all_of(o.begin(), o.end(), [](float v) { return std::isnan(v); });
+  };
+  CHECK_FALSE(decodes_to_nan(good, bytes, 100));
+  auto corrupt = good;
+  corrupt[12] ^= 1;  // hash
+  CHECK(decodes_to_nan(corrupt, bytes, 100));
+  corrupt = good;
+  const uint32_t too_many = 200;
+  std::memcpy(corrupt.data() + 8, &too_many, 4);
+  CHECK(decodes_to_nan(corrupt, bytes, 100));
+  CHECK(decodes_to_nan(good, bytes - 1, 100));
+  CHECK(decodes_to_nan(good, bytes, 99));
+}
+
+TEST_CASE("fft codec: parts beyond the range are clamped to its largest magnitude and counted", "[fft]") {
+  // A constant 1 over 400 values: the DC bin is sqrt(400) = 20 (orthonormal), beyond max=1.
+  const CodecConfig c = parse_codec_spec("fft:theta=0.9,segment=400");
+  const Coded coded = round_trip(c, std::vector<float>(400, 1.0f));
+  CHECK(coded.report.clamped == 1);
+  for (float v : coded.decoded) CHECK(v == Approx(1.0f / 20).epsilon(1e-5));  // max / sqrt(L)
+  const Coded roomy = round_trip(parse_codec_spec("fft:theta=0.9,segment=400,max=32"), std::vector<float>(400, 1.0f));
+  CHECK(roomy.report.clamped == 0);
+}
+
+TEST_CASE("fft codec: odd segments and tails, zero counts, whole-buffer API", "[fft]") {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  for (const char* spec : {"fft:theta=0.3,segment=7,bits=14,mant=10", "fft:theta=0.3,segment=64,bits=14,mant=10"})
+    for (size_t count : {size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{64}, size_t{65}, size_t{200}}) {
+      const CodecConfig c = parse_codec_spec(spec);
+      INFO(spec << " count " << count);
+      std::vector<float> x(count);
+      for (float& v : x) v = normal(rng);
+      const Coded coded = round_trip(c, x);
+      CHECK(distance(x, coded.decoded) <= 0.9 * norm(x) + 1e-7);
+      // The generic entry points (codec.h) run the same code.
+      std::vector<uint8_t> wire(c.encoded_bytes(count));
+      const EncodeReport report = encode(c, x.data(), count, wire.data(), PhiloxKey{}, 0);
+      CHECK(report.bytes == coded.report.bytes);
+      CHECK(std::equal(wire.begin(), wire.begin() + static_cast<long>(report.bytes), coded.wire.begin()));
+      std::vector<float> out(count, 0.0f);
+      CHECK(decode(c, wire.data(), count, out.data()) == 0);
+      CHECK(out == coded.decoded);
+    }
+  const CodecConfig c = parse_codec_spec("fft");
+  CHECK(c.encoded_bytes(0) == 0);
+  CHECK(encode(c, nullptr, 0, nullptr, PhiloxKey{}, 0).bytes == 0);
+}
+
+TEST_CASE("fft codec: Eq. 4's break-even compression ratio (P17)", "[fft]") {
+  // 1 / (1 - 2 T_comm (2/T_m + 1/T_f + 1/T_p + 1/T_s)): with every rate 100 and T_comm 1, 1 / 0.9.
+  CHECK(fft_break_even_ratio(1, 100, 100, 100, 100) == Approx(1 / 0.9));
+  // A link as fast as the codec: never pays.
+  CHECK(std::isinf(fft_break_even_ratio(1, 8, 8, 8, 8)));
+  CHECK(std::isinf(fft_break_even_ratio(1, 10, 10, 10, 10)));  // denominator exactly 0
+  // The spec's reading of the paper: k ~ 30 at 7 GB/s implies S ~ 1 / 14.5 GB/s, and k ~ 1.2 at 10 GbE.
+  const double rate = 14.5e9 * 5;  // five equal terms (2/T_m counts twice) summing to 1 / 14.5 GB/s
+  CHECK(fft_break_even_ratio(7e9, rate, rate, rate, rate) == Approx(30).epsilon(0.05));
+  CHECK(fft_break_even_ratio(1.25e9, rate, rate, rate, rate) == Approx(1.21).epsilon(0.02));
+}
+
+}  // namespace qccl::kernels
