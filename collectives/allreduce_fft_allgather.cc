@@ -7,8 +7,8 @@
 // so the output is bitwise identical everywhere.
 //
 // One fragment per segment, so the pipeline overlaps segment s + 1's FFT with segment s's transfers.
-// Each payload is decoded by its own inverse FFT and added in the spatial domain (spec P6: the sum of
-// the inverse transforms equals the inverse of the sum up to float32 rounding).
+// The payloads' sparse spectra are added in rank order and the sum goes through one inverse FFT per
+// segment, not n (spec P6: the inverse of the sum is the sum of the inverses, up to float32 rounding).
 //
 // Error with truncation, per segment: a rank's decoded payload x^ has |x^| <= |x| (Parseval and a
 // quantizer that never grows a magnitude; spec P16) and |x - x^|^2 <= theta_eff |x|^2 + quantization
@@ -35,7 +35,7 @@ struct FftKernels {
         call(const_cast<FftCall*>(static_cast<const FftCall*>(args.method_call))),
         workspace(kernels::take_fft_workspace()),
         decoded(call && call->residual ? std::min<size_t>(args.count, codec.segment) : 0) {
-    encode.k = decode.k = this;
+    encode.k = add_spectrum.k = synthesize.k = this;
   }
 
   // dst = encode(src) for values index .. index + count; *src2 (size_t) = its length. With error
@@ -56,13 +56,22 @@ struct FftKernels {
       for (size_t i = 0; i < s.count; ++i) residual[i] = acc[i] - k->decoded[i];
     }
   };
-  // dst (float) = (aux: +=) decode(src) of *src2 (size_t) bytes.
-  struct Decode final : StepKernel {
+  // dst (a spectrum) = (aux: +=) the bins of src, *src2 (size_t) bytes of payloads of count values.
+  struct AddSpectrum final : StepKernel {
     FftKernels* k;
     Phase phase() const override { return Phase::kDecode; }
     void run(const step::Compute& s, StepContext&) const override {
-      kernels::fft_decode(k->codec, s.src, *static_cast<const size_t*>(s.src2), s.count, static_cast<float*>(s.dst),
-                          s.aux != 0, *k->workspace);
+      kernels::fft_decode_spectrum(k->codec, s.src, *static_cast<const size_t*>(s.src2), s.count,
+                                   static_cast<float*>(s.dst), s.aux != 0, *k->workspace);
+    }
+  };
+  // dst (float) = the inverse transform of the spectrum src, count values.
+  struct Synthesize final : StepKernel {
+    FftKernels* k;
+    Phase phase() const override { return Phase::kDecode; }
+    void run(const step::Compute& s, StepContext&) const override {
+      kernels::fft_synthesize(k->codec, static_cast<const float*>(s.src), s.count, static_cast<float*>(s.dst),
+                              *k->workspace);
     }
   };
 
@@ -71,7 +80,8 @@ struct FftKernels {
   kernels::FftWorkspaceHandle workspace;
   std::vector<float> decoded;  // error feedback: the own payload decoded
   Encode encode;
-  Decode decode;
+  AddSpectrum add_spectrum;
+  Synthesize synthesize;
 };
 
 class AllReduceFftAllgather final : public Plan {
@@ -81,8 +91,10 @@ class AllReduceFftAllgather final : public Plan {
 
   size_t fragments() const override { return (args_.count + segment_ - 1) / segment_; }
 
-  // The n payloads' lengths, a float32 contribution and a float32 sum, the n payloads.
-  size_t scratch_bytes() const override { return lengths_bytes() + 2 * floats_bytes() + n() * payload_stride(); }
+  // The n payloads' lengths, a float32 contribution (then the sum), the sum's spectrum, the n payloads.
+  size_t scratch_bytes() const override {
+    return lengths_bytes() + floats_bytes() + spectrum_bytes() + n() * payload_stride();
+  }
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
@@ -91,8 +103,10 @@ class AllReduceFftAllgather final : public Plan {
     const size_t count = std::min(segment_, args_.count - offset), capacity = args_.codec->encoded_bytes(count);
     auto* lengths = reinterpret_cast<size_t*>(scratch);
     float* contribution = reinterpret_cast<float*>(scratch + lengths_bytes());
-    float* sum = contribution + std::min(segment_, args_.count);
-    auto payload = [&](int q) { return scratch + lengths_bytes() + 2 * floats_bytes() + static_cast<size_t>(q) * payload_stride(); };
+    float* sum = contribution;  // once encoded, the contribution's buffer takes the sum
+    float* spectrum = reinterpret_cast<float*>(scratch + lengths_bytes() + floats_bytes());
+    std::byte* payloads = scratch + lengths_bytes() + floats_bytes() + spectrum_bytes();
+    auto payload = [&](int q) { return payloads + static_cast<size_t>(q) * payload_stride(); };
 
     int slot = 0;
     std::vector<int> from(n(), -1);
@@ -113,9 +127,10 @@ class AllReduceFftAllgather final : public Plan {
       }
     for (int q = 0; q < static_cast<int>(n()); ++q) {
       if (q != me) p.wait(from[q]);
-      p.compute(step::Compute{&kernels_->decode, sum, payload(q), &lengths[q], count, offset,
+      p.compute(step::Compute{&kernels_->add_spectrum, spectrum, payload(q), &lengths[q], count, offset,
                               static_cast<uint32_t>(q != 0), 0, 0});
     }
+    p.compute(step::Compute{&kernels_->synthesize, sum, spectrum, nullptr, count, offset, 0, 0, 0});
     if (args_.op == RedOp::kAvg) p.divide(sum, count);
     for (int s : sends) p.wait(s);
     p.store(static_cast<char*>(args_.recvbuf) + offset * es, sum, count);
@@ -133,7 +148,10 @@ class AllReduceFftAllgather final : public Plan {
  private:
   size_t n() const { return static_cast<size_t>(args_.nranks); }
   size_t lengths_bytes() const { return (n() * sizeof(size_t) + 63) / 64 * 64; }
-  size_t floats_bytes() const { return std::min(segment_, args_.count) * sizeof(float); }
+  size_t floats_bytes() const { return (std::min(segment_, args_.count) * sizeof(float) + 63) / 64 * 64; }
+  size_t spectrum_bytes() const {
+    return (kernels::fft_spectrum_floats(*args_.codec, std::min(segment_, args_.count)) * sizeof(float) + 63) / 64 * 64;
+  }
   size_t payload_stride() const { return (args_.codec->encoded_bytes(std::min(segment_, args_.count)) + 63) / 64 * 64; }
 
   size_t segment_;

@@ -243,25 +243,25 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* i
   return static_cast<size_t>(at - out);
 }
 
-// Decodes one segment of `length` values from `avail` bytes into out; returns the bytes it took, or
-// 0 when the payload is malformed (out untouched).
-size_t decode_segment(const CodecConfig& c, const RangeFloat& rf, const uint8_t* in, size_t avail, size_t length,
-                      float* out, bool accumulate, FftWorkspace& ws, size_t* nonfinite) {
-  const FftShape shape = fft_shape(c, length);
-  if (avail < kFftHeaderBytes || get16(in) != kMagic || get32(in + 4) != length || get32(in + 12) != hash32(c)) return 0;
+// Reads one segment's payload of `length` values from `avail` bytes and adds (or writes) its bins into
+// `bins` (fft_length / 2 + 1 complex values). Returns the bytes it took, or 0 when the payload is
+// malformed; *nonfinite_segment is set for a segment sent as NaN or Inf (bins untouched).
+size_t read_segment(const CodecConfig& c, const RangeFloat& rf, const uint8_t* in, size_t avail, const FftShape& shape,
+                    kiss_fft_cpx* bins, bool accumulate, FftWorkspace& ws, bool* nonfinite_segment) {
+  *nonfinite_segment = false;
+  if (avail < kFftHeaderBytes || get16(in) != kMagic || get32(in + 4) != shape.length || get32(in + 12) != hash32(c))
+    return 0;
   const uint16_t flags = get16(in + 2);
   const size_t count = get32(in + 8);
   if (flags & kFlagNonfinite) {
     if (count != 0) return 0;
-    for (size_t i = 0; i < length; ++i) out[i] = std::numeric_limits<float>::quiet_NaN();
-    *nonfinite += length;
+    *nonfinite_segment = true;
     return kFftHeaderBytes;
   }
   const bool indices = flags & kFlagIndices;
   if (count > shape.keep || indices != use_indices(c, shape, count)) return 0;
   const size_t bytes = fft_payload_bytes(c, shape, count, indices);
   if (avail < bytes) return 0;
-  const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
 
   // The bins sent, increasing.
   const uint8_t* at = in + kFftHeaderBytes;
@@ -284,7 +284,7 @@ size_t decode_segment(const CodecConfig& c, const RangeFloat& rf, const uint8_t*
   }
   if (found != count) return 0;
 
-  std::memset(ws.bins.data(), 0, shape.bins * sizeof(kiss_fft_cpx));
+  if (!accumulate) std::memset(bins, 0, shape.bins * sizeof(kiss_fft_cpx));
   const uint32_t mask = (1u << c.bits) - 1;
   uint64_t acc = 0;
   int filled = 0;
@@ -299,16 +299,28 @@ size_t decode_segment(const CodecConfig& c, const RangeFloat& rf, const uint8_t*
     return code;
   };
   for (size_t j = 0; j < count; ++j) {
-    ws.bins[ws.sent[j]].r = range_float_decode(rf, next_code());
-    ws.bins[ws.sent[j]].i = range_float_decode(rf, next_code());
+    kiss_fft_cpx& b = bins[ws.sent[j]];
+    const float re = range_float_decode(rf, next_code()), im = range_float_decode(rf, next_code());
+    b.r = accumulate ? b.r + re : re;
+    b.i = accumulate ? b.i + im : im;
   }
-  kiss_fftri(plans.inverse, ws.bins.data(), ws.real.data());
+  return bytes;
+}
+
+// out (+)= the inverse transform of one segment's bins, scaled back by 1/sqrt(L').
+void synthesize_segment(const FftShape& shape, const kiss_fft_cpx* bins, float* out, bool accumulate,
+                        FftWorkspace& ws) {
+  const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
+  kiss_fftri(plans.inverse, bins, ws.real.data());
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
-  for (size_t i = 0; i < length; ++i) {
+  for (size_t i = 0; i < shape.length; ++i) {
     const float v = ws.real[i] * scale;
     out[i] = accumulate ? out[i] + v : v;
   }
-  return bytes;
+}
+
+void fill_nan(float* out, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = std::numeric_limits<float>::quiet_NaN();
 }
 
 RangeFloat range_float_of(const CodecConfig& c) {
@@ -334,15 +346,62 @@ size_t fft_decode(const CodecConfig& c, const void* in, size_t bytes, size_t cou
   const auto* p = static_cast<const uint8_t*>(in);
   size_t used = 0, nonfinite = 0;
   for (size_t at = 0; at < count; at += c.segment) {
-    const size_t length = std::min<size_t>(c.segment, count - at);
-    const size_t took = decode_segment(c, rf, p + used, bytes - used, length, out + at, accumulate, ws, &nonfinite);
+    const FftShape shape = fft_shape(c, std::min<size_t>(c.segment, count - at));
+    ws.plans(shape.fft_length);  // sizes the buffers
+    bool poisoned = false;
+    const size_t took = read_segment(c, rf, p + used, bytes - used, shape, ws.bins.data(), false, ws, &poisoned);
     if (took == 0) {  // malformed: NaN from here on
-      for (size_t i = at; i < count; ++i) out[i] = std::numeric_limits<float>::quiet_NaN();
+      fill_nan(out + at, count - at);
       return nonfinite + (count - at);
     }
     used += took;
+    if (poisoned) {
+      fill_nan(out + at, shape.length);
+      nonfinite += shape.length;
+    } else {
+      synthesize_segment(shape, ws.bins.data(), out + at, accumulate, ws);
+    }
   }
   return nonfinite;
+}
+
+size_t fft_spectrum_floats(const CodecConfig& c, size_t count) {
+  size_t floats = 0;
+  for (size_t at = 0; at < count; at += c.segment) floats += 2 * fft_shape(c, std::min<size_t>(c.segment, count - at)).bins;
+  return floats;
+}
+
+size_t fft_decode_spectrum(const CodecConfig& c, const void* in, size_t bytes, size_t count, float* spectrum,
+                           bool accumulate, FftWorkspace& ws) {
+  const RangeFloat rf = range_float_of(c);
+  const auto* p = static_cast<const uint8_t*>(in);
+  size_t used = 0, nonfinite = 0;
+  for (size_t at = 0; at < count; at += c.segment) {
+    const FftShape shape = fft_shape(c, std::min<size_t>(c.segment, count - at));
+    ws.plans(shape.fft_length);
+    auto* bins = reinterpret_cast<kiss_fft_cpx*>(spectrum);
+    bool poisoned = false;
+    const size_t took = read_segment(c, rf, p + used, bytes - used, shape, bins, accumulate, ws, &poisoned);
+    if (took == 0) {  // malformed: NaN from here on
+      fill_nan(spectrum, fft_spectrum_floats(c, count - at));
+      return nonfinite + (count - at);
+    }
+    used += took;
+    if (poisoned) {
+      fill_nan(spectrum, 2 * shape.bins);
+      nonfinite += shape.length;
+    }
+    spectrum += 2 * shape.bins;
+  }
+  return nonfinite;
+}
+
+void fft_synthesize(const CodecConfig& c, const float* spectrum, size_t count, float* out, FftWorkspace& ws) {
+  for (size_t at = 0; at < count; at += c.segment) {
+    const FftShape shape = fft_shape(c, std::min<size_t>(c.segment, count - at));
+    synthesize_segment(shape, reinterpret_cast<const kiss_fft_cpx*>(spectrum), out + at, false, ws);
+    spectrum += 2 * shape.bins;
+  }
 }
 
 double fft_break_even_ratio(double comm_rate, double quantize_rate, double fft_rate, double pack_rate,

@@ -67,6 +67,20 @@ FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* 
 size_t fft_decode(const CodecConfig& c, const void* in, size_t bytes, size_t count, float* out, bool accumulate,
                   FftWorkspace& ws);
 
+// Frequency-domain accumulation (spec P6): the sum of n payloads' inverse transforms is the inverse
+// transform of the sum of their spectra, so a receiver adds the sparse spectra (in a fixed order, for
+// the same bits everywhere) and runs one inverse FFT per segment instead of n. A run's spectrum holds
+// per segment 2 (L'/2 + 1) floats (real and imaginary parts of each bin), segment after segment.
+size_t fft_spectrum_floats(const CodecConfig& c, size_t count);
+// spectrum = (or +=) the bins of the payloads of a run of `count` values in `bytes` bytes. Returns how
+// many values decode to non-finite: a segment that held NaN or Inf, or a malformed one (as
+// fft_decode), sets its spectrum to NaN, which the inverse transform spreads over the segment.
+size_t fft_decode_spectrum(const CodecConfig& c, const void* in, size_t bytes, size_t count, float* spectrum,
+                           bool accumulate, FftWorkspace& ws);
+// out = the inverse transform of the spectrum, segment by segment (the decode of a single payload
+// is fft_decode_spectrum then fft_synthesize, bit for bit).
+void fft_synthesize(const CodecConfig& c, const float* spectrum, size_t count, float* out, FftWorkspace& ws);
+
 // The smallest compression ratio k at which compressing pays (the paper's Eq. 4): 1 / (1 - 2 T_comm
 // (2 / T_m + 1 / T_f + 1 / T_p + 1 / T_s)), rates in bytes per second; +infinity when nothing pays.
 double fft_break_even_ratio(double comm_rate, double quantize_rate, double fft_rate, double pack_rate,

@@ -17,6 +17,7 @@
 #include "collectives/fft.h"
 #include "kernels/codec.h"
 #include "kernels/convert.h"
+#include "kernels/fft_sparse.h"
 #include "kernels/types.h"
 #include "tests/collectives/sim_runner.h"
 
@@ -88,8 +89,9 @@ Result run(const Job& job, const kernels::CodecConfig& codec, const std::vector<
 }
 
 // The single-process reference (P13): each rank's contribution (its input plus its residual)
-// encoded, every payload decoded and added in rank order, divided for an average, rounded to the
-// datatype. Also each rank's payload bytes.
+// encoded, every payload's bins added in rank order, one inverse transform (the codec's functions,
+// tested on their own in fft_codec_test), divided for an average, rounded to the datatype. Also each
+// rank's payload bytes.
 struct Reference {
   std::vector<std::byte> out;
   std::vector<size_t> bytes;
@@ -97,16 +99,16 @@ struct Reference {
 Reference reference(const Job& job, const kernels::CodecConfig& codec, const std::vector<std::vector<float>>& in,
                     const std::vector<std::vector<float>>* residuals = nullptr) {
   Reference ref;
-  std::vector<float> sum(job.count), contribution(job.count);
+  std::vector<float> sum(job.count), contribution(job.count), spectrum(kernels::fft_spectrum_floats(codec, job.count));
   std::vector<uint8_t> wire(codec.encoded_bytes(job.count));
+  auto ws = kernels::take_fft_workspace();
   for (int r = 0; r < job.n; ++r) {
     for (size_t i = 0; i < job.count; ++i) contribution[i] = in[r][i] + (residuals ? (*residuals)[r][i] : 0.0f);
-    ref.bytes.push_back(kernels::encode(codec, contribution.data(), job.count, wire.data(), kernels::PhiloxKey{}, 0).bytes);
-    if (r == 0)
-      kernels::decode(codec, wire.data(), job.count, sum.data());
-    else
-      kernels::decode_accumulate(codec, wire.data(), job.count, sum.data());
+    const size_t bytes = kernels::encode(codec, contribution.data(), job.count, wire.data(), kernels::PhiloxKey{}, 0).bytes;
+    ref.bytes.push_back(bytes);
+    kernels::fft_decode_spectrum(codec, wire.data(), bytes, job.count, spectrum.data(), r > 0, *ws);
   }
+  kernels::fft_synthesize(codec, spectrum.data(), job.count, sum.data(), *ws);
   if (job.op == RedOp::kAvg) kernels::divide_float(sum.data(), job.count, static_cast<float>(job.n));
   ref.out.resize(job.count * kernels::element_size(job.dtype));
   kernels::store_float(job.dtype, sum.data(), ref.out.data(), job.count);

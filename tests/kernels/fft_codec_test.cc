@@ -410,6 +410,35 @@ TEST_CASE("fft codec: odd segments and tails, zero counts, whole-buffer API", "[
   CHECK(encode(c, nullptr, 0, nullptr, PhiloxKey{}, 0).bytes == 0);
 }
 
+TEST_CASE("fft codec: spectra add before one inverse transform as the transforms add after (P6)", "[fft]") {
+  const CodecConfig c = parse_codec_spec("fft:theta=0.6,bits=12,mant=6,max=16,segment=300");
+  const size_t count = 777;  // segments of 300, 300, 177
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 0.4f);
+  auto ws = take_fft_workspace();
+  std::vector<float> spatial(count, 0.0f), spectrum(fft_spectrum_floats(c, count)), one(count), via(count);
+  CHECK(spectrum.size() == 2 * (151 + 151 + 90));
+  double scale = 0;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<float> x(count);
+    for (float& v : x) v = normal(rng);
+    std::vector<uint8_t> wire(c.encoded_bytes(count));
+    const size_t bytes = fft_encode(c, x.data(), count, wire.data(), *ws).bytes;
+    fft_decode(c, wire.data(), bytes, count, spatial.data(), r > 0, *ws);
+    CHECK(fft_decode_spectrum(c, wire.data(), bytes, count, spectrum.data(), r > 0, *ws) == 0);
+    // One payload: the spectrum path gives the direct decode's bits.
+    std::vector<float> alone(fft_spectrum_floats(c, count));
+    fft_decode_spectrum(c, wire.data(), bytes, count, alone.data(), false, *ws);
+    fft_synthesize(c, alone.data(), count, via.data(), *ws);
+    fft_decode(c, wire.data(), bytes, count, one.data(), false, *ws);
+    CHECK(via == one);
+    scale += norm(x);
+  }
+  fft_synthesize(c, spectrum.data(), count, via.data(), *ws);
+  CHECK(distance(via, spatial) <= 1e-6 * scale);
+  CHECK(distance(via, spatial) > 0);  // float32 rounding differs: two orders of addition
+}
+
 TEST_CASE("fft codec: Eq. 4's break-even compression ratio (P17)", "[fft]") {
   // 1 / (1 - 2 T_comm (2/T_m + 1/T_f + 1/T_p + 1/T_s)): with every rate 100 and T_comm 1, 1 / 0.9.
   CHECK(fft_break_even_ratio(1, 100, 100, 100, 100) == Approx(1 / 0.9));
