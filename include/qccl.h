@@ -326,6 +326,9 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  *                        every hop of a ring or torus (see qcclAllReduceCompressed)
  *   int8, int16, int32   IntSGD (Mishchenko et al., ICLR 2022): Int(alpha x) under a scale alpha all
  *                        ranks share, summed as integers without decoding (see qcclAllReduceCompressed)
+ *   fft                  FFT sparsification (Wang et al., HPDC 2020), all-reduce only: per segment the
+ *                        largest bins of the spectrum as N-bit range floats, variable length, every
+ *                        rank's payloads decoded by every rank in rank order (host memory only)
  * keys: bucket=B (q only; multiple of 8; default 512), round=nearest|stochastic|shift (q only;
  * default nearest; stochastic rounding is unbiased; shift is QSDP's quantization by random shift, one
  * uniform per bucket shared by its values, unbiased too), levels=l0/l1/.../lK (q only: 2^N learned levels in
@@ -341,7 +344,14 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  * default 0.9), eps=E (> 0, default 1e-8), alpha0=A (scale of the first round; default: the first
  * round is an exact float all-reduce), agg=ring|switch (who adds the integers: the ranks along a
  * ring, or the aggregator processes of QCCL_AGGREGATORS, as an in-network switch would; default
- * ring; the sums are the same bits).
+ * ring; the sums are the same bits); for fft: theta=T (fraction of the L'/2 + 1 bins of each
+ * segment dropped, 0 <= T < 1; default 0.9), bits=N (per real or imaginary part, 3..16; default 10),
+ * mant=M (mantissa bits of the range float, 1..N-1; default 6), max=X (largest magnitude, in units
+ * of the orthonormal spectrum, whose energy is the segment's; default 1; parts beyond it are clamped
+ * and counted in qcclStats_t::clipped), segment=L (values per FFT, 2..2^26; default 65536),
+ * index=auto|bitmap|coo (how the bins sent are named; default auto: the smaller), round=trunc|nearest
+ * (default trunc, never grows a value), ef=on|off. A theta schedule passes another fft codec per
+ * call with the same state: the residual is the method's, not the codec's.
  * All-reduce and all-gather: every rank ends with identical bits; the bits never depend on the chunk
  * size or pipeline depth. Error bounds per algorithm are in docs/PERF.md and the headers of
  * collectives/allreduce_*_compressed.cc, allgather_compressed_ring.cc and
