@@ -126,6 +126,21 @@ TEST_CASE("different collectives at the same point: every rank fails with qcclMi
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
 }
 
+TEST_CASE("fft codecs of different theta: every rank fails with qcclMismatch before decoding another's bins",
+          "[fft-mismatch]") {
+  Job job;
+  warm_up(job);
+  qcclCodec_t codec = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate(job.rank == 0 ? "fft:theta=0.9,segment=1024" : "fft:theta=0.8,segment=1024", &codec));
+  std::vector<float> x(5000), y(5000, 7.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.01f * static_cast<float>(i));
+  qcclResult_t result = qcclAllReduceCompressed(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, codec, nullptr, job.comm);
+  CHECK(result == qcclMismatch);
+  CHECK_THAT(last_error(), Catch::Contains("codec"));
+  qcclCodecDestroy(codec);
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
 TEST_CASE("different codecs at the same point: every rank fails with qcclMismatch", "[codec-mismatch]") {
   Job job;
   warm_up(job);
