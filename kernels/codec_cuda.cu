@@ -410,6 +410,25 @@ __global__ void divide_kernel(float* x, size_t n, float divisor) {
     x[i] /= divisor;
 }
 
+// ---- The fft codec's range floats (rfloat.h), one thread per value --------------------------------------
+
+__global__ void range_float_encode_kernel(RangeFloat r, const float* __restrict__ in, size_t n,
+                                          uint32_t* __restrict__ codes, unsigned long long* clamped) {
+  unsigned long long beyond = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    bool c = false;
+    codes[i] = range_float_encode(r, in[i], &c);
+    beyond += c;
+  }
+  count_add(clamped, beyond);
+}
+
+__global__ void range_float_decode_kernel(RangeFloat r, const uint32_t* __restrict__ codes, size_t n,
+                                          float* __restrict__ out) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = range_float_decode(r, codes[i]);
+}
+
 // ---- Launching ------------------------------------------------------------------------------------------
 
 // cudaLaunchKernelEx returns this launch's own error, where <<<>>> + cudaGetLastError could report
@@ -681,6 +700,20 @@ cudaError_t divide_float_cuda(float* x, size_t n, float divisor, cudaStream_t st
 
 cudaError_t add_float_cuda(const float* in, float* acc, size_t n, cudaStream_t stream) {
   return load_add_float_cuda(DataType::kFloat32, in, acc, n, stream);
+}
+
+cudaError_t range_float_encode_cuda(const RangeFloat& r, const float* in, size_t n, uint32_t* codes,
+                                    unsigned long long* clamped, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (in == nullptr || codes == nullptr) return cudaErrorInvalidValue;
+  return launch(range_float_encode_kernel, flat_blocks(n), kFlatThreads, stream, r, in, n, codes, clamped);
+}
+
+cudaError_t range_float_decode_cuda(const RangeFloat& r, const uint32_t* codes, size_t n, float* out,
+                                    cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (codes == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  return launch(range_float_decode_kernel, flat_blocks(n), kFlatThreads, stream, r, codes, n, out);
 }
 
 }  // namespace qccl::kernels

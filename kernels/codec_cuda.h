@@ -42,6 +42,7 @@
 #include "kernels/codec.h"
 #include "kernels/int_codec.h"
 #include "kernels/marsit.h"
+#include "kernels/rfloat.h"
 #include "kernels/types.h"
 
 namespace qccl::kernels {
@@ -84,6 +85,16 @@ cudaError_t int_encode_cuda(int bits, const float* x, size_t n, float alpha, boo
                             unsigned long long* nonfinite, cudaStream_t stream);
 cudaError_t int_add_cuda(int bits, const void* in, void* acc, size_t n, cudaStream_t stream);
 cudaError_t int_decode_cuda(int bits, const void* in, size_t n, double scale, float* out, cudaStream_t stream);
+
+// The fft codec's range floats (rfloat.h), one thread per value, the same codes and values as the
+// host's element functions (spec fftsparse.md P10): codes[i] = the code of in[i] (finite inputs;
+// `clamped`, as `nonfinite` above, counts the values beyond the range), out[i] = the value of
+// codes[i]. The cuFFT transforms, selection and packing of the fft codec are not on the device yet
+// (encode_cuda refuses the fft codec with cudaErrorNotSupported).
+cudaError_t range_float_encode_cuda(const RangeFloat& r, const float* in, size_t n, uint32_t* codes,
+                                    unsigned long long* clamped, cudaStream_t stream);
+cudaError_t range_float_decode_cuda(const RangeFloat& r, const uint32_t* codes, size_t n, float* out,
+                                    cudaStream_t stream);
 
 // convert.h's conversions, for DataType kFloat32, kFloat16 and kBfloat16. in == out is allowed for
 // load_float_cuda and store_float_cuda with kFloat32 (nothing to do); other overlaps are not.

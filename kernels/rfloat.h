@@ -59,14 +59,22 @@ inline RangeFloat make_range_float(int bits, int mant, float max, bool nearest) 
 }
 
 QCCL_HD uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
   return u;
+#endif
 }
 QCCL_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
   float x;
   std::memcpy(&x, &u, sizeof x);
   return x;
+#endif
 }
 
 // The code of a finite x; *clamped is set when |x| was above max.

@@ -560,3 +560,58 @@ TEST_CASE("reduce_cuda and finish_average_cuda match reduce.h bit for bit", "[re
 
 }  // namespace
 }  // namespace qccl::kernels
+
+namespace qccl::kernels {
+
+TEST_CASE("the fft codec's range floats: device codes and values are the host's, clamps counted (P10)",
+          "[fft][cuda]") {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<double> exponent(-40, 4);
+  for (int bits : {4, 10, 12, 16})
+    for (int mant : {2, 4, 6})
+      for (bool nearest : {false, true}) {
+        if (mant > bits - 1 || range_float_invalid(bits, mant, 2.0f)) continue;
+        INFO("bits=" << bits << " mant=" << mant << (nearest ? " nearest" : " trunc"));
+        const RangeFloat r = make_range_float(bits, mant, 2.0f, nearest);
+        // Every code, and values across the range, below it and beyond it, of both signs, ±0.
+        const size_t codes = size_t{1} << bits;
+        std::vector<uint32_t> code(codes);
+        for (size_t c = 0; c < codes; ++c) code[c] = static_cast<uint32_t>(c);
+        std::vector<float> x(50001);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::exp2(exponent(rng))) * (i % 2 ? -1.0f : 1.0f);
+        x[0] = 0.0f, x[1] = -0.0f, x[2] = 2.0f, x[3] = 1e30f;
+        std::vector<uint32_t> host_codes(x.size()), dev_codes(x.size());
+        unsigned long long host_clamped = 0;
+        for (size_t i = 0; i < x.size(); ++i) {
+          bool c = false;
+          host_codes[i] = range_float_encode(r, x[i], &c);
+          host_clamped += c;
+        }
+        std::vector<float> host_values(codes), dev_values(codes);
+        for (size_t c = 0; c < codes; ++c) host_values[c] = range_float_decode(r, code[c]);
+
+        DeviceBytes din(x.size() * 4), dcodes(x.size() * 4), dcode(codes * 4), dvalues(codes * 4), dclamped(8);
+        Stream s;
+        ok(cudaMemcpy(din.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        ok(cudaMemcpy(dcode.get(), code.data(), codes * 4, cudaMemcpyHostToDevice));
+        ok(cudaMemset(dclamped.get(), 0, 8));
+        auto* clamped = reinterpret_cast<unsigned long long*>(dclamped.get());
+        ok(range_float_encode_cuda(r, reinterpret_cast<float*>(din.get()), x.size(), reinterpret_cast<uint32_t*>(dcodes.get()),
+                                   clamped, s.get()));
+        ok(range_float_decode_cuda(r, reinterpret_cast<uint32_t*>(dcode.get()), codes, reinterpret_cast<float*>(dvalues.get()),
+                                   s.get()));
+        ok(cudaStreamSynchronize(s.get()));
+        unsigned long long dev_clamped = 0;
+        ok(cudaMemcpy(dev_codes.data(), dcodes.get(), x.size() * 4, cudaMemcpyDeviceToHost));
+        ok(cudaMemcpy(dev_values.data(), dvalues.get(), codes * 4, cudaMemcpyDeviceToHost));
+        ok(cudaMemcpy(&dev_clamped, clamped, 8, cudaMemcpyDeviceToHost));
+        CHECK(dev_codes == host_codes);
+        CHECK(first_difference(host_values.data(), dev_values.data(), codes, false).empty());
+        CHECK(dev_clamped == host_clamped);
+        CHECK(host_clamped > 0);
+      }
+  CHECK(range_float_encode_cuda(make_range_float(10, 6, 1.0f, false), nullptr, 5, nullptr, nullptr, nullptr) ==
+        cudaErrorInvalidValue);
+}
+
+}  // namespace qccl::kernels
