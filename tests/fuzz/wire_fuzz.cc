@@ -1,5 +1,6 @@
 // libFuzzer target for everything qccl parses from the network: frame headers, the bootstrap's peer
-// information and unique ids. Each parser must either accept the bytes or throw qccl::Error; any
+// information and unique ids, and the fft codec's variable-length payloads. Each parser must either
+// accept the bytes or throw qccl::Error (the fft decoder instead decodes what it rejects to NaN); any
 // crash, hang or sanitizer report is a bug. Built with clang (-DQCCL_FUZZ=ON); tools/fuzz.sh runs it.
 #include <cstddef>
 #include <cstdint>
@@ -7,6 +8,8 @@
 #include <vector>
 
 #include "base/errors.h"
+#include "kernels/codec.h"
+#include "kernels/fft_sparse.h"
 #include "src/bootstrap.h"
 #include "src/frame.h"
 
@@ -15,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t selector = data[0];
   ++data, --size;
   try {
-    switch (selector % 3) {
+    switch (selector % 4) {
       case 0: {
         qccl::FrameHeader h = qccl::FrameHeader::decode(data, size, "fuzz");
         uint8_t again[qccl::FrameHeader::kBytes];
@@ -32,6 +35,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::memset(&id, 0, sizeof(id));
         std::memcpy(id.internal, data, size < sizeof(id.internal) ? size : sizeof(id.internal));
         qccl::decode_unique_id(id);
+        break;
+      }
+      case 3: {
+        // An fft payload: the first segment's header gets the right magic, length and hash (what
+        // the fuzzer would take long to guess), its flags and count and everything after come from
+        // the input, which also chooses the run's length (several segments of 64 or fewer).
+        static const qccl::kernels::CodecConfig codec = qccl::kernels::parse_codec_spec("fft:theta=0.5,bits=10,segment=64");
+        if (size < 7) break;
+        const size_t count = 1 + data[0] % 200;
+        std::vector<uint8_t> payload(qccl::kernels::kFftHeaderBytes + size - 7);
+        const uint16_t magic = 0x5146;
+        const uint32_t length = count < 64 ? static_cast<uint32_t>(count) : 64, hash = static_cast<uint32_t>(codec.hash());
+        std::memcpy(payload.data(), &magic, 2);
+        std::memcpy(payload.data() + 2, data + 1, 2);  // flags
+        std::memcpy(payload.data() + 4, &length, 4);
+        std::memcpy(payload.data() + 8, data + 3, 4);  // count
+        std::memcpy(payload.data() + 12, &hash, 4);
+        std::memcpy(payload.data() + 16, data + 7, size - 7);
+        auto ws = qccl::kernels::take_fft_workspace();
+        std::vector<float> spectrum(qccl::kernels::fft_spectrum_floats(codec, count)), out(count);
+        qccl::kernels::fft_decode_spectrum(codec, payload.data(), payload.size(), count, spectrum.data(), false, *ws);
+        qccl::kernels::fft_decode(codec, payload.data(), payload.size(), count, out.data(), true, *ws);
         break;
       }
     }
