@@ -12,6 +12,7 @@
 #include "base/errors.h"
 #include "base/wire.h"
 #include "collectives/compressed.h"
+#include "collectives/fft.h"
 #include "collectives/intsgd.h"
 #include "collectives/marsit.h"
 #include "collectives/method.h"
@@ -88,6 +89,36 @@ TEST_CASE("codec state: an error-feedback residual round-trips through a checkpo
   const float* restored = static_cast<coll::QuantizedCall*>(call_b.get())->residual;
   for (int i = 0; i < 100; ++i) REQUIRE(restored[i] == 0.25f * i);
   CHECK(budget->used() == 800);
+}
+
+TEST_CASE("codec state: the fft residual round-trips and outlives a change of theta", "[codec_state]") {
+  auto budget = std::make_shared<StateBudget>(1 << 20);
+  const kernels::CodecConfig first = kernels::parse_codec_spec("fft:theta=0.9,ef=on");
+  const kernels::CodecConfig later = kernels::parse_codec_spec("fft:theta=0.5,ef=on");
+  CodecState a(budget, 64);
+  coll::CollArgs args;
+  auto call = begin(a, first, args);
+  float* residual = static_cast<coll::FftCall*>(call.get())->residual;
+  REQUIRE(residual != nullptr);
+  for (int i = 0; i < 64; ++i) residual[i] = 0.5f * i - 3;
+  CHECK(budget->used() == 256);
+  // A schedule passes another fft codec with the same state: the same residual.
+  coll::CollArgs args_later;
+  auto call_later = begin(a, later, args_later);
+  CHECK(static_cast<coll::FftCall*>(call_later.get())->residual == residual);
+  CodecState b(budget, 64);
+  const std::vector<uint8_t> checkpoint = save(a);
+  b.load(checkpoint.data(), checkpoint.size());
+  coll::CollArgs args_b;
+  auto call_b = begin(b, later, args_b);
+  const float* restored = static_cast<coll::FftCall*>(call_b.get())->residual;
+  for (int i = 0; i < 64; ++i) REQUIRE(restored[i] == 0.5f * i - 3);
+  // Without error feedback the method keeps nothing.
+  CodecState c(budget, 64);
+  coll::CollArgs args_c;
+  auto call_c = begin(c, kernels::parse_codec_spec("fft"), args_c);
+  CHECK(static_cast<coll::FftCall*>(call_c.get())->residual == nullptr);
+  CHECK(budget->used() == 512);
 }
 
 TEST_CASE("codec state: a state without error feedback holds no memory; a fixed IntSGD alpha neither",
