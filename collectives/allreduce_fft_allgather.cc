@@ -160,9 +160,30 @@ class AllReduceFftAllgather final : public Plan {
 
 }  // namespace
 
+namespace {
+bool has_residual(const CollArgs& args) {
+  return args.method_call && static_cast<const FftCall*>(args.method_call)->residual;
+}
+}  // namespace
+
 const char* allreduce_fft_allgather_cannot_run(const CollArgs& args) {
   if (!args.codec || args.codec->kind != kernels::CodecKind::kFft) return "runs the fft codec only";
+  if (args.codec->fallback && !has_residual(args) &&
+      !kernels::fft_compression_pays(*args.codec, args.count, args.nranks, args.element_size()))
+    return "the dense ring moves fewer bytes at this rank count (fft_dense_ring runs; fallback=off forces this)";
   return needs_two_ranks(args);
+}
+
+// The fall-back: the fft codec's call as the uncompressed ring all-reduce (exact). Error feedback
+// keeps fft_allgather: its residual must see the codec's loss.
+const char* allreduce_fft_dense_ring_cannot_run(const CollArgs& args) {
+  if (!args.codec || args.codec->kind != kernels::CodecKind::kFft) return "runs the fft codec only";
+  if (has_residual(args)) return "error feedback needs the codec's loss (fft_allgather runs)";
+  return needs_two_ranks(args);
+}
+
+std::unique_ptr<Plan> make_allreduce_fft_dense_ring(const CollArgs& args, const PlanOptions& options) {
+  return make_allreduce_ring(args, options);
 }
 
 std::unique_ptr<Plan> make_allreduce_fft_allgather(const CollArgs& args, const PlanOptions&) {

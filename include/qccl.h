@@ -350,8 +350,10 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  * of the orthonormal spectrum, whose energy is the segment's; default 1; parts beyond it are clamped
  * and counted in qcclStats_t::clipped), segment=L (values per FFT, 2..2^26; default 65536),
  * index=auto|bitmap|coo (how the bins sent are named; default auto: the smaller), round=trunc|nearest
- * (default trunc, never grows a value), ef=on|off. A theta schedule passes another fft codec per
- * call with the same state: the residual is the method's, not the codec's.
+ * (default trunc, never grows a value), ef=on|off, fallback=auto|off (auto: a call whose payloads
+ * could outweigh the uncompressed ring's bytes, n * capacity >= 2 * count * element size, runs that
+ * ring instead, exactly; not with ef=on; default auto). A theta schedule passes another fft codec
+ * per call with the same state: the residual is the method's, not the codec's.
  * All-reduce and all-gather: every rank ends with identical bits; the bits never depend on the chunk
  * size or pipeline depth. Error bounds per algorithm are in docs/PERF.md and the headers of
  * collectives/allreduce_*_compressed.cc, allgather_compressed_ring.cc and

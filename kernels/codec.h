@@ -23,7 +23,8 @@
 // default 0.9), bits=N (bits per real or imaginary part, 3..16; default 10), mant=M (mantissa bits,
 // 1..N-1; default 6), max=X (the range's largest magnitude; default 1, the paper's), segment=L
 // (values per FFT, 2..2^26; default 65536), index=auto|bitmap|coo (default auto: the smaller),
-// round=trunc|nearest (default trunc, the paper's), ef=on|off.
+// round=trunc|nearest (default trunc, the paper's), ef=on|off, fallback=auto|off (default auto:
+// where the codec cannot pay at the call's rank count, the dense ring runs; fft_sparse.h).
 // Unknown names, keys or values are errors that name the token.
 //
 // The encoded size is a pure function of the count and the spec (encoded_bytes), never of the data;
@@ -88,6 +89,7 @@ struct CodecConfig {
   float range_max = 1.0f;      // largest magnitude of the range float
   uint32_t segment = 65536;    // values per FFT
   FftIndex index = FftIndex::kAuto;
+  bool fallback = true;        // a call whose payloads could outweigh the dense ring's runs the ring
 
   // Canonical text ("q4:bucket=512,round=stochastic,ef=on,seed=7"): what hash() digests.
   std::string canonical() const;

@@ -125,8 +125,15 @@ CodecConfig parse_fft_keys(const std::string& spec, const std::string& rest, Cod
         c.error_feedback = false;
       else
         bad(spec, "'" + token + "': ef is on or off");
+    } else if (key == "fallback") {
+      if (value == "auto")
+        c.fallback = true;
+      else if (value == "off")
+        c.fallback = false;
+      else
+        bad(spec, "'" + token + "': fallback is auto or off");
     } else {
-      bad(spec, "unknown key '" + key + "' (theta, bits, mant, max, segment, index, round, ef)");
+      bad(spec, "unknown key '" + key + "' (theta, bits, mant, max, segment, index, round, ef, fallback)");
     }
   }
   if (c.mant > c.bits - 1)
@@ -288,7 +295,8 @@ std::string CodecConfig::canonical() const {
       return "fft:theta=" + float_text(theta) + ",bits=" + std::to_string(bits) + ",mant=" + std::to_string(mant) +
              ",max=" + float_text(range_max) + ",segment=" + std::to_string(segment) + ",index=" +
              (index == FftIndex::kBitmap ? "bitmap" : index == FftIndex::kCoo ? "coo" : "auto") +
-             ",round=" + (rounding == Rounding::kNearest ? "nearest" : "trunc") + ",ef=" + (error_feedback ? "on" : "off");
+             ",round=" + (rounding == Rounding::kNearest ? "nearest" : "trunc") + ",ef=" + (error_feedback ? "on" : "off") +
+             ",fallback=" + (fallback ? "auto" : "off");
     case CodecKind::kSign: {
       char eta_text[32];
       std::snprintf(eta_text, sizeof(eta_text), "%.9g", static_cast<double>(eta));

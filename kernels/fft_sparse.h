@@ -81,6 +81,14 @@ size_t fft_decode_spectrum(const CodecConfig& c, const void* in, size_t bytes, s
 // is fft_decode_spectrum then fft_synthesize, bit for bit).
 void fft_synthesize(const CodecConfig& c, const float* spectrum, size_t count, float* out, FftWorkspace& ws);
 
+// Whether the fft all-reduce can move fewer bytes than the dense ring (spec §1.7): every rank sends
+// its payloads to the n - 1 others, at most (n - 1) encoded_bytes(count), where the ring sends
+// 2 (n - 1) / n count element_size. Decided from the capacity, so every rank decides alike.
+inline bool fft_compression_pays(const CodecConfig& c, size_t count, int nranks, size_t element_size) {
+  return static_cast<double>(nranks) * static_cast<double>(c.encoded_bytes(count)) <
+         2.0 * static_cast<double>(count) * static_cast<double>(element_size);
+}
+
 // The smallest compression ratio k at which compressing pays (the paper's Eq. 4): 1 / (1 - 2 T_comm
 // (2 / T_m + 1 / T_f + 1 / T_p + 1 / T_s)), rates in bytes per second; +infinity when nothing pays.
 double fft_break_even_ratio(double comm_rate, double quantize_rate, double fft_rate, double pack_rate,

@@ -32,7 +32,7 @@ using kernels::RedOp;
 struct Job {
   int n = 3;
   size_t count = 1000;
-  std::string spec = "fft:theta=0.7,bits=12,mant=6,max=32,segment=256";
+  std::string spec = "fft:theta=0.7,bits=12,mant=6,max=32,segment=256,fallback=off";
   DataType dtype = DataType::kFloat32;
   RedOp op = RedOp::kSum;
   int depth = 2;
@@ -150,7 +150,7 @@ TEST_CASE("fft all-reduce: the error is what the codec drops, within the bound o
   // With truncation each payload decodes to a projection no longer than its input (P16), within
   // sqrt(theta_eff + quantization) of it; the sum's error is at most the sum of the ranks' errors.
   Job job;
-  job.n = 4, job.count = 4096, job.spec = "fft:theta=0.9,bits=14,mant=9,max=64,segment=1024";
+  job.n = 4, job.count = 4096, job.spec = "fft:theta=0.9,bits=14,mant=9,max=64,segment=1024,fallback=off";
   const kernels::CodecConfig codec = kernels::parse_codec_spec(job.spec);
   const auto in = make_inputs(job, 5);
   const Result res = run(job, codec, in);
@@ -178,7 +178,7 @@ TEST_CASE("fft all-reduce: the error is what the codec drops, within the bound o
 
 TEST_CASE("fft all-reduce: error feedback conserves what was given, per step and over steps (P15)", "[fft]") {
   Job job;
-  job.n = 3, job.count = 700, job.spec = "fft:theta=0.9,bits=10,mant=6,max=32,segment=256,ef=on";
+  job.n = 3, job.count = 700, job.spec = "fft:theta=0.9,bits=10,mant=6,max=32,segment=256,ef=on,fallback=off";
   const kernels::CodecConfig codec = kernels::parse_codec_spec(job.spec);
   std::vector<std::vector<float>> residuals(job.n, std::vector<float>(job.count, 0.0f));
   std::vector<double> given(job.count, 0.0), got(job.count, 0.0);
@@ -236,7 +236,7 @@ TEST_CASE("fft all-reduce: error feedback conserves what was given, per step and
 TEST_CASE("fft all-reduce: NaN or Inf on one rank poisons its segment on every rank, reported, residual kept",
           "[fft]") {
   Job job;
-  job.n = 3, job.count = 600, job.spec = "fft:theta=0.5,segment=256,max=32,ef=on";
+  job.n = 3, job.count = 600, job.spec = "fft:theta=0.5,segment=256,max=32,ef=on,fallback=off";
   const kernels::CodecConfig codec = kernels::parse_codec_spec(job.spec);
   auto in = make_inputs(job, 9);
   in[1][300] = std::numeric_limits<float>::infinity();  // rank 1, segment 1 (256 .. 511)
@@ -254,6 +254,64 @@ TEST_CASE("fft all-reduce: NaN or Inf on one rank poisons its segment on every r
   for (size_t i = 256; i < 512; ++i) REQUIRE(residuals[1][i] == 0.5f);
   CHECK(residuals[1][0] != 0.5f);
   CHECK(residuals[0][300] != 0.5f);
+}
+
+TEST_CASE("fft all-reduce: where the payloads could outweigh the dense ring, the ring runs (fallback=auto)", "[fft]") {
+  const coll::Algorithm* sparse = coll::find_algorithm(CollKind::kAllReduce, "fft_allgather");
+  const coll::Algorithm* dense = coll::find_algorithm(CollKind::kAllReduce, "fft_dense_ring");
+  REQUIRE(sparse);
+  REQUIRE(dense);
+  // theta = 0.9 at 10 bits: a segment of 65536 values has at most 16 + 4097 + 8193 bytes, so n
+  // ranks' payloads, n x 12306, stay below the ring's 2 x 262144 up to n = 42.
+  const kernels::CodecConfig fft = kernels::parse_codec_spec("fft:theta=0.9,bits=10");
+  const kernels::CodecConfig off = kernels::parse_codec_spec("fft:theta=0.9,bits=10,fallback=off");
+  // Every bin at 16 bits: about 2 bytes a value, never fewer than float16's ring moves.
+  const kernels::CodecConfig wide = kernels::parse_codec_spec("fft:theta=0,bits=16,mant=12");
+  coll::FftCall no_state, with_state;
+  std::vector<float> residual(65536);
+  with_state.residual = residual.data();
+  CollArgs a;
+  a.kind = CollKind::kAllReduce, a.count = 65536, a.dtype = DataType::kFloat32, a.op = RedOp::kSum;
+  a.method_call = &no_state;
+  struct Case {
+    const kernels::CodecConfig* codec;
+    int n;
+    DataType dtype;
+    const coll::FftCall* call;
+    bool sparse_runs;
+  };
+  const DataType f32 = DataType::kFloat32, f16 = DataType::kFloat16;
+  for (const Case& c : {Case{&fft, 42, f32, &no_state, true}, Case{&fft, 43, f32, &no_state, false},
+                        Case{&off, 43, f32, &no_state, true}, Case{&wide, 3, f32, &no_state, true},
+                        Case{&wide, 4, f32, &no_state, false}, Case{&wide, 2, f16, &no_state, false},
+                        Case{&wide, 2, f16, &with_state, true}}) {
+    a.codec = c.codec, a.nranks = c.n, a.dtype = c.dtype, a.method_call = c.call;
+    INFO(c.codec->canonical() << " n=" << c.n << (c.call->residual ? " ef" : ""));
+    CHECK((sparse->cannot_run(a) == nullptr) == c.sparse_runs);
+    // The ring takes any fft call without error feedback (forced by name, or after fft_allgather
+    // declined: the registry's order).
+    CHECK((dense->cannot_run(a) == nullptr) == (c.call->residual == nullptr));
+  }
+  // The dense ring is exact: small integers sum without rounding.
+  Job job;
+  job.n = 4, job.count = 1000, job.spec = "fft:theta=0,bits=16,mant=12";
+  const kernels::CodecConfig codec = kernels::parse_codec_spec(job.spec);
+  std::vector<std::vector<float>> in(job.n, std::vector<float>(job.count));
+  for (int r = 0; r < job.n; ++r)
+    for (size_t i = 0; i < job.count; ++i) in[r][i] = static_cast<float>((r + 1) * (i % 5));
+  std::vector<CollArgs> args(job.n);
+  std::vector<std::vector<float>> out(job.n, std::vector<float>(job.count));
+  for (int r = 0; r < job.n; ++r) {
+    args[r].kind = CollKind::kAllReduce, args[r].count = job.count, args[r].dtype = DataType::kFloat32;
+    args[r].op = RedOp::kSum, args[r].rank = r, args[r].nranks = job.n, args[r].codec = &codec;
+    args[r].sendbuf = in[r].data(), args[r].recvbuf = out[r].data(), args[r].method_call = &no_state;
+  }
+  const SimRun sim = run_on_sim(args, "fft_dense_ring", 4096, 2);
+  for (int r = 0; r < job.n; ++r) {
+    size_t wrong = 0;
+    for (size_t i = 0; i < job.count; ++i) wrong += out[r][i] != static_cast<float>(10 * (i % 5));
+    CHECK(wrong == 0);
+  }
 }
 
 }  // namespace qccl::test

@@ -179,15 +179,17 @@ TEST_CASE("range float: the worked vector, N=10, m=6, [-1, 1] (P9, sign-magnitud
 TEST_CASE("fft codec: the spec grammar, canonical text, errors that name the token", "[fft]") {
   const CodecConfig c = parse_codec_spec("fft");
   CHECK(c.kind == CodecKind::kFft);
-  CHECK(c.canonical() == "fft:theta=0.9,bits=10,mant=6,max=1,segment=65536,index=auto,round=trunc,ef=off");
-  const CodecConfig d = parse_codec_spec("fft:theta=0.85,bits=12,mant=7,max=4,segment=1001,index=coo,round=nearest,ef=on");
-  CHECK(d.canonical() == "fft:theta=0.85,bits=12,mant=7,max=4,segment=1001,index=coo,round=nearest,ef=on");
+  CHECK(c.canonical() == "fft:theta=0.9,bits=10,mant=6,max=1,segment=65536,index=auto,round=trunc,ef=off,fallback=auto");
+  const CodecConfig d =
+      parse_codec_spec("fft:theta=0.85,bits=12,mant=7,max=4,segment=1001,index=coo,round=nearest,ef=on,fallback=off");
+  CHECK(d.canonical() ==
+        "fft:theta=0.85,bits=12,mant=7,max=4,segment=1001,index=coo,round=nearest,ef=on,fallback=off");
   CHECK(parse_codec_spec(d.canonical()).hash() == d.hash());
   CHECK(parse_codec_spec("fft:theta=0").theta == 0.0f);
   CHECK(c.hash() != parse_codec_spec("fft:theta=0.8").hash());
   for (const char* bad : {"fft:theta=1", "fft:theta=-0.1", "fft:theta=nan", "fft:bits=2", "fft:bits=17", "fft:mant=0",
                           "fft:bits=8,mant=8", "fft:mant=1", "fft:segment=1", "fft:index=dense", "fft:round=stochastic",
-                          "fft:bucket=64", "fft:max=0", "fft:theta", "fft:"}) {
+                          "fft:bucket=64", "fft:max=0", "fft:theta", "fft:", "fft:fallback=on"}) {
     INFO(bad);
     CHECK_THROWS_AS(parse_codec_spec(bad), CodecSpecError);
   }

@@ -15,6 +15,7 @@
 
 #include "kernels/codec.h"
 #include "kernels/fft_sparse.h"
+#include "kernels/half.h"
 #include "tests/ranks/rank_test_util.h"
 
 namespace qccl::test {
@@ -399,6 +400,24 @@ TEST_CASE("AllReduce fft_allgather: every rank's payloads decoded in rank order,
   // theta = 0.8: a fifth of the bins, 2 x 12 bits each, and a bitmap of a bit per bin: about 1/5.6
   // of float32, whatever underflows sending less.
   CHECK(own_bytes <= count * sizeof(float) / 5);
+}
+
+TEST_CASE("AllReduce fft_dense_ring: an fft call that cannot pay runs the exact ring",
+          "[allreduce=fft_dense_ring]") {
+  World& w = World::get();
+  const int n = w.size();
+  // Every bin at 16 bits: about 2 bytes a value, more than a float16 ring moves at any rank count.
+  Codec codec("fft:theta=0,bits=16,mant=12");
+  std::vector<uint16_t> x(kCount), y(kCount);
+  for (size_t i = 0; i < kCount; ++i) x[i] = kernels::float_to_half(value(w.rank(), i));
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), y.data(), kCount, qcclFloat16, qcclSum, codec.handle, nullptr, w.comm()));
+  require_ran("allreduce", "fft_dense_ring");
+  const qcclStats_t stats = last_stats();
+  size_t wrong = 0;
+  for (size_t i = 0; i < kCount; ++i) wrong += kernels::half_to_float(y[i]) != sum_over_ranks(n, i);  // exact: small integers
+  CHECK(wrong == 0);
+  CHECK(stats.wireBytesSent > 0);
+  CHECK(stats.wireBytesSent <= 2 * kCount * sizeof(uint16_t));
 }
 
 TEST_CASE("ReduceScatter compressed_hierarchical_intra: members' inputs and node sums encoded once, within their bound",
