@@ -329,6 +329,20 @@ RangeFloat range_float_of(const CodecConfig& c) {
 
 }  // namespace
 
+void fft_analyze(const CodecConfig& c, const float* in, size_t count, float* spectrum, FftWorkspace& ws) {
+  for (size_t at = 0; at < count; at += c.segment) {
+    const FftShape shape = fft_shape(c, std::min<size_t>(c.segment, count - at));
+    const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
+    std::memcpy(ws.real.data(), in + at, shape.length * sizeof(float));
+    if (shape.fft_length > shape.length) ws.real[shape.length] = 0.0f;
+    auto* bins = reinterpret_cast<kiss_fft_cpx*>(spectrum);
+    kiss_fftr(plans.forward, ws.real.data(), bins);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
+    for (size_t k = 0; k < shape.bins; ++k) bins[k].r *= scale, bins[k].i *= scale;
+    spectrum += 2 * shape.bins;
+  }
+}
+
 FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* out, FftWorkspace& ws) {
   FftReport report;
   const RangeFloat rf = range_float_of(c);

@@ -67,6 +67,10 @@ FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* 
 size_t fft_decode(const CodecConfig& c, const void* in, size_t bytes, size_t count, float* out, bool accumulate,
                   FftWorkspace& ws);
 
+// spectrum = the scaled forward transforms of a run's segments (the first stage of fft_encode, in the
+// layout below; for measuring the stages apart, codec_perf).
+void fft_analyze(const CodecConfig& c, const float* in, size_t count, float* spectrum, FftWorkspace& ws);
+
 // Frequency-domain accumulation (spec P6): the sum of n payloads' inverse transforms is the inverse
 // transform of the sum of their spectra, so a receiver adds the sparse spectra (in a fixed order, for
 // the same bits everywhere) and runs one inverse FFT per segment instead of n. A run's spectrum holds

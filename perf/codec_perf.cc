@@ -18,6 +18,7 @@
 
 #include "codec_list.h"
 #include "kernels/codec.h"
+#include "kernels/fft_sparse.h"
 #include "kernels/marsit.h"
 #include "kernels/reduce.h"
 #include "kernels/sign.h"
@@ -46,6 +47,12 @@ DESCRIPTION
     backup, 64 Ki values at a time as a collective's 256 KiB chunks do) followed by the merge of a
     ring hop (k = 3) with a received word of random bits; decode is decode_signs, which writes g and
     records the round's words in the compensation (c = w - g); dec+acc is "-".
+
+    The fft codec's columns are its whole launchers (encode: transform, selection, range floats and
+    packing; decode: unpacking and one inverse transform per segment), and a line below each row
+    times its stages apart: the forward transform (fft_analyze), unpacking into a spectrum
+    (fft_decode_spectrum) and the inverse transform (fft_synthesize); what encode spends beyond
+    its transform (selection, range floats, packing) follows as 1 / (1/encode - 1/transform).
 
     IntSGD's codecs (int8, int16, int32) are timed as one rank's: encode is Int(alpha x) under the
     spec's fixed alpha (1 when adaptive) over the whole wire range, decode is m / alpha (the
@@ -302,6 +309,33 @@ Row measure(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b
   return row;
 }
 
+// The fft codec's stages, medians in GB/s of float32 input: forward transform, unpacking into a
+// spectrum, inverse transform (the wire buffer holds the encode's output).
+struct Stages {
+  double gbps[3];
+};
+Stages measure_fft_stages(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b) {
+  const size_t count = bytes / 4, calls = std::max<size_t>(1, (size_t{64} << 20) / bytes);
+  auto ws = qccl::kernels::take_fft_workspace();
+  std::vector<float> spectrum(qccl::kernels::fft_spectrum_floats(codec, count));
+  const size_t wire = encode(codec, b->in.data(), count, b->wire.data(), qccl::kernels::PhiloxKey{}, 0).bytes;
+  std::vector<double> rates[3];
+  for (int rep = -o.warmup; rep < o.iters; ++rep)
+    for (int which = 0; which < 3; ++which) {
+      const auto start = std::chrono::steady_clock::now();
+      for (size_t i = 0; i < calls; ++i) {
+        if (which == 0) qccl::kernels::fft_analyze(codec, b->in.data(), count, spectrum.data(), *ws);
+        if (which == 1) qccl::kernels::fft_decode_spectrum(codec, b->wire.data(), wire, count, spectrum.data(), false, *ws);
+        if (which == 2) qccl::kernels::fft_synthesize(codec, spectrum.data(), count, b->out.data(), *ws);
+      }
+      const double t = seconds_of(std::chrono::steady_clock::now() - start);
+      if (rep >= 0) rates[which].push_back(static_cast<double>(bytes) * calls / t / 1e9);
+    }
+  Stages s;
+  for (int which = 0; which < 3; ++which) s.gbps[which] = median(rates[which]);
+  return s;
+}
+
 int run(const Options& o) {
   Buffers b;
   const size_t max_count = o.max_bytes / 4;
@@ -341,6 +375,11 @@ int run(const Options& o) {
         std::printf("  %10zu %10zu %10zu %8.2f %8.2f %5.2f %8.2f %5.2f %8.2f %5.2f\n", bytes, bytes / 4,
                     codec.encoded_bytes(bytes / 4), r.gbps[0], r.gbps[1], r.gbps[1] / r.gbps[0], r.gbps[2],
                     r.gbps[2] / r.gbps[0], r.gbps[3], r.gbps[3] / r.gbps[0]);
+      if (codec.kind == qccl::kernels::CodecKind::kFft) {
+        const Stages st = measure_fft_stages(codec, bytes, o, &b);
+        std::printf("#   stages: transform %.2f, unpack %.2f, inverse transform %.2f; encode beyond its transform %.2f\n",
+                    st.gbps[0], st.gbps[1], st.gbps[2], 1.0 / (1.0 / r.gbps[1] - 1.0 / st.gbps[0]));
+      }
       std::fflush(stdout);
       if (r.nonfinite_seen) {
         std::fprintf(stderr, "codec_perf: %s reported non-finite values for finite input\n", s.c_str());
