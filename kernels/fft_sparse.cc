@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 
@@ -77,7 +78,7 @@ class FftWorkspace {
   std::vector<float> real;          // the segment, zero-padded to the FFT's length
   std::vector<kiss_fft_cpx> bins;   // its spectrum
   std::vector<float> magnitude;     // |bin|^2
-  std::vector<uint32_t> order;      // bin indices, the kept ones first after selection
+  std::vector<float> order;         // the magnitudes, partially ordered by selection
   std::vector<uint8_t> kept;        // per bin: kept
   std::vector<uint32_t> codes;      // 2 per bin sent
   std::vector<uint32_t> sent;       // the bins sent, increasing
@@ -205,14 +206,26 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* i
     return kFftHeaderBytes;
   }
 
-  // The K bins of largest magnitude, ties to the lower index (exact K, whatever the values).
-  uint32_t* order = ws.order.data();
-  for (size_t k = 0; k < shape.bins; ++k) order[k] = static_cast<uint32_t>(k);
+  // The K bins of largest magnitude, ties to the lower index (exact K, whatever the values): the K-th
+  // largest magnitude tau by selection over a copy of the magnitudes (contiguous floats, no
+  // indirection), then every bin above tau and the lowest-indexed bins at tau until K are kept.
   const float* mag = ws.magnitude.data();
-  auto larger = [mag](uint32_t a, uint32_t b) { return mag[a] > mag[b] || (mag[a] == mag[b] && a < b); };
-  if (shape.keep < shape.bins) std::nth_element(order, order + shape.keep - 1, order + shape.bins, larger);
-  std::memset(ws.kept.data(), 0, shape.bins);
-  for (size_t j = 0; j < shape.keep; ++j) ws.kept[order[j]] = 1;
+  if (shape.keep < shape.bins) {
+    float* order = ws.order.data();
+    std::memcpy(order, mag, shape.bins * sizeof(float));
+    std::nth_element(order, order + shape.keep - 1, order + shape.bins, std::greater<float>());
+    const float tau = order[shape.keep - 1];
+    size_t above = 0;
+    for (size_t k = 0; k < shape.bins; ++k) above += mag[k] > tau;
+    size_t ties = shape.keep - above;  // >= 1: tau itself is among the K largest
+    for (size_t k = 0; k < shape.bins; ++k) {
+      const bool at_tau = mag[k] == tau && ties > 0;
+      ties -= at_tau;
+      ws.kept[k] = mag[k] > tau || at_tau;
+    }
+  } else {
+    std::memset(ws.kept.data(), 1, shape.bins);
+  }
 
   // Codes in bin order; a bin whose two parts both underflow is not sent.
   size_t count = 0;

@@ -241,6 +241,29 @@ TEST_CASE("fft codec: wire size of the spec's example and the documented layout 
   CHECK(a.report.bytes != b.report.bytes);
 }
 
+TEST_CASE("fft codec: exactly K bins, ties to the lower bin", "[fft]") {
+  // An impulse has a flat spectrum: every bin's magnitude is 1 / sqrt(L), all tied.
+  const CodecConfig c = parse_codec_spec("fft:theta=0.75,bits=12,mant=6,segment=256,index=bitmap");
+  std::vector<float> x(256, 0.0f);
+  x[0] = 1.0f;
+  auto ws = take_fft_workspace();
+  std::vector<float> spectrum(fft_spectrum_floats(c, 256));
+  fft_analyze(c, x.data(), 256, spectrum.data(), *ws);
+  for (size_t k = 0; k < 129; ++k) REQUIRE(std::hypot(spectrum[2 * k], spectrum[2 * k + 1]) == spectrum[0]);
+  const Coded coded = round_trip(c, x);
+  const FftShape s = fft_shape(c, 256);
+  REQUIRE(s.keep == 33);
+  std::vector<size_t> first(s.keep);
+  for (size_t k = 0; k < s.keep; ++k) first[k] = k;
+  CHECK(bitmap_bins(coded.wire.data(), s.bins) == first);
+  // One bin larger than the rest takes a place; the rest still go to the lowest bins.
+  for (size_t i = 0; i < 256; ++i) x[i] = (i == 0 ? 1.0f : 0.0f) + 0.5f * static_cast<float>(std::cos(2 * kPi * 100 * double(i) / 256));
+  const Coded peaked = round_trip(c, x);
+  const std::vector<size_t> bins = bitmap_bins(peaked.wire.data(), s.bins);
+  CHECK(bins.size() == s.keep);
+  CHECK(std::find(bins.begin(), bins.end(), size_t{100}) != bins.end());
+}
+
 TEST_CASE("fft codec: Parseval and magnitude selection bound the error, non-expansive, monotone in theta (P1-P4, P16)",
           "[fft]") {
   std::mt19937 rng(5);
