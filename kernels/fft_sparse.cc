@@ -179,23 +179,31 @@ size_t pack_codes(const uint32_t* codes, size_t count, int bits, uint8_t* out) {
   return bytes;
 }
 
+// bins = the forward transform of one segment, zero-padded to the FFT's length, scaled by
+// 1/sqrt(L'): orthonormal, so the bins carry the segment's energy (Parseval) and one range serves
+// any segment length.
+void analyze_segment(const FftShape& shape, const float* in, kiss_fft_cpx* bins, FftWorkspace& ws) {
+  const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
+  std::memcpy(ws.real.data(), in, shape.length * sizeof(float));
+  if (shape.fft_length > shape.length) ws.real[shape.length] = 0.0f;
+  kiss_fftr(plans.forward, ws.real.data(), bins);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
+  for (size_t k = 0; k < shape.bins; ++k) bins[k].r *= scale, bins[k].i *= scale;
+}
+
 // Encodes one segment; returns the payload's bytes.
 size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* in, size_t length, uint8_t* out,
                       FftWorkspace& ws, FftReport* report) {
   const FftShape shape = fft_shape(c, length);
-  const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
+  ws.plans(shape.fft_length);  // sizes the buffers
   bool finite = true;
   for (size_t i = 0; i < length; ++i) finite &= std::isfinite(in[i]);
   if (finite) {
-    std::memcpy(ws.real.data(), in, length * sizeof(float));
-    if (shape.fft_length > length) ws.real[length] = 0.0f;
-    kiss_fftr(plans.forward, ws.real.data(), ws.bins.data());
-    // Orthonormal scaling: the bins carry the segment's energy (Parseval), so one range serves any
-    // segment length.
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
+    analyze_segment(shape, in, ws.bins.data(), ws);
+    // A magnitude beyond float32 (a part above 1.8e19) counts as non-finite too: it could not be
+    // ranked, and no range float holds it.
     for (size_t k = 0; k < shape.bins; ++k) {
-      kiss_fft_cpx& b = ws.bins[k];
-      b.r *= scale, b.i *= scale;
+      const kiss_fft_cpx& b = ws.bins[k];
       ws.magnitude[k] = b.r * b.r + b.i * b.i;
       finite &= std::isfinite(ws.magnitude[k]);
     }
@@ -345,13 +353,7 @@ RangeFloat range_float_of(const CodecConfig& c) {
 void fft_analyze(const CodecConfig& c, const float* in, size_t count, float* spectrum, FftWorkspace& ws) {
   for (size_t at = 0; at < count; at += c.segment) {
     const FftShape shape = fft_shape(c, std::min<size_t>(c.segment, count - at));
-    const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
-    std::memcpy(ws.real.data(), in + at, shape.length * sizeof(float));
-    if (shape.fft_length > shape.length) ws.real[shape.length] = 0.0f;
-    auto* bins = reinterpret_cast<kiss_fft_cpx*>(spectrum);
-    kiss_fftr(plans.forward, ws.real.data(), bins);
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
-    for (size_t k = 0; k < shape.bins; ++k) bins[k].r *= scale, bins[k].i *= scale;
+    analyze_segment(shape, in + at, reinterpret_cast<kiss_fft_cpx*>(spectrum), ws);
     spectrum += 2 * shape.bins;
   }
 }
