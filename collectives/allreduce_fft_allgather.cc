@@ -49,7 +49,6 @@ struct FftKernels {
       *static_cast<size_t*>(const_cast<void*>(s.src2)) = report.bytes;
       if (!k->call) return;
       k->call->clamped += report.clamped;
-      k->call->kept += report.kept;
       if (!k->call->residual || report.nonfinite) return;
       kernels::fft_decode(k->codec, s.dst, report.bytes, s.count, k->decoded.data(), false, *k->workspace);
       float* residual = k->call->residual + s.index;

@@ -13,7 +13,6 @@ namespace qccl::coll {
 struct FftCall final : MethodCall {
   float* residual = nullptr;
   uint64_t clamped = 0;  // real or imaginary parts clamped to the range's largest magnitude
-  uint64_t kept = 0;     // bins sent by this rank
   MethodStats stats(const Plan&) const override {
     MethodStats s;
     s.clipped = clamped;
