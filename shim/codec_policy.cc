@@ -97,8 +97,8 @@ const std::string& CodecPolicy::spec_for(ncclDataType_t type) const {
 }
 
 // Which calls a codec can serve (qccl.h, "Compressed collectives"): every codec all-reduces sum and
-// avg; Marsit's sign codec only a float32 average; the all-gather and reduce-scatter take the q, fp16,
-// bf16 and none codecs.
+// avg; Marsit's sign codec only a float32 average; the int and fft codecs all-reduces only; the
+// all-gather and reduce-scatter take the q, fp16, bf16 and none codecs.
 qcclCodec_t CodecPolicy::codec_for(CollKind kind, ncclDataType_t type, ncclRedOp_t op, size_t bytes,
                                    const char** why) const {
   const Entry* e = entry(type);
@@ -110,6 +110,8 @@ qcclCodec_t CodecPolicy::codec_for(CollKind kind, ncclDataType_t type, ncclRedOp
     return *why = "the sign codec takes float32 average all-reduces only", nullptr;
   if (e->method == "int" && kind != CollKind::kAllReduce)
     return *why = "the int codecs take all-reduces only", nullptr;
+  if (e->method == "fft" && kind != CollKind::kAllReduce)
+    return *why = "the fft codec takes all-reduces only", nullptr;
   return e->codec;
 }
 
