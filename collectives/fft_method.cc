@@ -3,42 +3,16 @@
 // (kernels/fft_sparse.h), its plan (allreduce_fft_allgather.cc), and its state, the optional
 // error-feedback residual (not in the paper, which leaves it to "orthogonal" heuristics, §4.2):
 // u = g + r is encoded, r <- u - decode(encode(u)), left alone for a segment that held NaN or Inf.
-#include <cstring>
-#include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "collectives/fft.h"
 #include "collectives/method.h"
+#include "collectives/residual_state.h"
 #include "kernels/types.h"
 
 namespace qccl::coll {
 
 namespace {
-
-class FftState final : public MethodState {
- public:
-  explicit FftState(size_t count) : residual_(count, 0.0f) {}
-  float* residual() { return residual_.data(); }
-
-  size_t bytes() const override { return residual_.size() * sizeof(float); }
-  uint32_t version() const override { return 1; }
-  size_t serialized_bytes() const override { return bytes(); }
-  void save(uint8_t* out) const override { std::memcpy(out, residual_.data(), bytes()); }
-  void load(const uint8_t* in, size_t bytes, uint32_t version) override {
-    if (version != 1) throw std::invalid_argument("residual of format " + std::to_string(version) + " (this is 1)");
-    if (bytes != this->bytes())
-      throw std::invalid_argument("residual of " + std::to_string(bytes / sizeof(float)) + " values, this state has " +
-                                  std::to_string(residual_.size()));
-    std::memcpy(residual_.data(), in, bytes);
-  }
-  void load_legacy(const LegacyState& legacy) override {
-    std::memcpy(residual_.data(), legacy.values, legacy.count * sizeof(float));
-  }
-
- private:
-  std::vector<float> residual_;
-};
 
 Refusal argument(const std::string& message) { return Refusal{Refusal::Kind::kArgument, message}; }
 
@@ -69,12 +43,12 @@ class FftMethod final : public Method {
 
   std::unique_ptr<MethodState> make_state(size_t count, const kernels::CodecConfig* codec) const override {
     if (codec && !codec->error_feedback) return nullptr;
-    return std::make_unique<FftState>(count);
+    return std::make_unique<ResidualState>(count);
   }
 
   std::unique_ptr<MethodCall> begin(const CollArgs& args, MethodState* state, const StateView*) const override {
     auto call = std::make_unique<FftCall>();
-    if (args.codec->error_feedback && state) call->residual = static_cast<FftState*>(state)->residual();
+    if (args.codec->error_feedback && state) call->residual = static_cast<ResidualState*>(state)->residual();
     return call;
   }
 };

@@ -3,41 +3,16 @@
 // all-gather (allgather_compressed_ring.cc) and reduce-scatter (reduce_scatter_compressed_pairwise.cc).
 // Its state is the error-feedback residual (ef=on): a float per value of the tensor, which compressed.h
 // updates as r <- acc - decode(encode(acc)).
-#include <cstring>
-#include <stdexcept>
 #include <string>
 
 #include "collectives/compressed.h"
 #include "collectives/method.h"
+#include "collectives/residual_state.h"
 #include "kernels/types.h"
 
 namespace qccl::coll {
 
 namespace {
-
-class QuantizedState final : public MethodState {
- public:
-  explicit QuantizedState(size_t count) : residual_(count, 0.0f) {}
-  float* residual() { return residual_.data(); }
-
-  size_t bytes() const override { return residual_.size() * sizeof(float); }
-  uint32_t version() const override { return 1; }
-  size_t serialized_bytes() const override { return bytes(); }
-  void save(uint8_t* out) const override { std::memcpy(out, residual_.data(), bytes()); }
-  void load(const uint8_t* in, size_t bytes, uint32_t version) override {
-    if (version != 1) throw std::invalid_argument("residual of format " + std::to_string(version) + " (this is 1)");
-    if (bytes != this->bytes())
-      throw std::invalid_argument("residual of " + std::to_string(bytes / sizeof(float)) + " values, this state has " +
-                                  std::to_string(residual_.size()));
-    std::memcpy(residual_.data(), in, bytes);
-  }
-  void load_legacy(const LegacyState& legacy) override {
-    std::memcpy(residual_.data(), legacy.values, legacy.count * sizeof(float));
-  }
-
- private:
-  std::vector<float> residual_;
-};
 
 Refusal argument(const std::string& message) { return Refusal{Refusal::Kind::kArgument, message}; }
 
@@ -64,12 +39,12 @@ class QuantizedMethod final : public Method {
 
   std::unique_ptr<MethodState> make_state(size_t count, const kernels::CodecConfig* codec) const override {
     if (codec && !codec->error_feedback) return nullptr;
-    return std::make_unique<QuantizedState>(count);
+    return std::make_unique<ResidualState>(count);
   }
 
   std::unique_ptr<MethodCall> begin(const CollArgs& args, MethodState* state, const StateView*) const override {
     auto call = std::make_unique<QuantizedCall>();
-    if (args.codec->error_feedback && state) call->residual = static_cast<QuantizedState*>(state)->residual();
+    if (args.codec->error_feedback && state) call->residual = static_cast<ResidualState*>(state)->residual();
     return call;
   }
 };
