@@ -75,76 +75,6 @@ uint64_t parse_number(const std::string& spec, const std::string& key, const std
   return v;
 }
 
-// fft's keys (codec.h), then whether its range float exists.
-CodecConfig parse_fft_keys(const std::string& spec, const std::string& rest, CodecConfig c) {
-  if (rest.empty()) bad(spec, "nothing after ':'");
-  size_t at = 0;
-  while (at <= rest.size()) {
-    const size_t comma = rest.find(',', at);
-    const std::string token = rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    at = comma == std::string::npos ? rest.size() + 1 : comma + 1;
-    const size_t eq = token.find('=');
-    if (token.empty() || eq == std::string::npos || eq == 0) bad(spec, "'" + token + "' is not key=value");
-    const std::string key = token.substr(0, eq), value = token.substr(eq + 1);
-    if (key == "theta") {
-      errno = 0;
-      char* end = nullptr;
-      const double theta = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end || errno || !(theta >= 0 && theta < 1))
-        bad(spec, "'" + token + "': theta, the fraction of bins dropped, is a number in [0, 1)");
-      c.theta = static_cast<float>(theta);
-      if (!(c.theta < 1.0f)) bad(spec, "'" + token + "': theta rounds to 1 in float32");
-    } else if (key == "bits") {
-      c.bits = static_cast<int>(parse_number(spec, key, value, 3, 16));
-    } else if (key == "mant") {
-      c.mant = static_cast<int>(parse_number(spec, key, value, 1, 15));
-    } else if (key == "max") {
-      c.range_max = static_cast<float>(parse_real(spec, key, value));
-    } else if (key == "segment") {
-      c.segment = static_cast<uint32_t>(parse_number(spec, key, value, 2, 1u << 26));
-    } else if (key == "index") {
-      if (value == "auto")
-        c.index = FftIndex::kAuto;
-      else if (value == "bitmap")
-        c.index = FftIndex::kBitmap;
-      else if (value == "coo")
-        c.index = FftIndex::kCoo;
-      else
-        bad(spec, "'" + token + "': index is auto, bitmap or coo");
-    } else if (key == "round") {
-      if (value == "trunc")
-        c.rounding = Rounding::kTruncate;
-      else if (value == "nearest")
-        c.rounding = Rounding::kNearest;
-      else
-        bad(spec, "'" + token + "': fft's round is trunc or nearest");
-    } else if (key == "ef") {
-      if (value == "on")
-        c.error_feedback = true;
-      else if (value == "off")
-        c.error_feedback = false;
-      else
-        bad(spec, "'" + token + "': ef is on or off");
-    } else if (key == "fallback") {
-      if (value == "auto")
-        c.fallback = true;
-      else if (value == "off")
-        c.fallback = false;
-      else
-        bad(spec, "'" + token + "': fallback is auto or off");
-    } else {
-      bad(spec, "unknown key '" + key + "' (theta, bits, mant, max, segment, index, round, ef, fallback)");
-    }
-  }
-  if (c.mant > c.bits - 1)
-    bad(spec, "mant=" + std::to_string(c.mant) + " leaves no bit for the binades of bits=" + std::to_string(c.bits) +
-                  " (mant is in [1, bits - 1])");
-  if (const char* why = range_float_invalid(c.bits, c.mant, c.range_max))
-    bad(spec, "bits=" + std::to_string(c.bits) + ", mant=" + std::to_string(c.mant) + ", max=" + float_text(c.range_max) +
-                  ": " + why);
-  return c;
-}
-
 }  // namespace
 
 CodecConfig parse_codec_spec(const std::string& spec) {
@@ -174,7 +104,6 @@ CodecConfig parse_codec_spec(const std::string& spec) {
     if (c.kind == CodecKind::kSign) bad(spec, "sign needs eta_s=E, the magnitude of a sign round's update");
     return c;
   }
-  if (c.kind == CodecKind::kFft) return parse_fft_keys(spec, spec.substr(colon + 1), c);
   std::string rest = spec.substr(colon + 1);
   if (rest.empty()) bad(spec, "nothing after ':'");
   size_t at = 0;
@@ -189,9 +118,16 @@ CodecConfig parse_codec_spec(const std::string& spec) {
       if (c.kind != CodecKind::kQuant) bad(spec, "'" + token + "': only q1 .. q8 have buckets");
       c.bucket = static_cast<uint32_t>(parse_number(spec, key, value, 8, 1u << 20));
       if (c.bucket % 8) bad(spec, "'" + token + "': the bucket must be a multiple of 8");
+    } else if (c.kind == CodecKind::kFft && key == "round") {
+      if (value == "trunc")
+        c.rounding = Rounding::kTruncate;
+      else if (value == "nearest")
+        c.rounding = Rounding::kNearest;
+      else
+        bad(spec, "'" + token + "': fft's round is trunc or nearest");
     } else if (key == "round") {
       if (c.kind != CodecKind::kQuant && c.kind != CodecKind::kInt)
-        bad(spec, "'" + token + "': only q1 .. q8 and int8 .. int32 round");
+        bad(spec, "'" + token + "': only q1 .. q8, int8 .. int32 and fft round");
       if (value == "nearest")
         c.rounding = Rounding::kNearest;
       else if (value == "stochastic")
@@ -251,7 +187,39 @@ CodecConfig parse_codec_spec(const std::string& spec) {
         c.error_feedback = false;
       else
         bad(spec, "'" + token + "': ef is on or off");
-    } else if (key == "seed") {
+    } else if (c.kind == CodecKind::kFft && key == "theta") {
+      errno = 0;
+      char* end = nullptr;
+      const double theta = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end || errno || !(theta >= 0 && theta < 1))
+        bad(spec, "'" + token + "': theta, the fraction of bins dropped, is a number in [0, 1)");
+      c.theta = static_cast<float>(theta);
+      if (!(c.theta < 1.0f)) bad(spec, "'" + token + "': theta rounds to 1 in float32");
+    } else if (c.kind == CodecKind::kFft && key == "bits") {
+      c.bits = static_cast<int>(parse_number(spec, key, value, 3, 16));
+    } else if (c.kind == CodecKind::kFft && key == "mant") {
+      c.mant = static_cast<int>(parse_number(spec, key, value, 1, 15));
+    } else if (c.kind == CodecKind::kFft && key == "max") {
+      c.range_max = static_cast<float>(parse_real(spec, key, value));
+    } else if (c.kind == CodecKind::kFft && key == "segment") {
+      c.segment = static_cast<uint32_t>(parse_number(spec, key, value, 2, 1u << 26));
+    } else if (c.kind == CodecKind::kFft && key == "index") {
+      if (value == "auto")
+        c.index = FftIndex::kAuto;
+      else if (value == "bitmap")
+        c.index = FftIndex::kBitmap;
+      else if (value == "coo")
+        c.index = FftIndex::kCoo;
+      else
+        bad(spec, "'" + token + "': index is auto, bitmap or coo");
+    } else if (c.kind == CodecKind::kFft && key == "fallback") {
+      if (value == "auto")
+        c.fallback = true;
+      else if (value == "off")
+        c.fallback = false;
+      else
+        bad(spec, "'" + token + "': fallback is auto or off");
+    } else if (key == "seed" && c.kind != CodecKind::kFft) {
       c.seed = parse_number(spec, key, value, 0, std::numeric_limits<uint64_t>::max());
     } else if (c.kind == CodecKind::kQuant && key == "levels") {
       c.levels = parse_levels(spec, value, c.bits);
@@ -259,9 +227,18 @@ CodecConfig parse_codec_spec(const std::string& spec) {
       bad(spec, "unknown key '" + key + "' (" +
                     (c.kind == CodecKind::kSign  ? "eta_s, k, topology, seed"
                      : c.kind == CodecKind::kInt ? "round, alpha, alpha0, beta, eps, agg, seed"
+                     : c.kind == CodecKind::kFft ? "theta, bits, mant, max, segment, index, round, ef, fallback"
                                                  : "bucket, round, ef, seed, levels") +
                     ")");
     }
+  }
+  if (c.kind == CodecKind::kFft) {  // whether its range float exists
+    if (c.mant > c.bits - 1)
+      bad(spec, "mant=" + std::to_string(c.mant) + " leaves no bit for the binades of bits=" + std::to_string(c.bits) +
+                    " (mant is in [1, bits - 1])");
+    if (const char* why = range_float_invalid(c.bits, c.mant, c.range_max))
+      bad(spec, "bits=" + std::to_string(c.bits) + ", mant=" + std::to_string(c.mant) + ", max=" +
+                    float_text(c.range_max) + ": " + why);
   }
   if (c.kind == CodecKind::kSign && !(c.eta > 0)) bad(spec, "sign needs eta_s=E, the magnitude of a sign round's update");
   return c;
