@@ -61,6 +61,16 @@ void require_ran(const char* collective, const char* name) {
 // n hops, each within half a quantization step of its bucket's range.
 double q4_sum_bound(int n) { return 0.5 / 15 * n * (n + 1) + 1e-5 * n; }
 
+// The node label of every rank, from QCCL_NODE_MAP (tests/ranks/CMakeLists.txt sets one-digit labels).
+std::vector<int> node_labels() {
+  const char* map = std::getenv("QCCL_NODE_MAP");
+  REQUIRE(map != nullptr);
+  std::vector<int> label;
+  for (const char* p = map; *p; ++p)
+    if (*p != ',') label.push_back(*p - '0');
+  return label;
+}
+
 double sine(int rank, size_t i) { return std::sin(0.731 * static_cast<double>(i) + 1.37 * rank); }
 
 void run_value_codec(const char* name) {
@@ -267,11 +277,7 @@ TEST_CASE("AllGather compressed_ring: every block decoded from its owner's bytes
 // one): a member sends its block to its node's leader; a leader sends its members every block but
 // theirs, and the next node's leader every block but that node's.
 uint64_t hierarchical_blocks_sent(int rank, int n) {
-  const char* map = std::getenv("QCCL_NODE_MAP");
-  REQUIRE(map != nullptr);
-  std::vector<int> label;
-  for (const char* p = map; *p; ++p)
-    if (*p != ',') label.push_back(*p - '0');
+  const std::vector<int> label = node_labels();
   REQUIRE(static_cast<int>(label.size()) == n);
   std::vector<int> leaders;  // the lowest rank of each label, in order of the leaders' ranks
   for (int r = 0; r < n; ++r)
@@ -355,11 +361,7 @@ TEST_CASE("ReduceScatter compressed_hierarchical: node sums encoded once per rem
   CHECK(worst <= (n - 1) * (n - 1) * kQ8Error + 1e-5 * n);
   // A member sends the leader its whole input; a leader sends each member its block in float32 and
   // every other node's blocks to that node's leader, 5 q8 buckets each.
-  const char* map = std::getenv("QCCL_NODE_MAP");
-  REQUIRE(map != nullptr);
-  std::vector<int> label;
-  for (const char* p = map; *p; ++p)
-    if (*p != ',') label.push_back(*p - '0');
+  const std::vector<int> label = node_labels();
   const bool leader = std::find(label.begin(), label.begin() + w.rank(), label[w.rank()]) == label.begin() + w.rank();
   const uint64_t local = static_cast<uint64_t>(std::count(label.begin(), label.end(), label[w.rank()]));
   CHECK(sent == (leader ? (local - 1) * count * 4 + (n - local) * 5 * (8 + 512) : total * sizeof(float)));
@@ -443,11 +445,7 @@ TEST_CASE("ReduceScatter compressed_hierarchical_intra: members' inputs and node
   CHECK(worst <= (n - 1) * kQ8Error + (n - 1) * (n - 1) * kQ8Error * (1 + kQ8Error) + 1e-5 * n);
   // A member sends the leader its n blocks encoded (5 q8 buckets each); a leader as in
   // compressed_hierarchical.
-  const char* map = std::getenv("QCCL_NODE_MAP");
-  REQUIRE(map != nullptr);
-  std::vector<int> label;
-  for (const char* p = map; *p; ++p)
-    if (*p != ',') label.push_back(*p - '0');
+  const std::vector<int> label = node_labels();
   const bool leader = std::find(label.begin(), label.begin() + w.rank(), label[w.rank()]) == label.begin() + w.rank();
   const uint64_t local = static_cast<uint64_t>(std::count(label.begin(), label.end(), label[w.rank()]));
   const uint64_t block = 5 * (8 + 512);
@@ -475,11 +473,7 @@ TEST_CASE("ReduceScatter compressed_two_level: node sums shared by the node's ra
   CHECK(worst <= (n - 1) * kQ8Error + 1e-5);  // one q8 error per remote node's sum, divided by n
   // QCCL_NODE_MAP has nodes of equal size L: N raw blocks to each of L - 1 mates, one encoded block
   // (5 q8 buckets) to each of N - 1 other nodes.
-  const char* map = std::getenv("QCCL_NODE_MAP");
-  REQUIRE(map != nullptr);
-  std::vector<int> label;
-  for (const char* p = map; *p; ++p)
-    if (*p != ',') label.push_back(*p - '0');
+  const std::vector<int> label = node_labels();
   const uint64_t local = static_cast<uint64_t>(std::count(label.begin(), label.end(), label[w.rank()]));
   const uint64_t nodes = static_cast<uint64_t>(n) / local;
   CHECK(stats.wireBytesSent == (local - 1) * nodes * count * sizeof(float) + (nodes - 1) * 5 * (8 + 512));
