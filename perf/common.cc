@@ -345,6 +345,7 @@ class Bench {
   qcclCodec_t codec_ = nullptr;                               // the sweep's codec, or none
   bool sign_codec_ = false;                                   // it is Marsit's (it needs a state)
   bool int_codec_ = false;                                    // it is IntSGD's (alpha adapts in a state)
+  bool fft_codec_ = false;                                    // it is FFT sparsification's (all-reduce only)
   mutable std::map<size_t, qcclCodecState_t> states_;         // Marsit, IntSGD: one state per count
   uint64_t check_seed_ = 0;
   int failed_cells_ = 0;
@@ -425,6 +426,7 @@ void Bench::run() {
       codec_ = codec;
       sign_codec_ = spec.rfind("sign", 0) == 0;
       int_codec_ = spec.rfind("int", 0) == 0;
+      fft_codec_ = spec.rfind("fft", 0) == 0;
       if (!states_.empty()) {  // a state belongs to one codec
         for (auto& st : states_) qcclCodecStateDestroy(st.second);
         states_.clear();
@@ -444,7 +446,7 @@ void Bench::run() {
       }
       if (codec && sweeps == 0 && printer())
         std::printf("#   nothing to run: this codec takes %s (see -d and -o)\n",
-                    (sign_codec_ || int_codec_) && !test_.all_reduce_codecs ? "an all-reduce (all_reduce_perf)"
+                    (sign_codec_ || int_codec_ || fft_codec_) && !test_.all_reduce_codecs ? "an all-reduce (all_reduce_perf)"
                     : sign_codec_                                          ? "float with op avg"
                                                                             : "float, half or bfloat16 with op sum or avg");
     }
@@ -453,9 +455,9 @@ void Bench::run() {
 
 // Codecs take float, half and bfloat16, summed or averaged (qcclAllReduceCompressed, and
 // qcclAllGatherCompressed, which does not reduce, and qcclReduceScatterCompressed).
-// Marsit's sign codec takes float32 averaged; it and IntSGD's codecs are all-reduce only.
+// Marsit's sign codec takes float32 averaged; it, IntSGD's and the fft codec are all-reduce only.
 bool Bench::compressible(const TypeInfo& type, int op) const {
-  if ((sign_codec_ || int_codec_) && !test_.all_reduce_codecs) return false;
+  if ((sign_codec_ || int_codec_ || fft_codec_) && !test_.all_reduce_codecs) return false;
   if (sign_codec_) return type.type == qcclFloat32 && op == qcclAvg;
   const bool floating = type.type == qcclFloat32 || type.type == qcclFloat16 || type.type == qcclBfloat16;
   return floating && (op == qcclSum || op == qcclAvg);
