@@ -195,20 +195,19 @@ void analyze_segment(const FftShape& shape, const float* in, kiss_fft_cpx* bins,
 size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* in, size_t length, uint8_t* out,
                       FftWorkspace& ws, FftReport* report) {
   const FftShape shape = fft_shape(c, length);
-  ws.plans(shape.fft_length);  // sizes the buffers
-  bool finite = true;
-  for (size_t i = 0; i < length; ++i) finite &= std::isfinite(in[i]);
-  if (finite) {
-    analyze_segment(shape, in, ws.bins.data(), ws);
-    // A magnitude beyond float32 (a part above 1.8e19) counts as non-finite too: it could not be
-    // ranked, and no range float holds it.
-    for (size_t k = 0; k < shape.bins; ++k) {
-      const kiss_fft_cpx& b = ws.bins[k];
-      ws.magnitude[k] = b.r * b.r + b.i * b.i;
-      finite &= std::isfinite(ws.magnitude[k]);
-    }
+  ws.plans(shape.fft_length);  // sizes the buffers before ws.bins is taken
+  analyze_segment(shape, in, ws.bins.data(), ws);
+  // A NaN or Inf in the segment reaches every bin (each is a sum over all the values), so the
+  // magnitudes tell: the largest magnitude's bit pattern, as an integer, is then Inf's or above. A
+  // magnitude beyond float32 (a part above 1.8e19) counts as non-finite too: it could not be
+  // ranked, and no range float holds it.
+  uint32_t largest = 0;
+  for (size_t k = 0; k < shape.bins; ++k) {
+    const kiss_fft_cpx& b = ws.bins[k];
+    ws.magnitude[k] = b.r * b.r + b.i * b.i;
+    largest = std::max(largest, float_bits(ws.magnitude[k]) & 0x7FFFFFFFu);
   }
-  if (!finite) {  // one NaN or Inf reaches every bin: send the flag alone
+  if (largest >= 0x7F800000u) {  // send the flag alone
     write_header(out, c, kFlagNonfinite, length, 0);
     report->nonfinite += length;
     return kFftHeaderBytes;
@@ -224,13 +223,10 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* i
     std::nth_element(order, order + shape.keep - 1, order + shape.bins, std::greater<float>());
     const float tau = order[shape.keep - 1];
     size_t above = 0;
-    for (size_t k = 0; k < shape.bins; ++k) above += mag[k] > tau;
+    for (size_t k = 0; k < shape.bins; ++k) above += (ws.kept[k] = mag[k] > tau);
     size_t ties = shape.keep - above;  // >= 1: tau itself is among the K largest
-    for (size_t k = 0; k < shape.bins; ++k) {
-      const bool at_tau = mag[k] == tau && ties > 0;
-      ties -= at_tau;
-      ws.kept[k] = mag[k] > tau || at_tau;
-    }
+    for (size_t k = 0; ties > 0; ++k)
+      if (mag[k] == tau) ws.kept[k] = 1, --ties;
   } else {
     std::memset(ws.kept.data(), 1, shape.bins);
   }
