@@ -346,9 +346,10 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  * ring, or the aggregator processes of QCCL_AGGREGATORS, as an in-network switch would; default
  * ring; the sums are the same bits); for fft: theta=T (fraction of the L'/2 + 1 bins of each
  * segment dropped, 0 <= T < 1; default 0.9), bits=N (per real or imaginary part, 3..16; default 10),
- * mant=M (mantissa bits of the range float, 1..N-1; default 6), max=X (largest magnitude, in units
- * of the orthonormal spectrum, whose energy is the segment's; default 1; parts beyond it are clamped
- * and counted in qcclStats_t::clipped), segment=L (values per FFT, 2..2^26; default 65536),
+ * mant=M (mantissa bits of the range float, 1..N-1; default 6), max=X|auto (largest magnitude, in
+ * units of the orthonormal spectrum, whose energy is the segment's; default 1, the paper's; parts
+ * beyond it are clamped and counted in qcclStats_t::clipped; auto: each segment's own power of two
+ * at or above its largest part, carried in its header, so nothing clamps), segment=L (values per FFT, 2..2^26; default 65536),
  * index=auto|bitmap|coo (how the bins sent are named; default auto: the smaller), round=trunc|nearest
  * (default trunc, never grows a value), ef=on|off, fallback=auto|off (auto: a call whose payloads
  * could outweigh the uncompressed ring's bytes, n * capacity >= 2 * count * element size, runs that

@@ -21,7 +21,8 @@
 // agg=ring|switch (who adds the integers: the ranks along a ring, or aggregator processes that play
 // an in-network switch; default ring). For fft: theta=T (the fraction of bins dropped, [0, 1);
 // default 0.9), bits=N (bits per real or imaginary part, 3..16; default 10), mant=M (mantissa bits,
-// 1..N-1; default 6), max=X (the range's largest magnitude; default 1, the paper's), segment=L
+// 1..N-1; default 6), max=X|auto (the range's largest magnitude; default 1, the paper's; auto: each
+// segment's own, a power of two carried in its header), segment=L
 // (values per FFT, 2..2^26; default 65536), index=auto|bitmap|coo (default auto: the smaller),
 // round=trunc|nearest (default trunc, the paper's), ef=on|off, fallback=auto|off (default auto:
 // where the codec cannot pay at the call's rank count, the dense ring runs; fft_sparse.h).
@@ -87,6 +88,7 @@ struct CodecConfig {
   float theta = 0.9f;          // fraction of the bins dropped
   int mant = 6;                // mantissa bits of the range float
   float range_max = 1.0f;      // largest magnitude of the range float
+  bool range_auto = false;     // max=auto: per segment, the power of two at or above its largest part
   uint32_t segment = 65536;    // values per FFT
   FftIndex index = FftIndex::kAuto;
   bool fallback = true;        // a call whose payloads could outweigh the dense ring's runs the ring

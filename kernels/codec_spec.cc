@@ -200,7 +200,8 @@ CodecConfig parse_codec_spec(const std::string& spec) {
     } else if (c.kind == CodecKind::kFft && key == "mant") {
       c.mant = static_cast<int>(parse_number(spec, key, value, 1, 15));
     } else if (c.kind == CodecKind::kFft && key == "max") {
-      c.range_max = static_cast<float>(parse_real(spec, key, value));
+      c.range_auto = value == "auto";
+      c.range_max = c.range_auto ? 1.0f : static_cast<float>(parse_real(spec, key, value));
     } else if (c.kind == CodecKind::kFft && key == "segment") {
       c.segment = static_cast<uint32_t>(parse_number(spec, key, value, 2, 1u << 26));
     } else if (c.kind == CodecKind::kFft && key == "index") {
@@ -270,7 +271,8 @@ std::string CodecConfig::canonical() const {
     }
     case CodecKind::kFft:
       return "fft:theta=" + float_text(theta) + ",bits=" + std::to_string(bits) + ",mant=" + std::to_string(mant) +
-             ",max=" + float_text(range_max) + ",segment=" + std::to_string(segment) + ",index=" +
+             ",max=" + (range_auto ? std::string("auto") : float_text(range_max)) + ",segment=" + std::to_string(segment) +
+             ",index=" +
              (index == FftIndex::kBitmap ? "bitmap" : index == FftIndex::kCoo ? "coo" : "auto") +
              ",round=" + (rounding == Rounding::kNearest ? "nearest" : "trunc") + ",ef=" + (error_feedback ? "on" : "off") +
              ",fallback=" + (fallback ? "auto" : "off");

@@ -212,6 +212,16 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* i
     report->nonfinite += length;
     return kFftHeaderBytes;
   }
+  // max=auto: the parts are sent divided by 2^e, the power of two at or above the largest (so that
+  // nothing clamps); a power of two scales exactly (within float32's normal range, where e is kept).
+  int e = 0;
+  if (c.range_auto) {
+    float top = 0;
+    for (size_t k = 0; k < shape.bins; ++k) top = std::max(top, std::max(std::fabs(ws.bins[k].r), std::fabs(ws.bins[k].i)));
+    if (top > 0) std::frexp(top, &e);  // top = f 2^e, f in [0.5, 1): top <= 2^e
+    e = std::clamp(e, -100, 100);
+  }
+  const float unscale = std::ldexp(1.0f, -e);
 
   // The K bins of largest magnitude, ties to the lower index (exact K, whatever the values): the K-th
   // largest magnitude tau by selection over a copy of the magnitudes (contiguous floats, no
@@ -236,8 +246,8 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* i
   for (size_t k = 0; k < shape.bins; ++k) {
     if (!ws.kept[k]) continue;
     bool clamp_re = false, clamp_im = false;
-    const uint32_t re = range_float_encode(rf, ws.bins[k].r, &clamp_re);
-    const uint32_t im = range_float_encode(rf, ws.bins[k].i, &clamp_im);
+    const uint32_t re = range_float_encode(rf, ws.bins[k].r * unscale, &clamp_re);
+    const uint32_t im = range_float_encode(rf, ws.bins[k].i * unscale, &clamp_im);
     if ((re | im) & ~rf.sign) {  // index bits nonzero in either part
       report->clamped += clamp_re + clamp_im;
       ws.codes[2 * count] = re, ws.codes[2 * count + 1] = im;
@@ -245,7 +255,8 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* i
     }
   }
   const bool indices = use_indices(c, shape, count);
-  write_header(out, c, indices ? kFlagIndices : 0, length, count);
+  const auto exponent = static_cast<uint16_t>(static_cast<uint8_t>(static_cast<int8_t>(e)) << 8);
+  write_header(out, c, static_cast<uint16_t>((indices ? kFlagIndices : 0) | exponent), length, count);
   uint8_t* at = out + kFftHeaderBytes;
   if (indices) {
     for (size_t j = 0; j < count; ++j, at += 4) put32(at, ws.sent[j]);
@@ -276,7 +287,10 @@ size_t read_segment(const CodecConfig& c, const RangeFloat& rf, const uint8_t* i
     return kFftHeaderBytes;
   }
   const bool indices = flags & kFlagIndices;
-  if (count > shape.keep || indices != use_indices(c, shape, count)) return 0;
+  if (count > shape.keep || indices != use_indices(c, shape, count) || (flags & 0xFC)) return 0;
+  const int e = static_cast<int8_t>(flags >> 8);
+  if (!c.range_auto && e != 0) return 0;
+  const float scale = std::ldexp(1.0f, e);
   const size_t bytes = fft_payload_bytes(c, shape, count, indices);
   if (avail < bytes) return 0;
 
@@ -317,7 +331,7 @@ size_t read_segment(const CodecConfig& c, const RangeFloat& rf, const uint8_t* i
   };
   for (size_t j = 0; j < count; ++j) {
     kiss_fft_cpx& b = bins[ws.sent[j]];
-    const float re = range_float_decode(rf, next_code()), im = range_float_decode(rf, next_code());
+    const float re = range_float_decode(rf, next_code()) * scale, im = range_float_decode(rf, next_code()) * scale;
     b.r = accumulate ? b.r + re : re;
     b.i = accumulate ? b.i + im : im;
   }

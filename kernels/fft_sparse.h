@@ -8,8 +8,10 @@
 //
 // A segment's payload, little-endian, variable length (a kept bin whose two codes both underflow to
 // zero is dropped, so the count varies below K):
-//   u16 magic 0x5146 | u16 flags (1: the segment held NaN or Inf, nothing follows; 2: indices, not a
-//   bitmap) | u32 logical length | u32 count of bins sent | u32 low half of the codec's hash
+//   u16 magic 0x5146 | u16 flags (bit 0: the segment held NaN or Inf, nothing follows; bit 1:
+//   indices, not a bitmap; bits 8-15, max=auto only: the segment's scale exponent e, an int8, the
+//   parts sent being part / 2^e, which is exact) | u32 logical length | u32 count of bins sent | u32
+//   low half of the codec's hash
 //   bitmap: ceil(B / 8) bytes, bin k at bit k % 8 of byte k / 8   or   indices: count u32, increasing
 //   codes: 2 count codes of N bits (real, imaginary per bin), packed from bit 0 of the first byte
 // An encoded run is its segments' payloads back to back.

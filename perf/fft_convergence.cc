@@ -30,8 +30,8 @@ constexpr const char kHelp[] = R"HELP(NAME
 
 SYNOPSIS
     qcclrun -n N [--netem RATE] -- fft_convergence [--dim D] [--width S] [--batch B] [--steps T]
-                                                   [--lr LR] [--bits N] [--mant M] [--seed S]
-                                                   [--tolerance F]
+                                                   [--lr LR] [--bits N] [--mant M] [--range first|auto]
+                                                   [--seed S] [--tolerance F]
 
 DESCRIPTION
     A signal w* of D values, smooth along its index (five random sines), is seen through a blur:
@@ -65,6 +65,9 @@ OPTIONS
     --bits N         the fft codec's bits per part (default 10, the paper's)
     --mant M         its mantissa bits (default 4: 2^(N-1-M) binades below the range, enough for
                      a gradient that shrinks over training; the codec's default 6 spans 8)
+    --range R        first: max = the power of two above the first gradient's norm (default, the
+                     paper's way); auto: max=auto, each segment's own power of two, which follows
+                     the gradient as it shrinks
     --seed S         signal, noise and draw seed (default 1)
     --tolerance F    the relative loss tolerance of the verdict (default 0.05)
     -h, --help       print this page and exit
@@ -78,12 +81,13 @@ EXIT STATUS
 
 struct Options {
   int dim = 16384, width = 8, batch = 64, steps = 400, bits = 10, mant = 4;
+  bool auto_range = false;
   double lr = 400, tolerance = 0.05;
   uint64_t seed = 1;
 };
 
 bool parse(int argc, char** argv, Options* o) {
-  enum { kDim = 256, kWidth, kBatch, kSteps, kLr, kBits, kMant, kSeed, kTolerance };
+  enum { kDim = 256, kWidth, kBatch, kSteps, kLr, kBits, kMant, kRange, kSeed, kTolerance };
   static const option longs[] = {{"dim", required_argument, nullptr, kDim},
                                  {"width", required_argument, nullptr, kWidth},
                                  {"batch", required_argument, nullptr, kBatch},
@@ -91,6 +95,7 @@ bool parse(int argc, char** argv, Options* o) {
                                  {"lr", required_argument, nullptr, kLr},
                                  {"bits", required_argument, nullptr, kBits},
                                  {"mant", required_argument, nullptr, kMant},
+                                 {"range", required_argument, nullptr, kRange},
                                  {"seed", required_argument, nullptr, kSeed},
                                  {"tolerance", required_argument, nullptr, kTolerance},
                                  {"help", no_argument, nullptr, 'h'},
@@ -106,6 +111,11 @@ bool parse(int argc, char** argv, Options* o) {
       case kLr: o->lr = number("--lr", optarg, 1e-30, 1e9); break;
       case kBits: o->bits = static_cast<int>(number("--bits", optarg, 3, 16)); break;
       case kMant: o->mant = static_cast<int>(number("--mant", optarg, 1, 15)); break;
+      case kRange:
+        if (std::string(optarg) != "first" && std::string(optarg) != "auto")
+          throw qccl_demo::UsageError(std::string("invalid value '") + optarg + "' for --range (expected first or auto)");
+        o->auto_range = std::string(optarg) == "auto";
+        break;
       case kSeed: o->seed = static_cast<uint64_t>(number("--seed", optarg, 0, 1e15)); break;
       case kTolerance: o->tolerance = number("--tolerance", optarg, 0, 1e6); break;
       case 'h': std::fputs(kHelp, stdout); return false;
@@ -205,16 +215,18 @@ int run(const Options& o) {
                                        {"top-k 0.85", 0.85, false}, {"fft 0.9", 0.9, true}, {"top-k 0.9", 0.9, false}};
   if (rank == 0)
     std::printf("# fft_convergence: %d ranks, %d values, blur width %d, batch %d, %d steps, lr %g, %d bits (%d mantissa), "
-                "range %g\n",
-                nranks, o.dim, o.width, o.batch, o.steps, o.lr, o.bits, o.mant, range);
+                "range %s\n",
+                nranks, o.dim, o.width, o.batch, o.steps, o.lr, o.bits, o.mant,
+                o.auto_range ? "auto (per segment)" : std::to_string(range).c_str());
   std::vector<Outcome> outcomes;
   double fft_bytes_at[2] = {0, 0};  // per rank per call, for theta 0.85 and 0.9
   for (const Config& config : configs) {
     qcclCodec_t codec = nullptr;
     if (config.fft) {
       char spec[160];
-      std::snprintf(spec, sizeof spec, "fft:theta=%g,bits=%d,mant=%d,max=%g,segment=%d", config.theta, o.bits, o.mant,
-                    range, o.dim);
+      const std::string max = o.auto_range ? std::string("auto") : std::to_string(range);
+      std::snprintf(spec, sizeof spec, "fft:theta=%g,bits=%d,mant=%d,max=%s,segment=%d", config.theta, o.bits, o.mant,
+                    max.c_str(), o.dim);
       check(qcclCodecCreate(spec, &codec), "qcclCodecCreate");
     }
     const bool topk = !config.fft && config.theta > 0;

@@ -189,7 +189,7 @@ TEST_CASE("fft codec: the spec grammar, canonical text, errors that name the tok
   CHECK(c.hash() != parse_codec_spec("fft:theta=0.8").hash());
   for (const char* bad : {"fft:theta=1", "fft:theta=-0.1", "fft:theta=nan", "fft:bits=2", "fft:bits=17", "fft:mant=0",
                           "fft:bits=8,mant=8", "fft:mant=1", "fft:segment=1", "fft:index=dense", "fft:round=stochastic",
-                          "fft:bucket=64", "fft:max=0", "fft:theta", "fft:", "fft:fallback=on"}) {
+                          "fft:bucket=64", "fft:max=0", "fft:max=automatic", "fft:theta", "fft:", "fft:fallback=on"}) {
     INFO(bad);
     CHECK_THROWS_AS(parse_codec_spec(bad), CodecSpecError);
   }
@@ -408,6 +408,42 @@ TEST_CASE("fft codec: parts beyond the range are clamped to its largest magnitud
   for (float v : coded.decoded) CHECK(v == Approx(1.0f / 20).epsilon(1e-5));  // max / sqrt(L)
   const Coded roomy = round_trip(parse_codec_spec("fft:theta=0.9,segment=400,max=32"), std::vector<float>(400, 1.0f));
   CHECK(roomy.report.clamped == 0);
+}
+
+TEST_CASE("fft codec: max=auto scales each segment by a power of two: nothing clamps, scale-equivariant bits",
+          "[fft]") {
+  const CodecConfig c = parse_codec_spec("fft:theta=0.8,max=auto,segment=400");
+  CHECK(c.canonical() == "fft:theta=0.8,bits=10,mant=6,max=auto,segment=400,index=auto,round=trunc,ef=off,fallback=auto");
+  CHECK(c.hash() != parse_codec_spec("fft:theta=0.8,segment=400").hash());
+  // The constant that clamped at max=1 above: its DC bin (20) is sent within 2^-6 below.
+  const Coded ones = round_trip(c, std::vector<float>(400, 1.0f));
+  CHECK(ones.report.clamped == 0);
+  for (float v : ones.decoded) CHECK((v <= 1.0f + 1e-6f && v >= 1.0f - 0x1p-6f - 1e-6f));
+  // x scaled by 2^k decodes to decode(x) scaled by 2^k, bit for bit (a power of two commutes with the
+  // transforms and moves only the header's exponent), from 2^-60 to 2^60.
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(1000);
+  for (float& v : x) v = normal(rng);
+  const Coded base = round_trip(c, x);
+  for (int k : {-60, -7, 1, 9, 60}) {
+    std::vector<float> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = std::ldexp(x[i], k);
+    const Coded scaled = round_trip(c, y);
+    size_t wrong = 0;
+    for (size_t i = 0; i < x.size(); ++i) wrong += scaled.decoded[i] != std::ldexp(base.decoded[i], k);
+    INFO("2^" << k);
+    CHECK(wrong == 0);
+    CHECK(scaled.report.bytes == base.report.bytes);
+  }
+  // A fixed range's payload never carries an exponent: one that does is malformed there.
+  const CodecConfig fixed = parse_codec_spec("fft:theta=0.8,segment=400");
+  auto ws = take_fft_workspace();
+  std::vector<uint8_t> wire(fixed.encoded_bytes(400));
+  const size_t bytes = fft_encode(fixed, x.data(), 400, wire.data(), *ws).bytes;
+  wire[3] = 1;  // the flags' high byte
+  std::vector<float> out(400);
+  CHECK(fft_decode(fixed, wire.data(), bytes, 400, out.data(), false, *ws) == 400);
 }
 
 TEST_CASE("fft codec: odd segments and tails, zero counts, whole-buffer API", "[fft]") {
