@@ -16,7 +16,8 @@
 //   codes: 2 count codes of N bits (real, imaginary per bin), packed from bit 0 of the first byte
 // An encoded run is its segments' payloads back to back.
 //
-// Not thread-safe per FftWorkspace (the FFT plans keep scratch); workspaces are pooled per thread.
+// An FftWorkspace serves one thread at a time (KissFFT plans keep scratch); take_fft_workspace() lends
+// pooled ones, so that plans are made once per process and length, not per call.
 #pragma once
 
 #include <cstddef>
