@@ -234,9 +234,6 @@ CodecConfig parse_codec_spec(const std::string& spec) {
     }
   }
   if (c.kind == CodecKind::kFft) {  // whether its range float exists
-    if (c.mant > c.bits - 1)
-      bad(spec, "mant=" + std::to_string(c.mant) + " leaves no bit for the binades of bits=" + std::to_string(c.bits) +
-                    " (mant is in [1, bits - 1])");
     if (const char* why = range_float_invalid(c.bits, c.mant, c.range_max))
       bad(spec, "bits=" + std::to_string(c.bits) + ", mant=" + std::to_string(c.mant) + ", max=" +
                     float_text(c.range_max) + ": " + why);

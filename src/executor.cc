@@ -465,8 +465,8 @@ bool HostExecution::execute(const CodecStep& s, Slot&, bool*) {
   } else if constexpr (std::is_same_v<CodecStep, step::Encode>) {
     kernels::PhiloxKey key = args.rng;
     key.stream = s.stream;
-    kernels::encode(*s.codec, s.src, s.count, s.dst, key, s.first);
-    if (s.length) *s.length = s.codec->encoded_bytes(s.count);
+    const size_t written = kernels::encode(*s.codec, s.src, s.count, s.dst, key, s.first).bytes;
+    if (s.length) *s.length = written;  // a variable-length codec's writes vary below encoded_bytes()
     phase = &stats_.encode_seconds;
   } else if constexpr (std::is_same_v<CodecStep, step::DecodeAdd>) {
     kernels::decode_accumulate(*s.codec, s.src, s.count, s.dst);

@@ -339,32 +339,48 @@ TEST_CASE("ReduceScatter hierarchical: exact sums through the node leaders", "[r
   }
 }
 
-TEST_CASE("ReduceScatter compressed_hierarchical: node sums encoded once per remote node, within their bound",
-          "[reducescatter=compressed_hierarchical]") {
+// A q8 ReduceScatter (sum) of 5 buckets of sines per block through the forced hierarchical
+// algorithm `name`, with what its tests check: the worst error against the float64 sum, and this
+// rank's node (whether it leads it, its size) and the bytes it sent.
+struct HierarchicalRun {
+  double worst = 0;
+  bool leader = false;
+  uint64_t local = 0, sent = 0;
+};
+HierarchicalRun reduce_scatter_hierarchical(const char* name, size_t count) {
   World& w = World::get();
   const int n = w.size();
-  const size_t count = 512 * 5, total = count * static_cast<size_t>(n);
+  const size_t total = count * static_cast<size_t>(n);
   Codec codec("q8:bucket=512");
   std::vector<float> x(total), y(count);
   for (size_t i = 0; i < total; ++i) x[i] = static_cast<float>(sine(w.rank(), i));
   QCCL_REQUIRE_OK(
       qcclReduceScatterCompressed(x.data(), y.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm()));
-  require_ran("reducescatter", "compressed_hierarchical");
-  const uint64_t sent = last_stats().wireBytesSent;
-  double worst = 0;
+  require_ran("reducescatter", name);
+  HierarchicalRun run;
+  run.sent = last_stats().wireBytesSent;
   for (size_t i = 0; i < count; ++i) {
     double exact = 0;
     for (int r = 0; r < n; ++r) exact += static_cast<float>(sine(r, w.rank() * count + i));
-    worst = std::max(worst, std::fabs(y[i] - exact));
+    run.worst = std::max(run.worst, std::fabs(y[i] - exact));
   }
+  const std::vector<int> label = node_labels();
+  run.leader = std::find(label.begin(), label.begin() + w.rank(), label[w.rank()]) == label.begin() + w.rank();
+  run.local = static_cast<uint64_t>(std::count(label.begin(), label.end(), label[w.rank()]));
+  return run;
+}
+
+TEST_CASE("ReduceScatter compressed_hierarchical: node sums encoded once per remote node, within their bound",
+          "[reducescatter=compressed_hierarchical]") {
+  const int n = World::get().size();
+  const size_t count = 512 * 5;
+  const HierarchicalRun run = reduce_scatter_hierarchical("compressed_hierarchical", count);
   // One q8 error per remote node, of a sum of up to n - 1 inputs in [-1, 1] (a range up to 2(n-1)).
-  CHECK(worst <= (n - 1) * (n - 1) * kQ8Error + 1e-5 * n);
+  CHECK(run.worst <= (n - 1) * (n - 1) * kQ8Error + 1e-5 * n);
   // A member sends the leader its whole input; a leader sends each member its block in float32 and
   // every other node's blocks to that node's leader, 5 q8 buckets each.
-  const std::vector<int> label = node_labels();
-  const bool leader = std::find(label.begin(), label.begin() + w.rank(), label[w.rank()]) == label.begin() + w.rank();
-  const uint64_t local = static_cast<uint64_t>(std::count(label.begin(), label.end(), label[w.rank()]));
-  CHECK(sent == (leader ? (local - 1) * count * 4 + (n - local) * 5 * (8 + 512) : total * sizeof(float)));
+  CHECK(run.sent == (run.leader ? (run.local - 1) * count * 4 + (n - run.local) * 5 * (8 + 512)
+                                : static_cast<uint64_t>(n) * count * sizeof(float)));
 }
 
 TEST_CASE("AllReduce fft_allgather: every rank's payloads decoded in rank order, the reference's bits everywhere",
@@ -424,32 +440,16 @@ TEST_CASE("AllReduce fft_dense_ring: an fft call that cannot pay runs the exact 
 
 TEST_CASE("ReduceScatter compressed_hierarchical_intra: members' inputs and node sums encoded once, within their bound",
           "[reducescatter=compressed_hierarchical_intra]") {
-  World& w = World::get();
-  const int n = w.size();
-  const size_t count = 512 * 5, total = count * static_cast<size_t>(n);
-  Codec codec("q8:bucket=512");
-  std::vector<float> x(total), y(count);
-  for (size_t i = 0; i < total; ++i) x[i] = static_cast<float>(sine(w.rank(), i));
-  QCCL_REQUIRE_OK(
-      qcclReduceScatterCompressed(x.data(), y.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm()));
-  require_ran("reducescatter", "compressed_hierarchical_intra");
-  const uint64_t sent = last_stats().wireBytesSent;
-  double worst = 0;
-  for (size_t i = 0; i < count; ++i) {
-    double exact = 0;
-    for (int r = 0; r < n; ++r) exact += static_cast<float>(sine(r, w.rank() * count + i));
-    worst = std::max(worst, std::fabs(y[i] - exact));
-  }
+  const int n = World::get().size();
+  const size_t count = 512 * 5;
+  const HierarchicalRun run = reduce_scatter_hierarchical("compressed_hierarchical_intra", count);
   // One q8 error per member's input (fewer than n members, each a range up to 2) and per remote node's
   // sum (a range up to 2(n-1), widened by its members' errors: at most 2(n-1) kQ8Error).
-  CHECK(worst <= (n - 1) * kQ8Error + (n - 1) * (n - 1) * kQ8Error * (1 + kQ8Error) + 1e-5 * n);
+  CHECK(run.worst <= (n - 1) * kQ8Error + (n - 1) * (n - 1) * kQ8Error * (1 + kQ8Error) + 1e-5 * n);
   // A member sends the leader its n blocks encoded (5 q8 buckets each); a leader as in
   // compressed_hierarchical.
-  const std::vector<int> label = node_labels();
-  const bool leader = std::find(label.begin(), label.begin() + w.rank(), label[w.rank()]) == label.begin() + w.rank();
-  const uint64_t local = static_cast<uint64_t>(std::count(label.begin(), label.end(), label[w.rank()]));
   const uint64_t block = 5 * (8 + 512);
-  CHECK(sent == (leader ? (local - 1) * count * 4 + (n - local) * block : static_cast<uint64_t>(n) * block));
+  CHECK(run.sent == (run.leader ? (run.local - 1) * count * 4 + (n - run.local) * block : static_cast<uint64_t>(n) * block));
 }
 
 TEST_CASE("ReduceScatter compressed_two_level: node sums shared by the node's ranks, within their bound",
