@@ -1,6 +1,8 @@
-// codec_perf: host codec throughput (kernels/codec.h) in GB/s of float32 input, next to memcpy of the
-// same bytes measured in the same run. A kernel microbenchmark: it links qccl_kernels directly rather
-// than the public API. docs/PERF.md "Codec throughput (host)" is made from its output.
+// codec_perf: codec throughput in GB/s of float32 input, next to a copy of the same bytes measured in
+// the same run: the host launchers (kernels/codec.h) on one thread, or with --device the CUDA
+// launchers (kernels/codec_cuda.h) on GPU 0. A kernel microbenchmark: it links qccl_kernels (and
+// qccl_kernels_cuda where the toolkit is found) directly rather than the public API. docs/PERF.md
+// "Codec throughput (host)" and "Codec throughput (device)" are made from its output.
 #include <getopt.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -22,16 +25,22 @@
 #include "kernels/marsit.h"
 #include "kernels/reduce.h"
 #include "kernels/sign.h"
+#if QCCL_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/codec_cuda.h"
+#endif
 
 namespace {
 
 using qccl::kernels::CodecConfig;
 
 constexpr const char kHelp[] = R"HELP(NAME
-    codec_perf - throughput of qccl's host codecs (encode, decode, decode_accumulate) next to memcpy
+    codec_perf - throughput of qccl's codecs (encode, decode, decode_accumulate) next to a copy, on
+    the host or on a CUDA device
 
 SYNOPSIS
-    codec_perf [-b SIZE] [-e SIZE] [-f N] [-n N] [-w N] [--codec SPEC[,SPEC...]]
+    codec_perf [-b SIZE] [-e SIZE] [-f N] [-n N] [-w N] [--codec SPEC[,SPEC...]] [--device]
 
 DESCRIPTION
     For every codec and every size from -b to -e, times the three host launchers of kernels/codec.h
@@ -69,6 +78,14 @@ DESCRIPTION
     allocated once, at -e, and written before timing so that no page fault is timed. The Highway
     target the launchers dispatch to is printed in the header.
 
+    With --device the same table times the CUDA launchers of kernels/codec_cuda.h on GPU 0, all on
+    one stream, with CUDA events around each repetition: memcpy is cudaMemcpyAsync device to device,
+    and a repetition repeats its launch until it has moved at least 1 GiB of input, so that the
+    launch latency of small sizes shows as the rate it limits. The sign codec's encode packs the
+    whole tensor in one launch (a backup of every value) and merges it; the fft codec has no device
+    launchers yet and is listed as such. The header names the device, its multiprocessors and
+    memory. A build without the CUDA toolkit takes --device and exits 77.
+
 OPTIONS
     SIZE is a number of bytes of float32 input, a multiple of 4, with an optional K, M or G suffix
     (powers of 1024).
@@ -83,6 +100,7 @@ OPTIONS
                              list that is key=value (no ':' before its '=') continues the spec
                              before it, so "q8:bucket=1024,round=stochastic,q4" is two specs and
                              "sign:eta_s=0.1,topology=torus:2x2" one. May be repeated.
+        --device             time the CUDA launchers on GPU 0 instead of the host's (see above)
     -h, --help               print this page and exit
 
 OUTPUT
@@ -92,14 +110,16 @@ OUTPUT
     size       bytes of float32 input
     count      values (size / 4)
     wire       encoded_bytes(count)
-    memcpy     GB/s of memcpy of size bytes
+    memcpy     GB/s of memcpy of size bytes (--device: cudaMemcpyAsync device to device)
     encode, decode, dec+acc
                GB/s of float32 input, each followed by its ratio to memcpy (/mcp)
 
 EXIT STATUS
     0  success
-    1  a codec reported a wrong non-finite count on finite input (a bug)
+    1  a codec reported a wrong non-finite count on finite input (a bug), or a CUDA call failed
+       (the message names the call and the error)
     2  a bad command line (the message names the option and the value)
+    77 --device, and no CUDA device is usable (or the build has no CUDA launchers)
 
 EXAMPLES
     codec_perf
@@ -108,12 +128,15 @@ EXAMPLES
         q8 at one size, 20 repetitions
     taskset -c 1 codec_perf --codec q4:bucket=1024
         pinned to one core
+    codec_perf --device -b 64K -e 1G -f 16
+        every default codec on GPU 0, 64K to 1G
 )HELP";
 
 struct Options {
   size_t min_bytes = 64 << 10, max_bytes = 64 << 20;
   long step_factor = 4;
   int iters = 10, warmup = 1;
+  bool device = false;
   std::vector<std::string> codecs;
 };
 
@@ -176,13 +199,14 @@ void add_codecs(const char* list, std::vector<std::string>* codecs) {
 
 // Returns false when --help was printed.
 bool parse_options(int argc, char** argv, Options* o) {
-  enum { kCodec = 256 };
+  enum { kCodec = 256, kDevice };
   static const option kLong[] = {{"minbytes", required_argument, nullptr, 'b'},
                                  {"maxbytes", required_argument, nullptr, 'e'},
                                  {"stepfactor", required_argument, nullptr, 'f'},
                                  {"iters", required_argument, nullptr, 'n'},
                                  {"warmup_iters", required_argument, nullptr, 'w'},
                                  {"codec", required_argument, nullptr, kCodec},
+                                 {"device", no_argument, nullptr, kDevice},
                                  {"help", no_argument, nullptr, 'h'},
                                  {nullptr, 0, nullptr, 0}};
   opterr = 0;
@@ -206,6 +230,9 @@ bool parse_options(int argc, char** argv, Options* o) {
         break;
       case kCodec:
         add_codecs(optarg, &o->codecs);
+        break;
+      case kDevice:
+        o->device = true;
         break;
       case 'h':
         std::fputs(kHelp, stdout);
@@ -248,8 +275,9 @@ struct Buffers {
 
 // Medians in GB/s of float32 input: memcpy, encode, decode, decode_accumulate.
 struct Row {
-  double gbps[4];
+  double gbps[4] = {0, 0, 0, 0};
   bool nonfinite_seen = false;
+  const char* missing = nullptr;  // why the codec cannot be measured here (no row is printed)
 };
 
 Row measure(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b) {
@@ -336,28 +364,11 @@ Stages measure_fft_stages(const CodecConfig& codec, size_t bytes, const Options&
   return s;
 }
 
-int run(const Options& o) {
-  Buffers b;
+// The table of OUTPUT: per codec a header and one row per size, measured by measure(codec, bytes);
+// after_row prints what a row has below it. Returns the exit status.
+int print_table(const Options& o, const std::function<Row(const CodecConfig&, size_t)>& measure,
+                const std::function<void(const CodecConfig&, size_t, const Row&)>& after_row) {
   const size_t max_count = o.max_bytes / 4;
-  size_t max_wire = 0;
-  for (const std::string& s : o.codecs)
-    max_wire = std::max(max_wire, qccl::kernels::parse_codec_spec(s).encoded_bytes(max_count));
-  b.in.resize(max_count);
-  std::mt19937_64 rng(1);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& v : b.in) v = normal(rng);
-  b.out.assign(max_count, 0.0f), b.acc.assign(max_count, 0.0f), b.copy.assign(max_count, 0.0f);
-  b.wire.assign(max_wire, 0);
-  b.incoming.resize(qccl::kernels::sign_words(max_count));
-  b.pending_words.assign(qccl::kernels::sign_words(max_count), 0);
-  b.pending_eta.assign(qccl::kernels::sign_words(max_count), 0.0f);
-  b.backup.assign(size_t{64} << 10, 0.0f);
-  for (uint32_t& w : b.incoming) w = static_cast<uint32_t>(rng());
-
-  std::printf(
-      "# codec_perf: host codecs, GB/s of float32 input, median of %d repetitions (%d warmup), "
-      "one thread\n# Highway target: %s\n",
-      o.iters, o.warmup, qccl::kernels::reduce_target_name());
   int status = 0;
   for (const std::string& s : o.codecs) {
     const CodecConfig codec = qccl::kernels::parse_codec_spec(s);
@@ -366,7 +377,11 @@ int run(const Options& o) {
     std::printf("# %10s %10s %10s %8s %8s %5s %8s %5s %8s %5s\n", "size", "count", "wire", "memcpy", "encode", "/mcp",
                 "decode", "/mcp", "dec+acc", "/mcp");
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= static_cast<size_t>(o.step_factor)) {
-      const Row r = measure(codec, bytes, o, &b);
+      const Row r = measure(codec, bytes);
+      if (r.missing) {
+        std::printf("#   %s\n", r.missing);
+        break;
+      }
       if (codec.kind == qccl::kernels::CodecKind::kSign)
         std::printf("  %10zu %10zu %10zu %8.2f %8.2f %5.2f %8.2f %5.2f %8s %5s\n", bytes, bytes / 4,
                     codec.encoded_bytes(bytes / 4), r.gbps[0], r.gbps[1], r.gbps[1] / r.gbps[0], r.gbps[2],
@@ -375,11 +390,7 @@ int run(const Options& o) {
         std::printf("  %10zu %10zu %10zu %8.2f %8.2f %5.2f %8.2f %5.2f %8.2f %5.2f\n", bytes, bytes / 4,
                     codec.encoded_bytes(bytes / 4), r.gbps[0], r.gbps[1], r.gbps[1] / r.gbps[0], r.gbps[2],
                     r.gbps[2] / r.gbps[0], r.gbps[3], r.gbps[3] / r.gbps[0]);
-      if (codec.kind == qccl::kernels::CodecKind::kFft) {
-        const Stages st = measure_fft_stages(codec, bytes, o, &b);
-        std::printf("#   stages: transform %.2f, unpack %.2f, inverse transform %.2f; encode beyond its transform %.2f\n",
-                    st.gbps[0], st.gbps[1], st.gbps[2], 1.0 / (1.0 / r.gbps[1] - 1.0 / st.gbps[0]));
-      }
+      after_row(codec, bytes, r);
       std::fflush(stdout);
       if (r.nonfinite_seen) {
         std::fprintf(stderr, "codec_perf: %s reported non-finite values for finite input\n", s.c_str());
@@ -391,6 +402,227 @@ int run(const Options& o) {
   return status;
 }
 
+size_t max_wire_bytes(const Options& o) {
+  size_t max_wire = 0;
+  for (const std::string& s : o.codecs)
+    max_wire = std::max(max_wire, qccl::kernels::parse_codec_spec(s).encoded_bytes(o.max_bytes / 4));
+  return max_wire;
+}
+
+std::vector<float> gaussian_input(size_t count) {
+  std::vector<float> in(count);
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : in) v = normal(rng);
+  return in;
+}
+
+std::vector<uint32_t> random_words(size_t n) {
+  std::vector<uint32_t> w(n);
+  std::mt19937_64 rng(2);
+  for (uint32_t& x : w) x = static_cast<uint32_t>(rng());
+  return w;
+}
+
+int run_host(const Options& o) {
+  Buffers b;
+  const size_t max_count = o.max_bytes / 4;
+  b.in = gaussian_input(max_count);
+  b.out.assign(max_count, 0.0f), b.acc.assign(max_count, 0.0f), b.copy.assign(max_count, 0.0f);
+  b.wire.assign(max_wire_bytes(o), 0);
+  b.incoming = random_words(qccl::kernels::sign_words(max_count));
+  b.pending_words.assign(qccl::kernels::sign_words(max_count), 0);
+  b.pending_eta.assign(qccl::kernels::sign_words(max_count), 0.0f);
+  b.backup.assign(size_t{64} << 10, 0.0f);
+
+  std::printf(
+      "# codec_perf: host codecs, GB/s of float32 input, median of %d repetitions (%d warmup), "
+      "one thread\n# Highway target: %s\n",
+      o.iters, o.warmup, qccl::kernels::reduce_target_name());
+  return print_table(
+      o, [&](const CodecConfig& codec, size_t bytes) { return measure(codec, bytes, o, &b); },
+      [&](const CodecConfig& codec, size_t bytes, const Row& r) {
+        if (codec.kind != qccl::kernels::CodecKind::kFft) return;
+        const Stages st = measure_fft_stages(codec, bytes, o, &b);
+        std::printf("#   stages: transform %.2f, unpack %.2f, inverse transform %.2f; encode beyond its transform %.2f\n",
+                    st.gbps[0], st.gbps[1], st.gbps[2], 1.0 / (1.0 / r.gbps[1] - 1.0 / st.gbps[0]));
+      });
+}
+
+// ---- The device -------------------------------------------------------------------------------------
+
+constexpr int kNoDevice = 77;
+
+#if QCCL_HAVE_CUDA
+struct CudaFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void cuda_ok(cudaError_t e, const char* call) {
+  if (e != cudaSuccess)
+    throw CudaFailure(std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+// cudaMalloc'd bytes, freed on scope exit.
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t bytes) { cuda_ok(cudaMalloc(&p_, bytes ? bytes : 1), "cudaMalloc"); }
+  ~DeviceArray() { cudaFree(p_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+};
+
+struct DeviceBuffers {
+  explicit DeviceBuffers(const Options& o)
+      : in(o.max_bytes), out(o.max_bytes), acc(o.max_bytes), copy(o.max_bytes), backup(o.max_bytes),
+        wire(max_wire_bytes(o)), incoming(4 * qccl::kernels::sign_words(o.max_bytes / 4)),
+        pending_words(4 * qccl::kernels::sign_words(o.max_bytes / 4)),
+        pending_eta(4 * qccl::kernels::sign_words(o.max_bytes / 4)), counter(sizeof(unsigned long long)) {}
+  DeviceArray in, out, acc, copy, backup, wire, incoming, pending_words, pending_eta, counter;
+};
+
+class DeviceTimer {
+ public:
+  explicit DeviceTimer(cudaStream_t s) : s_(s) {
+    cuda_ok(cudaEventCreate(&start_), "cudaEventCreate");
+    cuda_ok(cudaEventCreate(&stop_), "cudaEventCreate");
+  }
+  ~DeviceTimer() { cudaEventDestroy(start_), cudaEventDestroy(stop_); }
+  DeviceTimer(const DeviceTimer&) = delete;
+  DeviceTimer& operator=(const DeviceTimer&) = delete;
+  void start() { cuda_ok(cudaEventRecord(start_, s_), "cudaEventRecord"); }
+  double stop_seconds() {
+    cuda_ok(cudaEventRecord(stop_, s_), "cudaEventRecord");
+    cuda_ok(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+    float ms = 0;
+    cuda_ok(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+    return ms / 1e3;
+  }
+
+ private:
+  cudaStream_t s_;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+// measure() on the device: the same four operations through codec_cuda.h on stream s.
+Row measure_on_device(const CodecConfig& codec, size_t bytes, const Options& o, const DeviceBuffers& b,
+                      cudaStream_t s) {
+  Row row;
+  if (codec.kind == qccl::kernels::CodecKind::kFft) {
+    row.missing = "the fft codec has no device launchers yet (encode_cuda refuses it)";
+    return row;
+  }
+  const size_t count = bytes / 4;
+  const size_t calls = std::max<size_t>(1, (size_t{1} << 30) / bytes);
+  const qccl::kernels::PhiloxKey key;
+  const bool sign = codec.kind == qccl::kernels::CodecKind::kSign;
+  auto* words = b.wire.as<uint32_t>();
+  auto* nonfinite = b.counter.as<unsigned long long>();
+  const qccl::kernels::Compensation c{b.acc.as<float>(), b.pending_words.as<uint32_t>(), b.pending_eta.as<float>()};
+  auto op = [&](int which) {
+    if (which == 0) {
+      cuda_ok(cudaMemcpyAsync(b.copy.as<float>(), b.in.as<float>(), bytes, cudaMemcpyDeviceToDevice, s),
+              "cudaMemcpyAsync");
+    } else if (sign) {
+      if (which == 1) {
+        cuda_ok(qccl::kernels::pack_signs_cuda(b.in.as<float>(), c, 0, count, words, b.backup.as<float>(),
+                                               nonfinite, s),
+                "pack_signs_cuda");
+        cuda_ok(qccl::kernels::merge_signs_cuda(b.incoming.as<uint32_t>(), words, words,
+                                                qccl::kernels::sign_words(count), 3, key, 0, s),
+                "merge_signs_cuda");
+      } else if (which == 2) {
+        cuda_ok(qccl::kernels::decode_signs_cuda(words, count, codec.eta, b.out.as<float>(), c, 0, s),
+                "decode_signs_cuda");
+      }
+    } else if (which == 1) {
+      cuda_ok(qccl::kernels::encode_cuda(codec, b.in.as<float>(), count, b.wire.as<void>(), key, 0, nonfinite, s),
+              "encode_cuda");
+    } else if (which == 2) {
+      cuda_ok(qccl::kernels::decode_cuda(codec, b.wire.as<void>(), count, b.out.as<float>(), nonfinite, s),
+              "decode_cuda");
+    } else {
+      cuda_ok(qccl::kernels::decode_accumulate_cuda(codec, b.wire.as<void>(), count, b.acc.as<float>(), nullptr, s),
+              "decode_accumulate_cuda");
+    }
+  };
+  DeviceTimer timer(s);
+  cuda_ok(cudaMemsetAsync(nonfinite, 0, sizeof *nonfinite, s), "cudaMemsetAsync");
+  std::vector<double> rates[4];
+  for (int rep = -o.warmup; rep < o.iters; ++rep) {
+    for (int which = 0; which < 4; ++which) {
+      if (sign && which == 3) continue;
+      timer.start();
+      for (size_t i = 0; i < calls; ++i) op(which);
+      const double t = timer.stop_seconds();
+      if (rep >= 0) rates[which].push_back(static_cast<double>(bytes) * calls / t / 1e9);
+    }
+    // Untimed, as on the host: the accumulator (the sign codec's compensation) back to zero.
+    cuda_ok(cudaMemsetAsync(b.acc.as<void>(), 0, bytes, s), "cudaMemsetAsync");
+    cuda_ok(cudaMemsetAsync(b.pending_eta.as<void>(), 0, 4 * qccl::kernels::sign_words(count), s), "cudaMemsetAsync");
+  }
+  unsigned long long seen = 0;
+  cuda_ok(cudaMemcpyAsync(&seen, nonfinite, sizeof seen, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+  cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  row.nonfinite_seen = seen != 0;
+  for (int which = 0; which < 4; ++which) row.gbps[which] = rates[which].empty() ? 0.0 : median(rates[which]);
+  return row;
+}
+
+int run_device(const Options& o) {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "codec_perf: --device: no usable CUDA device (%s)\n",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
+    return kNoDevice;
+  }
+  try {
+    cuda_ok(cudaSetDevice(0), "cudaSetDevice");
+    cudaDeviceProp prop{};
+    cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    const DeviceBuffers b(o);
+    const size_t max_count = o.max_bytes / 4;
+    const std::vector<float> in = gaussian_input(max_count);
+    const std::vector<uint32_t> incoming = random_words(qccl::kernels::sign_words(max_count));
+    cuda_ok(cudaMemcpy(b.in.as<void>(), in.data(), o.max_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_ok(cudaMemcpy(b.incoming.as<void>(), incoming.data(), 4 * incoming.size(), cudaMemcpyHostToDevice),
+            "cudaMemcpy");
+    for (const DeviceArray* a : {&b.out, &b.acc, &b.copy, &b.backup})
+      cuda_ok(cudaMemset(a->as<void>(), 0, o.max_bytes), "cudaMemset");
+    for (const DeviceArray* a : {&b.pending_words, &b.pending_eta})
+      cuda_ok(cudaMemset(a->as<void>(), 0, 4 * qccl::kernels::sign_words(max_count)), "cudaMemset");
+    cudaStream_t stream = nullptr;
+    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    std::printf(
+        "# codec_perf: device codecs, GB/s of float32 input, median of %d repetitions (%d warmup), "
+        "one stream\n# device 0: %s, %d multiprocessors, %.1f GiB\n",
+        o.iters, o.warmup, prop.name, prop.multiProcessorCount,
+        static_cast<double>(prop.totalGlobalMem) / (1ull << 30));
+    const int status = print_table(
+        o, [&](const CodecConfig& codec, size_t bytes) { return measure_on_device(codec, bytes, o, b, stream); },
+        [](const CodecConfig&, size_t, const Row&) {});
+    cudaStreamDestroy(stream);
+    return status;
+  } catch (const CudaFailure& f) {
+    std::fprintf(stderr, "codec_perf: --device: %s\n", f.what());
+    return 1;
+  }
+}
+#else
+int run_device(const Options&) {
+  std::fprintf(stderr, "codec_perf: --device: this build has no CUDA launchers (the CUDA toolkit was not found)\n");
+  return kNoDevice;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -401,5 +633,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "codec_perf: %s\n", e.what());
     return 2;
   }
-  return run(options);
+  return options.device ? run_device(options) : run_host(options);
 }
