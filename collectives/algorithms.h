@@ -38,6 +38,7 @@ QCCL_DECLARE_ALGORITHM(alltoall_pairwise)
 QCCL_DECLARE_ALGORITHM(gather_direct)
 QCCL_DECLARE_ALGORITHM(scatter_direct)
 QCCL_DECLARE_ALGORITHM(sendrecv_direct)
+QCCL_DECLARE_ALGORITHM(sendrecv_compressed)
 
 #undef QCCL_DECLARE_ALGORITHM
 

@@ -32,9 +32,11 @@ inline float* residual_of(const CollArgs& args) {
 }
 
 // Elements per chunk for a compressed plan: a multiple of the codec's alignment (its bucket), so that
-// chunk boundaries never split a bucket and the bits do not depend on the chunk size.
+// chunk boundaries never split a bucket and the bits do not depend on the chunk size; the whole run
+// for a codec that must not be cut (alignment 0).
 inline size_t compressed_chunk(const CollArgs& args, size_t chunk_bytes, size_t run) {
   const size_t align = args.codec->alignment();
+  if (align == 0) return std::max<size_t>(run, 1);
   size_t chunk = std::max<size_t>(align, chunk_bytes / args.element_size() / align * align);
   const size_t run_aligned = (run + align - 1) / align * align;
   return std::max<size_t>(align, std::min(chunk, run_aligned));

@@ -147,6 +147,10 @@ const std::vector<Algorithm>& algorithms() {
        "root: (n-1)*count*es (others: 0)", kAny, scatter_direct_cannot_run, make_scatter_direct},
       {"direct", CollKind::kSend, "one transport message", "S", kAny, sendrecv_direct_cannot_run, make_sendrecv_direct},
       {"direct", CollKind::kRecv, "one transport message", "0", kAny, sendrecv_direct_cannot_run, make_sendrecv_direct},
+      {"compressed", CollKind::kSend, "compressed: encoded chunk by chunk, each sent as soon as it is encoded",
+       "E(count)", kAny, sendrecv_compressed_cannot_run, make_sendrecv_compressed},
+      {"compressed", CollKind::kRecv, "compressed: each chunk decoded as it arrives", "0", kAny,
+       sendrecv_compressed_cannot_run, make_sendrecv_compressed},
   };
   return list;
 }

@@ -37,7 +37,8 @@ class SendRecvDirect final : public Plan {
 }  // namespace
 
 const char* sendrecv_direct_cannot_run(const CollArgs& args) {
-  return args.kind == CollKind::kSend || args.kind == CollKind::kRecv ? nullptr : "point-to-point only";
+  if (args.kind != CollKind::kSend && args.kind != CollKind::kRecv) return "point-to-point only";
+  return args.codec ? "uncompressed only (sendrecv compressed takes codecs)" : nullptr;
 }
 
 std::unique_ptr<Plan> make_sendrecv_direct(const CollArgs& args, const PlanOptions&) {

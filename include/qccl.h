@@ -329,6 +329,9 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  *   fft                  FFT sparsification (Wang et al., HPDC 2020), all-reduce only: per segment the
  *                        largest bins of the spectrum as N-bit range floats, variable length, every
  *                        rank's payloads decoded by every rank in rank order (host memory only)
+ *   aq2 .. aq8           AQ-SGD's quantizer (Wang et al., NeurIPS 2022), point-to-point only
+ *                        (qcclSendCompressed): N bits per value on the grid k s / 2^(N-1), k in
+ *                        [-2^(N-1), 2^(N-1) - 1], s an fp16 max-abs scale per channel
  * keys: bucket=B (q only; multiple of 8; default 512), round=nearest|stochastic|shift (q only;
  * default nearest; stochastic rounding is unbiased; shift is QSDP's quantization by random shift, one
  * uniform per bucket shared by its values, unbiased too), levels=l0/l1/.../lK (q only: 2^N learned levels in
@@ -354,7 +357,12 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  * (default trunc, never grows a value), ef=on|off, fallback=auto|off (auto: a call whose payloads
  * could outweigh the uncompressed ring's bytes, n * capacity >= 2 * count * element size, runs that
  * ring instead, exactly; not with ef=on; default auto). A theta schedule passes another fft codec
- * per call with the same state: the residual is the method's, not the codec's.
+ * per call with the same state: the residual is the method's, not the codec's. For aq2 .. aq8:
+ * channels=H (values per row, 1..2^24, the scales' channels: value i is in channel i % H; default 1,
+ * one scale), rows=R (rows per block, each block with its own H scales, 0..2^24; default 0: the whole
+ * message is one block, as AQ-SGD scales a micro-batch), round=nearest|stochastic (default nearest,
+ * half to even, the paper's reference; stochastic is unbiased inside the grid), seed=S. aq1 is
+ * refused: its levels {-s, 0} never correct a positive value.
  * All-reduce and all-gather: every rank ends with identical bits; the bits never depend on the chunk
  * size or pipeline depth. Error bounds per algorithm are in docs/PERF.md and the headers of
  * collectives/allreduce_*_compressed.cc, allgather_compressed_ring.cc and
@@ -504,6 +512,31 @@ QCCL_API qcclResult_t qcclIReduceScatterCompressed(const void* sendbuff, void* r
                                                    qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                                    qcclCodecState_t state, qcclComm_t comm,
                                                    qcclRequest_t* request);
+
+/* Send and Recv through a codec (AQ-SGD's stateless quantization of pipeline activations and their
+ * gradients, Wang et al., NeurIPS 2022, or any fixed-length value codec): the sender encodes its
+ * count values chunk by chunk and sends each chunk's bytes as soon as they are encoded; the receiver
+ * decodes each chunk into recvbuff as it arrives, so encode, wire and decode overlap. recvbuff holds
+ * decode(encode(x)), the same bits whatever the chunk size. Codecs: none, fp16, bf16, q1 .. q8 and
+ * aq2 .. aq8, without ef (no residual: point-to-point messages are not summed); sign, int and fft
+ * are collectives' codecs: qcclInvalidArgument. aq is AQ-SGD's quantizer, a max-abs fp16 scale s per
+ * channel of a [rows, channels] matrix (e.g. aq4:channels=1600 for a GPT2 activation): nearest
+ * rounding errs by at most s / 2^b, and by s / 2^(b-1) + 2^-11 m near the top, which the grid's top
+ * level (1 - 2^(1-b)) s cannot reach (m the channel's largest magnitude). datatype: qcclFloat32,
+ * qcclFloat16 or qcclBfloat16. Both ends pass the same count, datatype and codec: a receiver whose
+ * codec differs fails with qcclMismatch. Wire bytes: E(count), the codec's encoded size
+ * (qcclCommGetLastStats). A NaN or Inf input (or, for q, a bucket whose range overflows; for aq, a
+ * channel beyond float16's 65504) arrives as NaN over its bucket or channel, and the receiver's call
+ * returns qcclNonFinite (the sender's succeeds: it has no output). Groups, blocking, requests and
+ * matching as for qcclSend and qcclRecv. */
+QCCL_API qcclResult_t qcclSendCompressed(const void* sendbuff, size_t count, qcclDataType_t datatype,
+                                         qcclCodec_t codec, int peer, qcclComm_t comm);
+QCCL_API qcclResult_t qcclRecvCompressed(void* recvbuff, size_t count, qcclDataType_t datatype, qcclCodec_t codec,
+                                         int peer, qcclComm_t comm);
+QCCL_API qcclResult_t qcclISendCompressed(const void* sendbuff, size_t count, qcclDataType_t datatype,
+                                          qcclCodec_t codec, int peer, qcclComm_t comm, qcclRequest_t* request);
+QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclDataType_t datatype, qcclCodec_t codec,
+                                          int peer, qcclComm_t comm, qcclRequest_t* request);
 
 /* Segments (QSDP's per-layer compression, Markov et al., ICML 2023, §5.1): a block (AllGather's
  * sendcount values, each of ReduceScatter's nranks blocks of recvcount) cut into consecutive runs,

@@ -19,6 +19,7 @@
 // a * b + c into one FMA by default in C++ wherever the target has FMA, as Highway's AVX2 and AVX-512
 // targets do, and the fused rounding differs from quant.h's dequantize (m + s * c rounded twice).
 
+#include "kernels/aq_codec.h"
 #include "kernels/codec.h"
 #include "kernels/fft_sparse.h"
 #include "kernels/intsgd.h"
@@ -225,6 +226,7 @@ size_t EncodeImpl(const CodecConfig& c, const float* in, size_t count, void* out
     case CodecKind::kSign:  // encode() routes the sign codec to marsit.h before dispatching here
     case CodecKind::kInt:   // and IntSGD's to intsgd.h
     case CodecKind::kFft:   // and fft to fft_sparse.h
+    case CodecKind::kAq:    // and aq to aq_codec.h
       return 0;
   }
   auto* bytes = static_cast<uint8_t*>(out);
@@ -253,6 +255,7 @@ size_t DecodeAny(const CodecConfig& c, const void* in, size_t count, float* out)
     case CodecKind::kSign:  // decode() routes the sign codec to marsit.h before dispatching here
     case CodecKind::kInt:   // and IntSGD's to intsgd.h
     case CodecKind::kFft:   // and fft to fft_sparse.h
+    case CodecKind::kAq:    // and aq to aq_codec.h
       return 0;
   }
   const auto* bytes = static_cast<const uint8_t*>(in);
@@ -293,6 +296,8 @@ EncodeReport encode(const CodecConfig& c, const float* in, size_t count, void* o
   if (c.kind == CodecKind::kFft) {
     const FftReport fft = fft_encode(c, in, count, out, *take_fft_workspace());
     report.nonfinite = fft.nonfinite, report.bytes = fft.bytes;
+  } else if (c.kind == CodecKind::kAq) {
+    report.nonfinite = aq_encode(c, in, count, out, key, first);
   } else if (c.kind == CodecKind::kSign) {
     report.nonfinite = pack_signs(in, nullptr, 0, count, static_cast<uint32_t*>(out), nullptr);
   } else if (c.kind == CodecKind::kInt) {
@@ -310,6 +315,7 @@ EncodeReport encode(const CodecConfig& c, const float* in, size_t count, void* o
 size_t decode(const CodecConfig& c, const void* in, size_t count, float* out) {
   if (count == 0) return 0;
   if (c.kind == CodecKind::kFft) return fft_decode(c, in, c.encoded_bytes(count), count, out, false, *take_fft_workspace());
+  if (c.kind == CodecKind::kAq) return aq_decode(c, in, count, out, false);
   if (c.kind == CodecKind::kSign) {
     decode_signs(static_cast<const uint32_t*>(in), count, c.eta, out, nullptr, 0);
     return 0;
@@ -325,6 +331,7 @@ size_t decode(const CodecConfig& c, const void* in, size_t count, float* out) {
 size_t decode_accumulate(const CodecConfig& c, const void* in, size_t count, float* acc) {
   if (count == 0) return 0;
   if (c.kind == CodecKind::kFft) return fft_decode(c, in, c.encoded_bytes(count), count, acc, true, *take_fft_workspace());
+  if (c.kind == CodecKind::kAq) return aq_decode(c, in, count, acc, true);
   if (c.kind == CodecKind::kSign) {
     const auto* words = static_cast<const uint32_t*>(in);
     for (size_t j = 0; j < count; ++j) acc[j] += sign_value(words[j / 32], static_cast<unsigned>(j % 32), c.eta);

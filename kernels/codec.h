@@ -9,6 +9,8 @@
 //                  ranks, summed as integers without decoding (exact and order-independent)
 //   fft            FFT sparsification (fft_sparse.h): per segment, the largest bins of its spectrum as
 //                  range floats (rfloat.h) behind a bitmap or indices; variable length
+//   aq2 .. aq8     AQ-SGD's quantizer (aq_quant.h): a max-abs fp16 scale per channel of a block of
+//                  rows, N bits per value on the grid k s / 2^(N-1); point-to-point
 //
 // The spec grammar is `name[:key=value,...]` with keys bucket=B (q only; multiple of 8, default 512),
 // round=nearest|stochastic (q only; default nearest), ef=on|off (error feedback, not sign; default
@@ -25,8 +27,10 @@
 // segment's own, a power of two carried in its header), segment=L
 // (values per FFT, 2..2^26; default 65536), index=auto|bitmap|coo (default auto: the smaller),
 // round=trunc|nearest (default trunc, the paper's), ef=on|off, fallback=auto|off (default auto:
-// where the codec cannot pay at the call's rank count, the dense ring runs; fft_sparse.h).
-// Unknown names, keys or values are errors that name the token.
+// where the codec cannot pay at the call's rank count, the dense ring runs; fft_sparse.h). For aq2 ..
+// aq8: channels=H (values per row, the scales' channels, 1..2^24; default 1: one scale per block),
+// rows=R (rows per block, 0..2^24; default 0: the whole run is one block), round=nearest|stochastic
+// (default nearest, the reference's), seed=S. Unknown names, keys or values are errors that name the token.
 //
 // The encoded size is a pure function of the count and the spec (encoded_bytes), never of the data;
 // fft's is a capacity, and its encodings report the bytes they wrote.
@@ -47,7 +51,7 @@ namespace qccl::kernels {
 // A torus side is a group id in Marsit's random key (philox.h: the stream has 12 bits, 2 for the phase).
 constexpr int kMaxTorusSide = 1024;
 
-enum class CodecKind : uint8_t { kNone, kFp16, kBf16, kQuant, kSign, kInt, kFft };
+enum class CodecKind : uint8_t { kNone, kFp16, kBf16, kQuant, kSign, kInt, kFft, kAq };
 // IntSGD's scale: Proposition 2 on the decoded sums (no learning rate), Proposition 2 with the
 // caller's learning rate (Algorithm 1), or fixed.
 enum class IntAlpha : uint8_t { kGrad, kLr, kFixed };
@@ -92,15 +96,25 @@ struct CodecConfig {
   uint32_t segment = 65536;    // values per FFT
   FftIndex index = FftIndex::kAuto;
   bool fallback = true;        // a call whose payloads could outweigh the dense ring's runs the ring
+  // kAq only (bits 2..8; rounding kNearest or kStochastic):
+  uint32_t channels = 1;  // values per row: channel of value i is i % channels
+  uint32_t rows = 0;      // rows per block (one scale per channel per block); 0: the whole run
 
   // Canonical text ("q4:bucket=512,round=stochastic,ef=on,seed=7"): what hash() digests.
   std::string canonical() const;
   // Nonzero digest of canonical(), carried in frame headers so that ranks with different codecs fail.
   uint64_t hash() const;
   size_t encoded_bytes(size_t count) const;
-  // Chunk boundaries must fall on multiples of this many values.
+  // Chunk boundaries must fall on multiples of this many values; 0: a run must not be cut at all (aq
+  // with rows=0, whose scales span the whole run).
   size_t alignment() const {
-    return kind == CodecKind::kQuant ? bucket : kind == CodecKind::kSign ? 32 : kind == CodecKind::kFft ? segment : 1;
+    switch (kind) {
+      case CodecKind::kQuant: return bucket;
+      case CodecKind::kSign: return 32;
+      case CodecKind::kFft: return segment;
+      case CodecKind::kAq: return static_cast<size_t>(rows) * channels;
+      default: return 1;
+    }
   }
   // Whether encodings are shorter than encoded_bytes() depending on the data (fft).
   bool variable_length() const { return kind == CodecKind::kFft; }

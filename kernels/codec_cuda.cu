@@ -13,6 +13,7 @@
 //   q decode   one thread per group of 8 values over the whole run (grid-stride), which balances
 //              whatever the bucket size.
 //   casts      one thread per value (grid-stride).
+//   aq         a thread per channel of a block for its scale, then a thread per group of 8 values.
 // The bit width is a template parameter, so that pack8/unpack8 unroll into registers and the
 // packed bytes move with the widest store the offsets allow (kBits bytes per group: 8 -> one u64).
 #include "kernels/codec_cuda.h"
@@ -24,6 +25,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/aq_quant.h"
 #include "kernels/half.h"
 #include "kernels/int_codec.h"
 #include "kernels/philox.h"
@@ -315,27 +317,36 @@ __global__ void decode_cast_kernel(const void* __restrict__ in, size_t n, float*
   count_add(nonfinite, bad);
 }
 
-// ---- Marsit's sign codec (sign.h), one thread per 32-value word or per value ------------------------
+// ---- Marsit's sign codec (sign.h), a thread per value or per 32-value word ---------------------------
 
+// A warp per 32-value word, a lane per value: the warp's loads are coalesced (a thread walking its
+// own 32 values touched 32 cache lines per load instruction and ran at 2% of a copy's rate on an
+// H200), and one ballot gathers lane b's sign into bit b. w is the same in the whole warp, so every
+// lane reaches the ballots; lanes past n vote 0, the host's pad bits.
 __global__ void pack_signs_kernel(const float* __restrict__ u, Compensation c, size_t first, size_t n,
                                   uint32_t* __restrict__ words, float* __restrict__ backup,
                                   unsigned long long* nonfinite) {
-  for (size_t w = blockIdx.x * size_t(blockDim.x) + threadIdx.x; w * 32 < n; w += size_t(gridDim.x) * blockDim.x) {
-    uint32_t word = 0;
-    unsigned bad = 0;
-    for (unsigned b = 0; b < 32 && w * 32 + b < n; ++b) {
-      const size_t i = w * 32 + b, j = first + i;
+  const unsigned lane = threadIdx.x & 31u;
+  const size_t warps = size_t(gridDim.x) * blockDim.x / 32;
+  for (size_t w = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) / 32; w * 32 < n; w += warps) {
+    const size_t i = w * 32 + lane, j = first + i;
+    bool positive = false, bad = false;
+    if (i < n) {
       float x = u[i];
       if (c.stored) {
         if (backup) backup[i] = c.stored[j];
         x += compensation_value(c.stored[j], c.words[j / 32], static_cast<unsigned>(j % 32), c.eta[j / 32]);
         c.stored[j] = x;
       }
-      word |= sign_bit(x) << b;
-      bad += isfinite(x) ? 0 : 1;
+      positive = sign_bit(x) != 0;
+      bad = !isfinite(x);
     }
-    words[w] = word;
-    if (bad && nonfinite) atomicAdd(nonfinite, static_cast<unsigned long long>(bad));
+    const uint32_t word = __ballot_sync(kFullWarp, positive);
+    const uint32_t bad_lanes = __ballot_sync(kFullWarp, bad);
+    if (lane == 0) {
+      words[w] = word;
+      if (bad_lanes && nonfinite) atomicAdd(nonfinite, static_cast<unsigned long long>(__popc(bad_lanes)));
+    }
   }
 }
 
@@ -429,6 +440,99 @@ __global__ void range_float_decode_kernel(RangeFloat r, const uint32_t* __restri
     out[i] = range_float_decode(r, codes[i]);
 }
 
+// ---- AQ-SGD's quantizer (aq_quant.h) ---------------------------------------------------------------------
+
+// Two launches per encode: the scales (a thread per channel of a block, walking the block's rows; the
+// threads of a warp take consecutive channels, so each row's loads coalesce), then the codes (a
+// thread per group of 8 values, which fill `bits` whole bytes, as decode reads them back). Blocks
+// before the last are whole, so block b starts at b times a whole block's bytes. Scales and codes are
+// moved a byte at a time: a block may start at any byte.
+
+struct AqShape {
+  size_t count;        // values in the run
+  size_t block;        // values per block (the last may have fewer)
+  size_t block_bytes;  // bytes of a whole block
+  uint32_t channels;
+  int bits;
+};
+
+__device__ float aq_load_scale(const uint8_t* p, size_t ch) {
+  return half_to_float(static_cast<uint16_t>(p[2 * ch] | (p[2 * ch + 1] << 8)));
+}
+
+__global__ void aq_scales_kernel(const float* __restrict__ in, AqShape a, uint8_t* __restrict__ out,
+                                 unsigned long long* nonfinite) {
+  const size_t blocks = (a.count + a.block - 1) / a.block;
+  for (size_t item = blockIdx.x * size_t(blockDim.x) + threadIdx.x; item < blocks * a.channels;
+       item += size_t(gridDim.x) * blockDim.x) {
+    const size_t b = item / a.channels, ch = item % a.channels;
+    const size_t n = min(a.block, a.count - b * a.block);
+    if (ch >= aq_block_scales(n, a.channels)) continue;
+    const float* x = in + b * a.block;
+    float m = 0.0f;
+    for (size_t j = ch; j < n; j += a.channels) {
+      const float v = fabsf(x[j]);
+      m = (v > m || v != v) ? v : m;
+    }
+    const uint16_t s = aq_scale_bits(m);
+    uint8_t* p = out + b * a.block_bytes + 2 * ch;
+    p[0] = static_cast<uint8_t>(s), p[1] = static_cast<uint8_t>(s >> 8);
+    if (aq_scale_is_nan(s) && nonfinite) atomicAdd(nonfinite, 1ull);
+  }
+}
+
+__global__ void aq_codes_kernel(const float* __restrict__ in, AqShape a, bool stochastic, PhiloxKey key,
+                                uint64_t first, uint8_t* __restrict__ out) {
+  const size_t groups_per_block = (a.block + 7) / 8;
+  const size_t blocks = (a.count + a.block - 1) / a.block;
+  for (size_t g = blockIdx.x * size_t(blockDim.x) + threadIdx.x; g < blocks * groups_per_block;
+       g += size_t(gridDim.x) * blockDim.x) {
+    const size_t b = g / groups_per_block, j = g % groups_per_block * 8;
+    const size_t n = min(a.block, a.count - b * a.block);
+    if (j >= n) continue;
+    const uint8_t* scales = out + b * a.block_bytes;
+    uint8_t* codes = out + b * a.block_bytes + 2 * aq_block_scales(n, a.channels) + j / 8 * a.bits;
+    const size_t values = min(size_t{8}, n - j);
+    uint64_t word = 0;
+    for (size_t i = 0; i < values; ++i) {
+      const size_t v = j + i;
+      const float u = stochastic ? philox_uniform(key, first + b * a.block + v) : 0.0f;
+      const uint32_t code = aq_quantize(in[b * a.block + v], aq_divisor(aq_load_scale(scales, v % a.channels)), u,
+                                        stochastic, a.bits);
+      word |= static_cast<uint64_t>(code) << (i * a.bits);
+    }
+    for (size_t k = 0; k < aq_code_bytes(values, a.bits); ++k) codes[k] = static_cast<uint8_t>(word >> (8 * k));
+  }
+}
+
+template <bool kAccumulate>
+__global__ void aq_decode_kernel(const uint8_t* __restrict__ in, AqShape a, float* __restrict__ out,
+                                 unsigned long long* nonfinite) {
+  const size_t groups_per_block = (a.block + 7) / 8;
+  const size_t blocks = (a.count + a.block - 1) / a.block;
+  for (size_t g = blockIdx.x * size_t(blockDim.x) + threadIdx.x; g < blocks * groups_per_block;
+       g += size_t(gridDim.x) * blockDim.x) {
+    const size_t b = g / groups_per_block, j = g % groups_per_block * 8;
+    const size_t n = min(a.block, a.count - b * a.block);
+    if (j >= n) continue;
+    const uint8_t* scales = in + b * a.block_bytes;
+    const uint8_t* codes = in + b * a.block_bytes + 2 * aq_block_scales(n, a.channels) + j / 8 * a.bits;
+    const size_t values = min(size_t{8}, n - j);
+    uint64_t word = 0;
+    for (size_t k = 0; k < aq_code_bytes(values, a.bits); ++k) word |= static_cast<uint64_t>(codes[k]) << (8 * k);
+    unsigned bad = 0;
+    for (size_t i = 0; i < values; ++i) {
+      const size_t v = j + i;
+      const uint32_t code = static_cast<uint32_t>(word >> (i * a.bits)) & ((1u << a.bits) - 1u);
+      const float x = aq_dequantize(code, aq_load_scale(scales, v % a.channels), a.bits);
+      bad += x != x;
+      float* o = out + b * a.block + v;
+      *o = kAccumulate ? *o + x : x;
+    }
+    if (bad && nonfinite) atomicAdd(nonfinite, static_cast<unsigned long long>(bad));
+  }
+}
+
 // ---- Launching ------------------------------------------------------------------------------------------
 
 // cudaLaunchKernelEx returns this launch's own error, where <<<>>> + cudaGetLastError could report
@@ -451,6 +555,27 @@ size_t flat_blocks(size_t items) {
 // Learned levels (levels.h) have host loops only in this release: the device refuses them.
 bool valid_quant(const CodecConfig& c) {
   return c.bits >= 1 && c.bits <= 8 && c.bucket > 0 && c.bucket % 8 == 0 && c.levels.empty();
+}
+
+AqShape aq_shape(const CodecConfig& c, size_t count) {
+  const size_t block = aq_block_values(c.rows, c.channels, count);
+  return AqShape{count, block, aq_block_bytes(block, c.channels, c.bits), c.channels, c.bits};
+}
+
+bool valid_aq(const CodecConfig& c) { return c.bits >= 2 && c.bits <= 8 && c.channels >= 1; }
+
+cudaError_t encode_aq(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
+                      uint64_t first, unsigned long long* nonfinite, cudaStream_t stream) {
+  if (!valid_aq(c)) return cudaErrorInvalidValue;
+  const AqShape a = aq_shape(c, count);
+  const size_t blocks = (count + a.block - 1) / a.block;
+  auto* bytes = static_cast<uint8_t*>(out);
+  if (cudaError_t e = launch(aq_scales_kernel, flat_blocks(blocks * a.channels), kFlatThreads, stream, in, a, bytes,
+                             nonfinite);
+      e != cudaSuccess)
+    return e;
+  return launch(aq_codes_kernel, flat_blocks(blocks * ((a.block + 7) / 8)), kFlatThreads, stream, in, a,
+                c.rounding == Rounding::kStochastic, key, first, bytes);
 }
 
 template <int kBits>
@@ -492,6 +617,13 @@ cudaError_t decode_any(const CodecConfig& c, const void* in, size_t count, float
       return launch(decode_cast_kernel<CodecKind::kBf16, kAccumulate>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
     case CodecKind::kFft:  // the host codec only (fft_sparse.h); cuFFT is not wired yet
       return cudaErrorNotSupported;
+    case CodecKind::kAq: {
+      if (!valid_aq(c)) return cudaErrorInvalidValue;
+      const AqShape a = aq_shape(c, count);
+      const size_t groups = (count + a.block - 1) / a.block * ((a.block + 7) / 8);
+      return launch(aq_decode_kernel<kAccumulate>, flat_blocks(groups), kFlatThreads, stream,
+                    static_cast<const uint8_t*>(in), a, out, nonfinite);
+    }
     case CodecKind::kSign:
       return launch(decode_signs_kernel<kAccumulate>, blocks, kFlatThreads, stream, static_cast<const uint32_t*>(in),
                     count, c.eta, out, Compensation{}, size_t{0});
@@ -537,6 +669,8 @@ cudaError_t encode_cuda(const CodecConfig& c, const float* in, size_t count, voi
       return pack_signs_cuda(in, Compensation{}, 0, count, static_cast<uint32_t*>(out), nullptr, nonfinite, stream);
     case CodecKind::kFft:  // the host codec only (fft_sparse.h); cuFFT is not wired yet
       return cudaErrorNotSupported;
+    case CodecKind::kAq:
+      return encode_aq(c, in, count, out, key, first, nonfinite, stream);
     case CodecKind::kInt:
       return int_encode_cuda(c.bits, in, count, standalone_alpha(c), c.rounding == Rounding::kStochastic,
                              int_clip(c.bits, 1), key, first, out, nullptr, nonfinite, stream);
@@ -569,8 +703,7 @@ cudaError_t pack_signs_cuda(const float* u, Compensation c, size_t first, size_t
                             unsigned long long* nonfinite, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (u == nullptr || words == nullptr || (c.stored && first % 32)) return cudaErrorInvalidValue;
-  return launch(pack_signs_kernel, flat_blocks(sign_words(n)), kFlatThreads, stream, u, c, first, n, words, backup,
-                nonfinite);
+  return launch(pack_signs_kernel, flat_blocks(n), kFlatThreads, stream, u, c, first, n, words, backup, nonfinite);
 }
 
 cudaError_t merge_signs_cuda(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t nwords, uint32_t k,

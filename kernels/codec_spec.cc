@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "kernels/aq_quant.h"
 #include "kernels/codec.h"
 #include "kernels/fft_sparse.h"
 #include "kernels/quant.h"
@@ -97,8 +98,12 @@ CodecConfig parse_codec_spec(const std::string& spec) {
   } else if (name == "fft") {
     c.kind = CodecKind::kFft, c.bits = 10;
     c.rounding = Rounding::kTruncate;  // the paper's Algorithm 1
+  } else if (name.size() == 3 && name[0] == 'a' && name[1] == 'q' && name[2] >= '2' && name[2] <= '8') {
+    c.kind = CodecKind::kAq, c.bits = name[2] - '0';
+  } else if (name == "aq1") {
+    bad(spec, "aq1: one bit has the levels {-s, 0} only, which never correct a positive delta (use aq2 .. aq8)");
   } else {
-    bad(spec, "unknown codec '" + name + "' (none, fp16, bf16, q1 .. q8, sign, int8, int16, int32, fft)");
+    bad(spec, "unknown codec '" + name + "' (none, fp16, bf16, q1 .. q8, sign, int8, int16, int32, fft, aq2 .. aq8)");
   }
   if (colon == std::string::npos) {
     if (c.kind == CodecKind::kSign) bad(spec, "sign needs eta_s=E, the magnitude of a sign round's update");
@@ -126,8 +131,8 @@ CodecConfig parse_codec_spec(const std::string& spec) {
       else
         bad(spec, "'" + token + "': fft's round is trunc or nearest");
     } else if (key == "round") {
-      if (c.kind != CodecKind::kQuant && c.kind != CodecKind::kInt)
-        bad(spec, "'" + token + "': only q1 .. q8, int8 .. int32 and fft round");
+      if (c.kind != CodecKind::kQuant && c.kind != CodecKind::kInt && c.kind != CodecKind::kAq)
+        bad(spec, "'" + token + "': only q1 .. q8, int8 .. int32, fft and aq2 .. aq8 round");
       if (value == "nearest")
         c.rounding = Rounding::kNearest;
       else if (value == "stochastic")
@@ -178,7 +183,13 @@ CodecConfig parse_codec_spec(const std::string& spec) {
         c.switch_aggregation = true;
       else
         bad(spec, "'" + token + "': agg is ring or switch");
+    } else if (c.kind == CodecKind::kAq && key == "channels") {
+      c.channels = static_cast<uint32_t>(parse_number(spec, key, value, 1, 1u << 24));
+    } else if (c.kind == CodecKind::kAq && key == "rows") {
+      c.rows = static_cast<uint32_t>(parse_number(spec, key, value, 0, 1u << 24));
     } else if (key == "ef") {
+      if (c.kind == CodecKind::kAq)
+        bad(spec, "'" + token + "': aq codecs keep no residual (AQ-SGD corrects through its keyed deltas, no ef)");
       if (c.kind == CodecKind::kInt) bad(spec, "'" + token + "': IntSGD needs no error feedback (no ef)");
       if (c.kind == CodecKind::kSign) bad(spec, "'" + token + "': sign keeps its own compensation (no ef)");
       if (value == "on")
@@ -229,6 +240,7 @@ CodecConfig parse_codec_spec(const std::string& spec) {
                     (c.kind == CodecKind::kSign  ? "eta_s, k, topology, seed"
                      : c.kind == CodecKind::kInt ? "round, alpha, alpha0, beta, eps, agg, seed"
                      : c.kind == CodecKind::kFft ? "theta, bits, mant, max, segment, index, round, ef, fallback"
+                     : c.kind == CodecKind::kAq  ? "channels, rows, round, seed"
                                                  : "bucket, round, ef, seed, levels") +
                     ")");
     }
@@ -273,6 +285,9 @@ std::string CodecConfig::canonical() const {
              (index == FftIndex::kBitmap ? "bitmap" : index == FftIndex::kCoo ? "coo" : "auto") +
              ",round=" + (rounding == Rounding::kNearest ? "nearest" : "trunc") + ",ef=" + (error_feedback ? "on" : "off") +
              ",fallback=" + (fallback ? "auto" : "off");
+    case CodecKind::kAq:
+      return "aq" + std::to_string(bits) + ":channels=" + std::to_string(channels) + ",rows=" + std::to_string(rows) +
+             ",round=" + (rounding == Rounding::kStochastic ? "stochastic" : "nearest") + ",seed=" + std::to_string(seed);
     case CodecKind::kSign: {
       char eta_text[32];
       std::snprintf(eta_text, sizeof(eta_text), "%.9g", static_cast<double>(eta));
@@ -318,6 +333,8 @@ size_t CodecConfig::encoded_bytes(size_t count) const {
       const size_t whole = count / segment, tail = count % segment;
       return whole * fft_segment_capacity(*this, segment) + (tail ? fft_segment_capacity(*this, tail) : 0);
     }
+    case CodecKind::kAq:
+      return aq_encoded_bytes(count, rows, channels, bits);
   }
   return 0;
 }

@@ -100,7 +100,8 @@ void validate_compressed(const OpRecord& record, qcclCodec_t codec, int aggregat
   const kernels::CodecConfig& c = *codec->config;
   if (!kernels::codec_input_type(a.dtype))
     fail(qcclInvalidArgument, "datatype = %s: codecs take float, half or bfloat16", kernels::data_type_name(a.dtype));
-  if (a.kind != coll::CollKind::kAllGather && a.op != kernels::RedOp::kSum && a.op != kernels::RedOp::kAvg)
+  const bool reduces = a.kind == coll::CollKind::kAllReduce || a.kind == coll::CollKind::kReduceScatter;
+  if (reduces && a.op != kernels::RedOp::kSum && a.op != kernels::RedOp::kAvg)
     fail(qcclInvalidArgument, "op = %s: compressed %s sums or averages", kernels::red_op_name(a.op),
          a.kind == coll::CollKind::kAllReduce ? "all-reduce" : "reduce-scatter");
   const coll::Method* method = coll::method_for(c);
@@ -718,6 +719,40 @@ QCCL_API qcclResult_t qcclIAllGatherCompressed(const void* sendbuff, void* recvb
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, request, codec,
            state, true);
+  });
+}
+
+QCCL_API qcclResult_t qcclSendCompressed(const void* sendbuff, size_t count, qcclDataType_t datatype,
+                                         qcclCodec_t codec, int peer, qcclComm_t comm) {
+  return api_call("qcclSendCompressed", [&] {
+    submit(comm, RawCall{coll::CollKind::kSend, sendbuff, nullptr, count, datatype, 0, peer}, nullptr, codec, nullptr,
+           true);
+  });
+}
+
+QCCL_API qcclResult_t qcclRecvCompressed(void* recvbuff, size_t count, qcclDataType_t datatype, qcclCodec_t codec,
+                                         int peer, qcclComm_t comm) {
+  return api_call("qcclRecvCompressed", [&] {
+    submit(comm, RawCall{coll::CollKind::kRecv, nullptr, recvbuff, count, datatype, 0, peer}, nullptr, codec, nullptr,
+           true);
+  });
+}
+
+QCCL_API qcclResult_t qcclISendCompressed(const void* sendbuff, size_t count, qcclDataType_t datatype,
+                                          qcclCodec_t codec, int peer, qcclComm_t comm, qcclRequest_t* request) {
+  return api_call("qcclISendCompressed", [&] {
+    require_out(request, "request");
+    submit(comm, RawCall{coll::CollKind::kSend, sendbuff, nullptr, count, datatype, 0, peer}, request, codec, nullptr,
+           true);
+  });
+}
+
+QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclDataType_t datatype, qcclCodec_t codec,
+                                          int peer, qcclComm_t comm, qcclRequest_t* request) {
+  return api_call("qcclIRecvCompressed", [&] {
+    require_out(request, "request");
+    submit(comm, RawCall{coll::CollKind::kRecv, nullptr, recvbuff, count, datatype, 0, peer}, request, codec, nullptr,
+           true);
   });
 }
 

@@ -97,6 +97,9 @@ double error_bound(const Job& job) {
     case kernels::CodecKind::kFft:
       FAIL("the fft codec runs FFT sparsification (allreduce_fft_test.cc)");
       break;
+    case kernels::CodecKind::kAq:
+      FAIL("the aq codecs are point-to-point (sendrecv_compressed)");
+      break;
   }
   const int n = job.n;
   double ranges = 0, magnitudes = 0;  // sums over the encodes an element goes through

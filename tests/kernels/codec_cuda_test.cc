@@ -1,6 +1,6 @@
 // The CUDA launchers (kernels/codec_cuda.h) against the host launchers (codec.h, convert.h,
-// reduce.h), bit for bit: every codec, odd counts, partial buckets, NaN/Inf/±0 buckets, several
-// Philox keys and offsets, aligned and misaligned buffers; every reduction type and operator.
+// reduce.h), bit for bit: every codec (AQ-SGD's aq too), odd counts, partial buckets, NaN/Inf/±0
+// buckets, several Philox keys and offsets, aligned and misaligned buffers; every reduction type and operator.
 //
 // Without a usable CUDA device (cudaGetDeviceCount fails or finds none) the listener below exits
 // with kSkipCode before the first test runs; tests/kernels/CMakeLists.txt registers that code as
@@ -175,6 +175,9 @@ std::vector<std::string> all_specs() {
         specs.push_back("q" + std::to_string(bits) + ":bucket=" + std::to_string(bucket) + ",round=" + round +
                         ",seed=11");
   for (const char* spec : {"int8:seed=11", "int16:alpha=3.5,seed=11", "int32:alpha=1000,round=nearest"})
+    specs.push_back(spec);
+  for (const char* spec : {"aq2:channels=7", "aq3:channels=64,rows=3,round=stochastic,seed=11", "aq4", "aq5:channels=13",
+                           "aq8:channels=5,rows=1,round=stochastic", "aq6:channels=100,rows=2"})
     specs.push_back(spec);
   return specs;
 }

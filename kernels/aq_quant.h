@@ -1,0 +1,90 @@
+// AQ-SGD's quantizer (Wang et al., "Fine-tuning Language Models over Slow Networks using Activation
+// Quantization with Guarantees", NeurIPS 2022; shared/specs/aqsgd.md §2.2): values normalized by a
+// max-abs scale per channel and rounded onto 2^b levels k s / 2^F, F = b - 1, k in [-2^F, 2^F - 1].
+// The element functions the host (aq_codec.cc) and the device (codec_cuda.cu) share, so that both
+// write the same bits.
+//
+// A run of n values is a row-major matrix of rows of `channels` values (the activation's last
+// dimension, hidden size H); it is cut into blocks of `rows` rows (rows = 0: the whole run is one
+// block, the reference's one scale per channel per micro-batch). A block's channel c has the scale
+// s_c = fp16(max |x| over the block's values of channel c), and each value x the code
+//   u = clamp(round(x / d_c * 2^F), -2^F, 2^F - 1) + 2^F,   d_c = fp16(s_c + 1e-6)
+// (nearest: round half to even, the reference's; stochastic: floor(y + U), U uniform in [0, 1) from
+// Philox, unbiased wherever y stays inside the grid), decoded as ((u - 2^F) / 2^F) s_c, which is
+// exact in float32 (at most 8 + 11 significant bits), so every decoder gets the same bits.
+// Error per value, nearest: at most s_c / 2^b, and s_c / 2^F for the values the top level clips
+// (x near +s_c, which the grid cannot reach), plus the fp16 rounding of s_c (2^-11 relative).
+//
+// A channel that holds NaN or Inf, or whose largest magnitude exceeds float16's range (65504), gets
+// the scale NaN: its values decode to NaN, and the encoder counts it as non-finite.
+//
+// Block layout, little-endian: min(values, channels) fp16 scales, then the codes, `bits` bits each,
+// value j of the block at bit j * bits of the code bytes, least significant bit first (groups of 8
+// values fill `bits` whole bytes); ceil(values * bits / 8) code bytes. An encoded run is its blocks
+// back to back; its size depends on n and the spec only.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/half.h"
+#include "kernels/hd.h"
+
+namespace qccl::kernels {
+
+constexpr uint16_t kAqNanScale = 0x7E00;  // fp16 NaN: a channel that cannot be encoded
+
+// 2^F = 2^(bits - 1): the grid's half width.
+QCCL_HD uint32_t aq_half(int bits) { return 1u << (bits - 1); }
+
+// The fp16 scale of a channel whose largest magnitude is m >= 0: NaN when m is NaN or Inf, or
+// rounds to fp16's Inf (m >= 65520).
+QCCL_HD uint16_t aq_scale_bits(float m) {
+  if (!(m - m == 0.0f)) return kAqNanScale;
+  const uint16_t h = float_to_half(m);
+  return h == 0x7C00u ? kAqNanScale : h;
+}
+
+QCCL_HD bool aq_scale_is_nan(uint16_t s) { return (s & 0x7FFFu) > 0x7C00u; }
+
+// d = fp16(s + 1e-6): the divisor, s itself unless s is tiny, and never 0.
+QCCL_HD float aq_divisor(float s) { return half_to_float(float_to_half(s + 1e-6f)); }
+
+// The code of x under divisor d for a uniform u in [0, 1); nearest rounding ignores u.
+QCCL_HD uint32_t aq_quantize(float x, float d, float u, bool stochastic, int bits) {
+  const float half = static_cast<float>(aq_half(bits));
+  const float y = x / d * half;  // * 2^F is exact
+  float k = stochastic ? floorf(y + u) : rintf(y);
+  if (!(k >= -half)) k = -half;  // also NaN (a NaN scale's channel: its codes do not matter)
+  if (k > half - 1.0f) k = half - 1.0f;
+  return static_cast<uint32_t>(static_cast<int32_t>(k) + static_cast<int32_t>(aq_half(bits)));
+}
+
+// ((u - 2^F) / 2^F) s: exact in float32; NaN for a NaN scale (the same NaN on host and device, where
+// NaN * x would give each its own).
+QCCL_HD float aq_dequantize(uint32_t code, float s, int bits) {
+  if (s != s) return NAN;
+  const float half = static_cast<float>(aq_half(bits));
+  return (static_cast<float>(static_cast<int32_t>(code) - static_cast<int32_t>(aq_half(bits))) / half) * s;
+}
+
+// ---- Layout ----------------------------------------------------------------------------------------
+
+// Values in a block of a run of n values (the last block may be shorter).
+QCCL_HD size_t aq_block_values(uint32_t rows, uint32_t channels, size_t n) {
+  return rows ? static_cast<size_t>(rows) * channels : n;
+}
+QCCL_HD size_t aq_block_scales(size_t values, uint32_t channels) { return values < channels ? values : channels; }
+QCCL_HD size_t aq_code_bytes(size_t values, int bits) { return (values * static_cast<size_t>(bits) + 7) / 8; }
+QCCL_HD size_t aq_block_bytes(size_t values, uint32_t channels, int bits) {
+  return 2 * aq_block_scales(values, channels) + aq_code_bytes(values, bits);
+}
+QCCL_HD size_t aq_encoded_bytes(size_t n, uint32_t rows, uint32_t channels, int bits) {
+  if (n == 0) return 0;
+  const size_t block = aq_block_values(rows, channels, n);
+  const size_t whole = n / block, tail = n % block;
+  return whole * aq_block_bytes(block, channels, bits) + (tail ? aq_block_bytes(tail, channels, bits) : 0);
+}
+
+}  // namespace qccl::kernels
