@@ -1,152 +1,281 @@
-// Host loops of AQ-SGD's quantizer (aq_quant.h), over its element functions: the same bits as the
-// CUDA launchers (codec_cuda.cu). Built without FMA contraction (kernels/CMakeLists.txt), although
-// nothing here has an a * b + c to contract: x / d * 2^F and the exact dequantization.
-//
-// Per block: one pass for the channels' largest magnitudes (row by row, so the loads run along
-// memory and the compiler vectorizes the channel loop), then one pass that quantizes and packs
-// groups of 8 values into `bits` bytes.
+// Host launchers of AQ-SGD's quantizer (aq_quant.h), vectorized with Highway and bit-identical to its
+// element functions (which the CUDA kernels call):
+//   scales  one pass over a block, row by row, keeping each channel's largest |x| as the integer
+//           max of |x|'s bits (the order of non-negative floats, NaN above Inf above every finite
+//           value, so a NaN sticks whatever the order), then aq_scale_bits per channel;
+//   encode  per tile of kTile values, the Philox uniforms (codec-inl.h), then per run of
+//           consecutive channels inside the tile y = x / d * 2^F (d the channels' divisors, loaded
+//           alongside), Floor(y + u) or Round (half to even), the clamp, codes into a byte tile,
+//           packed 8 at a time into `bits` bytes;
+//   decode  the codes of a tile unpacked, then ((u - 2^F) / 2^F) * s per run of channels.
+// Built without FMA contraction (kernels/CMakeLists.txt), so the division and the products round
+// once each, as in the element functions.
+#include "kernels/aq_codec.h"
+
 #include <algorithm>
-#include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
-#include "kernels/aq_codec.h"
 #include "kernels/aq_quant.h"
 #include "kernels/half.h"
-#include "kernels/philox.h"
 #include "kernels/quant.h"
 
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/aq_codec.cc"
+#include <hwy/foreach_target.h>  // must come before highway.h: re-includes this file per target
+#include <hwy/highway.h>
+
+#include "kernels/codec-inl.h"
+
+HWY_BEFORE_NAMESPACE();
 namespace qccl::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
 
-namespace {
-
-// The channels' largest magnitudes over a block's n values (NaN sticks: a > NaN is false, and a
-// NaN a replaces anything).
-void channel_maxima(const float* x, size_t n, uint32_t channels, float* m) {
+// The largest |x| bits of each channel of a block of n values (h = min(n, channels) channels).
+void ChannelMaxBits(const float* x, size_t n, uint32_t channels, int32_t* m) {
+  const hn::ScalableTag<int32_t> di;
+  const size_t w = hn::Lanes(di);
+  const auto abs_mask = hn::Set(di, 0x7FFFFFFF);
   const size_t h = std::min<size_t>(n, channels);
-  std::fill(m, m + h, 0.0f);
+  std::fill(m, m + h, 0);
+  if (channels == 1) {  // one scale: a running maximum over the block, reduced at the end
+    auto acc = hn::Zero(di);
+    const auto* bits = reinterpret_cast<const int32_t*>(x);
+    size_t i = 0;
+    for (; i + w <= n; i += w) acc = hn::Max(acc, hn::And(hn::LoadU(di, bits + i), abs_mask));
+    m[0] = hn::GetLane(hn::MaxOfLanes(di, acc));
+    for (; i < n; ++i) m[0] = std::max(m[0], static_cast<int32_t>(float_to_bits(x[i]) & 0x7FFFFFFFu));
+    return;
+  }
   for (size_t row = 0; row < n; row += channels) {
-    const size_t w = std::min<size_t>(channels, n - row);
-    const float* r = x + row;
-    for (size_t c = 0; c < w; ++c) {
-      const float a = std::fabs(r[c]);
-      m[c] = (a > m[c] || a != a) ? a : m[c];
+    const size_t width = std::min<size_t>(channels, n - row);
+    const auto* r = reinterpret_cast<const int32_t*>(x + row);  // read by vector loads only
+    size_t c = 0;
+    for (; c + w <= width; c += w)
+      hn::StoreU(hn::Max(hn::LoadU(di, m + c), hn::And(hn::LoadU(di, r + c), abs_mask)), di, m + c);
+    for (; c < width; ++c) m[c] = std::max(m[c], static_cast<int32_t>(float_to_bits(x[row + c]) & 0x7FFFFFFFu));
+  }
+}
+
+// codes[k] for values j0 .. j0 + len - 1 of a block (channel of value j: j % channels), u the
+// tile's uniforms (null: nearest).
+void QuantizeRun(const float* x, size_t j0, size_t len, uint32_t channels, const float* d, const float* u,
+                 int bits, uint8_t* codes) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const size_t w = hn::Lanes(df);
+  const float half = static_cast<float>(aq_half(bits));
+  const auto halfv = hn::Set(df, half), lo = hn::Set(df, -half), hi = hn::Set(df, half - 1.0f);
+  // One channel: every value shares d[0] (a run is the whole tile); else runs of consecutive channels.
+  const bool one = channels == 1;
+  size_t k = 0;
+  while (k < len) {
+    const size_t c0 = one ? 0 : (j0 + k) % channels;
+    const size_t run = one ? len : std::min<size_t>(channels - c0, len - k);  // consecutive channels from c0
+    size_t i = 0;
+    for (; i + w <= run; i += w) {
+      const auto dv = one ? hn::Set(df, d[0]) : hn::LoadU(df, d + c0 + i);
+      const auto y = hn::Mul(hn::Div(hn::LoadU(df, x + k + i), dv), halfv);
+      auto q = u ? hn::Floor(hn::Add(y, hn::LoadU(df, u + k + i))) : hn::Round(y);
+      q = hn::IfThenElse(hn::Ge(q, lo), q, lo);  // NaN too, as aq_quantize
+      q = hn::Min(q, hi);
+      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, hn::Add(q, halfv))), d8, codes + k + i);  // 0 .. 2^b - 1
+    }
+    for (; i < run; ++i)
+      codes[k + i] = static_cast<uint8_t>(aq_quantize(x[k + i], d[one ? 0 : c0 + i], u ? u[k + i] : 0.0f, u != nullptr, bits));
+    k += run;
+  }
+}
+
+// out[k] (+)= the value of codes[k] for values j0 .. j0 + len - 1 of a block, s the scales.
+template <bool kAccumulate>
+void DequantizeRun(const uint8_t* codes, size_t j0, size_t len, uint32_t channels, const float* s, int bits,
+                   float* out) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const size_t w = hn::Lanes(df);
+  const float half = static_cast<float>(aq_half(bits));
+  const auto inv_half = hn::Set(df, 1.0f / half), nan = hn::Set(df, NAN);
+  const auto half_i = hn::Set(di, static_cast<int32_t>(aq_half(bits)));
+  const bool one = channels == 1;  // as in QuantizeRun
+  size_t k = 0;
+  while (k < len) {
+    const size_t c0 = one ? 0 : (j0 + k) % channels;
+    const size_t run = one ? len : std::min<size_t>(channels - c0, len - k);
+    size_t i = 0;
+    for (; i + w <= run; i += w) {
+      const auto code = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<decltype(df)>(), hn::LoadU(d8, codes + k + i)));
+      const auto sv = one ? hn::Set(df, s[0]) : hn::LoadU(df, s + c0 + i);
+      // * 2^-F is the division by 2^F exactly (a small integer scaled by a power of two)
+      auto v = hn::Mul(hn::Mul(hn::ConvertTo(df, hn::Sub(code, half_i)), inv_half), sv);
+      v = hn::IfThenElse(hn::IsNaN(sv), nan, v);
+      if constexpr (kAccumulate) v = hn::Add(hn::LoadU(df, out + k + i), v);
+      hn::StoreU(v, df, out + k + i);
+    }
+    for (; i < run; ++i) {
+      const float v = aq_dequantize(codes[k + i], s[one ? 0 : c0 + i], bits);
+      out[k + i] = kAccumulate ? out[k + i] + v : v;
+    }
+    k += run;
+  }
+}
+
+// Packs the m codes of a tile (from a group boundary) into ceil(m * kBits / 8) bytes, least
+// significant bit first (aq_quant.h): whole groups of 8 with codec-inl.h's packing (the q codecs'
+// layout is the same there), a last partial group into only the bytes it fills (where the q codecs
+// pad it to kBits). codes has kTilePad bytes (codec-inl.h reads a vector past the groups).
+template <int kBits>
+void AqPackTile(uint8_t* codes, size_t m, uint8_t* dst) {
+  const size_t whole = m / 8 * 8;
+  if constexpr (kBits == 8) {
+    std::memcpy(dst, codes, m);
+    return;
+  } else {
+    if (whole) PackTile<kBits>(codes, whole, dst);
+    if (whole < m) {
+      uint64_t word = 0;
+      for (size_t i = whole; i < m; ++i) word |= static_cast<uint64_t>(codes[i]) << ((i - whole) * kBits);
+      for (size_t b = 0; b < aq_code_bytes(m - whole, kBits); ++b)
+        dst[whole / 8 * kBits + b] = static_cast<uint8_t>(word >> (8 * b));
     }
   }
 }
 
-// Packs `count` (<= 8) codes at out, writing ceil(count * bits / 8) bytes (a whole group: bits).
-void pack_group(const uint32_t codes[8], size_t count, int bits, uint8_t* out) {
-  if (count == 8) return pack8(codes, bits, out);
-  uint8_t whole[8];
-  uint32_t padded[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::copy(codes, codes + count, padded);
-  pack8(padded, bits, whole);
-  std::memcpy(out, whole, aq_code_bytes(count, bits));
+// The inverse: codes[0 .. m) from ceil(m * kBits / 8) bytes; codes has kTilePad bytes.
+template <int kBits>
+void AqUnpackTile(const uint8_t* src, size_t m, uint8_t* codes) {
+  const size_t whole = m / 8 * 8;
+  if constexpr (kBits == 8) {
+    std::memcpy(codes, src, m);
+    return;
+  } else {
+    if (whole) UnpackTile<kBits>(src, whole, codes);
+    if (whole < m) {
+      uint64_t word = 0;
+      for (size_t b = 0; b < aq_code_bytes(m - whole, kBits); ++b)
+        word |= static_cast<uint64_t>(src[whole / 8 * kBits + b]) << (8 * b);
+      for (size_t i = whole; i < m; ++i)
+        codes[i] = static_cast<uint8_t>((word >> ((i - whole) * kBits)) & ((1u << kBits) - 1u));
+    }
+  }
 }
 
-void unpack_group(const uint8_t* in, size_t count, int bits, uint32_t codes[8]) {
-  if (count == 8) return unpack8(in, bits, codes);
-  uint8_t whole[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::memcpy(whole, in, aq_code_bytes(count, bits));
-  unpack8(whole, bits, codes);
+template <class F>
+HWY_INLINE void WithAqBits(int bits, const F& f) {
+  switch (bits) {
+    case 2: return f(std::integral_constant<int, 2>());
+    case 3: return f(std::integral_constant<int, 3>());
+    case 4: return f(std::integral_constant<int, 4>());
+    case 5: return f(std::integral_constant<int, 5>());
+    case 6: return f(std::integral_constant<int, 6>());
+    case 7: return f(std::integral_constant<int, 7>());
+    default: return f(std::integral_constant<int, 8>());
+  }
 }
 
-// One block of n values (value 0 is index `first` of the whole run): scales, then codes. Returns the
+// One block of n values (value 0 is value `first` of the whole run): scales, then codes. Returns the
 // channels sent as NaN.
-size_t encode_block(const CodecConfig& c, const float* x, size_t n, uint8_t* out, const PhiloxKey& key,
-                    uint64_t first, std::vector<float>& scratch) {
+size_t EncodeBlock(const CodecConfig& c, const float* x, size_t n, uint8_t* out, const PhiloxKey& key,
+                   uint64_t first, std::vector<int32_t>& max_bits, std::vector<float>& divisors) {
   const size_t h = aq_block_scales(n, c.channels);
-  scratch.resize(2 * h);
-  float* m = scratch.data();
-  float* d = scratch.data() + h;
-  channel_maxima(x, n, c.channels, m);
+  max_bits.resize(h), divisors.resize(h);
+  ChannelMaxBits(x, n, c.channels, max_bits.data());
   size_t bad = 0;
   for (size_t ch = 0; ch < h; ++ch) {
-    const uint16_t s = aq_scale_bits(m[ch]);
+    const uint16_t s = aq_scale_bits(bits_to_float(static_cast<uint32_t>(max_bits[ch])));
     std::memcpy(out + 2 * ch, &s, 2);
     bad += aq_scale_is_nan(s);
-    d[ch] = aq_divisor(half_to_float(s));
+    divisors[ch] = aq_divisor(half_to_float(s));
   }
-  uint8_t* codes_out = out + 2 * h;
+  uint8_t* packed = out + 2 * h;
   const bool stochastic = c.rounding == Rounding::kStochastic;
-  uint32_t codes[8];
-  size_t ch = 0;
-  for (size_t j = 0; j < n; j += 8) {
-    const size_t g = std::min<size_t>(8, n - j);
-    for (size_t i = 0; i < g; ++i) {
-      const float u = stochastic ? philox_uniform(key, first + j + i) : 0.0f;
-      codes[i] = aq_quantize(x[j + i], d[ch], u, stochastic, c.bits);
-      if (++ch == c.channels) ch = 0;
-    }
-    pack_group(codes, g, c.bits, codes_out + j / 8 * static_cast<size_t>(c.bits));
+  HWY_ALIGN float uniforms[kUniformScratch];
+  HWY_ALIGN uint8_t codes[kTilePad];
+  for (size_t t0 = 0; t0 < n; t0 += kTile) {  // kTile is a multiple of 8: groups never straddle tiles
+    const size_t m = std::min(kTile, n - t0);
+    const float* u = stochastic ? FillUniforms(key, first + t0, m, uniforms) : nullptr;
+    QuantizeRun(x + t0, t0, m, c.channels, divisors.data(), u, c.bits, codes);
+    WithAqBits(c.bits, [&](auto bits) { AqPackTile<bits()>(codes, m, packed + t0 / 8 * bits()); });
   }
   return bad;
 }
 
 template <bool kAccumulate>
-size_t decode_block(const CodecConfig& c, const uint8_t* in, size_t n, float* out, std::vector<float>& scratch) {
+size_t DecodeBlock(const CodecConfig& c, const uint8_t* in, size_t n, float* out, std::vector<float>& scales) {
   const size_t h = aq_block_scales(n, c.channels);
-  scratch.resize(h);
-  float* s = scratch.data();
+  scales.resize(h);
   size_t bad_values = 0;
   for (size_t ch = 0; ch < h; ++ch) {
-    uint16_t bits;
-    std::memcpy(&bits, in + 2 * ch, 2);
-    s[ch] = half_to_float(bits);
-    // a NaN channel's values: one per row of the block, plus the partial last row's if it has ch
-    if (aq_scale_is_nan(bits)) bad_values += n / c.channels + (ch < n % c.channels ? 1 : 0);
+    uint16_t s;
+    std::memcpy(&s, in + 2 * ch, 2);
+    scales[ch] = half_to_float(s);
+    // a NaN channel's values: one per whole row, and one more if the partial last row reaches it
+    if (aq_scale_is_nan(s)) bad_values += n / c.channels + (ch < n % c.channels ? 1 : 0);
   }
-  const uint8_t* codes_in = in + 2 * h;
-  uint32_t codes[8];
-  size_t ch = 0;
-  for (size_t j = 0; j < n; j += 8) {
-    const size_t g = std::min<size_t>(8, n - j);
-    unpack_group(codes_in + j / 8 * static_cast<size_t>(c.bits), g, c.bits, codes);
-    for (size_t i = 0; i < g; ++i) {
-      const float v = aq_dequantize(codes[i], s[ch], c.bits);
-      if (kAccumulate)
-        out[j + i] += v;
-      else
-        out[j + i] = v;
-      if (++ch == c.channels) ch = 0;
-    }
+  const uint8_t* packed = in + 2 * h;
+  HWY_ALIGN uint8_t codes[kTilePad];
+  for (size_t t0 = 0; t0 < n; t0 += kTile) {
+    const size_t m = std::min(kTile, n - t0);
+    WithAqBits(c.bits, [&](auto bits) { AqUnpackTile<bits()>(packed + t0 / 8 * bits(), m, codes); });
+    DequantizeRun<kAccumulate>(codes, t0, m, c.channels, scales.data(), c.bits, out + t0);
   }
   return bad_values;
 }
 
-template <bool kAccumulate>
-size_t decode_run(const CodecConfig& c, const void* in, size_t count, float* out) {
-  const auto* bytes = static_cast<const uint8_t*>(in);
+// Per-channel scratch, grown once per thread (encode and decode allocate nothing per call after that).
+thread_local std::vector<int32_t> tl_max_bits;
+thread_local std::vector<float> tl_channel_floats;
+
+size_t AqEncodeImpl(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
+                    uint64_t first) {
+  auto* bytes = static_cast<uint8_t*>(out);
   const size_t block = aq_block_values(c.rows, c.channels, count);
-  std::vector<float> scratch;
+  std::vector<int32_t>& max_bits = tl_max_bits;
+  std::vector<float>& divisors = tl_channel_floats;
   size_t bad = 0;
   for (size_t b = 0; b < count; b += block) {
     const size_t n = std::min(block, count - b);
-    bad += decode_block<kAccumulate>(c, bytes, n, out + b, scratch);
+    bad += EncodeBlock(c, in + b, n, bytes, key, first + b, max_bits, divisors);
     bytes += aq_block_bytes(n, c.channels, c.bits);
   }
   return bad;
 }
 
-}  // namespace
+size_t AqDecodeImpl(const CodecConfig& c, const void* in, size_t count, float* out, bool accumulate) {
+  const auto* bytes = static_cast<const uint8_t*>(in);
+  const size_t block = aq_block_values(c.rows, c.channels, count);
+  std::vector<float>& scales = tl_channel_floats;
+  size_t bad = 0;
+  for (size_t b = 0; b < count; b += block) {
+    const size_t n = std::min(block, count - b);
+    bad += accumulate ? DecodeBlock<true>(c, bytes, n, out + b, scales) : DecodeBlock<false>(c, bytes, n, out + b, scales);
+    bytes += aq_block_bytes(n, c.channels, c.bits);
+  }
+  return bad;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace qccl::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace qccl::kernels {
+
+HWY_EXPORT(AqEncodeImpl);
+HWY_EXPORT(AqDecodeImpl);
 
 size_t aq_encode(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
                  uint64_t first) {
-  auto* bytes = static_cast<uint8_t*>(out);
-  const size_t block = aq_block_values(c.rows, c.channels, count);
-  std::vector<float> scratch;
-  size_t bad = 0;
-  for (size_t b = 0; b < count; b += block) {
-    const size_t n = std::min(block, count - b);
-    bad += encode_block(c, in + b, n, bytes, key, first + b, scratch);
-    bytes += aq_block_bytes(n, c.channels, c.bits);
-  }
-  return bad;
+  return HWY_DYNAMIC_DISPATCH(AqEncodeImpl)(c, in, count, out, key, first);
 }
 
 size_t aq_decode(const CodecConfig& c, const void* in, size_t count, float* out, bool accumulate) {
-  return accumulate ? decode_run<true>(c, in, count, out) : decode_run<false>(c, in, count, out);
+  return HWY_DYNAMIC_DISPATCH(AqDecodeImpl)(c, in, count, out, accumulate);
 }
 
 }  // namespace qccl::kernels
+#endif  // HWY_ONCE

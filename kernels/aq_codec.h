@@ -11,7 +11,8 @@ namespace qccl::kernels {
 
 // Encodes count values (in[0] is value `first` of the whole buffer: it keys stochastic rounding)
 // into c.encoded_bytes(count) bytes. Returns the channels of blocks sent as NaN (they held NaN or
-// Inf, or a magnitude beyond float16's range).
+// Inf, or a magnitude beyond float16's range). Thread-safe; a thread's per-channel scratch is made
+// at its first call and grown when a call has more channels, never freed.
 size_t aq_encode(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
                  uint64_t first);
 // out[i] = (or +=) decoded value i. Returns how many decoded values are NaN (the values of NaN channels).

@@ -16,6 +16,7 @@
 #include "kernels/aq_quant.h"
 #include "kernels/codec.h"
 #include "kernels/half.h"
+#include "kernels/philox.h"
 
 namespace qccl::kernels {
 namespace {
@@ -130,6 +131,53 @@ TEST_CASE("aq: codes, exact dequantization and the reconstruction bound against 
           at += aq_block_bytes(m, channels, bits);
         }
         CHECK(at == wire.size());
+      }
+    }
+  }
+}
+
+// The launchers' vector paths against the element functions, stochastic rounding included: the
+// codes the host writes are aq_quantize's with philox_uniform(key, first + j), which is what the CUDA
+// kernels compute too (codec_cuda_test compares the two bit for bit on a device).
+TEST_CASE("aq: the host launchers write the element functions' codes, stochastic rounding included", "[aq]") {
+  const PhiloxKey key{7, 3, 2, 1};
+  for (const char* spec : {"aq4:round=stochastic", "aq3:channels=16,rows=2,round=stochastic",
+                           "aq7:channels=37,round=stochastic", "aq2:channels=5,rows=3,round=stochastic", "aq8:channels=1"}) {
+    const CodecConfig c = parse_codec_spec(spec);
+    for (uint64_t first : {uint64_t{0}, uint64_t{5}, uint64_t{1} << 33}) {
+      const size_t n = 1000;
+      const std::vector<float> x = gaussian(n, first + 17);
+      std::vector<uint8_t> wire(c.encoded_bytes(n));
+      encode(c, x.data(), n, wire.data(), key, first);
+      const size_t block = c.rows ? size_t{c.rows} * c.channels : n;
+      size_t at = 0;
+      for (size_t b0 = 0; b0 < n; b0 += block) {
+        const size_t m = std::min(block, n - b0), h = std::min<size_t>(m, c.channels);
+        for (size_t j = 0; j < m; ++j) {
+          uint16_t s;
+          std::memcpy(&s, wire.data() + at + 2 * (j % c.channels), 2);
+          const float u = c.rounding == Rounding::kStochastic ? philox_uniform(key, first + b0 + j) : 0.0f;
+          const uint32_t want =
+              aq_quantize(x[b0 + j], aq_divisor(half_to_float(s)), u, c.rounding == Rounding::kStochastic, c.bits);
+          INFO(spec << " first " << first << " value " << b0 + j);
+          REQUIRE(code_at(wire.data() + at + 2 * h, j, c.bits) == want);
+        }
+        at += aq_block_bytes(m, c.channels, c.bits);
+      }
+      std::vector<float> y(n), acc(n, 1.5f);
+      decode(c, wire.data(), n, y.data());
+      decode_accumulate(c, wire.data(), n, acc.data());
+      at = 0;
+      for (size_t b0 = 0; b0 < n; b0 += block) {
+        const size_t m = std::min(block, n - b0), h = std::min<size_t>(m, c.channels);
+        for (size_t j = 0; j < m; ++j) {
+          uint16_t s;
+          std::memcpy(&s, wire.data() + at + 2 * (j % c.channels), 2);
+          const float v = aq_dequantize(code_at(wire.data() + at + 2 * h, j, c.bits), half_to_float(s), c.bits);
+          REQUIRE(y[b0 + j] == v);
+          REQUIRE(acc[b0 + j] == 1.5f + v);
+        }
+        at += aq_block_bytes(m, c.channels, c.bits);
       }
     }
   }
