@@ -25,9 +25,10 @@ class SendRecvCompressed final : public Plan {
  public:
   SendRecvCompressed(const CollArgs& args, const PlanOptions& options)
       : Plan(args),
-        // one float buffer (the sender's staging of a non-float32 input; the receiver's decode
-        // scratch) and one encoded buffer per fragment
-        layout_{compressed_chunk(args, options.chunk_bytes, args.count), 1, 1},
+        // one encoded buffer per fragment, and for float16 and bfloat16 one float buffer (the
+        // sender's staging of its input; the receiver's decode before the cast): float32 is encoded
+        // from and decoded into the caller's buffers
+        layout_{compressed_chunk(args, options.chunk_bytes, args.count), args.dtype == DataType::kFloat32 ? 0u : 1u, 1},
         pieces_(args, layout_.chunk) {}
 
   size_t fragments() const override { return pieces_.size(); }
@@ -38,7 +39,7 @@ class SendRecvCompressed final : public Plan {
     p.use_codec(pieces_.codec(f));
     const Piece pc = pieces_[f];
     const size_t bytes = pieces_.encoded_bytes(f);
-    float* floats = layout_.float_buffer(scratch, 0);
+    float* floats = layout_.floats ? layout_.float_buffer(scratch, 0) : nullptr;
     std::byte* encoded = layout_.encoded_buffer(args_, scratch, 0);
     const auto msg = static_cast<uint32_t>(f);
     if (args_.kind == CollKind::kSend) {

@@ -346,6 +346,7 @@ class Bench {
   bool sign_codec_ = false;                                   // it is Marsit's (it needs a state)
   bool int_codec_ = false;                                    // it is IntSGD's (alpha adapts in a state)
   bool fft_codec_ = false;                                    // it is FFT sparsification's (all-reduce only)
+  bool aq_codec_ = false;                                     // it is AQ-SGD's (point-to-point only)
   mutable std::map<size_t, qcclCodecState_t> states_;         // Marsit, IntSGD: one state per count
   uint64_t check_seed_ = 0;
   int failed_cells_ = 0;
@@ -427,6 +428,7 @@ void Bench::run() {
       sign_codec_ = spec.rfind("sign", 0) == 0;
       int_codec_ = spec.rfind("int", 0) == 0;
       fft_codec_ = spec.rfind("fft", 0) == 0;
+      aq_codec_ = spec.rfind("aq", 0) == 0;
       if (!states_.empty()) {  // a state belongs to one codec
         for (auto& st : states_) qcclCodecStateDestroy(st.second);
         states_.clear();
@@ -446,7 +448,8 @@ void Bench::run() {
       }
       if (codec && sweeps == 0 && printer())
         std::printf("#   nothing to run: this codec takes %s (see -d and -o)\n",
-                    (sign_codec_ || int_codec_ || fft_codec_) && !test_.all_reduce_codecs ? "an all-reduce (all_reduce_perf)"
+                    aq_codec_ && !test_.point_to_point_codecs ? "point-to-point messages (sendrecv_perf)"
+                    : (sign_codec_ || int_codec_ || fft_codec_) && !test_.all_reduce_codecs ? "an all-reduce (all_reduce_perf)"
                     : sign_codec_                                          ? "float with op avg"
                                                                             : "float, half or bfloat16 with op sum or avg");
     }
@@ -455,9 +458,11 @@ void Bench::run() {
 
 // Codecs take float, half and bfloat16, summed or averaged (qcclAllReduceCompressed, and
 // qcclAllGatherCompressed, which does not reduce, and qcclReduceScatterCompressed).
-// Marsit's sign codec takes float32 averaged; it, IntSGD's and the fft codec are all-reduce only.
+// Marsit's sign codec takes float32 averaged; it, IntSGD's and the fft codec are all-reduce only;
+// AQ-SGD's aq codecs are point-to-point only (sendrecv_perf, qcclSendCompressed).
 bool Bench::compressible(const TypeInfo& type, int op) const {
   if ((sign_codec_ || int_codec_ || fft_codec_) && !test_.all_reduce_codecs) return false;
+  if (aq_codec_ && !test_.point_to_point_codecs) return false;
   if (sign_codec_) return type.type == qcclFloat32 && op == qcclAvg;
   const bool floating = type.type == qcclFloat32 || type.type == qcclFloat16 || type.type == qcclBfloat16;
   return floating && (op == qcclSum || op == qcclAvg);
@@ -519,6 +524,13 @@ Cell Bench::bench_cell(const Shape& s, bool in_place) {
   run_ops(s, in_place, 0, 1);
   cell.stats.size = sizeof cell.stats;
   check(qcclCommGetLastStats(comm_, &cell.stats), "qcclCommGetLastStats");
+  if (test_.point_to_point_codecs && codec_ && cell.stats.wireBytesSent == 0 && cell.stats.wireBytesReceived > 0) {
+    // The statistics are those of the call that completed last, here the receive: on the ring every
+    // rank receives what its neighbour sent, the same bytes it sends itself, so show those.
+    cell.stats.wireBytesSent = cell.stats.wireBytesReceived;
+    cell.stats.compressionRatio =
+        static_cast<double>(s.counts.param * s.type->size) / static_cast<double>(cell.stats.wireBytesReceived);
+  }
   barrier();
   cell.ran = true;
   cell.seconds = reduce_time(time_batch(s, in_place));

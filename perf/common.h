@@ -82,6 +82,7 @@ struct CollTest {
   void (*get_bw)(size_t count, size_t type_size, double seconds, int nranks, double* algbw, double* busbw);
   bool compressible = false;  // takes --codec (run() honours Call::codec)
   bool all_reduce_codecs = false;      // also Marsit's sign and IntSGD's int codecs (all-reduce only)
+  bool point_to_point_codecs = false;  // also AQ-SGD's aq codecs (point-to-point only)
 };
 
 // The whole benchmark: parses argv, runs the sweep, prints the table on rank 0. Returns the exit

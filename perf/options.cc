@@ -202,17 +202,19 @@ OPTIONS
         --depth N            qcclConfig_t.pipelineDepth, chunks in flight (default:
                              QCCL_PIPELINE_DEPTH, else 2)
         --codec SPEC[,SPEC...]
-                             all_reduce_perf, all_gather_perf and reduce_scatter_perf: run the
-                             sweep once per codec spec through qcclAllReduceCompressed (float,
-                             half, bfloat16; sum, avg), qcclAllGatherCompressed (float, half,
-                             bfloat16) or qcclReduceScatterCompressed (float, half,
-                             bfloat16; sum, avg), e.g.
+                             all_reduce_perf, all_gather_perf, reduce_scatter_perf and
+                             sendrecv_perf: run the sweep once per codec spec through
+                             qcclAllReduceCompressed (float, half, bfloat16; sum, avg),
+                             qcclAllGatherCompressed (float, half, bfloat16),
+                             qcclReduceScatterCompressed (float, half, bfloat16; sum, avg) or
+                             qcclSendCompressed / qcclRecvCompressed (float, half, bfloat16), e.g.
                              --codec q8,q4:round=stochastic,fp16 (a key=value piece continues the
                              spec before it; any other piece starts one). Adds three columns to each half
                              of the table: wire (bytes this rank sent), ratio (uncompressed bytes /
                              sent) and relerr (||out - exact|| / ||exact|| over all ranks, with -c;
                              #wrong is then N/A, as a lossy result is not exact). Marsit's sign
-                             and IntSGD's int codecs run in all_reduce_perf only. The sign
+                             and IntSGD's int codecs run in all_reduce_perf only, AQ-SGD's aq
+                             codecs (aq4:channels=1600, ...) in sendrecv_perf only. The sign
                              codec (sign:eta_s=E,...) runs float32 avg only, with one codec state
                              per size; its relerr is N/A (it estimates the average of the signs),
                              and its rounds follow k= (k=0: sign rounds only). IntSGD's codecs
@@ -344,7 +346,7 @@ bool parse_options(int argc, char** argv, const CollTest& test, Options* o) {
   if (o->step_factor <= 1 && o->step_bytes == 0) throw UsageError("-i/--stepbytes is 0 and -f/--stepfactor is 1");
   if (!o->codecs.empty() && !test.compressible)
     throw UsageError(std::string("--codec: ") + test.name +
-                     "_perf does not compress (all_reduce_perf, all_gather_perf and reduce_scatter_perf do)");
+                     "_perf does not compress (all_reduce_perf, all_gather_perf, reduce_scatter_perf and sendrecv_perf do)");
   return true;
 }
 
