@@ -4,12 +4,12 @@
 //           max of |x|'s bits (the order of non-negative floats, NaN above Inf above every finite
 //           value, so a NaN sticks whatever the order), then aq_scale_bits per channel;
 //   encode  per tile of kTile values, the Philox uniforms (codec-inl.h), then per run of
-//           consecutive channels inside the tile y = x / d * 2^F (d the channels' divisors, loaded
+//           consecutive channels inside the tile y = x * r (r the channels' factors 2^F / d, loaded
 //           alongside), Floor(y + u) or Round (half to even), the clamp, codes into a byte tile,
 //           packed 8 at a time into `bits` bytes;
 //   decode  the codes of a tile unpacked, then ((u - 2^F) / 2^F) * s per run of channels.
-// Built without FMA contraction (kernels/CMakeLists.txt), so the division and the products round
-// once each, as in the element functions.
+// Built without FMA contraction (kernels/CMakeLists.txt), so every product rounds once, as in the
+// element functions.
 #include "kernels/aq_codec.h"
 
 #include <algorithm>
@@ -59,17 +59,17 @@ void ChannelMaxBits(const float* x, size_t n, uint32_t channels, int32_t* m) {
   }
 }
 
-// codes[k] for values j0 .. j0 + len - 1 of a block (channel of value j: j % channels), u the
-// tile's uniforms (null: nearest).
-void QuantizeRun(const float* x, size_t j0, size_t len, uint32_t channels, const float* d, const float* u,
+// codes[k] for values j0 .. j0 + len - 1 of a block (channel of value j: j % channels), r the
+// channels' factors, u the tile's uniforms (null: nearest).
+void QuantizeRun(const float* x, size_t j0, size_t len, uint32_t channels, const float* r, const float* u,
                  int bits, uint8_t* codes) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Rebind<uint8_t, decltype(df)> d8;
   const size_t w = hn::Lanes(df);
   const float half = static_cast<float>(aq_half(bits));
-  const auto halfv = hn::Set(df, half), lo = hn::Set(df, -half), hi = hn::Set(df, half - 1.0f);
-  // One channel: every value shares d[0] (a run is the whole tile); else runs of consecutive channels.
+  const auto halfv = hn::Set(df, half), lo = hn::Set(df, -half), hi = hn::Set(df, half - 1.0f);  // halfv: code offset
+  // One channel: every value shares r[0] (a run is the whole tile); else runs of consecutive channels.
   const bool one = channels == 1;
   size_t k = 0;
   while (k < len) {
@@ -77,15 +77,17 @@ void QuantizeRun(const float* x, size_t j0, size_t len, uint32_t channels, const
     const size_t run = one ? len : std::min<size_t>(channels - c0, len - k);  // consecutive channels from c0
     size_t i = 0;
     for (; i + w <= run; i += w) {
-      const auto dv = one ? hn::Set(df, d[0]) : hn::LoadU(df, d + c0 + i);
-      const auto y = hn::Mul(hn::Div(hn::LoadU(df, x + k + i), dv), halfv);
+      const auto rv = one ? hn::Set(df, r[0]) : hn::LoadU(df, r + c0 + i);
+      const auto y = hn::Mul(hn::LoadU(df, x + k + i), rv);
       auto q = u ? hn::Floor(hn::Add(y, hn::LoadU(df, u + k + i))) : hn::Round(y);
       q = hn::IfThenElse(hn::Ge(q, lo), q, lo);  // NaN too, as aq_quantize
       q = hn::Min(q, hi);
-      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, hn::Add(q, halfv))), d8, codes + k + i);  // 0 .. 2^b - 1
+      // 0 .. 2^b - 1 fits a byte: truncating (U8FromU32) is exact and cheaper than a saturating demote
+      const auto code = hn::BitCast(hn::RebindToUnsigned<decltype(df)>(), hn::ConvertTo(di, hn::Add(q, halfv)));
+      hn::StoreU(hn::U8FromU32(code), d8, codes + k + i);
     }
     for (; i < run; ++i)
-      codes[k + i] = static_cast<uint8_t>(aq_quantize(x[k + i], d[one ? 0 : c0 + i], u ? u[k + i] : 0.0f, u != nullptr, bits));
+      codes[k + i] = static_cast<uint8_t>(aq_quantize(x[k + i], r[one ? 0 : c0 + i], u ? u[k + i] : 0.0f, u != nullptr, bits));
     k += run;
   }
 }
@@ -180,16 +182,16 @@ HWY_INLINE void WithAqBits(int bits, const F& f) {
 // One block of n values (value 0 is value `first` of the whole run): scales, then codes. Returns the
 // channels sent as NaN.
 size_t EncodeBlock(const CodecConfig& c, const float* x, size_t n, uint8_t* out, const PhiloxKey& key,
-                   uint64_t first, std::vector<int32_t>& max_bits, std::vector<float>& divisors) {
+                   uint64_t first, std::vector<int32_t>& max_bits, std::vector<float>& factors) {
   const size_t h = aq_block_scales(n, c.channels);
-  max_bits.resize(h), divisors.resize(h);
+  max_bits.resize(h), factors.resize(h);
   ChannelMaxBits(x, n, c.channels, max_bits.data());
   size_t bad = 0;
   for (size_t ch = 0; ch < h; ++ch) {
     const uint16_t s = aq_scale_bits(bits_to_float(static_cast<uint32_t>(max_bits[ch])));
     std::memcpy(out + 2 * ch, &s, 2);
     bad += aq_scale_is_nan(s);
-    divisors[ch] = aq_divisor(half_to_float(s));
+    factors[ch] = aq_factor(half_to_float(s), c.bits);
   }
   uint8_t* packed = out + 2 * h;
   const bool stochastic = c.rounding == Rounding::kStochastic;
@@ -198,7 +200,7 @@ size_t EncodeBlock(const CodecConfig& c, const float* x, size_t n, uint8_t* out,
   for (size_t t0 = 0; t0 < n; t0 += kTile) {  // kTile is a multiple of 8: groups never straddle tiles
     const size_t m = std::min(kTile, n - t0);
     const float* u = stochastic ? FillUniforms(key, first + t0, m, uniforms) : nullptr;
-    QuantizeRun(x + t0, t0, m, c.channels, divisors.data(), u, c.bits, codes);
+    QuantizeRun(x + t0, t0, m, c.channels, factors.data(), u, c.bits, codes);
     WithAqBits(c.bits, [&](auto bits) { AqPackTile<bits()>(codes, m, packed + t0 / 8 * bits()); });
   }
   return bad;
@@ -235,11 +237,11 @@ size_t AqEncodeImpl(const CodecConfig& c, const float* in, size_t count, void* o
   auto* bytes = static_cast<uint8_t*>(out);
   const size_t block = aq_block_values(c.rows, c.channels, count);
   std::vector<int32_t>& max_bits = tl_max_bits;
-  std::vector<float>& divisors = tl_channel_floats;
+  std::vector<float>& factors = tl_channel_floats;
   size_t bad = 0;
   for (size_t b = 0; b < count; b += block) {
     const size_t n = std::min(block, count - b);
-    bad += EncodeBlock(c, in + b, n, bytes, key, first + b, max_bits, divisors);
+    bad += EncodeBlock(c, in + b, n, bytes, key, first + b, max_bits, factors);
     bytes += aq_block_bytes(n, c.channels, c.bits);
   }
   return bad;

@@ -497,8 +497,8 @@ __global__ void aq_codes_kernel(const float* __restrict__ in, AqShape a, bool st
     for (size_t i = 0; i < values; ++i) {
       const size_t v = j + i;
       const float u = stochastic ? philox_uniform(key, first + b * a.block + v) : 0.0f;
-      const uint32_t code = aq_quantize(in[b * a.block + v], aq_divisor(aq_load_scale(scales, v % a.channels)), u,
-                                        stochastic, a.bits);
+      const uint32_t code = aq_quantize(in[b * a.block + v], aq_factor(aq_load_scale(scales, v % a.channels), a.bits),
+                                        u, stochastic, a.bits);
       word |= static_cast<uint64_t>(code) << (i * a.bits);
     }
     for (size_t k = 0; k < aq_code_bytes(values, a.bits); ++k) codes[k] = static_cast<uint8_t>(word >> (8 * k));

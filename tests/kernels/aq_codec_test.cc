@@ -115,9 +115,10 @@ TEST_CASE("aq: codes, exact dequantization and the reconstruction bound against 
             uint16_t sent;
             std::memcpy(&sent, wire.data() + at + 2 * ch, 2);
             REQUIRE(half_to_float(sent) == s);
-            const double d = fp16_round(static_cast<double>(s) + 1e-6);
+            // r = 2^F / fp16(s + 1e-6) in float32, y = x * r rounded once to float32 (aq_quant.h)
+            const float r = static_cast<float>(half / fp16_round(static_cast<double>(s) + 1e-6));
             for (size_t j = ch; j < m; j += channels) {
-              const double yv = static_cast<double>(x[b0 + j]) / d * half;
+              const double yv = static_cast<float>(static_cast<double>(x[b0 + j]) * r);
               double k = std::nearbyint(yv);  // half to even, the default rounding mode
               k = std::min(std::max(k, -half), half - 1);
               const uint32_t code = code_at(wire.data() + at + 2 * h, j, bits);
@@ -158,7 +159,7 @@ TEST_CASE("aq: the host launchers write the element functions' codes, stochastic
           std::memcpy(&s, wire.data() + at + 2 * (j % c.channels), 2);
           const float u = c.rounding == Rounding::kStochastic ? philox_uniform(key, first + b0 + j) : 0.0f;
           const uint32_t want =
-              aq_quantize(x[b0 + j], aq_divisor(half_to_float(s)), u, c.rounding == Rounding::kStochastic, c.bits);
+              aq_quantize(x[b0 + j], aq_factor(half_to_float(s), c.bits), u, c.rounding == Rounding::kStochastic, c.bits);
           INFO(spec << " first " << first << " value " << b0 + j);
           REQUIRE(code_at(wire.data() + at + 2 * h, j, c.bits) == want);
         }
