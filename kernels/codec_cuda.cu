@@ -13,7 +13,8 @@
 //   q decode   one thread per group of 8 values over the whole run (grid-stride), which balances
 //              whatever the bucket size.
 //   casts      one thread per value (grid-stride).
-//   aq         a thread per channel of a block for its scale, then a thread per group of 8 values.
+//   aq         a CUDA block per tile of 32 channels of a block for the scales (rows split among its
+//              threads), then a thread per group of 8 values.
 // The bit width is a template parameter, so that pack8/unpack8 unroll into registers and the
 // packed bytes move with the widest store the offsets allow (kBits bytes per group: 8 -> one u64).
 #include "kernels/codec_cuda.h"
@@ -442,9 +443,8 @@ __global__ void range_float_decode_kernel(RangeFloat r, const uint32_t* __restri
 
 // ---- AQ-SGD's quantizer (aq_quant.h) ---------------------------------------------------------------------
 
-// Two launches per encode: the scales (a thread per channel of a block, walking the block's rows; the
-// threads of a warp take consecutive channels, so each row's loads coalesce), then the codes (a
-// thread per group of 8 values, which fill `bits` whole bytes, as decode reads them back). Blocks
+// Two launches per encode: the scales (aq_scales_kernel below), then the codes (a thread per group
+// of 8 values, which fill `bits` whole bytes, as decode reads them back). Blocks
 // before the last are whole, so block b starts at b times a whole block's bytes. Scales and codes are
 // moved a byte at a time: a block may start at any byte.
 
@@ -460,23 +460,38 @@ __device__ float aq_load_scale(const uint8_t* p, size_t ch) {
   return half_to_float(static_cast<uint16_t>(p[2 * ch] | (p[2 * ch + 1] << 8)));
 }
 
-__global__ void aq_scales_kernel(const float* __restrict__ in, AqShape a, uint8_t* __restrict__ out,
-                                 unsigned long long* nonfinite) {
-  const size_t blocks = (a.count + a.block - 1) / a.block;
-  for (size_t item = blockIdx.x * size_t(blockDim.x) + threadIdx.x; item < blocks * a.channels;
-       item += size_t(gridDim.x) * blockDim.x) {
-    const size_t b = item / a.channels, ch = item % a.channels;
-    const size_t n = min(a.block, a.count - b * a.block);
-    if (ch >= aq_block_scales(n, a.channels)) continue;
-    const float* x = in + b * a.block;
-    float m = 0.0f;
-    for (size_t j = ch; j < n; j += a.channels) {
-      const float v = fabsf(x[j]);
-      m = (v > m || v != v) ? v : m;
-    }
-    const uint16_t s = aq_scale_bits(m);
-    uint8_t* p = out + b * a.block_bytes + 2 * ch;
-    p[0] = static_cast<uint8_t>(s), p[1] = static_cast<uint8_t>(s >> 8);
+// A CUDA block per (block of the run, tile of up to 32 channels): its threads are lanes (a channel
+// each) times phases (rows phase, phase + phases, ...), so that a warp reads consecutive channels of
+// a row, and the phases' maxima meet in shared memory. The maximum is taken on |x|'s bits as
+// integers, as on the host (NaN above Inf above every finite value).
+constexpr unsigned kAqScaleThreads = 256;
+constexpr unsigned kAqChannelTile = 32;
+
+__global__ void __launch_bounds__(kAqScaleThreads)
+    aq_scales_kernel(const float* __restrict__ in, AqShape a, size_t tiles_per_block, uint8_t* __restrict__ out,
+                     unsigned long long* nonfinite) {
+  __shared__ uint32_t partial[kAqScaleThreads];
+  const size_t b = blockIdx.x / tiles_per_block;
+  const size_t c0 = blockIdx.x % tiles_per_block * kAqChannelTile;
+  const size_t n = min(a.block, a.count - b * a.block);
+  const size_t h = aq_block_scales(n, a.channels);
+  if (c0 >= h) return;  // a tile past a short last block's channels (the whole CUDA block returns)
+  const unsigned lanes = static_cast<unsigned>(min(size_t{kAqChannelTile}, h - c0));
+  const unsigned phases = kAqScaleThreads / lanes;
+  const unsigned lane = threadIdx.x % lanes, phase = threadIdx.x / lanes;
+  uint32_t m = 0;
+  if (phase < phases) {
+    const float* x = in + b * a.block + c0 + lane;
+    for (size_t j = static_cast<size_t>(phase) * a.channels; c0 + lane + j < n; j += static_cast<size_t>(phases) * a.channels)
+      m = max(m, __float_as_uint(x[j]) & 0x7FFFFFFFu);
+  }
+  partial[threadIdx.x] = m;
+  __syncthreads();
+  if (threadIdx.x < lanes) {
+    for (unsigned p = 1; p < phases; ++p) m = max(m, partial[p * lanes + threadIdx.x]);
+    const uint16_t s = aq_scale_bits(__uint_as_float(m));
+    uint8_t* q = out + b * a.block_bytes + 2 * (c0 + threadIdx.x);
+    q[0] = static_cast<uint8_t>(s), q[1] = static_cast<uint8_t>(s >> 8);
     if (aq_scale_is_nan(s) && nonfinite) atomicAdd(nonfinite, 1ull);
   }
 }
@@ -570,8 +585,10 @@ cudaError_t encode_aq(const CodecConfig& c, const float* in, size_t count, void*
   const AqShape a = aq_shape(c, count);
   const size_t blocks = (count + a.block - 1) / a.block;
   auto* bytes = static_cast<uint8_t*>(out);
-  if (cudaError_t e = launch(aq_scales_kernel, flat_blocks(blocks * a.channels), kFlatThreads, stream, in, a, bytes,
-                             nonfinite);
+  // tiles of the first (widest) block: a shorter last block leaves its missing tiles' threads idle
+  const size_t tiles = (aq_block_scales(a.block, a.channels) + kAqChannelTile - 1) / kAqChannelTile;
+  if (blocks * tiles > 0x7FFFFFFFu) return cudaErrorInvalidValue;  // beyond a grid's x dimension
+  if (cudaError_t e = launch(aq_scales_kernel, blocks * tiles, kAqScaleThreads, stream, in, a, tiles, bytes, nonfinite);
       e != cudaSuccess)
     return e;
   return launch(aq_codes_kernel, flat_blocks(blocks * ((a.block + 7) / 8)), kFlatThreads, stream, in, a,
