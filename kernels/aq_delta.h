@@ -9,7 +9,8 @@
 // A call whose payload decodes to NaN somewhere (x - m held NaN or Inf, or a channel's delta beyond
 // float16's 65504) changes neither m: both ends see the same NaN scales in the same bytes, so both
 // leave the sample's m as it was and report the count; the caller decides what follows (a full
-// send, an error).
+// send, an error). The CUDA twins (aq_delta_send_cuda, aq_delta_receive_cuda in codec_cuda.h) give
+// the same bits.
 #pragma once
 
 #include <cstddef>

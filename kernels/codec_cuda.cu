@@ -548,6 +548,29 @@ __global__ void aq_decode_kernel(const uint8_t* __restrict__ in, AqShape a, floa
   }
 }
 
+// ---- AQ-SGD's delta messages (aq_delta.h) -----------------------------------------------------------------
+
+__global__ void subtract_kernel(const float* __restrict__ x, const float* __restrict__ last, size_t n,
+                                float* __restrict__ delta) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    delta[i] = x[i] - last[i];
+}
+
+// m = round_t(in), unless *flag (the launch's non-finite count) is not 0: then nothing is written.
+// The roundings are encode_cast_kernel's (float_to_half, float_to_bf16), so store_float_cuda's.
+template <CodecKind kKind>
+__global__ void store_unless_kernel(const float* __restrict__ in, size_t n, void* __restrict__ m,
+                                    const unsigned long long* flag) {
+  if (*flag != 0) return;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    if constexpr (kKind == CodecKind::kNone) {
+      static_cast<float*>(m)[i] = in[i];
+    } else {
+      static_cast<uint16_t*>(m)[i] = kKind == CodecKind::kFp16 ? float_to_half(in[i]) : float_to_bf16(in[i]);
+    }
+  }
+}
+
 // ---- Launching ------------------------------------------------------------------------------------------
 
 // cudaLaunchKernelEx returns this launch's own error, where <<<>>> + cudaGetLastError could report
@@ -825,6 +848,50 @@ cudaError_t load_add_float_cuda(DataType type, const void* in, float* acc, size_
       return launch(decode_cast_kernel<CodecKind::kBf16, true>, blocks, kFlatThreads, stream, in, n, acc, nullptr);
     default: return cudaErrorInvalidValue;
   }
+}
+
+namespace {
+cudaError_t store_unless(DataType t, const float* in, size_t n, void* m, const unsigned long long* flag,
+                         cudaStream_t stream) {
+  const size_t blocks = flat_blocks(n);
+  switch (t) {
+    case DataType::kFloat32: return launch(store_unless_kernel<CodecKind::kNone>, blocks, kFlatThreads, stream, in, n, m, flag);
+    case DataType::kFloat16: return launch(store_unless_kernel<CodecKind::kFp16>, blocks, kFlatThreads, stream, in, n, m, flag);
+    case DataType::kBfloat16: return launch(store_unless_kernel<CodecKind::kBf16>, blocks, kFlatThreads, stream, in, n, m, flag);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+bool valid_delta_store(DataType t) {
+  return t == DataType::kFloat32 || t == DataType::kFloat16 || t == DataType::kBfloat16;
+}
+}  // namespace
+
+cudaError_t aq_delta_send_cuda(const CodecConfig& c, const float* x, size_t n, DataType t, void* m, void* out,
+                               const PhiloxKey& key, uint64_t first, float* scratch, unsigned long long* nonfinite,
+                               cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (c.kind != CodecKind::kAq || !valid_aq(c) || !valid_delta_store(t) || !x || !m || !out || !scratch || !nonfinite)
+    return cudaErrorInvalidValue;
+  float* last = scratch;
+  float* delta = scratch + n;
+  cudaError_t e = load_float_cuda(t, m, last, n, stream);
+  if (e == cudaSuccess) e = launch(subtract_kernel, flat_blocks(n), kFlatThreads, stream, x, static_cast<const float*>(last), n, delta);
+  if (e == cudaSuccess) e = encode_aq(c, delta, n, out, key, first, nonfinite, stream);
+  if (e == cudaSuccess) e = decode_accumulate_cuda(c, out, n, last, nullptr, stream);  // the receiver's sum
+  if (e == cudaSuccess) e = store_unless(t, last, n, m, nonfinite, stream);
+  return e;
+}
+
+cudaError_t aq_delta_receive_cuda(const CodecConfig& c, const void* in, size_t n, DataType t, void* m, float* x_out,
+                                  unsigned long long* nonfinite, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (c.kind != CodecKind::kAq || !valid_aq(c) || !valid_delta_store(t) || !in || !m || !x_out || !nonfinite)
+    return cudaErrorInvalidValue;
+  cudaError_t e = load_float_cuda(t, m, x_out, n, stream);
+  if (e == cudaSuccess) e = decode_accumulate_cuda(c, in, n, x_out, nonfinite, stream);
+  if (e == cudaSuccess) e = store_unless(t, x_out, n, m, nonfinite, stream);
+  return e;
 }
 
 cudaError_t store_float_cuda(DataType type, const float* in, void* out, size_t n, cudaStream_t stream) {

@@ -96,6 +96,18 @@ cudaError_t range_float_encode_cuda(const RangeFloat& r, const float* in, size_t
 cudaError_t range_float_decode_cuda(const RangeFloat& r, const uint32_t* codes, size_t n, float* out,
                                     cudaStream_t stream);
 
+// AQ-SGD's delta messages (aq_delta.h), the same bits as aq_delta_send / aq_delta_receive: the
+// sender's m and payload, the receiver's m and x_out. c is an aq codec, t the store's type (float32,
+// float16, bfloat16). `scratch` holds 2 n floats of device memory. `nonfinite` is required here and
+// must be 0 when the call is enqueued (the caller zeroes it): the launches add the NaN channels
+// (send) or values (receive) to it, and the last launch writes m only if it is still 0, so that a
+// non-finite delta commits nothing without a host round trip.
+cudaError_t aq_delta_send_cuda(const CodecConfig& c, const float* x, size_t n, DataType t, void* m, void* out,
+                               const PhiloxKey& key, uint64_t first, float* scratch, unsigned long long* nonfinite,
+                               cudaStream_t stream);
+cudaError_t aq_delta_receive_cuda(const CodecConfig& c, const void* in, size_t n, DataType t, void* m, float* x_out,
+                                  unsigned long long* nonfinite, cudaStream_t stream);
+
 // convert.h's conversions, for DataType kFloat32, kFloat16 and kBfloat16. in == out is allowed for
 // load_float_cuda and store_float_cuda with kFloat32 (nothing to do); other overlaps are not.
 cudaError_t load_float_cuda(DataType type, const void* in, float* out, size_t n, cudaStream_t stream);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/aq_delta.h"
 #include "kernels/codec.h"
 #include "kernels/codec_cuda.h"
 #include "kernels/convert.h"
@@ -615,6 +616,60 @@ TEST_CASE("the fft codec's range floats: device codes and values are the host's,
       }
   CHECK(range_float_encode_cuda(make_range_float(10, 6, 1.0f, false), nullptr, 5, nullptr, nullptr, nullptr) ==
         cudaErrorInvalidValue);
+}
+
+// AQ-SGD's delta messages: a sender and a receiver on the device and their twins on the host, fed the
+// same drifting activation message after message (and, last, one holding NaN), hold the same m, send
+// the same bytes and return the same x_out, bit for bit; the NaN message commits nothing on either.
+TEST_CASE("aq_delta_send_cuda and aq_delta_receive_cuda match aq_delta.h bit for bit", "[aq][cuda]") {
+  for (DataType t : {DataType::kFloat16, DataType::kBfloat16, DataType::kFloat32})
+    for (const char* spec : {"aq4:channels=64,round=stochastic,seed=5", "aq2:channels=7,rows=3", "aq8:channels=1"}) {
+      const CodecConfig c = parse_codec_spec(spec);
+      const size_t n = 64 * 21 + 5, es = element_size(t);
+      std::mt19937_64 rng(99);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> x(n);
+      for (float& v : x) v = normal(rng);
+      std::vector<uint8_t> m_host(n * es);
+      store_float(t, x.data(), m_host.data(), n);  // a full message first: m = round_t(x) on both ends
+      std::vector<uint8_t> mr_host = m_host, wire_host(c.encoded_bytes(n)), wire_dev(wire_host.size());
+      std::vector<float> out_host(n), out_dev(n);
+      Mirrored<uint8_t> m_dev(m_host), mr_dev(m_host);
+      DeviceBytes d_x(n * 4), d_wire(wire_host.size()), d_out(n * 4), d_scratch(2 * n * 4), d_count(8);
+      auto* count = reinterpret_cast<unsigned long long*>(d_count.get());
+      for (int step = 0; step < 8; ++step) {
+        for (float& v : x) v += 0.1f * normal(rng);
+        if (step == 7) x[70] = NAN;
+        INFO(data_type_name(t) << " " << spec << " message " << step);
+        const PhiloxKey key{5, static_cast<uint64_t>(step), 0, 0};
+        const size_t sent_bad = aq_delta_send(c, x.data(), n, t, m_host.data(), wire_host.data(), key, 0);
+        const size_t received_bad = aq_delta_receive(c, wire_host.data(), n, t, mr_host.data(), out_host.data());
+        CHECK((sent_bad != 0) == (step == 7));
+        ok(cudaMemcpy(d_x.get(), x.data(), n * 4, cudaMemcpyHostToDevice));
+        ok(cudaMemset(count, 0, 8));
+        ok(aq_delta_send_cuda(c, reinterpret_cast<float*>(d_x.get()), n, t, m_dev.dev(), d_wire.get(), key, 0,
+                              reinterpret_cast<float*>(d_scratch.get()), count, nullptr));
+        ok(cudaDeviceSynchronize());
+        unsigned long long dev_sent_bad = 0, dev_received_bad = 0;
+        ok(cudaMemcpy(&dev_sent_bad, count, 8, cudaMemcpyDeviceToHost));
+        ok(cudaMemset(count, 0, 8));
+        ok(aq_delta_receive_cuda(c, d_wire.get(), n, t, mr_dev.dev(), reinterpret_cast<float*>(d_out.get()), count,
+                                 nullptr));
+        ok(cudaDeviceSynchronize());
+        ok(cudaMemcpy(&dev_received_bad, count, 8, cudaMemcpyDeviceToHost));
+        ok(cudaMemcpy(wire_dev.data(), d_wire.get(), wire_dev.size(), cudaMemcpyDeviceToHost));
+        ok(cudaMemcpy(out_dev.data(), d_out.get(), n * 4, cudaMemcpyDeviceToHost));
+        CHECK(first_difference(wire_host.data(), wire_dev.data(), wire_host.size()).empty());
+        CHECK(first_difference(out_host.data(), out_dev.data(), n, true).empty());
+        CHECK(m_dev.fetch() == m_host);
+        CHECK(mr_dev.fetch() == mr_host);
+        CHECK(dev_sent_bad == sent_bad);
+        CHECK(dev_received_bad == received_bad);
+        CHECK(m_host == mr_host);
+      }
+    }
+  CHECK(aq_delta_send_cuda(parse_codec_spec("q8"), nullptr, 5, DataType::kFloat16, nullptr, nullptr, PhiloxKey{}, 0,
+                           nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
 }
 
 }  // namespace qccl::kernels
