@@ -2,19 +2,19 @@
 
 #include <cstring>
 
+#include "kernels/codec.h"
 #include "kernels/half.h"
 
 namespace qccl::kernels {
 
 namespace {
 
-template <class F>
-void for_each_half(DataType t, const void* in, size_t n, F&& f) {
-  const auto* h = static_cast<const uint16_t*>(in);
-  if (t == DataType::kFloat16)
-    for (size_t i = 0; i < n; ++i) f(i, half_to_float(h[i]));
-  else
-    for (size_t i = 0; i < n; ++i) f(i, bf16_to_float(h[i]));
+// The float16 and bfloat16 conversions are the fp16 and bf16 codecs' (codec.cc: vectorized with
+// Highway, the bits of half.h's float_to_half / half_to_float and bf16 twins, which codec_test
+// checks value by value).
+const CodecConfig& cast_codec(DataType t) {
+  static const CodecConfig fp16 = parse_codec_spec("fp16"), bf16 = parse_codec_spec("bf16");
+  return t == DataType::kFloat16 ? fp16 : bf16;
 }
 
 }  // namespace
@@ -24,12 +24,12 @@ void load_float(DataType t, const void* in, float* out, size_t n) {
     if (in != out) std::memcpy(out, in, n * sizeof(float));
     return;
   }
-  for_each_half(t, in, n, [out](size_t i, float v) { out[i] = v; });
+  decode(cast_codec(t), in, n, out);
 }
 
 void load_add_float(DataType t, const void* in, float* acc, size_t n) {
   if (t == DataType::kFloat32) return add_float(static_cast<const float*>(in), acc, n);
-  for_each_half(t, in, n, [acc](size_t i, float v) { acc[i] += v; });
+  decode_accumulate(cast_codec(t), in, n, acc);
 }
 
 void store_float(DataType t, const float* in, void* out, size_t n) {
@@ -37,11 +37,7 @@ void store_float(DataType t, const float* in, void* out, size_t n) {
     if (in != out) std::memcpy(out, in, n * sizeof(float));
     return;
   }
-  auto* h = static_cast<uint16_t*>(out);
-  if (t == DataType::kFloat16)
-    for (size_t i = 0; i < n; ++i) h[i] = float_to_half(in[i]);
-  else
-    for (size_t i = 0; i < n; ++i) h[i] = float_to_bf16(in[i]);
+  encode(cast_codec(t), in, n, out, PhiloxKey{}, 0);
 }
 
 size_t count_nonfinite(DataType t, const void* x, size_t n) {

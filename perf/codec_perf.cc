@@ -20,7 +20,9 @@
 #include <vector>
 
 #include "codec_list.h"
+#include "kernels/aq_delta.h"
 #include "kernels/codec.h"
+#include "kernels/convert.h"
 #include "kernels/fft_sparse.h"
 #include "kernels/marsit.h"
 #include "kernels/reduce.h"
@@ -62,6 +64,10 @@ DESCRIPTION
     times its stages apart: the forward transform (fft_analyze), unpacking into a spectrum
     (fft_decode_spectrum) and the inverse transform (fft_synthesize); what encode spends beyond
     its transform (selection, range floats, packing) follows as 1 / (1/encode - 1/transform).
+
+    For AQ-SGD's aq codecs a line below each row times its delta messages (kernels/aq_delta.h) with
+    a float16 store: send is the sender's work (encode x - m, m += the decoded delta), receive the
+    receiver's (x = m + the decoded delta, m = x), in GB/s of float32 input.
 
     IntSGD's codecs (int8, int16, int32) are timed as one rank's: encode is Int(alpha x) under the
     spec's fixed alpha (1 when adaptive) over the whole wire range, decode is m / alpha (the
@@ -424,6 +430,37 @@ std::vector<uint32_t> random_words(size_t n) {
   return w;
 }
 
+// AQ-SGD's delta messages (kernels/aq_delta.h) with a float16 store, medians in GB/s of float32
+// input: the sender's work (encode x - m, then m += decoded) and the receiver's (x = m + decoded,
+// then m = x). The store starts at the input minus a small drift, so the deltas are small.
+struct DeltaRates {
+  double send, receive;
+};
+DeltaRates measure_aq_delta(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b) {
+  const size_t count = bytes / 4, calls = std::max<size_t>(1, (size_t{64} << 20) / bytes);
+  std::vector<uint16_t> m_send(count), m_receive(count);
+  std::vector<float> drifted(b->in.begin(), b->in.begin() + static_cast<long>(count));
+  for (size_t i = 0; i < count; ++i) drifted[i] -= 0.01f * b->in[(i * 7) % count];
+  qccl::kernels::store_float(qccl::kernels::DataType::kFloat16, drifted.data(), m_send.data(), count);
+  m_receive = m_send;
+  std::vector<double> rates[2];
+  for (int rep = -o.warmup; rep < o.iters; ++rep)
+    for (int which = 0; which < 2; ++which) {
+      const auto start = std::chrono::steady_clock::now();
+      for (size_t i = 0; i < calls; ++i) {
+        if (which == 0)
+          qccl::kernels::aq_delta_send(codec, b->in.data(), count, qccl::kernels::DataType::kFloat16, m_send.data(),
+                                       b->wire.data(), qccl::kernels::PhiloxKey{}, 0);
+        else
+          qccl::kernels::aq_delta_receive(codec, b->wire.data(), count, qccl::kernels::DataType::kFloat16,
+                                          m_receive.data(), b->out.data());
+      }
+      const double t = seconds_of(std::chrono::steady_clock::now() - start);
+      if (rep >= 0) rates[which].push_back(static_cast<double>(bytes) * calls / t / 1e9);
+    }
+  return DeltaRates{median(rates[0]), median(rates[1])};
+}
+
 int run_host(const Options& o) {
   Buffers b;
   const size_t max_count = o.max_bytes / 4;
@@ -442,6 +479,10 @@ int run_host(const Options& o) {
   return print_table(
       o, [&](const CodecConfig& codec, size_t bytes) { return measure(codec, bytes, o, &b); },
       [&](const CodecConfig& codec, size_t bytes, const Row& r) {
+        if (codec.kind == qccl::kernels::CodecKind::kAq) {
+          const DeltaRates d = measure_aq_delta(codec, bytes, o, &b);
+          std::printf("#   delta messages (float16 store): send %.2f, receive %.2f\n", d.send, d.receive);
+        }
         if (codec.kind != qccl::kernels::CodecKind::kFft) return;
         const Stages st = measure_fft_stages(codec, bytes, o, &b);
         std::printf("#   stages: transform %.2f, unpack %.2f, inverse transform %.2f; encode beyond its transform %.2f\n",

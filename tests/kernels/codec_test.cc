@@ -4,6 +4,7 @@
 // launchers of every Highway target against a plain scalar loop over the element functions (qsdp.md
 // §4 P1-P4, P6, P7, P13). Fixed seeds throughout; every bound is derived next to its check.
 #include "kernels/codec.h"
+#include "kernels/convert.h"
 
 #include <catch2/catch.hpp>
 
@@ -469,6 +470,32 @@ void check_all_codecs() {
 
 TEST_CASE("every Highway target matches the scalar reference byte for byte", "[codec][hwy]") {
   for_each_target([] { check_all_codecs(); });
+}
+
+// convert.h's conversions go through those casts: the same bits as half.h, and load_add_float adds
+// what load_float widens, for the same inputs as above.
+TEST_CASE("convert.h's load_float, load_add_float and store_float are half.h's bit for bit", "[convert]") {
+  std::vector<float> x = any_bits(1 << 16, 23);
+  for (uint32_t h = 0; h < 0x10000; ++h) x.push_back(bits_to_float((h << 13) | 0x38000000u));
+  for (DataType t : {DataType::kFloat16, DataType::kBfloat16}) {
+    const bool half = t == DataType::kFloat16;
+    std::vector<uint16_t> stored(x.size());
+    store_float(t, x.data(), stored.data(), x.size());
+    std::vector<float> loaded(x.size()), acc(x.size(), 0.75f);
+    load_float(t, stored.data(), loaded.data(), x.size());
+    load_add_float(t, stored.data(), acc.data(), x.size());
+    size_t bad_store = 0, bad_load = 0, bad_add = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float widened = half ? half_to_float(stored[i]) : bf16_to_float(stored[i]);
+      bad_store += stored[i] == (half ? float_to_half(x[i]) : float_to_bf16(x[i])) ? 0 : 1;
+      bad_load += same_bits(loaded[i], widened) ? 0 : 1;
+      bad_add += same_bits(acc[i], 0.75f + widened) ? 0 : 1;
+    }
+    INFO(data_type_name(t));
+    CHECK(bad_store == 0);
+    CHECK(bad_load == 0);
+    CHECK(bad_add == 0);
+  }
 }
 
 // Every float16 and bfloat16 value, and float32 inputs that cover every exponent and NaN payload.
