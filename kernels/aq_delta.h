@@ -21,8 +21,8 @@
 
 namespace qccl::kernels {
 
-// The sender keeps two float buffers of n values per thread (made at a thread's first call, grown with n,
-// never freed), so that a call allocates nothing once a thread has seen its largest message.
+// The sender keeps two float buffers of n values per thread (made at a thread's first call, grown
+// with n, never freed), so that a call allocates nothing once a thread has seen its largest message.
 //
 // Sender: out = encode(c, x - float(m)) (c.encoded_bytes(n) bytes; c an aq codec), then, unless the
 // payload decodes to NaN somewhere, m = round_t(float(m) + decode(out)). x[0] is value `first` of the
