@@ -1,0 +1,360 @@
+// AQ-SGD's keyed message store (aqsgd_store.h).
+#include "collectives/aqsgd_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_set>
+
+#include "kernels/aq_delta.h"
+#include "kernels/convert.h"
+
+namespace qccl::coll {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x44535141u;       // "AQSD"
+constexpr uint32_t kCheckpointMagic = 0x43535141u;  // "AQSC"
+constexpr uint16_t kVersion = 1;
+constexpr size_t kHeaderBytes = 64;
+
+struct Header {
+  uint32_t magic = kMagic;
+  uint16_t version = kVersion;
+  uint16_t flags = 0;
+  uint32_t id = 0;
+  uint32_t nkeys = 0;
+  uint64_t sequence = 0;
+  uint64_t row_values = 0;
+  uint64_t keys_hash = 0;
+  uint64_t config_hash = 0;
+  uint32_t evicted = 0;
+  uint32_t full = 0;
+  uint64_t payload = 0;
+};
+
+// Little-endian fields at fixed offsets (the layout of aqsgd_store.h), whatever the struct's padding.
+class Writer {
+ public:
+  explicit Writer(uint8_t* p) : p_(p) {}
+  template <typename T>
+  void put(T v) {
+    std::memcpy(p_ + at_, &v, sizeof v);
+    at_ += sizeof v;
+  }
+  void put_bytes(const void* src, size_t n) {
+    if (n) std::memcpy(p_ + at_, src, n);
+    at_ += n;
+  }
+  uint8_t* here() { return p_ + at_; }
+  void skip(size_t n) { at_ += n; }
+  size_t size() const { return at_; }
+
+ private:
+  uint8_t* p_;
+  size_t at_ = 0;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* p, size_t n) : p_(p), n_(n) {}
+  template <typename T>
+  T get() {
+    T v;
+    need(sizeof v);
+    std::memcpy(&v, p_ + at_, sizeof v);
+    at_ += sizeof v;
+    return v;
+  }
+  const uint8_t* take(size_t n) {
+    need(n);
+    const uint8_t* at = p_ + at_;
+    at_ += n;
+    return at;
+  }
+  size_t left() const { return n_ - at_; }
+
+ private:
+  void need(size_t n) const {
+    if (n > n_ - at_) throw DeltaStoreError(DeltaStoreError::Kind::kCorrupt, "the message ends early");
+  }
+  const uint8_t* p_;
+  size_t n_, at_ = 0;
+};
+
+void write_header(const Header& h, uint8_t* out) {
+  Writer w(out);
+  w.put(h.magic), w.put(h.version), w.put(h.flags), w.put(h.id), w.put(h.nkeys), w.put(h.sequence),
+      w.put(h.row_values), w.put(h.keys_hash), w.put(h.config_hash), w.put(h.evicted), w.put(h.full),
+      w.put(h.payload);
+}
+
+Header read_header(Reader& r) {
+  Header h;
+  h.magic = r.get<uint32_t>(), h.version = r.get<uint16_t>(), h.flags = r.get<uint16_t>();
+  h.id = r.get<uint32_t>(), h.nkeys = r.get<uint32_t>(), h.sequence = r.get<uint64_t>();
+  h.row_values = r.get<uint64_t>(), h.keys_hash = r.get<uint64_t>(), h.config_hash = r.get<uint64_t>();
+  h.evicted = r.get<uint32_t>(), h.full = r.get<uint32_t>(), h.payload = r.get<uint64_t>();
+  return h;
+}
+
+uint64_t fnv(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+  return h;
+}
+
+bool storable(kernels::DataType t) {
+  return t == kernels::DataType::kFloat32 || t == kernels::DataType::kFloat16 || t == kernels::DataType::kBfloat16;
+}
+
+std::string key_text(uint64_t key) { return std::to_string(key); }
+
+[[noreturn]] void fail(DeltaStoreError::Kind kind, const std::string& what) { throw DeltaStoreError(kind, what); }
+
+}  // namespace
+
+DeltaStore::DeltaStore(const Config& config) : config_(config) {
+  if (config_.codec.kind != kernels::CodecKind::kAq)
+    fail(DeltaStoreError::Kind::kArgument, "codec '" + config_.codec.canonical() + "': a delta store takes aq2 .. aq8");
+  if (config_.row_values == 0) fail(DeltaStoreError::Kind::kArgument, "row values = 0: a key's row holds at least one value");
+  if (!storable(config_.store_type) || !storable(config_.full_type))
+    fail(DeltaStoreError::Kind::kArgument, "store and full types are float32, float16 or bfloat16");
+}
+
+uint64_t DeltaStore::config_hash() const {
+  const std::string text = config_.codec.canonical() + ";store=" + kernels::data_type_name(config_.store_type) +
+                           ";full=" + kernels::data_type_name(config_.full_type) +
+                           ";row=" + std::to_string(config_.row_values);
+  return fnv(text.data(), text.size());
+}
+
+size_t DeltaStore::max_message_bytes(size_t nkeys) const {
+  const size_t full_row = config_.row_values * kernels::element_size(config_.full_type);
+  const size_t delta = config_.codec.encoded_bytes(nkeys * config_.row_values);
+  return kHeaderBytes + rows_.size() * sizeof(uint64_t) + (nkeys + 7) / 8 + nkeys * full_row + delta;
+}
+
+const uint8_t* DeltaStore::row(uint64_t key) const {
+  auto it = rows_.find(key);
+  return it == rows_.end() ? nullptr : it->second.m.data();
+}
+
+void DeltaStore::touch(uint64_t key) {
+  Entry& e = rows_.at(key);
+  lru_.splice(lru_.end(), lru_, e.lru);  // most recent at the back
+}
+
+std::vector<uint64_t> DeltaStore::evictions(const uint64_t* keys, size_t nkeys) const {
+  std::vector<uint64_t> out;
+  if (config_.budget_bytes == 0) return out;
+  size_t fresh = 0;
+  for (size_t r = 0; r < nkeys; ++r) fresh += holds(keys[r]) ? 0 : 1;
+  if ((rows_.size() + fresh) * row_bytes() <= config_.budget_bytes) return out;
+  if (nkeys * row_bytes() > config_.budget_bytes)
+    fail(DeltaStoreError::Kind::kBudget, "the call's " + std::to_string(nkeys) + " rows take " +
+                                             std::to_string(nkeys * row_bytes()) + " bytes, over the budget of " +
+                                             std::to_string(config_.budget_bytes));
+  if (config_.evict == Evict::kNone)
+    fail(DeltaStoreError::Kind::kBudget, std::to_string(fresh) + " new keys would take the store to " +
+                                             std::to_string((rows_.size() + fresh) * row_bytes()) +
+                                             " bytes, over its budget of " + std::to_string(config_.budget_bytes) +
+                                             " (no eviction)");
+  const std::unordered_set<uint64_t> in_call(keys, keys + nkeys);
+  size_t held = rows_.size() + fresh;
+  for (auto it = lru_.begin(); it != lru_.end() && held * row_bytes() > config_.budget_bytes; ++it) {
+    if (in_call.count(*it)) continue;
+    out.push_back(*it);
+    --held;
+  }
+  return out;
+}
+
+size_t DeltaStore::send(const float* x, const uint64_t* keys, size_t nkeys, const kernels::PhiloxKey& key,
+                        uint8_t* out) {
+  if (nkeys == 0) fail(DeltaStoreError::Kind::kArgument, "nkeys = 0: nothing to send");
+  if (!x || !keys || !out) fail(DeltaStoreError::Kind::kArgument, "a buffer is NULL");
+  if (nkeys > 0xFFFFFFFFu) fail(DeltaStoreError::Kind::kArgument, "nkeys = " + std::to_string(nkeys) + " is too large");
+  {
+    std::unordered_set<uint64_t> seen;
+    for (size_t r = 0; r < nkeys; ++r)
+      if (!seen.insert(keys[r]).second)
+        fail(DeltaStoreError::Kind::kArgument, "key " + key_text(keys[r]) + " appears twice in one call");
+  }
+  const size_t row = config_.row_values;
+  const std::vector<uint64_t> evicted = evictions(keys, nkeys);
+  std::vector<size_t> full_rows, delta_rows;
+  for (size_t r = 0; r < nkeys; ++r) (warmup_ || !holds(keys[r]) ? full_rows : delta_rows).push_back(r);
+
+  // The delta rows, gathered: encoded into the payload and their m copies updated (not yet committed).
+  const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
+  const size_t bitmap_bytes = (nkeys + 7) / 8;
+  Header h;
+  h.flags = warmup_ ? 1 : 0;
+  h.id = config_.id;
+  h.nkeys = static_cast<uint32_t>(nkeys);
+  h.sequence = sequence_;
+  h.row_values = row;
+  h.keys_hash = fnv(keys, nkeys * sizeof(uint64_t));
+  h.config_hash = config_hash();
+  h.evicted = static_cast<uint32_t>(evicted.size());
+  h.full = static_cast<uint32_t>(full_rows.size());
+  const size_t delta_values = delta_rows.size() * row;
+  const size_t delta_bytes = config_.codec.encoded_bytes(delta_values);
+  h.payload = evicted.size() * sizeof(uint64_t) + bitmap_bytes + full_rows.size() * full_row_bytes + delta_bytes;
+  uint8_t* delta_payload = out + kHeaderBytes + h.payload - delta_bytes;
+  std::vector<uint8_t> m_delta(delta_values * kernels::element_size(config_.store_type));
+  if (!delta_rows.empty()) {
+    std::vector<float> x_delta(delta_values);
+    for (size_t d = 0; d < delta_rows.size(); ++d) {
+      std::memcpy(x_delta.data() + d * row, x + delta_rows[d] * row, row * sizeof(float));
+      std::memcpy(m_delta.data() + d * row_bytes(), rows_.at(keys[delta_rows[d]]).m.data(), row_bytes());
+    }
+    if (size_t bad = kernels::aq_delta_send(config_.codec, x_delta.data(), delta_values, config_.store_type,
+                                            m_delta.data(), delta_payload, key, 0))
+      fail(DeltaStoreError::Kind::kNonFinite, std::to_string(bad) +
+                                                  " channels of the delta hold NaN or Inf (or exceed float16's "
+                                                  "range): nothing sent, the store unchanged");
+  }
+
+  // Committed from here on: nothing below throws but allocation.
+  Writer w(out);
+  write_header(h, out);
+  w.skip(kHeaderBytes);
+  for (uint64_t k : evicted) w.put(k);
+  uint8_t* bitmap = w.here();
+  std::memset(bitmap, 0, bitmap_bytes);
+  for (size_t r : full_rows) bitmap[r / 8] |= static_cast<uint8_t>(1u << (r % 8));
+  w.skip(bitmap_bytes);
+  std::vector<float> as_sent(row);
+  for (uint64_t k : evicted) {
+    lru_.erase(rows_.at(k).lru);
+    rows_.erase(k);
+  }
+  for (size_t r : full_rows) {
+    uint8_t* wire = w.here();
+    kernels::store_float(config_.full_type, x + r * row, wire, row);
+    w.skip(full_row_bytes);
+    // m = round_store(the value the receiver reads), as the receiver computes it
+    kernels::load_float(config_.full_type, wire, as_sent.data(), row);
+    auto [it, fresh] = rows_.try_emplace(keys[r]);
+    if (fresh) it->second.lru = lru_.insert(lru_.end(), keys[r]);
+    it->second.m.resize(row_bytes());
+    kernels::store_float(config_.store_type, as_sent.data(), it->second.m.data(), row);
+  }
+  for (size_t d = 0; d < delta_rows.size(); ++d)
+    std::memcpy(rows_.at(keys[delta_rows[d]]).m.data(), m_delta.data() + d * row_bytes(), row_bytes());
+  for (size_t r = 0; r < nkeys; ++r) touch(keys[r]);
+  ++sequence_;
+  return kHeaderBytes + h.payload;
+}
+
+void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* keys, size_t nkeys, float* x_out) {
+  using Kind = DeltaStoreError::Kind;
+  if (!message || !keys || !x_out) fail(Kind::kArgument, "a buffer is NULL");
+  Reader r(message, bytes);
+  const Header h = read_header(r);
+  if (h.magic != kMagic) fail(Kind::kCorrupt, "not a delta-store message (magic)");
+  if (h.version != kVersion)
+    fail(Kind::kMismatch, "message format " + std::to_string(h.version) + ", this store reads " + std::to_string(kVersion));
+  if (h.id != config_.id)
+    fail(Kind::kMismatch, "a message of store " + std::to_string(h.id) + ", this is store " + std::to_string(config_.id));
+  if (h.config_hash != config_hash())
+    fail(Kind::kMismatch, "the sender's store has another codec, store type, full type or row size than this one (" +
+                              config_.codec.canonical() + ", " + std::to_string(config_.row_values) + " values per key)");
+  if (h.row_values != config_.row_values)
+    fail(Kind::kMismatch, "rows of " + std::to_string(h.row_values) + " values, this store's hold " +
+                              std::to_string(config_.row_values));
+  if (h.nkeys != nkeys)
+    fail(Kind::kMismatch, "a message of " + std::to_string(h.nkeys) + " keys, this call names " + std::to_string(nkeys));
+  if (h.sequence != sequence_)
+    fail(Kind::kSequence, "message " + std::to_string(h.sequence) + ", this store expects message " +
+                              std::to_string(sequence_) + ": one was lost or repeated");
+  if (h.keys_hash != fnv(keys, nkeys * sizeof(uint64_t)))
+    fail(Kind::kMismatch, "the sender's keys are not this call's (in order)");
+  if (h.payload != r.left()) fail(Kind::kCorrupt, "the payload's length does not match the header's");
+  const size_t row = config_.row_values;
+  std::vector<uint64_t> evicted(h.evicted);
+  for (uint64_t& k : evicted) k = r.get<uint64_t>();
+  const uint8_t* bitmap = r.take((nkeys + 7) / 8);
+  std::vector<size_t> full_rows, delta_rows;
+  for (size_t i = 0; i < nkeys; ++i) ((bitmap[i / 8] >> (i % 8)) & 1 ? full_rows : delta_rows).push_back(i);
+  if (full_rows.size() != h.full) fail(Kind::kCorrupt, "the bitmap's full rows do not match the header's count");
+  const std::unordered_set<uint64_t> gone(evicted.begin(), evicted.end());
+  for (uint64_t k : evicted)
+    if (!holds(k)) fail(Kind::kSequence, "the sender evicted key " + key_text(k) + ", which this store does not hold");
+  for (size_t i : delta_rows)
+    if (!holds(keys[i]) || gone.count(keys[i]))
+      fail(Kind::kSequence, "a delta for key " + key_text(keys[i]) + ", which this store does not hold");
+  const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
+  const uint8_t* full = r.take(full_rows.size() * full_row_bytes);
+  const size_t delta_values = delta_rows.size() * row;
+  const uint8_t* delta = r.take(config_.codec.encoded_bytes(delta_values));
+  if (r.left() != 0) fail(Kind::kCorrupt, "bytes left over after the payload");
+
+  std::vector<uint8_t> m_delta(delta_values * kernels::element_size(config_.store_type));
+  std::vector<float> x_delta(delta_values);
+  for (size_t d = 0; d < delta_rows.size(); ++d)
+    std::memcpy(m_delta.data() + d * row_bytes(), rows_.at(keys[delta_rows[d]]).m.data(), row_bytes());
+  if (!delta_rows.empty() &&
+      kernels::aq_delta_receive(config_.codec, delta, delta_values, config_.store_type, m_delta.data(), x_delta.data()))
+    fail(Kind::kCorrupt, "the delta decodes to NaN (a sender never sends one)");
+
+  // Committed from here on.
+  for (uint64_t k : evicted) {
+    lru_.erase(rows_.at(k).lru);
+    rows_.erase(k);
+  }
+  for (size_t f = 0; f < full_rows.size(); ++f) {
+    const size_t i = full_rows[f];
+    float* out_row = x_out + i * row;
+    kernels::load_float(config_.full_type, full + f * full_row_bytes, out_row, row);
+    auto [it, fresh] = rows_.try_emplace(keys[i]);
+    if (fresh) it->second.lru = lru_.insert(lru_.end(), keys[i]);
+    it->second.m.resize(row_bytes());
+    kernels::store_float(config_.store_type, out_row, it->second.m.data(), row);
+  }
+  for (size_t d = 0; d < delta_rows.size(); ++d) {
+    std::memcpy(x_out + delta_rows[d] * row, x_delta.data() + d * row, row * sizeof(float));
+    std::memcpy(rows_.at(keys[delta_rows[d]]).m.data(), m_delta.data() + d * row_bytes(), row_bytes());
+  }
+  for (size_t i = 0; i < nkeys; ++i) touch(keys[i]);
+  ++sequence_;
+}
+
+std::vector<uint8_t> DeltaStore::save() const {
+  std::vector<uint8_t> out(4 + 2 + 2 + 8 + 8 + 8 + rows_.size() * (8 + row_bytes()));
+  Writer w(out.data());
+  w.put(kCheckpointMagic), w.put(kVersion), w.put(uint16_t{0}), w.put(config_hash()), w.put(sequence_),
+      w.put(static_cast<uint64_t>(rows_.size()));
+  for (uint64_t k : lru_) w.put(k), w.put_bytes(rows_.at(k).m.data(), row_bytes());
+  return out;
+}
+
+void DeltaStore::load(const uint8_t* data, size_t bytes) {
+  using Kind = DeltaStoreError::Kind;
+  if (!data) fail(Kind::kArgument, "the checkpoint is NULL");
+  Reader r(data, bytes);
+  if (r.get<uint32_t>() != kCheckpointMagic) fail(Kind::kCorrupt, "not a delta-store checkpoint (magic)");
+  if (const uint16_t v = r.get<uint16_t>(); v != kVersion)
+    fail(Kind::kMismatch, "checkpoint format " + std::to_string(v) + ", this store reads " + std::to_string(kVersion));
+  r.get<uint16_t>();
+  if (r.get<uint64_t>() != config_hash())
+    fail(Kind::kMismatch, "a checkpoint of a store with another codec, types or row size");
+  const uint64_t sequence = r.get<uint64_t>(), count = r.get<uint64_t>();
+  if (count > r.left() / (8 + row_bytes()) || r.left() != count * (8 + row_bytes()))
+    fail(Kind::kCorrupt, "the checkpoint's length does not match its " + std::to_string(count) + " keys");
+  std::unordered_map<uint64_t, Entry> rows;
+  std::list<uint64_t> lru;
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t k = r.get<uint64_t>();
+    const uint8_t* m = r.take(row_bytes());
+    auto [it, fresh] = rows.try_emplace(k);
+    if (!fresh) fail(Kind::kCorrupt, "key " + key_text(k) + " appears twice in the checkpoint");
+    it->second.m.assign(m, m + row_bytes());
+    it->second.lru = lru.insert(lru.end(), k);
+  }
+  rows_ = std::move(rows);
+  lru_ = std::move(lru);
+  sequence_ = sequence;
+}
+
+}  // namespace qccl::coll

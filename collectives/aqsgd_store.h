@@ -1,0 +1,120 @@
+// AQ-SGD's keyed message store (Wang et al., NeurIPS 2022, Algorithm 1; shared/specs/aqsgd.md §1.5,
+// §6-7): one end of one direction of a pipeline link keeps, per sample key, the last message m of
+// that sample. The sender turns a call's rows (one per key) into one message: rows whose key it does
+// not hold (first sight, an eviction, warm-up) go full, the others as AQ-SGD deltas Q(x - m) under
+// the store's aq codec (kernels/aq_delta.h: the scales per channel over the call's delta rows, as
+// the reference scales a micro-batch); the receiver applies the message to its own store. The two
+// stores stay bit-equal because the sender alone decides (full or delta, which keys to evict) and
+// writes every decision into the message, and both ends apply the same arithmetic to the same bytes.
+//
+// The message, little-endian:
+//   header (64 bytes): u32 magic 'AQSD' | u16 version | u16 flags (bit 0: warm-up) | u32 store id |
+//     u32 number of keys | u64 sequence number (per store, from 0) | u64 row values | u64 hash of the
+//     keys in call order | u64 hash of the configuration (codec, store and full types, row values) |
+//     u32 evicted keys | u32 rows sent full | u64 payload bytes after the header
+//   evicted keys (u64 each: the receiver forgets them first) | a bitmap of the rows sent full (bit r %
+//   8 of byte r / 8) | the full rows in the full type | the delta rows' aq payload (their rows
+//   back to back, in call order, as one run)
+// Every check a receiver makes (magic, version, store id, configuration, sequence, keys, shape, a
+// delta for a key it does not hold, the lengths) comes before it changes anything: a bad message
+// throws DeltaStoreError naming what differs, and the store is as it was.
+//
+// Budget: the store's rows may take at most budget bytes (0: no bound). A call that needs more,
+// with Evict::kNone, throws kBudget before anything changes; with Evict::kLeastRecent the sender
+// evicts the keys it used least recently (never the call's own) and the receiver mirrors it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/codec.h"
+#include "kernels/types.h"
+
+namespace qccl::coll {
+
+// Why a call on a store fails; the store is unchanged.
+class DeltaStoreError : public std::runtime_error {
+ public:
+  enum class Kind {
+    kArgument,   // a bad call: duplicate keys, a null buffer, nothing to send
+    kBudget,     // the rows would exceed the budget (Evict::kNone, or the call's own keys alone)
+    kNonFinite,  // a delta held NaN or Inf (or a channel beyond float16's range): nothing was sent
+    kMismatch,   // the message does not belong to this store or call (id, configuration, keys, shape)
+    kSequence,   // a message was lost or repeated, or a delta names a key this store does not hold
+    kCorrupt,    // not a message, or its lengths do not add up
+  };
+  DeltaStoreError(Kind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
+class DeltaStore {
+ public:
+  enum class Evict { kNone, kLeastRecent };
+  struct Config {
+    kernels::CodecConfig codec;  // an aq codec
+    size_t row_values = 0;       // values per key (S x H)
+    kernels::DataType store_type = kernels::DataType::kFloat16;  // m's type (float16: the reference's)
+    kernels::DataType full_type = kernels::DataType::kFloat16;   // full rows on the wire
+    size_t budget_bytes = 0;     // 0: unbounded
+    Evict evict = Evict::kNone;
+    uint32_t id = 0;             // the link's store id, the same at both ends
+  };
+  // Throws DeltaStoreError(kArgument) for a codec that is not aq, zero row values, a store or full
+  // type other than float32, float16 or bfloat16.
+  explicit DeltaStore(const Config& config);
+
+  const Config& config() const { return config_; }
+  size_t keys() const { return rows_.size(); }
+  size_t bytes() const { return rows_.size() * row_bytes(); }
+  bool holds(uint64_t key) const { return rows_.count(key) != 0; }
+  uint64_t sequence() const { return sequence_; }
+  // Warm-up: every row is sent full (the sender's setting; the message tells the receiver).
+  void set_warmup(bool on) { warmup_ = on; }
+
+  // Bytes enough for a message of nkeys rows (every key the store holds evicted, and room for the
+  // rows both full and as deltas).
+  size_t max_message_bytes(size_t nkeys) const;
+
+  // Sender: the message for nkeys rows of x (float32, row r for keys[r]) into out (max_message_bytes
+  // capacity); returns its length. `key` keys stochastic rounding. Throws DeltaStoreError (the store
+  // unchanged) for duplicate keys, the budget, or a non-finite delta.
+  size_t send(const float* x, const uint64_t* keys, size_t nkeys, const kernels::PhiloxKey& key, uint8_t* out);
+  // Receiver: applies a message for the same keys, writing the rows (float32: full rows as sent,
+  // delta rows as m + the decoded delta) to x_out. Throws DeltaStoreError (the store unchanged).
+  void receive(const uint8_t* message, size_t bytes, const uint64_t* keys, size_t nkeys, float* x_out);
+
+  // m of one key, in the store type (for tests and checkpoints); nullptr when not held.
+  const uint8_t* row(uint64_t key) const;
+
+  // A checkpoint: the configuration's hash, the sequence number, and every key's row in LRU order.
+  std::vector<uint8_t> save() const;
+  // Restores a checkpoint of a store of the same configuration; throws DeltaStoreError (unchanged).
+  void load(const uint8_t* data, size_t bytes);
+
+ private:
+  struct Entry {
+    std::vector<uint8_t> m;
+    std::list<uint64_t>::iterator lru;  // position in lru_ (front: least recently used)
+  };
+  size_t row_bytes() const { return config_.row_values * kernels::element_size(config_.store_type); }
+  uint64_t config_hash() const;
+  // Keys to evict so that the call's new keys fit, least recently used first (throws kBudget).
+  std::vector<uint64_t> evictions(const uint64_t* keys, size_t nkeys) const;
+  void touch(uint64_t key);
+
+  Config config_;
+  bool warmup_ = false;
+  uint64_t sequence_ = 0;
+  std::unordered_map<uint64_t, Entry> rows_;
+  std::list<uint64_t> lru_;
+};
+
+}  // namespace qccl::coll

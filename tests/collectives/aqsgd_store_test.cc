@@ -1,0 +1,253 @@
+// AQ-SGD's keyed message store (collectives/aqsgd_store.h), a sender and a receiver in one process
+// passing messages as bytes: first sight full and later sends deltas, with the message sizes of the
+// spec's P1/P5; warm-up; 10,000 random calls over random keys with a tiny budget and LRU eviction,
+// the two stores bit-equal after every call (P4, P12); the budget refused without eviction; every
+// protocol error of P11 (another store, configuration, key order, shape, a lost message, a delta for
+// an unknown key, a truncated message) failing before either store changes; checkpoints.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "collectives/aqsgd_store.h"
+#include "kernels/convert.h"
+#include "kernels/half.h"
+
+namespace qccl::coll {
+namespace {
+
+using Kind = DeltaStoreError::Kind;
+
+DeltaStore::Config config(const std::string& spec, size_t row, size_t budget = 0,
+                          DeltaStore::Evict evict = DeltaStore::Evict::kNone) {
+  DeltaStore::Config c;
+  c.codec = kernels::parse_codec_spec(spec);
+  c.row_values = row;
+  c.budget_bytes = budget;
+  c.evict = evict;
+  c.id = 7;
+  return c;
+}
+
+std::vector<float> rows_of(size_t nkeys, size_t row, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(nkeys * row);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+// Both stores hold the same keys with the same bits.
+void require_equal(const DeltaStore& a, const DeltaStore& b, const std::vector<uint64_t>& universe) {
+  REQUIRE(a.keys() == b.keys());
+  REQUIRE(a.sequence() == b.sequence());
+  for (uint64_t k : universe) {
+    REQUIRE((a.row(k) == nullptr) == (b.row(k) == nullptr));
+    if (a.row(k)) REQUIRE(std::memcmp(a.row(k), b.row(k), a.bytes() / a.keys()) == 0);
+  }
+}
+
+Kind kind_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const DeltaStoreError& e) {
+    return e.kind();
+  }
+  FAIL("no DeltaStoreError");
+  return Kind::kArgument;
+}
+
+TEST_CASE("delta store: first sight full, then deltas; message sizes (P1, P5)", "[aqsgd]") {
+  const size_t row = 1024 * 16;  // 1024 tokens x 16 channels
+  DeltaStore sender(config("aq4:channels=16", row)), receiver(config("aq4:channels=16", row));
+  std::mt19937_64 rng(1);
+  const std::vector<uint64_t> keys = {11, 22};
+  std::vector<float> x = rows_of(2, row, rng), out(x.size());
+  std::vector<uint8_t> msg(sender.max_message_bytes(2));
+  // First sight: both rows full, float16 on the wire (2 bytes per value): the header, the bitmap, rows.
+  size_t bytes = sender.send(x.data(), keys.data(), 2, {}, msg.data());
+  CHECK(bytes == 64 + 1 + 2 * row * 2);
+  receiver.receive(msg.data(), bytes, keys.data(), 2, out.data());
+  for (size_t i = 0; i < x.size(); ++i) REQUIRE(out[i] == kernels::half_to_float(kernels::float_to_half(x[i])));
+  require_equal(sender, receiver, keys);
+  // Seen: deltas, the spec's size: 2 rows x 1024 x 16 values at 4 bits + 16 fp16 scales.
+  for (float& v : x) v += 0.01f;
+  bytes = sender.send(x.data(), keys.data(), 2, {}, msg.data());
+  CHECK(bytes == 64 + 1 + 2 * row / 2 + 16 * 2);
+  receiver.receive(msg.data(), bytes, keys.data(), 2, out.data());
+  require_equal(sender, receiver, keys);
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(double{out[i]} - x[i]));
+  CHECK(worst < 0.01);  // the delta (0.01) quantized to 4 bits, plus fp16 rounding of the store
+  // A mix: a new key goes full, the others delta.
+  const std::vector<uint64_t> three = {22, 33, 11};
+  std::vector<float> x3 = rows_of(3, row, rng), out3(x3.size());
+  std::vector<uint8_t> msg3(sender.max_message_bytes(3));
+  bytes = sender.send(x3.data(), three.data(), 3, {}, msg3.data());
+  CHECK(bytes == 64 + 1 + row * 2 + kernels::parse_codec_spec("aq4:channels=16").encoded_bytes(2 * row));
+  receiver.receive(msg3.data(), bytes, three.data(), 3, out3.data());
+  require_equal(sender, receiver, {11, 22, 33});
+  // Warm-up: everything full again.
+  sender.set_warmup(true);
+  bytes = sender.send(x3.data(), three.data(), 3, {}, msg3.data());
+  CHECK(bytes == 64 + 1 + 3 * row * 2);
+  receiver.receive(msg3.data(), bytes, three.data(), 3, out3.data());
+  require_equal(sender, receiver, {11, 22, 33});
+}
+
+TEST_CASE("delta store: 10,000 random calls with a tiny budget stay bit-equal at both ends (P4, P12)", "[aqsgd]") {
+  for (const char* spec : {"aq3:channels=8,round=stochastic,seed=4", "aq8:channels=8"}) {
+    const size_t row = 32, budget_keys = 5;
+    const auto c = config(spec, row, budget_keys * row * 2, DeltaStore::Evict::kLeastRecent);
+    DeltaStore sender(c), receiver(c);
+    std::mt19937_64 rng(2024);
+    std::vector<uint64_t> universe(12);
+    for (size_t k = 0; k < universe.size(); ++k) universe[k] = 1000 + 17 * k;
+    std::vector<std::vector<float>> truth(universe.size());
+    for (auto& t : truth) t = rows_of(1, row, rng);
+    size_t evictions_seen = 0, deltas = 0;
+    for (int call = 0; call < 10000; ++call) {
+      // 1..3 distinct keys
+      std::vector<size_t> pick(universe.size());
+      for (size_t i = 0; i < pick.size(); ++i) pick[i] = i;
+      std::shuffle(pick.begin(), pick.end(), rng);
+      const size_t nkeys = 1 + rng() % 3;
+      std::vector<uint64_t> keys(nkeys);
+      std::vector<float> x(nkeys * row), out(nkeys * row);
+      size_t held_before = 0;
+      for (size_t r = 0; r < nkeys; ++r) {
+        keys[r] = universe[pick[r]];
+        held_before += sender.holds(keys[r]);
+        for (float& v : truth[pick[r]]) v += 0.02f * std::normal_distribution<float>(0.0f, 1.0f)(rng);
+        std::copy(truth[pick[r]].begin(), truth[pick[r]].end(), x.begin() + static_cast<long>(r * row));
+      }
+      sender.set_warmup(call % 1000 < 3);
+      std::vector<uint8_t> msg(sender.max_message_bytes(nkeys));
+      const size_t keys_before = sender.keys();
+      const size_t bytes = sender.send(x.data(), keys.data(), nkeys, kernels::PhiloxKey{4, uint64_t(call), 0, 0}, msg.data());
+      evictions_seen += keys_before + (nkeys - held_before) > sender.keys();
+      deltas += held_before;
+      receiver.receive(msg.data(), bytes, keys.data(), nkeys, out.data());
+      INFO(spec << " call " << call);
+      REQUIRE(sender.bytes() <= c.budget_bytes);
+      require_equal(sender, receiver, universe);
+    }
+    CHECK(evictions_seen > 1000);  // the budget of 5 keys out of 12 evicts often
+    CHECK(deltas > 5000);
+  }
+}
+
+TEST_CASE("delta store: over the budget without eviction, the call fails and nothing changes", "[aqsgd]") {
+  const size_t row = 16;
+  DeltaStore sender(config("aq4:channels=16", row, 2 * row * 2));  // two keys of float16
+  std::mt19937_64 rng(3);
+  std::vector<float> x = rows_of(3, row, rng);
+  std::vector<uint8_t> msg(sender.max_message_bytes(3));
+  const uint64_t a[] = {1, 2}, b[] = {3}, all[] = {4, 5, 6};
+  sender.send(x.data(), a, 2, {}, msg.data());
+  CHECK(kind_of([&] { sender.send(x.data(), b, 1, {}, msg.data()); }) == Kind::kBudget);
+  CHECK(kind_of([&] { sender.send(x.data(), all, 3, {}, msg.data()); }) == Kind::kBudget);
+  CHECK(sender.keys() == 2);
+  CHECK(sender.sequence() == 1);
+  const uint64_t twice[] = {1, 1};
+  CHECK(kind_of([&] { sender.send(x.data(), twice, 2, {}, msg.data()); }) == Kind::kArgument);
+  // A call whose own keys exceed the budget fails even with eviction.
+  DeltaStore lru(config("aq4:channels=16", row, 2 * row * 2, DeltaStore::Evict::kLeastRecent));
+  CHECK(kind_of([&] { lru.send(x.data(), all, 3, {}, msg.data()); }) == Kind::kBudget);
+  CHECK(lru.keys() == 0);
+}
+
+TEST_CASE("delta store: protocol errors fail before either store changes (P11)", "[aqsgd]") {
+  const size_t row = 64;
+  DeltaStore sender(config("aq4:channels=8", row)), receiver(config("aq4:channels=8", row));
+  std::mt19937_64 rng(5);
+  const uint64_t keys[] = {5, 6, 7};
+  std::vector<float> x = rows_of(3, row, rng), out(x.size());
+  std::vector<uint8_t> msg(sender.max_message_bytes(3));
+  size_t bytes = sender.send(x.data(), keys, 3, {}, msg.data());
+  receiver.receive(msg.data(), bytes, keys, 3, out.data());
+  for (float& v : x) v *= 1.01f;
+  bytes = sender.send(x.data(), keys, 3, {}, msg.data());  // deltas, message 1
+  const std::vector<uint8_t> before = receiver.save();
+  auto unchanged = [&] { CHECK(receiver.save() == before); };
+
+  const uint64_t reordered[] = {6, 5, 7}, other[] = {5, 6, 8};
+  CHECK(kind_of([&] { receiver.receive(msg.data(), bytes, reordered, 3, out.data()); }) == Kind::kMismatch);
+  unchanged();
+  CHECK(kind_of([&] { receiver.receive(msg.data(), bytes, other, 3, out.data()); }) == Kind::kMismatch);
+  unchanged();
+  CHECK(kind_of([&] { receiver.receive(msg.data(), bytes, keys, 2, out.data()); }) == Kind::kMismatch);
+  unchanged();
+  CHECK(kind_of([&] { receiver.receive(msg.data(), bytes - 1, keys, 3, out.data()); }) == Kind::kCorrupt);
+  unchanged();
+  CHECK(kind_of([&] { receiver.receive(msg.data(), 10, keys, 3, out.data()); }) == Kind::kCorrupt);
+  unchanged();
+  // Another store id, another configuration, another row size.
+  auto other_id = config("aq4:channels=8", row);
+  other_id.id = 8;
+  DeltaStore wrong_id(other_id), wrong_codec(config("aq3:channels=8", row)), wrong_row(config("aq4:channels=8", row * 2));
+  CHECK(kind_of([&] { wrong_id.receive(msg.data(), bytes, keys, 3, out.data()); }) == Kind::kMismatch);
+  CHECK(kind_of([&] { wrong_codec.receive(msg.data(), bytes, keys, 3, out.data()); }) == Kind::kMismatch);
+  CHECK(kind_of([&] { wrong_row.receive(msg.data(), bytes, keys, 3, out.data()); }) == Kind::kMismatch);
+  // A lost message: the sender's next one arrives first.
+  std::vector<uint8_t> next(sender.max_message_bytes(3));
+  const size_t next_bytes = sender.send(x.data(), keys, 3, {}, next.data());
+  CHECK(kind_of([&] { receiver.receive(next.data(), next_bytes, keys, 3, out.data()); }) == Kind::kSequence);
+  unchanged();
+  // In order, both apply.
+  receiver.receive(msg.data(), bytes, keys, 3, out.data());
+  receiver.receive(next.data(), next_bytes, keys, 3, out.data());
+  require_equal(sender, receiver, {5, 6, 7});
+  // A delta for a key the receiver does not hold: a fresh receiver given message 0 of another run
+  // is at sequence 0 but holds nothing; the sender's deltas at its sequence are refused as a gap.
+  DeltaStore fresh(config("aq4:channels=8", row));
+  CHECK(kind_of([&] { fresh.receive(next.data(), next_bytes, keys, 3, out.data()); }) == Kind::kSequence);
+  CHECK(fresh.keys() == 0);
+  // A NaN in a delta row: the sender refuses, nothing sent, its store unchanged.
+  const std::vector<uint8_t> sender_before = sender.save();
+  x[70] = NAN;
+  CHECK(kind_of([&] { sender.send(x.data(), keys, 3, {}, msg.data()); }) == Kind::kNonFinite);
+  CHECK(sender.save() == sender_before);
+}
+
+TEST_CASE("delta store: a delta for a key the receiver lost is refused; checkpoints restore both ends",
+          "[aqsgd]") {
+  const size_t row = 32;
+  DeltaStore sender(config("aq2:channels=4", row)), receiver(config("aq2:channels=4", row));
+  std::mt19937_64 rng(9);
+  const uint64_t keys[] = {1, 2};
+  std::vector<float> x = rows_of(2, row, rng), out(x.size());
+  std::vector<uint8_t> msg(sender.max_message_bytes(2));
+  size_t bytes = sender.send(x.data(), keys, 2, {}, msg.data());
+  receiver.receive(msg.data(), bytes, keys, 2, out.data());
+  const std::vector<uint8_t> s_ckpt = sender.save(), r_ckpt = receiver.save();
+  // Both ends restore the same checkpoint: they continue bit-equal.
+  bytes = sender.send(x.data(), keys, 2, {}, msg.data());
+  receiver.receive(msg.data(), bytes, keys, 2, out.data());
+  DeltaStore s2(config("aq2:channels=4", row)), r2(config("aq2:channels=4", row));
+  s2.load(s_ckpt.data(), s_ckpt.size());
+  r2.load(r_ckpt.data(), r_ckpt.size());
+  bytes = s2.send(x.data(), keys, 2, {}, msg.data());
+  r2.receive(msg.data(), bytes, keys, 2, out.data());
+  require_equal(s2, r2, {1, 2});
+  // A receiver restored from an empty store's checkpoint at the same sequence does not hold the keys:
+  // a delta for them is refused as out of sequence.
+  DeltaStore empty(config("aq2:channels=4", row));
+  std::vector<uint8_t> e = empty.save();
+  std::memcpy(e.data() + 16, &s_ckpt[16], 8);  // the sequence number the sender is at
+  DeltaStore r3(config("aq2:channels=4", row));
+  r3.load(e.data(), e.size());
+  CHECK(kind_of([&] { r3.receive(msg.data(), bytes, keys, 2, out.data()); }) == Kind::kSequence);
+  // Corrupt and foreign checkpoints.
+  DeltaStore other(config("aq3:channels=4", row));
+  CHECK(kind_of([&] { other.load(s_ckpt.data(), s_ckpt.size()); }) == Kind::kMismatch);
+  CHECK(kind_of([&] { r2.load(s_ckpt.data(), s_ckpt.size() - 3); }) == Kind::kCorrupt);
+  CHECK(kind_of([] { DeltaStore bad(config("q4", 8)); }) == Kind::kArgument);
+}
+
+}  // namespace
+}  // namespace qccl::coll
