@@ -16,6 +16,7 @@ constexpr uint32_t kMagic = 0x44535141u;       // "AQSD"
 constexpr uint32_t kCheckpointMagic = 0x43535141u;  // "AQSC"
 constexpr uint16_t kVersion = 1;
 constexpr size_t kHeaderBytes = 64;
+constexpr uint16_t kWarmup = 1, kRefused = 2;  // header flags
 
 struct Header {
   uint32_t magic = kMagic;
@@ -127,6 +128,26 @@ uint64_t DeltaStore::config_hash() const {
   return fnv(text.data(), text.size());
 }
 
+size_t DeltaStore::header_bytes() { return kHeaderBytes; }
+
+uint64_t DeltaStore::payload_bytes(const uint8_t* header) {
+  uint64_t payload;
+  std::memcpy(&payload, header + kHeaderBytes - sizeof payload, sizeof payload);
+  return payload;
+}
+
+void DeltaStore::write_refusal(uint8_t* header) {
+  Header h;
+  h.flags = kRefused;
+  write_header(h, header);
+}
+
+bool DeltaStore::is_refusal(const uint8_t* header) {
+  Reader r(header, kHeaderBytes);
+  const Header h = read_header(r);
+  return h.magic == kMagic && (h.flags & kRefused) != 0;
+}
+
 size_t DeltaStore::max_message_bytes(size_t nkeys) const {
   const size_t full_row = config_.row_values * kernels::element_size(config_.full_type);
   const size_t delta = config_.codec.encoded_bytes(nkeys * config_.row_values);
@@ -170,6 +191,14 @@ std::vector<uint64_t> DeltaStore::evictions(const uint64_t* keys, size_t nkeys) 
 
 size_t DeltaStore::send(const float* x, const uint64_t* keys, size_t nkeys, const kernels::PhiloxKey& key,
                         uint8_t* out) {
+  const size_t bytes = prepare(x, keys, nkeys, key, out);
+  commit();
+  return bytes;
+}
+
+size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, const kernels::PhiloxKey& key,
+                           uint8_t* out) {
+  pending_ = Pending{};
   if (nkeys == 0) fail(DeltaStoreError::Kind::kArgument, "nkeys = 0: nothing to send");
   if (!x || !keys || !out) fail(DeltaStoreError::Kind::kArgument, "a buffer is NULL");
   if (nkeys > 0xFFFFFFFFu) fail(DeltaStoreError::Kind::kArgument, "nkeys = " + std::to_string(nkeys) + " is too large");
@@ -188,7 +217,7 @@ size_t DeltaStore::send(const float* x, const uint64_t* keys, size_t nkeys, cons
   const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
   const size_t bitmap_bytes = (nkeys + 7) / 8;
   Header h;
-  h.flags = warmup_ ? 1 : 0;
+  h.flags = warmup_ ? kWarmup : 0;
   h.id = config_.id;
   h.nkeys = static_cast<uint32_t>(nkeys);
   h.sequence = sequence_;
@@ -215,7 +244,7 @@ size_t DeltaStore::send(const float* x, const uint64_t* keys, size_t nkeys, cons
                                                   "range): nothing sent, the store unchanged");
   }
 
-  // Committed from here on: nothing below throws but allocation.
+  // The message, and what commit() will change: nothing below throws but allocation.
   Writer w(out);
   write_header(h, out);
   w.skip(kHeaderBytes);
@@ -224,27 +253,44 @@ size_t DeltaStore::send(const float* x, const uint64_t* keys, size_t nkeys, cons
   std::memset(bitmap, 0, bitmap_bytes);
   for (size_t r : full_rows) bitmap[r / 8] |= static_cast<uint8_t>(1u << (r % 8));
   w.skip(bitmap_bytes);
+  Pending p;
+  p.keys.assign(keys, keys + nkeys);
+  p.evicted = evicted;
+  p.m.resize(nkeys);
   std::vector<float> as_sent(row);
-  for (uint64_t k : evicted) {
-    lru_.erase(rows_.at(k).lru);
-    rows_.erase(k);
-  }
   for (size_t r : full_rows) {
     uint8_t* wire = w.here();
     kernels::store_float(config_.full_type, x + r * row, wire, row);
     w.skip(full_row_bytes);
     // m = round_store(the value the receiver reads), as the receiver computes it
     kernels::load_float(config_.full_type, wire, as_sent.data(), row);
-    auto [it, fresh] = rows_.try_emplace(keys[r]);
-    if (fresh) it->second.lru = lru_.insert(lru_.end(), keys[r]);
-    it->second.m.resize(row_bytes());
-    kernels::store_float(config_.store_type, as_sent.data(), it->second.m.data(), row);
+    p.m[r].resize(row_bytes());
+    kernels::store_float(config_.store_type, as_sent.data(), p.m[r].data(), row);
   }
   for (size_t d = 0; d < delta_rows.size(); ++d)
-    std::memcpy(rows_.at(keys[delta_rows[d]]).m.data(), m_delta.data() + d * row_bytes(), row_bytes());
-  for (size_t r = 0; r < nkeys; ++r) touch(keys[r]);
-  ++sequence_;
+    p.m[delta_rows[d]].assign(m_delta.begin() + static_cast<long>(d * row_bytes()),
+                              m_delta.begin() + static_cast<long>((d + 1) * row_bytes()));
+  p.ready = true;
+  p.bytes = kHeaderBytes + h.payload, p.full = full_rows.size();
+  pending_ = std::move(p);
   return kHeaderBytes + h.payload;
+}
+
+void DeltaStore::commit() {
+  if (!pending_.ready) throw DeltaStoreError(DeltaStoreError::Kind::kArgument, "no prepared message to commit");
+  for (uint64_t k : pending_.evicted) {
+    lru_.erase(rows_.at(k).lru);
+    rows_.erase(k);
+  }
+  for (size_t r = 0; r < pending_.keys.size(); ++r) {
+    auto [it, fresh] = rows_.try_emplace(pending_.keys[r]);
+    if (fresh) it->second.lru = lru_.insert(lru_.end(), pending_.keys[r]);
+    it->second.m = std::move(pending_.m[r]);
+  }
+  for (uint64_t k : pending_.keys) touch(k);
+  ++sequence_;
+  last_bytes_ = pending_.bytes, last_full_ = pending_.full;
+  pending_ = Pending{};
 }
 
 void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* keys, size_t nkeys, float* x_out) {
@@ -253,6 +299,7 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
   Reader r(message, bytes);
   const Header h = read_header(r);
   if (h.magic != kMagic) fail(Kind::kCorrupt, "not a delta-store message (magic)");
+  if (h.flags & kRefused) fail(Kind::kCorrupt, "the sender refused this call (a refusal, not a message)");
   if (h.version != kVersion)
     fail(Kind::kMismatch, "message format " + std::to_string(h.version) + ", this store reads " + std::to_string(kVersion));
   if (h.id != config_.id)
@@ -318,6 +365,7 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
   }
   for (size_t i = 0; i < nkeys; ++i) touch(keys[i]);
   ++sequence_;
+  last_bytes_ = bytes, last_full_ = full_rows.size();
 }
 
 std::vector<uint8_t> DeltaStore::save() const {

@@ -8,7 +8,8 @@
 // writes every decision into the message, and both ends apply the same arithmetic to the same bytes.
 //
 // The message, little-endian:
-//   header (64 bytes): u32 magic 'AQSD' | u16 version | u16 flags (bit 0: warm-up) | u32 store id |
+//   header (64 bytes): u32 magic 'AQSD' | u16 version | u16 flags (bit 0: warm-up; bit 1: the sender
+//     refused the call, nothing follows) | u32 store id |
 //     u32 number of keys | u64 sequence number (per store, from 0) | u64 row values | u64 hash of the
 //     keys in call order | u64 hash of the configuration (codec, store and full types, row values) |
 //     u32 evicted keys | u32 rows sent full | u64 payload bytes after the header
@@ -76,17 +77,33 @@ class DeltaStore {
   size_t bytes() const { return rows_.size() * row_bytes(); }
   bool holds(uint64_t key) const { return rows_.count(key) != 0; }
   uint64_t sequence() const { return sequence_; }
+  // The last message this store sent (committed) or received: its bytes and rows sent full.
+  size_t last_message_bytes() const { return last_bytes_; }
+  size_t last_full_rows() const { return last_full_; }
   // Warm-up: every row is sent full (the sender's setting; the message tells the receiver).
   void set_warmup(bool on) { warmup_ = on; }
 
+  // A message's fixed header, and the payload length it announces (what follows it), for a transport
+  // that receives the header first.
+  static size_t header_bytes();
+  static uint64_t payload_bytes(const uint8_t* header);
+  // A header that says the sender refused the call (flags bit 1, nothing follows it), so that a
+  // transport can tell the receiver instead of leaving it waiting.
+  static void write_refusal(uint8_t* header);
+  static bool is_refusal(const uint8_t* header);
   // Bytes enough for a message of nkeys rows (every key the store holds evicted, and room for the
   // rows both full and as deltas).
   size_t max_message_bytes(size_t nkeys) const;
 
   // Sender: the message for nkeys rows of x (float32, row r for keys[r]) into out (max_message_bytes
   // capacity); returns its length. `key` keys stochastic rounding. Throws DeltaStoreError (the store
-  // unchanged) for duplicate keys, the budget, or a non-finite delta.
+  // unchanged) for duplicate keys, the budget, or a non-finite delta. send() is prepare() then
+  // commit(): a sender that must hear the receiver accept the message first calls them apart (a
+  // prepared message changes nothing until commit(); another prepare() or abandon() drops it).
   size_t send(const float* x, const uint64_t* keys, size_t nkeys, const kernels::PhiloxKey& key, uint8_t* out);
+  size_t prepare(const float* x, const uint64_t* keys, size_t nkeys, const kernels::PhiloxKey& key, uint8_t* out);
+  void commit();
+  void abandon() { pending_ = Pending{}; }
   // Receiver: applies a message for the same keys, writing the rows (float32: full rows as sent,
   // delta rows as m + the decoded delta) to x_out. Throws DeltaStoreError (the store unchanged).
   void receive(const uint8_t* message, size_t bytes, const uint64_t* keys, size_t nkeys, float* x_out);
@@ -110,9 +127,19 @@ class DeltaStore {
   std::vector<uint64_t> evictions(const uint64_t* keys, size_t nkeys) const;
   void touch(uint64_t key);
 
+  // What a prepared message changes at commit().
+  struct Pending {
+    bool ready = false;
+    std::vector<uint64_t> keys, evicted;
+    std::vector<std::vector<uint8_t>> m;  // every key's new m, in call order
+    size_t bytes = 0, full = 0;           // the message's size and rows sent full
+  };
+
   Config config_;
+  Pending pending_;
   bool warmup_ = false;
   uint64_t sequence_ = 0;
+  size_t last_bytes_ = 0, last_full_ = 0;
   std::unordered_map<uint64_t, Entry> rows_;
   std::list<uint64_t> lru_;
 };

@@ -538,6 +538,55 @@ QCCL_API qcclResult_t qcclISendCompressed(const void* sendbuff, size_t count, qc
 QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclDataType_t datatype, qcclCodec_t codec,
                                           int peer, qcclComm_t comm, qcclRequest_t* request);
 
+/* AQ-SGD's keyed delta messages (Wang et al., NeurIPS 2022, Algorithm 1), for the activations a
+ * pipeline stage sends the next: per sample key, both ends keep m, the last message of that sample,
+ * in a store of their own (one per direction of a link, the same configuration at both ends); a
+ * call sends one row per key (rowValues values each; row r of sendbuff for keys[r]): a key the
+ * sender's store does not hold (first sight, evicted, or every key while warm-up is on) is sent
+ * whole in the store's type and becomes m, the others are sent as Q(x - m) under the store's aq
+ * codec (the scales per channel over the call's delta rows) and both ends set m += the decoded
+ * delta; recvbuff receives the full rows as sent and m + delta for the others (in m's arithmetic,
+ * rounded once to the datatype). The two stores stay bit-equal: the sender decides everything and
+ * says it in the message (64-byte header: store id, sequence number, keys hash, configuration
+ * hash; evicted keys; which rows are full), and the receiver checks every field before it changes
+ * anything, then answers; the sender changes its store only when the receiver accepted. Both
+ * calls then fail alike, with nothing changed: qcclMismatch when the receiver's keys (in order),
+ * count, codec, types, row size or store id differ, or a message was lost or repeated (the
+ * sequence), or a delta names a key the receiver does not hold; qcclNonFinite when a delta holds
+ * NaN or Inf (or a channel beyond float16's 65504), and qcclInvalidUsage over the budget: the
+ * sender sends only its refusal, which the receiver returns. budgetBytes bounds the rows' memory
+ * (0: none): a call that needs more is refused, unless evictLeastRecent = 1, with which the sender
+ * evicts its least recently used keys (never the call's) and the receiver mirrors it. Keys in one
+ * call are distinct. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16 (each end its own);
+ * storeType: the same three (qcclFloat16 is the paper's). The calls are blocking, one exchange
+ * between the two ends at a time (a message, then the receiver's answer), and refused inside a
+ * group (qcclInvalidUsage). Stores are not tied to a communicator; calls on one store run one at a
+ * time. */
+typedef struct qcclDeltaStore* qcclDeltaStore_t;
+typedef struct {
+  uint64_t keys;             /* keys held */
+  uint64_t bytes;            /* their rows' memory */
+  uint64_t sequence;         /* messages sent or received */
+  uint64_t lastMessageBytes; /* the last message's bytes on the wire (the answer's 256 aside) */
+  uint64_t lastFullRows;     /* rows that message sent whole */
+} qcclDeltaStoreInfo_t;
+QCCL_API qcclResult_t qcclDeltaStoreCreate(qcclCodec_t codec, size_t rowValues, qcclDataType_t storeType,
+                                           size_t budgetBytes, int evictLeastRecent, uint32_t id,
+                                           qcclDeltaStore_t* store);
+QCCL_API qcclResult_t qcclDeltaStoreDestroy(qcclDeltaStore_t store);
+/* Warm-up (the paper's first epoch): while on, every row is sent whole (the sender's setting). */
+QCCL_API qcclResult_t qcclDeltaStoreSetWarmup(qcclDeltaStore_t store, int on);
+QCCL_API qcclResult_t qcclDeltaStoreGetInfo(qcclDeltaStore_t store, qcclDeltaStoreInfo_t* info);
+/* A checkpoint (versioned): Size, then Save into that many bytes; Load restores one of a store of
+ * the same configuration (qcclMismatch otherwise, qcclInvalidArgument when corrupt; unchanged). */
+QCCL_API qcclResult_t qcclDeltaStoreSize(qcclDeltaStore_t store, size_t* bytes);
+QCCL_API qcclResult_t qcclDeltaStoreSave(qcclDeltaStore_t store, void* buffer, size_t bytes);
+QCCL_API qcclResult_t qcclDeltaStoreLoad(qcclDeltaStore_t store, const void* buffer, size_t bytes);
+QCCL_API qcclResult_t qcclDeltaSend(const void* sendbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
+                                    qcclDeltaStore_t store, int peer, qcclComm_t comm);
+QCCL_API qcclResult_t qcclDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
+                                    qcclDeltaStore_t store, int peer, qcclComm_t comm);
+
 /* Segments (QSDP's per-layer compression, Markov et al., ICML 2023, §5.1): a block (AllGather's
  * sendcount values, each of ReduceScatter's nranks blocks of recvcount) cut into consecutive runs,
  * e.g. one per layer, each sent with the codec (exact = 0) or exactly (exact = 1: norm layers and

@@ -13,6 +13,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "include/qccl.h"
+#include "collectives/aqsgd_store.h"
 #include "kernels/convert.h"
 #include "src/bootstrap.h"
 #include "src/comm.h"
@@ -43,6 +44,11 @@ struct qcclCodecStore {
   std::shared_ptr<qccl::CodecStore> impl;
   std::mutex mu;
   std::map<uint64_t, std::unique_ptr<qcclCodecState>> handles;
+};
+
+struct qcclDeltaStore {
+  std::unique_ptr<qccl::coll::DeltaStore> impl;
+  std::mutex mu;  // calls on one store run one at a time
 };
 
 namespace qccl {
@@ -861,3 +867,232 @@ QCCL_API qcclResult_t qcclWait(qcclRequest_t* request) {
 }
 
 }  // extern "C"
+
+// ---- AQ-SGD's keyed delta messages (collectives/aqsgd_store.h) ----------------------------------------
+
+namespace qccl {
+namespace {
+
+// The receiver's answer: a result code and the reason, so that both ends fail alike.
+constexpr size_t kDeltaAnswerBytes = 256;
+
+qcclDeltaStore& delta_of(qcclDeltaStore_t store) {
+  if (!store || !store->impl) fail(qcclInvalidArgument, "store is NULL (make one with qcclDeltaStoreCreate)");
+  return *store;
+}
+
+qcclResult_t delta_code(coll::DeltaStoreError::Kind kind) {
+  switch (kind) {
+    case coll::DeltaStoreError::Kind::kArgument: return qcclInvalidArgument;
+    case coll::DeltaStoreError::Kind::kBudget: return qcclInvalidUsage;
+    case coll::DeltaStoreError::Kind::kNonFinite: return qcclNonFinite;
+    case coll::DeltaStoreError::Kind::kMismatch:
+    case coll::DeltaStoreError::Kind::kSequence:
+    case coll::DeltaStoreError::Kind::kCorrupt: return qcclMismatch;
+  }
+  return qcclInternalError;
+}
+
+kernels::DataType delta_type(qcclDataType_t t, const char* name) {
+  if (t != qcclFloat32 && t != qcclFloat16 && t != qcclBfloat16)
+    fail(qcclInvalidArgument, "%s = %d: float, half or bfloat16", name, static_cast<int>(t));
+  return static_cast<kernels::DataType>(t);
+}
+
+// One blocking transfer of raw bytes with the peer (validated as a qcclSend/qcclRecv of uint8).
+void delta_transfer(qcclComm_t comm, coll::CollKind kind, void* data, size_t bytes, int peer) {
+  submit(comm, RawCall{kind, kind == coll::CollKind::kSend ? data : nullptr,
+                       kind == coll::CollKind::kRecv ? data : nullptr, bytes, qcclUint8, 0, peer},
+         nullptr);
+}
+
+void delta_checks(const char* call, const void* buf, size_t nkeys, const uint64_t* keys, qcclComm_t comm, int peer) {
+  Comm& c = get(comm);
+  if (group_active()) fail(qcclInvalidUsage, "%s inside a group: it waits for the peer's answer", call);
+  if (nkeys == 0) fail(qcclInvalidArgument, "nkeys = 0: nothing to send");
+  require_out(keys, "keys");
+  if (!buf) fail(qcclInvalidArgument, "the buffer is NULL with nkeys = %zu", nkeys);
+  if (peer < 0 || peer >= c.nranks()) fail(qcclInvalidArgument, "peer = %d is out of range [0, %d)", peer, c.nranks());
+  if (peer == c.rank()) fail(qcclInvalidArgument, "peer = %d is this rank: a store is one end of a link", peer);
+}
+
+}  // namespace
+}  // namespace qccl
+
+QCCL_API qcclResult_t qcclDeltaStoreCreate(qcclCodec_t codec, size_t rowValues, qcclDataType_t storeType,
+                                           size_t budgetBytes, int evictLeastRecent, uint32_t id,
+                                           qcclDeltaStore_t* store) {
+  return api_call("qcclDeltaStoreCreate", [&] {
+    require_out(store, "store");
+    if (!codec || !codec->config) fail(qcclInvalidArgument, "codec is NULL (make one with qcclCodecCreate)");
+    if (evictLeastRecent != 0 && evictLeastRecent != 1)
+      fail(qcclInvalidArgument, "evictLeastRecent = %d: 0 or 1", evictLeastRecent);
+    coll::DeltaStore::Config config;
+    config.codec = *codec->config;
+    config.row_values = rowValues;
+    config.store_type = config.full_type = delta_type(storeType, "storeType");
+    config.budget_bytes = budgetBytes;
+    config.evict = evictLeastRecent ? coll::DeltaStore::Evict::kLeastRecent : coll::DeltaStore::Evict::kNone;
+    config.id = id;
+    auto made = std::make_unique<qcclDeltaStore>();
+    try {
+      made->impl = std::make_unique<coll::DeltaStore>(config);
+    } catch (const coll::DeltaStoreError& e) {
+      fail(qcclInvalidArgument, "%s", e.what());
+    }
+    *store = made.release();
+  });
+}
+
+QCCL_API qcclResult_t qcclDeltaStoreDestroy(qcclDeltaStore_t store) {
+  return api_call("qcclDeltaStoreDestroy", [&] {
+    delta_of(store);
+    delete store;
+  });
+}
+
+QCCL_API qcclResult_t qcclDeltaStoreSetWarmup(qcclDeltaStore_t store, int on) {
+  return api_call("qcclDeltaStoreSetWarmup", [&] {
+    qcclDeltaStore& s = delta_of(store);
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.impl->set_warmup(on != 0);
+  });
+}
+
+QCCL_API qcclResult_t qcclDeltaStoreGetInfo(qcclDeltaStore_t store, qcclDeltaStoreInfo_t* info) {
+  return api_call("qcclDeltaStoreGetInfo", [&] {
+    qcclDeltaStore& s = delta_of(store);
+    require_out(info, "info");
+    std::lock_guard<std::mutex> lock(s.mu);
+    *info = qcclDeltaStoreInfo_t{s.impl->keys(), s.impl->bytes(), s.impl->sequence(), s.impl->last_message_bytes(),
+                                 s.impl->last_full_rows()};
+  });
+}
+
+QCCL_API qcclResult_t qcclDeltaStoreSize(qcclDeltaStore_t store, size_t* bytes) {
+  return api_call("qcclDeltaStoreSize", [&] {
+    qcclDeltaStore& s = delta_of(store);
+    require_out(bytes, "bytes");
+    std::lock_guard<std::mutex> lock(s.mu);
+    *bytes = s.impl->save().size();
+  });
+}
+
+QCCL_API qcclResult_t qcclDeltaStoreSave(qcclDeltaStore_t store, void* buffer, size_t bytes) {
+  return api_call("qcclDeltaStoreSave", [&] {
+    qcclDeltaStore& s = delta_of(store);
+    require_out(buffer, "buffer");
+    std::lock_guard<std::mutex> lock(s.mu);
+    const std::vector<uint8_t> data = s.impl->save();
+    if (bytes != data.size())
+      fail(qcclInvalidArgument, "bytes = %zu, the checkpoint takes %zu (qcclDeltaStoreSize)", bytes, data.size());
+    std::memcpy(buffer, data.data(), data.size());
+  });
+}
+
+QCCL_API qcclResult_t qcclDeltaStoreLoad(qcclDeltaStore_t store, const void* buffer, size_t bytes) {
+  return api_call("qcclDeltaStoreLoad", [&] {
+    qcclDeltaStore& s = delta_of(store);
+    require_out(buffer, "buffer");
+    std::lock_guard<std::mutex> lock(s.mu);
+    try {
+      s.impl->load(static_cast<const uint8_t*>(buffer), bytes);
+    } catch (const coll::DeltaStoreError& e) {
+      fail(e.kind() == coll::DeltaStoreError::Kind::kMismatch ? qcclMismatch : qcclInvalidArgument, "%s", e.what());
+    }
+  });
+}
+
+QCCL_API qcclResult_t qcclDeltaSend(const void* sendbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
+                                    qcclDeltaStore_t store, int peer, qcclComm_t comm) {
+  return api_call("qcclDeltaSend", [&] {
+    qcclDeltaStore& s = delta_of(store);
+    delta_checks("qcclDeltaSend", sendbuff, nkeys, keys, comm, peer);
+    const kernels::DataType t = delta_type(datatype, "datatype");
+    std::lock_guard<std::mutex> lock(s.mu);
+    coll::DeltaStore& d = *s.impl;
+    const size_t values = nkeys * d.config().row_values;
+    std::vector<float> x(values);
+    kernels::load_float(t, sendbuff, x.data(), values);
+    std::vector<uint8_t> message(d.max_message_bytes(nkeys));
+    size_t bytes = 0;
+    const size_t header = coll::DeltaStore::header_bytes();
+    try {
+      bytes = d.prepare(x.data(), keys, nkeys, kernels::PhiloxKey{d.config().codec.seed, d.sequence(), 0, 0},
+                        message.data());
+    } catch (const coll::DeltaStoreError& e) {
+      // The receiver is waiting for a header: it gets a refusal and the reason, and fails alike.
+      const qcclResult_t code = delta_code(e.kind());
+      coll::DeltaStore::write_refusal(message.data());
+      delta_transfer(comm, coll::CollKind::kSend, message.data(), header, peer);
+      char reason[kDeltaAnswerBytes] = {};
+      const int32_t wire_code = code;
+      std::memcpy(reason, &wire_code, sizeof wire_code);
+      std::snprintf(reason + sizeof wire_code, sizeof reason - sizeof wire_code, "%s", e.what());
+      delta_transfer(comm, coll::CollKind::kSend, reason, sizeof reason, peer);
+      fail(code, "%s", e.what());
+    }
+    delta_transfer(comm, coll::CollKind::kSend, message.data(), header, peer);
+    delta_transfer(comm, coll::CollKind::kSend, message.data() + header, bytes - header, peer);
+    char answer[kDeltaAnswerBytes] = {};
+    delta_transfer(comm, coll::CollKind::kRecv, answer, sizeof answer, peer);
+    int32_t code;
+    std::memcpy(&code, answer, sizeof code);
+    if (code != qcclSuccess) {
+      d.abandon();
+      answer[sizeof answer - 1] = 0;
+      fail(code > 0 && code < qcclNumResults ? static_cast<qcclResult_t>(code) : qcclRemoteError,
+           "the receiver refused the message: %s", answer + sizeof code);
+    }
+    d.commit();
+  });
+}
+
+QCCL_API qcclResult_t qcclDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
+                                    qcclDeltaStore_t store, int peer, qcclComm_t comm) {
+  return api_call("qcclDeltaRecv", [&] {
+    qcclDeltaStore& s = delta_of(store);
+    delta_checks("qcclDeltaRecv", recvbuff, nkeys, keys, comm, peer);
+    const kernels::DataType t = delta_type(datatype, "datatype");
+    std::lock_guard<std::mutex> lock(s.mu);
+    coll::DeltaStore& d = *s.impl;
+    const size_t header = coll::DeltaStore::header_bytes();
+    std::vector<uint8_t> message(header);
+    delta_transfer(comm, coll::CollKind::kRecv, message.data(), header, peer);
+    if (coll::DeltaStore::is_refusal(message.data())) {
+      char reason[kDeltaAnswerBytes] = {};
+      delta_transfer(comm, coll::CollKind::kRecv, reason, sizeof reason, peer);
+      int32_t code;
+      std::memcpy(&code, reason, sizeof code);
+      reason[sizeof reason - 1] = 0;
+      fail(code > 0 && code < qcclNumResults ? static_cast<qcclResult_t>(code) : qcclRemoteError,
+           "the sender refused the call: %s", reason + sizeof code);
+    }
+    const uint64_t payload = coll::DeltaStore::payload_bytes(message.data());
+    // Received whatever it says, within reason (its sender's store may hold more keys than this one
+    // when the two have drifted apart): the message is then refused, not left in flight.
+    const uint64_t limit = 2 * d.max_message_bytes(nkeys);
+    if (payload > limit)
+      fail(qcclMismatch, "the sender announces a %llu-byte message for %zu keys, over any this store can take (%llu)",
+           static_cast<unsigned long long>(payload), nkeys, static_cast<unsigned long long>(limit));
+    message.resize(header + payload);
+    delta_transfer(comm, coll::CollKind::kRecv, message.data() + header, payload, peer);
+    const size_t values = nkeys * d.config().row_values;
+    std::vector<float> x(values);
+    char answer[kDeltaAnswerBytes] = {};
+    qcclResult_t result = qcclSuccess;
+    std::string reason;
+    try {
+      d.receive(message.data(), message.size(), keys, nkeys, x.data());
+    } catch (const coll::DeltaStoreError& e) {
+      result = delta_code(e.kind());
+      reason = e.what();
+    }
+    const int32_t code = result;
+    std::memcpy(answer, &code, sizeof code);
+    std::snprintf(answer + sizeof code, sizeof answer - sizeof code, "%s", reason.c_str());
+    delta_transfer(comm, coll::CollKind::kSend, answer, sizeof answer, peer);
+    if (result != qcclSuccess) fail(result, "%s", reason.c_str());
+    kernels::store_float(t, x.data(), recvbuff, values);
+  });
+}

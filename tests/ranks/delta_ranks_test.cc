@@ -1,0 +1,168 @@
+// AQ-SGD's keyed delta messages through the C API (qcclDeltaSend / qcclDeltaRecv) on real processes:
+// even rank r sends to rank r + 1 (pipeline stage pairs). 300 calls over random keys with a warm-up, a
+// 5-key budget and LRU eviction; the receiver's rows within the codec's reach of the sender's
+// activation; and at the end the two stores' checkpoints byte-equal (P4 across processes). Then the
+// protocol: keys in another order fail on both ends with nothing changed, a NaN delta and the budget
+// are refused on both ends, and the next call succeeds.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/ranks/rank_test_util.h"
+
+namespace qccl::test {
+namespace {
+
+constexpr size_t kRow = 4 * 32;  // 4 tokens x 32 channels per key
+constexpr size_t kUniverse = 12;
+
+struct Pair {
+  bool sender;
+  int peer;
+};
+
+Pair pair_of(const World& w) {
+  return Pair{w.rank() % 2 == 0, w.rank() % 2 == 0 ? w.rank() + 1 : w.rank() - 1};
+}
+
+struct Store {
+  qcclDeltaStore_t handle = nullptr;
+  Store(const std::string& spec, size_t budget, int evict) {
+    Codec codec(spec);
+    QCCL_REQUIRE_OK(qcclDeltaStoreCreate(codec.handle, kRow, qcclFloat16, budget, evict, 3, &handle));
+  }
+  ~Store() { qcclDeltaStoreDestroy(handle); }
+  qcclDeltaStoreInfo_t info() const {
+    qcclDeltaStoreInfo_t i;
+    QCCL_REQUIRE_OK(qcclDeltaStoreGetInfo(handle, &i));
+    return i;
+  }
+  std::vector<uint8_t> checkpoint() const {
+    size_t bytes = 0;
+    QCCL_REQUIRE_OK(qcclDeltaStoreSize(handle, &bytes));
+    std::vector<uint8_t> out(bytes);
+    QCCL_REQUIRE_OK(qcclDeltaStoreSave(handle, out.data(), bytes));
+    return out;
+  }
+};
+
+// The activations both ends can compute: per key a row that drifts by a little every call.
+struct Activations {
+  std::mt19937_64 rng{77};
+  std::vector<std::vector<float>> rows;
+  Activations() {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    rows.assign(kUniverse, std::vector<float>(kRow));
+    for (auto& r : rows)
+      for (float& v : r) v = normal(rng);
+  }
+  void drift(size_t key) {
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    for (float& v : rows[key]) v += normal(rng);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("delta send/recv: 300 calls over random keys, a budget, eviction; stores byte-equal", "[delta]") {
+  World& w = World::get();
+  if (w.size() % 2) return;  // pairs only
+  const Pair p = pair_of(w);
+  Store store("aq4:channels=32,round=stochastic,seed=9", 5 * kRow * 2, 1);
+  Activations act;
+  std::mt19937_64 pick(5);
+  double worst = 0;
+  uint64_t full_rows = 0;
+  for (int call = 0; call < 300; ++call) {
+    std::vector<size_t> order(kUniverse);
+    for (size_t i = 0; i < kUniverse; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), pick);
+    const size_t nkeys = 1 + pick() % 3;
+    std::vector<uint64_t> keys(nkeys);
+    std::vector<float> x(nkeys * kRow), out(nkeys * kRow);
+    for (size_t r = 0; r < nkeys; ++r) {
+      keys[r] = 5000 + order[r];
+      act.drift(order[r]);
+      std::copy(act.rows[order[r]].begin(), act.rows[order[r]].end(), x.begin() + static_cast<long>(r * kRow));
+    }
+    INFO("call " << call);
+    if (p.sender) {
+      QCCL_REQUIRE_OK(qcclDeltaStoreSetWarmup(store.handle, call < 10));
+      QCCL_REQUIRE_OK(qcclDeltaSend(x.data(), nkeys, keys.data(), qcclFloat32, store.handle, p.peer, w.comm()));
+    } else {
+      QCCL_REQUIRE_OK(qcclDeltaRecv(out.data(), nkeys, keys.data(), qcclFloat32, store.handle, p.peer, w.comm()));
+      for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(double{out[i]} - x[i]));
+    }
+    full_rows += store.info().lastFullRows;
+    REQUIRE(store.info().bytes <= 5 * kRow * 2);
+  }
+  CHECK(store.info().sequence == 300);
+  if (!p.sender) CHECK(worst < 0.05);  // deltas of 4 bits over a drift of 0.02 per call, fp16 stores
+  CHECK(full_rows > 100);   // the warm-up, first sights and evicted keys
+  CHECK(full_rows < 500);   // and deltas for the rest
+  // Byte-equal stores: the receiver sends its checkpoint to the sender, which compares.
+  const std::vector<uint8_t> mine = store.checkpoint();
+  uint64_t size = mine.size();
+  if (p.sender) {
+    uint64_t theirs_size = 0;
+    QCCL_REQUIRE_OK(qcclRecv(&theirs_size, 1, qcclUint64, p.peer, w.comm()));
+    REQUIRE(theirs_size == size);
+    std::vector<uint8_t> theirs(theirs_size);
+    QCCL_REQUIRE_OK(qcclRecv(theirs.data(), theirs.size(), qcclUint8, p.peer, w.comm()));
+    CHECK(theirs == mine);
+  } else {
+    QCCL_REQUIRE_OK(qcclSend(&size, 1, qcclUint64, p.peer, w.comm()));
+    QCCL_REQUIRE_OK(qcclSend(mine.data(), mine.size(), qcclUint8, p.peer, w.comm()));
+  }
+}
+
+TEST_CASE("delta send/recv: protocol errors and refusals fail on both ends, nothing changed", "[delta]") {
+  World& w = World::get();
+  if (w.size() % 2) return;
+  const Pair p = pair_of(w);
+  Store store("aq4:channels=32", 2 * kRow * 2, 0);  // two keys, no eviction
+  Activations act;
+  std::vector<float> x(2 * kRow), out(2 * kRow);
+  std::copy(act.rows[0].begin(), act.rows[0].end(), x.begin());
+  std::copy(act.rows[1].begin(), act.rows[1].end(), x.begin() + kRow);
+  const uint64_t keys[] = {1, 2}, swapped[] = {2, 1}, third[] = {3};
+  auto exchange = [&](const uint64_t* sent_keys, const uint64_t* received_keys, size_t nkeys) {
+    return p.sender ? qcclDeltaSend(x.data(), nkeys, sent_keys, qcclFloat32, store.handle, p.peer, w.comm())
+                    : qcclDeltaRecv(out.data(), nkeys, received_keys, qcclFloat32, store.handle, p.peer, w.comm());
+  };
+  QCCL_REQUIRE_OK(exchange(keys, keys, 2));  // first sight
+  const std::vector<uint8_t> before = store.checkpoint();
+  // The receiver names the keys in another order: both fail, neither changes.
+  CHECK(exchange(keys, swapped, 2) == qcclMismatch);
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("keys"));
+  CHECK(store.checkpoint() == before);
+  // A NaN in a delta row: the sender refuses and says so; the receiver fails alike.
+  x[5] = NAN;
+  CHECK(exchange(keys, keys, 2) == qcclNonFinite);
+  CHECK(store.checkpoint() == before);
+  x[5] = 0.5f;
+  // A third key over the two-key budget: refused on both ends.
+  CHECK(exchange(third, third, 1) == qcclInvalidUsage);
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("budget"));
+  CHECK(store.checkpoint() == before);
+  // Then a good call goes through: deltas.
+  QCCL_REQUIRE_OK(exchange(keys, keys, 2));
+  CHECK(store.info().lastFullRows == 0);
+  CHECK(store.info().sequence == 2);
+  // Bad arguments, nothing sent.
+  CHECK(qcclDeltaSend(x.data(), 0, keys, qcclFloat32, store.handle, p.peer, w.comm()) == qcclInvalidArgument);
+  CHECK(qcclDeltaSend(x.data(), 1, keys, qcclInt32, store.handle, p.peer, w.comm()) == qcclInvalidArgument);
+  CHECK(qcclDeltaSend(x.data(), 1, keys, qcclFloat32, store.handle, w.rank(), w.comm()) == qcclInvalidArgument);
+  CHECK(qcclDeltaSend(x.data(), 1, keys, qcclFloat32, nullptr, p.peer, w.comm()) == qcclInvalidArgument);
+  QCCL_REQUIRE_OK(qcclGroupStart());
+  CHECK(qcclDeltaSend(x.data(), 1, keys, qcclFloat32, store.handle, p.peer, w.comm()) == qcclInvalidUsage);
+  QCCL_REQUIRE_OK(qcclGroupEnd());
+  Codec q8("q8");
+  qcclDeltaStore_t bad = nullptr;
+  CHECK(qcclDeltaStoreCreate(q8.handle, kRow, qcclFloat16, 0, 0, 0, &bad) == qcclInvalidArgument);
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("aq2 .. aq8"));
+}
+
+}  // namespace qccl::test
