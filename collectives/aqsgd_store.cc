@@ -368,8 +368,10 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
   last_bytes_ = bytes, last_full_ = full_rows.size();
 }
 
+size_t DeltaStore::checkpoint_bytes() const { return 4 + 2 + 2 + 8 + 8 + 8 + rows_.size() * (8 + row_bytes()); }
+
 std::vector<uint8_t> DeltaStore::save() const {
-  std::vector<uint8_t> out(4 + 2 + 2 + 8 + 8 + 8 + rows_.size() * (8 + row_bytes()));
+  std::vector<uint8_t> out(checkpoint_bytes());
   Writer w(out.data());
   w.put(kCheckpointMagic), w.put(kVersion), w.put(uint16_t{0}), w.put(config_hash()), w.put(sequence_),
       w.put(static_cast<uint64_t>(rows_.size()));

@@ -113,6 +113,7 @@ class DeltaStore {
 
   // A checkpoint: the configuration's hash, the sequence number, and every key's row in LRU order.
   std::vector<uint8_t> save() const;
+  size_t checkpoint_bytes() const;  // save().size(), without making it
   // Restores a checkpoint of a store of the same configuration; throws DeltaStoreError (unchanged).
   void load(const uint8_t* data, size_t bytes);
 

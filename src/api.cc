@@ -974,7 +974,7 @@ QCCL_API qcclResult_t qcclDeltaStoreSize(qcclDeltaStore_t store, size_t* bytes) 
     qcclDeltaStore& s = delta_of(store);
     require_out(bytes, "bytes");
     std::lock_guard<std::mutex> lock(s.mu);
-    *bytes = s.impl->save().size();
+    *bytes = s.impl->checkpoint_bytes();
   });
 }
 
@@ -983,9 +983,10 @@ QCCL_API qcclResult_t qcclDeltaStoreSave(qcclDeltaStore_t store, void* buffer, s
     qcclDeltaStore& s = delta_of(store);
     require_out(buffer, "buffer");
     std::lock_guard<std::mutex> lock(s.mu);
+    if (bytes != s.impl->checkpoint_bytes())
+      fail(qcclInvalidArgument, "bytes = %zu, the checkpoint takes %zu (qcclDeltaStoreSize)", bytes,
+           s.impl->checkpoint_bytes());
     const std::vector<uint8_t> data = s.impl->save();
-    if (bytes != data.size())
-      fail(qcclInvalidArgument, "bytes = %zu, the checkpoint takes %zu (qcclDeltaStoreSize)", bytes, data.size());
     std::memcpy(buffer, data.data(), data.size());
   });
 }

@@ -1,13 +1,16 @@
 // libFuzzer target for everything qccl parses from the network: frame headers, the bootstrap's peer
-// information and unique ids, and the fft codec's variable-length payloads. Each parser must either
-// accept the bytes or throw qccl::Error (the fft decoder instead decodes what it rejects to NaN); any
-// crash, hang or sanitizer report is a bug. Built with clang (-DQCCL_FUZZ=ON); tools/fuzz.sh runs it.
+// information and unique ids, the fft codec's variable-length payloads, and AQ-SGD's delta-store
+// messages. Each parser must either accept the bytes or throw qccl::Error (the fft decoder instead
+// decodes what it rejects to NaN; the delta store throws its DeltaStoreError and stays as it was);
+// any crash, hang or sanitizer report is a bug. Built with clang (-DQCCL_FUZZ=ON); tools/fuzz.sh runs it.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "base/errors.h"
+#include "collectives/aqsgd_store.h"
 #include "kernels/codec.h"
 #include "kernels/fft_sparse.h"
 #include "src/bootstrap.h"
@@ -18,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t selector = data[0];
   ++data, --size;
   try {
-    switch (selector % 4) {
+    switch (selector % 5) {
       case 0: {
         qccl::FrameHeader h = qccl::FrameHeader::decode(data, size, "fuzz");
         uint8_t again[qccl::FrameHeader::kBytes];
@@ -57,6 +60,43 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::vector<float> spectrum(qccl::kernels::fft_spectrum_floats(codec, count)), out(count);
         qccl::kernels::fft_decode_spectrum(codec, payload.data(), payload.size(), count, spectrum.data(), false, *ws);
         qccl::kernels::fft_decode(codec, payload.data(), payload.size(), count, out.data(), true, *ws);
+        break;
+      }
+      case 4: {
+        // A delta-store message for a receiver that holds keys 1..3: the header's identity (magic,
+        // version, store id, sequence, keys and configuration hashes: what the fuzzer would take long
+        // to guess) from a real message; its counts, payload length, flags and body from the input.
+        using qccl::coll::DeltaStore;
+        static DeltaStore::Config config = [] {
+          DeltaStore::Config c;
+          c.codec = qccl::kernels::parse_codec_spec("aq3:channels=4,rows=2");
+          c.row_values = 16;
+          return c;
+        }();
+        static const uint64_t keys[] = {1, 2, 3};
+        static std::vector<uint8_t> checkpoint, templ;
+        if (templ.empty()) {
+          DeltaStore sender(config), receiver(config);
+          std::vector<float> x(48, 0.5f), out(48);
+          std::vector<uint8_t> msg(sender.max_message_bytes(3));
+          receiver.receive(msg.data(), sender.send(x.data(), keys, 3, {}, msg.data()), keys, 3, out.data());
+          checkpoint = receiver.save();
+          templ.assign(msg.begin(), msg.begin() + static_cast<long>(DeltaStore::header_bytes()));
+        }
+        DeltaStore receiver(config);
+        receiver.load(checkpoint.data(), checkpoint.size());
+        std::vector<uint8_t> message = templ;
+        message[16] = 1;  // the sequence number the receiver expects next
+        message[6] = size ? data[0] : 0;  // flags
+        const size_t counts = std::min<size_t>(size > 1 ? size - 1 : 0, 16);
+        if (counts) std::memcpy(message.data() + 48, data + 1, counts);  // evicted, full, payload length
+        if (size > 17) message.insert(message.end(), data + 17, data + size);
+        std::vector<float> out(48);
+        try {
+          receiver.receive(message.data(), message.size(), keys, 3, out.data());
+        } catch (const qccl::coll::DeltaStoreError&) {
+          if (receiver.save() != checkpoint) __builtin_trap();  // a refused message changed the store
+        }
         break;
       }
     }
