@@ -319,6 +319,8 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
     fail(Kind::kMismatch, "the sender's keys are not this call's (in order)");
   if (h.payload != r.left()) fail(Kind::kCorrupt, "the payload's length does not match the header's");
   const size_t row = config_.row_values;
+  if (h.evicted > r.left() / sizeof(uint64_t)) fail(Kind::kCorrupt, "more evicted keys than the message holds");
+  if (h.evicted > rows_.size()) fail(Kind::kSequence, "the sender evicts more keys than this store holds");
   std::vector<uint64_t> evicted(h.evicted);
   for (uint64_t& k : evicted) k = r.get<uint64_t>();
   const uint8_t* bitmap = r.take((nkeys + 7) / 8);
