@@ -482,7 +482,8 @@ __global__ void __launch_bounds__(kAqScaleThreads)
   uint32_t m = 0;
   if (phase < phases) {
     const float* x = in + b * a.block + c0 + lane;
-    for (size_t j = static_cast<size_t>(phase) * a.channels; c0 + lane + j < n; j += static_cast<size_t>(phases) * a.channels)
+    const size_t stride = static_cast<size_t>(phases) * a.channels;
+    for (size_t j = static_cast<size_t>(phase) * a.channels; c0 + lane + j < n; j += stride)
       m = max(m, __float_as_uint(x[j]) & 0x7FFFFFFFu);
   }
   partial[threadIdx.x] = m;
@@ -496,52 +497,61 @@ __global__ void __launch_bounds__(kAqScaleThreads)
   }
 }
 
+// Group g of a run (8 values from j of block b, n values in that block): where its block's scales
+// and its codes are. False when g lies past a short last block's values.
+struct AqGroup {
+  size_t b, j, n, values, code_offset, scale_offset;
+  __device__ bool at(const AqShape& a, size_t g) {
+    const size_t groups_per_block = (a.block + 7) / 8;
+    b = g / groups_per_block, j = g % groups_per_block * 8;
+    n = min(a.block, a.count - b * a.block);
+    if (j >= n) return false;
+    values = min(size_t{8}, n - j);
+    scale_offset = b * a.block_bytes;
+    code_offset = scale_offset + 2 * aq_block_scales(n, a.channels) + j / 8 * a.bits;
+    return true;
+  }
+};
+
+__device__ size_t aq_groups(const AqShape& a) { return (a.count + a.block - 1) / a.block * ((a.block + 7) / 8); }
+
 __global__ void aq_codes_kernel(const float* __restrict__ in, AqShape a, bool stochastic, PhiloxKey key,
                                 uint64_t first, uint8_t* __restrict__ out) {
-  const size_t groups_per_block = (a.block + 7) / 8;
-  const size_t blocks = (a.count + a.block - 1) / a.block;
-  for (size_t g = blockIdx.x * size_t(blockDim.x) + threadIdx.x; g < blocks * groups_per_block;
-       g += size_t(gridDim.x) * blockDim.x) {
-    const size_t b = g / groups_per_block, j = g % groups_per_block * 8;
-    const size_t n = min(a.block, a.count - b * a.block);
-    if (j >= n) continue;
-    const uint8_t* scales = out + b * a.block_bytes;
-    uint8_t* codes = out + b * a.block_bytes + 2 * aq_block_scales(n, a.channels) + j / 8 * a.bits;
-    const size_t values = min(size_t{8}, n - j);
+  AqGroup q;
+  const size_t groups = aq_groups(a), threads = size_t(gridDim.x) * blockDim.x;
+  for (size_t g = blockIdx.x * size_t(blockDim.x) + threadIdx.x; g < groups; g += threads) {
+    if (!q.at(a, g)) continue;
+    const uint8_t* scales = out + q.scale_offset;
     uint64_t word = 0;
-    for (size_t i = 0; i < values; ++i) {
-      const size_t v = j + i;
-      const float u = stochastic ? philox_uniform(key, first + b * a.block + v) : 0.0f;
-      const uint32_t code = aq_quantize(in[b * a.block + v], aq_factor(aq_load_scale(scales, v % a.channels), a.bits),
+    for (size_t i = 0; i < q.values; ++i) {
+      const size_t v = q.j + i;
+      const float u = stochastic ? philox_uniform(key, first + q.b * a.block + v) : 0.0f;
+      const uint32_t code = aq_quantize(in[q.b * a.block + v], aq_factor(aq_load_scale(scales, v % a.channels), a.bits),
                                         u, stochastic, a.bits);
       word |= static_cast<uint64_t>(code) << (i * a.bits);
     }
-    for (size_t k = 0; k < aq_code_bytes(values, a.bits); ++k) codes[k] = static_cast<uint8_t>(word >> (8 * k));
+    for (size_t k = 0; k < aq_code_bytes(q.values, a.bits); ++k)
+      out[q.code_offset + k] = static_cast<uint8_t>(word >> (8 * k));
   }
 }
 
 template <bool kAccumulate>
 __global__ void aq_decode_kernel(const uint8_t* __restrict__ in, AqShape a, float* __restrict__ out,
                                  unsigned long long* nonfinite) {
-  const size_t groups_per_block = (a.block + 7) / 8;
-  const size_t blocks = (a.count + a.block - 1) / a.block;
-  for (size_t g = blockIdx.x * size_t(blockDim.x) + threadIdx.x; g < blocks * groups_per_block;
-       g += size_t(gridDim.x) * blockDim.x) {
-    const size_t b = g / groups_per_block, j = g % groups_per_block * 8;
-    const size_t n = min(a.block, a.count - b * a.block);
-    if (j >= n) continue;
-    const uint8_t* scales = in + b * a.block_bytes;
-    const uint8_t* codes = in + b * a.block_bytes + 2 * aq_block_scales(n, a.channels) + j / 8 * a.bits;
-    const size_t values = min(size_t{8}, n - j);
+  AqGroup q;
+  const size_t groups = aq_groups(a), threads = size_t(gridDim.x) * blockDim.x;
+  for (size_t g = blockIdx.x * size_t(blockDim.x) + threadIdx.x; g < groups; g += threads) {
+    if (!q.at(a, g)) continue;
     uint64_t word = 0;
-    for (size_t k = 0; k < aq_code_bytes(values, a.bits); ++k) word |= static_cast<uint64_t>(codes[k]) << (8 * k);
+    for (size_t k = 0; k < aq_code_bytes(q.values, a.bits); ++k)
+      word |= static_cast<uint64_t>(in[q.code_offset + k]) << (8 * k);
     unsigned bad = 0;
-    for (size_t i = 0; i < values; ++i) {
-      const size_t v = j + i;
+    for (size_t i = 0; i < q.values; ++i) {
+      const size_t v = q.j + i;
       const uint32_t code = static_cast<uint32_t>(word >> (i * a.bits)) & ((1u << a.bits) - 1u);
-      const float x = aq_dequantize(code, aq_load_scale(scales, v % a.channels), a.bits);
+      const float x = aq_dequantize(code, aq_load_scale(in + q.scale_offset, v % a.channels), a.bits);
       bad += x != x;
-      float* o = out + b * a.block + v;
+      float* o = out + q.b * a.block + v;
       *o = kAccumulate ? *o + x : x;
     }
     if (bad && nonfinite) atomicAdd(nonfinite, static_cast<unsigned long long>(bad));
@@ -876,7 +886,8 @@ cudaError_t aq_delta_send_cuda(const CodecConfig& c, const float* x, size_t n, D
   float* last = scratch;
   float* delta = scratch + n;
   cudaError_t e = load_float_cuda(t, m, last, n, stream);
-  if (e == cudaSuccess) e = launch(subtract_kernel, flat_blocks(n), kFlatThreads, stream, x, static_cast<const float*>(last), n, delta);
+  if (e == cudaSuccess)
+    e = launch(subtract_kernel, flat_blocks(n), kFlatThreads, stream, x, static_cast<const float*>(last), n, delta);
   if (e == cudaSuccess) e = encode_aq(c, delta, n, out, key, first, nonfinite, stream);
   if (e == cudaSuccess) e = decode_accumulate_cuda(c, out, n, last, nullptr, stream);  // the receiver's sum
   if (e == cudaSuccess) e = store_unless(t, last, n, m, nonfinite, stream);

@@ -899,6 +899,25 @@ kernels::DataType delta_type(qcclDataType_t t, const char* name) {
   return static_cast<kernels::DataType>(t);
 }
 
+// An answer (or a sender's refusal): the result code, then the reason, NUL-terminated.
+struct DeltaAnswer {
+  char bytes[kDeltaAnswerBytes] = {};
+  void set(qcclResult_t code, const std::string& reason) {
+    const int32_t wire = code;
+    std::memcpy(bytes, &wire, sizeof wire);
+    std::snprintf(bytes + sizeof wire, sizeof bytes - sizeof wire, "%s", reason.c_str());
+  }
+  qcclResult_t code() const {
+    int32_t wire;
+    std::memcpy(&wire, bytes, sizeof wire);
+    return wire >= 0 && wire < qcclNumResults ? static_cast<qcclResult_t>(wire) : qcclRemoteError;
+  }
+  const char* reason() {
+    bytes[sizeof bytes - 1] = 0;
+    return bytes + sizeof(int32_t);
+  }
+};
+
 // One blocking transfer of raw bytes with the peer (validated as a qcclSend/qcclRecv of uint8).
 void delta_transfer(qcclComm_t comm, coll::CollKind kind, void* data, size_t bytes, int peer) {
   submit(comm, RawCall{kind, kind == coll::CollKind::kSend ? data : nullptr,
@@ -1023,27 +1042,20 @@ QCCL_API qcclResult_t qcclDeltaSend(const void* sendbuff, size_t nkeys, const ui
                         message.data());
     } catch (const coll::DeltaStoreError& e) {
       // The receiver is waiting for a header: it gets a refusal and the reason, and fails alike.
-      const qcclResult_t code = delta_code(e.kind());
+      DeltaAnswer refusal;
+      refusal.set(delta_code(e.kind()), e.what());
       coll::DeltaStore::write_refusal(message.data());
       delta_transfer(comm, coll::CollKind::kSend, message.data(), header, peer);
-      char reason[kDeltaAnswerBytes] = {};
-      const int32_t wire_code = code;
-      std::memcpy(reason, &wire_code, sizeof wire_code);
-      std::snprintf(reason + sizeof wire_code, sizeof reason - sizeof wire_code, "%s", e.what());
-      delta_transfer(comm, coll::CollKind::kSend, reason, sizeof reason, peer);
-      fail(code, "%s", e.what());
+      delta_transfer(comm, coll::CollKind::kSend, refusal.bytes, sizeof refusal.bytes, peer);
+      fail(refusal.code(), "%s", e.what());
     }
     delta_transfer(comm, coll::CollKind::kSend, message.data(), header, peer);
     delta_transfer(comm, coll::CollKind::kSend, message.data() + header, bytes - header, peer);
-    char answer[kDeltaAnswerBytes] = {};
-    delta_transfer(comm, coll::CollKind::kRecv, answer, sizeof answer, peer);
-    int32_t code;
-    std::memcpy(&code, answer, sizeof code);
-    if (code != qcclSuccess) {
+    DeltaAnswer answer;
+    delta_transfer(comm, coll::CollKind::kRecv, answer.bytes, sizeof answer.bytes, peer);
+    if (answer.code() != qcclSuccess) {
       d.abandon();
-      answer[sizeof answer - 1] = 0;
-      fail(code > 0 && code < qcclNumResults ? static_cast<qcclResult_t>(code) : qcclRemoteError,
-           "the receiver refused the message: %s", answer + sizeof code);
+      fail(answer.code(), "the receiver refused the message: %s", answer.reason());
     }
     d.commit();
   });
@@ -1061,13 +1073,10 @@ QCCL_API qcclResult_t qcclDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t
     std::vector<uint8_t> message(header);
     delta_transfer(comm, coll::CollKind::kRecv, message.data(), header, peer);
     if (coll::DeltaStore::is_refusal(message.data())) {
-      char reason[kDeltaAnswerBytes] = {};
-      delta_transfer(comm, coll::CollKind::kRecv, reason, sizeof reason, peer);
-      int32_t code;
-      std::memcpy(&code, reason, sizeof code);
-      reason[sizeof reason - 1] = 0;
-      fail(code > 0 && code < qcclNumResults ? static_cast<qcclResult_t>(code) : qcclRemoteError,
-           "the sender refused the call: %s", reason + sizeof code);
+      DeltaAnswer refusal;
+      delta_transfer(comm, coll::CollKind::kRecv, refusal.bytes, sizeof refusal.bytes, peer);
+      fail(refusal.code() == qcclSuccess ? qcclRemoteError : refusal.code(), "the sender refused the call: %s",
+           refusal.reason());
     }
     const uint64_t payload = coll::DeltaStore::payload_bytes(message.data());
     // Received whatever it says, within reason (its sender's store may hold more keys than this one
@@ -1080,20 +1089,16 @@ QCCL_API qcclResult_t qcclDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t
     delta_transfer(comm, coll::CollKind::kRecv, message.data() + header, payload, peer);
     const size_t values = nkeys * d.config().row_values;
     std::vector<float> x(values);
-    char answer[kDeltaAnswerBytes] = {};
-    qcclResult_t result = qcclSuccess;
+    DeltaAnswer answer;
     std::string reason;
     try {
       d.receive(message.data(), message.size(), keys, nkeys, x.data());
     } catch (const coll::DeltaStoreError& e) {
-      result = delta_code(e.kind());
+      answer.set(delta_code(e.kind()), e.what());
       reason = e.what();
     }
-    const int32_t code = result;
-    std::memcpy(answer, &code, sizeof code);
-    std::snprintf(answer + sizeof code, sizeof answer - sizeof code, "%s", reason.c_str());
-    delta_transfer(comm, coll::CollKind::kSend, answer, sizeof answer, peer);
-    if (result != qcclSuccess) fail(result, "%s", reason.c_str());
+    delta_transfer(comm, coll::CollKind::kSend, answer.bytes, sizeof answer.bytes, peer);
+    if (answer.code() != qcclSuccess) fail(answer.code(), "%s", reason.c_str());
     kernels::store_float(t, x.data(), recvbuff, values);
   });
 }
