@@ -28,12 +28,6 @@ std::vector<float> gaussian(size_t n, std::mt19937_64& rng, float sigma = 1.0f) 
   return x;
 }
 
-// A store of one end: per key, the last message in type t (raw bytes).
-struct End {
-  DataType t;
-  std::vector<std::vector<uint8_t>> m;
-};
-
 // P4: random full and delta messages over random keys, each end applying the same messages to its own
 // store; after every message both stores hold the same bits for every key.
 TEST_CASE("aq delta: both ends' stores stay bit-equal through any sequence of messages (P4)", "[aq_delta]") {
@@ -42,11 +36,12 @@ TEST_CASE("aq delta: both ends' stores stay bit-equal through any sequence of me
       const CodecConfig c = parse_codec_spec(spec);
       const size_t rows = 10, channels = c.channels, n = rows * channels, keys = 6;
       std::mt19937_64 rng(42);
-      End sender{t, {}}, receiver{t, {}};
+      // Each end's store: per key, the last message in type t (raw bytes).
+      std::vector<std::vector<uint8_t>> sender_m, receiver_m;
       std::vector<std::vector<float>> truth(keys);
       for (size_t k = 0; k < keys; ++k) {
         truth[k] = gaussian(n, rng);
-        sender.m.emplace_back(n * element_size(t)), receiver.m.emplace_back(n * element_size(t));
+        sender_m.emplace_back(n * element_size(t)), receiver_m.emplace_back(n * element_size(t));
       }
       std::vector<bool> seen(keys, false);
       std::vector<uint8_t> wire(c.encoded_bytes(n));
@@ -56,20 +51,20 @@ TEST_CASE("aq delta: both ends' stores stay bit-equal through any sequence of me
         // the activation drifts a little between a sample's visits
         for (float& v : truth[k]) v += 0.05f * std::normal_distribution<float>(0.0f, 1.0f)(rng);
         if (!seen[k] || rng() % 10 == 0) {  // first sight, or a forced full message (warm-up, eviction)
-          store_float(t, truth[k].data(), sender.m[k].data(), n);
-          std::memcpy(receiver.m[k].data(), sender.m[k].data(), sender.m[k].size());  // the full payload
+          store_float(t, truth[k].data(), sender_m[k].data(), n);
+          std::memcpy(receiver_m[k].data(), sender_m[k].data(), sender_m[k].size());  // the full payload
           seen[k] = true;
         } else {
-          REQUIRE(aq_delta_send(c, truth[k].data(), n, t, sender.m[k].data(), wire.data(),
+          REQUIRE(aq_delta_send(c, truth[k].data(), n, t, sender_m[k].data(), wire.data(),
                                 PhiloxKey{c.seed, static_cast<uint64_t>(step), 0, 0}, 0) == 0);
-          REQUIRE(aq_delta_receive(c, wire.data(), n, t, receiver.m[k].data(), got.data()) == 0);
+          REQUIRE(aq_delta_receive(c, wire.data(), n, t, receiver_m[k].data(), got.data()) == 0);
           // the receiver's output rounds to its store
           std::vector<uint8_t> rounded(n * element_size(t));
           store_float(t, got.data(), rounded.data(), n);
-          REQUIRE(rounded == receiver.m[k]);
+          REQUIRE(rounded == receiver_m[k]);
         }
         INFO(data_type_name(t) << " " << spec << " step " << step << " key " << k);
-        for (size_t j = 0; j < keys; ++j) REQUIRE(sender.m[j] == receiver.m[j]);
+        for (size_t j = 0; j < keys; ++j) REQUIRE(sender_m[j] == receiver_m[j]);
       }
     }
   }
@@ -119,7 +114,6 @@ TEST_CASE("aq delta: a fixed activation is reached geometrically, down to the st
 // eps.
 TEST_CASE("aq delta: a drifting activation's error follows the drift, far below DirectQ's (P7)", "[aq_delta]") {
   const CodecConfig c = parse_codec_spec("aq4:channels=32");
-  const CodecConfig direct = c;
   const size_t n = 128 * 32;
   const double c_q = 0.125 + std::ldexp(1.0, -11);
   for (float eps : {1e-2f, 1e-3f}) {
@@ -143,9 +137,9 @@ TEST_CASE("aq delta: a drifting activation's error follows the drift, far below 
       for (size_t i = 0; i < n; ++i) delta_err = std::max(delta_err, std::fabs(double{a[i]} - mf[i]));
       INFO("eps " << eps << " t " << t);
       CHECK(delta_err <= c_q * before + 1e-6);  // one message contracts what it was sent
-      std::vector<uint8_t> dwire(direct.encoded_bytes(n));
-      encode(direct, a.data(), n, dwire.data(), PhiloxKey{}, 0);
-      decode(direct, dwire.data(), n, dq.data());
+      std::vector<uint8_t> dwire(c.encoded_bytes(n));  // DirectQ: the same codec on a_t itself
+      encode(c, a.data(), n, dwire.data(), PhiloxKey{}, 0);
+      decode(c, dwire.data(), n, dq.data());
       direct_err = 0;
       for (size_t i = 0; i < n; ++i) direct_err = std::max(direct_err, std::fabs(double{a[i]} - dq[i]));
       // P7's recursion, with the float32 store's rounding (half an ulp of |a| < 8) added per message
