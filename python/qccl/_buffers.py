@@ -1,0 +1,121 @@
+"""What a collective needs of an array: its address, element count and qccl datatype, checked.
+
+Arrays are used in place, never copied: numpy arrays (and bytearray, memoryview, array.array) through
+the buffer protocol, torch tensors through ``data_ptr()`` (which also covers bfloat16, a type numpy
+lacks).  Refused with :class:`qccl.InvalidArgument` naming the argument: non-contiguous arrays,
+read-only arrays where qccl writes, device tensors, and types qccl does not carry.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from . import _qccl
+from .errors import InvalidArgument
+
+
+class DataType:
+    """``qcclDataType_t`` (NCCL's numbering)."""
+
+    INT8 = 0
+    UINT8 = 1
+    INT32 = 2
+    UINT32 = 3
+    INT64 = 4
+    UINT64 = 5
+    FLOAT16 = 6
+    FLOAT32 = 7
+    FLOAT64 = 8
+    BFLOAT16 = 9
+
+
+DTYPE_NAMES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64", 6: "float16",
+               7: "float32", 8: "float64", 9: "bfloat16"}
+
+# Buffer-protocol formats (struct module letters) by (letter, itemsize): C's int and long vary in size.
+_SIGNED, _UNSIGNED = "bhilq", "BHILQ"
+_BY_SIZE_SIGNED = {1: DataType.INT8, 4: DataType.INT32, 8: DataType.INT64}
+_BY_SIZE_UNSIGNED = {1: DataType.UINT8, 4: DataType.UINT32, 8: DataType.UINT64}
+_FLOATS = {"e": DataType.FLOAT16, "f": DataType.FLOAT32, "d": DataType.FLOAT64}
+
+_TORCH_TYPES = {"torch.int8": DataType.INT8, "torch.uint8": DataType.UINT8, "torch.int32": DataType.INT32,
+                "torch.int64": DataType.INT64, "torch.float16": DataType.FLOAT16,
+                "torch.float32": DataType.FLOAT32, "torch.float64": DataType.FLOAT64,
+                "torch.bfloat16": DataType.BFLOAT16}
+
+
+class Buffer(NamedTuple):
+    address: int
+    count: int      # elements
+    dtype: int      # DataType
+    itemsize: int
+    array: Any      # the caller's object, kept alive while qccl uses it
+
+
+def is_torch_tensor(x: Any) -> bool:
+    # Without importing torch: the package works without it.
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+def describe(x: Any, name: str, *, writable: bool) -> Buffer:
+    """The buffer of ``x`` (argument ``name`` in messages), checked for qccl's use."""
+    if is_torch_tensor(x):
+        return _describe_torch(x, name)
+    try:
+        address, nbytes, itemsize, fmt, readonly, contiguous = _qccl.buffer_info(x)
+    except TypeError:
+        raise InvalidArgument(f"{name}: a {type(x).__name__} is not an array (pass a numpy array, a torch "
+                              f"tensor or another object with the buffer protocol)") from None
+    except BufferError as e:
+        raise InvalidArgument(f"{name}: {e}") from None
+    if readonly and writable:
+        raise InvalidArgument(f"{name}: the array is read-only, and qccl writes the result into it")
+    if not contiguous:
+        raise InvalidArgument(f"{name}: the array is not C-contiguous (a strided view); pass a contiguous "
+                              f"copy, e.g. numpy.ascontiguousarray")
+    dtype = _dtype_of_format(fmt, itemsize)
+    if dtype is None:
+        raise InvalidArgument(f"{name}: element format '{fmt}' ({itemsize} bytes) is not a qccl datatype "
+                              f"(int8, uint8, int32, uint32, int64, uint64, float16, float32, float64; "
+                              f"bfloat16 through torch)")
+    return Buffer(address, nbytes // itemsize if itemsize else 0, dtype, itemsize, x)
+
+
+def _dtype_of_format(fmt: str, itemsize: int) -> int | None:
+    letter = fmt.lstrip("@=<>!")
+    if len(letter) != 1:
+        return None
+    if fmt[0] in ">!":  # big-endian data: qccl's reductions are native little-endian
+        return None
+    if letter in _SIGNED:
+        return _BY_SIZE_SIGNED.get(itemsize)
+    if letter in _UNSIGNED:
+        return _BY_SIZE_UNSIGNED.get(itemsize)
+    return _FLOATS.get(letter)
+
+
+def _describe_torch(t: Any, name: str) -> Buffer:
+    if t.device.type != "cpu":
+        raise InvalidArgument(f"{name}: a tensor on {t.device}; qccl's Python API takes CPU tensors (move it "
+                              f"with .cpu(), or use the C API's device path)")
+    if str(t.layout) != "torch.strided":
+        raise InvalidArgument(f"{name}: a {t.layout} tensor; pass a dense (torch.strided) one")
+    if not t.is_contiguous():
+        raise InvalidArgument(f"{name}: the tensor is not contiguous (strides {tuple(t.stride())}); pass "
+                              f"t.contiguous()")
+    dtype = _TORCH_TYPES.get(str(t.dtype))
+    if dtype is None:
+        raise InvalidArgument(f"{name}: {t.dtype} is not a qccl datatype (int8, uint8, int32, int64, float16, "
+                              f"bfloat16, float32, float64)")
+    return Buffer(t.data_ptr(), t.numel(), dtype, t.element_size(), t)
+
+
+def same_type(a: Buffer, b: Buffer, name_a: str, name_b: str) -> None:
+    if a.dtype != b.dtype:
+        raise InvalidArgument(f"{name_b}: {DTYPE_NAMES[b.dtype]}, but {name_a} is {DTYPE_NAMES[a.dtype]}; "
+                              f"both must have one datatype")
+
+
+def require_count(b: Buffer, name: str, count: int, why: str) -> None:
+    if b.count != count:
+        raise InvalidArgument(f"{name}: {b.count} elements, expected {count} ({why})")

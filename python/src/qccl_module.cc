@@ -1,0 +1,567 @@
+// qccl._qccl: the C API as Python objects, one thin layer. Buffers arrive as addresses and element
+// counts: qccl/_buffers.py has already checked them (type, contiguity, writability, sizes), and holds
+// the arrays alive; this layer owns the handles (communicators, requests, codecs, states), releases
+// the GIL around every call that may block or take long, and turns a failed result into the
+// exception that qccl/errors.py makes for its code (with the library's own message).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <qccl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// Set by qccl/errors.py at import: factory(code, message) -> an exception instance.
+py::object& error_factory() {
+  static py::object* factory = new py::object();  // never destroyed: outlives the interpreter's teardown
+  return *factory;
+}
+
+[[noreturn]] void raise_error(int code, const std::string& message) {
+  py::object exception = error_factory()(code, message);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr())), exception.ptr());
+  throw py::error_already_set();
+}
+
+// The message must be read on the thread that made the call, before any other qccl call: it is.
+void check(qcclResult_t result, qcclComm_t comm = nullptr) {
+  if (result == qcclSuccess) return;
+  raise_error(result, qcclGetLastError(comm));
+}
+
+// Runs a C call with the GIL released and raises on failure.
+template <class Call>
+void call_released(qcclComm_t comm, Call&& call) {
+  qcclResult_t result;
+  {
+    py::gil_scoped_release nogil;
+    result = call();
+  }
+  check(result, comm);
+}
+
+const void* cptr(uintptr_t address) { return reinterpret_cast<const void*>(address); }
+void* ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+qcclDataType_t dtype(int code) { return static_cast<qcclDataType_t>(code); }
+qcclRedOp_t redop(int code) { return static_cast<qcclRedOp_t>(code); }
+
+// Configuration from keyword values (None: take the QCCL_* variable or the default).
+struct Config {
+  qcclConfig_t c = QCCL_CONFIG_INITIALIZER;
+  std::string algorithms, codec;
+
+  explicit Config(const py::dict& values) {
+    for (auto item : values) {
+      std::string key = py::cast<std::string>(item.first);
+      py::handle value = item.second;
+      if (value.is_none()) continue;
+      if (key == "timeout") c.timeoutSeconds = py::cast<double>(value);
+      else if (key == "chunk_bytes") c.chunkBytes = py::cast<int>(value);
+      else if (key == "pipeline_depth") c.pipelineDepth = py::cast<int>(value);
+      else if (key == "codec_min_bytes") c.codecMinBytes = py::cast<double>(value);
+      else if (key == "algorithms") c.algorithms = (algorithms = py::cast<std::string>(value)).c_str();
+      else if (key == "codec") c.codec = (codec = py::cast<std::string>(value)).c_str();
+      else raise_error(qcclInvalidArgument, "config: unknown setting '" + key + "'");
+    }
+  }
+  Config(const Config&) = delete;
+};
+
+class Request {
+ public:
+  Request(qcclRequest_t request, py::object keepalive) : request_(request), keepalive_(std::move(keepalive)) {}
+  Request(const Request&) = delete;
+  // A request dropped while its operation runs waits for it: the buffers are qccl's until then.
+  ~Request() {
+    if (request_ == nullptr) return;
+    py::gil_scoped_release nogil;
+    qcclWait(&request_);
+  }
+  void wait() {
+    if (request_ == nullptr) return;
+    call_released(nullptr, [&] { return qcclWait(&request_); });
+    release_buffers();
+  }
+  bool test() {
+    if (request_ == nullptr) return true;
+    int done = 0;
+    qcclResult_t result = qcclTest(&request_, &done);
+    if (done) release_buffers();
+    check(result);
+    return done != 0;
+  }
+
+ private:
+  void release_buffers() { keepalive_ = py::none(); }
+  qcclRequest_t request_;
+  py::object keepalive_;
+};
+
+// Blocking (request = nullptr) or not: `call(request)` is the C call. Non-blocking calls return a
+// Request that keeps `keepalive` (the caller's arrays) until it completes.
+template <class Call>
+py::object launch(qcclComm_t comm, bool async_op, py::object keepalive, Call&& call) {
+  if (!async_op) {
+    call_released(comm, [&] { return call(nullptr); });
+    return py::none();
+  }
+  qcclRequest_t request = nullptr;
+  call_released(comm, [&] { return call(&request); });
+  return py::cast(new Request(request, std::move(keepalive)), py::return_value_policy::take_ownership);
+}
+
+class Codec {
+ public:
+  explicit Codec(const std::string& spec) : spec_(spec) { check(qcclCodecCreate(spec.c_str(), &codec_)); }
+  Codec(qcclCodec_t codec, std::string spec) : codec_(codec), spec_(std::move(spec)) {}
+  Codec(const Codec&) = delete;
+  ~Codec() { qcclCodecDestroy(codec_); }
+  qcclCodec_t get() const { return codec_; }
+  const std::string& spec() const { return spec_; }
+
+ private:
+  qcclCodec_t codec_ = nullptr;
+  std::string spec_;
+};
+
+// A codec state: owned (made by a communicator) or a codec store's (owned by the store).
+class CodecState {
+ public:
+  CodecState(qcclCodecState_t state, bool owned) : state_(state), owned_(owned) {}
+  CodecState(const CodecState&) = delete;
+  ~CodecState() {
+    if (owned_) qcclCodecStateDestroy(state_);
+  }
+  qcclCodecState_t get() const { return state_; }
+  py::bytes save() const {
+    size_t bytes = 0;
+    check(qcclCodecStateSize(state_, &bytes));
+    std::string buffer(bytes, '\0');
+    call_released(nullptr, [&] { return qcclCodecStateSave(state_, buffer.data(), buffer.size()); });
+    return py::bytes(buffer);
+  }
+  void load(const py::bytes& checkpoint) const {
+    std::string_view view = checkpoint;
+    call_released(nullptr, [&] { return qcclCodecStateLoad(state_, view.data(), view.size()); });
+  }
+  void set_learning_rate(double lr) const { check(qcclCodecStateSetLearningRate(state_, lr)); }
+
+ private:
+  qcclCodecState_t state_;
+  bool owned_;
+};
+
+qcclCodecState_t state_of(const CodecState* state) { return state ? state->get() : nullptr; }
+
+class CodecStore {
+ public:
+  CodecStore(qcclCodecStore_t store) : store_(store) {}
+  CodecStore(const CodecStore&) = delete;
+  ~CodecStore() { qcclCodecStoreDestroy(store_); }
+  // The handle is the store's; the Python object keeps the store alive (keep_alive below).
+  CodecState* get(uint64_t key, size_t count) {
+    qcclCodecState_t state = nullptr;
+    check(qcclCodecStoreGet(store_, key, count, &state));
+    return new CodecState(state, false);
+  }
+  void erase(uint64_t key) { check(qcclCodecStoreErase(store_, key)); }
+  py::bytes save() const {
+    size_t bytes = 0;
+    check(qcclCodecStoreSize(store_, &bytes));
+    std::string buffer(bytes, '\0');
+    call_released(nullptr, [&] { return qcclCodecStoreSave(store_, buffer.data(), buffer.size()); });
+    return py::bytes(buffer);
+  }
+  void load(const py::bytes& checkpoint) const {
+    std::string_view view = checkpoint;
+    call_released(nullptr, [&] { return qcclCodecStoreLoad(store_, view.data(), view.size()); });
+  }
+
+ private:
+  qcclCodecStore_t store_;
+};
+
+class DeltaStore {
+ public:
+  DeltaStore(const Codec& codec, size_t row_values, int store_dtype, size_t budget, bool evict, uint32_t id) {
+    check(qcclDeltaStoreCreate(codec.get(), row_values, dtype(store_dtype), budget, evict ? 1 : 0, id, &store_));
+  }
+  DeltaStore(const DeltaStore&) = delete;
+  ~DeltaStore() { qcclDeltaStoreDestroy(store_); }
+  qcclDeltaStore_t get() const { return store_; }
+  void set_warmup(bool on) { check(qcclDeltaStoreSetWarmup(store_, on ? 1 : 0)); }
+  py::dict info() const {
+    qcclDeltaStoreInfo_t info{};
+    check(qcclDeltaStoreGetInfo(store_, &info));
+    py::dict d;
+    d["keys"] = info.keys;
+    d["bytes"] = info.bytes;
+    d["sequence"] = info.sequence;
+    d["last_message_bytes"] = info.lastMessageBytes;
+    d["last_full_rows"] = info.lastFullRows;
+    return d;
+  }
+  py::bytes save() const {
+    size_t bytes = 0;
+    check(qcclDeltaStoreSize(store_, &bytes));
+    std::string buffer(bytes, '\0');
+    call_released(nullptr, [&] { return qcclDeltaStoreSave(store_, buffer.data(), buffer.size()); });
+    return py::bytes(buffer);
+  }
+  void load(const py::bytes& checkpoint) const {
+    std::string_view view = checkpoint;
+    call_released(nullptr, [&] { return qcclDeltaStoreLoad(store_, view.data(), view.size()); });
+  }
+
+ private:
+  qcclDeltaStore_t store_ = nullptr;
+};
+
+std::vector<qcclSegment_t> segments_of(const std::vector<std::pair<size_t, bool>>& list) {
+  std::vector<qcclSegment_t> segments;
+  segments.reserve(list.size());
+  for (const auto& [count, exact] : list) segments.push_back({count, exact ? 1 : 0});
+  return segments;
+}
+
+class Comm {
+ public:
+  explicit Comm(qcclComm_t comm) : comm_(comm) {}
+  Comm(const Comm&) = delete;
+  // Not destroyed here: destroying is collective (every rank must reach it), which a garbage
+  // collector cannot promise. qccl/communicator.py warns about a communicator left undestroyed.
+  ~Comm() = default;
+
+  static Comm* init_env(const py::dict& config) {
+    Config c(config);
+    qcclComm_t comm = nullptr;
+    call_released(nullptr, [&] { return qcclCommInitEnv(&comm, &c.c); });
+    return new Comm(comm);
+  }
+  static Comm* init_rank(int nranks, const py::bytes& unique_id, int rank, const py::dict& config) {
+    std::string_view id = unique_id;
+    if (id.size() != QCCL_UNIQUE_ID_BYTES)
+      raise_error(qcclInvalidArgument, "unique_id: " + std::to_string(id.size()) + " bytes, expected " +
+                                           std::to_string(QCCL_UNIQUE_ID_BYTES) + " (from qccl.get_unique_id())");
+    qcclUniqueId uid;
+    std::copy(id.begin(), id.end(), uid.internal);
+    Config c(config);
+    qcclComm_t comm = nullptr;
+    call_released(nullptr, [&] { return qcclCommInitRankConfig(&comm, nranks, uid, rank, &c.c); });
+    return new Comm(comm);
+  }
+
+  qcclComm_t get() const {
+    if (comm_ == nullptr) raise_error(qcclInvalidUsage, "the communicator has been destroyed or aborted");
+    return comm_;
+  }
+  bool alive() const { return comm_ != nullptr; }
+  int rank() const {
+    int r = 0;
+    check(qcclCommUserRank(get(), &r), comm_);
+    return r;
+  }
+  int size() const {
+    int n = 0;
+    check(qcclCommCount(get(), &n), comm_);
+    return n;
+  }
+  Comm* split(int color, int key, const py::dict& config) {
+    Config c(config);
+    qcclComm_t comm = get(), newcomm = nullptr;
+    call_released(comm, [&] { return qcclCommSplit(comm, color, key, &newcomm, &c.c); });
+    return newcomm ? new Comm(newcomm) : nullptr;
+  }
+  void destroy() {
+    qcclComm_t comm = get();
+    comm_ = nullptr;  // invalid afterwards, even on failure
+    call_released(nullptr, [&] { return qcclCommDestroy(comm); });
+  }
+  void abort() {
+    qcclComm_t comm = get();
+    comm_ = nullptr;
+    call_released(nullptr, [&] { return qcclCommAbort(comm); });
+  }
+  void check_async_error() const {
+    qcclResult_t async_error = qcclSuccess;
+    check(qcclCommGetAsyncError(get(), &async_error), comm_);
+    check(async_error, comm_);
+  }
+  py::dict last_stats() const {
+    qcclStats_t s{};
+    s.size = sizeof(s);
+    check(qcclCommGetLastStats(get(), &s), comm_);
+    py::dict d;
+    d["wire_bytes_sent"] = s.wireBytesSent;
+    d["wire_bytes_received"] = s.wireBytesReceived;
+    d["seconds"] = s.seconds;
+    d["sequence"] = s.sequence;
+    d["algorithm"] = std::string(s.algorithm);
+    d["compression_ratio"] = s.compressionRatio;
+    d["encode_seconds"] = s.encodeSeconds;
+    d["decode_seconds"] = s.decodeSeconds;
+    d["wire_seconds"] = s.wireSeconds;
+    d["codec"] = std::string(s.codec);
+    d["int_alpha"] = s.intAlpha;
+    d["clipped_values"] = s.clippedValues;
+    d["largest_integer"] = s.largestInteger;
+    d["inter_node_bytes_sent"] = s.interNodeBytesSent;
+    return d;
+  }
+
+  // ---- Collectives: addresses and counts checked by the caller (qccl/communicator.py) ----
+  py::object all_reduce(uintptr_t send, uintptr_t recv, size_t count, int type, int op, const Codec* codec,
+                        const CodecState* state, bool async_op, py::object keep) {
+    qcclComm_t c = get();
+    if (codec == nullptr)
+      return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+        return r ? qcclIAllReduce(cptr(send), ptr(recv), count, dtype(type), redop(op), c, r)
+                 : qcclAllReduce(cptr(send), ptr(recv), count, dtype(type), redop(op), c);
+      });
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclIAllReduceCompressed(cptr(send), ptr(recv), count, dtype(type), redop(op), codec->get(),
+                                          state_of(state), c, r)
+               : qcclAllReduceCompressed(cptr(send), ptr(recv), count, dtype(type), redop(op), codec->get(),
+                                         state_of(state), c);
+    });
+  }
+  py::object broadcast(uintptr_t send, uintptr_t recv, size_t count, int type, int root, bool async_op,
+                       py::object keep) {
+    qcclComm_t c = get();
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclIBroadcast(cptr(send), ptr(recv), count, dtype(type), root, c, r)
+               : qcclBroadcast(cptr(send), ptr(recv), count, dtype(type), root, c);
+    });
+  }
+  py::object reduce(uintptr_t send, uintptr_t recv, size_t count, int type, int op, int root, bool async_op,
+                    py::object keep) {
+    qcclComm_t c = get();
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclIReduce(cptr(send), ptr(recv), count, dtype(type), redop(op), root, c, r)
+               : qcclReduce(cptr(send), ptr(recv), count, dtype(type), redop(op), root, c);
+    });
+  }
+  py::object all_gather(uintptr_t send, uintptr_t recv, size_t count, int type, const Codec* codec,
+                        const CodecState* state, std::optional<std::vector<std::pair<size_t, bool>>> segments,
+                        bool async_op, py::object keep) {
+    qcclComm_t c = get();
+    if (codec == nullptr)
+      return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+        return r ? qcclIAllGather(cptr(send), ptr(recv), count, dtype(type), c, r)
+                 : qcclAllGather(cptr(send), ptr(recv), count, dtype(type), c);
+      });
+    if (segments) {
+      std::vector<qcclSegment_t> s = segments_of(*segments);
+      int n = static_cast<int>(s.size());
+      return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+        return r ? qcclIAllGatherCompressedSegments(cptr(send), ptr(recv), count, dtype(type), codec->get(), s.data(),
+                                                    n, state_of(state), c, r)
+                 : qcclAllGatherCompressedSegments(cptr(send), ptr(recv), count, dtype(type), codec->get(), s.data(),
+                                                   n, state_of(state), c);
+      });
+    }
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclIAllGatherCompressed(cptr(send), ptr(recv), count, dtype(type), codec->get(), state_of(state),
+                                          c, r)
+               : qcclAllGatherCompressed(cptr(send), ptr(recv), count, dtype(type), codec->get(), state_of(state), c);
+    });
+  }
+  py::object reduce_scatter(uintptr_t send, uintptr_t recv, size_t count, int type, int op, const Codec* codec,
+                            const CodecState* state, std::optional<std::vector<std::pair<size_t, bool>>> segments,
+                            bool async_op, py::object keep) {
+    qcclComm_t c = get();
+    if (codec == nullptr)
+      return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+        return r ? qcclIReduceScatter(cptr(send), ptr(recv), count, dtype(type), redop(op), c, r)
+                 : qcclReduceScatter(cptr(send), ptr(recv), count, dtype(type), redop(op), c);
+      });
+    if (segments) {
+      std::vector<qcclSegment_t> s = segments_of(*segments);
+      int n = static_cast<int>(s.size());
+      return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+        return r ? qcclIReduceScatterCompressedSegments(cptr(send), ptr(recv), count, dtype(type), redop(op),
+                                                        codec->get(), s.data(), n, state_of(state), c, r)
+                 : qcclReduceScatterCompressedSegments(cptr(send), ptr(recv), count, dtype(type), redop(op),
+                                                       codec->get(), s.data(), n, state_of(state), c);
+      });
+    }
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclIReduceScatterCompressed(cptr(send), ptr(recv), count, dtype(type), redop(op), codec->get(),
+                                              state_of(state), c, r)
+               : qcclReduceScatterCompressed(cptr(send), ptr(recv), count, dtype(type), redop(op), codec->get(),
+                                             state_of(state), c);
+    });
+  }
+  py::object all_to_all(uintptr_t send, uintptr_t recv, size_t count, int type, bool async_op, py::object keep) {
+    qcclComm_t c = get();
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclIAlltoAll(cptr(send), ptr(recv), count, dtype(type), c, r)
+               : qcclAlltoAll(cptr(send), ptr(recv), count, dtype(type), c);
+    });
+  }
+  py::object gather(uintptr_t send, uintptr_t recv, size_t count, int type, int root, bool async_op,
+                    py::object keep) {
+    qcclComm_t c = get();
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclIGather(cptr(send), ptr(recv), count, dtype(type), root, c, r)
+               : qcclGather(cptr(send), ptr(recv), count, dtype(type), root, c);
+    });
+  }
+  py::object scatter(uintptr_t send, uintptr_t recv, size_t count, int type, int root, bool async_op,
+                     py::object keep) {
+    qcclComm_t c = get();
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclIScatter(cptr(send), ptr(recv), count, dtype(type), root, c, r)
+               : qcclScatter(cptr(send), ptr(recv), count, dtype(type), root, c);
+    });
+  }
+  py::object send(uintptr_t buffer, size_t count, int type, int peer, const Codec* codec, bool async_op,
+                  py::object keep) {
+    qcclComm_t c = get();
+    if (codec == nullptr)
+      return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+        return r ? qcclISend(cptr(buffer), count, dtype(type), peer, c, r)
+                 : qcclSend(cptr(buffer), count, dtype(type), peer, c);
+      });
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclISendCompressed(cptr(buffer), count, dtype(type), codec->get(), peer, c, r)
+               : qcclSendCompressed(cptr(buffer), count, dtype(type), codec->get(), peer, c);
+    });
+  }
+  py::object recv(uintptr_t buffer, size_t count, int type, int peer, const Codec* codec, bool async_op,
+                  py::object keep) {
+    qcclComm_t c = get();
+    if (codec == nullptr)
+      return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+        return r ? qcclIRecv(ptr(buffer), count, dtype(type), peer, c, r)
+                 : qcclRecv(ptr(buffer), count, dtype(type), peer, c);
+      });
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclIRecvCompressed(ptr(buffer), count, dtype(type), codec->get(), peer, c, r)
+               : qcclRecvCompressed(ptr(buffer), count, dtype(type), codec->get(), peer, c);
+    });
+  }
+  void delta_send(uintptr_t buffer, const std::vector<uint64_t>& keys, int type, const DeltaStore& store, int peer) {
+    qcclComm_t c = get();
+    call_released(c, [&] { return qcclDeltaSend(cptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c); });
+  }
+  void delta_recv(uintptr_t buffer, const std::vector<uint64_t>& keys, int type, const DeltaStore& store, int peer) {
+    qcclComm_t c = get();
+    call_released(c, [&] { return qcclDeltaRecv(ptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c); });
+  }
+  CodecState* codec_state(size_t count) {
+    qcclCodecState_t state = nullptr;
+    check(qcclCodecStateCreate(get(), count, &state), comm_);
+    return new CodecState(state, true);
+  }
+  CodecStore* codec_store(size_t budget) {
+    qcclCodecStore_t store = nullptr;
+    check(qcclCodecStoreCreate(get(), budget, &store), comm_);
+    return new CodecStore(store);
+  }
+  Codec* learn_levels(const Codec& codec, uintptr_t data, size_t count, int type, int epochs, int root) {
+    qcclComm_t c = get();
+    qcclCodec_t learned = nullptr;
+    call_released(c, [&] {
+      return qcclCodecLearnLevels(codec.get(), cptr(data), count, dtype(type), epochs, root, c, &learned);
+    });
+    return new Codec(learned, codec.spec() + " (learned)");
+  }
+
+ private:
+  qcclComm_t comm_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_qccl, m) {
+  m.doc() = "qccl's C API, one thin layer (use the qccl package, not this module)";
+  m.attr("UNIQUE_ID_BYTES") = QCCL_UNIQUE_ID_BYTES;
+
+  m.def("_set_error_factory", [](py::object factory) { error_factory() = std::move(factory); });
+  m.def("version", [] {
+    int version = 0;
+    check(qcclGetVersion(&version));
+    return version;
+  });
+  m.def("error_string", [](int code) { return std::string(qcclGetErrorString(static_cast<qcclResult_t>(code))); });
+  m.def("get_unique_id", [] {
+    qcclUniqueId id;
+    call_released(nullptr, [&] { return qcclGetUniqueId(&id); });
+    return py::bytes(id.internal, sizeof(id.internal));
+  });
+  m.def("group_start", [] { check(qcclGroupStart()); });
+  m.def("group_end", [] { call_released(nullptr, [] { return qcclGroupEnd(); }); });
+  // The address, byte size, item size and format of a buffer-protocol object (numpy arrays,
+  // bytearray, memoryview, array.array), whether it is read-only and whether it is C-contiguous.
+  m.def("buffer_info", [](py::buffer object) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(object.ptr(), &view, PyBUF_STRIDES | PyBUF_FORMAT) != 0) throw py::error_already_set();
+    py::tuple info = py::make_tuple(reinterpret_cast<uintptr_t>(view.buf), view.len, view.itemsize,
+                                    std::string(view.format ? view.format : "B"), view.readonly != 0,
+                                    PyBuffer_IsContiguous(&view, 'C') != 0);
+    PyBuffer_Release(&view);
+    return info;
+  });
+
+  py::class_<Request>(m, "Request")
+      .def("wait", &Request::wait)
+      .def("is_completed", &Request::test);
+
+  py::class_<Codec>(m, "Codec")
+      .def(py::init<const std::string&>())
+      .def_property_readonly("spec", &Codec::spec);
+
+  py::class_<CodecState>(m, "CodecState")
+      .def("save", &CodecState::save)
+      .def("load", &CodecState::load)
+      .def("set_learning_rate", &CodecState::set_learning_rate);
+
+  py::class_<CodecStore>(m, "CodecStore")
+      .def("get", &CodecStore::get, py::keep_alive<0, 1>())
+      .def("erase", &CodecStore::erase)
+      .def("save", &CodecStore::save)
+      .def("load", &CodecStore::load);
+
+  py::class_<DeltaStore>(m, "DeltaStore")
+      .def(py::init<const Codec&, size_t, int, size_t, bool, uint32_t>())
+      .def("set_warmup", &DeltaStore::set_warmup)
+      .def("info", &DeltaStore::info)
+      .def("save", &DeltaStore::save)
+      .def("load", &DeltaStore::load);
+
+  py::class_<Comm>(m, "Comm")
+      .def_static("init_env", &Comm::init_env)
+      .def_static("init_rank", &Comm::init_rank)
+      .def_property_readonly("alive", &Comm::alive)
+      .def_property_readonly("rank", &Comm::rank)
+      .def_property_readonly("size", &Comm::size)
+      .def("split", &Comm::split)
+      .def("destroy", &Comm::destroy)
+      .def("abort", &Comm::abort)
+      .def("check_async_error", &Comm::check_async_error)
+      .def("last_stats", &Comm::last_stats)
+      .def("all_reduce", &Comm::all_reduce)
+      .def("broadcast", &Comm::broadcast)
+      .def("reduce", &Comm::reduce)
+      .def("all_gather", &Comm::all_gather)
+      .def("reduce_scatter", &Comm::reduce_scatter)
+      .def("all_to_all", &Comm::all_to_all)
+      .def("gather", &Comm::gather)
+      .def("scatter", &Comm::scatter)
+      .def("send", &Comm::send)
+      .def("recv", &Comm::recv)
+      .def("delta_send", &Comm::delta_send)
+      .def("delta_recv", &Comm::delta_recv)
+      .def("codec_state", &Comm::codec_state)
+      .def("codec_store", &Comm::codec_store)
+      .def("learn_levels", &Comm::learn_levels);
+}

@@ -1,0 +1,85 @@
+"""Bad input raises a clean exception, the same on every rank, with the argument named; ranks that
+disagree fail with Mismatch on every rank; a dead rank makes the others fail within QCCL_TIMEOUT
+(dead_rank.py, a CTest entry of its own: it breaks the world communicator)."""
+
+import time
+
+import numpy as np
+import pytest
+
+import qccl
+
+
+def test_local_errors_leave_the_communicator_intact(comm):
+    x = np.ones(10, np.float32)
+    with pytest.raises(qccl.InvalidArgument, match="tensor: element format 'h'"):
+        comm.all_reduce(np.ones(10, np.int16))
+    with pytest.raises(qccl.InvalidArgument, match="not C-contiguous"):
+        comm.all_reduce(np.ones((10, 10), np.float32)[:, 0])
+    readonly = np.ones(10, np.float32)
+    readonly.flags.writeable = False
+    with pytest.raises(qccl.InvalidArgument, match="read-only"):
+        comm.all_reduce(readonly)
+    comm.all_reduce(readonly, out=x)  # a read-only input is fine out of place
+    with pytest.raises(qccl.InvalidArgument, match="out: 9 elements, expected 10"):
+        comm.all_reduce(x, out=np.ones(9, np.float32))
+    with pytest.raises(qccl.InvalidArgument, match="out: float64, but the input is float32"):
+        comm.all_reduce(x, out=np.ones(10, np.float64))
+    with pytest.raises(qccl.InvalidArgument, match="output: .* elements, expected"):
+        comm.all_gather(np.zeros(comm.size * 10 + 1, np.float32), x)
+    with pytest.raises(qccl.InvalidArgument, match="not an array"):
+        comm.all_reduce([1.0, 2.0])
+    with pytest.raises(qccl.InvalidArgument, match="op: 'median'"):
+        comm.all_reduce(x, "median")
+    with pytest.raises(qccl.InvalidArgument, match="root"):
+        comm.broadcast(x, comm.size)  # qccl's own check, with its message
+    with pytest.raises(qccl.InvalidArgument, match="qcclAllReduceCompressed.*datatype"):
+        comm.all_reduce(np.ones(10, np.int32), codec="q8")  # codecs take floating types only
+    with pytest.raises(ValueError):  # the subclasses are the built-in exceptions too
+        comm.all_reduce(x, codec="q99")
+    comm.all_reduce(x)  # still usable
+    assert np.all(x == comm.size * comm.size)  # out=x above held size (the read-only ones), now summed again
+
+
+def test_error_carries_code_and_message(comm):
+    with pytest.raises(qccl.QcclError) as info:
+        comm.all_reduce(np.ones(3, np.float32), codec="q8:bucket=7")
+    assert info.value.code == qccl.Result.INVALID_ARGUMENT
+    assert "bucket" in info.value.message
+    assert "[invalid_argument]" in str(info.value)
+
+
+def test_torch_errors(comm):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(qccl.InvalidArgument, match="not contiguous"):
+        comm.all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(qccl.InvalidArgument, match="torch.complex64 is not a qccl datatype"):
+        comm.all_reduce(torch.ones(4, dtype=torch.complex64))
+    with pytest.raises(qccl.InvalidArgument, match="sparse"):
+        comm.all_reduce(torch.ones(4).to_sparse())
+
+
+def test_mismatch_fails_on_every_rank(comm):
+    if comm.size == 1:
+        pytest.skip("needs two ranks")
+    sub = comm.split(0)  # a communicator of its own: a mismatch breaks it
+    count = 16 if sub.rank == 0 else 32
+    started = time.monotonic()
+    with pytest.raises(qccl.Mismatch, match="count"):
+        sub.all_reduce(np.ones(count, np.float32))
+    assert time.monotonic() - started < 30  # detected, not timed out
+    with pytest.raises(qccl.QcclError):
+        sub.check_async_error()
+    sub.abort()
+    with pytest.raises(qccl.InvalidUsage, match="destroyed or aborted"):
+        sub.all_reduce(np.ones(count, np.float32))
+    comm.barrier()  # the world communicator is unaffected
+
+
+def test_context_manager_aborts_on_exception(comm):
+    sub = comm.split(0)
+    with pytest.raises(RuntimeError, match="user code"):
+        with sub:
+            raise RuntimeError("user code failed")
+    assert "destroyed" in repr(sub)
+    comm.barrier()
