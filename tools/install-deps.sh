@@ -12,6 +12,9 @@ packages=(
   catch2                                    # tests
   clang libclang-rt-14-dev                  # the wire fuzzer (libFuzzer)
   iproute2                                  # qcclrun --netem: ip, tc
+  python3-dev pybind11-dev                  # the Python package (python/)
+  python3-numpy python3-pytest python3-torch  # its tests, the torch hooks and backend (torch 1.13, CPU)
+  python3-matplotlib python3-sklearn        # the training demonstration (python/examples/)
   openmpi-bin libopenmpi-dev libgloo-dev    # peers measured by perf/run_perf.sh
 )
 
