@@ -1,0 +1,228 @@
+"""A torch.distributed backend named "qccl", for CPU tensors.
+
+    import qccl.torch                              # registers the backend
+    dist.init_process_group("qccl")                # torchrun, or MASTER_ADDR/PORT, RANK, WORLD_SIZE
+    qccl.torch.set_codec("q8", min_bytes=1 << 20)  # optional: compress large float all-reduces
+
+Every collective of torch.distributed that a Python process group can serve runs on a qccl
+communicator: all_reduce, broadcast, reduce, all_gather, all_gather_into_tensor, reduce_scatter,
+reduce_scatter_tensor, all_to_all, all_to_all_single (equal splits), barrier, send and recv.
+(torch 1.13 does not route gather and scatter to Python process groups: they raise there.)  The
+ranks' unique id travels through the store that init_process_group made.  A codec set with
+:func:`set_codec` compresses the group's all_reduce calls on float32/float16/bfloat16 tensors of at
+least ``min_bytes`` (op SUM or AVG), each tensor (by address and size) with its own codec state,
+so ``ef=on`` works for tensors all-reduced repeatedly (DDP's buckets).  Errors are qccl's
+exceptions.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, List, Optional
+
+import torch
+import torch.distributed as dist
+
+import qccl
+from qccl.codec import as_codec
+
+from ._completion import Completer
+
+_ProcessGroup = torch._C._distributed_c10d.ProcessGroup
+_Work = torch._C._distributed_c10d.Work
+_CODEC_TYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _op(op: Any) -> str:
+    for name in ("SUM", "PRODUCT", "MAX", "MIN", "AVG"):
+        if hasattr(dist.ReduceOp, name) and op == getattr(dist.ReduceOp, name):
+            return {"PRODUCT": "prod"}.get(name, name.lower())
+    raise qccl.InvalidArgument(f"op: {op} is not supported by the qccl backend (SUM, PRODUCT, MAX, MIN, AVG)")
+
+
+class _QcclWork(_Work):
+    """A torch Work over qccl requests (None: already complete).
+
+    C++ callers (DDP's reducer, its parameter checks) reach wait() and get_future() through torch's
+    trampoline, which finds these Python overrides only while the Python object lives; torch 1.13
+    keeps just the C++ part, so without a reference the call would fall through to the base
+    Work::wait, which waits forever. The process group holds each work until one of the two is
+    called (or, for works nobody waits on, until it has completed and many newer ones exist)."""
+
+    def __init__(self, pg: "ProcessGroupQccl", requests: List[Any], result: List[torch.Tensor], after=None):
+        super().__init__()
+        self._pg, self._requests, self._result, self._after = pg, requests, result, after
+        self._future: Optional[torch.futures.Future] = None
+        pg._hold(self)
+
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:
+        self._pg._release(self)
+        for request in self._requests:
+            if request is not None:
+                request.wait()
+        self._requests = []
+        if self._after is not None:
+            self._after()
+            self._after = None
+        return True
+
+    def is_completed(self) -> bool:
+        return all(r is None or r.is_completed() for r in self._requests)
+
+    def result(self) -> List[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        self._pg._release(self)
+        if self._future is None:
+            if self._after is not None or len(self._requests) > 1:  # rare: complete it here
+                self.wait()
+            self._future = self._pg._completer.future(self._requests[0] if self._requests else None, self._result)
+            self._requests = []
+        return self._future
+
+
+class ProcessGroupQccl(_ProcessGroup):
+    """torch.distributed's process group on a qccl communicator (``self.comm``)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        if rank == 0:
+            store.set("qccl/unique_id", qccl.get_unique_id())
+        unique_id = store.get("qccl/unique_id")
+        self.comm = qccl.Communicator.from_unique_id(unique_id, rank, size, timeout=timeout.total_seconds())
+        self.codec: Optional[qccl.Codec] = None
+        self.min_bytes = 0
+        self._store = None
+        self._states: dict = {}
+        self._completer = Completer(f"qccl-pg-{rank}")
+        self._held: dict = {}  # id -> _QcclWork (see _QcclWork)
+
+    def getBackendName(self) -> str:
+        return "qccl"
+
+    def set_codec(self, codec: "str | qccl.Codec | None", min_bytes: int = 0) -> None:
+        self.codec, self.min_bytes = as_codec(codec), min_bytes
+        if self.codec is not None and self._store is None:
+            self._store = self.comm.codec_store()
+
+    # ---- Collectives ---------------------------------------------------------------------------
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any) -> _Work:
+        tensor = self._one(tensors, "allreduce")
+        op = _op(opts.reduceOp)
+        if (self.codec is not None and op in ("sum", "avg") and tensor.dtype in _CODEC_TYPES
+                and tensor.numel() * tensor.element_size() >= self.min_bytes and tensor.numel() > 0):
+            request = self.comm.all_reduce(tensor, op, codec=self.codec, state=self._state_for(tensor), async_op=True)
+        else:
+            request = self.comm.all_reduce(tensor, op, async_op=True)
+        return _QcclWork(self, [request], tensors)
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any) -> _Work:
+        tensor = self._one(tensors, "broadcast")
+        return _QcclWork(self, [self.comm.broadcast(tensor, opts.rootRank, async_op=True)], tensors)
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any) -> _Work:
+        tensor = self._one(tensors, "reduce")
+        return _QcclWork(self, [self.comm.reduce(tensor, opts.rootRank, _op(opts.reduceOp), async_op=True)], tensors)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        return _QcclWork(self, [self.comm.all_gather(output, input, async_op=True)], [output])
+
+    def allgather(self, outputs: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> _Work:
+        tensor = self._one(inputs, "allgather")
+        flat = torch.empty((self.size(),) + tuple(tensor.shape), dtype=tensor.dtype)
+        request = self.comm.all_gather(flat, tensor.contiguous(), async_op=True)
+
+        def scatter_out():
+            for r, out in enumerate(outputs[0]):
+                out.copy_(flat[r])
+        return _QcclWork(self, [request], outputs[0], after=scatter_out)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        op = "sum" if opts is None else _op(opts.reduceOp)
+        return _QcclWork(self, [self.comm.reduce_scatter(output, input, op, async_op=True)], [output])
+
+    def reduce_scatter(self, outputs: List[torch.Tensor], inputs: List[List[torch.Tensor]], opts: Any) -> _Work:
+        output = self._one(outputs, "reduce_scatter")
+        flat = torch.cat([t.reshape(-1) for t in inputs[0]])
+        request = self.comm.reduce_scatter(output, flat, _op(opts.reduceOp), async_op=True)
+        return _QcclWork(self, [request], outputs)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],
+                      input_split_sizes: List[int], opts: Any = None) -> _Work:
+        if output_split_sizes or input_split_sizes:
+            equal = output.shape[0] // self.size() if output.dim() else 0
+            if any(s != equal for s in list(output_split_sizes) + list(input_split_sizes)):
+                raise qccl.InvalidArgument("all_to_all_single: the qccl backend takes equal splits only "
+                                           f"(input {list(input_split_sizes)}, output {list(output_split_sizes)})")
+        return _QcclWork(self, [self.comm.all_to_all(output, input, async_op=True)], [output])
+
+    def alltoall(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> _Work:
+        flat_in = torch.cat([t.reshape(-1) for t in inputs])
+        flat_out = torch.empty_like(flat_in)
+        if any(t.numel() != inputs[0].numel() for t in list(inputs) + list(outputs)):
+            raise qccl.InvalidArgument("all_to_all: the qccl backend takes tensors of one size")
+        request = self.comm.all_to_all(flat_out, flat_in, async_op=True)
+
+        def scatter_out():
+            for out, block in zip(outputs, flat_out.chunk(self.size())):
+                out.copy_(block.reshape(out.shape))
+        return _QcclWork(self, [request], outputs, after=scatter_out)
+
+    def barrier(self, opts: Any = None) -> _Work:
+        self.comm.barrier()
+        return _QcclWork(self, [], [])
+
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int) -> _Work:
+        tensor = self._one(tensors, "send")
+        return _QcclWork(self, [self.comm.send(tensor, dst, async_op=True)], tensors)
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int) -> _Work:
+        tensor = self._one(tensors, "recv")
+        return _QcclWork(self, [self.comm.recv(tensor, src, async_op=True)], tensors)
+
+    # ---- Helpers -------------------------------------------------------------------------------
+    _MAX_HELD = 256
+
+    def _hold(self, work: _QcclWork) -> None:
+        if len(self._held) >= self._MAX_HELD:
+            for key in [k for k, w in self._held.items() if w.is_completed()]:
+                del self._held[key]
+        self._held[id(work)] = work
+
+    def _release(self, work: _QcclWork) -> None:
+        self._held.pop(id(work), None)
+
+    @staticmethod
+    def _one(tensors: List[torch.Tensor], what: str) -> torch.Tensor:
+        if len(tensors) != 1:
+            raise qccl.InvalidArgument(f"{what}: {len(tensors)} tensors; the qccl backend takes one per call "
+                                       f"(one device per process)")
+        return tensors[0]
+
+    def _state_for(self, tensor: torch.Tensor) -> qccl.CodecState:
+        key = (tensor.data_ptr(), tensor.numel(), str(tensor.dtype))
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = self._store.get(len(self._states) + 1, tensor.numel())
+        return state
+
+
+def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupQccl:
+    return ProcessGroupQccl(store, rank, size, timeout)
+
+
+def register_backend() -> None:
+    """Registers "qccl" with torch.distributed (done when qccl.torch is imported)."""
+    if getattr(dist.Backend, "QCCL", None) is None:
+        dist.Backend.register_backend("qccl", _create)
+
+
+def set_codec(codec: "str | qccl.Codec | None", min_bytes: int = 0, group: Any = None) -> None:
+    """Compresses the qccl process group's float all_reduce calls of at least ``min_bytes`` with
+    ``codec`` (None: exact again).  ``group``: the default group when None."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupQccl):
+        raise qccl.InvalidArgument(f"group: a {type(pg).__name__}, not the qccl backend's process group "
+                                   f"(dist.init_process_group('qccl'))")
+    pg.set_codec(codec, min_bytes)

@@ -1,0 +1,119 @@
+"""DDP communication hooks that all-reduce gradient buckets through qccl's compressed collectives.
+
+    state = qccl.torch.CommHookState("q8:ef=on")          # or "q4:ef=on", "sign:eta_s=0.002", "int8", ...
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    model.register_comm_hook(state, qccl.torch.allreduce_hook)
+
+The hook averages each bucket over the ranks with the state's codec, non-blocking (backward goes on
+while the bucket travels).  Whatever backend DDP was initialised with (gloo, nccl, qccl): the state
+makes its own qccl communicator over the same ranks (or takes the qccl process group's).  Each
+bucket keeps its codec state (error-feedback residual, Marsit's compensation, IntSGD's moving
+average) in a keyed store, under a key for the bucket's parameters: DDP rebuilds its buckets after
+the first iteration, and the new buckets get new keys (their residual starts at zero; the keys of
+buckets that no longer exist are erased at the end of the next iteration).  Buckets of other types
+than float32/float16/bfloat16, and those smaller than ``min_bytes``, are averaged exactly.
+
+Codecs (README.md lists every key): ``q8:ef=on`` and ``q4:ef=on`` (quantization with error
+feedback), ``sign:eta_s=E`` (Marsit: every gradient value becomes +-E, the magnitude of a sign step;
+``k=K`` makes every K-th step a full-precision average), ``int8`` (IntSGD: integers summed exactly,
+the scale adapted from the gradients), ``fft:theta=0.9,ef=on`` (FFT sparsification), ``none``.
+"""
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+import qccl
+from qccl.codec import as_codec
+
+from ._completion import Completer
+
+_CODEC_TYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def communicator_from_group(group: Any = None, **settings: Any) -> qccl.Communicator:
+    """A qccl communicator over the ranks of a torch.distributed process group (the default group
+    when None): the qccl backend's own, or a new one whose unique id travels through the group.
+    Collective over the group.  Without torch.distributed initialised: :meth:`Communicator.from_env`."""
+    if not dist.is_available() or not dist.is_initialized():
+        return qccl.Communicator.from_env(**settings)
+    from .backend import ProcessGroupQccl
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if isinstance(pg, ProcessGroupQccl) and not settings:
+        return pg.comm
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    unique_id = [qccl.get_unique_id() if rank == 0 else None]
+    global_rank = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank  # torch < 2.0
+    root = 0 if group is None else global_rank(group, 0)
+    dist.broadcast_object_list(unique_id, src=root, group=group)
+    return qccl.Communicator.from_unique_id(unique_id[0], rank, size, **settings)
+
+
+class CommHookState:
+    """The state of :func:`allreduce_hook`: the communicator, the codec, the keyed codec states.
+
+    ``codec``: a spec string or :class:`qccl.Codec` (None: exact averaging through qccl).
+    ``comm``: a qccl communicator over DDP's ranks (default: :func:`communicator_from_group` of
+    ``process_group``).  ``min_bytes``: smaller buckets are averaged exactly.  ``budget``: bytes
+    the codec states may take (0: the communicator's QCCL_CODEC_STATE_BUDGET).
+    ``state_dict()``/``load_state_dict()`` checkpoint the codec states (bytes).
+    """
+
+    def __init__(self, codec: "str | qccl.Codec | None" = "q8:ef=on", comm: Optional[qccl.Communicator] = None, *,
+                 process_group: Any = None, min_bytes: int = 0, budget: int = 0):
+        self.codec = as_codec(codec)
+        self.comm = comm if comm is not None else communicator_from_group(process_group)
+        self.min_bytes = min_bytes
+        self.store = self.comm.codec_store(budget)
+        self._completer = Completer(f"qccl-hook-{self.comm.rank}")
+        self._keys: dict = {}         # bucket signature -> store key
+        self._live: set = set()       # keys used in this iteration
+        self._known: set = set()      # keys used in the last complete iteration
+        self.calls = 0
+
+    def key_for(self, bucket: Any) -> int:
+        # The parameters' addresses name a bucket across DDP's rebuild; its index alone does not.
+        signature = (bucket.index(), tuple(p.data_ptr() for p in bucket.parameters()))
+        key = self._keys.get(signature)
+        if key is None:
+            key = self._keys[signature] = len(self._keys) + 1
+        return key
+
+    def all_reduce(self, bucket: Any) -> torch.futures.Future:
+        tensor = bucket.buffer()
+        self.calls += 1
+        if (self.codec is None or tensor.dtype not in _CODEC_TYPES
+                or tensor.numel() * tensor.element_size() < self.min_bytes):
+            request = self.comm.all_reduce(tensor, "avg", async_op=True)
+        else:
+            key = self.key_for(bucket)
+            self._live.add(key)
+            state = self.store.get(key, tensor.numel())
+            request = self.comm.all_reduce(tensor, "avg", codec=self.codec, state=state, async_op=True)
+        if bucket.is_last():
+            self._end_iteration()
+        return self._completer.future(request, tensor)
+
+    def _end_iteration(self) -> None:
+        if self._known:
+            for key in self._known - self._live:  # buckets that DDP has rebuilt: nothing is in flight on them
+                self.store.erase(key)
+                self._keys = {s: k for s, k in self._keys.items() if k != key}
+        self._known, self._live = self._live, set()
+
+    def state_dict(self) -> dict:
+        return {"codec": None if self.codec is None else self.codec.spec, "store": self.store.save()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.store.load(state["store"])
+
+    def close(self) -> None:
+        """Stops the completion thread (the communicator stays the caller's)."""
+        self._completer.close()
+
+
+# DDP checks these annotations (not from __future__: it compares them with the classes).
+def allreduce_hook(state: CommHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the bucket averaged over the ranks through ``state``'s codec."""
+    return state.all_reduce(bucket)

@@ -1,0 +1,216 @@
+"""qccl.torch: the "qccl" torch.distributed backend and the DDP communication hooks, on CPU
+tensors, against gloo and against numpy references (run under qcclrun by python_torch_n*)."""
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import qccl  # noqa: E402
+import qccl.torch as qt  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def world():
+    """The default group on the qccl backend, and a gloo group over the same ranks."""
+    rank, size = int(os.environ["QCCL_RANK"]), int(os.environ["QCCL_NRANKS"])
+    port = int(os.environ["QCCL_ROOT"].rsplit(":", 1)[1]) + 1  # torch's store beside qcclrun's root
+    dist.init_process_group("qccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    gloo = dist.new_group(backend="gloo")
+    yield rank, size, gloo
+    dist.destroy_process_group()
+
+
+def test_backend_is_qccl(world):
+    assert dist.get_backend() == "qccl"
+    assert isinstance(dist.distributed_c10d._get_default_group(), qt.ProcessGroupQccl)
+
+
+def test_backend_collectives(world):
+    rank, n, _ = world
+    x = torch.arange(10, dtype=torch.float32) + rank
+    dist.all_reduce(x)
+    assert torch.equal(x, n * torch.arange(10, dtype=torch.float32) + n * (n - 1) / 2)
+    y = torch.tensor([rank], dtype=torch.int64)
+    dist.all_reduce(y, op=dist.ReduceOp.MAX)
+    assert y.item() == n - 1
+    b = torch.full((5,), float(rank))
+    dist.broadcast(b, src=n - 1)
+    assert torch.all(b == n - 1)
+    r = torch.ones(3) * (rank + 1)
+    dist.reduce(r, dst=0)
+    if rank == 0:
+        assert torch.all(r == n * (n + 1) / 2)
+    gathered = [torch.zeros(2, 3) for _ in range(n)]
+    dist.all_gather(gathered, torch.full((2, 3), float(rank)))
+    assert all(torch.all(g == q) for q, g in enumerate(gathered))
+    flat = torch.zeros(n * 4)
+    dist.all_gather_into_tensor(flat, torch.full((4,), float(rank)))
+    assert torch.equal(flat, torch.arange(n).repeat_interleave(4).float())
+    out = torch.zeros(4)
+    dist.reduce_scatter_tensor(out, torch.arange(n * 4, dtype=torch.float32))
+    assert torch.equal(out, n * torch.arange(rank * 4, rank * 4 + 4, dtype=torch.float32))
+    out = torch.zeros(2)
+    dist.reduce_scatter(out, [torch.full((2,), float(q)) for q in range(n)])
+    assert torch.all(out == n * rank)
+    a2a = torch.zeros(n * 2)
+    dist.all_to_all_single(a2a, torch.arange(n * 2, dtype=torch.float32) + 100 * rank)
+    expected = torch.cat([torch.arange(rank * 2, rank * 2 + 2, dtype=torch.float32) + 100 * q for q in range(n)])
+    assert torch.equal(a2a, expected)
+    outs = [torch.zeros(3) for _ in range(n)]
+    dist.all_to_all(outs, [torch.full((3,), float(rank * 10 + q)) for q in range(n)])
+    assert all(torch.all(o == q * 10 + rank) for q, o in enumerate(outs))
+    dist.barrier()
+
+
+def test_backend_point_to_point_and_async(world):
+    rank, n, _ = world
+    if n > 1:
+        got = torch.zeros(100)
+        sends = dist.isend(torch.full((100,), float(rank)), (rank + 1) % n)
+        dist.recv(got, (rank - 1) % n)
+        sends.wait()
+        assert torch.all(got == (rank - 1) % n)
+    works = [dist.all_reduce(torch.ones(1000) * k, async_op=True) for k in range(4)]
+    future = works[-1].get_future()
+    for w in works[:-1]:
+        w.wait()
+    assert torch.all(future.wait()[0] == 3 * n)
+
+
+def test_backend_codec_policy(world):
+    rank, n, _ = world
+    qt.set_codec("q8", min_bytes=1024)
+    try:
+        x = torch.from_numpy(np.random.default_rng(rank).uniform(-1, 1, 10_000).astype(np.float32))
+        exact = sum(torch.from_numpy(np.random.default_rng(q).uniform(-1, 1, 10_000)) for q in range(n))
+        dist.all_reduce(x)
+        stats = dist.distributed_c10d._get_default_group().comm.last_stats()
+        bound = 0.5 / 255 * n * (n + 1) + 1e-5 * n
+        assert float((x.double() - exact).abs().max()) <= bound
+        if n > 1:
+            assert stats["codec"].startswith("q8:") and stats["compression_ratio"] > 3
+        small = torch.ones(10)  # below min_bytes: exact
+        dist.all_reduce(small)
+        assert torch.all(small == n)
+    finally:
+        qt.set_codec(None)
+
+
+def make_model(seed=0):
+    """2.4 MB of parameters: DDP's first bucket holds 1 MB, so its rebuilt buckets are several."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 10))
+
+
+def ddp_gradients(model, group, rank, steps=1, hook_state=None, lr=0.0):
+    """Gradients of a DDP copy of ``model`` after ``steps`` steps on rank-specific data."""
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.02)
+    if hook_state is not None:
+        ddp.register_comm_hook(hook_state, qt.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        opt.zero_grad()
+        x, y = torch.randn(32, 64, generator=gen), torch.randint(0, 10, (32,), generator=gen)
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return [p.grad.clone() for p in ddp.parameters()]
+
+
+def test_ddp_on_the_qccl_backend_equals_gloo(world):
+    rank, n, gloo = world
+    reference = ddp_gradients(make_model(), gloo, rank)
+    on_qccl = ddp_gradients(make_model(), None, rank)
+    for a, b in zip(reference, on_qccl):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_ddp_uncompressed_hook_equals_gloo(world):
+    rank, n, gloo = world
+    reference = ddp_gradients(make_model(), gloo, rank, steps=3, lr=0.1)
+    state = qt.CommHookState(None, process_group=gloo)
+    hooked = ddp_gradients(make_model(), gloo, rank, steps=3, lr=0.1, hook_state=state)
+    for a, b in zip(reference, hooked):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    state.close()
+    state.comm.destroy()
+
+
+def local_gradients(model, rank):
+    """The gradients of ``model`` on this rank's first batch, without DDP (what it all-reduces)."""
+    gen = torch.Generator().manual_seed(100 + rank)
+    x, y = torch.randn(32, 64, generator=gen), torch.randint(0, 10, (32,), generator=gen)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    return [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("codec,bits", [("q8:ef=on", 8), ("q4:ef=on", 4)])
+def test_ddp_quantized_hook_within_bound(world, codec, bits):
+    rank, n, gloo = world
+    reference = ddp_gradients(make_model(), gloo, rank)
+    state = qt.CommHookState(codec, process_group=gloo)
+    hooked = ddp_gradients(make_model(), gloo, rank, hook_state=state)
+    # Every input of the all-reduce is within M of zero, M the largest local gradient on any rank.
+    m = torch.tensor([max(float(g.abs().max()) for g in local_gradients(make_model(), rank))])
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=gloo)
+    # The average of n inputs: partial sums of k inputs re-encoded with half a step of k M / (2^b - 1)
+    # over at most n hops (the ring; the scatter-reduce-allgather's bound is lower), divided by n.
+    bound = float(m) * (n + 1) / (2 * (2 ** bits - 1)) * (1 + 1e-5) + 1e-7
+    worst = max(float((a - b).abs().max()) for a, b in zip(reference, hooked))
+    assert worst <= bound
+    if n > 1:
+        assert worst > 0  # the codec ran
+    state.close()
+    state.comm.destroy()
+
+
+def test_ddp_hook_survives_bucket_rebuild_and_checkpoints(world):
+    rank, n, gloo = world
+    state = qt.CommHookState("q8:ef=on", process_group=gloo)
+    ddp_gradients(make_model(), gloo, rank, steps=4, lr=0.05, hook_state=state)
+    # DDP's first iteration has one bucket (in reverse parameter order); the rebuilt ones are several,
+    # each with its own key, and the first iteration's key is erased.
+    buckets = len(state._known)
+    assert buckets >= 2 and len(state._keys) == buckets
+    checkpoint = state.state_dict()
+    assert isinstance(checkpoint["store"], bytes) and len(checkpoint["store"]) > 0
+    state.load_state_dict(checkpoint)
+    state.close()
+    state.comm.destroy()
+
+
+def test_ddp_marsit_and_intsgd_hooks(world):
+    rank, n, gloo = world
+    state = qt.CommHookState("sign:eta_s=0.001,k=0", process_group=gloo)
+    grads = ddp_gradients(make_model(), gloo, rank, hook_state=state)
+    values = torch.cat([g.reshape(-1) for g in grads]).unique()
+    if n > 1:
+        assert set(values.tolist()) <= {-0.0010000000474974513, 0.0010000000474974513}
+    state.close()
+    state.comm.destroy()
+    # IntSGD's first round is an exact float all-reduce (no alpha0): the gradients are plain DDP's.
+    reference = ddp_gradients(make_model(), gloo, rank)
+    state = qt.CommHookState("int8", process_group=gloo)
+    grads = ddp_gradients(make_model(), gloo, rank, hook_state=state)
+    for a, b in zip(reference, grads):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    state.close()
+    state.comm.destroy()
+
+
+def test_backend_errors(world):
+    rank, n, _ = world
+    if n > 1:
+        sizes = [2] + [1] * (n - 1)
+        with pytest.raises(qccl.InvalidArgument, match="equal splits"):
+            dist.all_to_all_single(torch.zeros(n + 1), torch.zeros(n + 1), output_split_sizes=sizes,
+                                   input_split_sizes=sizes)
+    with pytest.raises(qccl.InvalidArgument, match="not contiguous"):
+        dist.all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(qccl.InvalidArgument, match="not the qccl backend"):
+        qt.set_codec("q8", group=world[2])
