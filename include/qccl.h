@@ -8,8 +8,10 @@
  *   - Outputs are written only on success.
  *   - Buffers are host memory owned by the caller. A blocking call may reuse them as soon as it
  *     returns; a non-blocking call (qcclI*) owns them until its request completes.
- *   - A communicator is used by one thread at a time, as in NCCL. The exception is qcclCommAbort,
- *     which any thread may call at any time. Different communicators may be used concurrently.
+ *   - A communicator is used by one thread at a time, as in NCCL. The exceptions: qcclCommAbort,
+ *     which any thread may call at any time, and qcclTest and qcclWait, which one other thread (a
+ *     completion thread) may call on a communicator's requests while the owning thread goes on
+ *     issuing calls on it. Different communicators may be used concurrently.
  *   - Collectives must be called by every rank of the communicator in the same order with matching
  *     arguments. A rank that calls a different collective, count, datatype, op or root is detected
  *     (each message carries a frame header) and the collective fails with qcclMismatch on every rank.

@@ -32,12 +32,6 @@ class DataType:
 DTYPE_NAMES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64", 6: "float16",
                7: "float32", 8: "float64", 9: "bfloat16"}
 
-# Buffer-protocol formats (struct module letters) by (letter, itemsize): C's int and long vary in size.
-_SIGNED, _UNSIGNED = "bhilq", "BHILQ"
-_BY_SIZE_SIGNED = {1: DataType.INT8, 4: DataType.INT32, 8: DataType.INT64}
-_BY_SIZE_UNSIGNED = {1: DataType.UINT8, 4: DataType.UINT32, 8: DataType.UINT64}
-_FLOATS = {"e": DataType.FLOAT16, "f": DataType.FLOAT32, "d": DataType.FLOAT64}
-
 _TORCH_TYPES = {"torch.int8": DataType.INT8, "torch.uint8": DataType.UINT8, "torch.int32": DataType.INT32,
                 "torch.int64": DataType.INT64, "torch.float16": DataType.FLOAT16,
                 "torch.float32": DataType.FLOAT32, "torch.float64": DataType.FLOAT64,
@@ -61,37 +55,8 @@ def describe(x: Any, name: str, *, writable: bool) -> Buffer:
     """The buffer of ``x`` (argument ``name`` in messages), checked for qccl's use."""
     if is_torch_tensor(x):
         return _describe_torch(x, name)
-    try:
-        address, nbytes, itemsize, fmt, readonly, contiguous = _qccl.buffer_info(x)
-    except TypeError:
-        raise InvalidArgument(f"{name}: a {type(x).__name__} is not an array (pass a numpy array, a torch "
-                              f"tensor or another object with the buffer protocol)") from None
-    except BufferError as e:
-        raise InvalidArgument(f"{name}: {e}") from None
-    if readonly and writable:
-        raise InvalidArgument(f"{name}: the array is read-only, and qccl writes the result into it")
-    if not contiguous:
-        raise InvalidArgument(f"{name}: the array is not C-contiguous (a strided view); pass a contiguous "
-                              f"copy, e.g. numpy.ascontiguousarray")
-    dtype = _dtype_of_format(fmt, itemsize)
-    if dtype is None:
-        raise InvalidArgument(f"{name}: element format '{fmt}' ({itemsize} bytes) is not a qccl datatype "
-                              f"(int8, uint8, int32, uint32, int64, uint64, float16, float32, float64; "
-                              f"bfloat16 through torch)")
-    return Buffer(address, nbytes // itemsize if itemsize else 0, dtype, itemsize, x)
-
-
-def _dtype_of_format(fmt: str, itemsize: int) -> int | None:
-    letter = fmt.lstrip("@=<>!")
-    if len(letter) != 1:
-        return None
-    if fmt[0] in ">!":  # big-endian data: qccl's reductions are native little-endian
-        return None
-    if letter in _SIGNED:
-        return _BY_SIZE_SIGNED.get(itemsize)
-    if letter in _UNSIGNED:
-        return _BY_SIZE_UNSIGNED.get(itemsize)
-    return _FLOATS.get(letter)
+    address, count, dtype, itemsize = _qccl.describe(x, name, writable)  # buffer protocol, checked in C++
+    return Buffer(address, count, dtype, itemsize, x)
 
 
 def _describe_torch(t: Any, name: str) -> Buffer:

@@ -34,16 +34,17 @@ class ReduceOp(enum.IntEnum):
     AVG = 4
 
 
+_OPS = {**{op: int(op) for op in ReduceOp}, **{op.name.lower(): int(op) for op in ReduceOp}}
+
+
 def _op(op: "ReduceOp | str | int") -> int:
-    if isinstance(op, str):
-        try:
-            return ReduceOp[op.upper()]
-        except KeyError:
-            raise InvalidArgument(f"op: '{op}'; pass one of sum, prod, max, min, avg") from None
     try:
-        return ReduceOp(op)
-    except ValueError:
-        raise InvalidArgument(f"op: {op!r} is not a qccl.ReduceOp") from None
+        return _OPS[op]  # a ReduceOp, its value or its name: one lookup
+    except (KeyError, TypeError):
+        pass
+    if isinstance(op, str):
+        raise InvalidArgument(f"op: '{op}'; pass one of sum, prod, max, min, avg")
+    raise InvalidArgument(f"op: {op!r} is not a qccl.ReduceOp")
 
 
 def _codec(codec: "str | Codec | None"):

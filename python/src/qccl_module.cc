@@ -9,6 +9,7 @@
 #include <qccl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -480,6 +481,51 @@ class Comm {
   qcclComm_t comm_;
 };
 
+// The qccl datatype of a buffer-protocol format (the struct module's letters, whose C int and long
+// vary in size), or -1. Big-endian data are refused: qccl reduces in the host's order.
+int datatype_of(const char* format, Py_ssize_t itemsize) {
+  if (*format == '@' || *format == '=' || *format == '<') ++format;
+  if (format[0] == '\0' || format[1] != '\0') return -1;
+  const char letter = format[0];
+  if (std::strchr("bhilq", letter)) return itemsize == 1 ? qcclInt8 : itemsize == 4 ? qcclInt32 : itemsize == 8 ? qcclInt64 : -1;
+  if (std::strchr("BHILQ", letter))
+    return itemsize == 1 ? qcclUint8 : itemsize == 4 ? qcclUint32 : itemsize == 8 ? qcclUint64 : -1;
+  if (letter == 'e' && itemsize == 2) return qcclFloat16;
+  if (letter == 'f' && itemsize == 4) return qcclFloat32;
+  if (letter == 'd' && itemsize == 8) return qcclFloat64;
+  return -1;
+}
+
+// (address, element count, datatype, item size) of a buffer-protocol object (numpy arrays,
+// bytearray, memoryview, array.array), checked for qccl's use: C-contiguous, writable where qccl
+// writes, of a datatype qccl carries. Raises InvalidArgument naming the argument. In C++ because
+// it runs before every call: each microsecond here delays the peers that wait for this rank.
+py::tuple describe_buffer(py::handle object, const std::string& name, bool writable) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(object.ptr(), &view, PyBUF_STRIDES | PyBUF_FORMAT) != 0) {
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
+    PyErr_Clear();
+    raise_error(qcclInvalidArgument, name + ": a " + Py_TYPE(object.ptr())->tp_name +
+                                         " is not an array (pass a numpy array, a torch tensor or another object "
+                                         "with the buffer protocol)");
+  }
+  const bool readonly = view.readonly != 0, contiguous = PyBuffer_IsContiguous(&view, 'C') != 0;
+  const std::string format = view.format ? view.format : "B";
+  const Py_ssize_t itemsize = view.itemsize, bytes = view.len;
+  const auto address = reinterpret_cast<uintptr_t>(view.buf);
+  PyBuffer_Release(&view);
+  if (readonly && writable) raise_error(qcclInvalidArgument, name + ": the array is read-only, and qccl writes the result into it");
+  if (!contiguous)
+    raise_error(qcclInvalidArgument, name + ": the array is not C-contiguous (a strided view); pass a contiguous "
+                                            "copy, e.g. numpy.ascontiguousarray");
+  const int datatype = datatype_of(format.c_str(), itemsize);
+  if (datatype < 0)
+    raise_error(qcclInvalidArgument, name + ": element format '" + format + "' (" + std::to_string(itemsize) +
+                                         " bytes) is not a qccl datatype (int8, uint8, int32, uint32, int64, uint64, "
+                                         "float16, float32, float64; bfloat16 through torch)");
+  return py::make_tuple(address, itemsize ? bytes / itemsize : 0, datatype, itemsize);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_qccl, m) {
@@ -500,17 +546,7 @@ PYBIND11_MODULE(_qccl, m) {
   });
   m.def("group_start", [] { check(qcclGroupStart()); });
   m.def("group_end", [] { call_released(nullptr, [] { return qcclGroupEnd(); }); });
-  // The address, byte size, item size and format of a buffer-protocol object (numpy arrays,
-  // bytearray, memoryview, array.array), whether it is read-only and whether it is C-contiguous.
-  m.def("buffer_info", [](py::buffer object) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(object.ptr(), &view, PyBUF_STRIDES | PyBUF_FORMAT) != 0) throw py::error_already_set();
-    py::tuple info = py::make_tuple(reinterpret_cast<uintptr_t>(view.buf), view.len, view.itemsize,
-                                    std::string(view.format ? view.format : "B"), view.readonly != 0,
-                                    PyBuffer_IsContiguous(&view, 'C') != 0);
-    PyBuffer_Release(&view);
-    return info;
-  });
+  m.def("describe", &describe_buffer);
 
   py::class_<Request>(m, "Request")
       .def("wait", &Request::wait)
@@ -542,6 +578,7 @@ PYBIND11_MODULE(_qccl, m) {
       .def_static("init_env", &Comm::init_env)
       .def_static("init_rank", &Comm::init_rank)
       .def_property_readonly("alive", &Comm::alive)
+      .def("_handle", [](const Comm& c) { return reinterpret_cast<uintptr_t>(c.get()); })  // benchmarks only
       .def_property_readonly("rank", &Comm::rank)
       .def_property_readonly("size", &Comm::size)
       .def("split", &Comm::split)

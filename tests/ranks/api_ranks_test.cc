@@ -3,6 +3,8 @@
 // groups, non-blocking calls that progress in the background, two communicators at once, wire
 // bytes, and bad input that must be refused before anything is sent.
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "tests/ranks/rank_test_util.h"
@@ -325,6 +327,48 @@ TEST_CASE("non-blocking: a request completes with no test or wait call at all", 
   QCCL_REQUIRE_OK(qcclWait(&request));
   CHECK(request == nullptr);
   CHECK(out[count - 1] == static_cast<double>(w.size()));
+}
+
+TEST_CASE("non-blocking: a completion thread waits on requests while the caller issues more", "[ranks]") {
+  // The Python package's torch layer does this: DDP's futures are completed by a thread that waits
+  // on each request in turn while the training thread issues the next buckets' all-reduces.
+  World& w = World::get();
+  constexpr int kCalls = 24;
+  const size_t count = 50000;
+  std::vector<std::vector<float>> bufs(kCalls);
+  std::vector<qcclRequest_t> queue;
+  std::mutex mu;
+  std::condition_variable ready;
+  std::vector<qcclResult_t> results;
+  std::thread completer([&] {
+    for (int k = 0; k < kCalls; ++k) {
+      qcclRequest_t request;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        ready.wait(lock, [&] { return static_cast<int>(queue.size()) > k; });
+        request = queue[k];
+      }
+      qcclResult_t r = qcclWait(&request);
+      std::lock_guard<std::mutex> lock(mu);
+      results.push_back(r);
+    }
+  });
+  for (int k = 0; k < kCalls; ++k) {
+    bufs[k].assign(count, static_cast<float>(w.rank() + k));
+    qcclRequest_t request = nullptr;
+    REQUIRE(qcclIAllReduce(bufs[k].data(), bufs[k].data(), count, qcclFloat32, qcclSum, w.comm(), &request) ==
+            qcclSuccess);
+    std::lock_guard<std::mutex> lock(mu);
+    queue.push_back(request);
+    ready.notify_one();
+  }
+  completer.join();
+  REQUIRE(results.size() == static_cast<size_t>(kCalls));
+  const int n = w.size();
+  for (int k = 0; k < kCalls; ++k) {
+    CHECK(results[k] == qcclSuccess);
+    CHECK(bufs[k][count - 1] == static_cast<float>(n * (n - 1) / 2 + n * k));
+  }
 }
 
 TEST_CASE("two communicators used at once", "[ranks]") {
