@@ -14,6 +14,7 @@
 #   perf/, examples/  the public API only, and perf's own headers (perf/codec_perf.cc, a kernel
 #                     microbenchmark: kernels/)
 #   shim/         the NCCL drop-in: the public API and its own headers (NCCL's nccl.h is a system header)
+#   python/       the Python package's extension: the public API only
 #   tests/        anything
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +54,7 @@ check perf 'qccl\.h|common\.h|options\.h|codec_list\.h|demo\.h|baseline_common\.
 check perf/codec_perf.cc "kernels/$name|codec_list\.h"
 check examples 'qccl\.h'
 check shim "qccl\.h|shim/$name"
+check python 'qccl\.h'
 check tests "(tests/[a-z0-9_/.-]+|(src|base|kernels|transports|collectives)/$name|include/qccl\.h|qccl\.h)"
 
 # Every top-level folder with sources must be one of the above.

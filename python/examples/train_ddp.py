@@ -33,13 +33,16 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 import qccl.torch as qt
 
 CONFIGS = [
-    # name, the hook's codec (None: no qccl hook), learning rate
-    ("gloo fp32", None, None),
-    ("gloo fp16 hook", "fp16", None),
-    ("qccl uncompressed", "none", None),
-    ("qccl q8+EF", "q8:ef=on", None),
-    ("qccl Marsit", "sign:eta_s=0.002,k=50", 1.0),  # the update is lr * (+-eta_s): sign SGD's step
-    ("qccl IntSGD int8", "int8", None),
+    # name, the hook's codec (None: DDP's own all-reduce), whether the codec averages updates
+    ("gloo fp32", None, False),
+    ("gloo fp16 hook", "fp16", False),
+    ("qccl uncompressed", "none", False),
+    ("qccl q8+EF", "q8:ef=on", False),
+    # Marsit all-reduces the update u = lr * g, not the gradient: a sign round moves every weight by
+    # eta_s, a full-precision round (every k-th) by the average u. So the loss is scaled by lr and
+    # the optimizer applies what arrives as it is (plain SGD, lr 1).
+    ("qccl Marsit", "sign:eta_s=0.0005,k=50", True),
+    ("qccl IntSGD int8", "int8", False),
 ]
 
 
@@ -102,7 +105,7 @@ def nic_bytes_sent():
     return total
 
 
-def train(name, codec, lr_override, args, data, rank, size):
+def train(name, codec, averages_updates, args, data, rank, size):
     x_train, y_train, x_test, y_test = data
     model = make_model(args.hidden)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -112,8 +115,10 @@ def train(name, codec, lr_override, args, data, rank, size):
     elif codec is not None:
         state = qt.CommHookState(None if codec == "none" else codec)
         ddp.register_comm_hook(state, qt.allreduce_hook)
-    lr = lr_override if lr_override is not None else args.lr
-    opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9 if lr_override is None else 0.0)
+    if averages_updates:
+        opt, loss_scale = torch.optim.SGD(ddp.parameters(), lr=1.0), args.lr
+    else:
+        opt, loss_scale = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9), 1.0
     mine = torch.arange(rank, len(x_train), size)  # this rank's shard
     steps = len(x_train) // size // args.batch  # the same on every rank, whose shards differ by one
     gen = torch.Generator().manual_seed(1)
@@ -128,7 +133,7 @@ def train(name, codec, lr_override, args, data, rank, size):
             batch = order[s * args.batch:(s + 1) * args.batch]
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(ddp(x_train[batch]), y_train[batch])
-            loss.backward()
+            (loss * loss_scale).backward()
             opt.step()
             losses.append(loss.item())
         # The epoch ends when the slowest rank's does: time it there.
@@ -139,6 +144,9 @@ def train(name, codec, lr_override, args, data, rank, size):
         epoch_seconds.append(float(elapsed))
         epoch_bytes.append(nic_bytes_sent() - bytes_start)
         curve.append((time.perf_counter() - start, float(mean_loss) / size))
+        if rank == 0:
+            print(f"{name}: epoch {epoch + 1}/{args.epochs}, loss {curve[-1][1]:.4f}, {epoch_seconds[-1]:.2f} s",
+                  flush=True)
     with torch.no_grad():
         accuracy = float((model(x_test).argmax(1) == y_test).float().mean()) * 100
     if state is not None:
@@ -177,7 +185,7 @@ def main():
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // max(1, local)))
     data = load_digits()
     chosen = [c for c in CONFIGS if args.only is None or c[0] in args.only.split(",")]
-    results = [train(name, codec, lr, args, data, rank, size) for name, codec, lr in chosen]
+    results = [train(name, codec, updates, args, data, rank, size) for name, codec, updates in chosen]
     verdict = 0
     if rank == 0:
         params = sum(p.numel() for p in make_model(args.hidden).parameters())

@@ -474,7 +474,7 @@ class Comm {
     call_released(c, [&] {
       return qcclCodecLearnLevels(codec.get(), cptr(data), count, dtype(type), epochs, root, c, &learned);
     });
-    return new Codec(learned, codec.spec() + " (learned)");
+    return new Codec(learned, codec.spec() + " with learned levels");
   }
 
  private:

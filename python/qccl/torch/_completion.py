@@ -4,6 +4,10 @@ DDP and torch.distributed wait on torch Futures, which nothing in qccl can compl
 completion thread waits on each request in turn (qcclWait releases the GIL and may be called from
 another thread than the one issuing calls) and sets its Future's result, or its exception.  One
 thread suffices: a communicator's collectives complete in call order.
+
+A collective that returns qccl.NonFinite has completed, with NaN or Inf where an input held one, the
+same on every rank: the Future gets the tensor as gloo's would, so that the framework sees the
+non-finite gradients (torch.cuda.amp.GradScaler skips the step) instead of an exception.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import threading
 from typing import Any, Optional
 
 import torch
+
+import qccl
 
 
 class Completer:
@@ -42,6 +48,8 @@ class Completer:
             request, future, value = item
             try:
                 request.wait()
+            except qccl.NonFinite:
+                future.set_result(value)  # NaN/Inf arrive as an exact sum would give them (see below)
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the Future
                 future.set_exception(e)
             else:

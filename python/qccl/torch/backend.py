@@ -59,7 +59,10 @@ class _QcclWork(_Work):
         self._pg._release(self)
         for request in self._requests:
             if request is not None:
-                request.wait()
+                try:
+                    request.wait()
+                except qccl.NonFinite:
+                    pass  # completed, NaN/Inf where an input held one: as gloo's sum would give
         self._requests = []
         if self._after is not None:
             self._after()

@@ -214,3 +214,26 @@ def test_backend_errors(world):
         dist.all_reduce(torch.ones(4, 4).t())
     with pytest.raises(qccl.InvalidArgument, match="not the qccl backend"):
         qt.set_codec("q8", group=world[2])
+
+
+def test_non_finite_gradients_pass_through_as_gloo_gives_them(world):
+    """A NaN on one rank reaches every rank's gradients, as plain DDP's sum gives it, instead of an
+    exception (GradScaler relies on seeing it)."""
+    rank, n, gloo = world
+    model = make_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=gloo)
+    state = qt.CommHookState("q8:ef=on", process_group=gloo)
+    ddp.register_comm_hook(state, qt.allreduce_hook)
+    x, y = torch.randn(4, 64), torch.randint(0, 10, (4,))
+    scale = float("nan") if rank == 0 else 1.0
+    (torch.nn.functional.cross_entropy(ddp(x), y) * scale).backward()
+    assert all(torch.isnan(p.grad).any() for p in model.parameters())
+    state.close()
+    state.comm.destroy()
+    qt.set_codec("q8")
+    try:
+        t = torch.ones(2048) * (float("nan") if rank == 0 else 1.0)
+        dist.all_reduce(t)
+        assert torch.isnan(t).all()
+    finally:
+        qt.set_codec(None)
