@@ -237,3 +237,27 @@ def test_non_finite_gradients_pass_through_as_gloo_gives_them(world):
         assert torch.isnan(t).all()
     finally:
         qt.set_codec(None)
+
+
+def test_ddp_fft_hook(world):
+    """The fft codec through the hook: keeping every bin (theta=0, no fallback to the exact ring) at
+    16 bits per part, the average comes back within the range floats' rounding."""
+    rank, n, gloo = world
+    if n == 1:
+        pytest.skip("one rank encodes nothing")
+    reference = ddp_gradients(make_model(), gloo, rank)
+    state = qt.CommHookState("fft:theta=0,bits=16,mant=10,max=auto,round=nearest,fallback=off",
+                             process_group=gloo)
+    grads = ddp_gradients(make_model(), gloo, rank, hook_state=state)
+    # Each rank's spectrum parts are rounded to 10-bit mantissas (relative error <= 2^-11) and the
+    # orthonormal FFT keeps norms, so the average's error norm is at most 2^-11 times the mean of the
+    # ranks' gradient norms (over every bucket at once, by Minkowski), plus float32 rounding.
+    local = torch.cat([g.reshape(-1) for g in local_gradients(make_model(), rank)])
+    norms = torch.tensor([float(local.norm())], dtype=torch.float64)
+    dist.all_reduce(norms, group=gloo)
+    exact = torch.cat([a.reshape(-1) for a in reference])
+    error = float((exact - torch.cat([b.reshape(-1) for b in grads])).norm())
+    assert error <= 2.0 ** -11 * float(norms) / n + 1e-5 * float(exact.norm()) + 1e-7
+    assert error > 0  # the codec ran (no fallback)
+    state.close()
+    state.comm.destroy()
