@@ -2,7 +2,11 @@
 """Data-parallel training over a slow link: DDP with gloo, gloo's fp16 hook, and qccl's hooks.
 
     qcclrun -n 4 --netem 1gbit -- python3 python/examples/train_ddp.py --plot ddp.png
-    torchrun --nproc-per-node 4 python/examples/train_ddp.py            # the plain case, unshaped
+    qcclrun -n 4 -- python3 python/examples/train_ddp.py --no-speed-verdict   # unshaped
+    torchrun --nproc-per-node 4 python/examples/train_ddp.py --no-speed-verdict
+
+(torchrun of Debian 12's torch 1.13 fails in its own option parsing under Python 3.11; the script
+reads torchrun's variables, RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, however they are set.)
 
 Trains the same model from the same initial weights once per configuration, one after the other in
 the same processes: gloo fp32 (DDP's default), gloo with DDP's fp16_compress_hook, and DDP with

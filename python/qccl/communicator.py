@@ -113,7 +113,9 @@ class Communicator:
         """The world communicator from the launcher's environment (collective), in this order:
         QCCL_RANK/QCCL_NRANKS/QCCL_ROOT (qcclrun), RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
         (torchrun), OMPI_COMM_WORLD_RANK/SIZE (mpirun), SLURM_PROCID/NTASKS (srun, the root from
-        QCCL_ROOT or MASTER_*).  With none set: a single-rank communicator."""
+        QCCL_ROOT or MASTER_*).  With none set: a single-rank communicator.  Rank 0 listens on the
+        root's port: beside torch.distributed, whose store holds MASTER_PORT, use
+        :func:`qccl.torch.communicator_from_group` instead."""
         return cls(_qccl.Comm.init_env(settings))
 
     @classmethod
