@@ -8,7 +8,9 @@ read-only arrays where qccl writes, device tensors, and types qccl does not carr
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
+
+import numpy as np
 
 from . import _qccl
 from .errors import InvalidArgument
@@ -38,12 +40,10 @@ _TORCH_TYPES = {"torch.int8": DataType.INT8, "torch.uint8": DataType.UINT8, "tor
                 "torch.bfloat16": DataType.BFLOAT16}
 
 
-class Buffer(NamedTuple):
-    address: int
-    count: int      # elements
-    dtype: int      # DataType
-    itemsize: int
-    array: Any      # the caller's object, kept alive while qccl uses it
+# Buffer(address, count, dtype, itemsize): the first element's address, the element count, the
+# DataType and the bytes per element (a struct sequence the extension makes; read it by name).
+Buffer = _qccl.Buffer
+_ndarray = np.ndarray
 
 
 def is_torch_tensor(x: Any) -> bool:
@@ -53,10 +53,9 @@ def is_torch_tensor(x: Any) -> bool:
 
 def describe(x: Any, name: str, *, writable: bool) -> Buffer:
     """The buffer of ``x`` (argument ``name`` in messages), checked for qccl's use."""
-    if is_torch_tensor(x):
+    if type(x) is not _ndarray and is_torch_tensor(x):
         return _describe_torch(x, name)
-    address, count, dtype, itemsize = _qccl.describe(x, name, writable)  # buffer protocol, checked in C++
-    return Buffer(address, count, dtype, itemsize, x)
+    return _qccl.describe(x, name, writable)  # the buffer protocol, checked in C++
 
 
 def _describe_torch(t: Any, name: str) -> Buffer:
@@ -72,7 +71,7 @@ def _describe_torch(t: Any, name: str) -> Buffer:
     if dtype is None:
         raise InvalidArgument(f"{name}: {t.dtype} is not a qccl datatype (int8, uint8, int32, int64, float16, "
                               f"bfloat16, float32, float64)")
-    return Buffer(t.data_ptr(), t.numel(), dtype, t.element_size(), t)
+    return Buffer((t.data_ptr(), t.numel(), dtype, t.element_size()))
 
 
 def same_type(a: Buffer, b: Buffer, name_a: str, name_b: str) -> None:

@@ -48,15 +48,18 @@ def _op(op: "ReduceOp | str | int") -> int:
 
 
 def _codec(codec: "str | Codec | None"):
-    c = as_codec(codec)
-    return None if c is None else c._codec
+    if codec is None:
+        return None
+    return as_codec(codec)._codec
 
 
 def _state(state: Optional[CodecState]):
-    if state is not None and not isinstance(state, CodecState):
+    if state is None:
+        return None
+    if not isinstance(state, CodecState):
         raise InvalidArgument(f"state: a {type(state).__name__}; pass a qccl.CodecState "
                               f"(Communicator.codec_state or CodecStore.get)")
-    return None if state is None else state._state
+    return state._state
 
 
 def _segments(segments: Optional[Sequence[tuple[int, bool]]]):

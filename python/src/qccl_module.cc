@@ -481,6 +481,29 @@ class Comm {
   qcclComm_t comm_;
 };
 
+// Buffer(address, count, dtype, itemsize): a struct sequence (as os.stat_result), which C makes and
+// Python reads by name at a fraction of a namedtuple's cost.
+PyTypeObject* buffer_type() {
+  static PyStructSequence_Field fields[] = {{"address", "the first element's address"},
+                                            {"count", "elements"},
+                                            {"dtype", "the qcclDataType_t"},
+                                            {"itemsize", "bytes per element"},
+                                            {nullptr, nullptr}};
+  static PyStructSequence_Desc desc = {"qccl._qccl.Buffer", "An array's memory, as qccl uses it.", fields, 4};
+  static PyTypeObject* type = PyStructSequence_NewType(&desc);
+  return type;
+}
+
+py::object make_buffer(uintptr_t address, Py_ssize_t count, int datatype, Py_ssize_t itemsize) {
+  PyObject* buffer = PyStructSequence_New(buffer_type());
+  if (buffer == nullptr) throw py::error_already_set();
+  PyStructSequence_SetItem(buffer, 0, PyLong_FromSize_t(address));
+  PyStructSequence_SetItem(buffer, 1, PyLong_FromSsize_t(count));
+  PyStructSequence_SetItem(buffer, 2, PyLong_FromLong(datatype));
+  PyStructSequence_SetItem(buffer, 3, PyLong_FromSsize_t(itemsize));
+  return py::reinterpret_steal<py::object>(buffer);
+}
+
 // The qccl datatype of a buffer-protocol format (the struct module's letters, whose C int and long
 // vary in size), or -1. Big-endian data are refused: qccl reduces in the host's order.
 int datatype_of(const char* format, Py_ssize_t itemsize) {
@@ -500,7 +523,7 @@ int datatype_of(const char* format, Py_ssize_t itemsize) {
 // bytearray, memoryview, array.array), checked for qccl's use: C-contiguous, writable where qccl
 // writes, of a datatype qccl carries. Raises InvalidArgument naming the argument. In C++ because
 // it runs before every call: each microsecond here delays the peers that wait for this rank.
-py::tuple describe_buffer(py::handle object, const std::string& name, bool writable) {
+py::object describe_buffer(py::handle object, const std::string& name, bool writable) {
   Py_buffer view;
   if (PyObject_GetBuffer(object.ptr(), &view, PyBUF_STRIDES | PyBUF_FORMAT) != 0) {
     if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
@@ -523,7 +546,7 @@ py::tuple describe_buffer(py::handle object, const std::string& name, bool writa
     raise_error(qcclInvalidArgument, name + ": element format '" + format + "' (" + std::to_string(itemsize) +
                                          " bytes) is not a qccl datatype (int8, uint8, int32, uint32, int64, uint64, "
                                          "float16, float32, float64; bfloat16 through torch)");
-  return py::make_tuple(address, itemsize ? bytes / itemsize : 0, datatype, itemsize);
+  return make_buffer(address, itemsize ? bytes / itemsize : 0, datatype, itemsize);
 }
 
 }  // namespace
@@ -547,6 +570,7 @@ PYBIND11_MODULE(_qccl, m) {
   m.def("group_start", [] { check(qcclGroupStart()); });
   m.def("group_end", [] { call_released(nullptr, [] { return qcclGroupEnd(); }); });
   m.def("describe", &describe_buffer);
+  m.attr("Buffer") = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(buffer_type()));
 
   py::class_<Request>(m, "Request")
       .def("wait", &Request::wait)
