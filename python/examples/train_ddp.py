@@ -11,9 +11,11 @@ reads torchrun's variables, RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, howev
 Trains the same model from the same initial weights once per configuration, one after the other in
 the same processes: gloo fp32 (DDP's default), gloo with DDP's fp16_compress_hook, and DDP with
 qccl's hook uncompressed, with q8 and error feedback, with Marsit's sign bits and with IntSGD's
-int8 sums.  The task: scikit-learn's bundled handwritten digits (1,797 8x8 images, 10 classes; a
-fifth held out), learnt by an MLP wide enough (default 4.3 M parameters, 17 MB of float32 gradients
-per step) that the all-reduce, not the arithmetic, is what a 1 Gbit/s link makes slow.
+int8 sums.  The task (--task digits, the default): scikit-learn's bundled handwritten digits (1,797
+8x8 images, 10 classes; a fifth held out), learnt by an MLP wide enough (default 4.3 M parameters,
+17 MB of float32 gradients per step) that the all-reduce weighs as much as the arithmetic on a 1
+Gbit/s link.  --task embedding: a seeded synthetic recommendation task (see load_embedding_task),
+an EmbeddingBag model of 6.55 M parameters whose dense gradient dwarfs its arithmetic.
 
 Prints a table (seconds per epoch, the median over epochs after the first; final training loss;
 held-out accuracy; bytes this rank's network interfaces sent per epoch, which under qcclrun --netem
@@ -53,10 +55,15 @@ CONFIGS = [
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--task", choices=["digits", "embedding"], default="digits",
+                   help="digits: scikit-learn's digits with an MLP (default); embedding: a seeded synthetic "
+                        "recommendation task whose EmbeddingBag gradient dwarfs its arithmetic")
     p.add_argument("--epochs", type=int, default=3, help="epochs per configuration (default 3)")
-    p.add_argument("--hidden", type=int, default=2048, help="width of the MLP's two hidden layers (default 2048)")
-    p.add_argument("--batch", type=int, default=2, help="samples per rank per step (default 2)")
-    p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate, momentum 0.9 (default 0.02)")
+    p.add_argument("--hidden", type=int, default=2048,
+                   help="digits: width of the MLP's two hidden layers (default 2048); embedding: items / 50 "
+                        "(the table has 50 x hidden rows of 64 values: 6.55 M parameters at the default)")
+    p.add_argument("--batch", type=int, help="samples per rank per step (default: digits 2, embedding 32)")
+    p.add_argument("--lr", type=float, help="SGD learning rate, momentum 0.9 (default: digits 0.02, embedding 0.2)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads per rank (default: the CPUs shared out among this host's ranks)")
     p.add_argument("--only", help="comma-separated configuration names to run (default: all)")
@@ -67,7 +74,12 @@ def parse_args():
     p.add_argument("--accuracy-points", type=float, default=0.5,
                    help="allowed accuracy loss of q8+EF against gloo fp32, in points (0.5)")
     p.add_argument("--no-speed-verdict", action="store_true", help="judge accuracy only (unshaped runs)")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.batch is None:
+        args.batch = 2 if args.task == "digits" else 32
+    if args.lr is None:
+        args.lr = 0.02 if args.task == "digits" else 0.2
+    return args
 
 
 def init_distributed():
@@ -93,10 +105,40 @@ def load_digits():
     return (torch.from_numpy(x_train), torch.from_numpy(y_train), torch.from_numpy(x_test), torch.from_numpy(y_test))
 
 
-def make_model(hidden):
+def make_model(args):
     torch.manual_seed(0)
+    if args.task == "embedding":
+        return EmbeddingClassifier(50 * args.hidden, 64)
+    hidden = args.hidden
     return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
                                torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+
+
+class EmbeddingClassifier(torch.nn.Module):
+    """The mean of a bag of item embeddings, then a linear layer: DLRM's shape in miniature. Its
+    gradient is the whole table (DDP all-reduces it dense) while its arithmetic touches a few rows."""
+
+    def __init__(self, items, dim):
+        super().__init__()
+        self.table = torch.nn.EmbeddingBag(items, dim, mode="mean")
+        self.out = torch.nn.Linear(dim, 2)
+
+    def forward(self, bags):
+        return self.out(self.table(bags))
+
+
+def load_embedding_task(items, samples=12288, bag=20, seed=0):
+    """Bags of 20 items drawn from a Zipf law (s = 1.3) over the table, labelled by whether the mean
+    of a hidden score per item exceeds its median: popular items recur and can be learnt, rare ones
+    cannot, so held-out accuracy is well above chance (~80%) and below 100%."""
+    rng = np.random.default_rng(seed)
+    score = rng.standard_normal(items)
+    bags = rng.permutation(items)[np.minimum(rng.zipf(1.3, size=(samples, bag)) - 1, items - 1)]
+    mean = score[bags].mean(1)
+    labels = (mean > np.median(mean)).astype(np.int64)
+    split = samples * 5 // 6
+    return (torch.from_numpy(bags[:split]), torch.from_numpy(labels[:split]), torch.from_numpy(bags[split:]),
+            torch.from_numpy(labels[split:]))
 
 
 def nic_bytes_sent():
@@ -111,7 +153,7 @@ def nic_bytes_sent():
 
 def train(name, codec, averages_updates, args, data, rank, size):
     x_train, y_train, x_test, y_test = data
-    model = make_model(args.hidden)
+    model = make_model(args)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     state = None
     if codec == "fp16":
@@ -161,7 +203,7 @@ def train(name, codec, averages_updates, args, data, rank, size):
             "bytes": statistics.median(epoch_bytes[1:] or epoch_bytes), "curve": curve}
 
 
-def plot(results, path, size, link):
+def plot(results, path, size, link, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -172,7 +214,7 @@ def plot(results, path, size, link):
     ax.set_xlabel("wall-clock time (s)")
     ax.set_ylabel("training loss")
     ax.set_yscale("log")
-    ax.set_title(f"DDP, {size} ranks{link}: digits MLP")
+    ax.set_title(f"DDP, {size} ranks{link}: {title}")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -187,13 +229,14 @@ def main():
     local = int(os.environ.get("QCCL_NRANKS" if os.environ.get("QCCL_OVERSUBSCRIBED") == "1" else
                                "LOCAL_WORLD_SIZE", os.environ.get("QCCL_LOCAL_NRANKS", "1")))
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // max(1, local)))
-    data = load_digits()
+    data = load_digits() if args.task == "digits" else load_embedding_task(50 * args.hidden)
     chosen = [c for c in CONFIGS if args.only is None or c[0] in args.only.split(",")]
     results = [train(name, codec, updates, args, data, rank, size) for name, codec, updates in chosen]
     verdict = 0
     if rank == 0:
-        params = sum(p.numel() for p in make_model(args.hidden).parameters())
-        print(f"{size} ranks, MLP of {params / 1e6:.2f} M parameters ({params * 4 / 1e6:.1f} MB of gradients), "
+        params = sum(p.numel() for p in make_model(args).parameters())
+        what = "MLP" if args.task == "digits" else "EmbeddingBag model"
+        print(f"{size} ranks, {what} of {params / 1e6:.2f} M parameters ({params * 4 / 1e6:.1f} MB of gradients), "
               f"{args.epochs} epochs of {len(data[0]) // size // args.batch} steps")
         print(f"{'configuration':<20} {'s/epoch':>8} {'x fp32':>7} {'loss':>8} {'accuracy':>9} {'MB sent/epoch':>14}")
         base = {r["name"]: r for r in results}
@@ -214,7 +257,8 @@ def main():
                 print(f"{'PASS' if ok else 'FAIL'}: {text}")
                 verdict |= 0 if ok else 1
         if args.plot:
-            plot(results, args.plot, size, f" over {args.link}" if args.link else "")
+            plot(results, args.plot, size, f" over {args.link}" if args.link else "",
+                 "digits MLP" if args.task == "digits" else "synthetic EmbeddingBag task")
             print(f"plot: {args.plot}")
     flag = torch.tensor([verdict])
     dist.broadcast(flag, 0)
