@@ -53,6 +53,7 @@ class _QcclWork(_Work):
         super().__init__()
         self._pg, self._requests, self._result, self._after = pg, requests, result, after
         self._future: Optional[torch.futures.Future] = None
+        self._error: Optional[qccl.QcclError] = None  # found by is_completed, raised by wait
         pg._hold(self)
 
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
@@ -61,16 +62,25 @@ class _QcclWork(_Work):
             if request is not None:
                 try:
                     request.wait()
-                except qccl.NonFinite:
-                    pass  # completed, NaN/Inf where an input held one: as gloo's sum would give
+                except qccl.QcclError as e:
+                    self._error = self._error or e
         self._requests = []
+        error, self._error = self._error, None
+        if error is not None and not isinstance(error, qccl.NonFinite):
+            raise error  # NonFinite: completed, NaN/Inf where an input held one, as gloo's sum gives them
         if self._after is not None:
             self._after()
             self._after = None
         return True
 
     def is_completed(self) -> bool:
-        return all(r is None or r.is_completed() for r in self._requests)
+        for request in self._requests:
+            try:
+                if request is not None and not request.is_completed():
+                    return False
+            except qccl.QcclError as e:  # completed, failed: wait() raises it
+                self._error = self._error or e
+        return True
 
     def result(self) -> List[torch.Tensor]:
         return self._result
