@@ -74,6 +74,11 @@ def test_backend_point_to_point_and_async(world):
         dist.recv(got, (rank - 1) % n)
         sends.wait()
         assert torch.all(got == (rank - 1) % n)
+    polled = dist.all_reduce(torch.ones(5000), async_op=True)
+    while not polled.is_completed():  # a status query, never an exception
+        pass
+    polled.wait()
+    assert torch.all(polled.result()[0] == n)
     works = [dist.all_reduce(torch.ones(1000) * k, async_op=True) for k in range(4)]
     future = works[-1].get_future()
     for w in works[:-1]:
