@@ -119,6 +119,23 @@ py::object launch(qcclComm_t comm, bool async_op, py::object keepalive, Call&& c
   return py::cast(new Request(request, std::move(keepalive)), py::return_value_policy::take_ownership);
 }
 
+// Checkpoints through the C API's Size/Save/Load functions of one handle type.
+template <class Handle>
+py::bytes save_checkpoint(Handle handle, qcclResult_t (*size)(Handle, size_t*),
+                          qcclResult_t (*save)(Handle, void*, size_t)) {
+  size_t bytes = 0;
+  check(size(handle, &bytes));
+  std::string buffer(bytes, '\0');
+  call_released(nullptr, [&] { return save(handle, buffer.data(), buffer.size()); });
+  return py::bytes(buffer);
+}
+
+template <class Handle>
+void load_checkpoint(Handle handle, qcclResult_t (*load)(Handle, const void*, size_t), const py::bytes& checkpoint) {
+  std::string_view view = checkpoint;
+  call_released(nullptr, [&] { return load(handle, view.data(), view.size()); });
+}
+
 class Codec {
  public:
   explicit Codec(const std::string& spec) : spec_(spec) { check(qcclCodecCreate(spec.c_str(), &codec_)); }
@@ -142,17 +159,8 @@ class CodecState {
     if (owned_) qcclCodecStateDestroy(state_);
   }
   qcclCodecState_t get() const { return state_; }
-  py::bytes save() const {
-    size_t bytes = 0;
-    check(qcclCodecStateSize(state_, &bytes));
-    std::string buffer(bytes, '\0');
-    call_released(nullptr, [&] { return qcclCodecStateSave(state_, buffer.data(), buffer.size()); });
-    return py::bytes(buffer);
-  }
-  void load(const py::bytes& checkpoint) const {
-    std::string_view view = checkpoint;
-    call_released(nullptr, [&] { return qcclCodecStateLoad(state_, view.data(), view.size()); });
-  }
+  py::bytes save() const { return save_checkpoint(state_, qcclCodecStateSize, qcclCodecStateSave); }
+  void load(const py::bytes& checkpoint) const { load_checkpoint(state_, qcclCodecStateLoad, checkpoint); }
   void set_learning_rate(double lr) const { check(qcclCodecStateSetLearningRate(state_, lr)); }
 
  private:
@@ -174,17 +182,8 @@ class CodecStore {
     return new CodecState(state, false);
   }
   void erase(uint64_t key) { check(qcclCodecStoreErase(store_, key)); }
-  py::bytes save() const {
-    size_t bytes = 0;
-    check(qcclCodecStoreSize(store_, &bytes));
-    std::string buffer(bytes, '\0');
-    call_released(nullptr, [&] { return qcclCodecStoreSave(store_, buffer.data(), buffer.size()); });
-    return py::bytes(buffer);
-  }
-  void load(const py::bytes& checkpoint) const {
-    std::string_view view = checkpoint;
-    call_released(nullptr, [&] { return qcclCodecStoreLoad(store_, view.data(), view.size()); });
-  }
+  py::bytes save() const { return save_checkpoint(store_, qcclCodecStoreSize, qcclCodecStoreSave); }
+  void load(const py::bytes& checkpoint) const { load_checkpoint(store_, qcclCodecStoreLoad, checkpoint); }
 
  private:
   qcclCodecStore_t store_;
@@ -210,17 +209,8 @@ class DeltaStore {
     d["last_full_rows"] = info.lastFullRows;
     return d;
   }
-  py::bytes save() const {
-    size_t bytes = 0;
-    check(qcclDeltaStoreSize(store_, &bytes));
-    std::string buffer(bytes, '\0');
-    call_released(nullptr, [&] { return qcclDeltaStoreSave(store_, buffer.data(), buffer.size()); });
-    return py::bytes(buffer);
-  }
-  void load(const py::bytes& checkpoint) const {
-    std::string_view view = checkpoint;
-    call_released(nullptr, [&] { return qcclDeltaStoreLoad(store_, view.data(), view.size()); });
-  }
+  py::bytes save() const { return save_checkpoint(store_, qcclDeltaStoreSize, qcclDeltaStoreSave); }
+  void load(const py::bytes& checkpoint) const { load_checkpoint(store_, qcclDeltaStoreLoad, checkpoint); }
 
  private:
   qcclDeltaStore_t store_ = nullptr;
