@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds qccl and runs the whole suite (unit tests,
 # simulated-network tests of every algorithm, multi-rank tests as real processes through qcclrun
-# with 2, 3, 4 and 8 ranks, failure scenarios, benchmarks' checks, the launcher's own tests; those
+# with 2, 3, 4 and 8 ranks, failure scenarios, benchmarks' checks, the launcher's own tests, the
+# Python package's pytest suites under qcclrun (numpy, torch's DDP hooks and backend); those
 # that emulate a network need root and skip without it) in three builds:
 #   build/        Release, -Werror
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer
