@@ -68,21 +68,21 @@ class CommHookState:
         self.store = self.comm.codec_store(budget)
         self._completer = Completer(f"qccl-hook-{self.comm.rank}")
         self._keys: dict = {}         # bucket signature -> store key
+        self._next_key = 1            # keys are never reused, also after an erase
         self._live: set = set()       # keys used in this iteration
         self._known: set = set()      # keys used in the last complete iteration
-        self.calls = 0
 
     def key_for(self, bucket: Any) -> int:
         # The parameters' addresses name a bucket across DDP's rebuild; its index alone does not.
         signature = (bucket.index(), tuple(p.data_ptr() for p in bucket.parameters()))
         key = self._keys.get(signature)
         if key is None:
-            key = self._keys[signature] = len(self._keys) + 1
+            key = self._keys[signature] = self._next_key
+            self._next_key += 1
         return key
 
     def all_reduce(self, bucket: Any) -> torch.futures.Future:
         tensor = bucket.buffer()
-        self.calls += 1
         if (self.codec is None or tensor.dtype not in _CODEC_TYPES
                 or tensor.numel() * tensor.element_size() < self.min_bytes):
             request = self.comm.all_reduce(tensor, "avg", async_op=True)

@@ -266,3 +266,41 @@ def test_ddp_fft_hook(world):
     assert error > 0  # the codec ran (no fallback)
     state.close()
     state.comm.destroy()
+
+
+class FakeBucket:
+    def __init__(self, index, params, last):
+        self._index, self._params, self._last = index, params, last
+
+    def index(self):
+        return self._index
+
+    def parameters(self):
+        return self._params
+
+    def is_last(self):
+        return self._last
+
+
+def test_hook_keys_follow_buckets_and_are_never_reused(world):
+    rank, n, gloo = world
+    state = qt.CommHookState("q8:ef=on", process_group=gloo)
+    a, b, c, d = (torch.zeros(4) for _ in range(4))
+
+    def iteration(*buckets):
+        keys = []
+        for i, params in enumerate(buckets):
+            bucket = FakeBucket(i, params, i == len(buckets) - 1)
+            keys.append(state.key_for(bucket))
+            state._live.add(keys[-1])
+            state.store.get(keys[-1], 4)
+        state._end_iteration()
+        return keys
+
+    assert iteration([a, b, c]) == [1]          # DDP's first iteration: one bucket
+    assert iteration([c], [a, b]) == [2, 3]     # rebuilt: new keys; key 1 erased at the end
+    with pytest.raises(qccl.InvalidArgument):
+        state.store.erase(1)
+    assert iteration([c], [d]) == [2, 4]        # a new bucket after an erase: a fresh key, not 3 again
+    state.close()
+    state.comm.destroy()
