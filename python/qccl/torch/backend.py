@@ -10,13 +10,15 @@ reduce_scatter_tensor, all_to_all, all_to_all_single (equal splits), barrier, se
 (torch 1.13 does not route gather and scatter to Python process groups: they raise there.)  The
 ranks' unique id travels through the store that init_process_group made.  A codec set with
 :func:`set_codec` compresses the group's all_reduce calls on float32/float16/bfloat16 tensors of at
-least ``min_bytes`` (op SUM or AVG), each tensor (by address and size) with its own codec state,
-so ``ef=on`` works for tensors all-reduced repeatedly (DDP's buckets).  Errors are qccl's
+least ``min_bytes`` (op SUM or AVG), each tensor (by address and size) with its own codec state
+(the 64 most recently used are kept), so ``ef=on`` works for tensors all-reduced repeatedly (DDP's
+buckets).  Errors are qccl's
 exceptions.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from datetime import timedelta
 from typing import Any, List, Optional
 
@@ -107,7 +109,8 @@ class ProcessGroupQccl(_ProcessGroup):
         self.codec: Optional[qccl.Codec] = None
         self.min_bytes = 0
         self._store = None
-        self._states: dict = {}
+        self._states: "OrderedDict[tuple, tuple]" = OrderedDict()  # tensor -> (store key, state), LRU first
+        self._next_key = 1
         self._completer = Completer(f"qccl-pg-{rank}")
         self._held: dict = {}  # id -> _QcclWork (see _QcclWork)
 
@@ -213,12 +216,23 @@ class ProcessGroupQccl(_ProcessGroup):
                                        f"(one device per process)")
         return tensors[0]
 
+    _MAX_STATES = 64
+
     def _state_for(self, tensor: torch.Tensor) -> qccl.CodecState:
+        # A state per tensor (address, size, type): DDP's buckets and a model's parameters come back
+        # every step at the same address. Temporaries do not: the least recently used states beyond
+        # _MAX_STATES are erased, so that they cannot exhaust the codec-state budget.
         key = (tensor.data_ptr(), tensor.numel(), str(tensor.dtype))
-        state = self._states.get(key)
-        if state is None:
-            state = self._states[key] = self._store.get(len(self._states) + 1, tensor.numel())
-        return state
+        entry = self._states.get(key)
+        if entry is None:
+            if len(self._states) >= self._MAX_STATES:
+                _, (old_key, _) = self._states.popitem(last=False)
+                self._store.erase(old_key)
+            entry = self._states[key] = (self._next_key, self._store.get(self._next_key, tensor.numel()))
+            self._next_key += 1
+        else:
+            self._states.move_to_end(key)
+        return entry[1]
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupQccl:

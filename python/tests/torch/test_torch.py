@@ -101,6 +101,14 @@ def test_backend_codec_policy(world):
         small = torch.ones(10)  # below min_bytes: exact
         dist.all_reduce(small)
         assert torch.all(small == n)
+        # Error feedback on fresh temporaries: their states are recycled, never exhausting the budget.
+        qt.set_codec("q8:ef=on", min_bytes=1024)
+        pg = dist.distributed_c10d._get_default_group()
+        for _ in range(3 * pg._MAX_STATES):
+            t = torch.ones(1000 + _)  # a new address and size every time
+            dist.all_reduce(t)
+            assert torch.allclose(t, torch.full_like(t, n), rtol=1e-2)
+        assert len(pg._states) == pg._MAX_STATES
     finally:
         qt.set_codec(None)
 
