@@ -15,8 +15,8 @@ scikit-learn's digits (samples recur every epoch, which AQ-SGD needs):
   AQ-SGD      activations as keyed deltas (delta_send: the change since the sample's last message,
               quantized with aq<b>; its first epoch whole, in float16), gradients quantized with aq<b>
 
-Prints seconds per epoch (the median after the first), the final training loss, held-out accuracy
-and the bytes stage 0 sent per epoch; the exit status is the verdict: 0 when AQ-SGD's accuracy is
+Prints seconds per epoch (the median after the first), the final training loss and held-out
+accuracy; the exit status is the verdict: 0 when AQ-SGD's accuracy is
 within --accuracy-points of fp32's and its epoch --speedup times faster (DirectQ may be worse: at
 2-3 bits it is, in the paper).
 """
@@ -119,10 +119,9 @@ def train(method, args, comm, data):
         else:
             comm.recv(test_activations, peer)
             accuracy = float((model(test_activations).argmax(1) == y_test).float().mean()) * 100
-    stats = store.info() if store is not None else None
     later = epoch_seconds[1:] or epoch_seconds
     return {"method": method, "epoch_s": statistics.median(later), "loss": losses[-1] if losses else 0.0,
-            "accuracy": accuracy, "store": stats}
+            "accuracy": accuracy}
 
 
 def main():
