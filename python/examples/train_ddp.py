@@ -96,6 +96,15 @@ def init_distributed():
     return dist.get_rank(), dist.get_world_size()
 
 
+def ranks_sharing_cpus():
+    """The ranks that share this machine's CPUs: all of them when qcclrun's emulated hosts do
+    (QCCL_OVERSUBSCRIBED=1), else this host's (torchrun's LOCAL_WORLD_SIZE, qcclrun's
+    QCCL_LOCAL_NRANKS)."""
+    if os.environ.get("QCCL_OVERSUBSCRIBED") == "1":
+        return int(os.environ["QCCL_NRANKS"])
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("QCCL_LOCAL_NRANKS", "1"))))
+
+
 def load_digits():
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -226,9 +235,7 @@ def main():
     rank, size = init_distributed()
     # Ranks sharing a host share its CPUs: torch's default of a thread per CPU in every rank
     # oversubscribes them, and its spinning threads then slow each other down many times over.
-    local = int(os.environ.get("QCCL_NRANKS" if os.environ.get("QCCL_OVERSUBSCRIBED") == "1" else
-                               "LOCAL_WORLD_SIZE", os.environ.get("QCCL_LOCAL_NRANKS", "1")))
-    torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // max(1, local)))
+    torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // ranks_sharing_cpus()))
     data = load_digits() if args.task == "digits" else load_embedding_task(50 * args.hidden)
     chosen = [c for c in CONFIGS if args.only is None or c[0] in args.only.split(",")]
     results = [train(name, codec, updates, args, data, rank, size) for name, codec, updates in chosen]

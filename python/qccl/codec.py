@@ -20,6 +20,13 @@ class Codec:
     def __init__(self, spec: str):
         self._codec = _qccl.Codec(spec)
 
+    @classmethod
+    def _wrap(cls, codec: "_qccl.Codec") -> "Codec":
+        """A Codec around one the extension made (learned levels)."""
+        wrapped = cls.__new__(cls)
+        wrapped._codec = codec
+        return wrapped
+
     @property
     def spec(self) -> str:
         return self._codec.spec

@@ -200,9 +200,7 @@ class Communicator:
         else:
             b = describe(data, "data", writable=False)
             address, count, dtype = b.address, b.count, b.dtype
-        learned = Codec.__new__(Codec)
-        learned._codec = self._comm.learn_levels(c._codec, address, count, dtype, epochs, root)
-        return learned
+        return Codec._wrap(self._comm.learn_levels(c._codec, address, count, dtype, epochs, root))
 
     # ---- Collectives ----------------------------------------------------------------------------
     def all_reduce(self, tensor: Any, op: "ReduceOp | str" = ReduceOp.SUM, *, out: Any = None,

@@ -64,13 +64,20 @@ struct Config {
       std::string key = py::cast<std::string>(item.first);
       py::handle value = item.second;
       if (value.is_none()) continue;
-      if (key == "timeout") c.timeoutSeconds = py::cast<double>(value);
-      else if (key == "chunk_bytes") c.chunkBytes = py::cast<int>(value);
-      else if (key == "pipeline_depth") c.pipelineDepth = py::cast<int>(value);
-      else if (key == "codec_min_bytes") c.codecMinBytes = py::cast<double>(value);
-      else if (key == "algorithms") c.algorithms = (algorithms = py::cast<std::string>(value)).c_str();
-      else if (key == "codec") c.codec = (codec = py::cast<std::string>(value)).c_str();
-      else raise_error(qcclInvalidArgument, "config: unknown setting '" + key + "'");
+      if (key == "timeout")
+        c.timeoutSeconds = py::cast<double>(value);
+      else if (key == "chunk_bytes")
+        c.chunkBytes = py::cast<int>(value);
+      else if (key == "pipeline_depth")
+        c.pipelineDepth = py::cast<int>(value);
+      else if (key == "codec_min_bytes")
+        c.codecMinBytes = py::cast<double>(value);
+      else if (key == "algorithms")
+        c.algorithms = (algorithms = py::cast<std::string>(value)).c_str();
+      else if (key == "codec")
+        c.codec = (codec = py::cast<std::string>(value)).c_str();
+      else
+        raise_error(qcclInvalidArgument, "config: unknown setting '" + key + "'");
     }
   }
   Config(const Config&) = delete;
@@ -355,13 +362,13 @@ class Comm {
       return launch(c, async_op, keep, [&](qcclRequest_t* r) {
         return r ? qcclIAllGatherCompressedSegments(cptr(send), ptr(recv), count, dtype(type), codec->get(), s.data(),
                                                     n, state_of(state), c, r)
-                 : qcclAllGatherCompressedSegments(cptr(send), ptr(recv), count, dtype(type), codec->get(), s.data(),
-                                                   n, state_of(state), c);
+                 : qcclAllGatherCompressedSegments(cptr(send), ptr(recv), count, dtype(type), codec->get(), s.data(), n,
+                                                   state_of(state), c);
       });
     }
     return launch(c, async_op, keep, [&](qcclRequest_t* r) {
-      return r ? qcclIAllGatherCompressed(cptr(send), ptr(recv), count, dtype(type), codec->get(), state_of(state),
-                                          c, r)
+      return r ? qcclIAllGatherCompressed(cptr(send), ptr(recv), count, dtype(type), codec->get(), state_of(state), c,
+                                          r)
                : qcclAllGatherCompressed(cptr(send), ptr(recv), count, dtype(type), codec->get(), state_of(state), c);
     });
   }
@@ -398,16 +405,14 @@ class Comm {
                : qcclAlltoAll(cptr(send), ptr(recv), count, dtype(type), c);
     });
   }
-  py::object gather(uintptr_t send, uintptr_t recv, size_t count, int type, int root, bool async_op,
-                    py::object keep) {
+  py::object gather(uintptr_t send, uintptr_t recv, size_t count, int type, int root, bool async_op, py::object keep) {
     qcclComm_t c = get();
     return launch(c, async_op, keep, [&](qcclRequest_t* r) {
       return r ? qcclIGather(cptr(send), ptr(recv), count, dtype(type), root, c, r)
                : qcclGather(cptr(send), ptr(recv), count, dtype(type), root, c);
     });
   }
-  py::object scatter(uintptr_t send, uintptr_t recv, size_t count, int type, int root, bool async_op,
-                     py::object keep) {
+  py::object scatter(uintptr_t send, uintptr_t recv, size_t count, int type, int root, bool async_op, py::object keep) {
     qcclComm_t c = get();
     return launch(c, async_op, keep, [&](qcclRequest_t* r) {
       return r ? qcclIScatter(cptr(send), ptr(recv), count, dtype(type), root, c, r)
@@ -442,11 +447,13 @@ class Comm {
   }
   void delta_send(uintptr_t buffer, const std::vector<uint64_t>& keys, int type, const DeltaStore& store, int peer) {
     qcclComm_t c = get();
-    call_released(c, [&] { return qcclDeltaSend(cptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c); });
+    call_released(
+        c, [&] { return qcclDeltaSend(cptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c); });
   }
   void delta_recv(uintptr_t buffer, const std::vector<uint64_t>& keys, int type, const DeltaStore& store, int peer) {
     qcclComm_t c = get();
-    call_released(c, [&] { return qcclDeltaRecv(ptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c); });
+    call_released(
+        c, [&] { return qcclDeltaRecv(ptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c); });
   }
   CodecState* codec_state(size_t count) {
     qcclCodecState_t state = nullptr;
@@ -500,7 +507,8 @@ int datatype_of(const char* format, Py_ssize_t itemsize) {
   if (*format == '@' || *format == '=' || *format == '<') ++format;
   if (format[0] == '\0' || format[1] != '\0') return -1;
   const char letter = format[0];
-  if (std::strchr("bhilq", letter)) return itemsize == 1 ? qcclInt8 : itemsize == 4 ? qcclInt32 : itemsize == 8 ? qcclInt64 : -1;
+  if (std::strchr("bhilq", letter))
+    return itemsize == 1 ? qcclInt8 : itemsize == 4 ? qcclInt32 : itemsize == 8 ? qcclInt64 : -1;
   if (std::strchr("BHILQ", letter))
     return itemsize == 1 ? qcclUint8 : itemsize == 4 ? qcclUint32 : itemsize == 8 ? qcclUint64 : -1;
   if (letter == 'e' && itemsize == 2) return qcclFloat16;
@@ -527,10 +535,12 @@ py::object describe_buffer(py::handle object, const std::string& name, bool writ
   const Py_ssize_t itemsize = view.itemsize, bytes = view.len;
   const auto address = reinterpret_cast<uintptr_t>(view.buf);
   PyBuffer_Release(&view);
-  if (readonly && writable) raise_error(qcclInvalidArgument, name + ": the array is read-only, and qccl writes the result into it");
+  if (readonly && writable)
+    raise_error(qcclInvalidArgument, name + ": the array is read-only, and qccl writes the result into it");
   if (!contiguous)
-    raise_error(qcclInvalidArgument, name + ": the array is not C-contiguous (a strided view); pass a contiguous "
-                                            "copy, e.g. numpy.ascontiguousarray");
+    raise_error(qcclInvalidArgument, name +
+                                         ": the array is not C-contiguous (a strided view); pass a contiguous "
+                                         "copy, e.g. numpy.ascontiguousarray");
   const int datatype = datatype_of(format.c_str(), itemsize);
   if (datatype < 0)
     raise_error(qcclInvalidArgument, name + ": element format '" + format + "' (" + std::to_string(itemsize) +
@@ -562,13 +572,9 @@ PYBIND11_MODULE(_qccl, m) {
   m.def("describe", &describe_buffer);
   m.attr("Buffer") = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(buffer_type()));
 
-  py::class_<Request>(m, "Request")
-      .def("wait", &Request::wait)
-      .def("is_completed", &Request::test);
+  py::class_<Request>(m, "Request").def("wait", &Request::wait).def("is_completed", &Request::test);
 
-  py::class_<Codec>(m, "Codec")
-      .def(py::init<const std::string&>())
-      .def_property_readonly("spec", &Codec::spec);
+  py::class_<Codec>(m, "Codec").def(py::init<const std::string&>()).def_property_readonly("spec", &Codec::spec);
 
   py::class_<CodecState>(m, "CodecState")
       .def("save", &CodecState::save)

@@ -1,6 +1,9 @@
 """The Python API's collectives against numpy references (float64 for floating types), on every
 rank count qcclrun starts them with."""
 
+import time
+import weakref
+
 import numpy as np
 import pytest
 
@@ -78,9 +81,12 @@ def test_all_reduce(comm, dtype, op, inplace):
 
 def test_zero_count(comm):
     empty = np.zeros(0, dtype=np.float32)
-    comm.all_reduce(empty)
-    comm.broadcast(empty, 0)
-    comm.all_gather(np.zeros(0, dtype=np.float32), empty)
+    assert comm.all_reduce(empty) is None
+    assert comm.broadcast(empty, 0) is None
+    assert comm.all_gather(np.zeros(0, dtype=np.float32), empty) is None
+    request = comm.all_reduce(empty, async_op=True)
+    request.wait()
+    assert request.is_completed()
 
 
 @pytest.mark.parametrize("inplace", [True, False], ids=["inplace", "out"])
@@ -185,12 +191,24 @@ def test_nonblocking_in_order(comm):
 
 
 def test_request_keeps_arrays_alive(comm):
-    request = comm.all_reduce(np.ones(1 << 16, np.float32), async_op=True)  # no other reference to the array
+    array = np.ones(1 << 16, np.float32)
+    alive = weakref.ref(array)
+    request = comm.all_reduce(array, async_op=True)
+    del array  # the request's reference is now the only one
+    assert alive() is not None
     request.wait()
+    assert alive() is None  # released once the operation has completed
 
 
 def test_barrier(comm):
+    # Rank 0 arrives late: no other rank may leave the barrier before it has arrived.
     comm.barrier()
+    if comm.rank == 0:
+        time.sleep(0.5)
+    started = time.monotonic()
+    comm.barrier()
+    if comm.rank != 0:
+        assert time.monotonic() - started >= 0.2
 
 
 def test_split(comm):

@@ -49,15 +49,21 @@ def test_error_feedback_state_and_checkpoint(comm):
     grads = [rank_input(r, count, np.float32, seed=5) for r in range(n)]
     out = np.zeros(count, np.float32)
     # Error feedback (ef=on) conserves what it does not send: over T steps of the same input, the sum
-    # of the outputs tracks T times the exact average within one step's error, not T steps' errors.
+    # of the outputs misses T times the exact average by the final residuals only (every encode's
+    # error re-enters the next step; collectives/compressed.h), while without it nearest rounding
+    # repeats the same error T times. So at T = 8 the sum's error must stay within two single errors'
+    # worth (the final residual; measured: 0.17-0.18 of the error without feedback).
     steps = 8
-    total = np.zeros(count)
+    total, total_without = np.zeros(count), np.zeros(count)
     for _ in range(steps):
         comm.all_reduce(grads[comm.rank], "avg", out=out, codec="q2:ef=on", state=state)
         total += out
+        comm.all_reduce(grads[comm.rank], "avg", out=out, codec="q2")
+        total_without += out
     exact = np.mean(np.asarray(grads, np.float64), axis=0)
-    one_step_bound = (0.5 / 3 * n * (n + 1) + 1e-5 * n) / n * 2  # the residual's carry-over: two steps' error
-    assert np.abs(total - steps * exact).max() <= one_step_bound + 1e-4 * steps
+    with_ef = np.linalg.norm(total - steps * exact)
+    without_ef = np.linalg.norm(total_without - steps * exact)
+    assert with_ef <= without_ef / 4 or n == 1  # one rank encodes nothing: both are exact
     checkpoint = state.save()
     assert isinstance(checkpoint, bytes) and len(checkpoint) >= 4 * count  # the float32 residual at least
     restored = comm.codec_state(count)
