@@ -60,6 +60,9 @@ class _QcclWork(_Work):
 
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
         self._pg._release(self)
+        if self._future is not None:  # get_future handed the request to the completion thread
+            self._future.wait()
+            return True
         for request in self._requests:
             if request is not None:
                 try:
@@ -76,6 +79,8 @@ class _QcclWork(_Work):
         return True
 
     def is_completed(self) -> bool:
+        if self._future is not None:
+            return self._future.done()
         for request in self._requests:
             try:
                 if request is not None and not request.is_completed():

@@ -79,6 +79,12 @@ def test_backend_point_to_point_and_async(world):
         pass
     polled.wait()
     assert torch.all(polled.result()[0] == n)
+    # wait() after get_future() waits for the operation too (the completion thread holds the request).
+    big = torch.ones(1 << 20)
+    work = dist.all_reduce(big, async_op=True)
+    future = work.get_future()
+    work.wait()
+    assert work.is_completed() and future.done() and torch.all(big == n)
     works = [dist.all_reduce(torch.ones(1000) * k, async_op=True) for k in range(4)]
     future = works[-1].get_future()
     for w in works[:-1]:
