@@ -9,6 +9,8 @@
 #   transports/   transports/ and base/: never a codec, an algorithm or the runtime
 #   collectives/  collectives/ and kernels/: never a socket, a transport or the runtime
 #   src/          anything of the library (it is the top of the library)
+#   sim/          the simulator and qccl_sim: the library's layers (it runs the plans and policy of
+#                 src/ in virtual time) and its own headers
 #   tools/        the public API, base/, their own headers, and the two runtime entry points made for
 #                 them (src/aggregator_daemon.h, src/build_info.h)
 #   perf/, examples/  the public API only, and perf's own headers (perf/codec_perf.cc, a kernel
@@ -49,13 +51,14 @@ check kernels "kernels/$name"
 check transports "transports/$name|base/$name"
 check collectives "collectives/$name|kernels/$name"
 check src "(src|base|kernels|transports|collectives)/$name|include/qccl\.h"
+check sim "(sim|src|base|kernels|transports|collectives)/$name|include/qccl\.h"
 check tools "include/qccl\.h|qccl\.h|base/$name|src/(aggregator_daemon|build_info)\.h|netem\.h"
 check perf 'qccl\.h|common\.h|options\.h|codec_list\.h|demo\.h|baseline_common\.h' perf/codec_perf.cc
 check perf/codec_perf.cc "kernels/$name|codec_list\.h"
 check examples 'qccl\.h'
 check shim "qccl\.h|shim/$name"
 check python 'qccl\.h'
-check tests "(tests/[a-z0-9_/.-]+|(src|base|kernels|transports|collectives)/$name|include/qccl\.h|qccl\.h)"
+check tests "(tests/[a-z0-9_/.-]+|(src|sim|base|kernels|transports|collectives)/$name|include/qccl\.h|qccl\.h)"
 
 # Every top-level folder with sources must be one of the above.
 while IFS= read -r dir; do

@@ -14,9 +14,12 @@
 
 #include "collectives/plan.h"
 #include "src/executor.h"
-#include "tests/collectives/sim_network.h"
+#include "sim/network.h"
 
 namespace qccl::test {
+
+using sim::SimNetwork;
+using sim::SimTransport;
 
 struct SimRun {
   std::unique_ptr<SimNetwork> net;

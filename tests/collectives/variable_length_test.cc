@@ -13,10 +13,13 @@
 
 #include "collectives/plan.h"
 #include "src/executor.h"
-#include "tests/collectives/sim_network.h"
+#include "sim/network.h"
 
 namespace qccl::test {
 namespace {
+
+using sim::SimNetwork;
+using sim::SimTransport;
 
 constexpr size_t kCapacity = 40;
 

@@ -1,5 +1,6 @@
 // An in-process network of N ranks behind the Transport interface, for running every rank's plan in
-// one thread: fast, deterministic, and strict. Sends complete only once a receive has matched them
+// one thread with the real host executor (the simulator's --execute, and the plan tests): fast,
+// deterministic, and strict. Sends complete only once a receive has matched them
 // (rendezvous semantics), so a plan that would deadlock on a real network deadlocks here too; a
 // receive smaller than its message fails as UCX does ("message truncated").
 #pragma once
@@ -16,7 +17,7 @@
 #include "src/message_key.h"
 #include "transports/transport.h"
 
-namespace qccl::test {
+namespace qccl::sim {
 
 class SimNetwork {
  public:
@@ -179,4 +180,4 @@ class SimTransport final : public transport::Transport {
   int rank_;
 };
 
-}  // namespace qccl::test
+}  // namespace qccl::sim

@@ -1,0 +1,91 @@
+// What the simulator knows about a cluster (qccl_sim, sim/simulator.h): its links and its CPUs' cost
+// of each kind of step, in a text file that `qccl_sim calibrate` writes and anyone may edit.
+//
+// Links. Two classes: `inter` joins hosts (one NIC per host, full duplex, shared by the host's ranks)
+// and `intra` joins the ranks of one host (shared memory or loopback: a port per rank). A message of
+// B bytes occupies its sender's outgoing port and its receiver's incoming port for
+// B / (rate x efficiency) seconds and arrives `latency` seconds after it left. Efficiency is the
+// payload's share of what the link carries: 1448 bytes of TCP payload per 1538 bytes on an Ethernet
+// wire with MTU 1500 (0.941: 20 bytes of preamble and gap, 14 of Ethernet header, 4 of CRC, 20 of
+// IP, 32 of TCP with timestamps); 1448 per 1514 (0.956) under qcclrun --netem, whose token buckets
+// count the frame without preamble, gap and CRC.
+//
+// CPU. Costs in seconds per value (per byte for copies) on one core, which a host's ranks share
+// when they outnumber its cores (Topology, sim/simulator.h). Codec costs are per codec: a spec's
+// canonical text first ("q4:bucket=256"), then its name ("q4").
+//
+// The file: one `key = value` per line, `#` to the end of a line is a comment:
+//   inter.rate = 10gbit          (or 1.25e9 bytes/s, 300GB/s, ...: parse_rate)
+//   inter.latency = 5e-05        seconds
+//   inter.efficiency = 0.941
+//   intra.rate, intra.latency, intra.efficiency
+//   cpu.post = 1e-06             seconds to post one transfer
+//   cpu.copy = 1e-10             seconds per byte copied
+//   cpu.reduce = 4e-10           seconds per value of a float32 reduction (other types: by size)
+//   cpu.load, cpu.store, cpu.add, cpu.divide   seconds per value (float32 accumulator steps)
+//   codec.NAME.encode, codec.NAME.decode, codec.NAME.decode_add   seconds per value
+//   source = text                where the numbers came from (any number of lines)
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace qccl::sim {
+
+struct LinkClass {
+  double rate = 0;          // bytes per second on the wire; 0: unlimited
+  double latency = 0;       // seconds
+  double efficiency = 1.0;  // payload bytes per wire byte
+  // Seconds a message of `bytes` payload bytes occupies the link (not counting latency).
+  double seconds(double bytes) const { return rate > 0 ? bytes / (rate * efficiency) : 0; }
+};
+
+struct CodecCost {
+  double encode = 0;      // seconds per value
+  double decode = 0;      // into an output buffer
+  double decode_add = 0;  // into a float32 accumulator
+};
+
+struct Model {
+  LinkClass inter;
+  LinkClass intra;
+  double post = 0;    // seconds per transfer posted
+  double copy = 0;    // seconds per byte
+  double reduce = 0;  // seconds per float32 value (a + b); other types scale by their size
+  double load = 0;    // seconds per value: float32 accumulator from the call's type...
+  double store = 0;   // ...and back
+  double add = 0;     // seconds per value: acc += x (float32)
+  double divide = 0;  // seconds per value: acc /= n
+  std::map<std::string, CodecCost> codecs;
+  std::vector<std::string> sources;  // provenance, one line each
+
+  // The costs of a codec by its canonical spec, then by its name; null when the model has neither.
+  const CodecCost* codec_cost(const std::string& canonical) const;
+};
+
+// The model shipped with qccl: links from their presets (link_preset), CPU costs measured on the
+// development machine (its sources say which and when).
+Model default_model();
+
+// A link preset: "100mbit", "1gbit", "10gbit", "25gbit", "100gbit" (Ethernet, TCP payload efficiency,
+// a typical one-switch latency), "netem:RATE" (qcclrun --netem RATE: the token bucket's efficiency,
+// the loopback's latency), "nvlink" (an NVLink-class intra-node link: 300 GB/s). False when unknown.
+bool link_preset(const std::string& name, LinkClass* out, std::string* source);
+// A link given by preset or by rate ("12.5GB/s", "40gbit": Ethernet efficiency, no latency).
+// Throws std::invalid_argument naming the text.
+LinkClass parse_link(const std::string& text, std::string* source);
+// A rate in bytes per second: "10gbit" (bits, decimal prefixes k M G T, as tc(8)), "300GB/s",
+// "1.5MB/s" (bytes), or a bare number of bytes per second. Throws std::invalid_argument naming it.
+double parse_rate(const std::string& text);
+// "10 Gbit/s", "300 GB/s" for tables.
+std::string describe_rate(double bytes_per_second);
+
+// Reads a model file over `base` (keys not in the file keep base's values). Throws
+// std::invalid_argument naming the file, the line and the key or value.
+Model load_model(const std::string& path, const Model& base);
+// Writes every field of the model in the file format above; false with errno when it cannot.
+bool save_model(const Model& model, const std::string& path);
+std::string format_model(const Model& model);
+
+}  // namespace qccl::sim

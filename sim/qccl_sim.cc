@@ -1,0 +1,490 @@
+// qccl_sim: qccl's collectives on a modeled cluster (sim/simulator.h), as an nccl-tests-style table,
+// and `qccl_sim calibrate`, which measures this machine's costs into a model file (sim/model.h).
+#include <getopt.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/config.h"
+#include "base/errors.h"
+#include "collectives/plan.h"
+#include "kernels/codec.h"
+#include "kernels/types.h"
+#include "sim/calibrate.h"
+#include "sim/model.h"
+#include "sim/simulator.h"
+
+namespace {
+
+using namespace qccl;
+using namespace qccl::sim;
+
+constexpr const char kHelp[] = R"HELP(NAME
+    qccl_sim - predict qccl's collectives on a modeled cluster
+
+SYNOPSIS
+    qccl_sim [OPTIONS]
+    qccl_sim calibrate [-o FILE] [--codec LIST] [--values N] [--link L] [--intra L]
+
+DESCRIPTION
+    Runs qccl's own plans (the algorithms and codecs the library runs, bound to each rank's call as a
+    communicator binds them) in virtual time on a modeled cluster: hosts joined by links of one
+    class (a NIC per host, full duplex, shared by its ranks), ranks of a host joined by another, CPU
+    steps charged at measured costs per value and stretched where a host has fewer cores than
+    ranks. No data moves (unless --execute); a 1,024-rank all-reduce of 1 GiB takes seconds.
+
+    Prints one row per message size and codec, as nccl-tests do: size, count, type, codec, the
+    algorithm, the predicted time, algbw and busbw, the payload bytes the call puts on the links
+    between hosts and within hosts (all ranks), and the resource that bounds it: "inter" or "intra"
+    (the busiest port of that class was busy at least half the time), "cpu", or "latency".
+
+    The simulated call is a steady-state one (a codec state past its first round).
+
+    calibrate measures this machine's CPU costs (copies, reductions, float32 accumulator steps, and
+    encode, decode and decode-accumulate of each codec, median of 5 runs on 4 Mi values) and writes
+    a model file with the links given by --link and --intra. Pass it back with --model.
+
+OPTIONS
+    -n, --ranks N           ranks (default 8); a comma list (64,256,1024) sweeps the rank count at
+                            each size
+        --hosts H           hosts holding equal blocks of ranks (default: one host per rank)
+        --cores C           cores per host (default: one per rank, no contention)
+        --machine-cores C   all hosts share one machine of C cores (qcclrun --netem's emulation)
+    -l, --link L            the link between hosts: 100mbit, 1gbit, 10gbit, 25gbit, 100gbit
+                            (Ethernet), netem:RATE (qcclrun --netem RATE), nvlink, or a rate
+                            (40gbit, 12.5GB/s); default: the model's (10gbit)
+        --intra L           the link between ranks of one host (default: the model's, 10 GB/s)
+        --latency S         one-way latency between hosts in seconds (overrides the link's)
+    -m, --model FILE        a model file (qccl_sim calibrate; keys in sim/model.h) over the defaults
+    -c, --collective C      allreduce (default), allgather, reducescatter, broadcast, reduce,
+                            alltoall, gather, scatter
+    -b, --minbytes SIZE     smallest message (default 1M); sizes as nccl-tests: the whole buffer
+                            (allgather: the received one), 512, 64K, 4M, 1G
+    -e, --maxbytes SIZE     largest message (default: minbytes)
+    -f, --stepfactor F      multiply the size by F between rows (default 2)
+    -d, --datatype T        float (default), half, bfloat16, double, int8, uint8, int32, uint32,
+                            int64, uint64
+    -o, --op OP             sum (default), prod, max, min, avg
+    -r, --root R            root of broadcast, reduce, gather, scatter (default 0)
+    -a, --algo NAME         the algorithm (default: the one qccl picks; qccl_info lists them)
+    -z, --codec LIST        codecs, comma-separated (q8,q4:bucket=256,fp16; "none" or "" for
+                            uncompressed); each size runs once per codec (default: uncompressed)
+        --chunk SIZE        pipeline chunk (QCCL_CHUNK_BYTES; default 256K)
+        --depth D           fragments in flight (QCCL_PIPELINE_DEPTH; default 2)
+        --density X         variable-length codecs (fft): the share of their capacity an encoding
+                            takes (default 1)
+        --execute           also run each call with real data on an in-process network (the host
+                            executor and kernels) and compare the bytes on every link; sizes up to
+                            64 MiB per rank
+        --csv FILE          also write the rows as CSV
+        --plot FILE.png     draw time against size (or against ranks with a rank list), one line
+                            per codec (python3 and matplotlib)
+    -o FILE (calibrate)     where to write the model (default: standard output)
+        --values N          values per calibration run (calibrate; default 4M)
+    -h, --help              this text
+
+EXIT STATUS
+    0 on success; 1 when a call cannot be simulated or --execute finds bytes that differ; 2 for a
+    bad option.
+
+EXAMPLES
+    qccl_sim -n 1024 --hosts 128 --link 10gbit --intra 300GB/s -b 1G -z none,q8,q4
+    qccl_sim -n 64,128,256,512,1024 -b 1G -z none,q8 --plot scale.png
+    qccl_sim calibrate --link 1gbit -o model.txt && qccl_sim -m model.txt -n 4 -b 64M -z q8
+)HELP";
+
+struct Options {
+  std::vector<int> ranks{8};
+  Topology topology;
+  std::string link, intra, model_file;
+  double latency = -1;
+  CallSpec call;
+  size_t min_bytes = 1 << 20, max_bytes = 0;
+  double step_factor = 2;
+  std::vector<std::string> codecs{""};
+  bool execute = false;
+  std::string csv, plot;
+};
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "qccl_sim: %s\n(qccl_sim --help lists the options)\n", message.c_str());
+  std::exit(2);
+}
+
+coll::CollKind parse_collective(const std::string& s) {
+  static const std::pair<const char*, coll::CollKind> kNames[] = {
+      {"allreduce", coll::CollKind::kAllReduce}, {"allgather", coll::CollKind::kAllGather},
+      {"reducescatter", coll::CollKind::kReduceScatter}, {"broadcast", coll::CollKind::kBroadcast},
+      {"reduce", coll::CollKind::kReduce}, {"alltoall", coll::CollKind::kAlltoAll},
+      {"gather", coll::CollKind::kGather}, {"scatter", coll::CollKind::kScatter}};
+  for (const auto& [name, kind] : kNames)
+    if (s == name) return kind;
+  usage_error("--collective '" + s + "': one of allreduce, allgather, reducescatter, broadcast, reduce, alltoall, "
+              "gather, scatter");
+}
+
+kernels::DataType parse_type(const std::string& s) {
+  static const std::pair<const char*, kernels::DataType> kNames[] = {
+      {"float", kernels::DataType::kFloat32}, {"half", kernels::DataType::kFloat16},
+      {"bfloat16", kernels::DataType::kBfloat16}, {"double", kernels::DataType::kFloat64},
+      {"int8", kernels::DataType::kInt8}, {"uint8", kernels::DataType::kUint8},
+      {"int32", kernels::DataType::kInt32}, {"uint32", kernels::DataType::kUint32},
+      {"int64", kernels::DataType::kInt64}, {"uint64", kernels::DataType::kUint64}};
+  for (const auto& [name, type] : kNames)
+    if (s == name) return type;
+  usage_error("--datatype '" + s + "': one of float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64");
+}
+
+kernels::RedOp parse_op(const std::string& s) {
+  static const std::pair<const char*, kernels::RedOp> kNames[] = {{"sum", kernels::RedOp::kSum},
+                                                                 {"prod", kernels::RedOp::kProd},
+                                                                 {"max", kernels::RedOp::kMax},
+                                                                 {"min", kernels::RedOp::kMin},
+                                                                 {"avg", kernels::RedOp::kAvg}};
+  for (const auto& [name, op] : kNames)
+    if (s == name) return op;
+  usage_error("--op '" + s + "': one of sum, prod, max, min, avg");
+}
+
+// Codec specs hold commas of their own (q8:bucket=256,round=stochastic): a piece that is key=value
+// continues the spec before it.
+std::vector<std::string> split_codecs(const std::string& list) {
+  std::vector<std::string> specs;
+  size_t at = 0;
+  while (at <= list.size()) {
+    size_t comma = list.find(',', at);
+    if (comma == std::string::npos) comma = list.size();
+    std::string piece = list.substr(at, comma - at);
+    at = comma + 1;
+    const size_t eq = piece.find('=');
+    if (eq != std::string::npos && piece.find(':') > eq && !specs.empty())
+      specs.back() += "," + piece;
+    else
+      specs.push_back(piece == "none" ? "" : piece);
+  }
+  return specs;
+}
+
+template <class T>
+T parse_number(const char* option, const std::string& value, double lo, double hi) {
+  try {
+    return static_cast<T>(parse_double(option, value, lo, hi));
+  } catch (const Error& e) {
+    usage_error(e.what());
+  }
+}
+
+size_t parse_bytes(const char* option, const std::string& value) {
+  try {
+    return parse_size(option, value);
+  } catch (const Error& e) {
+    usage_error(e.what());
+  }
+}
+
+double bus_factor(coll::CollKind kind, int n) {
+  switch (kind) {
+    case coll::CollKind::kAllReduce: return 2.0 * (n - 1) / n;
+    case coll::CollKind::kBroadcast:
+    case coll::CollKind::kReduce: return 1.0;
+    default: return static_cast<double>(n - 1) / n;
+  }
+}
+
+// Elements per rank for a message of `bytes` (nccl-tests: the whole buffer for allgather and the
+// collectives whose buffers hold a block per rank).
+size_t count_for(coll::CollKind kind, size_t bytes, size_t element_size, int n) {
+  const size_t total = bytes / element_size;
+  switch (kind) {
+    case coll::CollKind::kAllGather:
+    case coll::CollKind::kReduceScatter:
+    case coll::CollKind::kAlltoAll:
+    case coll::CollKind::kGather:
+    case coll::CollKind::kScatter: return total / static_cast<size_t>(n);
+    default: return total;
+  }
+}
+
+std::string human_bytes(double b) {
+  char buf[32];
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+  return buf;
+}
+
+constexpr const char kPlotScript[] = R"PY(
+import csv, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = list(csv.DictReader(open(sys.argv[1])))
+by_ranks = len({r["ranks"] for r in rows}) > 1
+x_key = "ranks" if by_ranks else "bytes"
+fig, ax = plt.subplots(figsize=(7, 4.5))
+groups = {}
+for r in rows:
+    label = r["codec"] or "uncompressed"
+    if by_ranks and len({q["bytes"] for q in rows}) > 1:
+        label += " " + r["size"]
+    groups.setdefault(label, []).append((float(r[x_key]), float(r["time_us"]) / 1e6))
+for label, pts in groups.items():
+    pts.sort()
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("ranks" if by_ranks else "message size (bytes)")
+ax.set_ylabel("predicted time (s)")
+ax.set_title(sys.argv[3])
+ax.grid(True, which="both", alpha=0.3)
+ax.legend()
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=110)
+)PY";
+
+int draw(const std::string& csv, const std::string& png, const std::string& title) {
+  char script[] = "/tmp/qccl_sim_plot_XXXXXX.py";
+  const int fd = mkstemps(script, 3);
+  if (fd < 0) return std::fprintf(stderr, "qccl_sim: --plot: cannot create a temporary file: %s\n", strerror(errno)), 1;
+  const bool written = write(fd, kPlotScript, sizeof kPlotScript - 1) == static_cast<ssize_t>(sizeof kPlotScript - 1);
+  close(fd);
+  int status = -1;
+  if (written) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execlp("python3", "python3", script, csv.c_str(), png.c_str(), title.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    if (pid > 0) waitpid(pid, &status, 0);
+  }
+  unlink(script);
+  if (!written || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "qccl_sim: --plot %s: python3 with matplotlib failed (Debian: python3-matplotlib)\n", png.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int run_calibrate(int argc, char** argv) {
+  std::string out, link, intra;
+  CalibrateOptions options;
+  static const option kLong[] = {{"output", required_argument, nullptr, 'o'}, {"codec", required_argument, nullptr, 'z'},
+                                 {"values", required_argument, nullptr, 'v'}, {"link", required_argument, nullptr, 'l'},
+                                 {"intra", required_argument, nullptr, 'i'},  {"help", no_argument, nullptr, 'h'},
+                                 {nullptr, 0, nullptr, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "o:z:l:h", kLong, nullptr)) != -1) {
+    switch (c) {
+      case 'o': out = optarg; break;
+      case 'z':
+        for (const std::string& s : split_codecs(optarg)) options.codecs.push_back(s.empty() ? "none" : s);
+        break;
+      case 'v': options.values = static_cast<size_t>(parse_number<double>("--values", optarg, 1024, 1 << 28)); break;
+      case 'l': link = optarg; break;
+      case 'i': intra = optarg; break;
+      case 'h': std::fputs(kHelp, stdout); return 0;
+      default: usage_error("calibrate: unknown option");
+    }
+  }
+  if (optind < argc) usage_error(std::string("calibrate: unexpected argument '") + argv[optind] + "'");
+  Model model = default_model();
+  model.sources.clear();
+  try {
+    std::string source;
+    if (!link.empty()) model.inter = parse_link(link, &source), model.sources.push_back("inter " + source);
+    if (!intra.empty()) model.intra = parse_link(intra, &source), model.sources.push_back("intra " + source);
+    char host[256] = "this machine";
+    gethostname(host, sizeof host - 1);
+    const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    char date[32];
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+    model.sources.push_back(std::string("cpu: qccl_sim calibrate on ") + host + ", " +
+                            std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores, " + date);
+    std::cerr << "qccl_sim calibrate: " << options.values << " values per run\n";
+    calibrate(&model, options, &std::cerr);
+  } catch (const std::invalid_argument& e) {
+    usage_error(e.what());
+  }
+  if (out.empty()) {
+    std::cout << format_model(model);
+  } else if (!save_model(model, out)) {
+    std::fprintf(stderr, "qccl_sim: cannot write %s: %s\n", out.c_str(), strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  enum { kHosts = 256, kCores, kMachineCores, kIntra, kLatency, kChunk, kDepth, kDensity, kExecute, kCsv, kPlot };
+  static const option kLong[] = {
+      {"ranks", required_argument, nullptr, 'n'},     {"hosts", required_argument, nullptr, kHosts},
+      {"cores", required_argument, nullptr, kCores},  {"machine-cores", required_argument, nullptr, kMachineCores},
+      {"link", required_argument, nullptr, 'l'},      {"intra", required_argument, nullptr, kIntra},
+      {"latency", required_argument, nullptr, kLatency}, {"model", required_argument, nullptr, 'm'},
+      {"collective", required_argument, nullptr, 'c'}, {"minbytes", required_argument, nullptr, 'b'},
+      {"maxbytes", required_argument, nullptr, 'e'},  {"stepfactor", required_argument, nullptr, 'f'},
+      {"datatype", required_argument, nullptr, 'd'},  {"op", required_argument, nullptr, 'o'},
+      {"root", required_argument, nullptr, 'r'},      {"algo", required_argument, nullptr, 'a'},
+      {"codec", required_argument, nullptr, 'z'},     {"chunk", required_argument, nullptr, kChunk},
+      {"depth", required_argument, nullptr, kDepth},  {"density", required_argument, nullptr, kDensity},
+      {"execute", no_argument, nullptr, kExecute},    {"csv", required_argument, nullptr, kCsv},
+      {"plot", required_argument, nullptr, kPlot},    {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "n:l:m:c:b:e:f:d:o:r:a:z:h", kLong, nullptr)) != -1) {
+    switch (c) {
+      case 'n': {
+        o.ranks.clear();
+        std::stringstream list(optarg);
+        for (std::string item; std::getline(list, item, ',');)
+          o.ranks.push_back(parse_number<int>("--ranks", item, 1, 1 << 20));
+        if (o.ranks.empty()) usage_error("--ranks: give a count or a comma list");
+        break;
+      }
+      case kHosts: o.topology.hosts = parse_number<int>("--hosts", optarg, 1, 1 << 20); break;
+      case kCores: o.topology.cores_per_host = parse_number<int>("--cores", optarg, 1, 1 << 20); break;
+      case kMachineCores: o.topology.machine_cores = parse_number<int>("--machine-cores", optarg, 1, 1 << 20); break;
+      case 'l': o.link = optarg; break;
+      case kIntra: o.intra = optarg; break;
+      case kLatency: o.latency = parse_number<double>("--latency", optarg, 0, 100); break;
+      case 'm': o.model_file = optarg; break;
+      case 'c': o.call.kind = parse_collective(optarg); break;
+      case 'b': o.min_bytes = parse_bytes("--minbytes", optarg); break;
+      case 'e': o.max_bytes = parse_bytes("--maxbytes", optarg); break;
+      case 'f': o.step_factor = parse_number<double>("--stepfactor", optarg, 1.0001, 1024); break;
+      case 'd': o.call.dtype = parse_type(optarg); break;
+      case 'o': o.call.op = parse_op(optarg); break;
+      case 'r': o.call.root = parse_number<int>("--root", optarg, 0, 1 << 20); break;
+      case 'a': o.call.algorithm = optarg; break;
+      case 'z': o.codecs = split_codecs(optarg); break;
+      case kChunk: o.call.chunk_bytes = parse_bytes("--chunk", optarg); break;
+      case kDepth: o.call.depth = parse_number<int>("--depth", optarg, 1, 64); break;
+      case kDensity: o.call.density = parse_number<double>("--density", optarg, 0, 1); break;
+      case kExecute: o.execute = true; break;
+      case kCsv: o.csv = optarg; break;
+      case kPlot: o.plot = optarg; break;
+      case 'h': std::fputs(kHelp, stdout); std::exit(0);
+      default: usage_error("unknown option");
+    }
+  }
+  if (optind < argc) usage_error(std::string("unexpected argument '") + argv[optind] + "'");
+  if (o.max_bytes == 0) o.max_bytes = o.min_bytes;
+  if (o.max_bytes < o.min_bytes) usage_error("--maxbytes is smaller than --minbytes");
+  if (o.call.chunk_bytes == 0) usage_error("--chunk 0: a chunk holds at least one byte");
+  for (const std::string& spec : o.codecs) {
+    try {
+      if (!spec.empty()) kernels::parse_codec_spec(spec);
+    } catch (const kernels::CodecSpecError& e) {
+      usage_error(std::string("--codec: ") + e.what());
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "calibrate") == 0) return run_calibrate(argc - 1, argv + 1);
+  Options o = parse_options(argc, argv);
+  Model model = default_model();
+  try {
+    if (!o.model_file.empty()) model = load_model(o.model_file, model);
+    std::string source;
+    if (!o.link.empty()) model.inter = parse_link(o.link, &source);
+    if (!o.intra.empty()) model.intra = parse_link(o.intra, &source);
+  } catch (const std::invalid_argument& e) {
+    usage_error(e.what());
+  }
+  if (o.latency >= 0) model.inter.latency = o.latency;
+
+  const size_t es = kernels::element_size(o.call.dtype);
+  std::printf("# qccl_sim: %s, %s %s, inter %s (latency %g us), intra %s, oversubscription from %s\n",
+              coll::coll_name(o.call.kind), kernels::data_type_name(o.call.dtype), kernels::red_op_name(o.call.op),
+              describe_rate(model.inter.rate).c_str(), model.inter.latency * 1e6, describe_rate(model.intra.rate).c_str(),
+              o.topology.machine_cores ? "one shared machine" : o.topology.cores_per_host ? "cores per host" : "none");
+  std::printf("# %6s %6s %12s %12s %6s %-18s %-24s %12s %9s %9s %10s %10s %-8s\n", "ranks", "hosts", "size", "count",
+              "type", "codec", "algorithm", "time(us)", "algbw", "busbw", "inter", "intra", "bound");
+  std::ofstream csv;
+  std::string csv_path = o.csv;
+  if (csv_path.empty() && !o.plot.empty()) csv_path = o.plot + ".csv";
+  if (!csv_path.empty()) {
+    csv.open(csv_path);
+    if (!csv) usage_error("--csv " + csv_path + ": cannot be written");
+    csv << "ranks,hosts,bytes,size,count,type,codec,algorithm,time_us,algbw,busbw,inter_bytes,intra_bytes,bound\n";
+  }
+  int status = 0;
+  for (double bytes = static_cast<double>(o.min_bytes); bytes <= static_cast<double>(o.max_bytes) * 1.000001;
+       bytes *= o.step_factor) {
+    for (int n : o.ranks) {
+      Topology topology = o.topology;
+      topology.nranks = n;
+      for (const std::string& codec : o.codecs) {
+        CallSpec call = o.call;
+        call.codec = codec;
+        call.count = count_for(call.kind, static_cast<size_t>(bytes), es, n);
+        const size_t size = static_cast<size_t>(bytes) / es * es;
+        try {
+          const SimResult r = simulate(model, topology, call, o.execute);
+          const double algbw = r.seconds > 0 ? static_cast<double>(size) / r.seconds / 1e9 : 0;
+          const std::string codec_name = codec.empty() ? "-" : codec;
+          std::printf("  %6d %6d %12zu %12zu %6s %-18s %-24s %12.1f %9.3f %9.3f %10s %10s %-8s\n", n,
+                      topology.host_count(), size, call.count, kernels::data_type_name(call.dtype),
+                      codec_name.c_str(), r.algorithm.c_str(), r.seconds * 1e6, algbw,
+                      algbw * bus_factor(call.kind, n), human_bytes(static_cast<double>(r.inter_bytes)).c_str(),
+                      human_bytes(static_cast<double>(r.intra_bytes)).c_str(), r.bottleneck.c_str());
+          if (csv)
+            csv << n << "," << topology.host_count() << "," << size << "," << human_bytes(static_cast<double>(size))
+                << "," << call.count << "," << kernels::data_type_name(call.dtype) << ",\"" << codec << "\","
+                << r.algorithm << "," << r.seconds * 1e6 << "," << algbw << "," << algbw * bus_factor(call.kind, n)
+                << "," << r.inter_bytes << "," << r.intra_bytes << "," << r.bottleneck << "\n";
+          if (o.execute) {
+            if (static_cast<double>(size) > 64.0 * (1 << 20)) {
+              std::printf("  # --execute skipped: %zu bytes is above its 64 MiB\n", size);
+              continue;
+            }
+            const auto executed = execute(topology, call);
+            size_t differ = 0;
+            for (const auto& [link, b] : executed) {
+              auto it = r.link_bytes.find(link);
+              const uint64_t predicted = it == r.link_bytes.end() ? 0 : it->second;
+              if (predicted != b) {
+                if (differ++ < 5)
+                  std::printf("  # --execute: rank %d -> %d carried %llu bytes, the simulation %llu\n", link.first,
+                              link.second, static_cast<unsigned long long>(b),
+                              static_cast<unsigned long long>(predicted));
+              }
+            }
+            for (const auto& [link, b] : r.link_bytes)
+              if (!executed.count(link) && b) ++differ;
+            std::printf("  # --execute: %zu links, %s\n", executed.size(),
+                        differ ? (std::to_string(differ) + " differ").c_str() : "the same bytes on every link");
+            if (differ) status = 1;
+          }
+        } catch (const std::exception& e) {
+          std::printf("  %6d %6d %12zu %12zu %6s %-18s  cannot be simulated: %s\n", n, topology.host_count(), size,
+                      call.count, kernels::data_type_name(call.dtype), codec.empty() ? "-" : codec.c_str(), e.what());
+          status = 1;
+        }
+      }
+    }
+    if (o.step_factor <= 1) break;
+  }
+  if (csv) csv.close();
+  if (!o.plot.empty()) {
+    const std::string title = std::string(coll::coll_name(o.call.kind)) + ", inter " + describe_rate(model.inter.rate);
+    if (draw(csv_path, o.plot, title)) status = 1;
+  }
+  return status;
+}

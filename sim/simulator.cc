@@ -1,0 +1,706 @@
+#include "sim/simulator.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <queue>
+#include <random>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "base/errors.h"
+#include "collectives/method.h"
+#include "kernels/codec.h"
+#include "sim/network.h"
+#include "src/executor.h"
+#include "src/frame.h"
+#include "src/policy.h"
+
+namespace qccl::sim {
+
+using coll::CollKind;
+
+double Topology::oversubscription() const {
+  if (machine_cores > 0) return std::max(1.0, static_cast<double>(nranks) / machine_cores);
+  if (cores_per_host > 0) return std::max(1.0, static_cast<double>(ranks_per_host()) / cores_per_host);
+  return 1.0;
+}
+
+std::string Topology::check() const {
+  if (nranks < 1) return "the rank count must be at least 1, not " + std::to_string(nranks);
+  if (nranks > (1 << 20)) return std::to_string(nranks) + " ranks: the simulator takes at most 2^20";
+  if (hosts < 0 || hosts > nranks)
+    return "--hosts " + std::to_string(hosts) + ": between 1 and the rank count (" + std::to_string(nranks) + ")";
+  if (nranks % host_count())
+    return "--hosts " + std::to_string(hosts) + " does not divide " + std::to_string(nranks) +
+           " ranks (hosts hold equal blocks of ranks)";
+  if (cores_per_host < 0 || machine_cores < 0) return "core counts must be positive";
+  return "";
+}
+
+size_t send_elements(const CallSpec& call, int n) {
+  switch (call.kind) {
+    case CollKind::kReduceScatter:
+    case CollKind::kAlltoAll:
+    case CollKind::kScatter:
+      return call.count * static_cast<size_t>(n);
+    default:
+      return call.count;
+  }
+}
+
+size_t recv_elements(const CallSpec& call, int n) {
+  switch (call.kind) {
+    case CollKind::kAllGather:
+    case CollKind::kAlltoAll:
+    case CollKind::kGather:
+      return call.count * static_cast<size_t>(n);
+    default:
+      return call.count;
+  }
+}
+
+namespace {
+
+constexpr double kNever = std::numeric_limits<double>::infinity();
+
+// Address space that can be neither read nor written: the simulated buffers (simulator.h).
+class Reservation {
+ public:
+  explicit Reservation(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {
+    void* p = mmap(nullptr, bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      throw std::runtime_error("cannot reserve " + std::to_string(bytes_) + " bytes of address space for the buffers");
+    base_ = static_cast<std::byte*>(p);
+  }
+  ~Reservation() { munmap(base_, bytes_); }
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+  std::byte* base() const { return base_; }
+
+ private:
+  size_t bytes_;
+  std::byte* base_;
+};
+
+// Every rank's call bound as a communicator binds it (src/comm.cc, Comm::start): the codec's method
+// and a state, the random key, the node map, the algorithm.
+class Binding {
+ public:
+  // shared_state: one codec state for every rank (the timed simulation: no numbers are computed).
+  Binding(const Topology& topology, const CallSpec& call, bool shared_state) {
+    if (std::string why = topology.check(); !why.empty()) throw std::invalid_argument(why);
+    const int n = topology.nranks;
+    if (coll::rooted(call.kind) && (call.root < 0 || call.root >= n))
+      throw std::invalid_argument("root " + std::to_string(call.root) + " is not a rank of " + std::to_string(n));
+    if (call.kind == CollKind::kSend || call.kind == CollKind::kRecv)
+      throw std::invalid_argument("Send and Recv are not simulated: they pair two different calls");
+    if (call.chunk_bytes == 0) throw std::invalid_argument("the chunk size must be at least 1 byte");
+    if (call.depth < 1) throw std::invalid_argument("the pipeline depth must be at least 1");
+    std::vector<int> labels(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) labels[static_cast<size_t>(r)] = topology.host_of(r);
+    nodes_ = coll::NodeMap::from_labels(labels);
+    if (!call.codec.empty()) {
+      try {
+        codec_ = std::make_unique<kernels::CodecConfig>(kernels::parse_codec_spec(call.codec));
+      } catch (const kernels::CodecSpecError& e) {
+        throw std::invalid_argument(std::string("codec: ") + e.what());
+      }
+      method_ = coll::method_for(*codec_);
+      if (!method_) throw std::invalid_argument("codec '" + call.codec + "' has no method");
+    }
+    args_.resize(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      coll::CollArgs& a = args_[static_cast<size_t>(r)];
+      a.kind = call.kind;
+      a.count = call.count;
+      a.dtype = call.dtype;
+      a.op = call.op;
+      a.root = call.root;
+      a.rank = r;
+      a.nranks = n;
+      a.nodes = &nodes_;
+      a.codec = codec_.get();
+    }
+    if (!codec_) return;
+    // A steady-state round (simulator.h): step 1 of a state that has seen a round, with a learning
+    // rate set (codecs that scale by it refuse a state without one).
+    view_.count = call.count;
+    view_.learning_rate = 0.01;
+    const coll::LegacyState seen_a_round{&zero_, 0, 1.0, true};
+    const size_t states = shared_state ? 1 : static_cast<size_t>(n);
+    for (size_t i = 0; i < states; ++i) {
+      states_.push_back(method_->make_state(call.count, codec_.get()));
+      if (states_.back()) states_.back()->load_legacy(seen_a_round);
+    }
+    calls_.resize(static_cast<size_t>(n));
+  }
+
+  const coll::CollArgs& args(int r) const { return args_[static_cast<size_t>(r)]; }
+
+  // Binds rank r's buffers and its method call; returns its arguments.
+  const coll::CollArgs& bind(int r, const void* send, void* recv) {
+    coll::CollArgs& a = args_[static_cast<size_t>(r)];
+    a.sendbuf = send;
+    a.recvbuf = recv;
+    if (!codec_) return a;
+    coll::MethodState* state = states_[states_.size() == 1 ? 0 : static_cast<size_t>(r)].get();
+    a.rng = kernels::PhiloxKey{codec_->seed, 1, static_cast<uint32_t>(r), 0};
+    a.aggregators = 1;  // as if the job had started them: agg=switch plans send to peer nranks
+    if (auto refusal = method_->refuse(a, &view_, a.aggregators))
+      throw std::invalid_argument("codec '" + codec_->canonical() + "': " + refusal->message);
+    auto& call = calls_[static_cast<size_t>(r)];
+    call = method_->begin(a, state, &view_);
+    a.method_call = call.get();
+    call->prepare(a);
+    return a;
+  }
+
+  // The algorithm every rank runs (they agree: it depends on the arguments alone).
+  const coll::Algorithm& algorithm(const std::string& name) const {
+    const coll::CollArgs& a = args_.front();
+    if (name.empty()) {
+      try {
+        return AlgorithmPolicy("").choose(a);
+      } catch (const Error& e) {
+        throw std::invalid_argument(e.what());
+      }
+    }
+    const coll::Algorithm* chosen = coll::find_algorithm(a.kind, name);
+    if (!chosen) throw std::invalid_argument(std::string(coll::coll_name(a.kind)) + " has no algorithm '" + name + "'");
+    for (const coll::CollArgs& args : args_)
+      if (const char* why = chosen->cannot_run(args))
+        throw std::invalid_argument(std::string("algorithm ") + chosen->name + " cannot run this call: " + why);
+    return *chosen;
+  }
+
+  const kernels::CodecConfig* codec() const { return codec_.get(); }
+
+ private:
+  coll::NodeMap nodes_;
+  std::unique_ptr<kernels::CodecConfig> codec_;
+  const coll::Method* method_ = nullptr;
+  coll::StateView view_;
+  float zero_ = 0;
+  std::vector<std::unique_ptr<coll::MethodState>> states_;
+  std::vector<std::unique_ptr<coll::MethodCall>> calls_;
+  std::vector<coll::CollArgs> args_;
+};
+
+// A step as the simulator runs it: a transfer to post or wait for, CPU time, or a length an encode
+// stores for a later send (variable-length codecs).
+struct Op {
+  enum Kind : uint8_t { kRecv, kSend, kWait, kCpu, kLength };
+  Kind kind;
+  uint16_t slot;
+  int32_t peer;
+  union {
+    uint64_t bytes;  // kSend (without `length`), kLength
+    double seconds;  // kCpu
+  };
+  const void* length;  // kSend: where the length is (null: `bytes`); kLength: where it goes
+};
+
+struct Transfer {
+  int src = -1, dst = -1;
+  uint64_t bytes = 0;
+  bool sent = false, received = false;  // posted by each end
+  double send_posted = 0, recv_posted = 0;
+  double send_done = -1, recv_done = -1;  // known once matched
+  int owners = 0;                         // ends still holding it
+};
+
+class Engine {
+ public:
+  Engine(const Model& model, const Topology& topology, const CallSpec& call, bool link_bytes)
+      : model_(model), topology_(topology), call_(call), keep_link_bytes_(link_bytes),
+        binding_(topology, call, /*shared_state=*/true), factor_(topology.oversubscription()) {}
+
+  SimResult run();
+
+ private:
+  static constexpr size_t kIdle = ~size_t{0};
+  struct Slot {
+    size_t fragment = kIdle;
+    size_t pc = 0;
+    std::vector<Op> ops;
+    std::vector<int> transfers;  // per transfer slot: a Transfer index, or -1
+    std::byte* scratch = nullptr;
+  };
+  struct Rank {
+    std::unique_ptr<coll::Plan> plan;
+    std::vector<Slot> slots;
+    size_t next_fragment = 0, fragments_done = 0;
+    double clock = 0;
+    double scheduled = kNever;  // the wake-up queued for it
+    double cpu_seconds = 0;
+    bool finished = false;
+    std::unordered_map<const void*, uint64_t> lengths;
+  };
+
+  void schedule(int r, double t) {
+    Rank& k = ranks_[static_cast<size_t>(r)];
+    if (t >= k.scheduled || r == running_) return;
+    k.scheduled = t;
+    events_.emplace(t, r);
+  }
+  void step(int r);
+  double advance(int r, Rank& k);
+  bool start_fragment(Rank& k, Slot& s);
+  void compact(const coll::Program& program, std::vector<Op>* ops);
+  double cpu_cost(const coll::Step& step);
+  const CodecCost& codec_cost(const kernels::CodecConfig* codec);
+  void post(int r, Slot& s, const Op& op);
+  void match(int id);
+  void release(int id);
+  int new_transfer();
+  uint64_t key(int src, int dst, size_t fragment) const {
+    return (static_cast<uint64_t>(src) << 43) ^ (static_cast<uint64_t>(dst) << 22) ^ fragment;
+  }
+
+  const Model& model_;
+  const Topology& topology_;
+  const CallSpec& call_;
+  const bool keep_link_bytes_;
+  Binding binding_;
+  const double factor_;
+  const coll::Algorithm* algorithm_ = nullptr;
+  std::vector<Rank> ranks_;
+  std::vector<Transfer> transfers_;
+  std::vector<int> free_transfers_;
+  struct Pending {
+    std::vector<int> ids;  // unmatched posts of one side, oldest first from `head`
+    size_t head = 0;
+  };
+  std::unordered_map<uint64_t, Pending> pending_;
+  // Ports: per host its NIC (out and in), per rank its intra-host port; the time each is free again
+  // and how long it was busy.
+  std::vector<double> nic_out_free_, nic_in_free_, port_out_free_, port_in_free_;
+  std::vector<double> nic_busy_, port_busy_;
+  std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>> events_;
+  double now_ = 0;
+  int running_ = -1;
+  int finished_ = 0;
+  std::unordered_map<const kernels::CodecConfig*, const CodecCost*> codec_costs_;
+  coll::Program program_;  // built into, then compacted
+  SimResult result_;
+};
+
+const CodecCost& Engine::codec_cost(const kernels::CodecConfig* codec) {
+  if (!codec) throw std::logic_error("a codec step without a codec");
+  auto it = codec_costs_.find(codec);
+  if (it != codec_costs_.end()) return *it->second;
+  const std::string spec = codec->canonical();
+  const CodecCost* cost = model_.codec_cost(spec);
+  if (!cost)
+    throw std::invalid_argument("the model has no CPU costs for codec '" + spec +
+                                "': measure them with `qccl_sim calibrate --codec " + spec +
+                                "` and pass the file with --model");
+  codec_costs_.emplace(codec, cost);
+  return *cost;
+}
+
+double Engine::cpu_cost(const coll::Step& step) {
+  namespace st = coll::step;
+  const coll::CollArgs& args = binding_.args(0);
+  const double size_ratio = static_cast<double>(args.element_size()) / 4.0;
+  return std::visit(
+      [&](const auto& s) -> double {
+        using S = std::decay_t<decltype(s)>;
+        const Model& m = model_;
+        if constexpr (std::is_same_v<S, st::Reduce>) return m.reduce * size_ratio * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::Copy>) return m.copy * static_cast<double>(s.bytes);
+        else if constexpr (std::is_same_v<S, st::Average>)
+          return args.op == kernels::RedOp::kAvg ? m.divide * static_cast<double>(s.count) : 0.0;
+        else if constexpr (std::is_same_v<S, st::Load>) return (m.load + (s.add ? m.add : 0)) * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::Store>) return m.store * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::AddFloat>) return m.add * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::Divide>) return m.divide * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::Encode>) return codec_cost(s.codec).encode * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::DecodeAdd>)
+          return codec_cost(s.codec).decode_add * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::DecodeOut>)
+          return (codec_cost(s.codec).decode + (args.dtype == kernels::DataType::kFloat32 ? 0 : m.store)) *
+                 static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::ErrorFeedback>)
+          return (codec_cost(s.codec).decode + m.add) * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::Compute>) {
+          // A method's kernel does its codec's work on `count` values: encoding, or merging and
+          // decoding what arrived.
+          const CodecCost& c = codec_cost(args.codec);
+          return (s.kernel->phase() == coll::StepKernel::Phase::kEncode ? c.encode : c.decode_add) *
+                 static_cast<double>(s.count);
+        } else {
+          return 0.0;
+        }
+      },
+      step);
+}
+
+void Engine::compact(const coll::Program& program, std::vector<Op>* ops) {
+  namespace st = coll::step;
+  ops->clear();
+  for (const coll::Step& step : program.steps()) {
+    Op op{};
+    if (const auto* r = std::get_if<st::Recv>(&step)) {
+      op.kind = Op::kRecv, op.slot = r->slot, op.peer = r->peer;
+    } else if (const auto* s = std::get_if<st::Send>(&step)) {
+      op.kind = Op::kSend, op.slot = s->slot, op.peer = s->peer, op.bytes = s->bytes, op.length = s->length;
+    } else if (const auto* w = std::get_if<st::Wait>(&step)) {
+      op.kind = Op::kWait, op.slot = w->slot;
+    } else {
+      const double seconds = cpu_cost(step);
+      if (!ops->empty() && ops->back().kind == Op::kCpu) {
+        ops->back().seconds += seconds;
+      } else if (seconds > 0) {
+        op.kind = Op::kCpu, op.seconds = seconds;
+        ops->push_back(op);
+      }
+      if (const auto* e = std::get_if<st::Encode>(&step); e && e->length) {
+        const size_t capacity = e->codec->encoded_bytes(e->count);
+        Op length{};
+        length.kind = Op::kLength;
+        length.length = e->length;
+        length.bytes = e->codec->variable_length()
+                           ? static_cast<uint64_t>(std::llround(call_.density * static_cast<double>(capacity)))
+                           : capacity;
+        ops->push_back(length);
+      }
+      continue;
+    }
+    ops->push_back(op);
+  }
+}
+
+bool Engine::start_fragment(Rank& k, Slot& s) {
+  if (k.next_fragment >= k.plan->fragments()) return false;
+  s.fragment = k.next_fragment++;
+  s.pc = 0;
+  k.plan->build(s.fragment, s.scratch, program_);
+  compact(program_, &s.ops);
+  result_.steps += program_.steps().size();
+  if (s.transfers.size() < program_.transfer_slots()) s.transfers.resize(program_.transfer_slots(), -1);
+  return true;
+}
+
+int Engine::new_transfer() {
+  if (!free_transfers_.empty()) {
+    const int id = free_transfers_.back();
+    free_transfers_.pop_back();
+    transfers_[static_cast<size_t>(id)] = Transfer{};
+    return id;
+  }
+  transfers_.emplace_back();
+  return static_cast<int>(transfers_.size() - 1);
+}
+
+void Engine::release(int id) {
+  if (--transfers_[static_cast<size_t>(id)].owners == 0) free_transfers_.push_back(id);
+}
+
+void Engine::post(int r, Slot& s, const Op& op) {
+  Rank& k = ranks_[static_cast<size_t>(r)];
+  const bool send = op.kind == Op::kSend;
+  const int src = send ? r : op.peer, dst = send ? op.peer : r;
+  if (op.peer < 0 || op.peer >= topology_.nranks)
+    throw std::invalid_argument(std::string("algorithm ") + algorithm_->name + " exchanges data with peer " +
+                                std::to_string(op.peer) + " (aggregator processes are not simulated)");
+  Pending& pending = pending_[key(src, dst, s.fragment)];
+  int id = -1;
+  if (pending.head < pending.ids.size()) {  // the oldest unmatched post of the same message
+    const int candidate = pending.ids[pending.head];
+    const Transfer& t = transfers_[static_cast<size_t>(candidate)];
+    if (send ? !t.sent : !t.received) id = candidate, ++pending.head;
+  }
+  const bool matched = id >= 0;
+  if (!matched) {
+    id = new_transfer();
+    pending.ids.push_back(id);
+    Transfer& t = transfers_[static_cast<size_t>(id)];
+    t.src = src, t.dst = dst, t.owners = 2;
+  }
+  Transfer& t = transfers_[static_cast<size_t>(id)];
+  if (send) {
+    t.sent = true, t.send_posted = k.clock;
+    t.bytes = op.bytes;
+    if (op.length) {  // a length an encode stored, else (a method's kernel wrote it) `density` of the capacity
+      auto it = k.lengths.find(op.length);
+      t.bytes = it != k.lengths.end() ? it->second
+                                      : static_cast<uint64_t>(std::llround(call_.density * static_cast<double>(op.bytes)));
+    }
+  } else {
+    t.received = true, t.recv_posted = k.clock;
+  }
+  int& held = s.transfers[op.slot];
+  if (held >= 0) release(held);  // a completed transfer the fragment did not wait for
+  held = id;
+  if (matched) {
+    if (pending.head == pending.ids.size()) pending_.erase(key(src, dst, s.fragment));
+    match(id);
+  }
+}
+
+void Engine::match(int id) {
+  Transfer& t = transfers_[static_cast<size_t>(id)];
+  const bool across = topology_.host_of(t.src) != topology_.host_of(t.dst);
+  const LinkClass& link = across ? model_.inter : model_.intra;
+  double& out = across ? nic_out_free_[static_cast<size_t>(topology_.host_of(t.src))]
+                       : port_out_free_[static_cast<size_t>(t.src)];
+  double& in = across ? nic_in_free_[static_cast<size_t>(topology_.host_of(t.dst))]
+                      : port_in_free_[static_cast<size_t>(t.dst)];
+  const double start = std::max({t.send_posted, t.recv_posted, out, in});
+  const double busy = link.seconds(static_cast<double>(t.bytes));
+  out = in = start + busy;
+  t.send_done = start + busy;
+  t.recv_done = start + busy + link.latency;
+  if (across) {
+    nic_busy_[static_cast<size_t>(2 * topology_.host_of(t.src))] += busy;
+    nic_busy_[static_cast<size_t>(2 * topology_.host_of(t.dst) + 1)] += busy;
+    result_.inter_bytes += t.bytes;
+  } else {
+    port_busy_[static_cast<size_t>(2 * t.src)] += busy;
+    port_busy_[static_cast<size_t>(2 * t.dst + 1)] += busy;
+    result_.intra_bytes += t.bytes;
+  }
+  if (keep_link_bytes_) result_.link_bytes[{t.src, t.dst}] += t.bytes;
+  ++result_.transfers;
+  schedule(t.src, t.send_done);
+  schedule(t.dst, t.recv_done);
+}
+
+// Rank r's turn at now_: it runs as far as it can go, then queues its next wake-up, or waits for a
+// match to queue it (a transfer it waits for has no time yet), or is finished.
+void Engine::step(int r) {
+  Rank& k = ranks_[static_cast<size_t>(r)];
+  k.clock = std::max(k.clock, now_);
+  running_ = r;
+  const double wake = advance(r, k);
+  running_ = -1;
+  if (k.fragments_done == k.plan->fragments()) {
+    k.finished = true;
+    ++finished_;
+    return;
+  }
+  if (wake < kNever) schedule(r, wake);
+}
+
+// Runs rank r's fragments as the host executor does (HostExecution::run): each slot's steps in
+// order until one must wait. Returns when to try again (kNever: when a match says).
+double Engine::advance(int r, Rank& k) {
+  double wake = kNever;
+  bool moved = true;
+  while (moved) {
+    moved = false;
+    for (Slot& s : k.slots) {
+      if (s.fragment == kIdle) {
+        if (!start_fragment(k, s)) continue;
+        moved = true;
+      }
+      while (s.fragment != kIdle) {
+        if (s.pc == s.ops.size()) {  // done once all its transfers are
+          double last = k.clock;
+          bool known = true;
+          for (int id : s.transfers) {
+            if (id < 0) continue;
+            const Transfer& t = transfers_[static_cast<size_t>(id)];
+            const double done = t.src == r ? t.send_done : t.recv_done;
+            if (done < 0) known = false;
+            else last = std::max(last, done);
+          }
+          if (!known) break;
+          if (last > k.clock) {
+            wake = std::min(wake, last);
+            break;
+          }
+          for (int& id : s.transfers)
+            if (id >= 0) release(id), id = -1;
+          ++k.fragments_done;
+          s.fragment = kIdle;
+          moved = true;
+          if (!start_fragment(k, s)) break;
+          continue;
+        }
+        const Op& op = s.ops[s.pc];
+        if (op.kind == Op::kRecv || op.kind == Op::kSend) {
+          // Ports serve messages in the order they were posted, so a rank whose CPU work took it
+          // ahead of the others in virtual time lets them act first.
+          if (k.clock > now_) return k.clock;
+          post(r, s, op);
+          k.clock += model_.post * factor_;
+          k.cpu_seconds += model_.post * factor_;
+        } else if (op.kind == Op::kWait) {
+          const int id = op.slot < s.transfers.size() ? s.transfers[op.slot] : -1;
+          if (id >= 0) {
+            const Transfer& t = transfers_[static_cast<size_t>(id)];
+            const double done = t.src == r ? t.send_done : t.recv_done;
+            if (done < 0) break;  // not matched yet
+            if (done > k.clock) {
+              wake = std::min(wake, done);
+              break;
+            }
+          }
+        } else if (op.kind == Op::kCpu) {
+          k.clock += op.seconds * factor_;
+          k.cpu_seconds += op.seconds * factor_;
+        } else {
+          k.lengths[op.length] = op.bytes;
+        }
+        ++s.pc;
+        moved = true;
+      }
+    }
+  }
+  return wake;
+}
+
+SimResult Engine::run() {
+  const int n = topology_.nranks;
+  const int hosts = topology_.host_count();
+  ranks_.resize(static_cast<size_t>(n));
+  // Buffers: addresses only (simulator.h), the same for every rank.
+  const size_t es = kernels::element_size(call_.dtype);
+  const size_t send_bytes = send_elements(call_, n) * es, recv_bytes = recv_elements(call_, n) * es;
+  const size_t page = 4096, send_span = (send_bytes + page - 1) / page * page;
+  const size_t recv_span = (recv_bytes + page - 1) / page * page;
+  coll::PlanOptions options;
+  options.chunk_bytes = call_.chunk_bytes;
+  Reservation buffers(send_span + recv_span);
+  for (int r = 0; r < n; ++r) binding_.bind(r, buffers.base(), buffers.base() + send_span);
+  algorithm_ = &binding_.algorithm(call_.algorithm);
+  program_.set_default_codec(binding_.codec());
+  size_t scratch = 0;
+  for (int r = 0; r < n; ++r) {
+    Rank& k = ranks_[static_cast<size_t>(r)];
+    k.plan = algorithm_->make(binding_.args(r), options);
+    scratch = std::max(scratch, k.plan->scratch_bytes());
+    result_.plan_bytes += k.plan->wire_bytes_sent();
+    result_.raw_bytes += k.plan->raw_wire_bytes();
+    if (k.plan->uses_aggregators())
+      throw std::invalid_argument(std::string("algorithm ") + algorithm_->name +
+                                  " sums through aggregator processes, which are not simulated");
+  }
+  const size_t slots = static_cast<size_t>(call_.depth);
+  Reservation scratch_space(scratch * slots);
+  for (Rank& k : ranks_) {
+    k.slots.resize(std::min(slots, std::max<size_t>(k.plan->fragments(), 1)));
+    for (size_t i = 0; i < k.slots.size(); ++i) k.slots[i].scratch = scratch_space.base() + i * scratch;
+  }
+  nic_out_free_.assign(static_cast<size_t>(hosts), 0.0);
+  nic_in_free_.assign(static_cast<size_t>(hosts), 0.0);
+  port_out_free_.assign(static_cast<size_t>(n), 0.0);
+  port_in_free_.assign(static_cast<size_t>(n), 0.0);
+  nic_busy_.assign(2 * static_cast<size_t>(hosts), 0.0);
+  port_busy_.assign(2 * static_cast<size_t>(n), 0.0);
+
+  for (int r = 0; r < n; ++r) schedule(r, 0.0);
+  while (!events_.empty()) {
+    const auto [t, r] = events_.top();
+    events_.pop();
+    Rank& k = ranks_[static_cast<size_t>(r)];
+    if (t != k.scheduled) continue;  // superseded by an earlier wake-up
+    k.scheduled = kNever;
+    now_ = t;
+    step(r);
+  }
+  if (finished_ < n) {
+    for (int r = 0; r < n; ++r) {
+      const Rank& k = ranks_[static_cast<size_t>(r)];
+      if (k.finished) continue;
+      throw std::runtime_error(std::string("the plans of ") + algorithm_->name + " deadlock: rank " +
+                               std::to_string(r) + " finished " + std::to_string(k.fragments_done) + " of " +
+                               std::to_string(k.plan->fragments()) + " fragments and waits for a transfer no rank posts");
+    }
+  }
+
+  // Rooted collectives also wait for their agreement rounds (src/executor.h).
+  double agreement = 0;
+  if (coll::rooted(call_.kind) && n > 1) {
+    const double latency = hosts > 1 ? model_.inter.latency : model_.intra.latency;
+    agreement = std::ceil(std::log2(static_cast<double>(n))) * (latency + model_.post * factor_);
+  }
+  for (const Rank& k : ranks_) {
+    result_.seconds = std::max({result_.seconds, k.clock, agreement});
+    result_.busiest_cpu = std::max(result_.busiest_cpu, k.cpu_seconds);
+  }
+  for (double b : nic_busy_) result_.busiest_nic = std::max(result_.busiest_nic, b);
+  for (double b : port_busy_) result_.busiest_intra = std::max(result_.busiest_intra, b);
+  result_.algorithm = algorithm_->name;
+  result_.codec = binding_.codec() ? binding_.codec()->canonical() : "";
+  const double t = result_.seconds;
+  const std::pair<double, const char*> bounds[] = {
+      {result_.busiest_nic, "inter"}, {result_.busiest_intra, "intra"}, {result_.busiest_cpu, "cpu"}};
+  const auto* top = std::max_element(std::begin(bounds), std::end(bounds));
+  result_.bottleneck = t > 0 && top->first >= 0.5 * t ? top->second : "latency";
+  return result_;
+}
+
+}  // namespace
+
+SimResult simulate(const Model& model, const Topology& topology, const CallSpec& call, bool link_bytes) {
+  Engine engine(model, topology, call, link_bytes);
+  return engine.run();
+}
+
+std::map<std::pair<int, int>, uint64_t> execute(const Topology& topology, const CallSpec& call) {
+  const int n = topology.nranks;
+  Binding binding(topology, call, /*shared_state=*/false);
+  const size_t es = kernels::element_size(call.dtype);
+  const size_t send_bytes = send_elements(call, n) * es, recv_bytes = recv_elements(call, n) * es;
+  SimNetwork net(n);
+  std::vector<std::string> names;
+  for (int r = 0; r < n; ++r) names.push_back("rank " + std::to_string(r));
+  std::vector<std::vector<std::byte>> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n)),
+      scratch(static_cast<size_t>(n));
+  std::vector<std::unique_ptr<SimTransport>> transports;
+  std::vector<std::unique_ptr<HostExecutor>> executors;
+  std::vector<std::unique_ptr<Execution>> ops;
+  std::mt19937 random(12345);
+  std::normal_distribution<float> normal;
+  coll::PlanOptions options;
+  options.chunk_bytes = call.chunk_bytes;
+  for (int r = 0; r < n; ++r) {
+    auto& in = send[static_cast<size_t>(r)];
+    in.resize(send_bytes);
+    recv[static_cast<size_t>(r)].resize(recv_bytes);
+    // Values a codec sees in training (floating types); integers take the raw bytes.
+    if (call.dtype == kernels::DataType::kFloat32) {
+      for (size_t i = 0; i + 4 <= in.size(); i += 4) {
+        const float v = normal(random);
+        std::memcpy(&in[i], &v, 4);
+      }
+    } else {
+      for (auto& b : in) b = static_cast<std::byte>(random() & 0x3f);
+    }
+    binding.bind(r, in.data(), recv[static_cast<size_t>(r)].data());
+  }
+  const coll::Algorithm& algorithm = binding.algorithm(call.algorithm);
+  for (int r = 0; r < n; ++r) {
+    const coll::CollArgs& args = binding.args(r);
+    auto plan = algorithm.make(args, options);
+    transports.push_back(std::make_unique<SimTransport>(net, r));
+    executors.push_back(std::make_unique<HostExecutor>(*transports.back(), HostExecutorOptions{call.depth, false}, &names));
+    scratch[static_cast<size_t>(r)].resize(executors.back()->scratch_bytes(*plan));
+    OperationIdentity id;
+    id.sequence = 1;
+    id.header = FrameHeader::for_call(args, id.sequence, args.codec ? args.codec->hash() : 0);
+    id.expected = id.header;
+    ops.push_back(executors.back()->launch(algorithm, std::move(plan), id, scratch[static_cast<size_t>(r)].data()));
+  }
+  for (;;) {
+    bool moved = net.progress(), all = true;
+    for (auto& op : ops) {
+      if (op->finished()) continue;
+      moved |= op->advance();
+      all &= op->finished();
+    }
+    if (all) break;
+    if (!moved) throw std::runtime_error(std::string("the plans of ") + algorithm.name + " deadlock when executed");
+  }
+  return net.payload_bytes;
+}
+
+}  // namespace qccl::sim

@@ -1,0 +1,267 @@
+// The timed simulator (sim/simulator.h) against what can be derived by hand: wire floors, latency
+// chains, oversubscription, and the bytes the real host executor puts on each link.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "kernels/codec.h"
+#include "sim/calibrate.h"
+#include "sim/model.h"
+#include "sim/simulator.h"
+
+namespace qccl::sim {
+namespace {
+
+using coll::CollKind;
+
+// No CPU cost at all: times come from the links alone.
+Model links_only(LinkClass inter, LinkClass intra = LinkClass{}) {
+  Model m = default_model();
+  m.inter = inter;
+  m.intra = intra;
+  m.post = m.copy = m.reduce = m.load = m.store = m.add = m.divide = 0;
+  for (auto& [name, cost] : m.codecs) cost = CodecCost{};
+  return m;
+}
+
+Topology flat(int n) {
+  Topology t;
+  t.nranks = n;
+  return t;
+}
+
+CallSpec all_reduce(size_t count, const std::string& codec = "") {
+  CallSpec c;
+  c.count = count;
+  c.codec = codec;
+  return c;
+}
+
+TEST_CASE("a large ring all-reduce runs at the wire floor plus the pipeline's fill and drain", "[sim]") {
+  const LinkClass gbit{1e9 / 8, 0, 1.0};
+  const int n = 4;
+  CallSpec call = all_reduce(size_t{16} << 20);  // 64 MiB
+  call.algorithm = "ring";
+  const SimResult r = simulate(links_only(gbit), flat(n), call);
+  const double bytes = 64.0 * (1 << 20);
+  const double floor = 2.0 * (n - 1) / n * bytes / gbit.rate;
+  // Each of the 2(n-1) ring steps of the first fragment waits for the one before it: at most one
+  // chunk's serialization per step beyond the floor.
+  const double fill = 2.0 * (n - 1) * static_cast<double>(call.chunk_bytes) / gbit.rate;
+  CHECK(r.seconds >= floor * (1 - 1e-12));
+  CHECK(r.seconds <= floor + fill);
+  CHECK(r.bottleneck == "inter");
+  CHECK(r.inter_bytes == r.plan_bytes);
+  CHECK(r.intra_bytes == 0);
+  CHECK(r.busiest_nic == Approx(floor).epsilon(1e-9));  // every NIC sends 2(n-1)/n of the buffer
+}
+
+TEST_CASE("a small all-reduce is a chain of latencies: recursive doubling takes log2(n) of them", "[sim]") {
+  const double latency = 50e-6;
+  for (int n : {2, 8, 64}) {
+    CallSpec call = all_reduce(8);
+    call.algorithm = "recursive_doubling";
+    const SimResult r = simulate(links_only(LinkClass{0, latency, 1.0}), flat(n), call);
+    INFO(n << " ranks");
+    CHECK(r.seconds == Approx(std::log2(n) * latency).epsilon(1e-12));
+    CHECK(r.bottleneck == "latency");
+  }
+}
+
+TEST_CASE("ranks that outnumber their host's cores stretch every CPU step", "[sim]") {
+  Model m = default_model();
+  m.intra = LinkClass{0, 0, 1.0};  // free links: the time is CPU alone
+  Topology one_host;
+  one_host.nranks = 4;
+  one_host.hosts = 1;
+  one_host.cores_per_host = 4;
+  const CallSpec call = all_reduce(size_t{1} << 20, "q8");
+  const SimResult own_cores = simulate(m, one_host, call);
+  one_host.cores_per_host = 1;
+  const SimResult one_core = simulate(m, one_host, call);
+  CHECK(own_cores.seconds > 0);
+  CHECK(one_core.seconds == Approx(4 * own_cores.seconds).epsilon(1e-9));
+  CHECK(one_core.bottleneck == "cpu");
+  Topology machine = one_host;
+  machine.cores_per_host = 0;
+  machine.hosts = 0;  // four emulated hosts on one 2-core machine
+  machine.machine_cores = 2;
+  CHECK(machine.oversubscription() == 2.0);
+}
+
+TEST_CASE("a host's ranks share its NIC", "[sim]") {
+  const LinkClass gbit{1e9 / 8, 0, 1.0};
+  Topology t;
+  t.nranks = 8;
+  t.hosts = 2;
+  CallSpec call;
+  call.kind = CollKind::kAlltoAll;
+  call.count = size_t{1} << 18;  // 1 MiB to each peer
+  const SimResult r = simulate(links_only(gbit, LinkClass{0, 0, 1.0}), t, call);
+  // Each host's four ranks send 1 MiB to each of the four ranks of the other host, all through one NIC.
+  const double per_nic = 4.0 * 4.0 * (1 << 20);
+  CHECK(r.inter_bytes == static_cast<uint64_t>(2 * per_nic));
+  CHECK(r.intra_bytes == 8ull * 3 * (1 << 20));
+  CHECK(r.seconds >= per_nic / gbit.rate * (1 - 1e-12));
+  CHECK(r.busiest_nic == Approx(per_nic / gbit.rate).epsilon(1e-9));
+  CHECK(r.bottleneck == "inter");
+}
+
+// Every collective, uncompressed and with codecs: the simulated bytes on each link are those the
+// host executor moves with real data, and those the plans promise.
+TEST_CASE("the simulation puts on every link the bytes the host executor moves", "[sim]") {
+  struct Case {
+    CollKind kind;
+    const char* codec;
+    kernels::RedOp op;
+  };
+  const Case cases[] = {
+      {CollKind::kAllReduce, "", kernels::RedOp::kSum},       {CollKind::kAllReduce, "q4", kernels::RedOp::kSum},
+      {CollKind::kAllReduce, "fp16", kernels::RedOp::kAvg},   {CollKind::kAllReduce, "q8:ef=on", kernels::RedOp::kSum},
+      {CollKind::kAllReduce, "sign:eta_s=0.01", kernels::RedOp::kAvg},
+      {CollKind::kAllReduce, "int8", kernels::RedOp::kSum},  // adaptive alpha, past its exact first round
+      {CollKind::kAllReduce, "fft:theta=0.5,segment=256", kernels::RedOp::kSum},
+      {CollKind::kAllGather, "", kernels::RedOp::kSum},       {CollKind::kAllGather, "q8", kernels::RedOp::kSum},
+      {CollKind::kReduceScatter, "", kernels::RedOp::kSum},   {CollKind::kReduceScatter, "q4", kernels::RedOp::kSum},
+      {CollKind::kBroadcast, "", kernels::RedOp::kSum},       {CollKind::kReduce, "", kernels::RedOp::kMax},
+      {CollKind::kAlltoAll, "", kernels::RedOp::kSum},        {CollKind::kGather, "", kernels::RedOp::kSum},
+      {CollKind::kScatter, "", kernels::RedOp::kSum},
+  };
+  for (const Case& c : cases) {
+    for (int hosts : {0, 2}) {
+      Topology t;
+      t.nranks = 4;
+      t.hosts = hosts;
+      CallSpec call;
+      call.kind = c.kind;
+      call.codec = c.codec;
+      call.op = c.op;
+      call.root = 1;
+      call.count = 5000;
+      call.chunk_bytes = 4096;  // several fragments
+      INFO(coll::coll_name(c.kind) << " codec '" << c.codec << "', " << t.host_count() << " hosts");
+      const SimResult r = simulate(default_model(), t, call, /*link_bytes=*/true);
+      const auto executed = execute(t, call);
+      std::map<std::pair<int, int>, uint64_t> simulated;
+      for (const auto& [link, bytes] : r.link_bytes)
+        if (bytes) simulated[link] = bytes;
+      std::map<std::pair<int, int>, uint64_t> moved;
+      for (const auto& [link, bytes] : executed)
+        if (bytes) moved[link] = bytes;
+      CHECK(simulated == moved);
+      if (std::string(c.codec).rfind("fft", 0) != 0) CHECK(r.inter_bytes + r.intra_bytes == r.plan_bytes);
+      CHECK(r.seconds > 0);
+    }
+  }
+}
+
+TEST_CASE("a variable-length codec sends the given share of its capacity", "[sim]") {
+  CallSpec call = all_reduce(size_t{1} << 20, "fft:theta=0.9");
+  call.algorithm = "fft_allgather";
+  const SimResult full = simulate(default_model(), flat(4), call);
+  call.density = 0.5;
+  const SimResult half = simulate(default_model(), flat(4), call);
+  CHECK(full.inter_bytes > 0);
+  // Rounded per message: at most half a byte off per transfer.
+  CHECK(std::fabs(static_cast<double>(half.inter_bytes) - 0.5 * static_cast<double>(full.inter_bytes)) <=
+        0.5 * static_cast<double>(half.transfers));
+}
+
+TEST_CASE("the simulated Marsit call is a sign round, not the full-precision round 0", "[sim]") {
+  CallSpec call = all_reduce(size_t{1} << 20, "sign:eta_s=0.01");
+  call.op = kernels::RedOp::kAvg;
+  const SimResult r = simulate(default_model(), flat(8), call);
+  CHECK(r.algorithm == std::string("marsit"));
+  CHECK(r.inter_bytes * 16 < r.raw_bytes);  // about 1 bit per value where the raw call sends 32
+}
+
+TEST_CASE("calls the simulator cannot run are refused with the reason", "[sim]") {
+  const Model m = default_model();
+  CallSpec call = all_reduce(1024);
+  call.algorithm = "no_such_algorithm";
+  CHECK_THROWS_WITH(simulate(m, flat(4), call), Catch::Contains("no_such_algorithm"));
+  call = all_reduce(1024, "sign:eta_s=0.01");  // Marsit averages
+  CHECK_THROWS_WITH(simulate(m, flat(4), call), Catch::Contains("qcclAvg"));
+  call = all_reduce(1024, "q3x");
+  CHECK_THROWS_WITH(simulate(m, flat(4), call), Catch::Contains("q3x"));
+  Topology t = flat(8);
+  t.hosts = 3;
+  CHECK_THROWS_WITH(simulate(m, t, all_reduce(1024)), Catch::Contains("does not divide"));
+  Model no_q8 = m;
+  no_q8.codecs.erase("q8");
+  CHECK_THROWS_WITH(simulate(no_q8, flat(4), all_reduce(size_t{1} << 20, "q8")), Catch::Contains("calibrate"));
+  call = all_reduce(1024);
+  call.kind = CollKind::kBroadcast;
+  call.root = 4;
+  CHECK_THROWS_WITH(simulate(m, flat(4), call), Catch::Contains("root 4"));
+}
+
+TEST_CASE("rates, links and model files", "[sim]") {
+  CHECK(parse_rate("1gbit") == 1.25e8);
+  CHECK(parse_rate("100mbit") == 12.5e6);
+  CHECK(parse_rate("300GB/s") == 3e11);
+  CHECK(parse_rate("1.5e9") == 1.5e9);
+  CHECK_THROWS_WITH(parse_rate("10 furlongs"), Catch::Contains("furlongs"));
+  CHECK_THROWS_WITH(parse_rate("-1gbit"), Catch::Contains("-1gbit"));
+  std::string source;
+  const LinkClass ten = parse_link("10gbit", &source);
+  CHECK(ten.rate == 1.25e9);
+  CHECK(ten.efficiency == Approx(1448.0 / 1538.0));
+  CHECK(source.find("10gbit") != std::string::npos);
+  CHECK(parse_link("netem:1gbit", nullptr).efficiency == Approx(1448.0 / 1514.0));
+  CHECK(parse_link("40gbit", nullptr).rate == 5e9);
+
+  Model m = default_model();
+  m.inter = LinkClass{1.25e8, 3e-5, 0.95};
+  m.reduce = 7.5e-10;
+  m.codecs["q4:bucket=256,round=nearest,ef=off,seed=0"] = CodecCost{1e-9, 2e-9, 3e-9};
+  char path[] = "/tmp/qccl_sim_model_XXXXXX";
+  const int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  close(fd);
+  REQUIRE(save_model(m, path));
+  const Model back = load_model(path, Model{});
+  CHECK(back.inter.rate == m.inter.rate);
+  CHECK(back.inter.latency == m.inter.latency);
+  CHECK(back.inter.efficiency == m.inter.efficiency);
+  CHECK(back.reduce == m.reduce);
+  CHECK(back.codecs.size() == m.codecs.size());
+  const CodecCost* q4 = back.codec_cost("q4:bucket=256,round=nearest,ef=off,seed=0");
+  REQUIRE(q4);
+  CHECK(q4->decode_add == 3e-9);
+  CHECK(back.codec_cost("q4:bucket=512,round=nearest,ef=off,seed=0") == back.codec_cost("q4"));  // by name
+  CHECK(back.sources == m.sources);
+
+  std::FILE* f = std::fopen(path, "w");
+  std::fputs("inter.rate = 1gbit\n# a comment\ncpu.reduce = fast\n", f);
+  std::fclose(f);
+  CHECK_THROWS_WITH(load_model(path, m), Catch::Contains(std::string(path) + ":3") && Catch::Contains("fast"));
+  f = std::fopen(path, "w");
+  std::fputs("cpu.speed = 1\n", f);
+  std::fclose(f);
+  CHECK_THROWS_WITH(load_model(path, m), Catch::Contains("cpu.speed"));
+  std::remove(path);
+}
+
+TEST_CASE("calibration measures every cost it is asked for", "[sim]") {
+  Model m;
+  CalibrateOptions options;
+  options.values = 1 << 16;
+  options.repeats = 1;
+  options.codecs = {"q8", "fp16:seed=3"};
+  calibrate(&m, options, nullptr);
+  for (double cost : {m.copy, m.reduce, m.load, m.store, m.add, m.divide}) CHECK(cost > 0);
+  REQUIRE(m.codec_cost("q8"));
+  CHECK(m.codec_cost("q8")->encode > 0);
+  CHECK(m.codec_cost("q8")->decode_add > 0);
+  // a spec with keys is stored under its canonical text
+  CHECK(m.codecs.count(kernels::parse_codec_spec("fp16:seed=3").canonical()) == 1);
+}
+
+}  // namespace
+}  // namespace qccl::sim
