@@ -43,6 +43,7 @@ struct FftKernels {
   struct Encode final : StepKernel {
     FftKernels* k;
     Phase phase() const override { return Phase::kEncode; }
+    const char* name() const override { return "fft_encode"; }
     void run(const step::Compute& s, StepContext&) const override {
       const auto* acc = static_cast<const float*>(s.src);
       const kernels::FftReport report = kernels::fft_encode(k->codec, acc, s.count, s.dst, *k->workspace);
@@ -59,6 +60,7 @@ struct FftKernels {
   struct AddSpectrum final : StepKernel {
     FftKernels* k;
     Phase phase() const override { return Phase::kDecode; }
+    const char* name() const override { return "add_spectrum"; }
     void run(const step::Compute& s, StepContext&) const override {
       kernels::fft_decode_spectrum(k->codec, s.src, *static_cast<const size_t*>(s.src2), s.count,
                                    static_cast<float*>(s.dst), s.aux != 0, *k->workspace);
@@ -68,6 +70,7 @@ struct FftKernels {
   struct Synthesize final : StepKernel {
     FftKernels* k;
     Phase phase() const override { return Phase::kDecode; }
+    const char* name() const override { return "synthesize"; }
     void run(const step::Compute& s, StepContext&) const override {
       kernels::fft_synthesize(k->codec, static_cast<const float*>(s.src), s.count, static_cast<float*>(s.dst),
                               *k->workspace);

@@ -88,21 +88,25 @@ class IntsgdSteps {
   struct Encode final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kEncode; }
+    const char* name() const override { return "int_encode"; }
     void run(const step::Compute& s, StepContext& context) const override;
   };
   struct Add final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kDecode; }
+    const char* name() const override { return "int_add"; }
     void run(const step::Compute& s, StepContext& context) const override;
   };
   struct Decode final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kDecode; }
+    const char* name() const override { return "int_decode"; }
     void run(const step::Compute& s, StepContext& context) const override;
   };
   struct Header final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kEncode; }
+    const char* name() const override { return "int_header"; }
     void run(const step::Compute& s, StepContext& context) const override;
   };
   Bound bound_;

@@ -71,26 +71,31 @@ class MarsitSteps {
   struct Pack final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kEncode; }
+    const char* name() const override { return "pack"; }
     void run(const step::Compute& s, StepContext& context) const override;
   };
   struct Merge final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kEncode; }
+    const char* name() const override { return "merge"; }
     void run(const step::Compute& s, StepContext& context) const override;
   };
   struct Decode final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kDecode; }
+    const char* name() const override { return "decode_signs"; }
     void run(const step::Compute& s, StepContext& context) const override;
   };
   struct AddCompensation final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kDecode; }
+    const char* name() const override { return "add_compensation"; }
     void run(const step::Compute& s, StepContext& context) const override;
   };
   struct ResetCompensation final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kDecode; }
+    const char* name() const override { return "reset_compensation"; }
     void run(const step::Compute& s, StepContext& context) const override;
   };
   Bound bound_;

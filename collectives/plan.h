@@ -221,6 +221,9 @@ class StepKernel {
   enum class Phase : uint8_t { kEncode, kDecode };  // which statistic its time counts in
   virtual ~StepKernel() = default;
   virtual Phase phase() const = 0;
+  // One word naming what it does ("pack", "merge", "add_spectrum"): with the codec's name, the key of
+  // its cost in the simulator's model (sim/model.h), per unit of Compute::count.
+  virtual const char* name() const = 0;
   virtual void run(const step::Compute& step, StepContext& context) const = 0;
 };
 

@@ -10,6 +10,7 @@
 #include "kernels/codec.h"
 #include "kernels/convert.h"
 #include "kernels/reduce.h"
+#include "sim/simulator.h"
 
 namespace qccl::sim {
 
@@ -29,6 +30,12 @@ double median_seconds(int repeats, const std::function<void()>& fn) {
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+// Where a codec's costs go: under its name when the spec is the name alone ("q8"), else under its
+// canonical spec (the sign codec's eta_s changes no cost, so sign is always "sign").
+std::string stored_name(const std::string& spec, const kernels::CodecConfig& codec) {
+  return spec.find(':') == std::string::npos ? spec : codec.canonical();
 }
 
 }  // namespace
@@ -76,18 +83,35 @@ void calibrate(Model* model, const CalibrateOptions& o, std::ostream* log) {
     if (count > n) throw std::invalid_argument("codec '" + spec + "': its blocks are longer than the measured run");
     std::vector<uint8_t> encoded(codec.encoded_bytes(count));
     const kernels::PhiloxKey key{codec.seed, 1, 0, 0};
-    CodecCost cost;
+    CodecCosts& cost = model->codecs[codec.kind == kernels::CodecKind::kSign ? "sign" : stored_name(spec, codec)];
     const double c = static_cast<double>(count);
-    cost.encode = median_seconds(o.repeats, [&] { kernels::encode(codec, a.data(), count, encoded.data(), key, 0); }) / c;
-    cost.decode = median_seconds(o.repeats, [&] { kernels::decode(codec, encoded.data(), count, out.data()); }) / c;
-    cost.decode_add =
+    cost["encode"] =
+        median_seconds(o.repeats, [&] { kernels::encode(codec, a.data(), count, encoded.data(), key, 0); }) / c;
+    cost["decode"] = median_seconds(o.repeats, [&] { kernels::decode(codec, encoded.data(), count, out.data()); }) / c;
+    cost["decode_add"] =
         median_seconds(o.repeats, [&] { kernels::decode_accumulate(codec, encoded.data(), count, out.data()); }) / c;
-    const std::string name = spec.find(':') == std::string::npos ? spec : codec.canonical();
-    const std::string stored = name.rfind("sign", 0) == 0 ? "sign" : name;  // eta_s does not change the cost
-    model->codecs[stored] = cost;
-    if (log)
-      *log << "  codec " << stored << ": encode " << cost.encode * 1e9 << ", decode " << cost.decode * 1e9
-           << ", decode_add " << cost.decode_add * 1e9 << " ns per value\n";
+    // The method's own kernels, timed where its plans run them: an all-reduce of 4 ranks on the
+    // in-process network (codecs without an all-reduce, aq, have none).
+    Topology four;
+    four.nranks = 4;
+    CallSpec call;
+    call.count = n / 4;
+    call.op = kernels::RedOp::kAvg;
+    call.codec = spec;
+    StepProfile profile;
+    try {
+      execute(four, call, &profile);
+    } catch (const std::invalid_argument&) {
+      profile.kernels.clear();  // no all-reduce for this codec
+    }
+    for (const auto& [codec_name, kernels] : profile.kernels)
+      for (const auto& [kernel, entry] : kernels)
+        if (entry.units > 0) cost[kernel] = entry.seconds / entry.units;
+    if (log) {
+      *log << "  codec " << spec << ":";
+      for (const auto& [step, seconds] : cost) *log << " " << step << " " << seconds * 1e9;
+      *log << " ns per unit\n";
+    }
   }
 }
 

@@ -37,10 +37,14 @@ double parse_number(const std::string& what, const std::string& text) {
 
 }  // namespace
 
-const CodecCost* Model::codec_cost(const std::string& canonical) const {
-  auto it = codecs.find(canonical);
-  if (it == codecs.end()) it = codecs.find(canonical.substr(0, canonical.find(':')));
-  return it == codecs.end() ? nullptr : &it->second;
+const double* Model::step_cost(const std::string& canonical, const std::string& step) const {
+  for (const std::string& key : {canonical, canonical.substr(0, canonical.find(':'))}) {
+    auto codec = codecs.find(key);
+    if (codec == codecs.end()) continue;
+    auto cost = codec->second.find(step);
+    if (cost != codec->second.end()) return &cost->second;
+  }
+  return nullptr;
 }
 
 double parse_rate(const std::string& text) {
@@ -93,10 +97,12 @@ bool link_preset(const std::string& name, LinkClass* out, std::string* source) {
       return true;
     }
   if (n.rfind("netem:", 0) == 0) {
-    *out = LinkClass{parse_rate(n.substr(6)), 30e-6, kNetemEfficiency};
+    const double rate = parse_rate(n.substr(6));
+    // tools/netem.cc, tbf_params_for: a bucket of 2 ms of traffic, at least 16 KiB
+    *out = LinkClass{rate, 30e-6, kNetemEfficiency, std::max(16384.0, std::floor(rate / 500))};
     if (source)
-      *source = n + ": qcclrun --netem token bucket at that rate (1448 payload bytes per 1514-byte frame), "
-                "30 us one-way through veth pairs and the hub namespace";
+      *source = n + ": qcclrun --netem token bucket at that rate (1448 payload bytes per 1514-byte frame, a "
+                "burst of 2 ms of traffic), 30 us one-way through veth pairs and the hub namespace";
     return true;
   }
   if (n == "nvlink") {
@@ -126,27 +132,35 @@ Model default_model() {
   // of posting a transfer is UCX's tag send through its tcp transport, which calibrate cannot
   // measure alone (2 us: the validation's small messages, docs/PERF.md "Simulator").
   m.post = 2e-6;
-  m.copy = 1.35e-10;
-  m.reduce = 6.53e-10;
-  m.load = 5.08e-10;
-  m.store = 4.61e-10;
-  m.add = 5.1e-10;
-  m.divide = 3.37e-10;
-  m.codecs["aq2"] = {5.72e-10, 2.88e-10, 3.13e-10};
-  m.codecs["aq4"] = {5.36e-10, 2.97e-10, 3.08e-10};
-  m.codecs["aq8"] = {6.11e-10, 2.76e-10, 3.22e-10};
-  m.codecs["bf16"] = {4.09e-10, 3.18e-10, 3.74e-10};
-  m.codecs["fft"] = {17.7e-9, 10.7e-9, 10.9e-9};
-  m.codecs["fp16"] = {3.13e-10, 3.25e-10, 3.13e-10};
-  m.codecs["int16"] = {1.25e-9, 3.59e-10, 4.9e-10};
-  m.codecs["int32"] = {1.2e-9, 4.19e-10, 5.1e-10};
-  m.codecs["int8"] = {1.27e-9, 2.83e-10, 4.16e-10};
-  m.codecs["none"] = {4.29e-10, 4.4e-10, 4.26e-10};
-  m.codecs["q1"] = {3.9e-10, 2.33e-10, 1.65e-10};
-  m.codecs["q2"] = {4.35e-10, 2.55e-10, 2.1e-10};
-  m.codecs["q4"] = {4.69e-10, 2.41e-10, 2.55e-10};
-  m.codecs["q8"] = {4.48e-10, 2.91e-10, 2.73e-10};
-  m.codecs["sign"] = {2.05e-10, 1.55e-10, 5.07e-9};
+  // Measured: 8-byte all-reduces (recursive doubling) under qcclrun --netem 1gbit took 35 us per round
+  // with 2 ranks on 2 cores, 75 with 4 and 200 with 8; the ranks of an oversubscribed machine block
+  // and wait for a core: 40-55 us per rank per core beyond one.
+  m.wakeup = 5e-5;
+  // The kernel's TCP path between emulated hosts (veth pairs and a bridge, MTU 1500), per byte at each
+  // end: an unshaped 2-host all-reduce of 64 MiB, less the model's other costs, took 0.27 to 0.59 ns
+  // per byte sent and received, with the machine's load (perf/validate_sim.sh measures it anew).
+  m.wire = 4e-10;
+  m.copy = 1.54e-10;
+  m.reduce = 6.4e-10;
+  m.load = 4.99e-10;
+  m.store = 4.31e-10;
+  m.add = 4.89e-10;
+  m.divide = 3.34e-10;
+  m.codecs["aq2"] = {{"decode", 2.74e-10}, {"decode_add", 2.74e-10}, {"encode", 6.12e-10}};
+  m.codecs["aq4"] = {{"decode", 2.82e-10}, {"decode_add", 2.86e-10}, {"encode", 6.14e-10}};
+  m.codecs["aq8"] = {{"decode", 3.34e-10}, {"decode_add", 2.97e-10}, {"encode", 6.24e-10}};
+  m.codecs["bf16"] = {{"decode", 4.38e-10}, {"decode_add", 3.71e-10}, {"encode", 5.13e-10}};
+  m.codecs["fft"] = {{"add_spectrum", 1.11e-09}, {"decode", 1.04e-08}, {"decode_add", 1.04e-08}, {"encode", 1.74e-08}, {"fft_encode", 1.9e-08}, {"synthesize", 9.74e-09}};
+  m.codecs["fp16"] = {{"decode", 3.46e-10}, {"decode_add", 3.11e-10}, {"encode", 3.83e-10}};
+  m.codecs["int16"] = {{"decode", 3.46e-10}, {"decode_add", 5.12e-10}, {"encode", 1.21e-09}, {"int_add", 1.7e-10}, {"int_decode", 7.8e-10}, {"int_encode", 1.21e-09}};
+  m.codecs["int32"] = {{"decode", 5.31e-10}, {"decode_add", 6.04e-10}, {"encode", 1.18e-09}, {"int_add", 3.14e-10}, {"int_decode", 1.54e-09}, {"int_encode", 1.15e-09}};
+  m.codecs["int8"] = {{"decode", 3.61e-10}, {"decode_add", 4.41e-10}, {"encode", 1.23e-09}, {"int_add", 6.49e-11}, {"int_decode", 8.16e-10}, {"int_encode", 1.23e-09}};
+  m.codecs["none"] = {{"decode", 4.92e-10}, {"decode_add", 4.48e-10}, {"encode", 5.83e-10}};
+  m.codecs["q1"] = {{"decode", 2.07e-10}, {"decode_add", 1.94e-10}, {"encode", 4.66e-10}};
+  m.codecs["q2"] = {{"decode", 3.43e-10}, {"decode_add", 3.32e-10}, {"encode", 6.38e-10}};
+  m.codecs["q4"] = {{"decode", 3.74e-10}, {"decode_add", 3.89e-10}, {"encode", 6.32e-10}};
+  m.codecs["q8"] = {{"decode", 3.93e-10}, {"decode_add", 3.7e-10}, {"encode", 5.61e-10}};
+  m.codecs["sign"] = {{"decode", 2.07e-10}, {"decode_add", 5.04e-09}, {"decode_signs", 4.5e-10}, {"encode", 3.17e-10}, {"merge", 5.22e-09}, {"pack", 9.22e-10}};
   m.sources.push_back("cpu: qccl_sim calibrate on the development machine (2-core VM), 2026-11-26");
   return m;
 }
@@ -176,14 +190,15 @@ Model load_model(const std::string& path, const Model& base) {
       auto link = [&](LinkClass& l, const std::string& field) {
         if (field == "rate") l.rate = parse_rate(value);
         else if (field == "latency") l.latency = parse_number(what, value);
+        else if (field == "burst") l.burst = parse_number(what, value);
         else if (field == "efficiency") {
           l.efficiency = parse_number(what, value);
           if (!(l.efficiency > 0 && l.efficiency <= 1))
             throw std::invalid_argument(what + " = " + value + ": an efficiency is in (0, 1]");
-        } else throw std::invalid_argument(what + ": unknown key (rate, latency, efficiency)");
+        } else throw std::invalid_argument(what + ": unknown key (rate, latency, efficiency, burst)");
       };
       static const std::pair<const char*, double Model::*> kCpu[] = {
-          {"cpu.post", &Model::post}, {"cpu.copy", &Model::copy},   {"cpu.reduce", &Model::reduce},
+          {"cpu.post", &Model::post}, {"cpu.wakeup", &Model::wakeup}, {"cpu.wire", &Model::wire}, {"cpu.copy", &Model::copy},   {"cpu.reduce", &Model::reduce},
           {"cpu.load", &Model::load}, {"cpu.store", &Model::store}, {"cpu.add", &Model::add},
           {"cpu.divide", &Model::divide}};
       bool known = false;
@@ -194,12 +209,9 @@ Model load_model(const std::string& path, const Model& base) {
       if (!known && key.rfind("codec.", 0) == 0) {
         const size_t dot = key.rfind('.');
         const std::string codec = key.substr(6, dot - 6), field = key.substr(dot + 1);
-        CodecCost& c = m.codecs[codec];
-        if (dot <= 6 || codec.empty()) throw std::invalid_argument(what + ": expected codec.NAME.FIELD");
-        if (field == "encode") c.encode = parse_number(what, value);
-        else if (field == "decode") c.decode = parse_number(what, value);
-        else if (field == "decode_add") c.decode_add = parse_number(what, value);
-        else throw std::invalid_argument(what + ": unknown field '" + field + "' (encode, decode, decode_add)");
+        if (dot <= 6 || codec.empty() || field.empty())
+          throw std::invalid_argument(what + ": expected codec.NAME.STEP");
+        m.codecs[codec][field] = parse_number(what, value);
         known = true;
       }
       if (!known) throw std::invalid_argument(what + ": unknown key");
@@ -219,16 +231,16 @@ std::string format_model(const Model& m) {
   auto link = [&](const char* name, const LinkClass& l) {
     out << name << ".rate = " << l.rate << "   # " << describe_rate(l.rate) << "\n"
         << name << ".latency = " << l.latency << "\n"
-        << name << ".efficiency = " << l.efficiency << "\n";
+        << name << ".efficiency = " << l.efficiency << "\n"
+        << name << ".burst = " << l.burst << "\n";
   };
   link("inter", m.inter);
   link("intra", m.intra);
-  out << "cpu.post = " << m.post << "\ncpu.copy = " << m.copy << "\ncpu.reduce = " << m.reduce
+  out << "cpu.post = " << m.post << "\ncpu.wakeup = " << m.wakeup << "\ncpu.wire = " << m.wire << "\ncpu.copy = " << m.copy << "\ncpu.reduce = " << m.reduce
       << "\ncpu.load = " << m.load << "\ncpu.store = " << m.store << "\ncpu.add = " << m.add
       << "\ncpu.divide = " << m.divide << "\n";
-  for (const auto& [name, c] : m.codecs)
-    out << "codec." << name << ".encode = " << c.encode << "\ncodec." << name << ".decode = " << c.decode
-        << "\ncodec." << name << ".decode_add = " << c.decode_add << "\n";
+  for (const auto& [name, steps] : m.codecs)
+    for (const auto& [step, cost] : steps) out << "codec." << name << "." << step << " = " << cost << "\n";
   return out.str();
 }
 

@@ -4,26 +4,35 @@
 // Links. Two classes: `inter` joins hosts (one NIC per host, full duplex, shared by the host's ranks)
 // and `intra` joins the ranks of one host (shared memory or loopback: a port per rank). A message of
 // B bytes occupies its sender's outgoing port and its receiver's incoming port for
-// B / (rate x efficiency) seconds and arrives `latency` seconds after it left. Efficiency is the
+// B / (rate x efficiency) seconds and arrives `latency` seconds after it left; a port with a token
+// bucket (qcclrun --netem's tbf: `burst` bytes deep, refilled at the rate) passes what its tokens
+// cover at once and the rest at the rate. Efficiency is the
 // payload's share of what the link carries: 1448 bytes of TCP payload per 1538 bytes on an Ethernet
 // wire with MTU 1500 (0.941: 20 bytes of preamble and gap, 14 of Ethernet header, 4 of CRC, 20 of
 // IP, 32 of TCP with timestamps); 1448 per 1514 (0.956) under qcclrun --netem, whose token buckets
 // count the frame without preamble, gap and CRC.
 //
 // CPU. Costs in seconds per value (per byte for copies) on one core, which a host's ranks share
-// when they outnumber its cores (Topology, sim/simulator.h). Codec costs are per codec: a spec's
-// canonical text first ("q4:bucket=256"), then its name ("q4").
+// when they outnumber its cores (Topology, sim/simulator.h). Codec costs are per codec and step: a
+// spec's canonical text first ("q4:bucket=256,..."), then its name ("q4"); the steps are encode,
+// decode and decode_add (per value) and the method's kernels by name (per unit of their count:
+// StepKernel::name in collectives/plan.h; Marsit's merge counts 32-bit words, for instance).
 //
 // The file: one `key = value` per line, `#` to the end of a line is a comment:
 //   inter.rate = 10gbit          (or 1.25e9 bytes/s, 300GB/s, ...: parse_rate)
 //   inter.latency = 5e-05        seconds
 //   inter.efficiency = 0.941
-//   intra.rate, intra.latency, intra.efficiency
+//   inter.burst = 250000         bytes of token bucket (0: none)
+//   intra.rate, intra.latency, intra.efficiency, intra.burst
 //   cpu.post = 1e-06             seconds to post one transfer
+//   cpu.wakeup = 5e-05           seconds a rank that blocked takes to run again, per rank per core
+//                                beyond one (an oversubscribed host's ranks block instead of spinning)
+//   cpu.wire = 1e-09             seconds per payload byte a rank sends or receives between hosts
+//                                (the kernel's TCP path: copies and per-packet work, at each end)
 //   cpu.copy = 1e-10             seconds per byte copied
 //   cpu.reduce = 4e-10           seconds per value of a float32 reduction (other types: by size)
 //   cpu.load, cpu.store, cpu.add, cpu.divide   seconds per value (float32 accumulator steps)
-//   codec.NAME.encode, codec.NAME.decode, codec.NAME.decode_add   seconds per value
+//   codec.NAME.STEP              seconds per unit: STEP is encode, decode, decode_add or a kernel
 //   source = text                where the numbers came from (any number of lines)
 #pragma once
 
@@ -37,31 +46,32 @@ struct LinkClass {
   double rate = 0;          // bytes per second on the wire; 0: unlimited
   double latency = 0;       // seconds
   double efficiency = 1.0;  // payload bytes per wire byte
-  // Seconds a message of `bytes` payload bytes occupies the link (not counting latency).
-  double seconds(double bytes) const { return rate > 0 ? bytes / (rate * efficiency) : 0; }
+  double burst = 0;         // token bucket depth in wire bytes; 0: none
+  double payload_rate() const { return rate * efficiency; }
 };
 
-struct CodecCost {
-  double encode = 0;      // seconds per value
-  double decode = 0;      // into an output buffer
-  double decode_add = 0;  // into a float32 accumulator
-};
+// Seconds per unit of each step of one codec: "encode", "decode" (into an output buffer),
+// "decode_add" (into a float32 accumulator), per value; and its method's kernels by name.
+using CodecCosts = std::map<std::string, double>;
 
 struct Model {
   LinkClass inter;
   LinkClass intra;
   double post = 0;    // seconds per transfer posted
+  double wakeup = 0;  // seconds to run again after blocking, per unit of oversubscription above 1
+  double wire = 0;    // CPU seconds per payload byte sent or received between hosts, at each end
   double copy = 0;    // seconds per byte
   double reduce = 0;  // seconds per float32 value (a + b); other types scale by their size
   double load = 0;    // seconds per value: float32 accumulator from the call's type...
   double store = 0;   // ...and back
   double add = 0;     // seconds per value: acc += x (float32)
   double divide = 0;  // seconds per value: acc /= n
-  std::map<std::string, CodecCost> codecs;
+  std::map<std::string, CodecCosts> codecs;
   std::vector<std::string> sources;  // provenance, one line each
 
-  // The costs of a codec by its canonical spec, then by its name; null when the model has neither.
-  const CodecCost* codec_cost(const std::string& canonical) const;
+  // The cost of a codec's step, by the codec's canonical spec, then by its name; null when neither
+  // has the step.
+  const double* step_cost(const std::string& canonical, const std::string& step) const;
 };
 
 // The model shipped with qccl: links from their presets (link_preset), CPU costs measured on the

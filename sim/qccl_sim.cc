@@ -86,6 +86,8 @@ OPTIONS
         --execute           also run each call with real data on an in-process network (the host
                             executor and kernels) and compare the bytes on every link; sizes up to
                             64 MiB per rank
+        --break-even        for each codec, also the link rate between hosts below which it is
+                            faster than the uncompressed call (the same size, ranks and CPU)
         --csv FILE          also write the rows as CSV
         --plot FILE.png     draw time against size (or against ranks with a rank list), one line
                             per codec (python3 and matplotlib)
@@ -113,6 +115,7 @@ struct Options {
   double step_factor = 2;
   std::vector<std::string> codecs{""};
   bool execute = false;
+  bool break_even = false;
   std::string csv, plot;
 };
 
@@ -276,6 +279,28 @@ int draw(const std::string& csv, const std::string& png, const std::string& titl
   return 0;
 }
 
+// The rate of the links between hosts at which `codec` and the uncompressed call take the same time:
+// compression pays below it. 0 when it does not pay even at 1 Mbit/s, infinity when it still pays at
+// 100 Tbit/s. The gain falls as the rate grows (the wire's share of the time shrinks, the codec's
+// CPU time stays), so bisection on a log scale finds the crossing.
+double break_even_rate(Model model, const Topology& topology, const CallSpec& call, const std::string& codec) {
+  CallSpec plain = call, packed = call;
+  plain.codec = "";
+  packed.codec = codec;
+  auto pays = [&](double rate) {
+    model.inter.rate = rate;
+    return simulate(model, topology, packed).seconds < simulate(model, topology, plain).seconds;
+  };
+  double lo = 1e6 / 8, hi = 1e14 / 8;
+  if (!pays(lo)) return 0;
+  if (pays(hi)) return INFINITY;
+  while (hi / lo > 1.002) {
+    const double mid = std::sqrt(lo * hi);
+    (pays(mid) ? lo : hi) = mid;
+  }
+  return std::sqrt(lo * hi);
+}
+
 int run_calibrate(int argc, char** argv) {
   std::string out, link, intra;
   CalibrateOptions options;
@@ -327,7 +352,7 @@ int run_calibrate(int argc, char** argv) {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  enum { kHosts = 256, kCores, kMachineCores, kIntra, kLatency, kChunk, kDepth, kDensity, kExecute, kCsv, kPlot };
+  enum { kHosts = 256, kCores, kMachineCores, kIntra, kLatency, kChunk, kDepth, kDensity, kExecute, kCsv, kPlot, kBreakEven };
   static const option kLong[] = {
       {"ranks", required_argument, nullptr, 'n'},     {"hosts", required_argument, nullptr, kHosts},
       {"cores", required_argument, nullptr, kCores},  {"machine-cores", required_argument, nullptr, kMachineCores},
@@ -340,7 +365,8 @@ Options parse_options(int argc, char** argv) {
       {"codec", required_argument, nullptr, 'z'},     {"chunk", required_argument, nullptr, kChunk},
       {"depth", required_argument, nullptr, kDepth},  {"density", required_argument, nullptr, kDensity},
       {"execute", no_argument, nullptr, kExecute},    {"csv", required_argument, nullptr, kCsv},
-      {"plot", required_argument, nullptr, kPlot},    {"help", no_argument, nullptr, 'h'},
+      {"plot", required_argument, nullptr, kPlot},    {"break-even", no_argument, nullptr, kBreakEven},
+      {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "n:l:m:c:b:e:f:d:o:r:a:z:h", kLong, nullptr)) != -1) {
@@ -375,6 +401,7 @@ Options parse_options(int argc, char** argv) {
       case kExecute: o.execute = true; break;
       case kCsv: o.csv = optarg; break;
       case kPlot: o.plot = optarg; break;
+      case kBreakEven: o.break_even = true; break;
       case 'h': std::fputs(kHelp, stdout); std::exit(0);
       default: usage_error("unknown option");
     }
@@ -476,6 +503,26 @@ int main(int argc, char** argv) {
           std::printf("  %6d %6d %12zu %12zu %6s %-18s  cannot be simulated: %s\n", n, topology.host_count(), size,
                       call.count, kernels::data_type_name(call.dtype), codec.empty() ? "-" : codec.c_str(), e.what());
           status = 1;
+        }
+      }
+      if (o.break_even) {
+        CallSpec call = o.call;
+        call.count = count_for(call.kind, static_cast<size_t>(bytes), es, n);
+        for (const std::string& codec : o.codecs) {
+          if (codec.empty()) continue;
+          try {
+            const double rate = break_even_rate(model, topology, call, codec);
+            if (rate == 0)
+              std::printf("  # break-even: %s is slower than uncompressed at any rate from 1 Mbit/s\n", codec.c_str());
+            else if (std::isinf(rate))
+              std::printf("  # break-even: %s is faster than uncompressed at any rate up to 100 Tbit/s\n", codec.c_str());
+            else
+              std::printf("  # break-even: %s is faster than uncompressed below %s between hosts\n", codec.c_str(),
+                          describe_rate(rate).c_str());
+          } catch (const std::exception& e) {
+            std::printf("  # break-even: %s cannot be simulated: %s\n", codec.c_str(), e.what());
+            status = 1;
+          }
         }
       }
     }

@@ -218,7 +218,8 @@ class Engine {
  public:
   Engine(const Model& model, const Topology& topology, const CallSpec& call, bool link_bytes)
       : model_(model), topology_(topology), call_(call), keep_link_bytes_(link_bytes),
-        binding_(topology, call, /*shared_state=*/true), factor_(topology.oversubscription()) {}
+        binding_(topology, call, /*shared_state=*/true), factor_(topology.oversubscription()),
+        wakeup_(model.wakeup * (factor_ - 1)) {}
 
   SimResult run();
 
@@ -253,8 +254,9 @@ class Engine {
   bool start_fragment(Rank& k, Slot& s);
   void compact(const coll::Program& program, std::vector<Op>* ops);
   double cpu_cost(const coll::Step& step);
-  const CodecCost& codec_cost(const kernels::CodecConfig* codec);
-  void post(int r, Slot& s, const Op& op);
+  // Seconds per unit of a codec's step (a static name: "encode", or a kernel's name()).
+  double step_cost(const kernels::CodecConfig* codec, const char* step);
+  int post(int r, Slot& s, const Op& op);  // the transfer's index
   void match(int id);
   void release(int id);
   int new_transfer();
@@ -268,6 +270,7 @@ class Engine {
   const bool keep_link_bytes_;
   Binding binding_;
   const double factor_;
+  const double wakeup_;  // the delay of a blocked rank's wake-up
   const coll::Algorithm* algorithm_ = nullptr;
   std::vector<Rank> ranks_;
   std::vector<Transfer> transfers_;
@@ -277,30 +280,33 @@ class Engine {
     size_t head = 0;
   };
   std::unordered_map<uint64_t, Pending> pending_;
-  // Ports: per host its NIC (out and in), per rank its intra-host port; the time each is free again
-  // and how long it was busy.
-  std::vector<double> nic_out_free_, nic_in_free_, port_out_free_, port_in_free_;
-  std::vector<double> nic_busy_, port_busy_;
+  // Ports: per host its NIC (out and in), per rank its intra-host port (out and in).
+  struct Port {
+    double free = 0;    // when its last message has left
+    double tokens = 0;  // its token bucket's payload bytes at `free`
+    double busy = 0;    // seconds it was serializing
+  };
+  std::vector<Port> nic_out_, nic_in_, port_out_, port_in_;
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>> events_;
   double now_ = 0;
   int running_ = -1;
   int finished_ = 0;
-  std::unordered_map<const kernels::CodecConfig*, const CodecCost*> codec_costs_;
+  std::map<std::pair<const kernels::CodecConfig*, const char*>, double> step_costs_;
   coll::Program program_;  // built into, then compacted
   SimResult result_;
 };
 
-const CodecCost& Engine::codec_cost(const kernels::CodecConfig* codec) {
+double Engine::step_cost(const kernels::CodecConfig* codec, const char* step) {
   if (!codec) throw std::logic_error("a codec step without a codec");
-  auto it = codec_costs_.find(codec);
-  if (it != codec_costs_.end()) return *it->second;
+  auto it = step_costs_.find({codec, step});
+  if (it != step_costs_.end()) return it->second;
   const std::string spec = codec->canonical();
-  const CodecCost* cost = model_.codec_cost(spec);
+  const double* cost = model_.step_cost(spec, step);
   if (!cost)
-    throw std::invalid_argument("the model has no CPU costs for codec '" + spec +
-                                "': measure them with `qccl_sim calibrate --codec " + spec +
+    throw std::invalid_argument("the model has no CPU cost for step '" + std::string(step) + "' of codec '" + spec +
+                                "': measure it with `qccl_sim calibrate --codec " + spec +
                                 "` and pass the file with --model");
-  codec_costs_.emplace(codec, cost);
+  step_costs_.emplace(std::make_pair(codec, step), *cost);
   return *cost;
 }
 
@@ -320,20 +326,16 @@ double Engine::cpu_cost(const coll::Step& step) {
         else if constexpr (std::is_same_v<S, st::Store>) return m.store * static_cast<double>(s.count);
         else if constexpr (std::is_same_v<S, st::AddFloat>) return m.add * static_cast<double>(s.count);
         else if constexpr (std::is_same_v<S, st::Divide>) return m.divide * static_cast<double>(s.count);
-        else if constexpr (std::is_same_v<S, st::Encode>) return codec_cost(s.codec).encode * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::Encode>) return step_cost(s.codec, "encode") * static_cast<double>(s.count);
         else if constexpr (std::is_same_v<S, st::DecodeAdd>)
-          return codec_cost(s.codec).decode_add * static_cast<double>(s.count);
+          return step_cost(s.codec, "decode_add") * static_cast<double>(s.count);
         else if constexpr (std::is_same_v<S, st::DecodeOut>)
-          return (codec_cost(s.codec).decode + (args.dtype == kernels::DataType::kFloat32 ? 0 : m.store)) *
+          return (step_cost(s.codec, "decode") + (args.dtype == kernels::DataType::kFloat32 ? 0 : m.store)) *
                  static_cast<double>(s.count);
         else if constexpr (std::is_same_v<S, st::ErrorFeedback>)
-          return (codec_cost(s.codec).decode + m.add) * static_cast<double>(s.count);
+          return (step_cost(s.codec, "decode") + m.add) * static_cast<double>(s.count);
         else if constexpr (std::is_same_v<S, st::Compute>) {
-          // A method's kernel does its codec's work on `count` values: encoding, or merging and
-          // decoding what arrived.
-          const CodecCost& c = codec_cost(args.codec);
-          return (s.kernel->phase() == coll::StepKernel::Phase::kEncode ? c.encode : c.decode_add) *
-                 static_cast<double>(s.count);
+          return step_cost(args.codec, s.kernel->name()) * static_cast<double>(s.count);
         } else {
           return 0.0;
         }
@@ -402,7 +404,7 @@ void Engine::release(int id) {
   if (--transfers_[static_cast<size_t>(id)].owners == 0) free_transfers_.push_back(id);
 }
 
-void Engine::post(int r, Slot& s, const Op& op) {
+int Engine::post(int r, Slot& s, const Op& op) {
   Rank& k = ranks_[static_cast<size_t>(r)];
   const bool send = op.kind == Op::kSend;
   const int src = send ? r : op.peer, dst = send ? op.peer : r;
@@ -442,30 +444,33 @@ void Engine::post(int r, Slot& s, const Op& op) {
     if (pending.head == pending.ids.size()) pending_.erase(key(src, dst, s.fragment));
     match(id);
   }
+  return id;
 }
 
 void Engine::match(int id) {
   Transfer& t = transfers_[static_cast<size_t>(id)];
   const bool across = topology_.host_of(t.src) != topology_.host_of(t.dst);
   const LinkClass& link = across ? model_.inter : model_.intra;
-  double& out = across ? nic_out_free_[static_cast<size_t>(topology_.host_of(t.src))]
-                       : port_out_free_[static_cast<size_t>(t.src)];
-  double& in = across ? nic_in_free_[static_cast<size_t>(topology_.host_of(t.dst))]
-                      : port_in_free_[static_cast<size_t>(t.dst)];
-  const double start = std::max({t.send_posted, t.recv_posted, out, in});
-  const double busy = link.seconds(static_cast<double>(t.bytes));
-  out = in = start + busy;
+  Port& out = across ? nic_out_[static_cast<size_t>(topology_.host_of(t.src))] : port_out_[static_cast<size_t>(t.src)];
+  Port& in = across ? nic_in_[static_cast<size_t>(topology_.host_of(t.dst))] : port_in_[static_cast<size_t>(t.dst)];
+  const double start = std::max({t.send_posted, t.recv_posted, out.free, in.free});
+  const double bytes = static_cast<double>(t.bytes), rate = link.payload_rate();
+  double busy = 0;
+  if (rate > 0) {
+    // Each port's bucket, refilled since it was last used, passes what its tokens cover at once.
+    const double depth = link.burst * link.efficiency;
+    const double out_tokens = std::min(depth, out.tokens + (start - out.free) * rate);
+    const double in_tokens = std::min(depth, in.tokens + (start - in.free) * rate);
+    busy = std::max(0.0, bytes - std::min(out_tokens, in_tokens)) / rate;
+    out.tokens = std::min(depth, out_tokens - bytes + busy * rate);
+    in.tokens = std::min(depth, in_tokens - bytes + busy * rate);
+  }
+  out.free = in.free = start + busy;
+  out.busy += busy;
+  in.busy += busy;
   t.send_done = start + busy;
   t.recv_done = start + busy + link.latency;
-  if (across) {
-    nic_busy_[static_cast<size_t>(2 * topology_.host_of(t.src))] += busy;
-    nic_busy_[static_cast<size_t>(2 * topology_.host_of(t.dst) + 1)] += busy;
-    result_.inter_bytes += t.bytes;
-  } else {
-    port_busy_[static_cast<size_t>(2 * t.src)] += busy;
-    port_busy_[static_cast<size_t>(2 * t.dst + 1)] += busy;
-    result_.intra_bytes += t.bytes;
-  }
+  (across ? result_.inter_bytes : result_.intra_bytes) += t.bytes;
   if (keep_link_bytes_) result_.link_bytes[{t.src, t.dst}] += t.bytes;
   ++result_.transfers;
   schedule(t.src, t.send_done);
@@ -476,7 +481,8 @@ void Engine::match(int id) {
 // match to queue it (a transfer it waits for has no time yet), or is finished.
 void Engine::step(int r) {
   Rank& k = ranks_[static_cast<size_t>(r)];
-  k.clock = std::max(k.clock, now_);
+  // A rank that was blocked waits for a core when its host is oversubscribed (Model::wakeup).
+  k.clock = now_ > k.clock ? now_ + wakeup_ : k.clock;
   running_ = r;
   const double wake = advance(r, k);
   running_ = -1;
@@ -529,9 +535,13 @@ double Engine::advance(int r, Rank& k) {
           // Ports serve messages in the order they were posted, so a rank whose CPU work took it
           // ahead of the others in virtual time lets them act first.
           if (k.clock > now_) return k.clock;
-          post(r, s, op);
-          k.clock += model_.post * factor_;
-          k.cpu_seconds += model_.post * factor_;
+          const int id = post(r, s, op);
+          const Transfer& t = transfers_[static_cast<size_t>(id)];
+          double cpu = model_.post;
+          if (op.kind == Op::kSend && topology_.host_of(t.src) != topology_.host_of(t.dst))
+            cpu += model_.wire * static_cast<double>(t.bytes);  // written into the socket
+          k.clock += cpu * factor_;
+          k.cpu_seconds += cpu * factor_;
         } else if (op.kind == Op::kWait) {
           const int id = op.slot < s.transfers.size() ? s.transfers[op.slot] : -1;
           if (id >= 0) {
@@ -542,6 +552,12 @@ double Engine::advance(int r, Rank& k) {
               wake = std::min(wake, done);
               break;
             }
+            if (t.dst == r && topology_.host_of(t.src) != topology_.host_of(r)) {  // read from the socket
+              k.clock += model_.wire * static_cast<double>(t.bytes) * factor_;
+              k.cpu_seconds += model_.wire * static_cast<double>(t.bytes) * factor_;
+            }
+            release(id);  // done: a later wait on the slot passes, as the executor's does
+            s.transfers[op.slot] = -1;
           }
         } else if (op.kind == Op::kCpu) {
           k.clock += op.seconds * factor_;
@@ -589,12 +605,11 @@ SimResult Engine::run() {
     k.slots.resize(std::min(slots, std::max<size_t>(k.plan->fragments(), 1)));
     for (size_t i = 0; i < k.slots.size(); ++i) k.slots[i].scratch = scratch_space.base() + i * scratch;
   }
-  nic_out_free_.assign(static_cast<size_t>(hosts), 0.0);
-  nic_in_free_.assign(static_cast<size_t>(hosts), 0.0);
-  port_out_free_.assign(static_cast<size_t>(n), 0.0);
-  port_in_free_.assign(static_cast<size_t>(n), 0.0);
-  nic_busy_.assign(2 * static_cast<size_t>(hosts), 0.0);
-  port_busy_.assign(2 * static_cast<size_t>(n), 0.0);
+  // Buckets start full.
+  nic_out_.assign(static_cast<size_t>(hosts), Port{0, model_.inter.burst * model_.inter.efficiency, 0});
+  nic_in_ = nic_out_;
+  port_out_.assign(static_cast<size_t>(n), Port{0, model_.intra.burst * model_.intra.efficiency, 0});
+  port_in_ = port_out_;
 
   for (int r = 0; r < n; ++r) schedule(r, 0.0);
   while (!events_.empty()) {
@@ -626,8 +641,10 @@ SimResult Engine::run() {
     result_.seconds = std::max({result_.seconds, k.clock, agreement});
     result_.busiest_cpu = std::max(result_.busiest_cpu, k.cpu_seconds);
   }
-  for (double b : nic_busy_) result_.busiest_nic = std::max(result_.busiest_nic, b);
-  for (double b : port_busy_) result_.busiest_intra = std::max(result_.busiest_intra, b);
+  for (const auto* ports : {&nic_out_, &nic_in_})
+    for (const Port& p : *ports) result_.busiest_nic = std::max(result_.busiest_nic, p.busy);
+  for (const auto* ports : {&port_out_, &port_in_})
+    for (const Port& p : *ports) result_.busiest_intra = std::max(result_.busiest_intra, p.busy);
   result_.algorithm = algorithm_->name;
   result_.codec = binding_.codec() ? binding_.codec()->canonical() : "";
   const double t = result_.seconds;
@@ -645,7 +662,7 @@ SimResult simulate(const Model& model, const Topology& topology, const CallSpec&
   return engine.run();
 }
 
-std::map<std::pair<int, int>, uint64_t> execute(const Topology& topology, const CallSpec& call) {
+std::map<std::pair<int, int>, uint64_t> execute(const Topology& topology, const CallSpec& call, StepProfile* profile) {
   const int n = topology.nranks;
   Binding binding(topology, call, /*shared_state=*/false);
   const size_t es = kernels::element_size(call.dtype);
@@ -682,7 +699,7 @@ std::map<std::pair<int, int>, uint64_t> execute(const Topology& topology, const 
     const coll::CollArgs& args = binding.args(r);
     auto plan = algorithm.make(args, options);
     transports.push_back(std::make_unique<SimTransport>(net, r));
-    executors.push_back(std::make_unique<HostExecutor>(*transports.back(), HostExecutorOptions{call.depth, false}, &names));
+    executors.push_back(std::make_unique<HostExecutor>(*transports.back(), HostExecutorOptions{call.depth, false, profile}, &names));
     scratch[static_cast<size_t>(r)].resize(executors.back()->scratch_bytes(*plan));
     OperationIdentity id;
     id.sequence = 1;

@@ -33,6 +33,7 @@
 
 #include "collectives/plan.h"
 #include "sim/model.h"
+#include "src/executor.h"
 
 namespace qccl::sim {
 
@@ -90,9 +91,11 @@ struct SimResult {
 SimResult simulate(const Model& model, const Topology& topology, const CallSpec& call, bool link_bytes = false);
 
 // Runs the same call with real data on an in-process network (the host executor and the real
-// kernels; sizes small enough for memory): payload bytes per (src, dst) link, to compare with
-// simulate(..., link_bytes = true).
-std::map<std::pair<int, int>, uint64_t> execute(const Topology& topology, const CallSpec& call);
+// kernels, every rank on this thread; sizes small enough for memory): payload bytes per (src, dst)
+// link, to compare with simulate(..., link_bytes = true). With a profile, the method's kernels are
+// timed into it (calibration).
+std::map<std::pair<int, int>, uint64_t> execute(const Topology& topology, const CallSpec& call,
+                                                StepProfile* profile = nullptr);
 
 // Elements of the send and receive buffers of a call on n ranks (NCCL's conventions).
 size_t send_elements(const CallSpec& call, int nranks);

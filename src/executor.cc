@@ -433,6 +433,12 @@ bool HostExecution::execute(const coll::step::Compute& s, Slot& slot, bool*) {
   s.kernel->run(s, context);
   const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
   (s.kernel->phase() == coll::StepKernel::Phase::kEncode ? stats_.encode_seconds : stats_.decode_seconds) += seconds;
+  if (options_.profile) {
+    const std::string spec = plan_->args().codec ? plan_->args().codec->canonical() : "none";
+    StepProfile::Entry& e = options_.profile->kernels[spec.substr(0, spec.find(':'))][s.kernel->name()];
+    e.seconds += seconds;
+    e.units += static_cast<double>(s.count);
+  }
   return true;
 }
 

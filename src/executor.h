@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,9 +121,20 @@ class Executor {
   virtual std::string describe() const = 0;
 };
 
+// Calibration (qccl_sim calibrate): the time a method's step kernels took, per codec name and kernel
+// ("sign" -> "merge"), with the units they did (Compute::count), summed over an executor's steps.
+struct StepProfile {
+  struct Entry {
+    double seconds = 0;
+    double units = 0;
+  };
+  std::map<std::string, std::map<std::string, Entry>> kernels;
+};
+
 struct HostExecutorOptions {
   int depth = 2;         // fragments in flight per execution (QCCL_PIPELINE_DEPTH)
   bool ordered = false;  // post each peer's transfers in fragment order (see above)
+  StepProfile* profile = nullptr;  // when set, Compute steps are timed into it
 };
 
 // The host executor: plans on host memory, numerics on this CPU, bytes through a Transport.

@@ -33,6 +33,7 @@ uint8_t byte_of(int from, int to, size_t f, size_t i) { return static_cast<uint8
 struct Fill final : coll::StepKernel {
   int rank;
   Phase phase() const override { return Phase::kEncode; }
+  const char* name() const override { return "fill"; }
   void run(const coll::step::Compute& s, coll::StepContext&) const override {
     const int to = static_cast<int>(s.aux);
     const size_t n = length_of(rank, to, s.index);
@@ -46,6 +47,7 @@ struct Check final : coll::StepKernel {
   int rank;
   mutable size_t wrong = 0, checked = 0;
   Phase phase() const override { return Phase::kDecode; }
+  const char* name() const override { return "check"; }
   void run(const coll::step::Compute& s, coll::StepContext&) const override {
     const int from = static_cast<int>(s.aux);
     const size_t n = *static_cast<const size_t*>(s.src2);

@@ -70,7 +70,7 @@ expect_file "$libdir/libqccl.so"  # the link resolves
 expect_file "$libdir/libqccl.so.${arg[version]}"
 for f in qcclConfig.cmake qcclConfigVersion.cmake qcclTargets.cmake; do expect_file "$libdir/cmake/qccl/$f"; done
 expect_file "$libdir/pkgconfig/qccl.pc"
-for program in qcclrun qccl_info qccl_aggregator "${perf_programs[@]}"; do
+for program in qcclrun qccl_info qccl_aggregator qccl_sim "${perf_programs[@]}"; do
   [[ -x $bindir/$program ]] || fail "the install has no program $bindir/$program"
 done
 if hits=$(grep -rlF -e "$build" -e "$source" "$libdir/cmake/qccl" "$libdir/pkgconfig"); then
@@ -163,6 +163,7 @@ run_two_ranks "find_package build" "$cmake_quickstart"
 (export LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} && run_two_ranks "pkg-config build" "$pc_quickstart")
 
 "$bindir/qccl_info" -v >/dev/null || fail "the installed qccl_info -v failed"
+"$bindir/qccl_sim" -n 4 -b 1M -z q8 >/dev/null || fail "the installed qccl_sim failed"
 if [[ ${arg[perf]} == 1 ]]; then
   expect_loads_installed_qccl "$bindir/all_reduce_perf"
   step "$bindir/qcclrun -n 2 -- $bindir/all_reduce_perf -b 64K -e 64K -n 2 -c 1"

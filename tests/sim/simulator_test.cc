@@ -24,8 +24,9 @@ Model links_only(LinkClass inter, LinkClass intra = LinkClass{}) {
   Model m = default_model();
   m.inter = inter;
   m.intra = intra;
-  m.post = m.copy = m.reduce = m.load = m.store = m.add = m.divide = 0;
-  for (auto& [name, cost] : m.codecs) cost = CodecCost{};
+  m.post = m.wakeup = m.wire = m.copy = m.reduce = m.load = m.store = m.add = m.divide = 0;
+  for (auto& [name, steps] : m.codecs)
+    for (auto& [step, cost] : steps) cost = 0;
   return m;
 }
 
@@ -71,6 +72,44 @@ TEST_CASE("a small all-reduce is a chain of latencies: recursive doubling takes 
     CHECK(r.seconds == Approx(std::log2(n) * latency).epsilon(1e-12));
     CHECK(r.bottleneck == "latency");
   }
+}
+
+TEST_CASE("a token bucket passes what its tokens cover at once, the rest at the rate", "[sim]") {
+  const double rate = 1e9 / 8, latency = 20e-6, burst = 250000;
+  CallSpec call;
+  call.kind = CollKind::kBroadcast;  // one message, root 0 to rank 1
+  call.algorithm = "chain";
+  call.chunk_bytes = size_t{1} << 30;
+  for (double bytes : {100000.0, 1000000.0}) {
+    call.count = static_cast<size_t>(bytes) / 4;
+    const SimResult r = simulate(links_only(LinkClass{rate, latency, 1.0, burst}), flat(2), call);
+    INFO(bytes << " bytes");
+    // the agreement round (one latency) overlaps the payload
+    CHECK(r.seconds == Approx(std::max(0.0, bytes - burst) / rate + latency).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("moving bytes between hosts costs each end CPU time", "[sim]") {
+  Model m = links_only(LinkClass{0, 0, 1.0});
+  m.wire = 1e-9;
+  CallSpec call = all_reduce(size_t{1} << 20);  // 4 MiB
+  call.algorithm = "ring";
+  const SimResult r = simulate(m, flat(2), call);
+  // Free links: each rank's time is its CPU's, writing the 4 MiB it sends and reading the 4 MiB it receives.
+  CHECK(r.seconds == Approx(m.wire * 2 * 4 * (1 << 20)).epsilon(1e-9));
+  CHECK(r.bottleneck == "cpu");
+}
+
+TEST_CASE("a blocked rank of an oversubscribed machine waits for a core", "[sim]") {
+  Model m = links_only(LinkClass{0, 50e-6, 1.0});
+  m.wakeup = 10e-6;
+  CallSpec call = all_reduce(8);
+  call.algorithm = "recursive_doubling";
+  Topology t = flat(8);
+  t.machine_cores = 2;  // 4 ranks per core: each wake-up waits 3 x 10 us
+  CHECK(simulate(m, t, call).seconds == Approx(3 * (50e-6 + 3 * 10e-6)).epsilon(1e-12));
+  t.machine_cores = 8;
+  CHECK(simulate(m, t, call).seconds == Approx(3 * 50e-6).epsilon(1e-12));
 }
 
 TEST_CASE("ranks that outnumber their host's cores stretch every CPU step", "[sim]") {
@@ -214,12 +253,17 @@ TEST_CASE("rates, links and model files", "[sim]") {
   CHECK(ten.efficiency == Approx(1448.0 / 1538.0));
   CHECK(source.find("10gbit") != std::string::npos);
   CHECK(parse_link("netem:1gbit", nullptr).efficiency == Approx(1448.0 / 1514.0));
+  CHECK(parse_link("netem:1gbit", nullptr).burst == 250000);  // tools/netem.cc: 2 ms of traffic...
+  CHECK(parse_link("netem:10mbit", nullptr).burst == 16384);  // ...at least 16 KiB
   CHECK(parse_link("40gbit", nullptr).rate == 5e9);
 
   Model m = default_model();
-  m.inter = LinkClass{1.25e8, 3e-5, 0.95};
+  m.inter = LinkClass{1.25e8, 3e-5, 0.95, 32768};
+  m.wire = 3.5e-10;
+  m.wakeup = 4.5e-5;
   m.reduce = 7.5e-10;
-  m.codecs["q4:bucket=256,round=nearest,ef=off,seed=0"] = CodecCost{1e-9, 2e-9, 3e-9};
+  m.codecs["q4:bucket=256,round=nearest,ef=off,seed=0"] = {{"encode", 1e-9}, {"decode", 2e-9}, {"decode_add", 3e-9}};
+  m.codecs["sign"]["merge"] = 4e-9;
   char path[] = "/tmp/qccl_sim_model_XXXXXX";
   const int fd = mkstemp(path);
   REQUIRE(fd >= 0);
@@ -229,12 +273,19 @@ TEST_CASE("rates, links and model files", "[sim]") {
   CHECK(back.inter.rate == m.inter.rate);
   CHECK(back.inter.latency == m.inter.latency);
   CHECK(back.inter.efficiency == m.inter.efficiency);
+  CHECK(back.inter.burst == m.inter.burst);
+  CHECK(back.wire == m.wire);
+  CHECK(back.wakeup == m.wakeup);
   CHECK(back.reduce == m.reduce);
   CHECK(back.codecs.size() == m.codecs.size());
-  const CodecCost* q4 = back.codec_cost("q4:bucket=256,round=nearest,ef=off,seed=0");
+  const double* q4 = back.step_cost("q4:bucket=256,round=nearest,ef=off,seed=0", "decode_add");
   REQUIRE(q4);
-  CHECK(q4->decode_add == 3e-9);
-  CHECK(back.codec_cost("q4:bucket=512,round=nearest,ef=off,seed=0") == back.codec_cost("q4"));  // by name
+  CHECK(*q4 == 3e-9);
+  // by name, when the canonical spec has no entry
+  CHECK(back.step_cost("q4:bucket=512,round=nearest,ef=off,seed=0", "encode") == back.step_cost("q4", "encode"));
+  REQUIRE(back.step_cost("sign:eta_s=0.5", "merge"));
+  CHECK(*back.step_cost("sign:eta_s=0.5", "merge") == 4e-9);
+  CHECK(back.step_cost("sign:eta_s=0.5", "no_such_step") == nullptr);
   CHECK(back.sources == m.sources);
 
   std::FILE* f = std::fopen(path, "w");
@@ -253,14 +304,28 @@ TEST_CASE("calibration measures every cost it is asked for", "[sim]") {
   CalibrateOptions options;
   options.values = 1 << 16;
   options.repeats = 1;
-  options.codecs = {"q8", "fp16:seed=3"};
+  options.codecs = {"q8", "fp16:seed=3", "sign:eta_s=0.01", "int8", "fft"};
   calibrate(&m, options, nullptr);
   for (double cost : {m.copy, m.reduce, m.load, m.store, m.add, m.divide}) CHECK(cost > 0);
-  REQUIRE(m.codec_cost("q8"));
-  CHECK(m.codec_cost("q8")->encode > 0);
-  CHECK(m.codec_cost("q8")->decode_add > 0);
+  for (const char* step : {"encode", "decode", "decode_add"}) {
+    REQUIRE(m.step_cost("q8", step));
+    CHECK(*m.step_cost("q8", step) > 0);
+  }
   // a spec with keys is stored under its canonical text
   CHECK(m.codecs.count(kernels::parse_codec_spec("fp16:seed=3").canonical()) == 1);
+  // the methods' kernels, timed in their plans: every Compute step of these codecs' all-reduce has a cost
+  for (const auto& [codec, kernels] : {std::pair<const char*, std::vector<const char*>>{"sign", {"pack", "merge", "decode_signs"}},
+                                      {"int8", {"int_encode", "int_add", "int_decode"}},
+                                      {"fft", {"fft_encode", "add_spectrum", "synthesize"}}})
+    for (const char* kernel : kernels) {
+      INFO(codec << " " << kernel);
+      REQUIRE(m.step_cost(codec, kernel));
+      CHECK(*m.step_cost(codec, kernel) > 0);
+    }
+  // ... so that a calibrated model simulates them
+  CallSpec call = all_reduce(size_t{1} << 16, "sign:eta_s=0.01");
+  call.op = kernels::RedOp::kAvg;
+  CHECK(simulate(m, flat(4), call).seconds > 0);
 }
 
 }  // namespace
