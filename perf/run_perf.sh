@@ -16,7 +16,7 @@ set -euo pipefail
 usage() {
   cat <<'EOF'
 usage: perf/run_perf.sh [--quick] [--build DIR] [--out FILE] [--update DOC] [--repeats R]
-                        [--qccl-z N] [--no-netem] [--raw DIR]
+                        [--qccl-z N] [--no-netem] [--raw DIR] [--plots DIR]
   --quick       fewer sizes, one repeat, small -n: a smoke test of the whole pipeline (minutes)
   --build DIR   the qccl build directory (default: build)
   --out FILE    write the generated Markdown to FILE (default: stdout)
@@ -27,12 +27,15 @@ usage: perf/run_perf.sh [--quick] [--build DIR] [--out FILE] [--update DOC] [--r
                 gloo::allreduce are timed; 0 issues them non-blocking, then waits)
   --no-netem    skip the emulated-network part (it needs root and network namespaces)
   --raw DIR     keep every run's raw nccl-tests table in DIR (default: deleted at exit)
+  --plots DIR   draw the sweeps into DIR (perf/plot_perf.py: busbw against size per library, the
+                emulated network's time beside its floor) and show them in the Markdown, linked
+                relative to the document (--update, --out) or to DIR
 EOF
 }
 
 # ---- Options --------------------------------------------------------------------------------------
 readonly ORIG_ARGS="$*"
-BUILD=build OUT="" UPDATE="" QUICK=0 REPEATS="" QCCL_Z=2 NETEM=1 RAW=""
+BUILD=build OUT="" UPDATE="" QUICK=0 REPEATS="" QCCL_Z=2 NETEM=1 RAW="" PLOTS=""
 while (($#)); do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -43,6 +46,7 @@ while (($#)); do
     --qccl-z) QCCL_Z=${2:?--qccl-z needs 0..3}; shift ;;
     --no-netem) NETEM=0 ;;
     --raw) RAW=${2:?--raw needs a directory}; shift ;;
+    --plots) PLOTS=${2:?--plots needs a directory}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run_perf.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -266,6 +270,22 @@ fi
 ELAPSED=$(($(date +%s) - START))
 log "measured in ${ELAPSED}s"
 
+PLOTTED=""
+if [[ -n $PLOTS ]]; then
+  mkdir -p "$PLOTS"
+  PLOTTED=$(python3 "$REPO/perf/plot_perf.py" "$RESULTS" "$PLOTS" "$NETEM_RANKS" "$NETEM_BYTES_PER_S") \
+    || die "perf/plot_perf.py failed (it needs python3-matplotlib)"
+fi
+# A Markdown picture of file NAME drawn into --plots, linked relative to the document; nothing when
+# it was not drawn.
+picture() {
+  local file=$PLOTS/$1 doc
+  grep -qxF "$file" <<<"$PLOTTED" || return 0
+  doc=${UPDATE:-${OUT:-$file}}
+  echo
+  echo "![$2]($(realpath -m --relative-to="$(dirname "$doc")" "$file"))"
+}
+
 # ---- The report -----------------------------------------------------------------------------------------
 # Versions and machine, for the record.
 pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo unknown; }
@@ -377,6 +397,7 @@ generate() {
     echo "### $n ranks"
     echo
     grep -v '^TARGET' <<<"$report"
+    picture "perf_shm_n$n.png" "busbw against size, $n ranks: qccl, Open MPI, Gloo"
     targets+=$(grep '^TARGET' <<<"$report" || true)$'\n'
   done
   echo
@@ -394,6 +415,7 @@ generate() {
     echo
     report=$(netem_report)
     grep -v '^TARGET' <<<"$report"
+    picture perf_netem.png "qccl's time against size over the emulated network, beside the wire floor"
     targets+=$(grep '^TARGET' <<<"$report" || true)$'\n'
   else
     echo "Not run (--no-netem)."

@@ -58,6 +58,7 @@ OPTIONS
     -n, --ranks N           ranks (default 8); a comma list (64,256,1024) sweeps the rank count at
                             each size
         --hosts H           hosts holding equal blocks of ranks (default: one host per rank)
+        --ranks-per-host R  hosts of R ranks each (with a rank list: as many hosts as that makes)
         --cores C           cores per host (default: one per rank, no contention)
         --machine-cores C   all hosts share one machine of C cores (qcclrun --netem's emulation)
     -l, --link L            the link between hosts: 100mbit, 1gbit, 10gbit, 25gbit, 100gbit
@@ -108,6 +109,7 @@ EXAMPLES
 struct Options {
   std::vector<int> ranks{8};
   Topology topology;
+  int ranks_per_host = 0;
   std::string link, intra, model_file;
   double latency = -1;
   CallSpec call;
@@ -352,10 +354,10 @@ int run_calibrate(int argc, char** argv) {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  enum { kHosts = 256, kCores, kMachineCores, kIntra, kLatency, kChunk, kDepth, kDensity, kExecute, kCsv, kPlot, kBreakEven };
+  enum { kHosts = 256, kCores, kMachineCores, kIntra, kLatency, kChunk, kDepth, kDensity, kExecute, kCsv, kPlot, kBreakEven, kRanksPerHost };
   static const option kLong[] = {
       {"ranks", required_argument, nullptr, 'n'},     {"hosts", required_argument, nullptr, kHosts},
-      {"cores", required_argument, nullptr, kCores},  {"machine-cores", required_argument, nullptr, kMachineCores},
+      {"cores", required_argument, nullptr, kCores},  {"ranks-per-host", required_argument, nullptr, kRanksPerHost},  {"machine-cores", required_argument, nullptr, kMachineCores},
       {"link", required_argument, nullptr, 'l'},      {"intra", required_argument, nullptr, kIntra},
       {"latency", required_argument, nullptr, kLatency}, {"model", required_argument, nullptr, 'm'},
       {"collective", required_argument, nullptr, 'c'}, {"minbytes", required_argument, nullptr, 'b'},
@@ -380,6 +382,7 @@ Options parse_options(int argc, char** argv) {
         break;
       }
       case kHosts: o.topology.hosts = parse_number<int>("--hosts", optarg, 1, 1 << 20); break;
+      case kRanksPerHost: o.ranks_per_host = parse_number<int>("--ranks-per-host", optarg, 1, 1 << 20); break;
       case kCores: o.topology.cores_per_host = parse_number<int>("--cores", optarg, 1, 1 << 20); break;
       case kMachineCores: o.topology.machine_cores = parse_number<int>("--machine-cores", optarg, 1, 1 << 20); break;
       case 'l': o.link = optarg; break;
@@ -407,6 +410,11 @@ Options parse_options(int argc, char** argv) {
     }
   }
   if (optind < argc) usage_error(std::string("unexpected argument '") + argv[optind] + "'");
+  if (o.ranks_per_host && o.topology.hosts) usage_error("give --hosts or --ranks-per-host, not both");
+  for (int n : o.ranks)
+    if (o.ranks_per_host && n % o.ranks_per_host)
+      usage_error("--ranks-per-host " + std::to_string(o.ranks_per_host) + " does not divide " + std::to_string(n) +
+                  " ranks");
   if (o.max_bytes == 0) o.max_bytes = o.min_bytes;
   if (o.max_bytes < o.min_bytes) usage_error("--maxbytes is smaller than --minbytes");
   if (o.call.chunk_bytes == 0) usage_error("--chunk 0: a chunk holds at least one byte");
@@ -457,6 +465,7 @@ int main(int argc, char** argv) {
     for (int n : o.ranks) {
       Topology topology = o.topology;
       topology.nranks = n;
+      if (o.ranks_per_host) topology.hosts = n / o.ranks_per_host;
       for (const std::string& codec : o.codecs) {
         CallSpec call = o.call;
         call.codec = codec;
