@@ -60,7 +60,8 @@ trap 'rm -rf "$TMP"' EXIT
 measure_model() {
   if [[ -n $MODEL ]]; then cp "$MODEL" "$TMP/model.txt"; return; fi
   if [[ -n $MEASURED ]]; then : > "$TMP/model.txt"; return; fi  # the built-in model
-  "$SIM" calibrate -o "$TMP/model.txt" 2>/dev/null  # cpu.wire = 0 in it, measured below
+  "$SIM" calibrate -o "$TMP/model.txt" 2>/dev/null
+  echo "cpu.wire = 0   # measured below" >> "$TMP/model.txt"  # (the file's last value of a key wins)
   local times="" t rep
   for ((rep = 0; rep < 3; ++rep)); do
     t=$("$QCCLRUN" -n 2 --nodes 2 -- "$PERF" -b 64M -e 64M -n 3 -w 1 -z 3 -a 3 -c 0 2>&1 |

@@ -71,14 +71,12 @@ double parse_rate(const std::string& text) {
 
 std::string describe_rate(double r) {
   char buf[64];
-  if (r <= 0) return "unlimited";
   const double bits = r * 8;
-  if (bits < 1e12 && std::fabs(bits / 1e9 - std::round(bits / 1e9)) < 1e-9 && bits >= 1e9)
-    std::snprintf(buf, sizeof buf, "%g Gbit/s", bits / 1e9);
-  else if (bits < 1e9 && bits >= 1e6)
-    std::snprintf(buf, sizeof buf, "%g Mbit/s", bits / 1e6);
-  else
-    std::snprintf(buf, sizeof buf, "%g GB/s", r / 1e9);
+  if (r <= 0) return "unlimited";
+  if (bits >= 1e12) std::snprintf(buf, sizeof buf, "%.3g GB/s", r / 1e9);
+  else if (bits >= 1e9) std::snprintf(buf, sizeof buf, "%.3g Gbit/s", bits / 1e9);
+  else if (bits >= 1e6) std::snprintf(buf, sizeof buf, "%.3g Mbit/s", bits / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.3g kbit/s", bits / 1e3);
   return buf;
 }
 

@@ -57,7 +57,9 @@ DESCRIPTION
 OPTIONS
     -n, --ranks N           ranks (default 8); a comma list (64,256,1024) sweeps the rank count at
                             each size
-        --hosts H           hosts holding equal blocks of ranks (default: one host per rank)
+        --nodes H, --hosts H
+                            hosts (nodes, as qcclrun --nodes calls them) holding equal blocks of
+                            ranks (default: one host per rank)
         --ranks-per-host R  hosts of R ranks each (with a rank list: as many hosts as that makes)
         --cores C           cores per host (default: one per rank, no contention)
         --machine-cores C   all hosts share one machine of C cores (qcclrun --netem's emulation)
@@ -88,7 +90,8 @@ OPTIONS
                             executor and kernels) and compare the bytes on every link; sizes up to
                             64 MiB per rank
         --break-even        for each codec, also the link rate between hosts below which it is
-                            faster than the uncompressed call (the same size, ranks and CPU)
+                            faster than the uncompressed call (the same size, ranks and CPU; the
+                            uncompressed call with the algorithm qccl picks)
         --csv FILE          also write the rows as CSV
         --plot FILE.png     draw time against size (or against ranks with a rank list), one line
                             per codec (python3 and matplotlib)
@@ -101,7 +104,7 @@ EXIT STATUS
     bad option.
 
 EXAMPLES
-    qccl_sim -n 1024 --hosts 128 --link 10gbit --intra 300GB/s -b 1G -z none,q8,q4
+    qccl_sim -n 1024 --nodes 128 --link 10gbit --intra 300GB/s -b 1G -z none,q8,q4
     qccl_sim -n 64,128,256,512,1024 -b 1G -z none,q8 --plot scale.png
     qccl_sim calibrate --link 1gbit -o model.txt && qccl_sim -m model.txt -n 4 -b 64M -z q8
 )HELP";
@@ -231,16 +234,19 @@ std::string human_bytes(double b) {
 
 constexpr const char kPlotScript[] = R"PY(
 import csv, sys
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(3)  # try another python3
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 rows = list(csv.DictReader(open(sys.argv[1])))
 by_ranks = len({r["ranks"] for r in rows}) > 1
 x_key = "ranks" if by_ranks else "bytes"
-fig, ax = plt.subplots(figsize=(7, 4.5))
+fig, ax = plt.subplots(figsize=(9, 4.5))
 groups = {}
 for r in rows:
-    label = r["codec"] or "uncompressed"
+    label = (r["codec"] or "uncompressed") + " (" + r["algorithm"] + ")"
     if by_ranks and len({q["bytes"] for q in rows}) > 1:
         label += " " + r["size"]
     groups.setdefault(label, []).append((float(r[x_key]), float(r["time_us"]) / 1e6))
@@ -253,7 +259,7 @@ ax.set_xlabel("ranks" if by_ranks else "message size (bytes)")
 ax.set_ylabel("predicted time (s)")
 ax.set_title(sys.argv[3])
 ax.grid(True, which="both", alpha=0.3)
-ax.legend()
+ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=110)
 )PY";
@@ -264,14 +270,17 @@ int draw(const std::string& csv, const std::string& png, const std::string& titl
   if (fd < 0) return std::fprintf(stderr, "qccl_sim: --plot: cannot create a temporary file: %s\n", strerror(errno)), 1;
   const bool written = write(fd, kPlotScript, sizeof kPlotScript - 1) == static_cast<ssize_t>(sizeof kPlotScript - 1);
   close(fd);
+  // The python3 on PATH first, then the system's (a virtual environment's may lack matplotlib).
   int status = -1;
-  if (written) {
+  for (const char* python : {"python3", "/usr/bin/python3"}) {
+    if (!written) break;
     const pid_t pid = fork();
     if (pid == 0) {
-      execlp("python3", "python3", script, csv.c_str(), png.c_str(), title.c_str(), static_cast<char*>(nullptr));
+      execlp(python, python, script, csv.c_str(), png.c_str(), title.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     if (pid > 0) waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || (WEXITSTATUS(status) != 3 && WEXITSTATUS(status) != 127)) break;
   }
   unlink(script);
   if (!written || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
@@ -288,6 +297,7 @@ int draw(const std::string& csv, const std::string& png, const std::string& titl
 double break_even_rate(Model model, const Topology& topology, const CallSpec& call, const std::string& codec) {
   CallSpec plain = call, packed = call;
   plain.codec = "";
+  plain.algorithm = "";  // the uncompressed call as qccl runs it (--algo names the compressed one's)
   packed.codec = codec;
   auto pays = [&](double rate) {
     model.inter.rate = rate;
@@ -357,6 +367,7 @@ Options parse_options(int argc, char** argv) {
   enum { kHosts = 256, kCores, kMachineCores, kIntra, kLatency, kChunk, kDepth, kDensity, kExecute, kCsv, kPlot, kBreakEven, kRanksPerHost };
   static const option kLong[] = {
       {"ranks", required_argument, nullptr, 'n'},     {"hosts", required_argument, nullptr, kHosts},
+      {"nodes", required_argument, nullptr, kHosts},
       {"cores", required_argument, nullptr, kCores},  {"ranks-per-host", required_argument, nullptr, kRanksPerHost},  {"machine-cores", required_argument, nullptr, kMachineCores},
       {"link", required_argument, nullptr, 'l'},      {"intra", required_argument, nullptr, kIntra},
       {"latency", required_argument, nullptr, kLatency}, {"model", required_argument, nullptr, 'm'},
@@ -410,7 +421,7 @@ Options parse_options(int argc, char** argv) {
     }
   }
   if (optind < argc) usage_error(std::string("unexpected argument '") + argv[optind] + "'");
-  if (o.ranks_per_host && o.topology.hosts) usage_error("give --hosts or --ranks-per-host, not both");
+  if (o.ranks_per_host && o.topology.hosts) usage_error("give --nodes (--hosts) or --ranks-per-host, not both");
   for (int n : o.ranks)
     if (o.ranks_per_host && n % o.ranks_per_host)
       usage_error("--ranks-per-host " + std::to_string(o.ranks_per_host) + " does not divide " + std::to_string(n) +

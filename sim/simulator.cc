@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <queue>
@@ -34,9 +35,9 @@ std::string Topology::check() const {
   if (nranks < 1) return "the rank count must be at least 1, not " + std::to_string(nranks);
   if (nranks > (1 << 20)) return std::to_string(nranks) + " ranks: the simulator takes at most 2^20";
   if (hosts < 0 || hosts > nranks)
-    return "--hosts " + std::to_string(hosts) + ": between 1 and the rank count (" + std::to_string(nranks) + ")";
+    return std::to_string(hosts) + " hosts: between 1 and the rank count (" + std::to_string(nranks) + ")";
   if (nranks % host_count())
-    return "--hosts " + std::to_string(hosts) + " does not divide " + std::to_string(nranks) +
+    return std::to_string(hosts) + " hosts do not divide " + std::to_string(nranks) +
            " ranks (hosts hold equal blocks of ranks)";
   if (cores_per_host < 0 || machine_cores < 0) return "core counts must be positive";
   return "";
@@ -191,19 +192,22 @@ class Binding {
   std::vector<coll::CollArgs> args_;
 };
 
-// A step as the simulator runs it: a transfer to post or wait for, CPU time, or a length an encode
-// stores for a later send (variable-length codecs).
+// A step as the simulator runs it, in 16 bytes (the step lists of every fragment in flight are the
+// simulation's working set): a transfer to post or wait for, CPU time, or the length an encode
+// stores for a later send (variable-length codecs). The two kinds that need an address and a byte
+// count take two entries, the second a kData.
 struct Op {
-  enum Kind : uint8_t { kRecv, kSend, kWait, kCpu, kLength };
+  enum Kind : uint8_t { kRecv, kSend, kSendLength, kWait, kCpu, kLength, kData };
   Kind kind;
   uint16_t slot;
   int32_t peer;
   union {
-    uint64_t bytes;  // kSend (without `length`), kLength
-    double seconds;  // kCpu
+    uint64_t bytes;      // kSend; kData: the byte count of the entry before it
+    double seconds;      // kCpu
+    const void* length;  // kSendLength: where its length is; kLength: where it goes
   };
-  const void* length;  // kSend: where the length is (null: `bytes`); kLength: where it goes
 };
+static_assert(sizeof(Op) == 16, "an Op is two words");
 
 struct Transfer {
   int src = -1, dst = -1;
@@ -256,12 +260,13 @@ class Engine {
   double cpu_cost(const coll::Step& step);
   // Seconds per unit of a codec's step (a static name: "encode", or a kernel's name()).
   double step_cost(const kernels::CodecConfig* codec, const char* step);
-  int post(int r, Slot& s, const Op& op);  // the transfer's index
+  int post(int r, Slot& s);  // posts the transfer at s.pc; its index
   void match(int id);
   void release(int id);
   int new_transfer();
+  // Unique for ranks below 2^21 (Topology::check allows 2^20) and fragments below 2^21 (run()).
   uint64_t key(int src, int dst, size_t fragment) const {
-    return (static_cast<uint64_t>(src) << 43) ^ (static_cast<uint64_t>(dst) << 22) ^ fragment;
+    return (static_cast<uint64_t>(src) << 42) | (static_cast<uint64_t>(dst) << 21) | fragment;
   }
 
   const Model& model_;
@@ -281,32 +286,45 @@ class Engine {
   };
   std::unordered_map<uint64_t, Pending> pending_;
   // Ports: per host its NIC (out and in), per rank its intra-host port (out and in).
+  // A message holds both its ports for its serialization; one that waits for a busy port does not
+  // keep the other from serving later messages meanwhile: a port's busy intervals ahead of now are
+  // kept, and a message takes the earliest gap both its ports have (as packets of concurrent flows
+  // would share them, at message granularity).
   struct Port {
-    double free = 0;    // when its last message has left
+    std::deque<std::pair<double, double>> ahead;  // busy [begin, end) not yet over, by begin
+    double free = 0;    // the end of its last interval
     double tokens = 0;  // its token bucket's payload bytes at `free`
     double busy = 0;    // seconds it was serializing
+    void reserve(double begin, double end);
   };
+  // The earliest time at or after `ready` when both ports are free for `seconds`.
+  double earliest_gap(Port& out, Port& in, double ready, double seconds);
   std::vector<Port> nic_out_, nic_in_, port_out_, port_in_;
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>> events_;
   double now_ = 0;
   int running_ = -1;
   int finished_ = 0;
-  std::map<std::pair<const kernels::CodecConfig*, const char*>, double> step_costs_;
+  struct StepCost {
+    const kernels::CodecConfig* codec;
+    const char* step;
+    double seconds;
+  };
+  std::vector<StepCost> step_costs_;  // looked up per step: a few entries, searched in order
   coll::Program program_;  // built into, then compacted
   SimResult result_;
 };
 
 double Engine::step_cost(const kernels::CodecConfig* codec, const char* step) {
   if (!codec) throw std::logic_error("a codec step without a codec");
-  auto it = step_costs_.find({codec, step});
-  if (it != step_costs_.end()) return it->second;
+  for (const StepCost& c : step_costs_)
+    if (c.codec == codec && c.step == step) return c.seconds;
   const std::string spec = codec->canonical();
   const double* cost = model_.step_cost(spec, step);
   if (!cost)
     throw std::invalid_argument("the model has no CPU cost for step '" + std::string(step) + "' of codec '" + spec +
                                 "': measure it with `qccl_sim calibrate --codec " + spec +
                                 "` and pass the file with --model");
-  step_costs_.emplace(std::make_pair(codec, step), *cost);
+  step_costs_.push_back({codec, step, *cost});
   return *cost;
 }
 
@@ -351,7 +369,16 @@ void Engine::compact(const coll::Program& program, std::vector<Op>* ops) {
     if (const auto* r = std::get_if<st::Recv>(&step)) {
       op.kind = Op::kRecv, op.slot = r->slot, op.peer = r->peer;
     } else if (const auto* s = std::get_if<st::Send>(&step)) {
-      op.kind = Op::kSend, op.slot = s->slot, op.peer = s->peer, op.bytes = s->bytes, op.length = s->length;
+      op.slot = s->slot, op.peer = s->peer;
+      if (!s->length) {
+        op.kind = Op::kSend, op.bytes = s->bytes;
+      } else {  // the length an encode stores, else (a method's kernel writes it) `density` of the capacity
+        op.kind = Op::kSendLength, op.length = s->length;
+        ops->push_back(op);
+        op = Op{};
+        op.kind = Op::kData;
+        op.bytes = static_cast<uint64_t>(std::llround(call_.density * static_cast<double>(s->bytes)));
+      }
     } else if (const auto* w = std::get_if<st::Wait>(&step)) {
       op.kind = Op::kWait, op.slot = w->slot;
     } else {
@@ -364,13 +391,15 @@ void Engine::compact(const coll::Program& program, std::vector<Op>* ops) {
       }
       if (const auto* e = std::get_if<st::Encode>(&step); e && e->length) {
         const size_t capacity = e->codec->encoded_bytes(e->count);
-        Op length{};
+        Op length{}, data{};
         length.kind = Op::kLength;
         length.length = e->length;
-        length.bytes = e->codec->variable_length()
-                           ? static_cast<uint64_t>(std::llround(call_.density * static_cast<double>(capacity)))
-                           : capacity;
+        data.kind = Op::kData;
+        data.bytes = e->codec->variable_length()
+                         ? static_cast<uint64_t>(std::llround(call_.density * static_cast<double>(capacity)))
+                         : capacity;
         ops->push_back(length);
+        ops->push_back(data);
       }
       continue;
     }
@@ -404,9 +433,10 @@ void Engine::release(int id) {
   if (--transfers_[static_cast<size_t>(id)].owners == 0) free_transfers_.push_back(id);
 }
 
-int Engine::post(int r, Slot& s, const Op& op) {
+int Engine::post(int r, Slot& s) {
   Rank& k = ranks_[static_cast<size_t>(r)];
-  const bool send = op.kind == Op::kSend;
+  const Op& op = s.ops[s.pc];
+  const bool send = op.kind != Op::kRecv;
   const int src = send ? r : op.peer, dst = send ? op.peer : r;
   if (op.peer < 0 || op.peer >= topology_.nranks)
     throw std::invalid_argument(std::string("algorithm ") + algorithm_->name + " exchanges data with peer " +
@@ -429,10 +459,9 @@ int Engine::post(int r, Slot& s, const Op& op) {
   if (send) {
     t.sent = true, t.send_posted = k.clock;
     t.bytes = op.bytes;
-    if (op.length) {  // a length an encode stored, else (a method's kernel wrote it) `density` of the capacity
+    if (op.kind == Op::kSendLength) {
       auto it = k.lengths.find(op.length);
-      t.bytes = it != k.lengths.end() ? it->second
-                                      : static_cast<uint64_t>(std::llround(call_.density * static_cast<double>(op.bytes)));
+      t.bytes = it != k.lengths.end() ? it->second : s.ops[s.pc + 1].bytes;
     }
   } else {
     t.received = true, t.recv_posted = k.clock;
@@ -447,25 +476,55 @@ int Engine::post(int r, Slot& s, const Op& op) {
   return id;
 }
 
+void Engine::Port::reserve(double begin, double end) {
+  const auto at = std::upper_bound(ahead.begin(), ahead.end(), begin,
+                                   [](double b, const std::pair<double, double>& i) { return b < i.first; });
+  ahead.insert(at, {begin, end});
+  free = std::max(free, end);
+}
+
+// A port's intervals do not overlap (each was placed in a gap), so their ends are sorted as their
+// begins: the first interval that could overlap [t, t + seconds) is found by binary search.
+double Engine::earliest_gap(Port& out, Port& in, double ready, double seconds) {
+  for (Port* p : {&out, &in})  // what ended before now can hold no later message
+    while (!p->ahead.empty() && p->ahead.front().second <= now_) p->ahead.pop_front();
+  double t = ready;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (Port* p : {&out, &in}) {
+      auto i = std::upper_bound(p->ahead.begin(), p->ahead.end(), t,
+                                [](double v, const std::pair<double, double>& x) { return v < x.second; });
+      for (; i != p->ahead.end() && i->first < t + seconds; ++i) t = i->second, moved = true;
+    }
+  }
+  return t;
+}
+
 void Engine::match(int id) {
   Transfer& t = transfers_[static_cast<size_t>(id)];
   const bool across = topology_.host_of(t.src) != topology_.host_of(t.dst);
   const LinkClass& link = across ? model_.inter : model_.intra;
   Port& out = across ? nic_out_[static_cast<size_t>(topology_.host_of(t.src))] : port_out_[static_cast<size_t>(t.src)];
   Port& in = across ? nic_in_[static_cast<size_t>(topology_.host_of(t.dst))] : port_in_[static_cast<size_t>(t.dst)];
-  const double start = std::max({t.send_posted, t.recv_posted, out.free, in.free});
+  const double ready = std::max(t.send_posted, t.recv_posted);
   const double bytes = static_cast<double>(t.bytes), rate = link.payload_rate();
-  double busy = 0;
+  double start = ready, busy = 0;
   if (rate > 0) {
-    // Each port's bucket, refilled since it was last used, passes what its tokens cover at once.
-    const double depth = link.burst * link.efficiency;
-    const double out_tokens = std::min(depth, out.tokens + (start - out.free) * rate);
-    const double in_tokens = std::min(depth, in.tokens + (start - in.free) * rate);
-    busy = std::max(0.0, bytes - std::min(out_tokens, in_tokens)) / rate;
-    out.tokens = std::min(depth, out_tokens - bytes + busy * rate);
-    in.tokens = std::min(depth, in_tokens - bytes + busy * rate);
+    busy = bytes / rate;
+    start = earliest_gap(out, in, ready, busy);
+    if (start >= std::max(out.free, in.free)) {
+      // After everything the ports hold: each one's bucket, refilled since, passes what its tokens
+      // cover at once. (A message in a gap between others takes no tokens.)
+      const double depth = link.burst * link.efficiency;
+      const double out_tokens = std::min(depth, out.tokens + (start - out.free) * rate);
+      const double in_tokens = std::min(depth, in.tokens + (start - in.free) * rate);
+      busy = std::max(0.0, bytes - std::min(out_tokens, in_tokens)) / rate;
+      out.tokens = std::min(depth, out_tokens - bytes + busy * rate);
+      in.tokens = std::min(depth, in_tokens - bytes + busy * rate);
+    }
+    out.reserve(start, start + busy);
+    in.reserve(start, start + busy);
   }
-  out.free = in.free = start + busy;
   out.busy += busy;
   in.busy += busy;
   t.send_done = start + busy;
@@ -531,14 +590,15 @@ double Engine::advance(int r, Rank& k) {
           continue;
         }
         const Op& op = s.ops[s.pc];
-        if (op.kind == Op::kRecv || op.kind == Op::kSend) {
+        if (op.kind == Op::kRecv || op.kind == Op::kSend || op.kind == Op::kSendLength) {
           // Ports serve messages in the order they were posted, so a rank whose CPU work took it
           // ahead of the others in virtual time lets them act first.
           if (k.clock > now_) return k.clock;
-          const int id = post(r, s, op);
+          const int id = post(r, s);
           const Transfer& t = transfers_[static_cast<size_t>(id)];
           double cpu = model_.post;
-          if (op.kind == Op::kSend && topology_.host_of(t.src) != topology_.host_of(t.dst))
+          if (op.kind == Op::kSendLength) ++s.pc;  // its kData
+          if (op.kind != Op::kRecv && topology_.host_of(t.src) != topology_.host_of(t.dst))
             cpu += model_.wire * static_cast<double>(t.bytes);  // written into the socket
           k.clock += cpu * factor_;
           k.cpu_seconds += cpu * factor_;
@@ -562,8 +622,10 @@ double Engine::advance(int r, Rank& k) {
         } else if (op.kind == Op::kCpu) {
           k.clock += op.seconds * factor_;
           k.cpu_seconds += op.seconds * factor_;
+        } else if (op.kind == Op::kLength) {
+          k.lengths[op.length] = s.ops[++s.pc].bytes;
         } else {
-          k.lengths[op.length] = op.bytes;
+          throw std::logic_error("a data entry run as a step");
         }
         ++s.pc;
         moved = true;
@@ -592,6 +654,9 @@ SimResult Engine::run() {
   for (int r = 0; r < n; ++r) {
     Rank& k = ranks_[static_cast<size_t>(r)];
     k.plan = algorithm_->make(binding_.args(r), options);
+    if (k.plan->fragments() >= (size_t{1} << 21))  // message keys hold 21 bits of fragment
+      throw std::invalid_argument(std::to_string(k.plan->fragments()) +
+                                  " fragments: the simulator takes fewer than 2^21 (a larger --chunk)");
     scratch = std::max(scratch, k.plan->scratch_bytes());
     result_.plan_bytes += k.plan->wire_bytes_sent();
     result_.raw_bytes += k.plan->raw_wire_bytes();
@@ -606,11 +671,15 @@ SimResult Engine::run() {
     for (size_t i = 0; i < k.slots.size(); ++i) k.slots[i].scratch = scratch_space.base() + i * scratch;
   }
   // Buckets start full.
-  nic_out_.assign(static_cast<size_t>(hosts), Port{0, model_.inter.burst * model_.inter.efficiency, 0});
+  Port nic, port;
+  nic.tokens = model_.inter.burst * model_.inter.efficiency;
+  port.tokens = model_.intra.burst * model_.intra.efficiency;
+  nic_out_.assign(static_cast<size_t>(hosts), nic);
   nic_in_ = nic_out_;
-  port_out_.assign(static_cast<size_t>(n), Port{0, model_.intra.burst * model_.intra.efficiency, 0});
+  port_out_.assign(static_cast<size_t>(n), port);
   port_in_ = port_out_;
 
+  pending_.reserve(4 * static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) schedule(r, 0.0);
   while (!events_.empty()) {
     const auto [t, r] = events_.top();
@@ -619,6 +688,10 @@ SimResult Engine::run() {
     if (t != k.scheduled) continue;  // superseded by an earlier wake-up
     k.scheduled = kNever;
     now_ = t;
+    if (!events_.empty()) {  // the next rank's steps are far in memory: start fetching them now
+      for (const Slot& slot : ranks_[static_cast<size_t>(events_.top().second)].slots)
+        if (slot.pc < slot.ops.size()) __builtin_prefetch(&slot.ops[slot.pc]);
+    }
     step(r);
   }
   if (finished_ < n) {

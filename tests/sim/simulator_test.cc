@@ -230,7 +230,7 @@ TEST_CASE("calls the simulator cannot run are refused with the reason", "[sim]")
   CHECK_THROWS_WITH(simulate(m, flat(4), call), Catch::Contains("q3x"));
   Topology t = flat(8);
   t.hosts = 3;
-  CHECK_THROWS_WITH(simulate(m, t, all_reduce(1024)), Catch::Contains("does not divide"));
+  CHECK_THROWS_WITH(simulate(m, t, all_reduce(1024)), Catch::Contains("3 hosts do not divide 8 ranks"));
   Model no_q8 = m;
   no_q8.codecs.erase("q8");
   CHECK_THROWS_WITH(simulate(no_q8, flat(4), all_reduce(size_t{1} << 20, "q8")), Catch::Contains("calibrate"));
