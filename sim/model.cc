@@ -135,7 +135,7 @@ Model default_model() {
   // and wait for a core: 40-55 us per rank per core beyond one.
   m.wakeup = 5e-5;
   // The kernel's TCP path between emulated hosts (veth pairs and a bridge, MTU 1500), per byte at each
-  // end: an unshaped 2-host all-reduce of 64 MiB, less the model's other costs, took 0.27 to 0.59 ns
+  // end: an unshaped 2-host all-reduce of 64 MiB, less the model's other costs, took 0.27 to 0.79 ns
   // per byte sent and received, with the machine's load (perf/validate_sim.sh measures it anew).
   m.wire = 4e-10;
   m.copy = 1.54e-10;
