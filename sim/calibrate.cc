@@ -14,8 +14,9 @@
 
 namespace qccl::sim {
 
-const char* const kDefaultCalibrationCodecs[] = {"none", "fp16", "bf16", "q8", "q4", "q2", "q1", "sign:eta_s=0.001",
-                                                 "int8", "int16", "int32", "fft", "aq8", "aq4", "aq2", nullptr};
+const char* const kDefaultCalibrationCodecs[] = {
+    "none", "fp16",  "bf16",  "q8",  "q4",  "q2",  "q1",  "sign:eta_s=0.001",
+    "int8", "int16", "int32", "fft", "aq8", "aq4", "aq2", nullptr};
 
 namespace {
 
@@ -53,13 +54,17 @@ void calibrate(Model* model, const CalibrateOptions& o, std::ostream* log) {
   using kernels::DataType;
   model->copy = median_seconds(o.repeats, [&] { std::memcpy(out.data(), a.data(), n * 4); }) / (values * 4);
   note("copy", model->copy, "byte");
-  model->reduce = median_seconds(o.repeats, [&] {
-    kernels::reduce(DataType::kFloat32, kernels::RedOp::kSum, a.data(), b.data(), out.data(), n);
-  }) / values;
+  model->reduce =
+      median_seconds(
+          o.repeats,
+          [&] { kernels::reduce(DataType::kFloat32, kernels::RedOp::kSum, a.data(), b.data(), out.data(), n); }) /
+      values;
   note("reduce (float32 sum)", model->reduce, "value");
-  model->load = median_seconds(o.repeats, [&] { kernels::load_float(DataType::kFloat32, a.data(), out.data(), n); }) / values;
+  model->load =
+      median_seconds(o.repeats, [&] { kernels::load_float(DataType::kFloat32, a.data(), out.data(), n); }) / values;
   note("load", model->load, "value");
-  model->store = median_seconds(o.repeats, [&] { kernels::store_float(DataType::kFloat32, a.data(), out.data(), n); }) / values;
+  model->store =
+      median_seconds(o.repeats, [&] { kernels::store_float(DataType::kFloat32, a.data(), out.data(), n); }) / values;
   note("store", model->store, "value");
   model->add = median_seconds(o.repeats, [&] { kernels::add_float(a.data(), out.data(), n); }) / values;
   note("add", model->add, "value");

@@ -50,9 +50,9 @@ const double* Model::step_cost(const std::string& canonical, const std::string& 
 double parse_rate(const std::string& text) {
   const std::string t = lower(trim(text));
   size_t digits = 0;
-  while (digits < t.size() && (std::isdigit(static_cast<unsigned char>(t[digits])) || t[digits] == '.' ||
-                               t[digits] == 'e' || ((t[digits] == '+' || t[digits] == '-') && digits &&
-                                                    t[digits - 1] == 'e')))
+  while (digits < t.size() &&
+         (std::isdigit(static_cast<unsigned char>(t[digits])) || t[digits] == '.' || t[digits] == 'e' ||
+          ((t[digits] == '+' || t[digits] == '-') && digits && t[digits - 1] == 'e')))
     ++digits;
   const std::string number = t.substr(0, digits), unit = t.substr(digits);
   char* end = nullptr;
@@ -60,9 +60,8 @@ double parse_rate(const std::string& text) {
   if (number.empty() || *end || !(v > 0) || !std::isfinite(v))
     throw std::invalid_argument("rate '" + text + "': expected a positive number with a unit (10gbit, 300GB/s)");
   static const std::pair<const char*, double> kUnits[] = {
-      {"", 1},          {"b/s", 1},       {"bps", 1},        {"kb/s", 1e3},     {"mb/s", 1e6},
-      {"gb/s", 1e9},    {"tb/s", 1e12},   {"bit", 1.0 / 8},  {"kbit", 1e3 / 8}, {"mbit", 1e6 / 8},
-      {"gbit", 1e9 / 8}, {"tbit", 1e12 / 8}};
+      {"", 1},        {"b/s", 1},       {"bps", 1},        {"kb/s", 1e3},     {"mb/s", 1e6},     {"gb/s", 1e9},
+      {"tb/s", 1e12}, {"bit", 1.0 / 8}, {"kbit", 1e3 / 8}, {"mbit", 1e6 / 8}, {"gbit", 1e9 / 8}, {"tbit", 1e12 / 8}};
   for (const auto& [name, scale] : kUnits)
     if (unit == name) return v * scale;
   throw std::invalid_argument("rate '" + text + "': unknown unit '" + unit +
@@ -73,10 +72,14 @@ std::string describe_rate(double r) {
   char buf[64];
   const double bits = r * 8;
   if (r <= 0) return "unlimited";
-  if (bits >= 1e12) std::snprintf(buf, sizeof buf, "%.3g GB/s", r / 1e9);
-  else if (bits >= 1e9) std::snprintf(buf, sizeof buf, "%.3g Gbit/s", bits / 1e9);
-  else if (bits >= 1e6) std::snprintf(buf, sizeof buf, "%.3g Mbit/s", bits / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.3g kbit/s", bits / 1e3);
+  if (bits >= 1e12)
+    std::snprintf(buf, sizeof buf, "%.3g GB/s", r / 1e9);
+  else if (bits >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.3g Gbit/s", bits / 1e9);
+  else if (bits >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.3g Mbit/s", bits / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.3g kbit/s", bits / 1e3);
   return buf;
 }
 
@@ -90,7 +93,8 @@ bool link_preset(const std::string& name, LinkClass* out, std::string* source) {
     if (n == preset) {
       *out = LinkClass{rate, 25e-6, kEthernetEfficiency};
       if (source)
-        *source = std::string(preset) + ": Ethernet line rate, TCP payload 1448 of 1538 bytes per frame (MTU 1500), "
+        *source = std::string(preset) +
+                  ": Ethernet line rate, TCP payload 1448 of 1538 bytes per frame (MTU 1500), "
                   "25 us one-way latency (kernel TCP through one switch)";
       return true;
     }
@@ -99,13 +103,15 @@ bool link_preset(const std::string& name, LinkClass* out, std::string* source) {
     // tools/netem.cc, tbf_params_for: a bucket of 2 ms of traffic, at least 16 KiB
     *out = LinkClass{rate, 30e-6, kNetemEfficiency, std::max(16384.0, std::floor(rate / 500))};
     if (source)
-      *source = n + ": qcclrun --netem token bucket at that rate (1448 payload bytes per 1514-byte frame, a "
+      *source = n +
+                ": qcclrun --netem token bucket at that rate (1448 payload bytes per 1514-byte frame, a "
                 "burst of 2 ms of traffic), 30 us one-way through veth pairs and the hub namespace";
     return true;
   }
   if (n == "nvlink") {
     *out = LinkClass{300e9, 2e-6, 1.0};
-    if (source) *source = "nvlink: 300 GB/s per GPU in each direction (NVLink 4, H100 SXM: 18 links x 25 GB/s / 1.5), 2 us";
+    if (source)
+      *source = "nvlink: 300 GB/s per GPU in each direction (NVLink 4, H100 SXM: 18 links x 25 GB/s / 1.5), 2 us";
     return true;
   }
   return false;
@@ -148,17 +154,22 @@ Model default_model() {
   m.codecs["aq4"] = {{"decode", 2.82e-10}, {"decode_add", 2.86e-10}, {"encode", 6.14e-10}};
   m.codecs["aq8"] = {{"decode", 3.34e-10}, {"decode_add", 2.97e-10}, {"encode", 6.24e-10}};
   m.codecs["bf16"] = {{"decode", 4.38e-10}, {"decode_add", 3.71e-10}, {"encode", 5.13e-10}};
-  m.codecs["fft"] = {{"add_spectrum", 1.11e-09}, {"decode", 1.04e-08}, {"decode_add", 1.04e-08}, {"encode", 1.74e-08}, {"fft_encode", 1.9e-08}, {"synthesize", 9.74e-09}};
+  m.codecs["fft"] = {{"add_spectrum", 1.11e-09}, {"decode", 1.04e-08},    {"decode_add", 1.04e-08},
+                     {"encode", 1.74e-08},       {"fft_encode", 1.9e-08}, {"synthesize", 9.74e-09}};
   m.codecs["fp16"] = {{"decode", 3.46e-10}, {"decode_add", 3.11e-10}, {"encode", 3.83e-10}};
-  m.codecs["int16"] = {{"decode", 3.46e-10}, {"decode_add", 5.12e-10}, {"encode", 1.21e-09}, {"int_add", 1.7e-10}, {"int_decode", 7.8e-10}, {"int_encode", 1.21e-09}};
-  m.codecs["int32"] = {{"decode", 5.31e-10}, {"decode_add", 6.04e-10}, {"encode", 1.18e-09}, {"int_add", 3.14e-10}, {"int_decode", 1.54e-09}, {"int_encode", 1.15e-09}};
-  m.codecs["int8"] = {{"decode", 3.61e-10}, {"decode_add", 4.41e-10}, {"encode", 1.23e-09}, {"int_add", 6.49e-11}, {"int_decode", 8.16e-10}, {"int_encode", 1.23e-09}};
+  m.codecs["int16"] = {{"decode", 3.46e-10}, {"decode_add", 5.12e-10}, {"encode", 1.21e-09},
+                       {"int_add", 1.7e-10}, {"int_decode", 7.8e-10},  {"int_encode", 1.21e-09}};
+  m.codecs["int32"] = {{"decode", 5.31e-10},  {"decode_add", 6.04e-10}, {"encode", 1.18e-09},
+                       {"int_add", 3.14e-10}, {"int_decode", 1.54e-09}, {"int_encode", 1.15e-09}};
+  m.codecs["int8"] = {{"decode", 3.61e-10},  {"decode_add", 4.41e-10}, {"encode", 1.23e-09},
+                      {"int_add", 6.49e-11}, {"int_decode", 8.16e-10}, {"int_encode", 1.23e-09}};
   m.codecs["none"] = {{"decode", 4.92e-10}, {"decode_add", 4.48e-10}, {"encode", 5.83e-10}};
   m.codecs["q1"] = {{"decode", 2.07e-10}, {"decode_add", 1.94e-10}, {"encode", 4.66e-10}};
   m.codecs["q2"] = {{"decode", 3.43e-10}, {"decode_add", 3.32e-10}, {"encode", 6.38e-10}};
   m.codecs["q4"] = {{"decode", 3.74e-10}, {"decode_add", 3.89e-10}, {"encode", 6.32e-10}};
   m.codecs["q8"] = {{"decode", 3.93e-10}, {"decode_add", 3.7e-10}, {"encode", 5.61e-10}};
-  m.codecs["sign"] = {{"decode", 2.07e-10}, {"decode_add", 5.04e-09}, {"decode_signs", 4.5e-10}, {"encode", 3.17e-10}, {"merge", 5.22e-09}, {"pack", 9.22e-10}};
+  m.codecs["sign"] = {{"decode", 2.07e-10}, {"decode_add", 5.04e-09}, {"decode_signs", 4.5e-10},
+                      {"encode", 3.17e-10}, {"merge", 5.22e-09},      {"pack", 9.22e-10}};
   m.sources.push_back("cpu: qccl_sim calibrate on the development machine (2-core VM), 2026-11-26");
   return m;
 }
@@ -186,22 +197,28 @@ Model load_model(const std::string& path, const Model& base) {
     }
     try {
       auto link = [&](LinkClass& l, const std::string& field) {
-        if (field == "rate") l.rate = parse_rate(value);
-        else if (field == "latency") l.latency = parse_number(what, value);
-        else if (field == "burst") l.burst = parse_number(what, value);
+        if (field == "rate")
+          l.rate = parse_rate(value);
+        else if (field == "latency")
+          l.latency = parse_number(what, value);
+        else if (field == "burst")
+          l.burst = parse_number(what, value);
         else if (field == "efficiency") {
           l.efficiency = parse_number(what, value);
           if (!(l.efficiency > 0 && l.efficiency <= 1))
             throw std::invalid_argument(what + " = " + value + ": an efficiency is in (0, 1]");
-        } else throw std::invalid_argument(what + ": unknown key (rate, latency, efficiency, burst)");
+        } else
+          throw std::invalid_argument(what + ": unknown key (rate, latency, efficiency, burst)");
       };
       static const std::pair<const char*, double Model::*> kCpu[] = {
-          {"cpu.post", &Model::post}, {"cpu.wakeup", &Model::wakeup}, {"cpu.wire", &Model::wire}, {"cpu.copy", &Model::copy},   {"cpu.reduce", &Model::reduce},
-          {"cpu.load", &Model::load}, {"cpu.store", &Model::store}, {"cpu.add", &Model::add},
-          {"cpu.divide", &Model::divide}};
+          {"cpu.post", &Model::post},   {"cpu.wakeup", &Model::wakeup}, {"cpu.wire", &Model::wire},
+          {"cpu.copy", &Model::copy},   {"cpu.reduce", &Model::reduce}, {"cpu.load", &Model::load},
+          {"cpu.store", &Model::store}, {"cpu.add", &Model::add},       {"cpu.divide", &Model::divide}};
       bool known = false;
-      if (key.rfind("inter.", 0) == 0) link(m.inter, key.substr(6)), known = true;
-      else if (key.rfind("intra.", 0) == 0) link(m.intra, key.substr(6)), known = true;
+      if (key.rfind("inter.", 0) == 0)
+        link(m.inter, key.substr(6)), known = true;
+      else if (key.rfind("intra.", 0) == 0)
+        link(m.intra, key.substr(6)), known = true;
       for (const auto& [name, field] : kCpu)
         if (key == name) m.*field = parse_number(what, value), known = true;
       if (!known && key.rfind("codec.", 0) == 0) {
@@ -234,9 +251,9 @@ std::string format_model(const Model& m) {
   };
   link("inter", m.inter);
   link("intra", m.intra);
-  out << "cpu.post = " << m.post << "\ncpu.wakeup = " << m.wakeup << "\ncpu.wire = " << m.wire << "\ncpu.copy = " << m.copy << "\ncpu.reduce = " << m.reduce
-      << "\ncpu.load = " << m.load << "\ncpu.store = " << m.store << "\ncpu.add = " << m.add
-      << "\ncpu.divide = " << m.divide << "\n";
+  out << "cpu.post = " << m.post << "\ncpu.wakeup = " << m.wakeup << "\ncpu.wire = " << m.wire
+      << "\ncpu.copy = " << m.copy << "\ncpu.reduce = " << m.reduce << "\ncpu.load = " << m.load
+      << "\ncpu.store = " << m.store << "\ncpu.add = " << m.add << "\ncpu.divide = " << m.divide << "\n";
   for (const auto& [name, steps] : m.codecs)
     for (const auto& [step, cost] : steps) out << "codec." << name << "." << step << " = " << cost << "\n";
   return out.str();

@@ -130,35 +130,40 @@ struct Options {
 }
 
 coll::CollKind parse_collective(const std::string& s) {
-  static const std::pair<const char*, coll::CollKind> kNames[] = {
-      {"allreduce", coll::CollKind::kAllReduce}, {"allgather", coll::CollKind::kAllGather},
-      {"reducescatter", coll::CollKind::kReduceScatter}, {"broadcast", coll::CollKind::kBroadcast},
-      {"reduce", coll::CollKind::kReduce}, {"alltoall", coll::CollKind::kAlltoAll},
-      {"gather", coll::CollKind::kGather}, {"scatter", coll::CollKind::kScatter}};
+  static const std::pair<const char*, coll::CollKind> kNames[] = {{"allreduce", coll::CollKind::kAllReduce},
+                                                                  {"allgather", coll::CollKind::kAllGather},
+                                                                  {"reducescatter", coll::CollKind::kReduceScatter},
+                                                                  {"broadcast", coll::CollKind::kBroadcast},
+                                                                  {"reduce", coll::CollKind::kReduce},
+                                                                  {"alltoall", coll::CollKind::kAlltoAll},
+                                                                  {"gather", coll::CollKind::kGather},
+                                                                  {"scatter", coll::CollKind::kScatter}};
   for (const auto& [name, kind] : kNames)
     if (s == name) return kind;
-  usage_error("--collective '" + s + "': one of allreduce, allgather, reducescatter, broadcast, reduce, alltoall, "
+  usage_error("--collective '" + s +
+              "': one of allreduce, allgather, reducescatter, broadcast, reduce, alltoall, "
               "gather, scatter");
 }
 
 kernels::DataType parse_type(const std::string& s) {
   static const std::pair<const char*, kernels::DataType> kNames[] = {
-      {"float", kernels::DataType::kFloat32}, {"half", kernels::DataType::kFloat16},
+      {"float", kernels::DataType::kFloat32},     {"half", kernels::DataType::kFloat16},
       {"bfloat16", kernels::DataType::kBfloat16}, {"double", kernels::DataType::kFloat64},
-      {"int8", kernels::DataType::kInt8}, {"uint8", kernels::DataType::kUint8},
-      {"int32", kernels::DataType::kInt32}, {"uint32", kernels::DataType::kUint32},
-      {"int64", kernels::DataType::kInt64}, {"uint64", kernels::DataType::kUint64}};
+      {"int8", kernels::DataType::kInt8},         {"uint8", kernels::DataType::kUint8},
+      {"int32", kernels::DataType::kInt32},       {"uint32", kernels::DataType::kUint32},
+      {"int64", kernels::DataType::kInt64},       {"uint64", kernels::DataType::kUint64}};
   for (const auto& [name, type] : kNames)
     if (s == name) return type;
-  usage_error("--datatype '" + s + "': one of float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64");
+  usage_error("--datatype '" + s +
+              "': one of float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64");
 }
 
 kernels::RedOp parse_op(const std::string& s) {
   static const std::pair<const char*, kernels::RedOp> kNames[] = {{"sum", kernels::RedOp::kSum},
-                                                                 {"prod", kernels::RedOp::kProd},
-                                                                 {"max", kernels::RedOp::kMax},
-                                                                 {"min", kernels::RedOp::kMin},
-                                                                 {"avg", kernels::RedOp::kAvg}};
+                                                                  {"prod", kernels::RedOp::kProd},
+                                                                  {"max", kernels::RedOp::kMax},
+                                                                  {"min", kernels::RedOp::kMin},
+                                                                  {"avg", kernels::RedOp::kAvg}};
   for (const auto& [name, op] : kNames)
     if (s == name) return op;
   usage_error("--op '" + s + "': one of sum, prod, max, min, avg");
@@ -202,10 +207,13 @@ size_t parse_bytes(const char* option, const std::string& value) {
 
 double bus_factor(coll::CollKind kind, int n) {
   switch (kind) {
-    case coll::CollKind::kAllReduce: return 2.0 * (n - 1) / n;
+    case coll::CollKind::kAllReduce:
+      return 2.0 * (n - 1) / n;
     case coll::CollKind::kBroadcast:
-    case coll::CollKind::kReduce: return 1.0;
-    default: return static_cast<double>(n - 1) / n;
+    case coll::CollKind::kReduce:
+      return 1.0;
+    default:
+      return static_cast<double>(n - 1) / n;
   }
 }
 
@@ -218,8 +226,10 @@ size_t count_for(coll::CollKind kind, size_t bytes, size_t element_size, int n) 
     case coll::CollKind::kReduceScatter:
     case coll::CollKind::kAlltoAll:
     case coll::CollKind::kGather:
-    case coll::CollKind::kScatter: return total / static_cast<size_t>(n);
-    default: return total;
+    case coll::CollKind::kScatter:
+      return total / static_cast<size_t>(n);
+    default:
+      return total;
   }
 }
 
@@ -284,7 +294,8 @@ int draw(const std::string& csv, const std::string& png, const std::string& titl
   }
   unlink(script);
   if (!written || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "qccl_sim: --plot %s: python3 with matplotlib failed (Debian: python3-matplotlib)\n", png.c_str());
+    std::fprintf(stderr, "qccl_sim: --plot %s: python3 with matplotlib failed (Debian: python3-matplotlib)\n",
+                 png.c_str());
     return 1;
   }
   return 0;
@@ -316,22 +327,36 @@ double break_even_rate(Model model, const Topology& topology, const CallSpec& ca
 int run_calibrate(int argc, char** argv) {
   std::string out, link, intra;
   CalibrateOptions options;
-  static const option kLong[] = {{"output", required_argument, nullptr, 'o'}, {"codec", required_argument, nullptr, 'z'},
-                                 {"values", required_argument, nullptr, 'v'}, {"link", required_argument, nullptr, 'l'},
-                                 {"intra", required_argument, nullptr, 'i'},  {"help", no_argument, nullptr, 'h'},
+  static const option kLong[] = {{"output", required_argument, nullptr, 'o'},
+                                 {"codec", required_argument, nullptr, 'z'},
+                                 {"values", required_argument, nullptr, 'v'},
+                                 {"link", required_argument, nullptr, 'l'},
+                                 {"intra", required_argument, nullptr, 'i'},
+                                 {"help", no_argument, nullptr, 'h'},
                                  {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "o:z:l:h", kLong, nullptr)) != -1) {
     switch (c) {
-      case 'o': out = optarg; break;
+      case 'o':
+        out = optarg;
+        break;
       case 'z':
         for (const std::string& s : split_codecs(optarg)) options.codecs.push_back(s.empty() ? "none" : s);
         break;
-      case 'v': options.values = static_cast<size_t>(parse_number<double>("--values", optarg, 1024, 1 << 28)); break;
-      case 'l': link = optarg; break;
-      case 'i': intra = optarg; break;
-      case 'h': std::fputs(kHelp, stdout); return 0;
-      default: usage_error("calibrate: unknown option");
+      case 'v':
+        options.values = static_cast<size_t>(parse_number<double>("--values", optarg, 1024, 1 << 28));
+        break;
+      case 'l':
+        link = optarg;
+        break;
+      case 'i':
+        intra = optarg;
+        break;
+      case 'h':
+        std::fputs(kHelp, stdout);
+        return 0;
+      default:
+        usage_error("calibrate: unknown option");
     }
   }
   if (optind < argc) usage_error(std::string("calibrate: unexpected argument '") + argv[optind] + "'");
@@ -364,23 +389,49 @@ int run_calibrate(int argc, char** argv) {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  enum { kHosts = 256, kCores, kMachineCores, kIntra, kLatency, kChunk, kDepth, kDensity, kExecute, kCsv, kPlot, kBreakEven, kRanksPerHost };
-  static const option kLong[] = {
-      {"ranks", required_argument, nullptr, 'n'},     {"hosts", required_argument, nullptr, kHosts},
-      {"nodes", required_argument, nullptr, kHosts},
-      {"cores", required_argument, nullptr, kCores},  {"ranks-per-host", required_argument, nullptr, kRanksPerHost},  {"machine-cores", required_argument, nullptr, kMachineCores},
-      {"link", required_argument, nullptr, 'l'},      {"intra", required_argument, nullptr, kIntra},
-      {"latency", required_argument, nullptr, kLatency}, {"model", required_argument, nullptr, 'm'},
-      {"collective", required_argument, nullptr, 'c'}, {"minbytes", required_argument, nullptr, 'b'},
-      {"maxbytes", required_argument, nullptr, 'e'},  {"stepfactor", required_argument, nullptr, 'f'},
-      {"datatype", required_argument, nullptr, 'd'},  {"op", required_argument, nullptr, 'o'},
-      {"root", required_argument, nullptr, 'r'},      {"algo", required_argument, nullptr, 'a'},
-      {"codec", required_argument, nullptr, 'z'},     {"chunk", required_argument, nullptr, kChunk},
-      {"depth", required_argument, nullptr, kDepth},  {"density", required_argument, nullptr, kDensity},
-      {"execute", no_argument, nullptr, kExecute},    {"csv", required_argument, nullptr, kCsv},
-      {"plot", required_argument, nullptr, kPlot},    {"break-even", no_argument, nullptr, kBreakEven},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0}};
+  enum {
+    kHosts = 256,
+    kCores,
+    kMachineCores,
+    kIntra,
+    kLatency,
+    kChunk,
+    kDepth,
+    kDensity,
+    kExecute,
+    kCsv,
+    kPlot,
+    kBreakEven,
+    kRanksPerHost
+  };
+  static const option kLong[] = {{"ranks", required_argument, nullptr, 'n'},
+                                 {"hosts", required_argument, nullptr, kHosts},
+                                 {"nodes", required_argument, nullptr, kHosts},
+                                 {"cores", required_argument, nullptr, kCores},
+                                 {"ranks-per-host", required_argument, nullptr, kRanksPerHost},
+                                 {"machine-cores", required_argument, nullptr, kMachineCores},
+                                 {"link", required_argument, nullptr, 'l'},
+                                 {"intra", required_argument, nullptr, kIntra},
+                                 {"latency", required_argument, nullptr, kLatency},
+                                 {"model", required_argument, nullptr, 'm'},
+                                 {"collective", required_argument, nullptr, 'c'},
+                                 {"minbytes", required_argument, nullptr, 'b'},
+                                 {"maxbytes", required_argument, nullptr, 'e'},
+                                 {"stepfactor", required_argument, nullptr, 'f'},
+                                 {"datatype", required_argument, nullptr, 'd'},
+                                 {"op", required_argument, nullptr, 'o'},
+                                 {"root", required_argument, nullptr, 'r'},
+                                 {"algo", required_argument, nullptr, 'a'},
+                                 {"codec", required_argument, nullptr, 'z'},
+                                 {"chunk", required_argument, nullptr, kChunk},
+                                 {"depth", required_argument, nullptr, kDepth},
+                                 {"density", required_argument, nullptr, kDensity},
+                                 {"execute", no_argument, nullptr, kExecute},
+                                 {"csv", required_argument, nullptr, kCsv},
+                                 {"plot", required_argument, nullptr, kPlot},
+                                 {"break-even", no_argument, nullptr, kBreakEven},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "n:l:m:c:b:e:f:d:o:r:a:z:h", kLong, nullptr)) != -1) {
     switch (c) {
@@ -392,32 +443,83 @@ Options parse_options(int argc, char** argv) {
         if (o.ranks.empty()) usage_error("--ranks: give a count or a comma list");
         break;
       }
-      case kHosts: o.topology.hosts = parse_number<int>("--hosts", optarg, 1, 1 << 20); break;
-      case kRanksPerHost: o.ranks_per_host = parse_number<int>("--ranks-per-host", optarg, 1, 1 << 20); break;
-      case kCores: o.topology.cores_per_host = parse_number<int>("--cores", optarg, 1, 1 << 20); break;
-      case kMachineCores: o.topology.machine_cores = parse_number<int>("--machine-cores", optarg, 1, 1 << 20); break;
-      case 'l': o.link = optarg; break;
-      case kIntra: o.intra = optarg; break;
-      case kLatency: o.latency = parse_number<double>("--latency", optarg, 0, 100); break;
-      case 'm': o.model_file = optarg; break;
-      case 'c': o.call.kind = parse_collective(optarg); break;
-      case 'b': o.min_bytes = parse_bytes("--minbytes", optarg); break;
-      case 'e': o.max_bytes = parse_bytes("--maxbytes", optarg); break;
-      case 'f': o.step_factor = parse_number<double>("--stepfactor", optarg, 1.0001, 1024); break;
-      case 'd': o.call.dtype = parse_type(optarg); break;
-      case 'o': o.call.op = parse_op(optarg); break;
-      case 'r': o.call.root = parse_number<int>("--root", optarg, 0, 1 << 20); break;
-      case 'a': o.call.algorithm = optarg; break;
-      case 'z': o.codecs = split_codecs(optarg); break;
-      case kChunk: o.call.chunk_bytes = parse_bytes("--chunk", optarg); break;
-      case kDepth: o.call.depth = parse_number<int>("--depth", optarg, 1, 64); break;
-      case kDensity: o.call.density = parse_number<double>("--density", optarg, 0, 1); break;
-      case kExecute: o.execute = true; break;
-      case kCsv: o.csv = optarg; break;
-      case kPlot: o.plot = optarg; break;
-      case kBreakEven: o.break_even = true; break;
-      case 'h': std::fputs(kHelp, stdout); std::exit(0);
-      default: usage_error("unknown option");
+      case kHosts:
+        o.topology.hosts = parse_number<int>("--hosts", optarg, 1, 1 << 20);
+        break;
+      case kRanksPerHost:
+        o.ranks_per_host = parse_number<int>("--ranks-per-host", optarg, 1, 1 << 20);
+        break;
+      case kCores:
+        o.topology.cores_per_host = parse_number<int>("--cores", optarg, 1, 1 << 20);
+        break;
+      case kMachineCores:
+        o.topology.machine_cores = parse_number<int>("--machine-cores", optarg, 1, 1 << 20);
+        break;
+      case 'l':
+        o.link = optarg;
+        break;
+      case kIntra:
+        o.intra = optarg;
+        break;
+      case kLatency:
+        o.latency = parse_number<double>("--latency", optarg, 0, 100);
+        break;
+      case 'm':
+        o.model_file = optarg;
+        break;
+      case 'c':
+        o.call.kind = parse_collective(optarg);
+        break;
+      case 'b':
+        o.min_bytes = parse_bytes("--minbytes", optarg);
+        break;
+      case 'e':
+        o.max_bytes = parse_bytes("--maxbytes", optarg);
+        break;
+      case 'f':
+        o.step_factor = parse_number<double>("--stepfactor", optarg, 1.0001, 1024);
+        break;
+      case 'd':
+        o.call.dtype = parse_type(optarg);
+        break;
+      case 'o':
+        o.call.op = parse_op(optarg);
+        break;
+      case 'r':
+        o.call.root = parse_number<int>("--root", optarg, 0, 1 << 20);
+        break;
+      case 'a':
+        o.call.algorithm = optarg;
+        break;
+      case 'z':
+        o.codecs = split_codecs(optarg);
+        break;
+      case kChunk:
+        o.call.chunk_bytes = parse_bytes("--chunk", optarg);
+        break;
+      case kDepth:
+        o.call.depth = parse_number<int>("--depth", optarg, 1, 64);
+        break;
+      case kDensity:
+        o.call.density = parse_number<double>("--density", optarg, 0, 1);
+        break;
+      case kExecute:
+        o.execute = true;
+        break;
+      case kCsv:
+        o.csv = optarg;
+        break;
+      case kPlot:
+        o.plot = optarg;
+        break;
+      case kBreakEven:
+        o.break_even = true;
+        break;
+      case 'h':
+        std::fputs(kHelp, stdout);
+        std::exit(0);
+      default:
+        usage_error("unknown option");
     }
   }
   if (optind < argc) usage_error(std::string("unexpected argument '") + argv[optind] + "'");
@@ -458,8 +560,11 @@ int main(int argc, char** argv) {
   const size_t es = kernels::element_size(o.call.dtype);
   std::printf("# qccl_sim: %s, %s %s, inter %s (latency %g us), intra %s, oversubscription from %s\n",
               coll::coll_name(o.call.kind), kernels::data_type_name(o.call.dtype), kernels::red_op_name(o.call.op),
-              describe_rate(model.inter.rate).c_str(), model.inter.latency * 1e6, describe_rate(model.intra.rate).c_str(),
-              o.topology.machine_cores ? "one shared machine" : o.topology.cores_per_host ? "cores per host" : "none");
+              describe_rate(model.inter.rate).c_str(), model.inter.latency * 1e6,
+              describe_rate(model.intra.rate).c_str(),
+              o.topology.machine_cores    ? "one shared machine"
+              : o.topology.cores_per_host ? "cores per host"
+                                          : "none");
   std::printf("# %6s %6s %12s %12s %6s %-18s %-24s %12s %9s %9s %10s %10s %-8s\n", "ranks", "hosts", "size", "count",
               "type", "codec", "algorithm", "time(us)", "algbw", "busbw", "inter", "intra", "bound");
   std::ofstream csv;
@@ -487,9 +592,9 @@ int main(int argc, char** argv) {
           const double algbw = r.seconds > 0 ? static_cast<double>(size) / r.seconds / 1e9 : 0;
           const std::string codec_name = codec.empty() ? "-" : codec;
           std::printf("  %6d %6d %12zu %12zu %6s %-18s %-24s %12.1f %9.3f %9.3f %10s %10s %-8s\n", n,
-                      topology.host_count(), size, call.count, kernels::data_type_name(call.dtype),
-                      codec_name.c_str(), r.algorithm.c_str(), r.seconds * 1e6, algbw,
-                      algbw * bus_factor(call.kind, n), human_bytes(static_cast<double>(r.inter_bytes)).c_str(),
+                      topology.host_count(), size, call.count, kernels::data_type_name(call.dtype), codec_name.c_str(),
+                      r.algorithm.c_str(), r.seconds * 1e6, algbw, algbw * bus_factor(call.kind, n),
+                      human_bytes(static_cast<double>(r.inter_bytes)).c_str(),
                       human_bytes(static_cast<double>(r.intra_bytes)).c_str(), r.bottleneck.c_str());
           if (csv)
             csv << n << "," << topology.host_count() << "," << size << "," << human_bytes(static_cast<double>(size))
@@ -535,7 +640,8 @@ int main(int argc, char** argv) {
             if (rate == 0)
               std::printf("  # break-even: %s is slower than uncompressed at any rate from 1 Mbit/s\n", codec.c_str());
             else if (std::isinf(rate))
-              std::printf("  # break-even: %s is faster than uncompressed at any rate up to 100 Tbit/s\n", codec.c_str());
+              std::printf("  # break-even: %s is faster than uncompressed at any rate up to 100 Tbit/s\n",
+                          codec.c_str());
             else
               std::printf("  # break-even: %s is faster than uncompressed below %s between hosts\n", codec.c_str(),
                           describe_rate(rate).c_str());

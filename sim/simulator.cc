@@ -221,8 +221,12 @@ struct Transfer {
 class Engine {
  public:
   Engine(const Model& model, const Topology& topology, const CallSpec& call, bool link_bytes)
-      : model_(model), topology_(topology), call_(call), keep_link_bytes_(link_bytes),
-        binding_(topology, call, /*shared_state=*/true), factor_(topology.oversubscription()),
+      : model_(model),
+        topology_(topology),
+        call_(call),
+        keep_link_bytes_(link_bytes),
+        binding_(topology, call, /*shared_state=*/true),
+        factor_(topology.oversubscription()),
         wakeup_(model.wakeup * (factor_ - 1)) {}
 
   SimResult run();
@@ -292,9 +296,9 @@ class Engine {
   // would share them, at message granularity).
   struct Port {
     std::deque<std::pair<double, double>> ahead;  // busy [begin, end) not yet over, by begin
-    double free = 0;    // the end of its last interval
-    double tokens = 0;  // its token bucket's payload bytes at `free`
-    double busy = 0;    // seconds it was serializing
+    double free = 0;                              // the end of its last interval
+    double tokens = 0;                            // its token bucket's payload bytes at `free`
+    double busy = 0;                              // seconds it was serializing
     void reserve(double begin, double end);
   };
   // The earliest time at or after `ready` when both ports are free for `seconds`.
@@ -310,7 +314,7 @@ class Engine {
     double seconds;
   };
   std::vector<StepCost> step_costs_;  // looked up per step: a few entries, searched in order
-  coll::Program program_;  // built into, then compacted
+  coll::Program program_;             // built into, then compacted
   SimResult result_;
 };
 
@@ -336,15 +340,22 @@ double Engine::cpu_cost(const coll::Step& step) {
       [&](const auto& s) -> double {
         using S = std::decay_t<decltype(s)>;
         const Model& m = model_;
-        if constexpr (std::is_same_v<S, st::Reduce>) return m.reduce * size_ratio * static_cast<double>(s.count);
-        else if constexpr (std::is_same_v<S, st::Copy>) return m.copy * static_cast<double>(s.bytes);
+        if constexpr (std::is_same_v<S, st::Reduce>)
+          return m.reduce * size_ratio * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::Copy>)
+          return m.copy * static_cast<double>(s.bytes);
         else if constexpr (std::is_same_v<S, st::Average>)
           return args.op == kernels::RedOp::kAvg ? m.divide * static_cast<double>(s.count) : 0.0;
-        else if constexpr (std::is_same_v<S, st::Load>) return (m.load + (s.add ? m.add : 0)) * static_cast<double>(s.count);
-        else if constexpr (std::is_same_v<S, st::Store>) return m.store * static_cast<double>(s.count);
-        else if constexpr (std::is_same_v<S, st::AddFloat>) return m.add * static_cast<double>(s.count);
-        else if constexpr (std::is_same_v<S, st::Divide>) return m.divide * static_cast<double>(s.count);
-        else if constexpr (std::is_same_v<S, st::Encode>) return step_cost(s.codec, "encode") * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::Load>)
+          return (m.load + (s.add ? m.add : 0)) * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::Store>)
+          return m.store * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::AddFloat>)
+          return m.add * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::Divide>)
+          return m.divide * static_cast<double>(s.count);
+        else if constexpr (std::is_same_v<S, st::Encode>)
+          return step_cost(s.codec, "encode") * static_cast<double>(s.count);
         else if constexpr (std::is_same_v<S, st::DecodeAdd>)
           return step_cost(s.codec, "decode_add") * static_cast<double>(s.count);
         else if constexpr (std::is_same_v<S, st::DecodeOut>)
@@ -573,8 +584,10 @@ double Engine::advance(int r, Rank& k) {
             if (id < 0) continue;
             const Transfer& t = transfers_[static_cast<size_t>(id)];
             const double done = t.src == r ? t.send_done : t.recv_done;
-            if (done < 0) known = false;
-            else last = std::max(last, done);
+            if (done < 0)
+              known = false;
+            else
+              last = std::max(last, done);
           }
           if (!known) break;
           if (last > k.clock) {
@@ -700,7 +713,8 @@ SimResult Engine::run() {
       if (k.finished) continue;
       throw std::runtime_error(std::string("the plans of ") + algorithm_->name + " deadlock: rank " +
                                std::to_string(r) + " finished " + std::to_string(k.fragments_done) + " of " +
-                               std::to_string(k.plan->fragments()) + " fragments and waits for a transfer no rank posts");
+                               std::to_string(k.plan->fragments()) +
+                               " fragments and waits for a transfer no rank posts");
     }
   }
 
@@ -772,7 +786,8 @@ std::map<std::pair<int, int>, uint64_t> execute(const Topology& topology, const 
     const coll::CollArgs& args = binding.args(r);
     auto plan = algorithm.make(args, options);
     transports.push_back(std::make_unique<SimTransport>(net, r));
-    executors.push_back(std::make_unique<HostExecutor>(*transports.back(), HostExecutorOptions{call.depth, false, profile}, &names));
+    executors.push_back(
+        std::make_unique<HostExecutor>(*transports.back(), HostExecutorOptions{call.depth, false, profile}, &names));
     scratch[static_cast<size_t>(r)].resize(executors.back()->scratch_bytes(*plan));
     OperationIdentity id;
     id.sequence = 1;

@@ -71,16 +71,16 @@ struct CallSpec {
 struct SimResult {
   double seconds = 0;  // from the call's start until the last rank finished
   std::string algorithm;
-  std::string codec;                // canonical, "" when uncompressed
-  uint64_t inter_bytes = 0;         // payload bytes between hosts, summed over ranks
-  uint64_t intra_bytes = 0;         // payload bytes within hosts
-  uint64_t plan_bytes = 0;          // the plans' wire_bytes_sent(), summed (equal to the two above
-                                    // for fixed-size codecs)
-  uint64_t raw_bytes = 0;           // what the same call sends uncompressed
-  double busiest_nic = 0;           // seconds the busiest inter-host port was busy
-  double busiest_intra = 0;         // ... intra-host port
-  double busiest_cpu = 0;           // CPU seconds of the busiest rank
-  std::string bottleneck;           // "inter", "intra", "cpu" or "latency": what bounded the time
+  std::string codec;         // canonical, "" when uncompressed
+  uint64_t inter_bytes = 0;  // payload bytes between hosts, summed over ranks
+  uint64_t intra_bytes = 0;  // payload bytes within hosts
+  uint64_t plan_bytes = 0;   // the plans' wire_bytes_sent(), summed (equal to the two above
+                             // for fixed-size codecs)
+  uint64_t raw_bytes = 0;    // what the same call sends uncompressed
+  double busiest_nic = 0;    // seconds the busiest inter-host port was busy
+  double busiest_intra = 0;  // ... intra-host port
+  double busiest_cpu = 0;    // CPU seconds of the busiest rank
+  std::string bottleneck;    // "inter", "intra", "cpu" or "latency": what bounded the time
   uint64_t transfers = 0;
   uint64_t steps = 0;
   std::map<std::pair<int, int>, uint64_t> link_bytes;  // (src, dst) -> payload bytes, when asked

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "collectives/plan.h"
-#include "src/executor.h"
 #include "sim/network.h"
+#include "src/executor.h"
 
 namespace qccl::test {
 

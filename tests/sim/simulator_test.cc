@@ -160,15 +160,21 @@ TEST_CASE("the simulation puts on every link the bytes the host executor moves",
     kernels::RedOp op;
   };
   const Case cases[] = {
-      {CollKind::kAllReduce, "", kernels::RedOp::kSum},       {CollKind::kAllReduce, "q4", kernels::RedOp::kSum},
-      {CollKind::kAllReduce, "fp16", kernels::RedOp::kAvg},   {CollKind::kAllReduce, "q8:ef=on", kernels::RedOp::kSum},
+      {CollKind::kAllReduce, "", kernels::RedOp::kSum},
+      {CollKind::kAllReduce, "q4", kernels::RedOp::kSum},
+      {CollKind::kAllReduce, "fp16", kernels::RedOp::kAvg},
+      {CollKind::kAllReduce, "q8:ef=on", kernels::RedOp::kSum},
       {CollKind::kAllReduce, "sign:eta_s=0.01", kernels::RedOp::kAvg},
       {CollKind::kAllReduce, "int8", kernels::RedOp::kSum},  // adaptive alpha, past its exact first round
       {CollKind::kAllReduce, "fft:theta=0.5,segment=256", kernels::RedOp::kSum},
-      {CollKind::kAllGather, "", kernels::RedOp::kSum},       {CollKind::kAllGather, "q8", kernels::RedOp::kSum},
-      {CollKind::kReduceScatter, "", kernels::RedOp::kSum},   {CollKind::kReduceScatter, "q4", kernels::RedOp::kSum},
-      {CollKind::kBroadcast, "", kernels::RedOp::kSum},       {CollKind::kReduce, "", kernels::RedOp::kMax},
-      {CollKind::kAlltoAll, "", kernels::RedOp::kSum},        {CollKind::kGather, "", kernels::RedOp::kSum},
+      {CollKind::kAllGather, "", kernels::RedOp::kSum},
+      {CollKind::kAllGather, "q8", kernels::RedOp::kSum},
+      {CollKind::kReduceScatter, "", kernels::RedOp::kSum},
+      {CollKind::kReduceScatter, "q4", kernels::RedOp::kSum},
+      {CollKind::kBroadcast, "", kernels::RedOp::kSum},
+      {CollKind::kReduce, "", kernels::RedOp::kMax},
+      {CollKind::kAlltoAll, "", kernels::RedOp::kSum},
+      {CollKind::kGather, "", kernels::RedOp::kSum},
       {CollKind::kScatter, "", kernels::RedOp::kSum},
   };
   for (const Case& c : cases) {
@@ -314,9 +320,10 @@ TEST_CASE("calibration measures every cost it is asked for", "[sim]") {
   // a spec with keys is stored under its canonical text
   CHECK(m.codecs.count(kernels::parse_codec_spec("fp16:seed=3").canonical()) == 1);
   // the methods' kernels, timed in their plans: every Compute step of these codecs' all-reduce has a cost
-  for (const auto& [codec, kernels] : {std::pair<const char*, std::vector<const char*>>{"sign", {"pack", "merge", "decode_signs"}},
-                                      {"int8", {"int_encode", "int_add", "int_decode"}},
-                                      {"fft", {"fft_encode", "add_spectrum", "synthesize"}}})
+  for (const auto& [codec, kernels] :
+       {std::pair<const char*, std::vector<const char*>>{"sign", {"pack", "merge", "decode_signs"}},
+        {"int8", {"int_encode", "int_add", "int_decode"}},
+        {"fft", {"fft_encode", "add_spectrum", "synthesize"}}})
     for (const char* kernel : kernels) {
       INFO(codec << " " << kernel);
       REQUIRE(m.step_cost(codec, kernel));
