@@ -6,7 +6,8 @@ usage: plot_perf.py RESULTS.tsv OUTDIR NETEM_RANKS NETEM_BYTES_PER_S
 RESULTS.tsv holds run_perf.sh's rows (phase, impl, nranks, repeat, size, busbw in GB/s, time in us,
 wrong). Writes, medians over repeats:
   OUTDIR/perf_shm_nN.png  busbw against size for qccl, Open MPI and Gloo, N ranks over shared memory
-  OUTDIR/perf_netem.png   qccl's time against size over the emulated network, beside the wire floor
+  OUTDIR/perf_netem.png   qccl's time against size over the emulated network, uncompressed and per
+                          codec (impl qccl:CODEC), beside the uncompressed wire floor
 Prints the files it wrote, one per line. Needs matplotlib (Debian: python3-matplotlib).
 """
 import csv
@@ -59,12 +60,15 @@ def main():
         print(name)
     netem = [r for r in rows if r["phase"] == "netem"]
     if netem:
-        times = medians(netem, "time")[("qccl", netem_ranks)]
-        sizes = sorted(times)
-        floor = [2 * (netem_ranks - 1) / netem_ranks * s / netem_rate for s in sizes]
+        times = medians(netem, "time")
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.plot(sizes, [times[s] / 1e6 for s in sizes], marker="o", label="qccl")
-        ax.plot(sizes, floor, linestyle="--", label="wire floor 2(n-1)/n S / rate")
+        sizes = sorted(times.get(("qccl", netem_ranks), {}))
+        for (impl, n), by_size in sorted(times.items()):
+            points = sorted(by_size.items())
+            label = impl.split(":", 1)[1] if ":" in impl else "uncompressed"
+            ax.plot([s for s, _ in points], [t / 1e6 for _, t in points], marker="o", label=label)
+        floor = [2 * (netem_ranks - 1) / netem_ranks * s / netem_rate for s in sizes]
+        ax.plot(sizes, floor, linestyle="--", color="gray", label="wire floor, uncompressed")
         size_axis(ax)
         ax.set_yscale("log")
         ax.set_ylabel("time (s)")

@@ -7,7 +7,7 @@
 #      R times and the median busbw per size is kept. Ratios qccl/peer per size, their geometric mean
 #      and their minimum are compared with the targets.
 #   2. An emulated 1 Gbit/s network (qcclrun --netem 1gbit), 4 ranks: qccl's time per size against the
-#      wire floor 2(n-1)/n * S / (125e6 B/s).
+#      wire floor 2(n-1)/n * S / (125e6 B/s), uncompressed and with the codecs of NETEM_CODECS.
 #
 # It prints the generated Markdown (the part of docs/PERF.md between the run_perf.sh markers) to
 # stdout, or to --out FILE, and with --update DOC replaces that part of DOC. Progress goes to stderr.
@@ -66,9 +66,11 @@ NETEM_BYTES_PER_S=125000000  # 1e9 bit/s nominal
 if ((QUICK)); then
   SHM_SEGMENTS=("64K 1M 4 20" "4M 16M 4 5")
   NETEM_SEGMENTS=("4M 64M 4 2")
+  NETEM_CODECS=(q8)
 else
   SHM_SEGMENTS=("64K 1M 2 200" "2M 16M 2 20" "32M 256M 2 5")
   NETEM_SEGMENTS=("1M 16M 4 10" "64M 256M 4 3")
+  NETEM_CODECS=(fp16 q8 q4)
 fi
 readonly RUN_TIMEOUT=900  # seconds; a hung run fails the script rather than stalling it
 
@@ -159,10 +161,11 @@ command_for() {
   local impl=$1 nranks=$2 b=$3 e=$4 f=$5 n=$6 netem=${7:-}
   local sweep="-b $b -e $e -f $f -n $n -w 1"
   case $impl in
-    qccl)
-      local launcher="$QCCLRUN -n $nranks --no-prefix --timeout $RUN_TIMEOUT"
+    qccl|qccl:*)  # qccl:CODEC compresses with --codec CODEC
+      local launcher="$QCCLRUN -n $nranks --no-prefix --timeout $RUN_TIMEOUT" codec=""
       [[ -n $netem ]] && launcher+=" --netem $netem"
-      echo "$launcher -- $ALL_REDUCE_PERF $sweep -c 0 -d float -o sum -z $QCCL_Z" ;;
+      [[ $impl == qccl:* ]] && codec=" --codec ${impl#qccl:}"
+      echo "$launcher -- $ALL_REDUCE_PERF $sweep -c 0 -d float -o sum -z $QCCL_Z$codec" ;;
     mpi)
       echo "timeout -k 10 $RUN_TIMEOUT mpirun --allow-run-as-root --oversubscribe -np $nranks" \
            "--mca pml ob1 --mca btl self,vader $MPI_PERF $sweep -c 1" ;;
@@ -263,7 +266,9 @@ if ((NETEM)); then
   NETEM_STARTED=1
   for ((rep = 1; rep <= REPEATS; ++rep)); do
     for seg in "${NETEM_SEGMENTS[@]}"; do
-      run_one netem qccl "$NETEM_RANKS" "$rep" "$seg" "$NETEM_RATE"
+      for impl in qccl "${NETEM_CODECS[@]/#/qccl:}"; do
+        run_one netem "$impl" "$NETEM_RANKS" "$rep" "$seg" "$NETEM_RATE"
+      done
     done
   done
 fi
@@ -273,7 +278,10 @@ log "measured in ${ELAPSED}s"
 PLOTTED=""
 if [[ -n $PLOTS ]]; then
   mkdir -p "$PLOTS"
-  PLOTTED=$(python3 "$REPO/perf/plot_perf.py" "$RESULTS" "$PLOTS" "$NETEM_RANKS" "$NETEM_BYTES_PER_S") \
+  # The python3 on PATH, or the system's when that one lacks matplotlib (a virtual environment's).
+  python=python3
+  python3 -c 'import matplotlib' 2>/dev/null || python=/usr/bin/python3
+  PLOTTED=$("$python" "$REPO/perf/plot_perf.py" "$RESULTS" "$PLOTS" "$NETEM_RANKS" "$NETEM_BYTES_PER_S") \
     || die "perf/plot_perf.py failed (it needs python3-matplotlib)"
 fi
 # A Markdown picture of file NAME drawn into --plots, linked relative to the document; nothing when
@@ -335,7 +343,7 @@ netem_report() {
       for (i = 2; i <= k; ++i) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
       return k % 2 ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
     }
-    $1 == "netem" { us[$5] = us[$5] " " $7; bw[$5] = bw[$5] " " $6; if (!($5 in seen)) { seen[$5]; sizes[++ns] = $5 } }
+    $1 == "netem" && $2 == "qccl" { us[$5] = us[$5] " " $7; bw[$5] = bw[$5] " " $6; if (!($5 in seen)) { seen[$5]; sizes[++ns] = $5 } }
     END {
       for (i = 2; i <= ns; ++i) for (j = i; j > 1 && sizes[j - 1] + 0 > sizes[j] + 0; --j) { t = sizes[j]; sizes[j] = sizes[j - 1]; sizes[j - 1] = t }
       print "| size | wire floor (ms) | qccl time (ms) | qccl busbw (GB/s) | measured / floor |"
@@ -346,6 +354,30 @@ netem_report() {
         if (s == 67108864) { r64 = t / floor_ms; have64 = 1 }
       }
       if (have64) printf "TARGET\t%d ranks, 1 Gbit/s: 64 MiB time / wire floor\t<= 1.15\t%.2f\t%s\n", n, r64, (r64 <= 1.15 ? "met" : "**not met**")
+    }' "$RESULTS"
+}
+
+# The emulated network's times per codec: per size, the median time of each and its speed-up over
+# the uncompressed call.
+codec_report() {
+  awk -F'\t' -v codecs="${NETEM_CODECS[*]}" '
+    function median(list,   v, k, i, j, t) {
+      k = split(list, v, " ")
+      for (i = 2; i <= k; ++i) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+      return k % 2 ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
+    }
+    $1 == "netem" { us[$2, $5] = us[$2, $5] " " $7; if (!($5 in seen)) { seen[$5]; sizes[++ns] = $5 } }
+    END {
+      nc = split(codecs, c, " ")
+      for (i = 2; i <= ns; ++i) for (j = i; j > 1 && sizes[j - 1] + 0 > sizes[j] + 0; --j) { t = sizes[j]; sizes[j] = sizes[j - 1]; sizes[j - 1] = t }
+      printf "| size | uncompressed (ms) |"; for (k = 1; k <= nc; ++k) printf " %s (ms) | × |", c[k]; print ""
+      printf "|---:|---:|"; for (k = 1; k <= nc; ++k) printf "---:|---:|"; print ""
+      for (i = 1; i <= ns; ++i) {
+        s = sizes[i]; base = median(us["qccl", s]) / 1e3
+        printf "| %s MiB | %.1f |", s / 1048576, base
+        for (k = 1; k <= nc; ++k) { t = median(us["qccl:" c[k], s]) / 1e3; printf " %.1f | %.2f |", t, (t > 0 ? base / t : 0) }
+        print ""
+      }
     }' "$RESULTS"
 }
 
@@ -415,7 +447,12 @@ generate() {
     echo
     report=$(netem_report)
     grep -v '^TARGET' <<<"$report"
-    picture perf_netem.png "qccl's time against size over the emulated network, beside the wire floor"
+    echo
+    echo "With the codecs (\`--codec ${NETEM_CODECS[*]}\`, one sweep each, the same runs interleaved; × is the"
+    echo "speed-up over the uncompressed call):"
+    echo
+    codec_report
+    picture perf_netem.png "qccl's time against size over the emulated network, per codec, beside the wire floor"
     targets+=$(grep '^TARGET' <<<"$report" || true)$'\n'
   else
     echo "Not run (--no-netem)."
