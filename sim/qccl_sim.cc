@@ -39,9 +39,12 @@ SYNOPSIS
 DESCRIPTION
     Runs qccl's own plans (the algorithms and codecs the library runs, bound to each rank's call as a
     communicator binds them) in virtual time on a modeled cluster: hosts joined by links of one
-    class (a NIC per host, full duplex, shared by its ranks), ranks of a host joined by another, CPU
-    steps charged at measured costs per value and stretched where a host has fewer cores than
-    ranks. No data moves (unless --execute); a 1,024-rank all-reduce of 1 GiB takes seconds.
+    class (a NIC per host, full duplex, shared by its ranks; qcclrun --netem's token buckets), ranks
+    of a host joined by another, CPU steps charged at measured costs per value (per codec and step),
+    the kernel's TCP path charged per byte at each end, all stretched where a host has fewer cores
+    than ranks, whose blocked ranks also wait for a core when they wake. No data moves (unless
+    --execute); a 1,024-rank all-reduce of 1 GiB takes seconds. Not modeled: TCP's losses and
+    congestion control, switch buffers, NUMA. sim/model.h documents every term.
 
     Prints one row per message size and codec, as nccl-tests do: size, count, type, codec, the
     algorithm, the predicted time, algbw and busbw, the payload bytes the call puts on the links
@@ -50,9 +53,11 @@ DESCRIPTION
 
     The simulated call is a steady-state one (a codec state past its first round).
 
-    calibrate measures this machine's CPU costs (copies, reductions, float32 accumulator steps, and
-    encode, decode and decode-accumulate of each codec, median of 5 runs on 4 Mi values) and writes
-    a model file with the links given by --link and --intra. Pass it back with --model.
+    calibrate measures this machine's CPU costs (copies, reductions, float32 accumulator steps,
+    encode, decode and decode-accumulate of each codec, median of 5 runs on 4 Mi values, and each
+    method's step kernels timed inside its all-reduce on an in-process network) and writes a model
+    file with the links given by --link and --intra. Pass it back with --model. The TCP path's cost
+    per byte (cpu.wire) is not measured here: perf/validate_sim.sh measures it on emulated hosts.
 
 OPTIONS
     -n, --ranks N           ranks (default 8); a comma list (64,256,1024) sweeps the rank count at
