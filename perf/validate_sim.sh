@@ -46,7 +46,9 @@ while (($#)); do
   esac
 done
 QCCLRUN=$BUILD/tools/qcclrun PERF=$BUILD/perf/all_reduce_perf SIM=$BUILD/sim/qccl_sim
-for f in "$QCCLRUN" "$PERF" "$SIM"; do
+needed=("$SIM")
+[[ -z $MEASURED ]] && needed+=("$QCCLRUN" "$PERF")
+for f in "${needed[@]}"; do
   [[ -x $f ]] || { echo "validate_sim.sh: $f is missing: build first" >&2; exit 2; }
 done
 [[ -n $MEASURED || $EUID == 0 ]] || { echo "validate_sim.sh: qcclrun --netem needs root" >&2; exit 2; }
