@@ -6,11 +6,15 @@
 // with the executor's rules (pipeline depth: fragments in flight, each running its steps in order
 // until it waits for a transfer; a fragment is done when all its transfers are) but, instead of
 // moving data, it charges time:
-//   - a CPU step costs its Model cost times the values it touches, stretched by the host's
-//     oversubscription (ranks per core, when a host has fewer cores than ranks);
-//   - posting a transfer costs Model::post; a message starts once both ends have posted it and its
-//     sender's outgoing and its receiver's incoming ports are free (the host's NIC across hosts, the
-//     rank's own port within one), holds both for its serialization time and arrives a latency later.
+//   - a CPU step costs its Model cost times the values it touches (per codec and step kernel),
+//     stretched by the host's oversubscription (ranks per core, when a host has fewer cores than
+//     ranks); a rank of such a host that blocked waits for a core when it wakes (Model::wakeup);
+//   - posting a transfer costs Model::post, and a message between hosts Model::wire per byte at
+//     each end (the kernel's TCP path);
+//   - a message starts once both ends have posted it, in the earliest gap its sender's outgoing and
+//     its receiver's incoming ports share (the host's NIC across hosts, the rank's own port within
+//     one), holds both for its serialization time (less what a token bucket passes at once) and
+//     arrives a latency later.
 // Messages take the sizes the plan gives them; a variable-length codec's encodings (fft) take their
 // capacity, or `density` of it. Buffers are never touched: they are addresses in a reservation that
 // cannot be read or written, so a plan that looked at data while building would fault.
@@ -50,7 +54,7 @@ struct Topology {
   int host_of(int rank) const { return rank / ranks_per_host(); }
   // How much slower a CPU step runs than on a core of its own.
   double oversubscription() const;
-  // Empty when valid, else what is wrong ("--hosts 3 does not divide 8 ranks").
+  // Empty when valid, else what is wrong ("3 hosts do not divide 8 ranks").
   std::string check() const;
 };
 
