@@ -36,6 +36,7 @@ double median_seconds(int repeats, const std::function<void()>& fn) {
 // Where a codec's costs go: under its name when the spec is the name alone ("q8"), else under its
 // canonical spec (the sign codec's eta_s changes no cost, so sign is always "sign").
 std::string stored_name(const std::string& spec, const kernels::CodecConfig& codec) {
+  if (codec.kind == kernels::CodecKind::kSign) return "sign";
   return spec.find(':') == std::string::npos ? spec : codec.canonical();
 }
 
@@ -88,7 +89,7 @@ void calibrate(Model* model, const CalibrateOptions& o, std::ostream* log) {
     if (count > n) throw std::invalid_argument("codec '" + spec + "': its blocks are longer than the measured run");
     std::vector<uint8_t> encoded(codec.encoded_bytes(count));
     const kernels::PhiloxKey key{codec.seed, 1, 0, 0};
-    CodecCosts& cost = model->codecs[codec.kind == kernels::CodecKind::kSign ? "sign" : stored_name(spec, codec)];
+    CodecCosts& cost = model->codecs[stored_name(spec, codec)];
     const double c = static_cast<double>(count);
     cost["encode"] =
         median_seconds(o.repeats, [&] { kernels::encode(codec, a.data(), count, encoded.data(), key, 0); }) / c;

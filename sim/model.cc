@@ -1,5 +1,7 @@
 #include "sim/model.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
