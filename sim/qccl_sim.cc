@@ -578,7 +578,8 @@ int main(int argc, char** argv) {
   if (!csv_path.empty()) {
     csv.open(csv_path);
     if (!csv) usage_error("--csv " + csv_path + ": cannot be written");
-    csv << "ranks,hosts,bytes,size,count,type,codec,algorithm,time_us,algbw,busbw,inter_bytes,intra_bytes,bound\n";
+    csv << "ranks,hosts,bytes,size,count,type,codec,algorithm,time_us,algbw,busbw,inter_bytes,intra_bytes,bound,"
+           "messages\n";
   }
   int status = 0;
   for (double bytes = static_cast<double>(o.min_bytes); bytes <= static_cast<double>(o.max_bytes) * 1.000001;
@@ -605,7 +606,7 @@ int main(int argc, char** argv) {
             csv << n << "," << topology.host_count() << "," << size << "," << human_bytes(static_cast<double>(size))
                 << "," << call.count << "," << kernels::data_type_name(call.dtype) << ",\"" << codec << "\","
                 << r.algorithm << "," << r.seconds * 1e6 << "," << algbw << "," << algbw * bus_factor(call.kind, n)
-                << "," << r.inter_bytes << "," << r.intra_bytes << "," << r.bottleneck << "\n";
+                << "," << r.inter_bytes << "," << r.intra_bytes << "," << r.bottleneck << "," << r.transfers << "\n";
           if (o.execute) {
             if (static_cast<double>(size) > 64.0 * (1 << 20)) {
               std::printf("  # --execute skipped: %zu bytes is above its 64 MiB\n", size);
