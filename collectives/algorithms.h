@@ -13,6 +13,7 @@ namespace qccl::coll {
 QCCL_DECLARE_ALGORITHM(local)
 QCCL_DECLARE_ALGORITHM(allreduce_recursive_doubling)
 QCCL_DECLARE_ALGORITHM(allreduce_ring)
+QCCL_DECLARE_ALGORITHM(allreduce_hierarchical_compressed)
 QCCL_DECLARE_ALGORITHM(allreduce_sra_compressed)
 QCCL_DECLARE_ALGORITHM(allreduce_ring_compressed)
 QCCL_DECLARE_ALGORITHM(allreduce_marsit)

@@ -50,6 +50,11 @@ const std::vector<Algorithm>& algorithms() {
        make_allreduce_recursive_doubling},
       {"ring", CollKind::kAllReduce, "pipelined ring reduce-scatter then ring allgather; bandwidth-optimal",
        "2(n-1)/n*S", kAny, allreduce_ring_cannot_run, make_allreduce_ring},
+      {"hierarchical_compressed", CollKind::kAllReduce,
+       "compressed, on several nodes with several ranks: node leaders sum their nodes uncompressed, run "
+       "sra_compressed among themselves (each node sum encoded once) and send their members the result",
+       "member S; leader (L-1)*E(S) + 2(N-1)/N*E(S)", kAny, allreduce_hierarchical_compressed_cannot_run,
+       make_allreduce_hierarchical_compressed},
       {"sra_compressed", CollKind::kAllReduce,
        "compressed: each contribution encoded once and sent to its segment's owner, owners' sums encoded once and "
        "sent to all (pairwise steps)",

@@ -73,10 +73,11 @@ std::vector<int> node_labels() {
 
 double sine(int rank, size_t i) { return std::sin(0.731 * static_cast<double>(i) + 1.37 * rank); }
 
-void run_value_codec(const char* name) {
+// A q4 all-reduce through the forced algorithm `name`: within the bound, the same bits on every rank.
+// Returns its statistics.
+qcclStats_t run_value_codec_call(const char* name, size_t count) {
   World& w = World::get();
   const int n = w.size();
-  const size_t count = 512 * 6 * 10;  // segments of whole 512-value buckets for 2 and 3 ranks
   Codec codec("q4:bucket=512");
   std::vector<float> x(count), y(count);
   for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(sine(w.rank(), i));
@@ -92,6 +93,13 @@ void run_value_codec(const char* name) {
     worst = std::max(worst, std::fabs(y[i] - exact));
   }
   CHECK(worst <= q4_sum_bound(n));
+  return stats;
+}
+
+void run_value_codec(const char* name) {
+  const int n = World::get().size();
+  const size_t count = 512 * 6 * 10;  // segments of whole 512-value buckets for 2 and 3 ranks
+  const qcclStats_t stats = run_value_codec_call(name, count);
   // Both send each rank's segment encoded n-1 times in the reduce-scatter and n-1 times in the
   // allgather: per 512-value bucket, a float minimum and maximum and 512 four-bit codes.
   const uint64_t segment = count / static_cast<size_t>(n);
@@ -142,6 +150,33 @@ TEST_CASE("AllReduce sra_compressed: q4 within its bound, the same bits on every
 TEST_CASE("AllReduce ring_compressed: q4 within its bound, the same bits on every rank",
           "[allreduce=ring_compressed]") {
   run_value_codec("ring_compressed");
+}
+
+TEST_CASE("AllReduce hierarchical_compressed: q4 within its bound, the same bits on every rank, members send "
+          "their input to their leader and nothing across nodes",
+          "[allreduce=hierarchical_compressed]") {
+  World& w = World::get();
+  const size_t count = 512 * 6 * 10;
+  const qcclStats_t stats = run_value_codec_call("hierarchical_compressed", count);
+  // QCCL_NODE_MAP (tests/ranks/CMakeLists.txt) gives the node of every rank; a node's leader is its
+  // lowest rank.
+  const char* map = std::getenv("QCCL_NODE_MAP");
+  REQUIRE(map != nullptr);
+  std::vector<std::string> labels;
+  for (const char* p = map; *p;) {
+    const char* comma = std::strchr(p, ',');
+    labels.emplace_back(p, comma ? comma : p + std::strlen(p));
+    p = comma ? comma + 1 : p + std::strlen(p);
+  }
+  REQUIRE(static_cast<int>(labels.size()) == w.size());
+  const bool leader = std::find(labels.begin(), labels.end(), labels[w.rank()]) - labels.begin() == w.rank();
+  if (!leader) {
+    CHECK(stats.wireBytesSent == count * sizeof(float));
+    CHECK(stats.interNodeBytesSent == 0);
+  } else {
+    CHECK(stats.interNodeBytesSent > 0);
+    CHECK(stats.interNodeBytesSent < count * sizeof(float) / 4);  // 4-bit codes, every other node's share
+  }
 }
 
 TEST_CASE("AllReduce marsit: a full-precision round, then a sign round, the same bits on every rank",
