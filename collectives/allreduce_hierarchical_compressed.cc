@@ -219,7 +219,8 @@ const char* allreduce_hierarchical_compressed_cannot_run(const CollArgs& args) {
   const size_t nodes = static_cast<size_t>(args.nodes->nodes());
   for (int node = 0; node < args.nodes->nodes(); ++node) {
     const size_t members = args.nodes->ranks_of(node).size() - 1;
-    if (2 * members * nodes + 4 > kMaxTransfersPerFragment) return "too many ranks per node for one leader";
+    // the leader's transfer slots: a receive and a send per member and segment, five among leaders
+    if (2 * members * nodes + 5 > kMaxTransfersPerFragment) return "too many ranks per node for one leader";
   }
   return nullptr;
 }
