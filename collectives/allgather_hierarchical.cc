@@ -49,7 +49,10 @@ size_t leader_transfers(const NodeMap& nodes, int node) {
 class AllGatherHierarchical final : public Plan {
  public:
   AllGatherHierarchical(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), nodes_(*args.nodes), node_(nodes_.node_of(args.rank)), leader_(nodes_.leader(node_)),
+      : Plan(args),
+        nodes_(*args.nodes),
+        node_(nodes_.node_of(args.rank)),
+        leader_(nodes_.leader(node_)),
         leaders_(nodes_.leaders(), leader_),
         chunk_(args.codec ? compressed_chunk(args, options.chunk_bytes, args.count)
                           : chunk_elements(options.chunk_bytes, args.element_size(), args.count)),
@@ -72,7 +75,9 @@ class AllGatherHierarchical final : public Plan {
     const size_t bytes = args_.codec ? pieces_.encoded_bytes(f) : pc.count * es;
     const auto total = static_cast<uint32_t>(fragments());
     auto label = [&](int q) { return static_cast<uint32_t>(1 + q) * total + static_cast<uint32_t>(f); };
-    auto out = [&](int q) { return static_cast<char*>(args_.recvbuf) + (static_cast<size_t>(q) * args_.count + pc.offset) * es; };
+    auto out = [&](int q) {
+      return static_cast<char*>(args_.recvbuf) + (static_cast<size_t>(q) * args_.count + pc.offset) * es;
+    };
     // Where block q's bytes live on this rank: its encoding, or its place in recvbuf.
     auto block = [&](int q) -> void* {
       return args_.codec ? static_cast<void*>(layout_.encoded_buffer(args_, scratch, static_cast<size_t>(q))) : out(q);
@@ -86,8 +91,10 @@ class AllGatherHierarchical final : public Plan {
     int slot = 0;
 
     // This rank's block: encoded once, or copied into place (a no-op in place).
-    if (args_.codec) encode_input(args_, p, block(me), staging, pc.offset, pc.count);
-    else p.copy(out(me), static_cast<const char*>(args_.sendbuf) + pc.offset * es, bytes);
+    if (args_.codec)
+      encode_input(args_, p, block(me), staging, pc.offset, pc.count);
+    else
+      p.copy(out(me), static_cast<const char*>(args_.sendbuf) + pc.offset * es, bytes);
 
     const std::vector<int>& mates = nodes_.ranks_of(node_);
     if (me != leader_) {
@@ -152,17 +159,8 @@ class AllGatherHierarchical final : public Plan {
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
-    if (args_.rank != leader_) {
-      send_to->push_back(leader_);
-      recv_from->push_back(leader_);
-      return;
-    }
-    for (int m : nodes_.ranks_of(node_))
-      if (m != leader_) {
-        send_to->push_back(m);
-        recv_from->push_back(m);
-      }
-    if (leaders_.size() > 1) leaders_.links(send_to, recv_from);
+    if (node_links(*args_.nodes, args_.rank, /*other_leaders=*/false, send_to, recv_from) && leaders_.size() > 1)
+      leaders_.links(send_to, recv_from);  // the leaders' ring
   }
 
   uint64_t wire_bytes_sent() const override { return blocks_sent() * block_bytes(); }
@@ -184,7 +182,7 @@ class AllGatherHierarchical final : public Plan {
   const NodeMap& nodes_;
   int node_;
   int leader_;
-  Ring leaders_;              // one rank per node, in node order
+  Ring leaders_;  // one rank per node, in node order
   size_t chunk_;
   CompressedScratch layout_;  // with a codec: staging, decode scratch, one encoding per rank's block
   Pieces pieces_;             // the fragments (cut at segments, with a codec)

@@ -163,20 +163,7 @@ class AllReduceHierarchicalCompressed final : public Plan {
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
-    if (args_.rank != leader_) {
-      send_to->push_back(leader_);
-      recv_from->push_back(leader_);
-      return;
-    }
-    for (size_t m = 1; m < mates_.size(); ++m) {
-      send_to->push_back(mates_[m]);
-      recv_from->push_back(mates_[m]);
-    }
-    leaders_.links(send_to, recv_from);
-    for (int step = 2; step < leaders_.size(); ++step) {  // the pairwise steps beyond the ring's neighbours
-      send_to->push_back(leaders_.at(step));
-      recv_from->push_back(leaders_.at(-step));
-    }
+    node_links(*args_.nodes, args_.rank, /*other_leaders=*/true, send_to, recv_from);
   }
 
   uint64_t wire_bytes_sent() const override {

@@ -27,4 +27,23 @@ std::string NodeMap::describe() const {
   return out;
 }
 
+bool node_links(const NodeMap& nodes, int rank, bool other_leaders, std::vector<int>* send_to,
+                std::vector<int>* recv_from) {
+  auto link = [&](int peer) {
+    send_to->push_back(peer);
+    recv_from->push_back(peer);
+  };
+  const int node = nodes.node_of(rank), leader = nodes.leader(node);
+  if (rank != leader) {
+    link(leader);
+    return false;
+  }
+  for (int mate : nodes.ranks_of(node))
+    if (mate != leader) link(mate);
+  if (other_leaders)
+    for (int other : nodes.leaders())
+      if (other != leader) link(other);
+  return true;
+}
+
 }  // namespace qccl::coll

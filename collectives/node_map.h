@@ -43,4 +43,10 @@ class NodeMap {
   std::vector<int> leaders_;
 };
 
+// A two-level plan's links (Plan::links) inside the node: a member's with its leader, a leader's with
+// its members, and with `other_leaders`, also every other node's leader. Returns whether `rank` leads
+// its node (a leader's links across nodes beyond these are the plan's own).
+bool node_links(const NodeMap& nodes, int rank, bool other_leaders, std::vector<int>* send_to,
+                std::vector<int>* recv_from);
+
 }  // namespace qccl::coll

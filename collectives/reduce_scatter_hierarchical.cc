@@ -126,20 +126,7 @@ class ReduceScatterHierarchical final : public Plan {
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
-    if (args_.rank != leader_) {
-      send_to->push_back(leader_);
-      recv_from->push_back(leader_);
-      return;
-    }
-    for (size_t m = 1; m < mates_.size(); ++m) {
-      send_to->push_back(mates_[m]);
-      recv_from->push_back(mates_[m]);
-    }
-    for (int node = 0; node < nodes_.nodes(); ++node)
-      if (node != node_) {
-        send_to->push_back(nodes_.leader(node));
-        recv_from->push_back(nodes_.leader(node));
-      }
+    node_links(*args_.nodes, args_.rank, /*other_leaders=*/true, send_to, recv_from);
   }
 
   uint64_t wire_bytes_sent() const override {

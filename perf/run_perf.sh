@@ -304,15 +304,19 @@ ompi=$(mpirun --version 2>/dev/null | awk 'NR == 1 { print $NF }')
 ucx=$(ucx_info -v 2>/dev/null | awk '/Version/ { print $NF; exit }')
 env_settings=$(env | grep -E '^(QCCL|UCX|OMPI_MCA)_' | sort | tr '\n' ' ' || true)
 
-# Prints, for one nranks, the per-size table and the summary lines; and a "TARGET" line per target
-# for the final table (read back by the caller). Medians over repeats are taken here.
-shm_report() {
-  awk -F'\t' -v n="$1" '
+# The median of a space-separated list, for the reports' awk programs.
+readonly AWK_MEDIAN='
     function median(list,   v, k, i, j, t) {
       k = split(list, v, " ")
       for (i = 2; i <= k; ++i) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
       return k % 2 ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
-    }
+    }'
+
+# Prints, for one nranks, the per-size table and the summary lines; and a "TARGET" line per target
+# for the final table (read back by the caller). Medians over repeats are taken here.
+shm_report() {
+  awk -F'\t' -v n="$1" '
+    '"$AWK_MEDIAN"'
     function human(b) { return b >= 1048576 ? b / 1048576 " MiB" : b / 1024 " KiB" }
     $1 == "shm" && $3 == n { bw[$2, $5] = bw[$2, $5] " " $6; if (!($5 in seen)) { seen[$5]; sizes[++ns] = $5 } }
     END {
@@ -338,11 +342,7 @@ shm_report() {
 
 netem_report() {
   awk -F'\t' -v n="$NETEM_RANKS" -v rate="$NETEM_BYTES_PER_S" '
-    function median(list,   v, k, i, j, t) {
-      k = split(list, v, " ")
-      for (i = 2; i <= k; ++i) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
-      return k % 2 ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
-    }
+    '"$AWK_MEDIAN"'
     $1 == "netem" && $2 == "qccl" { us[$5] = us[$5] " " $7; bw[$5] = bw[$5] " " $6; if (!($5 in seen)) { seen[$5]; sizes[++ns] = $5 } }
     END {
       for (i = 2; i <= ns; ++i) for (j = i; j > 1 && sizes[j - 1] + 0 > sizes[j] + 0; --j) { t = sizes[j]; sizes[j] = sizes[j - 1]; sizes[j - 1] = t }
@@ -361,11 +361,7 @@ netem_report() {
 # the uncompressed call.
 codec_report() {
   awk -F'\t' -v codecs="${NETEM_CODECS[*]}" '
-    function median(list,   v, k, i, j, t) {
-      k = split(list, v, " ")
-      for (i = 2; i <= k; ++i) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
-      return k % 2 ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
-    }
+    '"$AWK_MEDIAN"'
     $1 == "netem" { us[$2, $5] = us[$2, $5] " " $7; if (!($5 in seen)) { seen[$5]; sizes[++ns] = $5 } }
     END {
       nc = split(codecs, c, " ")

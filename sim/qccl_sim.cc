@@ -279,26 +279,20 @@ fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=110)
 )PY";
 
+// Runs the plot script with `python3 -c` (sys.argv[1:] are the CSV, the picture and the title): the
+// python3 on PATH first, then the system's (a virtual environment's may lack matplotlib: status 3).
 int draw(const std::string& csv, const std::string& png, const std::string& title) {
-  char script[] = "/tmp/qccl_sim_plot_XXXXXX.py";
-  const int fd = mkstemps(script, 3);
-  if (fd < 0) return std::fprintf(stderr, "qccl_sim: --plot: cannot create a temporary file: %s\n", strerror(errno)), 1;
-  const bool written = write(fd, kPlotScript, sizeof kPlotScript - 1) == static_cast<ssize_t>(sizeof kPlotScript - 1);
-  close(fd);
-  // The python3 on PATH first, then the system's (a virtual environment's may lack matplotlib).
   int status = -1;
   for (const char* python : {"python3", "/usr/bin/python3"}) {
-    if (!written) break;
     const pid_t pid = fork();
     if (pid == 0) {
-      execlp(python, python, script, csv.c_str(), png.c_str(), title.c_str(), static_cast<char*>(nullptr));
+      execlp(python, python, "-c", kPlotScript, csv.c_str(), png.c_str(), title.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     if (pid > 0) waitpid(pid, &status, 0);
     if (!WIFEXITED(status) || (WEXITSTATUS(status) != 3 && WEXITSTATUS(status) != 127)) break;
   }
-  unlink(script);
-  if (!written || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::fprintf(stderr, "qccl_sim: --plot %s: python3 with matplotlib failed (Debian: python3-matplotlib)\n",
                  png.c_str());
     return 1;
