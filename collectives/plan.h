@@ -89,6 +89,9 @@ struct CollArgs {
   // Aggregator processes the communicator reached (QCCL_AGGREGATORS): transport peers nranks ..
   // nranks + aggregators - 1, for plans that sum through them.
   int aggregators = 0;
+  // Buffers in device memory: the caller's CUDA stream (a cudaStream_t), which the device executor
+  // joins; plans ignore it.
+  void* stream = nullptr;
 
   size_t element_size() const { return kernels::element_size(dtype); }
   // The largest buffer this rank touches, in bytes (what algorithm thresholds look at).
@@ -245,6 +248,13 @@ struct Compute {
 using Step = std::variant<step::Recv, step::Send, step::Wait, step::Reduce, step::Copy, step::Average, step::Load,
                           step::Store, step::AddFloat, step::Divide, step::Encode, step::DecodeAdd, step::DecodeOut,
                           step::ErrorFeedback, step::Compute>;
+
+// The executor's own numerics (everything but the transfers, Wait and a method's Compute): what a
+// device executor runs as kernels of its own.
+inline bool is_data_step(const Step& s) {
+  return !std::holds_alternative<step::Recv>(s) && !std::holds_alternative<step::Send>(s) &&
+         !std::holds_alternative<step::Wait>(s) && !std::holds_alternative<step::Compute>(s);
+}
 
 // The steps of one fragment, run in order. The builders skip steps with nothing to do (zero counts),
 // so both ends of a transfer agree that an empty fixed-size message is never posted.

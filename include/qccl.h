@@ -6,8 +6,10 @@
  *   - Every function returns a qcclResult_t. On failure qcclGetLastError() gives one line that names
  *     the call, the argument and the value ("qcclAllReduce: datatype = 42 is not a qcclDataType_t").
  *   - Outputs are written only on success.
- *   - Buffers are host memory owned by the caller. A blocking call may reuse them as soon as it
- *     returns; a non-blocking call (qcclI*) owns them until its request completes.
+ *   - Buffers are owned by the caller. A blocking call may reuse them as soon as it returns; a
+ *     non-blocking call (qcclI*) owns them until its request completes. They are host memory, or,
+ *     in a build with CUDA, device memory of the calling thread's current CUDA device (see "Device
+ *     buffers" below): a call's buffers are all on the host or all on the device.
  *   - A communicator is used by one thread at a time, as in NCCL. The exceptions: qcclCommAbort,
  *     which any thread may call at any time, and qcclTest and qcclWait, which one other thread (a
  *     completion thread) may call on a communicator's requests while the owning thread goes on
@@ -227,6 +229,25 @@ QCCL_API qcclResult_t qcclCommGetAsyncError(qcclComm_t comm, qcclResult_t* async
 
 /* Fills *stats (stats->size must be set) for the last collective that completed on comm. */
 QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
+
+/* ---- Device buffers ------------------------------------------------------------------------------
+ * In a build with CUDA (qccl_info prints whether), every collective, point-to-point and compressed
+ * call also takes buffers in CUDA device memory (cudaMalloc, or managed memory) of the calling
+ * thread's current device: qccl asks cudaPointerGetAttributes, and only in a process that has loaded
+ * CUDA, so host-only programs never initialize it. Such a call runs on a stream of qccl's own that
+ * first waits for the work the communicator's stream held when the call was made, and the
+ * communicator's stream then waits for the call's work, so that kernels queued before the call
+ * produce its input and kernels queued after its completion see its output. Like cuBLAS's handle,
+ * a communicator has one stream, set with qcclCommSetStream for the calls made after it (NULL, the
+ * default: CUDA's legacy default stream); a cudaStream_t is passed as void* so that this header
+ * needs no CUDA header. A blocking call returns once its result is in recvbuff; a non-blocking
+ * call's request completes then. The bytes cross the network through pinned host buffers over the
+ * same transport as host buffers; the results have the host path's bits. Not yet on device buffers:
+ * the codecs with a method of their own (sign, int, fft, aq, learned levels) and codec states, which
+ * fail with qcclInvalidUsage; a call whose sendbuff and recvbuff are in different memories fails
+ * with qcclInvalidArgument. In a build without CUDA, device pointers are not recognized. */
+QCCL_API qcclResult_t qcclCommSetStream(qcclComm_t comm, void* stream);
+QCCL_API qcclResult_t qcclCommGetStream(qcclComm_t comm, void** stream);
 
 /* ---- Collectives (blocking) ---------------------------------------------------------------------
  * Semantics, buffer sizes and in-place rules are NCCL's. count is in elements. A zero count is valid

@@ -417,6 +417,13 @@ __global__ void int_decode_kernel(const TWire* __restrict__ in, size_t n, double
   }
 }
 
+// Error feedback's miss, as the host executor computes it: one rounding per operator.
+__global__ void feedback_residual_kernel(const float* __restrict__ acc, float* __restrict__ residual, size_t n,
+                                         float factor) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    residual[i] = factor * (acc[i] - residual[i]);
+}
+
 __global__ void divide_kernel(float* x, size_t n, float divisor) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
     x[i] /= divisor;
@@ -905,19 +912,27 @@ cudaError_t aq_delta_receive_cuda(const CodecConfig& c, const void* in, size_t n
   return e;
 }
 
-cudaError_t store_float_cuda(DataType type, const float* in, void* out, size_t n, cudaStream_t stream) {
+cudaError_t store_float_cuda(DataType type, const float* in, void* out, size_t n, unsigned long long* nonfinite,
+                             cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
   const size_t blocks = flat_blocks(n);
   switch (type) {
     case DataType::kFloat32:
+      if (nonfinite) return launch(encode_cast_kernel<CodecKind::kNone>, blocks, kFlatThreads, stream, in, n, out, nonfinite);
       return in == out ? cudaSuccess : cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);
     case DataType::kFloat16:
-      return launch(encode_cast_kernel<CodecKind::kFp16>, blocks, kFlatThreads, stream, in, n, out, nullptr);
+      return launch(encode_cast_kernel<CodecKind::kFp16>, blocks, kFlatThreads, stream, in, n, out, nonfinite);
     case DataType::kBfloat16:
-      return launch(encode_cast_kernel<CodecKind::kBf16>, blocks, kFlatThreads, stream, in, n, out, nullptr);
+      return launch(encode_cast_kernel<CodecKind::kBf16>, blocks, kFlatThreads, stream, in, n, out, nonfinite);
     default: return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t feedback_residual_cuda(const float* acc, float* residual, size_t n, float factor, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (acc == nullptr || residual == nullptr) return cudaErrorInvalidValue;
+  return launch(feedback_residual_kernel, flat_blocks(n), kFlatThreads, stream, acc, residual, n, factor);
 }
 
 cudaError_t divide_float_cuda(float* x, size_t n, float divisor, cudaStream_t stream) {

@@ -110,11 +110,17 @@ cudaError_t aq_delta_receive_cuda(const CodecConfig& c, const void* in, size_t n
 
 // convert.h's conversions, for DataType kFloat32, kFloat16 and kBfloat16. in == out is allowed for
 // load_float_cuda and store_float_cuda with kFloat32 (nothing to do); other overlaps are not.
+// store_float_cuda counts the non-finite values it writes (convert.h's count_nonfinite of out: NaN
+// and Inf that reached it, and float16's overflow to Inf) into `nonfinite` when it is not null.
 cudaError_t load_float_cuda(DataType type, const void* in, float* out, size_t n, cudaStream_t stream);
 cudaError_t load_add_float_cuda(DataType type, const void* in, float* acc, size_t n, cudaStream_t stream);
-cudaError_t store_float_cuda(DataType type, const float* in, void* out, size_t n, cudaStream_t stream);
+cudaError_t store_float_cuda(DataType type, const float* in, void* out, size_t n, unsigned long long* nonfinite,
+                             cudaStream_t stream);
 cudaError_t divide_float_cuda(float* x, size_t n, float divisor, cudaStream_t stream);
 cudaError_t add_float_cuda(const float* in, float* acc, size_t n, cudaStream_t stream);
+// Error feedback's residual once it holds decode(encoded): residual[i] = factor * (acc[i] - residual[i]),
+// the host executor's ErrorFeedback step bit for bit.
+cudaError_t feedback_residual_cuda(const float* acc, float* residual, size_t n, float factor, cudaStream_t stream);
 
 // reduce.h's reduce() and finish_average() (reduce_cuda.cu, over reduce_ops.h), with reduce.h's
 // numerical promise bit for bit, NaNs included (every floating NaN result is the canonical one, so

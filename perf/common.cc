@@ -17,6 +17,10 @@
 
 #include "options.h"
 
+#ifdef QCCL_PERF_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace qccl_perf {
 namespace {
 
@@ -182,6 +186,72 @@ bool matches(const Pattern& p, uint64_t got, uint64_t want, int ulps) {
   return std::llabs(ordered(got, p.type->size) - ordered(want, p.type->size)) <= ulps;
 }
 
+// ---- Device buffers (--device) ------------------------------------------------------------------------
+
+#ifdef QCCL_PERF_CUDA
+void cuda_check(cudaError_t e, const char* call) {
+  if (e != cudaSuccess) throw Failure(std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+#endif
+
+// The device copy of a host buffer: the collectives run on it, the harness fills and checks the host
+// one and copies between them outside the timed batch.
+class DeviceMirror {
+ public:
+  DeviceMirror() = default;
+  DeviceMirror(const DeviceMirror&) = delete;
+  DeviceMirror& operator=(const DeviceMirror&) = delete;
+  ~DeviceMirror() {
+#ifdef QCCL_PERF_CUDA
+    if (p_) cudaFree(p_);
+#endif
+  }
+  void allocate(size_t bytes) {
+#ifdef QCCL_PERF_CUDA
+    if (cudaMalloc(&p_, std::max<size_t>(bytes, 64)) != cudaSuccess)
+      throw Failure("cannot allocate " + std::to_string(bytes) + " bytes of device memory (lower -e/--maxbytes)");
+    cuda_check(cudaMemset(p_, 0, bytes), "cudaMemset");
+#else
+    (void)bytes;
+    throw Failure("--device: this build has no CUDA");
+#endif
+  }
+  char* get() const { return static_cast<char*>(p_); }
+  void upload(const char* host, size_t bytes) {
+#ifdef QCCL_PERF_CUDA
+    if (bytes) cuda_check(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
+#else
+    (void)host, (void)bytes;
+#endif
+  }
+  void download(char* host, size_t bytes) const {
+#ifdef QCCL_PERF_CUDA
+    if (bytes) cuda_check(cudaMemcpy(host, p_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+#else
+    (void)host, (void)bytes;
+#endif
+  }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// "NVIDIA H100 80GB HBM3" for the preamble, after choosing device rank % count.
+std::string use_device(int rank) {
+#ifdef QCCL_PERF_CUDA
+  int count = 0;
+  cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (count == 0) throw Failure("--device: no CUDA device");
+  cuda_check(cudaSetDevice(rank % count), "cudaSetDevice");
+  cudaDeviceProp props{};
+  cuda_check(cudaGetDeviceProperties(&props, rank % count), "cudaGetDeviceProperties");
+  return props.name;
+#else
+  (void)rank;
+  throw Failure("--device: this build has no CUDA");
+#endif
+}
+
 // ---- Host buffers -----------------------------------------------------------------------------------
 
 struct FreeDeleter {
@@ -328,7 +398,11 @@ class Bench {
   void fill_inputs(const Shape& s, bool in_place, const Pattern& p);
   int64_t count_wrong(const Shape& s, bool in_place, const Pattern& p);
   Shape shape_for(size_t bytes, const TypeInfo& type, int op, int root) const;
-  Call make_call(const Shape& s, bool in_place, int iter) const;
+  // The call of iteration `iter`, on the buffers it runs on, or (host) on the host ones whatever --device.
+  Call make_call(const Shape& s, bool in_place, int iter, bool host = false) const;
+  // --device: the first `bytes` of both host buffers to the device, or of the receive buffer back.
+  void upload(size_t bytes);
+  void download(size_t bytes);
   void run_ops(const Shape& s, bool in_place, int first_iter, int n);
   void barrier();
   double reduce_time(double seconds);
@@ -340,6 +414,8 @@ class Bench {
   qcclComm_t comm_ = nullptr;
   int rank_ = 0, nranks_ = 1;
   HostBuffer send_, recv_;
+  DeviceMirror device_send_, device_recv_;  // --device
+  std::string device_name_;                 // --device
   size_t buffer_bytes_ = 0;
   std::vector<std::pair<std::string, qcclCodec_t>> codecs_;  // --codec
   qcclCodec_t codec_ = nullptr;                               // the sweep's codec, or none
@@ -387,6 +463,21 @@ void Bench::init() {
   buffer_bytes_ = opt_.max_bytes;
   send_ = allocate(buffer_bytes_);
   recv_ = allocate(buffer_bytes_);
+  if (opt_.device) {
+    device_name_ = use_device(rank_);
+    device_send_.allocate(buffer_bytes_);
+    device_recv_.allocate(buffer_bytes_);
+  }
+}
+
+void Bench::upload(size_t bytes) {
+  if (!opt_.device) return;
+  device_send_.upload(send_.get(), bytes);
+  device_recv_.upload(recv_.get(), bytes);
+}
+
+void Bench::download(size_t bytes) {
+  if (opt_.device) device_recv_.download(recv_.get(), bytes);
 }
 
 // nccl-tests' parameter line and one "#  Rank" line per rank (host names and pids by AllGather).
@@ -395,8 +486,10 @@ void Bench::print_preamble() {
     char host[64];
     int32_t pid;
     int32_t unused;
+    char device[64];
   } mine{};
   gethostname(mine.host, sizeof mine.host - 1);
+  std::snprintf(mine.device, sizeof mine.device, "%s", opt_.device ? device_name_.c_str() : "cpu");
   mine.pid = getpid();
   std::vector<RankInfo> all(nranks_);
   check(qcclAllGather(&mine, all.data(), sizeof mine, qcclUint8, comm_), "qcclAllGather");
@@ -415,7 +508,7 @@ void Bench::print_preamble() {
   std::printf("#\n# Using devices\n");
   for (int r = 0; r < nranks_; ++r)
     std::printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [0x%02x] %s\n", r, 0, all[r].pid, all[r].host,
-                0, 0, "cpu");
+                0, 0, all[r].device);
 }
 
 void Bench::run() {
@@ -484,6 +577,7 @@ void Bench::sweep(const TypeInfo& type, int op, int root) {
     for (char* buffer : {send_.get(), recv_.get()})
       for (size_t i = 0; i < buffer_bytes_ / type.size; ++i)
         store(buffer + i * type.size, input_bits(p, rank_, i), type.size);
+    upload(buffer_bytes_);
   }
   barrier();
   for (size_t bytes : {opt_.max_bytes, opt_.min_bytes}) {
@@ -586,13 +680,14 @@ void Bench::run_ops(const Shape& s, bool in_place, int first_iter, int n) {
 
 // nccl-tests' startColl: iteration `iter` works at an offset of iter * size within the -e sized
 // buffers (modulo their capacity), to avoid cache effects and to catch races between operations.
-Call Bench::make_call(const Shape& s, bool in_place, int iter) const {
+Call Bench::make_call(const Shape& s, bool in_place, int iter, bool host) const {
   const size_t es = s.type->size;
   const size_t total = std::max(s.counts.send, s.counts.recv) * es;
   const size_t steps = total ? buffer_bytes_ / total : 1;
   const size_t shift = total * (size_t(iter) % steps);
-  char* recv = recv_.get() + shift;
-  char* send = send_.get() + shift;
+  const bool device = opt_.device && !host;
+  char* recv = (device ? device_recv_.get() : recv_.get()) + shift;
+  char* send = (device ? device_send_.get() : send_.get()) + shift;
   if (in_place) send = recv + s.counts.send_in_place * size_t(rank_) * es;
   if (in_place) recv += s.counts.recv_in_place * size_t(rank_) * es;
   const auto op = static_cast<qcclRedOp_t>(s.op == Pattern::kCopy ? qcclSum : s.op);
@@ -627,8 +722,9 @@ double Bench::relative_error(const Shape& s, bool in_place, uint64_t seed) {
   const Pattern p = pattern(s.type, s.op, seed);
   fill_inputs(s, in_place, p);
   run_ops(s, in_place, 0, 1);
-  const Call call = make_call(s, in_place, 0);
   const size_t es = s.type->size;
+  download(std::max(s.counts.send, s.counts.recv) * es);
+  const Call call = make_call(s, in_place, 0, /*host=*/true);
   const char* out = static_cast<const char*>(call.recvbuff);
   double sums[2] = {0, 0};  // squared error, squared reference
   for (size_t i = 0; i < s.counts.recv; ++i) {
@@ -649,14 +745,16 @@ double Bench::relative_error(const Shape& s, bool in_place, uint64_t seed) {
 void Bench::fill_inputs(const Shape& s, bool in_place, const Pattern& p) {
   const size_t es = s.type->size;
   std::memset(recv_.get(), 0xA5, std::max(s.counts.send, s.counts.recv) * es);
-  char* send = const_cast<char*>(static_cast<const char*>(make_call(s, in_place, 0).sendbuff));
+  char* send = const_cast<char*>(static_cast<const char*>(make_call(s, in_place, 0, /*host=*/true).sendbuff));
   for (size_t i = 0; i < s.counts.send; ++i) store(send + i * es, input_bits(p, rank_, i), es);
+  upload(std::max(s.counts.send, s.counts.recv) * es);
 }
 
 int64_t Bench::count_wrong(const Shape& s, bool in_place, const Pattern& p) {
-  const Call call = make_call(s, in_place, 0);
   if (test_.result_on_root_only && rank_ != s.root) return 0;
   const size_t es = s.type->size;
+  download(std::max(s.counts.send, s.counts.recv) * es);
+  const Call call = make_call(s, in_place, 0, /*host=*/true);
   const char* out = static_cast<const char*>(call.recvbuff);
   int64_t wrong = 0;
   for (size_t i = 0; i < s.counts.recv; ++i) {

@@ -97,7 +97,7 @@ std::vector<std::string> parse_codecs(const char* option, const char* s) {
   return specs;
 }
 
-enum LongOnly { kAlgo = 256, kChunk, kDepth, kLinkRate, kCodec };
+enum LongOnly { kAlgo = 256, kChunk, kDepth, kLinkRate, kCodec, kDevice };
 constexpr option kLongOptions[] = {
     {"minbytes", required_argument, nullptr, 'b'},  {"maxbytes", required_argument, nullptr, 'e'},
     {"stepfactor", required_argument, nullptr, 'f'}, {"stepbytes", required_argument, nullptr, 'i'},
@@ -108,7 +108,8 @@ constexpr option kLongOptions[] = {
     {"average", required_argument, nullptr, 'a'},   {"run_cycles", required_argument, nullptr, 'N'},
     {"algo", required_argument, nullptr, kAlgo},    {"chunk", required_argument, nullptr, kChunk},
     {"depth", required_argument, nullptr, kDepth},  {"link-rate", required_argument, nullptr, kLinkRate},
-    {"codec", required_argument, nullptr, kCodec},  {"help", no_argument, nullptr, 'h'},
+    {"codec", required_argument, nullptr, kCodec},  {"device", no_argument, nullptr, kDevice},
+    {"help", no_argument, nullptr, 'h'},
     {nullptr, 0, nullptr, 0}};
 
 // The option's spelling for messages: "-n/--iters".
@@ -142,6 +143,12 @@ void apply_option(int c, const char* arg, Options* o) {
     case kDepth: o->depth = int(parse_int(n, arg, 1, 1 << 20)); break;
     case kLinkRate: o->link_rate = parse_rate(n, arg); break;
     case kCodec: o->codecs = parse_codecs(n, arg); break;
+    case kDevice:
+#ifndef QCCL_PERF_CUDA
+      throw UsageError(name + ": this build has no CUDA (the toolkit was not found, or QCCL_CUDA=OFF)");
+#endif
+      o->device = true;
+      break;
     default: throw UsageError("internal: unhandled option " + name);
   }
 }
@@ -230,6 +237,11 @@ OPTIONS
                              each half of the table, the wire floor (the time the busbw definition
                              allows: bus bytes / RATE, in us; with --codec, the bytes this rank
                              sent / RATE) and time / floor (default: off)
+        --device             buffers in CUDA device memory (cudaMalloc on device rank % the
+                             device count; qccl's device path, staged through pinned host memory),
+                             inputs copied there and outputs back for the checks, outside the
+                             timed batch; a blocking call returns once its result is on the device
+                             (default: host memory; only in a build with CUDA)
     -h, --help               print this page and exit
 )";
 

@@ -30,6 +30,7 @@ struct Options {
   int chunk = QCCL_CONFIG_UNDEF_INT, depth = QCCL_CONFIG_UNDEF_INT;
   double link_rate = 0;  // --link-rate, bytes/s; > 0 adds the wire-floor columns
   std::vector<std::string> codecs;  // --codec: one sweep per spec
+  bool device = false;               // --device: buffers in CUDA device memory
 };
 
 // A bad command line; its message names the option and the value. Exit status 2.

@@ -174,6 +174,7 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
       record->args.segments = &record->segments;
     }
   }
+  c.place(*record);
   if (group_active()) {
     group_defer(record, request == nullptr);
     if (request) *request = new qcclRequest{record};
@@ -391,6 +392,17 @@ QCCL_API qcclResult_t qcclCommGetAsyncError(qcclComm_t comm, qcclResult_t* async
     std::string message;
     *asyncError = c.health(&message);
     if (*asyncError != qcclSuccess) set_last_error("qcclCommGetAsyncError: " + message);
+  });
+}
+
+QCCL_API qcclResult_t qcclCommSetStream(qcclComm_t comm, void* stream) {
+  return api_call("qcclCommSetStream", [&] { get(comm).set_stream(stream); });
+}
+
+QCCL_API qcclResult_t qcclCommGetStream(qcclComm_t comm, void** stream) {
+  return api_call("qcclCommGetStream", [&] {
+    require_out(stream, "stream");
+    *stream = get(comm).stream();
   });
 }
 

@@ -1,5 +1,6 @@
 #include "src/comm.h"
 
+#include <dlfcn.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -229,10 +230,12 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   identity.header = FrameHeader::for_call(args, identity.sequence, codec_hash(args), codec_step);
   identity.expected = identity.header;
 
-  record->scratch_bytes = executor_->scratch_bytes(*plan);  // taken when it starts to run (take_scratch)
-  QCCL_TRACE("%s via %s: %zu fragments, %llu wire bytes", identity.header.describe().c_str(), algorithm.name,
-             plan->fragments(), static_cast<unsigned long long>(plan->wire_bytes_sent()));
-  record->operation = executor_->launch(algorithm, std::move(plan), identity, nullptr);
+  Executor& executor = record->on_device ? *device_executor_.load() : *executor_;
+  record->scratch_bytes = executor.scratch_bytes(*plan);  // taken when it starts to run (take_scratch)
+  QCCL_TRACE("%s via %s%s: %zu fragments, %llu wire bytes", identity.header.describe().c_str(), algorithm.name,
+             record->on_device ? " on the device" : "", plan->fragments(),
+             static_cast<unsigned long long>(plan->wire_bytes_sent()));
+  record->operation = executor.launch(algorithm, std::move(plan), identity, nullptr);
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
     active_.push_back(record);
@@ -243,6 +246,67 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   // back and then waits drives them itself, with no thread beside it; one that goes away to compute
   // leaves them undriven for kHandOffNs at most.
   if (background && !hand_off_armed_.exchange(true)) arm_hand_off(true);
+}
+
+namespace {
+// Whether the process has loaded the CUDA driver: only then can a buffer be device memory, and only
+// then is it worth asking (a host-only process must not pay CUDA's initialization).
+bool cuda_in_process() {
+  static std::atomic<bool> seen{false};
+  if (seen.load(std::memory_order_relaxed)) return true;
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!driver) return false;
+  dlclose(driver);  // NOLOAD took a reference
+  seen.store(true, std::memory_order_relaxed);
+  return true;
+}
+
+const char* device_codec_refusal(const kernels::CodecConfig& c) {
+  if (c.kind == kernels::CodecKind::kFp16 || c.kind == kernels::CodecKind::kBf16) return nullptr;
+  if (c.kind == kernels::CodecKind::kQuant && c.levels.empty()) return nullptr;
+  return "the device path runs the fp16, bf16 and q1..q8 codecs (without learned levels) so far";
+}
+}  // namespace
+
+Device* Comm::device() {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (device_ || device_tried_ || !cuda_in_process()) return device_.get();
+  device_tried_ = true;
+  std::string why;
+  device_ = make_cuda_device(&why);
+  if (!device_) {
+    QCCL_WARN("CUDA is loaded in this process but qccl cannot use it (%s): every buffer is taken for host memory",
+              why.c_str());
+    return nullptr;
+  }
+  device_executor_owned_ = std::make_unique<DeviceExecutor>(
+      *transport_, device_, HostExecutorOptions{config_.pipeline_depth, false}, &names_);
+  device_executor_.store(device_executor_owned_.get());
+  QCCL_INFO("%s", device_executor_owned_->describe().c_str());
+  return device_.get();
+}
+
+void Comm::place(OpRecord& record) {
+  coll::CollArgs& a = record.args;
+  if (!a.sendbuf && !a.recvbuf) return;
+  Device* d = device();
+  if (!d) return;
+  const bool send_on_device = a.sendbuf && d->is_device_pointer(a.sendbuf);
+  const bool recv_on_device = a.recvbuf && d->is_device_pointer(a.recvbuf);
+  if (!send_on_device && !recv_on_device) return;
+  if (a.sendbuf && a.recvbuf && send_on_device != recv_on_device)
+    fail(qcclInvalidArgument, "sendbuff = %p is %s memory but recvbuff = %p is %s memory: both must be on %s",
+         a.sendbuf, send_on_device ? "device" : "host", a.recvbuf, recv_on_device ? "device" : "host",
+         d->describe().c_str());
+  if (a.codec) {
+    if (const char* why = device_codec_refusal(*a.codec))
+      fail(qcclInvalidUsage, "codec '%s' on device buffers: %s", a.codec->canonical().c_str(), why);
+    if (record.state)
+      fail(qcclInvalidUsage, "a codec state with device buffers: states (error feedback, step counts) live in host "
+           "memory, and the device path does not take them yet; call without the state");
+  }
+  record.on_device = true;
+  a.stream = stream();
 }
 
 // Scratch buffers are reused across calls (a fresh allocation would page-fault every time), and
@@ -470,6 +534,8 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       if (oversubscribed_) sched_yield();  // let a rank that has work run on this CPU
       continue;
     }
+    // The device reaches its points without waking a descriptor: poll while it has work.
+    if (DeviceExecutor* d = device_executor_.load(); d && d->device_busy()) continue;
     if (!executor_->arm()) continue;  // events arrived meanwhile: progress again
     wait_for_events(progress_thread);
   }
@@ -696,6 +762,8 @@ void Comm::shutdown() {
     std::lock_guard<std::mutex> drive(drive_mu_);
     transport_.reset();  // first: it may still read the buffers the executor keeps for abandoned sends
     executor_.reset();
+    device_executor_.store(nullptr);
+    device_executor_owned_.reset();  // its pool goes with the last execution a request still holds
   }
   if (control_) control_->close();
 }

@@ -28,6 +28,11 @@
 // them could deadlock. Calls that share a codec state also wait for the older one to finish, not
 // just to start (waits_for_its_state).
 //
+// Device buffers. A call whose buffers are CUDA device memory (when the process has loaded CUDA at
+// all: a host-only process never pays for the check) runs on the device executor (executor.h,
+// DeviceExecutor), made at the first such call, beside the host executor and over the same
+// transport, on the communicator's stream (qcclCommSetStream) at the time of the call.
+//
 // Failure. The first failure breaks the communicator: it is recorded, reported to every peer
 // through the control plane, and fails every outstanding and future operation with that error.
 #pragma once
@@ -48,6 +53,7 @@
 #include "src/bootstrap.h"
 #include "src/codec_state.h"
 #include "src/control.h"
+#include "src/device.h"
 #include "src/executor.h"
 #include "src/policy.h"
 #include "src/topology.h"
@@ -71,6 +77,7 @@ struct OpRecord {
   size_t scratch_bytes = 0;
   std::chrono::steady_clock::time_point started_at;
   bool started = false;               // false while deferred in a group
+  bool on_device = false;             // buffers in device memory: the device executor runs it (place)
   std::atomic<bool> done{false};
   qcclResult_t result = qcclSuccess;  // valid once done
   std::string error;                  // valid once done
@@ -93,6 +100,13 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // drive it now (non-blocking calls and groups); otherwise the caller will wait() at once.
   // Throws the communicator's error when it is broken.
   void start(const std::shared_ptr<OpRecord>& record, bool background);
+  // Before start, after validation: whether the call's buffers are device memory (then
+  // record.on_device, and args.stream is the communicator's stream), refusing mixed buffers and
+  // what the device path does not run yet (qcclInvalidArgument, qcclInvalidUsage; nothing sent).
+  void place(OpRecord& record);
+  // qcclCommSetStream: the CUDA stream of later calls on device buffers (null: the legacy default).
+  void set_stream(void* stream) { stream_.store(stream); }
+  void* stream() const { return stream_.load(); }
   // Blocks until the record is done; throws its error.
   void wait(OpRecord& record);
   // Drives a little without blocking; true when the record is done.
@@ -155,6 +169,15 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   std::unique_ptr<transport::UcxTransport> transport_;  // set up here; moved by the executor
   std::unique_ptr<Executor> executor_;
+  // The GPU path, made at the first call on device buffers (under device_mu_); the drive loop reads
+  // the executor through the atomic pointer, published once it is complete.
+  Device* device();  // null when CUDA is not in the process, or has no device (logged once)
+  std::mutex device_mu_;
+  std::shared_ptr<Device> device_;
+  std::unique_ptr<DeviceExecutor> device_executor_owned_;
+  std::atomic<DeviceExecutor*> device_executor_{nullptr};
+  bool device_tried_ = false;  // guarded by device_mu_
+  std::atomic<void*> stream_{nullptr};
   std::unique_ptr<ControlPlane> control_;
   std::thread progress_thread_;
   int progress_wake_fd_ = -1;  // wakes the progress thread

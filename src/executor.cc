@@ -26,11 +26,16 @@ constexpr size_t kMaxAgreementRounds = 0x10000 - kFirstAgreementMessage;
 
 using coll::rooted;
 
-class HostExecution final : public Execution {
+// One call's plan, run by the host executor (numerics on this CPU, buffers in host memory) or by the
+// device executor (`device` set: data steps enqueued on the device's stream, transfers staged through
+// pinned host buffers). Scheduling, headers and ordering are the same code for both.
+class PlanExecution final : public Execution {
  public:
-  HostExecution(transport::Transport& transport, const HostExecutorOptions& options, const coll::Algorithm& algorithm,
+  PlanExecution(transport::Transport& transport, const HostExecutorOptions& options, const coll::Algorithm& algorithm,
                 std::unique_ptr<coll::Plan> plan, const OperationIdentity& identity, std::byte* scratch,
-                const std::vector<std::string>* names, std::vector<std::unique_ptr<uint8_t[]>>* abandoned);
+                const std::vector<std::string>* names, std::vector<std::unique_ptr<uint8_t[]>>* abandoned,
+                std::shared_ptr<DeviceExecutor::Memory> device);
+  ~PlanExecution() override;
 
   bool advance() override;
   bool started() const override { return started_; }
@@ -47,6 +52,7 @@ class HostExecution final : public Execution {
   const OperationIdentity& identity() const override { return identity_; }
   void set_codec_scale(double scale) override { identity_.header.codec_scale = identity_.expected.codec_scale = scale; }
   void set_scratch(std::byte* scratch) override {
+    if (device_) return;  // its scratch is device memory, taken when it starts (start_on_device)
     for (size_t i = 0; i < slots_.size(); ++i) slots_[i].scratch = scratch + i * plan_->scratch_bytes();
   }
 
@@ -56,6 +62,15 @@ class HostExecution final : public Execution {
     int peer = -1;
     size_t bytes = 0;            // the posted length (a receive's capacity)
     size_t* received = nullptr;  // a variable-length receive stores its length here
+    // Device executions: the pinned buffer the bytes cross (Device::Memory::kPinned, `capacity`
+    // bytes, kept across fragments) and the point on the stream after which the host may touch it: a
+    // staged send's copy into it, a receive's copy out of it.
+    void* staging = nullptr;
+    size_t capacity = 0;
+    Device::Ticket ready = 0;
+    bool staged_send = false;  // a send whose bytes are on their way to `staging`: posted once ready
+    transport::Key key = 0;    // ...with this key
+    void* device_dst = nullptr;  // a receive's destination, filled from `staging` once it arrived
   };
   struct Slot {
     size_t fragment = kIdle;
@@ -101,13 +116,19 @@ class HostExecution final : public Execution {
   bool execute(const coll::step::Recv& s, Slot& slot, bool* moved);
   bool execute(const coll::step::Send& s, Slot& slot, bool* moved);
   bool execute(const coll::step::Wait& s, Slot& slot, bool* moved);
-  bool execute(const coll::step::Reduce& s, Slot& slot, bool* moved);
-  bool execute(const coll::step::Copy& s, Slot& slot, bool* moved);
-  bool execute(const coll::step::Average& s, Slot& slot, bool* moved);
   bool execute(const coll::step::Compute& s, Slot& slot, bool* moved);
-  bool execute(const coll::step::Store& s, Slot& slot, bool* moved);
-  template <class CodecStep>
-  bool execute(const CodecStep& s, Slot& slot, bool* moved);
+  void run_on_host(const coll::Step& data_step);
+  // Device executions: the transfer's staging buffer holds at least `bytes` once it is free, or false
+  // while the stream may still copy out of it.
+  bool stage(Transfer& t, size_t bytes);
+  // Device executions: posts a staged send whose bytes reached the staging buffer (true if it did).
+  // Polled on every advance, since the fragment may be waiting for something else, such as the
+  // peer's message that answers this one.
+  bool post_staged_send(Transfer& t);
+  // Device executions: takes the scratch and counters at the start, enqueues the read-back of the
+  // non-finite count after the last fragment, and learns when the device reached it.
+  void start_on_device();
+  bool finish_on_device();
   // Ordered mode: whether a fragment older than the slot's still has a transfer of the same direction
   // with `peer` to post.
   bool earlier_fragment_posts(const Slot& slot, int peer, bool receive) const;
@@ -136,13 +157,22 @@ class HostExecution final : public Execution {
   size_t fragment_limit_ = ~size_t{0};      // set_fragment_limit (the slots bound it too)
   ExecutionStats stats_;
   Clock::time_point last_progress_;
+  // Device executions only.
+  std::shared_ptr<DeviceExecutor::Memory> device_memory_;
+  Device* device_ = nullptr;
+  DeviceExecutor::Block device_scratch_;
+  DeviceExecutor::Block counters_;  // the non-finite count (device memory)...
+  DeviceExecutor::Block readback_;  // ...and its copy on the host (pinned), while it comes back
+  Device::Ticket tail_ = 0;         // the read-back's point on the stream, once enqueued
+  bool device_done_ = false;        // the device reached it
 };
 
-HostExecution::HostExecution(transport::Transport& transport, const HostExecutorOptions& options,
+PlanExecution::PlanExecution(transport::Transport& transport, const HostExecutorOptions& options,
                              const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                              const OperationIdentity& identity, std::byte* scratch,
                              const std::vector<std::string>* names,
-                             std::vector<std::unique_ptr<uint8_t[]>>* abandoned)
+                             std::vector<std::unique_ptr<uint8_t[]>>* abandoned,
+                             std::shared_ptr<DeviceExecutor::Memory> device)
     : transport_(transport),
       options_(options),
       algorithm_(algorithm),
@@ -150,16 +180,79 @@ HostExecution::HostExecution(transport::Transport& transport, const HostExecutor
       identity_(identity),
       names_(names),
       abandoned_(abandoned),
-      last_progress_(Clock::now()) {
+      last_progress_(Clock::now()),
+      device_memory_(std::move(device)),
+      device_(device_memory_ ? &device_memory_->device() : nullptr) {
   const size_t fragments = plan_->fragments();
   slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(options.depth, 1)), std::max<size_t>(fragments, 1)));
   for (Slot& slot : slots_) slot.program.set_default_codec(plan_->args().codec);
   if (scratch) set_scratch(scratch);
+  // What the caller queued on its stream before this call runs first (the join is made now, at the
+  // call, not when the execution starts behind earlier calls).
+  if (device_) device_->wait_for(plan_->args().stream);
 }
 
-void HostExecution::start() {
+PlanExecution::~PlanExecution() {
+  if (!device_) return;
+  // After a failure the stream may still copy into or out of the buffers given back here. A device
+  // that cannot even synchronize keeps them: nothing may reuse memory its work may still touch.
+  try {
+    if (!device_done_) device_->synchronize();
+  } catch (const Error&) {
+    return;
+  }
+  for (Slot& slot : slots_)
+    for (Transfer& t : slot.transfers)
+      if (t.staging) device_memory_->give({Device::Memory::kPinned, t.staging, t.capacity});
+  device_memory_->give(device_scratch_);
+  device_memory_->give(counters_);
+}
+
+void PlanExecution::start_on_device() {
+  const size_t scratch = plan_->scratch_bytes();
+  if (scratch) {
+    device_scratch_ = device_memory_->take(Device::Memory::kDevice, scratch * slots_.size());
+    for (size_t i = 0; i < slots_.size(); ++i) slots_[i].scratch = static_cast<std::byte*>(device_scratch_.p) + i * scratch;
+  }
+  counters_ = device_memory_->take(Device::Memory::kDevice, sizeof(unsigned long long));
+  device_->zero(counters_.p, sizeof(unsigned long long));
+}
+
+// The collective's last data step is enqueued once every fragment completed on the host; the
+// non-finite count follows it back, and the caller's stream waits for all of it.
+bool PlanExecution::finish_on_device() {
+  if (device_done_ || fragments_done_ < plan_->fragments()) return false;
+  if (!tail_) {
+    readback_ = device_memory_->take(Device::Memory::kPinned, sizeof(unsigned long long));
+    device_->copy(readback_.p, counters_.p, sizeof(unsigned long long));
+    tail_ = device_->record();
+    device_->signal(plan_->args().stream);
+  }
+  if (!device_->reached(tail_)) return false;
+  unsigned long long nonfinite = 0;
+  std::memcpy(&nonfinite, readback_.p, sizeof nonfinite);
+  stats_.nonfinite += nonfinite;
+  device_memory_->give(readback_);
+  readback_ = {};
+  device_done_ = true;
+  return true;
+}
+
+bool PlanExecution::stage(Transfer& t, size_t bytes) {
+  if (!device_->reached(t.ready)) return false;
+  if (t.capacity < bytes) {
+    if (t.staging) device_memory_->give({Device::Memory::kPinned, t.staging, t.capacity});
+    const DeviceExecutor::Block block = device_memory_->take(Device::Memory::kPinned, bytes);
+    t.staging = block.p;
+    t.capacity = block.bytes;
+  }
+  return true;
+}
+
+void PlanExecution::start() {
   started_ = true;
   last_progress_ = Clock::now();  // it may have waited for an earlier call on its codec state
+  if (device_) start_on_device();
   std::vector<int> send_to, recv_from;
   plan_->links(&send_to, &recv_from);
   auto unique = [](std::vector<int>& v) {
@@ -209,7 +302,7 @@ void HostExecution::start() {
   for (Slot& slot : slots_) next_fragment(slot);
 }
 
-void HostExecution::next_fragment(Slot& slot) {
+void PlanExecution::next_fragment(Slot& slot) {
   if (slot.fragment != kIdle) {
     slot.fragment = kIdle;
     --in_flight_;
@@ -225,7 +318,7 @@ void HostExecution::next_fragment(Slot& slot) {
   if (slot.transfers.size() < slot.program.transfer_slots()) slot.transfers.resize(slot.program.transfer_slots());
 }
 
-bool HostExecution::poll_headers() {
+bool PlanExecution::poll_headers() {
   bool moved = false;
   std::string error;
   transport::Completion done;
@@ -263,7 +356,7 @@ bool HostExecution::poll_headers() {
   return moved;
 }
 
-void HostExecution::check_header(const HeaderLink& link, size_t bytes) const {
+void PlanExecution::check_header(const HeaderLink& link, size_t bytes) const {
   FrameHeader theirs = FrameHeader::decode(link.bytes.get(), bytes, name(link.peer));
   std::string mismatch = frame_mismatch(identity_.expected, theirs);
   if (!mismatch.empty()) fail(qcclMismatch, "%s", mismatch.c_str());
@@ -273,7 +366,7 @@ void HostExecution::check_header(const HeaderLink& link, size_t bytes) const {
 
 // Checks whatever agreement rounds arrived (in any order: a mismatch fails at once), and sends round
 // k once rounds 0 .. k-1 are checked, which is what lets round k vouch for the ranks behind its sender.
-bool HostExecution::poll_agreement() {
+bool PlanExecution::poll_agreement() {
   bool moved = false;
   std::string error;
   transport::Completion done;
@@ -316,7 +409,18 @@ bool HostExecution::poll_agreement() {
   return moved;
 }
 
-bool HostExecution::complete(Transfer& t, bool* moved, bool* tainted) {
+bool PlanExecution::post_staged_send(Transfer& t) {
+  if (!t.staged_send || !device_->reached(t.ready)) return false;
+  t.handle = transport_.isend(t.peer, t.key, t.staging, t.bytes);
+  t.staged_send = false;
+  return true;
+}
+
+bool PlanExecution::complete(Transfer& t, bool* moved, bool* tainted) {
+  if (t.staged_send) {
+    if (!post_staged_send(t)) return false;
+    *moved = true;
+  }
   if (t.handle.empty()) return true;
   const bool receive = t.handle.receive;
   // Payload from a peer is used only once its frame header has been checked (it was sent first).
@@ -349,19 +453,23 @@ bool HostExecution::complete(Transfer& t, bool* moved, bool* tainted) {
     }
     stats_.bytes_received += done.bytes;
     if (tainted && (done.key & kTaintBit)) *tainted = true;
+    if (device_) {  // on to the device; the steps after the wait are enqueued after this copy
+      device_->copy(t.device_dst, t.staging, done.bytes);
+      t.ready = device_->record();
+    }
   }
   return true;
 }
 
-HostExecution::Transfer& HostExecution::transfer(Slot& slot, uint16_t index) {
+PlanExecution::Transfer& PlanExecution::transfer(Slot& slot, uint16_t index) {
   Transfer& t = slot.transfers[index];
-  if (!t.handle.empty())
+  if (!t.handle.empty() || t.staged_send)
     fail(qcclInternalError, "%s (%s): fragment %zu posts on busy slot %u", identity_.header.describe().c_str(),
          algorithm_.name, slot.fragment, index);
   return t;
 }
 
-bool HostExecution::earlier_fragment_posts(const Slot& slot, int peer, bool receive) const {
+bool PlanExecution::earlier_fragment_posts(const Slot& slot, int peer, bool receive) const {
   for (const Slot& other : slots_) {
     if (other.fragment == kIdle || other.fragment >= slot.fragment) continue;
     const auto& steps = other.program.steps();
@@ -376,29 +484,39 @@ bool HostExecution::earlier_fragment_posts(const Slot& slot, int peer, bool rece
   return false;
 }
 
-bool HostExecution::execute(const coll::step::Recv& s, Slot& slot, bool*) {
+bool PlanExecution::execute(const coll::step::Recv& s, Slot& slot, bool*) {
   if (options_.ordered && earlier_fragment_posts(slot, s.peer, true)) return false;
   Transfer& t = transfer(slot, s.slot);
+  if (device_ && !stage(t, s.capacity)) return false;
   t.peer = s.peer;
   t.bytes = s.capacity;
   t.received = s.received;
+  t.device_dst = s.dst;
   const auto message = static_cast<uint32_t>(1 + slot.fragment % kPayloadMessages);
-  t.handle = transport_.irecv(s.peer, key(message), kIgnoredBits, s.dst, s.capacity);
+  t.handle = transport_.irecv(s.peer, key(message), kIgnoredBits, device_ ? t.staging : s.dst, s.capacity);
   return true;
 }
 
-bool HostExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
+bool PlanExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
   if (options_.ordered && earlier_fragment_posts(slot, s.peer, false)) return false;
   const size_t bytes = s.length ? *s.length : s.bytes;
   if (bytes > s.bytes)
     fail(qcclInternalError, "%s (%s): fragment %zu sends %zu bytes from a buffer of %zu",
          identity_.header.describe().c_str(), algorithm_.name, slot.fragment, bytes, s.bytes);
   Transfer& t = transfer(slot, s.slot);
+  if (device_ && !stage(t, bytes)) return false;
   t.peer = s.peer;
   t.bytes = bytes;
   t.received = nullptr;
   const auto message = static_cast<uint32_t>(1 + slot.fragment % kPayloadMessages);
-  t.handle = transport_.isend(s.peer, key(message, slot.tainted), s.src, bytes);
+  if (device_) {  // copied to the host on the stream, after the steps that wrote it; posted once there
+    device_->copy(t.staging, s.src, bytes);
+    t.ready = device_->record();
+    t.staged_send = true;
+    t.key = key(message, slot.tainted);
+  } else {
+    t.handle = transport_.isend(s.peer, key(message, slot.tainted), s.src, bytes);
+  }
   stats_.bytes_sent += bytes;
   const coll::NodeMap* nodes = plan_->args().nodes;
   if (nodes && s.peer < nodes->nranks() && !nodes->same_node(plan_->args().rank, s.peer))
@@ -406,28 +524,14 @@ bool HostExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
   return true;
 }
 
-bool HostExecution::execute(const coll::step::Wait& s, Slot& slot, bool* moved) {
+bool PlanExecution::execute(const coll::step::Wait& s, Slot& slot, bool* moved) {
   return s.slot >= slot.transfers.size() || complete(slot.transfers[s.slot], moved, &slot.tainted);
 }
 
-bool HostExecution::execute(const coll::step::Reduce& s, Slot&, bool*) {
-  const coll::CollArgs& args = plan_->args();
-  kernels::reduce(args.dtype, args.op, s.a, s.b, s.dst, s.count);
-  return true;
-}
-
-bool HostExecution::execute(const coll::step::Copy& s, Slot&, bool*) {
-  std::memcpy(s.dst, s.src, s.bytes);
-  return true;
-}
-
-bool HostExecution::execute(const coll::step::Average& s, Slot&, bool*) {
-  const coll::CollArgs& args = plan_->args();
-  if (args.op == kernels::RedOp::kAvg) kernels::finish_average(args.dtype, s.buf, s.count, args.nranks);
-  return true;
-}
-
-bool HostExecution::execute(const coll::step::Compute& s, Slot& slot, bool*) {
+bool PlanExecution::execute(const coll::step::Compute& s, Slot& slot, bool*) {
+  if (device_)  // Comm refuses these calls on device buffers before anything is sent
+    fail(qcclInvalidUsage, "%s (%s): the step kernel '%s' has no device implementation yet",
+         identity_.header.describe().c_str(), algorithm_.name, s.kernel->name());
   const auto begin = Clock::now();
   coll::StepContext context{&slot.tainted, &stats_.nonfinite};
   s.kernel->run(s, context);
@@ -442,58 +546,22 @@ bool HostExecution::execute(const coll::step::Compute& s, Slot& slot, bool*) {
   return true;
 }
 
-// A float32 result written out in the call's datatype, its non-finite values counted (timed as decode).
-bool HostExecution::execute(const coll::step::Store& s, Slot&, bool*) {
-  const auto begin = Clock::now();
-  const kernels::DataType dtype = plan_->args().dtype;
-  kernels::store_float(dtype, s.src, s.dst, s.count);
-  stats_.nonfinite += kernels::count_nonfinite(dtype, s.dst, s.count);
-  stats_.decode_seconds += std::chrono::duration<double>(Clock::now() - begin).count();
-  return true;
-}
-
-// The float32 and codec steps of compressed collectives, timed into the encode and decode totals.
-template <class CodecStep>
-bool HostExecution::execute(const CodecStep& s, Slot&, bool*) {
-  namespace step = coll::step;
-  const coll::CollArgs& args = plan_->args();
-  const auto begin = Clock::now();
-  double* phase = &stats_.decode_seconds;
-  if constexpr (std::is_same_v<CodecStep, step::Load>) {
-    if (s.add)
-      kernels::load_add_float(args.dtype, s.src, s.dst, s.count);
-    else
-      kernels::load_float(args.dtype, s.src, s.dst, s.count);
-  } else if constexpr (std::is_same_v<CodecStep, step::AddFloat>) {
-    kernels::add_float(s.src, s.dst, s.count);
-  } else if constexpr (std::is_same_v<CodecStep, step::Divide>) {
-    kernels::divide_float(s.dst, s.count, static_cast<float>(args.nranks));
-  } else if constexpr (std::is_same_v<CodecStep, step::Encode>) {
-    kernels::PhiloxKey key = args.rng;
-    key.stream = s.stream;
-    const size_t written = kernels::encode(*s.codec, s.src, s.count, s.dst, key, s.first).bytes;
-    if (s.length) *s.length = written;  // a variable-length codec's writes vary below encoded_bytes()
-    phase = &stats_.encode_seconds;
-  } else if constexpr (std::is_same_v<CodecStep, step::DecodeAdd>) {
-    kernels::decode_accumulate(*s.codec, s.src, s.count, s.dst);
-  } else if constexpr (std::is_same_v<CodecStep, step::DecodeOut>) {
-    // Every rank decodes the same final bytes, so every rank counts the same non-finite values.
-    if (args.dtype == kernels::DataType::kFloat32) {
-      stats_.nonfinite += kernels::decode(*s.codec, s.src, s.count, static_cast<float*>(s.dst));
-    } else {
-      stats_.nonfinite += kernels::decode(*s.codec, s.src, s.count, s.scratch);
-      kernels::store_float(args.dtype, s.scratch, s.dst, s.count);
-    }
-  } else {
-    static_assert(std::is_same_v<CodecStep, step::ErrorFeedback>, "a step kind without an executor");
-    kernels::decode(*s.codec, s.encoded, s.count, s.residual);  // what the peers will decode...
-    for (size_t i = 0; i < s.count; ++i) s.residual[i] = s.factor * (s.acc[i] - s.residual[i]);  // ...and the miss
+// The host's data steps; the compressed collectives' (all but Reduce, Copy and Average) timed into the
+// encode and decode totals.
+void PlanExecution::run_on_host(const coll::Step& step) {
+  namespace st = coll::step;
+  if (std::holds_alternative<st::Reduce>(step) || std::holds_alternative<st::Copy>(step) ||
+      std::holds_alternative<st::Average>(step)) {
+    run_data_step(step, plan_->args());
+    return;
   }
-  *phase += std::chrono::duration<double>(Clock::now() - begin).count();
-  return true;
+  const auto begin = Clock::now();
+  stats_.nonfinite += run_data_step(step, plan_->args());
+  const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+  (std::holds_alternative<st::Encode>(step) ? stats_.encode_seconds : stats_.decode_seconds) += seconds;
 }
 
-bool HostExecution::run(Slot& slot) {
+bool PlanExecution::run(Slot& slot) {
   bool moved = false;
   if (slot.fragment == kIdle) {  // held back by the key window, or nothing left
     next_fragment(slot);
@@ -509,15 +577,26 @@ bool HostExecution::run(Slot& slot) {
       next_fragment(slot);
       continue;
     }
-    const bool done = std::visit([&](const auto& s) { return execute(s, slot, &moved); }, steps[slot.pc]);
-    if (!done) return moved;
+    const coll::Step& step = steps[slot.pc];
+    if (!coll::is_data_step(step)) {
+      bool done = false;
+      if (const auto* recv = std::get_if<coll::step::Recv>(&step)) done = execute(*recv, slot, &moved);
+      else if (const auto* send = std::get_if<coll::step::Send>(&step)) done = execute(*send, slot, &moved);
+      else if (const auto* wait = std::get_if<coll::step::Wait>(&step)) done = execute(*wait, slot, &moved);
+      else done = execute(std::get<coll::step::Compute>(step), slot, &moved);
+      if (!done) return moved;
+    } else if (device_) {
+      device_->launch(step, plan_->args(), static_cast<unsigned long long*>(counters_.p));
+    } else {
+      run_on_host(step);
+    }
     ++slot.pc;
     moved = true;
   }
   return moved;
 }
 
-bool HostExecution::advance() {
+bool PlanExecution::advance() {
   bool moved = false;
   if (!started_) {
     start();
@@ -525,15 +604,20 @@ bool HostExecution::advance() {
   }
   moved |= poll_headers();
   if (!agreement_.empty()) moved |= poll_agreement();
+  if (device_)
+    for (Slot& slot : slots_)
+      for (Transfer& t : slot.transfers) moved |= post_staged_send(t);
   for (Slot& slot : slots_) moved |= run(slot);
+  if (device_) moved |= finish_on_device();
   if (moved) last_progress_ = Clock::now();
   return moved;
 }
 
-bool HostExecution::finished() const {
+bool PlanExecution::finished() const {
   // A rooted collective also waits for its agreement rounds: until every rank is known to have called
   // the same collective, a rank that has all its data (a root that sent eagerly) may not succeed.
   if (!started_ || !headers_verified_ || !agreed() || fragments_done_ < plan_->fragments()) return false;
+  if (device_ && !device_done_) return false;
   for (const HeaderLink& link : header_sends_)
     if (!link.done) return false;
   for (const AgreementRound& round : agreement_)
@@ -541,7 +625,7 @@ bool HostExecution::finished() const {
   return true;
 }
 
-void HostExecution::cancel() {
+void PlanExecution::cancel() {
   for (Slot& slot : slots_)
     for (Transfer& t : slot.transfers) transport_.cancel(t.handle);
   auto abandon = [this](HeaderLink& link) {
@@ -557,17 +641,22 @@ void HostExecution::cancel() {
   }
 }
 
-std::string HostExecution::waiting_for() const {
+std::string PlanExecution::waiting_for() const {
   if (!headers_verified_)
     for (const HeaderLink& link : header_recvs_)
       if (!link.done) return "the frame header from " + name(link.peer);
   for (const Slot& slot : slots_) {
     if (slot.fragment == kIdle) continue;
-    for (const Transfer& t : slot.transfers)
+    for (const Transfer& t : slot.transfers) {
+      if (t.staged_send)
+        return format("the device's copy of a send to %s (%zu bytes, fragment %zu of %zu)", name(t.peer).c_str(),
+                      t.bytes, slot.fragment, plan_->fragments());
       if (!t.handle.empty())
         return format("%s %s (%zu bytes, fragment %zu of %zu)", t.handle.receive ? "a message from" : "a send to",
                       name(t.peer).c_str(), t.bytes, slot.fragment, plan_->fragments());
+    }
   }
+  if (device_ && tail_ && !device_done_) return "the device to finish the collective's last steps";
   for (const HeaderLink& link : header_sends_)
     if (!link.done) return "the frame header send to " + name(link.peer);
   if (!agreed())
@@ -580,15 +669,99 @@ std::string HostExecution::waiting_for() const {
 
 }  // namespace
 
+size_t run_data_step(const coll::Step& data_step, const coll::CollArgs& args) {
+  namespace st = coll::step;
+  size_t nonfinite = 0;
+  auto run = [&](const auto& s) {
+    using S = std::decay_t<decltype(s)>;
+    if constexpr (std::is_same_v<S, st::Reduce>) {
+      kernels::reduce(args.dtype, args.op, s.a, s.b, s.dst, s.count);
+    } else if constexpr (std::is_same_v<S, st::Copy>) {
+      std::memcpy(s.dst, s.src, s.bytes);
+    } else if constexpr (std::is_same_v<S, st::Average>) {
+      if (args.op == kernels::RedOp::kAvg) kernels::finish_average(args.dtype, s.buf, s.count, args.nranks);
+    } else if constexpr (std::is_same_v<S, st::Load>) {
+      if (s.add)
+        kernels::load_add_float(args.dtype, s.src, s.dst, s.count);
+      else
+        kernels::load_float(args.dtype, s.src, s.dst, s.count);
+    } else if constexpr (std::is_same_v<S, st::Store>) {
+      kernels::store_float(args.dtype, s.src, s.dst, s.count);
+      nonfinite = kernels::count_nonfinite(args.dtype, s.dst, s.count);
+    } else if constexpr (std::is_same_v<S, st::AddFloat>) {
+      kernels::add_float(s.src, s.dst, s.count);
+    } else if constexpr (std::is_same_v<S, st::Divide>) {
+      kernels::divide_float(s.dst, s.count, static_cast<float>(args.nranks));
+    } else if constexpr (std::is_same_v<S, st::Encode>) {
+      kernels::PhiloxKey key = args.rng;
+      key.stream = s.stream;
+      const size_t written = kernels::encode(*s.codec, s.src, s.count, s.dst, key, s.first).bytes;
+      if (s.length) *s.length = written;  // a variable-length codec's writes vary below encoded_bytes()
+    } else if constexpr (std::is_same_v<S, st::DecodeAdd>) {
+      kernels::decode_accumulate(*s.codec, s.src, s.count, s.dst);
+    } else if constexpr (std::is_same_v<S, st::DecodeOut>) {
+      // Every rank decodes the same final bytes, so every rank counts the same non-finite values.
+      if (args.dtype == kernels::DataType::kFloat32) {
+        nonfinite = kernels::decode(*s.codec, s.src, s.count, static_cast<float*>(s.dst));
+      } else {
+        nonfinite = kernels::decode(*s.codec, s.src, s.count, s.scratch);
+        kernels::store_float(args.dtype, s.scratch, s.dst, s.count);
+      }
+    } else if constexpr (std::is_same_v<S, st::ErrorFeedback>) {
+      kernels::decode(*s.codec, s.encoded, s.count, s.residual);  // what the peers will decode...
+      for (size_t i = 0; i < s.count; ++i) s.residual[i] = s.factor * (s.acc[i] - s.residual[i]);  // ...and the miss
+    } else {
+      fail(qcclInternalError, "run_data_step: step %zu is not a data step", data_step.index());
+    }
+  };
+  std::visit(run, data_step);
+  return nonfinite;
+}
+
 std::unique_ptr<Execution> HostExecutor::launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                                                 const OperationIdentity& identity, std::byte* scratch) {
-  return std::make_unique<HostExecution>(transport_, options_, algorithm, std::move(plan), identity, scratch, names_,
-                                         &abandoned_);
+  return std::make_unique<PlanExecution>(transport_, options_, algorithm, std::move(plan), identity, scratch, names_,
+                                         &abandoned_, nullptr);
 }
 
 std::string HostExecutor::describe() const {
   return format("host executor, pipeline depth %d%s, over %s", options_.depth, options_.ordered ? ", ordered" : "",
                 transport_.describe().c_str());
+}
+
+DeviceExecutor::Block DeviceExecutor::Memory::take(Device::Memory kind, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& pool = free_[kind == Device::Memory::kPinned];
+  auto best = pool.end();
+  for (auto it = pool.begin(); it != pool.end(); ++it)
+    if (it->bytes >= bytes && (best == pool.end() || it->bytes < best->bytes)) best = it;
+  if (best != pool.end()) {
+    const Block block = *best;
+    pool.erase(best);
+    return block;
+  }
+  return Block{kind, device_->allocate(kind, bytes), bytes};
+}
+
+void DeviceExecutor::Memory::give(const Block& block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (block.p) free_[block.kind == Device::Memory::kPinned].push_back(block);
+}
+
+DeviceExecutor::Memory::~Memory() {
+  for (auto& pool : free_)
+    for (const Block& block : pool) device_->release(block.kind, block.p);
+}
+
+std::unique_ptr<Execution> DeviceExecutor::launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
+                                                  const OperationIdentity& identity, std::byte*) {
+  return std::make_unique<PlanExecution>(transport_, options_, algorithm, std::move(plan), identity, nullptr, names_,
+                                         &abandoned_, memory_);
+}
+
+std::string DeviceExecutor::describe() const {
+  return format("device executor on %s, pipeline depth %d, staged through pinned memory over %s",
+                memory_->device().describe().c_str(), options_.depth, transport_.describe().c_str());
 }
 
 }  // namespace qccl

@@ -1,7 +1,7 @@
 // Executors: what runs a Plan. The communicator hands each call's plan to its Executor and drives the
 // Execution it gets back; the plan never knows which executor runs it, so the same plans can run on
 // the host over UCX (HostExecutor, here), on a GPU stream over NCCL point-to-point, or on a timed
-// simulation of a cluster.
+// simulation of a cluster. DeviceExecutor (below) runs them on device memory.
 //
 // An Execution is a passive state machine: advance() does whatever can be done without blocking (post
 // transfers, test them, run reductions and codec steps) and returns whether anything moved. The
@@ -40,10 +40,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "collectives/plan.h"
+#include "src/device.h"
 #include "src/frame.h"
 #include "transports/transport.h"
 
@@ -163,5 +165,76 @@ class HostExecutor final : public Executor {
   const std::vector<std::string>* names_;
   std::vector<std::unique_ptr<uint8_t[]>> abandoned_;  // frame headers of cancelled executions
 };
+
+// The device executor (the GPU path's wire B): plans whose buffers are device memory. A plan's data
+// steps are enqueued, in program order, on the device's stream (Device::launch: the same bits as the
+// host's numerics); its transfers go through the Transport as the host executor's do, each crossing
+// a pinned host buffer: a send's bytes are copied there on the stream, after the steps that wrote
+// them, and the message is posted once the device reached that copy; a received message is copied to
+// its device destination on the stream, before the steps after its Wait. Fragments, frame headers,
+// agreement rounds and pipelining are the host executor's own code, so chunk c+1's kernels run
+// while chunk c is on the wire, and the host waits for the device only where a send needs its
+// bytes. Scratch and staging buffers come from the executor's pool (allocated once, reused). An
+// execution finishes once the device reached its last step: the non-finite count, a device counter,
+// comes back then, once per collective, and the caller's stream (CollArgs::stream) waits for the
+// collective's work. Plans with a method's Compute steps (Marsit, IntSGD, fft) are refused: their
+// kernels have no device form yet. Not ordered: staged sends are posted when their copies are done.
+class DeviceExecutor final : public Executor {
+ public:
+  // A block of the pool.
+  struct Block {
+    Device::Memory kind = Device::Memory::kDevice;
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  // The pool, with the device it allocates from: blocks are given back once the stream no longer
+  // uses them, and taken again smallest-that-fits; everything is released when the last execution
+  // and the executor are gone (an execution a caller's request still holds may outlive the
+  // executor). Thread-safe: executions end on whichever thread drops them.
+  class Memory {
+   public:
+    explicit Memory(std::shared_ptr<Device> device) : device_(std::move(device)) {}
+    ~Memory();
+    Memory(const Memory&) = delete;
+    Memory& operator=(const Memory&) = delete;
+    Block take(Device::Memory kind, size_t bytes);
+    void give(const Block& block);  // an empty block is ignored
+    Device& device() const { return *device_; }
+
+   private:
+    std::shared_ptr<Device> device_;
+    std::mutex mu_;
+    std::vector<Block> free_[2];  // device, pinned
+  };
+
+  DeviceExecutor(transport::Transport& transport, std::shared_ptr<Device> device, const HostExecutorOptions& options,
+                 const std::vector<std::string>* names)
+      : transport_(transport), memory_(std::make_shared<Memory>(std::move(device))), options_(options), names_(names) {
+    options_.ordered = false;
+    options_.profile = nullptr;
+  }
+
+  std::unique_ptr<Execution> launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
+                                    const OperationIdentity& identity, std::byte* scratch) override;
+  size_t scratch_bytes(const coll::Plan&) const override { return 0; }  // its own, in device memory
+  bool progress() override { return transport_.progress(); }
+  int event_fd() const override { return transport_.event_fd(); }
+  // The device reaches its tickets without a descriptor to wake on: while it has work, poll.
+  bool arm() override { return !device_busy() && transport_.arm(); }
+  bool device_busy() { return memory_->device().busy(); }
+  std::string describe() const override;
+
+ private:
+  transport::Transport& transport_;
+  std::shared_ptr<Memory> memory_;
+  HostExecutorOptions options_;
+  const std::vector<std::string>* names_;
+  std::vector<std::unique_ptr<uint8_t[]>> abandoned_;
+};
+
+// The host's numerics of one data step (coll::is_data_step): what the host executor runs, and what a
+// device's stand-in runs in the device's place. Returns the non-finite values it counted (Store and
+// DecodeOut). Encode stores its length where the step asks.
+size_t run_data_step(const coll::Step& data_step, const coll::CollArgs& args);
 
 }  // namespace qccl

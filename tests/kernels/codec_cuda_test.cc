@@ -2,12 +2,11 @@
 // reduce.h), bit for bit: every codec (AQ-SGD's aq too), odd counts, partial buckets, NaN/Inf/±0
 // buckets, several Philox keys and offsets, aligned and misaligned buffers; every reduction type and operator.
 //
-// Without a usable CUDA device (cudaGetDeviceCount fails or finds none) the listener below exits
-// with kSkipCode before the first test runs; tests/kernels/CMakeLists.txt registers that code as
-// SKIP_RETURN_CODE, so CTest reports the test as Skipped, neither Passed nor Failed. Listing tests
-// (--list-tests) needs no device.
-#define CATCH_CONFIG_EXTERNAL_INTERFACES  // TestEventListenerBase
-#include <catch2/catch.hpp>
+// Without a usable CUDA device the program exits 77 before the first test runs (CTest: skipped; see
+// tests/common/require_cuda_device.h).
+// First, before anything includes Catch: it enables Catch's listener interface.
+#include "tests/common/require_cuda_device.h"
+
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -30,24 +29,6 @@
 
 namespace qccl::kernels {
 namespace {
-
-constexpr int kSkipCode = 77;
-
-struct RequireCudaDevice : Catch::TestEventListenerBase {
-  using TestEventListenerBase::TestEventListenerBase;
-  void testRunStarting(const Catch::TestRunInfo& info) override {
-    int devices = 0;
-    const cudaError_t e = cudaGetDeviceCount(&devices);
-    if (e != cudaSuccess || devices == 0) {
-      std::printf("codec_cuda_test: SKIPPED, no CUDA device (%s)\n",
-                  e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
-      std::fflush(stdout);
-      std::_Exit(kSkipCode);  // not exit(): Catch's session is still live on main's stack
-    }
-    TestEventListenerBase::testRunStarting(info);
-  }
-};
-CATCH_REGISTER_LISTENER(RequireCudaDevice)
 
 void ok(cudaError_t e) {
   INFO(cudaGetErrorName(e) << ": " << cudaGetErrorString(e));
@@ -292,7 +273,7 @@ TEST_CASE("invalid arguments enqueue nothing and say cudaErrorInvalidValue", "[c
   q.bits = 4, q.bucket = 12;
   CHECK(decode_accumulate_cuda(q, d.get(), 8, f, nullptr, nullptr) == cudaErrorInvalidValue);
   CHECK(load_float_cuda(DataType::kInt32, d.get(), f, 8, nullptr) == cudaErrorInvalidValue);
-  CHECK(store_float_cuda(DataType::kFloat64, f, d.get(), 8, nullptr) == cudaErrorInvalidValue);
+  CHECK(store_float_cuda(DataType::kFloat64, f, d.get(), 8, nullptr, nullptr) == cudaErrorInvalidValue);
   ok(cudaDeviceSynchronize());
 }
 
@@ -460,10 +441,17 @@ TEST_CASE("the conversions match convert.h bit for bit", "[convert][cuda]") {
 
       std::vector<uint8_t> host_typed(n * esize), dev_typed(n * esize);
       store_float(type, floats.data(), host_typed.data(), n);
-      ok(store_float_cuda(type, df, d_typed.get(), n, s));
+      const size_t host_stored_nonfinite = count_nonfinite(type, host_typed.data(), n);
+      const DeviceBytes d_count(sizeof(unsigned long long));
+      auto* counter = reinterpret_cast<unsigned long long*>(d_count.get());
+      ok(cudaMemsetAsync(counter, 0, sizeof(unsigned long long), s));
+      ok(store_float_cuda(type, df, d_typed.get(), n, counter, s));
+      unsigned long long dev_stored_nonfinite = 0;
       ok(cudaMemcpyAsync(dev_typed.data(), d_typed.get(), n * esize, cudaMemcpyDeviceToHost, s));
+      ok(cudaMemcpyAsync(&dev_stored_nonfinite, counter, sizeof dev_stored_nonfinite, cudaMemcpyDeviceToHost, s));
       ok(cudaStreamSynchronize(s));
       CHECK(first_difference(host_typed.data(), dev_typed.data(), n * esize) == "");
+      CHECK(dev_stored_nonfinite == host_stored_nonfinite);
     }
   }
   for (size_t n : {size_t{1}, size_t{4099}}) {
@@ -492,6 +480,15 @@ TEST_CASE("the conversions match convert.h bit for bit", "[convert][cuda]") {
     ok(cudaMemcpyAsync(dx, x.data(), n * 4, cudaMemcpyHostToDevice, s));
     ok(cudaMemcpyAsync(da, acc0.data(), n * 4, cudaMemcpyHostToDevice, s));
     ok(add_float_cuda(dx, da, n, s));
+    ok(cudaMemcpyAsync(dev.data(), da, n * 4, cudaMemcpyDeviceToHost, s));
+    ok(cudaStreamSynchronize(s));
+    CHECK(first_difference(host.data(), dev.data(), n, true) == "");
+    // Error feedback's residual: the host executor's loop (src/executor.cc, run_data_step).
+    host = acc0;
+    for (size_t i = 0; i < n; ++i) host[i] = 0.9f * (x[i] - host[i]);
+    ok(cudaMemcpyAsync(dx, x.data(), n * 4, cudaMemcpyHostToDevice, s));
+    ok(cudaMemcpyAsync(da, acc0.data(), n * 4, cudaMemcpyHostToDevice, s));
+    ok(feedback_residual_cuda(dx, da, n, 0.9f, s));
     ok(cudaMemcpyAsync(dev.data(), da, n * 4, cudaMemcpyDeviceToHost, s));
     ok(cudaStreamSynchronize(s));
     CHECK(first_difference(host.data(), dev.data(), n, true) == "");

@@ -1,0 +1,70 @@
+// The GPU path's thin layer: what only a GPU can do, behind an interface, so that the device
+// executor's scheduling (executor.cc: ordering, staging, pipelining, buffer reuse) is host code that
+// CI runs against a stand-in (tests/common/stand_in_device.h) and a GPU runs through CudaDevice
+// (device_cuda.cc).
+//
+// A Device owns one stream, the executor's own: the work enqueued on it runs in the order it was
+// enqueued, and a Ticket names a point on it. Joins with a caller's stream are events (wait_for,
+// signal), so that the work a caller queued before a collective runs first and the work it queues
+// after the collective's completion sees its result.
+//
+// Errors throw Error (qcclSystemError, naming the CUDA call and the runtime's message); a fault of
+// the device's own work shows up at a later call, as everywhere in CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "collectives/plan.h"
+
+namespace qccl {
+
+class Device {
+ public:
+  using Ticket = uint64_t;  // points on the stream, increasing; 0 is before any work (always reached)
+  enum class Memory : uint8_t {
+    kDevice,  // scratch and counters: what the kernels touch
+    kPinned,  // page-locked host memory: the staging buffers the transport reads and writes
+  };
+  virtual ~Device() = default;
+  virtual std::string describe() const = 0;
+
+  // Whether p points into this device's memory (cudaPointerGetAttributes), as a caller's buffer.
+  virtual bool is_device_pointer(const void* p) = 0;
+
+  // Memory, never zero bytes. Released memory must no longer be in use by enqueued work.
+  virtual void* allocate(Memory kind, size_t bytes) = 0;
+  virtual void release(Memory kind, void* p) = 0;
+
+  // Work on the stream, in order.
+  // A plan's data step: every Step alternative but the transfers, Wait and Compute, with the call's
+  // datatype, op, rank count and random key (args), the same bits as the host executor's numerics
+  // (codec_cuda.h's promise). Non-finite outputs of Store and DecodeOut are added to the device
+  // counter `nonfinite`. An Encode with a length stores codec.encoded_bytes(count) in it now
+  // (variable-length codecs are refused: their length would need a host round trip).
+  virtual void launch(const coll::Step& step, const coll::CollArgs& args, unsigned long long* nonfinite) = 0;
+  // bytes from src to dst, each in device, pinned or (for small results) host memory.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void zero(void* dst, size_t bytes) = 0;
+  virtual Ticket record() = 0;
+  // Whether the work enqueued before the ticket is done; never blocks.
+  virtual bool reached(Ticket ticket) = 0;
+  // Blocks until everything enqueued is done (failure paths, shutdown).
+  virtual void synchronize() = 0;
+  // Whether enqueued work is not reached yet (the drive loop then polls rather than sleeps).
+  virtual bool busy() = 0;
+
+  // Joins with a caller's stream (a cudaStream_t; null is the legacy default stream): the executor's
+  // stream waits for what the caller's holds so far, or the caller's waits for what the executor's
+  // holds so far.
+  virtual void wait_for(void* stream) = 0;
+  virtual void signal(void* stream) = 0;
+};
+
+// The CUDA device of the calling thread's current device, or null with *why set (a build without
+// CUDA, no driver, no device).
+std::unique_ptr<Device> make_cuda_device(std::string* why);
+
+}  // namespace qccl

@@ -1,0 +1,422 @@
+// The device executor's scheduling (src/executor.h, DeviceExecutor), run on a CPU against the strict
+// stand-in device (tests/common/stand_in_device.h): every registered algorithm that needs no method
+// kernels, on device buffers, gives the host executor's bits exactly (outputs, error-feedback
+// residuals, wire bytes, non-finite counts), for several rank counts, datatypes, ops, chunk sizes,
+// pipeline depths, in place and out of place, with the stream lagging behind the host by a random
+// amount; it joins the caller's stream once each way, reuses its pool from call to call, and refuses
+// plans whose method has no device kernels.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "base/errors.h"
+#include "collectives/compressed.h"
+#include "kernels/codec.h"
+#include "tests/collectives/sim_runner.h"
+#include "tests/common/reference.h"
+#include "tests/common/stand_in_device.h"
+
+namespace qccl::test {
+namespace {
+
+using coll::CollArgs;
+using coll::CollKind;
+
+// The bytes of a call's send and receive buffers on one rank (NCCL's meaning of count).
+void buffer_bytes(const CollArgs& a, size_t* send, size_t* recv) {
+  const size_t block = a.count * a.element_size(), all = block * static_cast<size_t>(a.nranks);
+  switch (a.kind) {
+    case CollKind::kAllReduce: case CollKind::kBroadcast: case CollKind::kReduce:
+      *send = *recv = block;
+      return;
+    case CollKind::kAllGather: case CollKind::kGather:
+      *send = block, *recv = all;
+      return;
+    case CollKind::kReduceScatter: case CollKind::kScatter:
+      *send = all, *recv = block;
+      return;
+    case CollKind::kAlltoAll:
+      *send = *recv = all;
+      return;
+    case CollKind::kSend:
+      *send = block, *recv = 0;
+      return;
+    case CollKind::kRecv:
+      *send = 0, *recv = block;
+      return;
+  }
+}
+
+// One rank's buffers in host memory: the call's arguments point into them.
+struct HostRank {
+  std::vector<uint8_t> send, recv;
+  std::vector<float> residual;  // error feedback (empty: none)
+  coll::QuantizedCall call;
+};
+
+struct Outcome {
+  std::vector<std::vector<uint8_t>> recv;      // per rank
+  std::vector<std::vector<float>> residual;    // per rank (error feedback)
+  std::vector<ExecutionStats> stats;
+};
+
+// The ranks' arguments bound to their host buffers (in place: the send block inside recv, at
+// `in_place_offset` bytes; for AllReduce 0).
+std::vector<CollArgs> bind(std::vector<HostRank>& ranks, const std::vector<CollArgs>& shape, bool in_place,
+                           const std::vector<size_t>& in_place_offset) {
+  std::vector<CollArgs> args = shape;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    CollArgs& a = args[r];
+    a.sendbuf = in_place ? ranks[r].recv.data() + in_place_offset[r] : ranks[r].send.data();
+    a.recvbuf = ranks[r].recv.data();
+    if (ranks[r].send.empty() && !in_place) a.sendbuf = nullptr;
+    if (ranks[r].recv.empty()) a.recvbuf = nullptr;
+    ranks[r].call.residual = ranks[r].residual.empty() ? nullptr : ranks[r].residual.data();
+    if (a.codec) a.method_call = &ranks[r].call;
+  }
+  return args;
+}
+
+Outcome run_host(std::vector<HostRank> ranks, const std::vector<CollArgs>& shape, bool in_place,
+                 const std::vector<size_t>& offset, const coll::Algorithm& algorithm, size_t chunk, int depth) {
+  SimRun sim = run_algorithm_on_sim(bind(ranks, shape, in_place, offset), algorithm, chunk, depth);
+  Outcome out;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    out.recv.push_back(ranks[r].recv);
+    out.residual.push_back(ranks[r].residual);
+    out.stats.push_back(sim.ops[r]->stats());
+  }
+  return out;
+}
+
+// The same call with every buffer copied into the rank's stand-in device.
+Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& shape, bool in_place,
+                   const std::vector<size_t>& offset, const coll::Algorithm& algorithm, size_t chunk, int depth,
+                   uint64_t seed, int calls = 1) {
+  const int n = static_cast<int>(ranks.size());
+  sim::SimNetwork net(n, false);
+  std::vector<std::string> names;
+  for (int r = 0; r < n; ++r) names.push_back("rank " + std::to_string(r));
+  std::vector<std::shared_ptr<StandInDevice>> devices;
+  std::vector<std::unique_ptr<sim::SimTransport>> transports;
+  std::vector<std::unique_ptr<DeviceExecutor>> executors;
+  std::vector<CollArgs> args = bind(ranks, shape, in_place, offset);
+  std::vector<void*> send(n, nullptr), recv(n, nullptr), residual(n, nullptr);
+  for (int r = 0; r < n; ++r) {
+    devices.push_back(std::make_shared<StandInDevice>(seed + static_cast<uint64_t>(r)));
+    StandInDevice& d = *devices[r];
+    transports.push_back(std::make_unique<sim::SimTransport>(net, r));
+    executors.push_back(
+        std::make_unique<DeviceExecutor>(*transports[r], devices[r], HostExecutorOptions{depth, false}, &names));
+    HostRank& h = ranks[r];
+    if (!h.recv.empty()) {
+      recv[r] = d.allocate(Device::Memory::kDevice, h.recv.size());
+      d.upload(recv[r], h.recv.data(), h.recv.size());
+    }
+    if (in_place) {
+      send[r] = static_cast<uint8_t*>(recv[r]) + offset[r];
+    } else if (!h.send.empty()) {
+      send[r] = d.allocate(Device::Memory::kDevice, h.send.size());
+      d.upload(send[r], h.send.data(), h.send.size());
+    }
+    if (!h.residual.empty()) {
+      residual[r] = d.allocate(Device::Memory::kDevice, h.residual.size() * sizeof(float));
+      d.upload(residual[r], h.residual.data(), h.residual.size() * sizeof(float));
+      h.call.residual = static_cast<float*>(residual[r]);
+    }
+    args[r].sendbuf = send[r];
+    args[r].recvbuf = recv[r];
+    args[r].stream = reinterpret_cast<void*>(uintptr_t{0x1000} + static_cast<uintptr_t>(r));
+  }
+  Outcome out;
+  out.stats.resize(n);
+  size_t allocations_after_first = 0;
+  for (int call = 0; call < calls; ++call) {
+    std::vector<std::unique_ptr<Execution>> ops;
+    for (int r = 0; r < n; ++r) {
+      coll::PlanOptions options;
+      options.chunk_bytes = chunk;
+      OperationIdentity id;
+      id.sequence = 7 + static_cast<uint64_t>(call);
+      id.header = FrameHeader::for_call(args[r], id.sequence, args[r].codec ? args[r].codec->hash() : 0);
+      id.expected = id.header;
+      ops.push_back(executors[r]->launch(algorithm, algorithm.make(args[r], options), id, nullptr));
+    }
+    for (;;) {
+      bool moved = net.progress(), all = true;
+      for (int r = 0; r < n; ++r) {
+        moved |= devices[r]->run_some();
+        if (ops[r]->finished()) continue;
+        moved |= ops[r]->advance();
+        all &= ops[r]->finished();
+      }
+      if (all) break;
+      if (!moved && std::none_of(devices.begin(), devices.end(), [](auto& d) { return d->busy(); }))
+      {
+        std::string waiting;
+        for (int r = 0; r < n; ++r) waiting += "; rank " + std::to_string(r) + " waits for " + ops[r]->waiting_for();
+        FAIL("deadlock: no rank and no device can move" << waiting);
+      }
+    }
+    CHECK(net.idle());
+    for (int r = 0; r < n; ++r) {
+      out.stats[r] = ops[r]->stats();
+      INFO("rank " << r);
+      CHECK_FALSE(devices[r]->busy());  // finished means the device reached the last step
+      CHECK(devices[r]->waits() == call + 1);   // the caller's stream joined once each way
+      CHECK(devices[r]->signals() == call + 1);
+      CHECK(devices[r]->last_stream() == args[r].stream);
+    }
+    if (call == 0) {
+      for (auto& d : devices) allocations_after_first += d->allocations();
+    }
+  }
+  if (calls > 1) {  // later calls of the same shape take everything from the pool
+    size_t allocations = 0;
+    for (auto& d : devices) allocations += d->allocations();
+    CHECK(allocations == allocations_after_first);
+  }
+  for (int r = 0; r < n; ++r) {
+    HostRank& h = ranks[r];
+    if (recv[r]) devices[r]->download(h.recv.data(), recv[r], h.recv.size());
+    if (residual[r]) devices[r]->download(h.residual.data(), residual[r], h.residual.size() * sizeof(float));
+    out.recv.push_back(h.recv);
+    out.residual.push_back(h.residual);
+  }
+  for (int r = 0; r < n; ++r) {  // buffers of the test's own
+    if (recv[r]) devices[r]->release(Device::Memory::kDevice, recv[r]);
+    if (send[r] && !in_place) devices[r]->release(Device::Memory::kDevice, send[r]);
+    if (residual[r]) devices[r]->release(Device::Memory::kDevice, residual[r]);
+  }
+  executors.clear();  // the pool goes with the last owner of the device: its releases are checked
+  for (auto& d : devices) CHECK(d->live_allocations() == 0);
+  return out;
+}
+
+void require_same(const Outcome& host, const Outcome& device) {
+  for (size_t r = 0; r < host.recv.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(host.recv[r] == device.recv[r]);
+    CHECK(host.residual[r] == device.residual[r]);
+    CHECK(host.stats[r].bytes_sent == device.stats[r].bytes_sent);
+    CHECK(host.stats[r].bytes_received == device.stats[r].bytes_received);
+    CHECK(host.stats[r].nonfinite == device.stats[r].nonfinite);
+  }
+}
+
+// Every rank's buffers for `shape`, filled from a fixed seed (values in [-4, 4], integers too);
+// receive buffers start as 0xee bytes, so that what a plan leaves alone is compared as well.
+std::vector<HostRank> make_ranks(const std::vector<CollArgs>& shape, uint64_t seed, bool in_place,
+                                 std::vector<size_t>* offset, size_t residual_count = 0) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> value(-8, 8);
+  std::vector<HostRank> ranks(shape.size());
+  offset->assign(shape.size(), 0);
+  for (size_t r = 0; r < shape.size(); ++r) {
+    const CollArgs& a = shape[r];
+    size_t send = 0, recv = 0;
+    buffer_bytes(a, &send, &recv);
+    HostRank& h = ranks[r];
+    h.recv.assign(recv, 0xee);
+    std::vector<uint8_t> input(send);
+    const size_t es = a.element_size();
+    for (size_t i = 0; i < send / es; ++i) store(a.dtype, input.data(), i, value(rng) * 0.5 + 0.125 * (i % 3));
+    if (in_place) {  // the input where the call's in-place form reads it
+      if (a.kind == CollKind::kAllGather) (*offset)[r] = r * a.count * es;
+      std::memcpy(h.recv.data() + (*offset)[r], input.data(), send);
+    } else {
+      h.send = std::move(input);
+    }
+    if (residual_count) {
+      h.residual.resize(residual_count);
+      std::uniform_real_distribution<float> small(-0.01f, 0.01f);
+      for (float& x : h.residual) x = small(rng);
+    }
+  }
+  return ranks;
+}
+
+std::vector<CollArgs> make_shape(CollKind kind, int n, size_t count, DataType dtype, RedOp op, int root = 0) {
+  std::vector<CollArgs> shape(n);
+  for (int r = 0; r < n; ++r) {
+    CollArgs& a = shape[r];
+    a.kind = kind, a.count = count, a.dtype = dtype, a.op = op, a.root = root, a.rank = r, a.nranks = n;
+  }
+  return shape;
+}
+
+bool in_place_allowed(CollKind kind) {
+  return kind == CollKind::kAllReduce || kind == CollKind::kBroadcast || kind == CollKind::kReduce ||
+         kind == CollKind::kAllGather;
+}
+
+TEST_CASE("device executor: every uncompressed algorithm gives the host executor's bits", "[device]") {
+  const CollKind kinds[] = {CollKind::kAllReduce, CollKind::kBroadcast, CollKind::kReduce,  CollKind::kAllGather,
+                            CollKind::kReduceScatter, CollKind::kAlltoAll, CollKind::kGather, CollKind::kScatter};
+  struct Case {
+    int n;
+    size_t count;
+    DataType dtype;
+    RedOp op;
+    size_t chunk;
+    int depth;
+  };
+  const Case cases[] = {{2, 1, DataType::kFloat32, RedOp::kSum, 256, 1},
+                        {3, 1000, DataType::kFloat32, RedOp::kAvg, 512, 2},
+                        {4, 777, DataType::kFloat16, RedOp::kMax, 256, 3},
+                        {3, 333, DataType::kInt32, RedOp::kSum, 4096, 2},
+                        {1, 100, DataType::kBfloat16, RedOp::kSum, 256, 2}};
+  uint64_t seed = 1;
+  for (const Case& c : cases) {
+    for (CollKind kind : kinds) {
+      for (bool in_place : {false, true}) {
+        if (in_place && !in_place_allowed(kind)) continue;
+        const std::vector<CollArgs> shape = make_shape(kind, c.n, c.count, c.dtype, c.op, c.n - 1);
+        for (const coll::Algorithm& algorithm : coll::algorithms()) {
+          if (algorithm.collective != kind || algorithm.cannot_run(shape[0])) continue;
+          INFO(coll::coll_name(kind) << " via " << algorithm.name << ", " << c.n << " ranks, " << c.count
+                                     << " values, chunk " << c.chunk << ", depth " << c.depth
+                                     << (in_place ? ", in place" : ""));
+          std::vector<size_t> offset;
+          const auto ranks = make_ranks(shape, ++seed, in_place, &offset);
+          require_same(run_host(ranks, shape, in_place, offset, algorithm, c.chunk, c.depth),
+                       run_device(ranks, shape, in_place, offset, algorithm, c.chunk, c.depth, seed));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("device executor: Send and Recv give the host executor's bits", "[device]") {
+  std::vector<CollArgs> shape = make_shape(CollKind::kSend, 2, 1001, DataType::kFloat32, RedOp::kSum);
+  shape[0].peer = 1;
+  shape[1].kind = CollKind::kRecv, shape[1].peer = 0;
+  const coll::Algorithm* send = coll::find_algorithm(CollKind::kSend, "direct");
+  REQUIRE(send);
+  // Both ranks' plans come from their own kind's entry: run them through one Algorithm whose make
+  // dispatches on the arguments.
+  static const coll::Algorithm kSendRecv = {
+      "direct", CollKind::kSend, "", "", 0, [](const CollArgs&) -> const char* { return nullptr; },
+      [](const CollArgs& a, const coll::PlanOptions& o) {
+        return coll::find_algorithm(a.kind, "direct")->make(a, o);
+      }};
+  std::vector<size_t> offset;
+  const auto ranks = make_ranks(shape, 99, false, &offset);
+  require_same(run_host(ranks, shape, false, offset, kSendRecv, 1024, 2),
+               run_device(ranks, shape, false, offset, kSendRecv, 1024, 2, 5));
+}
+
+TEST_CASE("device executor: compressed all-reduce, allgather and reduce-scatter give the host's bits", "[device]") {
+  struct Case {
+    CollKind kind;
+    const char* algorithm;
+    const char* codec;
+    int n;
+    size_t count;
+    DataType dtype;
+    bool error_feedback;
+  };
+  const Case cases[] = {
+      {CollKind::kAllReduce, "ring_compressed", "q8", 3, 1000, DataType::kFloat32, false},
+      {CollKind::kAllReduce, "ring_compressed", "q4:round=stochastic", 4, 999, DataType::kBfloat16, true},
+      {CollKind::kAllReduce, "sra_compressed", "q8", 4, 4097, DataType::kFloat32, true},
+      {CollKind::kAllReduce, "sra_compressed", "fp16", 2, 300, DataType::kFloat16, false},
+      {CollKind::kAllGather, "compressed_ring", "q8", 3, 500, DataType::kFloat32, false},
+      {CollKind::kReduceScatter, "compressed_pairwise", "q6", 3, 400, DataType::kFloat32, false},
+  };
+  uint64_t seed = 1000;
+  for (const Case& c : cases) {
+    const kernels::CodecConfig codec = kernels::parse_codec_spec(c.codec);
+    std::vector<CollArgs> shape = make_shape(c.kind, c.n, c.count, c.dtype, RedOp::kSum);
+    for (int r = 0; r < c.n; ++r) {
+      shape[r].codec = &codec;
+      shape[r].rng = kernels::PhiloxKey{codec.seed, 3, static_cast<uint32_t>(r), 0};
+    }
+    const coll::Algorithm* algorithm = coll::find_algorithm(c.kind, c.algorithm);
+    REQUIRE(algorithm);
+    INFO(c.algorithm << " " << c.codec << ", " << c.n << " ranks" << (c.error_feedback ? ", error feedback" : ""));
+    REQUIRE(algorithm->cannot_run(shape[0]) == nullptr);
+    size_t send = 0, recv = 0;
+    buffer_bytes(shape[0], &send, &recv);
+    std::vector<size_t> offset;
+    const auto ranks = make_ranks(shape, ++seed, false, &offset, c.error_feedback ? send / shape[0].element_size() : 0);
+    for (int depth : {1, 3}) {
+      const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 1024, depth);
+      require_same(host, run_device(ranks, shape, false, offset, *algorithm, 1024, depth, seed));
+      if (c.error_feedback) CHECK(host.residual[0] != ranks[0].residual);  // the feedback ran
+    }
+  }
+}
+
+TEST_CASE("device executor: non-finite values are counted on the device, once per collective", "[device]") {
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("q8");
+  std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, 3, 600, DataType::kFloat32, RedOp::kSum);
+  for (int r = 0; r < 3; ++r) shape[r].codec = &codec;
+  std::vector<size_t> offset;
+  auto ranks = make_ranks(shape, 7, false, &offset);
+  const float inf = INFINITY, nan = NAN;
+  std::memcpy(ranks[1].send.data() + 10 * sizeof(float), &inf, sizeof inf);
+  std::memcpy(ranks[2].send.data() + 500 * sizeof(float), &nan, sizeof nan);
+  const coll::Algorithm* algorithm = coll::find_algorithm(CollKind::kAllReduce, "sra_compressed");
+  const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 512, 2);
+  const Outcome device = run_device(ranks, shape, false, offset, *algorithm, 512, 2, 11);
+  REQUIRE(host.stats[0].nonfinite > 0);
+  require_same(host, device);
+}
+
+TEST_CASE("device executor: the pool serves later calls without allocating", "[device]") {
+  std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, 3, 5000, DataType::kFloat32, RedOp::kSum);
+  std::vector<size_t> offset;
+  const auto ranks = make_ranks(shape, 3, false, &offset);
+  const coll::Algorithm* ring = coll::find_algorithm(CollKind::kAllReduce, "ring");
+  run_device(ranks, shape, false, offset, *ring, 1024, 2, 1, /*calls=*/3);
+}
+
+// A method's kernel and a plan of one Compute step, as Marsit's and IntSGD's plans have.
+class HostOnlyKernel final : public coll::StepKernel {
+ public:
+  Phase phase() const override { return Phase::kEncode; }
+  const char* name() const override { return "pack"; }
+  void run(const coll::step::Compute&, coll::StepContext&) const override {}
+};
+
+class ComputePlan final : public coll::Plan {
+ public:
+  using Plan::Plan;
+  size_t fragments() const override { return 1; }
+  void build(size_t, std::byte*, coll::Program& out) const override {
+    out.clear();
+    coll::step::Compute c{};
+    c.kernel = &kernel_;
+    c.count = 1;
+    out.compute(c);
+  }
+  void links(std::vector<int>*, std::vector<int>*) const override {}
+  uint64_t wire_bytes_sent() const override { return 0; }
+
+ private:
+  HostOnlyKernel kernel_;
+};
+
+TEST_CASE("device executor: a plan with a method's step kernels is refused, naming the kernel", "[device]") {
+  static const coll::Algorithm kCompute = {
+      "compute", CollKind::kAllReduce, "", "", 0, [](const CollArgs&) -> const char* { return nullptr; },
+      [](const CollArgs& a, const coll::PlanOptions&) -> std::unique_ptr<coll::Plan> {
+        return std::make_unique<ComputePlan>(a);
+      }};
+  std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, 1, 256, DataType::kFloat32, RedOp::kSum);
+  std::vector<size_t> offset;
+  const auto ranks = make_ranks(shape, 3, false, &offset);
+  try {
+    run_device(ranks, shape, false, offset, kCompute, 1024, 2, 1);
+    FAIL("the device executor ran a host-only step kernel");
+  } catch (const Error& e) {
+    CHECK(e.code() == qcclInvalidUsage);
+    CHECK_THAT(e.what(), Catch::Contains("step kernel 'pack' has no device implementation"));
+  }
+}
+
+}  // namespace
+}  // namespace qccl::test

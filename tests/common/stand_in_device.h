@@ -1,0 +1,208 @@
+// A host stand-in for a GPU (src/device.h), strict enough that the device executor's scheduling
+// bugs show up as wrong bits or crashes on a CPU:
+//   - device memory is mapped PROT_NONE except while the stand-in runs its own queued work, so the
+//     host touching it (reading a kernel's output too early, writing a received message straight
+//     into it) faults;
+//   - every operand of a launched step must lie inside this device's memory (a residual left in host
+//     memory, another rank's buffer: the test fails with the step named);
+//   - queued work runs only when the test says (run_some, a seeded random number of items at a time),
+//     so the stream lags behind the host as a real one does, and a ticket polled too early is seen
+//     as not reached;
+//   - the numerics are the host executor's own (run_data_step), so the device executor must give
+//     the host executor's bits exactly.
+#pragma once
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/codec.h"
+#include "src/device.h"
+#include "src/executor.h"
+
+namespace qccl::test {
+
+class StandInDevice final : public Device {
+ public:
+  explicit StandInDevice(uint64_t seed = 1) : rng_(seed) {}
+  ~StandInDevice() override {
+    for (auto& [p, bytes] : device_) munmap(reinterpret_cast<void*>(p), bytes);
+    for (auto& [p, bytes] : pinned_) munmap(reinterpret_cast<void*>(p), bytes);
+  }
+
+  std::string describe() const override { return "a host stand-in device"; }
+  bool is_device_pointer(const void* p) override { return inside(device_, p, 1); }
+
+  void* allocate(Memory kind, size_t bytes) override {
+    if (bytes == 0) throw std::logic_error("stand-in device: an allocation of zero bytes");
+    const size_t mapped = round_up(bytes);
+    void* p = mmap(nullptr, mapped, kind == Memory::kDevice ? PROT_NONE : PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("stand-in device: mmap failed");
+    (kind == Memory::kDevice ? device_ : pinned_)[reinterpret_cast<uintptr_t>(p)] = mapped;
+    ++allocations_;
+    return p;
+  }
+  void release(Memory kind, void* p) override {
+    auto& map = kind == Memory::kDevice ? device_ : pinned_;
+    auto it = map.find(reinterpret_cast<uintptr_t>(p));
+    if (it == map.end()) throw std::logic_error("stand-in device: release of memory it did not allocate");
+    munmap(p, it->second);
+    map.erase(it);
+  }
+
+  void launch(const coll::Step& step, const coll::CollArgs& args, unsigned long long* nonfinite) override {
+    check_operands(step, args);
+    require_device(nonfinite, sizeof *nonfinite, "the non-finite counter");
+    coll::Step queued = step;
+    if (auto* e = std::get_if<coll::step::Encode>(&queued); e && e->length) {
+      // As the CUDA device: the length is known on the host when the step is enqueued.
+      if (e->codec->variable_length()) throw std::logic_error("stand-in device: a variable-length encode");
+      *e->length = e->codec->encoded_bytes(e->count);
+      e->length = nullptr;
+    }
+    ++launches_;
+    enqueue([queued, args, nonfinite] { *nonfinite += run_data_step(queued, args); });
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (!known(dst, bytes) || !known(src, bytes))
+      throw std::logic_error("stand-in device: a copy from or to memory it does not know");
+    enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  }
+  void zero(void* dst, size_t bytes) override {
+    require_device(dst, bytes, "zero");
+    enqueue([dst, bytes] { std::memset(dst, 0, bytes); });
+  }
+  Ticket record() override { return enqueued_; }
+  bool reached(Ticket ticket) override { return done_ >= ticket; }
+  void synchronize() override {
+    while (run_some(~size_t{0})) {
+    }
+  }
+  bool busy() override { return !queue_.empty(); }
+  void wait_for(void* stream) override {
+    ++waits_;
+    last_stream_ = stream;
+  }
+  void signal(void* stream) override {
+    ++signals_;
+    last_stream_ = stream;
+  }
+
+  // The test's side. Runs up to `limit` queued items (a random number from 0 to 3 by default);
+  // true when it ran any.
+  bool run_some(size_t limit = 0) {
+    if (limit == 0) limit = std::uniform_int_distribution<size_t>(0, 3)(rng_);
+    size_t ran = 0;
+    while (ran < limit && !queue_.empty()) {
+      unprotect(true);
+      queue_.front()();
+      unprotect(false);
+      queue_.pop_front();
+      ++done_;
+      ++ran;
+    }
+    return ran > 0;
+  }
+  // Synchronous copies between the test's host memory and device memory.
+  void upload(void* dst, const void* src, size_t bytes) {
+    require_device(dst, bytes, "upload");
+    unprotect(true);
+    std::memcpy(dst, src, bytes);
+    unprotect(false);
+  }
+  void download(void* dst, const void* src, size_t bytes) {
+    require_device(src, bytes, "download");
+    unprotect(true);
+    std::memcpy(dst, src, bytes);
+    unprotect(false);
+  }
+  size_t allocations() const { return allocations_; }  // made so far
+  size_t live_allocations() const { return device_.size() + pinned_.size(); }
+  size_t launches() const { return launches_; }
+  int waits() const { return waits_; }
+  int signals() const { return signals_; }
+  void* last_stream() const { return last_stream_; }
+
+ private:
+  static size_t round_up(size_t bytes) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return (bytes + page - 1) / page * page;
+  }
+  static bool inside(const std::map<uintptr_t, size_t>& map, const void* p, size_t bytes) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = map.upper_bound(a);
+    if (it == map.begin()) return false;
+    --it;
+    return a >= it->first && a + bytes <= it->first + it->second;
+  }
+  bool known(const void* p, size_t bytes) const { return inside(device_, p, bytes) || inside(pinned_, p, bytes); }
+  void require_device(const void* p, size_t bytes, const std::string& what) const {
+    if (bytes && !inside(device_, p, bytes))
+      throw std::logic_error("stand-in device: " + what + " is not in this device's memory");
+  }
+  void enqueue(std::function<void()> work) {
+    queue_.push_back(std::move(work));
+    ++enqueued_;
+  }
+  void unprotect(bool on) {
+    for (auto& [p, bytes] : device_) mprotect(reinterpret_cast<void*>(p), bytes, on ? PROT_READ | PROT_WRITE : PROT_NONE);
+  }
+  // Every pointer a step's kernel would touch, with its extent.
+  void check_operands(const coll::Step& step, const coll::CollArgs& args) const {
+    namespace st = coll::step;
+    const size_t es = args.element_size();
+    auto need = [&](const void* p, size_t bytes, const char* what) {
+      require_device(p, bytes, std::string("step ") + std::to_string(step.index()) + "'s " + what);
+    };
+    std::visit(
+        [&](const auto& s) {
+          using S = std::decay_t<decltype(s)>;
+          if constexpr (std::is_same_v<S, st::Reduce>) {
+            need(s.a, s.count * es, "a"), need(s.b, s.count * es, "b"), need(s.dst, s.count * es, "dst");
+          } else if constexpr (std::is_same_v<S, st::Copy>) {
+            need(s.src, s.bytes, "src"), need(s.dst, s.bytes, "dst");
+          } else if constexpr (std::is_same_v<S, st::Average>) {
+            need(s.buf, s.count * es, "buf");
+          } else if constexpr (std::is_same_v<S, st::Load>) {
+            need(s.src, s.count * es, "src"), need(s.dst, s.count * 4, "dst");
+          } else if constexpr (std::is_same_v<S, st::Store>) {
+            need(s.src, s.count * 4, "src"), need(s.dst, s.count * es, "dst");
+          } else if constexpr (std::is_same_v<S, st::AddFloat>) {
+            need(s.src, s.count * 4, "src"), need(s.dst, s.count * 4, "dst");
+          } else if constexpr (std::is_same_v<S, st::Divide>) {
+            need(s.dst, s.count * 4, "dst");
+          } else if constexpr (std::is_same_v<S, st::Encode>) {
+            need(s.src, s.count * 4, "src"), need(s.dst, s.codec->encoded_bytes(s.count), "dst");
+          } else if constexpr (std::is_same_v<S, st::DecodeAdd>) {
+            need(s.src, s.codec->encoded_bytes(s.count), "src"), need(s.dst, s.count * 4, "dst");
+          } else if constexpr (std::is_same_v<S, st::DecodeOut>) {
+            need(s.src, s.codec->encoded_bytes(s.count), "src"), need(s.dst, s.count * es, "dst");
+            if (args.dtype != kernels::DataType::kFloat32) need(s.scratch, s.count * 4, "scratch");
+          } else if constexpr (std::is_same_v<S, st::ErrorFeedback>) {
+            need(s.residual, s.count * 4, "residual"), need(s.acc, s.count * 4, "acc");
+            need(s.encoded, s.codec->encoded_bytes(s.count), "encoded");
+          } else {
+            throw std::logic_error("stand-in device: step " + std::to_string(step.index()) + " is not a data step");
+          }
+        },
+        step);
+  }
+
+  std::mt19937_64 rng_;
+  std::map<uintptr_t, size_t> device_, pinned_;
+  std::deque<std::function<void()>> queue_;
+  Ticket enqueued_ = 0, done_ = 0;
+  size_t allocations_ = 0, launches_ = 0;
+  int waits_ = 0, signals_ = 0;
+  void* last_stream_ = nullptr;
+};
+
+}  // namespace qccl::test

@@ -1,0 +1,187 @@
+// Device buffers through the C API (label gpu): every collective and point-to-point call on cudaMalloc'd
+// buffers, with several processes sharing one GPU over the staged wire, gives the bits of the same
+// call on host buffers; so does the compressed all-reduce (nearest rounding, so that the key does not
+// matter); the call waits for the work queued on the communicator's stream before it, and work queued
+// after it sees its result; what the device path does not take yet is refused before anything is
+// sent. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
+// First, before anything includes Catch: it enables Catch's listener interface.
+#include "tests/common/require_cuda_device.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "tests/ranks/rank_test_util.h"
+
+namespace qccl::test {
+namespace {
+
+void ok(cudaError_t e) {
+  INFO(cudaGetErrorName(e) << ": " << cudaGetErrorString(e));
+  REQUIRE(e == cudaSuccess);
+}
+
+// A device copy of a host buffer (or `bytes` bytes of `fill`), freed on scope exit.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<uint8_t>& from) : bytes_(from.size()) {
+    ok(cudaMalloc(&p_, bytes_ ? bytes_ : 1));
+    if (bytes_) ok(cudaMemcpy(p_, from.data(), bytes_, cudaMemcpyHostToDevice));
+  }
+  ~DeviceBuffer() { cudaFree(p_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return p_; }
+  std::vector<uint8_t> read() const {
+    std::vector<uint8_t> out(bytes_);
+    if (bytes_) ok(cudaMemcpy(out.data(), p_, bytes_, cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_;
+};
+
+// Every collective with the same arguments on host buffers and on device buffers: the same bytes.
+using Call = qcclResult_t (*)(const void* send, void* recv, size_t count, qcclDataType_t t, qcclRedOp_t op, int root,
+                              qcclComm_t comm);
+
+void compare(const char* name, Call call, size_t count, size_t send_values, size_t recv_values, DataType t,
+             RedOp op, int root) {
+  World& w = World::get();
+  INFO(name << ", " << count << " values, datatype " << static_cast<int>(t) << ", op " << static_cast<int>(op));
+  const size_t es = kernels::element_size(t);
+  const std::vector<uint8_t> send = inputs(t, op, w.rank(), send_values);
+  std::vector<uint8_t> host_recv(recv_values * es, 0xee);
+  QCCL_REQUIRE_OK(call(send.data(), host_recv.data(), count, to_api(t), to_api(op), root, w.comm()));
+  DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(recv_values * es, 0xee));
+  QCCL_REQUIRE_OK(call(dsend.get(), drecv.get(), count, to_api(t), to_api(op), root, w.comm()));
+  CHECK(drecv.read() == host_recv);
+}
+
+TEST_CASE("every collective on device buffers gives the host buffers' bits", "[device]") {
+  World& w = World::get();
+  const size_t n = static_cast<size_t>(w.size());
+  const int root = w.size() - 1;
+  struct Type {
+    DataType t;
+    RedOp op;
+  };
+  for (const Type& ty : {Type{DataType::kFloat32, RedOp::kSum}, Type{DataType::kFloat16, RedOp::kAvg},
+                         Type{DataType::kInt32, RedOp::kMax}}) {
+    for (size_t count : {size_t{1}, size_t{1000}, size_t{300001}}) {
+      compare("AllReduce", [](const void* s, void* r, size_t c, qcclDataType_t t, qcclRedOp_t op, int, qcclComm_t comm) {
+        return qcclAllReduce(s, r, c, t, op, comm);
+      }, count, count, count, ty.t, ty.op, root);
+      compare("Broadcast", [](const void* s, void* r, size_t c, qcclDataType_t t, qcclRedOp_t, int root, qcclComm_t comm) {
+        return qcclBroadcast(s, r, c, t, root, comm);
+      }, count, count, count, ty.t, ty.op, root);
+      compare("Reduce", [](const void* s, void* r, size_t c, qcclDataType_t t, qcclRedOp_t op, int root, qcclComm_t comm) {
+        return qcclReduce(s, r, c, t, op, root, comm);
+      }, count, count, count, ty.t, ty.op, root);
+      compare("AllGather", [](const void* s, void* r, size_t c, qcclDataType_t t, qcclRedOp_t, int, qcclComm_t comm) {
+        return qcclAllGather(s, r, c, t, comm);
+      }, count, count, n * count, ty.t, ty.op, root);
+      compare("ReduceScatter", [](const void* s, void* r, size_t c, qcclDataType_t t, qcclRedOp_t op, int, qcclComm_t comm) {
+        return qcclReduceScatter(s, r, c, t, op, comm);
+      }, count, n * count, count, ty.t, ty.op, root);
+      compare("AlltoAll", [](const void* s, void* r, size_t c, qcclDataType_t t, qcclRedOp_t, int, qcclComm_t comm) {
+        return qcclAlltoAll(s, r, c, t, comm);
+      }, count, n * count, n * count, ty.t, ty.op, root);
+      compare("Gather", [](const void* s, void* r, size_t c, qcclDataType_t t, qcclRedOp_t, int root, qcclComm_t comm) {
+        return qcclGather(s, r, c, t, root, comm);
+      }, count, count, n * count, ty.t, ty.op, root);
+      compare("Scatter", [](const void* s, void* r, size_t c, qcclDataType_t t, qcclRedOp_t, int root, qcclComm_t comm) {
+        return qcclScatter(s, r, c, t, root, comm);
+      }, count, n * count, count, ty.t, ty.op, root);
+    }
+  }
+}
+
+TEST_CASE("in-place all-reduce and a ring of sends on device buffers", "[device]") {
+  World& w = World::get();
+  const size_t count = 77777;
+  std::vector<uint8_t> host = inputs(DataType::kFloat32, RedOp::kSum, w.rank(), count);
+  DeviceBuffer dev(host);
+  QCCL_REQUIRE_OK(qcclAllReduce(host.data(), host.data(), count, qcclFloat32, qcclSum, w.comm()));
+  QCCL_REQUIRE_OK(qcclAllReduce(dev.get(), dev.get(), count, qcclFloat32, qcclSum, w.comm()));
+  CHECK(dev.read() == host);
+
+  const int next = (w.rank() + 1) % w.size(), prev = (w.rank() + w.size() - 1) % w.size();
+  const std::vector<uint8_t> mine = inputs(DataType::kFloat32, RedOp::kSum, w.rank(), count);
+  DeviceBuffer dsend(mine), drecv(std::vector<uint8_t>(mine.size(), 0));
+  QCCL_REQUIRE_OK(qcclGroupStart());
+  QCCL_REQUIRE_OK(qcclSend(dsend.get(), count, qcclFloat32, next, w.comm()));
+  QCCL_REQUIRE_OK(qcclRecv(drecv.get(), count, qcclFloat32, prev, w.comm()));
+  QCCL_REQUIRE_OK(qcclGroupEnd());
+  CHECK(drecv.read() == inputs(DataType::kFloat32, RedOp::kSum, prev, count));
+}
+
+TEST_CASE("compressed all-reduce on device buffers gives the host path's bits", "[device]") {
+  World& w = World::get();
+  for (const char* spec : {"q8", "q4:bucket=128", "fp16", "bf16"}) {
+    for (DataType t : {DataType::kFloat32, DataType::kBfloat16}) {
+      INFO(spec << ", datatype " << static_cast<int>(t));
+      Codec codec(spec);
+      const size_t count = 1 << 18;
+      const std::vector<uint8_t> send = inputs(t, RedOp::kSum, w.rank(), count);
+      std::vector<uint8_t> host(send.size());
+      QCCL_REQUIRE_OK(qcclAllReduceCompressed(send.data(), host.data(), count, to_api(t), qcclSum, codec.handle,
+                                              nullptr, w.comm()));
+      DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+      QCCL_REQUIRE_OK(qcclAllReduceCompressed(dsend.get(), drecv.get(), count, to_api(t), qcclSum, codec.handle,
+                                              nullptr, w.comm()));
+      CHECK(drecv.read() == host);
+    }
+  }
+}
+
+TEST_CASE("device calls are ordered with the communicator's stream", "[device]") {
+  World& w = World::get();
+  cudaStream_t stream = nullptr;
+  ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  QCCL_REQUIRE_OK(qcclCommSetStream(w.comm(), stream));
+  void* got = nullptr;
+  QCCL_REQUIRE_OK(qcclCommGetStream(w.comm(), &got));
+  CHECK(got == stream);
+  const size_t count = 1 << 20, bytes = count * sizeof(float);
+  DeviceBuffer send(std::vector<uint8_t>(bytes, 0)), recv(std::vector<uint8_t>(bytes, 0));
+  DeviceBuffer slow(std::vector<uint8_t>(size_t{256} << 20, 0));
+  for (int round = 0; round < 3; ++round) {
+    // Queued before the call: a long memset, then the one that makes the input (bytes 0x01 0x01 ..).
+    ok(cudaMemsetAsync(slow.get(), round, size_t{256} << 20, stream));
+    ok(cudaMemsetAsync(send.get(), 1 + round, bytes, stream));
+    QCCL_REQUIRE_OK(qcclAllReduce(send.get(), recv.get(), count, qcclFloat32,
+                                  qcclMax, w.comm()));
+    std::vector<uint8_t> out(bytes);
+    ok(cudaMemcpyAsync(out.data(), recv.get(), bytes, cudaMemcpyDeviceToHost, stream));  // queued after
+    ok(cudaStreamSynchronize(stream));
+    std::vector<uint8_t> expected(bytes, static_cast<uint8_t>(1 + round));  // max of equal floats
+    CHECK(out == expected);
+  }
+  QCCL_REQUIRE_OK(qcclCommSetStream(w.comm(), nullptr));
+  ok(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("what the device path does not take is refused before anything is sent", "[device]") {
+  World& w = World::get();
+  const size_t count = 1024;
+  std::vector<uint8_t> host(count * 4, 0);
+  DeviceBuffer dev(host);
+  CHECK(qcclAllReduce(dev.get(), host.data(), count, qcclFloat32, qcclSum, w.comm()) == qcclInvalidArgument);
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("both must be on"));
+  Codec sign("sign:eta_s=0.01");
+  CHECK(qcclAllReduceCompressed(dev.get(), dev.get(), count, qcclFloat32, qcclSum, sign.handle, nullptr, w.comm()) ==
+        qcclInvalidUsage);
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("device path"));
+  // The communicator is intact.
+  QCCL_REQUIRE_OK(qcclAllReduce(dev.get(), dev.get(), count, qcclFloat32, qcclSum, w.comm()));
+}
+
+}  // namespace
+}  // namespace qccl::test
