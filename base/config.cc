@@ -23,6 +23,7 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_CODEC_STATE_BUDGET", "4294967296", "bytes of codec state (error-feedback residuals, Marsit compensations, IntSGD states) one communicator may hold"},
       {"QCCL_AGGREGATORS", "unset (none)", "host:port,... of IntSGD's aggregator processes (qccl_aggregator; set by qcclrun --aggregators K): every communicator registers with them, and the int codecs' agg=switch sums through them"},
       {"QCCL_NODE_MAP", "unset (by host)", "which ranks share a node, to emulate several nodes on one host: one node label per rank, comma-separated non-negative integers such as 0,0,1,1 (ranks with equal labels share a node); it must list every rank of the communicator"},
+      {"QCCL_GPU_WIRE", "auto", "how device-buffer collectives move bytes between ranks: nccl (NCCL point-to-point between the GPUs, libnccl.so.2 loaded at run time), host (staged through pinned host memory over qccl's transport) or auto (nccl when every rank has a GPU of its own and all share one host, else host); chosen at the first call on device buffers, which every rank must make at the same point"},
       {"QCCL_OVERSUBSCRIBED", "unset (detected)", "1: more ranks than CPUs share this machine, so a spinning rank yields the CPU; 0: they do not; unset: ranks of this host (by host name and boot id) against the CPUs this process may use (qcclrun --nodes and --netem set 1 when their emulated hosts share too few CPUs)"},
       {"QCCL_RANK", "unset", "this process's rank, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_NRANKS", "unset", "number of ranks, for qcclCommInitEnv (set by qcclrun)"},
@@ -106,6 +107,11 @@ Config Config::from_environment() {
   if (const char* v = env("QCCL_CODEC_STATE_BUDGET")) c.codec_state_budget = parse_size("QCCL_CODEC_STATE_BUDGET", v);
   if (const char* v = env("QCCL_AGGREGATORS")) c.aggregators = v;
   if (const char* v = env("QCCL_NODE_MAP")) c.node_map = v;
+  if (const char* v = env("QCCL_GPU_WIRE")) {
+    c.gpu_wire = v;
+    if (c.gpu_wire != "auto" && c.gpu_wire != "nccl" && c.gpu_wire != "host")
+      fail(qcclInvalidArgument, "QCCL_GPU_WIRE = '%s' is not auto, nccl or host", v);
+  }
   if (const char* v = env("QCCL_OVERSUBSCRIBED"))
     c.oversubscribed = static_cast<int>(parse_int("QCCL_OVERSUBSCRIBED", v, 0, 1));
   return c;

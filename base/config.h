@@ -32,6 +32,7 @@ struct Config {
   std::string aggregators;         // QCCL_AGGREGATORS: host:port,... of IntSGD's aggregator processes
   std::string node_map;            // QCCL_NODE_MAP: node label per rank (src/node_map.h); empty: by host
   int oversubscribed = -1;         // QCCL_OVERSUBSCRIBED: 0 or 1; -1 = detect (ranks of this host > its CPUs)
+  std::string gpu_wire = "auto";   // QCCL_GPU_WIRE: auto, nccl or host (src/comm.h, "Device buffers")
 
   // Environment first, then the fields of `overrides` that are set (overrides may be null).
   // Throws Error(qcclInvalidArgument) naming the variable or field and its value.

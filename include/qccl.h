@@ -232,20 +232,28 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
 
 /* ---- Device buffers ------------------------------------------------------------------------------
  * In a build with CUDA (qccl_info prints whether), every collective, point-to-point and compressed
- * call also takes buffers in CUDA device memory (cudaMalloc, or managed memory) of the calling
- * thread's current device: qccl asks cudaPointerGetAttributes, and only in a process that has loaded
- * CUDA, so host-only programs never initialize it. Such a call runs on a stream of qccl's own that
- * first waits for the work the communicator's stream held when the call was made, and the
- * communicator's stream then waits for the call's work, so that kernels queued before the call
- * produce its input and kernels queued after its completion see its output. Like cuBLAS's handle,
- * a communicator has one stream, set with qcclCommSetStream for the calls made after it (NULL, the
- * default: CUDA's legacy default stream); a cudaStream_t is passed as void* so that this header
- * needs no CUDA header. A blocking call returns once its result is in recvbuff; a non-blocking
- * call's request completes then. The bytes cross the network through pinned host buffers over the
- * same transport as host buffers; the results have the host path's bits. Not yet on device buffers:
- * the codecs with a method of their own (sign, int, fft, aq, learned levels) and codec states, which
- * fail with qcclInvalidUsage; a call whose sendbuff and recvbuff are in different memories fails
- * with qcclInvalidArgument. In a build without CUDA, device pointers are not recognized. */
+ * call also takes buffers in CUDA device memory (cudaMalloc, or managed memory) of the device that
+ * was the calling thread's current one at the communicator's first such call. qccl asks the CUDA
+ * driver (cuPointerGetAttribute), only in a process that has loaded it and without making a
+ * context, so that host buffers cost a lookup and host-only programs nothing.
+ *
+ * Order: such a call runs on a stream of qccl's own that first waits for the work the
+ * communicator's stream held when the call was made, and the communicator's stream then waits for
+ * the call's work, so that kernels queued before the call produce its input and kernels queued
+ * after its completion see its output. Like a cuBLAS handle, a communicator has one stream, set
+ * with qcclCommSetStream for the calls made after it (NULL, the default: CUDA's legacy default
+ * stream); a cudaStream_t is passed as void* so that this header needs no CUDA header. A blocking
+ * call returns once its result is in recvbuff; a non-blocking call's request completes then.
+ *
+ * The results have the host path's bits. The bytes move over NCCL point-to-point between the GPUs,
+ * or through pinned host buffers over the same transport as host buffers (QCCL_GPU_WIRE;
+ * point-to-point calls always take the latter). The first collective on device buffers chooses, on
+ * every rank together, so every rank must make it at the same point.
+ *
+ * Not yet on device buffers: the codecs with a method of their own (sign, int, fft, aq, learned
+ * levels) and codec states, which fail with qcclInvalidUsage. A call whose sendbuff and recvbuff
+ * are in different memories fails with qcclInvalidArgument, as does device memory in a build
+ * without CUDA or of another device than the communicator's. */
 QCCL_API qcclResult_t qcclCommSetStream(qcclComm_t comm, void* stream);
 QCCL_API qcclResult_t qcclCommGetStream(qcclComm_t comm, void** stream);
 

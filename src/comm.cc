@@ -249,16 +249,29 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
 }
 
 namespace {
-// Whether the process has loaded the CUDA driver: only then can a buffer be device memory, and only
-// then is it worth asking (a host-only process must not pay CUDA's initialization).
-bool cuda_in_process() {
-  static std::atomic<bool> seen{false};
-  if (seen.load(std::memory_order_relaxed)) return true;
-  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  if (!driver) return false;
-  dlclose(driver);  // NOLOAD took a reference
-  seen.store(true, std::memory_order_relaxed);
-  return true;
+// Whether p is CUDA device memory, asked of the CUDA driver the process has loaded, if any: a process
+// that never loaded CUDA has no device memory, and asking the driver makes no context, so that host
+// calls in a CUDA process cost a lookup and nothing more. Builds without CUDA ask too, to refuse
+// device buffers rather than read them. The driver's types are spelt out here (cuda.h: CUresult
+// cuPointerGetAttribute(void*, CUpointer_attribute, CUdeviceptr)), as a host-only build has no
+// cuda.h.
+bool driver_says_device(const void* p) {
+  using GetAttribute = int (*)(void* data, int attribute, unsigned long long pointer);
+  constexpr int kMemoryType = 2;                        // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+  constexpr unsigned kDevice = 2, kArray = 3;           // CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_ARRAY
+  static std::atomic<GetAttribute> get{nullptr};        // found once CUDA is in the process
+  GetAttribute fn = get.load(std::memory_order_acquire);
+  if (!fn) {
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!driver) return false;
+    fn = reinterpret_cast<GetAttribute>(dlsym(driver, "cuPointerGetAttribute"));
+    if (!fn) return false;
+    get.store(fn, std::memory_order_release);  // the library stays: the NOLOAD reference is kept
+  }
+  unsigned type = 0;
+  // Pageable host memory is unknown to the driver (an error): host.
+  if (fn(&type, kMemoryType, reinterpret_cast<uintptr_t>(p)) != 0) return false;
+  return type == kDevice || type == kArray;
 }
 
 const char* device_codec_refusal(const kernels::CodecConfig& c) {
@@ -268,36 +281,98 @@ const char* device_codec_refusal(const kernels::CodecConfig& c) {
 }
 }  // namespace
 
-Device* Comm::device() {
+Device* Comm::device(std::string* why) {
   std::lock_guard<std::mutex> lock(device_mu_);
-  if (device_ || device_tried_ || !cuda_in_process()) return device_.get();
-  device_tried_ = true;
-  std::string why;
-  device_ = make_cuda_device(&why);
-  if (!device_) {
-    QCCL_WARN("CUDA is loaded in this process but qccl cannot use it (%s): every buffer is taken for host memory",
-              why.c_str());
-    return nullptr;
+  if (!device_ && no_device_.empty()) {
+    device_ = make_cuda_device(&no_device_);
+    if (device_) QCCL_INFO("device buffers run on %s", device_->describe().c_str());
   }
-  device_executor_owned_ = std::make_unique<DeviceExecutor>(
-      *transport_, device_, HostExecutorOptions{config_.pipeline_depth, false}, &names_);
-  device_executor_.store(device_executor_owned_.get());
-  QCCL_INFO("%s", device_executor_owned_->describe().c_str());
+  if (!device_) *why = no_device_;
   return device_.get();
+}
+
+void Comm::start_device_executor() {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (device_executor_owned_) return;
+  device_executor_owned_ = std::make_unique<DeviceExecutor>(
+      *transport_, device_, nullptr, HostExecutorOptions{config_.pipeline_depth, false}, &names_);
+  device_executor_.store(device_executor_owned_.get());
+}
+
+// The first collective on device buffers, on every rank at the same point: the ranks tell each other
+// which GPU they use and choose the wire together (QCCL_GPU_WIRE), rank 0 offering an NCCL unique id.
+// Point-to-point calls, which not every rank makes, take the staged wire and leave the choice to the
+// first collective.
+void Comm::choose_gpu_wire() {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (gpu_wire_chosen_) return;
+  gpu_wire_chosen_ = true;
+  struct Announcement {
+    char uuid[16] = {};
+    char nccl_id[128] = {};  // rank 0's, when NCCL could be loaded there
+    int32_t nccl_ok = 0;
+    int32_t unused = 0;
+  };
+  static_assert(sizeof(Announcement::nccl_id) >= 128, "NCCL_UNIQUE_ID_BYTES");
+  std::shared_ptr<PeerWire> wire;
+  std::string why_host = config_.gpu_wire == "host" ? "QCCL_GPU_WIRE=host" : "one rank";
+  if (config_.gpu_wire != "host" && nranks_ > 1) {
+    Announcement mine;
+    const std::string uuid = device_->uuid();
+    std::memcpy(mine.uuid, uuid.data(), std::min(uuid.size(), sizeof mine.uuid));
+    std::string nccl_error;
+    if (rank_ == 0) {
+      const std::string id = nccl_unique_id(&nccl_error);
+      mine.nccl_ok = id.size() == sizeof mine.nccl_id;
+      if (mine.nccl_ok) std::memcpy(mine.nccl_id, id.data(), id.size());
+    }
+    std::vector<Announcement> all(nranks_);
+    allgather_bytes(&mine, all.data(), sizeof mine);
+    std::string shared;  // "ranks 0 and 2 share a GPU"
+    bool one_host = true;
+    for (int a = 0; a < nranks_; ++a) {
+      one_host = one_host && peers_[a].same_host(peers_[0]);
+      for (int b = a + 1; b < nranks_ && shared.empty(); ++b)
+        if (std::memcmp(all[a].uuid, all[b].uuid, sizeof all[a].uuid) == 0 && peers_[a].same_host(peers_[b]))
+          shared = format("ranks %d and %d share a GPU", a, b);
+    }
+    if (config_.gpu_wire == "nccl" && !shared.empty())
+      fail(qcclInvalidUsage, "QCCL_GPU_WIRE=nccl: %s, which NCCL does not allow (QCCL_GPU_WIRE=host stages through "
+           "host memory instead)", shared.c_str());
+    if (config_.gpu_wire == "nccl" && !all[0].nccl_ok)
+      fail(qcclSystemError, "QCCL_GPU_WIRE=nccl: rank 0 cannot use NCCL%s%s", rank_ == 0 ? ": " : "",
+           nccl_error.c_str());
+    const bool use_nccl = config_.gpu_wire == "nccl" || (shared.empty() && one_host && all[0].nccl_ok);
+    if (use_nccl) {
+      std::string why;
+      wire = make_nccl_wire(*device_, nranks_, rank_, std::string(all[0].nccl_id, sizeof all[0].nccl_id), &why);
+      if (!wire) fail(qcclSystemError, "the NCCL wire (QCCL_GPU_WIRE=%s): %s", config_.gpu_wire.c_str(), why.c_str());
+    } else {
+      why_host = !shared.empty() ? shared : !one_host ? "the ranks are on several hosts" : "rank 0 cannot use NCCL";
+    }
+  }
+  if (wire) device_executor_owned_->attach_wire(std::move(wire));
+  QCCL_INFO("%s%s", device_executor_owned_->describe().c_str(),
+            device_executor_owned_->has_wire()
+                ? ""
+                : format(" (QCCL_GPU_WIRE=%s: %s)", config_.gpu_wire.c_str(), why_host.c_str()).c_str());
 }
 
 void Comm::place(OpRecord& record) {
   coll::CollArgs& a = record.args;
-  if (!a.sendbuf && !a.recvbuf) return;
-  Device* d = device();
-  if (!d) return;
-  const bool send_on_device = a.sendbuf && d->is_device_pointer(a.sendbuf);
-  const bool recv_on_device = a.recvbuf && d->is_device_pointer(a.recvbuf);
+  const bool send_on_device = a.sendbuf && driver_says_device(a.sendbuf);
+  const bool recv_on_device = a.recvbuf && driver_says_device(a.recvbuf);
   if (!send_on_device && !recv_on_device) return;
   if (a.sendbuf && a.recvbuf && send_on_device != recv_on_device)
-    fail(qcclInvalidArgument, "sendbuff = %p is %s memory but recvbuff = %p is %s memory: both must be on %s",
-         a.sendbuf, send_on_device ? "device" : "host", a.recvbuf, recv_on_device ? "device" : "host",
-         d->describe().c_str());
+    fail(qcclInvalidArgument, "sendbuff = %p is %s memory but recvbuff = %p is %s memory: both must be on one device",
+         a.sendbuf, send_on_device ? "device" : "host", a.recvbuf, recv_on_device ? "device" : "host");
+  std::string why;
+  Device* d = device(&why);
+  if (!d)
+    fail(qcclInvalidArgument, "%s = %p is CUDA device memory, which this process cannot use: %s",
+         send_on_device ? "sendbuff" : "recvbuff", send_on_device ? a.sendbuf : a.recvbuf, why.c_str());
+  for (const void* p : {static_cast<const void*>(a.sendbuf), static_cast<const void*>(a.recvbuf)})
+    if (p) d->is_device_pointer(p);  // memory of another device than the communicator's fails here
   if (a.codec) {
     if (const char* why = device_codec_refusal(*a.codec))
       fail(qcclInvalidUsage, "codec '%s' on device buffers: %s", a.codec->canonical().c_str(), why);
@@ -307,6 +382,8 @@ void Comm::place(OpRecord& record) {
   }
   record.on_device = true;
   a.stream = stream();
+  start_device_executor();
+  if (a.kind != coll::CollKind::kSend && a.kind != coll::CollKind::kRecv) choose_gpu_wire();
 }
 
 // Scratch buffers are reused across calls (a fresh allocation would page-fault every time), and

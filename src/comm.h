@@ -28,8 +28,8 @@
 // them could deadlock. Calls that share a codec state also wait for the older one to finish, not
 // just to start (waits_for_its_state).
 //
-// Device buffers. A call whose buffers are CUDA device memory (when the process has loaded CUDA at
-// all: a host-only process never pays for the check) runs on the device executor (executor.h,
+// Device buffers. A call whose buffers are CUDA device memory (the driver says so, when the process
+// has loaded it: a host-only process never pays for the check) runs on the device executor (executor.h,
 // DeviceExecutor), made at the first such call, beside the host executor and over the same
 // transport, on the communicator's stream (qcclCommSetStream) at the time of the call.
 //
@@ -171,12 +171,17 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::unique_ptr<Executor> executor_;
   // The GPU path, made at the first call on device buffers (under device_mu_); the drive loop reads
   // the executor through the atomic pointer, published once it is complete.
-  Device* device();  // null when CUDA is not in the process, or has no device (logged once)
+  // The device of this communicator's device buffers: the current one at its first call on them, or
+  // null with *why (a build without CUDA, no usable device).
+  Device* device(std::string* why);
+  void start_device_executor();  // at the first call on device buffers (place)
+  void choose_gpu_wire();        // collective: at the first collective on device buffers (place)
   std::mutex device_mu_;
   std::shared_ptr<Device> device_;
   std::unique_ptr<DeviceExecutor> device_executor_owned_;
   std::atomic<DeviceExecutor*> device_executor_{nullptr};
-  bool device_tried_ = false;  // guarded by device_mu_
+  std::string no_device_;         // guarded by device_mu_: why there is none (once tried)
+  bool gpu_wire_chosen_ = false;  // guarded by device_mu_
   std::atomic<void*> stream_{nullptr};
   std::unique_ptr<ControlPlane> control_;
   std::thread progress_thread_;

@@ -31,7 +31,8 @@ class Device {
   virtual ~Device() = default;
   virtual std::string describe() const = 0;
 
-  // Whether p points into this device's memory (cudaPointerGetAttributes), as a caller's buffer.
+  // Whether p points into this device's memory (cudaPointerGetAttributes), as a caller's buffer;
+  // memory of another device is an error (qcclInvalidArgument).
   virtual bool is_device_pointer(const void* p) = 0;
 
   // Memory, never zero bytes. Released memory must no longer be in use by enqueued work.
@@ -61,10 +62,39 @@ class Device {
   // holds so far.
   virtual void wait_for(void* stream) = 0;
   virtual void signal(void* stream) = 0;
+  // The stream itself (a cudaStream_t), for a PeerWire that posts on it.
+  virtual void* native_stream() = 0;
+  // What names this GPU among all (its UUID), so that ranks can tell whether they share one.
+  virtual std::string uuid() = 0;
+};
+
+// Wire A: messages between the devices of a communicator's ranks, posted on the device's stream
+// (NCCL point-to-point: NcclWire in device_cuda.cc). There are no tags: rank a's k-th send to rank b
+// matches b's k-th receive from a, with the same length, and a transfer completes only once its
+// peer has posted the match, so transfers that must progress together (a ring step's send to the
+// next rank and receive from the previous one) are posted between group_start and group_end.
+class PeerWire {
+ public:
+  virtual ~PeerWire() = default;
+  virtual std::string describe() const = 0;
+  virtual void group_start() = 0;
+  virtual void group_end() = 0;
+  virtual void send(int peer, const void* src, size_t bytes) = 0;
+  virtual void recv(int peer, void* dst, size_t bytes) = 0;
+  // After a failure: withdraws everything posted (ncclCommAbort), so that the stream can finish;
+  // the wire is unusable afterwards. Never throws.
+  virtual void abort() = 0;
 };
 
 // The CUDA device of the calling thread's current device, or null with *why set (a build without
 // CUDA, no driver, no device).
 std::unique_ptr<Device> make_cuda_device(std::string* why);
+
+// NCCL point-to-point on `device` (a CudaDevice), libnccl.so.2 loaded at run time: every rank of the
+// communicator calls it at the same point with rank 0's `unique_id` (nccl_unique_id on rank 0, shared
+// by the caller). Null with *why set when NCCL cannot be loaded or its communicator not made.
+std::string nccl_unique_id(std::string* why);
+std::unique_ptr<PeerWire> make_nccl_wire(Device& device, int nranks, int rank, const std::string& unique_id,
+                                         std::string* why);
 
 }  // namespace qccl

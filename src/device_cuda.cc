@@ -1,7 +1,9 @@
-// CudaDevice: src/device.h on the CUDA runtime. The thin layer only: a step becomes the launch of
-// its codec_cuda.h kernel (the same bits as the host's numerics), tickets are events on one
-// non-blocking stream, staging is cudaHostAlloc'd memory. Everything that decides what to launch and
-// when is the device executor's (executor.cc), tested on CPUs against the stand-in.
+// CudaDevice and NcclWire: src/device.h on the CUDA runtime and NCCL. The thin layer only: a step
+// becomes the launch of its codec_cuda.h kernel (the same bits as the host's numerics), tickets are
+// events on one non-blocking stream, staging is cudaHostAlloc'd memory, wire A is ncclSend/ncclRecv
+// on that stream (libnccl.so.2 loaded at run time, so that libqccl needs no NCCL to load). Everything
+// that decides what to launch and when is the device executor's (executor.cc), tested on CPUs
+// against the stand-in.
 #include <memory>
 #include <string>
 
@@ -11,7 +13,10 @@
 #ifdef QCCL_HAVE_CUDA
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
 
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <type_traits>
@@ -33,6 +38,7 @@ class CudaDevice final : public Device {
     cudaDeviceProp props{};
     check(cudaGetDeviceProperties(&props, device_), "cudaGetDeviceProperties");
     name_ = format("CUDA device %d (%s, sm_%d%d)", device_, props.name, props.major, props.minor);
+    uuid_.assign(props.uuid.bytes, props.uuid.bytes + sizeof props.uuid.bytes);
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   }
@@ -53,8 +59,11 @@ class CudaDevice final : public Device {
       cudaGetLastError();  // not a pointer CUDA knows: host memory; clear the error it left
       return false;
     }
-    return (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) &&
-           attributes.device == device_;
+    if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) return false;
+    if (attributes.device != device_ && attributes.type == cudaMemoryTypeDevice)
+      fail(qcclInvalidArgument, "buffer %p is memory of CUDA device %d, but this communicator runs on %s (the current "
+           "device at its first call on device buffers)", p, attributes.device, name_.c_str());
+    return true;
   }
 
   void* allocate(Memory kind, size_t bytes) override {
@@ -122,6 +131,9 @@ class CudaDevice final : public Device {
     check(cudaEventRecord(join_, static_cast<cudaStream_t>(stream)), "cudaEventRecord (the caller's stream)");
     check(cudaStreamWaitEvent(stream_, join_, 0), "cudaStreamWaitEvent");
   }
+  void* native_stream() override { return stream_; }
+  std::string uuid() override { return uuid_; }
+  int ordinal() const { return device_; }
   void signal(void* stream) override {
     const std::lock_guard<std::mutex> lock(mu_);
     use();
@@ -153,6 +165,7 @@ class CudaDevice final : public Device {
   std::mutex mu_;
   int device_;
   std::string name_;
+  std::string uuid_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t join_ = nullptr;  // re-recorded for every join: a wait takes the record it sees then
   std::deque<Point> pending_;
@@ -224,7 +237,131 @@ void CudaDevice::launch(const coll::Step& step, const coll::CollArgs& args, unsi
          kernels::data_type_name(args.dtype), name_.c_str(), cudaGetErrorString(e));
 }
 
+// ---- Wire A: NCCL point-to-point ----------------------------------------------------------------------
+
+// The functions of libnccl.so.2 the wire uses, loaded once.
+struct Nccl {
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
+  decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclCommAbort) comm_abort = nullptr;
+  decltype(&ncclSend) send = nullptr;
+  decltype(&ncclRecv) recv = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+  decltype(&ncclGetVersion) get_version = nullptr;
+  std::string error;  // why it could not be loaded (then the pointers are null)
+
+  static const Nccl& get() {
+    static const Nccl nccl = load();
+    return nccl;
+  }
+
+ private:
+  static Nccl load() {
+    Nccl n;
+    void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      n.error = format("cannot load libnccl.so.2: %s", dlerror());
+      return n;
+    }
+    bool ok = true;
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (!fn && ok) n.error = format("libnccl.so.2 has no %s", name), ok = false;
+    };
+    sym(n.get_unique_id, "ncclGetUniqueId");
+    sym(n.comm_init_rank, "ncclCommInitRank");
+    sym(n.comm_destroy, "ncclCommDestroy");
+    sym(n.comm_abort, "ncclCommAbort");
+    sym(n.send, "ncclSend");
+    sym(n.recv, "ncclRecv");
+    sym(n.group_start, "ncclGroupStart");
+    sym(n.group_end, "ncclGroupEnd");
+    sym(n.error_string, "ncclGetErrorString");
+    sym(n.get_version, "ncclGetVersion");
+    if (!ok) n.get_unique_id = nullptr;  // the marker of a usable library
+    return n;
+  }
+};
+
+void check_nccl(ncclResult_t r, const char* call) {
+  if (r != ncclSuccess) fail(qcclSystemError, "NCCL: %s failed: %s", call, Nccl::get().error_string(r));
+}
+
+class NcclWire final : public PeerWire {
+ public:
+  NcclWire(ncclComm_t comm, cudaStream_t stream, std::string name)
+      : nccl_(Nccl::get()), comm_(comm), stream_(stream), name_(std::move(name)) {}
+  ~NcclWire() override {
+    if (comm_) nccl_.comm_destroy(comm_);
+  }
+  std::string describe() const override { return name_; }
+  void group_start() override { check_nccl(nccl_.group_start(), "ncclGroupStart"); }
+  void group_end() override { check_nccl(nccl_.group_end(), "ncclGroupEnd"); }
+  void send(int peer, const void* src, size_t bytes) override {
+    check_nccl(nccl_.send(src, bytes, ncclUint8, peer, live(), stream_), "ncclSend");
+  }
+  void recv(int peer, void* dst, size_t bytes) override {
+    check_nccl(nccl_.recv(dst, bytes, ncclUint8, peer, live(), stream_), "ncclRecv");
+  }
+  void abort() override {
+    if (comm_) nccl_.comm_abort(comm_);
+    comm_ = nullptr;
+  }
+
+ private:
+  ncclComm_t live() const {
+    if (!comm_) fail(qcclSystemError, "NCCL: the communicator was aborted after a failure");
+    return comm_;
+  }
+  const Nccl& nccl_;
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  std::string name_;
+};
+
 }  // namespace
+
+std::string nccl_unique_id(std::string* why) {
+  const Nccl& nccl = Nccl::get();
+  if (!nccl.get_unique_id) {
+    if (why) *why = nccl.error;
+    return {};
+  }
+  ncclUniqueId id;
+  const ncclResult_t r = nccl.get_unique_id(&id);
+  if (r != ncclSuccess) {
+    if (why) *why = format("ncclGetUniqueId failed: %s", nccl.error_string(r));
+    return {};
+  }
+  return std::string(id.internal, sizeof id.internal);
+}
+
+std::unique_ptr<PeerWire> make_nccl_wire(Device& device, int nranks, int rank, const std::string& unique_id,
+                                         std::string* why) {
+  const Nccl& nccl = Nccl::get();
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  if (!cuda || !nccl.get_unique_id || unique_id.size() != NCCL_UNIQUE_ID_BYTES) {
+    if (why) *why = !cuda ? "not a CUDA device" : !nccl.get_unique_id ? nccl.error : "a malformed NCCL unique id";
+    return nullptr;
+  }
+  ncclUniqueId id;
+  std::memcpy(id.internal, unique_id.data(), sizeof id.internal);
+  check(cudaSetDevice(cuda->ordinal()), "cudaSetDevice");
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = nccl.comm_init_rank(&comm, nranks, id, rank);
+  if (r != ncclSuccess) {
+    if (why) *why = format("ncclCommInitRank failed: %s", nccl.error_string(r));
+    return nullptr;
+  }
+  int version = 0;
+  nccl.get_version(&version);
+  return std::make_unique<NcclWire>(comm, static_cast<cudaStream_t>(device.native_stream()),
+                                    format("NCCL %d.%d.%d point-to-point", version / 10000, version / 100 % 100,
+                                           version % 100));
+}
 
 std::unique_ptr<Device> make_cuda_device(std::string* why) {
   int count = 0;
@@ -244,8 +381,19 @@ std::unique_ptr<Device> make_cuda_device(std::string* why) {
 #else  // a build without CUDA
 
 namespace qccl {
+namespace {
+constexpr const char kNoCuda[] = "qccl was built without CUDA (QCCL_CUDA=OFF, or nvcc and NCCL were not found)";
+}
 std::unique_ptr<Device> make_cuda_device(std::string* why) {
-  if (why) *why = "qccl was built without CUDA (QCCL_CUDA=OFF, or nvcc and NCCL were not found)";
+  if (why) *why = kNoCuda;
+  return nullptr;
+}
+std::string nccl_unique_id(std::string* why) {
+  if (why) *why = kNoCuda;
+  return {};
+}
+std::unique_ptr<PeerWire> make_nccl_wire(Device&, int, int, const std::string&, std::string* why) {
+  if (why) *why = kNoCuda;
   return nullptr;
 }
 }  // namespace qccl

@@ -34,7 +34,7 @@ class PlanExecution final : public Execution {
   PlanExecution(transport::Transport& transport, const HostExecutorOptions& options, const coll::Algorithm& algorithm,
                 std::unique_ptr<coll::Plan> plan, const OperationIdentity& identity, std::byte* scratch,
                 const std::vector<std::string>* names, std::vector<std::unique_ptr<uint8_t[]>>* abandoned,
-                std::shared_ptr<DeviceExecutor::Memory> device);
+                std::shared_ptr<DeviceExecutor::Shared> device);
   ~PlanExecution() override;
 
   bool advance() override;
@@ -71,6 +71,7 @@ class PlanExecution final : public Execution {
     bool staged_send = false;  // a send whose bytes are on their way to `staging`: posted once ready
     transport::Key key = 0;    // ...with this key
     void* device_dst = nullptr;  // a receive's destination, filled from `staging` once it arrived
+    bool wire_recv = false;      // wire A: a receive posted in the open group, not waited for yet
   };
   struct Slot {
     size_t fragment = kIdle;
@@ -112,6 +113,7 @@ class PlanExecution final : public Execution {
   // flight for their keys to differ (it is then tried again later).
   void next_fragment(Slot& slot);
   bool run(Slot& slot);
+  bool run_steps(Slot& slot);
   // One step of the slot's fragment; false when it must wait (the step is then retried).
   bool execute(const coll::step::Recv& s, Slot& slot, bool* moved);
   bool execute(const coll::step::Send& s, Slot& slot, bool* moved);
@@ -121,6 +123,10 @@ class PlanExecution final : public Execution {
   // Device executions: the transfer's staging buffer holds at least `bytes` once it is free, or false
   // while the stream may still copy out of it.
   bool stage(Transfer& t, size_t bytes);
+  // Wire A: whether a transfer may be posted now (then within the open group), and the group's end:
+  // before a data step, at the end of the fragment, and whenever the slot stops for now.
+  bool post_on_wire();
+  void end_group();
   // Device executions: posts a staged send whose bytes reached the staging buffer (true if it did).
   // Polled on every advance, since the fragment may be waiting for something else, such as the
   // peer's message that answers this one.
@@ -158,8 +164,11 @@ class PlanExecution final : public Execution {
   ExecutionStats stats_;
   Clock::time_point last_progress_;
   // Device executions only.
-  std::shared_ptr<DeviceExecutor::Memory> device_memory_;
+  std::shared_ptr<DeviceExecutor::Shared> shared_;
   Device* device_ = nullptr;
+  PeerWire* wire_ = nullptr;  // wire A (else the transport, staged)
+  bool group_open_ = false;   // wire A: transfers are being gathered into one group
+  bool wire_posted_ = false;  // wire A: something was posted (a failure must abort the wire)
   DeviceExecutor::Block device_scratch_;
   DeviceExecutor::Block counters_;  // the non-finite count (device memory)...
   DeviceExecutor::Block readback_;  // ...and its copy on the host (pinned), while it comes back
@@ -172,7 +181,7 @@ PlanExecution::PlanExecution(transport::Transport& transport, const HostExecutor
                              const OperationIdentity& identity, std::byte* scratch,
                              const std::vector<std::string>* names,
                              std::vector<std::unique_ptr<uint8_t[]>>* abandoned,
-                             std::shared_ptr<DeviceExecutor::Memory> device)
+                             std::shared_ptr<DeviceExecutor::Shared> device)
     : transport_(transport),
       options_(options),
       algorithm_(algorithm),
@@ -181,8 +190,9 @@ PlanExecution::PlanExecution(transport::Transport& transport, const HostExecutor
       names_(names),
       abandoned_(abandoned),
       last_progress_(Clock::now()),
-      device_memory_(std::move(device)),
-      device_(device_memory_ ? &device_memory_->device() : nullptr) {
+      shared_(std::move(device)),
+      device_(shared_ ? &shared_->device() : nullptr),
+      wire_(shared_ && !identity.p2p ? shared_->wire() : nullptr) {
   const size_t fragments = plan_->fragments();
   slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(options.depth, 1)), std::max<size_t>(fragments, 1)));
   for (Slot& slot : slots_) slot.program.set_default_codec(plan_->args().codec);
@@ -203,18 +213,18 @@ PlanExecution::~PlanExecution() {
   }
   for (Slot& slot : slots_)
     for (Transfer& t : slot.transfers)
-      if (t.staging) device_memory_->give({Device::Memory::kPinned, t.staging, t.capacity});
-  device_memory_->give(device_scratch_);
-  device_memory_->give(counters_);
+      if (t.staging) shared_->give({Device::Memory::kPinned, t.staging, t.capacity});
+  shared_->give(device_scratch_);
+  shared_->give(counters_);
 }
 
 void PlanExecution::start_on_device() {
   const size_t scratch = plan_->scratch_bytes();
   if (scratch) {
-    device_scratch_ = device_memory_->take(Device::Memory::kDevice, scratch * slots_.size());
+    device_scratch_ = shared_->take(Device::Memory::kDevice, scratch * slots_.size());
     for (size_t i = 0; i < slots_.size(); ++i) slots_[i].scratch = static_cast<std::byte*>(device_scratch_.p) + i * scratch;
   }
-  counters_ = device_memory_->take(Device::Memory::kDevice, sizeof(unsigned long long));
+  counters_ = shared_->take(Device::Memory::kDevice, sizeof(unsigned long long));
   device_->zero(counters_.p, sizeof(unsigned long long));
 }
 
@@ -223,7 +233,7 @@ void PlanExecution::start_on_device() {
 bool PlanExecution::finish_on_device() {
   if (device_done_ || fragments_done_ < plan_->fragments()) return false;
   if (!tail_) {
-    readback_ = device_memory_->take(Device::Memory::kPinned, sizeof(unsigned long long));
+    readback_ = shared_->take(Device::Memory::kPinned, sizeof(unsigned long long));
     device_->copy(readback_.p, counters_.p, sizeof(unsigned long long));
     tail_ = device_->record();
     device_->signal(plan_->args().stream);
@@ -232,7 +242,7 @@ bool PlanExecution::finish_on_device() {
   unsigned long long nonfinite = 0;
   std::memcpy(&nonfinite, readback_.p, sizeof nonfinite);
   stats_.nonfinite += nonfinite;
-  device_memory_->give(readback_);
+  shared_->give(readback_);
   readback_ = {};
   device_done_ = true;
   return true;
@@ -241,8 +251,8 @@ bool PlanExecution::finish_on_device() {
 bool PlanExecution::stage(Transfer& t, size_t bytes) {
   if (!device_->reached(t.ready)) return false;
   if (t.capacity < bytes) {
-    if (t.staging) device_memory_->give({Device::Memory::kPinned, t.staging, t.capacity});
-    const DeviceExecutor::Block block = device_memory_->take(Device::Memory::kPinned, bytes);
+    if (t.staging) shared_->give({Device::Memory::kPinned, t.staging, t.capacity});
+    const DeviceExecutor::Block block = shared_->take(Device::Memory::kPinned, bytes);
     t.staging = block.p;
     t.capacity = block.bytes;
   }
@@ -278,7 +288,7 @@ void PlanExecution::start() {
   headers_verified_ = header_recvs_.empty();
 
   const coll::CollArgs& args = plan_->args();
-  if (rooted(args.kind) && args.nranks > 1) {
+  if ((rooted(args.kind) || wire_) && args.nranks > 1) {
     size_t rounds = 0;
     while ((int64_t{1} << rounds) < args.nranks) ++rounds;
     if (rounds > kMaxAgreementRounds)
@@ -409,6 +419,23 @@ bool PlanExecution::poll_agreement() {
   return moved;
 }
 
+// Wire A: true once the transfer may be posted (every rank agrees on the call), the group open.
+bool PlanExecution::post_on_wire() {
+  if (!headers_verified_ || !agreed()) return false;
+  if (!group_open_) {
+    wire_->group_start();
+    group_open_ = true;
+  }
+  wire_posted_ = true;
+  return true;
+}
+
+void PlanExecution::end_group() {
+  if (!group_open_) return;
+  group_open_ = false;
+  wire_->group_end();
+}
+
 bool PlanExecution::post_staged_send(Transfer& t) {
   if (!t.staged_send || !device_->reached(t.ready)) return false;
   t.handle = transport_.isend(t.peer, t.key, t.staging, t.bytes);
@@ -486,6 +513,16 @@ bool PlanExecution::earlier_fragment_posts(const Slot& slot, int peer, bool rece
 
 bool PlanExecution::execute(const coll::step::Recv& s, Slot& slot, bool*) {
   if (options_.ordered && earlier_fragment_posts(slot, s.peer, true)) return false;
+  if (wire_) {
+    if (s.received)
+      fail(qcclInvalidUsage, "%s (%s): a variable-length message on %s, which takes fixed lengths only",
+           identity_.header.describe().c_str(), algorithm_.name, wire_->describe().c_str());
+    if (!post_on_wire()) return false;
+    wire_->recv(s.peer, s.dst, s.capacity);
+    slot.transfers[s.slot].wire_recv = true;
+    stats_.bytes_received += s.capacity;
+    return true;
+  }
   Transfer& t = transfer(slot, s.slot);
   if (device_ && !stage(t, s.capacity)) return false;
   t.peer = s.peer;
@@ -503,19 +540,24 @@ bool PlanExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
   if (bytes > s.bytes)
     fail(qcclInternalError, "%s (%s): fragment %zu sends %zu bytes from a buffer of %zu",
          identity_.header.describe().c_str(), algorithm_.name, slot.fragment, bytes, s.bytes);
-  Transfer& t = transfer(slot, s.slot);
-  if (device_ && !stage(t, bytes)) return false;
-  t.peer = s.peer;
-  t.bytes = bytes;
-  t.received = nullptr;
-  const auto message = static_cast<uint32_t>(1 + slot.fragment % kPayloadMessages);
-  if (device_) {  // copied to the host on the stream, after the steps that wrote it; posted once there
-    device_->copy(t.staging, s.src, bytes);
-    t.ready = device_->record();
-    t.staged_send = true;
-    t.key = key(message, slot.tainted);
+  if (wire_) {
+    if (!post_on_wire()) return false;
+    wire_->send(s.peer, s.src, bytes);
   } else {
-    t.handle = transport_.isend(s.peer, key(message, slot.tainted), s.src, bytes);
+    Transfer& t = transfer(slot, s.slot);
+    if (device_ && !stage(t, bytes)) return false;
+    t.peer = s.peer;
+    t.bytes = bytes;
+    t.received = nullptr;
+  const auto message = static_cast<uint32_t>(1 + slot.fragment % kPayloadMessages);
+    if (device_) {  // copied to the host on the stream, after the steps that wrote it; posted once there
+      device_->copy(t.staging, s.src, bytes);
+      t.ready = device_->record();
+      t.staged_send = true;
+      t.key = key(message, slot.tainted);
+    } else {
+      t.handle = transport_.isend(s.peer, key(message, slot.tainted), s.src, bytes);
+    }
   }
   stats_.bytes_sent += bytes;
   const coll::NodeMap* nodes = plan_->args().nodes;
@@ -525,7 +567,14 @@ bool PlanExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
 }
 
 bool PlanExecution::execute(const coll::step::Wait& s, Slot& slot, bool* moved) {
-  return s.slot >= slot.transfers.size() || complete(slot.transfers[s.slot], moved, &slot.tainted);
+  if (s.slot >= slot.transfers.size()) return true;
+  Transfer& t = slot.transfers[s.slot];
+  if (t.wire_recv) {  // what follows may use the bytes, even a send: it goes after the group, on the stream
+    end_group();
+    t.wire_recv = false;
+    return true;
+  }
+  return complete(t, moved, &slot.tainted);
 }
 
 bool PlanExecution::execute(const coll::step::Compute& s, Slot& slot, bool*) {
@@ -562,6 +611,12 @@ void PlanExecution::run_on_host(const coll::Step& step) {
 }
 
 bool PlanExecution::run(Slot& slot) {
+  const bool moved = run_steps(slot);
+  if (wire_) end_group();
+  return moved;
+}
+
+bool PlanExecution::run_steps(Slot& slot) {
   bool moved = false;
   if (slot.fragment == kIdle) {  // held back by the key window, or nothing left
     next_fragment(slot);
@@ -570,6 +625,8 @@ bool PlanExecution::run(Slot& slot) {
   while (slot.fragment != kIdle) {
     const auto& steps = slot.program.steps();
     if (slot.pc == steps.size()) {
+      if (wire_) end_group();  // a fragment's transfers never share a group with the next one's
+      for (Transfer& t : slot.transfers) t.wire_recv = false;
       for (Transfer& t : slot.transfers)
         if (!complete(t, &moved, &slot.tainted)) return moved;
       ++fragments_done_;
@@ -586,6 +643,7 @@ bool PlanExecution::run(Slot& slot) {
       else done = execute(std::get<coll::step::Compute>(step), slot, &moved);
       if (!done) return moved;
     } else if (device_) {
+      if (wire_) end_group();  // the group's transfers come before the step, in stream order
       device_->launch(step, plan_->args(), static_cast<unsigned long long*>(counters_.p));
     } else {
       run_on_host(step);
@@ -626,6 +684,8 @@ bool PlanExecution::finished() const {
 }
 
 void PlanExecution::cancel() {
+  // Transfers posted on a tagless wire cannot be withdrawn: only aborting the wire frees the stream.
+  if (wire_ && wire_posted_ && !device_done_) wire_->abort();
   for (Slot& slot : slots_)
     for (Transfer& t : slot.transfers) transport_.cancel(t.handle);
   auto abandon = [this](HeaderLink& link) {
@@ -729,7 +789,7 @@ std::string HostExecutor::describe() const {
                 transport_.describe().c_str());
 }
 
-DeviceExecutor::Block DeviceExecutor::Memory::take(Device::Memory kind, size_t bytes) {
+DeviceExecutor::Block DeviceExecutor::Shared::take(Device::Memory kind, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& pool = free_[kind == Device::Memory::kPinned];
   auto best = pool.end();
@@ -743,25 +803,44 @@ DeviceExecutor::Block DeviceExecutor::Memory::take(Device::Memory kind, size_t b
   return Block{kind, device_->allocate(kind, bytes), bytes};
 }
 
-void DeviceExecutor::Memory::give(const Block& block) {
+void DeviceExecutor::Shared::give(const Block& block) {
   std::lock_guard<std::mutex> lock(mu_);
   if (block.p) free_[block.kind == Device::Memory::kPinned].push_back(block);
 }
 
-DeviceExecutor::Memory::~Memory() {
+DeviceExecutor::Shared::~Shared() {
   for (auto& pool : free_)
     for (const Block& block : pool) device_->release(block.kind, block.p);
 }
 
+DeviceExecutor::DeviceExecutor(transport::Transport& transport, std::shared_ptr<Device> device,
+                               std::shared_ptr<PeerWire> wire, const HostExecutorOptions& options,
+                               const std::vector<std::string>* names)
+    : transport_(transport),
+      shared_(std::make_shared<Shared>(std::move(device), std::move(wire))),
+      options_(options),
+      wire_options_(options),
+      names_(names) {
+  options_.ordered = false;  // staged sends are posted when their copies are done, in any order
+  options_.profile = wire_options_.profile = nullptr;
+  wire_options_.ordered = true;
+  wire_options_.depth = 1;
+}
+
 std::unique_ptr<Execution> DeviceExecutor::launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                                                   const OperationIdentity& identity, std::byte*) {
-  return std::make_unique<PlanExecution>(transport_, options_, algorithm, std::move(plan), identity, nullptr, names_,
-                                         &abandoned_, memory_);
+  const bool on_wire = shared_->wire() && !identity.p2p;
+  return std::make_unique<PlanExecution>(transport_, on_wire ? wire_options_ : options_, algorithm, std::move(plan),
+                                         identity, nullptr, names_, &abandoned_, shared_);
 }
 
 std::string DeviceExecutor::describe() const {
+  if (PeerWire* wire = shared_->wire())
+    return format("device executor on %s: collectives over %s, one fragment at a time; point-to-point staged through "
+                  "pinned memory over %s", shared_->device().describe().c_str(), wire->describe().c_str(),
+                  transport_.describe().c_str());
   return format("device executor on %s, pipeline depth %d, staged through pinned memory over %s",
-                memory_->device().describe().c_str(), options_.depth, transport_.describe().c_str());
+                shared_->device().describe().c_str(), options_.depth, transport_.describe().c_str());
 }
 
 }  // namespace qccl

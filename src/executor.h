@@ -166,19 +166,29 @@ class HostExecutor final : public Executor {
   std::vector<std::unique_ptr<uint8_t[]>> abandoned_;  // frame headers of cancelled executions
 };
 
-// The device executor (the GPU path's wire B): plans whose buffers are device memory. A plan's data
-// steps are enqueued, in program order, on the device's stream (Device::launch: the same bits as the
-// host's numerics); its transfers go through the Transport as the host executor's do, each crossing
-// a pinned host buffer: a send's bytes are copied there on the stream, after the steps that wrote
-// them, and the message is posted once the device reached that copy; a received message is copied to
-// its device destination on the stream, before the steps after its Wait. Fragments, frame headers,
-// agreement rounds and pipelining are the host executor's own code, so chunk c+1's kernels run
-// while chunk c is on the wire, and the host waits for the device only where a send needs its
-// bytes. Scratch and staging buffers come from the executor's pool (allocated once, reused). An
-// execution finishes once the device reached its last step: the non-finite count, a device counter,
-// comes back then, once per collective, and the caller's stream (CollArgs::stream) waits for the
-// collective's work. Plans with a method's Compute steps (Marsit, IntSGD, fft) are refused: their
-// kernels have no device form yet. Not ordered: staged sends are posted when their copies are done.
+// The device executor: plans whose buffers are device memory. A plan's data steps are enqueued, in
+// program order, on the device's stream (Device::launch: the same bits as the host's numerics).
+// Fragments, frame headers, agreement rounds and pipelining are the host executor's own code. Its
+// transfers take one of two wires:
+//   - wire B (no PeerWire): the Transport, as the host executor's do, each message crossing a pinned
+//     host buffer: a send's bytes are copied there on the stream, after the steps that wrote them,
+//     and the message is posted once the device reached that copy; a received message is copied to
+//     its device destination on the stream, before the steps after its Wait. Chunk c+1's kernels run
+//     while chunk c is on the wire, and the host waits for the device only where a send needs its
+//     bytes. Point-to-point calls always take it.
+//   - wire A (a PeerWire, NCCL point-to-point): the transfers themselves are posted on the stream,
+//     a fragment's consecutive transfers in one group, so that a ring step's send and receive
+//     progress together; the group ends at a data step and at a Wait for a receive (what follows may
+//     use the bytes, a send too), while a Wait for a send is empty (the stream's order). The wire has
+//     no tags and a posted transfer cannot be withdrawn, so nothing is posted before every rank is
+//     known to have called the same collective (the agreement rounds of executor.h run for every
+//     collective); one fragment at a time in ordered mode (one stream runs kernels and transfers in
+//     turn, so more would not overlap). Fixed-length messages only.
+// Scratch and staging buffers come from the executor's pool (allocated once, reused). An execution
+// finishes once the device reached its last step: the non-finite count, a device counter, comes back
+// then, once per collective, and the caller's stream (CollArgs::stream) waits for the collective's
+// work. Plans with a method's Compute steps (Marsit, IntSGD, fft) are refused: their kernels have no
+// device form yet.
 class DeviceExecutor final : public Executor {
  public:
   // A block of the pool.
@@ -187,32 +197,39 @@ class DeviceExecutor final : public Executor {
     void* p = nullptr;
     size_t bytes = 0;
   };
-  // The pool, with the device it allocates from: blocks are given back once the stream no longer
-  // uses them, and taken again smallest-that-fits; everything is released when the last execution
-  // and the executor are gone (an execution a caller's request still holds may outlive the
-  // executor). Thread-safe: executions end on whichever thread drops them.
-  class Memory {
+  // What executions share with the executor and may outlive it with (a caller's request may hold
+  // one): the device, the wire, and the pool, whose blocks are given back once the stream no longer
+  // uses them and taken again smallest-that-fits, all released when the last owner goes.
+  // Thread-safe: executions end on whichever thread drops them.
+  class Shared {
    public:
-    explicit Memory(std::shared_ptr<Device> device) : device_(std::move(device)) {}
-    ~Memory();
-    Memory(const Memory&) = delete;
-    Memory& operator=(const Memory&) = delete;
+    Shared(std::shared_ptr<Device> device, std::shared_ptr<PeerWire> wire)
+        : device_(std::move(device)), wire_(std::move(wire)) {}
+    ~Shared();
+    Shared(const Shared&) = delete;
+    Shared& operator=(const Shared&) = delete;
     Block take(Device::Memory kind, size_t bytes);
     void give(const Block& block);  // an empty block is ignored
     Device& device() const { return *device_; }
+    PeerWire* wire() const {
+      std::lock_guard<std::mutex> lock(mu_);
+      return wire_.get();
+    }
+    void attach(std::shared_ptr<PeerWire> wire) {
+      std::lock_guard<std::mutex> lock(mu_);
+      wire_ = std::move(wire);
+    }
 
    private:
     std::shared_ptr<Device> device_;
-    std::mutex mu_;
+    std::shared_ptr<PeerWire> wire_;
+    mutable std::mutex mu_;
     std::vector<Block> free_[2];  // device, pinned
   };
 
-  DeviceExecutor(transport::Transport& transport, std::shared_ptr<Device> device, const HostExecutorOptions& options,
-                 const std::vector<std::string>* names)
-      : transport_(transport), memory_(std::make_shared<Memory>(std::move(device))), options_(options), names_(names) {
-    options_.ordered = false;
-    options_.profile = nullptr;
-  }
+  // `wire` null: wire B (until attach_wire). With a wire, collectives run with depth 1, ordered.
+  DeviceExecutor(transport::Transport& transport, std::shared_ptr<Device> device, std::shared_ptr<PeerWire> wire,
+                 const HostExecutorOptions& options, const std::vector<std::string>* names);
 
   std::unique_ptr<Execution> launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                                     const OperationIdentity& identity, std::byte* scratch) override;
@@ -221,13 +238,18 @@ class DeviceExecutor final : public Executor {
   int event_fd() const override { return transport_.event_fd(); }
   // The device reaches its tickets without a descriptor to wake on: while it has work, poll.
   bool arm() override { return !device_busy() && transport_.arm(); }
-  bool device_busy() { return memory_->device().busy(); }
+  bool device_busy() { return shared_->device().busy(); }
+  // Wire A for the collectives launched from now on (the communicator chooses it at its first
+  // collective on device buffers, after point-to-point calls may already have run).
+  void attach_wire(std::shared_ptr<PeerWire> wire) { shared_->attach(std::move(wire)); }
+  bool has_wire() const { return shared_->wire() != nullptr; }
   std::string describe() const override;
 
  private:
   transport::Transport& transport_;
-  std::shared_ptr<Memory> memory_;
-  HostExecutorOptions options_;
+  std::shared_ptr<Shared> shared_;
+  HostExecutorOptions options_;          // wire B, and point-to-point calls
+  HostExecutorOptions wire_options_;     // wire A
   const std::vector<std::string>* names_;
   std::vector<std::unique_ptr<uint8_t[]>> abandoned_;
 };

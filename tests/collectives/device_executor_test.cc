@@ -92,11 +92,16 @@ Outcome run_host(std::vector<HostRank> ranks, const std::vector<CollArgs>& shape
 }
 
 // The same call with every buffer copied into the rank's stand-in device.
+enum class Wire { kStaged, kPeer };
+
 Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& shape, bool in_place,
                    const std::vector<size_t>& offset, const coll::Algorithm& algorithm, size_t chunk, int depth,
-                   uint64_t seed, int calls = 1) {
+                   uint64_t seed, int calls = 1, Wire wire = Wire::kStaged,
+                   std::vector<std::shared_ptr<StandInWire>>* wires_out = nullptr) {
   const int n = static_cast<int>(ranks.size());
   sim::SimNetwork net(n, false);
+  StandInFabric fabric(n);
+  std::vector<std::shared_ptr<StandInWire>> wires;
   std::vector<std::string> names;
   for (int r = 0; r < n; ++r) names.push_back("rank " + std::to_string(r));
   std::vector<std::shared_ptr<StandInDevice>> devices;
@@ -108,8 +113,11 @@ Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& sha
     devices.push_back(std::make_shared<StandInDevice>(seed + static_cast<uint64_t>(r)));
     StandInDevice& d = *devices[r];
     transports.push_back(std::make_unique<sim::SimTransport>(net, r));
-    executors.push_back(
-        std::make_unique<DeviceExecutor>(*transports[r], devices[r], HostExecutorOptions{depth, false}, &names));
+    if (wire == Wire::kPeer) wires.push_back(std::make_shared<StandInWire>(fabric, d, r));
+    if (wires_out) *wires_out = wires;
+    executors.push_back(std::make_unique<DeviceExecutor>(*transports[r], devices[r],
+                                                         wire == Wire::kPeer ? wires[r] : nullptr,
+                                                         HostExecutorOptions{depth, false}, &names));
     HostRank& h = ranks[r];
     if (!h.recv.empty()) {
       recv[r] = d.allocate(Device::Memory::kDevice, h.recv.size());
@@ -139,28 +147,46 @@ Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& sha
       coll::PlanOptions options;
       options.chunk_bytes = chunk;
       OperationIdentity id;
+      id.p2p = args[r].kind == CollKind::kSend || args[r].kind == CollKind::kRecv;
       id.sequence = 7 + static_cast<uint64_t>(call);
       id.header = FrameHeader::for_call(args[r], id.sequence, args[r].codec ? args[r].codec->hash() : 0);
       id.expected = id.header;
       ops.push_back(executors[r]->launch(algorithm, algorithm.make(args[r], options), id, nullptr));
     }
-    for (;;) {
+    // A pass where nothing moves can still be followed by one where a device runs work (it runs a
+    // random number of items per pass, 0 included): a deadlock is many passes without a move.
+    // A rank whose call fails stops there, as it would in a job, and the others go on until they
+    // finish or wait on it (in a job the control plane would tell them); then the first error is
+    // thrown.
+    std::vector<std::unique_ptr<Error>> failed(n);
+    for (int idle = 0;;) {
       bool moved = net.progress(), all = true;
       for (int r = 0; r < n; ++r) {
         moved |= devices[r]->run_some();
-        if (ops[r]->finished()) continue;
-        moved |= ops[r]->advance();
+        if (failed[r] || ops[r]->finished()) continue;
+        try {
+          moved |= ops[r]->advance();
+        } catch (const Error& e) {
+          failed[r] = std::make_unique<Error>(e);
+          moved = true;
+        }
         all &= ops[r]->finished();
       }
-      if (all) break;
-      if (!moved && std::none_of(devices.begin(), devices.end(), [](auto& d) { return d->busy(); }))
-      {
+      if (all && std::none_of(failed.begin(), failed.end(), [](auto& e) { return e != nullptr; })) break;
+      idle = moved ? 0 : idle + 1;
+      const auto first_failure = std::find_if(failed.begin(), failed.end(), [](auto& e) { return e != nullptr; });
+      if (idle == 1000 && first_failure != failed.end()) {
+        for (int r = 0; r < n; ++r) ops[r]->cancel();
+        throw **first_failure;
+      }
+      if (idle == 1000) {
         std::string waiting;
         for (int r = 0; r < n; ++r) waiting += "; rank " + std::to_string(r) + " waits for " + ops[r]->waiting_for();
         FAIL("deadlock: no rank and no device can move" << waiting);
       }
     }
     CHECK(net.idle());
+    CHECK(fabric.idle());
     for (int r = 0; r < n; ++r) {
       out.stats[r] = ops[r]->stats();
       INFO("rank " << r);
@@ -281,8 +307,11 @@ TEST_CASE("device executor: every uncompressed algorithm gives the host executor
                                      << (in_place ? ", in place" : ""));
           std::vector<size_t> offset;
           const auto ranks = make_ranks(shape, ++seed, in_place, &offset);
-          require_same(run_host(ranks, shape, in_place, offset, algorithm, c.chunk, c.depth),
-                       run_device(ranks, shape, in_place, offset, algorithm, c.chunk, c.depth, seed));
+          const Outcome host = run_host(ranks, shape, in_place, offset, algorithm, c.chunk, c.depth);
+          for (Wire wire : {Wire::kStaged, Wire::kPeer}) {
+            INFO((wire == Wire::kPeer ? "wire A (peer)" : "wire B (staged)"));
+            require_same(host, run_device(ranks, shape, in_place, offset, algorithm, c.chunk, c.depth, seed, 1, wire));
+          }
         }
       }
     }
@@ -304,8 +333,10 @@ TEST_CASE("device executor: Send and Recv give the host executor's bits", "[devi
       }};
   std::vector<size_t> offset;
   const auto ranks = make_ranks(shape, 99, false, &offset);
-  require_same(run_host(ranks, shape, false, offset, kSendRecv, 1024, 2),
-               run_device(ranks, shape, false, offset, kSendRecv, 1024, 2, 5));
+  const Outcome host = run_host(ranks, shape, false, offset, kSendRecv, 1024, 2);
+  require_same(host, run_device(ranks, shape, false, offset, kSendRecv, 1024, 2, 5));
+  // Point-to-point calls take the staged wire even where a peer wire exists.
+  require_same(host, run_device(ranks, shape, false, offset, kSendRecv, 1024, 2, 5, 1, Wire::kPeer));
 }
 
 TEST_CASE("device executor: compressed all-reduce, allgather and reduce-scatter give the host's bits", "[device]") {
@@ -345,6 +376,7 @@ TEST_CASE("device executor: compressed all-reduce, allgather and reduce-scatter 
     for (int depth : {1, 3}) {
       const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 1024, depth);
       require_same(host, run_device(ranks, shape, false, offset, *algorithm, 1024, depth, seed));
+      require_same(host, run_device(ranks, shape, false, offset, *algorithm, 1024, depth, seed, 1, Wire::kPeer));
       if (c.error_feedback) CHECK(host.residual[0] != ranks[0].residual);  // the feedback ran
     }
   }
@@ -372,6 +404,25 @@ TEST_CASE("device executor: the pool serves later calls without allocating", "[d
   const auto ranks = make_ranks(shape, 3, false, &offset);
   const coll::Algorithm* ring = coll::find_algorithm(CollKind::kAllReduce, "ring");
   run_device(ranks, shape, false, offset, *ring, 1024, 2, 1, /*calls=*/3);
+}
+
+TEST_CASE("device executor: wire A posts nothing before every rank agrees on the call", "[device]") {
+  // Rank 2 calls with another count: the agreement rounds fail the call before a transfer that the
+  // tagless wire could never withdraw is posted anywhere.
+  std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, 3, 1000, DataType::kFloat32, RedOp::kSum);
+  std::vector<size_t> offset;
+  const auto ranks = make_ranks(shape, 5, false, &offset);
+  shape[2].count = 999;
+  const coll::Algorithm* ring = coll::find_algorithm(CollKind::kAllReduce, "ring");
+  std::vector<std::shared_ptr<StandInWire>> wires;
+  try {
+    run_device(ranks, shape, false, offset, *ring, 512, 1, 3, 1, Wire::kPeer, &wires);
+    FAIL("ranks that disagree completed a collective");
+  } catch (const Error& e) {
+    CHECK(e.code() == qcclMismatch);
+  }
+  REQUIRE(wires.size() == 3);
+  for (const auto& w : wires) CHECK(w->groups() == 0);
 }
 
 // A method's kernel and a plan of one Compute step, as Marsit's and IntSGD's plans have.

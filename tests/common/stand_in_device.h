@@ -9,7 +9,12 @@
 //     so the stream lags behind the host as a real one does, and a ticket polled too early is seen
 //     as not reached;
 //   - the numerics are the host executor's own (run_data_step), so the device executor must give
-//     the host executor's bits exactly.
+//     the host executor's bits exactly;
+//   - StandInWire is NCCL point-to-point among the stand-ins of a test (StandInFabric): a group of
+//     transfers is posted when the stream reaches it, a transfer completes only once its peer posted
+//     the match (the k-th send from a to b with b's k-th receive from a, of the same length, else the
+//     test fails), and the stream waits for its whole group, so a schedule that NCCL would deadlock
+//     deadlocks here too.
 #pragma once
 
 #include <sys/mman.h>
@@ -17,6 +22,7 @@
 
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <functional>
 #include <map>
 #include <random>
@@ -28,6 +34,8 @@
 #include "src/executor.h"
 
 namespace qccl::test {
+
+class StandInFabric;
 
 class StandInDevice final : public Device {
  public:
@@ -69,16 +77,25 @@ class StandInDevice final : public Device {
       e->length = nullptr;
     }
     ++launches_;
-    enqueue([queued, args, nonfinite] { *nonfinite += run_data_step(queued, args); });
+    enqueue([queued, args, nonfinite] {
+      *nonfinite += run_data_step(queued, args);
+      return true;
+    });
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (!known(dst, bytes) || !known(src, bytes))
       throw std::logic_error("stand-in device: a copy from or to memory it does not know");
-    enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+    enqueue([dst, src, bytes] {
+      std::memcpy(dst, src, bytes);
+      return true;
+    });
   }
   void zero(void* dst, size_t bytes) override {
     require_device(dst, bytes, "zero");
-    enqueue([dst, bytes] { std::memset(dst, 0, bytes); });
+    enqueue([dst, bytes] {
+      std::memset(dst, 0, bytes);
+      return true;
+    });
   }
   Ticket record() override { return enqueued_; }
   bool reached(Ticket ticket) override { return done_ >= ticket; }
@@ -95,21 +112,37 @@ class StandInDevice final : public Device {
     ++signals_;
     last_stream_ = stream;
   }
+  void* native_stream() override { return this; }
+  std::string uuid() override { return "stand-in " + std::to_string(reinterpret_cast<uintptr_t>(this)); }
 
-  // The test's side. Runs up to `limit` queued items (a random number from 0 to 3 by default);
-  // true when it ran any.
+  // The test's side. Runs up to `limit` queued items (a random number from 0 to 3 by default),
+  // stopping at one that cannot complete yet (a transfer group whose peers have not posted); true
+  // when it completed any.
   bool run_some(size_t limit = 0) {
     if (limit == 0) limit = std::uniform_int_distribution<size_t>(0, 3)(rng_);
     size_t ran = 0;
     while (ran < limit && !queue_.empty()) {
       unprotect(true);
-      queue_.front()();
+      const bool completed = queue_.front()();
       unprotect(false);
+      if (!completed) break;
       queue_.pop_front();
       ++done_;
       ++ran;
     }
     return ran > 0;
+  }
+  // Work on the stream, in order: `work` returns false while it cannot complete (it is run again).
+  void enqueue(std::function<bool()> work) {
+    queue_.push_back(std::move(work));
+    ++enqueued_;
+  }
+  void unprotect(bool on) {
+    for (auto& [p, bytes] : device_) mprotect(reinterpret_cast<void*>(p), bytes, on ? PROT_READ | PROT_WRITE : PROT_NONE);
+  }
+  void require_device(const void* p, size_t bytes, const std::string& what) const {
+    if (bytes && !inside(device_, p, bytes))
+      throw std::logic_error("stand-in device: " + what + " is not in this device's memory");
   }
   // Synchronous copies between the test's host memory and device memory.
   void upload(void* dst, const void* src, size_t bytes) {
@@ -144,17 +177,6 @@ class StandInDevice final : public Device {
     return a >= it->first && a + bytes <= it->first + it->second;
   }
   bool known(const void* p, size_t bytes) const { return inside(device_, p, bytes) || inside(pinned_, p, bytes); }
-  void require_device(const void* p, size_t bytes, const std::string& what) const {
-    if (bytes && !inside(device_, p, bytes))
-      throw std::logic_error("stand-in device: " + what + " is not in this device's memory");
-  }
-  void enqueue(std::function<void()> work) {
-    queue_.push_back(std::move(work));
-    ++enqueued_;
-  }
-  void unprotect(bool on) {
-    for (auto& [p, bytes] : device_) mprotect(reinterpret_cast<void*>(p), bytes, on ? PROT_READ | PROT_WRITE : PROT_NONE);
-  }
   // Every pointer a step's kernel would touch, with its extent.
   void check_operands(const coll::Step& step, const coll::CollArgs& args) const {
     namespace st = coll::step;
@@ -198,11 +220,124 @@ class StandInDevice final : public Device {
 
   std::mt19937_64 rng_;
   std::map<uintptr_t, size_t> device_, pinned_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<std::function<bool()>> queue_;
   Ticket enqueued_ = 0, done_ = 0;
   size_t allocations_ = 0, launches_ = 0;
   int waits_ = 0, signals_ = 0;
   void* last_stream_ = nullptr;
+};
+
+// NCCL's matching among the stand-in devices of a test (one per rank).
+class StandInFabric {
+ public:
+  struct Transfer {
+    StandInDevice* device;
+    void* data;
+    size_t bytes;
+    bool done = false;
+  };
+  explicit StandInFabric(int nranks) : nranks_(nranks), sends_(nranks * nranks), recvs_(nranks * nranks) {}
+  void post_send(int from, int to, const std::shared_ptr<Transfer>& t) {
+    sends_[channel(from, to)].push_back(t);
+    match(from, to);
+  }
+  void post_recv(int from, int to, const std::shared_ptr<Transfer>& t) {
+    recvs_[channel(from, to)].push_back(t);
+    match(from, to);
+  }
+  bool idle() const {
+    for (size_t c = 0; c < sends_.size(); ++c)
+      if (!sends_[c].empty() || !recvs_[c].empty()) return false;
+    return true;
+  }
+
+ private:
+  size_t channel(int from, int to) const {
+    if (from < 0 || to < 0 || from >= nranks_ || to >= nranks_)
+      throw std::logic_error("stand-in wire: a transfer between ranks " + std::to_string(from) + " and " +
+                             std::to_string(to));
+    return static_cast<size_t>(from) * nranks_ + to;
+  }
+  void match(int from, int to) {
+    auto& s = sends_[channel(from, to)];
+    auto& r = recvs_[channel(from, to)];
+    while (!s.empty() && !r.empty()) {
+      Transfer& send = *s.front();
+      Transfer& recv = *r.front();
+      if (send.bytes != recv.bytes)
+        throw std::logic_error("stand-in wire: rank " + std::to_string(from) + " sends " + std::to_string(send.bytes) +
+                               " bytes where rank " + std::to_string(to) + " receives " + std::to_string(recv.bytes));
+      send.device->unprotect(true);
+      recv.device->unprotect(true);
+      std::memcpy(recv.data, send.data, send.bytes);
+      send.device->unprotect(false);
+      recv.device->unprotect(false);
+      send.done = recv.done = true;
+      s.pop_front();
+      r.pop_front();
+    }
+  }
+  int nranks_;
+  std::vector<std::deque<std::shared_ptr<Transfer>>> sends_, recvs_;  // per (from, to)
+};
+
+// One rank's end of the fabric, posting on its stand-in device's stream.
+class StandInWire final : public PeerWire {
+ public:
+  StandInWire(StandInFabric& fabric, StandInDevice& device, int rank) : fabric_(fabric), device_(device), rank_(rank) {}
+  std::string describe() const override { return "a stand-in of NCCL point-to-point"; }
+  void group_start() override { ++depth_; }
+  void group_end() override {
+    if (depth_ == 0) throw std::logic_error("stand-in wire: group_end without group_start");
+    if (--depth_ == 0) flush();
+  }
+  void send(int peer, const void* src, size_t bytes) override { add(true, peer, const_cast<void*>(src), bytes); }
+  void recv(int peer, void* dst, size_t bytes) override { add(false, peer, dst, bytes); }
+  void abort() override { ++aborts_; }
+  size_t groups() const { return groups_; }
+  int aborts() const { return aborts_; }
+
+ private:
+  struct Op {
+    bool send;
+    int peer;
+    std::shared_ptr<StandInFabric::Transfer> transfer;
+  };
+  void add(bool send, int peer, void* data, size_t bytes) {
+    device_.require_device(data, bytes, send ? "a send's source" : "a receive's destination");
+    group_.push_back({send, peer, std::make_shared<StandInFabric::Transfer>(StandInFabric::Transfer{&device_, data, bytes})});
+    if (depth_ == 0) flush();  // outside a group: a group of one, as NCCL
+  }
+  // The group becomes one item of the stream: posted when the stream reaches it, done when every
+  // transfer in it is.
+  void flush() {
+    if (group_.empty()) return;
+    ++groups_;
+    auto ops = std::make_shared<std::vector<Op>>(std::move(group_));
+    group_.clear();
+    auto posted = std::make_shared<bool>(false);
+    StandInFabric* fabric = &fabric_;
+    const int rank = rank_;
+    device_.enqueue([ops, posted, fabric, rank] {
+      if (!*posted) {
+        *posted = true;
+        for (const Op& op : *ops) {
+          if (op.send) fabric->post_send(rank, op.peer, op.transfer);
+          else fabric->post_recv(op.peer, rank, op.transfer);
+        }
+      }
+      for (const Op& op : *ops)
+        if (!op.transfer->done) return false;
+      return true;
+    });
+  }
+  StandInFabric& fabric_;
+  StandInDevice& device_;
+  int rank_;
+  int depth_ = 0;
+  std::vector<Op> group_;
+  size_t groups_ = 0;
+  int aborts_ = 0;
 };
 
 }  // namespace qccl::test

@@ -1,6 +1,7 @@
 // Device buffers through the C API (label gpu): every collective and point-to-point call on cudaMalloc'd
-// buffers, with several processes sharing one GPU over the staged wire, gives the bits of the same
-// call on host buffers; so does the compressed all-reduce (nearest rounding, so that the key does not
+// buffers (rank r on GPU r % count: over NCCL where each rank has a GPU, else staged through host
+// memory, and staged whatever the GPUs with QCCL_GPU_WIRE=host) gives the bits of the same call on
+// host buffers; so does the compressed all-reduce (nearest rounding, so that the key does not
 // matter); the call waits for the work queued on the communicator's stream before it, and work queued
 // after it sees its result; what the device path does not take yet is refused before anything is
 // sent. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
@@ -23,6 +24,19 @@ namespace {
 void ok(cudaError_t e) {
   INFO(cudaGetErrorName(e) << ": " << cudaGetErrorString(e));
   REQUIRE(e == cudaSuccess);
+}
+
+// The job's communicator, with this rank on GPU rank % count: one GPU each where there are enough
+// (QCCL_GPU_WIRE=auto then takes NCCL), else shared (then the staged wire).
+World& world() {
+  static const bool chosen = [] {
+    int count = 0;
+    ok(cudaGetDeviceCount(&count));
+    ok(cudaSetDevice(World::get().rank() % count));
+    return true;
+  }();
+  (void)chosen;
+  return World::get();
 }
 
 // A device copy of a host buffer (or `bytes` bytes of `fill`), freed on scope exit.
@@ -53,7 +67,7 @@ using Call = qcclResult_t (*)(const void* send, void* recv, size_t count, qcclDa
 
 void compare(const char* name, Call call, size_t count, size_t send_values, size_t recv_values, DataType t,
              RedOp op, int root) {
-  World& w = World::get();
+  World& w = world();
   INFO(name << ", " << count << " values, datatype " << static_cast<int>(t) << ", op " << static_cast<int>(op));
   const size_t es = kernels::element_size(t);
   const std::vector<uint8_t> send = inputs(t, op, w.rank(), send_values);
@@ -65,7 +79,7 @@ void compare(const char* name, Call call, size_t count, size_t send_values, size
 }
 
 TEST_CASE("every collective on device buffers gives the host buffers' bits", "[device]") {
-  World& w = World::get();
+  World& w = world();
   const size_t n = static_cast<size_t>(w.size());
   const int root = w.size() - 1;
   struct Type {
@@ -104,7 +118,7 @@ TEST_CASE("every collective on device buffers gives the host buffers' bits", "[d
 }
 
 TEST_CASE("in-place all-reduce and a ring of sends on device buffers", "[device]") {
-  World& w = World::get();
+  World& w = world();
   const size_t count = 77777;
   std::vector<uint8_t> host = inputs(DataType::kFloat32, RedOp::kSum, w.rank(), count);
   DeviceBuffer dev(host);
@@ -123,7 +137,7 @@ TEST_CASE("in-place all-reduce and a ring of sends on device buffers", "[device]
 }
 
 TEST_CASE("compressed all-reduce on device buffers gives the host path's bits", "[device]") {
-  World& w = World::get();
+  World& w = world();
   for (const char* spec : {"q8", "q4:bucket=128", "fp16", "bf16"}) {
     for (DataType t : {DataType::kFloat32, DataType::kBfloat16}) {
       INFO(spec << ", datatype " << static_cast<int>(t));
@@ -142,7 +156,7 @@ TEST_CASE("compressed all-reduce on device buffers gives the host path's bits", 
 }
 
 TEST_CASE("device calls are ordered with the communicator's stream", "[device]") {
-  World& w = World::get();
+  World& w = world();
   cudaStream_t stream = nullptr;
   ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   QCCL_REQUIRE_OK(qcclCommSetStream(w.comm(), stream));
@@ -169,7 +183,7 @@ TEST_CASE("device calls are ordered with the communicator's stream", "[device]")
 }
 
 TEST_CASE("what the device path does not take is refused before anything is sent", "[device]") {
-  World& w = World::get();
+  World& w = world();
   const size_t count = 1024;
   std::vector<uint8_t> host(count * 4, 0);
   DeviceBuffer dev(host);
