@@ -45,6 +45,19 @@ std::optional<PreMulSumOp> custom_op(Comm& c, ncclRedOp_t op) {
   return it->second;
 }
 
+// QCCL_NCCL_DEVICE: who runs calls on device buffers, read once.
+bool device_on_qccl() {
+  static const int mode = [] {
+    const char* v = std::getenv("QCCL_NCCL_DEVICE");
+    if (!v || !*v || std::strcmp(v, "nccl") == 0) return 0;
+    if (std::strcmp(v, "qccl") == 0) return 1;
+    return -1;
+  }();
+  if (mode < 0)
+    fail(ncclInvalidArgument, "QCCL_NCCL_DEVICE = '%s' is neither nccl nor qccl", std::getenv("QCCL_NCCL_DEVICE"));
+  return mode == 1;
+}
+
 void validate(Call& call) {
   Comm& c = *call.comm;
   const size_t size = type_size(call.datatype);
@@ -65,10 +78,18 @@ void validate(Call& call) {
   if (send_elements(call) && recv_elements(call) && send_dev != recv_dev)
     fail(ncclInvalidArgument, "sendbuff = %p is %s memory and recvbuff = %p %s memory; both must be one or the other",
          call.sendbuff, send_dev ? "device" : "host", call.recvbuff, recv_dev ? "device" : "host");
-  call.device = send_dev || recv_dev || cuda::is_capturing(call.stream);
+  const bool capturing = cuda::is_capturing(call.stream);
+  call.device = send_dev || recv_dev || capturing;
+  // QCCL_NCCL_DEVICE=qccl: device buffers run on qccl's device path too, except in a graph being
+  // captured, which only the real NCCL can record.
+  if (call.device && !capturing && device_on_qccl()) {
+    call.device = false;
+    call.qccl_device = true;
+  }
   if (!call.device && (call.datatype == ncclFloat8e4m3 || call.datatype == ncclFloat8e5m2))
-    fail(ncclInvalidArgument, "datatype = %s: qccl has no fp8 types, so host buffers cannot hold them",
-         type_name(call.datatype));
+    fail(ncclInvalidArgument, "datatype = %s: qccl has no fp8 types%s", type_name(call.datatype),
+         call.qccl_device ? " (QCCL_NCCL_DEVICE=nccl sends device buffers to the real NCCL)"
+                          : ", so host buffers cannot hold them");
 }
 
 // ---- PreMulSum ----------------------------------------------------------------------------------------------
@@ -173,8 +194,15 @@ void issue_host(Call& call, Scratch& scratch) {
   const size_t esize = type_size(call.datatype);
   const size_t bytes = call.count * esize;
   const qcclDataType_t t = q_type(call.datatype);
-  c.stats.host_calls++;
-  c.stats.host_bytes += bytes;
+  if (call.qccl_device) {
+    c.stats.device_calls++;
+    c.stats.device_bytes += bytes;
+    // qccl orders the call with the stream itself (its device path joins the communicator's stream).
+    check_qccl(qcclCommSetStream(q, call.stream), "qcclCommSetStream");
+  } else {
+    c.stats.host_calls++;
+    c.stats.host_bytes += bytes;
+  }
 
   // PreMulSum: scale this rank's input, then sum.
   const void* send = call.sendbuff;
@@ -183,6 +211,9 @@ void issue_host(Call& call, Scratch& scratch) {
     const std::optional<PreMulSumOp> custom = custom_op(c, call.op);
     if (!custom)  // destroyed between a grouped call and its ncclGroupEnd
       fail(ncclInvalidArgument, "op = %d was destroyed (ncclRedOpDestroy) before the call ran", static_cast<int>(call.op));
+    if (call.qccl_device)
+      fail(ncclInvalidUsage, "op = %d is a PreMulSum op, which qccl scales on the host: on device buffers it runs on "
+           "the real NCCL only (QCCL_NCCL_DEVICE=nccl)", static_cast<int>(call.op));
     double s = custom->host_scalar;
     if (custom->residence == ncclScalarDevice) {
       if (cuda::is_device_pointer(custom->scalar_pointer))
@@ -204,12 +235,17 @@ void issue_host(Call& call, Scratch& scratch) {
                                                           : CollKind::kReduceScatter;
     const char* why = "";
     qcclCodec_t codec = c.codec->codec_for(kind, call.datatype, call.op, bytes, &why);
+    // qccl's device path keeps no codec state yet: on device buffers only codecs without one.
+    if (codec && call.qccl_device && c.codec->spec_for(call.datatype).find("ef=on") != std::string::npos)
+      codec = nullptr, why = "error feedback needs a codec state, which device buffers do not take yet";
     if (codec) {
       const size_t state_count = send_elements(call);
       qcclCodecState_t state = nullptr;
-      check_qccl(qcclCodecStoreGet(c.store, state_key(call.kind, call.sendbuff, call.count), state_count, &state),
-                 "qcclCodecStoreGet");
-      log_decision(c, call, bytes, "compressed with " + c.codec->spec_for(call.datatype));
+      if (!call.qccl_device)
+        check_qccl(qcclCodecStoreGet(c.store, state_key(call.kind, call.sendbuff, call.count), state_count, &state),
+                   "qcclCodecStoreGet");
+      log_decision(c, call, bytes, "compressed with " + c.codec->spec_for(call.datatype) +
+                                       (call.qccl_device ? " on the device" : ""));
       qcclResult_t r = qcclSuccess;
       if (call.kind == Kind::kAllReduce)
         r = qcclAllReduceCompressed(send, call.recvbuff, call.count, t, op, codec, state, q);
@@ -229,7 +265,7 @@ void issue_host(Call& call, Scratch& scratch) {
     }
     log_decision(c, call, bytes, std::string("exact (") + why + ")");
   } else {
-    log_decision(c, call, bytes, "exact on qccl");
+    log_decision(c, call, bytes, call.qccl_device ? "exact on qccl, device buffers" : "exact on qccl");
   }
 
   const char* name = nullptr;  // qccl's message names its call; entry() prefixes the NCCL one
@@ -352,10 +388,10 @@ ncclResult_t group_end() {
   }
   if (first_host && first_device)
     fail(ncclInvalidUsage,
-         "the group mixes host-memory buffers (%s on comm %p) with device-memory buffers (%s on comm %p), which "
-         "qccl and the real NCCL cannot run as one group; nothing ran",
-         first_host->name, static_cast<void*>(first_host->handle), first_device->name,
-         static_cast<void*>(first_device->handle));
+         "the group mixes calls qccl runs (%s on comm %p, %s buffers) with calls for the real NCCL (%s on comm %p, "
+         "device buffers or graph capture), which cannot run as one group; nothing ran",
+         first_host->name, static_cast<void*>(first_host->handle), first_host->qccl_device ? "device" : "host",
+         first_device->name, static_cast<void*>(first_device->handle));
 
   if (first_device) {
     for (Call& c : group.calls) ensure_real(*c.comm, c.name);  // collective over qccl: before the group
@@ -382,7 +418,8 @@ ncclResult_t group_end() {
       fail(ncclInvalidArgument, "%s: op = %d was destroyed (ncclRedOpDestroy) before ncclGroupEnd; nothing ran", c.name,
            static_cast<int>(c.op));
   // Then wait for every stream's earlier work, and run one qccl group.
-  for (const Call& c : group.calls) cuda::synchronize(c.stream, c.name);
+  for (const Call& c : group.calls)
+    if (!c.qccl_device) cuda::synchronize(c.stream, c.name);
   Scratch scratch;
   check_qccl(qcclGroupStart(), "qcclGroupStart");
   try {
@@ -430,8 +467,9 @@ void dispatch(Call call) {
     return;
   }
   if (call.device) return check_real(forward(call));
-  // Stream semantics: the call runs after the work already on its stream and is complete on return.
-  cuda::synchronize(call.stream, call.name);
+  // Stream semantics: the call runs after the work already on its stream and is complete on return
+  // (qccl's device path joins the stream itself).
+  if (!call.qccl_device) cuda::synchronize(call.stream, call.name);
   Scratch scratch;
   issue_host(call, scratch);
 }

@@ -1,5 +1,6 @@
-// One NCCL call on a shim communicator: validated, then run on qccl (host buffers) or forwarded to the
-// real NCCL (device buffers, graph capture), now or at the outermost ncclGroupEnd.
+// One NCCL call on a shim communicator: validated, then run on qccl (host buffers, and device buffers
+// with QCCL_NCCL_DEVICE=qccl) or forwarded to the real NCCL (device buffers, graph capture), now or at
+// the outermost ncclGroupEnd.
 #pragma once
 
 #include "shim/shim.h"
@@ -20,7 +21,8 @@ struct Call {
   ncclComm_t handle;
   cudaStream_t stream;
   CommRef comm;
-  bool device = false;
+  bool device = false;       // forwarded to the real NCCL
+  bool qccl_device = false;  // device buffers run on qccl's device path (QCCL_NCCL_DEVICE=qccl)
 };
 
 // Validates and runs (or queues, inside a group) a call whose comm is a shim communicator.

@@ -2,8 +2,11 @@
 // libnccl.so.2, run with libqccl_nccl.so preloaded, one GPU per rank. Device buffers go to the real NCCL
 // (its communicator made at the first device call, from an id sent over qccl), PreMulSum ops get their
 // real twins, calls during graph capture go to the real NCCL, pinned host buffers run on qccl after the
-// stream's earlier work, and groups mixing host and device buffers are refused. Exits 77 (skipped)
-// without enough CUDA devices.
+// stream's earlier work, and groups mixing host and device buffers are refused. With
+// QCCL_NCCL_DEVICE=qccl device buffers run on qccl's device path instead (results checked the same
+// way, after the stream's earlier work), PreMulSum ops on them are refused, graph capture still goes
+// to the real NCCL, and a group may mix host and device buffers. Exits 77 (skipped) without enough
+// CUDA devices.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -108,18 +111,41 @@ int main() {
     EXPECT(wrong == 0, "%s: %zu wrong values", what, wrong);
   };
 
-  // Device buffers: the real NCCL, its communicator made now.
+  const char* mode = std::getenv("QCCL_NCCL_DEVICE");
+  const bool on_qccl = mode && std::strcmp(mode, "qccl") == 0;
+
+  // Device buffers: the real NCCL, its communicator made now (or qccl's device path). The input is
+  // made on the stream just before the call, which must run after it.
+  CUDA_OK(cudaMemsetAsync(dsend, 0, count * sizeof(float), stream));
+  CUDA_OK(cudaMemcpyAsync(dsend, host.data(), count * sizeof(float), cudaMemcpyHostToDevice, stream));
   NCCL_OK(ncclAllReduce(dsend, drecv, count, ncclFloat32, ncclSum, comm, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   check(drecv, ranks_sum, "device ncclAllReduce");
+  NCCL_OK(ncclAllGather(dsend, drecv, count / size, ncclFloat32, comm, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  {
+    std::vector<float> out(count);
+    CUDA_OK(cudaMemcpy(out.data(), drecv, count * sizeof(float), cudaMemcpyDeviceToHost));
+    size_t wrong = 0;
+    const size_t block = count / size;
+    for (size_t i = 0; i < block * size; ++i)
+      wrong += out[i] != static_cast<float>(i / block + 1) * static_cast<float>(i % block % 13);
+    EXPECT(wrong == 0, "device ncclAllGather: %zu wrong values", wrong);
+  }
 
-  // A PreMulSum op made on the drop-in's communicator gets its real twin at its first device call.
+  // A PreMulSum op made on the drop-in's communicator gets its real twin at its first device call
+  // (qccl scales on the host, so it refuses the op on device buffers).
   float two = 2.0f;
   ncclRedOp_t premul;
   NCCL_OK(ncclRedOpCreatePreMulSum(&premul, &two, ncclFloat32, ncclScalarHostImmediate, comm));
-  NCCL_OK(ncclAllReduce(dsend, drecv, count, ncclFloat32, premul, comm, stream));
-  CUDA_OK(cudaStreamSynchronize(stream));
-  check(drecv, 2 * ranks_sum, "device ncclAllReduce with PreMulSum");
+  if (on_qccl) {
+    EXPECT(ncclAllReduce(dsend, drecv, count, ncclFloat32, premul, comm, stream) == ncclInvalidUsage, "%s",
+           ncclGetLastError(nullptr));
+  } else {
+    NCCL_OK(ncclAllReduce(dsend, drecv, count, ncclFloat32, premul, comm, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    check(drecv, 2 * ranks_sum, "device ncclAllReduce with PreMulSum");
+  }
   NCCL_OK(ncclRedOpDestroy(premul, comm));
 
   // Graph capture: the call is captured by the real NCCL, and the graph replays it.
@@ -144,15 +170,26 @@ int main() {
   for (size_t i = 0; i < count; ++i) wrong += pinned[i] != static_cast<float>(ranks_sum * (i % 13));
   EXPECT(wrong == 0, "pinned host ncclAllReduce after a copy on its stream: %zu wrong values", wrong);
 
-  // Refused: one call with a device and a host buffer; a group with both kinds.
+  // Refused: one call with a device and a host buffer; a group with both kinds, unless qccl runs both.
   EXPECT(ncclAllReduce(dsend, pinned, count, ncclFloat32, ncclSum, comm, stream) == ncclInvalidArgument, "%s",
          ncclGetLastError(nullptr));
+  CUDA_OK(cudaMemcpy(dsend, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(pinned, host.data(), count * sizeof(float), cudaMemcpyHostToHost));
   NCCL_OK(ncclGroupStart());
   NCCL_OK(ncclAllReduce(dsend, drecv, count, ncclFloat32, ncclSum, comm, stream));
   NCCL_OK(ncclAllReduce(pinned, pinned, count, ncclFloat32, ncclSum, comm, stream));
   ncclResult_t mixed = ncclGroupEnd();
-  EXPECT(mixed == ncclInvalidUsage && std::strstr(ncclGetLastError(nullptr), "mixes"), "mixed group: %s: %s",
-         ncclGetErrorString(mixed), ncclGetLastError(nullptr));
+  if (on_qccl) {
+    EXPECT(mixed == ncclSuccess, "mixed group on qccl: %s: %s", ncclGetErrorString(mixed), ncclGetLastError(nullptr));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    check(drecv, ranks_sum, "grouped device ncclAllReduce on qccl");
+    wrong = 0;
+    for (size_t i = 0; i < count; ++i) wrong += pinned[i] != static_cast<float>(ranks_sum * (i % 13));
+    EXPECT(wrong == 0, "grouped pinned host ncclAllReduce: %zu wrong values", wrong);
+  } else {
+    EXPECT(mixed == ncclInvalidUsage && std::strstr(ncclGetLastError(nullptr), "mixes"), "mixed group: %s: %s",
+           ncclGetErrorString(mixed), ncclGetLastError(nullptr));
+  }
 
   CUDA_OK(cudaFreeHost(pinned));
   CUDA_OK(cudaFree(dsend));
