@@ -250,8 +250,10 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
  * point-to-point calls always take the latter). The first collective on device buffers chooses, on
  * every rank together, so every rank must make it at the same point.
  *
- * Not yet on device buffers: the codecs with a method of their own (sign, int, fft, aq, learned
- * levels) and codec states, which fail with qcclInvalidUsage. A call whose sendbuff and recvbuff
+ * Codec states work as on host buffers; an error-feedback residual has a copy in device memory, and
+ * whichever copy the state's last call used is the current one (qcclCodecStateSave and Load, and a
+ * call on host buffers, bring it back to the host first). Not yet on device buffers: the codecs with
+ * a method of their own (sign, int, fft, aq, learned levels), which fail with qcclInvalidUsage. A call whose sendbuff and recvbuff
  * are in different memories fails with qcclInvalidArgument, as does device memory in a build
  * without CUDA or of another device than the communicator's. */
 QCCL_API qcclResult_t qcclCommSetStream(qcclComm_t comm, void* stream);

@@ -183,6 +183,13 @@ void log_decision(Comm& c, const Call& call, size_t bytes, const std::string& de
       call.name, type_name(call.datatype), bytes, size_class(bytes), decision.c_str());
 }
 
+// Whether qccl's device path runs a codec spec (qcclAllReduceCompressed refuses the others there).
+bool device_codec(const std::string& spec) {
+  const bool cast = spec.rfind("fp16", 0) == 0 || spec.rfind("bf16", 0) == 0;
+  const bool quant = spec.size() > 1 && spec[0] == 'q' && spec[1] >= '1' && spec[1] <= '8';
+  return (cast || quant) && spec.find("levels") == std::string::npos;
+}
+
 // Buffers a host call needs until its qccl group ends (PreMulSum's scaled inputs).
 using Scratch = std::vector<std::vector<unsigned char>>;
 
@@ -235,15 +242,13 @@ void issue_host(Call& call, Scratch& scratch) {
                                                           : CollKind::kReduceScatter;
     const char* why = "";
     qcclCodec_t codec = c.codec->codec_for(kind, call.datatype, call.op, bytes, &why);
-    // qccl's device path keeps no codec state yet: on device buffers only codecs without one.
-    if (codec && call.qccl_device && c.codec->spec_for(call.datatype).find("ef=on") != std::string::npos)
-      codec = nullptr, why = "error feedback needs a codec state, which device buffers do not take yet";
+    if (codec && call.qccl_device && !device_codec(c.codec->spec_for(call.datatype)))
+      codec = nullptr, why = "qccl's device path runs fp16, bf16 and q1..q8 without learned levels";
     if (codec) {
       const size_t state_count = send_elements(call);
       qcclCodecState_t state = nullptr;
-      if (!call.qccl_device)
-        check_qccl(qcclCodecStoreGet(c.store, state_key(call.kind, call.sendbuff, call.count), state_count, &state),
-                   "qcclCodecStoreGet");
+      check_qccl(qcclCodecStoreGet(c.store, state_key(call.kind, call.sendbuff, call.count), state_count, &state),
+                 "qcclCodecStoreGet");
       log_decision(c, call, bytes, "compressed with " + c.codec->spec_for(call.datatype) +
                                        (call.qccl_device ? " on the device" : ""));
       qcclResult_t r = qcclSuccess;

@@ -6,6 +6,7 @@
 
 #include "base/errors.h"
 #include "base/wire.h"
+#include "collectives/residual_state.h"
 
 namespace qccl {
 
@@ -63,7 +64,45 @@ void StateBudget::release(size_t bytes) {
 
 CodecState::CodecState(std::shared_ptr<StateBudget> budget, size_t count) : budget_(std::move(budget)), count_(count) {}
 
-CodecState::~CodecState() { budget_->release(charged_); }
+CodecState::~CodecState() {
+  budget_->release(charged_);
+  if (device_residual_) {
+    try {
+      device_->synchronize();  // no call on it may still run
+      device_->release(Device::Memory::kDevice, device_residual_);
+    } catch (const Error&) {
+      // A device that cannot synchronize keeps the memory: its work may still touch it.
+    }
+  }
+}
+
+float* CodecState::residual_on_device(const std::shared_ptr<Device>& device) {
+  auto* residual = dynamic_cast<coll::ResidualState*>(state_.get());
+  if (!residual) return nullptr;
+  if (device_ && device_.get() != device.get())
+    fail(qcclInvalidUsage, "the codec state's residual lives on %s, not %s: a state serves one device",
+         device_->describe().c_str(), device->describe().c_str());
+  const size_t bytes = count_ * sizeof(float);
+  if (!device_residual_) {
+    device_residual_ = static_cast<float*>(device->allocate(Device::Memory::kDevice, bytes));
+    device_ = device;
+  }
+  if (!device_newer_) {  // the host's copy is newer: up, before the call's kernels (the same stream)
+    device_->copy(device_residual_, residual->residual(), bytes);
+    device_->synchronize();  // the host copy is pageable memory the caller may change once we return
+    device_newer_ = true;
+  }
+  return device_residual_;
+}
+
+void CodecState::residual_to_host() const {
+  if (!device_newer_) return;
+  auto* residual = dynamic_cast<coll::ResidualState*>(state_.get());
+  device_->synchronize();  // the last device call's update is done
+  device_->copy(residual->residual(), device_residual_, count_ * sizeof(float));
+  device_->synchronize();
+  device_newer_ = false;
+}
 
 void CodecState::adopt(std::unique_ptr<coll::MethodState> state) {
   const size_t bytes = state ? state->bytes() : 0;
@@ -98,6 +137,7 @@ void CodecState::save(void* buffer, size_t bytes) const {
   if (bytes < serialized_bytes())
     fail(qcclInvalidArgument, "bytes = %zu is smaller than the state's %zu (qcclCodecStateSize)", bytes,
          serialized_bytes());
+  residual_to_host();
   ByteWriter w;
   w.put<uint32_t>(kStateMagic);
   w.put<uint32_t>(kStateVersion);
@@ -116,6 +156,7 @@ void CodecState::save(void* buffer, size_t bytes) const {
 }
 
 void CodecState::load(const void* buffer, size_t bytes) {
+  residual_to_host();  // a load that fails leaves the state as it was, on the host: current there
   const auto* data = static_cast<const uint8_t*>(buffer);
   ByteReader r(data, bytes, "codec state checkpoint", qcclInvalidArgument);
   const uint32_t magic = r.get<uint32_t>(), version = r.get<uint32_t>();

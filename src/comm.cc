@@ -12,6 +12,7 @@
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "collectives/compressed.h"
 #include "kernels/reduce.h"
 #include "src/node_map.h"
 
@@ -373,13 +374,9 @@ void Comm::place(OpRecord& record) {
          send_on_device ? "sendbuff" : "recvbuff", send_on_device ? a.sendbuf : a.recvbuf, why.c_str());
   for (const void* p : {static_cast<const void*>(a.sendbuf), static_cast<const void*>(a.recvbuf)})
     if (p) d->is_device_pointer(p);  // memory of another device than the communicator's fails here
-  if (a.codec) {
+  if (a.codec)
     if (const char* why = device_codec_refusal(*a.codec))
       fail(qcclInvalidUsage, "codec '%s' on device buffers: %s", a.codec->canonical().c_str(), why);
-    if (record.state)
-      fail(qcclInvalidUsage, "a codec state with device buffers: states (error feedback, step counts) live in host "
-           "memory, and the device path does not take them yet; call without the state");
-  }
   record.on_device = true;
   a.stream = stream();
   start_device_executor();
@@ -465,6 +462,13 @@ void Comm::finish_completed(OpRecord& record) {
 // The call of a compressed collective is about to run (earlier calls on its state are done): its
 // method fixes what depends on them (IntSGD's alpha), and the frame headers announce the scale.
 void Comm::prepare(OpRecord& record) {
+  // The calls before this one on its state have finished: its residual moves to where this call runs.
+  if (record.state && record.on_device) {
+    auto* call = static_cast<coll::QuantizedCall*>(record.call.get());  // place() admits no other method
+    if (call->residual) call->residual = record.state->residual_on_device(device_);
+  } else if (record.state) {
+    record.state->residual_to_host();
+  }
   record.call->prepare(record.operation->plan().args());
   record.operation->set_codec_scale(record.call->scale());
   QCCL_TRACE("%s: codec scale %.9g", record.operation->identity().header.describe().c_str(), record.call->scale());

@@ -155,6 +155,51 @@ TEST_CASE("compressed all-reduce on device buffers gives the host path's bits", 
   }
 }
 
+TEST_CASE("error feedback on device buffers: the residual follows the calls, with the host path's bits", "[device]") {
+  World& w = world();
+  const size_t count = 100003;
+  Codec codec("q4:ef=on,bucket=256");
+  State on_host(w.comm(), count), mixed(w.comm(), count);
+  // Five steps on host buffers with one state, and the same steps with another state whose calls
+  // alternate device, device, host, device, host: every step's result and the final checkpoints agree.
+  const bool on_device[] = {true, true, false, true, false};
+  for (int step = 0; step < 5; ++step) {
+    INFO("step " << step);
+    const std::vector<uint8_t> send = inputs(DataType::kFloat32, RedOp::kSum, w.rank() + step, count);
+    std::vector<uint8_t> host(send.size()), other(send.size());
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(send.data(), host.data(), count, qcclFloat32, qcclSum, codec.handle,
+                                            on_host.handle, w.comm()));
+    if (on_device[step]) {
+      DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+      QCCL_REQUIRE_OK(qcclAllReduceCompressed(dsend.get(), drecv.get(), count, qcclFloat32, qcclSum, codec.handle,
+                                              mixed.handle, w.comm()));
+      other = drecv.read();
+    } else {
+      QCCL_REQUIRE_OK(qcclAllReduceCompressed(send.data(), other.data(), count, qcclFloat32, qcclSum, codec.handle,
+                                              mixed.handle, w.comm()));
+    }
+    CHECK(other == host);
+  }
+  size_t a = 0, b = 0;
+  QCCL_REQUIRE_OK(qcclCodecStateSize(on_host.handle, &a));
+  QCCL_REQUIRE_OK(qcclCodecStateSize(mixed.handle, &b));
+  REQUIRE(a == b);
+  std::vector<uint8_t> saved_host(a), saved_mixed(b);
+  // The mixed state's last call was on the host; one more device step brings the residual to the
+  // device, and the checkpoint must still see it.
+  const std::vector<uint8_t> send = inputs(DataType::kFloat32, RedOp::kSum, w.rank() + 5, count);
+  std::vector<uint8_t> host(send.size());
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(send.data(), host.data(), count, qcclFloat32, qcclSum, codec.handle,
+                                          on_host.handle, w.comm()));
+  DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(dsend.get(), drecv.get(), count, qcclFloat32, qcclSum, codec.handle,
+                                          mixed.handle, w.comm()));
+  CHECK(drecv.read() == host);
+  QCCL_REQUIRE_OK(qcclCodecStateSave(on_host.handle, saved_host.data(), a));
+  QCCL_REQUIRE_OK(qcclCodecStateSave(mixed.handle, saved_mixed.data(), b));
+  CHECK(saved_mixed == saved_host);
+}
+
 TEST_CASE("device calls are ordered with the communicator's stream", "[device]") {
   World& w = world();
   cudaStream_t stream = nullptr;
