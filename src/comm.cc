@@ -241,7 +241,9 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   record->operation = executor.launch(algorithm, std::move(plan), identity, nullptr);
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
+    record->submitted = submitted_++;
     active_.push_back(record);
+    if (identity.p2p) active_p2p_.fetch_add(1);
     active_count_.fetch_add(1);
     active_version_.fetch_add(1);
   }
@@ -431,6 +433,7 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
     if (it != active_.end()) {
       active_.erase(it);
       active_count_.fetch_sub(1);
+      if (record.operation->identity().p2p) active_p2p_.fetch_sub(1);
       active_version_.fetch_add(1);
     }
     if (result == qcclSuccess || result == qcclNonFinite) {  // completed (a non-finite result is data)
@@ -554,10 +557,13 @@ bool Comm::test(OpRecord& record) {
 }
 
 void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block) {
-  // The snapshot holds records, which hold the communicator: drop it on the way out.
+  // The snapshot holds records, which hold the communicator: drop it on the way out once nothing is
+  // active (while calls are outstanding it is kept for the next wait: a caller that waits for 20
+  // requests one by one would otherwise copy the list 20 times).
   struct ClearSnapshot {
     Comm* comm;
     ~ClearSnapshot() {
+      if (comm->active_count_.load() > 0) return;
       comm->driving_.clear();
       comm->driving_version_ = ~uint64_t{0};
     }
@@ -573,11 +579,24 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
     }
     bool moved = executor_->progress();
     if (driving_version_ != active_version_.load()) {
+      // Brought up to date rather than copied: with hundreds of calls outstanding, a copy of the list
+      // at every completion was most of the drive loop's time. Finished records have left active_
+      // (and are done); new ones were added at its end, in call order.
       std::lock_guard<std::mutex> lock(ops_mu_);
-      driving_ = active_;
+      if (driving_version_ == ~uint64_t{0}) driving_.clear(), driving_submitted_ = 0;
+      // Collectives finish in call order: the done ones are at the front. Point-to-point calls may
+      // leave some behind, which the loop skips; a full sweep bounds them.
+      auto done = [](const auto& r) { return r->done.load(std::memory_order_relaxed); };
+      const auto first_live = std::find_if_not(driving_.begin(), driving_.end(), done);
+      driving_.erase(driving_.begin(), first_live);
+      if (driving_.size() > 2 * active_.size() + 16)
+        driving_.erase(std::remove_if(driving_.begin(), driving_.end(), done), driving_.end());
+      size_t first_new = active_.size();
+      while (first_new > 0 && active_[first_new - 1]->submitted >= driving_submitted_) --first_new;
+      driving_.insert(driving_.end(), active_.begin() + static_cast<ptrdiff_t>(first_new), active_.end());
+      driving_submitted_ = submitted_;
       driving_version_ = active_version_.load();
-      driving_p2p_ = std::any_of(driving_.begin(), driving_.end(),
-                                 [](const auto& r) { return r->operation->identity().p2p; });
+      driving_p2p_ = active_p2p_.load() > 0;
     }
     // Collectives run in call order through one pipeline (comm.h): `slots` is what the older ones
     // leave free of QCCL_PIPELINE_DEPTH, `open` whether the next may start at all, `older_undone`
@@ -860,6 +879,8 @@ void Comm::shutdown() {
   if (progress_thread_.joinable()) progress_thread_.join();
   {
     std::lock_guard<std::mutex> drive(drive_mu_);
+    driving_.clear();  // a snapshot kept while calls were outstanding (drive_until)
+    driving_version_ = ~uint64_t{0};
     transport_.reset();  // first: it may still read the buffers the executor keeps for abandoned sends
     executor_.reset();
     device_executor_.store(nullptr);

@@ -38,6 +38,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -78,6 +79,7 @@ struct OpRecord {
   std::chrono::steady_clock::time_point started_at;
   bool started = false;               // false while deferred in a group
   bool on_device = false;             // buffers in device memory: the device executor runs it (place)
+  uint64_t submitted = 0;             // its place among the communicator's active records (start)
   std::atomic<bool> done{false};
   qcclResult_t result = qcclSuccess;  // valid once done
   std::string error;                  // valid once done
@@ -195,16 +197,20 @@ class Comm : public std::enable_shared_from_this<Comm> {
   uint64_t next_sequence_ = 0;
   std::vector<uint64_t> send_sequence_, recv_sequence_;
 
-  // Operations started and not done; `active_version_` changes whenever the list does.
+  // Operations started and not done, in call order; `active_version_` changes whenever the list does.
+  // A deque: they finish from the front, and hundreds may be outstanding.
   mutable std::mutex ops_mu_;
-  std::vector<std::shared_ptr<OpRecord>> active_;
+  std::deque<std::shared_ptr<OpRecord>> active_;
   std::atomic<uint64_t> active_version_{0};
   std::atomic<int> active_count_{0};
+  std::atomic<int> active_p2p_{0};  // the point-to-point calls among them
   std::vector<std::shared_ptr<std::vector<std::byte>>> scratch_pool_;  // guarded by ops_mu_
   qcclStats_t last_stats_{};                                          // guarded by ops_mu_
 
   std::mutex drive_mu_;
   std::vector<std::shared_ptr<OpRecord>> driving_;  // the driver's copy of active_
+  uint64_t submitted_ = 0;          // records ever added to active_ (guarded by ops_mu_)
+  uint64_t driving_submitted_ = 0;  // ...of which driving_ has seen these
   bool driving_p2p_ = false;  // whether driving_ holds a point-to-point call
   uint64_t driving_version_ = ~uint64_t{0};
   std::atomic<int> callers_waiting_{0};
