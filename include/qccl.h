@@ -232,10 +232,11 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
 
 /* ---- Device buffers ------------------------------------------------------------------------------
  * In a build with CUDA (qccl_info prints whether), every collective, point-to-point and compressed
- * call also takes buffers in CUDA device memory (cudaMalloc, or managed memory) of the device that
- * was the calling thread's current one at the communicator's first such call. qccl asks the CUDA
- * driver (cuPointerGetAttribute), only in a process that has loaded it and without making a
- * context, so that host buffers cost a lookup and host-only programs nothing.
+ * call also takes buffers in CUDA device memory (cudaMalloc, or managed memory), all of one device
+ * per communicator: the device of its first call on device buffers. qccl asks the CUDA driver
+ * (cuPointerGetAttribute), only in a process that has loaded it and without making a context, so
+ * that host buffers cost a lookup and host-only programs nothing; it leaves each thread's current
+ * device as it found it.
  *
  * Order: such a call runs on a stream of qccl's own that first waits for the work the
  * communicator's stream held when the call was made, and the communicator's stream then waits for
@@ -247,8 +248,9 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
  *
  * The results have the host path's bits. The bytes move over NCCL point-to-point between the GPUs,
  * or through pinned host buffers over the same transport as host buffers (QCCL_GPU_WIRE;
- * point-to-point calls always take the latter). The first collective on device buffers chooses, on
- * every rank together, so every rank must make it at the same point.
+ * point-to-point calls always take the latter). The first collective on device buffers made outside
+ * a group chooses, on every rank together, so every rank must make it at the same point; calls before
+ * it, and inside groups before it, take the staged wire.
  *
  * Codec states work as on host buffers; an error-feedback residual has a copy in device memory, and
  * whichever copy the state's last call used is the current one (qcclCodecStateSave and Load, and a

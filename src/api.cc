@@ -174,7 +174,7 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
       record->args.segments = &record->segments;
     }
   }
-  c.place(*record);
+  c.place(*record, group_active());
   if (group_active()) {
     group_defer(record, request == nullptr);
     if (request) *request = new qcclRequest{record};

@@ -186,6 +186,10 @@ static uint64_t codec_hash(const coll::CollArgs& args) {
   return h ? h : 1;
 }
 
+namespace {
+const char* device_codec_refusal(const kernels::CodecConfig& c);  // below, with the device path
+}  // namespace
+
 void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   record->started = true;
   record->started_at = Clock::now();
@@ -199,6 +203,8 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     return;
   }
   if (!args.codec) args.codec = codec_policy_.choose(args);  // QCCL_CODEC compresses plain calls
+  if (record->on_device && args.codec && !record->codec && device_codec_refusal(*args.codec))
+    args.codec = nullptr;  // a QCCL_CODEC method the device path does not run: exact (on every rank alike)
   args.nodes = &node_map_;
 
   OperationIdentity identity;
@@ -274,26 +280,31 @@ unsigned long long objects_loaded() {
   return adds;
 }
 
-bool driver_says_device(const void* p) {
+// The CUDA device p's memory belongs to, or -1 for host memory.
+int device_of(const void* p) {
+  if (!p) return -1;
   using GetAttribute = int (*)(void* data, int attribute, unsigned long long pointer);
   constexpr int kMemoryType = 2;                        // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+  constexpr int kOrdinal = 9;                           // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
   constexpr unsigned kDevice = 2, kArray = 3;           // CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_ARRAY
   static std::atomic<GetAttribute> get{nullptr};        // found once CUDA is in the process
   static std::atomic<unsigned long long> looked_at{~0ull};  // objects loaded when it was last looked for
   GetAttribute fn = get.load(std::memory_order_acquire);
   if (!fn) {
     const unsigned long long loaded = objects_loaded();
-    if (looked_at.exchange(loaded) == loaded) return false;  // nothing loaded since: still no CUDA
+    if (looked_at.exchange(loaded) == loaded) return -1;  // nothing loaded since: still no CUDA
     void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (!driver) return false;
+    if (!driver) return -1;
     fn = reinterpret_cast<GetAttribute>(dlsym(driver, "cuPointerGetAttribute"));
-    if (!fn) return false;
+    if (!fn) return -1;
     get.store(fn, std::memory_order_release);  // the library stays: the NOLOAD reference is kept
   }
   unsigned type = 0;
   // Pageable host memory is unknown to the driver (an error): host.
-  if (fn(&type, kMemoryType, reinterpret_cast<uintptr_t>(p)) != 0) return false;
-  return type == kDevice || type == kArray;
+  if (fn(&type, kMemoryType, reinterpret_cast<uintptr_t>(p)) != 0 || (type != kDevice && type != kArray)) return -1;
+  int ordinal = -1;
+  if (fn(&ordinal, kOrdinal, reinterpret_cast<uintptr_t>(p)) != 0) return -1;
+  return ordinal;
 }
 
 const char* device_codec_refusal(const kernels::CodecConfig& c) {
@@ -303,10 +314,10 @@ const char* device_codec_refusal(const kernels::CodecConfig& c) {
 }
 }  // namespace
 
-Device* Comm::device(std::string* why) {
+Device* Comm::device(int ordinal, std::string* why) {
   std::lock_guard<std::mutex> lock(device_mu_);
   if (!device_ && no_device_.empty()) {
-    device_ = make_cuda_device(&no_device_);
+    device_ = make_cuda_device(ordinal, &no_device_);
     if (device_) QCCL_INFO("device buffers run on %s", device_->describe().c_str());
   }
   if (!device_) *why = no_device_;
@@ -347,6 +358,8 @@ void Comm::choose_gpu_wire() {
       const std::string id = nccl_unique_id(&nccl_error);
       mine.nccl_ok = id.size() == sizeof mine.nccl_id;
       if (mine.nccl_ok) std::memcpy(mine.nccl_id, id.data(), id.size());
+    } else {
+      mine.nccl_ok = nccl_available(&nccl_error);
     }
     std::vector<Announcement> all(nranks_);
     allgather_bytes(&mine, all.data(), sizeof mine);
@@ -361,16 +374,21 @@ void Comm::choose_gpu_wire() {
     if (config_.gpu_wire == "nccl" && !shared.empty())
       fail(qcclInvalidUsage, "QCCL_GPU_WIRE=nccl: %s, which NCCL does not allow (QCCL_GPU_WIRE=host stages through "
            "host memory instead)", shared.c_str());
-    if (config_.gpu_wire == "nccl" && !all[0].nccl_ok)
-      fail(qcclSystemError, "QCCL_GPU_WIRE=nccl: rank 0 cannot use NCCL%s%s", rank_ == 0 ? ": " : "",
-           nccl_error.c_str());
-    const bool use_nccl = config_.gpu_wire == "nccl" || (shared.empty() && one_host && all[0].nccl_ok);
+    int without_nccl = -1;  // a rank that cannot load NCCL (every rank must, or none uses it)
+    for (int r = 0; r < nranks_ && without_nccl < 0; ++r)
+      if (!all[r].nccl_ok) without_nccl = r;
+    if (config_.gpu_wire == "nccl" && without_nccl >= 0)
+      fail(qcclSystemError, "QCCL_GPU_WIRE=nccl: rank %d cannot use NCCL%s%s", without_nccl,
+           without_nccl == rank_ ? ": " : "", without_nccl == rank_ ? nccl_error.c_str() : "");
+    const bool use_nccl = config_.gpu_wire == "nccl" || (shared.empty() && one_host && without_nccl < 0);
     if (use_nccl) {
       std::string why;
       wire = make_nccl_wire(*device_, nranks_, rank_, std::string(all[0].nccl_id, sizeof all[0].nccl_id), &why);
       if (!wire) fail(qcclSystemError, "the NCCL wire (QCCL_GPU_WIRE=%s): %s", config_.gpu_wire.c_str(), why.c_str());
     } else {
-      why_host = !shared.empty() ? shared : !one_host ? "the ranks are on several hosts" : "rank 0 cannot use NCCL";
+      why_host = !shared.empty() ? shared
+                 : !one_host     ? "the ranks are on several hosts"
+                                 : format("rank %d cannot use NCCL", without_nccl);
     }
   }
   if (wire) device_executor_owned_->attach_wire(std::move(wire));
@@ -380,28 +398,33 @@ void Comm::choose_gpu_wire() {
                 : format(" (QCCL_GPU_WIRE=%s: %s)", config_.gpu_wire.c_str(), why_host.c_str()).c_str());
 }
 
-void Comm::place(OpRecord& record) {
+void Comm::place(OpRecord& record, bool in_group) {
   coll::CollArgs& a = record.args;
-  const bool send_on_device = a.sendbuf && driver_says_device(a.sendbuf);
-  const bool recv_on_device = a.recvbuf && driver_says_device(a.recvbuf);
-  if (!send_on_device && !recv_on_device) return;
-  if (a.sendbuf && a.recvbuf && send_on_device != recv_on_device)
-    fail(qcclInvalidArgument, "sendbuff = %p is %s memory but recvbuff = %p is %s memory: both must be on one device",
-         a.sendbuf, send_on_device ? "device" : "host", a.recvbuf, recv_on_device ? "device" : "host");
+  const int send_device = device_of(a.sendbuf), recv_device = device_of(a.recvbuf);
+  if (send_device < 0 && recv_device < 0) return;
+  if (a.sendbuf && a.recvbuf && send_device != recv_device)
+    fail(qcclInvalidArgument, "sendbuff = %p is %s and recvbuff = %p is %s: both must be memory of one device, or both "
+         "host memory", a.sendbuf, send_device < 0 ? "host memory" : format("memory of CUDA device %d", send_device).c_str(),
+         a.recvbuf, recv_device < 0 ? "host memory" : format("memory of CUDA device %d", recv_device).c_str());
+  const int ordinal = std::max(send_device, recv_device);
   std::string why;
-  Device* d = device(&why);
+  Device* d = device(ordinal, &why);
   if (!d)
     fail(qcclInvalidArgument, "%s = %p is CUDA device memory, which this process cannot use: %s",
-         send_on_device ? "sendbuff" : "recvbuff", send_on_device ? a.sendbuf : a.recvbuf, why.c_str());
-  for (const void* p : {static_cast<const void*>(a.sendbuf), static_cast<const void*>(a.recvbuf)})
-    if (p) d->is_device_pointer(p);  // memory of another device than the communicator's fails here
+         send_device >= 0 ? "sendbuff" : "recvbuff", send_device >= 0 ? a.sendbuf : a.recvbuf, why.c_str());
+  if (d->ordinal() != ordinal)
+    fail(qcclInvalidArgument, "the buffers are memory of CUDA device %d, but this communicator's device buffers are on "
+         "%s (the device of its first call on device buffers)", ordinal, d->describe().c_str());
   if (a.codec)
     if (const char* why = device_codec_refusal(*a.codec))
       fail(qcclInvalidUsage, "codec '%s' on device buffers: %s", a.codec->canonical().c_str(), why);
   record.on_device = true;
   a.stream = stream();
   start_device_executor();
-  if (a.kind != coll::CollKind::kSend && a.kind != coll::CollKind::kRecv) choose_gpu_wire();
+  // The wire is chosen by every rank together, at a collective made outside a group (inside one, a
+  // thread may be driving several communicators' calls, which a blocking exchange here would hang):
+  // until then collectives take the staged wire, which needs no agreement.
+  if (a.kind != coll::CollKind::kSend && a.kind != coll::CollKind::kRecv && !in_group) choose_gpu_wire();
 }
 
 // Scratch buffers are reused across calls (a fresh allocation would page-fault every time), and

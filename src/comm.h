@@ -105,7 +105,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // Before start, after validation: whether the call's buffers are device memory (then
   // record.on_device, and args.stream is the communicator's stream), refusing mixed buffers and
   // what the device path does not run yet (qcclInvalidArgument, qcclInvalidUsage; nothing sent).
-  void place(OpRecord& record);
+  void place(OpRecord& record, bool in_group);
   // qcclCommSetStream: the CUDA stream of later calls on device buffers (null: the legacy default).
   void set_stream(void* stream) { stream_.store(stream); }
   void* stream() const { return stream_.load(); }
@@ -173,9 +173,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::unique_ptr<Executor> executor_;
   // The GPU path, made at the first call on device buffers (under device_mu_); the drive loop reads
   // the executor through the atomic pointer, published once it is complete.
-  // The device of this communicator's device buffers: the current one at its first call on them, or
-  // null with *why (a build without CUDA, no usable device).
-  Device* device(std::string* why);
+  // The device of this communicator's device buffers: CUDA device `ordinal`, that of its first call
+  // on them, or null with *why (a build without CUDA, no usable device).
+  Device* device(int ordinal, std::string* why);
   void start_device_executor();  // at the first call on device buffers (place)
   void choose_gpu_wire();        // collective: at the first collective on device buffers (place)
   std::mutex device_mu_;

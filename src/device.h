@@ -66,6 +66,8 @@ class Device {
   virtual void* native_stream() = 0;
   // What names this GPU among all (its UUID), so that ranks can tell whether they share one.
   virtual std::string uuid() = 0;
+  // Its CUDA device number in this process.
+  virtual int ordinal() const = 0;
 };
 
 // Wire A: messages between the devices of a communicator's ranks, posted on the device's stream
@@ -82,18 +84,20 @@ class PeerWire {
   virtual void send(int peer, const void* src, size_t bytes) = 0;
   virtual void recv(int peer, void* dst, size_t bytes) = 0;
   // After a failure: withdraws everything posted (ncclCommAbort), so that the stream can finish;
-  // the wire is unusable afterwards. Never throws.
+  // the wire is unusable afterwards (aborted()). Never throws.
   virtual void abort() = 0;
+  virtual bool aborted() const = 0;
 };
 
-// The CUDA device of the calling thread's current device, or null with *why set (a build without
-// CUDA, no driver, no device).
-std::unique_ptr<Device> make_cuda_device(std::string* why);
+// CUDA device `ordinal`, or null with *why set (a build without CUDA, no driver, no such device).
+std::unique_ptr<Device> make_cuda_device(int ordinal, std::string* why);
 
 // NCCL point-to-point on `device` (a CudaDevice), libnccl.so.2 loaded at run time: every rank of the
 // communicator calls it at the same point with rank 0's `unique_id` (nccl_unique_id on rank 0, shared
 // by the caller). Null with *why set when NCCL cannot be loaded or its communicator not made.
 std::string nccl_unique_id(std::string* why);
+// Whether libnccl.so.2 can be loaded here (the real NCCL, not qccl's drop-in), else why not.
+bool nccl_available(std::string* why);
 std::unique_ptr<PeerWire> make_nccl_wire(Device& device, int nranks, int rank, const std::string& unique_id,
                                          std::string* why);
 

@@ -31,10 +31,29 @@ void check(cudaError_t e, const char* call) {
   if (e != cudaSuccess) fail(qcclSystemError, "CUDA: %s failed: %s (%s)", call, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
+// Makes a device current for a scope and gives the calling thread its own back: the thread may be
+// the application's (which may drive several GPUs) or the communicator's progress thread.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    else previous_ = -1;
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int device) : device_(device) {
-    use();
+    const DeviceScope scope(device_);
     cudaDeviceProp props{};
     check(cudaGetDeviceProperties(&props, device_), "cudaGetDeviceProperties");
     name_ = format("CUDA device %d (%s, sm_%d%d)", device_, props.name, props.major, props.minor);
@@ -43,7 +62,7 @@ class CudaDevice final : public Device {
     check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   }
   ~CudaDevice() override {
-    cudaSetDevice(device_);
+    const DeviceScope scope(device_);
     cudaStreamSynchronize(stream_);  // nothing may still use the events and the stream
     for (const Point& p : pending_) cudaEventDestroy(p.event);
     for (cudaEvent_t e : spare_) cudaEventDestroy(e);
@@ -68,7 +87,7 @@ class CudaDevice final : public Device {
 
   void* allocate(Memory kind, size_t bytes) override {
     const std::lock_guard<std::mutex> lock(mu_);
-    use();
+    const DeviceScope scope(device_);
     void* p = nullptr;
     const cudaError_t e =
         kind == Memory::kDevice ? cudaMalloc(&p, bytes) : cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
@@ -79,7 +98,7 @@ class CudaDevice final : public Device {
   }
   void release(Memory kind, void* p) override {
     const std::lock_guard<std::mutex> lock(mu_);
-    use();
+    const DeviceScope scope(device_);
     check(kind == Memory::kDevice ? cudaFree(p) : cudaFreeHost(p), kind == Memory::kDevice ? "cudaFree" : "cudaFreeHost");
   }
 
@@ -87,17 +106,17 @@ class CudaDevice final : public Device {
 
   void copy(void* dst, const void* src, size_t bytes) override {
     const std::lock_guard<std::mutex> lock(mu_);
-    use();
+    const DeviceScope scope(device_);
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
   }
   void zero(void* dst, size_t bytes) override {
     const std::lock_guard<std::mutex> lock(mu_);
-    use();
+    const DeviceScope scope(device_);
     check(cudaMemsetAsync(dst, 0, bytes, stream_), "cudaMemsetAsync");
   }
   Ticket record() override {
     const std::lock_guard<std::mutex> lock(mu_);
-    use();
+    const DeviceScope scope(device_);
     cudaEvent_t event = nullptr;
     if (spare_.empty()) {
       check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
@@ -116,7 +135,7 @@ class CudaDevice final : public Device {
   }
   void synchronize() override {
     const std::lock_guard<std::mutex> lock(mu_);
-    use();
+    const DeviceScope scope(device_);
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     poll();
   }
@@ -127,16 +146,16 @@ class CudaDevice final : public Device {
   }
   void wait_for(void* stream) override {
     const std::lock_guard<std::mutex> lock(mu_);
-    use();
+    const DeviceScope scope(device_);
     check(cudaEventRecord(join_, static_cast<cudaStream_t>(stream)), "cudaEventRecord (the caller's stream)");
     check(cudaStreamWaitEvent(stream_, join_, 0), "cudaStreamWaitEvent");
   }
   void* native_stream() override { return stream_; }
   std::string uuid() override { return uuid_; }
-  int ordinal() const { return device_; }
+  int ordinal() const override { return device_; }
   void signal(void* stream) override {
     const std::lock_guard<std::mutex> lock(mu_);
-    use();
+    const DeviceScope scope(device_);
     check(cudaEventRecord(join_, stream_), "cudaEventRecord");
     check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), join_, 0), "cudaStreamWaitEvent (the caller's stream)");
   }
@@ -146,9 +165,6 @@ class CudaDevice final : public Device {
     Ticket ticket;
     cudaEvent_t event;
   };
-  // The calling thread may be the application's or the communicator's progress thread: make this
-  // device current for it (cheap when it already is).
-  void use() { check(cudaSetDevice(device_), "cudaSetDevice"); }
   // Retires the recorded points the stream has passed, in order.
   void poll() {
     while (!pending_.empty()) {
@@ -176,7 +192,7 @@ class CudaDevice final : public Device {
 void CudaDevice::launch(const coll::Step& step, const coll::CollArgs& args, unsigned long long* nonfinite) {
   namespace st = coll::step;
   const std::lock_guard<std::mutex> lock(mu_);
-  use();
+  const DeviceScope scope(device_);
   cudaError_t e = cudaSuccess;
   const char* what = "";
   auto run = [&](const auto& s) {
@@ -281,6 +297,13 @@ struct Nccl {
     sym(n.group_end, "ncclGroupEnd");
     sym(n.error_string, "ncclGetErrorString");
     sym(n.get_version, "ncclGetVersion");
+    // Where qccl's NCCL drop-in is installed as libnccl.so.2, this would be qccl over qccl.
+    Dl_info info{};
+    if (ok && dladdr(reinterpret_cast<void*>(n.get_unique_id), &info) && info.dli_fname &&
+        std::strstr(info.dli_fname, "qccl")) {
+      n.error = format("libnccl.so.2 is qccl's NCCL drop-in (%s), not NCCL", info.dli_fname);
+      ok = false;
+    }
     if (!ok) n.get_unique_id = nullptr;  // the marker of a usable library
     return n;
   }
@@ -310,6 +333,7 @@ class NcclWire final : public PeerWire {
     if (comm_) nccl_.comm_abort(comm_);
     comm_ = nullptr;
   }
+  bool aborted() const override { return comm_ == nullptr; }
 
  private:
   ncclComm_t live() const {
@@ -349,7 +373,7 @@ std::unique_ptr<PeerWire> make_nccl_wire(Device& device, int nranks, int rank, c
   }
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), sizeof id.internal);
-  check(cudaSetDevice(cuda->ordinal()), "cudaSetDevice");
+  const DeviceScope scope(cuda->ordinal());
   ncclComm_t comm = nullptr;
   const ncclResult_t r = nccl.comm_init_rank(&comm, nranks, id, rank);
   if (r != ncclSuccess) {
@@ -363,17 +387,23 @@ std::unique_ptr<PeerWire> make_nccl_wire(Device& device, int nranks, int rank, c
                                            version % 100));
 }
 
-std::unique_ptr<Device> make_cuda_device(std::string* why) {
+std::unique_ptr<Device> make_cuda_device(int ordinal, std::string* why) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
+  if (e != cudaSuccess || ordinal < 0 || ordinal >= count) {
     cudaGetLastError();
-    if (why) *why = e != cudaSuccess ? format("no CUDA device: %s", cudaGetErrorString(e)) : "no CUDA device";
+    if (why)
+      *why = e != cudaSuccess ? format("no CUDA device: %s", cudaGetErrorString(e))
+                              : format("CUDA device %d is not one of this process's %d", ordinal, count);
     return nullptr;
   }
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  return std::make_unique<CudaDevice>(device);
+  return std::make_unique<CudaDevice>(ordinal);
+}
+
+bool nccl_available(std::string* why) {
+  const Nccl& nccl = Nccl::get();
+  if (!nccl.get_unique_id && why) *why = nccl.error;
+  return nccl.get_unique_id != nullptr;
 }
 
 }  // namespace qccl
@@ -384,9 +414,13 @@ namespace qccl {
 namespace {
 constexpr const char kNoCuda[] = "qccl was built without CUDA (QCCL_CUDA=OFF, or nvcc and NCCL were not found)";
 }
-std::unique_ptr<Device> make_cuda_device(std::string* why) {
+std::unique_ptr<Device> make_cuda_device(int, std::string* why) {
   if (why) *why = kNoCuda;
   return nullptr;
+}
+bool nccl_available(std::string* why) {
+  if (why) *why = kNoCuda;
+  return false;
 }
 std::string nccl_unique_id(std::string* why) {
   if (why) *why = kNoCuda;

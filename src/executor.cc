@@ -42,7 +42,12 @@ class PlanExecution final : public Execution {
   bool finished() const override;
   void set_fragment_limit(size_t limit) override { fragment_limit_ = limit; }
   size_t fragments_in_flight() const override { return in_flight_; }
-  bool started_every_fragment() const override { return started_ && next_fragment_ >= plan_->fragments(); }
+  // On wire A a fragment counts as started once it posted everything: the wire has no tags, so the
+  // next collective (which the communicator starts once this one started its last fragment) must not
+  // post before this one has posted all it will.
+  bool started_every_fragment() const override {
+    return started_ && (wire_ ? fragments_done_ : next_fragment_) >= plan_->fragments();
+  }
   void cancel() override;
   std::string waiting_for() const override;
   Clock::time_point last_progress() const override { return last_progress_; }
@@ -72,6 +77,7 @@ class PlanExecution final : public Execution {
     transport::Key key = 0;    // ...with this key
     void* device_dst = nullptr;  // a receive's destination, filled from `staging` once it arrived
     bool wire_recv = false;      // wire A: a receive posted in the open group, not waited for yet
+    bool abandoned = false;      // cancelled while the transport held it (cancel)
   };
   struct Slot {
     size_t fragment = kIdle;
@@ -168,6 +174,7 @@ class PlanExecution final : public Execution {
   Device* device_ = nullptr;
   PeerWire* wire_ = nullptr;  // wire A (else the transport, staged)
   bool group_open_ = false;   // wire A: transfers are being gathered into one group
+  std::vector<std::pair<const std::byte*, size_t>> group_sends_;  // ...and what its sends read
   bool wire_posted_ = false;  // wire A: something was posted (a failure must abort the wire)
   DeviceExecutor::Block device_scratch_;
   DeviceExecutor::Block counters_;  // the non-finite count (device memory)...
@@ -213,7 +220,7 @@ PlanExecution::~PlanExecution() {
   }
   for (Slot& slot : slots_)
     for (Transfer& t : slot.transfers)
-      if (t.staging) shared_->give({Device::Memory::kPinned, t.staging, t.capacity});
+      if (t.staging) shared_->give({Device::Memory::kPinned, t.staging, t.capacity}, t.abandoned);
   shared_->give(device_scratch_);
   shared_->give(counters_);
 }
@@ -232,6 +239,10 @@ void PlanExecution::start_on_device() {
 // non-finite count follows it back, and the caller's stream waits for all of it.
 bool PlanExecution::finish_on_device() {
   if (device_done_ || fragments_done_ < plan_->fragments()) return false;
+  // Its posted transfers were withdrawn by an abort: what the device holds is not the result.
+  if (wire_posted_ && wire_->aborted())
+    fail(qcclRemoteError, "%s (%s): %s was aborted after another collective failed", identity_.header.describe().c_str(),
+         algorithm_.name, wire_->describe().c_str());
   if (!tail_) {
     readback_ = shared_->take(Device::Memory::kPinned, sizeof(unsigned long long));
     device_->copy(readback_.p, counters_.p, sizeof(unsigned long long));
@@ -422,6 +433,9 @@ bool PlanExecution::poll_agreement() {
 // Wire A: true once the transfer may be posted (every rank agrees on the call), the group open.
 bool PlanExecution::post_on_wire() {
   if (!headers_verified_ || !agreed()) return false;
+  if (wire_->aborted())
+    fail(qcclRemoteError, "%s (%s): %s was aborted after another collective failed", identity_.header.describe().c_str(),
+         algorithm_.name, wire_->describe().c_str());
   if (!group_open_) {
     wire_->group_start();
     group_open_ = true;
@@ -433,6 +447,7 @@ bool PlanExecution::post_on_wire() {
 void PlanExecution::end_group() {
   if (!group_open_) return;
   group_open_ = false;
+  group_sends_.clear();
   wire_->group_end();
 }
 
@@ -517,6 +532,11 @@ bool PlanExecution::execute(const coll::step::Recv& s, Slot& slot, bool*) {
     if (s.received)
       fail(qcclInvalidUsage, "%s (%s): a variable-length message on %s, which takes fixed lengths only",
            identity_.header.describe().c_str(), algorithm_.name, wire_->describe().c_str());
+    // A receive into what a send of the open group reads would run beside it (NCCL progresses a
+    // group's transfers together): it goes into the next group, after the send.
+    for (const auto& [src, bytes] : group_sends_)
+      if (static_cast<const std::byte*>(s.dst) < src + bytes && src < static_cast<const std::byte*>(s.dst) + s.capacity)
+        end_group();
     if (!post_on_wire()) return false;
     wire_->recv(s.peer, s.dst, s.capacity);
     slot.transfers[s.slot].wire_recv = true;
@@ -543,6 +563,7 @@ bool PlanExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
   if (wire_) {
     if (!post_on_wire()) return false;
     wire_->send(s.peer, s.src, bytes);
+    group_sends_.emplace_back(static_cast<const std::byte*>(s.src), bytes);
   } else {
     Transfer& t = transfer(slot, s.slot);
     if (device_ && !stage(t, bytes)) return false;
@@ -684,10 +705,25 @@ bool PlanExecution::finished() const {
 }
 
 void PlanExecution::cancel() {
-  // Transfers posted on a tagless wire cannot be withdrawn: only aborting the wire frees the stream.
-  if (wire_ && wire_posted_ && !device_done_) wire_->abort();
+  // Transfers posted on a tagless wire cannot be withdrawn: only aborting the wire frees the stream
+  // (and every other collective with transfers on it fails: post_on_wire, finish_on_device).
+  if (wire_ && wire_posted_ && !device_done_) {
+    if (group_open_) {
+      group_open_ = false;
+      try {
+        wire_->group_end();  // NCCL's group depth is the thread's: it must not stay open
+      } catch (const Error&) {
+      }
+    }
+    wire_->abort();
+  }
   for (Slot& slot : slots_)
-    for (Transfer& t : slot.transfers) transport_.cancel(t.handle);
+    for (Transfer& t : slot.transfers) {
+      // A send the transport may still be reading: its staging buffer is not reused (the executor's
+      // pool keeps it until it goes, after the transport).
+      if (t.staging && !t.handle.empty()) t.abandoned = true;
+      transport_.cancel(t.handle);
+    }
   auto abandon = [this](HeaderLink& link) {
     if (link.handle.empty()) return;
     transport_.cancel(link.handle);
@@ -803,14 +839,21 @@ DeviceExecutor::Block DeviceExecutor::Shared::take(Device::Memory kind, size_t b
   return Block{kind, device_->allocate(kind, bytes), bytes};
 }
 
-void DeviceExecutor::Shared::give(const Block& block) {
+void DeviceExecutor::Shared::give(const Block& block, bool abandoned) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (block.p) free_[block.kind == Device::Memory::kPinned].push_back(block);
+  if (block.p && abandoned) abandoned_.push_back(block);
+  else if (block.p) free_[block.kind == Device::Memory::kPinned].push_back(block);
 }
 
 DeviceExecutor::Shared::~Shared() {
-  for (auto& pool : free_)
-    for (const Block& block : pool) device_->release(block.kind, block.p);
+  // Never throws: a device that fails here (a sticky fault) keeps what it could not release.
+  for (const auto* list : {&free_[0], &free_[1], &abandoned_})
+    for (const Block& block : *list) {
+      try {
+        device_->release(block.kind, block.p);
+      } catch (const Error&) {
+      }
+    }
 }
 
 DeviceExecutor::DeviceExecutor(transport::Transport& transport, std::shared_ptr<Device> device,

@@ -209,7 +209,9 @@ class DeviceExecutor final : public Executor {
     Shared(const Shared&) = delete;
     Shared& operator=(const Shared&) = delete;
     Block take(Device::Memory kind, size_t bytes);
-    void give(const Block& block);  // an empty block is ignored
+    // An empty block is ignored; an abandoned one (a cancelled send's staging, which the transport
+    // may still read) is released only with the pool, after the transport is gone.
+    void give(const Block& block, bool abandoned = false);
     Device& device() const { return *device_; }
     PeerWire* wire() const {
       std::lock_guard<std::mutex> lock(mu_);
@@ -225,6 +227,7 @@ class DeviceExecutor final : public Executor {
     std::shared_ptr<PeerWire> wire_;
     mutable std::mutex mu_;
     std::vector<Block> free_[2];  // device, pinned
+    std::vector<Block> abandoned_;
   };
 
   // `wire` null: wire B (until attach_wire). With a wire, collectives run with depth 1, ordered.

@@ -7,6 +7,7 @@
 // plans whose method has no device kernels.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -423,6 +424,67 @@ TEST_CASE("device executor: wire A posts nothing before every rank agrees on the
   }
   REQUIRE(wires.size() == 3);
   for (const auto& w : wires) CHECK(w->groups() == 0);
+}
+
+TEST_CASE("device executor: wire A posts two collectives in call order on every rank", "[device]") {
+  // The communicator starts collective k+1 once k has started its last fragment. On the tagless
+  // wire that must mean "posted": here the even ranks leave k alone for a while once it started (a
+  // driver busy elsewhere, a slow peer), so k+1 (of another size) would reach the wire first there,
+  // and k first on the odd ranks, if it could start before k posted.
+  const int n = 4;
+  sim::SimNetwork net(n, false);
+  StandInFabric fabric(n);
+  std::vector<std::string> names;
+  for (int r = 0; r < n; ++r) names.push_back("rank " + std::to_string(r));
+  std::vector<std::shared_ptr<StandInDevice>> devices;
+  std::vector<std::unique_ptr<sim::SimTransport>> transports;
+  std::vector<std::unique_ptr<DeviceExecutor>> executors;
+  std::vector<std::array<std::unique_ptr<Execution>, 2>> ops(n);
+  const coll::Algorithm* ring = coll::find_algorithm(CollKind::kAllReduce, "ring");
+  const size_t counts[2] = {1000, 600};
+  std::vector<std::array<void*, 2>> buffers(n);
+  for (int r = 0; r < n; ++r) {
+    devices.push_back(std::make_shared<StandInDevice>(31 + static_cast<uint64_t>(r)));
+    transports.push_back(std::make_unique<sim::SimTransport>(net, r));
+    executors.push_back(std::make_unique<DeviceExecutor>(*transports[r], devices[r],
+                                                         std::make_shared<StandInWire>(fabric, *devices[r], r),
+                                                         HostExecutorOptions{2, false}, &names));
+    for (int k = 0; k < 2; ++k) {
+      std::vector<float> ones(counts[k], static_cast<float>(r + 1));
+      buffers[r][k] = devices[r]->allocate(Device::Memory::kDevice, counts[k] * sizeof(float));
+      devices[r]->upload(buffers[r][k], ones.data(), counts[k] * sizeof(float));
+      CollArgs a = make_shape(CollKind::kAllReduce, n, counts[k], DataType::kFloat32, RedOp::kSum)[r];
+      a.sendbuf = a.recvbuf = buffers[r][k];
+      OperationIdentity id;
+      id.sequence = 7 + static_cast<uint64_t>(k);
+      id.header = FrameHeader::for_call(a, id.sequence, 0);
+      id.expected = id.header;
+      ops[r][k] = executors[r]->launch(*ring, ring->make(a, coll::PlanOptions{1 << 20}), id, nullptr);
+    }
+  }
+  for (int idle = 0, pass = 0;; ++pass) {
+    bool moved = net.progress(), all = true;
+    for (int r = 0; r < n; ++r) {
+      moved |= devices[r]->run_some();
+      for (int k = 0; k < 2; ++k) {
+        if (ops[r][k]->finished() || (k == 1 && !ops[r][0]->started_every_fragment())) continue;
+        if (k == 0 && r % 2 == 0 && ops[r][0]->started() && pass < 200) continue;
+        moved |= ops[r][k]->advance();
+      }
+      all &= ops[r][0]->finished() && ops[r][1]->finished();
+    }
+    if (all) break;
+    idle = moved || pass < 200 ? 0 : idle + 1;
+    REQUIRE(idle < 1000);
+  }
+  CHECK(fabric.idle());
+  for (int r = 0; r < n; ++r)
+    for (int k = 0; k < 2; ++k) {
+      std::vector<float> out(counts[k]);
+      devices[r]->download(out.data(), buffers[r][k], counts[k] * sizeof(float));
+      CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 10.0f; }));  // 1 + 2 + 3 + 4
+      devices[r]->release(Device::Memory::kDevice, buffers[r][k]);
+    }
 }
 
 // A method's kernel and a plan of one Compute step, as Marsit's and IntSGD's plans have.

@@ -114,6 +114,7 @@ class StandInDevice final : public Device {
   }
   void* native_stream() override { return this; }
   std::string uuid() override { return "stand-in " + std::to_string(reinterpret_cast<uintptr_t>(this)); }
+  int ordinal() const override { return 0; }
 
   // The test's side. Runs up to `limit` queued items (a random number from 0 to 3 by default),
   // stopping at one that cannot complete yet (a transfer group whose peers have not posted); true
@@ -294,6 +295,7 @@ class StandInWire final : public PeerWire {
   void send(int peer, const void* src, size_t bytes) override { add(true, peer, const_cast<void*>(src), bytes); }
   void recv(int peer, void* dst, size_t bytes) override { add(false, peer, dst, bytes); }
   void abort() override { ++aborts_; }
+  bool aborted() const override { return aborts_ > 0; }
   size_t groups() const { return groups_; }
   int aborts() const { return aborts_; }
 
@@ -312,6 +314,16 @@ class StandInWire final : public PeerWire {
   // transfer in it is.
   void flush() {
     if (group_.empty()) return;
+    // NCCL runs a group's transfers together, in no order: a receive into what a send of the same
+    // group reads could overwrite it first.
+    for (const Op& r : group_)
+      for (const Op& w : group_) {
+        if (r.send || !w.send) continue;
+        const auto* dst = static_cast<const std::byte*>(r.transfer->data);
+        const auto* src = static_cast<const std::byte*>(w.transfer->data);
+        if (dst < src + w.transfer->bytes && src < dst + r.transfer->bytes)
+          throw std::logic_error("stand-in wire: a group receives into the buffer one of its sends reads");
+      }
     ++groups_;
     auto ops = std::make_shared<std::vector<Op>>(std::move(group_));
     group_.clear();
