@@ -2,9 +2,11 @@
 // buffers (rank r on GPU r % count: over NCCL where each rank has a GPU, else staged through host
 // memory, and staged whatever the GPUs with QCCL_GPU_WIRE=host) gives the bits of the same call on
 // host buffers; so does the compressed all-reduce (nearest rounding, so that the key does not
-// matter); the call waits for the work queued on the communicator's stream before it, and work queued
-// after it sees its result; what the device path does not take yet is refused before anything is
-// sent. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
+// matter); error feedback's residual follows the calls between device and host; the call waits for
+// the work queued on the communicator's stream before it (a blocking call returns with its result in
+// place, so the work queued after it cannot tell whether the stream was joined: that side is the
+// stand-in's test, device_executor_test); what the device path does not take yet is refused before
+// anything is sent. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
 // First, before anything includes Catch: it enables Catch's listener interface.
 #include "tests/common/require_cuda_device.h"
 
