@@ -4,8 +4,8 @@
 // (device_cuda.cc).
 //
 // A Device owns one stream, the executor's own: the work enqueued on it runs in the order it was
-// enqueued, and a Ticket names a point on it. Joins with a caller's stream are events (wait_for,
-// signal), so that the work a caller queued before a collective runs first and the work it queues
+// enqueued, and a Ticket names a point on it. Joins with a caller's stream are events (mark and
+// wait, signal), so that the work a caller queued before a collective runs first and the work it queues
 // after the collective's completion sees its result.
 //
 // Errors throw Error (qcclSystemError, naming the CUDA call and the runtime's message); a fault of
@@ -57,10 +57,15 @@ class Device {
   // Whether enqueued work is not reached yet (the drive loop then polls rather than sleeps).
   virtual bool busy() = 0;
 
-  // Joins with a caller's stream (a cudaStream_t; null is the legacy default stream): the executor's
-  // stream waits for what the caller's holds so far, or the caller's waits for what the executor's
-  // holds so far.
-  virtual void wait_for(void* stream) = 0;
+  // Joins with a caller's stream (a cudaStream_t; null is the legacy default stream). mark() keeps the
+  // point the caller's stream has reached now (an event); wait() makes the executor's stream wait for
+  // it, once the call starts to run, so that a call queued behind others does not make their work
+  // wait for what the caller queued after it; forget() drops a mark never waited for. signal(): the
+  // caller's stream waits for what the executor's holds so far.
+  using Mark = uintptr_t;
+  virtual Mark mark(void* stream) = 0;
+  virtual void wait(Mark mark) = 0;
+  virtual void forget(Mark mark) = 0;
   virtual void signal(void* stream) = 0;
   // The stream itself (a cudaStream_t), for a PeerWire that posts on it.
   virtual void* native_stream() = 0;

@@ -117,13 +117,7 @@ class CudaDevice final : public Device {
   Ticket record() override {
     const std::lock_guard<std::mutex> lock(mu_);
     const DeviceScope scope(device_);
-    cudaEvent_t event = nullptr;
-    if (spare_.empty()) {
-      check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    } else {
-      event = spare_.back();
-      spare_.pop_back();
-    }
+    cudaEvent_t event = spare_event();
     check(cudaEventRecord(event, stream_), "cudaEventRecord");
     pending_.push_back({++recorded_, event});
     return recorded_;
@@ -144,11 +138,24 @@ class CudaDevice final : public Device {
     poll();
     return !pending_.empty();
   }
-  void wait_for(void* stream) override {
+  Mark mark(void* stream) override {
     const std::lock_guard<std::mutex> lock(mu_);
     const DeviceScope scope(device_);
-    check(cudaEventRecord(join_, static_cast<cudaStream_t>(stream)), "cudaEventRecord (the caller's stream)");
-    check(cudaStreamWaitEvent(stream_, join_, 0), "cudaStreamWaitEvent");
+    cudaEvent_t event = spare_event();
+    check(cudaEventRecord(event, static_cast<cudaStream_t>(stream)), "cudaEventRecord (the caller's stream)");
+    return reinterpret_cast<Mark>(event);
+  }
+  void wait(Mark mark) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    const DeviceScope scope(device_);
+    auto event = reinterpret_cast<cudaEvent_t>(mark);
+    // The wait takes the event's record as it is now: the event may be recorded again at once.
+    check(cudaStreamWaitEvent(stream_, event, 0), "cudaStreamWaitEvent");
+    spare_.push_back(event);
+  }
+  void forget(Mark mark) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    spare_.push_back(reinterpret_cast<cudaEvent_t>(mark));
   }
   void* native_stream() override { return stream_; }
   std::string uuid() override { return uuid_; }
@@ -165,6 +172,16 @@ class CudaDevice final : public Device {
     Ticket ticket;
     cudaEvent_t event;
   };
+  cudaEvent_t spare_event() {
+    cudaEvent_t event = nullptr;
+    if (spare_.empty()) {
+      check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    } else {
+      event = spare_.back();
+      spare_.pop_back();
+    }
+    return event;
+  }
   // Retires the recorded points the stream has passed, in order.
   void poll() {
     while (!pending_.empty()) {
@@ -183,7 +200,7 @@ class CudaDevice final : public Device {
   std::string name_;
   std::string uuid_;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t join_ = nullptr;  // re-recorded for every join: a wait takes the record it sees then
+  cudaEvent_t join_ = nullptr;  // signal's, re-recorded every time: a wait takes the record it sees then
   std::deque<Point> pending_;
   std::vector<cudaEvent_t> spare_;
   Ticket recorded_ = 0, reached_ = 0;

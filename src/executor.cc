@@ -180,6 +180,7 @@ class PlanExecution final : public Execution {
   DeviceExecutor::Block counters_;  // the non-finite count (device memory)...
   DeviceExecutor::Block readback_;  // ...and its copy on the host (pinned), while it comes back
   Device::Ticket tail_ = 0;         // the read-back's point on the stream, once enqueued
+  Device::Mark input_ = 0;          // the caller's stream at the call, until the execution starts
   bool device_done_ = false;        // the device reached it
 };
 
@@ -204,13 +205,14 @@ PlanExecution::PlanExecution(transport::Transport& transport, const HostExecutor
   slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(options.depth, 1)), std::max<size_t>(fragments, 1)));
   for (Slot& slot : slots_) slot.program.set_default_codec(plan_->args().codec);
   if (scratch) set_scratch(scratch);
-  // What the caller queued on its stream before this call runs first (the join is made now, at the
-  // call, not when the execution starts behind earlier calls).
-  if (device_) device_->wait_for(plan_->args().stream);
+  // What the caller queued on its stream before this call runs first: the point is taken now, at the
+  // call, and waited for when the execution starts (start_on_device).
+  if (device_) input_ = device_->mark(plan_->args().stream);
 }
 
 PlanExecution::~PlanExecution() {
   if (!device_) return;
+  if (input_) device_->forget(input_);  // never started
   // After a failure the stream may still copy into or out of the buffers given back here. A device
   // that cannot even synchronize keeps them: nothing may reuse memory its work may still touch.
   try {
@@ -226,6 +228,8 @@ PlanExecution::~PlanExecution() {
 }
 
 void PlanExecution::start_on_device() {
+  device_->wait(input_);
+  input_ = 0;
   const size_t scratch = plan_->scratch_bytes();
   if (scratch) {
     device_scratch_ = shared_->take(Device::Memory::kDevice, scratch * slots_.size());

@@ -193,6 +193,7 @@ Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& sha
       INFO("rank " << r);
       CHECK_FALSE(devices[r]->busy());  // finished means the device reached the last step
       CHECK(devices[r]->waits() == call + 1);   // the caller's stream joined once each way
+      CHECK(devices[r]->open_marks() == 0);
       CHECK(devices[r]->signals() == call + 1);
       CHECK(devices[r]->last_stream() == args[r].stream);
     }

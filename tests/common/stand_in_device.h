@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -104,9 +105,17 @@ class StandInDevice final : public Device {
     }
   }
   bool busy() override { return !queue_.empty(); }
-  void wait_for(void* stream) override {
-    ++waits_;
+  Mark mark(void* stream) override {
     last_stream_ = stream;
+    open_marks_.insert(++marks_);
+    return marks_;
+  }
+  void wait(Mark mark) override {
+    if (!open_marks_.erase(mark)) throw std::logic_error("stand-in device: a wait for an unknown or used mark");
+    ++waits_;
+  }
+  void forget(Mark mark) override {
+    if (!open_marks_.erase(mark)) throw std::logic_error("stand-in device: forget of an unknown or used mark");
   }
   void signal(void* stream) override {
     ++signals_;
@@ -162,6 +171,7 @@ class StandInDevice final : public Device {
   size_t live_allocations() const { return device_.size() + pinned_.size(); }
   size_t launches() const { return launches_; }
   int waits() const { return waits_; }
+  size_t open_marks() const { return open_marks_.size(); }
   int signals() const { return signals_; }
   void* last_stream() const { return last_stream_; }
 
@@ -225,6 +235,8 @@ class StandInDevice final : public Device {
   Ticket enqueued_ = 0, done_ = 0;
   size_t allocations_ = 0, launches_ = 0;
   int waits_ = 0, signals_ = 0;
+  Mark marks_ = 0;
+  std::set<Mark> open_marks_;
   void* last_stream_ = nullptr;
 };
 
