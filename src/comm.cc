@@ -676,8 +676,8 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       if (oversubscribed_) sched_yield();  // let a rank that has work run on this CPU
       continue;
     }
-    // The device reaches its points without waking a descriptor: poll while it has work.
-    if (DeviceExecutor* d = device_executor_.load(); d && d->device_busy()) continue;
+    // The device wakes its own descriptor when it reaches its last point, where it can (else poll).
+    if (DeviceExecutor* d = device_executor_.load(); d && !d->arm_device()) continue;
     if (!executor_->arm()) continue;  // events arrived meanwhile: progress again
     wait_for_events(progress_thread);
   }
@@ -688,7 +688,9 @@ void Comm::wait_for_events(bool progress_thread) {
   std::vector<pollfd> fds;
   fds.push_back({executor_->event_fd(), POLLIN, 0});
   fds.push_back({progress_thread ? progress_wake_fd_ : driver_wake_fd_, POLLIN, 0});
-  size_t control_end = 2;
+  DeviceExecutor* device = device_executor_.load();
+  fds.push_back({device ? device->device_event_fd() : -1, POLLIN, 0});  // -1: poll skips it
+  size_t control_end = 3;
   if (progress_thread) {
     for (int fd : control_->fds()) fds.push_back({fd, POLLIN, 0});
     control_end = fds.size();
@@ -696,7 +698,8 @@ void Comm::wait_for_events(bool progress_thread) {
   }
   if (::poll(fds.data(), fds.size(), kMaxBlockMs) <= 0) return;
   if (fds[1].revents) drain(fds[1].fd);
-  for (size_t i = 2; i < fds.size(); ++i) {
+  if (fds[2].revents) drain(fds[2].fd);
+  for (size_t i = 3; i < fds.size(); ++i) {
     if (!fds[i].revents) continue;
     if (i < control_end) control_->service(fds[i].fd);
     else service_aggregator(i - control_end);

@@ -54,8 +54,13 @@ class Device {
   virtual bool reached(Ticket ticket) = 0;
   // Blocks until everything enqueued is done (failure paths, shutdown).
   virtual void synchronize() = 0;
-  // Whether enqueued work is not reached yet (the drive loop then polls rather than sleeps).
+  // Whether enqueued work is not reached yet.
   virtual bool busy() = 0;
+  // Sleeping while the device works: a descriptor that becomes readable when the stream reaches the
+  // last point recorded before arm() (-1: none, the caller polls), and arm(), true when the caller
+  // may block on it (nothing pending, or the wake-up is arranged), false when it must poll.
+  virtual int event_fd() = 0;
+  virtual bool arm() = 0;
 
   // Joins with a caller's stream (a cudaStream_t; null is the legacy default stream). mark() keeps the
   // point the caller's stream has reached now (an event); wait() makes the executor's stream wait for

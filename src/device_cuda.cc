@@ -15,6 +15,8 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <deque>
@@ -60,6 +62,7 @@ class CudaDevice final : public Device {
     uuid_.assign(props.uuid.bytes, props.uuid.bytes + sizeof props.uuid.bytes);
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   }
   ~CudaDevice() override {
     const DeviceScope scope(device_);
@@ -68,6 +71,7 @@ class CudaDevice final : public Device {
     for (cudaEvent_t e : spare_) cudaEventDestroy(e);
     cudaEventDestroy(join_);
     cudaStreamDestroy(stream_);
+    if (wake_fd_ >= 0) close(wake_fd_);  // after the synchronize: no wake-up is still to run
   }
 
   std::string describe() const override { return name_; }
@@ -138,6 +142,23 @@ class CudaDevice final : public Device {
     poll();
     return !pending_.empty();
   }
+  int event_fd() override { return wake_fd_; }
+  // A host function after the last recorded point writes the descriptor (one per point armed for:
+  // it holds the stream only for a write).
+  bool arm() override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    poll();
+    if (pending_.empty()) return true;
+    if (wake_fd_ < 0) return false;
+    if (armed_for_ == recorded_) return true;
+    const DeviceScope scope(device_);
+    if (cudaLaunchHostFunc(stream_, wake, &wake_fd_) != cudaSuccess) {
+      cudaGetLastError();
+      return false;  // poll instead
+    }
+    armed_for_ = recorded_;
+    return true;
+  }
   Mark mark(void* stream) override {
     const std::lock_guard<std::mutex> lock(mu_);
     const DeviceScope scope(device_);
@@ -172,6 +193,11 @@ class CudaDevice final : public Device {
     Ticket ticket;
     cudaEvent_t event;
   };
+  static void CUDART_CB wake(void* fd) {
+    const uint64_t one = 1;
+    ssize_t rc = ::write(*static_cast<int*>(fd), &one, sizeof one);
+    (void)rc;  // a full counter already means "wake up"
+  }
   cudaEvent_t spare_event() {
     cudaEvent_t event = nullptr;
     if (spare_.empty()) {
@@ -204,6 +230,8 @@ class CudaDevice final : public Device {
   std::deque<Point> pending_;
   std::vector<cudaEvent_t> spare_;
   Ticket recorded_ = 0, reached_ = 0;
+  int wake_fd_ = -1;     // arm(): written when the stream reaches armed_for_
+  Ticket armed_for_ = 0;
 };
 
 void CudaDevice::launch(const coll::Step& step, const coll::CollArgs& args, unsigned long long* nonfinite) {

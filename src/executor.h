@@ -240,8 +240,11 @@ class DeviceExecutor final : public Executor {
   bool progress() override { return transport_.progress(); }
   int event_fd() const override { return transport_.event_fd(); }
   // The device reaches its tickets without a descriptor to wake on: while it has work, poll.
-  bool arm() override { return !device_busy() && transport_.arm(); }
+  bool arm() override { return arm_device() && transport_.arm(); }
   bool device_busy() { return shared_->device().busy(); }
+  // The device's side of the drive loop's sleep (Device::arm, Device::event_fd).
+  bool arm_device() { return shared_->device().arm(); }
+  int device_event_fd() { return shared_->device().event_fd(); }
   // Wire A for the collectives launched from now on (the communicator chooses it at its first
   // collective on device buffers, after point-to-point calls may already have run).
   void attach_wire(std::shared_ptr<PeerWire> wire) { shared_->attach(std::move(wire)); }
