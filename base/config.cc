@@ -1,5 +1,7 @@
 #include "base/config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -13,8 +15,9 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_DEBUG", "unset (silent)", "log level: WARN, INFO (topology, transport, algorithms once per communicator) or TRACE"},
       {"QCCL_DEBUG_FILE", "unset (stderr)", "write the log to this file; %h is the host name, %p the pid"},
       {"QCCL_TIMEOUT", "300", "seconds a collective may go without progress before it fails on every rank; 0 waits forever"},
-      {"QCCL_CHUNK_BYTES", "262144", "pipeline chunk size in bytes (K/M suffixes allowed)"},
+      {"QCCL_CHUNK_BYTES", "262144 (or from QCCL_LINK_RATE)", "pipeline chunk size in bytes (K/M suffixes allowed)"},
       {"QCCL_PIPELINE_DEPTH", "2", "chunks in flight per collective"},
+      {"QCCL_LINK_RATE", "unset (unknown)", "the rate of each rank's link, in tc's units (100mbit, 1gbit; set by qcclrun --netem): without QCCL_CHUNK_BYTES, the chunk becomes 5 ms of the link (4 KiB multiples, 16 KiB to 256 KiB), so that a chunk fits a shallow switch queue"},
       {"QCCL_ALGO", "unset (by size)", "force algorithms by name: 'ring' or 'allreduce=ring,broadcast=chain' (qccl_info lists them)"},
       {"QCCL_SPIN_US", "20", "microseconds to poll before blocking on the network's event descriptor"},
       {"QCCL_SOCKET_IFNAME", "unset (first non-loopback IPv4)", "interface whose address the bootstrap listens on and advertises"},
@@ -38,6 +41,44 @@ const std::vector<EnvVar>& env_vars() {
 const char* env(const char* name) {
   const char* v = std::getenv(name);
   return (v && *v) ? v : nullptr;
+}
+
+bool parse_bit_rate(const std::string& text, uint64_t* bits_per_s) {
+  // Units of tc(8) (tc_util.c): bit-based and byte-based ("bps" is bytes per second), SI and IEC.
+  static const struct {
+    const char* unit;
+    double bits;
+  } kUnits[] = {
+      {"", 1},           {"bit", 1},           {"kbit", 1e3},        {"mbit", 1e6},
+      {"gbit", 1e9},     {"tbit", 1e12},       {"kibit", 1024.0},    {"mibit", 1048576.0},
+      {"gibit", 1073741824.0}, {"tibit", 1099511627776.0},           {"bps", 8},
+      {"kbps", 8e3},     {"mbps", 8e6},        {"gbps", 8e9},        {"tbps", 8e12},
+      {"kibps", 8 * 1024.0}, {"mibps", 8 * 1048576.0}, {"gibps", 8 * 1073741824.0},
+      {"tibps", 8 * 1099511627776.0},
+  };
+  // A plain decimal number (no sign, exponent, hex, inf or whitespace, which strtod would take).
+  size_t i = 0, dots = 0;
+  while (i < text.size() && (isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
+    dots += text[i] == '.';
+    i++;
+  }
+  if (i == 0 || dots > 1 || (i == 1 && dots == 1)) return false;
+  double value = strtod(text.substr(0, i).c_str(), nullptr);
+  std::string unit = text.substr(i);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return tolower(c); });
+  for (const auto& u : kUnits) {
+    if (unit != u.unit) continue;
+    double bits = value * u.bits;
+    if (!(bits >= 1000.0) || bits > 1e15) return false;  // below 1kbit: not a network (tbf refuses it)
+    *bits_per_s = static_cast<uint64_t>(bits);
+    return true;
+  }
+  return false;
+}
+
+size_t chunk_for_link_rate(uint64_t bits_per_s) {
+  const uint64_t bytes = bits_per_s / 8 * 5 / 1000 / 4096 * 4096;  // 5 ms of the link, in 4 KiB pages
+  return static_cast<size_t>(std::clamp<uint64_t>(bytes, 16 * 1024, 256 * 1024));
 }
 
 size_t parse_size(const std::string& what, const std::string& value) {
@@ -96,6 +137,12 @@ Config Config::from_environment() {
     if (c.chunk_bytes < 64 || c.chunk_bytes > kMaxChunkBytes)
       fail(qcclInvalidArgument, "QCCL_CHUNK_BYTES = %zu is out of range [64, %zu]", c.chunk_bytes,
            kMaxChunkBytes);
+  }
+  if (const char* v = env("QCCL_LINK_RATE")) {
+    if (!parse_bit_rate(v, &c.link_rate_bits))
+      fail(qcclInvalidArgument, "QCCL_LINK_RATE = '%s' is not a rate of at least 1kbit (tc's units: 100mbit, 1gbit, "
+           "10gbit, 125mbps = bytes/s)", v);
+    if (!env("QCCL_CHUNK_BYTES")) c.chunk_bytes = chunk_for_link_rate(c.link_rate_bits);
   }
   if (const char* v = env("QCCL_PIPELINE_DEPTH"))
     c.pipeline_depth = static_cast<int>(parse_int("QCCL_PIPELINE_DEPTH", v, 1, kMaxPipelineDepth));

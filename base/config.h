@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct Config {
   std::string aggregators;         // QCCL_AGGREGATORS: host:port,... of IntSGD's aggregator processes
   std::string node_map;            // QCCL_NODE_MAP: node label per rank (src/node_map.h); empty: by host
   int oversubscribed = -1;         // QCCL_OVERSUBSCRIBED: 0 or 1; -1 = detect (ranks of this host > its CPUs)
+  uint64_t link_rate_bits = 0;     // QCCL_LINK_RATE, bit/s; 0 = unknown
   std::string gpu_wire = "auto";   // QCCL_GPU_WIRE: auto, nccl or host (src/comm.h, "Device buffers")
 
   // Environment first, then the fields of `overrides` that are set (overrides may be null).
@@ -48,6 +50,17 @@ struct Config {
 size_t parse_size(const std::string& what, const std::string& value);      // 512, 64K, 4M, 1G
 long long parse_int(const std::string& what, const std::string& value, long long lo, long long hi);
 double parse_double(const std::string& what, const std::string& value, double lo, double hi);
+
+// A tc(8) rate ("100mbit", "1gbit", "500kbit", "10mbps" = 10 MB/s, "1gibit", a bare number = bit/s;
+// units case-insensitive) in bit/s. False when the text is not a rate or is below 1kbit.
+bool parse_bit_rate(const std::string& text, uint64_t* bits_per_s);
+
+// The chunk for a link of this rate when QCCL_CHUNK_BYTES is not set: 5 ms of the link, in 4 KiB
+// multiples, from 16 KiB to 256 KiB. Over a slow link with a shallow queue (10 ms of traffic in
+// qcclrun --netem's shaper, as in many switches) a 256 KiB chunk overflows it when two ranks send to
+// one, and TCP then loses up to half the time to retransmissions (docs/PERF.md, "Simulator",
+// validation at 100 Mbit/s); at 1 Gbit/s and above the chunk stays 256 KiB.
+size_t chunk_for_link_rate(uint64_t bits_per_s);
 
 // getenv that treats an empty value as unset.
 const char* env(const char* name);

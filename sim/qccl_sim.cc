@@ -87,7 +87,9 @@ OPTIONS
     -a, --algo NAME         the algorithm (default: the one qccl picks; qccl_info lists them)
     -z, --codec LIST        codecs, comma-separated (q8,q4:bucket=256,fp16; "none" or "" for
                             uncompressed); each size runs once per codec (default: uncompressed)
-        --chunk SIZE        pipeline chunk (QCCL_CHUNK_BYTES; default 256K)
+        --chunk SIZE        pipeline chunk (QCCL_CHUNK_BYTES; default 256K, or with -l and no
+                            --chunk the chunk qccl takes when QCCL_LINK_RATE names that link, as
+                            qcclrun --netem sets it: 5 ms of the link, 16K to 256K)
         --depth D           fragments in flight (QCCL_PIPELINE_DEPTH; default 2)
         --density X         variable-length codecs (fft): the share of their capacity an encoding
                             takes (default 1)
@@ -119,6 +121,7 @@ struct Options {
   Topology topology;
   int ranks_per_host = 0;
   std::string link, intra, model_file;
+  bool chunk_given = false;
   double latency = -1;
   CallSpec call;
   size_t min_bytes = 1 << 20, max_bytes = 0;
@@ -495,6 +498,7 @@ Options parse_options(int argc, char** argv) {
         break;
       case kChunk:
         o.call.chunk_bytes = parse_bytes("--chunk", optarg);
+        o.chunk_given = true;
         break;
       case kDepth:
         o.call.depth = parse_number<int>("--depth", optarg, 1, 64);
@@ -555,6 +559,9 @@ int main(int argc, char** argv) {
     usage_error(e.what());
   }
   if (o.latency >= 0) model.inter.latency = o.latency;
+  // The library sizes its chunk to a link it is told of (QCCL_LINK_RATE): so does the prediction.
+  if (!o.link.empty() && !o.chunk_given)
+    o.call.chunk_bytes = chunk_for_link_rate(static_cast<uint64_t>(model.inter.rate * 8));
 
   const size_t es = kernels::element_size(o.call.dtype);
   std::printf("# qccl_sim: %s, %s %s, inter %s (latency %g us), intra %s, oversubscription from %s\n",

@@ -122,39 +122,6 @@ std::string random_boot_id() {
 
 }  // namespace
 
-bool parse_rate(const std::string& text, uint64_t* bits_per_s) {
-  // Units of tc(8) (tc_util.c): bit-based and byte-based ("bps" is bytes per second), SI and IEC.
-  static const struct {
-    const char* unit;
-    double bits;
-  } kUnits[] = {
-      {"", 1},           {"bit", 1},           {"kbit", 1e3},        {"mbit", 1e6},
-      {"gbit", 1e9},     {"tbit", 1e12},       {"kibit", 1024.0},    {"mibit", 1048576.0},
-      {"gibit", 1073741824.0}, {"tibit", 1099511627776.0},           {"bps", 8},
-      {"kbps", 8e3},     {"mbps", 8e6},        {"gbps", 8e9},        {"tbps", 8e12},
-      {"kibps", 8 * 1024.0}, {"mibps", 8 * 1048576.0}, {"gibps", 8 * 1073741824.0},
-      {"tibps", 8 * 1099511627776.0},
-  };
-  // A plain decimal number (no sign, exponent, hex, inf or whitespace, which strtod would take).
-  size_t i = 0, dots = 0;
-  while (i < text.size() && (isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
-    dots += text[i] == '.';
-    i++;
-  }
-  if (i == 0 || dots > 1 || (i == 1 && dots == 1)) return false;
-  double value = strtod(text.substr(0, i).c_str(), nullptr);
-  std::string unit = text.substr(i);
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return tolower(c); });
-  for (const auto& u : kUnits) {
-    if (unit != u.unit) continue;
-    double bits = value * u.bits;
-    if (!(bits >= 1000.0) || bits > 1e15) return false;  // tbf is meaningless below 1kbit
-    *bits_per_s = static_cast<uint64_t>(bits);
-    return true;
-  }
-  return false;
-}
-
 TbfParams tbf_params_for(uint64_t rate_bits) {
   TbfParams p;
   p.rate_bits = rate_bits;

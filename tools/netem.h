@@ -21,9 +21,6 @@
 
 namespace qccl::tools {
 
-// Parses a tc(8) rate ("100mbit", "1gbit", "500kbit", "10mbps" = 10 MB/s, "1gibit", a bare number =
-// bit/s; units are case-insensitive) into bit/s. False when the text is not a rate or is below 1kbit.
-bool parse_rate(const std::string& text, uint64_t* bits_per_s);
 
 // tbf parameters for a rate. The bucket holds 2 ms of traffic (at least 16 KiB): measured with
 // ucx_perftest over one TCP stream, a bucket that small in time still reaches ~0.95 of nominal at

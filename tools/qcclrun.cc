@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/config.h"
 #include "netem.h"
 
 #ifndef QCCLRUN_VERSION
@@ -136,6 +137,8 @@ ENVIRONMENT
       UCX_TLS=sm,tcp,self  UCX_NET_DEVICES=vethH  QCCL_SOCKET_IFNAME=vethH
       QCCL_OVERSUBSCRIBED=1           when N is larger than the CPUs qcclrun may run on (the emulated
                                       hosts share them, which their ranks cannot see)
+      QCCL_LINK_RATE=RATEbit          with --netem: the links' rate, from which the ranks size their
+                                      chunks unless QCCL_CHUNK_BYTES is set
     Values of these variables in qcclrun's own environment are replaced: they would belong to an
     enclosing job, and reusing its QCCL_ROOT or QCCL_MAGIC would join the two jobs. Use -x to force a
     value. Everything else is inherited.
@@ -297,7 +300,7 @@ Options parse_options(int argc, char** argv) {
       o.timeout_s = parse_seconds(name, value());
     } else if (name == "--netem") {
       std::string rate = value();
-      if (!qccl::tools::parse_rate(rate, &o.netem_bits))
+      if (!qccl::parse_bit_rate(rate, &o.netem_bits))
         usage_error("invalid rate '" + rate + "' for --netem (expected a tc rate of at least 1kbit, "
                     "e.g. 100mbit, 1gbit, 10mbps)");
     } else if (name == "--nodes") {
@@ -612,6 +615,8 @@ class Job {
       // Each rank counts the ranks of its own host against the CPUs it may use, but the emulated
       // hosts share this machine's CPUs.
       if (opts_.nranks > available_cpus()) set.push_back({"QCCL_OVERSUBSCRIBED", "1"});
+      // The ranks size their chunks to the link (QCCL_LINK_RATE).
+      if (opts_.netem_bits) set.push_back({"QCCL_LINK_RATE", std::to_string(opts_.netem_bits) + "bit"});
     }
     set.insert(set.end(), opts_.exports.begin(), opts_.exports.end());
     std::map<std::string, std::string> merged;

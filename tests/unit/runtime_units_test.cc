@@ -161,6 +161,31 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
     CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_CHUNK_BYTES = 1"));
   });
   with_env("QCCL_TIMEOUT", "abc", [] { CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_TIMEOUT")); });
+  // tc's rate units, and the chunk sized to 5 ms of the link where QCCL_CHUNK_BYTES is not set.
+  uint64_t bits = 0;
+  CHECK((parse_bit_rate("100mbit", &bits) && bits == 100000000));
+  CHECK((parse_bit_rate("1GBit", &bits) && bits == 1000000000));
+  CHECK((parse_bit_rate("125mbps", &bits) && bits == 1000000000));  // bytes per second
+  CHECK((parse_bit_rate("1gibit", &bits) && bits == 1073741824));
+  CHECK_FALSE(parse_bit_rate("999bit", &bits));
+  CHECK_FALSE(parse_bit_rate("1e9", &bits));
+  CHECK_FALSE(parse_bit_rate("fast", &bits));
+  CHECK(chunk_for_link_rate(100000000) == 61440);      // 62,500 bytes in 5 ms, down to 4 KiB pages
+  CHECK(chunk_for_link_rate(1000000000) == 262144);    // 625,000: the largest chunk
+  CHECK(chunk_for_link_rate(10000000) == 16384);       // 6,250: the smallest
+  with_env("QCCL_LINK_RATE", "100mbit", [] {
+    const Config c = Config::resolve(nullptr);
+    CHECK(c.link_rate_bits == 100000000);
+    CHECK(c.chunk_bytes == 61440);
+    with_env("QCCL_CHUNK_BYTES", "128K", [] { CHECK(Config::resolve(nullptr).chunk_bytes == 131072); });
+    qcclConfig_t over = QCCL_CONFIG_INITIALIZER;
+    over.chunkBytes = 4096;
+    CHECK(Config::resolve(&over).chunk_bytes == 4096);
+  });
+  with_env("QCCL_LINK_RATE", "10gbit", [] { CHECK(Config::resolve(nullptr).chunk_bytes == 262144); });
+  with_env("QCCL_LINK_RATE", "quick", [] {
+    CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_LINK_RATE = 'quick'"));
+  });
   // A config field wins over the environment.
   with_env("QCCL_PIPELINE_DEPTH", "7", [] {
     qcclConfig_t c = QCCL_CONFIG_INITIALIZER;
