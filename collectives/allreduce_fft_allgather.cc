@@ -173,6 +173,11 @@ const char* allreduce_fft_allgather_cannot_run(const CollArgs& args) {
   if (args.codec->fallback && !has_residual(args) &&
       !kernels::fft_compression_pays(*args.codec, args.count, args.nranks, args.element_size()))
     return "the dense ring moves fewer bytes at this rank count (fft_dense_ring runs; fallback=off forces this)";
+  if (args.codec->fallback && !has_residual(args) && args.link &&
+      !kernels::fft_pays_at_rate(*args.codec, args.count, args.element_size(), args.link->rate,
+                                 args.link->fft_seconds_per_value))
+    return "at this link rate (QCCL_LINK_RATE) the codec costs more time than it saves on the wire (Eq. 4; "
+           "fft_dense_ring runs; fallback=off forces this)";
   return needs_two_ranks(args);
 }
 

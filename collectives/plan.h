@@ -50,6 +50,14 @@ inline bool rooted(CollKind kind) {
 
 class MethodCall;  // collectives/method.h
 
+// What the communicator knows of its links (QCCL_LINK_RATE) and of this machine's codec costs, the
+// same on every rank (the slowest rank's costs), for the plans that decide by them whether
+// compressing pays (the fft codec's fall-back: spec fftsparse.md P17, the paper's Eq. 4).
+struct LinkFacts {
+  double rate = 0;                   // bytes/s of each rank's link
+  double fft_seconds_per_value = 0;  // the fft codec's encode + decode of one float32 value
+};
+
 // A run of a compressed block: `count` values from `offset`, encoded by the call's codec, or exactly
 // (in the block's own datatype: float32 as is, float16 and bfloat16 through the fp16 and bf16 casts,
 // which are exact on them).
@@ -89,6 +97,8 @@ struct CollArgs {
   // Aggregator processes the communicator reached (QCCL_AGGREGATORS): transport peers nranks ..
   // nranks + aggregators - 1, for plans that sum through them.
   int aggregators = 0;
+  // The communicator's link facts, or null where it does not know its links (QCCL_LINK_RATE unset).
+  const LinkFacts* link = nullptr;
   // Buffers in device memory: the caller's CUDA stream (a cudaStream_t), which the device executor
   // joins; plans ignore it.
   void* stream = nullptr;

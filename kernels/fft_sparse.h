@@ -20,6 +20,7 @@
 // pooled ones, so that plans are made once per process and length, not per call.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -94,6 +95,20 @@ void fft_synthesize(const CodecConfig& c, const float* spectrum, size_t count, f
 inline bool fft_compression_pays(const CodecConfig& c, size_t count, int nranks, size_t element_size) {
   return static_cast<double>(nranks) * static_cast<double>(c.encoded_bytes(count)) <
          2.0 * static_cast<double>(count) * static_cast<double>(element_size);
+}
+
+// Whether the codec's time is repaid by the wire time it saves (the paper's Eq. 4 with the measured
+// cost of encoding and decoding a value, seconds_per_value, in place of its 2/T_m + 1/T_f + 1/T_p +
+// 1/T_s): M S < (M / T_comm)(1 - 1/k), i.e. k > 1 / (1 - T_comm S), with M the call's bytes, k their
+// ratio to the codec's capacity, S the cost per byte. Never with a cost at or above the wire time.
+inline bool fft_pays_at_rate(const CodecConfig& c, size_t count, size_t element_size, double link_rate,
+                             double seconds_per_value) {
+  const double seconds_per_byte = seconds_per_value / static_cast<double>(element_size);
+  const double denominator = 1.0 - link_rate * seconds_per_byte;
+  if (!(denominator > 0)) return false;
+  const double k = static_cast<double>(count) * static_cast<double>(element_size) /
+                   static_cast<double>(std::max<size_t>(c.encoded_bytes(count), 1));
+  return k > 1.0 / denominator;
 }
 
 // The smallest compression ratio k at which compressing pays (the paper's Eq. 4): 1 / (1 - 2 T_comm

@@ -559,9 +559,15 @@ int main(int argc, char** argv) {
     usage_error(e.what());
   }
   if (o.latency >= 0) model.inter.latency = o.latency;
-  // The library sizes its chunk to a link it is told of (QCCL_LINK_RATE): so does the prediction.
-  if (!o.link.empty() && !o.chunk_given)
-    o.call.chunk_bytes = chunk_for_link_rate(static_cast<uint64_t>(model.inter.rate * 8));
+  // The library sizes its chunk to a link it is told of (QCCL_LINK_RATE), and weighs the fft codec's
+  // cost against it: so does the prediction, with the model's costs of the codec's steps.
+  if (!o.link.empty()) {
+    if (!o.chunk_given) o.call.chunk_bytes = chunk_for_link_rate(static_cast<uint64_t>(model.inter.rate * 8));
+    o.call.link.rate = model.inter.rate;
+    const std::string fft = kernels::parse_codec_spec("fft").canonical();
+    for (const char* step : {"fft_encode", "add_spectrum", "synthesize"})
+      if (const double* cost = model.step_cost(fft, step)) o.call.link.fft_seconds_per_value += *cost;
+  }
 
   const size_t es = kernels::element_size(o.call.dtype);
   std::printf("# qccl_sim: %s, %s %s, inter %s (latency %g us), intra %s, oversubscription from %s\n",

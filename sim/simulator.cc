@@ -93,7 +93,7 @@ class Reservation {
 class Binding {
  public:
   // shared_state: one codec state for every rank (the timed simulation: no numbers are computed).
-  Binding(const Topology& topology, const CallSpec& call, bool shared_state) {
+  Binding(const Topology& topology, const CallSpec& call, bool shared_state) : link_(call.link) {
     if (std::string why = topology.check(); !why.empty()) throw std::invalid_argument(why);
     const int n = topology.nranks;
     if (coll::rooted(call.kind) && (call.root < 0 || call.root >= n))
@@ -125,6 +125,7 @@ class Binding {
       a.rank = r;
       a.nranks = n;
       a.nodes = &nodes_;
+      a.link = link_.rate > 0 ? &link_ : nullptr;
       a.codec = codec_.get();
     }
     if (!codec_) return;
@@ -183,6 +184,7 @@ class Binding {
 
  private:
   coll::NodeMap nodes_;
+  coll::LinkFacts link_;
   std::unique_ptr<kernels::CodecConfig> codec_;
   const coll::Method* method_ = nullptr;
   coll::StateView view_;

@@ -70,6 +70,9 @@ struct CallSpec {
   size_t chunk_bytes = 256 * 1024;
   int depth = 2;
   double density = 1.0;  // variable-length codecs: the share of their capacity an encoding takes
+  // rate > 0: the library is told its link (QCCL_LINK_RATE), and the plans that weigh it decide by it
+  // (coll::LinkFacts: the fft codec's fall-back), as qcclrun --netem's ranks do.
+  coll::LinkFacts link;
 };
 
 struct SimResult {

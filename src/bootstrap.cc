@@ -294,6 +294,9 @@ std::vector<uint8_t> PeerInfo::serialize() const {
   w.put_string(control_address);
   w.put_string(topology);
   w.put_bytes(transport_address.data(), transport_address.size());
+  uint64_t cost_bits = 0;
+  std::memcpy(&cost_bits, &fft_seconds_per_value, sizeof cost_bits);
+  w.put<uint64_t>(cost_bits);
   return std::move(w.bytes());
 }
 
@@ -307,6 +310,8 @@ PeerInfo PeerInfo::parse(const std::vector<uint8_t>& bytes, int rank) {
   p.control_address = r.get_string(128);
   p.topology = r.get_string(1024);
   p.transport_address = r.get_bytes(16384);
+  const uint64_t cost_bits = r.get<uint64_t>();
+  std::memcpy(&p.fft_seconds_per_value, &cost_bits, sizeof cost_bits);
   return p;
 }
 

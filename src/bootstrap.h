@@ -46,6 +46,8 @@ struct PeerInfo {
   std::string control_address;  // rank 0's control-plane listener ("ip:port"); empty elsewhere
   std::string topology;         // one-line hwloc summary, for logs
   std::vector<uint8_t> transport_address;
+  // With QCCL_LINK_RATE: the fft codec's encode + decode of a value on this rank's CPU (LinkFacts).
+  double fft_seconds_per_value = 0;
 
   std::vector<uint8_t> serialize() const;
   static PeerInfo parse(const std::vector<uint8_t>& bytes, int rank);

@@ -9,12 +9,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 
 #include "base/errors.h"
 #include "base/log.h"
 #include "collectives/compressed.h"
+#include "kernels/codec.h"
 #include "kernels/reduce.h"
 #include "src/node_map.h"
 
@@ -37,6 +40,29 @@ int make_eventfd() {
   int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) fail(qcclSystemError, "eventfd failed: %s", errno_string(errno).c_str());
   return fd;
+}
+
+// The fft codec's encode + decode of one float32 value on this CPU: the default spec on 2^18 smooth
+// values, the best of three after a warm-up (some 20 ms), once per process. What the fft all-reduce
+// weighs against the link's rate (LinkFacts, allreduce_fft_allgather.cc).
+double fft_cost_per_value() {
+  static const double cost = [] {
+    const kernels::CodecConfig codec = kernels::parse_codec_spec("fft");
+    const size_t n = size_t{1} << 18;
+    std::vector<float> x(n), y(n);
+    for (size_t i = 0; i < n; ++i) x[i] = std::sin(static_cast<float>(i) * 0.001f) + 0.01f * static_cast<float>(i % 7);
+    std::vector<uint8_t> encoded(codec.encoded_bytes(n));
+    double best = 1e30;
+    for (int round = 0; round < 4; ++round) {
+      const auto begin = Clock::now();
+      kernels::encode(codec, x.data(), n, encoded.data(), kernels::PhiloxKey{}, 0);
+      kernels::decode(codec, encoded.data(), n, y.data());
+      const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+      if (round > 0) best = std::min(best, seconds);
+    }
+    return best / static_cast<double>(n);
+  }();
+  return cost;
 }
 
 void drain(int fd) {
@@ -84,6 +110,7 @@ void Comm::join(const BootstrapId& id) {
   me.pid = static_cast<int32_t>(getpid());
   me.topology = topology_.summary();
   me.transport_address = transport_->address();
+  if (config_.link_rate_bits) me.fft_seconds_per_value = fft_cost_per_value();
 
   auto blobs = exchange_through_root(id, rank_, nranks_, me.serialize(), deadline);
   for (int r = 0; r < nranks_; ++r) {
@@ -93,6 +120,10 @@ void Comm::join(const BootstrapId& id) {
   int local = 0;
   for (const PeerInfo& p : peers_) local += p.same_host(me) ? 1 : 0;
   node_map_ = compute_node_map(peers_, config_.node_map);
+  if (config_.link_rate_bits) {  // the same facts on every rank: the slowest CPU's cost
+    link_facts_.rate = static_cast<double>(config_.link_rate_bits) / 8;
+    for (const PeerInfo& p : peers_) link_facts_.fft_seconds_per_value = std::max(link_facts_.fft_seconds_per_value, p.fft_seconds_per_value);
+  }
   // QCCL_OVERSUBSCRIBED overrides the count: emulated hosts (qcclrun --nodes) share the CPUs.
   oversubscribed_ = config_.oversubscribed >= 0 ? config_.oversubscribed == 1 : local > topology_.bound_pus;
 
@@ -135,6 +166,11 @@ void Comm::join(const BootstrapId& id) {
   QCCL_INFO("%s; reduction kernels %s; chunk %zu bytes, timeout %g s", executor_->describe().c_str(),
             kernels::reduce_target_name(), config_.chunk_bytes, config_.timeout_seconds);
   QCCL_INFO("algorithms %s", policy_.describe().c_str());
+  if (link_facts_.rate > 0)
+    QCCL_INFO("link %.0f Mbit/s (QCCL_LINK_RATE): chunk %zu bytes; the fft codec costs %.1f ns a value here (the "
+              "slowest rank), so it can pay only below %.0f Mbit/s, however much it compresses",
+              link_facts_.rate * 8 / 1e6, config_.chunk_bytes, link_facts_.fft_seconds_per_value * 1e9,
+              4 / link_facts_.fft_seconds_per_value * 8 / 1e6);
   QCCL_INFO("compression of plain all-reduce calls (QCCL_CODEC): %s", codec_policy_.describe().c_str());
   if (!aggregator_links_.empty()) QCCL_INFO("IntSGD aggregators (QCCL_AGGREGATORS): %s", config_.aggregators.c_str());
 }
@@ -190,6 +226,7 @@ namespace {
 const char* device_codec_refusal(const kernels::CodecConfig& c);  // below, with the device path
 }  // namespace
 
+
 void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   record->started = true;
   record->started_at = Clock::now();
@@ -206,6 +243,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   if (record->on_device && args.codec && !record->codec && device_codec_refusal(*args.codec))
     args.codec = nullptr;  // a QCCL_CODEC method the device path does not run: exact (on every rank alike)
   args.nodes = &node_map_;
+  args.link = link_facts_.rate > 0 ? &link_facts_ : nullptr;
 
   OperationIdentity identity;
   identity.p2p = args.kind == coll::CollKind::kSend || args.kind == coll::CollKind::kRecv;

@@ -164,6 +164,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   LocalTopology topology_;
   std::vector<PeerInfo> peers_;
   coll::NodeMap node_map_;  // which ranks share a host (QCCL_NODE_MAP or the peers' hosts); set at join
+  coll::LinkFacts link_facts_;  // QCCL_LINK_RATE and the slowest rank's codec costs; set at join
   std::vector<AggregatorLink> aggregator_links_;  // kept open: closing them ends the job at the aggregators
   std::string aggregator_lost_;                   // guarded by ops_mu_: why agg=switch cannot run
   std::vector<std::string> names_;  // "rank 3 (host:pid)", then "aggregator 0 (host:port)"

@@ -292,6 +292,27 @@ TEST_CASE("fft all-reduce: where the payloads could outweigh the dense ring, the
     // declined: the registry's order).
     CHECK((dense->cannot_run(a) == nullptr) == (c.call->residual == nullptr));
   }
+  // With the link known (QCCL_LINK_RATE), Eq. 4: theta = 0.9 at 10 bits is k = 262144 / 12306 ~ 21.3
+  // on float32; at a codec cost of 5 ns a value (1.25 ns a byte) it pays below 1 / (1.25 ns (1 - 1 /
+  // 21.3)) ~ 762 MB/s and not above; at 1 ns a byte or more per link byte, never; fallback=off and
+  // error feedback keep it.
+  coll::LinkFacts slow{125e6, 5e-9}, fast{1.25e9, 5e-9}, edge_below{755e6, 5e-9}, edge_above{770e6, 5e-9};
+  a.codec = &fft, a.nranks = 4, a.dtype = f32, a.method_call = &no_state;
+  a.link = &slow;
+  CHECK(sparse->cannot_run(a) == nullptr);
+  a.link = &edge_below;
+  CHECK(sparse->cannot_run(a) == nullptr);
+  a.link = &edge_above;
+  CHECK_THAT(sparse->cannot_run(a), Catch::Contains("link rate"));
+  a.link = &fast;
+  CHECK_THAT(sparse->cannot_run(a), Catch::Contains("link rate"));
+  CHECK(dense->cannot_run(a) == nullptr);
+  a.codec = &off;
+  CHECK(sparse->cannot_run(a) == nullptr);
+  a.codec = &fft, a.method_call = &with_state;
+  CHECK(sparse->cannot_run(a) == nullptr);
+  a.link = nullptr, a.method_call = &no_state;
+
   // The dense ring is exact: small integers sum without rounding.
   Job job;
   job.n = 4, job.count = 1000, job.spec = "fft:theta=0,bits=16,mant=12";

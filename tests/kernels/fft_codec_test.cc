@@ -512,4 +512,18 @@ TEST_CASE("fft codec: Eq. 4's break-even compression ratio (P17)", "[fft]") {
   CHECK(fft_break_even_ratio(1.25e9, rate, rate, rate, rate) == Approx(1.21).epsilon(0.02));
 }
 
+TEST_CASE("fft codec: whether it pays at a link rate, from its measured cost (Eq. 4)", "[fft]") {
+  const CodecConfig c = parse_codec_spec("fft:theta=0.9,bits=10");
+  const size_t n = 65536;
+  const double k = 4.0 * n / static_cast<double>(c.encoded_bytes(n));  // float32: ~21.3
+  // k > 1 / (1 - rate * seconds_per_value / 4): the largest rate at which it pays, for 8 ns a value.
+  const double limit = (1 - 1 / k) / (8e-9 / 4);
+  CHECK(fft_pays_at_rate(c, n, 4, 0.99 * limit, 8e-9));
+  CHECK_FALSE(fft_pays_at_rate(c, n, 4, 1.01 * limit, 8e-9));
+  CHECK_FALSE(fft_pays_at_rate(c, n, 4, 4 / 8e-9, 8e-9));  // the codec as slow as the link: never
+  CHECK_FALSE(fft_pays_at_rate(c, n, 4, 1e12, 8e-9));
+  // float16 values: half the bytes on the wire for the same codec time per value, so a lower limit.
+  CHECK_FALSE(fft_pays_at_rate(c, n, 2, 0.99 * limit, 8e-9));
+}
+
 }  // namespace qccl::kernels
