@@ -98,9 +98,10 @@ inline bool fft_compression_pays(const CodecConfig& c, size_t count, int nranks,
 }
 
 // Whether the codec's time is repaid by the wire time it saves (the paper's Eq. 4 with the measured
-// cost of encoding and decoding a value, seconds_per_value, in place of its 2/T_m + 1/T_f + 1/T_p +
-// 1/T_s): M S < (M / T_comm)(1 - 1/k), i.e. k > 1 / (1 - T_comm S), with M the call's bytes, k their
-// ratio to the codec's capacity, S the cost per byte. Never with a cost at or above the wire time.
+// cost of encoding and decoding a value, seconds_per_value, in place of its 2 (2/T_m + 1/T_f + 1/T_p
+// + 1/T_s), compression and decompression): M S < (M / T_comm)(1 - 1/k), i.e. k > 1 / (1 - T_comm S),
+// with M the call's bytes, k their ratio to the codec's capacity, S the cost per byte. Never with a
+// cost at or above the wire time.
 inline bool fft_pays_at_rate(const CodecConfig& c, size_t count, size_t element_size, double link_rate,
                              double seconds_per_value) {
   const double seconds_per_byte = seconds_per_value / static_cast<double>(element_size);

@@ -297,6 +297,8 @@ std::vector<uint8_t> PeerInfo::serialize() const {
   uint64_t cost_bits = 0;
   std::memcpy(&cost_bits, &fft_seconds_per_value, sizeof cost_bits);
   w.put<uint64_t>(cost_bits);
+  w.put<uint64_t>(chunk_bytes);
+  w.put<uint64_t>(link_rate_bits);
   return std::move(w.bytes());
 }
 
@@ -312,6 +314,8 @@ PeerInfo PeerInfo::parse(const std::vector<uint8_t>& bytes, int rank) {
   p.transport_address = r.get_bytes(16384);
   const uint64_t cost_bits = r.get<uint64_t>();
   std::memcpy(&p.fft_seconds_per_value, &cost_bits, sizeof cost_bits);
+  p.chunk_bytes = r.get<uint64_t>();
+  p.link_rate_bits = r.get<uint64_t>();
   return p;
 }
 

@@ -48,6 +48,9 @@ struct PeerInfo {
   std::vector<uint8_t> transport_address;
   // With QCCL_LINK_RATE: the fft codec's encode + decode of a value on this rank's CPU (LinkFacts).
   double fft_seconds_per_value = 0;
+  // Settings every rank must share (the chunk decides the messages, the link rate the algorithms).
+  uint64_t chunk_bytes = 0;
+  uint64_t link_rate_bits = 0;
 
   std::vector<uint8_t> serialize() const;
   static PeerInfo parse(const std::vector<uint8_t>& bytes, int rank);

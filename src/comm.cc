@@ -111,6 +111,8 @@ void Comm::join(const BootstrapId& id) {
   me.topology = topology_.summary();
   me.transport_address = transport_->address();
   if (config_.link_rate_bits) me.fft_seconds_per_value = fft_cost_per_value();
+  me.chunk_bytes = config_.chunk_bytes;
+  me.link_rate_bits = config_.link_rate_bits;
 
   auto blobs = exchange_through_root(id, rank_, nranks_, me.serialize(), deadline);
   for (int r = 0; r < nranks_; ++r) {
@@ -120,6 +122,13 @@ void Comm::join(const BootstrapId& id) {
   int local = 0;
   for (const PeerInfo& p : peers_) local += p.same_host(me) ? 1 : 0;
   node_map_ = compute_node_map(peers_, config_.node_map);
+  for (int r = 0; r < nranks_; ++r)  // every rank finds the same first difference, and fails alike
+    if (peers_[r].chunk_bytes != peers_[0].chunk_bytes || peers_[r].link_rate_bits != peers_[0].link_rate_bits)
+      fail(qcclInvalidArgument, "%s takes a chunk of %llu bytes and QCCL_LINK_RATE = %llu bit/s, %s %llu and %llu: "
+           "every rank must take the same (QCCL_CHUNK_BYTES or chunkBytes, QCCL_LINK_RATE; 0 = unset)",
+           names_[r].c_str(), static_cast<unsigned long long>(peers_[r].chunk_bytes),
+           static_cast<unsigned long long>(peers_[r].link_rate_bits), names_[0].c_str(),
+           static_cast<unsigned long long>(peers_[0].chunk_bytes), static_cast<unsigned long long>(peers_[0].link_rate_bits));
   if (config_.link_rate_bits) {  // the same facts on every rank: the slowest CPU's cost
     link_facts_.rate = static_cast<double>(config_.link_rate_bits) / 8;
     for (const PeerInfo& p : peers_) link_facts_.fft_seconds_per_value = std::max(link_facts_.fft_seconds_per_value, p.fft_seconds_per_value);

@@ -147,7 +147,11 @@ class CudaDevice final : public Device {
   // it holds the stream only for a write).
   bool arm() override {
     const std::lock_guard<std::mutex> lock(mu_);
-    poll();
+    try {
+      poll();
+    } catch (const Error&) {
+      return false;  // a fault of the stream's work: the executions' own polls report it, and fail
+    }
     if (pending_.empty()) return true;
     if (wake_fd_ < 0) return false;
     if (armed_for_ == recorded_) return true;

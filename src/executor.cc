@@ -216,7 +216,7 @@ PlanExecution::~PlanExecution() {
   // After a failure the stream may still copy into or out of the buffers given back here. A device
   // that cannot even synchronize keeps them: nothing may reuse memory its work may still touch.
   try {
-    if (!device_done_) device_->synchronize();
+    if (started_ && !device_done_) device_->synchronize();  // one that never started enqueued nothing
   } catch (const Error&) {
     return;
   }
@@ -225,6 +225,7 @@ PlanExecution::~PlanExecution() {
       if (t.staging) shared_->give({Device::Memory::kPinned, t.staging, t.capacity}, t.abandoned);
   shared_->give(device_scratch_);
   shared_->give(counters_);
+  shared_->give(readback_);  // failed after its last step was enqueued
 }
 
 void PlanExecution::start_on_device() {

@@ -239,8 +239,9 @@ class DeviceExecutor final : public Executor {
   size_t scratch_bytes(const coll::Plan&) const override { return 0; }  // its own, in device memory
   bool progress() override { return transport_.progress(); }
   int event_fd() const override { return transport_.event_fd(); }
-  // The device reaches its tickets without a descriptor to wake on: while it has work, poll.
-  bool arm() override { return arm_device() && transport_.arm(); }
+  // event_fd() is the transport's alone: a caller of this interface must not sleep while the device
+  // has work (the communicator polls the device's own descriptor too: arm_device, device_event_fd).
+  bool arm() override { return !device_busy() && transport_.arm(); }
   bool device_busy() { return shared_->device().busy(); }
   // The device's side of the drive loop's sleep (Device::arm, Device::event_fd).
   bool arm_device() { return shared_->device().arm(); }

@@ -522,8 +522,10 @@ TEST_CASE("fft codec: whether it pays at a link rate, from its measured cost (Eq
   CHECK_FALSE(fft_pays_at_rate(c, n, 4, 1.01 * limit, 8e-9));
   CHECK_FALSE(fft_pays_at_rate(c, n, 4, 4 / 8e-9, 8e-9));  // the codec as slow as the link: never
   CHECK_FALSE(fft_pays_at_rate(c, n, 4, 1e12, 8e-9));
-  // float16 values: half the bytes on the wire for the same codec time per value, so a lower limit.
-  CHECK_FALSE(fft_pays_at_rate(c, n, 2, 0.99 * limit, 8e-9));
+  // float16 values: half the bytes on the wire for the same codec time per value, and half the
+  // ratio k: the limit is (1 - 2/k) / (1 - 1/k) / 2 ~ 0.4753 of float32's.
+  CHECK(fft_pays_at_rate(c, n, 2, 0.47 * limit, 8e-9));
+  CHECK_FALSE(fft_pays_at_rate(c, n, 2, 0.48 * limit, 8e-9));
 }
 
 }  // namespace qccl::kernels

@@ -142,6 +142,22 @@ constexpr Coll kCollectives[] = {Coll::kAllReduce, Coll::kBroadcast,
 
 }  // namespace
 
+TEST_CASE("ranks that take different chunks are refused when the communicator is made", "[api]") {
+  // The chunk decides every message's length: a rank with another one would fail its first call, or
+  // hang. The bootstrap compares the settings, and every rank fails alike, naming them.
+  World& w = World::get();
+  if (w.size() < 2) return;
+  qcclUniqueId id;
+  if (w.rank() == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, w.comm()));
+  qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+  config.chunkBytes = w.rank() == w.size() - 1 ? 65536 : 131072;
+  qcclComm_t comm = nullptr;
+  CHECK(qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config) == qcclInvalidArgument);
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("chunk of 65536 bytes") && Catch::Contains("every rank"));
+  CHECK(comm == nullptr);
+}
+
 TEST_CASE("every collective x datatype x op, out of place and in place", "[ranks]") {
   World& w = World::get();
   for (Coll kind : kCollectives)
