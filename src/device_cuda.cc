@@ -65,13 +65,19 @@ class CudaDevice final : public Device {
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   }
   ~CudaDevice() override {
-    const DeviceScope scope(device_);
-    cudaStreamSynchronize(stream_);  // nothing may still use the events and the stream
+    // Never throws (DeviceScope would): the thread's device is set and given back by hand.
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    cudaSetDevice(device_);
+    // Nothing may still use the events and the stream, nor a wake-up still write to the descriptor
+    // (a stream that cannot drain keeps it open rather than let a reused number be written).
+    const bool drained = cudaStreamSynchronize(stream_) == cudaSuccess;
     for (const Point& p : pending_) cudaEventDestroy(p.event);
     for (cudaEvent_t e : spare_) cudaEventDestroy(e);
     cudaEventDestroy(join_);
     cudaStreamDestroy(stream_);
-    if (wake_fd_ >= 0) close(wake_fd_);  // after the synchronize: no wake-up is still to run
+    if (wake_fd_ >= 0 && drained) close(wake_fd_);
+    if (previous >= 0 && previous != device_) cudaSetDevice(previous);
   }
 
   std::string describe() const override { return name_; }
