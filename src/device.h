@@ -31,10 +31,6 @@ class Device {
   virtual ~Device() = default;
   virtual std::string describe() const = 0;
 
-  // Whether p points into this device's memory (cudaPointerGetAttributes), as a caller's buffer;
-  // memory of another device is an error (qcclInvalidArgument).
-  virtual bool is_device_pointer(const void* p) = 0;
-
   // Memory, never zero bytes. Released memory must no longer be in use by enqueued work.
   virtual void* allocate(Memory kind, size_t bytes) = 0;
   virtual void release(Memory kind, void* p) = 0;

@@ -82,19 +82,6 @@ class CudaDevice final : public Device {
 
   std::string describe() const override { return name_; }
 
-  bool is_device_pointer(const void* p) override {
-    cudaPointerAttributes attributes{};
-    if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
-      cudaGetLastError();  // not a pointer CUDA knows: host memory; clear the error it left
-      return false;
-    }
-    if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) return false;
-    if (attributes.device != device_ && attributes.type == cudaMemoryTypeDevice)
-      fail(qcclInvalidArgument, "buffer %p is memory of CUDA device %d, but this communicator runs on %s (the current "
-           "device at its first call on device buffers)", p, attributes.device, name_.c_str());
-    return true;
-  }
-
   void* allocate(Memory kind, size_t bytes) override {
     const std::lock_guard<std::mutex> lock(mu_);
     const DeviceScope scope(device_);

@@ -47,7 +47,6 @@ class StandInDevice final : public Device {
   }
 
   std::string describe() const override { return "a host stand-in device"; }
-  bool is_device_pointer(const void* p) override { return inside(device_, p, 1); }
 
   void* allocate(Memory kind, size_t bytes) override {
     if (bytes == 0) throw std::logic_error("stand-in device: an allocation of zero bytes");
@@ -77,7 +76,6 @@ class StandInDevice final : public Device {
       *e->length = e->codec->encoded_bytes(e->count);
       e->length = nullptr;
     }
-    ++launches_;
     enqueue([queued, args, nonfinite] {
       *nonfinite += run_data_step(queued, args);
       return true;
@@ -171,7 +169,6 @@ class StandInDevice final : public Device {
   }
   size_t allocations() const { return allocations_; }  // made so far
   size_t live_allocations() const { return device_.size() + pinned_.size(); }
-  size_t launches() const { return launches_; }
   int waits() const { return waits_; }
   size_t open_marks() const { return open_marks_.size(); }
   int signals() const { return signals_; }
@@ -235,7 +232,7 @@ class StandInDevice final : public Device {
   std::map<uintptr_t, size_t> device_, pinned_;
   std::deque<std::function<bool()>> queue_;
   Ticket enqueued_ = 0, done_ = 0;
-  size_t allocations_ = 0, launches_ = 0;
+  size_t allocations_ = 0;
   int waits_ = 0, signals_ = 0;
   Mark marks_ = 0;
   std::set<Mark> open_marks_;
@@ -311,7 +308,6 @@ class StandInWire final : public PeerWire {
   void abort() override { ++aborts_; }
   bool aborted() const override { return aborts_ > 0; }
   size_t groups() const { return groups_; }
-  int aborts() const { return aborts_; }
 
  private:
   struct Op {
