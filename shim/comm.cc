@@ -302,7 +302,11 @@ ncclComm_t ensure_real(Comm& c, const char* call) {
   if (!shared.made) fail(ncclRemoteError, "rank 0 could not make the real NCCL's unique id (%s)", call);
   const ncclUniqueId& id = shared.id;
   ncclComm_t made = nullptr;
-  ncclResult_t result = r->CommInitRank(&made, c.nranks, id, c.rank);
+  ncclResult_t result;
+  {
+    const cuda::RelaxedCapture relaxed;  // the first device call may be one being captured
+    result = r->CommInitRank(&made, c.nranks, id, c.rank);
+  }
   if (result != ncclSuccess) {
     set_last_error_from_real();
     throw ShimError{result, ""};

@@ -146,9 +146,10 @@ namespace {
 struct Driver {
   bool ok = false;
   CUresult (*DeviceGetCount)(int*) = nullptr;
-  CUresult (*PointerGetAttribute)(void*, CUpointer_attribute, CUdeviceptr) = nullptr;
+  CUresult (*PointerGetAttributes)(unsigned, CUpointer_attribute*, void**, CUdeviceptr) = nullptr;
   CUresult (*StreamSynchronize)(CUstream) = nullptr;
   CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus*) = nullptr;
+  CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode*) = nullptr;
   CUresult (*CtxGetDevice)(CUdevice*) = nullptr;
   CUresult (*CtxGetCurrent)(CUcontext*) = nullptr;
   CUresult (*StreamGetCtx)(CUstream, CUcontext*) = nullptr;
@@ -166,17 +167,19 @@ const Driver& driver() {
     if (!lib) return out;
     auto init = reinterpret_cast<CUresult (*)(unsigned)>(dlsym(lib, "cuInit"));
     out.DeviceGetCount = reinterpret_cast<decltype(out.DeviceGetCount)>(dlsym(lib, "cuDeviceGetCount"));
-    out.PointerGetAttribute = reinterpret_cast<decltype(out.PointerGetAttribute)>(dlsym(lib, "cuPointerGetAttribute"));
+    out.PointerGetAttributes = reinterpret_cast<decltype(out.PointerGetAttributes)>(dlsym(lib, "cuPointerGetAttributes"));
     out.StreamSynchronize = reinterpret_cast<decltype(out.StreamSynchronize)>(dlsym(lib, "cuStreamSynchronize"));
     out.StreamIsCapturing = reinterpret_cast<decltype(out.StreamIsCapturing)>(dlsym(lib, "cuStreamIsCapturing"));
+    out.ThreadExchangeStreamCaptureMode = reinterpret_cast<decltype(out.ThreadExchangeStreamCaptureMode)>(
+        dlsym(lib, "cuThreadExchangeStreamCaptureMode"));
     out.CtxGetDevice = reinterpret_cast<decltype(out.CtxGetDevice)>(dlsym(lib, "cuCtxGetDevice"));
     out.GetErrorString = reinterpret_cast<decltype(out.GetErrorString)>(dlsym(lib, "cuGetErrorString"));
     out.CtxGetCurrent = reinterpret_cast<decltype(out.CtxGetCurrent)>(dlsym(lib, "cuCtxGetCurrent"));
     out.StreamGetCtx = reinterpret_cast<decltype(out.StreamGetCtx)>(dlsym(lib, "cuStreamGetCtx"));
     out.CtxPushCurrent = reinterpret_cast<decltype(out.CtxPushCurrent)>(dlsym(lib, "cuCtxPushCurrent_v2"));
     out.CtxPopCurrent = reinterpret_cast<decltype(out.CtxPopCurrent)>(dlsym(lib, "cuCtxPopCurrent_v2"));
-    if (!init || !out.DeviceGetCount || !out.PointerGetAttribute || !out.StreamSynchronize ||
-        !out.StreamIsCapturing || !out.CtxGetDevice || !out.GetErrorString || !out.CtxGetCurrent ||
+    if (!init || !out.DeviceGetCount || !out.PointerGetAttributes || !out.StreamSynchronize ||
+        !out.StreamIsCapturing || !out.ThreadExchangeStreamCaptureMode || !out.CtxGetDevice || !out.GetErrorString || !out.CtxGetCurrent ||
         !out.StreamGetCtx || !out.CtxPushCurrent || !out.CtxPopCurrent)
       return out;
     if (init(0) != CUDA_SUCCESS || out.DeviceGetCount(&out.devices) != CUDA_SUCCESS || out.devices <= 0) return out;
@@ -200,11 +203,12 @@ int device_count() { return driver().ok ? driver().devices : 0; }
 
 bool is_device_pointer(const void* p) {
   if (!p || !driver().ok) return false;
+  // The plural query answers pageable host memory, which the driver does not know, with a zero type
+  // where the singular one fails (an API error that compute-sanitizer reports at every host call).
   unsigned int type = 0;
-  // Pageable host memory is unknown to the driver (CUDA_ERROR_INVALID_VALUE): host.
-  if (driver().PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p)) !=
-      CUDA_SUCCESS)
-    return false;
+  CUpointer_attribute attribute = CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+  void* data = &type;
+  if (driver().PointerGetAttributes(1, &attribute, &data, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return false;
   return type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_ARRAY;
 }
 
@@ -213,6 +217,21 @@ bool is_capturing(cudaStream_t stream) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   if (driver().StreamIsCapturing(reinterpret_cast<CUstream>(stream), &status) != CUDA_SUCCESS) return false;
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+RelaxedCapture::RelaxedCapture() {
+  if (!driver().ok) return;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (driver().ThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS) {
+    previous_ = static_cast<int>(mode);
+    exchanged_ = true;
+  }
+}
+
+RelaxedCapture::~RelaxedCapture() {
+  if (!exchanged_) return;
+  auto mode = static_cast<CUstreamCaptureMode>(previous_);
+  driver().ThreadExchangeStreamCaptureMode(&mode);
 }
 
 void synchronize(cudaStream_t stream, const char* call) {

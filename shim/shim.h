@@ -67,6 +67,20 @@ namespace cuda {
 bool available();                     // a driver and at least one device
 bool is_device_pointer(const void* p);  // device or managed memory (false without CUDA)
 bool is_capturing(cudaStream_t stream);
+// While it lives, this thread may allocate and initialise although a stream of the process captures a
+// graph (cuThreadExchangeStreamCaptureMode to relaxed): the real NCCL's communicator, made at the first
+// device call, may be made in the middle of a capture, and the global mode forbids its cudaMalloc.
+class RelaxedCapture {
+ public:
+  RelaxedCapture();
+  ~RelaxedCapture();
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool exchanged_ = false;
+};
 void synchronize(cudaStream_t stream, const char* call);
 int current_device();                 // -1 without CUDA
 int device_count();

@@ -311,8 +311,9 @@ namespace {
 // that never loaded CUDA has no device memory, and asking the driver makes no context, so that host
 // calls in a CUDA process cost a lookup and nothing more. Builds without CUDA ask too, to refuse
 // device buffers rather than read them. The driver's types are spelt out here (cuda.h: CUresult
-// cuPointerGetAttribute(void*, CUpointer_attribute, CUdeviceptr)), as a host-only build has no
-// cuda.h.
+// cuPointerGetAttributes(unsigned, CUpointer_attribute*, void**, CUdeviceptr)), as a host-only build
+// has no cuda.h. The plural query answers pageable host memory, which the driver does not know, with
+// a zero type, where the singular one fails (an API error compute-sanitizer reports at every call).
 // How many shared objects the process has loaded so far (glibc's counter): 26 ns to read, where a
 // dlopen that finds nothing costs 26 us (it searches the library path), once per call that was.
 unsigned long long objects_loaded() {
@@ -330,34 +331,35 @@ unsigned long long objects_loaded() {
 // The CUDA device p's memory belongs to, or -1 for host memory.
 int device_of(const void* p) {
   if (!p) return -1;
-  using GetAttribute = int (*)(void* data, int attribute, unsigned long long pointer);
+  using GetAttributes = int (*)(unsigned count, int* attributes, void** data, unsigned long long pointer);
   constexpr int kMemoryType = 2;                        // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
   constexpr int kOrdinal = 9;                           // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
   constexpr unsigned kDevice = 2, kArray = 3;           // CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_ARRAY
-  static std::atomic<GetAttribute> get{nullptr};        // found once CUDA is in the process
+  static std::atomic<GetAttributes> get{nullptr};       // found once CUDA is in the process
   static std::atomic<unsigned long long> looked_at{~0ull};  // objects loaded when it was last looked for
-  GetAttribute fn = get.load(std::memory_order_acquire);
+  GetAttributes fn = get.load(std::memory_order_acquire);
   if (!fn) {
     const unsigned long long loaded = objects_loaded();
     if (looked_at.exchange(loaded) == loaded) return -1;  // nothing loaded since: still no CUDA
     void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
     if (!driver) return -1;
-    fn = reinterpret_cast<GetAttribute>(dlsym(driver, "cuPointerGetAttribute"));
+    fn = reinterpret_cast<GetAttributes>(dlsym(driver, "cuPointerGetAttributes"));
     if (!fn) return -1;
     get.store(fn, std::memory_order_release);  // the library stays: the NOLOAD reference is kept
   }
   unsigned type = 0;
-  // Pageable host memory is unknown to the driver (an error): host.
-  if (fn(&type, kMemoryType, reinterpret_cast<uintptr_t>(p)) != 0 || (type != kDevice && type != kArray)) return -1;
   int ordinal = -1;
-  if (fn(&ordinal, kOrdinal, reinterpret_cast<uintptr_t>(p)) != 0) return -1;
+  int attributes[] = {kMemoryType, kOrdinal};
+  void* data[] = {&type, &ordinal};
+  if (fn(2, attributes, data, reinterpret_cast<uintptr_t>(p)) != 0 || (type != kDevice && type != kArray)) return -1;
   return ordinal;
 }
 
 const char* device_codec_refusal(const kernels::CodecConfig& c) {
-  if (c.kind == kernels::CodecKind::kFp16 || c.kind == kernels::CodecKind::kBf16) return nullptr;
-  if (c.kind == kernels::CodecKind::kQuant && c.levels.empty()) return nullptr;
-  return "the device path runs the fp16, bf16 and q1..q8 codecs (without learned levels) so far";
+  using kernels::CodecKind;
+  if (c.kind == CodecKind::kNone || c.kind == CodecKind::kFp16 || c.kind == CodecKind::kBf16) return nullptr;
+  if (c.kind == CodecKind::kQuant && c.levels.empty()) return nullptr;
+  return "the device path runs the none, fp16, bf16 and q1..q8 codecs (without learned levels) so far";
 }
 }  // namespace
 
@@ -465,8 +467,13 @@ void Comm::place(OpRecord& record, bool in_group) {
   if (a.codec)
     if (const char* why = device_codec_refusal(*a.codec))
       fail(qcclInvalidUsage, "codec '%s' on device buffers: %s", a.codec->canonical().c_str(), why);
-  record.on_device = true;
   a.stream = stream();
+  // A capture would record the caller's side of the join and nothing of the collective, which the
+  // progress thread runs on a stream of its own: refused rather than left out of the graph.
+  if (d->capturing(a.stream))
+    fail(qcclInvalidUsage, "the communicator's stream %p is capturing a CUDA graph: qccl runs device collectives from "
+         "its progress thread, which a graph cannot record; make the call outside the capture", a.stream);
+  record.on_device = true;
   start_device_executor();
   // The wire is chosen by every rank together, at a collective made outside a group (inside one, a
   // thread may be driving several communicators' calls, which a blocking exchange here would hang):

@@ -68,6 +68,9 @@ class Device {
   virtual void wait(Mark mark) = 0;
   virtual void forget(Mark mark) = 0;
   virtual void signal(void* stream) = 0;
+  // Whether the caller's stream is capturing a graph (or cannot be asked, which a capture elsewhere
+  // in global mode makes of the legacy stream): the join above cannot be recorded in one.
+  virtual bool capturing(void* stream) = 0;
   // The stream itself (a cudaStream_t), for a PeerWire that posts on it.
   virtual void* native_stream() = 0;
   // What names this GPU among all (its UUID), so that ranks can tell whether they share one.

@@ -175,6 +175,15 @@ class CudaDevice final : public Device {
     const std::lock_guard<std::mutex> lock(mu_);
     spare_.push_back(reinterpret_cast<cudaEvent_t>(mark));
   }
+  bool capturing(void* stream) override {
+    const DeviceScope scope(device_);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
+      cudaGetLastError();
+      return true;
+    }
+    return status != cudaStreamCaptureStatusNone;
+  }
   void* native_stream() override { return stream_; }
   std::string uuid() override { return uuid_; }
   int ordinal() const override { return device_; }

@@ -121,6 +121,7 @@ class StandInDevice final : public Device {
     ++signals_;
     last_stream_ = stream;
   }
+  bool capturing(void*) override { return false; }  // the stand-in's streams record no graphs
   void* native_stream() override { return this; }
   std::string uuid() override { return "stand-in " + std::to_string(reinterpret_cast<uintptr_t>(this)); }
   int ordinal() const override { return 0; }

@@ -5,8 +5,8 @@
 // matter); error feedback's residual follows the calls between device and host; the call waits for
 // the work queued on the communicator's stream before it (a blocking call returns with its result in
 // place, so the work queued after it cannot tell whether the stream was joined: that side is the
-// stand-in's test, device_executor_test); what the device path does not take yet is refused before
-// anything is sent. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
+// stand-in's test, device_executor_test); what the device path does not take yet (method codecs, graph
+// capture) is refused before anything is sent. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
 // First, before anything includes Catch: it enables Catch's listener interface.
 #include "tests/common/require_cuda_device.h"
 
@@ -235,11 +235,32 @@ TEST_CASE("what the device path does not take is refused before anything is sent
   std::vector<uint8_t> host(count * 4, 0);
   DeviceBuffer dev(host);
   CHECK(qcclAllReduce(dev.get(), host.data(), count, qcclFloat32, qcclSum, w.comm()) == qcclInvalidArgument);
-  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("both must be on"));
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("both must be memory of one device"));
   Codec sign("sign:eta_s=0.01");
-  CHECK(qcclAllReduceCompressed(dev.get(), dev.get(), count, qcclFloat32, qcclSum, sign.handle, nullptr, w.comm()) ==
-        qcclInvalidUsage);
+  State state(w.comm(), count);
+  CHECK(qcclAllReduceCompressed(dev.get(), dev.get(), count, qcclFloat32, qcclAvg, sign.handle, state.handle,
+                                w.comm()) == qcclInvalidUsage);
   CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("device path"));
+
+  // A graph capture on the communicator's stream: refused (the progress thread's stream is not in the
+  // graph), and the capture ends with nothing of the call in it.
+  cudaStream_t stream = nullptr;
+  ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  QCCL_REQUIRE_OK(qcclCommSetStream(w.comm(), stream));
+  ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const qcclResult_t captured = qcclAllReduce(dev.get(), dev.get(), count, qcclFloat32, qcclSum, w.comm());
+  const std::string why = qcclGetLastError(nullptr);
+  cudaGraph_t graph = nullptr;
+  ok(cudaStreamEndCapture(stream, &graph));
+  size_t nodes = 1;
+  ok(cudaGraphGetNodes(graph, nullptr, &nodes));
+  CHECK(captured == qcclInvalidUsage);
+  CHECK_THAT(why, Catch::Contains("capturing a CUDA graph"));
+  CHECK(nodes == 0);
+  ok(cudaGraphDestroy(graph));
+  QCCL_REQUIRE_OK(qcclCommSetStream(w.comm(), nullptr));
+  ok(cudaStreamDestroy(stream));
+
   // The communicator is intact.
   QCCL_REQUIRE_OK(qcclAllReduce(dev.get(), dev.get(), count, qcclFloat32, qcclSum, w.comm()));
 }
