@@ -234,7 +234,7 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
  * In a build with CUDA (qccl_info prints whether), every collective, point-to-point and compressed
  * call also takes buffers in CUDA device memory (cudaMalloc, or managed memory), all of one device
  * per communicator: the device of its first call on device buffers. qccl asks the CUDA driver
- * (cuPointerGetAttribute), only in a process that has loaded it and without making a context, so
+ * (cuPointerGetAttributes), only in a process that has loaded it and without making a context, so
  * that host buffers cost a lookup and host-only programs nothing; it leaves each thread's current
  * device as it found it.
  *
@@ -255,7 +255,10 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
  * Codec states work as on host buffers; an error-feedback residual has a copy in device memory, and
  * whichever copy the state's last call used is the current one (qcclCodecStateSave and Load, and a
  * call on host buffers, bring it back to the host first). Not yet on device buffers: the codecs with
- * a method of their own (sign, int, fft, aq, learned levels), which fail with qcclInvalidUsage. A call whose sendbuff and recvbuff
+ * a method of their own (sign, int, fft, aq, learned levels), which fail with qcclInvalidUsage, and
+ * graph capture: a call made while the communicator's stream is capturing fails with
+ * qcclInvalidUsage before it touches the stream (qccl's progress thread runs the call on its own
+ * stream, which a graph cannot record), and the capture goes on. A call whose sendbuff and recvbuff
  * are in different memories fails with qcclInvalidArgument, as does device memory in a build
  * without CUDA or of another device than the communicator's. */
 QCCL_API qcclResult_t qcclCommSetStream(qcclComm_t comm, void* stream);
