@@ -432,8 +432,20 @@ void Comm::choose_gpu_wire() {
     const bool use_nccl = config_.gpu_wire == "nccl" || (shared.empty() && one_host && without_nccl < 0);
     if (use_nccl) {
       std::string why;
-      wire = make_nccl_wire(*device_, nranks_, rank_, std::string(all[0].nccl_id, sizeof all[0].nccl_id), &why);
-      if (!wire) fail(qcclSystemError, "the NCCL wire (QCCL_GPU_WIRE=%s): %s", config_.gpu_wire.c_str(), why.c_str());
+      wire = make_nccl_wire(*device_, nranks_, rank_, std::string(all[0].nccl_id, sizeof all[0].nccl_id),
+                            config_.timeout_seconds, &why);
+      // Every rank uses the wire or none does: a rank whose NCCL failed late would leave the others
+      // posting to a peer that never answers.
+      const int32_t made = wire != nullptr;
+      std::vector<int32_t> made_by(nranks_);
+      allgather_bytes(&made, made_by.data(), sizeof made);
+      int failed = -1;
+      for (int r = 0; r < nranks_ && failed < 0; ++r)
+        if (!made_by[r]) failed = r;
+      if (failed >= 0 && wire) wire->abort();  // its peer is gone: destroying would wait for it
+      if (failed >= 0)
+        fail(qcclSystemError, "the NCCL wire (QCCL_GPU_WIRE=%s): %s", config_.gpu_wire.c_str(),
+             failed == rank_ ? why.c_str() : format("rank %d could not make its NCCL communicator", failed).c_str());
     } else {
       why_host = !shared.empty() ? shared
                  : !one_host     ? "the ranks are on several hosts"

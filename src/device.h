@@ -103,11 +103,13 @@ std::unique_ptr<Device> make_cuda_device(int ordinal, std::string* why);
 
 // NCCL point-to-point on `device` (a CudaDevice), libnccl.so.2 loaded at run time: every rank of the
 // communicator calls it at the same point with rank 0's `unique_id` (nccl_unique_id on rank 0, shared
-// by the caller). Null with *why set when NCCL cannot be loaded or its communicator not made.
+// by the caller). Null with *why set when NCCL cannot be loaded or its communicator not made within
+// timeout_seconds (0: no limit), as when a rank never joins: NCCL's communicator is non-blocking, so
+// that neither its making nor a transfer that a dead peer never matches can hang a rank for good.
 std::string nccl_unique_id(std::string* why);
 // Whether libnccl.so.2 can be loaded here (the real NCCL, not qccl's drop-in), else why not.
 bool nccl_available(std::string* why);
 std::unique_ptr<PeerWire> make_nccl_wire(Device& device, int nranks, int rank, const std::string& unique_id,
-                                         std::string* why);
+                                         double timeout_seconds, std::string* why);
 
 }  // namespace qccl

@@ -21,9 +21,11 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "base/socket.h"
 #include "kernels/codec_cuda.h"
 
 namespace qccl {
@@ -309,7 +311,8 @@ void CudaDevice::launch(const coll::Step& step, const coll::CollArgs& args, unsi
 // The functions of libnccl.so.2 the wire uses, loaded once.
 struct Nccl {
   decltype(&ncclGetUniqueId) get_unique_id = nullptr;
-  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
+  decltype(&ncclCommInitRankConfig) comm_init_rank_config = nullptr;
+  decltype(&ncclCommGetAsyncError) comm_get_async_error = nullptr;
   decltype(&ncclCommDestroy) comm_destroy = nullptr;
   decltype(&ncclCommAbort) comm_abort = nullptr;
   decltype(&ncclSend) send = nullptr;
@@ -339,7 +342,8 @@ struct Nccl {
       if (!fn && ok) n.error = format("libnccl.so.2 has no %s", name), ok = false;
     };
     sym(n.get_unique_id, "ncclGetUniqueId");
-    sym(n.comm_init_rank, "ncclCommInitRank");
+    sym(n.comm_init_rank_config, "ncclCommInitRankConfig");
+    sym(n.comm_get_async_error, "ncclCommGetAsyncError");
     sym(n.comm_destroy, "ncclCommDestroy");
     sym(n.comm_abort, "ncclCommAbort");
     sym(n.send, "ncclSend");
@@ -360,25 +364,33 @@ struct Nccl {
   }
 };
 
-void check_nccl(ncclResult_t r, const char* call) {
-  if (r != ncclSuccess) fail(qcclSystemError, "NCCL: %s failed: %s", call, Nccl::get().error_string(r));
+// A non-blocking communicator's calls return ncclInProgress while NCCL still works on them (making
+// the communicator, connecting to a peer at the first transfer with it): this waits until it is
+// done, failed, or past the deadline, yielding the CPU between looks.
+ncclResult_t settle(const Nccl& nccl, ncclComm_t comm, ncclResult_t r, const net::Deadline& deadline) {
+  while (r == ncclInProgress) {
+    if (deadline.expired()) return ncclInProgress;
+    std::this_thread::yield();
+    if (nccl.comm_get_async_error(comm, &r) != ncclSuccess) return ncclSystemError;
+  }
+  return r;
 }
 
 class NcclWire final : public PeerWire {
  public:
-  NcclWire(ncclComm_t comm, cudaStream_t stream, std::string name)
-      : nccl_(Nccl::get()), comm_(comm), stream_(stream), name_(std::move(name)) {}
+  NcclWire(ncclComm_t comm, cudaStream_t stream, double timeout_seconds, std::string name)
+      : nccl_(Nccl::get()), comm_(comm), stream_(stream), timeout_seconds_(timeout_seconds), name_(std::move(name)) {}
   ~NcclWire() override {
     if (comm_) nccl_.comm_destroy(comm_);
   }
   std::string describe() const override { return name_; }
-  void group_start() override { check_nccl(nccl_.group_start(), "ncclGroupStart"); }
-  void group_end() override { check_nccl(nccl_.group_end(), "ncclGroupEnd"); }
+  void group_start() override { check(nccl_.group_start(), "ncclGroupStart"); }
+  void group_end() override { check(nccl_.group_end(), "ncclGroupEnd"); }
   void send(int peer, const void* src, size_t bytes) override {
-    check_nccl(nccl_.send(src, bytes, ncclUint8, peer, live(), stream_), "ncclSend");
+    check(nccl_.send(src, bytes, ncclUint8, peer, live(), stream_), "ncclSend");
   }
   void recv(int peer, void* dst, size_t bytes) override {
-    check_nccl(nccl_.recv(dst, bytes, ncclUint8, peer, live(), stream_), "ncclRecv");
+    check(nccl_.recv(dst, bytes, ncclUint8, peer, live(), stream_), "ncclRecv");
   }
   void abort() override {
     if (comm_) nccl_.comm_abort(comm_);
@@ -391,9 +403,17 @@ class NcclWire final : public PeerWire {
     if (!comm_) fail(qcclSystemError, "NCCL: the communicator was aborted after a failure");
     return comm_;
   }
+  void check(ncclResult_t r, const char* call) {
+    r = settle(nccl_, live(), r, net::Deadline::after(timeout_seconds_));
+    if (r == ncclInProgress)
+      fail(qcclTimeout, "NCCL: %s did not complete within %g s (a peer that never posts its side?)", call,
+           timeout_seconds_);
+    if (r != ncclSuccess) fail(qcclSystemError, "NCCL: %s failed: %s", call, nccl_.error_string(r));
+  }
   const Nccl& nccl_;
   ncclComm_t comm_;
   cudaStream_t stream_;
+  double timeout_seconds_;
   std::string name_;
 };
 
@@ -415,7 +435,7 @@ std::string nccl_unique_id(std::string* why) {
 }
 
 std::unique_ptr<PeerWire> make_nccl_wire(Device& device, int nranks, int rank, const std::string& unique_id,
-                                         std::string* why) {
+                                         double timeout_seconds, std::string* why) {
   const Nccl& nccl = Nccl::get();
   auto* cuda = dynamic_cast<CudaDevice*>(&device);
   if (!cuda || !nccl.get_unique_id || unique_id.size() != NCCL_UNIQUE_ID_BYTES) {
@@ -426,14 +446,21 @@ std::unique_ptr<PeerWire> make_nccl_wire(Device& device, int nranks, int rank, c
   std::memcpy(id.internal, unique_id.data(), sizeof id.internal);
   const DeviceScope scope(cuda->ordinal());
   ncclComm_t comm = nullptr;
-  const ncclResult_t r = nccl.comm_init_rank(&comm, nranks, id, rank);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = nccl.comm_init_rank_config(&comm, nranks, id, rank, &config);
+  if (comm) r = settle(nccl, comm, r, net::Deadline::after(timeout_seconds));
   if (r != ncclSuccess) {
-    if (why) *why = format("ncclCommInitRank failed: %s", nccl.error_string(r));
+    if (comm) nccl.comm_abort(comm);
+    if (why)
+      *why = r == ncclInProgress
+                 ? format("ncclCommInitRankConfig did not finish within %g s (a rank that never joined?)", timeout_seconds)
+                 : format("ncclCommInitRankConfig failed: %s", nccl.error_string(r));
     return nullptr;
   }
   int version = 0;
   nccl.get_version(&version);
-  return std::make_unique<NcclWire>(comm, static_cast<cudaStream_t>(device.native_stream()),
+  return std::make_unique<NcclWire>(comm, static_cast<cudaStream_t>(device.native_stream()), timeout_seconds,
                                     format("NCCL %d.%d.%d point-to-point", version / 10000, version / 100 % 100,
                                            version % 100));
 }
@@ -477,7 +504,7 @@ std::string nccl_unique_id(std::string* why) {
   if (why) *why = kNoCuda;
   return {};
 }
-std::unique_ptr<PeerWire> make_nccl_wire(Device&, int, int, const std::string&, std::string* why) {
+std::unique_ptr<PeerWire> make_nccl_wire(Device&, int, int, const std::string&, double, std::string* why) {
   if (why) *why = kNoCuda;
   return nullptr;
 }
