@@ -77,6 +77,7 @@ bool parse_bit_rate(const std::string& text, uint64_t* bits_per_s) {
 }
 
 size_t chunk_for_link_rate(uint64_t bits_per_s) {
+  if (bits_per_s >= kFastLinkBits) return 1024 * 1024;
   const uint64_t bytes = bits_per_s / 8 * 5 / 1000 / 4096 * 4096;  // 5 ms of the link, in 4 KiB pages
   return static_cast<size_t>(std::clamp<uint64_t>(bytes, 16 * 1024, 256 * 1024));
 }

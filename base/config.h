@@ -59,7 +59,10 @@ bool parse_bit_rate(const std::string& text, uint64_t* bits_per_s);
 // multiples, from 16 KiB to 256 KiB. Over a slow link with a shallow queue (10 ms of traffic in
 // qcclrun --netem's shaper, as in many switches) a 256 KiB chunk overflows it when two ranks send to
 // one, and TCP then loses up to half the time to retransmissions (docs/PERF.md, "Simulator",
-// validation at 100 Mbit/s); at 1 Gbit/s and above the chunk stays 256 KiB.
+// validation at 100 Mbit/s); at 1 Gbit/s the chunk stays 256 KiB (608 KiB measured no faster). From
+// 10 Gbit/s on, 1 MiB: the fixed cost of a chunk (a message, a wake-up, a codec launch) is then a
+// large part of its wire time, and 1 MiB is still under 1 ms of the link (docs/PERF.md, "Fast links").
+constexpr uint64_t kFastLinkBits = 10'000'000'000ull;
 size_t chunk_for_link_rate(uint64_t bits_per_s);
 
 // getenv that treats an empty value as unset.

@@ -89,7 +89,7 @@ OPTIONS
                             uncompressed); each size runs once per codec (default: uncompressed)
         --chunk SIZE        pipeline chunk (QCCL_CHUNK_BYTES; default 256K, or with -l and no
                             --chunk the chunk qccl takes when QCCL_LINK_RATE names that link, as
-                            qcclrun --netem sets it: 5 ms of the link, 16K to 256K)
+                            qcclrun --netem sets it: 5 ms of the link, 16K to 256K; 1M from 10gbit)
         --depth D           fragments in flight (QCCL_PIPELINE_DEPTH; default 2)
         --density X         variable-length codecs (fft): the share of their capacity an encoding
                             takes (default 1)

@@ -173,6 +173,9 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
   CHECK(chunk_for_link_rate(100000000) == 61440);      // 62,500 bytes in 5 ms, down to 4 KiB pages
   CHECK(chunk_for_link_rate(1000000000) == 262144);    // 625,000: the largest chunk
   CHECK(chunk_for_link_rate(10000000) == 16384);       // 6,250: the smallest
+  CHECK(chunk_for_link_rate(9999999999) == 262144);    // just below a fast link
+  CHECK(chunk_for_link_rate(10000000000) == 1048576);  // 10 Gbit/s and above: 1 MiB
+  CHECK(chunk_for_link_rate(100000000000) == 1048576);
   with_env("QCCL_LINK_RATE", "100mbit", [] {
     const Config c = Config::resolve(nullptr);
     CHECK(c.link_rate_bits == 100000000);
@@ -182,7 +185,8 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
     over.chunkBytes = 4096;
     CHECK(Config::resolve(&over).chunk_bytes == 4096);
   });
-  with_env("QCCL_LINK_RATE", "10gbit", [] { CHECK(Config::resolve(nullptr).chunk_bytes == 262144); });
+  with_env("QCCL_LINK_RATE", "10gbit", [] { CHECK(Config::resolve(nullptr).chunk_bytes == 1048576); });
+  with_env("QCCL_LINK_RATE", "1gbit", [] { CHECK(Config::resolve(nullptr).chunk_bytes == 262144); });
   with_env("QCCL_LINK_RATE", "quick", [] {
     CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_LINK_RATE = 'quick'"));
   });
