@@ -69,7 +69,8 @@ class Device {
   virtual void forget(Mark mark) = 0;
   virtual void signal(void* stream) = 0;
   // Whether the caller's stream is capturing a graph (or cannot be asked, which a capture elsewhere
-  // in global mode makes of the legacy stream): the join above cannot be recorded in one.
+  // in global mode makes of the legacy stream): the join above cannot be recorded in one. A stream
+  // that is not one of this device's (destroyed, another device's) fails with qcclInvalidArgument.
   virtual bool capturing(void* stream) = 0;
   // The stream itself (a cudaStream_t), for a PeerWire that posts on it.
   virtual void* native_stream() = 0;

@@ -18,6 +18,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -180,9 +181,15 @@ class CudaDevice final : public Device {
   bool capturing(void* stream) override {
     const DeviceScope scope(device_);
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
+    const cudaError_t e = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
+    if (e == cudaErrorStreamCaptureImplicit) {  // the legacy stream, while another captures in global mode
       cudaGetLastError();
       return true;
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      fail(qcclInvalidArgument, "the communicator's stream %p cannot be used on %s: %s", stream, name_.c_str(),
+           cudaGetErrorString(e));
     }
     return status != cudaStreamCaptureStatusNone;
   }
@@ -366,11 +373,13 @@ struct Nccl {
 
 // A non-blocking communicator's calls return ncclInProgress while NCCL still works on them (making
 // the communicator, connecting to a peer at the first transfer with it): this waits until it is
-// done, failed, or past the deadline, yielding the CPU between looks.
+// done, failed, or past the deadline. A launch settles in microseconds, so the first looks only
+// yield; a connection or a communicator being made takes milliseconds, so later ones sleep.
 ncclResult_t settle(const Nccl& nccl, ncclComm_t comm, ncclResult_t r, const net::Deadline& deadline) {
-  while (r == ncclInProgress) {
+  for (int looks = 0; r == ncclInProgress; ++looks) {
     if (deadline.expired()) return ncclInProgress;
-    std::this_thread::yield();
+    if (looks < 200) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(200));
     if (nccl.comm_get_async_error(comm, &r) != ncclSuccess) return ncclSystemError;
   }
   return r;
@@ -381,7 +390,14 @@ class NcclWire final : public PeerWire {
   NcclWire(ncclComm_t comm, cudaStream_t stream, double timeout_seconds, std::string name)
       : nccl_(Nccl::get()), comm_(comm), stream_(stream), timeout_seconds_(timeout_seconds), name_(std::move(name)) {}
   ~NcclWire() override {
-    if (comm_) nccl_.comm_destroy(comm_);
+    if (!comm_) return;
+    // ncclCommDestroy frees nothing while the communicator is failed or still busy (a check() that
+    // failed or timed out): abort it then.
+    ncclResult_t state = ncclSuccess;
+    if (nccl_.comm_get_async_error(comm_, &state) == ncclSuccess && state == ncclSuccess)
+      nccl_.comm_destroy(comm_);
+    else
+      nccl_.comm_abort(comm_);
   }
   std::string describe() const override { return name_; }
   void group_start() override { check(nccl_.group_start(), "ncclGroupStart"); }
@@ -449,12 +465,15 @@ std::unique_ptr<PeerWire> make_nccl_wire(Device& device, int nranks, int rank, c
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclResult_t r = nccl.comm_init_rank_config(&comm, nranks, id, rank, &config);
-  if (comm) r = settle(nccl, comm, r, net::Deadline::after(timeout_seconds));
+  // Half the timeout: a rank whose making failed at once waits in the caller's agreement on the
+  // outcome, and must not time out there before the others give up on NCCL and join it.
+  const double init_seconds = timeout_seconds / 2;
+  if (comm) r = settle(nccl, comm, r, net::Deadline::after(init_seconds));
   if (r != ncclSuccess) {
     if (comm) nccl.comm_abort(comm);
     if (why)
       *why = r == ncclInProgress
-                 ? format("ncclCommInitRankConfig did not finish within %g s (a rank that never joined?)", timeout_seconds)
+                 ? format("ncclCommInitRankConfig did not finish within %g s (a rank that never joined?)", init_seconds)
                  : format("ncclCommInitRankConfig failed: %s", nccl.error_string(r));
     return nullptr;
   }

@@ -243,23 +243,35 @@ TEST_CASE("what the device path does not take is refused before anything is sent
   CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("device path"));
 
   // A graph capture on the communicator's stream: refused (the progress thread's stream is not in the
-  // graph), and the capture ends with nothing of the call in it.
-  cudaStream_t stream = nullptr;
-  ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  QCCL_REQUIRE_OK(qcclCommSetStream(w.comm(), stream));
-  ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  // graph), and the capture ends with nothing of the call in it. The guard undoes it all whatever
+  // fails, since the job's communicator outlives this case.
+  struct Capture {
+    cudaStream_t stream = nullptr;
+    cudaGraph_t graph = nullptr;
+    ~Capture() {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      if (stream && cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+        cudaGraph_t left = nullptr;
+        if (cudaStreamEndCapture(stream, &left) == cudaSuccess && left) cudaGraphDestroy(left);
+      }
+      if (graph) cudaGraphDestroy(graph);
+      qcclCommSetStream(world().comm(), nullptr);
+      if (stream) cudaStreamDestroy(stream);
+      cudaGetLastError();
+    }
+  } capture;
+  ok(cudaStreamCreateWithFlags(&capture.stream, cudaStreamNonBlocking));
+  QCCL_REQUIRE_OK(qcclCommSetStream(w.comm(), capture.stream));
+  ok(cudaStreamBeginCapture(capture.stream, cudaStreamCaptureModeGlobal));
   const qcclResult_t captured = qcclAllReduce(dev.get(), dev.get(), count, qcclFloat32, qcclSum, w.comm());
   const std::string why = qcclGetLastError(nullptr);
-  cudaGraph_t graph = nullptr;
-  ok(cudaStreamEndCapture(stream, &graph));
+  ok(cudaStreamEndCapture(capture.stream, &capture.graph));
   size_t nodes = 1;
-  ok(cudaGraphGetNodes(graph, nullptr, &nodes));
+  ok(cudaGraphGetNodes(capture.graph, nullptr, &nodes));
   CHECK(captured == qcclInvalidUsage);
   CHECK_THAT(why, Catch::Contains("capturing a CUDA graph"));
   CHECK(nodes == 0);
-  ok(cudaGraphDestroy(graph));
   QCCL_REQUIRE_OK(qcclCommSetStream(w.comm(), nullptr));
-  ok(cudaStreamDestroy(stream));
 
   // The communicator is intact.
   QCCL_REQUIRE_OK(qcclAllReduce(dev.get(), dev.get(), count, qcclFloat32, qcclSum, w.comm()));
