@@ -17,7 +17,7 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_TIMEOUT", "300", "seconds a collective may go without progress before it fails on every rank; 0 waits forever"},
       {"QCCL_CHUNK_BYTES", "262144 (or from QCCL_LINK_RATE)", "pipeline chunk size in bytes (K/M suffixes allowed)"},
       {"QCCL_PIPELINE_DEPTH", "2", "chunks in flight per collective"},
-      {"QCCL_LINK_RATE", "unset (unknown)", "the rate of each rank's link, in tc's units (100mbit, 1gbit; set by qcclrun --netem): without QCCL_CHUNK_BYTES, the chunk becomes 5 ms of the link (4 KiB multiples, 16 KiB to 256 KiB), so that a chunk fits a shallow switch queue"},
+      {"QCCL_LINK_RATE", "unset (unknown)", "the rate of each rank's link, in tc's units (100mbit, 1gbit; set by qcclrun --netem): without QCCL_CHUNK_BYTES, the chunk becomes 5 ms of the link (4 KiB multiples, 16 KiB to 256 KiB), so that a chunk fits a shallow switch queue, and 1 MiB from 10gbit on"},
       {"QCCL_ALGO", "unset (by size)", "force algorithms by name: 'ring' or 'allreduce=ring,broadcast=chain' (qccl_info lists them)"},
       {"QCCL_SPIN_US", "20", "microseconds to poll before blocking on the network's event descriptor"},
       {"QCCL_SOCKET_IFNAME", "unset (first non-loopback IPv4)", "interface whose address the bootstrap listens on and advertises"},

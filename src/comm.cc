@@ -235,7 +235,6 @@ namespace {
 const char* device_codec_refusal(const kernels::CodecConfig& c);  // below, with the device path
 }  // namespace
 
-
 void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   record->started = true;
   record->started_at = Clock::now();
@@ -307,13 +306,6 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
 }
 
 namespace {
-// Whether p is CUDA device memory, asked of the CUDA driver the process has loaded, if any: a process
-// that never loaded CUDA has no device memory, and asking the driver makes no context, so that host
-// calls in a CUDA process cost a lookup and nothing more. Builds without CUDA ask too, to refuse
-// device buffers rather than read them. The driver's types are spelt out here (cuda.h: CUresult
-// cuPointerGetAttributes(unsigned, CUpointer_attribute*, void**, CUdeviceptr)), as a host-only build
-// has no cuda.h. The plural query answers pageable host memory, which the driver does not know, with
-// a zero type, where the singular one fails (an API error compute-sanitizer reports at every call).
 // How many shared objects the process has loaded so far (glibc's counter): 26 ns to read, where a
 // dlopen that finds nothing costs 26 us (it searches the library path), once per call that was.
 unsigned long long objects_loaded() {
@@ -328,7 +320,14 @@ unsigned long long objects_loaded() {
   return adds;
 }
 
-// The CUDA device p's memory belongs to, or -1 for host memory.
+// The CUDA device p's memory belongs to (-1: host memory), asked of the CUDA driver the process has
+// loaded, if any: a process that never loaded CUDA has no device memory, and asking the driver makes
+// no context, so that host calls in a CUDA process cost a lookup and nothing more. Builds without
+// CUDA ask too, to refuse device buffers rather than read them. The driver's types are spelt out here
+// (cuda.h: CUresult cuPointerGetAttributes(unsigned, CUpointer_attribute*, void**, CUdeviceptr)), as
+// a host-only build has no cuda.h. The plural query answers pageable host memory, which the driver
+// does not know, with a zero type, where the singular one fails (an API error compute-sanitizer
+// reports at every call).
 int device_of(const void* p) {
   if (!p) return -1;
   using GetAttributes = int (*)(unsigned count, int* attributes, void** data, unsigned long long pointer);
