@@ -20,6 +20,7 @@
 #include "collectives/plan.h"
 #include "kernels/codec.h"
 #include "kernels/types.h"
+#include "sim/auto_choice.h"
 #include "sim/calibrate.h"
 #include "sim/model.h"
 #include "sim/simulator.h"
@@ -86,7 +87,9 @@ OPTIONS
     -r, --root R            root of broadcast, reduce, gather, scatter (default 0)
     -a, --algo NAME         the algorithm (default: the one qccl picks; qccl_info lists them)
     -z, --codec LIST        codecs, comma-separated (q8,q4:bucket=256,fp16; "none" or "" for
-                            uncompressed); each size runs once per codec (default: uncompressed)
+                            uncompressed); each size runs once per codec (default: uncompressed).
+                            auto[:maxrelerr=E] runs what QCCL_CODEC=auto would choose on this
+                            cluster (the model's links and costs), shown as auto=CODEC
         --chunk SIZE        pipeline chunk (QCCL_CHUNK_BYTES; default 256K, or with -l and no
                             --chunk the chunk qccl takes when QCCL_LINK_RATE names that link, as
                             qcclrun --netem sets it: 5 ms of the link, 16K to 256K; 1M from 10gbit)
@@ -536,8 +539,11 @@ Options parse_options(int argc, char** argv) {
   if (o.call.chunk_bytes == 0) usage_error("--chunk 0: a chunk holds at least one byte");
   for (const std::string& spec : o.codecs) {
     try {
-      if (!spec.empty()) kernels::parse_codec_spec(spec);
+      if (AutoCodec::is_auto(spec)) AutoCodec(spec, 2);
+      else if (!spec.empty()) kernels::parse_codec_spec(spec);
     } catch (const kernels::CodecSpecError& e) {
+      usage_error(std::string("--codec: ") + e.what());
+    } catch (const Error& e) {
       usage_error(std::string("--codec: ") + e.what());
     }
   }
@@ -601,9 +607,13 @@ int main(int argc, char** argv) {
         call.count = count_for(call.kind, static_cast<size_t>(bytes), es, n);
         const size_t size = static_cast<size_t>(bytes) / es * es;
         try {
+          std::string codec_name = codec.empty() ? "-" : codec, csv_codec = codec;
+          if (AutoCodec::is_auto(codec)) {
+            call.codec = choose_auto_codec(model, topology, call, codec);
+            codec_name = csv_codec = "auto=" + (call.codec.empty() ? std::string("none") : call.codec);
+          }
           const SimResult r = simulate(model, topology, call, o.execute);
           const double algbw = r.seconds > 0 ? static_cast<double>(size) / r.seconds / 1e9 : 0;
-          const std::string codec_name = codec.empty() ? "-" : codec;
           std::printf("  %6d %6d %12zu %12zu %6s %-18s %-24s %12.1f %9.3f %9.3f %10s %10s %-8s\n", n,
                       topology.host_count(), size, call.count, kernels::data_type_name(call.dtype), codec_name.c_str(),
                       r.algorithm.c_str(), r.seconds * 1e6, algbw, algbw * bus_factor(call.kind, n),
@@ -611,7 +621,7 @@ int main(int argc, char** argv) {
                       human_bytes(static_cast<double>(r.intra_bytes)).c_str(), r.bottleneck.c_str());
           if (csv)
             csv << n << "," << topology.host_count() << "," << size << "," << human_bytes(static_cast<double>(size))
-                << "," << call.count << "," << kernels::data_type_name(call.dtype) << ",\"" << codec << "\","
+                << "," << call.count << "," << kernels::data_type_name(call.dtype) << ",\"" << csv_codec << "\","
                 << r.algorithm << "," << r.seconds * 1e6 << "," << algbw << "," << algbw * bus_factor(call.kind, n)
                 << "," << r.inter_bytes << "," << r.intra_bytes << "," << r.bottleneck << "," << r.transfers << "\n";
           if (o.execute) {
@@ -647,7 +657,7 @@ int main(int argc, char** argv) {
         CallSpec call = o.call;
         call.count = count_for(call.kind, static_cast<size_t>(bytes), es, n);
         for (const std::string& codec : o.codecs) {
-          if (codec.empty()) continue;
+          if (codec.empty() || AutoCodec::is_auto(codec)) continue;
           try {
             const double rate = break_even_rate(model, topology, call, codec);
             if (rate == 0)

@@ -27,7 +27,7 @@ constexpr uint32_t kIdTag = 0x44494351;     // "QCID"
 constexpr uint32_t kHelloTag = 0x4c484351;  // "QCHL"
 constexpr uint32_t kTableTag = 0x42544351;  // "QCTB"
 constexpr uint32_t kRefuseTag = 0x4f4e4351; // "QCNO"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: PeerInfo carries QCCL_CODEC=auto's inputs
 constexpr uint32_t kIdVersion = 2;  // 1 carried the root's address as text
 constexpr size_t kHelloHeaderBytes = 4 + 4 + 8 + 4 + 4 + 4;
 constexpr size_t kMaxBlobBytes = 64 * 1024;
@@ -299,6 +299,14 @@ std::vector<uint8_t> PeerInfo::serialize() const {
   w.put<uint64_t>(cost_bits);
   w.put<uint64_t>(chunk_bytes);
   w.put<uint64_t>(link_rate_bits);
+  w.put_string(codec_policy);
+  w.put<uint32_t>(static_cast<uint32_t>(codec_costs.size()));
+  for (double cost : codec_costs) {
+    std::memcpy(&cost_bits, &cost, sizeof cost_bits);
+    w.put<uint64_t>(cost_bits);
+  }
+  w.put<int32_t>(cpus);
+  w.put<int32_t>(oversubscribed);
   return std::move(w.bytes());
 }
 
@@ -316,6 +324,17 @@ PeerInfo PeerInfo::parse(const std::vector<uint8_t>& bytes, int rank) {
   std::memcpy(&p.fft_seconds_per_value, &cost_bits, sizeof cost_bits);
   p.chunk_bytes = r.get<uint64_t>();
   p.link_rate_bits = r.get<uint64_t>();
+  p.codec_policy = r.get_string(4096);
+  const uint32_t costs = r.get<uint32_t>();
+  if (costs > 1024) fail(qcclRemoteError, "peer information: %u codec costs", costs);
+  for (uint32_t i = 0; i < costs; ++i) {
+    uint64_t bits = r.get<uint64_t>();
+    double cost = 0;
+    std::memcpy(&cost, &bits, sizeof cost);
+    p.codec_costs.push_back(cost);
+  }
+  p.cpus = r.get<int32_t>();
+  p.oversubscribed = r.get<int32_t>();
   return p;
 }
 

@@ -51,6 +51,12 @@ struct PeerInfo {
   // Settings every rank must share (the chunk decides the messages, the link rate the algorithms).
   uint64_t chunk_bytes = 0;
   uint64_t link_rate_bits = 0;
+  // QCCL_CODEC=auto's inputs (src/auto_codec.h): the spec every rank must share, this rank's measured
+  // CPU costs (CpuCosts::flatten; empty unless auto), its CPUs and its QCCL_OVERSUBSCRIBED (-1 unset).
+  std::string codec_policy;
+  std::vector<double> codec_costs;
+  int32_t cpus = 0;
+  int32_t oversubscribed = -1;
 
   std::vector<uint8_t> serialize() const;
   static PeerInfo parse(const std::vector<uint8_t>& bytes, int rank);

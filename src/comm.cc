@@ -77,7 +77,8 @@ void drain(int fd) {
 
 Comm::Comm(int rank, int nranks, const Config& config)
     : rank_(rank), nranks_(nranks), config_(config), policy_(config.algorithms),
-      codec_policy_(config.codec, config.codec_min_bytes),
+      codec_policy_(AutoCodec::is_auto(config.codec) ? "" : config.codec, config.codec_min_bytes),
+      auto_codec_(AutoCodec::is_auto(config.codec) ? std::make_unique<AutoCodec>(config.codec, nranks) : nullptr),
       state_budget_(std::make_shared<StateBudget>(config.codec_state_budget)),
       send_sequence_(nranks, 0), recv_sequence_(nranks, 0) {
   progress_wake_fd_ = make_eventfd();
@@ -113,6 +114,10 @@ void Comm::join(const BootstrapId& id) {
   if (config_.link_rate_bits) me.fft_seconds_per_value = fft_cost_per_value();
   me.chunk_bytes = config_.chunk_bytes;
   me.link_rate_bits = config_.link_rate_bits;
+  me.codec_policy = config_.codec;
+  if (auto_codec_) me.codec_costs = auto_codec_->measure(1.0).flatten();  // oversubscription: below
+  me.cpus = topology_.bound_pus;
+  me.oversubscribed = config_.oversubscribed;
 
   auto blobs = exchange_through_root(id, rank_, nranks_, me.serialize(), deadline);
   for (int r = 0; r < nranks_; ++r) {
@@ -133,8 +138,15 @@ void Comm::join(const BootstrapId& id) {
     link_facts_.rate = static_cast<double>(config_.link_rate_bits) / 8;
     for (const PeerInfo& p : peers_) link_facts_.fft_seconds_per_value = std::max(link_facts_.fft_seconds_per_value, p.fft_seconds_per_value);
   }
+  // auto's choice must be every rank's (a fixed codec's mismatch fails at the first call, by its hash)
+  for (int r = 0; r < nranks_; ++r)
+    if (peers_[r].codec_policy != peers_[0].codec_policy &&
+        (AutoCodec::is_auto(peers_[r].codec_policy) || AutoCodec::is_auto(peers_[0].codec_policy)))
+      fail(qcclInvalidArgument, "%s has QCCL_CODEC = '%s', %s '%s': with auto, every rank must set the same",
+           names_[r].c_str(), peers_[r].codec_policy.c_str(), names_[0].c_str(), peers_[0].codec_policy.c_str());
   // QCCL_OVERSUBSCRIBED overrides the count: emulated hosts (qcclrun --nodes) share the CPUs.
   oversubscribed_ = config_.oversubscribed >= 0 ? config_.oversubscribed == 1 : local > topology_.bound_pus;
+  if (auto_codec_) agree_auto_codec();
 
   control_ = std::make_unique<ControlPlane>(
       rank_, nranks_, id.magic, names_,
@@ -180,8 +192,46 @@ void Comm::join(const BootstrapId& id) {
               "slowest rank), so it can pay only below %.0f Mbit/s, however much it compresses",
               link_facts_.rate * 8 / 1e6, config_.chunk_bytes, link_facts_.fft_seconds_per_value * 1e9,
               4 / link_facts_.fft_seconds_per_value * 8 / 1e6);
-  QCCL_INFO("compression of plain all-reduce calls (QCCL_CODEC): %s", codec_policy_.describe().c_str());
+  QCCL_INFO("compression of plain all-reduce calls (QCCL_CODEC): %s",
+            auto_codec_ ? auto_codec_->describe().c_str() : codec_policy_.describe().c_str());
   if (!aggregator_links_.empty()) QCCL_INFO("IntSGD aggregators (QCCL_AGGREGATORS): %s", config_.aggregators.c_str());
+}
+
+// QCCL_CODEC=auto's facts, from what every rank sent at bootstrap, so that every rank chooses alike:
+// the links (QCCL_LINK_RATE between nodes, memory copies within one) and the slowest rank's CPU costs,
+// each stretched by its host's ranks per CPU (all ranks, when QCCL_OVERSUBSCRIBED says the hosts
+// share one machine's CPUs).
+void Comm::agree_auto_codec() {
+  ClusterFacts facts;
+  for (int r = 0; r < nranks_; ++r) {
+    const PeerInfo& p = peers_[r];
+    CpuCosts costs;
+    if (!CpuCosts::unflatten(p.codec_costs, auto_codec_->candidates().size(), &costs))
+      fail(qcclRemoteError, "%s sent %zu codec costs for QCCL_CODEC=auto, not %zu", names_[r].c_str(),
+           p.codec_costs.size(), CpuCosts::kFixed + 3 * auto_codec_->candidates().size());
+    int sharing = 0;
+    for (const PeerInfo& q : peers_) sharing += q.same_host(p) ? 1 : 0;
+    if (p.oversubscribed == 1) sharing = nranks_;
+    const double stretch = std::max(1.0, static_cast<double>(sharing) / std::max(p.cpus, 1));
+    std::vector<double> numbers = costs.flatten();
+    for (double& x : numbers) x *= stretch;
+    CpuCosts::unflatten(numbers, costs.codecs.size(), &costs);
+    if (r == 0) facts.cpu = costs;
+    else facts.cpu.keep_slowest(costs);
+  }
+  // Ethernet carries 1448 payload bytes per 1538 (MTU 1500); a message's latency is a switch and the
+  // kernel's TCP path (25 us, sim/model.cc's presets) or shared memory's (1 us), plus UCX's post (2 us).
+  facts.inter_rate = static_cast<double>(config_.link_rate_bits) / 8 * (1448.0 / 1538);
+  facts.inter_latency = 27e-6;
+  facts.intra_rate = facts.cpu.copy > 0 ? 1 / facts.cpu.copy : 0;
+  facts.intra_latency = 3e-6;
+  facts.chunk_bytes = static_cast<double>(config_.chunk_bytes);
+  facts.depth = config_.pipeline_depth;
+  if (node_map_.nodes() > 1 && facts.inter_rate <= 0)
+    QCCL_WARN("QCCL_CODEC=auto: the ranks are on %d nodes and QCCL_LINK_RATE is unset, so the links between them "
+              "are unknown: plain all-reduces run uncompressed (set QCCL_LINK_RATE, e.g. 10gbit)",
+              node_map_.nodes());
+  auto_codec_->agree(std::move(facts));
 }
 
 Comm::~Comm() {
@@ -247,11 +297,13 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     finish(*record, qcclSuccess, "");
     return;
   }
-  if (!args.codec) args.codec = codec_policy_.choose(args);  // QCCL_CODEC compresses plain calls
-  if (record->on_device && args.codec && !record->codec && device_codec_refusal(*args.codec))
-    args.codec = nullptr;  // a QCCL_CODEC method the device path does not run: exact (on every rank alike)
   args.nodes = &node_map_;
   args.link = link_facts_.rate > 0 ? &link_facts_ : nullptr;
+  // QCCL_CODEC compresses plain calls; auto by its model of host costs, so not on device buffers.
+  if (!args.codec && auto_codec_ && !record->on_device) args.codec = auto_codec_->choose(args, policy_);
+  else if (!args.codec) args.codec = codec_policy_.choose(args);
+  if (record->on_device && args.codec && !record->codec && device_codec_refusal(*args.codec))
+    args.codec = nullptr;  // a QCCL_CODEC method the device path does not run: exact (on every rank alike)
 
   OperationIdentity identity;
   identity.p2p = args.kind == coll::CollKind::kSend || args.kind == coll::CollKind::kRecv;

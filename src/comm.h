@@ -51,6 +51,7 @@
 #include "collectives/plan.h"
 #include "include/qccl.h"
 #include "src/aggregator.h"
+#include "src/auto_codec.h"
 #include "src/bootstrap.h"
 #include "src/codec_state.h"
 #include "src/control.h"
@@ -148,6 +149,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   static uint64_t failure_sequence(const OpRecord& record);
   void wake(int fd);
   void arm_hand_off(bool arm);
+  void agree_auto_codec();  // join: QCCL_CODEC=auto's facts
   std::string describe_links() const;  // for the INFO log  // arms (or disarms) hand_off_fd_
   void shutdown();
   // An aggregator's registration connection became readable: it closed (the aggregator died or was
@@ -160,6 +162,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   const Config config_;
   const AlgorithmPolicy policy_;
   const CodecPolicy codec_policy_;
+  std::unique_ptr<AutoCodec> auto_codec_;  // QCCL_CODEC=auto (instead of codec_policy_); agreed at join
   const std::shared_ptr<StateBudget> state_budget_;
   LocalTopology topology_;
   std::vector<PeerInfo> peers_;

@@ -219,6 +219,99 @@ TEST_CASE("QCCL_CODEC policy: plain all-reduce calls above the threshold are com
              Catch::Contains("cannot compress plain qcclAllReduce calls: state is NULL but codec"));
 }
 
+// QCCL_CODEC=auto (src/auto_codec.h) on a communicator of its own, made with config.codec.
+struct AutoComm {
+  qcclComm_t comm = nullptr;
+  qcclResult_t made = qcclInternalError;
+  AutoComm(World& w, const char* spec) {
+    qcclUniqueId id;
+    if (w.rank() == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+    QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, w.comm()));
+    qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+    config.codec = spec;
+    made = qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config);
+  }
+  ~AutoComm() {
+    if (comm) qcclCommDestroy(comm);
+  }
+};
+
+// A plain sum of rank-scaled inputs (rank r's within +-(1 + r)) under `spec`: the codec auto chose
+// (stats), and every element's error within `budget` of the largest sum the inputs could make.
+std::string auto_all_reduce(World& w, const char* spec, double budget, size_t count) {
+  AutoComm a(w, spec);
+  QCCL_REQUIRE_OK(a.made);
+  std::vector<float> x(count), y(count);
+  std::vector<double> exact(count, 0.0);
+  double largest_sum = 0;
+  for (int r = 0; r < w.size(); ++r) {
+    double largest = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const float v = static_cast<float>((1.0 + r) * std::sin(0.37 * static_cast<double>(i) + r));
+      if (r == w.rank()) x[i] = v;
+      exact[i] += v;
+      largest = std::max(largest, std::fabs(static_cast<double>(v)));
+    }
+    largest_sum += largest;
+  }
+  QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), count, qcclFloat32, qcclSum, a.comm));
+  qcclStats_t stats{};
+  stats.size = sizeof(stats);
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(a.comm, &stats));
+  double worst = 0;
+  for (size_t i = 0; i < count; ++i) worst = std::max(worst, std::fabs(y[i] - exact[i]));
+  INFO(spec << ": " << stats.codec << " by " << stats.algorithm << ", worst error " << worst << " of " << largest_sum);
+  CHECK(worst <= (budget + w.size() * 0x1p-23) * largest_sum);  // + float32's sums
+  // the same bits on every rank
+  uint64_t h = hash_bytes(y.data(), y.size() * 4), h0 = h;
+  QCCL_REQUIRE_OK(qcclBroadcast(&h0, &h0, 1, qcclUint64, 0, w.comm()));
+  CHECK(h == h0);
+  return stats.codec;
+}
+
+TEST_CASE("QCCL_CODEC=auto: a slow link compresses within the error budget", "[auto]") {
+  // Run with QCCL_LINK_RATE=100mbit and a QCCL_NODE_MAP of several nodes.
+  World& w = World::get();
+  if (w.size() < 2) return;
+  const std::string q8 = auto_all_reduce(w, "auto", 0.01, 1 << 20);
+  CHECK(q8.rfind("q8:", 0) == 0);  // the smallest within 0.01 (q7's bound is 0.016)
+  const std::string q4 = auto_all_reduce(w, "auto:maxrelerr=0.2", 0.2, 1 << 20);
+  CHECK(q4.rfind("q4:", 0) == 0);  // q4's bound is 0.13, q3's 0.29
+  CHECK(auto_all_reduce(w, "auto:maxrelerr=0", 0, 1 << 16).empty());  // exact only
+
+  // other ops and datatypes stay uncompressed, exactly
+  AutoComm a(w, "auto");
+  QCCL_REQUIRE_OK(a.made);
+  std::vector<int32_t> i(1 << 16, w.rank() + 1), j(i.size());
+  QCCL_REQUIRE_OK(qcclAllReduce(i.data(), j.data(), i.size(), qcclInt32, qcclSum, a.comm));
+  CHECK(j.back() == w.size() * (w.size() + 1) / 2);
+  std::vector<float> x(1 << 16, static_cast<float>(w.rank())), y(x.size());
+  QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclMax, a.comm));
+  CHECK(y.back() == static_cast<float>(w.size() - 1));
+  qcclStats_t stats{};
+  stats.size = sizeof(stats);
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(a.comm, &stats));
+  CHECK(std::string(stats.codec).empty());
+}
+
+TEST_CASE("QCCL_CODEC=auto: every rank must set the same, or creation fails naming them", "[auto]") {
+  World& w = World::get();
+  if (w.size() < 2) return;
+  AutoComm a(w, w.rank() == 0 ? "auto" : "auto:maxrelerr=0.1");
+  CHECK(a.made == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("with auto, every rank must set the same"));
+  AutoComm b(w, w.rank() == 0 ? "auto" : "q8");
+  CHECK(b.made == qcclInvalidArgument);
+  AutoComm c(w, "auto:maxrelerr=lots");
+  CHECK(c.made == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("maxrelerr = 'lots' must be a number >= 0"));
+}
+
+TEST_CASE("QCCL_CODEC=auto: ranks of one host stay uncompressed", "[auto-local]") {
+  World& w = World::get();  // run without QCCL_LINK_RATE and QCCL_NODE_MAP: shared memory only
+  CHECK(auto_all_reduce(w, "auto:maxrelerr=1", 1e-6, 1 << 20).empty());
+}
+
 TEST_CASE("bad codec arguments are refused before anything is sent, naming the token", "[compressed]") {
   World& w = World::get();
   qcclCodec_t codec = nullptr;

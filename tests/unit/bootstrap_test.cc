@@ -39,7 +39,7 @@ std::string talk_to_root(const qcclUniqueId& id, const std::vector<uint8_t>& byt
 std::vector<uint8_t> hello(uint64_t magic, int rank, int nranks) {
   ByteWriter w;
   w.put<uint32_t>(0x4c484351);  // "QCHL"
-  w.put<uint32_t>(1);
+  w.put<uint32_t>(2);  // the protocol version (src/bootstrap.cc)
   w.put<uint64_t>(magic);
   w.put<int32_t>(rank);
   w.put<int32_t>(nranks);

@@ -1,0 +1,417 @@
+#include "src/auto_codec.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include "base/errors.h"
+#include "base/log.h"
+#include "kernels/convert.h"
+#include "kernels/reduce.h"
+#include "src/policy.h"
+
+namespace qccl {
+
+namespace {
+
+// The kernel's TCP path between hosts, per payload byte at each end: the simulator's calibration on
+// the development machine (sim/model.cc, default_model: 0.27-0.79 ns, 0.4 kept). Not measured at
+// creation: that would take a transfer between nodes.
+constexpr double kKernelTcpSecondsPerByte = 4e-10;
+constexpr double kDefaultBudget = 0.01;
+// Candidates within this share of the fastest count as fast (the model is good to some 15%,
+// docs/PERF.md "Simulator"): among them the most accurate runs, uncompressed first.
+constexpr double kTieShare = 0.02;
+// At most this many distinct calls are logged with their predictions.
+constexpr size_t kLoggedShapes = 64;
+
+using Clock = std::chrono::steady_clock;
+
+// The best of `rounds` runs of f after one warm-up, in seconds.
+template <typename F>
+double best_seconds(int rounds, F&& f) {
+  f();
+  double best = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < rounds; ++r) {
+    const auto begin = Clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - begin).count());
+  }
+  return best;
+}
+
+// Values per measurement: 4 MiB of float32, beyond the per-core caches (qccl_sim calibrate takes
+// 16 MiB; a quarter keeps communicator creation to some 30 ms for 3 codecs).
+constexpr size_t kProbeValues = size_t{1} << 20;
+
+std::vector<float> probe_input() {
+  std::vector<float> x(kProbeValues);
+  uint64_t s = 0x9e3779b97f4a7c15ull;
+  for (float& v : x) {  // uniform in [-1, 1): codecs do not branch on values, but keep them honest
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<float>(static_cast<double>(s >> 11) * 0x1p-52 - 1.0);
+  }
+  return x;
+}
+
+// This process's measured costs, once per codec (a process may make many communicators).
+std::mutex g_measured_mu;
+std::map<std::string, CpuCosts::Codec> g_measured_codecs;
+CpuCosts g_measured;  // the codec-independent costs
+
+CpuCosts::Codec measure_codec(const kernels::CodecConfig& codec, const std::vector<float>& x) {
+  std::vector<uint8_t> encoded(codec.encoded_bytes(x.size()));
+  std::vector<float> y(x.size(), 0.0f);
+  const double n = static_cast<double>(x.size());
+  CpuCosts::Codec c;
+  c.encode = best_seconds(2, [&] { kernels::encode(codec, x.data(), x.size(), encoded.data(), kernels::PhiloxKey{}, 0); }) / n;
+  c.decode = best_seconds(2, [&] { kernels::decode(codec, encoded.data(), x.size(), y.data()); }) / n;
+  c.decode_add = best_seconds(2, [&] { kernels::decode_accumulate(codec, encoded.data(), x.size(), y.data()); }) / n;
+  return c;
+}
+
+// Per-unit error of one encode: of its input range (q codecs), and of the encoded magnitude (casts).
+// False for codecs without a bound here (learned levels, random shift, the method codecs).
+bool unit_errors(const kernels::CodecConfig& c, double* per_range, double* relative) {
+  *per_range = 0, *relative = 0;
+  switch (c.kind) {
+    case kernels::CodecKind::kNone: return true;
+    case kernels::CodecKind::kFp16: *relative = 0x1p-11; return true;  // half an ulp of 11 bits
+    case kernels::CodecKind::kBf16: *relative = 0x1p-8; return true;
+    case kernels::CodecKind::kQuant:
+      if (!c.levels.empty()) return false;
+      // quant.h: a bucket's 2^b - 1 steps span its range; nearest errs by half a step, stochastic by
+      // less than one
+      if (c.rounding == kernels::Rounding::kNearest) *per_range = 0.5 / ((1u << c.bits) - 1);
+      else if (c.rounding == kernels::Rounding::kStochastic) *per_range = 1.0 / ((1u << c.bits) - 1);
+      else return false;
+      return true;
+    default: return false;
+  }
+}
+
+// The float32 arithmetic around the codecs (the bucket's scale and minimum, the sums): a relative
+// slack, as tests/collectives/allreduce_compressed_test.cc allows.
+double with_float_slack(double bound, int nranks) { return bound * 1.0001 + nranks * 0x1p-23; }
+
+std::string budget_text(double budget) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", budget);
+  return text;
+}
+
+}  // namespace
+
+// ---- CpuCosts -------------------------------------------------------------------------------------
+
+std::vector<double> CpuCosts::flatten() const {
+  std::vector<double> out = {reduce, copy, load, add, wire};
+  for (const Codec& c : codecs) out.insert(out.end(), {c.encode, c.decode, c.decode_add});
+  return out;
+}
+
+bool CpuCosts::unflatten(const std::vector<double>& numbers, size_t codec_count, CpuCosts* out) {
+  if (numbers.size() != kFixed + 3 * codec_count) return false;
+  out->reduce = numbers[0], out->copy = numbers[1], out->load = numbers[2], out->add = numbers[3], out->wire = numbers[4];
+  out->codecs.resize(codec_count);
+  for (size_t i = 0; i < codec_count; ++i) {
+    const double* c = &numbers[kFixed + 3 * i];
+    out->codecs[i] = Codec{c[0], c[1], c[2]};
+  }
+  return true;
+}
+
+void CpuCosts::keep_slowest(const CpuCosts& other) {
+  std::vector<double> mine = flatten();
+  const std::vector<double> theirs = other.flatten();
+  for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) mine[i] = std::max(mine[i], theirs[i]);
+  unflatten(mine, codecs.size(), this);
+}
+
+// ---- AutoCodec ------------------------------------------------------------------------------------
+
+bool AutoCodec::is_auto(const std::string& spec) { return spec == "auto" || spec.rfind("auto:", 0) == 0; }
+
+AutoCodec::AutoCodec(const std::string& spec, int nranks) : budget_(kDefaultBudget), nranks_(nranks) {
+  if (!is_auto(spec)) fail(qcclInvalidArgument, "QCCL_CODEC: '%s' is not auto[:maxrelerr=E]", spec.c_str());
+  if (spec.size() > 4) {
+    const std::string option = spec.substr(5);
+    const std::string key = "maxrelerr=";
+    if (option.rfind(key, 0) != 0)
+      fail(qcclInvalidArgument, "QCCL_CODEC: auto takes maxrelerr=E, not '%s'", option.c_str());
+    const std::string value = option.substr(key.size());
+    char* end = nullptr;
+    const double e = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !(e >= 0) || !std::isfinite(e))
+      fail(qcclInvalidArgument, "QCCL_CODEC: auto's maxrelerr = '%s' must be a number >= 0", value.c_str());
+    budget_ = e;
+  }
+  // The most accurate first: among candidates the model finds about as fast, the first wins.
+  std::vector<std::string> specs = {"fp16", "bf16"};
+  for (int bits = 8; bits >= 1; --bits) specs.push_back("q" + std::to_string(bits));
+  for (const std::string& s : specs) {
+    kernels::CodecConfig codec = kernels::parse_codec_spec(s);
+    if (error_bound(codec, nranks) > budget_) continue;
+    candidates_.push_back(codec);
+    names_.push_back(s);
+  }
+}
+
+double AutoCodec::error_bound(const kernels::CodecConfig& codec, int nranks) {
+  double per_range = 0, relative = 0;
+  if (!unit_errors(codec, &per_range, &relative)) return std::numeric_limits<double>::infinity();
+  // sra_compressed, inputs |x| <= M_r on rank r, largest sum S = sum of M_r: the contributions a
+  // segment's owner receives are encoded once each (range <= 2 M_r, magnitude <= M_r; together at
+  // most 2S and S) and its sum once (range <= 2S, magnitude <= S): per element at most
+  // per_range 4S + relative 2S. hierarchical_compressed encodes node sums instead of contributions:
+  // the same. (With equal M_r it is (4n - 2)/n and (2n - 1)/n of S; one rank may hold all of S.)
+  return with_float_slack(4 * per_range + 2 * relative, nranks);
+}
+
+double AutoCodec::ring_error_bound(const kernels::CodecConfig& codec, int nranks) {
+  double per_range = 0, relative = 0;
+  if (!unit_errors(codec, &per_range, &relative)) return std::numeric_limits<double>::infinity();
+  // ring_compressed re-encodes the partial sum of h+1 inputs at hops h = 0..n-1 (range <= 2S and
+  // magnitude <= S each, S as above: reached when the first rank of a chain holds all of it).
+  const double n = std::max(nranks, 1);
+  return with_float_slack(per_range * 2 * n + relative * n, nranks);
+}
+
+CpuCosts AutoCodec::measure(double oversubscription) const {
+  const double stretch = std::max(1.0, oversubscription);
+  std::lock_guard<std::mutex> lock(g_measured_mu);
+  std::vector<float> x;
+  if (g_measured.reduce == 0) {  // the host executor's steps, as qccl_sim calibrate times them
+    x = probe_input();
+    std::vector<float> y(x.size(), 0.0f);
+    const double n = static_cast<double>(x.size());
+    g_measured.reduce = best_seconds(2, [&] {
+      kernels::reduce(kernels::DataType::kFloat32, kernels::RedOp::kSum, x.data(), y.data(), y.data(), x.size());
+    }) / n;
+    g_measured.copy = best_seconds(2, [&] { std::memcpy(y.data(), x.data(), x.size() * 4); }) / (n * 4);
+    g_measured.load = best_seconds(2, [&] { kernels::load_float(kernels::DataType::kFloat32, x.data(), y.data(), x.size()); }) / n;
+    g_measured.add = best_seconds(2, [&] { kernels::add_float(x.data(), y.data(), x.size()); }) / n;
+  }
+  CpuCosts costs = g_measured;
+  costs.wire = kKernelTcpSecondsPerByte;
+  for (double* cost : {&costs.reduce, &costs.copy, &costs.load, &costs.add, &costs.wire}) *cost *= stretch;
+  for (const kernels::CodecConfig& codec : candidates_) {
+    auto it = g_measured_codecs.find(codec.canonical());
+    if (it == g_measured_codecs.end()) {
+      if (x.empty()) x = probe_input();
+      it = g_measured_codecs.emplace(codec.canonical(), measure_codec(codec, x)).first;
+    }
+    costs.codecs.push_back({it->second.encode * stretch, it->second.decode * stretch, it->second.decode_add * stretch});
+  }
+  return costs;
+}
+
+void AutoCodec::agree(ClusterFacts facts) {
+  facts_ = std::move(facts);
+  agreed_ = facts_.cpu.codecs.size() == candidates_.size();
+}
+
+double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorithm) const {
+  const double n = args.nranks;
+  // Nodes: the call's map; without one, a node per rank where the link is known, else one node.
+  double nodes = facts_.inter_rate > 0 ? n : 1, per_node = n / nodes;
+  if (args.nodes) {
+    nodes = args.nodes->nodes();
+    per_node = 0;
+    for (int node = 0; node < args.nodes->nodes(); ++node)
+      per_node = std::max(per_node, static_cast<double>(args.nodes->ranks_of(node).size()));
+  }
+  const CpuCosts& cpu = facts_.cpu;
+  const double es = static_cast<double>(args.element_size());
+  const double values = static_cast<double>(args.count);
+  const double raw = values * es;
+  const double reduce = cpu.reduce * es / 4;  // per value (other types than float32 by their size)
+  CpuCosts::Codec codec;  // the call's codec's costs
+  double ratio = 1;       // encoded bytes per raw byte
+  if (args.codec) {
+    const auto index = static_cast<size_t>(args.codec - candidates_.data());
+    if (index >= candidates_.size()) return -1;  // not one of ours
+    codec = cpu.codecs[index];
+    ratio = static_cast<double>(args.codec->encoded_bytes(args.count)) / raw;
+  }
+  const double encoded = raw * ratio;
+  const double latency = nodes > 1 ? facts_.inter_latency : facts_.intra_latency;
+  // One chunk's trip over the slowest link it takes: the bytes at the link's rate and latency, and
+  // the kernel's TCP path at both ends between nodes (cpu.wire per byte sent and per byte received).
+  // Within a node bytes take their port's time at the node's copy rate (the simulator's model).
+  // A shaped link's token bucket passes its first inter_burst bytes at once: the call's share of bytes
+  // beyond it pays the rate (set below, once the link's bytes are known).
+  double paying = 1;
+  const auto trip = [&](double bytes) {
+    if (nodes > 1) return paying * bytes / facts_.inter_rate + 2 * bytes * cpu.wire + facts_.inter_latency;
+    return bytes / facts_.intra_rate + facts_.intra_latency;
+  };
+  // Fragments run `depth` at a time: a chain of steps is paid once per round of them.
+  const auto rounds = [&](double fragments) { return std::max(1.0, std::ceil(fragments) / std::max(1, facts_.depth)); };
+
+  // Per algorithm, the busiest rank's totals (bytes on each link, CPU seconds) and the chain of one
+  // fragment (its steps one after another: a step waits for the one before); `depth` fragments run
+  // at once. The time is the largest of the totals and of the chains, plus a latency per step.
+  double nic = 0, intra = 0, busy = 0, chain = 0, steps = 0;
+  const auto set_nic = [&](double bytes) {
+    nic = bytes;
+    if (nic > 0) paying = std::max(0.0, nic - facts_.inter_burst) / nic;
+  };
+  if (algorithm == "ring" && !args.codec) {
+    const double bytes = 2 * (n - 1) / n * raw;  // each way, every rank
+    // With one rank per node every rank sends and receives across nodes; with more, a node's first
+    // rank receives across and its last sends across (ranks in node order), the rest stays inside.
+    const double crossing = nodes == 1 ? 0 : per_node > 1 ? bytes : 2 * bytes;
+    set_nic(nodes > 1 ? bytes : 0);
+    intra = per_node > 1 ? bytes : 0;
+    busy = (n - 1) / n * values * reduce + crossing * cpu.wire;
+    const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
+    const double hop = trip(chunk * es);
+    chain = rounds(segment / chunk) * ((n - 1) * (hop + chunk * reduce) + (n - 1) * hop);
+    steps = 2 * (n - 1);
+  } else if (algorithm == "recursive_doubling" && !args.codec) {
+    // log2 n exchanges of the whole buffer (one more folding a non-power of two), one after the
+    // other, not pipelined; those between ranks 2^k apart with 2^k at least a node's ranks cross.
+    const double exchanges = std::ceil(std::log2(n)) + (std::exp2(std::floor(std::log2(n))) != n ? 1 : 0);
+    const double across = nodes > 1 ? std::ceil(std::log2(nodes)) : 0;
+    const double inside = exchanges - across;
+    set_nic(across * raw);
+    chain = across * trip(raw) + inside * (raw / facts_.intra_rate + facts_.intra_latency) + exchanges * values * reduce;
+  } else if (algorithm == "sra_compressed" && args.codec) {
+    // Each rank's contribution to each owner's segment (E/n) goes once, each owner's encoded sum
+    // (E/n) to everyone: per rank E (n-1)/n twice each way, (n - L) of its n - 1 peers on other
+    // nodes. The owner adds n - 1 contributions to its segment; every rank decodes every segment.
+    const double out_of_node = 2 * (n - per_node) / n * encoded;
+    set_nic(per_node * out_of_node);  // the node's ranks share its link
+    intra = 2 * (per_node - 1) / n * encoded;
+    busy = values / n * cpu.load + values * codec.encode + (n - 1) / n * values * codec.decode_add +
+           values * codec.decode + 2 * out_of_node * cpu.wire;
+    // A fragment: n - 1 pairwise steps (encode a chunk, send it), the sum (n - 1 chunks added, one
+    // encoded), n - 1 more (send it), every chunk decoded.
+    const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
+    const double hop = trip(chunk * es * ratio);
+    chain = rounds(segment / chunk) *
+            ((n - 1) * (chunk * codec.encode + hop) + (n - 1) * chunk * codec.decode_add + chunk * codec.encode +
+             (n - 1) * hop + n * chunk * codec.decode);
+    steps = 2 * (n - 1);
+  } else if (algorithm == "hierarchical_compressed" && args.codec) {
+    // The leader of the largest node: its members' buffers in (raw), their sum's SRA among the N
+    // leaders, the owners' bytes out to its members (encoded), every segment decoded.
+    const double members = per_node - 1, leaders = nodes;
+    const double across = 2 * (leaders - 1) / leaders * encoded;
+    set_nic(across);
+    intra = members * raw;
+    busy = values * (cpu.load + members * (cpu.load + cpu.add)) + values * codec.encode +
+           (leaders - 1) / leaders * values * codec.decode_add + values * codec.decode + 2 * across * cpu.wire;
+    // A fragment: chunk f of each of the N segments, from every member, summed, then SRA's steps
+    // among the leaders on it, and its encoded bytes to the members.
+    const double segment = values / leaders, chunk = std::min(segment, facts_.chunk_bytes / es);
+    const double inside = members * leaders * chunk * es / facts_.intra_rate;
+    const double hop = trip(chunk * es * ratio);  // between leaders (nodes > 1 here)
+    chain = rounds(segment / chunk) *
+            (inside + leaders * chunk * (cpu.load + members * (cpu.load + cpu.add)) +
+             (leaders - 1) * (chunk * codec.encode + hop) + (leaders - 1) * chunk * codec.decode_add +
+             chunk * codec.encode + (leaders - 1) * hop + leaders * chunk * codec.decode + inside * ratio);
+    steps = 2 + 2 * (leaders - 1);
+  } else if (algorithm == "ring_compressed" && args.codec) {
+    // The partial sum re-encoded at each of n-1 reduce hops, then each owner's bytes passed round.
+    const double bytes = 2 * (n - 1) / n * encoded;
+    const double crossing = nodes == 1 ? 0 : per_node > 1 ? bytes : 2 * bytes;  // as the ring's
+    set_nic(nodes > 1 ? bytes : 0);
+    intra = per_node > 1 ? bytes : 0;
+    busy = values / n * ((n - 1) * (codec.encode + codec.decode_add) + codec.encode + (n - 1) * codec.decode) +
+           crossing * cpu.wire;
+    const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
+    const double hop = trip(chunk * es * ratio);
+    chain = rounds(segment / chunk) *
+            ((n - 1) * (chunk * (codec.encode + codec.decode_add) + hop) + chunk * codec.encode +
+             (n - 1) * (hop + chunk * codec.decode));
+    steps = 2 * (n - 1);
+  } else {
+    return -1;
+  }
+  const double nic_seconds = paying * nic / facts_.inter_rate;
+  const double intra_seconds = intra / facts_.intra_rate;
+  return std::max({nic > 0 ? nic_seconds : 0.0, intra > 0 ? intra_seconds : 0.0, busy, chain}) + steps * latency;
+}
+
+const kernels::CodecConfig* AutoCodec::choose(const coll::CollArgs& args, const AlgorithmPolicy& policy,
+                                              std::vector<Prediction>* predictions) const {
+  if (!agreed_ || args.kind != coll::CollKind::kAllReduce || args.codec) return nullptr;
+  if (args.op != kernels::RedOp::kSum && args.op != kernels::RedOp::kAvg) return nullptr;
+  if (args.dtype != kernels::DataType::kFloat32 && args.dtype != kernels::DataType::kFloat16 &&
+      args.dtype != kernels::DataType::kBfloat16)
+    return nullptr;
+  if (args.nranks < 2 || (args.nodes && args.nodes->nodes() > 1 && facts_.inter_rate <= 0)) return nullptr;
+
+  // Uncompressed, then the candidates from the most accurate; codecs[i] is all[i]'s.
+  std::vector<Prediction> all;
+  std::vector<const kernels::CodecConfig*> codecs;
+  coll::CollArgs trial = args;
+  trial.codec = nullptr;
+  all.push_back({"", policy.choose(trial).name, 0});
+  all.back().seconds = predict(trial, all.back().algorithm);
+  codecs.push_back(nullptr);
+  if (all.back().seconds < 0) return nullptr;  // an uncompressed algorithm the model does not know
+  for (const kernels::CodecConfig& codec : candidates_) {
+    trial.codec = &codec;
+    Prediction p{name(&codec), policy.choose(trial).name, 0};
+    if (p.algorithm == "ring_compressed" && ring_error_bound(codec, args.nranks) > budget_) continue;
+    p.seconds = predict(trial, p.algorithm);
+    if (p.seconds < 0) continue;
+    all.push_back(p);
+    codecs.push_back(&codec);
+  }
+  double fastest = all.front().seconds;
+  for (const Prediction& p : all) fastest = std::min(fastest, p.seconds);
+  size_t chosen = 0;  // the most accurate of the fast ones
+  while (all[chosen].seconds > fastest * (1 + kTieShare)) ++chosen;
+
+  if (log_level() >= LogLevel::kInfo) {  // each distinct call once
+    static std::mutex mu;
+    static std::set<std::tuple<size_t, int, int>> logged;
+    std::lock_guard<std::mutex> lock(mu);
+    if (logged.size() < kLoggedShapes &&
+        logged.emplace(args.count, static_cast<int>(args.dtype), args.nranks).second) {
+      std::string others;
+      for (size_t i = 0; i < all.size(); ++i)
+        if (i != chosen)
+          others += format("%s%s %.3g ms", others.empty() ? "" : ", ", i ? all[i].codec.c_str() : "none",
+                           all[i].seconds * 1e3);
+      QCCL_INFO("QCCL_CODEC=auto: AllReduce of %zu %s: %s via %s, %.3g ms predicted (%s)", args.count,
+                kernels::data_type_name(args.dtype), chosen ? all[chosen].codec.c_str() : "uncompressed",
+                all[chosen].algorithm.c_str(), all[chosen].seconds * 1e3, others.c_str());
+    }
+  }
+  if (predictions) *predictions = std::move(all);
+  return codecs[chosen];
+}
+
+const char* AutoCodec::name(const kernels::CodecConfig* codec) const {
+  if (!codec) return "none";
+  const auto index = static_cast<size_t>(codec - candidates_.data());
+  return index < names_.size() ? names_[index].c_str() : "?";
+}
+
+std::string AutoCodec::describe() const {
+  std::string list;
+  for (const kernels::CodecConfig& c : candidates_)
+    list += format("%s%s (bound %.2g)", list.empty() ? "" : ", ", name(&c), error_bound(c, nranks_));
+  std::string links;
+  if (agreed_)
+    links = format("; links: %s, %.1f GB/s within a node (memory copies)",
+                   facts_.inter_rate > 0 ? format("%.0f Mbit/s of payload between nodes", facts_.inter_rate * 8 / 1e6).c_str()
+                                         : "none between nodes known",
+                   facts_.intra_rate / 1e9);
+  return "auto, error budget " + budget_text(budget_) + " of the largest sum: uncompressed" +
+         (list.empty() ? "" : ", " + list) + " (nearest rounding, bucket 512)" + links;
+}
+
+}  // namespace qccl

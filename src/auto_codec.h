@@ -1,0 +1,119 @@
+// QCCL_CODEC=auto: per plain all-reduce, whether and how to compress, chosen by a cost model.
+//
+// The user sets an error budget (`auto:maxrelerr=E`, default 0.01): the worst error of any element of
+// the result, relative to the largest sum the inputs could make (the sum over ranks of each rank's
+// largest |x|). Only codecs whose proven bound on that error, for the algorithm the call would run,
+// is within the budget are candidates (error_bound); uncompressed always is. Per call the model
+// predicts each candidate's time and the fastest runs, so that a fast link stays uncompressed and a
+// slow one compresses as far as the budget allows.
+//
+// The model is the simulator's (sim/simulator.h) reduced to a pipeline's steady state: per rank, the
+// busiest link's bytes over its rate, the CPU's work (codec steps and reductions per value, copies
+// and the kernel's TCP path per byte) and, in parallel with both, nothing else: the time is the
+// largest of the three plus a latency per pipeline step. Its inputs are agreed by every rank at
+// communicator creation, so that every rank makes the same choice: the links (QCCL_LINK_RATE between
+// nodes; memory copies within one) and the CPU costs, measured by each rank at creation (a few
+// milliseconds) and the slowest rank's kept. tests/sim/auto_codec_test.cc holds its choices against
+// the simulator's on a grid of ranks, links and sizes.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "collectives/plan.h"
+#include "kernels/codec.h"
+
+namespace qccl {
+
+class AlgorithmPolicy;
+
+// Seconds per unit on one core of the slowest rank (its oversubscription folded in).
+struct CpuCosts {
+  struct Codec {
+    double encode = 0, decode = 0, decode_add = 0;  // per float32 value
+  };
+  double reduce = 0;          // per float32 value (a + b)
+  double copy = 0;            // per byte
+  double load = 0;            // per value: a float32 accumulator from the input
+  double add = 0;             // per value: accumulator += float32 input
+  double wire = 0;            // per payload byte sent or received between nodes (the kernel's TCP path)
+  std::vector<Codec> codecs;  // one per candidate, in AutoCodec::candidates() order
+
+  static constexpr size_t kFixed = 5;  // flatten(): reduce, copy, load, add, wire, then 3 per codec
+  std::vector<double> flatten() const;
+  // From flatten()'s numbers for `codecs` candidates; false when the count does not fit.
+  static bool unflatten(const std::vector<double>& numbers, size_t codecs, CpuCosts* out);
+  // The larger cost of each (what every rank then uses).
+  void keep_slowest(const CpuCosts& other);
+};
+
+// What the model knows of the cluster.
+// (Which ranks share a node comes with each call: CollArgs::nodes.)
+struct ClusterFacts {
+  double inter_rate = 0;      // payload bytes/s of a node's link (0: unknown: one node only)
+  double inter_latency = 0;   // seconds, one way
+  double inter_burst = 0;     // bytes a shaped link's token bucket passes at once (the simulator's
+                              // netem links; the library knows of none)
+  double intra_rate = 0;      // payload bytes/s between ranks of one node
+  double intra_latency = 0;
+  CpuCosts cpu;
+  // The communicator's pipeline: chunk bytes and fragments in flight (QCCL_CHUNK_BYTES,
+  // QCCL_PIPELINE_DEPTH).
+  double chunk_bytes = 256 * 1024;
+  int depth = 2;
+};
+
+// One candidate's predicted time, for the log and tests.
+struct Prediction {
+  std::string codec;  // the candidate's name ("q8"), "" uncompressed
+  std::string algorithm;
+  double seconds = 0;
+};
+
+class AutoCodec {
+ public:
+  static bool is_auto(const std::string& spec);
+  // spec: "auto" or "auto:maxrelerr=E" (0 <= E; 0 admits only uncompressed). Candidates for nranks
+  // ranks: fp16, bf16 and q1 .. q8 (nearest rounding, bucket 512) whose bound fits. Throws
+  // Error(qcclInvalidArgument) naming the bad token.
+  AutoCodec(const std::string& spec, int nranks);
+
+  double budget() const { return budget_; }
+  const std::vector<kernels::CodecConfig>& candidates() const { return candidates_; }
+  // This rank's CPU costs for the candidates (measured once per process per codec, some ms), times
+  // `oversubscription` (ranks per core on this host, at least 1).
+  CpuCosts measure(double oversubscription) const;
+  // The agreed facts (the same on every rank). Before this, choose() compresses nothing.
+  void agree(ClusterFacts facts);
+
+  // The codec for a plain all-reduce (sum or average of float32, float16 or bfloat16; args as the
+  // communicator has them, codec unset), or null to run it uncompressed. `policy` names the
+  // algorithm each candidate would run. With `predictions`, every candidate's predicted time.
+  const kernels::CodecConfig* choose(const coll::CollArgs& args, const AlgorithmPolicy& policy,
+                                     std::vector<Prediction>* predictions = nullptr) const;
+  // The model's time for args run by `algorithm` with args.codec (null: uncompressed); negative when
+  // the model does not know the algorithm.
+  double predict(const coll::CollArgs& args, const std::string& algorithm) const;
+
+  // The proven bound on the relative error defined above for `codec` (plain, nearest or stochastic
+  // rounding) run by sra_compressed or hierarchical_compressed on nranks ranks (the algorithms a
+  // compressed all-reduce takes unless one is forced; ring_compressed's grows with n and is given
+  // by ring_error_bound).
+  static double error_bound(const kernels::CodecConfig& codec, int nranks);
+  static double ring_error_bound(const kernels::CodecConfig& codec, int nranks);
+
+  // "auto, error budget 0.01: fp16, bf16, q8 (bounds ...)" for the INFO log.
+  std::string describe() const;
+  // A candidate's short name ("q8"), "none" for null.
+  const char* name(const kernels::CodecConfig* codec) const;
+
+ private:
+  double budget_ = 0.01;
+  int nranks_ = 1;
+  std::vector<kernels::CodecConfig> candidates_;
+  std::vector<std::string> names_;  // the candidates' specs as written ("q8")
+  ClusterFacts facts_;
+  bool agreed_ = false;
+};
+
+}  // namespace qccl
