@@ -99,7 +99,17 @@ bool unit_errors(const kernels::CodecConfig& c, double* per_range, double* relat
 
 // The float32 arithmetic around the codecs (the bucket's scale and minimum, the sums): a relative
 // slack, as tests/collectives/allreduce_compressed_test.cc allows.
-double with_float_slack(double bound, int nranks) { return bound * 1.0001 + nranks * 0x1p-23; }
+// quant.h's own allowance per encode (2^-13 of a step plus 2^-22 of the bucket's largest magnitude)
+// and the float32 sums of n contributions.
+double with_float_slack(double bound, int nranks) { return bound * (1 + 0x1p-11) + (nranks + 4) * 0x1p-22; }
+
+// The rounding of the result to the call's type, relative to its magnitude (a half or bfloat16 sum
+// rounds once more; an uncompressed sum does too).
+double output_rounding(kernels::DataType type) {
+  if (type == kernels::DataType::kFloat16) return 0x1p-11;
+  if (type == kernels::DataType::kBfloat16) return 0x1p-8;
+  return 0;
+}
 
 std::string budget_text(double budget) {
   char text[32];
@@ -236,8 +246,8 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   CpuCosts::Codec codec;  // the call's codec's costs
   double ratio = 1;       // encoded bytes per raw byte
   if (args.codec) {
-    const auto index = static_cast<size_t>(args.codec - candidates_.data());
-    if (index >= candidates_.size()) return -1;  // not one of ours
+    const size_t index = index_of(args.codec);
+    if (index >= facts_.cpu.codecs.size()) return -1;  // not one of ours, or not agreed
     codec = cpu.codecs[index];
     ratio = static_cast<double>(args.codec->encoded_bytes(args.count)) / raw;
   }
@@ -337,9 +347,11 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   } else {
     return -1;
   }
-  const double nic_seconds = paying * nic / facts_.inter_rate;
-  const double intra_seconds = intra / facts_.intra_rate;
-  return std::max({nic > 0 ? nic_seconds : 0.0, intra > 0 ? intra_seconds : 0.0, busy, chain}) + steps * latency;
+  if ((intra > 0 && !(facts_.intra_rate > 0)) || (nic > 0 && !(facts_.inter_rate > 0))) return -1;  // unknown link
+  const double nic_seconds = nic > 0 ? paying * nic / facts_.inter_rate : 0.0;
+  const double intra_seconds = intra > 0 ? intra / facts_.intra_rate : 0.0;
+  const double seconds = std::max({nic_seconds, intra_seconds, busy, chain}) + steps * latency;
+  return std::isfinite(seconds) ? seconds : -1;
 }
 
 const kernels::CodecConfig* AutoCodec::choose(const coll::CollArgs& args, const AlgorithmPolicy& policy,
@@ -361,9 +373,14 @@ const kernels::CodecConfig* AutoCodec::choose(const coll::CollArgs& args, const 
   codecs.push_back(nullptr);
   if (all.back().seconds < 0) return nullptr;  // an uncompressed algorithm the model does not know
   for (const kernels::CodecConfig& codec : candidates_) {
+    // fp16's bound holds in its normal range only (float32 and bfloat16 inputs may fall below it or
+    // overflow it); on half inputs it is their own type.
+    if (codec.kind == kernels::CodecKind::kFp16 && args.dtype != kernels::DataType::kFloat16) continue;
     trial.codec = &codec;
     Prediction p{name(&codec), policy.choose(trial).name, 0};
-    if (p.algorithm == "ring_compressed" && ring_error_bound(codec, args.nranks) > budget_) continue;
+    const double bound = p.algorithm == "ring_compressed" ? ring_error_bound(codec, args.nranks)
+                                                          : error_bound(codec, args.nranks);
+    if (bound + output_rounding(args.dtype) > budget_) continue;
     p.seconds = predict(trial, p.algorithm);
     if (p.seconds < 0) continue;
     all.push_back(p);
@@ -394,9 +411,15 @@ const kernels::CodecConfig* AutoCodec::choose(const coll::CollArgs& args, const 
   return codecs[chosen];
 }
 
+size_t AutoCodec::index_of(const kernels::CodecConfig* codec) const {
+  for (size_t i = 0; i < candidates_.size(); ++i)
+    if (&candidates_[i] == codec) return i;
+  return candidates_.size();
+}
+
 const char* AutoCodec::name(const kernels::CodecConfig* codec) const {
   if (!codec) return "none";
-  const auto index = static_cast<size_t>(codec - candidates_.data());
+  const size_t index = index_of(codec);
   return index < names_.size() ? names_[index].c_str() : "?";
 }
 

@@ -2,19 +2,23 @@
 //
 // The user sets an error budget (`auto:maxrelerr=E`, default 0.01): the worst error of any element of
 // the result, relative to the largest sum the inputs could make (the sum over ranks of each rank's
-// largest |x|). Only codecs whose proven bound on that error, for the algorithm the call would run,
-// is within the budget are candidates (error_bound); uncompressed always is. Per call the model
-// predicts each candidate's time and the fastest runs, so that a fast link stays uncompressed and a
-// slow one compresses as far as the budget allows.
+// largest |x|; for an average, both divided by n). A codec runs only if its proven bound on that
+// error, for the algorithm the call would run, plus the rounding of a half or bfloat16 result, is
+// within the budget (error_bound); fp16 only on half inputs, since its relative bound holds in its
+// normal range alone. Uncompressed always may run. Per call the model predicts each candidate's
+// time and the fastest runs (the most accurate within 2% of it), so that a fast link stays
+// uncompressed and a slow one compresses as far as the budget allows.
 //
-// The model is the simulator's (sim/simulator.h) reduced to a pipeline's steady state: per rank, the
-// busiest link's bytes over its rate, the CPU's work (codec steps and reductions per value, copies
-// and the kernel's TCP path per byte) and, in parallel with both, nothing else: the time is the
-// largest of the three plus a latency per pipeline step. Its inputs are agreed by every rank at
-// communicator creation, so that every rank makes the same choice: the links (QCCL_LINK_RATE between
-// nodes; memory copies within one) and the CPU costs, measured by each rank at creation (a few
-// milliseconds) and the slowest rank's kept. tests/sim/auto_codec_test.cc holds its choices against
-// the simulator's on a grid of ranks, links and sizes.
+// The model is the simulator's (sim/simulator.h) reduced to a pipeline's steady state: the busiest
+// link's bytes over its rate, the busiest rank's CPU (codec steps, sums, the kernel's TCP path per
+// byte), and a fragment's chain of steps over the pipeline depth; the time is the largest of these
+// plus a latency per step. Its inputs are agreed by every rank at communicator creation, so that
+// every rank makes the same choice: the links (QCCL_LINK_RATE between nodes; memory copies within
+// one), the pipeline (chunk and depth, rank 0's), and the CPU costs, measured by each rank at
+// creation (about 30 ms) and the slowest rank's kept. tests/sim/auto_codec_test.cc holds its choices
+// against the simulator's on a grid of ranks, links and sizes. Calls on device buffers are not
+// compressed by auto (its costs are the host's): a communicator that mixes host and device buffers
+// for the same call on different ranks would choose differently and fail the call (qcclMismatch).
 #pragma once
 
 #include <string>
@@ -106,6 +110,8 @@ class AutoCodec {
   std::string describe() const;
   // A candidate's short name ("q8"), "none" for null.
   const char* name(const kernels::CodecConfig* codec) const;
+  // A candidate's place in candidates(); candidates().size() for any other codec.
+  size_t index_of(const kernels::CodecConfig* codec) const;
 
  private:
   double budget_ = 0.01;

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -307,6 +308,7 @@ std::vector<uint8_t> PeerInfo::serialize() const {
   }
   w.put<int32_t>(cpus);
   w.put<int32_t>(oversubscribed);
+  w.put<int32_t>(pipeline_depth);
   return std::move(w.bytes());
 }
 
@@ -331,10 +333,12 @@ PeerInfo PeerInfo::parse(const std::vector<uint8_t>& bytes, int rank) {
     uint64_t bits = r.get<uint64_t>();
     double cost = 0;
     std::memcpy(&cost, &bits, sizeof cost);
+    if (!(cost >= 0) || !std::isfinite(cost)) fail(qcclRemoteError, "peer information: codec cost %g", cost);
     p.codec_costs.push_back(cost);
   }
   p.cpus = r.get<int32_t>();
   p.oversubscribed = r.get<int32_t>();
+  p.pipeline_depth = r.get<int32_t>();
   return p;
 }
 

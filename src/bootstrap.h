@@ -57,6 +57,7 @@ struct PeerInfo {
   std::vector<double> codec_costs;
   int32_t cpus = 0;
   int32_t oversubscribed = -1;
+  int32_t pipeline_depth = 0;  // QCCL_PIPELINE_DEPTH (auto's model takes rank 0's)
 
   std::vector<uint8_t> serialize() const;
   static PeerInfo parse(const std::vector<uint8_t>& bytes, int rank);

@@ -114,7 +114,8 @@ void Comm::join(const BootstrapId& id) {
   if (config_.link_rate_bits) me.fft_seconds_per_value = fft_cost_per_value();
   me.chunk_bytes = config_.chunk_bytes;
   me.link_rate_bits = config_.link_rate_bits;
-  me.codec_policy = config_.codec;
+  if (auto_codec_) me.codec_policy = config_.codec;  // (a fixed codec's mismatch fails by its hash)
+  me.pipeline_depth = config_.pipeline_depth;
   if (auto_codec_) me.codec_costs = auto_codec_->measure(1.0).flatten();  // oversubscription: below
   me.cpus = topology_.bound_pus;
   me.oversubscribed = config_.oversubscribed;
@@ -142,8 +143,9 @@ void Comm::join(const BootstrapId& id) {
   for (int r = 0; r < nranks_; ++r)
     if (peers_[r].codec_policy != peers_[0].codec_policy &&
         (AutoCodec::is_auto(peers_[r].codec_policy) || AutoCodec::is_auto(peers_[0].codec_policy)))
-      fail(qcclInvalidArgument, "%s has QCCL_CODEC = '%s', %s '%s': with auto, every rank must set the same",
-           names_[r].c_str(), peers_[r].codec_policy.c_str(), names_[0].c_str(), peers_[0].codec_policy.c_str());
+      fail(qcclInvalidArgument, "%s has QCCL_CODEC = %s, %s %s: with auto, every rank must set the same",
+           names_[r].c_str(), peers_[r].codec_policy.empty() ? "a fixed codec or none" : peers_[r].codec_policy.c_str(),
+           names_[0].c_str(), peers_[0].codec_policy.empty() ? "a fixed codec or none" : peers_[0].codec_policy.c_str());
   // QCCL_OVERSUBSCRIBED overrides the count: emulated hosts (qcclrun --nodes) share the CPUs.
   oversubscribed_ = config_.oversubscribed >= 0 ? config_.oversubscribed == 1 : local > topology_.bound_pus;
   if (auto_codec_) agree_auto_codec();
@@ -226,7 +228,7 @@ void Comm::agree_auto_codec() {
   facts.intra_rate = facts.cpu.copy > 0 ? 1 / facts.cpu.copy : 0;
   facts.intra_latency = 3e-6;
   facts.chunk_bytes = static_cast<double>(config_.chunk_bytes);
-  facts.depth = config_.pipeline_depth;
+  facts.depth = peers_[0].pipeline_depth;  // the same on every rank, whatever each was told
   if (node_map_.nodes() > 1 && facts.inter_rate <= 0)
     QCCL_WARN("QCCL_CODEC=auto: the ranks are on %d nodes and QCCL_LINK_RATE is unset, so the links between them "
               "are unknown: plain all-reduces run uncompressed (set QCCL_LINK_RATE, e.g. 10gbit)",
