@@ -97,7 +97,8 @@ struct BoundCase {
 
 // The largest error of any element over the largest sum the inputs could make (sum over ranks of
 // each rank's largest |x|), for rank r's inputs uniform in [-(1 + r), 1 + r].
-double relative_error(const BoundCase& bc, const kernels::CodecConfig& codec, size_t count, uint64_t seed) {
+double relative_error(const BoundCase& bc, const kernels::CodecConfig& codec, size_t count, uint64_t seed,
+                      RedOp op = RedOp::kSum) {
   const int n = static_cast<int>(bc.labels.size());
   const NodeMap nodes = NodeMap::from_labels(bc.labels);
   std::mt19937_64 rng(seed);
@@ -119,13 +120,17 @@ double relative_error(const BoundCase& bc, const kernels::CodecConfig& codec, si
   std::vector<coll::QuantizedCall> calls(n);
   for (int r = 0; r < n; ++r) {
     CollArgs& a = args[r];
-    a.kind = CollKind::kAllReduce, a.count = count, a.dtype = DataType::kFloat32, a.op = RedOp::kSum;
+    a.kind = CollKind::kAllReduce, a.count = count, a.dtype = DataType::kFloat32, a.op = op;
     a.rank = r, a.nranks = n, a.nodes = &nodes, a.codec = &codec;
     a.sendbuf = in[r].data(), a.recvbuf = out[r].data();
     a.rng = kernels::PhiloxKey{codec.seed, 1, static_cast<uint32_t>(r), 0};
     a.method_call = &calls[r];
   }
   run_on_sim(args, bc.algorithm, 16384, 2);
+  if (op == RedOp::kAvg) {  // both sides divided by n
+    for (double& e : exact) e /= n;
+    largest_sum /= n;
+  }
   double worst = 0;
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < count; ++i) worst = std::max(worst, std::fabs(out[r][i] - exact[i]));
@@ -154,6 +159,7 @@ TEST_CASE("auto: every candidate's error within its bound on the algorithms it r
       // not vacuous: the q codecs reach a sizeable share of it (the casts err far less than their
       // worst case on sums of uniforms, so only their upper side is held)
       if (codec.kind == kernels::CodecKind::kQuant) CHECK(err >= bound / 12);
+      CHECK(relative_error(bc, codec, 4096 + 5, 3 + n, RedOp::kAvg) <= bound);  // an average: both over n
     }
 }
 
