@@ -138,13 +138,6 @@ bool CpuCosts::unflatten(const std::vector<double>& numbers, size_t codec_count,
   return true;
 }
 
-void CpuCosts::keep_slowest(const CpuCosts& other) {
-  std::vector<double> mine = flatten();
-  const std::vector<double> theirs = other.flatten();
-  for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) mine[i] = std::max(mine[i], theirs[i]);
-  unflatten(mine, codecs.size(), this);
-}
-
 // ---- AutoCodec ------------------------------------------------------------------------------------
 
 bool AutoCodec::is_auto(const std::string& spec) { return spec == "auto" || spec.rfind("auto:", 0) == 0; }

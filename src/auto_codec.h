@@ -15,8 +15,9 @@
 // plus a latency per step. Its inputs are agreed by every rank at communicator creation, so that
 // every rank makes the same choice: the links (QCCL_LINK_RATE between nodes; memory copies within
 // one), the pipeline (chunk and depth, rank 0's), and the CPU costs, measured by each rank at
-// creation (about 30 ms) and the slowest rank's kept. tests/sim/auto_codec_test.cc holds its choices
-// against the simulator's on a grid of ranks, links and sizes. Calls on device buffers are not
+// creation (about 30 ms): the slowest host's kept (each host's least contended measurement,
+// stretched by its ranks per CPU). tests/sim/auto_codec_test.cc holds its choices against the
+// simulator's on a grid of ranks, links and sizes. Calls on device buffers are not
 // compressed by auto (its costs are the host's): a communicator that mixes host and device buffers
 // for the same call on different ranks would choose differently and fail the call (qcclMismatch).
 #pragma once
@@ -31,7 +32,7 @@ namespace qccl {
 
 class AlgorithmPolicy;
 
-// Seconds per unit on one core of the slowest rank (its oversubscription folded in).
+// Seconds per unit on one core of the slowest host (its ranks per CPU folded in).
 struct CpuCosts {
   struct Codec {
     double encode = 0, decode = 0, decode_add = 0;  // per float32 value
@@ -47,8 +48,6 @@ struct CpuCosts {
   std::vector<double> flatten() const;
   // From flatten()'s numbers for `codecs` candidates; false when the count does not fit.
   static bool unflatten(const std::vector<double>& numbers, size_t codecs, CpuCosts* out);
-  // The larger cost of each (what every rank then uses).
-  void keep_slowest(const CpuCosts& other);
 };
 
 // What the model knows of the cluster.

@@ -200,27 +200,31 @@ void Comm::join(const BootstrapId& id) {
 }
 
 // QCCL_CODEC=auto's facts, from what every rank sent at bootstrap, so that every rank chooses alike:
-// the links (QCCL_LINK_RATE between nodes, memory copies within one) and the slowest rank's CPU costs,
-// each stretched by its host's ranks per CPU (all ranks, when QCCL_OVERSUBSCRIBED says the hosts
-// share one machine's CPUs).
+// the links (QCCL_LINK_RATE between nodes, memory copies within one) and the slowest host's CPU
+// costs, stretched by its ranks per CPU (all ranks, when QCCL_OVERSUBSCRIBED says the hosts share one
+// machine's CPUs). The ranks of a host measured at the same time, on the same cores: the least
+// contended measurement of each cost (the smallest) is the host's, before the stretch.
 void Comm::agree_auto_codec() {
-  ClusterFacts facts;
+  const size_t count = CpuCosts::kFixed + 3 * auto_codec_->candidates().size();
+  for (int r = 0; r < nranks_; ++r)
+    if (peers_[r].codec_costs.size() != count)
+      fail(qcclRemoteError, "%s sent %zu codec costs for QCCL_CODEC=auto, not %zu", names_[r].c_str(),
+           peers_[r].codec_costs.size(), count);
+  std::vector<double> slowest(count, 0.0);
   for (int r = 0; r < nranks_; ++r) {
     const PeerInfo& p = peers_[r];
-    CpuCosts costs;
-    if (!CpuCosts::unflatten(p.codec_costs, auto_codec_->candidates().size(), &costs))
-      fail(qcclRemoteError, "%s sent %zu codec costs for QCCL_CODEC=auto, not %zu", names_[r].c_str(),
-           p.codec_costs.size(), CpuCosts::kFixed + 3 * auto_codec_->candidates().size());
+    std::vector<double> host = p.codec_costs;
     int sharing = 0;
-    for (const PeerInfo& q : peers_) sharing += q.same_host(p) ? 1 : 0;
-    if (p.oversubscribed == 1) sharing = nranks_;
+    for (const PeerInfo& q : peers_)
+      if (q.same_host(p) || p.oversubscribed == 1) {
+        ++sharing;
+        for (size_t i = 0; i < count; ++i) host[i] = std::min(host[i], q.codec_costs[i]);
+      }
     const double stretch = std::max(1.0, static_cast<double>(sharing) / std::max(p.cpus, 1));
-    std::vector<double> numbers = costs.flatten();
-    for (double& x : numbers) x *= stretch;
-    CpuCosts::unflatten(numbers, costs.codecs.size(), &costs);
-    if (r == 0) facts.cpu = costs;
-    else facts.cpu.keep_slowest(costs);
+    for (size_t i = 0; i < count; ++i) slowest[i] = std::max(slowest[i], host[i] * stretch);
   }
+  ClusterFacts facts;
+  CpuCosts::unflatten(slowest, auto_codec_->candidates().size(), &facts.cpu);
   // Ethernet carries 1448 payload bytes per 1538 (MTU 1500); a message's latency is a switch and the
   // kernel's TCP path (25 us, sim/model.cc's presets) or shared memory's (1 us), plus UCX's post (2 us).
   facts.inter_rate = static_cast<double>(config_.link_rate_bits) / 8 * (1448.0 / 1538);
