@@ -97,10 +97,9 @@ bool unit_errors(const kernels::CodecConfig& c, double* per_range, double* relat
   }
 }
 
-// The float32 arithmetic around the codecs (the bucket's scale and minimum, the sums): a relative
-// slack, as tests/collectives/allreduce_compressed_test.cc allows.
-// quant.h's own allowance per encode (2^-13 of a step plus 2^-22 of the bucket's largest magnitude)
-// and the float32 sums of n contributions.
+// The float32 arithmetic around the codecs: quant.h's own allowance per encode (2^-13 of a step
+// plus 2^-22 of the bucket's largest magnitude, for its float32 scale and minimum) and the float32
+// sums of n contributions.
 double with_float_slack(double bound, int nranks) { return bound * (1 + 0x1p-11) + (nranks + 4) * 0x1p-22; }
 
 // The rounding of the result to the call's type, relative to its magnitude (a half or bfloat16 sum
