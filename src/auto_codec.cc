@@ -186,8 +186,7 @@ double AutoCodec::ring_error_bound(const kernels::CodecConfig& codec, int nranks
   return with_float_slack(per_range * 2 * n + relative * n, nranks);
 }
 
-CpuCosts AutoCodec::measure(double oversubscription) const {
-  const double stretch = std::max(1.0, oversubscription);
+CpuCosts AutoCodec::measure() const {
   std::lock_guard<std::mutex> lock(g_measured_mu);
   std::vector<float> x;
   if (g_measured.reduce == 0) {  // the host executor's steps, as qccl_sim calibrate times them
@@ -203,14 +202,13 @@ CpuCosts AutoCodec::measure(double oversubscription) const {
   }
   CpuCosts costs = g_measured;
   costs.wire = kKernelTcpSecondsPerByte;
-  for (double* cost : {&costs.reduce, &costs.copy, &costs.load, &costs.add, &costs.wire}) *cost *= stretch;
   for (const kernels::CodecConfig& codec : candidates_) {
     auto it = g_measured_codecs.find(codec.canonical());
     if (it == g_measured_codecs.end()) {
       if (x.empty()) x = probe_input();
       it = g_measured_codecs.emplace(codec.canonical(), measure_codec(codec, x)).first;
     }
-    costs.codecs.push_back({it->second.encode * stretch, it->second.decode * stretch, it->second.decode_add * stretch});
+    costs.codecs.push_back(it->second);
   }
   return costs;
 }

@@ -83,9 +83,9 @@ class AutoCodec {
 
   double budget() const { return budget_; }
   const std::vector<kernels::CodecConfig>& candidates() const { return candidates_; }
-  // This rank's CPU costs for the candidates (measured once per process per codec, some ms), times
-  // `oversubscription` (ranks per core on this host, at least 1).
-  CpuCosts measure(double oversubscription) const;
+  // This rank's CPU costs for the candidates, on one core as it found it (measured once per process
+  // per codec, some ms); the communicator stretches them by its hosts' ranks per CPU.
+  CpuCosts measure() const;
   // The agreed facts (the same on every rank). Before this, choose() compresses nothing.
   void agree(ClusterFacts facts);
 

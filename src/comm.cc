@@ -116,7 +116,7 @@ void Comm::join(const BootstrapId& id) {
   me.link_rate_bits = config_.link_rate_bits;
   if (auto_codec_) me.codec_policy = config_.codec;  // (a fixed codec's mismatch fails by its hash)
   me.pipeline_depth = config_.pipeline_depth;
-  if (auto_codec_) me.codec_costs = auto_codec_->measure(1.0).flatten();  // oversubscription: below
+  if (auto_codec_) me.codec_costs = auto_codec_->measure().flatten();  // stretched in agree_auto_codec
   me.cpus = topology_.bound_pus;
   me.oversubscribed = config_.oversubscribed;
 
