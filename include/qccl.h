@@ -160,6 +160,18 @@ typedef struct qcclStats_v100 {
   uint64_t largestInteger;    /* the largest |S| among the integer sums (the same on every rank) */
   /* Link classes (the communicator's node map: QCCL_DEBUG=INFO logs it): */
   uint64_t interNodeBytesSent; /* the part of wireBytesSent that went to ranks of other nodes */
+  /* Where the time went, every collective (docs/PERF.md "Where the time goes"). encodeSeconds,
+     decodeSeconds, reduceSeconds and the part of transportSeconds spent posting are this call's own;
+     the rest of transportSeconds, waitSeconds and wakeups are what the communicator's driver (the
+     waiting caller or the progress thread) did from the start of the call's execution to its
+     completion, for every call it drove meanwhile. The five never add up to more than seconds; the
+     remainder is the drive loop itself, a wait behind earlier calls, and time the rank was not
+     running (another process had its CPU). */
+  double reduceSeconds;       /* data steps outside a codec: uncompressed sums, copies, averages */
+  double transportSeconds;    /* in the transport: posting transfers, and progress that moved bytes
+                                 (with UCX over TCP, the kernel's socket copies) */
+  double waitSeconds;         /* waiting for the wire or a peer: polling that found nothing, sleeps */
+  uint64_t wakeups;           /* times the driver slept on the transport's descriptor and woke */
 } qcclStats_t;
 
 /* ---- Library and errors ------------------------------------------------------------------------ */

@@ -349,6 +349,20 @@ std::vector<ExtraColumn> extra_columns(const Options& opt) {
                          return c.relerr < 0 ? std::string("N/A") : formatted("%.2e", c.relerr);
                        }});
   }
+  if (opt.phases) {
+    using Phases = Cell::Phases;
+    auto percent = [](double Phases::*field) {
+      return [field](const Cell& c) {
+        return formatted("%.1f", c.phases.seconds > 0 ? 100.0 * (c.phases.*field) / c.phases.seconds : 0.0);
+      };
+    };
+    columns.push_back({"enc", "(%)", 5, percent(&Phases::encode)});
+    columns.push_back({"dec", "(%)", 5, percent(&Phases::decode)});
+    columns.push_back({"red", "(%)", 5, percent(&Phases::reduce)});
+    columns.push_back({"xport", "(%)", 5, percent(&Phases::transport)});
+    columns.push_back({"wait", "(%)", 5, percent(&Phases::wait)});
+    columns.push_back({"sleeps", "", 6, [](const Cell& c) { return formatted("%.1f", c.phases.sleeps); }});
+  }
   if (opt.link_rate > 0) {
     // Uncompressed, the floor is the bus bytes over the link; compressed, it is the bytes this rank
     // actually sent (qcclStats_t) over the link: the codec's own wire floor.
@@ -390,7 +404,9 @@ class Bench {
   void sweep(const TypeInfo& type, int op, int root);
   void bench_size(Shape shape);
   Cell bench_cell(const Shape& s, bool in_place);
-  double time_batch(const Shape& s, bool in_place);
+  // The mean seconds per operation of the timed batch; with `phases`, its time fields' means too.
+  double time_batch(const Shape& s, bool in_place, Cell::Phases* phases);
+  void add_phases();
   int64_t check_cell(const Shape& s, bool in_place, uint64_t seed);
   double relative_error(const Shape& s, bool in_place, uint64_t seed);
   bool compressible(const TypeInfo& type, int op) const;
@@ -411,6 +427,7 @@ class Bench {
   const CollTest& test_;
   Options opt_;
   Table table_;
+  Cell::Phases* phases_ = nullptr;  // --phases: the timed batch's sums (time_batch, run_ops)
   qcclComm_t comm_ = nullptr;
   int rank_ = 0, nranks_ = 1;
   HostBuffer send_, recv_;
@@ -627,7 +644,7 @@ Cell Bench::bench_cell(const Shape& s, bool in_place) {
   }
   barrier();
   cell.ran = true;
-  cell.seconds = reduce_time(time_batch(s, in_place));
+  cell.seconds = reduce_time(time_batch(s, in_place, opt_.phases ? &cell.phases : nullptr));
   test_.get_bw(s.counts.param, s.type->size, cell.seconds, nranks_, &cell.algbw, &cell.busbw);
   for (int c = 0; c < opt_.check; ++c) {
     if (codec_) {  // lossy: the relative error, not an exact comparison
@@ -643,21 +660,44 @@ Cell Bench::bench_cell(const Shape& s, bool in_place) {
 }
 
 // Seconds per operation on this rank for one batch of -n operations, issued as -z says.
-double Bench::time_batch(const Shape& s, bool in_place) {
+double Bench::time_batch(const Shape& s, bool in_place, Cell::Phases* phases) {
+  phases_ = phases;  // run_ops adds each blocking call's time fields to it
+  double seconds = 0;
   if (opt_.blocking == 0 || opt_.blocking == 2) {
     const double start = now();
     run_ops(s, in_place, 0, opt_.iters);
-    return (now() - start) / opt_.iters;
+    seconds = (now() - start) / opt_.iters;
+  } else {
+    double total = 0;
+    for (int iter = 0; iter < opt_.iters; ++iter) {
+      double start = now();
+      if (opt_.blocking == 3) barrier(), start = now();  // -z 3: the barrier is not timed
+      run_ops(s, in_place, iter, 1);
+      if (opt_.blocking == 1) barrier();                 // -z 1: the barrier is timed
+      total += now() - start;
+    }
+    seconds = total / opt_.iters;
   }
-  double total = 0;
-  for (int iter = 0; iter < opt_.iters; ++iter) {
-    double start = now();
-    if (opt_.blocking == 3) barrier(), start = now();  // -z 3: the barrier is not timed
-    run_ops(s, in_place, iter, 1);
-    if (opt_.blocking == 1) barrier();                 // -z 1: the barrier is timed
-    total += now() - start;
-  }
-  return total / opt_.iters;
+  phases_ = nullptr;
+  if (phases)
+    for (double* field : {&phases->seconds, &phases->encode, &phases->decode, &phases->reduce, &phases->transport,
+                          &phases->wait, &phases->sleeps})
+      *field /= opt_.iters;
+  return seconds;
+}
+
+// --phases: the time fields of the call that just completed, added to the batch's sums.
+void Bench::add_phases() {
+  qcclStats_t stats{};
+  stats.size = sizeof stats;
+  check(qcclCommGetLastStats(comm_, &stats), "qcclCommGetLastStats");
+  phases_->seconds += stats.seconds;
+  phases_->encode += stats.encodeSeconds;
+  phases_->decode += stats.decodeSeconds;
+  phases_->reduce += stats.reduceSeconds;
+  phases_->transport += stats.transportSeconds;
+  phases_->wait += stats.waitSeconds;
+  phases_->sleeps += static_cast<double>(stats.wakeups);
 }
 
 // Runs operations first_iter .. first_iter + n - 1: blocking calls, or (-z 0) non-blocking calls that
@@ -670,7 +710,10 @@ void Bench::run_ops(const Shape& s, bool in_place, int first_iter, int n) {
     if (!(codec_ && result == qcclNonFinite)) check(result, what);
   };
   if (opt_.blocking != 0) {
-    for (int i = 0; i < n; ++i) ok(test_.run(make_call(s, in_place, first_iter + i), nullptr), test_.call);
+    for (int i = 0; i < n; ++i) {
+      ok(test_.run(make_call(s, in_place, first_iter + i), nullptr), test_.call);
+      if (phases_) add_phases();
+    }
     return;
   }
   Requests requests;

@@ -97,7 +97,7 @@ std::vector<std::string> parse_codecs(const char* option, const char* s) {
   return specs;
 }
 
-enum LongOnly { kAlgo = 256, kChunk, kDepth, kLinkRate, kCodec, kDevice };
+enum LongOnly { kAlgo = 256, kChunk, kDepth, kLinkRate, kCodec, kDevice, kPhases };
 constexpr option kLongOptions[] = {
     {"minbytes", required_argument, nullptr, 'b'},  {"maxbytes", required_argument, nullptr, 'e'},
     {"stepfactor", required_argument, nullptr, 'f'}, {"stepbytes", required_argument, nullptr, 'i'},
@@ -109,7 +109,7 @@ constexpr option kLongOptions[] = {
     {"algo", required_argument, nullptr, kAlgo},    {"chunk", required_argument, nullptr, kChunk},
     {"depth", required_argument, nullptr, kDepth},  {"link-rate", required_argument, nullptr, kLinkRate},
     {"codec", required_argument, nullptr, kCodec},  {"device", no_argument, nullptr, kDevice},
-    {"help", no_argument, nullptr, 'h'},
+    {"phases", no_argument, nullptr, kPhases},      {"help", no_argument, nullptr, 'h'},
     {nullptr, 0, nullptr, 0}};
 
 // The option's spelling for messages: "-n/--iters".
@@ -143,6 +143,7 @@ void apply_option(int c, const char* arg, Options* o) {
     case kDepth: o->depth = int(parse_int(n, arg, 1, 1 << 20)); break;
     case kLinkRate: o->link_rate = parse_rate(n, arg); break;
     case kCodec: o->codecs = parse_codecs(n, arg); break;
+    case kPhases: o->phases = true; break;
     case kDevice:
 #ifndef QCCL_PERF_CUDA
       throw UsageError(name + ": this build has no CUDA (the toolkit was not found, or QCCL_CUDA=OFF)");
@@ -242,6 +243,16 @@ OPTIONS
                              inputs copied there and outputs back for the checks, outside the
                              timed batch; a blocking call returns once its result is on the device
                              (default: host memory; only in a build with CUDA)
+        --phases             where rank 0's time went (qcclStats_t), the mean over the timed
+                             operations: adds six columns to each half of the table, the percent
+                             of the time spent encoding (enc), decoding and summing decoded values
+                             (dec), in other data steps: uncompressed sums, copies, averages
+                             (red), in the transport, posting transfers and progressing them (with
+                             UCX over TCP, the kernel's socket copies) (xport), and waiting for the
+                             wire or a peer (wait), and the driver's sleeps per operation (sleeps).
+                             The rest is the drive loop and time the rank was not running. Needs
+                             -z 1, 2 or 3: non-blocking operations overlap, and what the driver
+                             did for one it did for all (default: off)
     -h, --help               print this page and exit
 )";
 
@@ -354,6 +365,9 @@ bool parse_options(int argc, char** argv, const CollTest& test, Options* o) {
     apply_option(c, optarg, o);
   }
   if (optind < argc) throw UsageError(std::string("unexpected argument '") + argv[optind] + "'");
+  if (o->phases && o->blocking == 0)
+    throw UsageError("--phases needs blocking calls (-z 1, 2 or 3): with -z 0 the operations overlap, "
+                     "and the driver's time during one is spent on all of them");
   if (o->min_bytes > o->max_bytes) throw UsageError("-b/--minbytes is larger than -e/--maxbytes");
   if (o->step_factor <= 1 && o->step_bytes == 0) throw UsageError("-i/--stepbytes is 0 and -f/--stepfactor is 1");
   if (!o->codecs.empty() && !test.compressible)

@@ -31,6 +31,7 @@ struct Options {
   double link_rate = 0;  // --link-rate, bytes/s; > 0 adds the wire-floor columns
   std::vector<std::string> codecs;  // --codec: one sweep per spec
   bool device = false;               // --device: buffers in CUDA device memory
+  bool phases = false;               // --phases: where rank 0's time went, per timed operation
 };
 
 // A bad command line; its message names the option and the value. Exit status 2.

@@ -30,6 +30,14 @@ using Clock = std::chrono::steady_clock;
 // How long a blocked driver sleeps at most before it looks at timeouts and flags again.
 constexpr int kMaxBlockMs = 100;
 
+// When the transport cannot be armed with nothing to do (below), the driver keeps polling for this
+// long after the last movement (a full FIFO is the steady state of a large transfer whose receiver
+// is busy summing: it drains within microseconds), and then pauses, first for the shortest pause,
+// doubling up to the longest.
+constexpr auto kBusyPolling = std::chrono::milliseconds(1);
+constexpr auto kFirstBusyPause = std::chrono::microseconds(50);
+constexpr auto kLongestBusyPause = std::chrono::microseconds(1000);
+
 // How long operations may stay undriven (started in the background, or left when a wait ended)
 // before the progress thread takes them over (see Comm::wait).
 constexpr long kHandOffNs = 1'000'000;  // 1 ms
@@ -598,6 +606,11 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
       last_stats_.decodeSeconds = stats.decode_seconds;
       last_stats_.wireSeconds =
           std::max(0.0, last_stats_.seconds - last_stats_.encodeSeconds - last_stats_.decodeSeconds);
+      last_stats_.reduceSeconds = stats.reduce_seconds;
+      const DriveTotals now = drive_totals();
+      last_stats_.transportSeconds = stats.post_seconds + 1e-9 * double(now.transport_ns - record.drive_at_start.transport_ns);
+      last_stats_.waitSeconds = 1e-9 * double(now.waiting_ns - record.drive_at_start.waiting_ns);
+      last_stats_.wakeups = static_cast<uint64_t>(now.wakeups - record.drive_at_start.wakeups);
       if (const kernels::CodecConfig* codec = op.plan().args().codec)
         std::snprintf(last_stats_.codec, sizeof(last_stats_.codec), "%s", codec->canonical().c_str());
       if (record.call) {
@@ -702,6 +715,12 @@ bool Comm::test(OpRecord& record) {
   return record.done.load(std::memory_order_acquire);
 }
 
+namespace {
+void add_ns(std::atomic<int64_t>& total, std::chrono::steady_clock::duration d) {
+  total.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(), std::memory_order_relaxed);
+}
+}  // namespace
+
 void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block) {
   // The snapshot holds records, which hold the communicator: drop it on the way out once nothing is
   // active (while calls are outstanding it is kept for the next wait: a caller that waits for 20
@@ -715,6 +734,8 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
     }
   } clear_snapshot{this};
   auto spin_until = Clock::now() + std::chrono::microseconds(config_.spin_us);
+  auto busy_pause = kFirstBusyPause;
+  auto last_moved = Clock::now();
   auto next_timeout_check = Clock::now() + std::chrono::milliseconds(kMaxBlockMs);
   while (!done()) {
     if (progress_thread && (stopping_ || callers_waiting_.load() > 0)) return;
@@ -723,7 +744,10 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       fail_affected_operations();  // collectives the failure does not concern keep going
       if (done()) return;
     }
+    const auto pass_begin = Clock::now();
     bool moved = executor_->progress();
+    const auto progressed = Clock::now();
+    if (moved) add_ns(transport_ns_, progressed - pass_begin);
     if (driving_version_ != active_version_.load()) {
       // Brought up to date rather than copied: with hundreds of calls outstanding, a copy of the list
       // at every completion was most of the drive loop's time. Finished records have left active_
@@ -768,6 +792,9 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
         if (!op.started()) {
           take_scratch(*record);
           if (record->call) prepare(*record);
+          // Here, between two of the driver's intervals (this pass moves: it starts the execution),
+          // so that none counted for the call began before it.
+          record->drive_at_start = drive_totals();
         }
         moved |= op.advance();
         if (ordered) {
@@ -786,6 +813,7 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       }
     }
     const auto now = Clock::now();
+    if (!moved) add_ns(waiting_ns_, now - pass_begin);
     if (now >= next_timeout_check) {
       check_timeouts();
       next_timeout_check = now + std::chrono::milliseconds(kMaxBlockMs);
@@ -793,6 +821,8 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
     if (!may_block) return;  // one pass only
     if (moved) {
       spin_until = now + std::chrono::microseconds(config_.spin_us);
+      busy_pause = kFirstBusyPause;
+      last_moved = now;
       continue;
     }
     if (now < spin_until) {
@@ -801,13 +831,35 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
     }
     // The device wakes its own descriptor when it reaches its last point, where it can (else poll).
     if (DeviceExecutor* d = device_executor_.load(); d && !d->arm_device()) continue;
-    if (!executor_->arm()) continue;  // events arrived meanwhile: progress again
-    wait_for_events(progress_thread);
+    // The transport refuses to arm when events arrived meanwhile (progress again), but also, and
+    // for as long as it lasts, while a send waits for room in a peer's shared-memory FIFO: UCX's
+    // mm transports learn of freed room only by polling. A rank that waits for a late peer would spin
+    // a CPU the peer may need: it yields it, and after kBusyPolling pauses, longer while nothing moves.
+    const bool armed = executor_->arm();
+    if (!armed && now - last_moved < kBusyPolling) {
+      if (oversubscribed_) sched_yield();
+      continue;
+    }
+    const auto asleep = Clock::now();
+    if (armed) {
+      wait_for_events(progress_thread, std::chrono::milliseconds(kMaxBlockMs));
+    } else {
+      wait_for_events(progress_thread, busy_pause);
+      busy_pause = std::min(2 * busy_pause, kLongestBusyPause);
+    }
+    add_ns(waiting_ns_, Clock::now() - asleep);
+    wakeups_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
-// Blocks until the transport, a wake-up or (progress thread) the control plane has something.
-void Comm::wait_for_events(bool progress_thread) {
+DriveTotals Comm::drive_totals() const {
+  return DriveTotals{transport_ns_.load(std::memory_order_relaxed), waiting_ns_.load(std::memory_order_relaxed),
+                     wakeups_.load(std::memory_order_relaxed)};
+}
+
+// Blocks until the transport, a wake-up or (progress thread) the control plane has something, or for
+// `timeout` at most.
+void Comm::wait_for_events(bool progress_thread, std::chrono::microseconds timeout) {
   std::vector<pollfd> fds;
   fds.push_back({executor_->event_fd(), POLLIN, 0});
   fds.push_back({progress_thread ? progress_wake_fd_ : driver_wake_fd_, POLLIN, 0});
@@ -819,7 +871,10 @@ void Comm::wait_for_events(bool progress_thread) {
     control_end = fds.size();
     for (int fd : aggregator_fds()) fds.push_back({fd, POLLIN, 0});
   }
-  if (::poll(fds.data(), fds.size(), kMaxBlockMs) <= 0) return;
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout);
+  const timespec limit{static_cast<time_t>(seconds.count()),
+                       static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout - seconds).count())};
+  if (::ppoll(fds.data(), fds.size(), &limit, nullptr) <= 0) return;
   if (fds[1].revents) drain(fds[1].fd);
   if (fds[2].revents) drain(fds[2].fd);
   for (size_t i = 3; i < fds.size(); ++i) {

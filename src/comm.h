@@ -66,6 +66,15 @@ namespace qccl {
 class Comm;
 
 // One call: created when the API is called, started at once or at qcclGroupEnd.
+// Where the communicator's drivers (a waiting caller or the progress thread, one at a time) spent their
+// time outside the executions' own steps, as running totals: a call's share is the difference between
+// its completion and the start of its execution.
+struct DriveTotals {
+  int64_t transport_ns = 0;  // in the transport's progress, when it moved something
+  int64_t waiting_ns = 0;    // waiting for the wire or a peer: passes that moved nothing, and sleeps
+  int64_t wakeups = 0;       // sleeps on the transport's descriptor (each ends in a wake-up)
+};
+
 struct OpRecord {
   coll::CollArgs args;
   std::shared_ptr<Comm> comm;
@@ -78,6 +87,7 @@ struct OpRecord {
   std::shared_ptr<std::vector<std::byte>> scratch;  // from the communicator's pool, once it runs
   size_t scratch_bytes = 0;
   std::chrono::steady_clock::time_point started_at;
+  DriveTotals drive_at_start;  // the communicator's totals when its execution started
   bool started = false;               // false while deferred in a group
   bool on_device = false;             // buffers in device memory: the device executor runs it (place)
   uint64_t submitted = 0;             // its place among the communicator's active records (start)
@@ -133,7 +143,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   // Drives until done() holds. may_block: sleep on events when nothing moves (else return then).
   void drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block = true);
-  void wait_for_events(bool progress_thread);
+  void wait_for_events(bool progress_thread, std::chrono::microseconds timeout);
   void progress_thread_main();
   bool waits_for_its_state(size_t index) const;  // index into driving_
   void check_timeouts();
@@ -172,6 +182,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::string aggregator_lost_;                   // guarded by ops_mu_: why agg=switch cannot run
   std::vector<std::string> names_;  // "rank 3 (host:pid)", then "aggregator 0 (host:port)"
   bool oversubscribed_ = false;      // more ranks on this host than CPUs: spinning yields
+  // DriveTotals, added to under the drive lock and read by callers when they start a call.
+  std::atomic<int64_t> transport_ns_{0}, waiting_ns_{0}, wakeups_{0};
+  DriveTotals drive_totals() const;
 
   std::unique_ptr<transport::UcxTransport> transport_;  // set up here; moved by the executor
   std::unique_ptr<Executor> executor_;

@@ -555,7 +555,9 @@ bool PlanExecution::execute(const coll::step::Recv& s, Slot& slot, bool*) {
   t.received = s.received;
   t.device_dst = s.dst;
   const auto message = static_cast<uint32_t>(1 + slot.fragment % kPayloadMessages);
+  const auto begin = Clock::now();
   t.handle = transport_.irecv(s.peer, key(message), kIgnoredBits, device_ ? t.staging : s.dst, s.capacity);
+  stats_.post_seconds += std::chrono::duration<double>(Clock::now() - begin).count();
   return true;
 }
 
@@ -582,7 +584,9 @@ bool PlanExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
       t.staged_send = true;
       t.key = key(message, slot.tainted);
     } else {
+      const auto begin = Clock::now();
       t.handle = transport_.isend(s.peer, key(message, slot.tainted), s.src, bytes);
+      stats_.post_seconds += std::chrono::duration<double>(Clock::now() - begin).count();
     }
   }
   stats_.bytes_sent += bytes;
@@ -621,19 +625,18 @@ bool PlanExecution::execute(const coll::step::Compute& s, Slot& slot, bool*) {
   return true;
 }
 
-// The host's data steps; the compressed collectives' (all but Reduce, Copy and Average) timed into the
-// encode and decode totals.
+// The host's data steps, timed: the codecs' into the encode and decode totals, the rest (Reduce, Copy
+// and Average) into the reduce total.
 void PlanExecution::run_on_host(const coll::Step& step) {
   namespace st = coll::step;
-  if (std::holds_alternative<st::Reduce>(step) || std::holds_alternative<st::Copy>(step) ||
-      std::holds_alternative<st::Average>(step)) {
-    run_data_step(step, plan_->args());
-    return;
-  }
   const auto begin = Clock::now();
   stats_.nonfinite += run_data_step(step, plan_->args());
   const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
-  (std::holds_alternative<st::Encode>(step) ? stats_.encode_seconds : stats_.decode_seconds) += seconds;
+  if (std::holds_alternative<st::Reduce>(step) || std::holds_alternative<st::Copy>(step) ||
+      std::holds_alternative<st::Average>(step))
+    stats_.reduce_seconds += seconds;
+  else
+    (std::holds_alternative<st::Encode>(step) ? stats_.encode_seconds : stats_.decode_seconds) += seconds;
 }
 
 bool PlanExecution::run(Slot& slot) {

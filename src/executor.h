@@ -65,6 +65,8 @@ struct ExecutionStats {
   uint64_t bytes_received = 0;
   double encode_seconds = 0;  // compressed collectives: time in encode steps...
   double decode_seconds = 0;  // ...and in decode, float32 load and sum steps
+  double reduce_seconds = 0;  // the data steps outside a codec: uncompressed sums, copies, averages
+  double post_seconds = 0;    // posting payload transfers to the transport (isend, irecv)
   size_t nonfinite = 0;       // output values that decoded to NaN or Inf (the same on every rank)
 };
 

@@ -179,7 +179,8 @@ class Communicator:
     def last_stats(self) -> dict:
         """What the last completed collective did on this rank: wire_bytes_sent/received, seconds,
         sequence, algorithm, compression_ratio, encode/decode/wire_seconds, codec, int_alpha,
-        clipped_values, largest_integer, inter_node_bytes_sent."""
+        clipped_values, largest_integer, inter_node_bytes_sent, and where the time went:
+        reduce_seconds, transport_seconds, wait_seconds, wakeups (qcclStats_t in qccl.h)."""
         return self._comm.last_stats()
 
     # ---- Codec state ----------------------------------------------------------------------------

@@ -312,6 +312,10 @@ class Comm {
     d["clipped_values"] = s.clippedValues;
     d["largest_integer"] = s.largestInteger;
     d["inter_node_bytes_sent"] = s.interNodeBytesSent;
+    d["reduce_seconds"] = s.reduceSeconds;
+    d["transport_seconds"] = s.transportSeconds;
+    d["wait_seconds"] = s.waitSeconds;
+    d["wakeups"] = s.wakeups;
     return d;
   }
 

@@ -280,6 +280,42 @@ TEST_CASE("non-blocking: several calls in flight progress in the background", "[
   }
 }
 
+TEST_CASE("statistics: where the time went, within the call's time", "[ranks]") {
+  World& w = World::get();
+  const int n = w.size();
+  if (n == 1) return;  // a single rank copies: nothing to account for
+  const size_t count = 1 << 20;
+  std::vector<float> in(count, 1.0f), out(count);
+  auto last = [&] {
+    qcclStats_t s{};
+    s.size = sizeof(s);
+    REQUIRE(qcclCommGetLastStats(w.comm(), &s) == qcclSuccess);
+    INFO("seconds " << s.seconds << " reduce " << s.reduceSeconds << " transport " << s.transportSeconds
+                    << " wait " << s.waitSeconds << " wakeups " << s.wakeups);
+    CHECK(s.encodeSeconds == 0);  // uncompressed
+    CHECK(s.decodeSeconds == 0);
+    CHECK(s.reduceSeconds > 0);     // every all-reduce of several ranks sums what it receives
+    CHECK(s.transportSeconds > 0);  // ...and posted its transfers
+    CHECK(s.waitSeconds >= 0);
+    CHECK(s.reduceSeconds + s.transportSeconds + s.waitSeconds <= s.seconds);  // disjoint intervals of it
+    return s;
+  };
+  QCCL_REQUIRE_OK(qcclAllReduce(in.data(), out.data(), count, qcclFloat32, qcclSum, w.comm()));
+  last();
+  // A late rank: the others wait for it, and say so (asleep on the transport, or polling in vain).
+  const double late = 0.1;
+  QCCL_REQUIRE_OK(qcclAllReduce(in.data(), out.data(), 1, qcclFloat32, qcclSum, w.comm()));  // a barrier
+  if (w.rank() == 0) std::this_thread::sleep_for(std::chrono::duration<double>(late));
+  QCCL_REQUIRE_OK(qcclAllReduce(in.data(), out.data(), count, qcclFloat32, qcclSum, w.comm()));
+  const qcclStats_t s = last();
+  if (w.rank() != 0) {
+    CHECK(s.seconds > late / 2);
+    CHECK(s.waitSeconds > late / 2);
+    CHECK(s.wakeups >= 1);
+  }
+  CHECK(out[count - 1] == static_cast<float>(n));
+}
+
 TEST_CASE("non-blocking: many mixed collectives back to back, waited in any order, all exact", "[ranks]") {
   // Collectives of a communicator run in call order (qccl.h): every result must be exact whatever the
   // order of the waits.

@@ -100,6 +100,10 @@ TEST_CASE("compressed all-reduce: statistics report the codec, the ratio and the
   CHECK(stats.decodeSeconds > 0);
   CHECK(stats.wireSeconds >= 0);
   CHECK(stats.encodeSeconds + stats.decodeSeconds + stats.wireSeconds == Approx(stats.seconds).epsilon(1e-9));
+  CHECK(stats.transportSeconds > 0);
+  CHECK(stats.encodeSeconds + stats.decodeSeconds + stats.reduceSeconds + stats.transportSeconds +
+            stats.waitSeconds <=
+        stats.seconds);
 }
 
 TEST_CASE("error feedback: a checkpointed state replays a step bit for bit", "[compressed]") {
