@@ -8,6 +8,11 @@
 #      and their minimum are compared with the targets.
 #   2. An emulated 1 Gbit/s network (qcclrun --netem 1gbit), 4 ranks: qccl's time per size against the
 #      wire floor 2(n-1)/n * S / (125e6 B/s), uncompressed and with the codecs of NETEM_CODECS.
+#   3. Fast links: an emulated 10 Gbit/s network, 2 and 4 ranks: qccl uncompressed and with the codecs
+#      of FAST_CODECS, Open MPI (ob1, tcp BTL) and Gloo crossing the same shaped links
+#      (perf/netem_peer.sh), interleaved; each time beside its wire floor and its CPU floor (the bytes
+#      its steps and the kernel's socket copies touch, over this machine's memcpy bandwidth, measured
+#      in the same run by codec_perf).
 #
 # It prints the generated Markdown (the part of docs/PERF.md between the run_perf.sh markers) to
 # stdout, or to --out FILE, and with --update DOC replaces that part of DOC. Progress goes to stderr.
@@ -16,7 +21,7 @@ set -euo pipefail
 usage() {
   cat <<'EOF'
 usage: perf/run_perf.sh [--quick] [--build DIR] [--out FILE] [--update DOC] [--repeats R]
-                        [--qccl-z N] [--no-netem] [--raw DIR] [--plots DIR]
+                        [--qccl-z N] [--no-shm] [--no-netem] [--no-fast] [--raw DIR] [--plots DIR]
   --quick       fewer sizes, one repeat, small -n: a smoke test of the whole pipeline (minutes)
   --build DIR   the qccl build directory (default: build)
   --out FILE    write the generated Markdown to FILE (default: stdout)
@@ -25,7 +30,9 @@ usage: perf/run_perf.sh [--quick] [--build DIR] [--out FILE] [--update DOC] [--r
   --repeats R   repeats of every run; the median is reported (default 3, --quick 1)
   --qccl-z N    all_reduce_perf's -z (default 2: blocking calls back to back, as MPI_Allreduce and
                 gloo::allreduce are timed; 0 issues them non-blocking, then waits)
-  --no-netem    skip the emulated-network part (it needs root and network namespaces)
+  --no-shm      skip the shared-memory part (1.)
+  --no-netem    skip the 1 Gbit/s part (2.; it needs root and network namespaces, as 3. does)
+  --no-fast     skip the 10 Gbit/s part (3.)
   --raw DIR     keep every run's raw nccl-tests table in DIR (default: deleted at exit)
   --plots DIR   draw the sweeps into DIR (perf/plot_perf.py: busbw against size per library, the
                 emulated network's time beside its floor) and show them in the Markdown, linked
@@ -35,7 +42,7 @@ EOF
 
 # ---- Options --------------------------------------------------------------------------------------
 readonly ORIG_ARGS="$*"
-BUILD=build OUT="" UPDATE="" QUICK=0 REPEATS="" QCCL_Z=2 NETEM=1 RAW="" PLOTS=""
+BUILD=build OUT="" UPDATE="" QUICK=0 REPEATS="" QCCL_Z=2 SHM=1 NETEM=1 FAST=1 RAW="" PLOTS=""
 while (($#)); do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -44,7 +51,9 @@ while (($#)); do
     --update) UPDATE=${2:?--update needs a file}; shift ;;
     --repeats) REPEATS=${2:?--repeats needs a number}; shift ;;
     --qccl-z) QCCL_Z=${2:?--qccl-z needs 0..3}; shift ;;
+    --no-shm) SHM=0 ;;
     --no-netem) NETEM=0 ;;
+    --no-fast) FAST=0 ;;
     --raw) RAW=${2:?--raw needs a directory}; shift ;;
     --plots) PLOTS=${2:?--plots needs a directory}; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -63,14 +72,22 @@ RANKS=(2 4)
 NETEM_RANKS=4
 NETEM_RATE=1gbit
 NETEM_BYTES_PER_S=125000000  # 1e9 bit/s nominal
+FAST_RANKS=(2 4)
+FAST_RATE=10gbit
+FAST_BYTES_PER_S=1250000000
 if ((QUICK)); then
   SHM_SEGMENTS=("64K 1M 4 20" "4M 16M 4 5")
   NETEM_SEGMENTS=("4M 64M 4 2")
   NETEM_CODECS=(q8)
+  FAST_SEGMENT="64M 64M 2 3"
+  FAST_CODECS=(q8)
 else
   SHM_SEGMENTS=("64K 1M 2 200" "2M 16M 2 20" "32M 256M 2 5")
   NETEM_SEGMENTS=("1M 16M 4 10" "64M 256M 4 3")
   NETEM_CODECS=(fp16 q8 q4)
+  FAST_SEGMENT="4M 64M 4 10"
+  # Marsit's sign codec averages (-o avg, k=0: sign rounds only); IntSGD's int8 keeps a state per size.
+  FAST_CODECS=(fp16 q8 q4 int8 sign:eta_s=0.01,k=0)
 fi
 readonly RUN_TIMEOUT=900  # seconds; a hung run fails the script rather than stalling it
 
@@ -86,9 +103,14 @@ BUILD=$(cd "$BUILD" && pwd)
 [[ $BUILD != *[[:space:]]* ]] || die "the build directory's path must not contain spaces: '$BUILD'"
 QCCLRUN=$BUILD/tools/qcclrun
 ALL_REDUCE_PERF=$BUILD/perf/all_reduce_perf
-for bin in "$QCCLRUN" "$ALL_REDUCE_PERF"; do
-  [[ -x $bin ]] || die "$bin not found: build it with 'ninja -C $BUILD all_reduce_perf qcclrun'"
+CODEC_PERF=$BUILD/perf/codec_perf
+NETEM_PEER=$REPO/perf/netem_peer.sh
+for bin in "$QCCLRUN" "$ALL_REDUCE_PERF" "$CODEC_PERF"; do
+  [[ -x $bin ]] || die "$bin not found: build it with 'ninja -C $BUILD all_reduce_perf codec_perf qcclrun'"
 done
+if ((FAST)); then
+  command -v nsenter >/dev/null || die "nsenter not found (Debian package util-linux): the 10 Gbit/s part needs it (or pass --no-fast)"
+fi
 command -v mpirun >/dev/null || die "mpirun not found (Debian package openmpi-bin)"
 
 # The baselines come from the main build once perf/CMakeLists.txt has add_subdirectory(baselines);
@@ -110,8 +132,8 @@ if ! find_baselines; then
   fi
   find_baselines || die "perf/baselines built without mpi_allreduce_perf or gloo_allreduce_perf (see cmake's output)"
 fi
-if ((NETEM)) && ((EUID != 0)); then
-  die "the emulated network needs root (qcclrun --netem); run as root or pass --no-netem"
+if ((NETEM || FAST)) && ((EUID != 0)); then
+  die "the emulated networks need root (qcclrun --netem); run as root or pass --no-netem --no-fast"
 fi
 
 # ---- Scratch space and clean-up ---------------------------------------------------------------------
@@ -152,7 +174,7 @@ on_signal() {
 trap 'on_signal 2' INT
 trap 'on_signal 15' TERM
 mkdir -p "$WORK/raw"
-RESULTS=$WORK/results.tsv  # phase impl nranks repeat size busbw(GB/s) time(us) wrong
+RESULTS=$WORK/results.tsv  # phase impl nranks repeat size busbw(GB/s) time(us) wrong [wire(B), qccl:CODEC]
 : >"$RESULTS"
 
 # ---- Running one benchmark ----------------------------------------------------------------------------
@@ -161,17 +183,25 @@ command_for() {
   local impl=$1 nranks=$2 b=$3 e=$4 f=$5 n=$6 netem=${7:-}
   local sweep="-b $b -e $e -f $f -n $n -w 1"
   case $impl in
-    qccl|qccl:*)  # qccl:CODEC compresses with --codec CODEC
-      local launcher="$QCCLRUN -n $nranks --no-prefix --timeout $RUN_TIMEOUT" codec=""
+    qccl|qccl:*)  # qccl:CODEC compresses with --codec CODEC (Marsit's sign codec averages)
+      local launcher="$QCCLRUN -n $nranks --no-prefix --timeout $RUN_TIMEOUT" codec="" op=sum
       [[ -n $netem ]] && launcher+=" --netem $netem"
       [[ $impl == qccl:* ]] && codec=" --codec ${impl#qccl:}"
-      echo "$launcher -- $ALL_REDUCE_PERF $sweep -c 0 -d float -o sum -z $QCCL_Z$codec" ;;
+      [[ $impl == qccl:sign* ]] && op=avg
+      echo "$launcher -- $ALL_REDUCE_PERF $sweep -c 0 -d float -o $op -z $QCCL_Z$codec" ;;
     mpi)
-      echo "timeout -k 10 $RUN_TIMEOUT mpirun --allow-run-as-root --oversubscribe -np $nranks" \
-           "--mca pml ob1 --mca btl self,vader $MPI_PERF $sweep -c 1" ;;
+      if [[ -n $netem ]]; then  # the tcp BTL across the emulated hosts
+        echo "$NETEM_PEER mpi -n $nranks --netem $netem --qcclrun $QCCLRUN --timeout $RUN_TIMEOUT --" \
+             "$MPI_PERF $sweep -c 1"
+      else
+        echo "timeout -k 10 $RUN_TIMEOUT mpirun --allow-run-as-root --oversubscribe -np $nranks" \
+             "--mca pml ob1 --mca btl self,vader $MPI_PERF $sweep -c 1"
+      fi ;;
     gloo)
       # A fresh FileStore directory per run: Gloo's keys would otherwise outlive the job.
-      echo "$QCCLRUN -n $nranks --no-prefix --timeout $RUN_TIMEOUT -- $GLOO_PERF -s @STORE@ $sweep -c 1" ;;
+      local launcher="$QCCLRUN -n $nranks --no-prefix --timeout $RUN_TIMEOUT" wrap=""
+      [[ -n $netem ]] && launcher+=" --netem $netem" wrap="$NETEM_PEER gloo -- "
+      echo "$launcher -- $wrap$GLOO_PERF -s @STORE@ $sweep -c 1" ;;
   esac
 }
 
@@ -196,7 +226,8 @@ count_sizes() {
 
 # Appends the rows of one nccl-tests table to $RESULTS and prints how many there were. Time comes from
 # the out-of-place half, or from the in-place half when the other is N/A (gloo -A ring_chunked); busbw
-# is recomputed from it, because the printed busbw has only two decimals (0.01 GB/s at 64 KiB).
+# is recomputed from it, because the printed busbw has only two decimals (0.01 GB/s at 64 KiB). With a
+# codec (qccl:CODEC), the wire bytes this rank sent follow (the column after #wrong).
 collect() {
   local file=$1 phase=$2 impl=$3 nranks=$4 rep=$5
   awk -v p="$phase" -v i="$impl" -v n="$nranks" -v r="$rep" -v out="$RESULTS" '
@@ -206,7 +237,9 @@ collect() {
       if (w == "N/A") w = -1
       if (t + 0 <= 0) next
       bw = $1 / (t * 1e-6) / 1e9 * 2 * (n - 1) / n
-      printf "%s\t%s\t%s\t%s\t%s\t%.6g\t%s\t%s\n", p, i, n, r, $1, bw, t, w >>out
+      printf "%s\t%s\t%s\t%s\t%s\t%.6g\t%s\t%s", p, i, n, r, $1, bw, t, w >>out
+      if (i ~ /^qccl:/) printf "\t%s", $10 >>out
+      printf "\n" >>out
       ++rows }
     END { print rows + 0 }' "$file"
 }
@@ -251,7 +284,7 @@ run_one() {
 IMPLS=(qccl mpi gloo)
 START=$(date +%s)
 log "work dir $WORK; repeats $REPEATS; shared-memory segments: ${SHM_SEGMENTS[*]}"
-for ((rep = 1; rep <= REPEATS; ++rep)); do
+for ((rep = 1; rep <= REPEATS && SHM; ++rep)); do
   for nranks in "${RANKS[@]}"; do
     for seg in "${SHM_SEGMENTS[@]}"; do
       # Rotate who goes first, so that no peer always runs right after another's memory traffic.
@@ -268,6 +301,24 @@ if ((NETEM)); then
     for seg in "${NETEM_SEGMENTS[@]}"; do
       for impl in qccl "${NETEM_CODECS[@]/#/qccl:}"; do
         run_one netem "$impl" "$NETEM_RANKS" "$rep" "$seg" "$NETEM_RATE"
+      done
+    done
+  done
+fi
+if ((FAST)); then
+  NETEM_STARTED=1
+  FAST_IMPLS=(qccl "${FAST_CODECS[@]/#/qccl:}" mpi gloo)
+  for ((rep = 1; rep <= REPEATS; ++rep)); do
+    # This machine's memory bandwidth now, for the CPU floors: memcpy's rate at 64 MiB (codec_perf).
+    log "fast_memcpy_r$rep"
+    run_child "$CODEC_PERF" -b 64M -e 64M -n 10 --codec none >"$WORK/raw/fast_memcpy_r$rep.txt" 2>&1 \
+      || die "codec_perf failed (see $WORK/raw/fast_memcpy_r$rep.txt)"
+    awk -v r="$rep" '!/^#/ && NF >= 5 && $1 ~ /^[0-9]+$/ { printf "memcpy\t-\t-\t%s\t%s\t%s\t-\t-\n", r, $1, $4; exit }' \
+      "$WORK/raw/fast_memcpy_r$rep.txt" >>"$RESULTS"
+    for nranks in "${FAST_RANKS[@]}"; do
+      for ((k = 0; k < ${#FAST_IMPLS[@]}; ++k)); do
+        impl=${FAST_IMPLS[(k + rep - 1) % ${#FAST_IMPLS[@]}]}
+        run_one fast "$impl" "$nranks" "$rep" "$FAST_SEGMENT" "$FAST_RATE"
       done
     done
   done
@@ -377,6 +428,69 @@ codec_report() {
     }' "$RESULTS"
 }
 
+# The fast links, for N ranks: per size, every implementation's median time beside its two floors.
+#   wire floor: what this rank must send over RATE: 2(n-1)/n * S uncompressed, the bytes it sent
+#     (all_reduce_perf's wire column) with a codec.
+#   CPU floor: the bytes the steps of this rank touch, over twice memcpy's rate (memcpy reads and writes
+#     each byte), times the ranks that share a core. With seg = S / 4 / n values and w wire bytes per
+#     value (wire / (2(n-1) seg), the codec's own), the uncompressed ring touches 44 (n-1) seg bytes: the
+#     sums read two values and write one, and the kernel copies every byte sent and received once at
+#     each end (send: user to socket, read and write; receive: socket to user); the compressed
+#     scatter-reduce-allgather (fp16, bf16, q1..q8) touches seg [(n-1)(4+w) encoding its inputs,
+#     8 loading its own, (n-1)(8+w) adding the decoded, (4+w) encoding the sum, n(4+w) decoding every
+#     owner's bytes, 8(n-1)w in the kernel]. Other plans (IntSGD's int codecs, Marsit's sign) have no
+#     CPU floor here, and Open MPI's and Gloo's algorithms are given the uncompressed ring's.
+fast_report() {
+  awk -F'\t' -v n="$1" -v rate="$FAST_BYTES_PER_S" -v cores="$(nproc)" -v impls="${FAST_IMPLS[*]}" '
+    '"$AWK_MEDIAN"'
+    function human(b) { return b >= 1048576 ? b / 1048576 " MiB" : b / 1024 " KiB" }
+    $1 == "memcpy" { mcp = mcp " " $6 }
+    $1 == "fast" && $3 == n {
+      us[$2, $5] = us[$2, $5] " " $7; if (NF >= 9) wire[$2, $5] = wire[$2, $5] " " $9
+      if (!($5 in seen)) { seen[$5]; sizes[++ns] = $5 } }
+    END {
+      m = median(mcp) * 1e9 * 2  # bytes touched per second
+      per_core = n > cores ? n / cores : 1
+      ni = split(impls, impl, " ")
+      for (i = 2; i <= ns; ++i) for (j = i; j > 1 && sizes[j - 1] + 0 > sizes[j] + 0; --j) { t = sizes[j]; sizes[j] = sizes[j - 1]; sizes[j - 1] = t }
+      for (i = 1; i <= ns; ++i) {
+        s = sizes[i]; seg = s / 4 / n
+        mpi = median(us["mpi", s]) / 1e3; gloo = median(us["gloo", s]) / 1e3
+        printf "\n%s, %d ranks (memcpy %.2f GB/s in this run):\n\n", human(s), n, median(mcp)
+        print "| implementation | time (ms) | wire floor (ms) | CPU floor (ms) | time / larger floor | Open MPI / it | Gloo / it |"
+        print "|---|---:|---:|---:|---:|---:|---:|"
+        for (k = 1; k <= ni; ++k) {
+          name = impl[k]; t = median(us[name, s]) / 1e3
+          if (t <= 0) continue
+          cpu = -1
+          if (name ~ /^qccl:/) {
+            w_bytes = median(wire[name, s]); wire_ms = w_bytes / rate * 1e3
+            codec = substr(name, 6)
+            if (codec ~ /^(fp16|bf16|q[1-8])([:]|$)/) {
+              w = w_bytes / (2 * (n - 1) * seg)
+              cpu = seg * ((n - 1) * (4 + w) + 8 + (n - 1) * (8 + w) + (4 + w) + n * (4 + w) + 8 * (n - 1) * w)
+            }
+            label = "qccl " codec
+          } else {
+            wire_ms = 2 * (n - 1) / n * s / rate * 1e3
+            cpu = 44 * (n - 1) * seg
+            label = name == "qccl" ? "qccl uncompressed" : name == "mpi" ? "Open MPI" : "Gloo"
+          }
+          cpu_ms = cpu >= 0 ? cpu * per_core / m * 1e3 : -1
+          bound = cpu_ms > wire_ms ? cpu_ms : wire_ms
+          printf "| %s | %.1f | %.1f | %s | %.2f | %.2f | %.2f |\n", label, t, wire_ms,
+                 (cpu_ms >= 0 ? sprintf("%.1f", cpu_ms) : "—"), t / bound, mpi / t, gloo / t
+          if (s == 67108864) {
+            if (n == 2 && name == "qccl") printf "TARGET\t2 ranks, 10 Gbit/s, 64 MiB: uncompressed time / wire floor\t<= 1.15\t%.2f\t%s\n", t / wire_ms, (t / wire_ms <= 1.15 ? "met" : "**not met**")
+            if (n == 2 && name == "qccl:q8") printf "TARGET\t2 ranks, 10 Gbit/s, 64 MiB: q8 time\t<= 18 ms\t%.1f ms\t%s\n", t, (t <= 18 ? "met" : "**not met**")
+            if (n == 2 && name == "qccl:q4") printf "TARGET\t2 ranks, 10 Gbit/s, 64 MiB: q4 time\t<= 14 ms\t%.1f ms\t%s\n", t, (t <= 14 ? "met" : "**not met**")
+            if (n == 4 && (name == "qccl" || name == "qccl:q8")) printf "TARGET\t4 ranks, 10 Gbit/s, 64 MiB: %s faster than Open MPI and Gloo\tboth > 1\t%.2f, %.2f\t%s\n", label, mpi / t, gloo / t, (mpi / t > 1 && gloo / t > 1 ? "met" : "**not met**")
+          }
+        }
+      }
+    }' "$RESULTS"
+}
+
 # "64K-1M x4 -n 10; ..." for the doc.
 describe_segments() {
   local seg b e f n out=""
@@ -404,30 +518,34 @@ generate() {
   echo
   echo "## All-reduce vs Open MPI and Gloo (shared memory)"
   echo
-  local z_note=""
-  ((QCCL_Z == 2)) && z_note=" (blocking calls back to back, as the peers' calls are)"
-  echo "Float sum, out of place. Time = mean over ranks of each rank's wall time per operation over -n"
-  echo "back-to-back operations (nccl-tests -a 1); busbw = S / time · 2(n−1)/n, recomputed from each"
-  echo "table's time column. qccl runs with \`-z $QCCL_Z\`$z_note. Open MPI uses ob1 with the vader"
-  echo "shared-memory BTL and its default process binding; Gloo has no shared-memory transport and runs"
-  echo "over TCP on loopback (\`gloo::allreduce\`, RING). Sweeps (MIN–MAX ×F, -n ITERS): $(describe_segments "${SHM_SEGMENTS[@]}")."
-  echo
-  echo "For N ranks and each sweep MIN MAX F ITERS:"
-  echo
-  echo '```'
-  example_cmd qccl N MIN MAX F ITERS
-  example_cmd mpi N MIN MAX F ITERS
-  example_cmd gloo N MIN MAX F ITERS
-  echo '```'
-  for n in "${RANKS[@]}"; do
-    report=$(shm_report "$n")
+  if ((SHM)); then
+    local z_note=""
+    ((QCCL_Z == 2)) && z_note=" (blocking calls back to back, as the peers' calls are)"
+    echo "Float sum, out of place. Time = mean over ranks of each rank's wall time per operation over -n"
+    echo "back-to-back operations (nccl-tests -a 1); busbw = S / time · 2(n−1)/n, recomputed from each"
+    echo "table's time column. qccl runs with \`-z $QCCL_Z\`$z_note. Open MPI uses ob1 with the vader"
+    echo "shared-memory BTL and its default process binding; Gloo has no shared-memory transport and runs"
+    echo "over TCP on loopback (\`gloo::allreduce\`, RING). Sweeps (MIN–MAX ×F, -n ITERS): $(describe_segments "${SHM_SEGMENTS[@]}")."
     echo
-    echo "### $n ranks"
+    echo "For N ranks and each sweep MIN MAX F ITERS:"
     echo
-    grep -v '^TARGET' <<<"$report"
-    picture "perf_shm_n$n.png" "busbw against size, $n ranks: qccl, Open MPI, Gloo"
-    targets+=$(grep '^TARGET' <<<"$report" || true)$'\n'
-  done
+    echo '```'
+    example_cmd qccl N MIN MAX F ITERS
+    example_cmd mpi N MIN MAX F ITERS
+    example_cmd gloo N MIN MAX F ITERS
+    echo '```'
+    for n in "${RANKS[@]}"; do
+      report=$(shm_report "$n")
+      echo
+      echo "### $n ranks"
+      echo
+      grep -v '^TARGET' <<<"$report"
+      picture "perf_shm_n$n.png" "busbw against size, $n ranks: qccl, Open MPI, Gloo"
+      targets+=$(grep '^TARGET' <<<"$report" || true)$'\n'
+    done
+  else
+    echo "Not run (--no-shm)."
+  fi
   echo
   echo "## All-reduce over an emulated 1 Gbit/s network"
   echo
@@ -452,6 +570,32 @@ generate() {
     targets+=$(grep '^TARGET' <<<"$report" || true)$'\n'
   else
     echo "Not run (--no-netem)."
+  fi
+  echo
+  echo "## Fast links: all-reduce over an emulated 10 Gbit/s network"
+  echo
+  if ((FAST)); then
+    echo "Each rank in its own network namespace behind a ${FAST_RATE} full-duplex tbf-shaped link, for qccl"
+    echo "(uncompressed, and \`--codec\` ${FAST_CODECS[*]}), Open MPI (ob1, tcp BTL) and Gloo alike: the peers"
+    echo "cross the same links through \`perf/netem_peer.sh\`. Runs interleaved, first runner rotated per"
+    echo "repeat; time = median over repeats of the mean over ranks; sweep $(describe_segments "$FAST_SEGMENT")."
+    echo "Wire floor: the bytes a rank sends (2(n−1)/n · S uncompressed; the wire column with a codec)"
+    echo "over 1.25e9 B/s. CPU floor: the bytes the rank's steps and the kernel's socket copies touch, over"
+    echo "twice this run's memcpy rate, times the ranks sharing a core (the formulas are in run_perf.sh,"
+    echo "fast_report). \"Open MPI / it\" and \"Gloo / it\" are their times over this one's: above 1, it is faster."
+    echo
+    echo '```'
+    example_cmd qccl N MIN MAX F ITERS "$FAST_RATE"
+    example_cmd mpi N MIN MAX F ITERS "$FAST_RATE"
+    example_cmd gloo N MIN MAX F ITERS "$FAST_RATE"
+    echo '```'
+    for n in "${FAST_RANKS[@]}"; do
+      report=$(fast_report "$n")
+      grep -v '^TARGET' <<<"$report"
+      targets+=$(grep '^TARGET' <<<"$report" || true)$'\n'
+    done
+  else
+    echo "Not run (--no-fast)."
   fi
   echo
   echo "### Targets"
