@@ -1,5 +1,6 @@
 #include "kernels/convert.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/codec.h"
@@ -19,9 +20,22 @@ const CodecConfig& cast_codec(DataType t) {
 
 }  // namespace
 
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  const auto distance = (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) & 4095;
+  if (distance == 0 || distance >= 64 || bytes < 4096) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  size_t i = bytes;
+  for (; i >= 64; i -= 64) std::memcpy(d + i - 64, s + i - 64, 64);
+  std::memcpy(d, s, i);
+}
+
 void load_float(DataType t, const void* in, float* out, size_t n) {
   if (t == DataType::kFloat32) {
-    if (in != out) std::memcpy(out, in, n * sizeof(float));
+    if (in != out) copy_bytes(out, in, n * sizeof(float));
     return;
   }
   decode(cast_codec(t), in, n, out);
@@ -34,7 +48,7 @@ void load_add_float(DataType t, const void* in, float* acc, size_t n) {
 
 void store_float(DataType t, const float* in, void* out, size_t n) {
   if (t == DataType::kFloat32) {
-    if (in != out) std::memcpy(out, in, n * sizeof(float));
+    if (in != out) copy_bytes(out, in, n * sizeof(float));
     return;
   }
   encode(cast_codec(t), in, n, out, PhiloxKey{}, 0);

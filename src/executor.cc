@@ -781,7 +781,7 @@ size_t run_data_step(const coll::Step& data_step, const coll::CollArgs& args) {
     if constexpr (std::is_same_v<S, st::Reduce>) {
       kernels::reduce(args.dtype, args.op, s.a, s.b, s.dst, s.count);
     } else if constexpr (std::is_same_v<S, st::Copy>) {
-      std::memcpy(s.dst, s.src, s.bytes);
+      kernels::copy_bytes(s.dst, s.src, s.bytes);
     } else if constexpr (std::is_same_v<S, st::Average>) {
       if (args.op == kernels::RedOp::kAvg) kernels::finish_average(args.dtype, s.buf, s.count, args.nranks);
     } else if constexpr (std::is_same_v<S, st::Load>) {

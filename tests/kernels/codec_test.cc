@@ -473,6 +473,30 @@ TEST_CASE("every Highway target matches the scalar reference byte for byte", "[c
 }
 
 // convert.h's conversions go through those casts: the same bits as half.h, and load_add_float adds
+TEST_CASE("copy_bytes copies every byte, whatever the distance between the buffers modulo 4 KiB", "[convert]") {
+  // Both of its paths (the backward one for destinations 1..63 bytes after the source modulo 4 KiB),
+  // sizes around the 64-byte blocks and the 4 KiB below which it is memcpy.
+  std::vector<unsigned char> src(3 * 4096 + 8192), dst(3 * 4096 + 8192);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (size_t from : {size_t{0}, size_t{4}, size_t{37}})
+    for (size_t to : {size_t{0}, size_t{1}, size_t{16}, size_t{63}, size_t{64}, size_t{100}, size_t{4095}})
+      for (size_t bytes : {size_t{0}, size_t{5}, size_t{64}, size_t{4095}, size_t{4096}, size_t{4096 + 63}, size_t{3 * 4096 + 1}}) {
+        // Place dst so that (dst - src) mod 4096 = to - from + 4096 * k, with src at offset `from`.
+        const unsigned char* s = src.data() + from;
+        const auto base = reinterpret_cast<uintptr_t>(dst.data());
+        const uintptr_t want = (reinterpret_cast<uintptr_t>(s) + to) & 4095;
+        unsigned char* d = dst.data() + ((want - base) & 4095);
+        REQUIRE(d + bytes <= dst.data() + dst.size());
+        std::fill(dst.begin(), dst.end(), 0xAB);
+        INFO("distance " << to << " bytes " << bytes);
+        copy_bytes(d, s, bytes);
+        CHECK(std::memcmp(d, s, bytes) == 0);
+        // Nothing outside the destination was written.
+        CHECK(std::count(dst.begin(), dst.end(), 0xAB) == static_cast<ptrdiff_t>(dst.size() - bytes) +
+                                                            std::count(s, s + bytes, 0xAB));
+      }
+}
+
 // what load_float widens, for the same inputs as above.
 TEST_CASE("convert.h's load_float, load_add_float and store_float are half.h's bit for bit", "[convert]") {
   std::vector<float> x = any_bits(1 << 16, 23);
