@@ -30,10 +30,10 @@ using Clock = std::chrono::steady_clock;
 // How long a blocked driver sleeps at most before it looks at timeouts and flags again.
 constexpr int kMaxBlockMs = 100;
 
-// When the transport cannot be armed with nothing to do (below), the driver keeps polling for this
-// long after the last movement (a full FIFO is the steady state of a large transfer whose receiver
-// is busy summing: it drains within microseconds), and then pauses, first for the shortest pause,
-// doubling up to the longest.
+// When the transport cannot be armed with nothing to do (drive_until), the driver keeps polling for
+// kBusyPolling after the last movement (a full FIFO is the steady state of a large transfer whose
+// receiver is busy summing: it drains within microseconds), then pauses kFirstBusyPause, doubling
+// each time nothing moved, up to kLongestBusyPause.
 constexpr auto kBusyPolling = std::chrono::milliseconds(1);
 constexpr auto kFirstBusyPause = std::chrono::microseconds(50);
 constexpr auto kLongestBusyPause = std::chrono::microseconds(1000);

@@ -59,13 +59,6 @@ class UcxTransport::Context {
     return created;
   }
 
-  // A UCX setting qccl chooses unless the user's environment sets it (UCX_<NAME>).
-  static void set_default(ucp_config_t* config, const char* name, const char* value) {
-    if (std::getenv((std::string("UCX_") + name).c_str())) return;
-    const ucs_status_t status = ucp_config_modify(config, name, value);
-    if (status != UCS_OK) QCCL_WARN("UCX: cannot set %s=%s: %s", name, value, ucs_status_string(status));
-  }
-
   Context() {
     ucp_config_t* config = nullptr;
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
@@ -73,15 +66,12 @@ class UcxTransport::Context {
     // Pipeline chunks (512 KiB by default) travel eagerly through UCX's shared-memory FIFOs rather
     // than by rendezvous: the rendezvous reads the sender's pages with process_vm_readv (cma), whose
     // page pinning made all-reduce about 2x slower at every size from 64 KiB to 16 MiB here
-    // (docs/PERF.md, "Eager chunks"). Larger messages (point-to-point) still use the rendezvous.
-    set_default(config, "RNDV_THRESH", "1m");
-    // Over TCP those eager chunks (a compressed chunk is a quarter of a megabyte at 8 bits) travel as
-    // fragments of at most TCP_TX_SEG_SIZE, each copied and sent on its own, and are read in
-    // TCP_RX_SEG_SIZE pieces: UCX's 8 KiB and 64 KiB made the transport's time in a q8 all-reduce over
-    // an emulated 10 Gbit/s link about 1.4x what 64 KiB and 256 KiB do (docs/PERF.md, "Where the time
-    // goes at 10 Gbit/s"). A receive holds a segment only while a message is partly read.
-    set_default(config, "TCP_TX_SEG_SIZE", "64k");
-    set_default(config, "TCP_RX_SEG_SIZE", "256k");
+    // (docs/PERF.md, "Eager chunks"). Larger messages (point-to-point) still use the rendezvous. The
+    // user's UCX_RNDV_THRESH, if set, wins.
+    if (!std::getenv("UCX_RNDV_THRESH")) {
+      status = ucp_config_modify(config, "RNDV_THRESH", "1m");
+      if (status != UCS_OK) QCCL_WARN("UCX: cannot set RNDV_THRESH: %s", ucs_status_string(status));
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
