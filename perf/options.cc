@@ -245,7 +245,9 @@ OPTIONS
                              (default: host memory; only in a build with CUDA)
         --phases             where rank 0's time went (qcclStats_t), the mean over the timed
                              operations: adds six columns to each half of the table, the percent
-                             of the time spent encoding (enc), decoding and summing decoded values
+                             of rank 0's own seconds per call (not of the time column, which is
+                             combined over ranks as -a says) spent encoding (enc), decoding and
+                             summing decoded values
                              (dec), in other data steps: uncompressed sums, copies, averages
                              (red), in the transport, posting transfers and progressing them (with
                              UCX over TCP, the kernel's socket copies) (xport), and waiting for the

@@ -842,9 +842,9 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
     }
     const auto asleep = Clock::now();
     if (armed) {
-      wait_for_events(progress_thread, std::chrono::milliseconds(kMaxBlockMs));
-    } else {
-      wait_for_events(progress_thread, busy_pause);
+      wait_for_events(progress_thread, std::chrono::milliseconds(kMaxBlockMs), true);
+    } else {  // its descriptor, unarmed, may stay readable: a pause that watched it would not pause
+      wait_for_events(progress_thread, busy_pause, false);
       busy_pause = std::min(2 * busy_pause, kLongestBusyPause);
     }
     add_ns(waiting_ns_, Clock::now() - asleep);
@@ -857,11 +857,11 @@ DriveTotals Comm::drive_totals() const {
                      wakeups_.load(std::memory_order_relaxed)};
 }
 
-// Blocks until the transport, a wake-up or (progress thread) the control plane has something, or for
-// `timeout` at most.
-void Comm::wait_for_events(bool progress_thread, std::chrono::microseconds timeout) {
+// Blocks until the transport (when `transport`: armed), a wake-up or (progress thread) the control
+// plane has something, or for `timeout` at most.
+void Comm::wait_for_events(bool progress_thread, std::chrono::microseconds timeout, bool transport) {
   std::vector<pollfd> fds;
-  fds.push_back({executor_->event_fd(), POLLIN, 0});
+  fds.push_back({transport ? executor_->event_fd() : -1, POLLIN, 0});  // -1: poll skips it
   fds.push_back({progress_thread ? progress_wake_fd_ : driver_wake_fd_, POLLIN, 0});
   DeviceExecutor* device = device_executor_.load();
   fds.push_back({device ? device->device_event_fd() : -1, POLLIN, 0});  // -1: poll skips it

@@ -143,7 +143,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   // Drives until done() holds. may_block: sleep on events when nothing moves (else return then).
   void drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block = true);
-  void wait_for_events(bool progress_thread, std::chrono::microseconds timeout);
+  void wait_for_events(bool progress_thread, std::chrono::microseconds timeout, bool transport);
   void progress_thread_main();
   bool waits_for_its_state(size_t index) const;  // index into driving_
   void check_timeouts();
