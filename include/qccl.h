@@ -171,7 +171,8 @@ typedef struct qcclStats_v100 {
   double transportSeconds;    /* in the transport: posting transfers, and progress that moved bytes
                                  (with UCX over TCP, the kernel's socket copies) */
   double waitSeconds;         /* waiting for the wire or a peer: polling that found nothing, sleeps */
-  uint64_t wakeups;           /* times the driver slept on the transport's descriptor and woke */
+  uint64_t wakeups;           /* times the driver slept and woke (on the transport's descriptor, or
+                                 a pause while the transport could not be armed) */
 } qcclStats_t;
 
 /* ---- Library and errors ------------------------------------------------------------------------ */

@@ -429,7 +429,8 @@ class Bench {
   Options opt_;
   Table table_;
   Cell::Phases* phases_ = nullptr;  // --phases: the timed batch's sums (time_batch, run_ops)
-  qcclStats_t last_stats_{};        // the last call run_ops made (read_last_stats)
+  qcclStats_t last_stats_{};        // the last call of the timed batch (read_last_stats)
+  bool last_stats_wanted_ = false;  // run_ops reads it after its last call (time_batch, once a batch)
   qcclComm_t comm_ = nullptr;
   int rank_ = 0, nranks_ = 1;
   HostBuffer send_, recv_;
@@ -668,12 +669,14 @@ double Bench::time_batch(const Shape& s, bool in_place, Cell::Phases* phases) {
   phases_ = phases;  // run_ops adds each blocking call's time fields to it
   double seconds = 0;
   if (opt_.blocking == 0 || opt_.blocking == 2) {
+    last_stats_wanted_ = true;
     const double start = now();
     run_ops(s, in_place, 0, opt_.iters);
     seconds = (now() - start) / opt_.iters;
   } else {
     double total = 0;
     for (int iter = 0; iter < opt_.iters; ++iter) {
+      last_stats_wanted_ = iter + 1 == opt_.iters;
       double start = now();
       if (opt_.blocking == 3) barrier(), start = now();  // -z 3: the barrier is not timed
       run_ops(s, in_place, iter, 1);
@@ -683,6 +686,7 @@ double Bench::time_batch(const Shape& s, bool in_place, Cell::Phases* phases) {
     seconds = total / opt_.iters;
   }
   phases_ = nullptr;
+  last_stats_wanted_ = false;
   if (phases)
     for (double* field : {&phases->seconds, &phases->encode, &phases->decode, &phases->reduce, &phases->transport,
                           &phases->wait, &phases->sleeps})
@@ -719,7 +723,7 @@ void Bench::run_ops(const Shape& s, bool in_place, int first_iter, int n) {
   if (opt_.blocking != 0) {
     for (int i = 0; i < n; ++i) {
       ok(test_.run(make_call(s, in_place, first_iter + i), nullptr), test_.call);
-      if (phases_ || i + 1 == n) read_last_stats();
+      if (phases_ || (last_stats_wanted_ && i + 1 == n)) read_last_stats();
       if (phases_) add_phases();
     }
     return;
@@ -727,7 +731,7 @@ void Bench::run_ops(const Shape& s, bool in_place, int first_iter, int n) {
   Requests requests;
   for (int i = 0; i < n; ++i) ok(test_.run(make_call(s, in_place, first_iter + i), &requests), test_.call);
   for (qcclRequest_t& r : requests.list()) ok(qcclWait(&r), "qcclWait");
-  read_last_stats();
+  if (last_stats_wanted_) read_last_stats();
 }
 
 // nccl-tests' startColl: iteration `iter` works at an offset of iter * size within the -e sized

@@ -55,13 +55,17 @@ case $mode in
     [[ -n $rate ]] || die "mpi: --netem RATE is required"
     (($#)) || die "mpi: no command"
     dir=$(mktemp -d "${TMPDIR:-/tmp}/netem_peer.XXXXXX")
-    holder=""
+    holder="" job=""
+    # Both run in the background and are waited for, so that a signal reaches this script at once
+    # (bash runs a trap only after the foreground command) and is passed on: timeout stops mpirun,
+    # qcclrun removes its namespaces.
     cleanup() {
       local status=$?
-      if [[ -n $holder ]]; then
-        kill -TERM "$holder" 2>/dev/null || true
-        wait "$holder" 2>/dev/null || true
-      fi
+      local pid
+      for pid in $job $holder; do
+        kill -TERM "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+      done
       rm -rf "$dir"
       exit "$status"
     }
@@ -87,11 +91,14 @@ case $mode in
     timeout -k 10 "$timeout" nsenter --net="/proc/$pid0/ns/net" -- \
       mpirun --allow-run-as-root --oversubscribe -np "$nranks" --mca pml ob1 --mca btl self,tcp \
       --mca oob_tcp_if_include "$if0" -x PMIX_MCA_ptl_tcp_if_include -x PMIX_MCA_ptl_tcp_remote_connections \
-      "$(realpath "${BASH_SOURCE[0]}")" rank "$dir" -- "$@" || rc=$?
+      "$(realpath "${BASH_SOURCE[0]}")" rank "$dir" -- "$@" &
+    job=$!
+    wait "$job" || rc=$?
+    job=""
     exit "$rc"
     ;;
   ""|-h|--help)
-    sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     [[ -n $mode ]] && exit 0 || exit 2
     ;;
   *) die "unknown mode '$mode' (gloo, mpi)" ;;

@@ -244,14 +244,14 @@ OPTIONS
                              timed batch; a blocking call returns once its result is on the device
                              (default: host memory; only in a build with CUDA)
         --phases             where rank 0's time went (qcclStats_t), the mean over the timed
-                             operations: adds six columns to each half of the table, the percent
-                             of rank 0's own seconds per call (not of the time column, which is
-                             combined over ranks as -a says) spent encoding (enc), decoding and
-                             summing decoded values
-                             (dec), in other data steps: uncompressed sums, copies, averages
-                             (red), in the transport, posting transfers and progressing them (with
-                             UCX over TCP, the kernel's socket copies) (xport), and waiting for the
-                             wire or a peer (wait), and the driver's sleeps per operation (sleeps).
+                             operations: adds six columns to each half of the table. Five are
+                             percents of rank 0's own seconds per call (not of the time column,
+                             which is combined over ranks as -a says): enc (encoding), dec
+                             (decoding, and summing decoded values), red (the other data steps:
+                             uncompressed sums, copies, averages), xport (in the transport:
+                             posting transfers and progressing them; with UCX over TCP, the
+                             kernel's socket copies) and wait (waiting for the wire or a peer);
+                             sleeps is the driver's sleeps per operation.
                              The rest is the drive loop and time the rank was not running. Needs
                              -z 1, 2 or 3: non-blocking operations overlap, and what the driver
                              did for one it did for all (default: off)

@@ -65,16 +65,16 @@ namespace qccl {
 
 class Comm;
 
-// One call: created when the API is called, started at once or at qcclGroupEnd.
 // Where the communicator's drivers (a waiting caller or the progress thread, one at a time) spent their
 // time outside the executions' own steps, as running totals: a call's share is the difference between
 // its completion and the start of its execution.
 struct DriveTotals {
   int64_t transport_ns = 0;  // in the transport's progress, when it moved something
   int64_t waiting_ns = 0;    // waiting for the wire or a peer: passes that moved nothing, and sleeps
-  int64_t wakeups = 0;       // sleeps on the transport's descriptor (each ends in a wake-up)
+  int64_t wakeups = 0;       // sleeps: on the armed transport, or a pause while it cannot be armed
 };
 
+// One call: created when the API is called, started at once or at qcclGroupEnd.
 struct OpRecord {
   coll::CollArgs args;
   std::shared_ptr<Comm> comm;
@@ -182,7 +182,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::string aggregator_lost_;                   // guarded by ops_mu_: why agg=switch cannot run
   std::vector<std::string> names_;  // "rank 3 (host:pid)", then "aggregator 0 (host:port)"
   bool oversubscribed_ = false;      // more ranks on this host than CPUs: spinning yields
-  // DriveTotals, added to under the drive lock and read by callers when they start a call.
+  // DriveTotals, added to and read by the driver (under the drive lock): at an execution's start and
+  // at its completion.
   std::atomic<int64_t> transport_ns_{0}, waiting_ns_{0}, wakeups_{0};
   DriveTotals drive_totals() const;
 

@@ -472,7 +472,6 @@ TEST_CASE("every Highway target matches the scalar reference byte for byte", "[c
   for_each_target([] { check_all_codecs(); });
 }
 
-// convert.h's conversions go through those casts: the same bits as half.h, and load_add_float adds
 TEST_CASE("copy_bytes copies every byte, whatever the distance between the buffers modulo 4 KiB", "[convert]") {
   // Both of its paths (the backward one for destinations 1..63 bytes after the source modulo 4 KiB),
   // sizes around the 64-byte blocks and the 4 KiB below which it is memcpy.
@@ -481,7 +480,7 @@ TEST_CASE("copy_bytes copies every byte, whatever the distance between the buffe
   for (size_t from : {size_t{0}, size_t{4}, size_t{37}})
     for (size_t to : {size_t{0}, size_t{1}, size_t{16}, size_t{63}, size_t{64}, size_t{100}, size_t{4095}})
       for (size_t bytes : {size_t{0}, size_t{5}, size_t{64}, size_t{4095}, size_t{4096}, size_t{4096 + 63}, size_t{3 * 4096 + 1}}) {
-        // Place dst so that (dst - src) mod 4096 = to - from + 4096 * k, with src at offset `from`.
+        // Place dst so that (dst - src) mod 4096 = to, with src at offset `from` into its buffer.
         const unsigned char* s = src.data() + from;
         const auto base = reinterpret_cast<uintptr_t>(dst.data());
         const uintptr_t want = (reinterpret_cast<uintptr_t>(s) + to) & 4095;
@@ -497,6 +496,7 @@ TEST_CASE("copy_bytes copies every byte, whatever the distance between the buffe
       }
 }
 
+// convert.h's conversions go through those casts: the same bits as half.h, and load_add_float adds
 // what load_float widens, for the same inputs as above.
 TEST_CASE("convert.h's load_float, load_add_float and store_float are half.h's bit for bit", "[convert]") {
   std::vector<float> x = any_bits(1 << 16, 23);
