@@ -182,10 +182,10 @@ RESULTS=$WORK/results.tsv  # phase impl nranks repeat size busbw(GB/s) time(us) 
 command_for() {
   local impl=$1 nranks=$2 b=$3 e=$4 f=$5 n=$6 netem=${7:-}
   local sweep="-b $b -e $e -f $f -n $n -w 1"
+  local launcher="$QCCLRUN -n $nranks --no-prefix --timeout $RUN_TIMEOUT${netem:+ --netem $netem}"
   case $impl in
     qccl|qccl:*)  # qccl:CODEC compresses with --codec CODEC (Marsit's sign codec averages)
-      local launcher="$QCCLRUN -n $nranks --no-prefix --timeout $RUN_TIMEOUT" codec="" op=sum
-      [[ -n $netem ]] && launcher+=" --netem $netem"
+      local codec="" op=sum
       [[ $impl == qccl:* ]] && codec=" --codec ${impl#qccl:}"
       [[ $impl == qccl:sign* ]] && op=avg
       echo "$launcher -- $ALL_REDUCE_PERF $sweep -c 0 -d float -o $op -z $QCCL_Z$codec" ;;
@@ -199,8 +199,8 @@ command_for() {
       fi ;;
     gloo)
       # A fresh FileStore directory per run: Gloo's keys would otherwise outlive the job.
-      local launcher="$QCCLRUN -n $nranks --no-prefix --timeout $RUN_TIMEOUT" wrap=""
-      [[ -n $netem ]] && launcher+=" --netem $netem" wrap="$NETEM_PEER gloo -- "
+      local wrap=""
+      [[ -n $netem ]] && wrap="$NETEM_PEER gloo -- "
       echo "$launcher -- $wrap$GLOO_PERF -s @STORE@ $sweep -c 1" ;;
   esac
 }

@@ -48,9 +48,7 @@ std::string choose_auto_codec(const Model& model, const Topology& topology, cons
     throw std::invalid_argument(e.what());
   }
   auto_codec->agree(cluster_facts(model, topology, call, *auto_codec));
-  std::vector<int> labels;
-  for (int r = 0; r < topology.nranks; ++r) labels.push_back(topology.host_of(r));
-  const coll::NodeMap nodes = coll::NodeMap::from_labels(labels);
+  const coll::NodeMap nodes = topology.node_map();
   coll::CollArgs args;
   args.kind = call.kind, args.count = call.count, args.dtype = call.dtype, args.op = call.op;
   args.nranks = topology.nranks, args.nodes = &nodes;

@@ -31,6 +31,12 @@ double Topology::oversubscription() const {
   return 1.0;
 }
 
+coll::NodeMap Topology::node_map() const {
+  std::vector<int> labels(static_cast<size_t>(nranks));
+  for (int r = 0; r < nranks; ++r) labels[static_cast<size_t>(r)] = host_of(r);
+  return coll::NodeMap::from_labels(labels);
+}
+
 std::string Topology::check() const {
   if (nranks < 1) return "the rank count must be at least 1, not " + std::to_string(nranks);
   if (nranks > (1 << 20)) return std::to_string(nranks) + " ranks: the simulator takes at most 2^20";
@@ -102,9 +108,7 @@ class Binding {
       throw std::invalid_argument("Send and Recv are not simulated: they pair two different calls");
     if (call.chunk_bytes == 0) throw std::invalid_argument("the chunk size must be at least 1 byte");
     if (call.depth < 1) throw std::invalid_argument("the pipeline depth must be at least 1");
-    std::vector<int> labels(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) labels[static_cast<size_t>(r)] = topology.host_of(r);
-    nodes_ = coll::NodeMap::from_labels(labels);
+    nodes_ = topology.node_map();
     if (!call.codec.empty()) {
       try {
         codec_ = std::make_unique<kernels::CodecConfig>(kernels::parse_codec_spec(call.codec));

@@ -52,6 +52,8 @@ struct Topology {
   int host_count() const { return hosts > 0 ? hosts : nranks; }
   int ranks_per_host() const { return nranks / host_count(); }
   int host_of(int rank) const { return rank / ranks_per_host(); }
+  // Which ranks share a host, as the plans see it (CollArgs::nodes).
+  coll::NodeMap node_map() const;
   // How much slower a CPU step runs than on a core of its own.
   double oversubscription() const;
   // Empty when valid, else what is wrong ("3 hosts do not divide 8 ranks").
