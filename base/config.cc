@@ -17,7 +17,7 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_TIMEOUT", "300", "seconds a collective may go without progress before it fails on every rank; 0 waits forever"},
       {"QCCL_CHUNK_BYTES", "262144 (or from QCCL_LINK_RATE)", "pipeline chunk size in bytes (K/M suffixes allowed)"},
       {"QCCL_PIPELINE_DEPTH", "2", "chunks in flight per collective"},
-      {"QCCL_LINK_RATE", "unset (unknown)", "the rate of each rank's link, in tc's units (100mbit, 1gbit; set by qcclrun --netem): without QCCL_CHUNK_BYTES, the chunk becomes 5 ms of the link (4 KiB multiples, 16 KiB to 256 KiB), so that a chunk fits a shallow switch queue, and 1 MiB from 10gbit on"},
+      {"QCCL_LINK_RATE", "unset (unknown; probed for QCCL_CODEC=auto on several nodes)", "the rate of each rank's link, in tc's units (100mbit, 1gbit; set by qcclrun --netem), or probe: measured between the nodes when the communicator is made (node leaders send one another growing messages around a ring of nodes, 64 KiB up to 64 MiB or 25 ms; the slope between the last two sizes, so that a shaper's burst and the latency drop out; the slowest link's rate, the same on every rank; up to about 0.1 s, nothing on one node). Without QCCL_CHUNK_BYTES the chunk becomes 5 ms of the link (4 KiB multiples, 16 KiB to 256 KiB), so that a chunk fits a shallow switch queue, and 1 MiB from 8gbit on (a 10 Gbit/s link, as set or as a probe measures it)"},
       {"QCCL_ALGO", "unset (by size)", "force algorithms by name: 'ring' or 'allreduce=ring,broadcast=chain' (qccl_info lists them)"},
       {"QCCL_SPIN_US", "20", "microseconds to poll before blocking on the network's event descriptor"},
       {"QCCL_SOCKET_IFNAME", "unset (first non-loopback IPv4)", "interface whose address the bootstrap listens on and advertises"},
@@ -135,15 +135,20 @@ Config Config::from_environment() {
   if (const char* v = env("QCCL_TIMEOUT")) c.timeout_seconds = parse_double("QCCL_TIMEOUT", v, 0, 1e9);
   if (const char* v = env("QCCL_CHUNK_BYTES")) {
     c.chunk_bytes = parse_size("QCCL_CHUNK_BYTES", v);
+    c.chunk_explicit = true;
     if (c.chunk_bytes < 64 || c.chunk_bytes > kMaxChunkBytes)
       fail(qcclInvalidArgument, "QCCL_CHUNK_BYTES = %zu is out of range [64, %zu]", c.chunk_bytes,
            kMaxChunkBytes);
   }
   if (const char* v = env("QCCL_LINK_RATE")) {
-    if (!parse_bit_rate(v, &c.link_rate_bits))
-      fail(qcclInvalidArgument, "QCCL_LINK_RATE = '%s' is not a rate of at least 1kbit (tc's units: 100mbit, 1gbit, "
-           "10gbit, 125mbps = bytes/s)", v);
-    if (!env("QCCL_CHUNK_BYTES")) c.chunk_bytes = chunk_for_link_rate(c.link_rate_bits);
+    if (std::string(v) == "probe") {
+      c.probe_link_rate = true;
+    } else {
+      if (!parse_bit_rate(v, &c.link_rate_bits))
+        fail(qcclInvalidArgument, "QCCL_LINK_RATE = '%s' is neither probe nor a rate of at least 1kbit (tc's units: "
+             "100mbit, 1gbit, 10gbit, 125mbps = bytes/s)", v);
+      if (!c.chunk_explicit) c.chunk_bytes = chunk_for_link_rate(c.link_rate_bits);
+    }
   }
   if (const char* v = env("QCCL_PIPELINE_DEPTH"))
     c.pipeline_depth = static_cast<int>(parse_int("QCCL_PIPELINE_DEPTH", v, 1, kMaxPipelineDepth));
@@ -184,6 +189,7 @@ Config Config::with(const qcclConfig_t* overrides) const {
       fail(qcclInvalidArgument, "config->chunkBytes = %d is out of range [64, %zu]", overrides->chunkBytes,
            kMaxChunkBytes);
     c.chunk_bytes = static_cast<size_t>(overrides->chunkBytes);
+    c.chunk_explicit = true;
   }
   if (overrides->pipelineDepth != QCCL_CONFIG_UNDEF_INT) {
     if (overrides->pipelineDepth < 1 || overrides->pipelineDepth > kMaxPipelineDepth)

@@ -38,6 +38,9 @@ std::vector<std::vector<uint8_t>> exchange_through_root(const BootstrapId& id, i
                                                         const std::vector<uint8_t>& blob,
                                                         const net::Deadline& deadline);
 
+// PeerInfo::link_rate_bits of a rank told QCCL_LINK_RATE=probe.
+constexpr uint64_t kProbedLinkRate = ~uint64_t{0};
+
 // What each rank tells the others at bootstrap.
 struct PeerInfo {
   std::string hostname;
@@ -46,9 +49,11 @@ struct PeerInfo {
   std::string control_address;  // rank 0's control-plane listener ("ip:port"); empty elsewhere
   std::string topology;         // one-line hwloc summary, for logs
   std::vector<uint8_t> transport_address;
-  // With QCCL_LINK_RATE: the fft codec's encode + decode of a value on this rank's CPU (LinkFacts).
+  // With QCCL_LINK_RATE (or a link probe): the fft codec's encode + decode of a value on this rank's
+  // CPU (LinkFacts).
   double fft_seconds_per_value = 0;
-  // Settings every rank must share (the chunk decides the messages, the link rate the algorithms).
+  // Settings every rank must share (the chunk decides the messages, the link rate the algorithms):
+  // bit/s, 0 unset, kProbedLinkRate for QCCL_LINK_RATE=probe.
   uint64_t chunk_bytes = 0;
   uint64_t link_rate_bits = 0;
   // QCCL_CODEC=auto's inputs (src/auto_codec.h): the spec every rank must share, this rank's measured

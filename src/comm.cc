@@ -19,6 +19,7 @@
 #include "collectives/compressed.h"
 #include "kernels/codec.h"
 #include "kernels/reduce.h"
+#include "src/link_probe.h"
 #include "src/node_map.h"
 
 namespace qccl {
@@ -119,9 +120,12 @@ void Comm::join(const BootstrapId& id) {
   me.pid = static_cast<int32_t>(getpid());
   me.topology = topology_.summary();
   me.transport_address = transport_->address();
-  if (config_.link_rate_bits) me.fft_seconds_per_value = fft_cost_per_value();
+  // The links between nodes are measured after the transport is up (QCCL_LINK_RATE=probe, or auto's
+  // model without a rate), when there are several nodes: every rank decides alike, from what all agree on.
+  const bool probe = config_.probe_link_rate || (auto_codec_ && config_.link_rate_bits == 0);
+  if (config_.link_rate_bits || probe) me.fft_seconds_per_value = fft_cost_per_value();
   me.chunk_bytes = config_.chunk_bytes;
-  me.link_rate_bits = config_.link_rate_bits;
+  me.link_rate_bits = config_.probe_link_rate ? kProbedLinkRate : config_.link_rate_bits;
   if (auto_codec_) me.codec_policy = config_.codec;  // (a fixed codec's mismatch fails by its hash)
   me.pipeline_depth = config_.pipeline_depth;
   if (auto_codec_) me.codec_costs = auto_codec_->measure().flatten();  // stretched in agree_auto_codec
@@ -136,17 +140,17 @@ void Comm::join(const BootstrapId& id) {
   int local = 0;
   for (const PeerInfo& p : peers_) local += p.same_host(me) ? 1 : 0;
   node_map_ = compute_node_map(peers_, config_.node_map);
+  auto rate_text = [](uint64_t bits) {
+    return bits == kProbedLinkRate ? std::string("probe") : bits ? std::to_string(bits) + " bit/s" : std::string("unset");
+  };
   for (int r = 0; r < nranks_; ++r)  // every rank finds the same first difference, and fails alike
     if (peers_[r].chunk_bytes != peers_[0].chunk_bytes || peers_[r].link_rate_bits != peers_[0].link_rate_bits)
-      fail(qcclInvalidArgument, "%s takes a chunk of %llu bytes and QCCL_LINK_RATE = %llu bit/s, %s %llu and %llu: "
-           "every rank must take the same (QCCL_CHUNK_BYTES or chunkBytes, QCCL_LINK_RATE; 0 = unset)",
+      fail(qcclInvalidArgument, "%s takes a chunk of %llu bytes and QCCL_LINK_RATE = %s, %s %llu and %s: "
+           "every rank must take the same (QCCL_CHUNK_BYTES or chunkBytes, QCCL_LINK_RATE)",
            names_[r].c_str(), static_cast<unsigned long long>(peers_[r].chunk_bytes),
-           static_cast<unsigned long long>(peers_[r].link_rate_bits), names_[0].c_str(),
-           static_cast<unsigned long long>(peers_[0].chunk_bytes), static_cast<unsigned long long>(peers_[0].link_rate_bits));
-  if (config_.link_rate_bits) {  // the same facts on every rank: the slowest CPU's cost
-    link_facts_.rate = static_cast<double>(config_.link_rate_bits) / 8;
-    for (const PeerInfo& p : peers_) link_facts_.fft_seconds_per_value = std::max(link_facts_.fft_seconds_per_value, p.fft_seconds_per_value);
-  }
+           rate_text(peers_[r].link_rate_bits).c_str(), names_[0].c_str(),
+           static_cast<unsigned long long>(peers_[0].chunk_bytes), rate_text(peers_[0].link_rate_bits).c_str());
+  set_link_facts();
   // auto's choice must be every rank's (a fixed codec's mismatch fails at the first call, by its hash)
   for (int r = 0; r < nranks_; ++r)
     if (peers_[r].codec_policy != peers_[0].codec_policy &&
@@ -156,7 +160,6 @@ void Comm::join(const BootstrapId& id) {
            names_[0].c_str(), peers_[0].codec_policy.empty() ? "a fixed codec or none" : peers_[0].codec_policy.c_str());
   // QCCL_OVERSUBSCRIBED overrides the count: emulated hosts (qcclrun --nodes) share the CPUs.
   oversubscribed_ = config_.oversubscribed >= 0 ? config_.oversubscribed == 1 : local > topology_.bound_pus;
-  if (auto_codec_) agree_auto_codec();
 
   control_ = std::make_unique<ControlPlane>(
       rank_, nranks_, id.magic, names_,
@@ -188,6 +191,18 @@ void Comm::join(const BootstrapId& id) {
   executor_ = std::make_unique<HostExecutor>(*transport_, HostExecutorOptions{config_.pipeline_depth, false}, &names_);
   progress_thread_ = std::thread([this] { progress_thread_main(); });
   control_->barrier(deadline);
+  std::string probed;  // what the probe measured, for the log
+  if (probe && node_map_.nodes() > 1) {
+    const LinkProbe measured = probe_link_rate(*this);
+    probed = measured.description;
+    // A communicator split from this one inherits the measured rate instead of probing again.
+    config_.link_rate_bits = measured.bits_per_s;
+    config_.probe_link_rate = false;
+    // The aggregators were told the chunk when this rank registered (their message size): it stays.
+    if (!config_.chunk_explicit && aggregator_links_.empty()) config_.chunk_bytes = chunk_for_link_rate(measured.bits_per_s);
+    set_link_facts();
+  }
+  if (auto_codec_) agree_auto_codec();
 
   QCCL_INFO("communicator of %d ranks (%d on this host, %d CPUs: %s), root %s", nranks_, local, topology_.bound_pus,
             oversubscribed_ ? "oversubscribed, spinning yields" : "spinning", id.root.to_string().c_str());
@@ -197,18 +212,30 @@ void Comm::join(const BootstrapId& id) {
   QCCL_INFO("%s; reduction kernels %s; chunk %zu bytes, timeout %g s", executor_->describe().c_str(),
             kernels::reduce_target_name(), config_.chunk_bytes, config_.timeout_seconds);
   QCCL_INFO("algorithms %s", policy_.describe().c_str());
+  if (!probed.empty()) QCCL_INFO("link probe between %d nodes: %s", node_map_.nodes(), probed.c_str());
   if (link_facts_.rate > 0)
-    QCCL_INFO("link %.0f Mbit/s (QCCL_LINK_RATE): chunk %zu bytes; the fft codec costs %.1f ns a value here (the "
+    QCCL_INFO("link %.0f Mbit/s (%s): chunk %zu bytes; the fft codec costs %.1f ns a value here (the "
               "slowest rank), so it can pay only below %.0f Mbit/s, however much it compresses",
-              link_facts_.rate * 8 / 1e6, config_.chunk_bytes, link_facts_.fft_seconds_per_value * 1e9,
-              4 / link_facts_.fft_seconds_per_value * 8 / 1e6);
+              link_facts_.rate * 8 / 1e6, probed.empty() ? "QCCL_LINK_RATE" : "measured", config_.chunk_bytes,
+              link_facts_.fft_seconds_per_value * 1e9, 4 / link_facts_.fft_seconds_per_value * 8 / 1e6);
+  else if (probe && node_map_.nodes() == 1)
+    QCCL_INFO("link probe: not needed, the ranks share one node");
   QCCL_INFO("compression of plain all-reduce calls (QCCL_CODEC): %s",
             auto_codec_ ? auto_codec_->describe().c_str() : codec_policy_.describe().c_str());
   if (!aggregator_links_.empty()) QCCL_INFO("IntSGD aggregators (QCCL_AGGREGATORS): %s", config_.aggregators.c_str());
 }
 
+// The fft codec's facts (LinkFacts) for config_.link_rate_bits, the same on every rank: the rate, and
+// the slowest rank's cost of a value.
+void Comm::set_link_facts() {
+  if (!config_.link_rate_bits) return;
+  link_facts_.rate = static_cast<double>(config_.link_rate_bits) / 8;
+  for (const PeerInfo& p : peers_)
+    link_facts_.fft_seconds_per_value = std::max(link_facts_.fft_seconds_per_value, p.fft_seconds_per_value);
+}
+
 // QCCL_CODEC=auto's facts, from what every rank sent at bootstrap, so that every rank chooses alike:
-// the links (QCCL_LINK_RATE between nodes, memory copies within one) and the slowest host's CPU
+// the links (QCCL_LINK_RATE or the probe's rate between nodes, memory copies within one) and the slowest host's CPU
 // costs, stretched by its ranks per CPU (all ranks, when QCCL_OVERSUBSCRIBED says the hosts share one
 // machine's CPUs). The ranks of a host measured at the same time, on the same cores: the least
 // contended measurement of each cost (the smallest) is the host's, before the stretch.
@@ -241,10 +268,6 @@ void Comm::agree_auto_codec() {
   facts.intra_latency = 3e-6;
   facts.chunk_bytes = static_cast<double>(config_.chunk_bytes);
   facts.depth = peers_[0].pipeline_depth;  // the same on every rank, whatever each was told
-  if (node_map_.nodes() > 1 && facts.inter_rate <= 0)
-    QCCL_WARN("QCCL_CODEC=auto: the ranks are on %d nodes and QCCL_LINK_RATE is unset, so the links between them "
-              "are unknown: plain all-reduces run uncompressed (set QCCL_LINK_RATE, e.g. 10gbit)",
-              node_map_.nodes());
   auto_codec_->agree(std::move(facts));
 }
 

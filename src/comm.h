@@ -160,6 +160,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void wake(int fd);
   void arm_hand_off(bool arm);
   void agree_auto_codec();  // join: QCCL_CODEC=auto's facts
+  void set_link_facts();    // join: the fft codec's facts for config_.link_rate_bits
   std::string describe_links() const;  // for the INFO log  // arms (or disarms) hand_off_fd_
   void shutdown();
   // An aggregator's registration connection became readable: it closed (the aggregator died or was
@@ -169,7 +170,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   const int rank_;
   const int nranks_;
-  const Config config_;
+  Config config_;  // const after join, where a probed link rate (QCCL_LINK_RATE=probe) sets its rate and chunk
   const AlgorithmPolicy policy_;
   const CodecPolicy codec_policy_;
   std::unique_ptr<AutoCodec> auto_codec_;  // QCCL_CODEC=auto (instead of codec_policy_); agreed at join

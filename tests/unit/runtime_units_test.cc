@@ -173,8 +173,9 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
   CHECK(chunk_for_link_rate(100000000) == 61440);      // 62,500 bytes in 5 ms, down to 4 KiB pages
   CHECK(chunk_for_link_rate(1000000000) == 262144);    // 625,000: the largest chunk
   CHECK(chunk_for_link_rate(10000000) == 16384);       // 6,250: the smallest
-  CHECK(chunk_for_link_rate(9999999999) == 262144);    // just below a fast link
-  CHECK(chunk_for_link_rate(10000000000) == 1048576);  // 10 Gbit/s and above: 1 MiB
+  CHECK(chunk_for_link_rate(7999999999) == 262144);    // just below a fast link
+  CHECK(chunk_for_link_rate(8000000000) == 1048576);   // 8 Gbit/s (a 10 Gbit/s link as a probe sees it): 1 MiB
+  CHECK(chunk_for_link_rate(10000000000) == 1048576);
   CHECK(chunk_for_link_rate(100000000000) == 1048576);
   with_env("QCCL_LINK_RATE", "100mbit", [] {
     const Config c = Config::resolve(nullptr);
@@ -188,8 +189,22 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
   with_env("QCCL_LINK_RATE", "10gbit", [] { CHECK(Config::resolve(nullptr).chunk_bytes == 1048576); });
   with_env("QCCL_LINK_RATE", "1gbit", [] { CHECK(Config::resolve(nullptr).chunk_bytes == 262144); });
   with_env("QCCL_LINK_RATE", "quick", [] {
-    CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_LINK_RATE = 'quick'"));
+    CHECK_THROWS_WITH(Config::resolve(nullptr),
+                      Catch::Contains("QCCL_LINK_RATE = 'quick'") && Catch::Contains("neither probe nor a rate"));
   });
+  // probe: measured when the communicator is made (src/link_probe.h); the chunk follows unless set.
+  with_env("QCCL_LINK_RATE", "probe", [] {
+    const Config c = Config::resolve(nullptr);
+    CHECK(c.probe_link_rate);
+    CHECK(c.link_rate_bits == 0);
+    CHECK(c.chunk_bytes == 262144);
+    CHECK_FALSE(c.chunk_explicit);
+    with_env("QCCL_CHUNK_BYTES", "64K", [] { CHECK(Config::resolve(nullptr).chunk_explicit); });
+    qcclConfig_t over = QCCL_CONFIG_INITIALIZER;
+    over.chunkBytes = 4096;
+    CHECK(Config::resolve(&over).chunk_explicit);
+  });
+  with_env("QCCL_LINK_RATE", "1gbit", [] { CHECK_FALSE(Config::resolve(nullptr).probe_link_rate); });
   // A config field wins over the environment.
   with_env("QCCL_PIPELINE_DEPTH", "7", [] {
     qcclConfig_t c = QCCL_CONFIG_INITIALIZER;

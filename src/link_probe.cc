@@ -1,0 +1,83 @@
+#include "src/link_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <memory>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "base/errors.h"
+#include "base/log.h"
+#include "src/comm.h"
+#include "src/validate.h"
+
+namespace qccl {
+
+namespace {
+
+constexpr size_t kFirstBytes = 64 * 1024;
+constexpr size_t kLargestBytes = 64 * 1024 * 1024;
+constexpr double kLongEnough = 0.05;  // seconds: a size this slow is the last
+// Ethernet's payload per frame (MTU 1500): 1448 bytes of TCP payload cost 1538 on the wire, so a
+// measured payload rate R is a link of R * 1538 / 1448, in QCCL_LINK_RATE's (and tc's) terms.
+constexpr double kWirePerPayload = 1538.0 / 1448.0;
+
+std::shared_ptr<OpRecord> transfer(Comm& comm, coll::CollKind kind, std::vector<uint8_t>& buffer, int peer) {
+  auto record = std::make_shared<OpRecord>();
+  const bool send = kind == coll::CollKind::kSend;
+  record->args = validate_call(RawCall{kind, send ? buffer.data() : nullptr, send ? nullptr : buffer.data(),
+                                       buffer.size(), qcclUint8, 0, peer},
+                               comm.rank(), comm.nranks());
+  record->comm = comm.shared_from_this();
+  comm.place(*record, /*in_group=*/false);
+  comm.start(record, /*background=*/false);
+  return record;
+}
+
+// One exchange of `bytes` on a leader: to `next` and from `previous` at once. Returns its seconds.
+double exchange(Comm& comm, size_t bytes, int next, int previous, std::vector<uint8_t>& out,
+                std::vector<uint8_t>& in) {
+  using Clock = std::chrono::steady_clock;
+  out.assign(bytes, 0), in.assign(bytes, 0);  // touched before the clock starts
+  const auto begin = Clock::now();
+  auto send = transfer(comm, coll::CollKind::kSend, out, next);
+  auto recv = transfer(comm, coll::CollKind::kRecv, in, previous);
+  comm.wait(*send);
+  comm.wait(*recv);
+  return std::chrono::duration<double>(Clock::now() - begin).count();
+}
+
+}  // namespace
+
+LinkProbe probe_link_rate(Comm& comm) {
+  const coll::NodeMap& map = comm.node_map();
+  const int nodes = map.nodes(), node = map.node_of(comm.rank());
+  const bool leader = map.leader(node) == comm.rank();
+  const int next = map.leader((node + 1) % nodes), previous = map.leader((node + nodes - 1) % nodes);
+  std::vector<uint8_t> out, in;
+  std::vector<double> times(static_cast<size_t>(comm.nranks()));
+  double last_bytes = 0, last_seconds = 0, rate = 0;
+  LinkProbe probe;
+  for (size_t bytes = kFirstBytes;; bytes *= 4) {
+    // The faster of two exchanges (a loss and its retransmission slow one down, never speed it up);
+    // a member's time is 0: the leaders' are what counts.
+    double seconds = 0;
+    if (leader)
+      seconds = std::min(exchange(comm, bytes, next, previous, out, in), exchange(comm, bytes, next, previous, out, in));
+    comm.allgather_bytes(&seconds, times.data(), sizeof seconds);
+    const double slowest = *std::max_element(times.begin(), times.end());
+    const double size = static_cast<double>(bytes);
+    rate = last_seconds > 0 && slowest > last_seconds ? (size - last_bytes) / (slowest - last_seconds)
+                                                      : size / slowest;
+    probe.description += format("%s%zu KiB %.2f ms", probe.description.empty() ? "" : ", ", bytes / 1024,
+                                slowest * 1e3);
+    if (slowest >= kLongEnough || bytes >= kLargestBytes) break;
+    last_bytes = size, last_seconds = slowest;
+  }
+  probe.bits_per_s = static_cast<uint64_t>(rate * 8 * kWirePerPayload);
+  return probe;
+}
+
+}  // namespace qccl
