@@ -2,7 +2,8 @@
 # QCCL_CODEC=auto on several nodes without a rate) logs the same measured rate on every rank, within
 # TOLERANCE percent of EXPECT_MBIT when set, a chunk in [CHUNK_MIN, CHUNK_MAX] when set, and the run
 # succeeds; with NOT_NEEDED, that every rank logs that one node needs no probe and measures nothing.
-# EXPECT_LOG, when set, is a regular expression rank 0's output must match.
+# EXPECT_LOG, when set, is a regular expression rank 0's output must match; PROBES, when set, how many
+# probes rank 0 logs (a communicator split from a probed one inherits its rate: no probe).
 # Usage: cmake -DQCCLRUN=... -DTEST=... -DN=2 [-DQCCLRUN_ARGS=...] [-DENV=-x\;A=B] [-DTEST_ARGS=...]
 #        [-DEXPECT_MBIT=1000 -DTOLERANCE=15] [-DCHUNK_MIN=... -DCHUNK_MAX=...] [-DNOT_NEEDED=1]
 #        [-DEXPECT_LOG=...] -P link_probe_check.cmake
@@ -64,6 +65,13 @@ foreach(rank RANGE ${last})
     message(FATAL_ERROR "rank ${rank} took a chunk of ${chunk} bytes, outside [${CHUNK_MIN}, ${CHUNK_MAX}]:\n${out}")
   endif()
 endforeach()
+if(DEFINED PROBES)
+  string(REGEX MATCHALL "\\[0\\] QCCL INFO link probe between" probes "${out}")
+  list(LENGTH probes count)
+  if(NOT count EQUAL PROBES)
+    message(FATAL_ERROR "rank 0 logged ${count} link probes, not ${PROBES}:\n${out}")
+  endif()
+endif()
 if(DEFINED EXPECT_LOG AND NOT out MATCHES "${EXPECT_LOG}")
   message(FATAL_ERROR "the output does not match \"${EXPECT_LOG}\":\n${out}")
 endif()
