@@ -121,7 +121,8 @@ void Comm::join(const BootstrapId& id) {
   me.topology = topology_.summary();
   me.transport_address = transport_->address();
   // The links between nodes are measured after the transport is up (QCCL_LINK_RATE=probe, or auto's
-  // model without a rate), when there are several nodes: every rank decides alike, from what all agree on.
+  // model without a rate), when there are several nodes: every rank decides alike, from what all
+  // agree on.
   const bool probe = config_.probe_link_rate || (auto_codec_ && config_.link_rate_bits == 0);
   if (config_.link_rate_bits || probe) me.fft_seconds_per_value = fft_cost_per_value();
   me.chunk_bytes = config_.chunk_bytes;
@@ -141,7 +142,8 @@ void Comm::join(const BootstrapId& id) {
   for (const PeerInfo& p : peers_) local += p.same_host(me) ? 1 : 0;
   node_map_ = compute_node_map(peers_, config_.node_map);
   auto rate_text = [](uint64_t bits) {
-    return bits == kProbedLinkRate ? std::string("probe") : bits ? std::to_string(bits) + " bit/s" : std::string("unset");
+    if (bits == kProbedLinkRate) return std::string("probe");
+    return bits ? std::to_string(bits) + " bit/s" : std::string("unset");
   };
   for (int r = 0; r < nranks_; ++r)  // every rank finds the same first difference, and fails alike
     if (peers_[r].chunk_bytes != peers_[0].chunk_bytes || peers_[r].link_rate_bits != peers_[0].link_rate_bits)
@@ -199,7 +201,8 @@ void Comm::join(const BootstrapId& id) {
     config_.link_rate_bits = measured.bits_per_s;
     config_.probe_link_rate = false;
     // The aggregators were told the chunk when this rank registered (their message size): it stays.
-    if (!config_.chunk_explicit && aggregator_links_.empty()) config_.chunk_bytes = chunk_for_link_rate(measured.bits_per_s);
+    if (!config_.chunk_explicit && aggregator_links_.empty())
+      config_.chunk_bytes = chunk_for_link_rate(measured.bits_per_s);
     set_link_facts();
   }
   if (auto_codec_) agree_auto_codec();
@@ -235,8 +238,8 @@ void Comm::set_link_facts() {
 }
 
 // QCCL_CODEC=auto's facts, from what every rank sent at bootstrap, so that every rank chooses alike:
-// the links (QCCL_LINK_RATE or the probe's rate between nodes, memory copies within one) and the slowest host's CPU
-// costs, stretched by its ranks per CPU (all ranks, when QCCL_OVERSUBSCRIBED says the hosts share one
+// the links (QCCL_LINK_RATE or the probe's rate between nodes, memory copies within one) and the
+// slowest host's CPU costs, stretched by its ranks per CPU (all ranks, when QCCL_OVERSUBSCRIBED says the hosts share one
 // machine's CPUs). The ranks of a host measured at the same time, on the same cores: the least
 // contended measurement of each cost (the smallest) is the host's, before the stretch.
 void Comm::agree_auto_codec() {

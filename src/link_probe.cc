@@ -2,14 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <memory>
-#include <tuple>
-#include <utility>
 #include <vector>
 
 #include "base/errors.h"
-#include "base/log.h"
 #include "src/comm.h"
 #include "src/validate.h"
 
@@ -64,8 +60,10 @@ LinkProbe probe_link_rate(Comm& comm) {
     // The faster of two exchanges (a loss and its retransmission slow one down, never speed it up);
     // a member's time is 0: the leaders' are what counts.
     double seconds = 0;
-    if (leader)
-      seconds = std::min(exchange(comm, bytes, next, previous, out, in), exchange(comm, bytes, next, previous, out, in));
+    if (leader) {
+      const double first = exchange(comm, bytes, next, previous, out, in);
+      seconds = std::min(first, exchange(comm, bytes, next, previous, out, in));
+    }
     comm.allgather_bytes(&seconds, times.data(), sizeof seconds);
     const double slowest = *std::max_element(times.begin(), times.end());
     const double size = static_cast<double>(bytes);

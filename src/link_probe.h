@@ -15,14 +15,16 @@ struct LinkProbe {
 };
 
 // Collective over the communicator, which must have several nodes: the leader of every node sends
-// the next node's leader, and receives from the previous one, a train of 16 messages, so that every
-// link between nodes carries one stream each way, as in a ring all-reduce. The rate is that of the
-// received stream once it runs: the bytes of messages 5-16 over the time between the completions of
-// messages 4 and 16, so that neither a shaper's burst nor TCP's start nor the latency counts. The
-// messages start at 16 KiB and grow 4x per train until a train takes 50 ms (or the messages reach
-// 4 MiB). After each train every rank learns every leader's rate and time (an AllGather), so that
-// all stop together and keep the same rate: the slowest link's. Throws the communicator's errors (a
-// dead peer fails it as any collective would).
+// the next node's leader, and receives from the previous one, one message at a time, so that every
+// link between nodes carries one stream each way, as in a ring all-reduce. The messages start at
+// 64 KiB and grow 4x until one takes 50 ms (or reaches 64 MiB); each size runs twice and the faster
+// counts (a loss and its retransmission only ever slow one down). After each size every rank learns
+// the slowest leader's time (an AllGather), so that all stop together and compute the same rate: the
+// slope between the last two sizes, in which the per-message latency and a shaper's burst (both
+// sizes pay them alike) drop out; with one size only, its bytes over its time. docs/PERF.md "Link
+// probe" has what it measured and the designs that were dropped. Throws the communicator's errors (a
+// dead peer fails it as any collective would). Its AllGathers are collectives like the caller's: the
+// sequence numbers of later calls start after them.
 LinkProbe probe_link_rate(Comm& comm);
 
 }  // namespace qccl
