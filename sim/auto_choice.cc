@@ -39,7 +39,7 @@ ClusterFacts cluster_facts(const Model& model, const Topology& topology, const C
 }
 
 std::string choose_auto_codec(const Model& model, const Topology& topology, const CallSpec& call,
-                              const std::string& spec, std::vector<Prediction>* predictions) {
+                              const std::string& spec, std::vector<Prediction>* predictions, std::string* algorithm) {
   if (!AutoCodec::is_auto(spec)) throw std::invalid_argument("'" + spec + "' is not auto[:maxrelerr=E]");
   std::unique_ptr<AutoCodec> auto_codec;
   try {
@@ -53,8 +53,9 @@ std::string choose_auto_codec(const Model& model, const Topology& topology, cons
   args.kind = call.kind, args.count = call.count, args.dtype = call.dtype, args.op = call.op;
   args.nranks = topology.nranks, args.nodes = &nodes;
   const AlgorithmPolicy policy(call.algorithm);
-  const kernels::CodecConfig* chosen = auto_codec->choose(args, policy, predictions);
-  return chosen ? auto_codec->name(chosen) : "";
+  const AutoChoice chosen = auto_codec->choose(args, policy, predictions);
+  if (algorithm) *algorithm = chosen.algorithm ? chosen.algorithm->name : call.algorithm;
+  return chosen.codec ? auto_codec->name(chosen.codec) : "";
 }
 
 }  // namespace qccl::sim

@@ -20,9 +20,11 @@ ClusterFacts cluster_facts(const Model& model, const Topology& topology, const C
                            const AutoCodec& auto_codec);
 
 // The codec auto (`spec`: "auto[:maxrelerr=E]") picks for `call` (its codec ignored), as a spec for
-// CallSpec::codec ("" for uncompressed), with every candidate's predicted time when asked. Throws
-// std::invalid_argument for a spec that is not auto's.
+// CallSpec::codec ("" for uncompressed), with every option's predicted time when asked, and in
+// *algorithm the algorithm it picks for CallSpec::algorithm (call.algorithm, usually "", where auto
+// leaves it to the policy). Throws std::invalid_argument for a spec that is not auto's.
 std::string choose_auto_codec(const Model& model, const Topology& topology, const CallSpec& call,
-                              const std::string& spec, std::vector<Prediction>* predictions = nullptr);
+                              const std::string& spec, std::vector<Prediction>* predictions = nullptr,
+                              std::string* algorithm = nullptr);
 
 }  // namespace qccl::sim

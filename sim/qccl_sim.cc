@@ -609,7 +609,7 @@ int main(int argc, char** argv) {
         try {
           std::string codec_name = codec.empty() ? "-" : codec, csv_codec = codec;
           if (AutoCodec::is_auto(codec)) {
-            call.codec = choose_auto_codec(model, topology, call, codec);
+            call.codec = choose_auto_codec(model, topology, call, codec, nullptr, &call.algorithm);
             codec_name = csv_codec = "auto=" + (call.codec.empty() ? std::string("none") : call.codec);
           }
           const SimResult r = simulate(model, topology, call, o.execute);

@@ -26,9 +26,11 @@ namespace {
 // creation: that would take a transfer between nodes.
 constexpr double kKernelTcpSecondsPerByte = 4e-10;
 constexpr double kDefaultBudget = 0.01;
-// Candidates within this share of the fastest count as fast (the model is good to some 15%,
-// docs/PERF.md "Simulator"): among them the most accurate runs, uncompressed first.
-constexpr double kTieShare = 0.02;
+// Options within this share of the fastest count as fast: the model is good to some 10-15% against
+// the simulator and measured runs (docs/PERF.md "Simulator", "Automatic codec choice"), so a smaller
+// predicted gain is none. Among them the most accurate runs, uncompressed first: a codec's error is
+// certain, a gain within the model's error is not.
+constexpr double kTieShare = 0.10;
 // At most this many distinct calls are logged with their predictions.
 constexpr size_t kLoggedShapes = 64;
 
@@ -258,8 +260,8 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
 
   // Per algorithm, the busiest rank's totals (bytes on each link, CPU seconds) and the chain of one
   // fragment (its steps one after another: a step waits for the one before); `depth` fragments run
-  // at once. The time is the largest of the totals and of the chains, plus a latency per step.
-  double nic = 0, intra = 0, busy = 0, chain = 0, steps = 0;
+  // at once. The time: below.
+  double nic = 0, intra = 0, busy = 0, chain = 0, steps = 0, fragments = 1;
   const auto set_nic = [&](double bytes) {
     nic = bytes;
     if (nic > 0) paying = std::max(0.0, nic - facts_.inter_burst) / nic;
@@ -274,6 +276,7 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     busy = (n - 1) / n * values * reduce + crossing * cpu.wire;
     const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
     const double hop = trip(chunk * es);
+    fragments = std::ceil(segment / chunk);
     chain = rounds(segment / chunk) * ((n - 1) * (hop + chunk * reduce) + (n - 1) * hop);
     steps = 2 * (n - 1);
   } else if (algorithm == "recursive_doubling" && !args.codec) {
@@ -297,6 +300,7 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     // encoded), n - 1 more (send it), every chunk decoded.
     const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
     const double hop = trip(chunk * es * ratio);
+    fragments = std::ceil(segment / chunk);
     chain = rounds(segment / chunk) *
             ((n - 1) * (chunk * codec.encode + hop) + (n - 1) * chunk * codec.decode_add + chunk * codec.encode +
              (n - 1) * hop + n * chunk * codec.decode);
@@ -315,6 +319,7 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double segment = values / leaders, chunk = std::min(segment, facts_.chunk_bytes / es);
     const double inside = members * leaders * chunk * es / facts_.intra_rate;
     const double hop = trip(chunk * es * ratio);  // between leaders (nodes > 1 here)
+    fragments = std::ceil(segment / chunk);
     chain = rounds(segment / chunk) *
             (inside + leaders * chunk * (cpu.load + members * (cpu.load + cpu.add)) +
              (leaders - 1) * (chunk * codec.encode + hop) + (leaders - 1) * chunk * codec.decode_add +
@@ -330,6 +335,7 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
            crossing * cpu.wire;
     const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
     const double hop = trip(chunk * es * ratio);
+    fragments = std::ceil(segment / chunk);
     chain = rounds(segment / chunk) *
             ((n - 1) * (chunk * (codec.encode + codec.decode_add) + hop) + chunk * codec.encode +
              (n - 1) * (hop + chunk * codec.decode));
@@ -340,46 +346,75 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   if ((intra > 0 && !(facts_.intra_rate > 0)) || (nic > 0 && !(facts_.inter_rate > 0))) return -1;  // unknown link
   const double nic_seconds = nic > 0 ? paying * nic / facts_.inter_rate : 0.0;
   const double intra_seconds = intra > 0 ? intra / facts_.intra_rate : 0.0;
-  const double seconds = std::max({nic_seconds, intra_seconds, busy, chain}) + steps * latency;
+  // The busiest resource (a link, a port, a CPU) works on fragments 2 .. F while the first fills the
+  // pipeline, one fragment's chain; the depth bounds the fragments in flight (chain). A chain's hops
+  // carry their latencies already (trip): the per-step latencies go on the totals only.
+  const double fill = chain / rounds(fragments);
+  const double totals = std::max({nic_seconds, intra_seconds, busy}) + steps * latency;
+  const double seconds = std::max(totals * (fragments - 1) / fragments + fill, chain);
   return std::isfinite(seconds) ? seconds : -1;
 }
 
-const kernels::CodecConfig* AutoCodec::choose(const coll::CollArgs& args, const AlgorithmPolicy& policy,
-                                              std::vector<Prediction>* predictions) const {
-  if (!agreed_ || args.kind != coll::CollKind::kAllReduce || args.codec) return nullptr;
-  if (args.op != kernels::RedOp::kSum && args.op != kernels::RedOp::kAvg) return nullptr;
+AutoChoice AutoCodec::choose(const coll::CollArgs& args, const AlgorithmPolicy& policy,
+                             std::vector<Prediction>* predictions) const {
+  if (!agreed_ || args.kind != coll::CollKind::kAllReduce || args.codec) return {};
+  if (args.op != kernels::RedOp::kSum && args.op != kernels::RedOp::kAvg) return {};
   if (args.dtype != kernels::DataType::kFloat32 && args.dtype != kernels::DataType::kFloat16 &&
       args.dtype != kernels::DataType::kBfloat16)
-    return nullptr;
-  if (args.nranks < 2 || (args.nodes && args.nodes->nodes() > 1 && facts_.inter_rate <= 0)) return nullptr;
+    return {};
+  if (args.nranks < 2 || (args.nodes && args.nodes->nodes() > 1 && facts_.inter_rate <= 0)) return {};
 
-  // Uncompressed, then the candidates from the most accurate; codecs[i] is all[i]'s.
+  // Every option: uncompressed, then the candidates from the most accurate, each by every algorithm
+  // that can run it (the policy's alone when QCCL_ALGO forces the all-reduce's); options[i] is all[i]'s.
+  // ring_compressed is left out where nodes hold several ranks: the model puts it 25-33% faster there
+  // than the simulator's event-by-event run (docs/PERF.md "Automatic codec choice").
+  bool several_per_node = false;
+  if (args.nodes && args.nodes->nodes() > 1)
+    for (int node = 0; node < args.nodes->nodes(); ++node) several_per_node |= args.nodes->ranks_of(node).size() > 1;
   std::vector<Prediction> all;
-  std::vector<const kernels::CodecConfig*> codecs;
-  coll::CollArgs trial = args;
-  trial.codec = nullptr;
-  all.push_back({"", policy.choose(trial).name, 0});
-  all.back().seconds = predict(trial, all.back().algorithm);
-  codecs.push_back(nullptr);
-  if (all.back().seconds < 0) return nullptr;  // an uncompressed algorithm the model does not know
+  std::vector<AutoChoice> options;
+  std::vector<bool> preferred;  // the policy's own algorithm for that codec
+  const auto consider = [&](const kernels::CodecConfig* codec) {
+    coll::CollArgs trial = args;
+    trial.codec = codec;
+    const coll::Algorithm& usual = policy.choose(trial);
+    std::vector<const coll::Algorithm*> algorithms;
+    if (policy.forces(args.kind)) {
+      algorithms.push_back(&usual);
+    } else {
+      for (const coll::Algorithm& a : coll::algorithms())
+        if (a.collective == args.kind && !a.cannot_run(trial)) algorithms.push_back(&a);
+    }
+    for (const coll::Algorithm* a : algorithms) {
+      const bool ring = std::strcmp(a->name, "ring_compressed") == 0;
+      if (ring && several_per_node && a != &usual) continue;
+      if (codec && (ring ? ring_error_bound(*codec, args.nranks) : error_bound(*codec, args.nranks)) +
+                           output_rounding(args.dtype) > budget_)
+        continue;
+      const double seconds = predict(trial, a->name);
+      if (seconds < 0) continue;
+      all.push_back({codec ? name(codec) : "", a->name, seconds});
+      options.push_back({codec, a});
+      preferred.push_back(a == &usual);
+    }
+  };
+  consider(nullptr);
+  if (options.empty()) return {};  // no uncompressed algorithm the model knows: nothing to weigh
   for (const kernels::CodecConfig& codec : candidates_) {
     // fp16's bound holds in its normal range only (float32 and bfloat16 inputs may fall below it or
     // overflow it); on half inputs it is their own type.
     if (codec.kind == kernels::CodecKind::kFp16 && args.dtype != kernels::DataType::kFloat16) continue;
-    trial.codec = &codec;
-    Prediction p{name(&codec), policy.choose(trial).name, 0};
-    const double bound = p.algorithm == "ring_compressed" ? ring_error_bound(codec, args.nranks)
-                                                          : error_bound(codec, args.nranks);
-    if (bound + output_rounding(args.dtype) > budget_) continue;
-    p.seconds = predict(trial, p.algorithm);
-    if (p.seconds < 0) continue;
-    all.push_back(p);
-    codecs.push_back(&codec);
+    consider(&codec);
   }
   double fastest = all.front().seconds;
   for (const Prediction& p : all) fastest = std::min(fastest, p.seconds);
-  size_t chosen = 0;  // the most accurate of the fast ones
-  while (all[chosen].seconds > fastest * (1 + kTieShare)) ++chosen;
+  const double fast = fastest * (1 + kTieShare);
+  // The most accurate codec among the fast options; of its fast algorithms the policy's, else the fastest.
+  size_t chosen = 0;
+  while (all[chosen].seconds > fast) ++chosen;
+  for (size_t i = chosen + 1; i < all.size() && options[i].codec == options[chosen].codec; ++i)
+    if (all[i].seconds <= fast && !preferred[chosen] && (preferred[i] || all[i].seconds < all[chosen].seconds))
+      chosen = i;
 
   if (log_level() >= LogLevel::kInfo) {  // each distinct call once
     static std::mutex mu;
@@ -390,15 +425,17 @@ const kernels::CodecConfig* AutoCodec::choose(const coll::CollArgs& args, const 
       std::string others;
       for (size_t i = 0; i < all.size(); ++i)
         if (i != chosen)
-          others += format("%s%s %.3g ms", others.empty() ? "" : ", ", i ? all[i].codec.c_str() : "none",
+          others += format("%s%s via %s %.3g ms", others.empty() ? "" : ", ",
+                           all[i].codec.empty() ? "none" : all[i].codec.c_str(), all[i].algorithm.c_str(),
                            all[i].seconds * 1e3);
       QCCL_INFO("QCCL_CODEC=auto: AllReduce of %zu %s: %s via %s, %.3g ms predicted (%s)", args.count,
-                kernels::data_type_name(args.dtype), chosen ? all[chosen].codec.c_str() : "uncompressed",
-                all[chosen].algorithm.c_str(), all[chosen].seconds * 1e3, others.c_str());
+                kernels::data_type_name(args.dtype),
+                all[chosen].codec.empty() ? "uncompressed" : all[chosen].codec.c_str(), all[chosen].algorithm.c_str(),
+                all[chosen].seconds * 1e3, others.c_str());
     }
   }
   if (predictions) *predictions = std::move(all);
-  return codecs[chosen];
+  return options[chosen];
 }
 
 size_t AutoCodec::index_of(const kernels::CodecConfig* codec) const {

@@ -1,12 +1,14 @@
-// QCCL_CODEC=auto: per plain all-reduce, whether and how to compress, chosen by a cost model.
+// QCCL_CODEC=auto: per plain all-reduce, whether and how to compress, and by which algorithm, chosen
+// by a cost model.
 //
 // The user sets an error budget (`auto:maxrelerr=E`, default 0.01): the worst error of any element of
 // the result, relative to the largest sum the inputs could make (the sum over ranks of each rank's
 // largest |x|; for an average, both divided by n). A codec runs only if its proven bound on that
 // error, for the algorithm the call would run, plus the rounding of a half or bfloat16 result, is
 // within the budget (error_bound); fp16 only on half inputs, since its relative bound holds in its
-// normal range alone. Uncompressed always may run. Per call the model predicts each candidate's
-// time and the fastest runs (the most accurate within 2% of it), so that a fast link stays
+// normal range alone. Uncompressed always may run. Per call the model predicts each option's time
+// (a codec or none, by each algorithm that can run it) and the fastest runs (the most accurate
+// within 10% of it, by the policy's algorithm if that is among them), so that a fast link stays
 // uncompressed and a slow one compresses as far as the budget allows.
 //
 // The model is the simulator's (sim/simulator.h) reduced to a pipeline's steady state: the busiest
@@ -66,6 +68,13 @@ struct ClusterFacts {
   int depth = 2;
 };
 
+// What QCCL_CODEC=auto runs a call with: a codec (null: uncompressed) and an algorithm (null: the
+// policy's, for calls auto does not take).
+struct AutoChoice {
+  const kernels::CodecConfig* codec = nullptr;
+  const coll::Algorithm* algorithm = nullptr;
+};
+
 // One candidate's predicted time, for the log and tests.
 struct Prediction {
   std::string codec;  // the candidate's name ("q8"), "" uncompressed
@@ -89,11 +98,14 @@ class AutoCodec {
   // The agreed facts (the same on every rank). Before this, choose() compresses nothing.
   void agree(ClusterFacts facts);
 
-  // The codec for a plain all-reduce (sum or average of float32, float16 or bfloat16; args as the
-  // communicator has them, codec unset), or null to run it uncompressed. `policy` names the
-  // algorithm each candidate would run. With `predictions`, every candidate's predicted time.
-  const kernels::CodecConfig* choose(const coll::CollArgs& args, const AlgorithmPolicy& policy,
-                                     std::vector<Prediction>* predictions = nullptr) const;
+  // The codec and algorithm for a plain all-reduce (sum or average of float32, float16 or bfloat16;
+  // args as the communicator has them, codec unset): of every option (uncompressed or a candidate
+  // whose bound fits, by every algorithm that can run it, or by `policy`'s alone when QCCL_ALGO
+  // forces the all-reduce's) the fastest predicted; among those within 10% of it the most accurate
+  // codec, by `policy`'s algorithm if that is among them. {} for calls auto does not take. With
+  // `predictions`, every option's predicted time.
+  AutoChoice choose(const coll::CollArgs& args, const AlgorithmPolicy& policy,
+                    std::vector<Prediction>* predictions = nullptr) const;
   // The model's time for args run by `algorithm` with args.codec (null: uncompressed); negative when
   // the model does not know the algorithm.
   double predict(const coll::CollArgs& args, const std::string& algorithm) const;

@@ -339,9 +339,16 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   }
   args.nodes = &node_map_;
   args.link = link_facts_.rate > 0 ? &link_facts_ : nullptr;
-  // QCCL_CODEC compresses plain calls; auto by its model of host costs, so not on device buffers.
-  if (!args.codec && auto_codec_ && !record->on_device) args.codec = auto_codec_->choose(args, policy_);
-  else if (!args.codec) args.codec = codec_policy_.choose(args);
+  // QCCL_CODEC compresses plain calls; auto by its model of host costs, so not on device buffers, and
+  // auto also picks the algorithm.
+  const coll::Algorithm* auto_algorithm = nullptr;
+  if (!args.codec && auto_codec_ && !record->on_device) {
+    const AutoChoice choice = auto_codec_->choose(args, policy_);
+    args.codec = choice.codec;
+    auto_algorithm = choice.algorithm;
+  } else if (!args.codec) {
+    args.codec = codec_policy_.choose(args);
+  }
   if (record->on_device && args.codec && !record->codec && device_codec_refusal(*args.codec))
     args.codec = nullptr;  // a QCCL_CODEC method the device path does not run: exact (on every rank alike)
 
@@ -366,7 +373,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     record->call = method->begin(args, method_state, record->state ? &view : nullptr);
     args.method_call = record->call.get();
   }
-  const coll::Algorithm& algorithm = policy_.choose(args);
+  const coll::Algorithm& algorithm = auto_algorithm ? *auto_algorithm : policy_.choose(args);
   coll::PlanOptions options;
   options.chunk_bytes = config_.chunk_bytes;
   std::unique_ptr<coll::Plan> plan = algorithm.make(args, options);

@@ -21,6 +21,8 @@ class AlgorithmPolicy {
   explicit AlgorithmPolicy(const std::string& spec);
 
   const coll::Algorithm& choose(const coll::CollArgs& args) const;
+  // Whether QCCL_ALGO names an algorithm for this collective.
+  bool forces(coll::CollKind kind) const { return forced_.count(kind) != 0; }
   // One line per collective for the INFO log: "AllReduce: recursive_doubling up to 32 KiB, then ring".
   std::string describe() const;
 
