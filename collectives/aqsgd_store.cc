@@ -119,6 +119,45 @@ DeltaStore::DeltaStore(const Config& config) : config_(config) {
   if (config_.row_values == 0) fail(DeltaStoreError::Kind::kArgument, "row values = 0: a key's row holds at least one value");
   if (!storable(config_.store_type) || !storable(config_.full_type))
     fail(DeltaStoreError::Kind::kArgument, "store and full types are float32, float16 or bfloat16");
+  const std::string file = config_.file;
+  config_.file.clear();
+  set_file(file);
+}
+
+void DeltaStore::set_file(const std::string& file) {
+  if (!rows_.empty())
+    fail(DeltaStoreError::Kind::kArgument, "the store holds " + std::to_string(rows_.size()) +
+                                               " keys: its rows move to a file (or back) only while it holds none");
+  try {
+    arena_ = std::make_unique<RowArena>(row_bytes(), file);
+  } catch (const RowArenaError& e) {
+    fail(DeltaStoreError::Kind::kSystem, e.what());
+  }
+  config_.file = file;
+}
+
+void DeltaStore::reserve(size_t fresh) {
+  try {
+    arena_->reserve(fresh);
+  } catch (const RowArenaError& e) {
+    fail(DeltaStoreError::Kind::kSystem, std::string(e.what()) + ": nothing sent, the store unchanged");
+  }
+}
+
+DeltaStore::Entry& DeltaStore::place(uint64_t key) {
+  auto [it, fresh] = rows_.try_emplace(key);
+  if (fresh) {
+    it->second.slot = arena_->allocate();
+    it->second.lru = lru_.insert(lru_.end(), key);
+  }
+  return it->second;
+}
+
+void DeltaStore::forget(uint64_t key) {
+  const Entry& e = rows_.at(key);
+  arena_->release(e.slot);
+  lru_.erase(e.lru);
+  rows_.erase(key);
 }
 
 uint64_t DeltaStore::config_hash() const {
@@ -156,7 +195,7 @@ size_t DeltaStore::max_message_bytes(size_t nkeys) const {
 
 const uint8_t* DeltaStore::row(uint64_t key) const {
   auto it = rows_.find(key);
-  return it == rows_.end() ? nullptr : it->second.m.data();
+  return it == rows_.end() ? nullptr : arena_->row(it->second.slot);
 }
 
 void DeltaStore::touch(uint64_t key) {
@@ -212,6 +251,10 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
   const std::vector<uint64_t> evicted = evictions(keys, nkeys);
   std::vector<size_t> full_rows, delta_rows;
   for (size_t r = 0; r < nkeys; ++r) (warmup_ || !holds(keys[r]) ? full_rows : delta_rows).push_back(r);
+  size_t fresh = 0;
+  for (size_t r = 0; r < nkeys; ++r) fresh += holds(keys[r]) ? 0 : 1;
+  reserve(fresh);  // so that commit() cannot fail for want of room
+  for (size_t r : delta_rows) arena_->will_need(rows_.at(keys[r]).slot);
 
   // The delta rows, gathered: encoded into the payload and their m copies updated (not yet committed).
   const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
@@ -235,7 +278,7 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
     std::vector<float> x_delta(delta_values);
     for (size_t d = 0; d < delta_rows.size(); ++d) {
       std::memcpy(x_delta.data() + d * row, x + delta_rows[d] * row, row * sizeof(float));
-      std::memcpy(m_delta.data() + d * row_bytes(), rows_.at(keys[delta_rows[d]]).m.data(), row_bytes());
+      std::memcpy(m_delta.data() + d * row_bytes(), m(keys[delta_rows[d]]), row_bytes());
     }
     if (size_t bad = kernels::aq_delta_send(config_.codec, x_delta.data(), delta_values, config_.store_type,
                                             m_delta.data(), delta_payload, key, 0))
@@ -278,15 +321,9 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
 
 void DeltaStore::commit() {
   if (!pending_.ready) throw DeltaStoreError(DeltaStoreError::Kind::kArgument, "no prepared message to commit");
-  for (uint64_t k : pending_.evicted) {
-    lru_.erase(rows_.at(k).lru);
-    rows_.erase(k);
-  }
-  for (size_t r = 0; r < pending_.keys.size(); ++r) {
-    auto [it, fresh] = rows_.try_emplace(pending_.keys[r]);
-    if (fresh) it->second.lru = lru_.insert(lru_.end(), pending_.keys[r]);
-    it->second.m = std::move(pending_.m[r]);
-  }
+  for (uint64_t k : pending_.evicted) forget(k);
+  for (size_t r = 0; r < pending_.keys.size(); ++r)
+    std::memcpy(arena_->row(place(pending_.keys[r]).slot), pending_.m[r].data(), row_bytes());
   for (uint64_t k : pending_.keys) touch(k);
   ++sequence_;
   last_bytes_ = pending_.bytes, last_full_ = pending_.full;
@@ -339,31 +376,29 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
   const uint8_t* delta = r.take(config_.codec.encoded_bytes(delta_values));
   if (r.left() != 0) fail(Kind::kCorrupt, "bytes left over after the payload");
 
+  size_t fresh = 0;
+  for (size_t i : full_rows) fresh += holds(keys[i]) && !gone.count(keys[i]) ? 0 : 1;
+  reserve(fresh);  // the only thing below that could fail, before anything changes
   std::vector<uint8_t> m_delta(delta_values * kernels::element_size(config_.store_type));
   std::vector<float> x_delta(delta_values);
+  for (size_t i : delta_rows) arena_->will_need(rows_.at(keys[i]).slot);
   for (size_t d = 0; d < delta_rows.size(); ++d)
-    std::memcpy(m_delta.data() + d * row_bytes(), rows_.at(keys[delta_rows[d]]).m.data(), row_bytes());
+    std::memcpy(m_delta.data() + d * row_bytes(), m(keys[delta_rows[d]]), row_bytes());
   if (!delta_rows.empty() &&
       kernels::aq_delta_receive(config_.codec, delta, delta_values, config_.store_type, m_delta.data(), x_delta.data()))
     fail(Kind::kCorrupt, "the delta decodes to NaN (a sender never sends one)");
 
   // Committed from here on.
-  for (uint64_t k : evicted) {
-    lru_.erase(rows_.at(k).lru);
-    rows_.erase(k);
-  }
+  for (uint64_t k : evicted) forget(k);
   for (size_t f = 0; f < full_rows.size(); ++f) {
     const size_t i = full_rows[f];
     float* out_row = x_out + i * row;
     kernels::load_float(config_.full_type, full + f * full_row_bytes, out_row, row);
-    auto [it, fresh] = rows_.try_emplace(keys[i]);
-    if (fresh) it->second.lru = lru_.insert(lru_.end(), keys[i]);
-    it->second.m.resize(row_bytes());
-    kernels::store_float(config_.store_type, out_row, it->second.m.data(), row);
+    kernels::store_float(config_.store_type, out_row, arena_->row(place(keys[i]).slot), row);
   }
   for (size_t d = 0; d < delta_rows.size(); ++d) {
     std::memcpy(x_out + delta_rows[d] * row, x_delta.data() + d * row, row * sizeof(float));
-    std::memcpy(rows_.at(keys[delta_rows[d]]).m.data(), m_delta.data() + d * row_bytes(), row_bytes());
+    std::memcpy(m(keys[delta_rows[d]]), m_delta.data() + d * row_bytes(), row_bytes());
   }
   for (size_t i = 0; i < nkeys; ++i) touch(keys[i]);
   ++sequence_;
@@ -377,7 +412,7 @@ std::vector<uint8_t> DeltaStore::save() const {
   Writer w(out.data());
   w.put(kCheckpointMagic), w.put(kVersion), w.put(uint16_t{0}), w.put(config_hash()), w.put(sequence_),
       w.put(static_cast<uint64_t>(rows_.size()));
-  for (uint64_t k : lru_) w.put(k), w.put_bytes(rows_.at(k).m.data(), row_bytes());
+  for (uint64_t k : lru_) w.put(k), w.put_bytes(arena_->row(rows_.at(k).slot), row_bytes());
   return out;
 }
 
@@ -394,18 +429,19 @@ void DeltaStore::load(const uint8_t* data, size_t bytes) {
   const uint64_t sequence = r.get<uint64_t>(), count = r.get<uint64_t>();
   if (count > r.left() / (8 + row_bytes()) || r.left() != count * (8 + row_bytes()))
     fail(Kind::kCorrupt, "the checkpoint's length does not match its " + std::to_string(count) + " keys");
-  std::unordered_map<uint64_t, Entry> rows;
-  std::list<uint64_t> lru;
-  for (uint64_t i = 0; i < count; ++i) {
-    const uint64_t k = r.get<uint64_t>();
-    const uint8_t* m = r.take(row_bytes());
-    auto [it, fresh] = rows.try_emplace(k);
-    if (!fresh) fail(Kind::kCorrupt, "key " + key_text(k) + " appears twice in the checkpoint");
-    it->second.m.assign(m, m + row_bytes());
-    it->second.lru = lru.insert(lru.end(), k);
+  // Checked whole, and room made, before the store changes.
+  std::vector<std::pair<uint64_t, const uint8_t*>> entries(count);
+  std::unordered_set<uint64_t> seen;
+  for (auto& [k, m] : entries) {
+    k = r.get<uint64_t>();
+    m = r.take(row_bytes());
+    if (!seen.insert(k).second) fail(Kind::kCorrupt, "key " + key_text(k) + " appears twice in the checkpoint");
   }
-  rows_ = std::move(rows);
-  lru_ = std::move(lru);
+  reserve(count > rows_.size() ? count - rows_.size() : 0);
+  rows_.clear();
+  lru_.clear();
+  arena_->clear();
+  for (const auto& [k, m] : entries) std::memcpy(arena_->row(place(k).slot), m, row_bytes());
   sequence_ = sequence;
 }
 

@@ -28,11 +28,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "collectives/row_arena.h"
 #include "kernels/codec.h"
 #include "kernels/types.h"
 
@@ -48,6 +50,7 @@ class DeltaStoreError : public std::runtime_error {
     kMismatch,   // the message does not belong to this store or call (id, configuration, keys, shape)
     kSequence,   // a message was lost or repeated, or a delta names a key this store does not hold
     kCorrupt,    // not a message, or its lengths do not add up
+    kSystem,     // the rows' file cannot be made or grown (a full disk): nothing changed
   };
   DeltaStoreError(Kind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
   Kind kind() const { return kind_; }
@@ -67,10 +70,15 @@ class DeltaStore {
     size_t budget_bytes = 0;     // 0: unbounded
     Evict evict = Evict::kNone;
     uint32_t id = 0;             // the link's store id, the same at both ends
+    std::string file;            // "": the rows in memory; else in this file, mapped (set_file)
   };
   // Throws DeltaStoreError(kArgument) for a codec that is not aq, zero row values, a store or full
-  // type other than float32, float16 or bfloat16.
+  // type other than float32, float16 or bfloat16; kSystem for a file that cannot be created.
   explicit DeltaStore(const Config& config);
+  // The file tier (row_arena.h): the rows in `file` (created or truncated, removed with the store),
+  // mapped into memory, for a store larger than memory; "" back to memory. Only while the store holds
+  // no key (kArgument otherwise; kSystem for a file that cannot be created; unchanged either way).
+  void set_file(const std::string& file);
 
   const Config& config() const { return config_; }
   size_t keys() const { return rows_.size(); }
@@ -119,9 +127,15 @@ class DeltaStore {
 
  private:
   struct Entry {
-    std::vector<uint8_t> m;
+    uint32_t slot = 0;                  // its row in arena_
     std::list<uint64_t>::iterator lru;  // position in lru_ (front: least recently used)
   };
+  uint8_t* m(uint64_t key) { return arena_->row(rows_.at(key).slot); }
+  // Room for `fresh` more rows (kSystem when the file cannot grow), before anything changes.
+  void reserve(size_t fresh);
+  // A key's entry, its row allocated if it is new (after reserve()), most recently used last.
+  Entry& place(uint64_t key);
+  void forget(uint64_t key);
   size_t row_bytes() const { return config_.row_values * kernels::element_size(config_.store_type); }
   uint64_t config_hash() const;
   // Keys to evict so that the call's new keys fit, least recently used first (throws kBudget).
@@ -143,6 +157,7 @@ class DeltaStore {
   size_t last_bytes_ = 0, last_full_ = 0;
   std::unordered_map<uint64_t, Entry> rows_;
   std::list<uint64_t> lru_;
+  std::unique_ptr<RowArena> arena_;  // the rows' memory, or the file tier's mapping
 };
 
 }  // namespace qccl::coll

@@ -627,6 +627,14 @@ QCCL_API qcclResult_t qcclDeltaStoreCreate(qcclCodec_t codec, size_t rowValues, 
 QCCL_API qcclResult_t qcclDeltaStoreDestroy(qcclDeltaStore_t store);
 /* Warm-up (the paper's first epoch): while on, every row is sent whole (the sender's setting). */
 QCCL_API qcclResult_t qcclDeltaStoreSetWarmup(qcclDeltaStore_t store, int on);
+/* The file tier, for a store larger than memory (the paper's QNLI run keeps 82 GB per direction):
+ * the rows live in the file at path, created or truncated now and removed by qcclDeltaStoreDestroy,
+ * mapped into memory, so that the kernel pages them in and out (each call asks it to read the rows
+ * it will use ahead); "" returns them to memory. Each end chooses for itself; the messages are the
+ * same. Only while the store holds no key (qcclInvalidUsage otherwise); qcclSystemError, naming the
+ * file and the reason, when it cannot be created, and when it cannot grow (a full disk) during a
+ * call, which then fails on both ends with neither store changed, as for a refusal. */
+QCCL_API qcclResult_t qcclDeltaStoreSetFile(qcclDeltaStore_t store, const char* path);
 QCCL_API qcclResult_t qcclDeltaStoreGetInfo(qcclDeltaStore_t store, qcclDeltaStoreInfo_t* info);
 /* A checkpoint (versioned): Size, then Save into that many bytes; Load restores one of a store of
  * the same configuration (qcclMismatch otherwise, qcclInvalidArgument when corrupt; unchanged). */

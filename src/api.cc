@@ -901,6 +901,7 @@ qcclResult_t delta_code(coll::DeltaStoreError::Kind kind) {
     case coll::DeltaStoreError::Kind::kMismatch:
     case coll::DeltaStoreError::Kind::kSequence:
     case coll::DeltaStoreError::Kind::kCorrupt: return qcclMismatch;
+    case coll::DeltaStoreError::Kind::kSystem: return qcclSystemError;
   }
   return qcclInternalError;
 }
@@ -990,6 +991,20 @@ QCCL_API qcclResult_t qcclDeltaStoreSetWarmup(qcclDeltaStore_t store, int on) {
   });
 }
 
+QCCL_API qcclResult_t qcclDeltaStoreSetFile(qcclDeltaStore_t store, const char* path) {
+  return api_call("qcclDeltaStoreSetFile", [&] {
+    qcclDeltaStore& s = delta_of(store);
+    if (!path) fail(qcclInvalidArgument, "path is NULL (\"\" keeps the rows in memory)");
+    std::lock_guard<std::mutex> lock(s.mu);
+    try {
+      s.impl->set_file(path);
+    } catch (const coll::DeltaStoreError& e) {
+      fail(e.kind() == coll::DeltaStoreError::Kind::kArgument ? qcclInvalidUsage : delta_code(e.kind()), "%s",
+           e.what());
+    }
+  });
+}
+
 QCCL_API qcclResult_t qcclDeltaStoreGetInfo(qcclDeltaStore_t store, qcclDeltaStoreInfo_t* info) {
   return api_call("qcclDeltaStoreGetInfo", [&] {
     qcclDeltaStore& s = delta_of(store);
@@ -1030,7 +1045,11 @@ QCCL_API qcclResult_t qcclDeltaStoreLoad(qcclDeltaStore_t store, const void* buf
     try {
       s.impl->load(static_cast<const uint8_t*>(buffer), bytes);
     } catch (const coll::DeltaStoreError& e) {
-      fail(e.kind() == coll::DeltaStoreError::Kind::kMismatch ? qcclMismatch : qcclInvalidArgument, "%s", e.what());
+      const auto kind = e.kind();
+      fail(kind == coll::DeltaStoreError::Kind::kMismatch ? qcclMismatch
+           : kind == coll::DeltaStoreError::Kind::kSystem ? qcclSystemError
+                                                          : qcclInvalidArgument,
+           "%s", e.what());
     }
   });
 }

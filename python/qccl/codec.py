@@ -104,18 +104,22 @@ class DeltaStore:
     :meth:`qccl.Communicator.delta_send`).  ``codec`` is an aq codec (``"aq4:channels=H"``),
     ``row_values`` the values per key, ``store_dtype`` the type of the kept rows (``"float16"``, the
     paper's, ``"bfloat16"`` or ``"float32"``), ``budget`` the rows' memory bound in bytes (0: none),
-    ``evict`` whether the least recently used keys make room, ``id`` the same number at both ends."""
+    ``evict`` whether the least recently used keys make room, ``id`` the same number at both ends,
+    ``file`` a path for a store larger than memory: its rows then live in that file (created or
+    truncated, removed with the store), mapped into memory (``qcclDeltaStoreSetFile``)."""
 
     __slots__ = ("_store", "row_values")
 
     def __init__(self, codec: "str | Codec", row_values: int, store_dtype: str = "float16", *, budget: int = 0,
-                 evict: bool = False, id: int = 0):
+                 evict: bool = False, id: int = 0, file: "str | None" = None):
         from ._buffers import DTYPE_NAMES
         from .errors import InvalidArgument
         by_name = {v: k for k, v in DTYPE_NAMES.items()}
         if store_dtype not in ("float16", "bfloat16", "float32"):
             raise InvalidArgument(f"store_dtype: '{store_dtype}'; pass 'float16', 'bfloat16' or 'float32'")
         self._store = _qccl.DeltaStore(as_codec(codec)._codec, row_values, by_name[store_dtype], budget, evict, id)
+        if file is not None:
+            self._store.set_file(str(file))
         self.row_values = row_values
 
     def set_warmup(self, on: bool) -> None:

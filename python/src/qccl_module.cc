@@ -205,6 +205,7 @@ class DeltaStore {
   ~DeltaStore() { qcclDeltaStoreDestroy(store_); }
   qcclDeltaStore_t get() const { return store_; }
   void set_warmup(bool on) { check(qcclDeltaStoreSetWarmup(store_, on ? 1 : 0)); }
+  void set_file(const std::string& path) { check(qcclDeltaStoreSetFile(store_, path.c_str())); }
   py::dict info() const {
     qcclDeltaStoreInfo_t info{};
     check(qcclDeltaStoreGetInfo(store_, &info));
@@ -594,6 +595,7 @@ PYBIND11_MODULE(_qccl, m) {
   py::class_<DeltaStore>(m, "DeltaStore")
       .def(py::init<const Codec&, size_t, int, size_t, bool, uint32_t>())
       .def("set_warmup", &DeltaStore::set_warmup)
+      .def("set_file", &DeltaStore::set_file)
       .def("info", &DeltaStore::info)
       .def("save", &DeltaStore::save)
       .def("load", &DeltaStore::load);

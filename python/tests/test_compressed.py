@@ -153,13 +153,18 @@ def test_send_recv_compressed(comm):
         assert comm.last_stats()["wire_bytes_received"] < x.nbytes / 6
 
 
-def test_delta_send_recv(comm):
+@pytest.mark.parametrize("in_file", [False, True])
+def test_delta_send_recv(comm, in_file, tmp_path):
     if comm.size == 1:
         pytest.skip("needs two ranks")
     if comm.rank > 1:
         return
     rows, width = 8, 256
-    store = qccl.DeltaStore(f"aq4:channels={width}", width, "float16", id=7)
+    # with in_file, the receiver keeps its rows in a file (the file tier); the messages are the same
+    path = tmp_path / f"rows{comm.rank}"
+    store = qccl.DeltaStore(f"aq4:channels={width}", width, "float16", id=7,
+                            file=str(path) if in_file and comm.rank == 1 else None)
+    assert path.exists() == (in_file and comm.rank == 1)
     keys = list(range(100, 100 + rows))
     rng = np.random.default_rng(3)
     base = rng.standard_normal((rows, width)).astype(np.float32)
@@ -179,6 +184,12 @@ def test_delta_send_recv(comm):
         assert info["last_full_rows"] == (rows if epoch == 0 else 0)
     with pytest.raises(qccl.InvalidArgument):
         comm.delta_send(np.zeros((rows, width + 1), np.float32), keys, store, 1)  # the row size is the store's
+    with pytest.raises(qccl.InvalidUsage):
+        store._store.set_file(str(path))  # it holds keys: its rows stay where they are
+    with pytest.raises(qccl.SystemFailure, match="nonexistent"):
+        qccl.DeltaStore(f"aq4:channels={width}", width, file=str(tmp_path / "nonexistent" / "rows"))
+    del store
+    assert not path.exists()  # removed with the store
 
 
 def test_learned_levels(comm):

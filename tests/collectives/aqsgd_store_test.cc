@@ -3,7 +3,8 @@
 // spec's P1/P5; warm-up; 10,000 random calls over random keys with a tiny budget and LRU eviction,
 // the two stores bit-equal after every call (P4, P12); the budget refused without eviction; every
 // protocol error of P11 (another store, configuration, key order, shape, a lost message, a delta for
-// an unknown key, a truncated message) failing before either store changes; checkpoints.
+// an unknown key, a truncated message) failing before either store changes; checkpoints; the file
+// tier (row_arena.h): bit-equal with the memory tier, its file's life, a file that cannot grow.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -14,7 +15,14 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+
 #include "collectives/aqsgd_store.h"
+#include "collectives/row_arena.h"
 #include "kernels/convert.h"
 #include "kernels/half.h"
 
@@ -247,6 +255,143 @@ TEST_CASE("delta store: a delta for a key the receiver lost is refused; checkpoi
   CHECK(kind_of([&] { other.load(s_ckpt.data(), s_ckpt.size()); }) == Kind::kMismatch);
   CHECK(kind_of([&] { r2.load(s_ckpt.data(), s_ckpt.size() - 3); }) == Kind::kCorrupt);
   CHECK(kind_of([] { DeltaStore bad(config("q4", 8)); }) == Kind::kArgument);
+}
+
+// A file path in the test's temporary directory, unique per process.
+std::string temp_path(const std::string& name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir && *dir ? dir : "/tmp") + "/qccl_aqsgd_" + std::to_string(getpid()) + "_" + name;
+}
+
+off_t file_size(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+}
+
+TEST_CASE("row arena: slots reused after release, blocks never move, allocation only after reserve", "[aqsgd]") {
+  for (const std::string& file : {std::string(), temp_path("arena")}) {
+    INFO((file.empty() ? "memory" : file));
+    const size_t row = 3 << 20;  // 3 MiB: five rows to a 16 MiB block
+    {
+      RowArena arena(row, file);
+      CHECK_THROWS_AS(arena.allocate(), std::logic_error);
+      arena.reserve(12);  // three blocks
+      if (!file.empty()) CHECK(file_size(file) >= off_t{12} * static_cast<off_t>(row));
+      std::vector<uint32_t> slots;
+      for (int i = 0; i < 12; ++i) {
+        slots.push_back(arena.allocate());
+        std::memset(arena.row(slots.back()), i + 1, row);
+      }
+      const uint8_t* first = arena.row(slots[0]);
+      arena.release(slots[3]);
+      CHECK(arena.live() == 11);
+      CHECK(arena.allocate() == slots[3]);  // reused, without growing
+      arena.reserve(20);                    // more blocks: earlier rows stay where they were
+      CHECK(arena.row(slots[0]) == first);
+      for (int i = 0; i < 12; ++i) {
+        INFO("row " << i);
+        CHECK(arena.row(slots[i])[0] == i + 1);
+        CHECK(arena.row(slots[i])[row - 1] == i + 1);
+        arena.will_need(slots[i]);
+      }
+      arena.clear();
+      CHECK(arena.live() == 0);
+    }
+    if (!file.empty()) CHECK(file_size(file) == -1);  // removed with the arena
+  }
+  // Never a device, a directory or a link's target: refused before anything is truncated.
+  CHECK_THROWS_AS(RowArena(8, "/dev/null"), RowArenaError);
+  CHECK_THROWS_AS(RowArena(8, "/tmp"), RowArenaError);
+  CHECK_THROWS_WITH(RowArena(8, "/nonexistent-dir/rows"), Catch::Contains("/nonexistent-dir/rows"));
+}
+
+TEST_CASE("delta store: the file tier is the memory tier, bit for bit, at either end", "[aqsgd]") {
+  const size_t row = 48, budget_keys = 6;
+  const auto c = config("aq4:channels=8,round=stochastic,seed=9", row, budget_keys * row * 2,
+                        DeltaStore::Evict::kLeastRecent);
+  DeltaStore mem_sender(c), mem_receiver(c), file_sender(c), file_receiver(c);
+  file_sender.set_file(temp_path("sender"));
+  file_receiver.set_file(temp_path("receiver"));
+  CHECK(file_sender.config().file == temp_path("sender"));
+  std::mt19937_64 rng(77);
+  std::vector<uint64_t> universe(15);
+  for (size_t k = 0; k < universe.size(); ++k) universe[k] = 5 + 3 * k;
+  for (int call = 0; call < 2000; ++call) {
+    const size_t nkeys = 1 + rng() % 3;
+    std::vector<uint64_t> keys;
+    while (keys.size() < nkeys) {
+      const uint64_t k = universe[rng() % universe.size()];
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    }
+    const std::vector<float> x = rows_of(nkeys, row, rng);
+    std::vector<float> out_mem(x.size()), out_file(x.size());
+    std::vector<uint8_t> msg_mem(mem_sender.max_message_bytes(nkeys)), msg_file(file_sender.max_message_bytes(nkeys));
+    const kernels::PhiloxKey key{9, uint64_t(call), 0, 0};
+    const size_t a = mem_sender.send(x.data(), keys.data(), nkeys, key, msg_mem.data());
+    const size_t b = file_sender.send(x.data(), keys.data(), nkeys, key, msg_file.data());
+    INFO("call " << call);
+    REQUIRE(a == b);
+    REQUIRE(std::memcmp(msg_mem.data(), msg_file.data(), a) == 0);  // the same messages
+    // Crossed: the file receiver takes the memory sender's messages, and the other way round.
+    file_receiver.receive(msg_mem.data(), a, keys.data(), nkeys, out_file.data());
+    mem_receiver.receive(msg_file.data(), b, keys.data(), nkeys, out_mem.data());
+    REQUIRE(std::memcmp(out_mem.data(), out_file.data(), x.size() * sizeof(float)) == 0);
+    require_equal(mem_sender, file_sender, universe);
+    require_equal(file_sender, file_receiver, universe);
+    require_equal(mem_receiver, file_receiver, universe);
+  }
+  // Checkpoints move between the tiers.
+  const std::vector<uint8_t> ckpt = file_sender.save();
+  CHECK(ckpt == mem_sender.save());
+  DeltaStore restored(c);
+  restored.set_file(temp_path("restored"));
+  restored.load(ckpt.data(), ckpt.size());
+  require_equal(restored, mem_sender, universe);
+  // The tier changes only while the store is empty.
+  CHECK(kind_of([&] { file_sender.set_file(""); }) == Kind::kArgument);
+  CHECK(file_size(temp_path("sender")) > 0);
+}
+
+TEST_CASE("delta store: a file that cannot be made or grow fails the call, and nothing changes", "[aqsgd]") {
+  const size_t row = 1 << 20;  // 2 MiB rows in float16: eight to a block
+  const auto c = config("aq4:channels=16", row);
+  DeltaStore store(c);
+  CHECK(kind_of([&] { store.set_file("/nonexistent-dir/rows"); }) == Kind::kSystem);
+  CHECK(store.config().file.empty());  // still in memory
+  // A file limited to 20 MiB (RLIMIT_FSIZE; SIGXFSZ ignored, so that growth fails with EFBIG): two
+  // 16 MiB blocks do not fit.
+  store.set_file(temp_path("limited"));
+  struct rlimit saved;
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &saved) == 0);
+  struct rlimit limited = saved;
+  limited.rlim_cur = 20 << 20;
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &limited) == 0);
+  std::mt19937_64 rng(5);
+  std::vector<uint8_t> msg;
+  std::vector<uint64_t> keys;
+  Kind failure = Kind::kArgument;
+  try {
+    for (uint64_t k = 0; k < 16; ++k) {
+      keys = {k};
+      const std::vector<float> x = rows_of(1, row, rng);
+      msg.resize(store.max_message_bytes(1));
+      store.send(x.data(), keys.data(), 1, {}, msg.data());
+    }
+  } catch (const DeltaStoreError& e) {
+    failure = e.kind();
+    CHECK_THAT(e.what(), Catch::Contains(temp_path("limited")) && Catch::Contains("nothing sent"));
+  }
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  CHECK(failure == Kind::kSystem);
+  CHECK(store.keys() == 8);  // the first block's rows, the failed call's key not among them
+  CHECK(store.sequence() == 8);
+  CHECK_FALSE(store.holds(keys[0]));
+  // and the store goes on: a delta for a key it holds needs no room
+  const std::vector<uint64_t> held = {3};
+  const std::vector<float> x = rows_of(1, row, rng);
+  CHECK(store.send(x.data(), held.data(), 1, {}, msg.data()) < row);
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 // AQ-SGD's keyed delta messages through the C API (qcclDeltaSend / qcclDeltaRecv) on real processes:
 // even rank r sends to rank r + 1 (pipeline stage pairs). 300 calls over random keys with a warm-up, a
-// 5-key budget and LRU eviction; the receiver's rows within the codec's reach of the sender's
-// activation; and at the end the two stores' checkpoints byte-equal (P4 across processes). Then the
+// 5-key budget and LRU eviction, with the receiver's rows in memory and in a file; the receiver's rows
+// within the codec's reach of the sender's activation; and at the end the two stores' checkpoints
+// byte-equal (P4 across processes). Then the
 // protocol: keys in another order fail on both ends with nothing changed, a NaN delta and the budget
 // are refused on both ends, and the next call succeeds.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -71,6 +74,12 @@ TEST_CASE("delta send/recv: 300 calls over random keys, a budget, eviction; stor
   if (w.size() % 2) return;  // pairs only
   const Pair p = pair_of(w);
   Store store("aq4:channels=32,round=stochastic,seed=9", 5 * kRow * 2, 1);
+  // Once with both stores in memory, once with the receiver's rows in a file (qcclDeltaStoreSetFile):
+  // the messages and the stores are the same.
+  const bool in_file = GENERATE(false, true);
+  const std::string path = "/tmp/qccl_delta_ranks_" + std::to_string(getpid());
+  if (in_file && !p.sender) QCCL_REQUIRE_OK(qcclDeltaStoreSetFile(store.handle, path.c_str()));
+  INFO((in_file ? "the receiver's rows in a file" : "in memory"));
   Activations act;
   std::mt19937_64 pick(5);
   double worst = 0;
@@ -99,6 +108,8 @@ TEST_CASE("delta send/recv: 300 calls over random keys, a budget, eviction; stor
     REQUIRE(store.info().bytes <= 5 * kRow * 2);
   }
   CHECK(store.info().sequence == 300);
+  CHECK(qcclDeltaStoreSetFile(store.handle, path.c_str()) == qcclInvalidUsage);  // it holds keys now
+  CHECK(qcclDeltaStoreSetFile(store.handle, nullptr) == qcclInvalidArgument);
   if (!p.sender) CHECK(worst < 0.05);  // deltas of 4 bits over a drift of 0.02 per call, fp16 stores
   CHECK(full_rows > 100);   // the warm-up, first sights and evicted keys
   CHECK(full_rows < 500);   // and deltas for the rest
