@@ -120,8 +120,43 @@ DeltaStore::DeltaStore(const Config& config) : config_(config) {
   if (!storable(config_.store_type) || !storable(config_.full_type))
     fail(DeltaStoreError::Kind::kArgument, "store and full types are float32, float16 or bfloat16");
   const std::string file = config_.file;
+  const int bits = config_.store_bits;
   config_.file.clear();
+  config_.store_bits = 0;
+  set_store_bits(bits);
   set_file(file);
+}
+
+void DeltaStore::set_store_bits(int bits) {
+  if (bits != 0 && (bits < 2 || bits > 8))
+    fail(DeltaStoreError::Kind::kArgument, "store bits = " + std::to_string(bits) + ": 0 (m in the store type) or 2 .. 8");
+  if (!rows_.empty())
+    fail(DeltaStoreError::Kind::kArgument, "the store holds " + std::to_string(rows_.size()) +
+                                               " keys: m's precision changes only while it holds none");
+  kernels::CodecConfig codec;
+  if (bits) codec = kernels::parse_codec_spec("aq" + std::to_string(bits) + ":channels=" +
+                                              std::to_string(config_.codec.channels));
+  const int old_bits = config_.store_bits;
+  const kernels::CodecConfig old_codec = m_codec_;
+  config_.store_bits = bits, m_codec_ = codec;
+  if (arena_) {  // the rows' size changed: a new arena, in the same place
+    try {
+      arena_ = std::make_unique<RowArena>(row_bytes(), config_.file);
+    } catch (const RowArenaError& e) {
+      config_.store_bits = old_bits, m_codec_ = old_codec;
+      fail(DeltaStoreError::Kind::kSystem, e.what());
+    }
+  }
+}
+
+void DeltaStore::load_m(const uint8_t* stored, float* m) const {
+  if (config_.store_bits) kernels::decode(m_codec_, stored, config_.row_values, m);
+  else kernels::load_float(config_.store_type, stored, m, config_.row_values);
+}
+
+void DeltaStore::store_m(const float* m, uint8_t* stored) const {
+  if (config_.store_bits) kernels::encode(m_codec_, m, config_.row_values, stored, {}, 0);  // nearest: no key
+  else kernels::store_float(config_.store_type, m, stored, config_.row_values);
 }
 
 void DeltaStore::set_file(const std::string& file) {
@@ -163,7 +198,8 @@ void DeltaStore::forget(uint64_t key) {
 uint64_t DeltaStore::config_hash() const {
   const std::string text = config_.codec.canonical() + ";store=" + kernels::data_type_name(config_.store_type) +
                            ";full=" + kernels::data_type_name(config_.full_type) +
-                           ";row=" + std::to_string(config_.row_values);
+                           ";row=" + std::to_string(config_.row_values) +
+                           (config_.store_bits ? ";bits=" + std::to_string(config_.store_bits) : "");
   return fnv(text.data(), text.size());
 }
 
@@ -273,14 +309,16 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
   const size_t delta_bytes = config_.codec.encoded_bytes(delta_values);
   h.payload = evicted.size() * sizeof(uint64_t) + bitmap_bytes + full_rows.size() * full_row_bytes + delta_bytes;
   uint8_t* delta_payload = out + kHeaderBytes + h.payload - delta_bytes;
-  std::vector<uint8_t> m_delta(delta_values * kernels::element_size(config_.store_type));
+  // m in float32 (exact from float16 and bfloat16), updated by the delta in float32, and rounded back
+  // to its stored form below: the arithmetic of kernels::aq_delta_send on the stored type itself.
+  std::vector<float> m_delta(delta_values);
   if (!delta_rows.empty()) {
     std::vector<float> x_delta(delta_values);
     for (size_t d = 0; d < delta_rows.size(); ++d) {
       std::memcpy(x_delta.data() + d * row, x + delta_rows[d] * row, row * sizeof(float));
-      std::memcpy(m_delta.data() + d * row_bytes(), m(keys[delta_rows[d]]), row_bytes());
+      load_m(m(keys[delta_rows[d]]), m_delta.data() + d * row);
     }
-    if (size_t bad = kernels::aq_delta_send(config_.codec, x_delta.data(), delta_values, config_.store_type,
+    if (size_t bad = kernels::aq_delta_send(config_.codec, x_delta.data(), delta_values, kernels::DataType::kFloat32,
                                             m_delta.data(), delta_payload, key, 0))
       fail(DeltaStoreError::Kind::kNonFinite, std::to_string(bad) +
                                                   " channels of the delta hold NaN or Inf (or exceed float16's "
@@ -308,11 +346,12 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
     // m = round_store(the value the receiver reads), as the receiver computes it
     kernels::load_float(config_.full_type, wire, as_sent.data(), row);
     p.m[r].resize(row_bytes());
-    kernels::store_float(config_.store_type, as_sent.data(), p.m[r].data(), row);
+    store_m(as_sent.data(), p.m[r].data());
   }
-  for (size_t d = 0; d < delta_rows.size(); ++d)
-    p.m[delta_rows[d]].assign(m_delta.begin() + static_cast<long>(d * row_bytes()),
-                              m_delta.begin() + static_cast<long>((d + 1) * row_bytes()));
+  for (size_t d = 0; d < delta_rows.size(); ++d) {
+    p.m[delta_rows[d]].resize(row_bytes());
+    store_m(m_delta.data() + d * row, p.m[delta_rows[d]].data());
+  }
   p.ready = true;
   p.bytes = kHeaderBytes + h.payload, p.full = full_rows.size();
   pending_ = std::move(p);
@@ -379,13 +418,12 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
   size_t fresh = 0;
   for (size_t i : full_rows) fresh += holds(keys[i]) && !gone.count(keys[i]) ? 0 : 1;
   reserve(fresh);  // the only thing below that could fail, before anything changes
-  std::vector<uint8_t> m_delta(delta_values * kernels::element_size(config_.store_type));
+  std::vector<float> m_delta(delta_values);  // in float32, as the sender's (prepare)
   std::vector<float> x_delta(delta_values);
   for (size_t i : delta_rows) arena_->will_need(rows_.at(keys[i]).slot);
-  for (size_t d = 0; d < delta_rows.size(); ++d)
-    std::memcpy(m_delta.data() + d * row_bytes(), m(keys[delta_rows[d]]), row_bytes());
-  if (!delta_rows.empty() &&
-      kernels::aq_delta_receive(config_.codec, delta, delta_values, config_.store_type, m_delta.data(), x_delta.data()))
+  for (size_t d = 0; d < delta_rows.size(); ++d) load_m(m(keys[delta_rows[d]]), m_delta.data() + d * row);
+  if (!delta_rows.empty() && kernels::aq_delta_receive(config_.codec, delta, delta_values, kernels::DataType::kFloat32,
+                                                       m_delta.data(), x_delta.data()))
     fail(Kind::kCorrupt, "the delta decodes to NaN (a sender never sends one)");
 
   // Committed from here on.
@@ -394,11 +432,11 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
     const size_t i = full_rows[f];
     float* out_row = x_out + i * row;
     kernels::load_float(config_.full_type, full + f * full_row_bytes, out_row, row);
-    kernels::store_float(config_.store_type, out_row, arena_->row(place(keys[i]).slot), row);
+    store_m(out_row, arena_->row(place(keys[i]).slot));
   }
   for (size_t d = 0; d < delta_rows.size(); ++d) {
     std::memcpy(x_out + delta_rows[d] * row, x_delta.data() + d * row, row * sizeof(float));
-    std::memcpy(m(keys[delta_rows[d]]), m_delta.data() + d * row_bytes(), row_bytes());
+    store_m(m_delta.data() + d * row, m(keys[delta_rows[d]]));
   }
   for (size_t i = 0; i < nkeys; ++i) touch(keys[i]);
   ++sequence_;

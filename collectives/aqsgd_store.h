@@ -71,6 +71,7 @@ class DeltaStore {
     Evict evict = Evict::kNone;
     uint32_t id = 0;             // the link's store id, the same at both ends
     std::string file;            // "": the rows in memory; else in this file, mapped (set_file)
+    int store_bits = 0;          // 0: m in store_type; 2..8: m as low-bit codes (set_store_bits)
   };
   // Throws DeltaStoreError(kArgument) for a codec that is not aq, zero row values, a store or full
   // type other than float32, float16 or bfloat16; kSystem for a file that cannot be created.
@@ -79,6 +80,14 @@ class DeltaStore {
   // mapped into memory, for a store larger than memory; "" back to memory. Only while the store holds
   // no key (kArgument otherwise; kSystem for a file that cannot be created; unchanged either way).
   void set_file(const std::string& file);
+  // Low-bit m (the paper's App. H.5, the reference's delta-lowbits mode): each key's m kept as
+  // `bits`-bit codes with an fp16 scale per channel (the store's aq codec's channels) over the key's
+  // row, rounded to nearest: aq<bits>:channels=H of the row, what both ends re-quantize after every
+  // message (m = Q_m(m + decode(delta)), or Q_m(the full row as sent)), deterministically, so the two
+  // stores stay bit-equal; the row takes about bits/16 of float16's bytes. 0: store_type. Part of the
+  // configuration both ends must share. Only while the store holds no key (kArgument otherwise, and
+  // for bits other than 0 and 2..8).
+  void set_store_bits(int bits);
 
   const Config& config() const { return config_; }
   size_t keys() const { return rows_.size(); }
@@ -136,7 +145,13 @@ class DeltaStore {
   // A key's entry, its row allocated if it is new (after reserve()), most recently used last.
   Entry& place(uint64_t key);
   void forget(uint64_t key);
-  size_t row_bytes() const { return config_.row_values * kernels::element_size(config_.store_type); }
+  size_t row_bytes() const {
+    return config_.store_bits ? m_codec_.encoded_bytes(config_.row_values)
+                              : config_.row_values * kernels::element_size(config_.store_type);
+  }
+  // A key's m as float32 from its stored form, and back (rounded to store_type, or re-quantized).
+  void load_m(const uint8_t* stored, float* m) const;
+  void store_m(const float* m, uint8_t* stored) const;
   uint64_t config_hash() const;
   // Keys to evict so that the call's new keys fit, least recently used first (throws kBudget).
   std::vector<uint64_t> evictions(const uint64_t* keys, size_t nkeys) const;
@@ -158,6 +173,7 @@ class DeltaStore {
   std::unordered_map<uint64_t, Entry> rows_;
   std::list<uint64_t> lru_;
   std::unique_ptr<RowArena> arena_;  // the rows' memory, or the file tier's mapping
+  kernels::CodecConfig m_codec_;     // low-bit m: aq<store_bits>:channels=H, one block per row
 };
 
 }  // namespace qccl::coll

@@ -635,6 +635,14 @@ QCCL_API qcclResult_t qcclDeltaStoreSetWarmup(qcclDeltaStore_t store, int on);
  * file and the reason, when it cannot be created, and when it cannot grow (a full disk) during a
  * call, which then fails on both ends with neither store changed, as for a refusal. */
 QCCL_API qcclResult_t qcclDeltaStoreSetFile(qcclDeltaStore_t store, const char* path);
+/* Low-bit m (the paper's App. H.5): each key's m kept as bits-bit codes (2 .. 8) with a float16
+ * scale per channel of the store's codec over the key's row, which both ends re-quantize (nearest)
+ * after every message, so the stores stay bit-equal; a row then takes about bits/16 of its float16
+ * size (budgets count these bytes). The paper found 8 bits as good as float16 and 2 bits slightly
+ * worse. 0 returns to storeType. Both ends must set the same (the configuration hash covers it: a
+ * mismatch fails both calls with qcclMismatch). Only while the store holds no key (qcclInvalidUsage);
+ * other bits: qcclInvalidArgument. */
+QCCL_API qcclResult_t qcclDeltaStoreSetLowBits(qcclDeltaStore_t store, int bits);
 QCCL_API qcclResult_t qcclDeltaStoreGetInfo(qcclDeltaStore_t store, qcclDeltaStoreInfo_t* info);
 /* A checkpoint (versioned): Size, then Save into that many bytes; Load restores one of a store of
  * the same configuration (qcclMismatch otherwise, qcclInvalidArgument when corrupt; unchanged). */

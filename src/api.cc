@@ -991,6 +991,20 @@ QCCL_API qcclResult_t qcclDeltaStoreSetWarmup(qcclDeltaStore_t store, int on) {
   });
 }
 
+QCCL_API qcclResult_t qcclDeltaStoreSetLowBits(qcclDeltaStore_t store, int bits) {
+  return api_call("qcclDeltaStoreSetLowBits", [&] {
+    qcclDeltaStore& s = delta_of(store);
+    if (bits != 0 && (bits < 2 || bits > 8)) fail(qcclInvalidArgument, "bits = %d: 0 (m in storeType) or 2 .. 8", bits);
+    std::lock_guard<std::mutex> lock(s.mu);
+    try {
+      s.impl->set_store_bits(bits);
+    } catch (const coll::DeltaStoreError& e) {
+      fail(e.kind() == coll::DeltaStoreError::Kind::kArgument ? qcclInvalidUsage : delta_code(e.kind()), "%s",
+           e.what());
+    }
+  });
+}
+
 QCCL_API qcclResult_t qcclDeltaStoreSetFile(qcclDeltaStore_t store, const char* path) {
   return api_call("qcclDeltaStoreSetFile", [&] {
     qcclDeltaStore& s = delta_of(store);

@@ -106,18 +106,22 @@ class DeltaStore:
     paper's, ``"bfloat16"`` or ``"float32"``), ``budget`` the rows' memory bound in bytes (0: none),
     ``evict`` whether the least recently used keys make room, ``id`` the same number at both ends,
     ``file`` a path for a store larger than memory: its rows then live in that file (created or
-    truncated, removed with the store), mapped into memory (``qcclDeltaStoreSetFile``)."""
+    truncated, removed with the store), mapped into memory (``qcclDeltaStoreSetFile``), ``store_bits``
+    2 .. 8 to keep m as low-bit codes with a float16 scale per channel (``qcclDeltaStoreSetLowBits``;
+    both ends the same)."""
 
     __slots__ = ("_store", "row_values")
 
     def __init__(self, codec: "str | Codec", row_values: int, store_dtype: str = "float16", *, budget: int = 0,
-                 evict: bool = False, id: int = 0, file: "str | None" = None):
+                 evict: bool = False, id: int = 0, file: "str | None" = None, store_bits: int = 0):
         from ._buffers import DTYPE_NAMES
         from .errors import InvalidArgument
         by_name = {v: k for k, v in DTYPE_NAMES.items()}
         if store_dtype not in ("float16", "bfloat16", "float32"):
             raise InvalidArgument(f"store_dtype: '{store_dtype}'; pass 'float16', 'bfloat16' or 'float32'")
         self._store = _qccl.DeltaStore(as_codec(codec)._codec, row_values, by_name[store_dtype], budget, evict, id)
+        if store_bits:
+            self._store.set_low_bits(store_bits)
         if file is not None:
             self._store.set_file(str(file))
         self.row_values = row_values

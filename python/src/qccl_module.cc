@@ -206,6 +206,7 @@ class DeltaStore {
   qcclDeltaStore_t get() const { return store_; }
   void set_warmup(bool on) { check(qcclDeltaStoreSetWarmup(store_, on ? 1 : 0)); }
   void set_file(const std::string& path) { check(qcclDeltaStoreSetFile(store_, path.c_str())); }
+  void set_low_bits(int bits) { check(qcclDeltaStoreSetLowBits(store_, bits)); }
   py::dict info() const {
     qcclDeltaStoreInfo_t info{};
     check(qcclDeltaStoreGetInfo(store_, &info));
@@ -596,6 +597,7 @@ PYBIND11_MODULE(_qccl, m) {
       .def(py::init<const Codec&, size_t, int, size_t, bool, uint32_t>())
       .def("set_warmup", &DeltaStore::set_warmup)
       .def("set_file", &DeltaStore::set_file)
+      .def("set_low_bits", &DeltaStore::set_low_bits)
       .def("info", &DeltaStore::info)
       .def("save", &DeltaStore::save)
       .def("load", &DeltaStore::load);

@@ -192,6 +192,32 @@ def test_delta_send_recv(comm, in_file, tmp_path):
     assert not path.exists()  # removed with the store
 
 
+def test_delta_store_low_bits(comm):
+    if comm.size == 1:
+        pytest.skip("needs two ranks")
+    if comm.rank > 1:
+        return
+    tokens, width = 16, 64  # a key's row: 16 tokens of 64 channels
+    store = qccl.DeltaStore(f"aq4:channels={width}", tokens * width, id=3, store_bits=4)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, tokens * width)).astype(np.float32)
+    got = np.zeros_like(x)
+    for epoch in range(2):
+        if comm.rank == 0:
+            comm.delta_send(x + 0.01 * epoch, [5, 6], store, 1)
+        else:
+            comm.delta_recv(got, [5, 6], store, 0)
+    # m as 4-bit codes and a float16 scale per channel: 2 keys x (16 x 64 / 2 + 64 x 2) bytes
+    assert store.info()["bytes"] == 2 * (tokens * width // 2 + width * 2)
+    if comm.rank == 1:
+        # m (4-bit, nearest) errs by at most max|x| / 8 per channel, so the delta x + 0.01 - m spans at
+        # most s = max|x| / 8 + 0.01, and its 4-bit code errs by s / 8 (+ the scale's float16 rounding)
+        s = np.abs(x).max() / 8 + 0.01 + 1e-3
+        assert np.abs(got - (x + 0.01)).max() <= s / 8 * (1 + 2.0 ** -11) + 1e-6
+    with pytest.raises(qccl.InvalidArgument):
+        qccl.DeltaStore(f"aq4:channels={width}", width, store_bits=1)
+
+
 def test_learned_levels(comm):
     data = rank_input(0, 1 << 14, np.float32, seed=2) ** 3  # peaked near 0
     learned = comm.learn_levels("q3", data if comm.rank == 0 else None, epochs=3, root=0)

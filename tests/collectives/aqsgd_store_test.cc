@@ -4,7 +4,8 @@
 // the two stores bit-equal after every call (P4, P12); the budget refused without eviction; every
 // protocol error of P11 (another store, configuration, key order, shape, a lost message, a delta for
 // an unknown key, a truncated message) failing before either store changes; checkpoints; the file
-// tier (row_arena.h): bit-equal with the memory tier, its file's life, a file that cannot grow.
+// tier (row_arena.h): bit-equal with the memory tier, its file's life, a file that cannot grow; low-bit
+// m (App. H.5): bit-equal, within the delta's bound.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -392,6 +393,83 @@ TEST_CASE("delta store: a file that cannot be made or grow fails the call, and n
   const std::vector<uint64_t> held = {3};
   const std::vector<float> x = rows_of(1, row, rng);
   CHECK(store.send(x.data(), held.data(), 1, {}, msg.data()) < row);
+}
+
+TEST_CASE("delta store: low-bit m stays bit-equal, within the delta's bound, in bits/16 of the bytes", "[aqsgd]") {
+  const size_t channels = 8, row = 4 * channels;  // a key's row: 4 tokens of 8 channels
+  for (int bits : {2, 4, 8}) {
+    INFO(bits << "-bit m");
+    auto c = config("aq4:channels=8", row, 0, DeltaStore::Evict::kNone);
+    c.store_bits = bits;
+    DeltaStore sender(c), receiver(c);
+    // m's codec: aq<bits> over the key's row, one fp16 scale per channel
+    const kernels::CodecConfig m_codec = kernels::parse_codec_spec("aq" + std::to_string(bits) + ":channels=8");
+    std::mt19937_64 rng(31 + bits);
+    std::vector<uint64_t> universe(10);
+    for (size_t k = 0; k < universe.size(); ++k) universe[k] = 900 + k;
+    std::vector<std::vector<float>> truth(universe.size());
+    for (auto& t : truth) t = rows_of(1, row, rng);
+    double worst_share = 0;
+    for (int call = 0; call < 1500; ++call) {
+      const size_t nkeys = 1 + rng() % 3;
+      std::vector<size_t> pick;
+      while (pick.size() < nkeys) {
+        const size_t i = rng() % universe.size();
+        if (std::find(pick.begin(), pick.end(), i) == pick.end()) pick.push_back(i);
+      }
+      std::vector<uint64_t> keys;
+      std::vector<float> x(nkeys * row), out(x.size());
+      std::vector<float> m_prev(x.size(), NAN);
+      for (size_t r = 0; r < nkeys; ++r) {
+        keys.push_back(universe[pick[r]]);
+        for (float& v : truth[pick[r]]) v += 0.05f * std::normal_distribution<float>(0.0f, 1.0f)(rng);
+        std::copy(truth[pick[r]].begin(), truth[pick[r]].end(), x.begin() + static_cast<long>(r * row));
+        if (receiver.holds(keys[r])) kernels::decode(m_codec, receiver.row(keys[r]), row, m_prev.data() + r * row);
+      }
+      std::vector<uint8_t> msg(sender.max_message_bytes(nkeys));
+      const size_t bytes = sender.send(x.data(), keys.data(), nkeys, {}, msg.data());
+      receiver.receive(msg.data(), bytes, keys.data(), nkeys, out.data());
+      INFO("call " << call);
+      require_equal(sender, receiver, universe);
+      REQUIRE(sender.bytes() == sender.keys() * m_codec.encoded_bytes(row));  // codes and scales only
+      // A delta row is m_prev + decode(Q(x - m_prev)): within the 4-bit delta's bound (include/qccl.h,
+      // qcclSendCompressed), per channel s / 2^(4-1) (the top level's clip) + 2^-11 s (the scale's
+      // float16 rounding), s = max |x - m_prev| over the call's delta rows; a full row is x as float16.
+      std::vector<float> s(channels, 0.0f);
+      for (size_t i = 0; i < x.size(); ++i)
+        if (!std::isnan(m_prev[i])) s[i % channels] = std::max(s[i % channels], std::fabs(x[i] - m_prev[i]));
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (std::isnan(m_prev[i])) {
+          REQUIRE(out[i] == kernels::half_to_float(kernels::float_to_half(x[i])));
+          continue;
+        }
+        const float scale = s[i % channels];
+        REQUIRE(std::fabs(out[i] - x[i]) <= scale / 8 + 0x1p-11f * scale + 1e-6f);
+        if (scale > 0) worst_share = std::max(worst_share, double{std::fabs(out[i] - x[i])} / scale);
+      }
+    }
+    CHECK(worst_share > 1.0 / 32);  // the bound is not vacuous
+    // Checkpoints keep the codes; a store with other bits is another configuration.
+    const std::vector<uint8_t> ckpt = sender.save();
+    DeltaStore restored(c);
+    restored.load(ckpt.data(), ckpt.size());
+    require_equal(restored, receiver, universe);
+    auto other = c;
+    other.store_bits = bits == 8 ? 4 : 8;
+    DeltaStore foreign(other);
+    CHECK(kind_of([&] { foreign.load(ckpt.data(), ckpt.size()); }) == Kind::kMismatch);
+    std::vector<float> x = rows_of(1, row, rng), out(row);
+    const std::vector<uint64_t> one = {universe[0]};
+    std::vector<uint8_t> msg(sender.max_message_bytes(1));
+    const size_t bytes = sender.send(x.data(), one.data(), 1, {}, msg.data());
+    CHECK(kind_of([&] { foreign.receive(msg.data(), bytes, one.data(), 1, out.data()); }) == Kind::kMismatch);
+    CHECK(kind_of([&] { sender.set_store_bits(0); }) == Kind::kArgument);  // it holds keys
+  }
+  DeltaStore plain(config("aq4:channels=8", row));
+  CHECK(kind_of([&] { plain.set_store_bits(1); }) == Kind::kArgument);
+  CHECK(kind_of([&] { plain.set_store_bits(9); }) == Kind::kArgument);
+  plain.set_store_bits(8);
+  CHECK(plain.config().store_bits == 8);
 }
 
 }  // namespace
