@@ -136,16 +136,21 @@ void DeltaStore::set_store_bits(int bits) {
   kernels::CodecConfig codec;
   if (bits) codec = kernels::parse_codec_spec("aq" + std::to_string(bits) + ":channels=" +
                                               std::to_string(config_.codec.channels));
-  const int old_bits = config_.store_bits;
-  const kernels::CodecConfig old_codec = m_codec_;
-  config_.store_bits = bits, m_codec_ = codec;
-  if (arena_) {  // the rows' size changed: a new arena, in the same place
-    try {
-      arena_ = std::make_unique<RowArena>(row_bytes(), config_.file);
-    } catch (const RowArenaError& e) {
-      config_.store_bits = old_bits, m_codec_ = old_codec;
-      fail(DeltaStoreError::Kind::kSystem, e.what());
-    }
+  // The rows' size changes: a new arena in the same place, made before anything is assigned.
+  const size_t bytes = bits ? codec.encoded_bytes(config_.row_values)
+                            : config_.row_values * kernels::element_size(config_.store_type);
+  std::unique_ptr<RowArena> arena;
+  if (arena_) arena = make_arena(bytes, config_.file);
+  pending_ = Pending{};
+  config_.store_bits = bits, m_codec_ = std::move(codec);
+  if (arena) arena_ = std::move(arena);
+}
+
+std::unique_ptr<RowArena> DeltaStore::make_arena(size_t row_bytes, const std::string& file) {
+  try {
+    return std::make_unique<RowArena>(row_bytes, file);
+  } catch (const RowArenaError& e) {
+    fail(DeltaStoreError::Kind::kSystem, e.what());
   }
 }
 
@@ -163,11 +168,8 @@ void DeltaStore::set_file(const std::string& file) {
   if (!rows_.empty())
     fail(DeltaStoreError::Kind::kArgument, "the store holds " + std::to_string(rows_.size()) +
                                                " keys: its rows move to a file (or back) only while it holds none");
-  try {
-    arena_ = std::make_unique<RowArena>(row_bytes(), file);
-  } catch (const RowArenaError& e) {
-    fail(DeltaStoreError::Kind::kSystem, e.what());
-  }
+  arena_ = make_arena(row_bytes(), file);
+  pending_ = Pending{};
   config_.file = file;
 }
 
@@ -399,6 +401,8 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
   if (h.evicted > rows_.size()) fail(Kind::kSequence, "the sender evicts more keys than this store holds");
   std::vector<uint64_t> evicted(h.evicted);
   for (uint64_t& k : evicted) k = r.get<uint64_t>();
+  if (std::unordered_set<uint64_t>(evicted.begin(), evicted.end()).size() != evicted.size())
+    fail(Kind::kCorrupt, "the message evicts a key twice");
   const uint8_t* bitmap = r.take((nkeys + 7) / 8);
   std::vector<size_t> full_rows, delta_rows;
   for (size_t i = 0; i < nkeys; ++i) ((bitmap[i / 8] >> (i % 8)) & 1 ? full_rows : delta_rows).push_back(i);
@@ -447,11 +451,15 @@ size_t DeltaStore::checkpoint_bytes() const { return 4 + 2 + 2 + 8 + 8 + 8 + row
 
 std::vector<uint8_t> DeltaStore::save() const {
   std::vector<uint8_t> out(checkpoint_bytes());
-  Writer w(out.data());
+  save(out.data());
+  return out;
+}
+
+void DeltaStore::save(uint8_t* out) const {
+  Writer w(out);
   w.put(kCheckpointMagic), w.put(kVersion), w.put(uint16_t{0}), w.put(config_hash()), w.put(sequence_),
       w.put(static_cast<uint64_t>(rows_.size()));
   for (uint64_t k : lru_) w.put(k), w.put_bytes(arena_->row(rows_.at(k).slot), row_bytes());
-  return out;
 }
 
 void DeltaStore::load(const uint8_t* data, size_t bytes) {
@@ -476,6 +484,7 @@ void DeltaStore::load(const uint8_t* data, size_t bytes) {
     if (!seen.insert(k).second) fail(Kind::kCorrupt, "key " + key_text(k) + " appears twice in the checkpoint");
   }
   reserve(count > rows_.size() ? count - rows_.size() : 0);
+  pending_ = Pending{};
   rows_.clear();
   lru_.clear();
   arena_->clear();

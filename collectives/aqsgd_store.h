@@ -76,7 +76,7 @@ class DeltaStore {
   // Throws DeltaStoreError(kArgument) for a codec that is not aq, zero row values, a store or full
   // type other than float32, float16 or bfloat16; kSystem for a file that cannot be created.
   explicit DeltaStore(const Config& config);
-  // The file tier (row_arena.h): the rows in `file` (created or truncated, removed with the store),
+  // The file tier (row_arena.h): the rows in a new file made at path `file` and unlinked at once,
   // mapped into memory, for a store larger than memory; "" back to memory. Only while the store holds
   // no key (kArgument otherwise; kSystem for a file that cannot be created; unchanged either way).
   void set_file(const std::string& file);
@@ -130,6 +130,7 @@ class DeltaStore {
 
   // A checkpoint: the configuration's hash, the sequence number, and every key's row in LRU order.
   std::vector<uint8_t> save() const;
+  void save(uint8_t* out) const;  // into checkpoint_bytes() bytes, without a copy of the store
   size_t checkpoint_bytes() const;  // save().size(), without making it
   // Restores a checkpoint of a store of the same configuration; throws DeltaStoreError (unchanged).
   void load(const uint8_t* data, size_t bytes);
@@ -140,6 +141,7 @@ class DeltaStore {
     std::list<uint64_t>::iterator lru;  // position in lru_ (front: least recently used)
   };
   uint8_t* m(uint64_t key) { return arena_->row(rows_.at(key).slot); }
+  static std::unique_ptr<RowArena> make_arena(size_t row_bytes, const std::string& file);  // kSystem
   // Room for `fresh` more rows (kSystem when the file cannot grow), before anything changes.
   void reserve(size_t fresh);
   // A key's entry, its row allocated if it is new (after reserve()), most recently used last.

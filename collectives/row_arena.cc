@@ -14,9 +14,12 @@ namespace qccl::coll {
 
 namespace {
 
-// About this many bytes per block: large enough that a store of millions of rows has few blocks,
-// small enough that a small store does not hold much it does not use.
-constexpr size_t kBlockBytes = size_t{16} << 20;
+// About this many bytes per block: large enough that a store of millions of rows has few blocks
+// (a file's: few mappings), small enough that a small store does not hold much it does not use (a
+// memory block's bytes count against the process whether or not its rows are used).
+constexpr size_t kFileBlockBytes = size_t{16} << 20;
+constexpr size_t kMemoryBlockBytes = size_t{1} << 20;
+constexpr size_t kMaxSlots = 0xFFFFFFFFu;  // slots are uint32_t
 
 std::string reason(const std::string& what, const std::string& file) {
   return what + " '" + file + "': " + std::strerror(errno);
@@ -26,17 +29,21 @@ std::string reason(const std::string& what, const std::string& file) {
 
 RowArena::RowArena(size_t row_bytes, const std::string& file) : row_bytes_(row_bytes), file_(file) {
   if (row_bytes_ == 0) throw std::invalid_argument("RowArena: rows of 0 bytes");
-  rows_per_block_ = std::max<size_t>(1, kBlockBytes / row_bytes_);
+  rows_per_block_ = std::max<size_t>(1, (file_.empty() ? kMemoryBlockBytes : kFileBlockBytes) / row_bytes_);
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   block_bytes_ = (rows_per_block_ * row_bytes_ + page - 1) / page * page;
   if (!file_.empty()) {
-    // Checked before it is truncated: a device or a directory is not the store's to empty (or, as
-    // the arena removes its file when it goes, to delete).
-    struct stat st;
-    if (stat(file_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-      throw RowArenaError("the store's file '" + file_ + "' exists and is not a regular file");
-    fd_ = open(file_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    // A new file, never an existing one (a user's file, another store's, a device: O_EXCL does not
+    // follow a link either), removed from its directory at once: the store reaches it through the
+    // descriptor alone, two stores given one path each have their own, and nothing is left behind,
+    // not even after a crash.
+    fd_ = open(file_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd_ < 0) throw RowArenaError(reason("cannot create the store's file", file_));
+    if (unlink(file_.c_str()) != 0) {
+      const std::string why = reason("cannot remove the store's file from its directory", file_);
+      close(fd_);
+      throw RowArenaError(why);
+    }
   }
 }
 
@@ -45,21 +52,20 @@ RowArena::~RowArena() {
     if (fd_ >= 0) munmap(block, block_bytes_);
     else delete[] block;
   }
-  if (fd_ >= 0) {
-    close(fd_);
-    unlink(file_.c_str());
-  }
+  if (fd_ >= 0) close(fd_);  // the file's blocks go with its last descriptor and mapping
 }
 
 void RowArena::add_block() {
-  if (blocks_.size() >= (size_t{1} << 32) / rows_per_block_) throw RowArenaError("a store of 2^32 rows is full");
+  if ((blocks_.size() + 1) * rows_per_block_ > kMaxSlots) throw RowArenaError("a store of 2^32 - 1 rows is full");
+  blocks_.reserve(blocks_.size() + 1);  // so that the push_back below cannot throw and lose the block
   if (fd_ < 0) {
     blocks_.push_back(new uint8_t[block_bytes_]);
     return;
   }
   const off_t offset = static_cast<off_t>(blocks_.size() * block_bytes_);
   // posix_fallocate, not ftruncate: the blocks are the disk's now, so a full disk fails here, with
-  // an error, and not later as a SIGBUS when a row is written.
+  // an error, and not later as a SIGBUS when a row is written (on file systems that write in place;
+  // a copy-on-write one, btrfs or ZFS, may still run out later).
   if (const int e = posix_fallocate(fd_, offset, static_cast<off_t>(block_bytes_)); e != 0) {
     errno = e;
     throw RowArenaError(reason("cannot grow the store's file", file_));
@@ -88,6 +94,11 @@ void RowArena::release(uint32_t slot) { free_.push_back(slot); }
 void RowArena::clear() {
   free_.clear();
   next_ = 0;
+}
+
+size_t RowArena::file_bytes() const {
+  struct stat st;
+  return fd_ >= 0 && fstat(fd_, &st) == 0 ? static_cast<size_t>(st.st_size) : 0;
 }
 
 void RowArena::will_need(uint32_t slot) const {

@@ -19,16 +19,18 @@ struct RowArenaError : std::runtime_error {
 
 class RowArena {
  public:
-  // Rows of row_bytes (> 0) bytes, in memory, or (file not empty) in `file`, created or truncated
-  // here and removed when the arena goes (it holds nothing that outlives the store). Throws
-  // RowArenaError when the file cannot be created, or exists and is not a regular file (a device, a
-  // directory, a symbolic link: never truncated or removed).
+  // Rows of row_bytes (> 0) bytes, in memory, or (file not empty) in a new file at path `file`,
+  // unlinked at once (reached through its descriptor; its space freed when the arena goes, or the
+  // process ends). Throws RowArenaError when the file cannot be created, and when the path exists:
+  // a user's file, a device or a link is never truncated, replaced or removed.
   RowArena(size_t row_bytes, const std::string& file);
   ~RowArena();
   RowArena(const RowArena&) = delete;
   RowArena& operator=(const RowArena&) = delete;
 
   const std::string& file() const { return file_; }
+  // The file's size in bytes (0 in memory): the blocks it holds.
+  size_t file_bytes() const;
   size_t live() const { return next_ - free_.size(); }
   // Room for n more rows than are live, so that the next allocate() calls up to that count cannot
   // fail. Throws RowArenaError (a file that cannot grow: the disk is full) or std::bad_alloc.

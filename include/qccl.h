@@ -628,12 +628,15 @@ QCCL_API qcclResult_t qcclDeltaStoreDestroy(qcclDeltaStore_t store);
 /* Warm-up (the paper's first epoch): while on, every row is sent whole (the sender's setting). */
 QCCL_API qcclResult_t qcclDeltaStoreSetWarmup(qcclDeltaStore_t store, int on);
 /* The file tier, for a store larger than memory (the paper's QNLI run keeps 82 GB per direction):
- * the rows live in the file at path, created or truncated now and removed by qcclDeltaStoreDestroy,
- * mapped into memory, so that the kernel pages them in and out (each call asks it to read the rows
- * it will use ahead); "" returns them to memory. Each end chooses for itself; the messages are the
- * same. Only while the store holds no key (qcclInvalidUsage otherwise); qcclSystemError, naming the
- * file and the reason, when it cannot be created, and when it cannot grow (a full disk) during a
- * call, which then fails on both ends with neither store changed, as for a refusal. */
+ * the rows live in a new file created at path (on the disk that should hold them) and removed from
+ * its directory at once, so that nothing is left behind, even after a crash, and two stores given
+ * one path each have their own; mapped into memory, so that the kernel pages them in and out (each
+ * call asks it to read the rows it will use ahead); its space is freed by qcclDeltaStoreDestroy.
+ * "" returns them to memory. Each end chooses for itself; the messages are the same. Only while the
+ * store holds no key (qcclInvalidUsage otherwise); qcclSystemError, naming the path and the
+ * reason, when the file cannot be created, when the path exists (an existing file is never
+ * truncated or removed), and when it cannot grow (a full disk) during a call, which then fails on
+ * both ends with neither store changed, as for a refusal. */
 QCCL_API qcclResult_t qcclDeltaStoreSetFile(qcclDeltaStore_t store, const char* path);
 /* Low-bit m (the paper's App. H.5): each key's m kept as bits-bit codes (2 .. 8) with a float16
  * scale per channel of the store's codec over the key's row, which both ends re-quantize (nearest)

@@ -1046,8 +1046,7 @@ QCCL_API qcclResult_t qcclDeltaStoreSave(qcclDeltaStore_t store, void* buffer, s
     if (bytes != s.impl->checkpoint_bytes())
       fail(qcclInvalidArgument, "bytes = %zu, the checkpoint takes %zu (qcclDeltaStoreSize)", bytes,
            s.impl->checkpoint_bytes());
-    const std::vector<uint8_t> data = s.impl->save();
-    std::memcpy(buffer, data.data(), data.size());
+    s.impl->save(static_cast<uint8_t*>(buffer));  // straight in: a store may be larger than memory
   });
 }
 

@@ -350,8 +350,11 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   // pipeline, one fragment's chain; the depth bounds the fragments in flight (chain). A chain's hops
   // carry their latencies already (trip): the per-step latencies go on the totals only.
   const double fill = chain / rounds(fragments);
-  const double totals = std::max({nic_seconds, intra_seconds, busy}) + steps * latency;
-  const double seconds = std::max(totals * (fragments - 1) / fragments + fill, chain);
+  const double busiest = std::max({nic_seconds, intra_seconds, busy});
+  const double totals = busiest + steps * latency;
+  // Never below the busiest resource's own time (with one fragment the chain alone would price a
+  // link that several ranks share as if each had it).
+  const double seconds = std::max({busiest, totals * (fragments - 1) / fragments + fill, chain});
   return std::isfinite(seconds) ? seconds : -1;
 }
 

@@ -13,11 +13,12 @@
 //
 // The model is the simulator's (sim/simulator.h) reduced to a pipeline's steady state: the busiest
 // link's bytes over its rate, the busiest rank's CPU (codec steps, sums, the kernel's TCP path per
-// byte), and a fragment's chain of steps over the pipeline depth; the time is the largest of these
-// plus a latency per step. Its inputs are agreed by every rank at communicator creation, so that
-// every rank makes the same choice: the links (QCCL_LINK_RATE, or the rate src/link_probe.h measures,
-// between nodes; memory copies within one), the pipeline (chunk and depth, rank 0's), and the CPU costs, measured by each rank at
-// creation (about 30 ms): the slowest host's kept (each host's least contended measurement,
+// byte), and a fragment's chain of steps over the pipeline depth; the time is the busiest resource's
+// over all fragments but the first, plus the first's chain (the pipeline's fill), and never less
+// than the chains over the depth or the busiest resource alone. Its inputs are agreed by every rank
+// at communicator creation, so that every rank makes the same choice: the links (QCCL_LINK_RATE, or
+// the rate src/link_probe.h measures, between nodes; memory copies within one), the pipeline (chunk
+// and depth, rank 0's), and the CPU costs, measured by each rank at creation (about 30 ms): the slowest host's kept (each host's least contended measurement,
 // stretched by its ranks per CPU). tests/sim/auto_codec_test.cc holds its choices against the
 // simulator's on a grid of ranks, links and sizes. Calls on device buffers are not
 // compressed by auto (its costs are the host's): a communicator that mixes host and device buffers

@@ -309,6 +309,8 @@ std::vector<uint8_t> PeerInfo::serialize() const {
   w.put<int32_t>(cpus);
   w.put<int32_t>(oversubscribed);
   w.put<int32_t>(pipeline_depth);
+  w.put<int32_t>(chunk_explicit);
+  w.put_string(node_map);
   return std::move(w.bytes());
 }
 
@@ -339,6 +341,8 @@ PeerInfo PeerInfo::parse(const std::vector<uint8_t>& bytes, int rank) {
   p.cpus = r.get<int32_t>();
   p.oversubscribed = r.get<int32_t>();
   p.pipeline_depth = r.get<int32_t>();
+  p.chunk_explicit = r.get<int32_t>();
+  p.node_map = r.get_string(1 << 20);
   return p;
 }
 

@@ -56,6 +56,8 @@ struct PeerInfo {
   // bit/s, 0 unset, kProbedLinkRate for QCCL_LINK_RATE=probe.
   uint64_t chunk_bytes = 0;
   uint64_t link_rate_bits = 0;
+  int32_t chunk_explicit = 0;  // 1: QCCL_CHUNK_BYTES or chunkBytes (a probed rate then leaves the chunk)
+  std::string node_map;        // QCCL_NODE_MAP as given ("": by host)
   // QCCL_CODEC=auto's inputs (src/auto_codec.h): the spec every rank must share, this rank's measured
   // CPU costs (CpuCosts::flatten; empty unless auto), its CPUs and its QCCL_OVERSUBSCRIBED (-1 unset).
   std::string codec_policy;

@@ -127,6 +127,8 @@ void Comm::join(const BootstrapId& id) {
   if (config_.link_rate_bits || probe) me.fft_seconds_per_value = fft_cost_per_value();
   me.chunk_bytes = config_.chunk_bytes;
   me.link_rate_bits = config_.probe_link_rate ? kProbedLinkRate : config_.link_rate_bits;
+  me.chunk_explicit = config_.chunk_explicit ? 1 : 0;
+  me.node_map = config_.node_map;
   if (auto_codec_) me.codec_policy = config_.codec;  // (a fixed codec's mismatch fails by its hash)
   me.pipeline_depth = config_.pipeline_depth;
   if (auto_codec_) me.codec_costs = auto_codec_->measure().flatten();  // stretched in agree_auto_codec
@@ -145,7 +147,18 @@ void Comm::join(const BootstrapId& id) {
     if (bits == kProbedLinkRate) return std::string("probe");
     return bits ? std::to_string(bits) + " bit/s" : std::string("unset");
   };
-  for (int r = 0; r < nranks_; ++r)  // every rank finds the same first difference, and fails alike
+  // Settings that decide the messages, the chunk a probed rate sets, and which ranks probe: every
+  // rank finds the same first difference, and fails alike.
+  for (int r = 0; r < nranks_; ++r)
+    if (peers_[r].node_map != peers_[0].node_map)
+      fail(qcclInvalidArgument, "%s has QCCL_NODE_MAP = '%s', %s '%s': every rank must set the same", names_[r].c_str(),
+           peers_[r].node_map.c_str(), names_[0].c_str(), peers_[0].node_map.c_str());
+  for (int r = 0; r < nranks_; ++r)
+    if (peers_[r].chunk_explicit != peers_[0].chunk_explicit)
+      fail(qcclInvalidArgument, "%s %s the chunk (QCCL_CHUNK_BYTES or chunkBytes) and %s %s: every rank must set it, or none",
+           names_[r].c_str(), peers_[r].chunk_explicit ? "sets" : "does not set", names_[0].c_str(),
+           peers_[0].chunk_explicit ? "does" : "does not");
+  for (int r = 0; r < nranks_; ++r)
     if (peers_[r].chunk_bytes != peers_[0].chunk_bytes || peers_[r].link_rate_bits != peers_[0].link_rate_bits)
       fail(qcclInvalidArgument, "%s takes a chunk of %llu bytes and QCCL_LINK_RATE = %s, %s %llu and %s: "
            "every rank must take the same (QCCL_CHUNK_BYTES or chunkBytes, QCCL_LINK_RATE)",
@@ -215,7 +228,9 @@ void Comm::join(const BootstrapId& id) {
   QCCL_INFO("%s; reduction kernels %s; chunk %zu bytes, timeout %g s", executor_->describe().c_str(),
             kernels::reduce_target_name(), config_.chunk_bytes, config_.timeout_seconds);
   QCCL_INFO("algorithms %s", policy_.describe().c_str());
-  if (!probed.empty()) QCCL_INFO("link probe between %d nodes: %s", node_map_.nodes(), probed.c_str());
+  if (!probed.empty())
+    QCCL_INFO("link probe between %d nodes: %s: %llu bit/s", node_map_.nodes(), probed.c_str(),
+              static_cast<unsigned long long>(config_.link_rate_bits));
   if (link_facts_.rate > 0)
     QCCL_INFO("link %.0f Mbit/s (%s): chunk %zu bytes; the fft codec costs %.1f ns a value here (the "
               "slowest rank), so it can pay only below %.0f Mbit/s, however much it compresses",

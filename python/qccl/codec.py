@@ -105,8 +105,9 @@ class DeltaStore:
     ``row_values`` the values per key, ``store_dtype`` the type of the kept rows (``"float16"``, the
     paper's, ``"bfloat16"`` or ``"float32"``), ``budget`` the rows' memory bound in bytes (0: none),
     ``evict`` whether the least recently used keys make room, ``id`` the same number at both ends,
-    ``file`` a path for a store larger than memory: its rows then live in that file (created or
-    truncated, removed with the store), mapped into memory (``qcclDeltaStoreSetFile``), ``store_bits``
+    ``file`` a path for a store larger than memory: its rows then live in a new file made there and
+    unlinked at once (an existing path is refused), mapped into memory (``qcclDeltaStoreSetFile``),
+    ``store_bits``
     2 .. 8 to keep m as low-bit codes with a float16 scale per channel (``qcclDeltaStoreSetLowBits``;
     both ends the same)."""
 

@@ -164,7 +164,7 @@ def test_delta_send_recv(comm, in_file, tmp_path):
     path = tmp_path / f"rows{comm.rank}"
     store = qccl.DeltaStore(f"aq4:channels={width}", width, "float16", id=7,
                             file=str(path) if in_file and comm.rank == 1 else None)
-    assert path.exists() == (in_file and comm.rank == 1)
+    assert not path.exists()  # the file tier's file has no name: nothing outlives the store
     keys = list(range(100, 100 + rows))
     rng = np.random.default_rng(3)
     base = rng.standard_normal((rows, width)).astype(np.float32)
@@ -188,8 +188,11 @@ def test_delta_send_recv(comm, in_file, tmp_path):
         store._store.set_file(str(path))  # it holds keys: its rows stay where they are
     with pytest.raises(qccl.SystemFailure, match="nonexistent"):
         qccl.DeltaStore(f"aq4:channels={width}", width, file=str(tmp_path / "nonexistent" / "rows"))
-    del store
-    assert not path.exists()  # removed with the store
+    kept = tmp_path / f"kept{comm.rank}"
+    kept.write_text("a user's data")
+    with pytest.raises(qccl.SystemFailure, match="exists"):
+        qccl.DeltaStore(f"aq4:channels={width}", width, file=str(kept))
+    assert kept.read_text() == "a user's data"  # an existing file is never truncated or removed
 
 
 def test_delta_store_low_bits(comm):

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 
 #include "collectives/aqsgd_store.h"
 #include "collectives/row_arena.h"
@@ -269,38 +270,69 @@ off_t file_size(const std::string& path) {
   return stat(path.c_str(), &st) == 0 ? st.st_size : -1;
 }
 
+TEST_CASE("delta store: a message that evicts a key twice is refused before the store changes", "[aqsgd]") {
+  const size_t row = 16;
+  const auto c = config("aq4:channels=4", row, 2 * row * 2, DeltaStore::Evict::kLeastRecent);
+  DeltaStore sender(c), receiver(c);
+  std::mt19937_64 rng(3);
+  std::vector<float> x = rows_of(2, row, rng), out(x.size());
+  const uint64_t first[] = {1, 2}, second[] = {3, 4};
+  std::vector<uint8_t> msg(sender.max_message_bytes(2));
+  size_t bytes = sender.send(x.data(), first, 2, {}, msg.data());
+  receiver.receive(msg.data(), bytes, first, 2, out.data());
+  bytes = sender.send(x.data(), second, 2, {}, msg.data());  // evicts keys 1 and 2
+  std::memcpy(msg.data() + 64 + 8, msg.data() + 64, 8);       // ... now key 1 twice
+  const std::vector<uint8_t> before = receiver.save();
+  CHECK(kind_of([&] { receiver.receive(msg.data(), bytes, second, 2, out.data()); }) == Kind::kCorrupt);
+  CHECK(receiver.save() == before);
+}
+
 TEST_CASE("row arena: slots reused after release, blocks never move, allocation only after reserve", "[aqsgd]") {
   for (const std::string& file : {std::string(), temp_path("arena")}) {
     INFO((file.empty() ? "memory" : file));
-    const size_t row = 3 << 20;  // 3 MiB: five rows to a 16 MiB block
-    {
-      RowArena arena(row, file);
-      CHECK_THROWS_AS(arena.allocate(), std::logic_error);
-      arena.reserve(12);  // three blocks
-      if (!file.empty()) CHECK(file_size(file) >= off_t{12} * static_cast<off_t>(row));
-      std::vector<uint32_t> slots;
-      for (int i = 0; i < 12; ++i) {
-        slots.push_back(arena.allocate());
-        std::memset(arena.row(slots.back()), i + 1, row);
-      }
-      const uint8_t* first = arena.row(slots[0]);
-      arena.release(slots[3]);
-      CHECK(arena.live() == 11);
-      CHECK(arena.allocate() == slots[3]);  // reused, without growing
-      arena.reserve(20);                    // more blocks: earlier rows stay where they were
-      CHECK(arena.row(slots[0]) == first);
-      for (int i = 0; i < 12; ++i) {
-        INFO("row " << i);
-        CHECK(arena.row(slots[i])[0] == i + 1);
-        CHECK(arena.row(slots[i])[row - 1] == i + 1);
-        arena.will_need(slots[i]);
-      }
-      arena.clear();
-      CHECK(arena.live() == 0);
+    const size_t row = 3 << 20;  // 3 MiB: five rows to a file's 16 MiB block, one to a memory block
+    RowArena arena(row, file);
+    CHECK(file_size(file) == -1);  // a file's name is gone at once: nothing outlives the arena
+    CHECK_THROWS_AS(arena.allocate(), std::logic_error);
+    arena.reserve(12);
+    CHECK(arena.file_bytes() >= (file.empty() ? 0 : 12 * row));
+    std::vector<uint32_t> slots;
+    for (int i = 0; i < 12; ++i) {
+      slots.push_back(arena.allocate());
+      std::memset(arena.row(slots.back()), i + 1, row);
     }
-    if (!file.empty()) CHECK(file_size(file) == -1);  // removed with the arena
+    const uint8_t* first = arena.row(slots[0]);
+    arena.release(slots[3]);
+    CHECK(arena.live() == 11);
+    CHECK(arena.allocate() == slots[3]);  // reused, without growing
+    arena.reserve(20);                    // more blocks: earlier rows stay where they were
+    CHECK(arena.row(slots[0]) == first);
+    for (int i = 0; i < 12; ++i) {
+      INFO("row " << i);
+      CHECK(arena.row(slots[i])[0] == i + 1);
+      CHECK(arena.row(slots[i])[row - 1] == i + 1);
+      arena.will_need(slots[i]);
+    }
+    arena.clear();
+    CHECK(arena.live() == 0);
   }
-  // Never a device, a directory or a link's target: refused before anything is truncated.
+  // Two arenas given one path each have a file of their own.
+  RowArena a(64, temp_path("shared")), b(64, temp_path("shared"));
+  a.reserve(1), b.reserve(1);
+  const uint32_t sa = a.allocate(), sb = b.allocate();
+  std::memset(a.row(sa), 1, 64), std::memset(b.row(sb), 2, 64);
+  CHECK((a.row(sa)[63] == 1 && b.row(sb)[63] == 2));
+  // An existing path is never truncated, replaced or removed: a file, a device, a directory.
+  const std::string kept = temp_path("kept");
+  {
+    FILE* f = std::fopen(kept.c_str(), "w");
+    REQUIRE(f);
+    std::fputs("a user's data", f);
+    std::fclose(f);
+  }
+  CHECK_THROWS_WITH(RowArena(8, kept), Catch::Contains(kept) && Catch::Contains("exists"));
+  CHECK(file_size(kept) == 13);
+  std::remove(kept.c_str());
   CHECK_THROWS_AS(RowArena(8, "/dev/null"), RowArenaError);
   CHECK_THROWS_AS(RowArena(8, "/tmp"), RowArenaError);
   CHECK_THROWS_WITH(RowArena(8, "/nonexistent-dir/rows"), Catch::Contains("/nonexistent-dir/rows"));
@@ -348,9 +380,20 @@ TEST_CASE("delta store: the file tier is the memory tier, bit for bit, at either
   restored.set_file(temp_path("restored"));
   restored.load(ckpt.data(), ckpt.size());
   require_equal(restored, mem_sender, universe);
-  // The tier changes only while the store is empty.
+  // The tier changes only while the store is empty; its file has no name to leave behind.
   CHECK(kind_of([&] { file_sender.set_file(""); }) == Kind::kArgument);
-  CHECK(file_size(temp_path("sender")) > 0);
+  CHECK(file_size(temp_path("sender")) == -1);
+  // Low-bit m in a file, and a change of m's width there (a new file, the same path).
+  DeltaStore low(c);
+  low.set_file(temp_path("low"));
+  low.set_store_bits(4);
+  low.set_store_bits(8);
+  CHECK(low.config().file == temp_path("low"));
+  std::vector<float> x = rows_of(1, row, rng), out(row);
+  std::vector<uint8_t> msg(low.max_message_bytes(1));
+  const uint64_t one = 1;
+  low.send(x.data(), &one, 1, {}, msg.data());
+  CHECK(low.bytes() == kernels::parse_codec_spec("aq8:channels=8").encoded_bytes(row));
 }
 
 TEST_CASE("delta store: a file that cannot be made or grow fails the call, and nothing changes", "[aqsgd]") {

@@ -311,6 +311,15 @@ TEST_CASE("QCCL_CODEC=auto: every rank must set the same, or creation fails nami
   AutoComm c(w, "auto:maxrelerr=lots");
   CHECK(c.made == qcclInvalidArgument);
   CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("maxrelerr = 'lots' must be a number >= 0"));
+  // A chunk set on some ranks only: a measured link rate would then change the others' chunk alone.
+  qcclUniqueId id;
+  if (w.rank() == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, w.comm()));
+  qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+  if (w.rank() == 0) config.chunkBytes = 4096;
+  qcclComm_t comm = nullptr;
+  CHECK(qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("every rank must set it, or none"));
 }
 
 TEST_CASE("QCCL_CODEC=auto: ranks of one host stay uncompressed", "[auto-local]") {
