@@ -31,6 +31,8 @@ constexpr double kDefaultBudget = 0.01;
 // predicted gain is none. Among them the most accurate runs, uncompressed first: a codec's error is
 // certain, a gain within the model's error is not.
 constexpr double kTieShare = 0.10;
+// choose() remembers this many call shapes.
+constexpr size_t kCachedShapes = 4096;
 // At most this many distinct calls are logged with their predictions.
 constexpr size_t kLoggedShapes = 64;
 
@@ -218,6 +220,8 @@ CpuCosts AutoCodec::measure() const {
 void AutoCodec::agree(ClusterFacts facts) {
   facts_ = std::move(facts);
   agreed_ = facts_.cpu.codecs.size() == candidates_.size();
+  const std::lock_guard<std::mutex> lock(cache_mu_);
+  cache_.clear();
 }
 
 double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorithm) const {
@@ -366,6 +370,11 @@ AutoChoice AutoCodec::choose(const coll::CollArgs& args, const AlgorithmPolicy& 
       args.dtype != kernels::DataType::kBfloat16)
     return {};
   if (args.nranks < 2 || (args.nodes && args.nodes->nodes() > 1 && facts_.inter_rate <= 0)) return {};
+  const Shape shape{args.count, static_cast<int>(args.dtype), static_cast<int>(args.op), &policy};
+  if (!predictions) {
+    const std::lock_guard<std::mutex> lock(cache_mu_);
+    if (auto it = cache_.find(shape); it != cache_.end()) return it->second;
+  }
 
   // Every option: uncompressed, then the candidates from the most accurate, each by every algorithm
   // that can run it (the policy's alone when QCCL_ALGO forces the all-reduce's); options[i] is all[i]'s.
@@ -438,6 +447,9 @@ AutoChoice AutoCodec::choose(const coll::CollArgs& args, const AlgorithmPolicy& 
     }
   }
   if (predictions) *predictions = std::move(all);
+  const std::lock_guard<std::mutex> lock(cache_mu_);
+  if (cache_.size() >= kCachedShapes) cache_.clear();  // a program of ever-new sizes: start over
+  cache_[shape] = options[chosen];
   return options[chosen];
 }
 
