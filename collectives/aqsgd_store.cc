@@ -111,6 +111,12 @@ std::string key_text(uint64_t key) { return std::to_string(key); }
 
 [[noreturn]] void fail(DeltaStoreError::Kind kind, const std::string& what) { throw DeltaStoreError(kind, what); }
 
+// v's first n values (grown when it is shorter: a buffer reused from call to call).
+float* grow(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
 }  // namespace
 
 DeltaStore::DeltaStore(const Config& config) : config_(config) {
@@ -313,15 +319,15 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
   uint8_t* delta_payload = out + kHeaderBytes + h.payload - delta_bytes;
   // m in float32 (exact from float16 and bfloat16), updated by the delta in float32, and rounded back
   // to its stored form below: the arithmetic of kernels::aq_delta_send on the stored type itself.
-  std::vector<float> m_delta(delta_values);
+  float* m_delta = grow(work_m_, delta_values);
   if (!delta_rows.empty()) {
-    std::vector<float> x_delta(delta_values);
+    float* x_delta = grow(work_x_, delta_values);
     for (size_t d = 0; d < delta_rows.size(); ++d) {
-      std::memcpy(x_delta.data() + d * row, x + delta_rows[d] * row, row * sizeof(float));
-      load_m(m(keys[delta_rows[d]]), m_delta.data() + d * row);
+      std::memcpy(x_delta + d * row, x + delta_rows[d] * row, row * sizeof(float));
+      load_m(m(keys[delta_rows[d]]), m_delta + d * row);
     }
-    if (size_t bad = kernels::aq_delta_send(config_.codec, x_delta.data(), delta_values, kernels::DataType::kFloat32,
-                                            m_delta.data(), delta_payload, key, 0))
+    if (size_t bad = kernels::aq_delta_send(config_.codec, x_delta, delta_values, kernels::DataType::kFloat32,
+                                            m_delta, delta_payload, key, 0))
       fail(DeltaStoreError::Kind::kNonFinite, std::to_string(bad) +
                                                   " channels of the delta hold NaN or Inf (or exceed float16's "
                                                   "range): nothing sent, the store unchanged");
@@ -339,7 +345,7 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
   Pending p;
   p.keys.assign(keys, keys + nkeys);
   p.evicted = evicted;
-  p.m.resize(nkeys);
+  if (pending_m_.size() < nkeys * row_bytes()) pending_m_.resize(nkeys * row_bytes());
   std::vector<float> as_sent(row);
   for (size_t r : full_rows) {
     uint8_t* wire = w.here();
@@ -347,13 +353,10 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
     w.skip(full_row_bytes);
     // m = round_store(the value the receiver reads), as the receiver computes it
     kernels::load_float(config_.full_type, wire, as_sent.data(), row);
-    p.m[r].resize(row_bytes());
-    store_m(as_sent.data(), p.m[r].data());
+    store_m(as_sent.data(), pending_m_.data() + r * row_bytes());
   }
-  for (size_t d = 0; d < delta_rows.size(); ++d) {
-    p.m[delta_rows[d]].resize(row_bytes());
-    store_m(m_delta.data() + d * row, p.m[delta_rows[d]].data());
-  }
+  for (size_t d = 0; d < delta_rows.size(); ++d)
+    store_m(m_delta + d * row, pending_m_.data() + delta_rows[d] * row_bytes());
   p.ready = true;
   p.bytes = kHeaderBytes + h.payload, p.full = full_rows.size();
   pending_ = std::move(p);
@@ -364,7 +367,7 @@ void DeltaStore::commit() {
   if (!pending_.ready) throw DeltaStoreError(DeltaStoreError::Kind::kArgument, "no prepared message to commit");
   for (uint64_t k : pending_.evicted) forget(k);
   for (size_t r = 0; r < pending_.keys.size(); ++r)
-    std::memcpy(arena_->row(place(pending_.keys[r]).slot), pending_.m[r].data(), row_bytes());
+    std::memcpy(arena_->row(place(pending_.keys[r]).slot), pending_m_.data() + r * row_bytes(), row_bytes());
   for (uint64_t k : pending_.keys) touch(k);
   ++sequence_;
   last_bytes_ = pending_.bytes, last_full_ = pending_.full;
@@ -422,12 +425,12 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
   size_t fresh = 0;
   for (size_t i : full_rows) fresh += holds(keys[i]) && !gone.count(keys[i]) ? 0 : 1;
   reserve(fresh);  // the only thing below that could fail, before anything changes
-  std::vector<float> m_delta(delta_values);  // in float32, as the sender's (prepare)
-  std::vector<float> x_delta(delta_values);
+  float* m_delta = grow(work_m_, delta_values);  // in float32, as the sender's (prepare)
+  float* x_delta = grow(work_x_, delta_values);
   for (size_t i : delta_rows) arena_->will_need(rows_.at(keys[i]).slot);
-  for (size_t d = 0; d < delta_rows.size(); ++d) load_m(m(keys[delta_rows[d]]), m_delta.data() + d * row);
+  for (size_t d = 0; d < delta_rows.size(); ++d) load_m(m(keys[delta_rows[d]]), m_delta + d * row);
   if (!delta_rows.empty() && kernels::aq_delta_receive(config_.codec, delta, delta_values, kernels::DataType::kFloat32,
-                                                       m_delta.data(), x_delta.data()))
+                                                       m_delta, x_delta))
     fail(Kind::kCorrupt, "the delta decodes to NaN (a sender never sends one)");
 
   // Committed from here on.
@@ -439,8 +442,8 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
     store_m(out_row, arena_->row(place(keys[i]).slot));
   }
   for (size_t d = 0; d < delta_rows.size(); ++d) {
-    std::memcpy(x_out + delta_rows[d] * row, x_delta.data() + d * row, row * sizeof(float));
-    store_m(m_delta.data() + d * row, m(keys[delta_rows[d]]));
+    std::memcpy(x_out + delta_rows[d] * row, x_delta + d * row, row * sizeof(float));
+    store_m(m_delta + d * row, m(keys[delta_rows[d]]));
   }
   for (size_t i = 0; i < nkeys; ++i) touch(keys[i]);
   ++sequence_;

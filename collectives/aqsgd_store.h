@@ -160,15 +160,20 @@ class DeltaStore {
   void touch(uint64_t key);
 
   // What a prepared message changes at commit().
+  // (Every key's new m, in call order, is in pending_m_.)
   struct Pending {
     bool ready = false;
     std::vector<uint64_t> keys, evicted;
-    std::vector<std::vector<uint8_t>> m;  // every key's new m, in call order
-    size_t bytes = 0, full = 0;           // the message's size and rows sent full
+    size_t bytes = 0, full = 0;  // the message's size and rows sent full
   };
 
   Config config_;
   Pending pending_;
+  // Buffers a call reuses, grown to the largest call: a call's delta rows in float32 (m and x), and
+  // prepare()'s new m per key, row_bytes() apart (a message is megabytes: fresh buffers every call
+  // cost their page faults, more than the arithmetic).
+  std::vector<float> work_m_, work_x_;
+  std::vector<uint8_t> pending_m_;
   bool warmup_ = false;
   uint64_t sequence_ = 0;
   size_t last_bytes_ = 0, last_full_ = 0;
