@@ -49,6 +49,10 @@ struct qcclCodecStore {
 struct qcclDeltaStore {
   std::unique_ptr<qccl::coll::DeltaStore> impl;
   std::mutex mu;  // calls on one store run one at a time
+  // A call's rows in float32 and its message, kept from call to call (under mu): megabytes each,
+  // whose fresh pages every call would cost more than the codec's arithmetic.
+  std::vector<float> x;
+  std::vector<uint8_t> message;
 };
 
 namespace qccl {
@@ -1076,9 +1080,11 @@ QCCL_API qcclResult_t qcclDeltaSend(const void* sendbuff, size_t nkeys, const ui
     std::lock_guard<std::mutex> lock(s.mu);
     coll::DeltaStore& d = *s.impl;
     const size_t values = nkeys * d.config().row_values;
-    std::vector<float> x(values);
+    std::vector<float>& x = s.x;
+    if (x.size() < values) x.resize(values);
     kernels::load_float(t, sendbuff, x.data(), values);
-    std::vector<uint8_t> message(d.max_message_bytes(nkeys));
+    std::vector<uint8_t>& message = s.message;
+    if (message.size() < d.max_message_bytes(nkeys)) message.resize(d.max_message_bytes(nkeys));
     size_t bytes = 0;
     const size_t header = coll::DeltaStore::header_bytes();
     try {
@@ -1114,7 +1120,8 @@ QCCL_API qcclResult_t qcclDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t
     std::lock_guard<std::mutex> lock(s.mu);
     coll::DeltaStore& d = *s.impl;
     const size_t header = coll::DeltaStore::header_bytes();
-    std::vector<uint8_t> message(header);
+    std::vector<uint8_t>& message = s.message;
+    if (message.size() < header) message.resize(header);
     delta_transfer(comm, coll::CollKind::kRecv, message.data(), header, peer);
     if (coll::DeltaStore::is_refusal(message.data())) {
       DeltaAnswer refusal;
@@ -1129,14 +1136,15 @@ QCCL_API qcclResult_t qcclDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t
     if (payload > limit)
       fail(qcclMismatch, "the sender announces a %llu-byte message for %zu keys, over any this store can take (%llu)",
            static_cast<unsigned long long>(payload), nkeys, static_cast<unsigned long long>(limit));
-    message.resize(header + payload);
+    if (message.size() < header + payload) message.resize(header + payload);
     delta_transfer(comm, coll::CollKind::kRecv, message.data() + header, payload, peer);
     const size_t values = nkeys * d.config().row_values;
-    std::vector<float> x(values);
+    std::vector<float>& x = s.x;
+    if (x.size() < values) x.resize(values);
     DeltaAnswer answer;
     std::string reason;
     try {
-      d.receive(message.data(), message.size(), keys, nkeys, x.data());
+      d.receive(message.data(), header + payload, keys, nkeys, x.data());
     } catch (const coll::DeltaStoreError& e) {
       answer.set(delta_code(e.kind()), e.what());
       reason = e.what();
