@@ -143,10 +143,8 @@ void DeltaStore::set_store_bits(int bits) {
   if (bits) codec = kernels::parse_codec_spec("aq" + std::to_string(bits) + ":channels=" +
                                               std::to_string(config_.codec.channels));
   // The rows' size changes: a new arena in the same place, made before anything is assigned.
-  const size_t bytes = bits ? codec.encoded_bytes(config_.row_values)
-                            : config_.row_values * kernels::element_size(config_.store_type);
   std::unique_ptr<RowArena> arena;
-  if (arena_) arena = make_arena(bytes, config_.file);
+  if (arena_) arena = make_arena(row_bytes_for(bits, codec), config_.file);
   pending_ = Pending{};
   config_.store_bits = bits, m_codec_ = std::move(codec);
   if (arena) arena_ = std::move(arena);

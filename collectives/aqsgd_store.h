@@ -147,9 +147,11 @@ class DeltaStore {
   // A key's entry, its row allocated if it is new (after reserve()), most recently used last.
   Entry& place(uint64_t key);
   void forget(uint64_t key);
-  size_t row_bytes() const {
-    return config_.store_bits ? m_codec_.encoded_bytes(config_.row_values)
-                              : config_.row_values * kernels::element_size(config_.store_type);
+  size_t row_bytes() const { return row_bytes_for(config_.store_bits, m_codec_); }
+  // A key's row: store_type values, or with low-bit m (bits > 0) m_codec's encoding of them.
+  size_t row_bytes_for(int bits, const kernels::CodecConfig& m_codec) const {
+    return bits ? m_codec.encoded_bytes(config_.row_values)
+                : config_.row_values * kernels::element_size(config_.store_type);
   }
   // A key's m as float32 from its stored form, and back (rounded to store_type, or re-quantized).
   void load_m(const uint8_t* stored, float* m) const;

@@ -995,17 +995,25 @@ QCCL_API qcclResult_t qcclDeltaStoreSetWarmup(qcclDeltaStore_t store, int on) {
   });
 }
 
+// A setting a store takes only while it holds no key: its refusal then (kArgument, once the API has
+// checked the arguments) is a usage error.
+namespace {
+template <class F>
+void change_empty_store(qcclDeltaStore& s, F&& change) {
+  std::lock_guard<std::mutex> lock(s.mu);
+  try {
+    change(*s.impl);
+  } catch (const coll::DeltaStoreError& e) {
+    fail(e.kind() == coll::DeltaStoreError::Kind::kArgument ? qcclInvalidUsage : delta_code(e.kind()), "%s", e.what());
+  }
+}
+}  // namespace
+
 QCCL_API qcclResult_t qcclDeltaStoreSetLowBits(qcclDeltaStore_t store, int bits) {
   return api_call("qcclDeltaStoreSetLowBits", [&] {
     qcclDeltaStore& s = delta_of(store);
     if (bits != 0 && (bits < 2 || bits > 8)) fail(qcclInvalidArgument, "bits = %d: 0 (m in storeType) or 2 .. 8", bits);
-    std::lock_guard<std::mutex> lock(s.mu);
-    try {
-      s.impl->set_store_bits(bits);
-    } catch (const coll::DeltaStoreError& e) {
-      fail(e.kind() == coll::DeltaStoreError::Kind::kArgument ? qcclInvalidUsage : delta_code(e.kind()), "%s",
-           e.what());
-    }
+    change_empty_store(s, [&](coll::DeltaStore& d) { d.set_store_bits(bits); });
   });
 }
 
@@ -1013,13 +1021,7 @@ QCCL_API qcclResult_t qcclDeltaStoreSetFile(qcclDeltaStore_t store, const char* 
   return api_call("qcclDeltaStoreSetFile", [&] {
     qcclDeltaStore& s = delta_of(store);
     if (!path) fail(qcclInvalidArgument, "path is NULL (\"\" keeps the rows in memory)");
-    std::lock_guard<std::mutex> lock(s.mu);
-    try {
-      s.impl->set_file(path);
-    } catch (const coll::DeltaStoreError& e) {
-      fail(e.kind() == coll::DeltaStoreError::Kind::kArgument ? qcclInvalidUsage : delta_code(e.kind()), "%s",
-           e.what());
-    }
+    change_empty_store(s, [&](coll::DeltaStore& d) { d.set_file(path); });
   });
 }
 
