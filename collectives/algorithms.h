@@ -40,6 +40,7 @@ QCCL_DECLARE_ALGORITHM(gather_direct)
 QCCL_DECLARE_ALGORITHM(scatter_direct)
 QCCL_DECLARE_ALGORITHM(sendrecv_direct)
 QCCL_DECLARE_ALGORITHM(sendrecv_compressed)
+QCCL_DECLARE_ALGORITHM(sendrecv_delta)
 
 #undef QCCL_DECLARE_ALGORITHM
 

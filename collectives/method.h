@@ -33,6 +33,14 @@ struct Refusal {
   std::string message;
 };
 
+// Why a call failed on this rank although the communicator is sound (a keyed delta message that the
+// receiver refused: both ends fail alike, and the next call may go on): the call alone fails.
+struct CallFailure {
+  enum class Kind { kArgument, kUsage, kMismatch, kNonFinite, kSystem };
+  Kind kind;
+  std::string message;
+};
+
 // What the caller's codec state tells a method about a call (null when the call passes none).
 struct StateView {
   size_t count = 0;
@@ -84,6 +92,11 @@ class MethodCall {
   // the same on every rank) may grow where the method inspects the output itself.
   virtual void complete(const CollArgs&, const Plan&, size_t* /*nonfinite*/) {}
   virtual MethodStats stats(const Plan&) const { return MethodStats{}; }
+  // After complete(): why this call failed although its plan ran (null: it did not).
+  virtual const CallFailure* failure() const { return nullptr; }
+  // The call is over, whatever its result (completed, failed, withdrawn with its communicator): what
+  // it holds of its state may go, although the call object may live on in the caller's request.
+  virtual void end() {}
 };
 
 class Method {

@@ -49,6 +49,7 @@ inline bool rooted(CollKind kind) {
 }
 
 class MethodCall;  // collectives/method.h
+class DeltaCall;   // collectives/sendrecv_delta.h
 
 // What the communicator knows of its links (QCCL_LINK_RATE) and of this machine's codec costs, the
 // same on every rank (the slowest rank's costs), for the plans that decide by them whether
@@ -94,6 +95,11 @@ struct CollArgs {
   const kernels::CodecConfig* codec = nullptr;
   kernels::PhiloxKey rng;
   const MethodCall* method_call = nullptr;
+  // AQ-SGD's keyed delta calls (Send and Recv; null otherwise): the call, with its store and its own
+  // buffers, datatype and keys (each end has its own datatype, and a key count that differs must fail
+  // through the store's checks, on both ends alike): count and dtype are then 1 and uint8, so that the
+  // frame headers check only that both ends make a delta call. method_call points to it as well.
+  DeltaCall* delta = nullptr;
   // Aggregator processes the communicator reached (QCCL_AGGREGATORS): transport peers nranks ..
   // nranks + aggregators - 1, for plans that sum through them.
   int aggregators = 0;

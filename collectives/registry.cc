@@ -156,6 +156,10 @@ const std::vector<Algorithm>& algorithms() {
        "E(count)", kAny, sendrecv_compressed_cannot_run, make_sendrecv_compressed},
       {"compressed", CollKind::kRecv, "compressed: each chunk decoded as it arrives", "0", kAny,
        sendrecv_compressed_cannot_run, make_sendrecv_compressed},
+      {"delta", CollKind::kSend, "AQ-SGD keyed delta message, then the receiver's answer", "message (a 64-byte header, "
+       "evicted keys, full rows, E(delta rows))", kAny, sendrecv_delta_cannot_run, make_sendrecv_delta},
+      {"delta", CollKind::kRecv, "AQ-SGD keyed delta message applied as it arrives, then answered", "256 (the answer)",
+       kAny, sendrecv_delta_cannot_run, make_sendrecv_delta},
   };
   return list;
 }

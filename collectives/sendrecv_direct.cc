@@ -38,6 +38,7 @@ class SendRecvDirect final : public Plan {
 
 const char* sendrecv_direct_cannot_run(const CollArgs& args) {
   if (args.kind != CollKind::kSend && args.kind != CollKind::kRecv) return "point-to-point only";
+  if (args.delta) return "keyed delta calls run as delta";
   return args.codec ? "uncompressed only (sendrecv compressed takes codecs)" : nullptr;
 }
 

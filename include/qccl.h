@@ -609,10 +609,20 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * (0: none): a call that needs more is refused, unless evictLeastRecent = 1, with which the sender
  * evicts its least recently used keys (never the call's) and the receiver mirrors it. Keys in one
  * call are distinct. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16 (each end its own);
- * storeType: the same three (qcclFloat16 is the paper's). The calls are blocking, one exchange
- * between the two ends at a time (a message, then the receiver's answer), and refused inside a
- * group (qcclInvalidUsage). Stores are not tied to a communicator; calls on one store run one at a
- * time. */
+ * storeType: the same three (qcclFloat16 is the paper's). Each call is one exchange between the two
+ * ends (a message, then the receiver's answer, which completes the sender's call).
+ *
+ * Blocking, non-blocking (qcclIDeltaSend / qcclIDeltaRecv: the buffer and the store stay the
+ * caller's until qcclWait or qcclTest says the call completed, with its result; the keys are
+ * copied) and inside groups (started at qcclGroupEnd, so that a stage can send its activations and
+ * receive its gradients in one group), like qcclSend and qcclRecv. Calls on one store run one after
+ * the other in call order, each once the one before completed (every message depends on the store
+ * the one before left), and so do the two ends' calls; calls on other stores and other
+ * point-to-point calls run beside them. Warm-up is the store's setting when the call is made.
+ * While calls on a store are in flight, qcclDeltaStoreSetFile, SetLowBits and Load are refused
+ * (qcclInvalidUsage); qcclDeltaStoreDestroy may be called, and the store lives on until they
+ * complete. Stores are not tied to a communicator: one store's calls go to one peer of one. A
+ * failed call (a refusal, a mismatch) fails on both ends, and the communicator goes on. */
 typedef struct qcclDeltaStore* qcclDeltaStore_t;
 typedef struct {
   uint64_t keys;             /* keys held */
@@ -656,6 +666,10 @@ QCCL_API qcclResult_t qcclDeltaSend(const void* sendbuff, size_t nkeys, const ui
                                     qcclDeltaStore_t store, int peer, qcclComm_t comm);
 QCCL_API qcclResult_t qcclDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
                                     qcclDeltaStore_t store, int peer, qcclComm_t comm);
+QCCL_API qcclResult_t qcclIDeltaSend(const void* sendbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
+                                     qcclDeltaStore_t store, int peer, qcclComm_t comm, qcclRequest_t* request);
+QCCL_API qcclResult_t qcclIDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
+                                     qcclDeltaStore_t store, int peer, qcclComm_t comm, qcclRequest_t* request);
 
 /* Segments (QSDP's per-layer compression, Markov et al., ICML 2023, §5.1): a block (AllGather's
  * sendcount values, each of ReduceScatter's nranks blocks of recvcount) cut into consecutive runs,

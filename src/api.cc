@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 #include <map>
+#include <unordered_set>
 #include <mutex>
 
 #include "base/config.h"
@@ -14,6 +15,7 @@
 #include "base/log.h"
 #include "include/qccl.h"
 #include "collectives/aqsgd_store.h"
+#include "collectives/sendrecv_delta.h"
 #include "kernels/convert.h"
 #include "src/bootstrap.h"
 #include "src/comm.h"
@@ -46,13 +48,9 @@ struct qcclCodecStore {
   std::map<uint64_t, std::unique_ptr<qcclCodecState>> handles;
 };
 
+// Shared with the store's calls in flight, which keep it alive past qcclDeltaStoreDestroy.
 struct qcclDeltaStore {
-  std::unique_ptr<qccl::coll::DeltaStore> impl;
-  std::mutex mu;  // calls on one store run one at a time
-  // A call's rows in float32 and its message, kept from call to call (under mu): megabytes each,
-  // whose fresh pages every call would cost more than the codec's arithmetic.
-  std::vector<float> x;
-  std::vector<uint8_t> message;
+  std::shared_ptr<qccl::coll::DeltaLink> link;
 };
 
 namespace qccl {
@@ -169,6 +167,7 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
   record->comm = comm->impl;
   if (compressed) {
     if (state) record->state = state_of(state).shared_from_this();
+    record->serial = record->state.get();
     validate_compressed(*record, codec, c.aggregators());
     record->codec = codec->config;
     record->args.codec = record->codec.get();
@@ -889,12 +888,9 @@ QCCL_API qcclResult_t qcclWait(qcclRequest_t* request) {
 namespace qccl {
 namespace {
 
-// The receiver's answer: a result code and the reason, so that both ends fail alike.
-constexpr size_t kDeltaAnswerBytes = 256;
-
-qcclDeltaStore& delta_of(qcclDeltaStore_t store) {
-  if (!store || !store->impl) fail(qcclInvalidArgument, "store is NULL (make one with qcclDeltaStoreCreate)");
-  return *store;
+coll::DeltaLink& delta_of(qcclDeltaStore_t store) {
+  if (!store || !store->link) fail(qcclInvalidArgument, "store is NULL (make one with qcclDeltaStoreCreate)");
+  return *store->link;
 }
 
 qcclResult_t delta_code(coll::DeltaStoreError::Kind kind) {
@@ -916,40 +912,52 @@ kernels::DataType delta_type(qcclDataType_t t, const char* name) {
   return static_cast<kernels::DataType>(t);
 }
 
-// An answer (or a sender's refusal): the result code, then the reason, NUL-terminated.
-struct DeltaAnswer {
-  char bytes[kDeltaAnswerBytes] = {};
-  void set(qcclResult_t code, const std::string& reason) {
-    const int32_t wire = code;
-    std::memcpy(bytes, &wire, sizeof wire);
-    std::snprintf(bytes + sizeof wire, sizeof bytes - sizeof wire, "%s", reason.c_str());
-  }
-  qcclResult_t code() const {
-    int32_t wire;
-    std::memcpy(&wire, bytes, sizeof wire);
-    return wire >= 0 && wire < qcclNumResults ? static_cast<qcclResult_t>(wire) : qcclRemoteError;
-  }
-  const char* reason() {
-    bytes[sizeof bytes - 1] = 0;
-    return bytes + sizeof(int32_t);
-  }
-};
-
-// One blocking transfer of raw bytes with the peer (validated as a qcclSend/qcclRecv of uint8).
-void delta_transfer(qcclComm_t comm, coll::CollKind kind, void* data, size_t bytes, int peer) {
-  submit(comm, RawCall{kind, kind == coll::CollKind::kSend ? data : nullptr,
-                       kind == coll::CollKind::kRecv ? data : nullptr, bytes, qcclUint8, 0, peer},
-         nullptr);
-}
-
-void delta_checks(const char* call, const void* buf, size_t nkeys, const uint64_t* keys, qcclComm_t comm, int peer) {
+// Validates, then runs (blocking), starts (non-blocking) or defers (inside a group) one keyed delta
+// call: a point-to-point call whose plan is the store's exchange (collectives/sendrecv_delta.h).
+void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t* keys,
+                  qcclDataType_t datatype, qcclDeltaStore_t store, int peer, qcclComm_t comm, qcclRequest_t* request) {
   Comm& c = get(comm);
-  if (group_active()) fail(qcclInvalidUsage, "%s inside a group: it waits for the peer's answer", call);
+  const std::shared_ptr<coll::DeltaLink> link = store && store->link ? store->link : nullptr;
+  delta_of(store);
   if (nkeys == 0) fail(qcclInvalidArgument, "nkeys = 0: nothing to send");
   require_out(keys, "keys");
-  if (!buf) fail(qcclInvalidArgument, "the buffer is NULL with nkeys = %zu", nkeys);
+  if (!buffer) fail(qcclInvalidArgument, "the buffer is NULL with nkeys = %zu", nkeys);
   if (peer < 0 || peer >= c.nranks()) fail(qcclInvalidArgument, "peer = %d is out of range [0, %d)", peer, c.nranks());
   if (peer == c.rank()) fail(qcclInvalidArgument, "peer = %d is this rank: a store is one end of a link", peer);
+  const kernels::DataType t = delta_type(datatype, "datatype");
+  {
+    std::unordered_set<uint64_t> seen;  // checked here too, so that a bad call fails before it is sent
+    for (size_t r = 0; r < nkeys; ++r)
+      if (!seen.insert(keys[r]).second)
+        fail(qcclInvalidArgument, "keys[%zu] = %llu appears twice in one call", r, static_cast<unsigned long long>(keys[r]));
+  }
+  auto record = std::make_shared<OpRecord>();
+  coll::CollArgs& args = record->args;
+  args.kind = sender ? coll::CollKind::kSend : coll::CollKind::kRecv;
+  args.sendbuf = sender ? buffer : nullptr;
+  args.recvbuf = sender ? nullptr : const_cast<void*>(buffer);
+  args.count = 1;  // see CollArgs::delta
+  args.dtype = kernels::DataType::kUint8;
+  args.peer = peer;
+  args.rank = c.rank();
+  args.nranks = c.nranks();
+  auto delta = std::make_unique<coll::DeltaCall>(link, sender, buffer, t, keys, nkeys);
+  args.delta = delta.get();
+  args.method_call = delta.get();
+  record->call = std::move(delta);
+  record->serial = link.get();
+  record->comm = comm->impl;
+  if (group_active()) {
+    group_defer(record, request == nullptr);
+    if (request) *request = new qcclRequest{record};
+    return;
+  }
+  c.start(record, /*background=*/request != nullptr);
+  if (request) {
+    *request = new qcclRequest{record};
+    return;
+  }
+  c.wait(*record);
 }
 
 }  // namespace
@@ -972,7 +980,7 @@ QCCL_API qcclResult_t qcclDeltaStoreCreate(qcclCodec_t codec, size_t rowValues, 
     config.id = id;
     auto made = std::make_unique<qcclDeltaStore>();
     try {
-      made->impl = std::make_unique<coll::DeltaStore>(config);
+      made->link = std::make_shared<coll::DeltaLink>(config);
     } catch (const coll::DeltaStoreError& e) {
       fail(qcclInvalidArgument, "%s", e.what());
     }
@@ -983,26 +991,34 @@ QCCL_API qcclResult_t qcclDeltaStoreCreate(qcclCodec_t codec, size_t rowValues, 
 QCCL_API qcclResult_t qcclDeltaStoreDestroy(qcclDeltaStore_t store) {
   return api_call("qcclDeltaStoreDestroy", [&] {
     delta_of(store);
-    delete store;
+    delete store;  // calls in flight keep the link until they complete
   });
 }
 
 QCCL_API qcclResult_t qcclDeltaStoreSetWarmup(qcclDeltaStore_t store, int on) {
   return api_call("qcclDeltaStoreSetWarmup", [&] {
-    qcclDeltaStore& s = delta_of(store);
+    coll::DeltaLink& s = delta_of(store);
     std::lock_guard<std::mutex> lock(s.mu);
-    s.impl->set_warmup(on != 0);
+    s.warmup = on != 0;
   });
+}
+
+// What changes the store's rows outside a call (its settings, a checkpoint's restore) waits for no
+// call: it is refused while calls are in flight, whose messages were or will be made from the rows.
+namespace {
+void refuse_in_flight(const coll::DeltaLink& s, const char* what) {
+  if (s.calls)
+    fail(qcclInvalidUsage, "%s while %d calls on the store are in flight (qcclWait for them first)", what, s.calls);
 }
 
 // A setting a store takes only while it holds no key: its refusal then (kArgument, once the API has
 // checked the arguments) is a usage error.
-namespace {
 template <class F>
-void change_empty_store(qcclDeltaStore& s, F&& change) {
+void change_empty_store(coll::DeltaLink& s, const char* what, F&& change) {
   std::lock_guard<std::mutex> lock(s.mu);
+  refuse_in_flight(s, what);
   try {
-    change(*s.impl);
+    change(s.store);
   } catch (const coll::DeltaStoreError& e) {
     fail(e.kind() == coll::DeltaStoreError::Kind::kArgument ? qcclInvalidUsage : delta_code(e.kind()), "%s", e.what());
   }
@@ -1011,58 +1027,59 @@ void change_empty_store(qcclDeltaStore& s, F&& change) {
 
 QCCL_API qcclResult_t qcclDeltaStoreSetLowBits(qcclDeltaStore_t store, int bits) {
   return api_call("qcclDeltaStoreSetLowBits", [&] {
-    qcclDeltaStore& s = delta_of(store);
+    coll::DeltaLink& s = delta_of(store);
     if (bits != 0 && (bits < 2 || bits > 8)) fail(qcclInvalidArgument, "bits = %d: 0 (m in storeType) or 2 .. 8", bits);
-    change_empty_store(s, [&](coll::DeltaStore& d) { d.set_store_bits(bits); });
+    change_empty_store(s, "low-bit m set", [&](coll::DeltaStore& d) { d.set_store_bits(bits); });
   });
 }
 
 QCCL_API qcclResult_t qcclDeltaStoreSetFile(qcclDeltaStore_t store, const char* path) {
   return api_call("qcclDeltaStoreSetFile", [&] {
-    qcclDeltaStore& s = delta_of(store);
+    coll::DeltaLink& s = delta_of(store);
     if (!path) fail(qcclInvalidArgument, "path is NULL (\"\" keeps the rows in memory)");
-    change_empty_store(s, [&](coll::DeltaStore& d) { d.set_file(path); });
+    change_empty_store(s, "file tier set", [&](coll::DeltaStore& d) { d.set_file(path); });
   });
 }
 
 QCCL_API qcclResult_t qcclDeltaStoreGetInfo(qcclDeltaStore_t store, qcclDeltaStoreInfo_t* info) {
   return api_call("qcclDeltaStoreGetInfo", [&] {
-    qcclDeltaStore& s = delta_of(store);
+    coll::DeltaLink& s = delta_of(store);
     require_out(info, "info");
     std::lock_guard<std::mutex> lock(s.mu);
-    *info = qcclDeltaStoreInfo_t{s.impl->keys(), s.impl->bytes(), s.impl->sequence(), s.impl->last_message_bytes(),
-                                 s.impl->last_full_rows()};
+    const coll::DeltaStore& d = s.store;
+    *info = qcclDeltaStoreInfo_t{d.keys(), d.bytes(), d.sequence(), d.last_message_bytes(), d.last_full_rows()};
   });
 }
 
 QCCL_API qcclResult_t qcclDeltaStoreSize(qcclDeltaStore_t store, size_t* bytes) {
   return api_call("qcclDeltaStoreSize", [&] {
-    qcclDeltaStore& s = delta_of(store);
+    coll::DeltaLink& s = delta_of(store);
     require_out(bytes, "bytes");
     std::lock_guard<std::mutex> lock(s.mu);
-    *bytes = s.impl->checkpoint_bytes();
+    *bytes = s.store.checkpoint_bytes();
   });
 }
 
 QCCL_API qcclResult_t qcclDeltaStoreSave(qcclDeltaStore_t store, void* buffer, size_t bytes) {
   return api_call("qcclDeltaStoreSave", [&] {
-    qcclDeltaStore& s = delta_of(store);
+    coll::DeltaLink& s = delta_of(store);
     require_out(buffer, "buffer");
     std::lock_guard<std::mutex> lock(s.mu);
-    if (bytes != s.impl->checkpoint_bytes())
+    if (bytes != s.store.checkpoint_bytes())
       fail(qcclInvalidArgument, "bytes = %zu, the checkpoint takes %zu (qcclDeltaStoreSize)", bytes,
-           s.impl->checkpoint_bytes());
-    s.impl->save(static_cast<uint8_t*>(buffer));  // straight in: a store may be larger than memory
+           s.store.checkpoint_bytes());
+    s.store.save(static_cast<uint8_t*>(buffer));  // straight in: a store may be larger than memory
   });
 }
 
 QCCL_API qcclResult_t qcclDeltaStoreLoad(qcclDeltaStore_t store, const void* buffer, size_t bytes) {
   return api_call("qcclDeltaStoreLoad", [&] {
-    qcclDeltaStore& s = delta_of(store);
+    coll::DeltaLink& s = delta_of(store);
     require_out(buffer, "buffer");
     std::lock_guard<std::mutex> lock(s.mu);
+    refuse_in_flight(s, "a checkpoint loaded");
     try {
-      s.impl->load(static_cast<const uint8_t*>(buffer), bytes);
+      s.store.load(static_cast<const uint8_t*>(buffer), bytes);
     } catch (const coll::DeltaStoreError& e) {
       const auto kind = e.kind();
       fail(kind == coll::DeltaStoreError::Kind::kMismatch ? qcclMismatch
@@ -1076,83 +1093,29 @@ QCCL_API qcclResult_t qcclDeltaStoreLoad(qcclDeltaStore_t store, const void* buf
 QCCL_API qcclResult_t qcclDeltaSend(const void* sendbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
                                     qcclDeltaStore_t store, int peer, qcclComm_t comm) {
   return api_call("qcclDeltaSend", [&] {
-    qcclDeltaStore& s = delta_of(store);
-    delta_checks("qcclDeltaSend", sendbuff, nkeys, keys, comm, peer);
-    const kernels::DataType t = delta_type(datatype, "datatype");
-    std::lock_guard<std::mutex> lock(s.mu);
-    coll::DeltaStore& d = *s.impl;
-    const size_t values = nkeys * d.config().row_values;
-    std::vector<float>& x = s.x;
-    if (x.size() < values) x.resize(values);
-    kernels::load_float(t, sendbuff, x.data(), values);
-    std::vector<uint8_t>& message = s.message;
-    if (message.size() < d.max_message_bytes(nkeys)) message.resize(d.max_message_bytes(nkeys));
-    size_t bytes = 0;
-    const size_t header = coll::DeltaStore::header_bytes();
-    try {
-      bytes = d.prepare(x.data(), keys, nkeys, kernels::PhiloxKey{d.config().codec.seed, d.sequence(), 0, 0},
-                        message.data());
-    } catch (const coll::DeltaStoreError& e) {
-      // The receiver is waiting for a header: it gets a refusal and the reason, and fails alike.
-      DeltaAnswer refusal;
-      refusal.set(delta_code(e.kind()), e.what());
-      coll::DeltaStore::write_refusal(message.data());
-      delta_transfer(comm, coll::CollKind::kSend, message.data(), header, peer);
-      delta_transfer(comm, coll::CollKind::kSend, refusal.bytes, sizeof refusal.bytes, peer);
-      fail(refusal.code(), "%s", e.what());
-    }
-    delta_transfer(comm, coll::CollKind::kSend, message.data(), header, peer);
-    delta_transfer(comm, coll::CollKind::kSend, message.data() + header, bytes - header, peer);
-    DeltaAnswer answer;
-    delta_transfer(comm, coll::CollKind::kRecv, answer.bytes, sizeof answer.bytes, peer);
-    if (answer.code() != qcclSuccess) {
-      d.abandon();
-      fail(answer.code(), "the receiver refused the message: %s", answer.reason());
-    }
-    d.commit();
+    submit_delta(true, sendbuff, nkeys, keys, datatype, store, peer, comm, nullptr);
   });
 }
 
 QCCL_API qcclResult_t qcclDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
                                     qcclDeltaStore_t store, int peer, qcclComm_t comm) {
   return api_call("qcclDeltaRecv", [&] {
-    qcclDeltaStore& s = delta_of(store);
-    delta_checks("qcclDeltaRecv", recvbuff, nkeys, keys, comm, peer);
-    const kernels::DataType t = delta_type(datatype, "datatype");
-    std::lock_guard<std::mutex> lock(s.mu);
-    coll::DeltaStore& d = *s.impl;
-    const size_t header = coll::DeltaStore::header_bytes();
-    std::vector<uint8_t>& message = s.message;
-    if (message.size() < header) message.resize(header);
-    delta_transfer(comm, coll::CollKind::kRecv, message.data(), header, peer);
-    if (coll::DeltaStore::is_refusal(message.data())) {
-      DeltaAnswer refusal;
-      delta_transfer(comm, coll::CollKind::kRecv, refusal.bytes, sizeof refusal.bytes, peer);
-      fail(refusal.code() == qcclSuccess ? qcclRemoteError : refusal.code(), "the sender refused the call: %s",
-           refusal.reason());
-    }
-    const uint64_t payload = coll::DeltaStore::payload_bytes(message.data());
-    // Received whatever it says, within reason (its sender's store may hold more keys than this one
-    // when the two have drifted apart): the message is then refused, not left in flight.
-    const uint64_t limit = 2 * d.max_message_bytes(nkeys);
-    if (payload > limit)
-      fail(qcclMismatch, "the sender announces a %llu-byte message for %zu keys, over any this store can take (%llu)",
-           static_cast<unsigned long long>(payload), nkeys, static_cast<unsigned long long>(limit));
-    if (message.size() < header + payload) message.resize(header + payload);
-    delta_transfer(comm, coll::CollKind::kRecv, message.data() + header, payload, peer);
-    const size_t values = nkeys * d.config().row_values;
-    std::vector<float>& x = s.x;
-    if (x.size() < values) x.resize(values);
-    DeltaAnswer answer;
-    std::string reason;
-    try {
-      d.receive(message.data(), header + payload, keys, nkeys, x.data());
-    } catch (const coll::DeltaStoreError& e) {
-      answer.set(delta_code(e.kind()), e.what());
-      reason = e.what();
-    }
-    delta_transfer(comm, coll::CollKind::kSend, answer.bytes, sizeof answer.bytes, peer);
-    if (answer.code() != qcclSuccess) fail(answer.code(), "%s", reason.c_str());
-    kernels::store_float(t, x.data(), recvbuff, values);
+    submit_delta(false, recvbuff, nkeys, keys, datatype, store, peer, comm, nullptr);
+  });
+}
+
+QCCL_API qcclResult_t qcclIDeltaSend(const void* sendbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
+                                     qcclDeltaStore_t store, int peer, qcclComm_t comm, qcclRequest_t* request) {
+  return api_call("qcclIDeltaSend", [&] {
+    require_out(request, "request");
+    submit_delta(true, sendbuff, nkeys, keys, datatype, store, peer, comm, request);
+  });
+}
+
+QCCL_API qcclResult_t qcclIDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
+                                     qcclDeltaStore_t store, int peer, qcclComm_t comm, qcclRequest_t* request) {
+  return api_call("qcclIDeltaRecv", [&] {
+    require_out(request, "request");
+    submit_delta(false, recvbuff, nkeys, keys, datatype, store, peer, comm, request);
   });
 }

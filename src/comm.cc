@@ -89,7 +89,7 @@ Comm::Comm(int rank, int nranks, const Config& config)
       codec_policy_(AutoCodec::is_auto(config.codec) ? "" : config.codec, config.codec_min_bytes),
       auto_codec_(AutoCodec::is_auto(config.codec) ? std::make_unique<AutoCodec>(config.codec, nranks) : nullptr),
       state_budget_(std::make_shared<StateBudget>(config.codec_state_budget)),
-      send_sequence_(nranks, 0), recv_sequence_(nranks, 0) {
+      send_sequence_(nranks, 0), recv_sequence_(nranks, 0), delta_sent_(nranks, 0), delta_received_(nranks, 0) {
   progress_wake_fd_ = make_eventfd();
   driver_wake_fd_ = make_eventfd();
   hand_off_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
@@ -357,7 +357,9 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   // QCCL_CODEC compresses plain calls; auto by its model of host costs, so not on device buffers, and
   // auto also picks the algorithm.
   const coll::Algorithm* auto_algorithm = nullptr;
-  if (!args.codec && auto_codec_ && !record->on_device) {
+  if (args.delta) {
+    // a keyed delta call: its own plan, no codec of the policy's
+  } else if (!args.codec && auto_codec_ && !record->on_device) {
     const AutoChoice choice = auto_codec_->choose(args, policy_);
     args.codec = choice.codec;
     auto_algorithm = choice.algorithm;
@@ -369,9 +371,20 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
 
   OperationIdentity identity;
   identity.p2p = args.kind == coll::CollKind::kSend || args.kind == coll::CollKind::kRecv;
-  if (!identity.p2p) identity.sequence = next_sequence_++;
-  else if (args.kind == coll::CollKind::kSend) identity.sequence = send_sequence_[args.peer]++;
-  else identity.sequence = recv_sequence_[args.peer]++;
+  if (!identity.p2p) {
+    identity.sequence = next_sequence_++;
+  } else if (args.delta) {
+    // The k-th delta call from rank s to rank r is number 2k (s < r) or 2k + 1 (s > r) at both ends,
+    // so that the calls of the two directions between a pair never share a number.
+    const bool sends = args.kind == coll::CollKind::kSend;
+    const bool low_sends = sends ? rank_ < args.peer : args.peer < rank_;
+    identity.keyed = true;
+    identity.sequence = 2 * (sends ? delta_sent_ : delta_received_)[args.peer]++ + (low_sends ? 0 : 1);
+  } else if (args.kind == coll::CollKind::kSend) {
+    identity.sequence = send_sequence_[args.peer]++;
+  } else {
+    identity.sequence = recv_sequence_[args.peer]++;
+  }
   uint64_t codec_step = 0;  // ranks whose states are at different steps fail (frame.h)
   if (args.codec) {
     // Stochastic rounding is keyed by the state's step when the caller keeps one (so that a rerun of
@@ -672,15 +685,33 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& erro
   } else if (result == qcclSuccess) {
     last_stats_ = qcclStats_t{};
   }
+  if (record.call) record.call->end();
   record.done.store(true, std::memory_order_release);
 }
 
-// A completed operation succeeded, unless a compressed one decoded non-finite values: every rank
+namespace {
+qcclResult_t result_of(const coll::CallFailure& failure) {
+  switch (failure.kind) {
+    case coll::CallFailure::Kind::kArgument: return qcclInvalidArgument;
+    case coll::CallFailure::Kind::kUsage: return qcclInvalidUsage;
+    case coll::CallFailure::Kind::kMismatch: return qcclMismatch;
+    case coll::CallFailure::Kind::kNonFinite: return qcclNonFinite;
+    case coll::CallFailure::Kind::kSystem: return qcclSystemError;
+  }
+  return qcclInternalError;
+}
+}  // namespace
+
+// A completed operation succeeded, unless its method says it failed (the call alone: a delta message
+// the receiver refused) or a compressed one decoded non-finite values: every rank
 // decodes the same bytes, so every rank reports the same count, and the communicator stays healthy.
 void Comm::finish_completed(OpRecord& record) {
   const Execution& op = *record.operation;
   size_t nonfinite = op.stats().nonfinite;
-  if (record.call) record.call->complete(op.plan().args(), op.plan(), &nonfinite);
+  if (record.call) {
+    record.call->complete(op.plan().args(), op.plan(), &nonfinite);
+    if (const coll::CallFailure* failure = record.call->failure()) return finish(record, result_of(*failure), failure->message);
+  }
   if (nonfinite == 0) return finish(record, qcclSuccess, "");
   finish(record, qcclNonFinite,
          format("%s: %zu output values are NaN or Inf: an input held NaN or Inf (or overflowed the codec), "
@@ -827,6 +858,7 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       if (record->done.load(std::memory_order_relaxed)) continue;
       Execution& op = *record->operation;
       const bool ordered = !op.identity().p2p;
+      if (!ordered && !op.started() && waits_for_its_state(i)) continue;  // a delta call behind another on its store
       if (ordered && !op.started() && (!open || slots == 0 || waits_for_its_state(i))) {
         open = false;  // every later collective waits behind this one
         older_undone = true;
@@ -962,9 +994,9 @@ void Comm::service_aggregator(size_t k) {
 // and writes the whole state (a residual, a compensation, the step), so overlapping them would race.
 bool Comm::waits_for_its_state(size_t index) const {
   const auto& record = driving_[index];
-  if (!record->state || record->operation->started()) return false;
+  if (!record->serial || record->operation->started()) return false;
   for (size_t j = 0; j < index; ++j)
-    if (driving_[j]->state == record->state && !driving_[j]->done.load(std::memory_order_relaxed)) return true;
+    if (driving_[j]->serial == record->serial && !driving_[j]->done.load(std::memory_order_relaxed)) return true;
   return false;
 }
 

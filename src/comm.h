@@ -81,7 +81,11 @@ struct OpRecord {
   std::shared_ptr<const kernels::CodecConfig> codec;  // keeps args.codec alive (compressed calls)
   std::vector<coll::Segment> segments;                 // args.segments points here, when it is set
   std::shared_ptr<CodecState> state;                  // the caller's codec state, if any
-  // Compressed calls: the call of the codec's method (args.method_call points here).
+  // Calls with the same non-null `serial` run one after the other in call order, each once the one
+  // before it completed: they read and write one state (a codec state, a delta store).
+  const void* serial = nullptr;
+  // Compressed calls: the call of the codec's method (args.method_call points here); a keyed delta
+  // call's is made with the record (args.delta).
   std::unique_ptr<coll::MethodCall> call;
   std::unique_ptr<Execution> operation;
   std::shared_ptr<std::vector<std::byte>> scratch;  // from the communicator's pool, once it runs
@@ -145,7 +149,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block = true);
   void wait_for_events(bool progress_thread, std::chrono::microseconds timeout, bool transport);
   void progress_thread_main();
-  bool waits_for_its_state(size_t index) const;  // index into driving_
+  bool waits_for_its_state(size_t index) const;  // index into driving_: an older call on its `serial`
   void check_timeouts();
   void take_scratch(OpRecord& record);  // before the record's operation first advances
   void finish(OpRecord& record, qcclResult_t result, const std::string& error);
@@ -215,6 +219,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // Submission side (the calling thread).
   uint64_t next_sequence_ = 0;
   std::vector<uint64_t> send_sequence_, recv_sequence_;
+  // Keyed delta calls this rank made with each peer as the sender and as the receiver: their messages
+  // go both ways, so they are numbered apart from the other point-to-point calls (start()).
+  std::vector<uint64_t> delta_sent_, delta_received_;
 
   // Operations started and not done, in call order; `active_version_` changes whenever the list does.
   // A deque: they finish from the front, and hundreds may be outstanding.

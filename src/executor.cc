@@ -105,7 +105,9 @@ class PlanExecution final : public Execution {
   static constexpr size_t kIdle = ~size_t{0};
 
   transport::Key key(uint32_t message, bool tainted = false) const {
-    return message_key::make(identity_.p2p, identity_.sequence, tainted, message, identity_.header.fingerprint());
+    const uint64_t sequence =
+        identity_.p2p ? message_key::p2p_sequence(identity_.sequence, identity_.keyed) : identity_.sequence;
+    return message_key::make(identity_.p2p, sequence, tainted, message, identity_.header.fingerprint());
   }
   void start();
   bool poll_headers();

@@ -4,7 +4,10 @@
 // within the codec's reach of the sender's activation; and at the end the two stores' checkpoints
 // byte-equal (P4 across processes). Then the
 // protocol: keys in another order fail on both ends with nothing changed, a NaN delta and the budget
-// are refused on both ends, and the next call succeeds.
+// are refused on both ends, and the next call succeeds. Then the non-blocking calls and groups: the
+// same calls made non-blocking (waited for in reverse order) give the bits of the blocking ones; both
+// directions at once in a group, beside plain point-to-point calls; warm-up as set at the call; a
+// store's settings refused while a call is in flight; a mismatch fails both waits.
 #include <unistd.h>
 
 #include <algorithm>
@@ -167,13 +170,180 @@ TEST_CASE("delta send/recv: protocol errors and refusals fail on both ends, noth
   CHECK(qcclDeltaSend(x.data(), 1, keys, qcclInt32, store.handle, p.peer, w.comm()) == qcclInvalidArgument);
   CHECK(qcclDeltaSend(x.data(), 1, keys, qcclFloat32, store.handle, w.rank(), w.comm()) == qcclInvalidArgument);
   CHECK(qcclDeltaSend(x.data(), 1, keys, qcclFloat32, nullptr, p.peer, w.comm()) == qcclInvalidArgument);
-  QCCL_REQUIRE_OK(qcclGroupStart());
-  CHECK(qcclDeltaSend(x.data(), 1, keys, qcclFloat32, store.handle, p.peer, w.comm()) == qcclInvalidUsage);
-  QCCL_REQUIRE_OK(qcclGroupEnd());
   Codec q8("q8");
   qcclDeltaStore_t bad = nullptr;
   CHECK(qcclDeltaStoreCreate(q8.handle, kRow, qcclFloat16, 0, 0, 0, &bad) == qcclInvalidArgument);
   CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("aq2 .. aq8"));
+}
+
+namespace {
+
+// Calls `calls` times on `store` with keys drawn from a small universe (so that later calls send
+// deltas against what earlier ones left): the rows sent (sender) or received (receiver), per call.
+struct Script {
+  std::vector<std::vector<uint64_t>> keys;
+  std::vector<std::vector<float>> rows;
+  explicit Script(int calls) {
+    Activations act;
+    std::mt19937_64 pick(11);
+    for (int c = 0; c < calls; ++c) {
+      const size_t nkeys = 1 + pick() % 3;
+      std::vector<size_t> order = {0, 1, 2, 3};  // 4 keys: every call meets keys of the calls before
+      std::shuffle(order.begin(), order.end(), pick);
+      keys.emplace_back();
+      rows.emplace_back(nkeys * kRow);
+      for (size_t r = 0; r < nkeys; ++r) {
+        keys.back().push_back(100 + order[r]);
+        act.drift(order[r]);
+        std::copy(act.rows[order[r]].begin(), act.rows[order[r]].end(), rows.back().begin() + long(r * kRow));
+      }
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("delta send/recv: non-blocking calls and groups", "[delta]") {
+  World& w = World::get();
+  if (w.size() % 2) return;
+  const Pair p = pair_of(w);
+  const std::string spec = "aq3:channels=32,round=stochastic,seed=4";
+  constexpr int kCalls = 6;
+  const Script script(kCalls);
+
+  SECTION("non-blocking calls on one store, waited for in reverse order, give the blocking calls' bits") {
+    Store blocking(spec, 0, 0), nonblocking(spec, 0, 0);
+    std::vector<std::vector<float>> got_blocking(kCalls), got(kCalls);
+    for (int c = 0; c < kCalls; ++c) {
+      got_blocking[c].assign(script.rows[c].size(), -1.0f);
+      const auto& k = script.keys[c];
+      QCCL_REQUIRE_OK(p.sender ? qcclDeltaSend(script.rows[c].data(), k.size(), k.data(), qcclFloat32, blocking.handle,
+                                               p.peer, w.comm())
+                               : qcclDeltaRecv(got_blocking[c].data(), k.size(), k.data(), qcclFloat32,
+                                               blocking.handle, p.peer, w.comm()));
+    }
+    std::vector<qcclRequest_t> requests(kCalls);
+    for (int c = 0; c < kCalls; ++c) {
+      got[c].assign(script.rows[c].size(), -2.0f);
+      std::vector<uint64_t> keys = script.keys[c];  // copied by the call: this copy goes at once
+      QCCL_REQUIRE_OK(p.sender ? qcclIDeltaSend(script.rows[c].data(), keys.size(), keys.data(), qcclFloat32,
+                                                nonblocking.handle, p.peer, w.comm(), &requests[c])
+                               : qcclIDeltaRecv(got[c].data(), keys.size(), keys.data(), qcclFloat32,
+                                                nonblocking.handle, p.peer, w.comm(), &requests[c]));
+    }
+    for (int c = kCalls - 1; c >= 0; --c) QCCL_REQUIRE_OK(qcclWait(&requests[c]));
+    CHECK(nonblocking.info().sequence == kCalls);
+    CHECK(nonblocking.checkpoint() == blocking.checkpoint());
+    if (!p.sender)
+      for (int c = 0; c < kCalls; ++c) CHECK(got[c] == got_blocking[c]);
+  }
+
+  SECTION("both directions in one group, beside plain point-to-point calls, in another order at each end") {
+    Store forward(spec, 0, 0), backward(spec, 0, 0);  // one store per direction, as in a pipeline
+    for (int c = 0; c < kCalls; ++c) {
+      const auto& k = script.keys[c];
+      std::vector<float> in(script.rows[c].size(), -1.0f);
+      std::vector<float> back(script.rows[c].size());
+      for (size_t i = 0; i < back.size(); ++i) back[i] = 0.5f * script.rows[c][i];  // the "gradients"
+      int32_t token = 7 * c + w.rank(), their_token = -1;
+      QCCL_REQUIRE_OK(qcclGroupStart());
+      if (p.sender) {
+        QCCL_REQUIRE_OK(qcclDeltaSend(script.rows[c].data(), k.size(), k.data(), qcclFloat32, forward.handle, p.peer,
+                                      w.comm()));
+        QCCL_REQUIRE_OK(qcclRecv(&their_token, 1, qcclInt32, p.peer, w.comm()));
+        QCCL_REQUIRE_OK(qcclDeltaRecv(in.data(), k.size(), k.data(), qcclFloat32, backward.handle, p.peer, w.comm()));
+        QCCL_REQUIRE_OK(qcclSend(&token, 1, qcclInt32, p.peer, w.comm()));
+      } else {
+        QCCL_REQUIRE_OK(qcclSend(&token, 1, qcclInt32, p.peer, w.comm()));
+        QCCL_REQUIRE_OK(qcclDeltaSend(back.data(), k.size(), k.data(), qcclFloat32, backward.handle, p.peer,
+                                      w.comm()));
+        QCCL_REQUIRE_OK(qcclDeltaRecv(in.data(), k.size(), k.data(), qcclFloat32, forward.handle, p.peer, w.comm()));
+        QCCL_REQUIRE_OK(qcclRecv(&their_token, 1, qcclInt32, p.peer, w.comm()));
+      }
+      QCCL_REQUIRE_OK(qcclGroupEnd());
+      INFO("call " << c);
+      CHECK(their_token == 7 * c + p.peer);
+      // What arrived is what the peer sent, within the codec's reach (3-bit deltas of a small drift).
+      double worst = 0;
+      for (size_t i = 0; i < in.size(); ++i) {
+        const float sent = p.sender ? back[i] : script.rows[c][i];
+        worst = std::max(worst, std::fabs(double{in[i]} - sent));
+      }
+      CHECK(worst < 0.1);
+    }
+    CHECK(forward.info().sequence == kCalls);
+    CHECK(backward.info().sequence == kCalls);
+  }
+
+  SECTION("warm-up is the store's setting when the call is made") {
+    Store store(spec, 0, 0);
+    const auto& k = script.keys[0];
+    std::vector<float> out(script.rows[0].size());
+    auto exchange = [&] {
+      return p.sender ? qcclDeltaSend(script.rows[0].data(), k.size(), k.data(), qcclFloat32, store.handle, p.peer,
+                                      w.comm())
+                      : qcclDeltaRecv(out.data(), k.size(), k.data(), qcclFloat32, store.handle, p.peer, w.comm());
+    };
+    QCCL_REQUIRE_OK(exchange());  // first sight: full
+    qcclRequest_t request = nullptr;
+    int32_t go = 1;
+    if (p.sender) {
+      QCCL_REQUIRE_OK(qcclDeltaStoreSetWarmup(store.handle, 1));
+      QCCL_REQUIRE_OK(qcclIDeltaSend(script.rows[0].data(), k.size(), k.data(), qcclFloat32, store.handle, p.peer,
+                                     w.comm(), &request));
+      QCCL_REQUIRE_OK(qcclDeltaStoreSetWarmup(store.handle, 0));  // too late for that call
+      // The call cannot have completed (the receiver waits for `go`): the store's rows may not change.
+      CHECK(qcclDeltaStoreSetLowBits(store.handle, 4) == qcclInvalidUsage);
+      CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("in flight"));
+      const std::vector<uint8_t> saved = store.checkpoint();
+      CHECK(qcclDeltaStoreLoad(store.handle, saved.data(), saved.size()) == qcclInvalidUsage);
+      QCCL_REQUIRE_OK(qcclSend(&go, 1, qcclInt32, p.peer, w.comm()));
+      QCCL_REQUIRE_OK(qcclWait(&request));
+    } else {
+      QCCL_REQUIRE_OK(qcclRecv(&go, 1, qcclInt32, p.peer, w.comm()));
+      QCCL_REQUIRE_OK(exchange());
+    }
+    CHECK(store.info().lastFullRows == k.size());  // sent whole: warm-up was on at the call
+    QCCL_REQUIRE_OK(exchange());
+    CHECK(store.info().lastFullRows == 0);  // and off for the next
+  }
+
+  SECTION("a store destroyed while its call is in flight lives until the call completes") {
+    qcclDeltaStore_t store = nullptr;
+    Codec codec(spec);
+    QCCL_REQUIRE_OK(qcclDeltaStoreCreate(codec.handle, kRow, qcclFloat16, 0, 0, 3, &store));
+    const auto& k = script.keys[1];
+    std::vector<float> out(script.rows[1].size(), -1.0f);
+    qcclRequest_t request = nullptr;
+    QCCL_REQUIRE_OK(p.sender ? qcclIDeltaSend(script.rows[1].data(), k.size(), k.data(), qcclFloat32, store, p.peer,
+                                              w.comm(), &request)
+                             : qcclIDeltaRecv(out.data(), k.size(), k.data(), qcclFloat32, store, p.peer, w.comm(),
+                                              &request));
+    QCCL_REQUIRE_OK(qcclDeltaStoreDestroy(store));
+    QCCL_REQUIRE_OK(qcclWait(&request));
+    if (!p.sender)  // first sight: sent whole in float16
+      for (size_t i = 0; i < out.size(); ++i) REQUIRE(std::fabs(out[i] - script.rows[1][i]) <= 1e-3 * (1 + std::fabs(out[i])));
+  }
+
+  SECTION("a mismatch fails both waits, and the next calls go on") {
+    Store store(spec, 0, 0);
+    const uint64_t keys[] = {1, 2}, other[] = {1, 3};
+    std::vector<float> x(2 * kRow, 0.25f), out(2 * kRow);
+    qcclRequest_t first = nullptr, second = nullptr;
+    auto post = [&](const uint64_t* receiver_keys, qcclRequest_t* request) {
+      return p.sender ? qcclIDeltaSend(x.data(), 2, keys, qcclFloat32, store.handle, p.peer, w.comm(), request)
+                      : qcclIDeltaRecv(out.data(), 2, receiver_keys, qcclFloat32, store.handle, p.peer, w.comm(),
+                                       request);
+    };
+    QCCL_REQUIRE_OK(post(other, &first));  // the receiver names other keys
+    QCCL_REQUIRE_OK(post(keys, &second));  // runs after the first failed, on the unchanged store
+    CHECK(qcclWait(&first) == qcclMismatch);
+    CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("keys"));
+    QCCL_REQUIRE_OK(qcclWait(&second));
+    CHECK(store.info().sequence == 1);
+    CHECK(store.info().lastFullRows == 2);
+    if (!p.sender) CHECK(out == x);  // 0.25 is exact in float16
+  }
 }
 
 }  // namespace qccl::test

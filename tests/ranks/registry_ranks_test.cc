@@ -645,4 +645,53 @@ TEST_CASE("Send and Recv compressed: aq4 messages around the ring, chunked at th
     }
 }
 
+TEST_CASE("Send and Recv delta: keyed delta messages around the ring, whole, then as deltas",
+          "[send=delta][recv=delta]") {
+  World& w = World::get();
+  const int n = w.size();
+  const std::string forced = std::getenv("QCCL_ALGO");
+  const std::string collective = forced.substr(0, forced.find('='));
+  const int next = (w.rank() + 1) % n, prev = (w.rank() + n - 1) % n;
+  constexpr size_t kRow = 2 * 64, kKeys = 3;  // 3 keys of 2 tokens x 64 channels
+  Codec codec("aq4:channels=64");
+  qcclDeltaStore_t out = nullptr, in = nullptr;  // one store per direction of a link
+  QCCL_REQUIRE_OK(qcclDeltaStoreCreate(codec.handle, kRow, qcclFloat32, 0, 0, 1, &out));
+  QCCL_REQUIRE_OK(qcclDeltaStoreCreate(codec.handle, kRow, qcclFloat32, 0, 0, 1, &in));
+  const uint64_t keys[kKeys] = {10, 11, 12};
+  for (int call = 0; call < 2; ++call) {
+    INFO("call " << call << (call ? " (deltas)" : " (whole rows)"));
+    std::vector<float> x = values(w.rank() + 10 * call, kKeys * kRow), y(kKeys * kRow, -1.0f);
+    auto send = [&] {
+      QCCL_REQUIRE_OK(qcclDeltaSend(x.data(), kKeys, keys, qcclFloat32, out, next, w.comm()));
+      if (collective == "send") require_ran("send", "delta");
+      qcclDeltaStoreInfo_t info;
+      QCCL_REQUIRE_OK(qcclDeltaStoreGetInfo(out, &info));
+      CHECK(last_stats().wireBytesSent == info.lastMessageBytes);
+      CHECK(info.lastFullRows == (call == 0 ? kKeys : 0));
+    };
+    auto recv = [&] {
+      QCCL_REQUIRE_OK(qcclDeltaRecv(y.data(), kKeys, keys, qcclFloat32, in, prev, w.comm()));
+      if (collective == "recv") require_ran("recv", "delta");
+    };
+    if (w.rank() == 0)
+      send(), recv();
+    else
+      recv(), send();
+    // Whole float32 rows arrive exactly; deltas within s / 2^(b-1) + 2^-11 s of the sent values, s the
+    // largest delta of their channel over the call's rows (kernels/aq_quant.h, with the fp16 scale).
+    const std::vector<float> sent = values(prev + 10 * call, kKeys * kRow);
+    const std::vector<float> before = values(prev, kKeys * kRow);
+    std::vector<double> scale(64, 0.0);
+    for (size_t j = 0; j < sent.size(); ++j)
+      scale[j % 64] = std::max(scale[j % 64], std::fabs(double{sent[j]} - before[j]));
+    for (size_t j = 0; j < sent.size(); ++j) {
+      INFO("value " << j);
+      if (call == 0) REQUIRE(y[j] == sent[j]);
+      else REQUIRE(std::fabs(double{y[j]} - sent[j]) <= scale[j % 64] * (1.0 / 8 + 0x1p-11) + 1e-6);
+    }
+  }
+  QCCL_REQUIRE_OK(qcclDeltaStoreDestroy(out));
+  QCCL_REQUIRE_OK(qcclDeltaStoreDestroy(in));
+}
+
 }  // namespace qccl::test
