@@ -316,19 +316,26 @@ class Communicator:
     def irecv(self, tensor: Any, src: int, *, codec: "str | Codec | None" = None) -> Request:
         return self.recv(tensor, src, codec=codec, async_op=True)
 
-    def delta_send(self, tensor: Any, keys: Sequence[int], store: DeltaStore, dst: int) -> None:
+    def delta_send(self, tensor: Any, keys: Sequence[int], store: DeltaStore, dst: int, *,
+                   async_op: bool = False) -> Optional[Request]:
         """AQ-SGD's keyed delta send: row r of ``tensor`` (len(keys) rows of the store's row_values)
         for sample ``keys[r]``; a key the store holds is sent as the quantized change since its
-        last message, the others whole.  Blocking; rank ``dst`` calls :meth:`delta_recv`."""
+        last message, the others whole.  Rank ``dst`` calls :meth:`delta_recv`.  Calls on one store
+        run one after the other in call order; with ``async_op=True`` the call returns a
+        :class:`Request` (the tensor stays qccl's until it completes), and inside :func:`qccl.group`
+        it starts at the group's end."""
         b = describe(tensor, "tensor", writable=False)
         keys = self._keys(keys, b, store)
-        self._comm.delta_send(b.address, keys, b.dtype, store._store, dst)
+        return self._comm.delta_send(b.address, keys, b.dtype, store._store, dst, async_op,
+                                     (tensor, store) if async_op else None)
 
-    def delta_recv(self, tensor: Any, keys: Sequence[int], store: DeltaStore, src: int) -> None:
+    def delta_recv(self, tensor: Any, keys: Sequence[int], store: DeltaStore, src: int, *,
+                   async_op: bool = False) -> Optional[Request]:
         """Receives rank ``src``'s :meth:`delta_send` (same keys, in order) into ``tensor``."""
         b = describe(tensor, "tensor", writable=True)
         keys = self._keys(keys, b, store)
-        self._comm.delta_recv(b.address, keys, b.dtype, store._store, src)
+        return self._comm.delta_recv(b.address, keys, b.dtype, store._store, src, async_op,
+                                     (tensor, store) if async_op else None)
 
     def barrier(self) -> None:
         """Returns on no rank before every rank has called it."""

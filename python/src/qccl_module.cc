@@ -451,15 +451,21 @@ class Comm {
                : qcclRecvCompressed(ptr(buffer), count, dtype(type), codec->get(), peer, c);
     });
   }
-  void delta_send(uintptr_t buffer, const std::vector<uint64_t>& keys, int type, const DeltaStore& store, int peer) {
+  py::object delta_send(uintptr_t buffer, const std::vector<uint64_t>& keys, int type, const DeltaStore& store,
+                        int peer, bool async_op, py::object keep) {
     qcclComm_t c = get();
-    call_released(
-        c, [&] { return qcclDeltaSend(cptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c); });
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclIDeltaSend(cptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c, r)
+               : qcclDeltaSend(cptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c);
+    });
   }
-  void delta_recv(uintptr_t buffer, const std::vector<uint64_t>& keys, int type, const DeltaStore& store, int peer) {
+  py::object delta_recv(uintptr_t buffer, const std::vector<uint64_t>& keys, int type, const DeltaStore& store,
+                        int peer, bool async_op, py::object keep) {
     qcclComm_t c = get();
-    call_released(
-        c, [&] { return qcclDeltaRecv(ptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c); });
+    return launch(c, async_op, keep, [&](qcclRequest_t* r) {
+      return r ? qcclIDeltaRecv(ptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c, r)
+               : qcclDeltaRecv(ptr(buffer), keys.size(), keys.data(), dtype(type), store.get(), peer, c);
+    });
   }
   CodecState* codec_state(size_t count) {
     qcclCodecState_t state = nullptr;

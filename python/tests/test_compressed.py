@@ -195,6 +195,38 @@ def test_delta_send_recv(comm, in_file, tmp_path):
     assert kept.read_text() == "a user's data"  # an existing file is never truncated or removed
 
 
+def test_delta_send_recv_async(comm):
+    """Non-blocking delta calls on one store, waited for last first, give the blocking calls' bits."""
+    if comm.size == 1:
+        pytest.skip("needs two ranks")
+    if comm.rank > 1:
+        return
+    rows, width, epochs = 4, 128, 4
+    spec = f"aq3:channels={width},round=stochastic,seed=2"
+    blocking, nonblocking = (qccl.DeltaStore(spec, width, "float16", id=8) for _ in range(2))
+    keys = list(range(rows))
+    base = np.random.default_rng(4).standard_normal((rows, width)).astype(np.float32)
+    inputs = [base + 0.02 * e for e in range(epochs)]
+    want = [np.zeros_like(base) for _ in range(epochs)]
+    got = [np.full_like(base, -1.0) for _ in range(epochs)]
+    for e in range(epochs):
+        if comm.rank == 0:
+            comm.delta_send(inputs[e], keys, blocking, 1)
+        else:
+            comm.delta_recv(want[e], keys, blocking, 0)
+    if comm.rank == 0:
+        requests = [comm.delta_send(inputs[e], keys, nonblocking, 1, async_op=True) for e in range(epochs)]
+    else:
+        requests = [comm.delta_recv(got[e], keys, nonblocking, 0, async_op=True) for e in range(epochs)]
+    for r in reversed(requests):
+        r.wait()
+    assert nonblocking.info()["sequence"] == epochs
+    assert nonblocking.save() == blocking.save()
+    if comm.rank == 1:
+        for e in range(epochs):
+            assert np.array_equal(got[e], want[e])
+
+
 def test_delta_store_low_bits(comm):
     if comm.size == 1:
         pytest.skip("needs two ranks")
