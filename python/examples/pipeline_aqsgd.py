@@ -7,7 +7,11 @@ Two stages, one per rank: stage 0 holds an MLP's wide hidden layer (64 -> 4096),
 layer and the loss: little arithmetic per activation sent, so the link, not this machine's slow
 cores, sets the pace (the issue's regime: a model split over machines on a 100 Mbit/s link).
 Every step, stage 0 sends stage 1 the activations of a batch of samples, and stage 1 sends back
-their gradients. Four ways of sending, each training the same model from the same weights on
+their gradients, micro-batch by micro-batch in GPipe's schedule (the paper's pipelines cut each
+macro-batch so): stage 0 runs every micro-batch's forward pass, each one's activations leaving
+(non-blocking) while it computes the next, then every backward pass as the gradients come back;
+stage 1 takes each micro-batch's activations as they arrive, then runs the backward passes in
+reverse, each one's gradients leaving while it computes the next. Three ways of sending, each training the same model from the same weights on
 scikit-learn's digits (samples recur every epoch, which AQ-SGD needs):
 
   fp32        activations and gradients as float32 (send/recv)
@@ -39,6 +43,8 @@ def parse_args():
     p.add_argument("--epochs", type=int, default=10, help="epochs per method (default 10)")
     p.add_argument("--hidden", type=int, default=4096, help="width of the activations sent (default 4096)")
     p.add_argument("--batch", type=int, default=128, help="samples per step (default 128)")
+    p.add_argument("--micro-batches", type=int, default=4,
+                   help="micro-batches per step, in GPipe's schedule (default 4; 1: no pipelining)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate, momentum 0.9 (default 0.1)")
     p.add_argument("--speedup", type=float, default=4.0, help="required AQ-SGD epoch speed-up over fp32 (4)")
     p.add_argument("--accuracy-points", type=float, default=1.0,
@@ -74,36 +80,53 @@ def train(method, args, comm, data):
     store = qccl.DeltaStore(aq, args.hidden, "float16", id=7) if method == "AQ-SGD" else None
     steps = len(x_train) // args.batch
     gen = torch.Generator().manual_seed(1)
-    activations = torch.zeros(args.batch, args.hidden)
     epoch_seconds, losses = [], []
     comm.barrier()
+    micro = args.batch // args.micro_batches
     for epoch in range(args.epochs):
         order = torch.randperm(len(x_train), generator=gen)
         start, epoch_losses = time.perf_counter(), []
         for s in range(steps):
             batch = order[s * args.batch:(s + 1) * args.batch]
-            keys = batch.tolist()  # the samples' ids: AQ-SGD's keys
+            parts = [batch[i * micro:(i + 1) * micro] for i in range(args.micro_batches)]
             opt.zero_grad()
             if stage == 0:
-                h = model(x_train[batch])
-                out = h.detach().contiguous()
-                if store is not None:
-                    comm.delta_send(out, keys, store, peer)
-                else:
-                    comm.send(out, peer, codec=forward_codec)
-                grad = torch.empty_like(out)
-                comm.recv(grad, peer, codec=backward_codec)
-                h.backward(grad)
+                hidden, sends = [], []
+                for part in parts:  # forward passes, each micro-batch's activations leaving at once
+                    h = model(x_train[part])
+                    out = h.detach().contiguous()
+                    if store is not None:  # keys: the samples' ids
+                        sends.append(comm.delta_send(out, part.tolist(), store, peer, async_op=True))
+                    else:
+                        sends.append(comm.send(out, peer, codec=forward_codec, async_op=True))
+                    hidden.append(h)
+                for h in reversed(hidden):  # backward passes, as the gradients come back
+                    grad = torch.empty_like(h)
+                    comm.recv(grad, peer, codec=backward_codec)
+                    h.backward(grad)
+                for r in sends:
+                    r.wait()
             else:
+                received = [torch.zeros(micro, args.hidden) for _ in parts]
                 if store is not None:
-                    comm.delta_recv(activations, keys, store, peer)
+                    receives = [comm.delta_recv(a, part.tolist(), store, peer, async_op=True)
+                                for a, part in zip(received, parts)]
                 else:
-                    comm.recv(activations, peer, codec=forward_codec)
-                h = activations.clone().requires_grad_(True)
-                loss = torch.nn.functional.cross_entropy(model(h), y_train[batch])
-                loss.backward()
-                comm.send(h.grad.contiguous(), peer, codec=backward_codec)
-                epoch_losses.append(loss.item())
+                    receives = [comm.recv(a, peer, codec=forward_codec, async_op=True) for a in received]
+                inputs, losses_now = [], []
+                for a, part, r in zip(received, parts, receives):  # forward passes, as activations arrive
+                    r.wait()
+                    h = a.requires_grad_(True)
+                    # the batch's mean loss, as one pass over the whole batch would take it
+                    losses_now.append(torch.nn.functional.cross_entropy(model(h), y_train[part]) / len(parts))
+                    inputs.append(h)
+                sends = []
+                for h, loss in zip(reversed(inputs), reversed(losses_now)):  # backward passes
+                    loss.backward()
+                    sends.append(comm.send(h.grad.contiguous(), peer, codec=backward_codec, async_op=True))
+                for r in sends:
+                    r.wait()
+                epoch_losses.append(float(sum(loss.item() for loss in losses_now)))
             opt.step()
         epoch_seconds.append(time.perf_counter() - start)
         if stage == 1:
@@ -130,6 +153,9 @@ def main():
         if comm.size != 2:
             print("pipeline_aqsgd.py runs with 2 ranks (qcclrun -n 2)", file=sys.stderr)
             return 2
+        if args.micro_batches < 1 or args.batch % args.micro_batches:
+            print(f"--micro-batches {args.micro_batches} must divide --batch {args.batch}", file=sys.stderr)
+            return 2
         torch.set_num_threads(1)
         data = load_digits()
         results = []
@@ -138,7 +164,8 @@ def main():
         verdict = 0
         if comm.rank == 1:
             act = args.batch * args.hidden * 4
-            print(f"2 stages, activations of {args.batch} x {args.hidden} float32 ({act / 1e6:.2f} MB) per step, "
+            print(f"2 stages, activations of {args.batch} x {args.hidden} float32 ({act / 1e6:.2f} MB) per step "
+                  f"in {args.micro_batches} micro-batches, "
                   f"{args.bits}-bit codecs, {args.epochs} epochs of {len(data[0]) // args.batch} steps")
             print(f"{'method':<8} {'s/epoch':>8} {'x fp32':>7} {'loss':>8} {'accuracy':>9}")
             base = {r["method"]: r for r in results}
