@@ -168,6 +168,26 @@ void DeltaStore::store_m(const float* m, uint8_t* stored) const {
   else kernels::store_float(config_.store_type, m, stored, config_.row_values);
 }
 
+kernels::AqDeltaRows DeltaStore::delta_view(const uint64_t* keys, const std::vector<size_t>& delta_rows,
+                                            uint8_t* pending) {
+  const size_t row = config_.row_values, nd = delta_rows.size();
+  row_m_.resize(nd), row_m_out_.resize(nd);
+  if (config_.store_bits) {
+    float* work = grow(work_m_, nd * row);
+    for (size_t d = 0; d < nd; ++d) {
+      load_m(m(keys[delta_rows[d]]), work + d * row);
+      row_m_[d] = row_m_out_[d] = work + d * row;
+    }
+    return kernels::AqDeltaRows{nd, row, kernels::DataType::kFloat32, row_m_.data(), row_m_out_.data()};
+  }
+  for (size_t d = 0; d < nd; ++d) {
+    uint8_t* stored = m(keys[delta_rows[d]]);
+    row_m_[d] = stored;
+    row_m_out_[d] = pending ? pending + delta_rows[d] * row_bytes() : stored;
+  }
+  return kernels::AqDeltaRows{nd, row, config_.store_type, row_m_.data(), row_m_out_.data()};
+}
+
 void DeltaStore::set_file(const std::string& file) {
   if (!rows_.empty())
     fail(DeltaStoreError::Kind::kArgument, "the store holds " + std::to_string(rows_.size()) +
@@ -315,20 +335,20 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
   const size_t delta_bytes = config_.codec.encoded_bytes(delta_values);
   h.payload = evicted.size() * sizeof(uint64_t) + bitmap_bytes + full_rows.size() * full_row_bytes + delta_bytes;
   uint8_t* delta_payload = out + kHeaderBytes + h.payload - delta_bytes;
-  // m in float32 (exact from float16 and bfloat16), updated by the delta in float32, and rounded back
-  // to its stored form below: the arithmetic of kernels::aq_delta_send on the stored type itself.
-  float* m_delta = grow(work_m_, delta_values);
+  // The delta rows encoded straight from x and the stored m, their new m into pending_m_ (committed
+  // by commit()): kernels::aq_delta_send's arithmetic on the stored type, fused (aq_delta.h).
+  if (pending_m_.size() < nkeys * row_bytes()) pending_m_.resize(nkeys * row_bytes());
   if (!delta_rows.empty()) {
-    float* x_delta = grow(work_x_, delta_values);
-    for (size_t d = 0; d < delta_rows.size(); ++d) {
-      std::memcpy(x_delta + d * row, x + delta_rows[d] * row, row * sizeof(float));
-      load_m(m(keys[delta_rows[d]]), m_delta + d * row);
-    }
-    if (size_t bad = kernels::aq_delta_send(config_.codec, x_delta, delta_values, kernels::DataType::kFloat32,
-                                            m_delta, delta_payload, key, 0))
+    const kernels::AqDeltaRows view = delta_view(keys, delta_rows, pending_m_.data());
+    row_x_.resize(delta_rows.size());
+    for (size_t d = 0; d < delta_rows.size(); ++d) row_x_[d] = x + delta_rows[d] * row;
+    if (size_t bad = kernels::aq_delta_send_rows(config_.codec, row_x_.data(), view, delta_payload, key, 0))
       fail(DeltaStoreError::Kind::kNonFinite, std::to_string(bad) +
                                                   " channels of the delta hold NaN or Inf (or exceed float16's "
                                                   "range): nothing sent, the store unchanged");
+    if (config_.store_bits)  // low-bit m: re-quantized from the float32 update
+      for (size_t d = 0; d < delta_rows.size(); ++d)
+        store_m(work_m_.data() + d * row, pending_m_.data() + delta_rows[d] * row_bytes());
   }
 
   // The message, and what commit() will change: nothing below throws but allocation.
@@ -343,7 +363,6 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
   Pending p;
   p.keys.assign(keys, keys + nkeys);
   p.evicted = evicted;
-  if (pending_m_.size() < nkeys * row_bytes()) pending_m_.resize(nkeys * row_bytes());
   std::vector<float> as_sent(row);
   for (size_t r : full_rows) {
     uint8_t* wire = w.here();
@@ -353,8 +372,6 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
     kernels::load_float(config_.full_type, wire, as_sent.data(), row);
     store_m(as_sent.data(), pending_m_.data() + r * row_bytes());
   }
-  for (size_t d = 0; d < delta_rows.size(); ++d)
-    store_m(m_delta + d * row, pending_m_.data() + delta_rows[d] * row_bytes());
   p.ready = true;
   p.bytes = kHeaderBytes + h.payload, p.full = full_rows.size();
   pending_ = std::move(p);
@@ -423,25 +440,26 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
   size_t fresh = 0;
   for (size_t i : full_rows) fresh += holds(keys[i]) && !gone.count(keys[i]) ? 0 : 1;
   reserve(fresh);  // the only thing below that could fail, before anything changes
-  float* m_delta = grow(work_m_, delta_values);  // in float32, as the sender's (prepare)
-  float* x_delta = grow(work_x_, delta_values);
-  for (size_t i : delta_rows) arena_->will_need(rows_.at(keys[i]).slot);
-  for (size_t d = 0; d < delta_rows.size(); ++d) load_m(m(keys[delta_rows[d]]), m_delta + d * row);
-  if (!delta_rows.empty() && kernels::aq_delta_receive(config_.codec, delta, delta_values, kernels::DataType::kFloat32,
-                                                       m_delta, x_delta))
-    fail(Kind::kCorrupt, "the delta decodes to NaN (a sender never sends one)");
+  // The delta rows applied in place (x_out's rows and m's; with low-bit m, a float32 m re-quantized
+  // below): nothing is written when the delta decodes to NaN, which a sender never sends.
+  if (!delta_rows.empty()) {
+    for (size_t i : delta_rows) arena_->will_need(rows_.at(keys[i]).slot);
+    const kernels::AqDeltaRows view = delta_view(keys, delta_rows, nullptr);
+    row_x_out_.resize(delta_rows.size());
+    for (size_t d = 0; d < delta_rows.size(); ++d) row_x_out_[d] = x_out + delta_rows[d] * row;
+    if (kernels::aq_delta_receive_rows(config_.codec, delta, view, row_x_out_.data()))
+      fail(Kind::kCorrupt, "the delta decodes to NaN (a sender never sends one)");
+  }
 
-  // Committed from here on.
+  // Committed from here on (the delta rows' m above, unless low-bit).
+  if (config_.store_bits)
+    for (size_t d = 0; d < delta_rows.size(); ++d) store_m(work_m_.data() + d * row, m(keys[delta_rows[d]]));
   for (uint64_t k : evicted) forget(k);
   for (size_t f = 0; f < full_rows.size(); ++f) {
     const size_t i = full_rows[f];
     float* out_row = x_out + i * row;
     kernels::load_float(config_.full_type, full + f * full_row_bytes, out_row, row);
     store_m(out_row, arena_->row(place(keys[i]).slot));
-  }
-  for (size_t d = 0; d < delta_rows.size(); ++d) {
-    std::memcpy(x_out + delta_rows[d] * row, x_delta + d * row, row * sizeof(float));
-    store_m(m_delta + d * row, m(keys[delta_rows[d]]));
   }
   for (size_t i = 0; i < nkeys; ++i) touch(keys[i]);
   ++sequence_;

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "collectives/row_arena.h"
+#include "kernels/aq_delta.h"
 #include "kernels/codec.h"
 #include "kernels/types.h"
 
@@ -156,6 +157,11 @@ class DeltaStore {
   // A key's m as float32 from its stored form, and back (rounded to store_type, or re-quantized).
   void load_m(const uint8_t* stored, float* m) const;
   void store_m(const float* m, uint8_t* stored) const;
+  // A call's delta rows as the fused kernels take them (kernels/aq_delta.h): each key's m where the
+  // store keeps it, its new m into `pending` (row r of the call at r * row_bytes(); null: in place);
+  // with low-bit m, m decoded into work_m_ (d * row_values for delta row d) and updated there, in
+  // float32, for the caller to re-quantize (store_m).
+  kernels::AqDeltaRows delta_view(const uint64_t* keys, const std::vector<size_t>& delta_rows, uint8_t* pending);
   uint64_t config_hash() const;
   // Keys to evict so that the call's new keys fit, least recently used first (throws kBudget).
   std::vector<uint64_t> evictions(const uint64_t* keys, size_t nkeys) const;
@@ -174,8 +180,12 @@ class DeltaStore {
   // Buffers a call reuses, grown to the largest call: a call's delta rows in float32 (m and x), and
   // prepare()'s new m per key, row_bytes() apart (a message is megabytes: fresh buffers every call
   // cost their page faults, more than the arithmetic).
-  std::vector<float> work_m_, work_x_;
+  std::vector<float> work_m_;
   std::vector<uint8_t> pending_m_;
+  std::vector<const void*> row_m_;  // delta_view's pointers
+  std::vector<void*> row_m_out_;
+  std::vector<const float*> row_x_;
+  std::vector<float*> row_x_out_;
   bool warmup_ = false;
   uint64_t sequence_ = 0;
   size_t last_bytes_ = 0, last_full_ = 0;

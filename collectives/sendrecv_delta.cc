@@ -142,15 +142,21 @@ void DeltaCall::prepare(const CollArgs&) {
   DeltaStore& store = link_->store;
   const size_t header = DeltaStore::header_bytes();
   const size_t values = keys_.size() * store.config().row_values;
-  float* x = grow(link_->x, values);
   if (!sender_) {
+    grow(link_->x, values);
     capacity_ = std::max(2 * store.max_message_bytes(keys_.size()), header + kAnswerBytes);
     grow(link_->message, capacity_);
     return;
   }
   capacity_ = std::max(store.max_message_bytes(keys_.size()), header + kAnswerBytes);
   uint8_t* out = grow(link_->message, capacity_);
-  kernels::load_float(dtype_, buffer_, x, values);
+  // float32 rows are read where the caller keeps them; the others through the link's float32 rows
+  const float* x = static_cast<const float*>(buffer_);
+  if (dtype_ != kernels::DataType::kFloat32) {
+    float* converted = grow(link_->x, values);
+    kernels::load_float(dtype_, buffer_, converted, values);
+    x = converted;
+  }
   store.set_warmup(warmup_);
   Kind refused;
   try {

@@ -7,10 +7,17 @@
 //           consecutive channels inside the tile y = x * r (r the channels' factors 2^F / d, loaded
 //           alongside), Floor(y + u) or Round (half to even), the clamp, codes into a byte tile,
 //           packed 8 at a time into `bits` bytes;
-//   decode  the codes of a tile unpacked, then ((u - 2^F) / 2^F) * s per run of channels.
+//   decode  the codes of a tile unpacked, then ((u - 2^F) / 2^F) * s per run of channels;
+//   deltas  AQ-SGD's delta messages (aq_delta.h) fused from the same pieces, over rows that need not
+//           lie together: per tile, float(m) and x - float(m) gathered from the rows into the
+//           stack, the channels' maxima (first pass), then the codes and float(m) + the decoded
+//           value rounded back into the rows (second pass); the receiver's one pass unpacks,
+//           adds to float(m) and writes x_out and m.
 // Built without FMA contraction (kernels/CMakeLists.txt), so every product rounds once, as in the
 // element functions.
 #include "kernels/aq_codec.h"
+#include "kernels/aq_delta.h"
+#include "kernels/convert.h"
 
 #include <algorithm>
 #include <cstring>
@@ -260,6 +267,170 @@ size_t AqDecodeImpl(const CodecConfig& c, const void* in, size_t count, float* o
   return bad;
 }
 
+
+// ---- AQ-SGD's delta messages (aq_delta.h) ------------------------------------------------------------
+
+// f(r, o, k, len) for the pieces of values v0 .. v0 + n - 1 of a run of rows of `row` values: value
+// v0 + k is value o of row r, and the piece runs on for len values within that row.
+template <class F>
+HWY_INLINE void ForEachPiece(size_t row, size_t v0, size_t n, const F& f) {
+  for (size_t k = 0; k < n;) {
+    const size_t v = v0 + k, r = v / row, o = v % row, len = std::min(row - o, n - k);
+    f(r, o, k, len);
+    k += len;
+  }
+}
+
+// mf = float(m) for values v0 .. v0 + n - 1 of the run, and (x given) d = x - mf.
+void GatherDeltaTile(const AqDeltaRows& rows, const float* const* x, size_t v0, size_t n, float* mf, float* d) {
+  const size_t es = element_size(rows.t);
+  ForEachPiece(rows.row, v0, n, [&](size_t r, size_t o, size_t k, size_t len) {
+    load_float(rows.t, static_cast<const uint8_t*>(rows.m[r]) + o * es, mf + k, len);
+    if (!x) return;
+    const hn::ScalableTag<float> df;
+    const size_t w = hn::Lanes(df);
+    const float* xr = x[r] + o;
+    size_t i = 0;
+    for (; i + w <= len; i += w) hn::StoreU(hn::Sub(hn::LoadU(df, xr + i), hn::LoadU(df, mf + k + i)), df, d + k + i);
+    for (; i < len; ++i) d[k + i] = xr[i] - mf[k + i];
+  });
+}
+
+// x_out = mf (x_out given) and m_out = round_t(mf) (with write_m) for values v0 .. v0 + n - 1 of the run.
+void ScatterDeltaTile(const AqDeltaRows& rows, float* const* x_out, bool write_m, size_t v0, size_t n,
+                      const float* mf) {
+  const size_t es = element_size(rows.t);
+  ForEachPiece(rows.row, v0, n, [&](size_t r, size_t o, size_t k, size_t len) {
+    if (x_out) std::memcpy(x_out[r] + o, mf + k, len * sizeof(float));
+    if (write_m) store_float(rows.t, mf + k, static_cast<uint8_t*>(rows.m_out[r]) + o * es, len);
+  });
+}
+
+// m[c] = max(m[c], |x|'s bits) for values j0 .. j0 + n - 1 of a block (channel of value j: j %
+// channels): ChannelMaxBits a tile at a time.
+void ChannelMaxRun(const float* x, size_t j0, size_t n, uint32_t channels, int32_t* m) {
+  const hn::ScalableTag<int32_t> di;
+  const size_t w = hn::Lanes(di);
+  const auto abs_mask = hn::Set(di, 0x7FFFFFFF);
+  const auto* bits = reinterpret_cast<const int32_t*>(x);
+  if (channels == 1) {
+    auto acc = hn::Zero(di);
+    size_t i = 0;
+    for (; i + w <= n; i += w) acc = hn::Max(acc, hn::And(hn::LoadU(di, bits + i), abs_mask));
+    m[0] = std::max(m[0], static_cast<int32_t>(hn::GetLane(hn::MaxOfLanes(di, acc))));
+    for (; i < n; ++i) m[0] = std::max(m[0], static_cast<int32_t>(float_to_bits(x[i]) & 0x7FFFFFFFu));
+    return;
+  }
+  for (size_t k = 0; k < n;) {
+    const size_t c0 = (j0 + k) % channels, run = std::min<size_t>(channels - c0, n - k);
+    size_t i = 0;
+    for (; i + w <= run; i += w)
+      hn::StoreU(hn::Max(hn::LoadU(di, m + c0 + i), hn::And(hn::LoadU(di, bits + k + i), abs_mask)), di, m + c0 + i);
+    for (; i < run; ++i) m[c0 + i] = std::max(m[c0 + i], static_cast<int32_t>(float_to_bits(x[k + i]) & 0x7FFFFFFFu));
+    k += run;
+  }
+}
+
+thread_local std::vector<float> tl_channel_scales;
+
+// Every block's scales first (so that a NaN channel anywhere leaves m_out alone), then its codes and
+// the new m, tile by tile.
+size_t AqDeltaSendImpl(const CodecConfig& c, const float* const* x, const AqDeltaRows& rows, void* out,
+                       const PhiloxKey& key, uint64_t first) {
+  const size_t count = rows.rows * rows.row;
+  if (count == 0) return 0;
+  const size_t block = aq_block_values(c.rows, c.channels, count);
+  std::vector<int32_t>& max_bits = tl_max_bits;
+  std::vector<float>& factors = tl_channel_floats;
+  std::vector<float>& scales = tl_channel_scales;
+  HWY_ALIGN float mf[kTile];
+  HWY_ALIGN float d[kTile];
+  auto* bytes = static_cast<uint8_t*>(out);
+  size_t bad = 0;
+  for (size_t b = 0; b < count; b += block) {
+    const size_t n = std::min(block, count - b), h = aq_block_scales(n, c.channels);
+    max_bits.assign(h, 0);
+    for (size_t t0 = 0; t0 < n; t0 += kTile) {
+      const size_t m = std::min(kTile, n - t0);
+      GatherDeltaTile(rows, x, b + t0, m, mf, d);
+      ChannelMaxRun(d, t0, m, c.channels, max_bits.data());
+    }
+    for (size_t ch = 0; ch < h; ++ch) {
+      const uint16_t s = aq_scale_bits(bits_to_float(static_cast<uint32_t>(max_bits[ch])));
+      std::memcpy(bytes + 2 * ch, &s, 2);
+      bad += aq_scale_is_nan(s);
+    }
+    bytes += aq_block_bytes(n, c.channels, c.bits);
+  }
+  const bool stochastic = c.rounding == Rounding::kStochastic;
+  HWY_ALIGN float uniforms[kUniformScratch];
+  HWY_ALIGN uint8_t codes[kTilePad];
+  bytes = static_cast<uint8_t*>(out);
+  for (size_t b = 0; b < count; b += block) {
+    const size_t n = std::min(block, count - b), h = aq_block_scales(n, c.channels);
+    factors.resize(h), scales.resize(h);
+    for (size_t ch = 0; ch < h; ++ch) {
+      uint16_t s;
+      std::memcpy(&s, bytes + 2 * ch, 2);
+      scales[ch] = half_to_float(s);
+      factors[ch] = aq_factor(scales[ch], c.bits);
+    }
+    uint8_t* packed = bytes + 2 * h;
+    for (size_t t0 = 0; t0 < n; t0 += kTile) {
+      const size_t m = std::min(kTile, n - t0);
+      GatherDeltaTile(rows, x, b + t0, m, mf, d);
+      const float* u = stochastic ? FillUniforms(key, first + b + t0, m, uniforms) : nullptr;
+      QuantizeRun(d, t0, m, c.channels, factors.data(), u, c.bits, codes);
+      WithAqBits(c.bits, [&](auto bits) { AqPackTile<bits()>(codes, m, packed + t0 / 8 * bits()); });
+      if (bad) continue;
+      DequantizeRun<true>(codes, t0, m, c.channels, scales.data(), c.bits, mf);  // what the receiver computes
+      ScatterDeltaTile(rows, nullptr, true, b + t0, m, mf);
+    }
+    bytes += aq_block_bytes(n, c.channels, c.bits);
+  }
+  return bad;
+}
+
+size_t AqDeltaReceiveImpl(const CodecConfig& c, const void* in, const AqDeltaRows& rows, float* const* x_out) {
+  const size_t count = rows.rows * rows.row;
+  if (count == 0) return 0;
+  const size_t block = aq_block_values(c.rows, c.channels, count);
+  const auto* bytes = static_cast<const uint8_t*>(in);
+  size_t bad = 0;  // NaN channels' values, counted as DecodeBlock counts them: m_out is left alone then
+  for (size_t b = 0; b < count; b += block) {
+    const size_t n = std::min(block, count - b), h = aq_block_scales(n, c.channels);
+    for (size_t ch = 0; ch < h; ++ch) {
+      uint16_t s;
+      std::memcpy(&s, bytes + 2 * ch, 2);
+      if (aq_scale_is_nan(s)) bad += n / c.channels + (ch < n % c.channels ? 1 : 0);
+    }
+    bytes += aq_block_bytes(n, c.channels, c.bits);
+  }
+  std::vector<float>& scales = tl_channel_scales;
+  HWY_ALIGN float mf[kTile];
+  HWY_ALIGN uint8_t codes[kTilePad];
+  bytes = static_cast<const uint8_t*>(in);
+  for (size_t b = 0; b < count; b += block) {
+    const size_t n = std::min(block, count - b), h = aq_block_scales(n, c.channels);
+    scales.resize(h);
+    for (size_t ch = 0; ch < h; ++ch) {
+      uint16_t s;
+      std::memcpy(&s, bytes + 2 * ch, 2);
+      scales[ch] = half_to_float(s);
+    }
+    const uint8_t* packed = bytes + 2 * h;
+    for (size_t t0 = 0; t0 < n; t0 += kTile) {
+      const size_t m = std::min(kTile, n - t0);
+      WithAqBits(c.bits, [&](auto bits) { AqUnpackTile<bits()>(packed + t0 / 8 * bits(), m, codes); });
+      GatherDeltaTile(rows, nullptr, b + t0, m, mf, nullptr);
+      DequantizeRun<true>(codes, t0, m, c.channels, scales.data(), c.bits, mf);
+      ScatterDeltaTile(rows, x_out, bad == 0, b + t0, m, mf);
+    }
+    bytes += aq_block_bytes(n, c.channels, c.bits);
+  }
+  return bad;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace qccl::kernels
 HWY_AFTER_NAMESPACE();
@@ -269,6 +440,8 @@ namespace qccl::kernels {
 
 HWY_EXPORT(AqEncodeImpl);
 HWY_EXPORT(AqDecodeImpl);
+HWY_EXPORT(AqDeltaSendImpl);
+HWY_EXPORT(AqDeltaReceiveImpl);
 
 size_t aq_encode(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
                  uint64_t first) {
@@ -277,6 +450,15 @@ size_t aq_encode(const CodecConfig& c, const float* in, size_t count, void* out,
 
 size_t aq_decode(const CodecConfig& c, const void* in, size_t count, float* out, bool accumulate) {
   return HWY_DYNAMIC_DISPATCH(AqDecodeImpl)(c, in, count, out, accumulate);
+}
+
+size_t aq_delta_send_rows(const CodecConfig& c, const float* const* x, const AqDeltaRows& rows, void* out,
+                          const PhiloxKey& key, uint64_t first) {
+  return HWY_DYNAMIC_DISPATCH(AqDeltaSendImpl)(c, x, rows, out, key, first);
+}
+
+size_t aq_delta_receive_rows(const CodecConfig& c, const void* in, const AqDeltaRows& rows, float* const* x_out) {
+  return HWY_DYNAMIC_DISPATCH(AqDeltaReceiveImpl)(c, in, rows, x_out);
 }
 
 }  // namespace qccl::kernels
