@@ -98,6 +98,12 @@ class DeltaStore {
   // The last message this store sent (committed) or received: its bytes and rows sent full.
   size_t last_message_bytes() const { return last_bytes_; }
   size_t last_full_rows() const { return last_full_; }
+  // The rows of keys a later call will use (one made now, queued behind others on the store): the
+  // file tier starts reading them from the disk (RowArena::will_need); nothing else changes.
+  void prefetch(const uint64_t* keys, size_t nkeys) const {
+    for (size_t r = 0; r < nkeys; ++r)
+      if (auto it = rows_.find(keys[r]); it != rows_.end()) arena_->will_need(it->second.slot);
+  }
   // Warm-up: every row is sent full (the sender's setting; the message tells the receiver).
   void set_warmup(bool on) { warmup_ = on; }
 

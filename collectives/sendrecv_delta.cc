@@ -125,6 +125,7 @@ DeltaCall::DeltaCall(std::shared_ptr<DeltaLink> link, bool sender, const void* b
   std::lock_guard<std::mutex> lock(link_->mu);
   warmup_ = link_->warmup;
   ++link_->calls;
+  link_->store.prefetch(keys, nkeys);  // a file tier's rows on their way while earlier calls run
 }
 
 DeltaCall::~DeltaCall() { end(); }  // a call that never started (its group failed) ends here

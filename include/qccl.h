@@ -641,7 +641,9 @@ QCCL_API qcclResult_t qcclDeltaStoreSetWarmup(qcclDeltaStore_t store, int on);
  * the rows live in a new file created at path (on the disk that should hold them) and removed from
  * its directory at once, so that nothing is left behind, even after a crash, and two stores given
  * one path each have their own; mapped into memory, so that the kernel pages them in and out (each
- * call asks it to read the rows it will use ahead); its space is freed by qcclDeltaStoreDestroy.
+ * call asks it to read the rows it will use ahead, from the moment it is made: a non-blocking call
+ * queued behind others has its rows on their way while they run); its space is freed by
+ * qcclDeltaStoreDestroy.
  * "" returns them to memory. Each end chooses for itself; the messages are the same. Only while the
  * store holds no key (qcclInvalidUsage otherwise); qcclSystemError, naming the path and the
  * reason, when the file cannot be created, when the path exists (an existing file is never
