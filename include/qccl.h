@@ -621,8 +621,10 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * point-to-point calls run beside them. Warm-up is the store's setting when the call is made.
  * While calls on a store are in flight, qcclDeltaStoreSetFile, SetLowBits and Load are refused
  * (qcclInvalidUsage); qcclDeltaStoreDestroy may be called, and the store lives on until they
- * complete. Stores are not tied to a communicator: one store's calls go to one peer of one. A
- * failed call (a refusal, a mismatch) fails on both ends, and the communicator goes on. */
+ * complete. A store is one end of one link, so its calls go to one peer; it is not tied to a
+ * communicator, but calls in flight on it must all be on one (qcclInvalidUsage otherwise), which
+ * orders them. A failed call (a refusal, a mismatch) fails on both ends, and the communicator goes
+ * on. */
 typedef struct qcclDeltaStore* qcclDeltaStore_t;
 typedef struct {
   uint64_t keys;             /* keys held */

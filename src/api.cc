@@ -7,8 +7,8 @@
 #include <cstddef>
 #include <cstring>
 #include <map>
-#include <unordered_set>
 #include <mutex>
+#include <unordered_set>
 
 #include "base/config.h"
 #include "base/errors.h"
@@ -917,8 +917,8 @@ kernels::DataType delta_type(qcclDataType_t t, const char* name) {
 void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t* keys,
                   qcclDataType_t datatype, qcclDeltaStore_t store, int peer, qcclComm_t comm, qcclRequest_t* request) {
   Comm& c = get(comm);
-  const std::shared_ptr<coll::DeltaLink> link = store && store->link ? store->link : nullptr;
   delta_of(store);
+  const std::shared_ptr<coll::DeltaLink> link = store->link;
   if (nkeys == 0) fail(qcclInvalidArgument, "nkeys = 0: nothing to send");
   require_out(keys, "keys");
   if (!buffer) fail(qcclInvalidArgument, "the buffer is NULL with nkeys = %zu", nkeys);
@@ -930,6 +930,14 @@ void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t*
     for (size_t r = 0; r < nkeys; ++r)
       if (!seen.insert(keys[r]).second)
         fail(qcclInvalidArgument, "keys[%zu] = %llu appears twice in one call", r, static_cast<unsigned long long>(keys[r]));
+  }
+  {
+    // Calls on a store are ordered by the communicator that runs them: two at once would not be.
+    std::lock_guard<std::mutex> lock(link->mu);
+    if (link->calls > 0 && link->owner != &c)
+      fail(qcclInvalidUsage, "store: %d calls on it are in flight on another communicator (qcclWait for them first)",
+           link->calls);
+    link->owner = &c;
   }
   auto record = std::make_shared<OpRecord>();
   coll::CollArgs& args = record->args;

@@ -297,11 +297,21 @@ TEST_CASE("delta send/recv: non-blocking calls and groups", "[delta]") {
       CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("in flight"));
       const std::vector<uint8_t> saved = store.checkpoint();
       CHECK(qcclDeltaStoreLoad(store.handle, saved.data(), saved.size()) == qcclInvalidUsage);
+      // Nor may a call on another communicator overlap it (the calls on a store are ordered by one).
+      qcclComm_t other = nullptr;
+      QCCL_REQUIRE_OK(qcclCommSplit(w.comm(), 0, w.rank(), &other, nullptr));
+      CHECK(qcclDeltaSend(script.rows[0].data(), k.size(), k.data(), qcclFloat32, store.handle, p.peer, other) ==
+            qcclInvalidUsage);
+      CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("another communicator"));
       QCCL_REQUIRE_OK(qcclSend(&go, 1, qcclInt32, p.peer, w.comm()));
       QCCL_REQUIRE_OK(qcclWait(&request));
+      QCCL_REQUIRE_OK(qcclCommDestroy(other));
     } else {
+      qcclComm_t other = nullptr;
+      QCCL_REQUIRE_OK(qcclCommSplit(w.comm(), 0, w.rank(), &other, nullptr));
       QCCL_REQUIRE_OK(qcclRecv(&go, 1, qcclInt32, p.peer, w.comm()));
       QCCL_REQUIRE_OK(exchange());
+      QCCL_REQUIRE_OK(qcclCommDestroy(other));
     }
     CHECK(store.info().lastFullRows == k.size());  // sent whole: warm-up was on at the call
     QCCL_REQUIRE_OK(exchange());
