@@ -129,7 +129,8 @@ class DeltaStore {
   void commit();
   void abandon() { pending_ = Pending{}; }
   // Receiver: applies a message for the same keys, writing the rows (float32: full rows as sent,
-  // delta rows as m + the decoded delta) to x_out. Throws DeltaStoreError (the store unchanged).
+  // delta rows as m + the decoded delta) to x_out. Throws DeltaStoreError (the store and x_out
+  // unchanged).
   void receive(const uint8_t* message, size_t bytes, const uint64_t* keys, size_t nkeys, float* x_out);
 
   // m of one key, in the store type (for tests and checkpoints); nullptr when not held.

@@ -144,7 +144,7 @@ void DeltaCall::prepare(const CollArgs&) {
   const size_t header = DeltaStore::header_bytes();
   const size_t values = keys_.size() * store.config().row_values;
   if (!sender_) {
-    grow(link_->x, values);
+    if (dtype_ != kernels::DataType::kFloat32) grow(link_->x, values);
     capacity_ = std::max(2 * store.max_message_bytes(keys_.size()), header + kAnswerBytes);
     grow(link_->message, capacity_);
     return;
@@ -191,9 +191,12 @@ void DeltaCall::apply() {
     return;
   }
   try {
-    float* x = link_->x.data();
+    // float32 rows straight into the caller's buffer (which a failed call leaves alone), the others
+    // through the link's float32 rows
+    const bool direct = dtype_ == kernels::DataType::kFloat32;
+    float* x = direct ? static_cast<float*>(const_cast<void*>(buffer_)) : link_->x.data();
     store.receive(message, length_, keys_.data(), keys_.size(), x);
-    kernels::store_float(dtype_, x, const_cast<void*>(buffer_), keys_.size() * store.config().row_values);
+    if (!direct) kernels::store_float(dtype_, x, const_cast<void*>(buffer_), keys_.size() * store.config().row_values);
     write_status(answer_, kAccepted, "");
     return;
   } catch (const DeltaStoreError& e) {

@@ -296,13 +296,12 @@ void GatherDeltaTile(const AqDeltaRows& rows, const float* const* x, size_t v0, 
   });
 }
 
-// x_out = mf (x_out given) and m_out = round_t(mf) (with write_m) for values v0 .. v0 + n - 1 of the run.
-void ScatterDeltaTile(const AqDeltaRows& rows, float* const* x_out, bool write_m, size_t v0, size_t n,
-                      const float* mf) {
+// x_out = mf (x_out given) and m_out = round_t(mf) for values v0 .. v0 + n - 1 of the run.
+void ScatterDeltaTile(const AqDeltaRows& rows, float* const* x_out, size_t v0, size_t n, const float* mf) {
   const size_t es = element_size(rows.t);
   ForEachPiece(rows.row, v0, n, [&](size_t r, size_t o, size_t k, size_t len) {
     if (x_out) std::memcpy(x_out[r] + o, mf + k, len * sizeof(float));
-    if (write_m) store_float(rows.t, mf + k, static_cast<uint8_t*>(rows.m_out[r]) + o * es, len);
+    store_float(rows.t, mf + k, static_cast<uint8_t*>(rows.m_out[r]) + o * es, len);
   });
 }
 
@@ -384,7 +383,7 @@ size_t AqDeltaSendImpl(const CodecConfig& c, const float* const* x, const AqDelt
       WithAqBits(c.bits, [&](auto bits) { AqPackTile<bits()>(codes, m, packed + t0 / 8 * bits()); });
       if (bad) continue;
       DequantizeRun<true>(codes, t0, m, c.channels, scales.data(), c.bits, mf);  // what the receiver computes
-      ScatterDeltaTile(rows, nullptr, true, b + t0, m, mf);
+      ScatterDeltaTile(rows, nullptr, b + t0, m, mf);
     }
     bytes += aq_block_bytes(n, c.channels, c.bits);
   }
@@ -396,7 +395,7 @@ size_t AqDeltaReceiveImpl(const CodecConfig& c, const void* in, const AqDeltaRow
   if (count == 0) return 0;
   const size_t block = aq_block_values(c.rows, c.channels, count);
   const auto* bytes = static_cast<const uint8_t*>(in);
-  size_t bad = 0;  // NaN channels' values, counted as DecodeBlock counts them: m_out is left alone then
+  size_t bad = 0;  // NaN channels' values, counted as DecodeBlock counts them: nothing is written then
   for (size_t b = 0; b < count; b += block) {
     const size_t n = std::min(block, count - b), h = aq_block_scales(n, c.channels);
     for (size_t ch = 0; ch < h; ++ch) {
@@ -406,6 +405,7 @@ size_t AqDeltaReceiveImpl(const CodecConfig& c, const void* in, const AqDeltaRow
     }
     bytes += aq_block_bytes(n, c.channels, c.bits);
   }
+  if (bad) return bad;
   std::vector<float>& scales = tl_channel_scales;
   HWY_ALIGN float mf[kTile];
   HWY_ALIGN uint8_t codes[kTilePad];
@@ -424,11 +424,11 @@ size_t AqDeltaReceiveImpl(const CodecConfig& c, const void* in, const AqDeltaRow
       WithAqBits(c.bits, [&](auto bits) { AqUnpackTile<bits()>(packed + t0 / 8 * bits(), m, codes); });
       GatherDeltaTile(rows, nullptr, b + t0, m, mf, nullptr);
       DequantizeRun<true>(codes, t0, m, c.channels, scales.data(), c.bits, mf);
-      ScatterDeltaTile(rows, x_out, bad == 0, b + t0, m, mf);
+      ScatterDeltaTile(rows, x_out, b + t0, m, mf);
     }
     bytes += aq_block_bytes(n, c.channels, c.bits);
   }
-  return bad;
+  return 0;
 }
 
 }  // namespace HWY_NAMESPACE

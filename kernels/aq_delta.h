@@ -52,7 +52,7 @@ struct AqDeltaRows {
 // Returns the channels sent as NaN; m_out is written only when there are none.
 size_t aq_delta_send_rows(const CodecConfig& c, const float* const* x, const AqDeltaRows& rows, void* out,
                           const PhiloxKey& key, uint64_t first);
-// Returns how many values decode to NaN; m_out is written only when none do (x_out always, NaN there).
+// Returns how many values decode to NaN; x_out and m_out are written only when none do.
 size_t aq_delta_receive_rows(const CodecConfig& c, const void* in, const AqDeltaRows& rows, float* const* x_out);
 
 }  // namespace qccl::kernels

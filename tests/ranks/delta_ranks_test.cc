@@ -148,14 +148,17 @@ TEST_CASE("delta send/recv: protocol errors and refusals fail on both ends, noth
   };
   QCCL_REQUIRE_OK(exchange(keys, keys, 2));  // first sight
   const std::vector<uint8_t> before = store.checkpoint();
+  std::fill(out.begin(), out.end(), -7.0f);  // a failed receive leaves its buffer alone
   // The receiver names the keys in another order: both fail, neither changes.
   CHECK(exchange(keys, swapped, 2) == qcclMismatch);
   CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("keys"));
   CHECK(store.checkpoint() == before);
+  CHECK(out == std::vector<float>(2 * kRow, -7.0f));
   // A NaN in a delta row: the sender refuses and says so; the receiver fails alike.
   x[5] = NAN;
   CHECK(exchange(keys, keys, 2) == qcclNonFinite);
   CHECK(store.checkpoint() == before);
+  CHECK(out == std::vector<float>(2 * kRow, -7.0f));
   x[5] = 0.5f;
   // A third key over the two-key budget: refused on both ends.
   CHECK(exchange(third, third, 1) == qcclInvalidUsage);
