@@ -44,6 +44,7 @@ namespace qccl::coll {
 // Why a call on a store fails; the store is unchanged.
 class DeltaStoreError : public std::runtime_error {
  public:
+  // Values are on the wire (a receiver's answer, collectives/sendrecv_delta.cc): new kinds at the end.
   enum class Kind {
     kArgument,   // a bad call: duplicate keys, a null buffer, nothing to send
     kBudget,     // the rows would exceed the budget (Evict::kNone, or the call's own keys alone)

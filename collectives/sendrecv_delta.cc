@@ -46,7 +46,8 @@ void write_status(uint8_t* out, uint32_t status, const std::string& reason) {
                 reason.c_str());
 }
 
-// The status and reason of an answer or refusal; a status no sender writes reads as a mismatch.
+// The status and reason of an answer or refusal, and the kind of failure it says (none when accepted);
+// a status no sender writes reads as a mismatch.
 Kind read_status(const uint8_t* in, uint32_t* status, std::string* reason) {
   std::memcpy(status, in, sizeof *status);
   const char* text = reinterpret_cast<const char*>(in) + sizeof *status;
