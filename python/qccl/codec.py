@@ -107,9 +107,9 @@ class DeltaStore:
     ``evict`` whether the least recently used keys make room, ``id`` the same number at both ends,
     ``file`` a path for a store larger than memory: its rows then live in a new file made there and
     unlinked at once (an existing path is refused), mapped into memory (``qcclDeltaStoreSetFile``),
-    ``store_bits``
-    2 .. 8 to keep m as low-bit codes with a float16 scale per channel (``qcclDeltaStoreSetLowBits``;
-    both ends the same)."""
+    ``store_bits`` 2 .. 8 to keep m as low-bit codes with a float16 scale per channel
+    (``qcclDeltaStoreSetLowBits``; both ends the same).  Calls on one store run one after the other in
+    call order, and its settings and ``load`` are refused while calls on it are in flight."""
 
     __slots__ = ("_store", "row_values")
 
