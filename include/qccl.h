@@ -609,7 +609,8 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * (0: none): a call that needs more is refused, unless evictLeastRecent = 1, with which the sender
  * evicts its least recently used keys (never the call's) and the receiver mirrors it. Keys in one
  * call are distinct. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16 (each end its own);
- * storeType: the same three (qcclFloat16 is the paper's). Each call is one exchange between the two
+ * storeType: the same three (qcclFloat16 is the paper's). Buffers in host memory (CUDA device memory:
+ * qcclInvalidArgument). Each call is one exchange between the two
  * ends (a message, then the receiver's answer, which completes the sender's call).
  *
  * Blocking, non-blocking (qcclIDeltaSend / qcclIDeltaRecv: the buffer and the store stay the

@@ -922,6 +922,9 @@ void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t*
   if (nkeys == 0) fail(qcclInvalidArgument, "nkeys = 0: nothing to send");
   require_out(keys, "keys");
   if (!buffer) fail(qcclInvalidArgument, "the buffer is NULL with nkeys = %zu", nkeys);
+  if (const int device = device_of(buffer); device >= 0)
+    fail(qcclInvalidArgument, "the buffer %p is memory of CUDA device %d: keyed delta calls take host buffers (the "
+         "store lives in host memory); stage the rows through the host", buffer, device);
   if (peer < 0 || peer >= c.nranks()) fail(qcclInvalidArgument, "peer = %d is out of range [0, %d)", peer, c.nranks());
   if (peer == c.rank()) fail(qcclInvalidArgument, "peer = %d is this rank: a store is one end of a link", peer);
   const kernels::DataType t = delta_type(datatype, "datatype");

@@ -447,6 +447,8 @@ unsigned long long objects_loaded() {
   return adds;
 }
 
+}  // namespace
+
 // The CUDA device p's memory belongs to (-1: host memory), asked of the CUDA driver the process has
 // loaded, if any: a process that never loaded CUDA has no device memory, and asking the driver makes
 // no context, so that host calls in a CUDA process cost a lookup and nothing more. Builds without
@@ -480,6 +482,8 @@ int device_of(const void* p) {
   if (fn(2, attributes, data, reinterpret_cast<uintptr_t>(p)) != 0 || (type != kDevice && type != kArray)) return -1;
   return ordinal;
 }
+
+namespace {
 
 const char* device_codec_refusal(const kernels::CodecConfig& c) {
   using kernels::CodecKind;

@@ -65,6 +65,9 @@ namespace qccl {
 
 class Comm;
 
+// The CUDA device whose memory p is (-1: host memory, or no CUDA in the process): see comm.cc.
+int device_of(const void* p);
+
 // Where the communicator's drivers (a waiting caller or the progress thread, one at a time) spent their
 // time outside the executions' own steps, as running totals: a call's share is the difference between
 // its completion and the start of its execution.

@@ -241,6 +241,15 @@ TEST_CASE("what the device path does not take is refused before anything is sent
   CHECK(qcclAllReduceCompressed(dev.get(), dev.get(), count, qcclFloat32, qcclAvg, sign.handle, state.handle,
                                 w.comm()) == qcclInvalidUsage);
   CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("device path"));
+  // Keyed delta calls: the store lives in host memory.
+  Codec aq("aq4:channels=32");
+  qcclDeltaStore_t store = nullptr;
+  QCCL_REQUIRE_OK(qcclDeltaStoreCreate(aq.handle, 32, qcclFloat16, 0, 0, 0, &store));
+  const uint64_t keys[] = {1, 2};
+  CHECK(qcclDeltaSend(dev.get(), 2, keys, qcclFloat32, store, (w.rank() + 1) % w.size(), w.comm()) ==
+        qcclInvalidArgument);
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("host buffers"));
+  QCCL_REQUIRE_OK(qcclDeltaStoreDestroy(store));
 
   // A graph capture on the communicator's stream: refused (the progress thread's stream is not in the
   // graph), and the capture ends with nothing of the call in it. The guard undoes it all whatever
