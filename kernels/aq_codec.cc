@@ -305,29 +305,40 @@ void ScatterDeltaTile(const AqDeltaRows& rows, float* const* x_out, size_t v0, s
   });
 }
 
-// m[c] = max(m[c], |x|'s bits) for values j0 .. j0 + n - 1 of a block (channel of value j: j %
-// channels): ChannelMaxBits a tile at a time.
-void ChannelMaxRun(const float* x, size_t j0, size_t n, uint32_t channels, int32_t* m) {
-  const hn::ScalableTag<int32_t> di;
-  const size_t w = hn::Lanes(di);
+// The first pass's tile: m[c] = max(m[c], |x - float(m_rows)|'s bits) for values v0 .. v0 + n - 1 of
+// the run, value v0 + k being value j0 + k of its block; the differences are not kept (the second
+// pass makes them again), so this pass writes nothing but float(m) to the stack.
+void DeltaMaxTile(const AqDeltaRows& rows, const float* const* x, size_t v0, size_t j0, size_t n, uint32_t channels,
+                  float* mf, int32_t* m) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const size_t w = hn::Lanes(df);
   const auto abs_mask = hn::Set(di, 0x7FFFFFFF);
-  const auto* bits = reinterpret_cast<const int32_t*>(x);
-  if (channels == 1) {
-    auto acc = hn::Zero(di);
-    size_t i = 0;
-    for (; i + w <= n; i += w) acc = hn::Max(acc, hn::And(hn::LoadU(di, bits + i), abs_mask));
-    m[0] = std::max(m[0], static_cast<int32_t>(hn::GetLane(hn::MaxOfLanes(di, acc))));
-    for (; i < n; ++i) m[0] = std::max(m[0], static_cast<int32_t>(float_to_bits(x[i]) & 0x7FFFFFFFu));
-    return;
-  }
-  for (size_t k = 0; k < n;) {
-    const size_t c0 = (j0 + k) % channels, run = std::min<size_t>(channels - c0, n - k);
-    size_t i = 0;
-    for (; i + w <= run; i += w)
-      hn::StoreU(hn::Max(hn::LoadU(di, m + c0 + i), hn::And(hn::LoadU(di, bits + k + i), abs_mask)), di, m + c0 + i);
-    for (; i < run; ++i) m[c0 + i] = std::max(m[c0 + i], static_cast<int32_t>(float_to_bits(x[k + i]) & 0x7FFFFFFFu));
-    k += run;
-  }
+  const size_t es = element_size(rows.t);
+  auto bits_of = [&](const float* xr, const float* mr) {
+    return hn::And(hn::BitCast(di, hn::Sub(hn::LoadU(df, xr), hn::LoadU(df, mr))), abs_mask);
+  };
+  auto scalar_bits = [](float d) { return static_cast<int32_t>(float_to_bits(d) & 0x7FFFFFFFu); };
+  ForEachPiece(rows.row, v0, n, [&](size_t r, size_t o, size_t k, size_t len) {
+    load_float(rows.t, static_cast<const uint8_t*>(rows.m[r]) + o * es, mf + k, len);
+    const float* xr = x[r] + o;
+    if (channels == 1) {
+      auto acc = hn::Zero(di);
+      size_t i = 0;
+      for (; i + w <= len; i += w) acc = hn::Max(acc, bits_of(xr + i, mf + k + i));
+      m[0] = std::max(m[0], static_cast<int32_t>(hn::GetLane(hn::MaxOfLanes(di, acc))));
+      for (; i < len; ++i) m[0] = std::max(m[0], scalar_bits(xr[i] - mf[k + i]));
+      return;
+    }
+    for (size_t p = 0; p < len;) {  // runs of consecutive channels
+      const size_t c0 = (j0 + k + p) % channels, run = std::min<size_t>(channels - c0, len - p);
+      size_t i = 0;
+      for (; i + w <= run; i += w)
+        hn::StoreU(hn::Max(hn::LoadU(di, m + c0 + i), bits_of(xr + p + i, mf + k + p + i)), di, m + c0 + i);
+      for (; i < run; ++i) m[c0 + i] = std::max(m[c0 + i], scalar_bits(xr[p + i] - mf[k + p + i]));
+      p += run;
+    }
+  });
 }
 
 thread_local std::vector<float> tl_channel_scales;
@@ -351,8 +362,7 @@ size_t AqDeltaSendImpl(const CodecConfig& c, const float* const* x, const AqDelt
     max_bits.assign(h, 0);
     for (size_t t0 = 0; t0 < n; t0 += kTile) {
       const size_t m = std::min(kTile, n - t0);
-      GatherDeltaTile(rows, x, b + t0, m, mf, d);
-      ChannelMaxRun(d, t0, m, c.channels, max_bits.data());
+      DeltaMaxTile(rows, x, b + t0, t0, m, c.channels, mf, max_bits.data());
     }
     for (size_t ch = 0; ch < h; ++ch) {
       const uint16_t s = aq_scale_bits(bits_to_float(static_cast<uint32_t>(max_bits[ch])));
