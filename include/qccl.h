@@ -610,8 +610,10 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * evicts its least recently used keys (never the call's) and the receiver mirrors it. Keys in one
  * call are distinct. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16 (each end its own);
  * storeType: the same three (qcclFloat16 is the paper's). Buffers in host memory (CUDA device memory:
- * qcclInvalidArgument). Each call is one exchange between the two
- * ends (a message, then the receiver's answer, which completes the sender's call).
+ * qcclInvalidArgument). Each call is one exchange between the two ends (a message, then the
+ * receiver's answer, which completes the sender's call); a message longer than twice the largest
+ * the receiver's call could be sent (a sender that names far more keys) fails the communicator as a
+ * mismatch, since the receiver cannot take it whole.
  *
  * Blocking, non-blocking (qcclIDeltaSend / qcclIDeltaRecv: the buffer and the store stay the
  * caller's until qcclWait or qcclTest says the call completed, with its result; the keys are
@@ -624,8 +626,8 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * (qcclInvalidUsage); qcclDeltaStoreDestroy may be called, and the store lives on until they
  * complete. A store is one end of one link, so its calls go to one peer; it is not tied to a
  * communicator, but calls in flight on it must all be on one (qcclInvalidUsage otherwise), which
- * orders them. A failed call (a refusal, a mismatch) fails on both ends, and the communicator goes
- * on. */
+ * orders them. Otherwise a failed call (a refusal, a mismatch) fails on both ends, the communicator
+ * goes on, and a failed receive leaves recvbuff as it was. */
 typedef struct qcclDeltaStore* qcclDeltaStore_t;
 typedef struct {
   uint64_t keys;             /* keys held */
