@@ -338,6 +338,29 @@ TEST_CASE("delta send/recv: non-blocking calls and groups", "[delta]") {
       for (size_t i = 0; i < out.size(); ++i) REQUIRE(std::fabs(out[i] - script.rows[1][i]) <= 1e-3 * (1 + std::fabs(out[i])));
   }
 
+  SECTION("a message too long for the receiver's call fails the communicator it ran on, as a mismatch") {
+    // One communicator per pair, broken below (the test's own goes on); the sender is rank 0 of it.
+    qcclComm_t other = nullptr;
+    QCCL_REQUIRE_OK(qcclCommSplit(w.comm(), w.rank() / 2, w.rank(), &other, nullptr));
+    const int peer = p.sender ? 1 : 0;
+    Store store(spec, 0, 0);
+    std::vector<uint64_t> keys(kUniverse);
+    for (size_t i = 0; i < kUniverse; ++i) keys[i] = 700 + i;
+    std::vector<float> x(kUniverse * kRow, 0.5f), out(kRow);
+    // 12 whole rows against a receiver that names one key: over twice its largest message
+    const qcclResult_t result = p.sender
+                                    ? qcclDeltaSend(x.data(), kUniverse, keys.data(), qcclFloat32, store.handle, peer, other)
+                                    : qcclDeltaRecv(out.data(), 1, keys.data(), qcclFloat32, store.handle, peer, other);
+    if (p.sender) {
+      CHECK((result == qcclMismatch || result == qcclRemoteError));
+    } else {
+      CHECK(result == qcclMismatch);
+      CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("longer than"));
+    }
+    CHECK(store.info().sequence == 0);
+    qcclCommDestroy(other);
+  }
+
   SECTION("a mismatch fails both waits, and the next calls go on") {
     Store store(spec, 0, 0);
     const uint64_t keys[] = {1, 2}, other[] = {1, 3};
