@@ -1,5 +1,5 @@
-// Unit tests of the runtime's small parts: frame headers, wire readers, configuration parsing,
-// algorithm policy, the segment arithmetic every ring relies on, and the node map.
+// Unit tests of the runtime's small parts: frame headers, message keys, wire readers, configuration
+// parsing, algorithm policy, the segment arithmetic every ring relies on, and the node map.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -10,6 +10,7 @@
 #include "base/wire.h"
 #include "collectives/ring.h"
 #include "src/frame.h"
+#include "src/message_key.h"
 #include "src/node_map.h"
 #include "src/policy.h"
 
@@ -132,6 +133,24 @@ TEST_CASE("frame header: corrupted or truncated bytes are a clear error, never a
       CHECK(e.code() == qcclRemoteError);
     }
   }
+}
+
+TEST_CASE("message keys: keyed delta calls and plain point-to-point calls never share a key", "[frame]") {
+  using message_key::make;
+  using message_key::p2p_sequence;
+  // Every plain sequence against every keyed one, over a window wider than the 13 bits they keep.
+  for (uint64_t plain = 0; plain < 3 * message_key::kKeyedBit; plain += 97)
+    for (uint64_t keyed = 0; keyed < 3 * message_key::kKeyedBit; keyed += 89)
+      REQUIRE(make(true, p2p_sequence(plain, false), false, 1, 0) != make(true, p2p_sequence(keyed, true), false, 1, 0));
+  // Calls of one kind stay apart within 8192 of each other, and the field is what they share with
+  // collectives, which keep 14 bits (and differ by the p2p bit).
+  CHECK(p2p_sequence(5, false) != p2p_sequence(5 + 4096, false));
+  CHECK(p2p_sequence(5, false) == p2p_sequence(5 + message_key::kKeyedBit, false));
+  CHECK(make(false, 5, false, 1, 0) != make(true, p2p_sequence(5, false), false, 1, 0));
+  CHECK(make(false, 5, false, 1, 0) != make(false, 5 + message_key::kKeyedBit, false, 1, 0));
+  // What receives ignore (taint, fingerprint) never makes two calls' keys equal.
+  CHECK(message_key::chunk_id(make(true, p2p_sequence(7, true), true, 3, 0xabc)) ==
+        message_key::chunk_id(make(true, p2p_sequence(7, true), false, 3, 0)));
 }
 
 TEST_CASE("byte reader: every read is bounds-checked", "[wire]") {
