@@ -197,21 +197,32 @@ void DeltaStore::set_file(const std::string& file) {
   config_.file = file;
 }
 
-void DeltaStore::reserve(size_t fresh) {
+void DeltaStore::reserve(size_t fresh, size_t keys) {
   try {
     arena_->reserve(fresh);
   } catch (const RowArenaError& e) {
     fail(DeltaStoreError::Kind::kSystem, std::string(e.what()) + ": nothing sent, the store unchanged");
   }
+  rows_.reserve(rows_.size() + keys);  // no rehash while the new keys go in
+  while (spare_lru_.size() < keys) spare_lru_.push_back(0);
+  while (spare_entries_.size() < keys) {
+    std::unordered_map<uint64_t, Entry> one;
+    one.try_emplace(0);
+    spare_entries_.push_back(one.extract(one.begin()));
+  }
 }
 
 DeltaStore::Entry& DeltaStore::place(uint64_t key) {
-  auto [it, fresh] = rows_.try_emplace(key);
-  if (fresh) {
-    it->second.slot = arena_->allocate();
-    it->second.lru = lru_.insert(lru_.end(), key);
-  }
-  return it->second;
+  if (auto it = rows_.find(key); it != rows_.end()) return it->second;
+  auto node = std::move(spare_entries_.back());  // reserve() made it: nothing below allocates
+  spare_entries_.pop_back();
+  node.key() = key;
+  Entry& e = rows_.insert(std::move(node)).position->second;
+  e.slot = arena_->allocate();
+  lru_.splice(lru_.end(), spare_lru_, spare_lru_.begin());
+  e.lru = std::prev(lru_.end());
+  *e.lru = key;
+  return e;
 }
 
 void DeltaStore::forget(uint64_t key) {
@@ -315,7 +326,7 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
   for (size_t r = 0; r < nkeys; ++r) (warmup_ || !holds(keys[r]) ? full_rows : delta_rows).push_back(r);
   size_t fresh = 0;
   for (size_t r = 0; r < nkeys; ++r) fresh += holds(keys[r]) ? 0 : 1;
-  reserve(fresh);  // so that commit() cannot fail for want of room
+  reserve(fresh, fresh);  // so that commit() cannot fail for want of room
   for (size_t r : delta_rows) arena_->will_need(rows_.at(keys[r]).slot);
 
   // The delta rows, gathered: encoded into the payload and their m copies updated (not yet committed).
@@ -439,7 +450,7 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
 
   size_t fresh = 0;
   for (size_t i : full_rows) fresh += holds(keys[i]) && !gone.count(keys[i]) ? 0 : 1;
-  reserve(fresh);  // the only thing below that could fail, before anything changes
+  reserve(fresh, fresh);  // the only thing below that could fail, before anything changes
   // The delta rows applied in place (x_out's rows and m's; with low-bit m, a float32 m re-quantized
   // below): nothing is written when the delta decodes to NaN, which a sender never sends.
   if (!delta_rows.empty()) {
@@ -502,7 +513,7 @@ void DeltaStore::load(const uint8_t* data, size_t bytes) {
     m = r.take(row_bytes());
     if (!seen.insert(k).second) fail(Kind::kCorrupt, "key " + key_text(k) + " appears twice in the checkpoint");
   }
-  reserve(count > rows_.size() ? count - rows_.size() : 0);
+  reserve(count > rows_.size() ? count - rows_.size() : 0, count);  // every key is placed anew
   pending_ = Pending{};
   rows_.clear();
   lru_.clear();

@@ -151,9 +151,11 @@ class DeltaStore {
   };
   uint8_t* m(uint64_t key) { return arena_->row(rows_.at(key).slot); }
   static std::unique_ptr<RowArena> make_arena(size_t row_bytes, const std::string& file);  // kSystem
-  // Room for `fresh` more rows (kSystem when the file cannot grow), before anything changes.
-  void reserve(size_t fresh);
-  // A key's entry, its row allocated if it is new (after reserve()), most recently used last.
+  // Room for `fresh` more rows (kSystem when the file cannot grow) and for `keys` new keys in the key
+  // table and the LRU list (their nodes made now), before anything changes: place() then allocates
+  // nothing, so that a commit cannot stop half way for want of memory and leave the two ends apart.
+  void reserve(size_t fresh, size_t keys);
+  // A key's entry, its row taken if it is new (after reserve()), most recently used last.
   Entry& place(uint64_t key);
   void forget(uint64_t key);
   size_t row_bytes() const { return row_bytes_for(config_.store_bits, m_codec_); }
@@ -199,6 +201,9 @@ class DeltaStore {
   size_t last_bytes_ = 0, last_full_ = 0;
   std::unordered_map<uint64_t, Entry> rows_;
   std::list<uint64_t> lru_;
+  // Nodes reserve() made for new keys, which place() moves into rows_ and lru_.
+  std::vector<std::unordered_map<uint64_t, Entry>::node_type> spare_entries_;
+  std::list<uint64_t> spare_lru_;
   std::unique_ptr<RowArena> arena_;  // the rows' memory, or the file tier's mapping
   kernels::CodecConfig m_codec_;     // low-bit m: aq<store_bits>:channels=H, one block per row
 };

@@ -76,6 +76,7 @@ void RowArena::add_block() {
 
 void RowArena::reserve(size_t n) {
   while (free_.size() + (blocks_.size() * rows_per_block_ - next_) < n) add_block();
+  free_.reserve(blocks_.size() * rows_per_block_);  // room for every slot: release() never allocates
 }
 
 uint32_t RowArena::allocate() {

@@ -33,7 +33,8 @@ class RowArena {
   size_t file_bytes() const;
   size_t live() const { return next_ - free_.size(); }
   // Room for n more rows than are live, so that the next allocate() calls up to that count cannot
-  // fail. Throws RowArenaError (a file that cannot grow: the disk is full) or std::bad_alloc.
+  // fail, and release() after it allocates nothing. Throws RowArenaError (a file that cannot grow:
+  // the disk is full) or std::bad_alloc.
   void reserve(size_t n);
   // A slot for one row (its bytes as they were left); reserve() must have made room.
   uint32_t allocate();

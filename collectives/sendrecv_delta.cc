@@ -223,7 +223,7 @@ void DeltaCall::complete(const CollArgs&, const Plan&, size_t*) {
   try {
     link_->store.commit();
   } catch (const std::exception& e) {
-    // Room for the rows was reserved at prepare(): only the key table's own allocation can fail here.
+    // prepare() made room for the rows and the keys, so commit() allocates nothing: a safety net.
     link_->store.abandon();
     fail_with(Kind::kSystem, std::string("the receiver applied the message, but this store could not (") + e.what() +
                                  "): the two stores now differ; restore both from a checkpoint");
