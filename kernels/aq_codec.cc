@@ -9,22 +9,22 @@
 //           packed 8 at a time into `bits` bytes;
 //   decode  the codes of a tile unpacked, then ((u - 2^F) / 2^F) * s per run of channels;
 //   deltas  AQ-SGD's delta messages (aq_delta.h) fused from the same pieces, over rows that need not
-//           lie together: per tile, float(m) and x - float(m) gathered from the rows into the
-//           stack, the channels' maxima (first pass), then the codes and float(m) + the decoded
-//           value rounded back into the rows (second pass); the receiver's one pass unpacks,
-//           adds to float(m) and writes x_out and m.
+//           lie together: per tile, float(m) gathered from the rows into the stack and the
+//           channels' maxima of x - float(m) taken (first pass), then x - float(m) again, its
+//           codes, and float(m) + the decoded value rounded back into the rows (second pass); the
+//           receiver's one pass unpacks, adds to float(m) and writes x_out and m.
 // Built without FMA contraction (kernels/CMakeLists.txt), so every product rounds once, as in the
 // element functions.
 #include "kernels/aq_codec.h"
-#include "kernels/aq_delta.h"
-#include "kernels/convert.h"
 
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
+#include "kernels/aq_delta.h"
 #include "kernels/aq_quant.h"
+#include "kernels/convert.h"
 #include "kernels/half.h"
 #include "kernels/quant.h"
 
@@ -266,7 +266,6 @@ size_t AqDecodeImpl(const CodecConfig& c, const void* in, size_t count, float* o
   }
   return bad;
 }
-
 
 // ---- AQ-SGD's delta messages (aq_delta.h) ------------------------------------------------------------
 
