@@ -329,7 +329,7 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
   reserve(fresh, fresh);  // so that commit() cannot fail for want of room
   for (size_t r : delta_rows) arena_->will_need(rows_.at(keys[r]).slot);
 
-  // The delta rows, gathered: encoded into the payload and their m copies updated (not yet committed).
+  // The header's fields; the delta rows' payload and new m come next, the rest of the message after.
   const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
   const size_t bitmap_bytes = (nkeys + 7) / 8;
   Header h;
