@@ -227,6 +227,36 @@ def test_delta_send_recv_async(comm):
             assert np.array_equal(got[e], want[e])
 
 
+def test_delta_both_directions_in_a_group(comm):
+    """A stage's activations forward and the next stage's deltas back, each end in its own order,
+    inside one qccl.group(): no deadlock, and each arrives within its codec's reach."""
+    if comm.size == 1:
+        pytest.skip("needs two ranks")
+    if comm.rank > 1:
+        return
+    rows, width = 4, 64
+    spec = f"aq4:channels={width}"
+    forward, backward = qccl.DeltaStore(spec, width, id=1), qccl.DeltaStore(spec, width, id=2)
+    keys = [10, 11, 12, 13]
+    mine = np.random.default_rng(comm.rank).standard_normal((rows, width)).astype(np.float32)
+    theirs = np.random.default_rng(1 - comm.rank).standard_normal((rows, width)).astype(np.float32)
+    for step in range(3):
+        got = np.zeros_like(mine)
+        sent = mine + 0.01 * step
+        with qccl.group():
+            if comm.rank == 0:
+                comm.delta_send(sent, keys, forward, 1)
+                comm.delta_recv(got, keys, backward, 1)
+            else:
+                comm.delta_recv(got, keys, forward, 0)
+                comm.delta_send(sent, keys, backward, 0)
+        want = theirs + 0.01 * step
+        if step == 0:  # whole rows, in the stores' float16
+            assert np.array_equal(got, want.astype(np.float16).astype(np.float32))
+        else:  # within a 4-bit step of the change's largest magnitude, plus float16 rounding of m
+            assert np.abs(got - want).max() <= 0.02 / 8 + 2.0 ** -10 * np.abs(want).max()
+
+
 def test_delta_store_low_bits(comm):
     if comm.size == 1:
         pytest.skip("needs two ranks")
