@@ -14,6 +14,9 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "collectives/algorithms.h"
 #include "kernels/convert.h"
@@ -57,6 +60,19 @@ Kind read_status(const uint8_t* in, uint32_t* status, std::string* reason) {
     return Kind::kMismatch;
   }
   return *status == kAccepted ? Kind::kArgument : static_cast<Kind>(*status - 1);
+}
+
+// Runs f; a store's refusal, or an allocation that failed, comes back as its kind and reason.
+template <class F>
+std::optional<std::pair<Kind, std::string>> refusal_of(F&& f, const char* out_of_memory) {
+  try {
+    f();
+    return std::nullopt;
+  } catch (const DeltaStoreError& e) {
+    return std::make_pair(e.kind(), std::string(e.what()));
+  } catch (const std::bad_alloc&) {
+    return std::make_pair(Kind::kSystem, std::string(out_of_memory));
+  }
 }
 
 template <class T>
@@ -160,21 +176,17 @@ void DeltaCall::prepare(const CollArgs&) {
     x = converted;
   }
   store.set_warmup(warmup_);
-  Kind refused;
-  try {
-    length_ = store.prepare(x, keys_.data(), keys_.size(),
-                            kernels::PhiloxKey{store.config().codec.seed, store.sequence(), 0, 0}, out);
-    return;
-  } catch (const DeltaStoreError& e) {
-    refused = e.kind();
-    fail_with(refused, e.what());
-  } catch (const std::bad_alloc&) {
-    refused = Kind::kSystem;
-    fail_with(refused, "out of memory preparing the message: nothing sent, the store unchanged");
-  }
+  const auto refused = refusal_of(
+      [&] {
+        length_ = store.prepare(x, keys_.data(), keys_.size(),
+                                kernels::PhiloxKey{store.config().codec.seed, store.sequence(), 0, 0}, out);
+      },
+      "out of memory preparing the message: nothing sent, the store unchanged");
+  if (!refused) return;
   // The receiver is waiting for a message: it gets the refusal and the reason, and fails alike.
+  fail_with(refused->first, refused->second);
   DeltaStore::write_refusal(out);
-  write_status(out + header, 1 + static_cast<uint32_t>(refused), failure_->message);
+  write_status(out + header, 1 + static_cast<uint32_t>(refused->first), refused->second);
   length_ = header + kAnswerBytes;
 }
 
@@ -191,22 +203,23 @@ void DeltaCall::apply() {
     write_status(answer_, kAccepted, "");  // heard; the sender has its reason
     return;
   }
-  try {
-    // float32 rows straight into the caller's buffer (which a failed call leaves alone), the others
-    // through the link's float32 rows
-    const bool direct = dtype_ == kernels::DataType::kFloat32;
-    float* x = direct ? static_cast<float*>(const_cast<void*>(buffer_)) : link_->x.data();
-    store.receive(message, length_, keys_.data(), keys_.size(), x);
-    if (!direct) kernels::store_float(dtype_, x, const_cast<void*>(buffer_), keys_.size() * store.config().row_values);
+  const auto refused = refusal_of(
+      [&] {
+        // float32 rows straight into the caller's buffer (which a failed call leaves alone), the
+        // others through the link's float32 rows
+        const bool direct = dtype_ == kernels::DataType::kFloat32;
+        float* x = direct ? static_cast<float*>(const_cast<void*>(buffer_)) : link_->x.data();
+        store.receive(message, length_, keys_.data(), keys_.size(), x);
+        if (!direct)
+          kernels::store_float(dtype_, x, const_cast<void*>(buffer_), keys_.size() * store.config().row_values);
+      },
+      "out of memory applying the message: the store unchanged");
+  if (!refused) {
     write_status(answer_, kAccepted, "");
     return;
-  } catch (const DeltaStoreError& e) {
-    fail_with(e.kind(), e.what());
-    write_status(answer_, 1 + static_cast<uint32_t>(e.kind()), e.what());
-  } catch (const std::bad_alloc&) {
-    fail_with(Kind::kSystem, "out of memory applying the message: the store unchanged");
-    write_status(answer_, 1 + static_cast<uint32_t>(Kind::kSystem), failure_->message);
   }
+  fail_with(refused->first, refused->second);
+  write_status(answer_, 1 + static_cast<uint32_t>(refused->first), refused->second);  // the sender fails alike
 }
 
 void DeltaCall::complete(const CollArgs&, const Plan&, size_t*) {

@@ -158,6 +158,21 @@ std::vector<coll::Segment> segment_list(const qcclSegment_t* segments, int nsegm
   return list;
 }
 
+// A validated record: deferred inside a group, else started; blocking (request null) waits for it.
+void launch(Comm& c, const std::shared_ptr<OpRecord>& record, qcclRequest_t* request) {
+  if (group_active()) {
+    group_defer(record, request == nullptr);
+    if (request) *request = new qcclRequest{record};
+    return;
+  }
+  c.start(record, /*background=*/request != nullptr);
+  if (request) {
+    *request = new qcclRequest{record};
+    return;
+  }
+  c.wait(*record);
+}
+
 void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCodec_t codec = nullptr,
             qcclCodecState_t state = nullptr, bool compressed = false, const qcclSegment_t* segments = nullptr,
             int nsegments = 0) {
@@ -178,18 +193,7 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
     }
   }
   c.place(*record, group_active());
-  if (group_active()) {
-    group_defer(record, request == nullptr);
-    if (request) *request = new qcclRequest{record};
-    return;
-  }
-  if (request) {
-    c.start(record, /*background=*/true);
-    *request = new qcclRequest{record};
-    return;
-  }
-  c.start(record, /*background=*/false);
-  c.wait(*record);
+  launch(c, record, request);
 }
 
 // The body of every blocking collective and point-to-point entry point.
@@ -958,17 +962,7 @@ void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t*
   record->call = std::move(delta);
   record->serial = link.get();
   record->comm = comm->impl;
-  if (group_active()) {
-    group_defer(record, request == nullptr);
-    if (request) *request = new qcclRequest{record};
-    return;
-  }
-  c.start(record, /*background=*/request != nullptr);
-  if (request) {
-    *request = new qcclRequest{record};
-    return;
-  }
-  c.wait(*record);
+  launch(c, record, request);
 }
 
 }  // namespace

@@ -18,8 +18,8 @@
 // than the chains over the depth or the busiest resource alone. Its inputs are agreed by every rank
 // at communicator creation, so that every rank makes the same choice: the links (QCCL_LINK_RATE, or
 // the rate src/link_probe.h measures, between nodes; memory copies within one), the pipeline (chunk
-// and depth, rank 0's), and the CPU costs, measured by each rank at creation (about 30 ms): the slowest host's kept (each host's least contended measurement,
-// stretched by its ranks per CPU). tests/sim/auto_codec_test.cc holds its choices against the
+// and depth, rank 0's), and the CPU costs, measured by each rank at creation (about 30 ms): the
+// slowest host's kept (each host's least contended measurement, stretched by its ranks per CPU). tests/sim/auto_codec_test.cc holds its choices against the
 // simulator's on a grid of ranks, links and sizes. Calls on device buffers are not
 // compressed by auto (its costs are the host's): a communicator that mixes host and device buffers
 // for the same call on different ranks would choose differently and fail the call (qcclMismatch).

@@ -357,9 +357,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   // QCCL_CODEC compresses plain calls; auto by its model of host costs, so not on device buffers, and
   // auto also picks the algorithm.
   const coll::Algorithm* auto_algorithm = nullptr;
-  if (args.delta) {
-    // a keyed delta call: its own plan, no codec of the policy's
-  } else if (!args.codec && auto_codec_ && !record->on_device) {
+  if (!args.codec && auto_codec_ && !record->on_device) {
     const AutoChoice choice = auto_codec_->choose(args, policy_);
     args.codec = choice.codec;
     auto_algorithm = choice.algorithm;
