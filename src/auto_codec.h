@@ -38,6 +38,12 @@ namespace qccl {
 
 class AlgorithmPolicy;
 
+// The calling thread's CPU time in seconds. The costs below are per core (the ranks a core carries
+// stretch them in Comm::agree_auto_codec), so their measurements take CPU time, not the wall clock:
+// on a loaded machine another process's time slice would count. (A preempted 0.4 ms copy once
+// measured as several, and the model then compressed between the ranks of one host.)
+double thread_cpu_seconds();
+
 // Seconds per unit on one core of the slowest host (its ranks per CPU folded in).
 struct CpuCosts {
   struct Codec {

@@ -63,10 +63,10 @@ double fft_cost_per_value() {
     std::vector<uint8_t> encoded(codec.encoded_bytes(n));
     double best = 1e30;
     for (int round = 0; round < 4; ++round) {
-      const auto begin = Clock::now();
+      const double begin = thread_cpu_seconds();  // per core, as auto's costs
       kernels::encode(codec, x.data(), n, encoded.data(), kernels::PhiloxKey{}, 0);
       kernels::decode(codec, encoded.data(), n, y.data());
-      const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+      const double seconds = thread_cpu_seconds() - begin;
       if (round > 0) best = std::min(best, seconds);
     }
     return best / static_cast<double>(n);
