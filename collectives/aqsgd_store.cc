@@ -5,6 +5,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "kernels/aq_codec.h"
 #include "kernels/aq_delta.h"
 #include "kernels/convert.h"
 
@@ -14,13 +15,16 @@ namespace {
 
 constexpr uint32_t kMagic = 0x44535141u;       // "AQSD"
 constexpr uint32_t kCheckpointMagic = 0x43535141u;  // "AQSC"
-constexpr uint16_t kVersion = 1;
+constexpr uint32_t kSectionMagic = 0x53535141u;     // "AQSS"
+constexpr uint16_t kVersion = 2;            // messages: 2, in sections (1: one delta run)
+constexpr uint16_t kCheckpointVersion = 1;
 constexpr size_t kHeaderBytes = 64;
-constexpr uint16_t kWarmup = 1, kRefused = 2;  // header flags
+constexpr size_t kSectionHeaderBytes = 16;
+constexpr uint16_t kWarmup = 1, kRefused = 2;  // header flags (a section's: kRefused)
 
 struct Header {
   uint32_t magic = kMagic;
-  uint16_t version = kVersion;
+  uint16_t version = kVersion;  // the message format's
   uint16_t flags = 0;
   uint32_t id = 0;
   uint32_t nkeys = 0;
@@ -210,6 +214,8 @@ void DeltaStore::reserve(size_t fresh, size_t keys) {
     one.try_emplace(0);
     spare_entries_.push_back(one.extract(one.begin()));
   }
+  // Low-bit m is re-quantized as the rows go in: this thread's codec scratch made now.
+  if (config_.store_bits) kernels::aq_reserve(m_codec_, config_.row_values);
 }
 
 DeltaStore::Entry& DeltaStore::place(uint64_t key) {
@@ -242,11 +248,7 @@ uint64_t DeltaStore::config_hash() const {
 
 size_t DeltaStore::header_bytes() { return kHeaderBytes; }
 
-uint64_t DeltaStore::payload_bytes(const uint8_t* header) {
-  uint64_t payload;
-  std::memcpy(&payload, header + kHeaderBytes - sizeof payload, sizeof payload);
-  return payload;
-}
+size_t DeltaStore::section_header_bytes() { return kSectionHeaderBytes; }
 
 void DeltaStore::write_refusal(uint8_t* header) {
   Header h;
@@ -260,10 +262,61 @@ bool DeltaStore::is_refusal(const uint8_t* header) {
   return h.magic == kMagic && (h.flags & kRefused) != 0;
 }
 
+namespace {
+void write_section_header(size_t s, uint16_t flags, uint64_t bytes, uint8_t* out) {
+  Writer w(out);
+  w.put(kSectionMagic), w.put(static_cast<uint16_t>(s)), w.put(flags), w.put(bytes);
+}
+}  // namespace
+
+void DeltaStore::write_section_refusal(size_t s, uint8_t* section) { write_section_header(s, kRefused, 0, section); }
+
+bool DeltaStore::is_section_refusal(const uint8_t* section, size_t bytes) {
+  if (bytes < kSectionHeaderBytes) return false;
+  Reader r(section, kSectionHeaderBytes);
+  const uint32_t magic = r.get<uint32_t>();
+  r.get<uint16_t>();
+  return magic == kSectionMagic && (r.get<uint16_t>() & kRefused) != 0;
+}
+
+size_t DeltaStore::max_head_bytes(size_t nkeys) const {
+  return kHeaderBytes + rows_.size() * sizeof(uint64_t) + (nkeys + 7) / 8;
+}
+
+size_t DeltaStore::max_section_bytes(size_t nkeys) const {
+  const size_t rows = (nkeys + kSections - 1) / kSections;  // the most rows a section holds
+  const size_t full_row = config_.row_values * kernels::element_size(config_.full_type);
+  return kSectionHeaderBytes + rows * full_row + config_.codec.encoded_bytes(rows * config_.row_values);
+}
+
 size_t DeltaStore::max_message_bytes(size_t nkeys) const {
   const size_t full_row = config_.row_values * kernels::element_size(config_.full_type);
-  const size_t delta = config_.codec.encoded_bytes(nkeys * config_.row_values);
-  return kHeaderBytes + rows_.size() * sizeof(uint64_t) + (nkeys + 7) / 8 + nkeys * full_row + delta;
+  size_t bytes = max_head_bytes(nkeys);
+  for (size_t s = 0; s < kSections; ++s) {
+    size_t first, last;
+    section_rows(s, nkeys, &first, &last);
+    bytes += kSectionHeaderBytes + (last - first) * full_row +
+             config_.codec.encoded_bytes((last - first) * config_.row_values);
+  }
+  return bytes;
+}
+
+void DeltaStore::lay_out(size_t head_bytes) {
+  Pending& p = pending_;
+  const size_t row = config_.row_values, nkeys = p.keys.size();
+  const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
+  size_t bytes = head_bytes, delta_values = 0;
+  for (size_t s = 0; s < kSections; ++s) {
+    size_t first, last, full = 0;
+    section_rows(s, nkeys, &first, &last);
+    for (size_t r = first; r < last; ++r) full += p.full_row[r];
+    const size_t delta = (last - first - full) * row;
+    p.delta_before[s] = delta_values;
+    p.section_bytes[s] = kSectionHeaderBytes + full * full_row_bytes + config_.codec.encoded_bytes(delta);
+    delta_values += delta;
+    bytes += p.section_bytes[s];
+  }
+  p.bytes = bytes;
 }
 
 const uint8_t* DeltaStore::row(uint64_t key) const {
@@ -310,6 +363,21 @@ size_t DeltaStore::send(const float* x, const uint64_t* keys, size_t nkeys, cons
 
 size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, const kernels::PhiloxKey& key,
                            uint8_t* out) {
+  try {
+    size_t at = begin_send(x, keys, nkeys, key, out);
+    for (size_t s = 0; s < kSections; ++s) {
+      send_section(s, out + at);
+      at += section_bytes(s);
+    }
+    return at;
+  } catch (...) {
+    pending_ = Pending{};
+    throw;
+  }
+}
+
+size_t DeltaStore::begin_send(const float* x, const uint64_t* keys, size_t nkeys, const kernels::PhiloxKey& key,
+                              uint8_t* out) {
   pending_ = Pending{};
   if (nkeys == 0) fail(DeltaStoreError::Kind::kArgument, "nkeys = 0: nothing to send");
   if (!x || !keys || !out) fail(DeltaStoreError::Kind::kArgument, "a buffer is NULL");
@@ -320,40 +388,79 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
       if (!seen.insert(keys[r]).second)
         fail(DeltaStoreError::Kind::kArgument, "key " + key_text(keys[r]) + " appears twice in one call");
   }
-  const size_t row = config_.row_values;
   const std::vector<uint64_t> evicted = evictions(keys, nkeys);
-  std::vector<size_t> full_rows, delta_rows;
-  for (size_t r = 0; r < nkeys; ++r) (warmup_ || !holds(keys[r]) ? full_rows : delta_rows).push_back(r);
+  Pending p;
+  p.keys.assign(keys, keys + nkeys);
+  p.evicted = evicted;
+  p.full_row.resize(nkeys);
   size_t fresh = 0;
-  for (size_t r = 0; r < nkeys; ++r) fresh += holds(keys[r]) ? 0 : 1;
+  for (size_t r = 0; r < nkeys; ++r) {
+    p.full_row[r] = warmup_ || !holds(keys[r]);
+    p.full += p.full_row[r];
+    fresh += holds(keys[r]) ? 0 : 1;
+  }
   reserve(fresh, fresh);  // so that commit() cannot fail for want of room
-  for (size_t r : delta_rows) arena_->will_need(rows_.at(keys[r]).slot);
-
-  // The header's fields; the delta rows' payload and new m come next, the rest of the message after.
-  const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
+  for (size_t r = 0; r < nkeys; ++r)
+    if (!p.full_row[r]) arena_->will_need(rows_.at(keys[r]).slot);
+  // Room for the sections' work, made before any is written.
+  if (pending_m_.size() < nkeys * row_bytes()) pending_m_.resize(nkeys * row_bytes());
+  section_delta_rows_.reserve(nkeys);
+  as_sent_.resize(config_.row_values);
+  p.x = x;
+  p.key = key;
+  pending_ = std::move(p);
   const size_t bitmap_bytes = (nkeys + 7) / 8;
+  const size_t head_bytes = kHeaderBytes + evicted.size() * sizeof(uint64_t) + bitmap_bytes;
+  lay_out(head_bytes);
+
   Header h;
   h.flags = warmup_ ? kWarmup : 0;
   h.id = config_.id;
   h.nkeys = static_cast<uint32_t>(nkeys);
   h.sequence = sequence_;
-  h.row_values = row;
+  h.row_values = config_.row_values;
   h.keys_hash = fnv(keys, nkeys * sizeof(uint64_t));
   h.config_hash = config_hash();
   h.evicted = static_cast<uint32_t>(evicted.size());
-  h.full = static_cast<uint32_t>(full_rows.size());
-  const size_t delta_values = delta_rows.size() * row;
-  const size_t delta_bytes = config_.codec.encoded_bytes(delta_values);
-  h.payload = evicted.size() * sizeof(uint64_t) + bitmap_bytes + full_rows.size() * full_row_bytes + delta_bytes;
-  uint8_t* delta_payload = out + kHeaderBytes + h.payload - delta_bytes;
-  // The delta rows encoded straight from x and the stored m, their new m into pending_m_ (committed
-  // by commit()): kernels::aq_delta_send's arithmetic on the stored type, fused (aq_delta.h).
-  if (pending_m_.size() < nkeys * row_bytes()) pending_m_.resize(nkeys * row_bytes());
+  h.full = static_cast<uint32_t>(pending_.full);
+  h.payload = pending_.bytes - kHeaderBytes;
+  Writer w(out);
+  write_header(h, out);
+  w.skip(kHeaderBytes);
+  for (uint64_t k : evicted) w.put(k);
+  uint8_t* bitmap = w.here();
+  std::memset(bitmap, 0, bitmap_bytes);
+  for (size_t r = 0; r < nkeys; ++r)
+    if (pending_.full_row[r]) bitmap[r / 8] |= static_cast<uint8_t>(1u << (r % 8));
+  pending_.ready = true;
+  return head_bytes;
+}
+
+void DeltaStore::send_section(size_t s, uint8_t* out) {
+  Pending& p = pending_;
+  if (!p.ready || s >= kSections || (p.sections_done >> s & 1u))
+    fail(DeltaStoreError::Kind::kArgument, "section " + std::to_string(s) + " of no message begun, or written twice");
+  const size_t row = config_.row_values;
+  const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
+  size_t first, last;
+  section_rows(s, p.keys.size(), &first, &last);
+  std::vector<size_t>& delta_rows = section_delta_rows_;
+  delta_rows.clear();
+  size_t full = 0;
+  for (size_t r = first; r < last; ++r) {
+    if (p.full_row[r]) ++full;
+    else delta_rows.push_back(r);
+  }
+  // The delta rows first (a NaN refuses the call before anything else is written): encoded straight
+  // from x and the stored m, their new m into pending_m_ (committed by commit()); kernels::
+  // aq_delta_send's arithmetic on the stored type, fused (aq_delta.h).
+  uint8_t* delta_payload = out + kSectionHeaderBytes + full * full_row_bytes;
   if (!delta_rows.empty()) {
-    const kernels::AqDeltaRows view = delta_view(keys, delta_rows, pending_m_.data());
+    const kernels::AqDeltaRows view = delta_view(p.keys.data(), delta_rows, pending_m_.data());
     row_x_.resize(delta_rows.size());
-    for (size_t d = 0; d < delta_rows.size(); ++d) row_x_[d] = x + delta_rows[d] * row;
-    if (size_t bad = kernels::aq_delta_send_rows(config_.codec, row_x_.data(), view, delta_payload, key, 0))
+    for (size_t d = 0; d < delta_rows.size(); ++d) row_x_[d] = p.x + delta_rows[d] * row;
+    if (size_t bad = kernels::aq_delta_send_rows(config_.codec, row_x_.data(), view, delta_payload, p.key,
+                                                 p.delta_before[s]))
       fail(DeltaStoreError::Kind::kNonFinite, std::to_string(bad) +
                                                   " channels of the delta hold NaN or Inf (or exceed float16's "
                                                   "range): nothing sent, the store unchanged");
@@ -361,36 +468,22 @@ size_t DeltaStore::prepare(const float* x, const uint64_t* keys, size_t nkeys, c
       for (size_t d = 0; d < delta_rows.size(); ++d)
         store_m(work_m_.data() + d * row, pending_m_.data() + delta_rows[d] * row_bytes());
   }
-
-  // The message, and what commit() will change: nothing below throws but allocation.
-  Writer w(out);
-  write_header(h, out);
-  w.skip(kHeaderBytes);
-  for (uint64_t k : evicted) w.put(k);
-  uint8_t* bitmap = w.here();
-  std::memset(bitmap, 0, bitmap_bytes);
-  for (size_t r : full_rows) bitmap[r / 8] |= static_cast<uint8_t>(1u << (r % 8));
-  w.skip(bitmap_bytes);
-  Pending p;
-  p.keys.assign(keys, keys + nkeys);
-  p.evicted = evicted;
-  std::vector<float> as_sent(row);
-  for (size_t r : full_rows) {
-    uint8_t* wire = w.here();
-    kernels::store_float(config_.full_type, x + r * row, wire, row);
-    w.skip(full_row_bytes);
+  write_section_header(s, 0, p.section_bytes[s] - kSectionHeaderBytes, out);
+  uint8_t* wire = out + kSectionHeaderBytes;
+  for (size_t r = first; r < last; ++r) {
+    if (!p.full_row[r]) continue;
+    kernels::store_float(config_.full_type, p.x + r * row, wire, row);
     // m = round_store(the value the receiver reads), as the receiver computes it
-    kernels::load_float(config_.full_type, wire, as_sent.data(), row);
-    store_m(as_sent.data(), pending_m_.data() + r * row_bytes());
+    kernels::load_float(config_.full_type, wire, as_sent_.data(), row);
+    store_m(as_sent_.data(), pending_m_.data() + r * row_bytes());
+    wire += full_row_bytes;
   }
-  p.ready = true;
-  p.bytes = kHeaderBytes + h.payload, p.full = full_rows.size();
-  pending_ = std::move(p);
-  return kHeaderBytes + h.payload;
+  p.sections_done |= 1u << s;
 }
 
 void DeltaStore::commit() {
-  if (!pending_.ready) throw DeltaStoreError(DeltaStoreError::Kind::kArgument, "no prepared message to commit");
+  if (!pending_.ready || pending_.sections_done != (1u << kSections) - 1)
+    throw DeltaStoreError(DeltaStoreError::Kind::kArgument, "no whole message to commit");
   for (uint64_t k : pending_.evicted) forget(k);
   for (size_t r = 0; r < pending_.keys.size(); ++r)
     std::memcpy(arena_->row(place(pending_.keys[r]).slot), pending_m_.data() + r * row_bytes(), row_bytes());
@@ -403,7 +496,32 @@ void DeltaStore::commit() {
 void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* keys, size_t nkeys, float* x_out) {
   using Kind = DeltaStoreError::Kind;
   if (!message || !keys || !x_out) fail(Kind::kArgument, "a buffer is NULL");
-  Reader r(message, bytes);
+  try {
+    // The head's length from its header (receive_head checks the rest).
+    Reader r(message, bytes);
+    const Header h = read_header(r);
+    if (h.magic == kMagic && h.evicted > r.left() / sizeof(uint64_t))
+      fail(Kind::kCorrupt, "more evicted keys than the message holds");
+    const size_t head = std::min(bytes, kHeaderBytes + size_t{h.evicted} * sizeof(uint64_t) + (nkeys + 7) / 8);
+    receive_head(message, head, keys, nkeys);
+    if (bytes != pending_.bytes) fail(Kind::kCorrupt, "the payload's length does not match the header's");
+    // Every section's header checked before any is applied: x_out changes only for a whole message.
+    size_t at = head;
+    for (size_t s = 0; s < kSections; at += section_bytes(s), ++s) check_section(s, message + at, section_bytes(s));
+    at = head;
+    for (size_t s = 0; s < kSections; at += section_bytes(s), ++s) receive_section(s, message + at, section_bytes(s), x_out);
+    commit();
+  } catch (...) {
+    pending_ = Pending{};
+    throw;
+  }
+}
+
+void DeltaStore::receive_head(const uint8_t* head, size_t bytes, const uint64_t* keys, size_t nkeys) {
+  using Kind = DeltaStoreError::Kind;
+  pending_ = Pending{};
+  if (!head || !keys) fail(Kind::kArgument, "a buffer is NULL");
+  Reader r(head, bytes);
   const Header h = read_header(r);
   if (h.magic != kMagic) fail(Kind::kCorrupt, "not a delta-store message (magic)");
   if (h.flags & kRefused) fail(Kind::kCorrupt, "the sender refused this call (a refusal, not a message)");
@@ -424,8 +542,6 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
                               std::to_string(sequence_) + ": one was lost or repeated");
   if (h.keys_hash != fnv(keys, nkeys * sizeof(uint64_t)))
     fail(Kind::kMismatch, "the sender's keys are not this call's (in order)");
-  if (h.payload != r.left()) fail(Kind::kCorrupt, "the payload's length does not match the header's");
-  const size_t row = config_.row_values;
   if (h.evicted > r.left() / sizeof(uint64_t)) fail(Kind::kCorrupt, "more evicted keys than the message holds");
   if (h.evicted > rows_.size()) fail(Kind::kSequence, "the sender evicts more keys than this store holds");
   std::vector<uint64_t> evicted(h.evicted);
@@ -433,48 +549,97 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
   if (std::unordered_set<uint64_t>(evicted.begin(), evicted.end()).size() != evicted.size())
     fail(Kind::kCorrupt, "the message evicts a key twice");
   const uint8_t* bitmap = r.take((nkeys + 7) / 8);
-  std::vector<size_t> full_rows, delta_rows;
-  for (size_t i = 0; i < nkeys; ++i) ((bitmap[i / 8] >> (i % 8)) & 1 ? full_rows : delta_rows).push_back(i);
-  if (full_rows.size() != h.full) fail(Kind::kCorrupt, "the bitmap's full rows do not match the header's count");
+  if (r.left() != 0) fail(Kind::kCorrupt, "bytes left over after the message's head");
+  Pending p;
+  p.full_row.resize(nkeys);
+  for (size_t i = 0; i < nkeys; ++i) {
+    p.full_row[i] = (bitmap[i / 8] >> (i % 8)) & 1;
+    p.full += p.full_row[i];
+  }
+  if (p.full != h.full) fail(Kind::kCorrupt, "the bitmap's full rows do not match the header's count");
   const std::unordered_set<uint64_t> gone(evicted.begin(), evicted.end());
   for (uint64_t k : evicted)
     if (!holds(k)) fail(Kind::kSequence, "the sender evicted key " + key_text(k) + ", which this store does not hold");
-  for (size_t i : delta_rows)
-    if (!holds(keys[i]) || gone.count(keys[i]))
+  for (size_t i = 0; i < nkeys; ++i)
+    if (!p.full_row[i] && (!holds(keys[i]) || gone.count(keys[i])))
       fail(Kind::kSequence, "a delta for key " + key_text(keys[i]) + ", which this store does not hold");
-  const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
-  const uint8_t* full = r.take(full_rows.size() * full_row_bytes);
-  const size_t delta_values = delta_rows.size() * row;
-  const uint8_t* delta = r.take(config_.codec.encoded_bytes(delta_values));
-  if (r.left() != 0) fail(Kind::kCorrupt, "bytes left over after the payload");
-
   size_t fresh = 0;
-  for (size_t i : full_rows) fresh += holds(keys[i]) && !gone.count(keys[i]) ? 0 : 1;
-  reserve(fresh, fresh);  // the only thing below that could fail, before anything changes
-  // The delta rows applied in place (x_out's rows and m's; with low-bit m, a float32 m re-quantized
+  for (size_t i = 0; i < nkeys; ++i) fresh += p.full_row[i] && (!holds(keys[i]) || gone.count(keys[i])) ? 1 : 0;
+  p.keys.assign(keys, keys + nkeys);
+  p.evicted = std::move(evicted);
+  // Room for everything below, before the sections come: they and commit() then allocate nothing.
+  reserve(fresh, fresh);
+  if (pending_m_.size() < nkeys * row_bytes()) pending_m_.resize(nkeys * row_bytes());
+  section_delta_rows_.reserve(nkeys);
+  for (size_t i = 0; i < nkeys; ++i)
+    if (!p.full_row[i]) arena_->will_need(rows_.at(keys[i]).slot);
+  pending_ = std::move(p);
+  lay_out(bytes);
+  if (h.payload != pending_.bytes - kHeaderBytes) {
+    pending_ = Pending{};
+    fail(Kind::kCorrupt, "the payload's length does not match the header's");
+  }
+  pending_.ready = true;
+}
+
+void DeltaStore::check_section(size_t s, const uint8_t* section, size_t bytes) const {
+  using Kind = DeltaStoreError::Kind;
+  if (!pending_.ready) fail(Kind::kArgument, "a section before its message's head");
+  if (s >= kSections || (pending_.sections_done >> s & 1u))
+    fail(Kind::kCorrupt, "section " + std::to_string(s) + " is not one of the message's, or came twice");
+  Reader r(section, bytes);
+  const uint32_t magic = r.get<uint32_t>();
+  const uint16_t index = r.get<uint16_t>(), flags = r.get<uint16_t>();
+  const uint64_t length = r.get<uint64_t>();
+  if (magic != kSectionMagic) fail(Kind::kCorrupt, "not a section of a delta-store message (magic)");
+  if (flags & kRefused) fail(Kind::kCorrupt, "the sender refused this call (a refusal, not a section)");
+  if (index != s) fail(Kind::kCorrupt, "section " + std::to_string(index) + " where section " + std::to_string(s) + " was due");
+  if (bytes != pending_.section_bytes[s] || length != bytes - kSectionHeaderBytes)
+    fail(Kind::kCorrupt, "section " + std::to_string(s) + " of " + std::to_string(bytes) + " bytes, the head says " +
+                             std::to_string(pending_.section_bytes[s]));
+}
+
+void DeltaStore::receive_section(size_t s, const uint8_t* section, size_t bytes, float* x_out) {
+  if (!x_out) fail(DeltaStoreError::Kind::kArgument, "a buffer is NULL");
+  check_section(s, section, bytes);
+  apply_section(s, section, x_out);
+}
+
+void DeltaStore::apply_section(size_t s, const uint8_t* section, float* x_out) {
+  Pending& p = pending_;
+  const size_t row = config_.row_values;
+  const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
+  size_t first, last;
+  section_rows(s, p.keys.size(), &first, &last);
+  std::vector<size_t>& delta_rows = section_delta_rows_;
+  delta_rows.clear();
+  size_t full = 0;
+  for (size_t r = first; r < last; ++r) {
+    if (p.full_row[r]) ++full;
+    else delta_rows.push_back(r);
+  }
+  // The delta rows into x_out and their new m aside (with low-bit m, a float32 m re-quantized
   // below): nothing is written when the delta decodes to NaN, which a sender never sends.
   if (!delta_rows.empty()) {
-    for (size_t i : delta_rows) arena_->will_need(rows_.at(keys[i]).slot);
-    const kernels::AqDeltaRows view = delta_view(keys, delta_rows, nullptr);
+    const kernels::AqDeltaRows view = delta_view(p.keys.data(), delta_rows, pending_m_.data());
     row_x_out_.resize(delta_rows.size());
     for (size_t d = 0; d < delta_rows.size(); ++d) row_x_out_[d] = x_out + delta_rows[d] * row;
-    if (kernels::aq_delta_receive_rows(config_.codec, delta, view, row_x_out_.data()))
-      fail(Kind::kCorrupt, "the delta decodes to NaN (a sender never sends one)");
+    if (kernels::aq_delta_receive_rows(config_.codec, section + kSectionHeaderBytes + full * full_row_bytes, view,
+                                       row_x_out_.data()))
+      fail(DeltaStoreError::Kind::kCorrupt, "the delta decodes to NaN (a sender never sends one)");
+    if (config_.store_bits)
+      for (size_t d = 0; d < delta_rows.size(); ++d)
+        store_m(work_m_.data() + d * row, pending_m_.data() + delta_rows[d] * row_bytes());
   }
-
-  // Committed from here on (the delta rows' m above, unless low-bit).
-  if (config_.store_bits)
-    for (size_t d = 0; d < delta_rows.size(); ++d) store_m(work_m_.data() + d * row, m(keys[delta_rows[d]]));
-  for (uint64_t k : evicted) forget(k);
-  for (size_t f = 0; f < full_rows.size(); ++f) {
-    const size_t i = full_rows[f];
-    float* out_row = x_out + i * row;
-    kernels::load_float(config_.full_type, full + f * full_row_bytes, out_row, row);
-    store_m(out_row, arena_->row(place(keys[i]).slot));
+  const uint8_t* wire = section + kSectionHeaderBytes;
+  for (size_t r = first; r < last; ++r) {
+    if (!p.full_row[r]) continue;
+    float* out_row = x_out + r * row;
+    kernels::load_float(config_.full_type, wire, out_row, row);
+    store_m(out_row, pending_m_.data() + r * row_bytes());
+    wire += full_row_bytes;
   }
-  for (size_t i = 0; i < nkeys; ++i) touch(keys[i]);
-  ++sequence_;
-  last_bytes_ = bytes, last_full_ = full_rows.size();
+  p.sections_done |= 1u << s;
 }
 
 size_t DeltaStore::checkpoint_bytes() const { return 4 + 2 + 2 + 8 + 8 + 8 + rows_.size() * (8 + row_bytes()); }
@@ -487,7 +652,7 @@ std::vector<uint8_t> DeltaStore::save() const {
 
 void DeltaStore::save(uint8_t* out) const {
   Writer w(out);
-  w.put(kCheckpointMagic), w.put(kVersion), w.put(uint16_t{0}), w.put(config_hash()), w.put(sequence_),
+  w.put(kCheckpointMagic), w.put(kCheckpointVersion), w.put(uint16_t{0}), w.put(config_hash()), w.put(sequence_),
       w.put(static_cast<uint64_t>(rows_.size()));
   for (uint64_t k : lru_) w.put(k), w.put_bytes(arena_->row(rows_.at(k).slot), row_bytes());
 }
@@ -497,8 +662,9 @@ void DeltaStore::load(const uint8_t* data, size_t bytes) {
   if (!data) fail(Kind::kArgument, "the checkpoint is NULL");
   Reader r(data, bytes);
   if (r.get<uint32_t>() != kCheckpointMagic) fail(Kind::kCorrupt, "not a delta-store checkpoint (magic)");
-  if (const uint16_t v = r.get<uint16_t>(); v != kVersion)
-    fail(Kind::kMismatch, "checkpoint format " + std::to_string(v) + ", this store reads " + std::to_string(kVersion));
+  if (const uint16_t v = r.get<uint16_t>(); v != kCheckpointVersion)
+    fail(Kind::kMismatch,
+         "checkpoint format " + std::to_string(v) + ", this store reads " + std::to_string(kCheckpointVersion));
   r.get<uint16_t>();
   if (r.get<uint64_t>() != config_hash())
     fail(Kind::kMismatch, "a checkpoint of a store with another codec, types or row size");

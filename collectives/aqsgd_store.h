@@ -14,8 +14,17 @@
 //     keys in call order | u64 hash of the configuration (codec, store and full types, row values) |
 //     u32 evicted keys | u32 rows sent full | u64 payload bytes after the header
 //   evicted keys (u64 each: the receiver forgets them first) | a bitmap of the rows sent full (bit r %
-//   8 of byte r / 8) | the full rows in the full type | the delta rows' aq payload (their rows
-//   back to back, in call order, as one run)
+//   8 of byte r / 8)            -- the head, then kSections sections: section s holds the call's rows
+//   [s n / kSections, (s + 1) n / kSections) (some are empty when n < kSections):
+//   section header (16 bytes): u32 magic 'AQSS' | u16 section | u16 flags (bit 1: the sender refused
+//     the call here; what follows is the caller's) | u64 bytes after the section header
+//   the section's full rows in the full type | its delta rows' aq payload (their rows back to back,
+//     in call order, as one run with its own scales; stochastic rounding keyed as if the call's
+//     delta rows were one run)
+// Sections let a transport send and apply a message piece by piece, the wire carrying section s
+// while the sender encodes s + 1 and the receiver applies s - 1 (collectives/sendrecv_delta.cc);
+// the receiver needs the head first, the sections in any order. Scales per section are the
+// reference's per-channel scales over a smaller batch of rows: never coarser.
 // Every check a receiver makes (magic, version, store id, configuration, sequence, keys, shape, a
 // delta for a key it does not hold, the lengths) comes before it changes anything: a bad message
 // throws DeltaStoreError naming what differs, and the store is as it was.
@@ -108,17 +117,21 @@ class DeltaStore {
   // Warm-up: every row is sent full (the sender's setting; the message tells the receiver).
   void set_warmup(bool on) { warmup_ = on; }
 
-  // A message's fixed header, and the payload length it announces (what follows it), for a transport
-  // that receives the header first.
+  static constexpr size_t kSections = 4;
+  // A message's fixed header, and a section's.
   static size_t header_bytes();
-  static uint64_t payload_bytes(const uint8_t* header);
-  // A header that says the sender refused the call (flags bit 1, nothing follows it), so that a
-  // transport can tell the receiver instead of leaving it waiting.
+  static size_t section_header_bytes();
+  // A header (or a section header for section s) that says the sender refused the call (flags bit 1:
+  // the rest is the caller's), so that a transport can tell the receiver instead of leaving it waiting.
   static void write_refusal(uint8_t* header);
   static bool is_refusal(const uint8_t* header);
+  static void write_section_refusal(size_t s, uint8_t* section);
+  static bool is_section_refusal(const uint8_t* section, size_t bytes);
   // Bytes enough for a message of nkeys rows (every key the store holds evicted, and room for the
-  // rows both full and as deltas).
+  // rows both full and as deltas); for its head; for any one of its sections.
   size_t max_message_bytes(size_t nkeys) const;
+  size_t max_head_bytes(size_t nkeys) const;
+  size_t max_section_bytes(size_t nkeys) const;
 
   // Sender: the message for nkeys rows of x (float32, row r for keys[r]) into out (max_message_bytes
   // capacity); returns its length. `key` keys stochastic rounding. Throws DeltaStoreError (the store
@@ -130,9 +143,26 @@ class DeltaStore {
   void commit();
   void abandon() { pending_ = Pending{}; }
   // Receiver: applies a message for the same keys, writing the rows (float32: full rows as sent,
-  // delta rows as m + the decoded delta) to x_out. Throws DeltaStoreError (the store and x_out
-  // unchanged).
+  // delta rows as m + the decoded delta) to x_out. Throws DeltaStoreError, the store unchanged, and
+  // x_out too (but for a delta that decodes to NaN, which no sender sends: the sections before it
+  // may be written).
   void receive(const uint8_t* message, size_t bytes, const uint64_t* keys, size_t nkeys, float* x_out);
+
+  // The message section by section (prepare() and receive() are these in order), for a transport
+  // that overlaps the codec's work with the wire.
+  // Sender: checks the call, decides what goes full and what to evict, and writes the head to out
+  // (max_head_bytes) and returns its length; x must stay valid until the last section is written.
+  // Then send_section(s, out) for every s, in any order, writes section_bytes(s) bytes; a section
+  // may throw kNonFinite (the call is then dead: abandon()). commit() once all were written.
+  size_t begin_send(const float* x, const uint64_t* keys, size_t nkeys, const kernels::PhiloxKey& key, uint8_t* out);
+  void send_section(size_t s, uint8_t* out);
+  // Receiver: checks the head (everything but the sections' bytes) and makes room; then every
+  // section, in any order, is checked and applied (the rows of x_out it holds written, the new m
+  // kept aside); commit() then changes the store. Any throw leaves the store unchanged (abandon()).
+  void receive_head(const uint8_t* head, size_t bytes, const uint64_t* keys, size_t nkeys);
+  void receive_section(size_t s, const uint8_t* section, size_t bytes, float* x_out);
+  // Section s's length in the message begun or being received.
+  size_t section_bytes(size_t s) const { return pending_.section_bytes[s]; }
 
   // m of one key, in the store type (for tests and checkpoints); nullptr when not held.
   const uint8_t* row(uint64_t key) const;
@@ -152,8 +182,9 @@ class DeltaStore {
   uint8_t* m(uint64_t key) { return arena_->row(rows_.at(key).slot); }
   static std::unique_ptr<RowArena> make_arena(size_t row_bytes, const std::string& file);  // kSystem
   // Room for `fresh` more rows (kSystem when the file cannot grow) and for `keys` new keys in the key
-  // table and the LRU list (their nodes made now), before anything changes: place() then allocates
-  // nothing, so that a commit cannot stop half way for want of memory and leave the two ends apart.
+  // table and the LRU list (their nodes made now), and with low-bit m this thread's codec scratch,
+  // before anything changes: place() and store_m() then allocate nothing, so that a commit cannot
+  // stop half way for want of memory and leave the two ends apart.
   void reserve(size_t fresh, size_t keys);
   // A key's entry, its row taken if it is new (after reserve()), most recently used last.
   Entry& place(uint64_t key);
@@ -177,13 +208,28 @@ class DeltaStore {
   std::vector<uint64_t> evictions(const uint64_t* keys, size_t nkeys) const;
   void touch(uint64_t key);
 
-  // What a prepared message changes at commit().
+  // The message a call sends or receives, and what it changes at commit().
   // (Every key's new m, in call order, is in pending_m_.)
   struct Pending {
-    bool ready = false;
+    bool ready = false;  // a head was written or checked: sections may follow
     std::vector<uint64_t> keys, evicted;
-    size_t bytes = 0, full = 0;  // the message's size and rows sent full
+    std::vector<uint8_t> full_row;  // per row of the call: sent full
+    size_t bytes = 0, full = 0;     // the message's size and rows sent full
+    size_t section_bytes[kSections] = {};
+    size_t delta_before[kSections] = {};  // delta values in the sections before (stochastic rounding)
+    unsigned sections_done = 0;           // bit s: section s written or applied
+    const float* x = nullptr;             // the sender's rows
+    kernels::PhiloxKey key;
   };
+  // The rows of the call in section s, [first, last).
+  static void section_rows(size_t s, size_t nkeys, size_t* first, size_t* last) {
+    *first = s * nkeys / kSections, *last = (s + 1) * nkeys / kSections;
+  }
+  // Sets pending_'s layout from its full_row: the sections' lengths, and the message's.
+  void lay_out(size_t head_bytes);
+  // Section s's header, checked against the call (kCorrupt).
+  void check_section(size_t s, const uint8_t* section, size_t bytes) const;
+  void apply_section(size_t s, const uint8_t* section, float* x_out);
 
   Config config_;
   Pending pending_;
@@ -196,6 +242,8 @@ class DeltaStore {
   std::vector<void*> row_m_out_;
   std::vector<const float*> row_x_;
   std::vector<float*> row_x_out_;
+  std::vector<size_t> section_delta_rows_;
+  std::vector<float> as_sent_;  // a full row as the receiver reads it
   bool warmup_ = false;
   uint64_t sequence_ = 0;
   size_t last_bytes_ = 0, last_full_ = 0;

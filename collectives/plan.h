@@ -243,6 +243,11 @@ class StepKernel {
   // One word naming what it does ("pack", "merge", "add_spectrum"): with the codec's name, the key of
   // its cost in the simulator's model (sim/model.h), per unit of Compute::count.
   virtual const char* name() const = 0;
+  // Whether the step may run now. A step that needs another fragment's work first (a message's
+  // sections, applied only once its head was checked) waits: the executor retries it, running the
+  // other fragments meanwhile. What it waits for must be an earlier fragment's (fragments start in
+  // order, so the earliest one left never waits).
+  virtual bool ready(const step::Compute&) const { return true; }
   virtual void run(const step::Compute& step, StepContext& context) const = 0;
 };
 

@@ -1,13 +1,15 @@
-// AQ-SGD's keyed delta exchange (collectives/sendrecv_delta.h): one fragment. The sender sends its
-// message (or refusal) as one variable-length message and waits for the answer; the receiver takes
-// the message into a buffer of twice the largest message its own store could be sent (a sender whose
-// store has drifted apart may hold more keys to evict; a longer message fails the communicator as a
-// mismatch), applies it in a Compute step and answers.
+// AQ-SGD's keyed delta exchange (collectives/sendrecv_delta.h) in DeltaCall::kFragments fragments:
+// fragment 0 the store's head, fragment 1 + s section s, then the answer. The sender sends each part
+// as one variable-length message, encoding a section in a Compute step just before its send; the
+// receiver takes each part into room for twice the largest its own store could be sent (a sender
+// whose store has drifted apart may hold more keys to evict; a longer part fails the communicator as
+// a mismatch), checks the head, applies each section once the head was checked (the sections' steps
+// wait for it: StepKernel::ready), and answers once all sections were applied.
 //
-// The answer, and a refusal after the store's refusal header: u32 status (0: accepted; else 1 + the
-// DeltaStoreError::Kind), then the reason, NUL-terminated, in kAnswerBytes.
+// The answer, and a refusal after the store's refusal header (or section header): u32 status (0:
+// accepted; else 1 + the DeltaStoreError::Kind), then the reason, NUL-terminated, in kAnswerBytes.
 //
-// Wire bytes: the sender's message (known once prepared), the receiver's answer.
+// Wire bytes: the sender's parts (known once written), the receiver's answer.
 #include "collectives/sendrecv_delta.h"
 
 #include <algorithm>
@@ -81,42 +83,83 @@ T* grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-// The receiver's Compute step.
-class ApplyDelta final : public StepKernel {
+// A Compute step of a delta call: the sender's section encode, the receiver's head check, section
+// apply and final commit.
+class DeltaStep final : public StepKernel {
  public:
-  explicit ApplyDelta(DeltaCall* call) : call_(call) {}
-  Phase phase() const override { return Phase::kDecode; }
-  const char* name() const override { return "apply_delta"; }
-  // Allocates where the store takes new keys (its rows): a store grows with its keys.
-  void run(const step::Compute&, StepContext&) const override { call_->apply(); }
+  enum class Work { kSendSection, kReceiveHead, kReceiveSection, kFinish };
+  DeltaStep(DeltaCall* call, Work work) : call_(call), work_(work) {}
+  Phase phase() const override { return work_ == Work::kSendSection ? Phase::kEncode : Phase::kDecode; }
+  const char* name() const override {
+    switch (work_) {
+      case Work::kSendSection: return "encode_delta";
+      case Work::kReceiveHead: return "check_delta";
+      case Work::kReceiveSection: return "apply_delta";
+      case Work::kFinish: return "commit_delta";
+    }
+    return "";
+  }
+  bool ready(const step::Compute&) const override {
+    if (work_ == Work::kReceiveSection) return call_->head_received();
+    if (work_ == Work::kFinish) return call_->sections_received();
+    return true;
+  }
+  // The receiver allocates where the store takes new keys (its rows): a store grows with its keys.
+  void run(const step::Compute& s, StepContext&) const override {
+    switch (work_) {
+      case Work::kSendSection: call_->send_section(s.index); break;
+      case Work::kReceiveHead: call_->receive_head(); break;
+      case Work::kReceiveSection: call_->receive_section(s.index); break;
+      case Work::kFinish: call_->finish(); break;
+    }
+  }
 
  private:
   DeltaCall* call_;
+  Work work_;
 };
 
 class SendRecvDelta final : public Plan {
  public:
-  explicit SendRecvDelta(const CollArgs& args) : Plan(args), call_(args.delta), apply_(args.delta) {}
+  explicit SendRecvDelta(const CollArgs& args)
+      : Plan(args),
+        call_(args.delta),
+        send_section_(args.delta, DeltaStep::Work::kSendSection),
+        receive_head_(args.delta, DeltaStep::Work::kReceiveHead),
+        receive_section_(args.delta, DeltaStep::Work::kReceiveSection),
+        finish_(args.delta, DeltaStep::Work::kFinish) {}
 
-  size_t fragments() const override { return 1; }
+  size_t fragments() const override { return DeltaCall::kFragments; }
 
-  void build(size_t, std::byte*, Program& p) const override {
+  void build(size_t f, std::byte*, Program& p) const override {
     p.clear();
     const int peer = args_.peer;
+    const auto compute = [&](const DeltaStep& kernel, size_t section) {
+      step::Compute c{};
+      c.kernel = &kernel;
+      c.count = 1;
+      c.index = section;
+      p.compute(c);
+    };
+    if (f == DeltaCall::kParts) {  // the answer
+      if (call_->sender()) {
+        p.recv(0, peer, 0, call_->answer(), DeltaCall::kAnswerBytes);
+      } else {
+        compute(finish_, 0);
+        p.send(0, peer, 0, call_->answer(), DeltaCall::kAnswerBytes);
+      }
+      p.wait(0);
+      return;
+    }
     if (call_->sender()) {
-      p.send_length(0, peer, 0, call_->message(), call_->message_capacity(), call_->message_length());
-      p.recv(1, peer, 1, call_->answer(), DeltaCall::kAnswerBytes);
+      if (f > 0) compute(send_section_, f - 1);
+      p.send_length(0, peer, 0, call_->part(f), call_->part_capacity(f), call_->part_length(f));
       p.wait(0);
-      p.wait(1);
     } else {
-      p.recv_upto(0, peer, 0, call_->message(), call_->message_capacity(), call_->message_length());
+      p.recv_upto(0, peer, 0, call_->part(f), call_->part_capacity(f), call_->part_length(f));
       p.wait(0);
-      step::Compute apply{};
-      apply.kernel = &apply_;
-      apply.count = 1;
-      p.compute(apply);
-      p.send(1, peer, 1, call_->answer(), DeltaCall::kAnswerBytes);
-      p.wait(1);
+      if (f == 0) compute(receive_head_, 0);
+      else compute(receive_section_, f - 1);
     }
   }
 
@@ -125,13 +168,11 @@ class SendRecvDelta final : public Plan {
     recv_from->push_back(args_.peer);
   }
 
-  uint64_t wire_bytes_sent() const override {
-    return call_->sender() ? *call_->message_length() : DeltaCall::kAnswerBytes;
-  }
+  uint64_t wire_bytes_sent() const override { return call_->wire_bytes(); }
 
  private:
   DeltaCall* call_;
-  ApplyDelta apply_;
+  DeltaStep send_section_, receive_head_, receive_section_, finish_;
 };
 
 }  // namespace
@@ -153,21 +194,37 @@ void DeltaCall::end() {
   ended_ = true;
 }
 
-void DeltaCall::fail_with(Kind kind, const std::string& message) { failure_ = CallFailure{failure_kind(kind), message}; }
+void DeltaCall::fail_with(Kind kind, const std::string& message) {
+  failure_ = CallFailure{failure_kind(kind), message};
+  failure_store_kind_ = kind;
+}
+
+size_t DeltaCall::wire_bytes() const {
+  if (!sender_) return kAnswerBytes;
+  size_t bytes = 0;
+  for (size_t p = 0; p < kParts; ++p) bytes += length_[p];
+  return bytes;
+}
 
 void DeltaCall::prepare(const CollArgs&) {
   std::lock_guard<std::mutex> lock(link_->mu);
   DeltaStore& store = link_->store;
-  const size_t header = DeltaStore::header_bytes();
   const size_t values = keys_.size() * store.config().row_values;
+  // Room for each part: a receiver's twice the largest its store could be sent; a refusal fits too.
+  const size_t twice = sender_ ? 1 : 2;
+  size_t at = 0;
+  for (size_t p = 0; p < kParts; ++p) {
+    const size_t largest = p == 0 ? store.max_head_bytes(keys_.size()) : store.max_section_bytes(keys_.size());
+    const size_t refusal = (p == 0 ? DeltaStore::header_bytes() : DeltaStore::section_header_bytes()) + kAnswerBytes;
+    at_[p] = at;
+    capacity_[p] = std::max(twice * largest, refusal);
+    at += capacity_[p];
+  }
+  grow(link_->message, at);
   if (!sender_) {
     if (dtype_ != kernels::DataType::kFloat32) grow(link_->x, values);
-    capacity_ = std::max(2 * store.max_message_bytes(keys_.size()), header + kAnswerBytes);
-    grow(link_->message, capacity_);
     return;
   }
-  capacity_ = std::max(store.max_message_bytes(keys_.size()), header + kAnswerBytes);
-  uint8_t* out = grow(link_->message, capacity_);
   // float32 rows are read where the caller keeps them; the others through the link's float32 rows
   const float* x = static_cast<const float*>(buffer_);
   if (dtype_ != kernels::DataType::kFloat32) {
@@ -176,50 +233,102 @@ void DeltaCall::prepare(const CollArgs&) {
     x = converted;
   }
   store.set_warmup(warmup_);
-  const auto refused = refusal_of(
+  refusal_ = refusal_of(
       [&] {
-        length_ = store.prepare(x, keys_.data(), keys_.size(),
-                                kernels::PhiloxKey{store.config().codec.seed, store.sequence(), 0, 0}, out);
+        length_[0] = store.begin_send(x, keys_.data(), keys_.size(),
+                                      kernels::PhiloxKey{store.config().codec.seed, store.sequence(), 0, 0}, part(0));
       },
       "out of memory preparing the message: nothing sent, the store unchanged");
-  if (!refused) return;
-  // The receiver is waiting for a message: it gets the refusal and the reason, and fails alike.
-  fail_with(refused->first, refused->second);
-  DeltaStore::write_refusal(out);
-  write_status(out + header, 1 + static_cast<uint32_t>(refused->first), refused->second);
-  length_ = header + kAnswerBytes;
+  if (!refusal_) return;
+  // The receiver is waiting for the message: it gets the refusal and the reason, and fails alike.
+  fail_with(refusal_->first, refusal_->second);
+  write_refusal(0);
 }
 
-void DeltaCall::apply() {
+void DeltaCall::write_refusal(size_t p) {
+  uint8_t* out = part(p);
+  size_t header;
+  if (p == 0) {
+    DeltaStore::write_refusal(out);
+    header = DeltaStore::header_bytes();
+  } else {
+    DeltaStore::write_section_refusal(p - 1, out);
+    header = DeltaStore::section_header_bytes();
+  }
+  write_status(out + header, 1 + static_cast<uint32_t>(refusal_->first), refusal_->second);
+  length_[p] = header + kAnswerBytes;
+}
+
+void DeltaCall::send_section(size_t s) {
+  std::lock_guard<std::mutex> lock(link_->mu);
+  if (!refusal_) {
+    refusal_ = refusal_of([&] { link_->store.send_section(s, part(1 + s)); },
+                          "out of memory encoding the message: the store unchanged");
+    if (!refusal_) {
+      length_[1 + s] = link_->store.section_bytes(s);
+      return;
+    }
+    link_->store.abandon();
+    fail_with(refusal_->first, refusal_->second);
+  }
+  write_refusal(1 + s);
+}
+
+void DeltaCall::hear_refusal(const uint8_t* status_bytes) {
+  uint32_t status;
+  std::string reason;
+  const Kind kind = read_status(status_bytes, &status, &reason);
+  fail_with(status == kAccepted ? Kind::kMismatch : kind, "the sender refused the call: " + reason);
+  sender_refused_ = true;
+}
+
+void DeltaCall::receive_head() {
+  std::lock_guard<std::mutex> lock(link_->mu);
+  const uint8_t* head = part(0);
+  const size_t header = DeltaStore::header_bytes();
+  if (length_[0] >= header + kAnswerBytes && DeltaStore::is_refusal(head)) {
+    hear_refusal(head + header);
+  } else if (const auto refused = refusal_of([&] { link_->store.receive_head(head, length_[0], keys_.data(), keys_.size()); },
+                                             "out of memory receiving the message: the store unchanged")) {
+    fail_with(refused->first, refused->second);
+  }
+  head_received_ = true;
+}
+
+void DeltaCall::receive_section(size_t s) {
+  std::lock_guard<std::mutex> lock(link_->mu);
+  const uint8_t* section = part(1 + s);
+  const size_t header = DeltaStore::section_header_bytes();
+  if (failure_) {  // the head's, or an earlier section's: the store is abandoned at the end
+  } else if (length_[1 + s] >= header + kAnswerBytes && DeltaStore::is_section_refusal(section, length_[1 + s])) {
+    hear_refusal(section + header);
+  } else {
+    // float32 rows straight into the caller's buffer, the others through the link's float32 rows
+    float* x = dtype_ == kernels::DataType::kFloat32 ? static_cast<float*>(const_cast<void*>(buffer_)) : link_->x.data();
+    if (const auto refused = refusal_of([&] { link_->store.receive_section(s, section, length_[1 + s], x); },
+                                        "out of memory applying the message: the store unchanged"))
+      fail_with(refused->first, refused->second);
+  }
+  ++sections_received_;
+}
+
+void DeltaCall::finish() {
   std::lock_guard<std::mutex> lock(link_->mu);
   DeltaStore& store = link_->store;
-  const uint8_t* message = link_->message.data();
-  const size_t header = DeltaStore::header_bytes();
-  if (length_ >= header + kAnswerBytes && DeltaStore::is_refusal(message)) {
-    uint32_t status;
-    std::string reason;
-    const Kind kind = read_status(message + header, &status, &reason);
-    fail_with(status == kAccepted ? Kind::kMismatch : kind, "the sender refused the call: " + reason);
-    write_status(answer_, kAccepted, "");  // heard; the sender has its reason
-    return;
+  if (!failure_) {
+    // receive_head() made room for the rows and the keys: commit() allocates nothing (a safety net)
+    if (const auto refused = refusal_of([&] { store.commit(); }, "out of memory committing the message")) {
+      fail_with(refused->first, refused->second);
+    } else {
+      if (dtype_ != kernels::DataType::kFloat32)
+        kernels::store_float(dtype_, link_->x.data(), const_cast<void*>(buffer_), keys_.size() * store.config().row_values);
+      write_status(answer_, kAccepted, "");
+      return;
+    }
   }
-  const auto refused = refusal_of(
-      [&] {
-        // float32 rows straight into the caller's buffer (which a failed call leaves alone), the
-        // others through the link's float32 rows
-        const bool direct = dtype_ == kernels::DataType::kFloat32;
-        float* x = direct ? static_cast<float*>(const_cast<void*>(buffer_)) : link_->x.data();
-        store.receive(message, length_, keys_.data(), keys_.size(), x);
-        if (!direct)
-          kernels::store_float(dtype_, x, const_cast<void*>(buffer_), keys_.size() * store.config().row_values);
-      },
-      "out of memory applying the message: the store unchanged");
-  if (!refused) {
-    write_status(answer_, kAccepted, "");
-    return;
-  }
-  fail_with(refused->first, refused->second);
-  write_status(answer_, 1 + static_cast<uint32_t>(refused->first), refused->second);  // the sender fails alike
+  store.abandon();
+  if (sender_refused_) write_status(answer_, kAccepted, "");  // heard; the sender has its reason
+  else write_status(answer_, 1 + static_cast<uint32_t>(failure_store_kind_), failure_->message);  // it fails alike
 }
 
 void DeltaCall::complete(const CollArgs&, const Plan&, size_t*) {
@@ -236,7 +345,7 @@ void DeltaCall::complete(const CollArgs&, const Plan&, size_t*) {
   try {
     link_->store.commit();
   } catch (const std::exception& e) {
-    // prepare() made room for the rows and the keys, so commit() allocates nothing: a safety net.
+    // begin_send() made room for the rows and the keys, so commit() allocates nothing: a safety net.
     link_->store.abandon();
     fail_with(Kind::kSystem, std::string("the receiver applied the message, but this store could not (") + e.what() +
                                  "): the two stores now differ; restore both from a checkpoint");

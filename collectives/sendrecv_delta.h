@@ -1,26 +1,32 @@
 // AQ-SGD's keyed delta calls as the executor runs them (qcclDeltaSend / qcclDeltaRecv and their
 // non-blocking forms; the store's arithmetic and its message are collectives/aqsgd_store.h).
 //
-// One call is one exchange between the two ends of a store's link: the sender's message (the store's
-// header, then its payload: one variable-length transport message), then the receiver's answer (a
-// fixed kAnswerBytes: accepted, or why not). The sender prepares its message when the call starts
-// to run (DeltaCall::prepare), the receiver applies the message in a Compute step as soon as it has
-// arrived and answers, and the sender commits its store only when the receiver accepted
-// (DeltaCall::complete): both stores change, or neither, and both calls fail alike. A sender that
-// refuses the call itself (its budget, a NaN delta) sends a refusal with the reason in place of the
-// message, and the receiver fails with that reason. Either way the communicator stays sound: the
-// call alone fails (MethodCall::failure).
+// One call is one exchange between the two ends of a store's link: the sender's message, in parts
+// (the store's head, then each of its sections, one transport message each), then the receiver's
+// answer (a fixed kAnswerBytes: accepted, or why not). The sender writes the head when the call
+// starts to run (DeltaCall::prepare) and encodes each section in a Compute step just before sending
+// it, so the wire carries section s while section s + 1 is encoded; the receiver checks the head,
+// applies each section as it arrives (after the head), and answers once all were applied; the sender
+// commits its store only when the receiver accepted (DeltaCall::complete): both stores change, or
+// neither, and both calls fail alike. A sender that refuses the call (its budget, before the head;
+// a NaN delta, at a section) sends refusals with the reason in place of the parts still to go, and
+// the receiver fails with that reason. Either way the communicator stays sound: the call alone
+// fails (MethodCall::failure). On a failed receive the store is unchanged; the rows of the buffer
+// that sections already applied may hold them.
 //
 // Calls on one store run one after the other, in call order (the communicator runs them so, since
 // each reads the store the one before it left), and so touch the store's shared buffers one at a
 // time; calls on different stores, and other point-to-point calls, run beside them.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives/aqsgd_store.h"
@@ -47,6 +53,10 @@ struct DeltaLink {
 class DeltaCall final : public MethodCall {
  public:
   static constexpr size_t kAnswerBytes = 256;  // the answer: a result, then the reason
+  // The message's parts (0: the head; 1 + s: section s), and the plan's fragments: a part each,
+  // then the answer.
+  static constexpr size_t kParts = 1 + DeltaStore::kSections;
+  static constexpr size_t kFragments = kParts + 1;
 
   // sender: rows of `buffer` (nkeys x the store's row values, in `dtype`) to send; else the buffer
   // the rows are received into. The keys are copied; the buffer must stay valid until completion.
@@ -61,29 +71,48 @@ class DeltaCall final : public MethodCall {
   const CallFailure* failure() const override { return failure_ ? &*failure_ : nullptr; }
   void end() override;  // no longer in flight on its link
 
-  // For the plan (collectives/sendrecv_delta.cc), valid after prepare().
+  // For the plan (collectives/sendrecv_delta.cc), valid after prepare(): part p's bytes, the room
+  // for them, and their length (the sender's once written; the receiver's once received).
   bool sender() const { return sender_; }
-  uint8_t* message() const { return link_->message.data(); }
-  size_t message_capacity() const { return capacity_; }
-  size_t* message_length() { return &length_; }
+  uint8_t* part(size_t p) const { return link_->message.data() + at_[p]; }
+  size_t part_capacity(size_t p) const { return capacity_[p]; }
+  size_t* part_length(size_t p) { return &length_[p]; }
   uint8_t* answer() { return answer_; }
-  // Receiver: applies the message that arrived and writes the answer (a Compute step's work).
-  void apply();
+  size_t wire_bytes() const;  // what this end sends
+  // The Compute steps' work. Sender: writes section s (or a refusal). Receiver: checks the head;
+  // applies section s (only once the head was checked); commits and writes the answer (only once
+  // every section was applied).
+  void send_section(size_t s);
+  void receive_head();
+  void receive_section(size_t s);
+  void finish();
+  bool head_received() const { return head_received_; }
+  bool sections_received() const { return sections_received_ == DeltaStore::kSections; }
 
  private:
   void fail_with(DeltaStoreError::Kind kind, const std::string& message);
+  // Receiver: the sender's refusal (its status and reason at status_bytes) becomes the call's failure.
+  void hear_refusal(const uint8_t* status_bytes);
+  // The sender's refusal, in place of part p (its length set).
+  void write_refusal(size_t p);
 
   std::shared_ptr<DeltaLink> link_;
   bool sender_;
   const void* buffer_;
   kernels::DataType dtype_;
   std::vector<uint64_t> keys_;
-  bool warmup_;          // the link's setting when the call was made
-  size_t capacity_ = 0;  // the message buffer's, for this call
-  size_t length_ = 0;    // the message's: written by the sender's prepare, or by the receive
+  bool warmup_;  // the link's setting when the call was made
+  size_t at_[kParts] = {}, capacity_[kParts] = {}, length_[kParts] = {};
   uint8_t answer_[kAnswerBytes] = {};
   bool ended_ = false;  // end() ran (under the link's lock)
   std::optional<CallFailure> failure_;
+  DeltaStoreError::Kind failure_store_kind_ = DeltaStoreError::Kind::kArgument;  // the failure's, as stores say it
+  // Sender: refused (before the head, or at a section): every part still to go says so.
+  std::optional<std::pair<DeltaStoreError::Kind, std::string>> refusal_;
+  // Receiver: the executor's thread runs the steps; the flags let the later steps wait (ready()).
+  std::atomic<bool> head_received_{false};
+  std::atomic<size_t> sections_received_{0};
+  bool sender_refused_ = false;  // the failure is the sender's refusal, heard
 };
 
 }  // namespace qccl::coll

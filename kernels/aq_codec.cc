@@ -440,6 +440,13 @@ size_t AqDeltaReceiveImpl(const CodecConfig& c, const void* in, const AqDeltaRow
   return 0;
 }
 
+void AqReserveImpl(const CodecConfig& c, size_t count) {
+  const size_t h = aq_block_scales(aq_block_values(c.rows, c.channels, count), c.channels);
+  for (auto* v : {&tl_channel_floats, &tl_channel_scales})
+    if (v->size() < h) v->resize(h);
+  if (tl_max_bits.size() < h) tl_max_bits.resize(h);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace qccl::kernels
 HWY_AFTER_NAMESPACE();
@@ -451,6 +458,7 @@ HWY_EXPORT(AqEncodeImpl);
 HWY_EXPORT(AqDecodeImpl);
 HWY_EXPORT(AqDeltaSendImpl);
 HWY_EXPORT(AqDeltaReceiveImpl);
+HWY_EXPORT(AqReserveImpl);
 
 size_t aq_encode(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
                  uint64_t first) {
@@ -460,6 +468,8 @@ size_t aq_encode(const CodecConfig& c, const float* in, size_t count, void* out,
 size_t aq_decode(const CodecConfig& c, const void* in, size_t count, float* out, bool accumulate) {
   return HWY_DYNAMIC_DISPATCH(AqDecodeImpl)(c, in, count, out, accumulate);
 }
+
+void aq_reserve(const CodecConfig& c, size_t count) { HWY_DYNAMIC_DISPATCH(AqReserveImpl)(c, count); }
 
 size_t aq_delta_send_rows(const CodecConfig& c, const float* const* x, const AqDeltaRows& rows, void* out,
                           const PhiloxKey& key, uint64_t first) {

@@ -17,5 +17,9 @@ size_t aq_encode(const CodecConfig& c, const float* in, size_t count, void* out,
                  uint64_t first);
 // out[i] = (or +=) decoded value i. Returns how many decoded values are NaN (the values of NaN channels).
 size_t aq_decode(const CodecConfig& c, const void* in, size_t count, float* out, bool accumulate);
+// Makes this thread's scratch for encodes and decodes of up to count values now, so that those
+// calls allocate nothing (throws std::bad_alloc here instead): for a caller that must not fail half
+// way through, as a store's commit.
+void aq_reserve(const CodecConfig& c, size_t count);
 
 }  // namespace qccl::kernels

@@ -613,6 +613,7 @@ bool PlanExecution::execute(const coll::step::Compute& s, Slot& slot, bool*) {
   if (device_)  // Comm refuses these calls on device buffers before anything is sent
     fail(qcclInvalidUsage, "%s (%s): the step kernel '%s' has no device implementation yet",
          identity_.header.describe().c_str(), algorithm_.name, s.kernel->name());
+  if (!s.kernel->ready(s)) return false;
   const auto begin = Clock::now();
   coll::StepContext context{&slot.tainted, &stats_.nonfinite};
   s.kernel->run(s, context);

@@ -78,16 +78,18 @@ TEST_CASE("delta store: first sight full, then deltas; message sizes (P1, P5)", 
   const std::vector<uint64_t> keys = {11, 22};
   std::vector<float> x = rows_of(2, row, rng), out(x.size());
   std::vector<uint8_t> msg(sender.max_message_bytes(2));
-  // First sight: both rows full, float16 on the wire (2 bytes per value): the header, the bitmap, rows.
+  // First sight: both rows full, float16 on the wire (2 bytes per value): the header, the bitmap, four
+  // section headers (2 keys: sections 1 and 3 hold a row each, 0 and 2 none), the rows.
+  const size_t sections = 4 * 16;
   size_t bytes = sender.send(x.data(), keys.data(), 2, {}, msg.data());
-  CHECK(bytes == 64 + 1 + 2 * row * 2);
+  CHECK(bytes == 64 + 1 + sections + 2 * row * 2);
   receiver.receive(msg.data(), bytes, keys.data(), 2, out.data());
   for (size_t i = 0; i < x.size(); ++i) REQUIRE(out[i] == kernels::half_to_float(kernels::float_to_half(x[i])));
   require_equal(sender, receiver, keys);
-  // Seen: deltas, the spec's size: 2 rows x 1024 x 16 values at 4 bits + 16 fp16 scales.
+  // Seen: deltas, the spec's size per section: a row of 1024 x 16 values at 4 bits + 16 fp16 scales.
   for (float& v : x) v += 0.01f;
   bytes = sender.send(x.data(), keys.data(), 2, {}, msg.data());
-  CHECK(bytes == 64 + 1 + 2 * row / 2 + 16 * 2);
+  CHECK(bytes == 64 + 1 + sections + 2 * (row / 2 + 16 * 2));
   receiver.receive(msg.data(), bytes, keys.data(), 2, out.data());
   require_equal(sender, receiver, keys);
   double worst = 0;
@@ -98,15 +100,94 @@ TEST_CASE("delta store: first sight full, then deltas; message sizes (P1, P5)", 
   std::vector<float> x3 = rows_of(3, row, rng), out3(x3.size());
   std::vector<uint8_t> msg3(sender.max_message_bytes(3));
   bytes = sender.send(x3.data(), three.data(), 3, {}, msg3.data());
-  CHECK(bytes == 64 + 1 + row * 2 + kernels::parse_codec_spec("aq4:channels=16").encoded_bytes(2 * row));
+  CHECK(bytes == 64 + 1 + sections + row * 2 + 2 * kernels::parse_codec_spec("aq4:channels=16").encoded_bytes(row));
   receiver.receive(msg3.data(), bytes, three.data(), 3, out3.data());
   require_equal(sender, receiver, {11, 22, 33});
   // Warm-up: everything full again.
   sender.set_warmup(true);
   bytes = sender.send(x3.data(), three.data(), 3, {}, msg3.data());
-  CHECK(bytes == 64 + 1 + 3 * row * 2);
+  CHECK(bytes == 64 + 1 + sections + 3 * row * 2);
   receiver.receive(msg3.data(), bytes, three.data(), 3, out3.data());
   require_equal(sender, receiver, {11, 22, 33});
+}
+
+TEST_CASE("delta store: a message section by section, in any order, is the message whole", "[aqsgd]") {
+  const size_t row = 256 * 8;
+  for (const int store_bits : {0, 4}) {
+    INFO("store bits " << store_bits);
+    auto c = config("aq3:channels=8,round=stochastic", row);
+    c.store_bits = store_bits;
+    DeltaStore whole_sender(c), whole_receiver(c), sender(c), receiver(c);
+    std::mt19937_64 rng(21);
+    const std::vector<uint64_t> first = {1, 2, 3, 4, 5, 6}, second = {7, 3, 1, 6, 2, 4, 5};
+    std::vector<float> x = rows_of(second.size(), row, rng), out(x.size()), whole_out(x.size());
+    std::vector<uint8_t> whole(sender.max_message_bytes(second.size())), head(sender.max_head_bytes(second.size()));
+    std::vector<std::vector<uint8_t>> sections(DeltaStore::kSections,
+                                               std::vector<uint8_t>(sender.max_section_bytes(second.size())));
+    const kernels::PhiloxKey key{99, 0, 0, 0};
+    for (const auto& keys : {first, second}) {  // all full, then a full row (7) among deltas
+      const size_t n = keys.size();
+      for (float& v : x) v += 0.05f;
+      const size_t whole_bytes = whole_sender.send(x.data(), keys.data(), n, key, whole.data());
+      whole_receiver.receive(whole.data(), whole_bytes, keys.data(), n, whole_out.data());
+      // The parts written backwards and received in another order: the same bytes, the same stores.
+      const size_t head_bytes = sender.begin_send(x.data(), keys.data(), n, key, head.data());
+      for (size_t s = DeltaStore::kSections; s-- > 0;) sender.send_section(s, sections[s].data());
+      std::vector<uint8_t> joined(head.begin(), head.begin() + static_cast<long>(head_bytes));
+      for (size_t s = 0; s < DeltaStore::kSections; ++s)
+        joined.insert(joined.end(), sections[s].begin(), sections[s].begin() + static_cast<long>(sender.section_bytes(s)));
+      REQUIRE(joined == std::vector<uint8_t>(whole.begin(), whole.begin() + static_cast<long>(whole_bytes)));
+      sender.commit();
+      receiver.receive_head(head.data(), head_bytes, keys.data(), n);
+      for (size_t s : {2, 0, 3, 1}) receiver.receive_section(s, sections[s].data(), receiver.section_bytes(s), out.data());
+      receiver.commit();
+      CHECK(out == whole_out);
+      require_equal(sender, receiver, second);
+      require_equal(sender, whole_sender, second);
+    }
+  }
+}
+
+TEST_CASE("delta store: a bad section, or a refusal, fails before the store changes", "[aqsgd]") {
+  const size_t row = 64;
+  DeltaStore sender(config("aq4:channels=8", row)), receiver(config("aq4:channels=8", row));
+  std::mt19937_64 rng(23);
+  const uint64_t keys[] = {1, 2, 3, 4};
+  std::vector<float> x = rows_of(4, row, rng), out(x.size());
+  std::vector<uint8_t> msg(sender.max_message_bytes(4));
+  size_t bytes = sender.send(x.data(), keys, 4, {}, msg.data());
+  receiver.receive(msg.data(), bytes, keys, 4, out.data());
+  std::vector<uint8_t> head(sender.max_head_bytes(4));
+  std::vector<std::vector<uint8_t>> sections(DeltaStore::kSections, std::vector<uint8_t>(sender.max_section_bytes(4)));
+  const size_t head_bytes = sender.begin_send(x.data(), keys, 4, {}, head.data());
+  for (size_t s = 0; s < DeltaStore::kSections; ++s) sender.send_section(s, sections[s].data());
+  const std::vector<uint8_t> before = receiver.save();
+  auto fails = [&](Kind kind, const std::function<void()>& damage) {
+    receiver.receive_head(head.data(), head_bytes, keys, 4);
+    receiver.receive_section(0, sections[0].data(), receiver.section_bytes(0), out.data());
+    CHECK(kind_of(damage) == kind);
+    receiver.abandon();
+    CHECK(receiver.save() == before);
+  };
+  fails(Kind::kCorrupt, [&] { receiver.receive_section(2, sections[1].data(), receiver.section_bytes(1), out.data()); });
+  fails(Kind::kCorrupt, [&] { receiver.receive_section(1, sections[1].data(), receiver.section_bytes(1) - 1, out.data()); });
+  fails(Kind::kCorrupt, [&] { receiver.receive_section(0, sections[0].data(), receiver.section_bytes(0), out.data()); });
+  fails(Kind::kArgument, [&] { receiver.commit(); });  // sections 1 .. 3 missing
+  std::vector<uint8_t> refusal(DeltaStore::section_header_bytes());
+  DeltaStore::write_section_refusal(1, refusal.data());
+  CHECK(DeltaStore::is_section_refusal(refusal.data(), refusal.size()));
+  CHECK_FALSE(DeltaStore::is_section_refusal(sections[1].data(), receiver.section_bytes(1)));
+  fails(Kind::kCorrupt, [&] { receiver.receive_section(1, refusal.data(), refusal.size(), out.data()); });
+  // The sender's NaN in its last section: that section throws; abandoned, the store is unchanged.
+  const std::vector<uint8_t> sender_before = sender.save();
+  sender.abandon();
+  x[3 * row + 1] = NAN;
+  sender.begin_send(x.data(), keys, 4, {}, head.data());
+  for (size_t s = 0; s + 1 < DeltaStore::kSections; ++s) sender.send_section(s, sections[s].data());
+  CHECK(kind_of([&] { sender.send_section(3, sections[3].data()); }) == Kind::kNonFinite);
+  CHECK(kind_of([&] { sender.commit(); }) == Kind::kArgument);
+  sender.abandon();
+  CHECK(sender.save() == sender_before);
 }
 
 TEST_CASE("delta store: 10,000 random calls with a tiny budget stay bit-equal at both ends (P4, P12)", "[aqsgd]") {

@@ -148,7 +148,7 @@ TEST_CASE("delta send/recv: protocol errors and refusals fail on both ends, noth
   };
   QCCL_REQUIRE_OK(exchange(keys, keys, 2));  // first sight
   const std::vector<uint8_t> before = store.checkpoint();
-  std::fill(out.begin(), out.end(), -7.0f);  // a failed receive leaves its buffer alone
+  std::fill(out.begin(), out.end(), -7.0f);  // a call refused before any row was sent leaves it alone
   // The receiver names the keys in another order: both fail, neither changes.
   CHECK(exchange(keys, swapped, 2) == qcclMismatch);
   CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("keys"));
@@ -160,6 +160,15 @@ TEST_CASE("delta send/recv: protocol errors and refusals fail on both ends, noth
   CHECK(store.checkpoint() == before);
   CHECK(out == std::vector<float>(2 * kRow, -7.0f));
   x[5] = 0.5f;
+  // A NaN in the last row: the sender refuses at its section, after sending the first row's section,
+  // which the receiver may have applied (to its buffer only): both fail, neither store changes, and
+  // the refused row's part of the buffer is left alone.
+  x[kRow + 5] = NAN;
+  CHECK(exchange(keys, keys, 2) == qcclNonFinite);
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("NaN"));
+  CHECK(store.checkpoint() == before);
+  CHECK(std::vector<float>(out.begin() + kRow, out.end()) == std::vector<float>(kRow, -7.0f));
+  x[kRow + 5] = 0.5f;
   // A third key over the two-key budget: refused on both ends.
   CHECK(exchange(third, third, 1) == qcclInvalidUsage);
   CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("budget"));
