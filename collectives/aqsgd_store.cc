@@ -497,12 +497,11 @@ void DeltaStore::receive(const uint8_t* message, size_t bytes, const uint64_t* k
   using Kind = DeltaStoreError::Kind;
   if (!message || !keys || !x_out) fail(Kind::kArgument, "a buffer is NULL");
   try {
-    // The head's length from its header (receive_head checks the rest).
+    // The head's length from its header, within the message (receive_head checks it all, in order).
     Reader r(message, bytes);
     const Header h = read_header(r);
-    if (h.magic == kMagic && h.evicted > r.left() / sizeof(uint64_t))
-      fail(Kind::kCorrupt, "more evicted keys than the message holds");
-    const size_t head = std::min(bytes, kHeaderBytes + size_t{h.evicted} * sizeof(uint64_t) + (nkeys + 7) / 8);
+    const size_t evicted = std::min<size_t>(h.evicted, bytes / sizeof(uint64_t));
+    const size_t head = std::min(bytes, kHeaderBytes + evicted * sizeof(uint64_t) + (nkeys + 7) / 8);
     receive_head(message, head, keys, nkeys);
     if (bytes != pending_.bytes) fail(Kind::kCorrupt, "the payload's length does not match the header's");
     // Every section's header checked before any is applied: x_out changes only for a whole message.

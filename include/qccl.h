@@ -595,7 +595,8 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * call sends one row per key (rowValues values each; row r of sendbuff for keys[r]): a key the
  * sender's store does not hold (first sight, evicted, or every key while warm-up is on) is sent
  * whole in the store's type and becomes m, the others are sent as Q(x - m) under the store's aq
- * codec (the scales per channel over the call's delta rows) and both ends set m += the decoded
+ * codec (the scales per channel over the delta rows of each quarter of the call's rows, see below)
+ * and both ends set m += the decoded
  * delta; recvbuff receives the full rows as sent and m + delta for the others (in m's arithmetic,
  * rounded once to the datatype). The two stores stay bit-equal: the sender decides everything and
  * says it in the message (64-byte header: store id, sequence number, keys hash, configuration
@@ -610,10 +611,13 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * evicts its least recently used keys (never the call's) and the receiver mirrors it. Keys in one
  * call are distinct. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16 (each end its own);
  * storeType: the same three (qcclFloat16 is the paper's). Buffers in host memory (CUDA device memory:
- * qcclInvalidArgument). Each call is one exchange between the two ends (a message, then the
- * receiver's answer, which completes the sender's call); a message longer than twice the largest
- * the receiver's call could be sent (a sender that names far more keys) fails the communicator as a
- * mismatch, since the receiver cannot take it whole.
+ * qcclInvalidArgument). Each call is one exchange between the two ends: a message in five parts
+ * (the header with the evicted keys and the bitmap, then one section per quarter of the call's rows,
+ * each encoded just before it is sent and applied as it arrives, so that the codec's work overlaps
+ * the wire; a call of fewer than four keys leaves some sections empty), then the receiver's answer,
+ * which completes the sender's call; a part longer than twice the largest the receiver's call could
+ * be sent (a sender that names far more keys) fails the communicator as a mismatch, since the
+ * receiver cannot take it whole.
  *
  * Blocking, non-blocking (qcclIDeltaSend / qcclIDeltaRecv: the buffer and the store stay the
  * caller's until qcclWait or qcclTest says the call completed, with its result; the keys are
@@ -627,7 +631,8 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * complete. A store is one end of one link, so its calls go to one peer; it is not tied to a
  * communicator, but calls in flight on it must all be on one (qcclInvalidUsage otherwise), which
  * orders them. Otherwise a failed call (a refusal, a mismatch) fails on both ends, the communicator
- * goes on, and a failed receive leaves recvbuff as it was. */
+ * goes on, both stores are as they were, and so is recvbuff, but for the rows of sections applied
+ * before the failure showed (a NaN the sender met in a later quarter of its rows). */
 typedef struct qcclDeltaStore* qcclDeltaStore_t;
 typedef struct {
   uint64_t keys;             /* keys held */

@@ -5,7 +5,8 @@
 // protocol error of P11 (another store, configuration, key order, shape, a lost message, a delta for
 // an unknown key, a truncated message) failing before either store changes; checkpoints; the file
 // tier (row_arena.h): bit-equal with the memory tier, its file's life, a file that cannot grow; low-bit
-// m (App. H.5): bit-equal, within the delta's bound.
+// m (App. H.5): bit-equal, within the delta's bound; a message written and applied section by
+// section, in any order, equal to the whole; bad sections and refusals failing with nothing changed.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
