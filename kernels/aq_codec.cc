@@ -9,10 +9,11 @@
 //           packed 8 at a time into `bits` bytes;
 //   decode  the codes of a tile unpacked, then ((u - 2^F) / 2^F) * s per run of channels;
 //   deltas  AQ-SGD's delta messages (aq_delta.h) fused from the same pieces, over rows that need not
-//           lie together: per tile, float(m) gathered from the rows into the stack and the
-//           channels' maxima of x - float(m) taken (first pass), then x - float(m) again, its
-//           codes, and float(m) + the decoded value rounded back into the rows (second pass); the
-//           receiver's one pass unpacks, adds to float(m) and writes x_out and m.
+//           lie together: per tile, the channels' maxima of x - float(m), m widened in registers
+//           (first pass), then float(m) and x - float(m) gathered into the stack, the codes, and
+//           float(m) + the decoded value rounded back into the rows (second pass); the receiver's
+//           one pass unpacks, adds to float(m) and writes x_out and m. m's casts are half-inl.h's,
+//           in line (the codec's casts, without their dispatch and non-finite count).
 // Built without FMA contraction (kernels/CMakeLists.txt), so every product rounds once, as in the
 // element functions.
 #include "kernels/aq_codec.h"
@@ -24,7 +25,6 @@
 
 #include "kernels/aq_delta.h"
 #include "kernels/aq_quant.h"
-#include "kernels/convert.h"
 #include "kernels/half.h"
 #include "kernels/quant.h"
 
@@ -280,11 +280,53 @@ HWY_INLINE void ForEachPiece(size_t row, size_t v0, size_t n, const F& f) {
   }
 }
 
+// out = float(m) for len values of m's type t, in line: the casts of half-inl.h that DecodeCast
+// runs, without its dispatch and its non-finite count, which the tiles' callers do not need (a
+// float16 or bfloat16 is a float32 exactly: any conversion gives these bits).
+HWY_INLINE void WidenStored(DataType t, const uint8_t* m, float* out, size_t len) {
+  if (t == DataType::kFloat32) {
+    std::memcpy(out, m, len * sizeof(float));
+    return;
+  }
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<uint16_t, decltype(df)> d16;
+  const size_t w = hn::Lanes(df);
+  const auto* h = reinterpret_cast<const uint16_t*>(m);
+  size_t i = 0;
+  if (t == DataType::kFloat16) {
+    for (; i + w <= len; i += w) hn::StoreU(Float16::Widen(df, hn::LoadU(d16, h + i)), df, out + i);
+    for (; i < len; ++i) out[i] = half_to_float(h[i]);
+  } else {
+    for (; i + w <= len; i += w) hn::StoreU(Bfloat16::Widen(df, hn::LoadU(d16, h + i)), df, out + i);
+    for (; i < len; ++i) out[i] = bf16_to_float(h[i]);
+  }
+}
+
+// m = round_t(in) for len values: EncodeCast's casts (half-inl.h, bit-identical to half.h), in line.
+HWY_INLINE void NarrowStored(DataType t, const float* in, uint8_t* m, size_t len) {
+  if (t == DataType::kFloat32) {
+    std::memcpy(m, in, len * sizeof(float));
+    return;
+  }
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<uint16_t, decltype(df)> d16;
+  const size_t w = hn::Lanes(df);
+  auto* h = reinterpret_cast<uint16_t*>(m);
+  size_t i = 0;
+  if (t == DataType::kFloat16) {
+    for (; i + w <= len; i += w) hn::StoreU(Float16::Narrow(d16, hn::LoadU(df, in + i)), d16, h + i);
+    for (; i < len; ++i) h[i] = float_to_half(in[i]);
+  } else {
+    for (; i + w <= len; i += w) hn::StoreU(Bfloat16::Narrow(d16, hn::LoadU(df, in + i)), d16, h + i);
+    for (; i < len; ++i) h[i] = float_to_bf16(in[i]);
+  }
+}
+
 // mf = float(m) for values v0 .. v0 + n - 1 of the run, and (x given) d = x - mf.
 void GatherDeltaTile(const AqDeltaRows& rows, const float* const* x, size_t v0, size_t n, float* mf, float* d) {
   const size_t es = element_size(rows.t);
   ForEachPiece(rows.row, v0, n, [&](size_t r, size_t o, size_t k, size_t len) {
-    load_float(rows.t, static_cast<const uint8_t*>(rows.m[r]) + o * es, mf + k, len);
+    WidenStored(rows.t, static_cast<const uint8_t*>(rows.m[r]) + o * es, mf + k, len);
     if (!x) return;
     const hn::ScalableTag<float> df;
     const size_t w = hn::Lanes(df);
@@ -300,43 +342,78 @@ void ScatterDeltaTile(const AqDeltaRows& rows, float* const* x_out, size_t v0, s
   const size_t es = element_size(rows.t);
   ForEachPiece(rows.row, v0, n, [&](size_t r, size_t o, size_t k, size_t len) {
     if (x_out) std::memcpy(x_out[r] + o, mf + k, len * sizeof(float));
-    store_float(rows.t, mf + k, static_cast<uint8_t*>(rows.m_out[r]) + o * es, len);
+    NarrowStored(rows.t, mf + k, static_cast<uint8_t*>(rows.m_out[r]) + o * es, len);
   });
 }
 
+// m's stored values as float32 vectors and scalars, per stored type (exact for every type).
+struct StoredFloat32 {
+  template <class DF>
+  static HWY_INLINE hn::VFromD<DF> Load(DF df, const uint8_t* m, size_t i) {
+    return hn::LoadU(df, reinterpret_cast<const float*>(m) + i);
+  }
+  static float Scalar(const uint8_t* m, size_t i) {
+    float v;
+    std::memcpy(&v, m + i * sizeof v, sizeof v);
+    return v;
+  }
+};
+template <class Cast>  // Float16 or Bfloat16 (half-inl.h)
+struct StoredHalf {
+  template <class DF>
+  static HWY_INLINE hn::VFromD<DF> Load(DF df, const uint8_t* m, size_t i) {
+    return Cast::Widen(df, hn::LoadU(hn::Rebind<uint16_t, DF>(), reinterpret_cast<const uint16_t*>(m) + i));
+  }
+  static float Scalar(const uint8_t* m, size_t i) {
+    uint16_t h;
+    std::memcpy(&h, m + i * sizeof h, sizeof h);
+    return std::is_same_v<Cast, Float16> ? half_to_float(h) : bf16_to_float(h);
+  }
+};
+template <class F>
+HWY_INLINE void WithStored(DataType t, const F& f) {
+  if (t == DataType::kFloat16) f(StoredHalf<Float16>{});
+  else if (t == DataType::kBfloat16) f(StoredHalf<Bfloat16>{});
+  else f(StoredFloat32{});
+}
+
 // The first pass's tile: m[c] = max(m[c], |x - float(m_rows)|'s bits) for values v0 .. v0 + n - 1 of
-// the run, value v0 + k being value j0 + k of its block; the differences are not kept (the second
-// pass makes them again), so this pass writes nothing but float(m) to the stack.
+// the run, value v0 + k being value j0 + k of its block; float(m) and the differences stay in
+// registers (the second pass makes them again), so this pass writes nothing but the maxima.
 void DeltaMaxTile(const AqDeltaRows& rows, const float* const* x, size_t v0, size_t j0, size_t n, uint32_t channels,
-                  float* mf, int32_t* m) {
+                  int32_t* m) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const size_t w = hn::Lanes(df);
   const auto abs_mask = hn::Set(di, 0x7FFFFFFF);
   const size_t es = element_size(rows.t);
-  auto bits_of = [&](const float* xr, const float* mr) {
-    return hn::And(hn::BitCast(di, hn::Sub(hn::LoadU(df, xr), hn::LoadU(df, mr))), abs_mask);
-  };
   auto scalar_bits = [](float d) { return static_cast<int32_t>(float_to_bits(d) & 0x7FFFFFFFu); };
-  ForEachPiece(rows.row, v0, n, [&](size_t r, size_t o, size_t k, size_t len) {
-    load_float(rows.t, static_cast<const uint8_t*>(rows.m[r]) + o * es, mf + k, len);
-    const float* xr = x[r] + o;
-    if (channels == 1) {
-      auto acc = hn::Zero(di);
-      size_t i = 0;
-      for (; i + w <= len; i += w) acc = hn::Max(acc, bits_of(xr + i, mf + k + i));
-      m[0] = std::max(m[0], static_cast<int32_t>(hn::GetLane(hn::MaxOfLanes(di, acc))));
-      for (; i < len; ++i) m[0] = std::max(m[0], scalar_bits(xr[i] - mf[k + i]));
-      return;
-    }
-    for (size_t p = 0; p < len;) {  // runs of consecutive channels
-      const size_t c0 = (j0 + k + p) % channels, run = std::min<size_t>(channels - c0, len - p);
-      size_t i = 0;
-      for (; i + w <= run; i += w)
-        hn::StoreU(hn::Max(hn::LoadU(di, m + c0 + i), bits_of(xr + p + i, mf + k + p + i)), di, m + c0 + i);
-      for (; i < run; ++i) m[c0 + i] = std::max(m[c0 + i], scalar_bits(xr[p + i] - mf[k + p + i]));
-      p += run;
-    }
+  WithStored(rows.t, [&](auto stored) {
+    using Stored = decltype(stored);
+    ForEachPiece(rows.row, v0, n, [&](size_t r, size_t o, size_t k, size_t len) {
+      const uint8_t* mr = static_cast<const uint8_t*>(rows.m[r]) + o * es;
+      const float* xr = x[r] + o;
+      auto bits_of = [&](size_t i) {
+        return hn::And(hn::BitCast(di, hn::Sub(hn::LoadU(df, xr + i), Stored::Load(df, mr, i))), abs_mask);
+      };
+      auto scalar = [&](size_t i) { return scalar_bits(xr[i] - Stored::Scalar(mr, i)); };
+      if (channels == 1) {
+        auto acc = hn::Zero(di);
+        size_t i = 0;
+        for (; i + w <= len; i += w) acc = hn::Max(acc, bits_of(i));
+        m[0] = std::max(m[0], static_cast<int32_t>(hn::GetLane(hn::MaxOfLanes(di, acc))));
+        for (; i < len; ++i) m[0] = std::max(m[0], scalar(i));
+        return;
+      }
+      for (size_t p = 0; p < len;) {  // runs of consecutive channels
+        const size_t c0 = (j0 + k + p) % channels, run = std::min<size_t>(channels - c0, len - p);
+        size_t i = 0;
+        for (; i + w <= run; i += w)
+          hn::StoreU(hn::Max(hn::LoadU(di, m + c0 + i), bits_of(p + i)), di, m + c0 + i);
+        for (; i < run; ++i) m[c0 + i] = std::max(m[c0 + i], scalar(p + i));
+        p += run;
+      }
+    });
   });
 }
 
@@ -361,7 +438,7 @@ size_t AqDeltaSendImpl(const CodecConfig& c, const float* const* x, const AqDelt
     max_bits.assign(h, 0);
     for (size_t t0 = 0; t0 < n; t0 += kTile) {
       const size_t m = std::min(kTile, n - t0);
-      DeltaMaxTile(rows, x, b + t0, t0, m, c.channels, mf, max_bits.data());
+      DeltaMaxTile(rows, x, b + t0, t0, m, c.channels, max_bits.data());
     }
     for (size_t ch = 0; ch < h; ++ch) {
       const uint16_t s = aq_scale_bits(bits_to_float(static_cast<uint32_t>(max_bits[ch])));
