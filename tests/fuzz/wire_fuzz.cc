@@ -1,6 +1,6 @@
 // libFuzzer target for everything qccl parses from the network: frame headers, the bootstrap's peer
 // information and unique ids, the fft codec's variable-length payloads, and AQ-SGD's delta-store
-// messages. Each parser must either accept the bytes or throw qccl::Error (the fft decoder instead
+// messages (crafted, and real ones with bytes changed). Each parser must either accept the bytes or throw qccl::Error (the fft decoder instead
 // decodes what it rejects to NaN; the delta store throws its DeltaStoreError and stays as it was);
 // any crash, hang or sanitizer report is a bug. Built with clang (-DQCCL_FUZZ=ON); tools/fuzz.sh runs it.
 #include <algorithm>
@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t selector = data[0];
   ++data, --size;
   try {
-    switch (selector % 5) {
+    switch (selector % 6) {
       case 0: {
         qccl::FrameHeader h = qccl::FrameHeader::decode(data, size, "fuzz");
         uint8_t again[qccl::FrameHeader::kBytes];
@@ -91,6 +91,42 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const size_t counts = std::min<size_t>(size > 1 ? size - 1 : 0, 16);
         if (counts) std::memcpy(message.data() + 48, data + 1, counts);  // evicted, full, payload length
         if (size > 17) message.insert(message.end(), data + 17, data + size);
+        std::vector<float> out(48);
+        try {
+          receiver.receive(message.data(), message.size(), keys, 3, out.data());
+        } catch (const qccl::coll::DeltaStoreError&) {
+          if (receiver.save() != checkpoint) __builtin_trap();  // a refused message changed the store
+        }
+        break;
+      }
+      case 5: {
+        // A real delta message (deltas for keys 1..3, in four sections, to a receiver that applied the
+        // message before it) with bytes overwritten from the input, (offset, value) pairs: near-valid
+        // messages that reach the sections' checks and their apply.
+        using qccl::coll::DeltaStore;
+        static DeltaStore::Config config = [] {
+          DeltaStore::Config c;
+          c.codec = qccl::kernels::parse_codec_spec("aq3:channels=4");
+          c.row_values = 16;
+          return c;
+        }();
+        static const uint64_t keys[] = {1, 2, 3};
+        static std::vector<uint8_t> checkpoint, templ;
+        if (templ.empty()) {
+          DeltaStore sender(config), receiver(config);
+          std::vector<float> x(48), out(48);
+          for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(i % 7);
+          std::vector<uint8_t> msg(sender.max_message_bytes(3));
+          receiver.receive(msg.data(), sender.send(x.data(), keys, 3, {}, msg.data()), keys, 3, out.data());
+          checkpoint = receiver.save();
+          for (float& v : x) v += 0.01f;
+          templ.assign(msg.begin(), msg.begin() + static_cast<long>(sender.send(x.data(), keys, 3, {}, msg.data())));
+        }
+        DeltaStore receiver(config);
+        receiver.load(checkpoint.data(), checkpoint.size());
+        std::vector<uint8_t> message = templ;
+        for (size_t i = 0; i + 1 < size; i += 2) message[data[i] % message.size()] = data[i + 1];
+        if (size % 2) message.resize(message.size() - data[size - 1] % 8);  // and a shorter message
         std::vector<float> out(48);
         try {
           receiver.receive(message.data(), message.size(), keys, 3, out.data());
