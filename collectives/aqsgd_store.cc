@@ -283,8 +283,19 @@ size_t DeltaStore::max_head_bytes(size_t nkeys) const {
   return kHeaderBytes + rows_.size() * sizeof(uint64_t) + (nkeys + 7) / 8;
 }
 
+size_t DeltaStore::sections(size_t nkeys) const {
+  const size_t row = config_.row_values;
+  const size_t whole = config_.codec.encoded_bytes(nkeys * row);  // one run: one set of scales
+  for (size_t k = std::min(kSections, nkeys); k > 1; --k) {
+    size_t bytes = 0;
+    for (size_t s = 0; s < k; ++s) bytes += config_.codec.encoded_bytes(((s + 1) * nkeys / k - s * nkeys / k) * row);
+    if (32 * (bytes - whole) <= whole) return k;
+  }
+  return 1;
+}
+
 size_t DeltaStore::max_section_bytes(size_t nkeys) const {
-  const size_t rows = (nkeys + kSections - 1) / kSections;  // the most rows a section holds
+  const size_t k = sections(nkeys), rows = nkeys ? (nkeys + k - 1) / k : 0;  // the most rows a section holds
   const size_t full_row = config_.row_values * kernels::element_size(config_.full_type);
   return kSectionHeaderBytes + rows * full_row + config_.codec.encoded_bytes(rows * config_.row_values);
 }

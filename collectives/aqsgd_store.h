@@ -14,8 +14,8 @@
 //     keys in call order | u64 hash of the configuration (codec, store and full types, row values) |
 //     u32 evicted keys | u32 rows sent full | u64 payload bytes after the header
 //   evicted keys (u64 each: the receiver forgets them first) | a bitmap of the rows sent full (bit r %
-//   8 of byte r / 8)            -- the head, then kSections sections: section s holds the call's rows
-//   [s n / kSections, (s + 1) n / kSections) (some are empty when n < kSections):
+//   8 of byte r / 8)            -- the head, then kSections sections: with k = sections(n) of
+//   them in use, section s < k holds the call's rows [s n / k, (s + 1) n / k), the others none:
 //   section header (16 bytes): u32 magic 'AQSS' | u16 section | u16 flags (bit 1: the sender refused
 //     the call here; what follows is the caller's) | u64 bytes after the section header
 //   the section's full rows in the full type | its delta rows' aq payload (their rows back to back,
@@ -24,7 +24,9 @@
 // Sections let a transport send and apply a message piece by piece, the wire carrying section s
 // while the sender encodes s + 1 and the receiver applies s - 1 (collectives/sendrecv_delta.cc);
 // the receiver needs the head first, the sections in any order. Scales per section are the
-// reference's per-channel scales over a smaller batch of rows: never coarser.
+// reference's per-channel scales over a smaller batch of rows: never coarser, but more bytes, so a
+// call uses as many sections (up to kSections, at most one per key) as keep its scales' extra bytes
+// under 1/32 of its delta's (both ends derive the number from the key count and the configuration).
 // Every check a receiver makes (magic, version, store id, configuration, sequence, keys, shape, a
 // delta for a key it does not hold, the lengths) comes before it changes anything: a bad message
 // throws DeltaStoreError naming what differs, and the store is as it was.
@@ -161,6 +163,9 @@ class DeltaStore {
   // kept aside); commit() then changes the store. Any throw leaves the store unchanged (abandon()).
   void receive_head(const uint8_t* head, size_t bytes, const uint64_t* keys, size_t nkeys);
   void receive_section(size_t s, const uint8_t* section, size_t bytes, float* x_out);
+  // The sections a call of nkeys keys uses (the others are empty): as many as keep their scales'
+  // extra bytes under 1/32 of the call's delta, at most one per key and kSections.
+  size_t sections(size_t nkeys) const;
   // Section s's length in the message begun or being received.
   size_t section_bytes(size_t s) const { return pending_.section_bytes[s]; }
 
@@ -222,8 +227,9 @@ class DeltaStore {
     kernels::PhiloxKey key;
   };
   // The rows of the call in section s, [first, last).
-  static void section_rows(size_t s, size_t nkeys, size_t* first, size_t* last) {
-    *first = s * nkeys / kSections, *last = (s + 1) * nkeys / kSections;
+  void section_rows(size_t s, size_t nkeys, size_t* first, size_t* last) const {
+    const size_t k = sections(nkeys);
+    *first = s < k ? s * nkeys / k : nkeys, *last = s < k ? (s + 1) * nkeys / k : nkeys;
   }
   // Sets pending_'s layout from its full_row: the sections' lengths, and the message's.
   void lay_out(size_t head_bytes);

@@ -595,7 +595,7 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * call sends one row per key (rowValues values each; row r of sendbuff for keys[r]): a key the
  * sender's store does not hold (first sight, evicted, or every key while warm-up is on) is sent
  * whole in the store's type and becomes m, the others are sent as Q(x - m) under the store's aq
- * codec (the scales per channel over the delta rows of each quarter of the call's rows, see below)
+ * codec (the scales per channel over the delta rows of each section of the call's rows, see below)
  * and both ends set m += the decoded
  * delta; recvbuff receives the full rows as sent and m + delta for the others (in m's arithmetic,
  * rounded once to the datatype). The two stores stay bit-equal: the sender decides everything and
@@ -612,9 +612,10 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * call are distinct. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16 (each end its own);
  * storeType: the same three (qcclFloat16 is the paper's). Buffers in host memory (CUDA device memory:
  * qcclInvalidArgument). Each call is one exchange between the two ends: a message in five parts
- * (the header with the evicted keys and the bitmap, then one section per quarter of the call's rows,
- * each encoded just before it is sent and applied as it arrives, so that the codec's work overlaps
- * the wire; a call of fewer than four keys leaves some sections empty), then the receiver's answer,
+ * (the header with the evicted keys and the bitmap, then four sections, each encoded just before it
+ * is sent and applied as it arrives, so that the codec's work overlaps the wire: the call's keys are
+ * cut into as many sections, up to four, as keep the extra scales under 1/32 of the delta's bytes,
+ * the other sections empty), then the receiver's answer,
  * which completes the sender's call; a part longer than twice the largest the receiver's call could
  * be sent (a sender that names far more keys) fails the communicator as a mismatch, since the
  * receiver cannot take it whole.
@@ -632,7 +633,7 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * communicator, but calls in flight on it must all be on one (qcclInvalidUsage otherwise), which
  * orders them. Otherwise a failed call (a refusal, a mismatch) fails on both ends, the communicator
  * goes on, both stores are as they were, and so is recvbuff, but for the rows of sections applied
- * before the failure showed (a NaN the sender met in a later quarter of its rows). */
+ * before the failure showed (a NaN the sender met in a later section of its rows). */
 typedef struct qcclDeltaStore* qcclDeltaStore_t;
 typedef struct {
   uint64_t keys;             /* keys held */

@@ -149,8 +149,32 @@ TEST_CASE("delta store: a message section by section, in any order, is the messa
   }
 }
 
+TEST_CASE("delta store: a call uses sections while their scales cost under 1/32 of its delta", "[aqsgd]") {
+  // aq4 over 64 channels: a channel's scale is 2 bytes against its values' 4 bits each.
+  DeltaStore one_token(config("aq4:channels=64", 64)), many_tokens(config("aq4:channels=64", 64 * 256));
+  CHECK(one_token.sections(32) == 1);    // 32 values per channel in all: a set of scales is 1/8 of it
+  CHECK(many_tokens.sections(1) == 1);   // one key: one section
+  CHECK(many_tokens.sections(2) == 2);   // 256 values per channel per key: 1/64 each
+  CHECK(many_tokens.sections(9) == 4);   // never more than kSections
+  CHECK(many_tokens.sections(0) == 1);
+  // 16 values per channel per key: 8 keys' delta is 4,096 bytes of codes and 128 of scales; a second
+  // set of scales adds 128 bytes (3.03%, under 1/32), a third 256 (6%); 4 keys: 128 of 2,176 (5.9%).
+  DeltaStore some_tokens(config("aq4:channels=64", 64 * 16));
+  CHECK(some_tokens.sections(8) == 2);
+  CHECK(some_tokens.sections(4) == 1);
+  // The message holds what the rule says: a section header each, empty sections included.
+  std::mt19937_64 rng(4);
+  const uint64_t keys[] = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> x = rows_of(8, 64 * 16, rng);
+  std::vector<uint8_t> msg(some_tokens.max_message_bytes(8));
+  some_tokens.send(x.data(), keys, 8, {}, msg.data());
+  for (float& v : x) v += 0.01f;
+  const size_t bytes = some_tokens.send(x.data(), keys, 8, {}, msg.data());
+  CHECK(bytes == 64 + 1 + 4 * 16 + 2 * kernels::parse_codec_spec("aq4:channels=64").encoded_bytes(4 * 64 * 16));
+}
+
 TEST_CASE("delta store: a bad section, or a refusal, fails before the store changes", "[aqsgd]") {
-  const size_t row = 64;
+  const size_t row = 1024;  // 128 values per channel and key: a section per key
   DeltaStore sender(config("aq4:channels=8", row)), receiver(config("aq4:channels=8", row));
   std::mt19937_64 rng(23);
   const uint64_t keys[] = {1, 2, 3, 4};
@@ -158,6 +182,7 @@ TEST_CASE("delta store: a bad section, or a refusal, fails before the store chan
   std::vector<uint8_t> msg(sender.max_message_bytes(4));
   size_t bytes = sender.send(x.data(), keys, 4, {}, msg.data());
   receiver.receive(msg.data(), bytes, keys, 4, out.data());
+  REQUIRE(sender.sections(4) == 4);
   std::vector<uint8_t> head(sender.max_head_bytes(4));
   std::vector<std::vector<uint8_t>> sections(DeltaStore::kSections, std::vector<uint8_t>(sender.max_section_bytes(4)));
   const size_t head_bytes = sender.begin_send(x.data(), keys, 4, {}, head.data());

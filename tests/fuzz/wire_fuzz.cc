@@ -100,21 +100,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 5: {
-        // A real delta message (deltas for keys 1..3, in four sections, to a receiver that applied the
-        // message before it) with bytes overwritten from the input, (offset, value) pairs: near-valid
-        // messages that reach the sections' checks and their apply.
+        // A real delta message (deltas for keys 1..3, a section each, to a receiver that applied the
+        // message before it) with bytes overwritten from the input, (16-bit offset, value) triples:
+        // near-valid messages that reach the sections' checks and their apply.
         using qccl::coll::DeltaStore;
         static DeltaStore::Config config = [] {
           DeltaStore::Config c;
           c.codec = qccl::kernels::parse_codec_spec("aq3:channels=4");
-          c.row_values = 16;
+          c.row_values = 1024;
           return c;
         }();
         static const uint64_t keys[] = {1, 2, 3};
         static std::vector<uint8_t> checkpoint, templ;
         if (templ.empty()) {
           DeltaStore sender(config), receiver(config);
-          std::vector<float> x(48), out(48);
+          if (sender.sections(3) != 3) __builtin_trap();  // the message this case is about
+          std::vector<float> x(3 * 1024), out(x.size());
           for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(i % 7);
           std::vector<uint8_t> msg(sender.max_message_bytes(3));
           receiver.receive(msg.data(), sender.send(x.data(), keys, 3, {}, msg.data()), keys, 3, out.data());
@@ -125,9 +126,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         DeltaStore receiver(config);
         receiver.load(checkpoint.data(), checkpoint.size());
         std::vector<uint8_t> message = templ;
-        for (size_t i = 0; i + 1 < size; i += 2) message[data[i] % message.size()] = data[i + 1];
-        if (size % 2) message.resize(message.size() - data[size - 1] % 8);  // and a shorter message
-        std::vector<float> out(48);
+        for (size_t i = 0; i + 2 < size; i += 3) message[(data[i] | data[i + 1] << 8) % message.size()] = data[i + 2];
+        if (size % 3) message.resize(message.size() - data[size - 1] % 8);  // and a shorter message
+        std::vector<float> out(3 * 1024);
         try {
           receiver.receive(message.data(), message.size(), keys, 3, out.data());
         } catch (const qccl::coll::DeltaStoreError&) {
