@@ -577,7 +577,8 @@ void DeltaStore::receive_head(const uint8_t* head, size_t bytes, const uint64_t*
   for (size_t i = 0; i < nkeys; ++i) fresh += p.full_row[i] && (!holds(keys[i]) || gone.count(keys[i])) ? 1 : 0;
   p.keys.assign(keys, keys + nkeys);
   p.evicted = std::move(evicted);
-  // Room for everything below, before the sections come: they and commit() then allocate nothing.
+  // Room for the rows and keys commit() places, made before the sections come: commit() then
+  // allocates nothing (a section that cannot allocate fails the call, the store unchanged).
   reserve(fresh, fresh);
   if (pending_m_.size() < nkeys * row_bytes()) pending_m_.resize(nkeys * row_bytes());
   section_delta_rows_.reserve(nkeys);
