@@ -431,7 +431,7 @@ TEST_CASE("an initialisation that cannot complete is abandoned at once by ncclCo
   auto t0 = std::chrono::steady_clock::now();
   NCCL_REQUIRE_OK(ncclCommAbort(comm));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CHECK(seconds < 1.0);  // not QCCL_TIMEOUT
+  CHECK(seconds < 5.0);  // not QCCL_TIMEOUT (60 s here), with room for a loaded machine
   // Let the abandoned thread reach QCCL_TIMEOUT and clean up, rather than exit under it.
   std::this_thread::sleep_for(std::chrono::seconds(3));
 }
