@@ -332,7 +332,7 @@ void DeltaCall::finish() {
 }
 
 void DeltaCall::complete(const CollArgs&, const Plan&, size_t*) {
-  if (!sender_ || failure_) return;  // the receiver is done; a refusing sender prepared nothing
+  if (!sender_ || failure_) return;  // the receiver is done; a refusing sender abandoned its message
   std::lock_guard<std::mutex> lock(link_->mu);
   uint32_t status;
   std::string reason;
