@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <mutex>
 
@@ -78,7 +77,7 @@ class FftWorkspace {
   std::vector<float> real;          // the segment, zero-padded to the FFT's length
   std::vector<kiss_fft_cpx> bins;   // its spectrum
   std::vector<float> magnitude;     // |bin|^2
-  std::vector<float> order;         // the magnitudes, partially ordered by selection
+  std::vector<uint32_t> candidates; // selection's: the magnitudes' bits still in the running
   std::vector<uint8_t> kept;        // per bin: kept
   std::vector<uint32_t> codes;      // 2 per bin sent
   std::vector<uint32_t> sent;       // the bins sent, increasing
@@ -90,7 +89,7 @@ class FftWorkspace {
     if (this->bins.size() < bins) {
       this->bins.resize(bins);
       magnitude.resize(bins);
-      order.resize(bins);
+      candidates.resize(bins);
       kept.resize(bins);
       codes.resize(2 * bins);
       sent.resize(bins);
@@ -191,6 +190,36 @@ void analyze_segment(const FftShape& shape, const float* in, kiss_fft_cpx* bins,
   for (size_t k = 0; k < shape.bins; ++k) bins[k].r *= scale, bins[k].i *= scale;
 }
 
+// The k-th largest (k from 1) of n finite non-negative floats. Such floats order as their bits do as
+// unsigned integers, so a radix select on the bits, most significant digit first (11, 11 and 10
+// bits), finds it exactly: each pass counts the digit of the values still in the running, takes the
+// digit where the k-th falls, and keeps only the values with it (a small share of n after the first
+// pass, which reads the magnitudes themselves). std::nth_element over a copy took a quarter of the
+// encode's time.
+float kth_largest(const float* v, size_t n, size_t k, uint32_t* candidates) {
+  constexpr int kShift[3] = {21, 10, 0};
+  constexpr uint32_t kDigits[3] = {2048, 2048, 1024};
+  uint32_t count[2048];
+  uint32_t chosen = 0;
+  size_t m = n;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = kShift[pass];
+    const uint32_t mask = kDigits[pass] - 1;
+    auto bits = [&](size_t i) { return pass == 0 ? float_bits(v[i]) : candidates[i]; };
+    std::fill(count, count + kDigits[pass], 0u);
+    for (size_t i = 0; i < m; ++i) ++count[(bits(i) >> shift) & mask];
+    uint32_t d = mask;
+    while (k > count[d]) k -= count[d--];  // the digits above d hold fewer than k values
+    chosen |= d << shift;
+    if (pass == 2) break;
+    size_t kept = 0;
+    for (size_t i = 0; i < m; ++i)
+      if (((bits(i) >> shift) & mask) == d) candidates[kept++] = bits(i);
+    m = kept;
+  }
+  return bits_float(chosen);
+}
+
 // Encodes one segment; returns the payload's bytes.
 size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* in, size_t length, uint8_t* out,
                       FftWorkspace& ws, FftReport* report) {
@@ -224,14 +253,11 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* i
   const float unscale = std::ldexp(1.0f, -e);
 
   // The K bins of largest magnitude, ties to the lower index (exact K, whatever the values): the K-th
-  // largest magnitude tau by selection over a copy of the magnitudes (contiguous floats, no
-  // indirection), then every bin above tau and the lowest-indexed bins at tau until K are kept.
+  // largest magnitude tau (the magnitudes are finite here, and not negative), then every bin above
+  // tau and the lowest-indexed bins at tau until K are kept.
   const float* mag = ws.magnitude.data();
   if (shape.keep < shape.bins) {
-    float* order = ws.order.data();
-    std::memcpy(order, mag, shape.bins * sizeof(float));
-    std::nth_element(order, order + shape.keep - 1, order + shape.bins, std::greater<float>());
-    const float tau = order[shape.keep - 1];
+    const float tau = kth_largest(mag, shape.bins, shape.keep, ws.candidates.data());
     size_t above = 0;
     for (size_t k = 0; k < shape.bins; ++k) above += (ws.kept[k] = mag[k] > tau);
     size_t ties = shape.keep - above;  // >= 1: tau itself is among the K largest
