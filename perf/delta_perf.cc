@@ -47,7 +47,8 @@ DESCRIPTION
     ||received - true activation|| / ||true activation|| over the epoch.
 
 OPTIONS
-    --codec SPEC     an aq codec (default aq4:channels=H, one fp16 scale per channel per call)
+    --codec SPEC     an aq codec (default aq4:channels=H: one fp16 scale per channel per section
+                     of a call, qccl.h's qcclDeltaSend)
     --keys K         samples (default 16)
     --batch B        samples per call (default 4; K must be a multiple)
     --tokens T       rows per sample (default 256)
