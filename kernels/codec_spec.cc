@@ -3,7 +3,9 @@
 #include <cstdio>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <string>
 
 #include "kernels/aq_quant.h"
 #include "kernels/codec.h"
@@ -312,7 +314,9 @@ std::string CodecConfig::canonical() const {
 
 uint64_t CodecConfig::hash() const {
   uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : canonical()) h = (h ^ ch) * 1099511628211ull;
+  std::string text = canonical();
+  if (kind == CodecKind::kFft && std::strcmp(fft_backend(), "kissfft") != 0) text += std::string(";") + fft_backend();
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
   return h ? h : 1;
 }
 

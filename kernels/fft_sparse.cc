@@ -1,7 +1,14 @@
-// Host loops of the FFT-sparsifying codec (fft_sparse.h), on KissFFT's real transforms.
+// Host loops of the FFT-sparsifying codec (fft_sparse.h), on KissFFT's real transforms (BSD), or
+// FFTW's in a build configured with -DQCCL_FFTW=ON (GPL: the library then links FFTW; 4-6x faster
+// transforms on the development machine, docs/PERF.md "FFT sparsification (host)"). The two give
+// other rounding in the last bits, so ranks must share the backend: it is part of the codec's hash
+// (fft_backend()), and a mixed job fails with a mismatch.
 #include "kernels/fft_sparse.h"
 
 #include <kiss_fftr.h>
+#if QCCL_HAVE_FFTW
+#include <fftw3.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +19,8 @@
 #include "kernels/rfloat.h"
 
 namespace qccl::kernels {
+
+const char* fft_backend() { return QCCL_HAVE_FFTW ? "fftw" : "kissfft"; }
 
 FftShape fft_shape(const CodecConfig& c, size_t length) {
   FftShape s;
@@ -52,26 +61,84 @@ size_t fft_segment_capacity(const CodecConfig& c, size_t length) {
 class FftWorkspace {
  public:
   ~FftWorkspace() {
-    for (auto& p : plans_) {
-      kiss_fftr_free(p.forward);
-      kiss_fftr_free(p.inverse);
-    }
+    for (auto& p : plans_) p.release();
   }
 
   struct Plans {
     size_t fft_length;
-    kiss_fftr_cfg forward;
-    kiss_fftr_cfg inverse;
+#if QCCL_HAVE_FFTW
+    // Planned on the workspace's arrays and executed on arrays of the same alignment (FFTW's SIMD
+    // code needs that): the workspace's own, or a caller's spectrum when it is aligned alike; other
+    // spectra go through the workspace's bins. The inverse destroys its input, so it always runs on
+    // the workspace's bins (a caller's spectrum is copied there: a tenth of the transform's time).
+    fftwf_plan forward = nullptr, inverse = nullptr;
+    int alignment = 0;  // of the arrays planned on (FFTW_UNALIGNED unless 0, which malloc gives)
+    void make(float* real, kiss_fft_cpx* bins) {
+      {
+        const std::lock_guard<std::mutex> lock(planner_mutex());  // FFTW's planner is not thread-safe
+        const int n = static_cast<int>(fft_length);
+        auto* c = reinterpret_cast<fftwf_complex*>(bins);
+        alignment = fftwf_alignment_of(real) | fftwf_alignment_of(reinterpret_cast<float*>(bins));
+        const unsigned flags = FFTW_ESTIMATE | (alignment ? FFTW_UNALIGNED : 0u);
+        forward = fftwf_plan_dft_r2c_1d(n, real, c, flags);
+        inverse = fftwf_plan_dft_c2r_1d(n, c, real, flags | FFTW_DESTROY_INPUT);
+      }
+      if (!forward || !inverse) {
+        release();
+        throw std::bad_alloc();
+      }
+    }
+    void release() {
+      const std::lock_guard<std::mutex> lock(planner_mutex());
+      if (forward) fftwf_destroy_plan(forward);
+      if (inverse) fftwf_destroy_plan(inverse);
+      forward = inverse = nullptr;
+    }
+    bool fits(const void* p) const { return alignment || fftwf_alignment_of(static_cast<float*>(const_cast<void*>(p))) == 0; }
+    // bins = the transform of real (the workspace's), through scratch (the workspace's bins).
+    void transform(float* real, kiss_fft_cpx* bins, kiss_fft_cpx* scratch) const {
+      kiss_fft_cpx* out = fits(bins) && fits(real) ? bins : scratch;
+      fftwf_execute_dft_r2c(forward, real, reinterpret_cast<fftwf_complex*>(out));
+      if (out != bins) std::memcpy(bins, out, (fft_length / 2 + 1) * sizeof(kiss_fft_cpx));
+    }
+    // real = the inverse transform of bins, through scratch (the workspace's bins, destroyed).
+    void inverse_transform(const kiss_fft_cpx* bins, float* real, kiss_fft_cpx* scratch) const {
+      if (bins != scratch) std::memcpy(scratch, bins, (fft_length / 2 + 1) * sizeof(kiss_fft_cpx));
+      fftwf_execute_dft_c2r(inverse, reinterpret_cast<fftwf_complex*>(scratch), real);
+    }
+    static std::mutex& planner_mutex() {
+      static std::mutex mu;
+      return mu;
+    }
+#else
+    kiss_fftr_cfg forward = nullptr, inverse = nullptr;
+    void make(float*, kiss_fft_cpx*) {
+      const int n = static_cast<int>(fft_length);
+      forward = kiss_fftr_alloc(n, 0, nullptr, nullptr), inverse = kiss_fftr_alloc(n, 1, nullptr, nullptr);
+      if (!forward || !inverse) {
+        release();
+        throw std::bad_alloc();
+      }
+    }
+    void release() {
+      kiss_fftr_free(forward);
+      kiss_fftr_free(inverse);
+      forward = inverse = nullptr;
+    }
+    void transform(float* real, kiss_fft_cpx* bins, kiss_fft_cpx*) const { kiss_fftr(forward, real, bins); }
+    void inverse_transform(const kiss_fft_cpx* bins, float* real, kiss_fft_cpx*) const { kiss_fftri(inverse, bins, real); }
+#endif
   };
   // The plans of an FFT length (computed at the first use of the length in this workspace) and
   // buffers for it.
   const Plans& plans(size_t fft_length) {
     for (const Plans& p : plans_)
       if (p.fft_length == fft_length) return reserve(p);
-    const int n = static_cast<int>(fft_length);
-    plans_.push_back(Plans{fft_length, kiss_fftr_alloc(n, 0, nullptr, nullptr), kiss_fftr_alloc(n, 1, nullptr, nullptr)});
-    if (!plans_.back().forward || !plans_.back().inverse) throw std::bad_alloc();
-    return reserve(plans_.back());
+    Plans p{fft_length};
+    reserve(p);
+    p.make(real.data(), bins.data());
+    plans_.push_back(p);
+    return plans_.back();
   }
 
   std::vector<float> real;          // the segment, zero-padded to the FFT's length
@@ -185,7 +252,7 @@ void analyze_segment(const FftShape& shape, const float* in, kiss_fft_cpx* bins,
   const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
   std::memcpy(ws.real.data(), in, shape.length * sizeof(float));
   if (shape.fft_length > shape.length) ws.real[shape.length] = 0.0f;
-  kiss_fftr(plans.forward, ws.real.data(), bins);
+  plans.transform(ws.real.data(), bins, ws.bins.data());
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
   for (size_t k = 0; k < shape.bins; ++k) bins[k].r *= scale, bins[k].i *= scale;
 }
@@ -368,7 +435,7 @@ size_t read_segment(const CodecConfig& c, const RangeFloat& rf, const uint8_t* i
 void synthesize_segment(const FftShape& shape, const kiss_fft_cpx* bins, float* out, bool accumulate,
                         FftWorkspace& ws) {
   const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
-  kiss_fftri(plans.inverse, bins, ws.real.data());
+  plans.inverse_transform(bins, ws.real.data(), ws.bins.data());
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
   for (size_t i = 0; i < shape.length; ++i) {
     const float v = ws.real[i] * scale;

@@ -40,6 +40,9 @@ struct FftShape {
   size_t keep;
 };
 FftShape fft_shape(const CodecConfig& c, size_t length);
+// The host FFT this build uses: "kissfft", or "fftw" (-DQCCL_FFTW=ON). Part of the fft codec's hash
+// (CodecConfig::hash): the two round differently, so the ranks of a job must share one.
+const char* fft_backend();
 // The most bytes a segment of `length` values encodes to (K bins, the smaller index form for auto).
 size_t fft_segment_capacity(const CodecConfig& c, size_t length);
 // The bytes a segment's payload takes with `count` bins sent in the given index form.

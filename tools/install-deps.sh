@@ -9,6 +9,7 @@ packages=(
   libhwloc-dev                              # topology
   libhwy-dev                                # vectorised kernels with run-time dispatch (Highway)
   libkissfft-dev                            # the fft codec's host FFT (KissFFT, BSD)
+  libfftw3-dev                              # the fft codec's host FFT with -DQCCL_FFTW=ON (FFTW, GPL; the ASan build uses it)
   catch2                                    # tests
   clang libclang-rt-14-dev                  # the wire fuzzer (libFuzzer)
   iproute2                                  # qcclrun --netem: ip, tc

@@ -5,7 +5,8 @@
 # Python package's pytest suites under qcclrun (numpy, torch's DDP hooks and backend); those
 # that emulate a network need root and skip without it) in three builds:
 #   build/        Release, -Werror
-#   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer
+#   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer, with FFTW as the fft codec's host FFT
+#                 (-DQCCL_FFTW=ON; the others take KissFFT, the default: both backends tested)
 #   build-tsan/   ThreadSanitizer (the progress thread, the control plane and the callers)
 # then fuzzes the wire parsers (frame headers, bootstrap messages) with libFuzzer for a short run.
 set -euo pipefail
@@ -26,7 +27,7 @@ ctest --test-dir build -j "$jobs" --output-on-failure
 # build runs them, and the tests labelled timing, whose assertion is a measured rate (the link
 # probe's): a sanitizer slows the CPU that TCP and the progress loop need.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQCCL_SANITIZE=ON -DQCCL_BUILD_PERF=OFF \
-      -DQCCL_CUDA=OFF -DQCCL_PYTHON=OFF
+      -DQCCL_CUDA=OFF -DQCCL_PYTHON=OFF -DQCCL_FFTW=ON
 cmake --build build-asan -j "$jobs"
 ctest --test-dir build-asan -j "$jobs" --output-on-failure -LE "heavy|timing"
 
