@@ -1,5 +1,5 @@
 // Host loops of the FFT-sparsifying codec (fft_sparse.h), on KissFFT's real transforms (BSD), or
-// FFTW's in a build configured with -DQCCL_FFTW=ON (GPL: the library then links FFTW; 4-6x faster
+// FFTW's in a build configured with -DQCCL_FFTW=ON (GPL: the library then links FFTW; 3-6x faster
 // transforms on the development machine, docs/PERF.md "FFT sparsification (host)"). The two give
 // other rounding in the last bits, so ranks must share the backend: it is part of the codec's hash
 // (fft_backend()), and a mixed job fails with a mismatch.
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <stdexcept>
 
 #include "kernels/rfloat.h"
 
@@ -97,12 +98,15 @@ class FftWorkspace {
     bool fits(const void* p) const { return alignment || fftwf_alignment_of(static_cast<float*>(const_cast<void*>(p))) == 0; }
     // bins = the transform of real (the workspace's), through scratch (the workspace's bins).
     void transform(float* real, kiss_fft_cpx* bins, kiss_fft_cpx* scratch) const {
-      kiss_fft_cpx* out = fits(bins) && fits(real) ? bins : scratch;
+      // The workspace's arrays come from operator new (malloc's alignment), as when planned.
+      if (!fits(real) || !fits(scratch)) throw std::logic_error("fft: the workspace's arrays lost FFTW's alignment");
+      kiss_fft_cpx* out = fits(bins) ? bins : scratch;
       fftwf_execute_dft_r2c(forward, real, reinterpret_cast<fftwf_complex*>(out));
       if (out != bins) std::memcpy(bins, out, (fft_length / 2 + 1) * sizeof(kiss_fft_cpx));
     }
     // real = the inverse transform of bins, through scratch (the workspace's bins, destroyed).
     void inverse_transform(const kiss_fft_cpx* bins, float* real, kiss_fft_cpx* scratch) const {
+      if (!fits(real) || !fits(scratch)) throw std::logic_error("fft: the workspace's arrays lost FFTW's alignment");
       if (bins != scratch) std::memcpy(scratch, bins, (fft_length / 2 + 1) * sizeof(kiss_fft_cpx));
       fftwf_execute_dft_c2r(inverse, reinterpret_cast<fftwf_complex*>(scratch), real);
     }
