@@ -447,6 +447,17 @@ size_t DeltaStore::begin_send(const float* x, const uint64_t* keys, size_t nkeys
   return head_bytes;
 }
 
+size_t DeltaStore::split_section(size_t s, size_t* first, size_t* last) {
+  section_rows(s, pending_.keys.size(), first, last);
+  section_delta_rows_.clear();
+  size_t full = 0;
+  for (size_t r = *first; r < *last; ++r) {
+    if (pending_.full_row[r]) ++full;
+    else section_delta_rows_.push_back(r);
+  }
+  return full;
+}
+
 void DeltaStore::send_section(size_t s, uint8_t* out) {
   Pending& p = pending_;
   if (!p.ready || s >= kSections || (p.sections_done >> s & 1u))
@@ -454,14 +465,8 @@ void DeltaStore::send_section(size_t s, uint8_t* out) {
   const size_t row = config_.row_values;
   const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
   size_t first, last;
-  section_rows(s, p.keys.size(), &first, &last);
-  std::vector<size_t>& delta_rows = section_delta_rows_;
-  delta_rows.clear();
-  size_t full = 0;
-  for (size_t r = first; r < last; ++r) {
-    if (p.full_row[r]) ++full;
-    else delta_rows.push_back(r);
-  }
+  const size_t full = split_section(s, &first, &last);
+  const std::vector<size_t>& delta_rows = section_delta_rows_;
   // The delta rows first (a NaN refuses the call before anything else is written): encoded straight
   // from x and the stored m, their new m into pending_m_ (committed by commit()); kernels::
   // aq_delta_send's arithmetic on the stored type, fused (aq_delta.h).
@@ -621,14 +626,8 @@ void DeltaStore::apply_section(size_t s, const uint8_t* section, float* x_out) {
   const size_t row = config_.row_values;
   const size_t full_row_bytes = row * kernels::element_size(config_.full_type);
   size_t first, last;
-  section_rows(s, p.keys.size(), &first, &last);
-  std::vector<size_t>& delta_rows = section_delta_rows_;
-  delta_rows.clear();
-  size_t full = 0;
-  for (size_t r = first; r < last; ++r) {
-    if (p.full_row[r]) ++full;
-    else delta_rows.push_back(r);
-  }
+  const size_t full = split_section(s, &first, &last);
+  const std::vector<size_t>& delta_rows = section_delta_rows_;
   // The delta rows into x_out and their new m aside (with low-bit m, a float32 m re-quantized
   // below): nothing is written when the delta decodes to NaN, which a sender never sends.
   if (!delta_rows.empty()) {

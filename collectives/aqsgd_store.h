@@ -231,6 +231,9 @@ class DeltaStore {
     const size_t k = sections(nkeys);
     *first = s < k ? s * nkeys / k : nkeys, *last = s < k ? (s + 1) * nkeys / k : nkeys;
   }
+  // Section s's rows [first, last) of the pending call: its delta rows into section_delta_rows_;
+  // returns how many rows it sends full.
+  size_t split_section(size_t s, size_t* first, size_t* last);
   // Sets pending_'s layout from its full_row: the sections' lengths, and the message's.
   void lay_out(size_t head_bytes);
   // Section s's header, checked against the call (kCorrupt).
