@@ -280,26 +280,49 @@ HWY_INLINE void ForEachPiece(size_t row, size_t v0, size_t n, const F& f) {
   }
 }
 
+// m's stored values as float32 vectors and scalars, per stored type (exact for every type).
+struct StoredFloat32 {
+  template <class DF>
+  static HWY_INLINE hn::VFromD<DF> Load(DF df, const uint8_t* m, size_t i) {
+    return hn::LoadU(df, reinterpret_cast<const float*>(m) + i);
+  }
+  static float Scalar(const uint8_t* m, size_t i) {
+    float v;
+    std::memcpy(&v, m + i * sizeof v, sizeof v);
+    return v;
+  }
+};
+template <class Cast>  // Float16 or Bfloat16 (half-inl.h)
+struct StoredHalf {
+  template <class DF>
+  static HWY_INLINE hn::VFromD<DF> Load(DF df, const uint8_t* m, size_t i) {
+    return Cast::Widen(df, hn::LoadU(hn::Rebind<uint16_t, DF>(), reinterpret_cast<const uint16_t*>(m) + i));
+  }
+  static float Scalar(const uint8_t* m, size_t i) {
+    uint16_t h;
+    std::memcpy(&h, m + i * sizeof h, sizeof h);
+    return std::is_same_v<Cast, Float16> ? half_to_float(h) : bf16_to_float(h);
+  }
+};
+template <class F>
+HWY_INLINE void WithStored(DataType t, const F& f) {
+  if (t == DataType::kFloat16) f(StoredHalf<Float16>{});
+  else if (t == DataType::kBfloat16) f(StoredHalf<Bfloat16>{});
+  else f(StoredFloat32{});
+}
+
 // out = float(m) for len values of m's type t, in line: the casts of half-inl.h that DecodeCast
 // runs, without its dispatch and its non-finite count, which the tiles' callers do not need (a
 // float16 or bfloat16 is a float32 exactly: any conversion gives these bits).
 HWY_INLINE void WidenStored(DataType t, const uint8_t* m, float* out, size_t len) {
-  if (t == DataType::kFloat32) {
-    std::memcpy(out, m, len * sizeof(float));
-    return;
-  }
-  const hn::ScalableTag<float> df;
-  const hn::Rebind<uint16_t, decltype(df)> d16;
-  const size_t w = hn::Lanes(df);
-  const auto* h = reinterpret_cast<const uint16_t*>(m);
-  size_t i = 0;
-  if (t == DataType::kFloat16) {
-    for (; i + w <= len; i += w) hn::StoreU(Float16::Widen(df, hn::LoadU(d16, h + i)), df, out + i);
-    for (; i < len; ++i) out[i] = half_to_float(h[i]);
-  } else {
-    for (; i + w <= len; i += w) hn::StoreU(Bfloat16::Widen(df, hn::LoadU(d16, h + i)), df, out + i);
-    for (; i < len; ++i) out[i] = bf16_to_float(h[i]);
-  }
+  WithStored(t, [&](auto stored) {
+    using Stored = decltype(stored);
+    const hn::ScalableTag<float> df;
+    const size_t w = hn::Lanes(df);
+    size_t i = 0;
+    for (; i + w <= len; i += w) hn::StoreU(Stored::Load(df, m, i), df, out + i);
+    for (; i < len; ++i) out[i] = Stored::Scalar(m, i);
+  });
 }
 
 // m = round_t(in) for len values: EncodeCast's casts (half-inl.h, bit-identical to half.h), in line.
@@ -344,37 +367,6 @@ void ScatterDeltaTile(const AqDeltaRows& rows, float* const* x_out, size_t v0, s
     if (x_out) std::memcpy(x_out[r] + o, mf + k, len * sizeof(float));
     NarrowStored(rows.t, mf + k, static_cast<uint8_t*>(rows.m_out[r]) + o * es, len);
   });
-}
-
-// m's stored values as float32 vectors and scalars, per stored type (exact for every type).
-struct StoredFloat32 {
-  template <class DF>
-  static HWY_INLINE hn::VFromD<DF> Load(DF df, const uint8_t* m, size_t i) {
-    return hn::LoadU(df, reinterpret_cast<const float*>(m) + i);
-  }
-  static float Scalar(const uint8_t* m, size_t i) {
-    float v;
-    std::memcpy(&v, m + i * sizeof v, sizeof v);
-    return v;
-  }
-};
-template <class Cast>  // Float16 or Bfloat16 (half-inl.h)
-struct StoredHalf {
-  template <class DF>
-  static HWY_INLINE hn::VFromD<DF> Load(DF df, const uint8_t* m, size_t i) {
-    return Cast::Widen(df, hn::LoadU(hn::Rebind<uint16_t, DF>(), reinterpret_cast<const uint16_t*>(m) + i));
-  }
-  static float Scalar(const uint8_t* m, size_t i) {
-    uint16_t h;
-    std::memcpy(&h, m + i * sizeof h, sizeof h);
-    return std::is_same_v<Cast, Float16> ? half_to_float(h) : bf16_to_float(h);
-  }
-};
-template <class F>
-HWY_INLINE void WithStored(DataType t, const F& f) {
-  if (t == DataType::kFloat16) f(StoredHalf<Float16>{});
-  else if (t == DataType::kBfloat16) f(StoredHalf<Bfloat16>{});
-  else f(StoredFloat32{});
 }
 
 // The first pass's tile: m[c] = max(m[c], |x - float(m_rows)|'s bits) for values v0 .. v0 + n - 1 of
