@@ -20,6 +20,7 @@
 // Wire bytes per rank: b/8 * sum over k of |seg(r-k-1)| + |seg(r-k)|, 2(n-1)/n * b/8 * D when n
 // divides D (b = 8, 16, 32); an exact round sends es instead of b/8 per value.
 #include "collectives/algorithms.h"
+#include "collectives/device_kernels.h"
 #include "collectives/intsgd.h"
 
 namespace qccl::coll {
@@ -99,6 +100,7 @@ class AllReduceIntsgd final : public Plan {
     return ring_elements() * (intsgd_call(args_).round().exact ? args_.element_size() : wire_);
   }
   uint64_t raw_wire_bytes() const override { return ring_elements() * args_.element_size(); }
+  void absorb(const DeviceCounters& counters) override { steps_.absorb(counters); }
 
  private:
   size_t wire_stride() const { return (chunk_ * wire_ + 63) / 64 * 64; }

@@ -38,6 +38,7 @@ class IntsgdCall final : public MethodCall {
   void prepare(const CollArgs&) override;
   double scale() const override { return round_.alpha; }
   void complete(const CollArgs& args, const Plan& plan, size_t* nonfinite) override;
+  bool reads_output() const override { return round_.exact; }  // the exact round's norm
   MethodStats stats(const Plan&) const override;
 
  private:
@@ -73,6 +74,8 @@ class IntsgdSteps {
   void decode(Program& p, void* dst, const void* src, size_t count, float alpha, float* scratch) const;
   // dst (8 bytes) = the SwitchChunkHeader of `count` wire values.
   void chunk_header(Program& p, void* dst, size_t count) const;
+  // Device executions: the clips and sums the device's kernels counted, added to the call's.
+  void absorb(const DeviceCounters& counters) const;
 
  private:
   struct Bound {
@@ -90,18 +93,21 @@ class IntsgdSteps {
     Phase phase() const override { return Phase::kEncode; }
     const char* name() const override { return "int_encode"; }
     void run(const step::Compute& s, StepContext& context) const override;
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override;
   };
   struct Add final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kDecode; }
     const char* name() const override { return "int_add"; }
     void run(const step::Compute& s, StepContext& context) const override;
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override;
   };
   struct Decode final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kDecode; }
     const char* name() const override { return "int_decode"; }
     void run(const step::Compute& s, StepContext& context) const override;
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override;
   };
   struct Header final : StepKernel {
     const Bound* b;

@@ -2,6 +2,8 @@
 // binds it to one call's width, clip range, rounding and result type.
 #include "collectives/intsgd.h"
 
+#include "collectives/device_kernels.h"
+
 #include <algorithm>
 #include <limits>
 
@@ -61,6 +63,35 @@ void IntsgdSteps::Decode::run(const step::Compute& s, StepContext& context) cons
     kernels::int_accumulate_sums(b->bits, s.src, s.count, b->sums);
   }
   if (f32 != out) kernels::store_float(b->dtype, f32, s.dst, s.count);
+}
+
+// The device forms: the same element functions (codec_cuda.h), the fragment's taint on the device.
+bool IntsgdSteps::Encode::launch(const step::Compute& s, DeviceStepContext& context) const {
+  context.kernels->int_encode(b->bits, static_cast<const float*>(s.src), s.count, s.factor, b->stochastic, b->clip,
+                              b->rng, s.index, s.dst, &context.counters->clipped, context.taint);
+  return true;
+}
+
+bool IntsgdSteps::Add::launch(const step::Compute& s, DeviceStepContext& context) const {
+  context.kernels->int_add(b->bits, s.src, s.dst, s.count);
+  return true;
+}
+
+bool IntsgdSteps::Decode::launch(const step::Compute& s, DeviceStepContext& context) const {
+  float* f32 = b->dtype == DataType::kFloat32 ? static_cast<float*>(s.dst) : static_cast<float*>(const_cast<void*>(s.src2));
+  context.kernels->int_decode(b->bits, s.src, s.count, 1.0 / (b->divisor * static_cast<double>(s.factor)), f32,
+                              context.taint, context.tainted, context.counters);
+  if (f32 != s.dst) context.kernels->store_float(b->dtype, f32, s.dst, s.count);
+  return true;
+}
+
+void IntsgdSteps::absorb(const DeviceCounters& counters) const {
+  *bound_.clipped += counters.clipped;
+  kernels::IntSums sums;
+  sums.squares_lo = counters.squares_lo;
+  sums.squares_hi = counters.squares_hi;
+  sums.max_abs = static_cast<uint32_t>(counters.max_abs);
+  bound_.sums->merge(sums);
 }
 
 void IntsgdSteps::Header::run(const step::Compute& s, StepContext&) const {

@@ -227,6 +227,9 @@ struct Compute;
 // What a StepKernel may touch besides its operands: the fragment's taint (a non-finite value met
 // here or, through the message keys, at a peer: the fragment decodes to NaN and leaves state alone)
 // and the operation's count of non-finite outputs.
+struct DeviceStepContext;  // device_kernels.h
+struct DeviceCounters;
+
 struct StepContext {
   bool* tainted;
   size_t* nonfinite;
@@ -249,6 +252,9 @@ class StepKernel {
   // order, so the earliest one left never waits).
   virtual bool ready(const step::Compute&) const { return true; }
   virtual void run(const step::Compute& step, StepContext& context) const = 0;
+  // run()'s work enqueued on a device (device_kernels.h), the same bits; false when the kernel has no
+  // device form (the device executor then fails the call, which Comm refuses before it starts).
+  virtual bool launch(const step::Compute&, DeviceStepContext&) const { return false; }
 };
 
 namespace step {
@@ -386,6 +392,9 @@ class Plan {
   virtual uint64_t raw_wire_bytes() const { return wire_bytes_sent(); }
   // Whether it exchanges data with the communicator's aggregator processes (peers nranks and up).
   virtual bool uses_aggregators() const { return false; }
+  // Device executions: what the device's kernels counted for the call's method (IntSGD's clips and
+  // sums), read back once the collective's work is done.
+  virtual void absorb(const DeviceCounters&) {}
 
  protected:
   CollArgs args_;

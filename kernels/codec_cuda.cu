@@ -417,6 +417,54 @@ __global__ void int_decode_kernel(const TWire* __restrict__ in, size_t n, double
   }
 }
 
+// IntSGD's decode of one fragment's sums inside a collective: NaN where the fragment is tainted (the
+// host's flag or the device's word, read here so that no host round trip decides it), else the
+// decoded values and int_accumulate_sums's exact integer sums, a block's at a time: its threads' 128-bit
+// sums of squares meet in shared memory and go to the counters in one pair of atomics (a carry out of
+// the low word, seen as the atomic's old value wrapping, adds one to the high word), so the result is
+// the host's whatever the order.
+template <typename TWire>
+__global__ void int_decode_sums_kernel(const TWire* __restrict__ in, size_t n, double scale, float* __restrict__ out,
+                                       const unsigned long long* taint, bool tainted, unsigned long long* squares,
+                                       unsigned long long* max_abs, unsigned long long* nonfinite) {
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  if (tainted || (taint != nullptr && *taint != 0)) {
+    for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += stride) out[i] = __int_as_float(0x7FC00000);
+    if (blockIdx.x == 0 && threadIdx.x == 0 && nonfinite != nullptr) atomicAdd(nonfinite, static_cast<unsigned long long>(n));
+    return;
+  }
+  unsigned long long lo = 0, hi = 0, most = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += stride) {
+    const long long v = in[i];
+    out[i] = int_decode_value(in[i], scale);
+    const auto square = static_cast<unsigned long long>(v * v);
+    lo += square;
+    hi += lo < square ? 1 : 0;
+    const auto magnitude = static_cast<unsigned long long>(v < 0 ? -v : v);
+    most = magnitude > most ? magnitude : most;
+  }
+  __shared__ unsigned long long block_lo[kFlatThreads], block_hi[kFlatThreads], block_most[kFlatThreads];
+  block_lo[threadIdx.x] = lo, block_hi[threadIdx.x] = hi, block_most[threadIdx.x] = most;
+  __syncthreads();
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      const unsigned other = threadIdx.x + half;
+      const unsigned long long sum = block_lo[threadIdx.x] + block_lo[other];
+      block_hi[threadIdx.x] += block_hi[other] + (sum < block_lo[other] ? 1 : 0);
+      block_lo[threadIdx.x] = sum;
+      if (block_most[other] > block_most[threadIdx.x]) block_most[threadIdx.x] = block_most[other];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  const unsigned long long old = atomicAdd(&squares[0], block_lo[0]);
+  const unsigned long long carry = old + block_lo[0] < old ? 1 : 0;
+  if (block_hi[0] + carry) atomicAdd(&squares[1], block_hi[0] + carry);
+  atomicMax(max_abs, block_most[0]);
+}
+
+__global__ void add_counter_kernel(unsigned long long* acc, const unsigned long long* add) { *acc += *add; }
+
 // Error feedback's miss, as the host executor computes it: one rounding per operator.
 __global__ void feedback_residual_kernel(const float* __restrict__ acc, float* __restrict__ residual, size_t n,
                                          float factor) {
@@ -833,6 +881,31 @@ cudaError_t int_decode_cuda(int bits, const void* in, size_t n, double scale, fl
     case 32: return launch(int_decode_kernel<int32_t, false>, blocks, kFlatThreads, stream, static_cast<const int32_t*>(in), n, scale, out);
     default: return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t int_decode_sums_cuda(int bits, const void* in, size_t n, double scale, float* out,
+                                 const unsigned long long* taint, bool tainted, unsigned long long* squares,
+                                 unsigned long long* max_abs, unsigned long long* nonfinite, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (in == nullptr || out == nullptr || squares == nullptr || max_abs == nullptr) return cudaErrorInvalidValue;
+  const size_t blocks = flat_blocks(n);
+  switch (bits) {
+    case 8:
+      return launch(int_decode_sums_kernel<int8_t>, blocks, kFlatThreads, stream, static_cast<const int8_t*>(in), n,
+                    scale, out, taint, tainted, squares, max_abs, nonfinite);
+    case 16:
+      return launch(int_decode_sums_kernel<int16_t>, blocks, kFlatThreads, stream, static_cast<const int16_t*>(in), n,
+                    scale, out, taint, tainted, squares, max_abs, nonfinite);
+    case 32:
+      return launch(int_decode_sums_kernel<int32_t>, blocks, kFlatThreads, stream, static_cast<const int32_t*>(in), n,
+                    scale, out, taint, tainted, squares, max_abs, nonfinite);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t add_counter_cuda(unsigned long long* acc, const unsigned long long* add, cudaStream_t stream) {
+  if (acc == nullptr || add == nullptr) return cudaErrorInvalidValue;
+  return launch(add_counter_kernel, 1, 1, stream, acc, add);
 }
 
 // ---- convert.h on the device: the cast kernels without the count ------------------------------------

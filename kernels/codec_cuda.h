@@ -85,6 +85,15 @@ cudaError_t int_encode_cuda(int bits, const float* x, size_t n, float alpha, boo
                             unsigned long long* nonfinite, cudaStream_t stream);
 cudaError_t int_add_cuda(int bits, const void* in, void* acc, size_t n, cudaStream_t stream);
 cudaError_t int_decode_cuda(int bits, const void* in, size_t n, double scale, float* out, cudaStream_t stream);
+// IntSGD's decode inside a collective: when `tainted` or *taint (taint may be null) is not 0, out = NaN
+// (0x7FC00000, the host's quiet NaN) and n is added to *nonfinite; else int_decode_cuda's values, and
+// int_accumulate_sums's exact sums added to squares[0..1] (the low and high words of the 128-bit sum of
+// S^2) and max_abs (atomicMax) in place, the same numbers as the host's whatever the launch order.
+cudaError_t int_decode_sums_cuda(int bits, const void* in, size_t n, double scale, float* out,
+                                 const unsigned long long* taint, bool tainted, unsigned long long* squares,
+                                 unsigned long long* max_abs, unsigned long long* nonfinite, cudaStream_t stream);
+// *acc += *add, one thread: a fragment's taint words gathered on the device.
+cudaError_t add_counter_cuda(unsigned long long* acc, const unsigned long long* add, cudaStream_t stream);
 
 // The fft codec's range floats (rfloat.h), one thread per value, the same codes and values as the
 // host's element functions (spec fftsparse.md P10): codes[i] = the code of in[i] (finite inputs;

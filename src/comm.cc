@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <functional>
+#include <memory>
 
 #include "base/errors.h"
 #include "base/log.h"
@@ -487,7 +489,9 @@ const char* device_codec_refusal(const kernels::CodecConfig& c) {
   using kernels::CodecKind;
   if (c.kind == CodecKind::kNone || c.kind == CodecKind::kFp16 || c.kind == CodecKind::kBf16) return nullptr;
   if (c.kind == CodecKind::kQuant && c.levels.empty()) return nullptr;
-  return "the device path runs the none, fp16, bf16 and q1..q8 codecs (without learned levels) so far";
+  if (c.kind == CodecKind::kInt && !c.switch_aggregation) return nullptr;
+  return "the device path runs the none, fp16, bf16, q1..q8 (without learned levels) and IntSGD's int8..int32 "
+         "(along the ring, not agg=switch) codecs so far";
 }
 }  // namespace
 
@@ -711,7 +715,20 @@ void Comm::finish_completed(OpRecord& record) {
   const Execution& op = *record.operation;
   size_t nonfinite = op.stats().nonfinite;
   if (record.call) {
-    record.call->complete(op.plan().args(), op.plan(), &nonfinite);
+    coll::CollArgs args = op.plan().args();
+    // A method that reads the output where the host can (IntSGD's exact round, once per state) reads a
+    // copy of a device call's; its bytes are on the device by now (the execution finished).
+    std::unique_ptr<void, std::function<void(void*)>> output;
+    if (record.on_device && record.call->reads_output() && args.count) {
+      const size_t bytes = args.count * args.element_size();
+      Device* device = device_.get();
+      output = {device->allocate(Device::Memory::kPinned, bytes),
+                [device](void* p) { device->release(Device::Memory::kPinned, p); }};
+      device->copy(output.get(), args.recvbuf, bytes);
+      device->synchronize();
+      args.recvbuf = output.get();
+    }
+    record.call->complete(args, op.plan(), &nonfinite);
     if (const coll::CallFailure* failure = record.call->failure()) return finish(record, result_of(*failure), failure->message);
   }
   if (nonfinite == 0) return finish(record, qcclSuccess, "");
@@ -726,8 +743,9 @@ void Comm::finish_completed(OpRecord& record) {
 void Comm::prepare(OpRecord& record) {
   // The calls before this one on its state have finished: its residual moves to where this call runs.
   if (record.state && record.on_device) {
-    auto* call = static_cast<coll::QuantizedCall*>(record.call.get());  // place() admits no other method
-    if (call->residual) call->residual = record.state->residual_on_device(device_);
+    // Error feedback's residual; IntSGD, the other method place() admits, keeps no values on a device.
+    auto* call = dynamic_cast<coll::QuantizedCall*>(record.call.get());
+    if (call && call->residual) call->residual = record.state->residual_on_device(device_);
   } else if (record.state) {
     record.state->residual_to_host();
   }

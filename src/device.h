@@ -17,11 +17,14 @@
 #include <memory>
 #include <string>
 
+#include "collectives/device_kernels.h"
 #include "collectives/plan.h"
 
 namespace qccl {
 
-class Device {
+// It is also the device form of a method's step kernels (collectives/device_kernels.h): their launches
+// go on the same stream, in order with the data steps.
+class Device : public coll::DeviceKernels {
  public:
   using Ticket = uint64_t;  // points on the stream, increasing; 0 is before any work (always reached)
   enum class Memory : uint8_t {

@@ -104,6 +104,31 @@ class CudaDevice final : public Device {
 
   void launch(const coll::Step& step, const coll::CollArgs& args, unsigned long long* nonfinite) override;
 
+  // The step kernels' device form (collectives/device_kernels.h): codec_cuda.h's launchers.
+  void int_encode(int bits, const float* x, size_t n, float alpha, bool stochastic, kernels::IntClip clip,
+                  const kernels::PhiloxKey& key, uint64_t first, void* out, unsigned long long* clipped,
+                  unsigned long long* nonfinite) override {
+    enqueue("int_encode_cuda", [&] {
+      return kernels::int_encode_cuda(bits, x, n, alpha, stochastic, clip, key, first, out, clipped, nonfinite, stream_);
+    });
+  }
+  void int_add(int bits, const void* in, void* acc, size_t n) override {
+    enqueue("int_add_cuda", [&] { return kernels::int_add_cuda(bits, in, acc, n, stream_); });
+  }
+  void int_decode(int bits, const void* in, size_t n, double scale, float* out, const unsigned long long* taint,
+                  bool tainted, coll::DeviceCounters* counters) override {
+    enqueue("int_decode_sums_cuda", [&] {
+      return kernels::int_decode_sums_cuda(bits, in, n, scale, out, taint, tainted, &counters->squares_lo,
+                                           &counters->max_abs, &counters->nonfinite, stream_);
+    });
+  }
+  void store_float(kernels::DataType type, const float* in, void* out, size_t n) override {
+    enqueue("store_float_cuda", [&] { return kernels::store_float_cuda(type, in, out, n, nullptr, stream_); });
+  }
+  void add_counter(unsigned long long* acc, const unsigned long long* add) override {
+    enqueue("add_counter_cuda", [&] { return kernels::add_counter_cuda(acc, add, stream_); });
+  }
+
   void copy(void* dst, const void* src, size_t bytes) override {
     const std::lock_guard<std::mutex> lock(mu_);
     const DeviceScope scope(device_);
@@ -208,6 +233,14 @@ class CudaDevice final : public Device {
     Ticket ticket;
     cudaEvent_t event;
   };
+  // A launcher of codec_cuda.h on the stream; its error names it.
+  template <typename Launch>
+  void enqueue(const char* what, Launch&& launch) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    const DeviceScope scope(device_);
+    const cudaError_t e = launch();
+    if (e != cudaSuccess) fail(qcclSystemError, "CUDA: %s failed on %s: %s", what, name_.c_str(), cudaGetErrorString(e));
+  }
   static void CUDART_CB wake(void* fd) {
     const uint64_t one = 1;
     ssize_t rc = ::write(*static_cast<int*>(fd), &one, sizeof one);

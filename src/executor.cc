@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "base/errors.h"
+#include "collectives/device_kernels.h"
 #include "kernels/codec.h"
 #include "kernels/convert.h"
 #include "kernels/reduce.h"
@@ -77,12 +78,22 @@ class PlanExecution final : public Execution {
     transport::Key key = 0;    // ...with this key
     void* device_dst = nullptr;  // a receive's destination, filled from `staging` once it arrived
     bool wire_recv = false;      // wire A: a receive posted in the open group, not waited for yet
+    // Device executions of plans with step kernels: a staged send's taint word, copied to pinned
+    // memory beside its bytes and read when it is posted (the key's taint bit); on wire A, a
+    // receive's taint word from the peer, added to the slot's once the receive is waited for.
+    const unsigned long long* staged_taint = nullptr;
+    bool fold_taint = false;
     bool abandoned = false;      // cancelled while the transport held it (cancel)
   };
   struct Slot {
     size_t fragment = kIdle;
     size_t pc = 0;
     bool tainted = false;  // met NaN/Inf here or at a peer (see message_key.h)
+    // Device executions of plans with step kernels (Compute steps): the fragment's taint also lives
+    // on the device, where this rank's kernels find NaN or Inf (taint_words: kTaintWords words of
+    // device memory, the slot's own taint then one per transfer slot for wire A's incoming words).
+    bool device_taint = false;
+    unsigned long long* taint_words = nullptr;
     std::byte* scratch = nullptr;
     coll::Program program;
     std::vector<Transfer> transfers;  // grown to the program's transfer_slots(), never shrunk
@@ -103,6 +114,7 @@ class PlanExecution final : public Execution {
     bool sent = false;  // posted (only once rounds 0 .. k-1 are checked)
   };
   static constexpr size_t kIdle = ~size_t{0};
+  static constexpr size_t kTaintWords = 16;  // Slot::taint_words
 
   transport::Key key(uint32_t message, bool tainted = false) const {
     const uint64_t sequence =
@@ -142,6 +154,7 @@ class PlanExecution final : public Execution {
   // Device executions: takes the scratch and counters at the start, enqueues the read-back of the
   // non-finite count after the last fragment, and learns when the device reached it.
   void start_on_device();
+  void start_device_taint(Slot& slot);
   bool finish_on_device();
   // Ordered mode: whether a fragment older than the slot's still has a transfer of the same direction
   // with `peer` to post.
@@ -179,8 +192,10 @@ class PlanExecution final : public Execution {
   std::vector<std::pair<const std::byte*, size_t>> group_sends_;  // ...and what its sends read
   bool wire_posted_ = false;  // wire A: something was posted (a failure must abort the wire)
   DeviceExecutor::Block device_scratch_;
-  DeviceExecutor::Block counters_;  // the non-finite count (device memory)...
+  DeviceExecutor::Block counters_;  // coll::DeviceCounters (device memory)...
   DeviceExecutor::Block readback_;  // ...and its copy on the host (pinned), while it comes back
+  DeviceExecutor::Block taint_;     // Slot::taint_words of every slot (device memory)...
+  DeviceExecutor::Block staged_taint_;  // ...and a pinned word per transfer slot for staged sends
   Device::Ticket tail_ = 0;         // the read-back's point on the stream, once enqueued
   Device::Mark input_ = 0;          // the caller's stream at the call, until the execution starts
   bool device_done_ = false;        // the device reached it
@@ -228,6 +243,8 @@ PlanExecution::~PlanExecution() {
   shared_->give(device_scratch_);
   shared_->give(counters_);
   shared_->give(readback_);  // failed after its last step was enqueued
+  shared_->give(taint_);
+  shared_->give(staged_taint_);
 }
 
 void PlanExecution::start_on_device() {
@@ -238,8 +255,27 @@ void PlanExecution::start_on_device() {
     device_scratch_ = shared_->take(Device::Memory::kDevice, scratch * slots_.size());
     for (size_t i = 0; i < slots_.size(); ++i) slots_[i].scratch = static_cast<std::byte*>(device_scratch_.p) + i * scratch;
   }
-  counters_ = shared_->take(Device::Memory::kDevice, sizeof(unsigned long long));
-  device_->zero(counters_.p, sizeof(unsigned long long));
+  counters_ = shared_->take(Device::Memory::kDevice, sizeof(coll::DeviceCounters));
+  device_->zero(counters_.p, sizeof(coll::DeviceCounters));
+}
+
+// A fragment whose plan has step kernels keeps its taint on the device too: its words zeroed on the
+// stream, after the slot's previous fragment's work.
+void PlanExecution::start_device_taint(Slot& slot) {
+  const auto& steps = slot.program.steps();
+  slot.device_taint = std::any_of(steps.begin(), steps.end(),
+                                  [](const coll::Step& s) { return std::holds_alternative<coll::step::Compute>(s); });
+  if (!slot.device_taint) return;
+  if (slot.program.transfer_slots() >= kTaintWords)
+    fail(qcclInternalError, "%s (%s): fragment %zu has %zu transfer slots; the device's taint words hold %zu",
+         identity_.header.describe().c_str(), algorithm_.name, slot.fragment, slot.program.transfer_slots(),
+         kTaintWords - 1);
+  if (!taint_.p) {
+    taint_ = shared_->take(Device::Memory::kDevice, slots_.size() * kTaintWords * sizeof(unsigned long long));
+    staged_taint_ = shared_->take(Device::Memory::kPinned, slots_.size() * kTaintWords * sizeof(unsigned long long));
+    for (size_t i = 0; i < slots_.size(); ++i) slots_[i].taint_words = static_cast<unsigned long long*>(taint_.p) + i * kTaintWords;
+  }
+  device_->zero(slot.taint_words, kTaintWords * sizeof(unsigned long long));
 }
 
 // The collective's last data step is enqueued once every fragment completed on the host; the
@@ -251,15 +287,16 @@ bool PlanExecution::finish_on_device() {
     fail(qcclRemoteError, "%s (%s): %s was aborted after another collective failed", identity_.header.describe().c_str(),
          algorithm_.name, wire_->describe().c_str());
   if (!tail_) {
-    readback_ = shared_->take(Device::Memory::kPinned, sizeof(unsigned long long));
-    device_->copy(readback_.p, counters_.p, sizeof(unsigned long long));
+    readback_ = shared_->take(Device::Memory::kPinned, sizeof(coll::DeviceCounters));
+    device_->copy(readback_.p, counters_.p, sizeof(coll::DeviceCounters));
     tail_ = device_->record();
     device_->signal(plan_->args().stream);
   }
   if (!device_->reached(tail_)) return false;
-  unsigned long long nonfinite = 0;
-  std::memcpy(&nonfinite, readback_.p, sizeof nonfinite);
-  stats_.nonfinite += nonfinite;
+  coll::DeviceCounters counters;
+  std::memcpy(&counters, readback_.p, sizeof counters);
+  stats_.nonfinite += counters.nonfinite;
+  plan_->absorb(counters);
   shared_->give(readback_);
   readback_ = {};
   device_done_ = true;
@@ -344,6 +381,7 @@ void PlanExecution::next_fragment(Slot& slot) {
   slot.tainted = false;
   plan_->build(slot.fragment, slot.scratch, slot.program);
   if (slot.transfers.size() < slot.program.transfer_slots()) slot.transfers.resize(slot.program.transfer_slots());
+  if (device_) start_device_taint(slot);
 }
 
 bool PlanExecution::poll_headers() {
@@ -460,6 +498,7 @@ void PlanExecution::end_group() {
 
 bool PlanExecution::post_staged_send(Transfer& t) {
   if (!t.staged_send || !device_->reached(t.ready)) return false;
+  if (t.staged_taint && *t.staged_taint) t.key |= kTaintBit;  // this rank's kernels or a peer's met NaN/Inf
   t.handle = transport_.isend(t.peer, t.key, t.staging, t.bytes);
   t.staged_send = false;
   return true;
@@ -547,6 +586,10 @@ bool PlanExecution::execute(const coll::step::Recv& s, Slot& slot, bool*) {
     if (!post_on_wire()) return false;
     wire_->recv(s.peer, s.dst, s.capacity);
     slot.transfers[s.slot].wire_recv = true;
+    if (slot.device_taint) {  // the peer's taint word follows its message (NCCL has no keys to carry it)
+      wire_->recv(s.peer, slot.taint_words + 1 + s.slot, sizeof(unsigned long long));
+      slot.transfers[s.slot].fold_taint = true;
+    }
     stats_.bytes_received += s.capacity;
     return true;
   }
@@ -573,6 +616,7 @@ bool PlanExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
     if (!post_on_wire()) return false;
     wire_->send(s.peer, s.src, bytes);
     group_sends_.emplace_back(static_cast<const std::byte*>(s.src), bytes);
+    if (slot.device_taint) wire_->send(s.peer, slot.taint_words, sizeof(unsigned long long));
   } else {
     Transfer& t = transfer(slot, s.slot);
     if (device_ && !stage(t, bytes)) return false;
@@ -582,6 +626,12 @@ bool PlanExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
   const auto message = static_cast<uint32_t>(1 + slot.fragment % kPayloadMessages);
     if (device_) {  // copied to the host on the stream, after the steps that wrote it; posted once there
       device_->copy(t.staging, s.src, bytes);
+      t.staged_taint = nullptr;
+      if (slot.device_taint) {
+        auto* word = static_cast<unsigned long long*>(staged_taint_.p) + (&slot - slots_.data()) * kTaintWords + 1 + s.slot;
+        device_->copy(word, slot.taint_words, sizeof(unsigned long long));
+        t.staged_taint = word;
+      }
       t.ready = device_->record();
       t.staged_send = true;
       t.key = key(message, slot.tainted);
@@ -604,16 +654,24 @@ bool PlanExecution::execute(const coll::step::Wait& s, Slot& slot, bool* moved) 
   if (t.wire_recv) {  // what follows may use the bytes, even a send: it goes after the group, on the stream
     end_group();
     t.wire_recv = false;
+    if (t.fold_taint) device_->add_counter(slot.taint_words, slot.taint_words + 1 + s.slot);
+    t.fold_taint = false;
     return true;
   }
   return complete(t, moved, &slot.tainted);
 }
 
 bool PlanExecution::execute(const coll::step::Compute& s, Slot& slot, bool*) {
-  if (device_)  // Comm refuses these calls on device buffers before anything is sent
-    fail(qcclInvalidUsage, "%s (%s): the step kernel '%s' has no device implementation yet",
-         identity_.header.describe().c_str(), algorithm_.name, s.kernel->name());
   if (!s.kernel->ready(s)) return false;
+  if (device_) {
+    if (wire_) end_group();  // the group's transfers come before the step, in stream order
+    coll::DeviceStepContext context{device_, static_cast<coll::DeviceCounters*>(counters_.p), slot.taint_words,
+                                    slot.tainted};
+    if (!s.kernel->launch(s, context))  // Comm refuses these calls on device buffers before anything is sent
+      fail(qcclInvalidUsage, "%s (%s): the step kernel '%s' has no device implementation yet",
+           identity_.header.describe().c_str(), algorithm_.name, s.kernel->name());
+    return true;
+  }
   const auto begin = Clock::now();
   coll::StepContext context{&slot.tainted, &stats_.nonfinite};
   s.kernel->run(s, context);
@@ -658,7 +716,7 @@ bool PlanExecution::run_steps(Slot& slot) {
     const auto& steps = slot.program.steps();
     if (slot.pc == steps.size()) {
       if (wire_) end_group();  // a fragment's transfers never share a group with the next one's
-      for (Transfer& t : slot.transfers) t.wire_recv = false;
+      for (Transfer& t : slot.transfers) t.wire_recv = t.fold_taint = false;
       for (Transfer& t : slot.transfers)
         if (!complete(t, &moved, &slot.tainted)) return moved;
       ++fragments_done_;

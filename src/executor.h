@@ -187,11 +187,17 @@ class HostExecutor final : public Executor {
 //     known to have called the same collective (the agreement rounds of executor.h run for every
 //     collective); one fragment at a time in ordered mode (one stream runs kernels and transfers in
 //     turn, so more would not overlap). Fixed-length messages only.
+// A method's Compute steps run as their kernels' device form (StepKernel::launch, enqueued through
+// the Device: collectives/device_kernels.h); a kernel without one fails the call (Comm refuses such
+// calls first). A fragment of such a plan keeps its taint (NaN or Inf met here or at a peer) in a
+// device word as well as on the host: a staged send copies the word to pinned memory beside its bytes
+// and sets its key's taint bit from it when it is posted; on wire A, which has no keys, every send is
+// followed by the sender's taint word and every receive by the peer's, added to the slot's once the
+// receive is waited for. So a decode finds the taint without a host round trip.
 // Scratch and staging buffers come from the executor's pool (allocated once, reused). An execution
-// finishes once the device reached its last step: the non-finite count, a device counter, comes back
-// then, once per collective, and the caller's stream (CollArgs::stream) waits for the collective's
-// work. Plans with a method's Compute steps (Marsit, IntSGD, fft) are refused: their kernels have no
-// device form yet.
+// finishes once the device reached its last step: its counters (coll::DeviceCounters: the non-finite
+// count and what a method's kernels count) come back then, once per collective (the plan absorbs
+// the method's), and the caller's stream (CollArgs::stream) waits for the collective's work.
 class DeviceExecutor final : public Executor {
  public:
   // A block of the pool.

@@ -4,16 +4,19 @@
 // residuals, wire bytes, non-finite counts), for several rank counts, datatypes, ops, chunk sizes,
 // pipeline depths, in place and out of place, with the stream lagging behind the host by a random
 // amount; it joins the caller's stream once each way, reuses its pool from call to call, and refuses
-// plans whose method has no device kernels.
+// plans whose method has no device kernels. IntSGD's ring runs its step kernels' device form: the
+// host's bits, clip counts and integer sums, and a NaN's taint reaching every rank on both wires.
 #include <catch2/catch.hpp>
 
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "base/errors.h"
 #include "collectives/compressed.h"
+#include "collectives/intsgd.h"
 #include "kernels/codec.h"
 #include "tests/collectives/sim_runner.h"
 #include "tests/common/reference.h"
@@ -55,13 +58,24 @@ struct HostRank {
   std::vector<uint8_t> send, recv;
   std::vector<float> residual;  // error feedback (empty: none)
   coll::QuantizedCall call;
+  // IntSGD: the round its call runs (set: the call is an IntsgdCall, made afresh for every run).
+  std::optional<coll::IntsgdRound> intsgd_round;
+  std::shared_ptr<coll::IntsgdCall> intsgd;
 };
 
 struct Outcome {
   std::vector<std::vector<uint8_t>> recv;      // per rank
   std::vector<std::vector<float>> residual;    // per rank (error feedback)
   std::vector<ExecutionStats> stats;
+  std::vector<size_t> clipped;                 // per rank (IntSGD)
+  std::vector<kernels::IntSums> sums;          // per rank (IntSGD)
 };
+
+void record_intsgd(const HostRank& h, Outcome* out) {
+  if (!h.intsgd) return;
+  out->clipped.push_back(*h.intsgd->clipped());
+  out->sums.push_back(*h.intsgd->sums());
+}
 
 // The ranks' arguments bound to their host buffers (in place: the send block inside recv, at
 // `in_place_offset` bytes; for AllReduce 0).
@@ -76,6 +90,11 @@ std::vector<CollArgs> bind(std::vector<HostRank>& ranks, const std::vector<CollA
     if (ranks[r].recv.empty()) a.recvbuf = nullptr;
     ranks[r].call.residual = ranks[r].residual.empty() ? nullptr : ranks[r].residual.data();
     if (a.codec) a.method_call = &ranks[r].call;
+    if (ranks[r].intsgd_round) {
+      ranks[r].intsgd = std::make_shared<coll::IntsgdCall>(a, nullptr, 0.0);
+      ranks[r].intsgd->set_round(*ranks[r].intsgd_round);
+      a.method_call = ranks[r].intsgd.get();
+    }
   }
   return args;
 }
@@ -88,6 +107,7 @@ Outcome run_host(std::vector<HostRank> ranks, const std::vector<CollArgs>& shape
     out.recv.push_back(ranks[r].recv);
     out.residual.push_back(ranks[r].residual);
     out.stats.push_back(sim.ops[r]->stats());
+    record_intsgd(ranks[r], &out);
   }
   return out;
 }
@@ -212,6 +232,7 @@ Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& sha
     if (residual[r]) devices[r]->download(h.residual.data(), residual[r], h.residual.size() * sizeof(float));
     out.recv.push_back(h.recv);
     out.residual.push_back(h.residual);
+    record_intsgd(h, &out);
   }
   for (int r = 0; r < n; ++r) {  // buffers of the test's own
     if (recv[r]) devices[r]->release(Device::Memory::kDevice, recv[r]);
@@ -231,6 +252,14 @@ void require_same(const Outcome& host, const Outcome& device) {
     CHECK(host.stats[r].bytes_sent == device.stats[r].bytes_sent);
     CHECK(host.stats[r].bytes_received == device.stats[r].bytes_received);
     CHECK(host.stats[r].nonfinite == device.stats[r].nonfinite);
+  }
+  REQUIRE(host.clipped.size() == device.clipped.size());
+  for (size_t r = 0; r < host.clipped.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(host.clipped[r] == device.clipped[r]);
+    CHECK(host.sums[r].squares_lo == device.sums[r].squares_lo);
+    CHECK(host.sums[r].squares_hi == device.sums[r].squares_hi);
+    CHECK(host.sums[r].max_abs == device.sums[r].max_abs);
   }
 }
 
@@ -486,6 +515,76 @@ TEST_CASE("device executor: wire A posts two collectives in call order on every 
       CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 10.0f; }));  // 1 + 2 + 3 + 4
       devices[r]->release(Device::Memory::kDevice, buffers[r][k]);
     }
+}
+
+TEST_CASE("device executor: IntSGD's ring gives the host's bits, clips and sums on both wires", "[device]") {
+  struct Case {
+    const char* codec;
+    int n;
+    size_t count;
+    DataType dtype;
+    RedOp op;
+    float alpha;  // large enough that some values clip
+    bool exact;   // the state's first round: a float ring all-reduce, no integers
+  };
+  const Case cases[] = {
+      {"int8:alpha=1", 3, 1000, DataType::kFloat32, RedOp::kAvg, 40.0f, false},
+      {"int8:alpha=1,round=stochastic", 4, 777, DataType::kBfloat16, RedOp::kSum, 10.0f, false},
+      {"int16:alpha=1", 2, 1500, DataType::kFloat16, RedOp::kAvg, 6000.0f, false},
+      {"int32:alpha=1,round=stochastic", 3, 999, DataType::kFloat32, RedOp::kSum, 3e8f, false},
+      {"int8:alpha=1", 1, 300, DataType::kFloat32, RedOp::kAvg, 20.0f, false},
+      {"int16:alpha=1", 3, 800, DataType::kFloat32, RedOp::kAvg, 1.0f, true},
+  };
+  uint64_t seed = 2000;
+  for (const Case& c : cases) {
+    const kernels::CodecConfig codec = kernels::parse_codec_spec(c.codec);
+    std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, c.n, c.count, c.dtype, c.op);
+    for (int r = 0; r < c.n; ++r) {
+      shape[r].codec = &codec;
+      shape[r].rng = kernels::PhiloxKey{codec.seed, 5, static_cast<uint32_t>(r), 0};
+    }
+    std::vector<size_t> offset;
+    auto ranks = make_ranks(shape, ++seed, false, &offset);
+    for (HostRank& h : ranks) h.intsgd_round = coll::IntsgdRound{c.exact, c.alpha};
+    const coll::Algorithm* algorithm = coll::find_algorithm(CollKind::kAllReduce, "intsgd");
+    REQUIRE(algorithm);
+    for (int depth : {1, 3}) {
+      INFO(c.codec << ", " << c.n << " ranks, " << c.count << " values, alpha " << c.alpha << ", depth " << depth
+                   << (c.exact ? ", exact round" : ""));
+      const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 1024, depth);
+      if (!c.exact && c.n > 1) {  // the sums were decoded, and the test clips some values
+        CHECK(host.sums[0].squares_lo + host.sums[0].squares_hi > 0);
+        CHECK(host.clipped[0] + host.clipped[c.n - 1] > 0);
+      }
+      require_same(host, run_device(ranks, shape, false, offset, *algorithm, 1024, depth, seed));
+      require_same(host, run_device(ranks, shape, false, offset, *algorithm, 1024, depth, seed, 1, Wire::kPeer));
+    }
+  }
+}
+
+TEST_CASE("device executor: IntSGD's taint reaches every rank's decode on both wires", "[device]") {
+  // A NaN and an Inf on two ranks, in two different fragments: those fragments decode to NaN on every
+  // rank (the taint found by the device's encode, carried by the staged key or wire A's taint word),
+  // the others decode normally; the host executor's bits and counts exactly.
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("int16:alpha=1");
+  std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, 4, 2000, DataType::kFloat32, RedOp::kAvg);
+  for (int r = 0; r < 4; ++r) {
+    shape[r].codec = &codec;
+    shape[r].rng = kernels::PhiloxKey{codec.seed, 1, static_cast<uint32_t>(r), 0};
+  }
+  std::vector<size_t> offset;
+  auto ranks = make_ranks(shape, 77, false, &offset);
+  for (HostRank& h : ranks) h.intsgd_round = coll::IntsgdRound{false, 100.0f};
+  const float nan = NAN, inf = INFINITY;
+  std::memcpy(ranks[1].send.data() + 10 * sizeof(float), &nan, sizeof nan);
+  std::memcpy(ranks[3].send.data() + 1700 * sizeof(float), &inf, sizeof inf);
+  const coll::Algorithm* algorithm = coll::find_algorithm(CollKind::kAllReduce, "intsgd");
+  const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 256, 2);
+  REQUIRE(host.stats[0].nonfinite > 0);
+  REQUIRE(host.stats[0].nonfinite < 2000);  // only the tainted fragments
+  for (int r = 1; r < 4; ++r) CHECK(host.stats[r].nonfinite == host.stats[0].nonfinite);
+  require_same(host, run_device(ranks, shape, false, offset, *algorithm, 256, 2, 9));
+  require_same(host, run_device(ranks, shape, false, offset, *algorithm, 256, 1, 9, 1, Wire::kPeer));
 }
 
 // A method's kernel and a plan of one Compute step, as Marsit's and IntSGD's plans have.

@@ -20,8 +20,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <functional>
 #include <map>
@@ -31,6 +33,8 @@
 #include <string>
 
 #include "kernels/codec.h"
+#include "kernels/convert.h"
+#include "kernels/intsgd.h"
 #include "src/device.h"
 #include "src/executor.h"
 
@@ -81,6 +85,68 @@ class StandInDevice final : public Device {
       return true;
     });
   }
+  // The step kernels' device form: the host's functions, queued, on operands that must be device
+  // memory; counters and taint words too.
+  void int_encode(int bits, const float* x, size_t n, float alpha, bool stochastic, kernels::IntClip clip,
+                  const kernels::PhiloxKey& key, uint64_t first, void* out, unsigned long long* clipped,
+                  unsigned long long* nonfinite) override {
+    require_device(x, n * sizeof(float), "int_encode's input");
+    require_device(out, n * static_cast<size_t>(bits / 8), "int_encode's output");
+    require_device(clipped, sizeof *clipped, "int_encode's clip counter");
+    require_device(nonfinite, sizeof *nonfinite, "int_encode's taint word");
+    enqueue([=] {
+      const kernels::IntEncodeReport report = kernels::int_encode(bits, x, n, alpha, stochastic, clip, key, first, out);
+      *clipped += report.clipped;
+      *nonfinite += report.nonfinite;
+      return true;
+    });
+  }
+  void int_add(int bits, const void* in, void* acc, size_t n) override {
+    require_device(in, n * static_cast<size_t>(bits / 8), "int_add's input");
+    require_device(acc, n * static_cast<size_t>(bits / 8), "int_add's sum");
+    enqueue([=] {
+      kernels::int_add(bits, in, acc, n);
+      return true;
+    });
+  }
+  void int_decode(int bits, const void* in, size_t n, double scale, float* out, const unsigned long long* taint,
+                  bool tainted, coll::DeviceCounters* counters) override {
+    require_device(in, n * static_cast<size_t>(bits / 8), "int_decode's input");
+    require_device(out, n * sizeof(float), "int_decode's output");
+    require_device(taint, sizeof *taint, "int_decode's taint word");
+    require_device(counters, sizeof *counters, "int_decode's counters");
+    enqueue([=] {
+      if (tainted || *taint) {
+        std::fill(out, out + n, std::numeric_limits<float>::quiet_NaN());
+        counters->nonfinite += n;
+        return true;
+      }
+      kernels::int_decode(bits, in, n, scale, out);
+      kernels::IntSums sums;
+      sums.squares_lo = counters->squares_lo, sums.squares_hi = counters->squares_hi;
+      sums.max_abs = static_cast<uint32_t>(counters->max_abs);
+      kernels::int_accumulate_sums(bits, in, n, &sums);
+      counters->squares_lo = sums.squares_lo, counters->squares_hi = sums.squares_hi, counters->max_abs = sums.max_abs;
+      return true;
+    });
+  }
+  void store_float(kernels::DataType type, const float* in, void* out, size_t n) override {
+    require_device(in, n * sizeof(float), "store_float's input");
+    require_device(out, n * kernels::element_size(type), "store_float's output");
+    enqueue([=] {
+      kernels::store_float(type, in, out, n);
+      return true;
+    });
+  }
+  void add_counter(unsigned long long* acc, const unsigned long long* add) override {
+    require_device(acc, sizeof *acc, "add_counter's sum");
+    require_device(add, sizeof *add, "add_counter's operand");
+    enqueue([=] {
+      *acc += *add;
+      return true;
+    });
+  }
+
   void copy(void* dst, const void* src, size_t bytes) override {
     if (!known(dst, bytes) || !known(src, bytes))
       throw std::logic_error("stand-in device: a copy from or to memory it does not know");

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -391,6 +392,40 @@ TEST_CASE("IntSGD's launchers match intsgd.h bit for bit, clips and non-finite c
         ok(int_decode_cuda(bits, d_acc.get(), n, 1.0 / (5 * 1.7), reinterpret_cast<float*>(d_out.get()), nullptr));
         ok(cudaMemcpy(out_dev.data(), d_out.get(), n * 4, cudaMemcpyDeviceToHost));
         CHECK(first_difference(out.data(), out_dev.data(), n, false) == "");
+        // Inside a collective: the same values and the exact integer sums (random int32 sums carry into
+        // the high word), twice into the same counters; then a tainted fragment (by the host's flag or
+        // by the device's word, which add_counter_cuda gathered) decodes to the host's NaN, counted.
+        IntSums sums;
+        int_accumulate_sums(bits, acc.data(), n, &sums);
+        int_accumulate_sums(bits, acc.data(), n, &sums);
+        const DeviceBytes d_sums(8 * 8);
+        auto* s = reinterpret_cast<unsigned long long*>(d_sums.get());  // squares lo, hi, max, nonfinite, taint, add
+        ok(cudaMemset(s, 0, 8 * 8));
+        for (int twice = 0; twice < 2; ++twice)
+          ok(int_decode_sums_cuda(bits, d_acc.get(), n, 1.0 / (5 * 1.7), reinterpret_cast<float*>(d_out.get()), s + 4,
+                                  false, s, s + 2, s + 3, nullptr));
+        unsigned long long got[6] = {};
+        ok(cudaMemcpy(got, s, sizeof got, cudaMemcpyDeviceToHost));
+        ok(cudaMemcpy(out_dev.data(), d_out.get(), n * 4, cudaMemcpyDeviceToHost));
+        CHECK(first_difference(out.data(), out_dev.data(), n, false) == "");
+        CHECK(got[0] == sums.squares_lo);
+        CHECK(got[1] == sums.squares_hi);
+        CHECK(got[2] == sums.max_abs);
+        CHECK(got[3] == 0);
+        const std::vector<float> nans(n, std::numeric_limits<float>::quiet_NaN());
+        ok(int_decode_sums_cuda(bits, d_acc.get(), n, 1.0, reinterpret_cast<float*>(d_out.get()), nullptr, true, s,
+                                s + 2, s + 3, nullptr));
+        const unsigned long long one = 1;
+        ok(cudaMemcpy(s + 5, &one, sizeof one, cudaMemcpyHostToDevice));
+        ok(add_counter_cuda(s + 4, s + 5, nullptr));
+        ok(int_decode_sums_cuda(bits, d_acc.get(), n, 1.0, reinterpret_cast<float*>(d_out.get()), s + 4, false, s,
+                                s + 2, s + 3, nullptr));
+        ok(cudaMemcpy(got, s, sizeof got, cudaMemcpyDeviceToHost));
+        ok(cudaMemcpy(out_dev.data(), d_out.get(), n * 4, cudaMemcpyDeviceToHost));
+        CHECK(std::memcmp(out_dev.data(), nans.data(), n * 4) == 0);
+        CHECK(got[0] == sums.squares_lo);  // tainted fragments add no sums
+        CHECK(got[3] == 2 * n);
+        CHECK(got[4] == 1);
       }
     }
   }

@@ -6,7 +6,8 @@
 // the work queued on the communicator's stream before it (a blocking call returns with its result in
 // place, so the work queued after it cannot tell whether the stream was joined: that side is the
 // stand-in's test, device_executor_test); what the device path does not take yet (method codecs, graph
-// capture) is refused before anything is sent. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
+// capture) is refused before anything is sent; IntSGD's all-reduce gives the host path's bits, scale,
+// clips and state, and reports a NaN on every rank. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
 // First, before anything includes Catch: it enables Catch's listener interface.
 #include "tests/common/require_cuda_device.h"
 
@@ -200,6 +201,58 @@ TEST_CASE("error feedback on device buffers: the residual follows the calls, wit
   QCCL_REQUIRE_OK(qcclCodecStateSave(on_host.handle, saved_host.data(), a));
   QCCL_REQUIRE_OK(qcclCodecStateSave(mixed.handle, saved_mixed.data(), b));
   CHECK(saved_mixed == saved_host);
+}
+
+qcclStats_t last_stats() {
+  qcclStats_t stats{};
+  stats.size = sizeof(stats);
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(world().comm(), &stats));
+  return stats;
+}
+
+TEST_CASE("IntSGD on device buffers: the host path's bits, alpha, clips and state; NaN reported", "[device]") {
+  World& w = world();
+  const size_t count = 100003;
+  Codec codec("int8:seed=7");
+  State on_host(w.comm(), count), on_device(w.comm(), count);
+  // Round 0 is exact (its norm read from a copy of the device's output); the later ones sum integers.
+  for (int step = 0; step < 4; ++step) {
+    INFO("step " << step);
+    std::vector<uint8_t> send = inputs(DataType::kFloat32, RedOp::kSum, w.rank() + step, count);
+    std::vector<uint8_t> host(send.size());
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(send.data(), host.data(), count, qcclFloat32, qcclAvg, codec.handle,
+                                            on_host.handle, w.comm()));
+    const qcclStats_t expected = last_stats();
+    DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(dsend.get(), drecv.get(), count, qcclFloat32, qcclAvg, codec.handle,
+                                            on_device.handle, w.comm()));
+    const qcclStats_t got = last_stats();
+    CHECK(drecv.read() == host);
+    CHECK(got.intAlpha == expected.intAlpha);
+    CHECK(got.clippedValues == expected.clippedValues);
+    CHECK(got.largestInteger == expected.largestInteger);
+  }
+  size_t a = 0, b = 0;
+  QCCL_REQUIRE_OK(qcclCodecStateSize(on_host.handle, &a));
+  QCCL_REQUIRE_OK(qcclCodecStateSize(on_device.handle, &b));
+  REQUIRE(a == b);
+  std::vector<uint8_t> saved_host(a), saved_device(b);
+  QCCL_REQUIRE_OK(qcclCodecStateSave(on_host.handle, saved_host.data(), a));
+  QCCL_REQUIRE_OK(qcclCodecStateSave(on_device.handle, saved_device.data(), b));
+  CHECK(saved_device == saved_host);
+  // A NaN on the last rank: qcclNonFinite on every rank, the same bytes as the host path's.
+  std::vector<uint8_t> send = inputs(DataType::kFloat32, RedOp::kSum, w.rank() + 9, count);
+  if (w.rank() == w.size() - 1) {
+    const float nan = NAN;
+    std::memcpy(send.data() + 4321 * sizeof(float), &nan, sizeof nan);
+  }
+  std::vector<uint8_t> host(send.size());
+  CHECK(qcclAllReduceCompressed(send.data(), host.data(), count, qcclFloat32, qcclAvg, codec.handle, on_host.handle,
+                                w.comm()) == qcclNonFinite);
+  DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+  CHECK(qcclAllReduceCompressed(dsend.get(), drecv.get(), count, qcclFloat32, qcclAvg, codec.handle, on_device.handle,
+                                w.comm()) == qcclNonFinite);
+  CHECK(drecv.read() == host);
 }
 
 TEST_CASE("device calls are ordered with the communicator's stream", "[device]") {

@@ -1,0 +1,64 @@
+// The device form of a method's step kernels (plan.h's StepKernel::launch): what a kernel may enqueue
+// on a device's stream, as calls of an interface that the runtime implements with the CUDA launchers
+// (src/device_cuda.cc over kernels/codec_cuda.h) and the tests with the host's own functions on a
+// stand-in's queue (tests/common/stand_in_device.h). A plan's numerics thus stay in collectives/
+// and kernels/, and what only a GPU runs is the thin layer beneath this interface.
+//
+// Every pointer is device memory; counters are device words that launches add to (atomically on a
+// GPU) and the host reads once, when the collective ends. Calls enqueue and return: the work runs
+// later, in the order enqueued, with the same bits as the host functions named beside each call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/int_codec.h"
+#include "kernels/philox.h"
+#include "kernels/types.h"
+
+namespace qccl::coll {
+
+// What one collective's device work counts, in device memory, read back when it ends. nonfinite comes
+// first: the executor's own data steps count into it alone.
+struct DeviceCounters {
+  unsigned long long nonfinite;                // outputs that are NaN or Inf
+  unsigned long long clipped;                  // IntSGD: values clipped by the encode
+  unsigned long long squares_lo, squares_hi;   // IntSGD: kernels::IntSums of the decoded sums
+  unsigned long long max_abs;
+};
+
+class DeviceKernels {
+ public:
+  virtual ~DeviceKernels() = default;
+
+  // kernels/intsgd.h's int_encode: out = clip(Int(alpha x)); the clips are added to *clipped and the
+  // non-finite inputs to *nonfinite.
+  virtual void int_encode(int bits, const float* x, size_t n, float alpha, bool stochastic, kernels::IntClip clip,
+                          const kernels::PhiloxKey& key, uint64_t first, void* out, unsigned long long* clipped,
+                          unsigned long long* nonfinite) = 0;
+  // kernels/intsgd.h's int_add: acc += in, wrapping.
+  virtual void int_add(int bits, const void* in, void* acc, size_t n) = 0;
+  // IntSGD's decode of a fragment: when it is tainted (`tainted`, or *taint is not 0) out = NaN and n
+  // is added to *nonfinite; else out = S * scale (int_decode) and the sums are added to the counters'
+  // squares and max_abs (int_accumulate_sums).
+  virtual void int_decode(int bits, const void* in, size_t n, double scale, float* out,
+                          const unsigned long long* taint, bool tainted, DeviceCounters* counters) = 0;
+  // convert.h's store_float (nothing counted).
+  virtual void store_float(kernels::DataType type, const float* in, void* out, size_t n) = 0;
+  // *acc += *add: a fragment's taint, gathered from a peer's taint word (wire A carries it beside the
+  // message, having no message keys).
+  virtual void add_counter(unsigned long long* acc, const unsigned long long* add) = 0;
+};
+
+// What a step kernel's launch works with: the interface, the collective's counters, and the
+// fragment's taint (plan.h's StepContext::tainted on the device): the taint the host knows (a
+// peer's, from its message keys) and the device word that this rank's kernels and, on wire A, the
+// peers' taint words add to.
+struct DeviceStepContext {
+  DeviceKernels* kernels;
+  DeviceCounters* counters;
+  unsigned long long* taint;
+  bool tainted;
+};
+
+}  // namespace qccl::coll
