@@ -24,6 +24,9 @@ namespace qccl::coll {
 // error-feedback residual of its state, or null without error feedback.
 struct QuantizedCall final : MethodCall {
   float* residual = nullptr;
+  void use_device_arrays(const std::vector<void*>& arrays) override {
+    if (residual && !arrays.empty()) residual = static_cast<float*>(arrays[0]);
+  }
 };
 
 // The residual of a call of this method (null without error feedback).

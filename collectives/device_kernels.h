@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/int_codec.h"
+#include "kernels/marsit.h"
 #include "kernels/philox.h"
 #include "kernels/types.h"
 
@@ -43,6 +44,21 @@ class DeviceKernels {
   // squares and max_abs (int_accumulate_sums).
   virtual void int_decode(int bits, const void* in, size_t n, double scale, float* out,
                           const unsigned long long* taint, bool tainted, DeviceCounters* counters) = 0;
+  // kernels/marsit.h's sign round, c a compensation in device memory: pack_signs (the non-finite w
+  // added to *nonfinite), merge_signs, and the decode of a fragment: when it is tainted (`tainted`, or
+  // *taint is not 0) g = NaN, c's stored values back from `backup` and n added to *nonfinite, else
+  // decode_signs recording the round in c.
+  virtual void pack_signs(const float* u, kernels::Compensation c, size_t first, size_t n, uint32_t* words,
+                          float* backup, unsigned long long* nonfinite) = 0;
+  virtual void merge_signs(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t nwords, uint32_t k,
+                           const kernels::PhiloxKey& key, uint64_t first_word) = 0;
+  virtual void decode_signs(const uint32_t* words, size_t n, float eta, float* g, kernels::Compensation c, size_t first,
+                            const float* backup, const unsigned long long* taint, bool tainted,
+                            unsigned long long* nonfinite) = 0;
+  // The full-precision round's add_compensation and reset_compensation (non-finite g added to *nonfinite).
+  virtual void add_compensation(const float* x, kernels::Compensation c, size_t first, size_t n, float* out) = 0;
+  virtual void reset_compensation(const float* g, kernels::Compensation c, size_t first, size_t n,
+                                  unsigned long long* nonfinite) = 0;
   // convert.h's store_float (nothing counted).
   virtual void store_float(kernels::DataType type, const float* in, void* out, size_t n) = 0;
   // *acc += *add: a fragment's taint, gathered from a peer's taint word (wire A carries it beside the

@@ -34,6 +34,10 @@ const char* marsit_cannot_run(const CollArgs& args);
 // A call of Marsit (marsit_method.cc): the compensation c of its state.
 struct MarsitCall final : MethodCall {
   kernels::Compensation compensation;
+  void use_device_arrays(const std::vector<void*>& arrays) override {
+    if (arrays.size() == 3)
+      compensation = {static_cast<float*>(arrays[0]), static_cast<uint32_t*>(arrays[1]), static_cast<float*>(arrays[2])};
+  }
 };
 
 // Marsit's numerics as step kernels (plan.h), bound to one call: its compensation c, random key and
@@ -64,7 +68,7 @@ class MarsitSteps {
 
  private:
   struct Bound {
-    kernels::Compensation c;
+    const kernels::Compensation* c;  // the call's (none_ without a call)
     kernels::PhiloxKey rng;
     float eta;
   };
@@ -73,31 +77,37 @@ class MarsitSteps {
     Phase phase() const override { return Phase::kEncode; }
     const char* name() const override { return "pack"; }
     void run(const step::Compute& s, StepContext& context) const override;
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override;
   };
   struct Merge final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kEncode; }
     const char* name() const override { return "merge"; }
     void run(const step::Compute& s, StepContext& context) const override;
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override;
   };
   struct Decode final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kDecode; }
     const char* name() const override { return "decode_signs"; }
     void run(const step::Compute& s, StepContext& context) const override;
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override;
   };
   struct AddCompensation final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kDecode; }
     const char* name() const override { return "add_compensation"; }
     void run(const step::Compute& s, StepContext& context) const override;
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override;
   };
   struct ResetCompensation final : StepKernel {
     const Bound* b;
     Phase phase() const override { return Phase::kDecode; }
     const char* name() const override { return "reset_compensation"; }
     void run(const step::Compute& s, StepContext& context) const override;
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override;
   };
+  kernels::Compensation none_;
   Bound bound_;
   Pack pack_;
   Merge merge_;

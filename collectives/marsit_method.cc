@@ -20,6 +20,11 @@ class MarsitState final : public MethodState {
   explicit MarsitState(size_t count)
       : stored_(count, 0.0f), words_((count + 31) / 32, 0), eta_((count + 31) / 32, 0.0f) {}  // nothing pending
   kernels::Compensation compensation() { return kernels::Compensation{stored_.data(), words_.data(), eta_.data()}; }
+  std::vector<StateArray> device_arrays() override {  // MarsitCall::use_device_arrays takes them in this order
+    return {{stored_.data(), stored_.size() * sizeof(float)},
+            {words_.data(), words_.size() * sizeof(uint32_t)},
+            {eta_.data(), eta_.size() * sizeof(float)}};
+  }
 
   size_t bytes() const override {
     return stored_.size() * sizeof(float) + words_.size() * (sizeof(uint32_t) + sizeof(float));

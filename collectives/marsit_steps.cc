@@ -6,14 +6,16 @@
 #include <cstring>
 #include <limits>
 
+#include "collectives/device_kernels.h"
 #include "kernels/marsit.h"
 
 namespace qccl::coll {
 
+// The call's compensation is read when a step runs, not copied here: a call on device buffers gets
+// its device copy (MarsitCall::use_device_arrays) after its plan was made.
 MarsitSteps::MarsitSteps(const CollArgs& args)
-    : bound_{
-          args.method_call ? static_cast<const MarsitCall*>(args.method_call)->compensation : kernels::Compensation{},
-          args.rng, args.codec ? args.codec->eta : 0.0f} {
+    : bound_{args.method_call ? &static_cast<const MarsitCall*>(args.method_call)->compensation : &none_, args.rng,
+             args.codec ? args.codec->eta : 0.0f} {
   pack_.b = merge_.b = decode_.b = add_.b = reset_.b = &bound_;
 }
 
@@ -41,7 +43,7 @@ void MarsitSteps::reset_compensation(Program& p, const float* g, size_t first, s
 }
 
 void MarsitSteps::Pack::run(const step::Compute& s, StepContext& context) const {
-  if (kernels::pack_signs(static_cast<const float*>(s.src), &b->c, s.index, s.count, static_cast<uint32_t*>(s.dst),
+  if (kernels::pack_signs(static_cast<const float*>(s.src), b->c, s.index, s.count, static_cast<uint32_t*>(s.dst),
                           static_cast<float*>(const_cast<void*>(s.src2))))
     *context.tainted = true;
 }
@@ -57,19 +59,53 @@ void MarsitSteps::Decode::run(const step::Compute& s, StepContext& context) cons
   auto* g = static_cast<float*>(s.dst);
   if (*context.tainted) {  // a NaN or Inf somewhere in this fragment: no finite garbage, state kept
     std::fill(g, g + s.count, std::numeric_limits<float>::quiet_NaN());
-    std::memcpy(b->c.stored + s.index, s.src2, s.count * sizeof(float));
+    std::memcpy(b->c->stored + s.index, s.src2, s.count * sizeof(float));
     *context.nonfinite += s.count;
     return;
   }
-  kernels::decode_signs(static_cast<const uint32_t*>(s.src), s.count, b->eta, g, &b->c, s.index);
+  kernels::decode_signs(static_cast<const uint32_t*>(s.src), s.count, b->eta, g, b->c, s.index);
 }
 
 void MarsitSteps::AddCompensation::run(const step::Compute& s, StepContext&) const {
-  kernels::add_compensation(static_cast<const float*>(s.src), b->c, s.index, s.count, static_cast<float*>(s.dst));
+  kernels::add_compensation(static_cast<const float*>(s.src), *b->c, s.index, s.count, static_cast<float*>(s.dst));
 }
 
 void MarsitSteps::ResetCompensation::run(const step::Compute& s, StepContext& context) const {
-  *context.nonfinite += kernels::reset_compensation(static_cast<const float*>(s.src), b->c, s.index, s.count);
+  *context.nonfinite += kernels::reset_compensation(static_cast<const float*>(s.src), *b->c, s.index, s.count);
+}
+
+// The device forms: the same element functions (codec_cuda.h), the fragment's taint on the device.
+bool MarsitSteps::Pack::launch(const step::Compute& s, DeviceStepContext& context) const {
+  context.kernels->pack_signs(static_cast<const float*>(s.src), *b->c, s.index, s.count, static_cast<uint32_t*>(s.dst),
+                              static_cast<float*>(const_cast<void*>(s.src2)), context.taint);
+  return true;
+}
+
+bool MarsitSteps::Merge::launch(const step::Compute& s, DeviceStepContext& context) const {
+  kernels::PhiloxKey key = b->rng;
+  key.rank = s.aux, key.stream = s.stream;
+  context.kernels->merge_signs(static_cast<const uint32_t*>(s.src), static_cast<const uint32_t*>(s.src2),
+                               static_cast<uint32_t*>(s.dst), s.count, s.aux, key, s.index);
+  return true;
+}
+
+bool MarsitSteps::Decode::launch(const step::Compute& s, DeviceStepContext& context) const {
+  context.kernels->decode_signs(static_cast<const uint32_t*>(s.src), s.count, b->eta, static_cast<float*>(s.dst), *b->c,
+                                s.index, static_cast<const float*>(s.src2), context.taint, context.tainted,
+                                &context.counters->nonfinite);
+  return true;
+}
+
+bool MarsitSteps::AddCompensation::launch(const step::Compute& s, DeviceStepContext& context) const {
+  context.kernels->add_compensation(static_cast<const float*>(s.src), *b->c, s.index, s.count,
+                                    static_cast<float*>(s.dst));
+  return true;
+}
+
+bool MarsitSteps::ResetCompensation::launch(const step::Compute& s, DeviceStepContext& context) const {
+  context.kernels->reset_compensation(static_cast<const float*>(s.src), *b->c, s.index, s.count,
+                                      &context.counters->nonfinite);
+  return true;
 }
 
 }  // namespace qccl::coll

@@ -57,9 +57,19 @@ struct LegacyState {
 };
 
 // What a method keeps for one tensor between calls.
+// Memory a state holds that a call on device buffers uses on the device (error feedback's residual,
+// Marsit's compensation).
+struct StateArray {
+  void* host;
+  size_t bytes;
+};
+
 class MethodState {
  public:
   virtual ~MethodState() = default;
+  // The arrays a call on device buffers reads and writes in device memory (none by default): the
+  // codec state keeps a device copy of each, current whichever side its last call ran on.
+  virtual std::vector<StateArray> device_arrays() { return {}; }
   // Memory it holds, charged to the communicator's QCCL_CODEC_STATE_BUDGET.
   virtual size_t bytes() const = 0;
   virtual uint32_t version() const = 0;  // of its serialized form
@@ -84,6 +94,9 @@ struct MethodStats {
 class MethodCall {
  public:
   virtual ~MethodCall() = default;
+  // A call on device buffers, before prepare(): its state's device_arrays() in device memory, in that
+  // order, for its kernels to use instead of the host's.
+  virtual void use_device_arrays(const std::vector<void*>&) {}
   // The call is about to run: every earlier call on its state has completed.
   virtual void prepare(const CollArgs&) {}
   // The scale every rank must share (FrameHeader::codec_scale; 0: none), valid after prepare().

@@ -16,6 +16,7 @@ class ResidualState final : public MethodState {
  public:
   explicit ResidualState(size_t count) : residual_(count, 0.0f) {}
   float* residual() { return residual_.data(); }
+  std::vector<StateArray> device_arrays() override { return {{residual_.data(), bytes()}}; }
 
   size_t bytes() const override { return residual_.size() * sizeof(float); }
   uint32_t version() const override { return 1; }

@@ -267,10 +267,10 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
  *
  * Codec states work as on host buffers; an error-feedback residual has a copy in device memory, and
  * whichever copy the state's last call used is the current one (qcclCodecStateSave and Load, and a
- * call on host buffers, bring it back to the host first). IntSGD's int8..int32 run on device buffers
- * along the ring (alpha, clips and the state's memory as on host buffers; not agg=switch). Not yet
- * on device buffers: the other codecs with a method of their own (sign, fft, aq, learned levels, and
- * int with agg=switch), which fail with qcclInvalidUsage, and
+ * call on host buffers, bring it back to the host first); so has Marsit's compensation. Marsit's sign
+ * and IntSGD's int8..int32 (along the ring, not agg=switch) run on device buffers with the host
+ * path's bits, alpha and clips. Not yet on device buffers: the other codecs with a method of their
+ * own (fft, aq, learned levels, and int with agg=switch), which fail with qcclInvalidUsage, and
  * graph capture: a call made while the communicator's stream is capturing fails with
  * qcclInvalidUsage before it touches the stream (qccl's progress thread runs the call on its own
  * stream, which a graph cannot record), and the capture goes on. A call whose sendbuff and recvbuff

@@ -367,6 +367,25 @@ __global__ void decode_signs_kernel(const uint32_t* __restrict__ words, size_t n
   }
 }
 
+__global__ void decode_signs_checked_kernel(const uint32_t* __restrict__ words, size_t n, float eta,
+                                            float* __restrict__ g, Compensation c, size_t first,
+                                            const float* __restrict__ backup, const unsigned long long* taint,
+                                            bool tainted, unsigned long long* nonfinite) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  if (tainted || (taint != nullptr && *taint != 0)) {  // a NaN or Inf in the fragment: no finite garbage, c kept
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
+      g[i] = __int_as_float(0x7FC00000);
+      if (c.stored) c.stored[first + i] = backup[i];
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0 && nonfinite != nullptr) atomicAdd(nonfinite, static_cast<unsigned long long>(n));
+    return;
+  }
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
+    if (c.stored && i % 32 == 0) c.words[(first + i) / 32] = words[i / 32], c.eta[(first + i) / 32] = eta;
+    g[i] = sign_value(words[i / 32], static_cast<unsigned>(i % 32), eta);
+  }
+}
+
 __global__ void add_compensation_kernel(const float* x, Compensation c, size_t first, size_t n, float* out) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const size_t j = first + i;
@@ -823,6 +842,15 @@ cudaError_t decode_signs_cuda(const uint32_t* words, size_t n, float eta, float*
   if (n == 0) return cudaSuccess;
   if (words == nullptr || g == nullptr || (c.stored && first % 32)) return cudaErrorInvalidValue;
   return launch(decode_signs_kernel<false>, flat_blocks(n), kFlatThreads, stream, words, n, eta, g, c, first);
+}
+
+cudaError_t decode_signs_checked_cuda(const uint32_t* words, size_t n, float eta, float* g, Compensation c,
+                                      size_t first, const float* backup, const unsigned long long* taint, bool tainted,
+                                      unsigned long long* nonfinite, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (words == nullptr || g == nullptr || (c.stored && (first % 32 || backup == nullptr))) return cudaErrorInvalidValue;
+  return launch(decode_signs_checked_kernel, flat_blocks(n), kFlatThreads, stream, words, n, eta, g, c, first, backup,
+                taint, tainted, nonfinite);
 }
 
 cudaError_t add_compensation_cuda(const float* x, Compensation c, size_t first, size_t n, float* out,

@@ -72,6 +72,13 @@ cudaError_t merge_signs_cuda(const uint32_t* a, const uint32_t* s, uint32_t* out
                              const PhiloxKey& key, uint64_t first_word, cudaStream_t stream);
 cudaError_t decode_signs_cuda(const uint32_t* words, size_t n, float eta, float* g, Compensation c, size_t first,
                               cudaStream_t stream);
+// The decode of a sign round's fragment inside a collective: when `tainted` or *taint (taint may be
+// null) is not 0, g = NaN (0x7FC00000, the host's quiet NaN), c's stored values first .. first + n - 1
+// back from `backup` (n floats; c.stored null: nothing restored) and n added to *nonfinite; else
+// decode_signs_cuda.
+cudaError_t decode_signs_checked_cuda(const uint32_t* words, size_t n, float eta, float* g, Compensation c,
+                                      size_t first, const float* backup, const unsigned long long* taint, bool tainted,
+                                      unsigned long long* nonfinite, cudaStream_t stream);
 cudaError_t add_compensation_cuda(const float* x, Compensation c, size_t first, size_t n, float* out,
                                   cudaStream_t stream);
 cudaError_t reset_compensation_cuda(const float* g, Compensation c, size_t first, size_t n,

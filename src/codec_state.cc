@@ -6,7 +6,6 @@
 
 #include "base/errors.h"
 #include "base/wire.h"
-#include "collectives/residual_state.h"
 
 namespace qccl {
 
@@ -66,40 +65,46 @@ CodecState::CodecState(std::shared_ptr<StateBudget> budget, size_t count) : budg
 
 CodecState::~CodecState() {
   budget_->release(charged_);
-  if (device_residual_) {
-    try {
-      device_->synchronize();  // no call on it may still run
-      device_->release(Device::Memory::kDevice, device_residual_);
-    } catch (const Error&) {
-      // A device that cannot synchronize keeps the memory: its work may still touch it.
+  if (device_arrays_.empty()) return;
+  try {
+    device_->synchronize();  // no call on them may still run
+    for (void* p : device_arrays_) device_->release(Device::Memory::kDevice, p);
+  } catch (const Error&) {
+    // A device that cannot synchronize keeps the memory: its work may still touch it.
+  }
+}
+
+std::vector<void*> CodecState::arrays_on_device(const std::shared_ptr<Device>& device) {
+  const std::vector<coll::StateArray> arrays = state_ ? state_->device_arrays() : std::vector<coll::StateArray>{};
+  if (arrays.empty()) return {};
+  if (device_ && device_.get() != device.get())
+    fail(qcclInvalidUsage, "the codec state's %s state lives on %s, not %s: a state serves one device",
+         method_->name(), device_->describe().c_str(), device->describe().c_str());
+  if (device_arrays_.empty()) {
+    device_ = device;
+    for (const coll::StateArray& a : arrays) {
+      try {
+        device_arrays_.push_back(device->allocate(Device::Memory::kDevice, a.bytes));
+      } catch (const Error&) {
+        for (void* p : device_arrays_) device->release(Device::Memory::kDevice, p);
+        device_arrays_.clear();
+        throw;
+      }
     }
   }
-}
-
-float* CodecState::residual_on_device(const std::shared_ptr<Device>& device) {
-  auto* residual = dynamic_cast<coll::ResidualState*>(state_.get());
-  if (!residual) return nullptr;
-  if (device_ && device_.get() != device.get())
-    fail(qcclInvalidUsage, "the codec state's residual lives on %s, not %s: a state serves one device",
-         device_->describe().c_str(), device->describe().c_str());
-  const size_t bytes = count_ * sizeof(float);
-  if (!device_residual_) {
-    device_residual_ = static_cast<float*>(device->allocate(Device::Memory::kDevice, bytes));
-    device_ = device;
-  }
-  if (!device_newer_) {  // the host's copy is newer: up, before the call's kernels (the same stream)
-    device_->copy(device_residual_, residual->residual(), bytes);
-    device_->synchronize();  // the host copy is pageable memory the caller may change once we return
+  if (!device_newer_) {  // the host's copies are newer: up, before the call's kernels (the same stream)
+    for (size_t i = 0; i < arrays.size(); ++i) device_->copy(device_arrays_[i], arrays[i].host, arrays[i].bytes);
+    device_->synchronize();  // the host copies are pageable memory that a host call may change later
     device_newer_ = true;
   }
-  return device_residual_;
+  return device_arrays_;
 }
 
-void CodecState::residual_to_host() const {
+void CodecState::arrays_to_host() const {
   if (!device_newer_) return;
-  auto* residual = dynamic_cast<coll::ResidualState*>(state_.get());
+  const std::vector<coll::StateArray> arrays = state_->device_arrays();
   device_->synchronize();  // the last device call's update is done
-  device_->copy(residual->residual(), device_residual_, count_ * sizeof(float));
+  for (size_t i = 0; i < arrays.size(); ++i) device_->copy(arrays[i].host, device_arrays_[i], arrays[i].bytes);
   device_->synchronize();
   device_newer_ = false;
 }
@@ -137,7 +142,7 @@ void CodecState::save(void* buffer, size_t bytes) const {
   if (bytes < serialized_bytes())
     fail(qcclInvalidArgument, "bytes = %zu is smaller than the state's %zu (qcclCodecStateSize)", bytes,
          serialized_bytes());
-  residual_to_host();
+  arrays_to_host();
   ByteWriter w;
   w.put<uint32_t>(kStateMagic);
   w.put<uint32_t>(kStateVersion);
@@ -156,7 +161,7 @@ void CodecState::save(void* buffer, size_t bytes) const {
 }
 
 void CodecState::load(const void* buffer, size_t bytes) {
-  residual_to_host();  // a load that fails leaves the state as it was, on the host: current there
+  arrays_to_host();  // a load that fails leaves the state as it was, on the host: current there
   const auto* data = static_cast<const uint8_t*>(buffer);
   ByteReader r(data, bytes, "codec state checkpoint", qcclInvalidArgument);
   const uint32_t magic = r.get<uint32_t>(), version = r.get<uint32_t>();

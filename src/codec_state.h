@@ -62,13 +62,14 @@ class CodecState : public std::enable_shared_from_this<CodecState> {
   // method), or past the budget; nothing is sent before that.
   coll::MethodState* bind(const coll::Method& method, const kernels::CodecConfig& codec);
 
-  // Error feedback on device buffers: the residual has a copy in device memory, and whichever copy
-  // the last call used is the current one. Called when a call starts to run (the calls before it on
-  // this state have finished): a device call gets the device copy (uploaded if the host's is newer),
-  // a host call brings the residual home (downloaded if the device's is newer). save() and load()
-  // bring it home too. Null (residual_on_device) when the state keeps no residual.
-  float* residual_on_device(const std::shared_ptr<Device>& device);
-  void residual_to_host() const;
+  // Calls on device buffers: the method state's device_arrays() (error feedback's residual, Marsit's
+  // compensation) have copies in device memory, and whichever copies the last call used are the
+  // current ones. Called when a call starts to run (the calls before it on this state have
+  // finished): a device call gets the device copies (uploaded if the host's are newer; empty when the
+  // state keeps none), a host call brings the arrays home (downloaded if the device's are newer).
+  // save() and load() bring them home too.
+  std::vector<void*> arrays_on_device(const std::shared_ptr<Device>& device);
+  void arrays_to_host() const;
 
   size_t serialized_bytes() const;
   void save(void* buffer, size_t bytes) const;
@@ -87,10 +88,10 @@ class CodecState : public std::enable_shared_from_this<CodecState> {
   const coll::Method* method_ = nullptr;  // the method that first used the state
   std::unique_ptr<coll::MethodState> state_;
   size_t charged_ = 0;
-  // The residual's device copy (residual_on_device); its device outlives it through the pointer.
+  // The arrays' device copies (arrays_on_device); their device outlives them through the pointer.
   std::shared_ptr<Device> device_;
-  float* device_residual_ = nullptr;
-  mutable bool device_newer_ = false;  // the device copy is the current one
+  std::vector<void*> device_arrays_;
+  mutable bool device_newer_ = false;  // the device copies are the current ones
   // A checkpoint of format 1 or 2 restored before the method is known: handed to its state then.
   std::vector<float> legacy_values_;
   coll::LegacyState legacy_;

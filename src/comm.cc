@@ -490,8 +490,9 @@ const char* device_codec_refusal(const kernels::CodecConfig& c) {
   if (c.kind == CodecKind::kNone || c.kind == CodecKind::kFp16 || c.kind == CodecKind::kBf16) return nullptr;
   if (c.kind == CodecKind::kQuant && c.levels.empty()) return nullptr;
   if (c.kind == CodecKind::kInt && !c.switch_aggregation) return nullptr;
-  return "the device path runs the none, fp16, bf16, q1..q8 (without learned levels) and IntSGD's int8..int32 "
-         "(along the ring, not agg=switch) codecs so far";
+  if (c.kind == CodecKind::kSign) return nullptr;
+  return "the device path runs the none, fp16, bf16, q1..q8 (without learned levels), Marsit's sign and IntSGD's "
+         "int8..int32 (along the ring, not agg=switch) codecs so far";
 }
 }  // namespace
 
@@ -743,11 +744,9 @@ void Comm::finish_completed(OpRecord& record) {
 void Comm::prepare(OpRecord& record) {
   // The calls before this one on its state have finished: its residual moves to where this call runs.
   if (record.state && record.on_device) {
-    // Error feedback's residual; IntSGD, the other method place() admits, keeps no values on a device.
-    auto* call = dynamic_cast<coll::QuantizedCall*>(record.call.get());
-    if (call && call->residual) call->residual = record.state->residual_on_device(device_);
+    record.call->use_device_arrays(record.state->arrays_on_device(device_));
   } else if (record.state) {
-    record.state->residual_to_host();
+    record.state->arrays_to_host();
   }
   record.call->prepare(record.operation->plan().args());
   record.operation->set_codec_scale(record.call->scale());

@@ -122,6 +122,31 @@ class CudaDevice final : public Device {
                                            &counters->max_abs, &counters->nonfinite, stream_);
     });
   }
+  void pack_signs(const float* u, kernels::Compensation c, size_t first, size_t n, uint32_t* words, float* backup,
+                  unsigned long long* nonfinite) override {
+    enqueue("pack_signs_cuda",
+            [&] { return kernels::pack_signs_cuda(u, c, first, n, words, backup, nonfinite, stream_); });
+  }
+  void merge_signs(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t nwords, uint32_t k,
+                   const kernels::PhiloxKey& key, uint64_t first_word) override {
+    enqueue("merge_signs_cuda",
+            [&] { return kernels::merge_signs_cuda(a, s, out, nwords, k, key, first_word, stream_); });
+  }
+  void decode_signs(const uint32_t* words, size_t n, float eta, float* g, kernels::Compensation c, size_t first,
+                    const float* backup, const unsigned long long* taint, bool tainted,
+                    unsigned long long* nonfinite) override {
+    enqueue("decode_signs_checked_cuda", [&] {
+      return kernels::decode_signs_checked_cuda(words, n, eta, g, c, first, backup, taint, tainted, nonfinite, stream_);
+    });
+  }
+  void add_compensation(const float* x, kernels::Compensation c, size_t first, size_t n, float* out) override {
+    enqueue("add_compensation_cuda", [&] { return kernels::add_compensation_cuda(x, c, first, n, out, stream_); });
+  }
+  void reset_compensation(const float* g, kernels::Compensation c, size_t first, size_t n,
+                          unsigned long long* nonfinite) override {
+    enqueue("reset_compensation_cuda",
+            [&] { return kernels::reset_compensation_cuda(g, c, first, n, nonfinite, stream_); });
+  }
   void store_float(kernels::DataType type, const float* in, void* out, size_t n) override {
     enqueue("store_float_cuda", [&] { return kernels::store_float_cuda(type, in, out, n, nullptr, stream_); });
   }

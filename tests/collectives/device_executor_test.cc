@@ -17,6 +17,8 @@
 #include "base/errors.h"
 #include "collectives/compressed.h"
 #include "collectives/intsgd.h"
+#include "collectives/marsit.h"
+#include "kernels/sign.h"
 #include "kernels/codec.h"
 #include "tests/collectives/sim_runner.h"
 #include "tests/common/reference.h"
@@ -61,6 +63,11 @@ struct HostRank {
   // IntSGD: the round its call runs (set: the call is an IntsgdCall, made afresh for every run).
   std::optional<coll::IntsgdRound> intsgd_round;
   std::shared_ptr<coll::IntsgdCall> intsgd;
+  // Marsit: the compensation its call works on (kernels/marsit.h: stored values, words, eta; empty:
+  // not a Marsit call), copied to the device for a device run.
+  std::vector<float> stored, eta;
+  std::vector<uint32_t> words;
+  std::shared_ptr<coll::MarsitCall> marsit;
 };
 
 struct Outcome {
@@ -69,12 +76,20 @@ struct Outcome {
   std::vector<ExecutionStats> stats;
   std::vector<size_t> clipped;                 // per rank (IntSGD)
   std::vector<kernels::IntSums> sums;          // per rank (IntSGD)
+  std::vector<std::vector<float>> stored, eta;  // per rank (Marsit's compensation)
+  std::vector<std::vector<uint32_t>> words;
 };
 
-void record_intsgd(const HostRank& h, Outcome* out) {
-  if (!h.intsgd) return;
-  out->clipped.push_back(*h.intsgd->clipped());
-  out->sums.push_back(*h.intsgd->sums());
+void record_method(const HostRank& h, Outcome* out) {
+  if (h.intsgd) {
+    out->clipped.push_back(*h.intsgd->clipped());
+    out->sums.push_back(*h.intsgd->sums());
+  }
+  if (h.marsit) {
+    out->stored.push_back(h.stored);
+    out->words.push_back(h.words);
+    out->eta.push_back(h.eta);
+  }
 }
 
 // The ranks' arguments bound to their host buffers (in place: the send block inside recv, at
@@ -95,6 +110,12 @@ std::vector<CollArgs> bind(std::vector<HostRank>& ranks, const std::vector<CollA
       ranks[r].intsgd->set_round(*ranks[r].intsgd_round);
       a.method_call = ranks[r].intsgd.get();
     }
+    if (!ranks[r].stored.empty()) {
+      HostRank& h = ranks[r];
+      h.marsit = std::make_shared<coll::MarsitCall>();
+      h.marsit->compensation = kernels::Compensation{h.stored.data(), h.words.data(), h.eta.data()};
+      a.method_call = h.marsit.get();
+    }
   }
   return args;
 }
@@ -107,7 +128,7 @@ Outcome run_host(std::vector<HostRank> ranks, const std::vector<CollArgs>& shape
     out.recv.push_back(ranks[r].recv);
     out.residual.push_back(ranks[r].residual);
     out.stats.push_back(sim.ops[r]->stats());
-    record_intsgd(ranks[r], &out);
+    record_method(ranks[r], &out);
   }
   return out;
 }
@@ -130,6 +151,7 @@ Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& sha
   std::vector<std::unique_ptr<DeviceExecutor>> executors;
   std::vector<CollArgs> args = bind(ranks, shape, in_place, offset);
   std::vector<void*> send(n, nullptr), recv(n, nullptr), residual(n, nullptr);
+  std::vector<std::array<void*, 3>> compensation(n, {nullptr, nullptr, nullptr});  // Marsit's, on the device
   for (int r = 0; r < n; ++r) {
     devices.push_back(std::make_shared<StandInDevice>(seed + static_cast<uint64_t>(r)));
     StandInDevice& d = *devices[r];
@@ -154,6 +176,19 @@ Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& sha
       residual[r] = d.allocate(Device::Memory::kDevice, h.residual.size() * sizeof(float));
       d.upload(residual[r], h.residual.data(), h.residual.size() * sizeof(float));
       h.call.residual = static_cast<float*>(residual[r]);
+    }
+    if (h.marsit) {  // as CodecState::arrays_on_device: the call takes the device copies
+      const std::array<std::pair<void*, size_t>, 3> arrays = {
+          {{h.stored.data(), h.stored.size() * sizeof(float)},
+           {h.words.data(), h.words.size() * sizeof(uint32_t)},
+           {h.eta.data(), h.eta.size() * sizeof(float)}}};
+      std::vector<void*> on_device;
+      for (size_t i = 0; i < 3; ++i) {
+        compensation[r][i] = d.allocate(Device::Memory::kDevice, arrays[i].second);
+        d.upload(compensation[r][i], arrays[i].first, arrays[i].second);
+        on_device.push_back(compensation[r][i]);
+      }
+      h.marsit->use_device_arrays(on_device);
     }
     args[r].sendbuf = send[r];
     args[r].recvbuf = recv[r];
@@ -230,14 +265,21 @@ Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& sha
     HostRank& h = ranks[r];
     if (recv[r]) devices[r]->download(h.recv.data(), recv[r], h.recv.size());
     if (residual[r]) devices[r]->download(h.residual.data(), residual[r], h.residual.size() * sizeof(float));
+    if (h.marsit) {
+      devices[r]->download(h.stored.data(), compensation[r][0], h.stored.size() * sizeof(float));
+      devices[r]->download(h.words.data(), compensation[r][1], h.words.size() * sizeof(uint32_t));
+      devices[r]->download(h.eta.data(), compensation[r][2], h.eta.size() * sizeof(float));
+    }
     out.recv.push_back(h.recv);
     out.residual.push_back(h.residual);
-    record_intsgd(h, &out);
+    record_method(h, &out);
   }
   for (int r = 0; r < n; ++r) {  // buffers of the test's own
     if (recv[r]) devices[r]->release(Device::Memory::kDevice, recv[r]);
     if (send[r] && !in_place) devices[r]->release(Device::Memory::kDevice, send[r]);
     if (residual[r]) devices[r]->release(Device::Memory::kDevice, residual[r]);
+    for (void* p : compensation[r])
+      if (p) devices[r]->release(Device::Memory::kDevice, p);
   }
   executors.clear();  // the pool goes with the last owner of the device: its releases are checked
   for (auto& d : devices) CHECK(d->live_allocations() == 0);
@@ -260,6 +302,13 @@ void require_same(const Outcome& host, const Outcome& device) {
     CHECK(host.sums[r].squares_lo == device.sums[r].squares_lo);
     CHECK(host.sums[r].squares_hi == device.sums[r].squares_hi);
     CHECK(host.sums[r].max_abs == device.sums[r].max_abs);
+  }
+  REQUIRE(host.stored.size() == device.stored.size());
+  for (size_t r = 0; r < host.stored.size(); ++r) {
+    INFO("rank " << r << "'s compensation");
+    CHECK(std::memcmp(host.stored[r].data(), device.stored[r].data(), host.stored[r].size() * sizeof(float)) == 0);
+    CHECK(host.words[r] == device.words[r]);
+    CHECK(std::memcmp(host.eta[r].data(), device.eta[r].data(), host.eta[r].size() * sizeof(float)) == 0);
   }
 }
 
@@ -585,6 +634,79 @@ TEST_CASE("device executor: IntSGD's taint reaches every rank's decode on both w
   for (int r = 1; r < 4; ++r) CHECK(host.stats[r].nonfinite == host.stats[0].nonfinite);
   require_same(host, run_device(ranks, shape, false, offset, *algorithm, 256, 2, 9));
   require_same(host, run_device(ranks, shape, false, offset, *algorithm, 256, 1, 9, 1, Wire::kPeer));
+}
+
+// Every rank's Marsit inputs (float32 updates, average) and a compensation with a round pending.
+std::vector<HostRank> marsit_ranks(const std::vector<CollArgs>& shape, uint64_t seed, std::vector<size_t>* offset) {
+  auto ranks = make_ranks(shape, seed, false, offset);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> small(-0.05f, 0.05f);
+  for (HostRank& h : ranks) {
+    const size_t count = shape[0].count, words = kernels::sign_words(count);
+    h.stored.resize(count);
+    for (float& x : h.stored) x = small(rng);
+    h.words.resize(words);
+    for (uint32_t& w : h.words) w = static_cast<uint32_t>(rng());
+    h.eta.assign(words, 0.02f);
+  }
+  return ranks;
+}
+
+TEST_CASE("device executor: Marsit gives the host's bits and compensation on both wires", "[device]") {
+  struct Case {
+    const char* codec;
+    int n;
+    size_t count;
+    uint64_t step;  // t: a multiple of k is the full-precision round
+  };
+  const Case cases[] = {
+      {"sign:eta_s=0.25,k=4", 3, 1000, 1},         // a sign round on a ring
+      {"sign:eta_s=0.25,k=4", 4, 4099, 2},         // odd words
+      {"sign:eta_s=0.1,k=4,topology=torus:2x2", 4, 3000, 3},  // row and column rings
+      {"sign:eta_s=0.25,k=4", 3, 1000, 4},         // the full-precision round
+      {"sign:eta_s=0.25,k=4", 1, 300, 1},
+  };
+  uint64_t seed = 3000;
+  for (const Case& c : cases) {
+    const kernels::CodecConfig codec = kernels::parse_codec_spec(c.codec);
+    std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, c.n, c.count, DataType::kFloat32, RedOp::kAvg);
+    for (int r = 0; r < c.n; ++r) {
+      shape[r].codec = &codec;
+      shape[r].rng = kernels::PhiloxKey{codec.seed, c.step, static_cast<uint32_t>(r), 0};
+    }
+    std::vector<size_t> offset;
+    const auto ranks = marsit_ranks(shape, ++seed, &offset);
+    const coll::Algorithm* algorithm = coll::find_algorithm(CollKind::kAllReduce, "marsit");
+    REQUIRE(algorithm);
+    for (int depth : {1, 3}) {
+      INFO(c.codec << ", " << c.n << " ranks, " << c.count << " values, step " << c.step << ", depth " << depth);
+      const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 512, depth);
+      CHECK(host.stored[0] != ranks[0].stored);  // the round moved the compensation
+      require_same(host, run_device(ranks, shape, false, offset, *algorithm, 512, depth, seed));
+      require_same(host, run_device(ranks, shape, false, offset, *algorithm, 512, depth, seed, 1, Wire::kPeer));
+    }
+  }
+}
+
+TEST_CASE("device executor: Marsit's taint reaches every rank's decode, and its compensation is kept", "[device]") {
+  // Rank 2's NaN taints its fragment on every rank (NaN out, the compensation's values put back from
+  // the backup); the other fragments decode and record their round. The host executor's bits.
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("sign:eta_s=0.25,k=4");
+  std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, 3, 3000, DataType::kFloat32, RedOp::kAvg);
+  for (int r = 0; r < 3; ++r) {
+    shape[r].codec = &codec;
+    shape[r].rng = kernels::PhiloxKey{codec.seed, 1, static_cast<uint32_t>(r), 0};
+  }
+  std::vector<size_t> offset;
+  auto ranks = marsit_ranks(shape, 55, &offset);
+  const float nan = NAN;
+  std::memcpy(ranks[2].send.data() + 2500 * sizeof(float), &nan, sizeof nan);
+  const coll::Algorithm* algorithm = coll::find_algorithm(CollKind::kAllReduce, "marsit");
+  const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 512, 2);
+  REQUIRE(host.stats[0].nonfinite > 0);
+  REQUIRE(host.stats[0].nonfinite < 3000);
+  require_same(host, run_device(ranks, shape, false, offset, *algorithm, 512, 2, 4));
+  require_same(host, run_device(ranks, shape, false, offset, *algorithm, 512, 1, 4, 1, Wire::kPeer));
 }
 
 // A method's kernel and a plan of one Compute step, as Marsit's and IntSGD's plans have.

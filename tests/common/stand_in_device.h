@@ -35,6 +35,7 @@
 #include "kernels/codec.h"
 #include "kernels/convert.h"
 #include "kernels/intsgd.h"
+#include "kernels/marsit.h"
 #include "src/device.h"
 #include "src/executor.h"
 
@@ -130,6 +131,67 @@ class StandInDevice final : public Device {
       return true;
     });
   }
+  void pack_signs(const float* u, kernels::Compensation c, size_t first, size_t n, uint32_t* words, float* backup,
+                  unsigned long long* nonfinite) override {
+    require_device(u, n * sizeof(float), "pack_signs's input");
+    require_compensation(c, first, n, "pack_signs");
+    require_device(words, (n + 31) / 32 * sizeof(uint32_t), "pack_signs's words");
+    if (backup) require_device(backup, n * sizeof(float), "pack_signs's backup");
+    require_device(nonfinite, sizeof *nonfinite, "pack_signs's taint word");
+    enqueue([=] {
+      *nonfinite += kernels::pack_signs(u, &c, first, n, words, backup);
+      return true;
+    });
+  }
+  void merge_signs(const uint32_t* a, const uint32_t* s, uint32_t* out, size_t nwords, uint32_t k,
+                   const kernels::PhiloxKey& key, uint64_t first_word) override {
+    require_device(a, nwords * sizeof(uint32_t), "merge_signs's incoming words");
+    require_device(s, nwords * sizeof(uint32_t), "merge_signs's own words");
+    require_device(out, nwords * sizeof(uint32_t), "merge_signs's output");
+    enqueue([=] {
+      kernels::merge_signs(a, s, out, nwords, k, key, first_word);
+      return true;
+    });
+  }
+  void decode_signs(const uint32_t* words, size_t n, float eta, float* g, kernels::Compensation c, size_t first,
+                    const float* backup, const unsigned long long* taint, bool tainted,
+                    unsigned long long* nonfinite) override {
+    require_device(words, (n + 31) / 32 * sizeof(uint32_t), "decode_signs's words");
+    require_device(g, n * sizeof(float), "decode_signs's output");
+    require_compensation(c, first, n, "decode_signs");
+    require_device(backup, n * sizeof(float), "decode_signs's backup");
+    require_device(taint, sizeof *taint, "decode_signs's taint word");
+    require_device(nonfinite, sizeof *nonfinite, "decode_signs's counter");
+    enqueue([=] {
+      if (tainted || *taint) {
+        std::fill(g, g + n, std::numeric_limits<float>::quiet_NaN());
+        std::memcpy(c.stored + first, backup, n * sizeof(float));
+        *nonfinite += n;
+      } else {
+        kernels::decode_signs(words, n, eta, g, &c, first);
+      }
+      return true;
+    });
+  }
+  void add_compensation(const float* x, kernels::Compensation c, size_t first, size_t n, float* out) override {
+    if (x) require_device(x, n * sizeof(float), "add_compensation's input");
+    require_compensation(c, first, n, "add_compensation");
+    require_device(out, n * sizeof(float), "add_compensation's output");
+    enqueue([=] {
+      kernels::add_compensation(x, c, first, n, out);
+      return true;
+    });
+  }
+  void reset_compensation(const float* g, kernels::Compensation c, size_t first, size_t n,
+                          unsigned long long* nonfinite) override {
+    require_device(g, n * sizeof(float), "reset_compensation's input");
+    require_compensation(c, first, n, "reset_compensation");
+    require_device(nonfinite, sizeof *nonfinite, "reset_compensation's counter");
+    enqueue([=] {
+      *nonfinite += kernels::reset_compensation(g, c, first, n);
+      return true;
+    });
+  }
   void store_float(kernels::DataType type, const float* in, void* out, size_t n) override {
     require_device(in, n * sizeof(float), "store_float's input");
     require_device(out, n * kernels::element_size(type), "store_float's output");
@@ -220,6 +282,13 @@ class StandInDevice final : public Device {
   void require_device(const void* p, size_t bytes, const std::string& what) const {
     if (bytes && !inside(device_, p, bytes))
       throw std::logic_error("stand-in device: " + what + " is not in this device's memory");
+  }
+  // A compensation's values first .. first + n - 1 and their words.
+  void require_compensation(const kernels::Compensation& c, size_t first, size_t n, const std::string& what) const {
+    require_device(c.stored + first, n * sizeof(float), what + "'s compensation values");
+    const size_t words = (first + n + 31) / 32 - first / 32;
+    require_device(c.words + first / 32, words * sizeof(uint32_t), what + "'s compensation words");
+    require_device(c.eta + first / 32, words * sizeof(float), what + "'s compensation eta");
   }
   // Synchronous copies between the test's host memory and device memory.
   void upload(void* dst, const void* src, size_t bytes) {

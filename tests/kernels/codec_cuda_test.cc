@@ -338,6 +338,28 @@ TEST_CASE("Marsit's sign launchers match marsit.h bit for bit, the lazy compensa
     CHECK(d_eta.fetch() == eta);
     CHECK(pack_signs_cuda(d_u.dev(), dev, 5, n, d_words.dev(), nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
 
+    // Inside a collective: a clean fragment's checked decode is the decode; a tainted one (the host's
+    // flag, or the device's word) gives the host's NaN, c's values back from the backup, counted.
+    const Mirrored<unsigned long long> d_taint{std::vector<unsigned long long>(2, 0)};  // taint word, count
+    ok(decode_signs_checked_cuda(d_incoming.dev(), n, 0.125f, d_g.dev(), dev, first, d_backup.dev(), d_taint.dev(),
+                                 false, d_taint.dev() + 1, nullptr));
+    CHECK(first_difference(g.data(), d_g.fetch().data(), n, false) == "");
+    CHECK(d_pending.fetch() == pending);
+    CHECK(d_taint.fetch()[1] == 0);
+    std::vector<float> restored = stored;
+    std::copy(backup.begin(), backup.end(), restored.begin() + static_cast<std::ptrdiff_t>(first));
+    const std::vector<float> nans(n, std::numeric_limits<float>::quiet_NaN());
+    for (bool by_flag : {true, false}) {
+      if (!by_flag) ok(add_counter_cuda(d_taint.dev(), d_count.dev(), nullptr));  // the pack's NaN count, not 0
+      ok(decode_signs_checked_cuda(d_incoming.dev(), n, 0.125f, d_g.dev(), dev, first, d_backup.dev(), d_taint.dev(),
+                                   by_flag, d_taint.dev() + 1, nullptr));
+      if (n <= 7) continue;  // no NaN in u: nothing taints the word
+      CHECK(std::memcmp(d_g.fetch().data(), nans.data(), n * sizeof(float)) == 0);
+      CHECK(first_difference(restored.data(), d_stored.fetch().data(), total, true) == "");
+    }
+    CHECK(d_taint.fetch()[1] == (n > 7 ? 2 * n : n));
+    ok(cudaMemcpy(d_stored.dev(), stored.data(), total * sizeof(float), cudaMemcpyHostToDevice));  // as the pack left it
+
     // The full-precision round's helpers, from a first value inside a word.
     std::vector<float> w(n);
     add_compensation(u.data(), host, 3, n, w.data());

@@ -7,7 +7,8 @@
 // place, so the work queued after it cannot tell whether the stream was joined: that side is the
 // stand-in's test, device_executor_test); what the device path does not take yet (method codecs, graph
 // capture) is refused before anything is sent; IntSGD's all-reduce gives the host path's bits, scale,
-// clips and state, and reports a NaN on every rank. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
+// clips and state, and reports a NaN on every rank; Marsit's gives the host path's bits, its
+// compensation following the calls between device and host. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
 // First, before anything includes Catch: it enables Catch's listener interface.
 #include "tests/common/require_cuda_device.h"
 
@@ -255,6 +256,50 @@ TEST_CASE("IntSGD on device buffers: the host path's bits, alpha, clips and stat
   CHECK(drecv.read() == host);
 }
 
+TEST_CASE("Marsit on device buffers: the host path's bits and compensation, calls moving between both", "[device]") {
+  World& w = world();
+  const size_t count = 100003;
+  Codec codec("sign:eta_s=0.01,k=3");
+  State on_host(w.comm(), count), mixed(w.comm(), count);
+  // Six rounds (0 and 3 full precision) on host buffers with one state, and with another whose calls
+  // alternate: the compensation follows the calls to the device and back, and every result agrees.
+  const bool on_device[] = {true, true, false, true, true, false};
+  for (int step = 0; step < 6; ++step) {
+    INFO("step " << step);
+    const std::vector<uint8_t> send = inputs(DataType::kFloat32, RedOp::kSum, w.rank() + step, count);
+    std::vector<uint8_t> host(send.size()), other(send.size());
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(send.data(), host.data(), count, qcclFloat32, qcclAvg, codec.handle,
+                                            on_host.handle, w.comm()));
+    if (on_device[step]) {
+      DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+      QCCL_REQUIRE_OK(qcclAllReduceCompressed(dsend.get(), drecv.get(), count, qcclFloat32, qcclAvg, codec.handle,
+                                              mixed.handle, w.comm()));
+      other = drecv.read();
+    } else {
+      QCCL_REQUIRE_OK(qcclAllReduceCompressed(send.data(), other.data(), count, qcclFloat32, qcclAvg, codec.handle,
+                                              mixed.handle, w.comm()));
+    }
+    CHECK(other == host);
+  }
+  // The last call ran on the host; one more on the device, then the checkpoints (c itself) agree.
+  const std::vector<uint8_t> send = inputs(DataType::kFloat32, RedOp::kSum, w.rank() + 6, count);
+  std::vector<uint8_t> host(send.size());
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(send.data(), host.data(), count, qcclFloat32, qcclAvg, codec.handle,
+                                          on_host.handle, w.comm()));
+  DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(dsend.get(), drecv.get(), count, qcclFloat32, qcclAvg, codec.handle,
+                                          mixed.handle, w.comm()));
+  CHECK(drecv.read() == host);
+  size_t a = 0, b = 0;
+  QCCL_REQUIRE_OK(qcclCodecStateSize(on_host.handle, &a));
+  QCCL_REQUIRE_OK(qcclCodecStateSize(mixed.handle, &b));
+  REQUIRE(a == b);
+  std::vector<uint8_t> saved_host(a), saved_mixed(b);
+  QCCL_REQUIRE_OK(qcclCodecStateSave(on_host.handle, saved_host.data(), a));
+  QCCL_REQUIRE_OK(qcclCodecStateSave(mixed.handle, saved_mixed.data(), b));
+  CHECK(saved_mixed == saved_host);
+}
+
 TEST_CASE("device calls are ordered with the communicator's stream", "[device]") {
   World& w = world();
   cudaStream_t stream = nullptr;
@@ -289,10 +334,9 @@ TEST_CASE("what the device path does not take is refused before anything is sent
   DeviceBuffer dev(host);
   CHECK(qcclAllReduce(dev.get(), host.data(), count, qcclFloat32, qcclSum, w.comm()) == qcclInvalidArgument);
   CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("both must be memory of one device"));
-  Codec sign("sign:eta_s=0.01");
-  State state(w.comm(), count);
-  CHECK(qcclAllReduceCompressed(dev.get(), dev.get(), count, qcclFloat32, qcclAvg, sign.handle, state.handle,
-                                w.comm()) == qcclInvalidUsage);
+  Codec fft("fft:theta=0.9");
+  CHECK(qcclAllReduceCompressed(dev.get(), dev.get(), count, qcclFloat32, qcclAvg, fft.handle, nullptr, w.comm()) ==
+        qcclInvalidUsage);
   CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("device path"));
   // Keyed delta calls: the store lives in host memory.
   Codec aq("aq4:channels=32");
