@@ -419,6 +419,40 @@ TEST_CASE("device executor: Send and Recv give the host executor's bits", "[devi
   require_same(host, run_device(ranks, shape, false, offset, kSendRecv, 1024, 2, 5, 1, Wire::kPeer));
 }
 
+TEST_CASE("device executor: compressed Send and Recv (q, aq) give the host executor's bits", "[device]") {
+  static const coll::Algorithm kSendRecv = {
+      "compressed", CollKind::kSend, "", "", 0, [](const CollArgs&) -> const char* { return nullptr; },
+      [](const CollArgs& a, const coll::PlanOptions& o) {
+        return coll::find_algorithm(a.kind, "compressed")->make(a, o);
+      }};
+  struct Case {
+    const char* codec;
+    size_t count;
+    DataType dtype;
+  };
+  const Case cases[] = {{"q4", 5001, DataType::kFloat32},
+                        {"aq4:channels=32", 32 * 70, DataType::kFloat32},
+                        {"aq8:channels=100,rows=0", 100 * 13, DataType::kBfloat16},
+                        {"aq2:channels=7", 7 * 300, DataType::kFloat16}};
+  uint64_t seed = 4000;
+  for (const Case& c : cases) {
+    INFO(c.codec);
+    const kernels::CodecConfig codec = kernels::parse_codec_spec(c.codec);
+    std::vector<CollArgs> shape = make_shape(CollKind::kSend, 2, c.count, c.dtype, RedOp::kSum);
+    shape[0].peer = 1;
+    shape[1].kind = CollKind::kRecv, shape[1].peer = 0;
+    for (int r = 0; r < 2; ++r) {
+      shape[r].codec = &codec;
+      shape[r].rng = kernels::PhiloxKey{codec.seed, 2, static_cast<uint32_t>(r), 0};
+    }
+    std::vector<size_t> offset;
+    const auto ranks = make_ranks(shape, ++seed, false, &offset);
+    const Outcome host = run_host(ranks, shape, false, offset, kSendRecv, 2048, 2);
+    CHECK(host.recv[1] != ranks[1].recv);  // something arrived
+    require_same(host, run_device(ranks, shape, false, offset, kSendRecv, 2048, 2, seed));
+  }
+}
+
 TEST_CASE("device executor: compressed all-reduce, allgather and reduce-scatter give the host's bits", "[device]") {
   struct Case {
     CollKind kind;

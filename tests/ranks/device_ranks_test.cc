@@ -8,7 +8,8 @@
 // stand-in's test, device_executor_test); what the device path does not take yet (method codecs, graph
 // capture) is refused before anything is sent; IntSGD's all-reduce gives the host path's bits, scale,
 // clips and state, and reports a NaN on every rank; Marsit's gives the host path's bits, its
-// compensation following the calls between device and host. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
+// compensation following the calls between device and host; compressed send/recv (q, aq) gives the
+// host path's bits. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
 // First, before anything includes Catch: it enables Catch's listener interface.
 #include "tests/common/require_cuda_device.h"
 
@@ -298,6 +299,28 @@ TEST_CASE("Marsit on device buffers: the host path's bits and compensation, call
   QCCL_REQUIRE_OK(qcclCodecStateSave(on_host.handle, saved_host.data(), a));
   QCCL_REQUIRE_OK(qcclCodecStateSave(mixed.handle, saved_mixed.data(), b));
   CHECK(saved_mixed == saved_host);
+}
+
+TEST_CASE("compressed send/recv on device buffers (q, aq) gives the host path's bits", "[device]") {
+  World& w = world();
+  const int next = (w.rank() + 1) % w.size(), prev = (w.rank() + w.size() - 1) % w.size();
+  for (const char* spec : {"q4", "aq4:channels=64", "aq8:channels=100,rows=0"}) {
+    INFO(spec);
+    Codec codec(spec);
+    const size_t count = 6400;
+    const std::vector<uint8_t> send = inputs(DataType::kFloat32, RedOp::kSum, w.rank(), count);
+    std::vector<uint8_t> host(send.size(), 0);
+    QCCL_REQUIRE_OK(qcclGroupStart());
+    QCCL_REQUIRE_OK(qcclSendCompressed(send.data(), count, qcclFloat32, codec.handle, next, w.comm()));
+    QCCL_REQUIRE_OK(qcclRecvCompressed(host.data(), count, qcclFloat32, codec.handle, prev, w.comm()));
+    QCCL_REQUIRE_OK(qcclGroupEnd());
+    DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+    QCCL_REQUIRE_OK(qcclGroupStart());
+    QCCL_REQUIRE_OK(qcclSendCompressed(dsend.get(), count, qcclFloat32, codec.handle, next, w.comm()));
+    QCCL_REQUIRE_OK(qcclRecvCompressed(drecv.get(), count, qcclFloat32, codec.handle, prev, w.comm()));
+    QCCL_REQUIRE_OK(qcclGroupEnd());
+    CHECK(drecv.read() == host);
+  }
 }
 
 TEST_CASE("device calls are ordered with the communicator's stream", "[device]") {
