@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/levels.h"
 #include "kernels/philox.h"
 
 namespace qccl::kernels {
@@ -144,7 +145,8 @@ size_t decode(const CodecConfig& codec, const void* in, size_t count, float* out
 size_t decode_accumulate(const CodecConfig& codec, const void* in, size_t count, float* acc);
 
 // The learned-levels codec's host loops (levels.h; encode and decode route a kQuant codec with
-// levels here).
+// levels here), and its level positions (what the host loops and the CUDA kernels look codes up in).
+LevelPositions level_positions(const CodecConfig& codec);
 size_t encode_levels(const CodecConfig& codec, const float* in, size_t count, void* out, const PhiloxKey& key,
                      uint64_t first);
 size_t decode_levels(const CodecConfig& codec, const void* in, size_t count, float* out, bool accumulate);

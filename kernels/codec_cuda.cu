@@ -190,11 +190,21 @@ bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintpt
 // A team of `team` threads per bucket, kEncodeThreads / team buckets per block. Thread t of a team
 // takes the groups t, t + team, ... of 8 values; when that is one group (buckets of up to 8 * team
 // values: the usual case) its values stay in registers between the two phases.
+// Learned levels (levels.h: levels.count > 0) are looked up in a copy of the table in shared memory;
+// the parameter itself stays in the constant bank (__grid_constant__), never copied per thread.
+__device__ void share_levels(const LevelPositions& levels, float* shared) {
+  if (levels.count == 0) return;
+  for (unsigned i = threadIdx.x; i < levels.count; i += blockDim.x) shared[i] = levels.g[i];
+  __syncthreads();
+}
+
 template <int kBits>
 __global__ void __launch_bounds__(kEncodeThreads)
     encode_quant_kernel(const float* __restrict__ in, size_t count, uint8_t* __restrict__ out, unsigned bucket,
                         unsigned team, Rounding rounding, PhiloxKey key, uint64_t first, bool in_vec,
-                        bool out_aligned, unsigned long long* nonfinite) {
+                        bool out_aligned, unsigned long long* nonfinite, const __grid_constant__ LevelPositions levels) {
+  __shared__ float level_g[256];
+  share_levels(levels, level_g);
   auto* metas = reinterpret_cast<BucketMeta*>(out);
   uint8_t* codes = out + quant_meta_bytes(count, bucket);
   const size_t buckets = quant_buckets(count, bucket);
@@ -235,14 +245,19 @@ __global__ void __launch_bounds__(kEncodeThreads)
       if (rounding == Rounding::kStochastic) {
         uniforms8(key, first + b0 + g * 8, u);
       } else {
-        // round=shift: the bucket's one uniform (quant.h); nearest: 1/2.
-        const float shared = rounding == Rounding::kShift ? philox_uniform(key, shift_uniform_index(first + b0)) : 0.5f;
+        // round=shift: the bucket's one uniform (quant.h); nearest: 1/2 (learned levels: -1, levels.h).
+        const float shared = rounding == Rounding::kShift ? philox_uniform(key, shift_uniform_index(first + b0))
+                             : levels.count                ? -1.0f
+                                                           : 0.5f;
 #pragma unroll
         for (int i = 0; i < 8; ++i) u[i] = shared;
       }
       uint32_t group[8];
 #pragma unroll
-      for (unsigned i = 0; i < 8; ++i) group[i] = i < n ? quantize(v[i], m, u[i], quant_levels(kBits)) : 0;
+      for (unsigned i = 0; i < 8; ++i)
+        group[i] = i >= n           ? 0
+                   : levels.count ? quantize_with_levels(v[i], m, u[i], level_g, levels.count)
+                                  : quantize(v[i], m, u[i], quant_levels(kBits));
       uint8_t packed[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       pack8(group, kBits, packed);
       store_codes<kBits>(dst + static_cast<size_t>(g) * kBits, packed, out_aligned);
@@ -253,7 +268,9 @@ __global__ void __launch_bounds__(kEncodeThreads)
 template <int kBits, bool kAccumulate>
 __global__ void decode_quant_kernel(const uint8_t* __restrict__ in, size_t count, float* __restrict__ out,
                                     unsigned bucket, bool in_aligned, bool out_vec,
-                                    unsigned long long* nonfinite) {
+                                    unsigned long long* nonfinite, const __grid_constant__ LevelPositions levels) {
+  __shared__ float level_g[256];
+  share_levels(levels, level_g);
   const uint8_t* codes = in + quant_meta_bytes(count, bucket);
   const size_t groups = (count + 7) / 8;
   const unsigned groups_per_bucket = bucket / 8;
@@ -274,7 +291,7 @@ __global__ void decode_quant_kernel(const uint8_t* __restrict__ in, size_t count
     unpack8(packed, kBits, c);
     float v[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = dequantize(c[i], m);
+    for (int i = 0; i < 8; ++i) v[i] = levels.count ? dequantize_from_levels(c[i], m, level_g) : dequantize(c[i], m);
     const unsigned n = count - gi * 8 < 8 ? static_cast<unsigned>(count - gi * 8) : 8u;
     if (meta_is_nonfinite(m)) bad += n;
     store8<kAccumulate>(out + gi * 8, n, out_vec, v);
@@ -674,9 +691,15 @@ size_t flat_blocks(size_t items) {
   return blocks < kMaxFlatBlocks ? blocks : kMaxFlatBlocks;
 }
 
-// Learned levels (levels.h) have host loops only in this release: the device refuses them.
 bool valid_quant(const CodecConfig& c) {
-  return c.bits >= 1 && c.bits <= 8 && c.bucket > 0 && c.bucket % 8 == 0 && c.levels.empty();
+  return c.bits >= 1 && c.bits <= 8 && c.bucket > 0 && c.bucket % 8 == 0 &&
+         (c.levels.empty() || c.levels.size() == size_t{1} << c.bits);
+}
+
+// The kernels' level table: empty (count 0) for the evenly spaced levels.
+LevelPositions positions_of(const CodecConfig& c) {
+  if (!c.levels.empty()) return level_positions(c);
+  return LevelPositions{};
 }
 
 AqShape aq_shape(const CodecConfig& c, size_t count) {
@@ -710,7 +733,7 @@ cudaError_t encode_quant(const CodecConfig& c, const float* in, size_t count, vo
   const size_t blocks = (quant_buckets(count, c.bucket) + kEncodeThreads / team - 1) / (kEncodeThreads / team);
   return launch(encode_quant_kernel<kBits>, blocks < kMaxEncodeBlocks ? blocks : kMaxEncodeBlocks, kEncodeThreads,
                 stream, in, count, static_cast<uint8_t*>(out), c.bucket, team, c.rounding, key,
-                first, aligned_to(in, 16), aligned_to(out, 8), nonfinite);
+                first, aligned_to(in, 16), aligned_to(out, 8), nonfinite, positions_of(c));
 }
 
 template <int kBits, bool kAccumulate>
@@ -718,7 +741,7 @@ cudaError_t decode_quant(const CodecConfig& c, const void* in, size_t count, flo
                          unsigned long long* nonfinite, cudaStream_t stream) {
   return launch(decode_quant_kernel<kBits, kAccumulate>, flat_blocks((count + 7) / 8), kFlatThreads, stream,
                 static_cast<const uint8_t*>(in), count, out, c.bucket, aligned_to(in, 8), aligned_to(out, 16),
-                nonfinite);
+                nonfinite, positions_of(c));
 }
 
 // codec.cc's standalone integer codec: the fixed alpha, 1 when adaptive.

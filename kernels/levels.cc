@@ -12,21 +12,6 @@ namespace qccl::kernels {
 
 namespace {
 
-// The level positions g_k = l_k * L in steps (levels.h), on the stack: encode and decode allocate
-// nothing (codec.h).
-struct Positions {
-  float g[256];
-  uint32_t count;
-};
-Positions positions(const CodecConfig& c) {
-  const float top = static_cast<float>(quant_levels(c.bits));
-  Positions p;
-  p.count = static_cast<uint32_t>(c.levels.size());
-  for (uint32_t k = 0; k < p.count; ++k) p.g[k] = c.levels[k] * top;
-  p.g[p.count - 1] = top;  // exactly L, whatever l * L rounds to
-  return p;
-}
-
 // Minimum and maximum of a bucket, -0 below +0 (as quant.h's scans), and whether all are finite.
 void scan(const float* x, size_t n, float* lo, float* hi, bool* finite) {
   *lo = INFINITY, *hi = -INFINITY, *finite = true;
@@ -44,9 +29,18 @@ void scan(const float* x, size_t n, float* lo, float* hi, bool* finite) {
 
 }  // namespace
 
+LevelPositions level_positions(const CodecConfig& c) {
+  const float top = static_cast<float>(quant_levels(c.bits));
+  LevelPositions p;
+  p.count = static_cast<uint32_t>(c.levels.size());
+  for (uint32_t k = 0; k < p.count; ++k) p.g[k] = c.levels[k] * top;
+  p.g[p.count - 1] = top;  // exactly L, whatever l * L rounds to
+  return p;
+}
+
 size_t encode_levels(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
                      uint64_t first) {
-  const Positions g = positions(c);
+  const LevelPositions g = level_positions(c);
   auto* meta = static_cast<BucketMeta*>(out);
   uint8_t* codes = static_cast<uint8_t*>(out) + quant_meta_bytes(count, c.bucket);
   size_t nonfinite = 0;
@@ -62,12 +56,10 @@ size_t encode_levels(const CodecConfig& c, const float* in, size_t count, void* 
       uint32_t word[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (size_t j = 0; j < 8 && i + j < n; ++j) {
         const size_t e = begin + i + j;
-        if (!(m.step > 0.0f)) continue;  // all equal, or non-finite: code 0
-        const float t = (in[e] - m.min) / m.step;
         const float u = c.rounding == Rounding::kStochastic ? philox_uniform(key, first + e)
                         : c.rounding == Rounding::kShift     ? philox_uniform(key, shift_uniform_index(first + begin))
                                                              : -1.0f;
-        word[j] = quantize_to_levels(t, g.g, g.count, u);
+        word[j] = quantize_with_levels(in[e], m, u, g.g, g.count);
       }
       pack8(word, c.bits, codes + (begin + i) / 8 * static_cast<size_t>(c.bits));
     }
@@ -76,7 +68,7 @@ size_t encode_levels(const CodecConfig& c, const float* in, size_t count, void* 
 }
 
 size_t decode_levels(const CodecConfig& c, const void* in, size_t count, float* out, bool accumulate) {
-  const Positions g = positions(c);
+  const LevelPositions g = level_positions(c);
   const auto* meta = static_cast<const BucketMeta*>(in);
   const uint8_t* codes = static_cast<const uint8_t*>(in) + quant_meta_bytes(count, c.bucket);
   size_t nonfinite = 0;

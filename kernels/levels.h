@@ -46,6 +46,20 @@ QCCL_HD uint32_t quantize_to_levels(float t, const float* g, uint32_t count, flo
   return u < below / gap ? hi : lo;
 }
 
+// The level positions g_k = l_k * L in steps, with g_(count-1) exactly L (whatever l * L rounds to):
+// a table small enough to live on the stack, or in a CUDA kernel's parameters (codec_cuda.cu).
+struct LevelPositions {
+  float g[256];
+  uint32_t count;
+};
+
+// The code of x in a bucket with meta m: 0 for a bucket of equal values (or a non-finite one, whose
+// code is irrelevant), else quantize_to_levels of t = (x - m) / s.
+QCCL_HD uint32_t quantize_with_levels(float x, BucketMeta m, float u, const float* g, uint32_t count) {
+  if (!(m.step > 0.0f)) return 0;
+  return quantize_to_levels((x - m.min) / m.step, g, count, u);
+}
+
 QCCL_HD float dequantize_from_levels(uint32_t code, BucketMeta m, const float* g) {
   if (meta_is_nonfinite(m)) return NAN;
   return m.min + m.step * g[code];

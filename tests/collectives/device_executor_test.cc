@@ -470,6 +470,12 @@ TEST_CASE("device executor: compressed all-reduce, allgather and reduce-scatter 
       {CollKind::kAllReduce, "sra_compressed", "fp16", 2, 300, DataType::kFloat16, false},
       {CollKind::kAllGather, "compressed_ring", "q8", 3, 500, DataType::kFloat32, false},
       {CollKind::kReduceScatter, "compressed_pairwise", "q6", 3, 400, DataType::kFloat32, false},
+      // QSDP's learned levels (levels.h)
+      {CollKind::kAllGather, "compressed_ring", "q2:bucket=64,levels=0/0.125/0.6/1,round=shift", 3, 500,
+       DataType::kFloat32, false},
+      {CollKind::kReduceScatter, "compressed_pairwise", "q3:levels=0/0.01/0.05/0.2/0.5/0.7/0.95/1,round=stochastic", 4,
+       700, DataType::kBfloat16, false},
+      {CollKind::kAllReduce, "ring_compressed", "q2:levels=0/0.3/0.4/1", 3, 999, DataType::kFloat32, true},
   };
   uint64_t seed = 1000;
   for (const Case& c : cases) {

@@ -1,5 +1,5 @@
 // The CUDA launchers (kernels/codec_cuda.h) against the host launchers (codec.h, convert.h,
-// reduce.h), bit for bit: every codec (AQ-SGD's aq too), odd counts, partial buckets, NaN/Inf/±0
+// reduce.h), bit for bit: every codec (AQ-SGD's aq and QSDP's learned levels too), odd counts, partial buckets, NaN/Inf/±0
 // buckets, several Philox keys and offsets, aligned and misaligned buffers; every reduction type and operator.
 //
 // Without a usable CUDA device the program exits 77 before the first test runs (CTest: skipped; see
@@ -162,6 +162,14 @@ std::vector<std::string> all_specs() {
   for (const char* spec : {"aq2:channels=7", "aq3:channels=64,rows=3,round=stochastic,seed=11", "aq4", "aq5:channels=13",
                            "aq8:channels=5,rows=1,round=stochastic", "aq6:channels=100,rows=2"})
     specs.push_back(spec);
+  // Learned levels (levels.h): uneven tables of 4, 8 and 256 levels, every rounding.
+  for (const char* round : {"nearest", "stochastic", "shift"}) {
+    specs.push_back(std::string("q2:bucket=64,levels=0/0.125/0.6/1,seed=11,round=") + round);
+    specs.push_back(std::string("q3:bucket=24,levels=0/0.01/0.05/0.2/0.5/0.7/0.95/1,seed=11,round=") + round);
+    std::string q8 = std::string("q8:bucket=512,seed=11,round=") + round + ",levels=0";
+    for (int k = 1; k < 255; ++k) q8 += "/" + std::to_string(std::pow(k / 255.0, 1.5));
+    specs.push_back(q8 + "/1");
+  }
   return specs;
 }
 
@@ -273,6 +281,8 @@ TEST_CASE("invalid arguments enqueue nothing and say cudaErrorInvalidValue", "[c
   CHECK(encode_cuda(q, f, 8, d.get(), PhiloxKey{}, 0, nullptr, nullptr) == cudaErrorInvalidValue);
   q.bits = 4, q.bucket = 12;
   CHECK(decode_accumulate_cuda(q, d.get(), 8, f, nullptr, nullptr) == cudaErrorInvalidValue);
+  q.bucket = 8, q.levels = {0.0f, 0.5f, 1.0f};  // q4 takes 16 levels
+  CHECK(encode_cuda(q, f, 8, d.get(), PhiloxKey{}, 0, nullptr, nullptr) == cudaErrorInvalidValue);
   CHECK(load_float_cuda(DataType::kInt32, d.get(), f, 8, nullptr) == cudaErrorInvalidValue);
   CHECK(store_float_cuda(DataType::kFloat64, f, d.get(), 8, nullptr, nullptr) == cudaErrorInvalidValue);
   ok(cudaDeviceSynchronize());

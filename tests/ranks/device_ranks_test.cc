@@ -9,7 +9,7 @@
 // capture) is refused before anything is sent; IntSGD's all-reduce gives the host path's bits, scale,
 // clips and state, and reports a NaN on every rank; Marsit's gives the host path's bits, its
 // compensation following the calls between device and host; compressed send/recv (q, aq) gives the
-// host path's bits. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
+// host path's bits; so do QSDP's compressed AllGather and ReduceScatter with learned levels. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
 // First, before anything includes Catch: it enables Catch's listener interface.
 #include "tests/common/require_cuda_device.h"
 
@@ -157,6 +157,33 @@ TEST_CASE("compressed all-reduce on device buffers gives the host path's bits", 
                                               nullptr, w.comm()));
       CHECK(drecv.read() == host);
     }
+  }
+}
+
+TEST_CASE("QSDP's compressed AllGather and ReduceScatter with learned levels on device buffers", "[device]") {
+  World& w = world();
+  for (const char* spec : {"q2:bucket=64,levels=0/0.125/0.6/1", "q4:bucket=128",
+                           "q3:levels=0/0.01/0.05/0.2/0.5/0.7/0.95/1,round=shift"}) {
+    INFO(spec);
+    Codec codec(spec);
+    const size_t count = 50000;
+    const size_t n = static_cast<size_t>(w.size());
+    const std::vector<uint8_t> block = inputs(DataType::kFloat32, RedOp::kSum, w.rank(), count);
+    std::vector<uint8_t> host(block.size() * n);
+    QCCL_REQUIRE_OK(qcclAllGatherCompressed(block.data(), host.data(), count, qcclFloat32, codec.handle, nullptr,
+                                            w.comm()));
+    DeviceBuffer dblock(block), dall(std::vector<uint8_t>(block.size() * n, 0));
+    QCCL_REQUIRE_OK(qcclAllGatherCompressed(dblock.get(), dall.get(), count, qcclFloat32, codec.handle, nullptr,
+                                            w.comm()));
+    CHECK(dall.read() == host);
+    const std::vector<uint8_t> all = inputs(DataType::kFloat32, RedOp::kSum, w.rank(), count * n);
+    std::vector<uint8_t> mine(block.size());
+    QCCL_REQUIRE_OK(qcclReduceScatterCompressed(all.data(), mine.data(), count, qcclFloat32, qcclSum, codec.handle,
+                                                nullptr, w.comm()));
+    DeviceBuffer dsend(all), drecv(std::vector<uint8_t>(block.size(), 0));
+    QCCL_REQUIRE_OK(qcclReduceScatterCompressed(dsend.get(), drecv.get(), count, qcclFloat32, qcclSum, codec.handle,
+                                                nullptr, w.comm()));
+    CHECK(drecv.read() == mine);
   }
 }
 
