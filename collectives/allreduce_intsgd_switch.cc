@@ -17,6 +17,7 @@
 // Wire bytes per rank: (b/8) * D + 8 per chunk up, the same down: each rank moves S instead of the
 // ring's 2(n-1)/n * S, which is the point on a link-bound job (1.5x fewer bytes at n = 4).
 #include "collectives/algorithms.h"
+#include "collectives/device_kernels.h"
 #include "collectives/intsgd.h"
 
 namespace qccl::coll {
@@ -79,6 +80,7 @@ class AllReduceIntsgdSwitch final : public Plan {
   }
   uint64_t raw_wire_bytes() const override { return intsgd_ring_elements(ring_, segments_) * args_.element_size(); }
   bool uses_aggregators() const override { return true; }
+  void absorb(const DeviceCounters& counters) override { steps_.absorb(counters); }
 
  private:
   size_t message_stride() const {

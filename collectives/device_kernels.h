@@ -61,6 +61,8 @@ class DeviceKernels {
                                   unsigned long long* nonfinite) = 0;
   // convert.h's store_float (nothing counted).
   virtual void store_float(kernels::DataType type, const float* in, void* out, size_t n) = 0;
+  // dst = n bytes (at most 16) given now, in stream order: a small header of a message.
+  virtual void write_bytes(void* dst, const void* bytes, size_t n) = 0;
   // *acc += *add: a fragment's taint, gathered from a peer's taint word (wire A carries it beside the
   // message, having no message keys).
   virtual void add_counter(unsigned long long* acc, const unsigned long long* add) = 0;

@@ -114,6 +114,7 @@ class IntsgdSteps {
     Phase phase() const override { return Phase::kEncode; }
     const char* name() const override { return "int_header"; }
     void run(const step::Compute& s, StepContext& context) const override;
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override;
   };
   Bound bound_;
   Encode encode_;

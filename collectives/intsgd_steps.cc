@@ -85,6 +85,16 @@ bool IntsgdSteps::Decode::launch(const step::Compute& s, DeviceStepContext& cont
   return true;
 }
 
+bool IntsgdSteps::Header::launch(const step::Compute& s, DeviceStepContext& context) const {
+  SwitchChunkHeader header;
+  header.bits = static_cast<uint8_t>(b->bits);
+  header.count = static_cast<uint32_t>(s.count);
+  uint8_t bytes[SwitchChunkHeader::kBytes];
+  header.encode(bytes);
+  context.kernels->write_bytes(s.dst, bytes, sizeof bytes);
+  return true;
+}
+
 void IntsgdSteps::absorb(const DeviceCounters& counters) const {
   *bound_.clipped += counters.clipped;
   kernels::IntSums sums;

@@ -268,10 +268,10 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
  * Codec states work as on host buffers; an error-feedback residual has a copy in device memory, and
  * whichever copy the state's last call used is the current one (qcclCodecStateSave and Load, and a
  * call on host buffers, bring it back to the host first); so has Marsit's compensation. Marsit's sign
- * and IntSGD's int8..int32 (along the ring, not agg=switch) run on device buffers with the host
- * path's bits, alpha and clips; so do learned levels (QSDP) and AQ-SGD's aq2..aq8 in
- * qcclSendCompressed / qcclRecvCompressed. Not yet on device buffers: fft, int with agg=switch and
- * keyed delta calls, which fail with qcclInvalidUsage (delta calls with qcclInvalidArgument), and
+ * and IntSGD's int8..int32 (agg=switch too, its aggregator traffic staged) run on device buffers with
+ * the host path's bits, alpha and clips; so do learned levels (QSDP) and AQ-SGD's aq2..aq8 in
+ * qcclSendCompressed / qcclRecvCompressed. Not yet on device buffers: fft and keyed delta calls,
+ * which fail with qcclInvalidUsage (delta calls with qcclInvalidArgument), and
  * graph capture: a call made while the communicator's stream is capturing fails with
  * qcclInvalidUsage before it touches the stream (qccl's progress thread runs the call on its own
  * stream, which a graph cannot record), and the capture goes on. A call whose sendbuff and recvbuff

@@ -501,6 +501,13 @@ __global__ void int_decode_sums_kernel(const TWire* __restrict__ in, size_t n, d
 
 __global__ void add_counter_kernel(unsigned long long* acc, const unsigned long long* add) { *acc += *add; }
 
+struct SmallBytes {
+  uint8_t b[16];
+};
+__global__ void write_bytes_kernel(uint8_t* dst, SmallBytes bytes, unsigned n) {
+  for (unsigned i = 0; i < n; ++i) dst[i] = bytes.b[i];
+}
+
 // Error feedback's miss, as the host executor computes it: one rounding per operator.
 __global__ void feedback_residual_kernel(const float* __restrict__ acc, float* __restrict__ residual, size_t n,
                                          float factor) {
@@ -952,6 +959,14 @@ cudaError_t int_decode_sums_cuda(int bits, const void* in, size_t n, double scal
                     scale, out, taint, tainted, squares, max_abs, nonfinite);
     default: return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t write_bytes_cuda(void* dst, const void* bytes, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (dst == nullptr || bytes == nullptr || n > sizeof(SmallBytes)) return cudaErrorInvalidValue;
+  SmallBytes small = {};
+  memcpy(small.b, bytes, n);
+  return launch(write_bytes_kernel, 1, 1, stream, static_cast<uint8_t*>(dst), small, static_cast<unsigned>(n));
 }
 
 cudaError_t add_counter_cuda(unsigned long long* acc, const unsigned long long* add, cudaStream_t stream) {

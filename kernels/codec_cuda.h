@@ -99,6 +99,9 @@ cudaError_t int_decode_cuda(int bits, const void* in, size_t n, double scale, fl
 cudaError_t int_decode_sums_cuda(int bits, const void* in, size_t n, double scale, float* out,
                                  const unsigned long long* taint, bool tainted, unsigned long long* squares,
                                  unsigned long long* max_abs, unsigned long long* nonfinite, cudaStream_t stream);
+// dst = n bytes (n <= 16, else cudaErrorInvalidValue) read from host memory now, written by a kernel
+// in stream order (a message's small header).
+cudaError_t write_bytes_cuda(void* dst, const void* bytes, size_t n, cudaStream_t stream);
 // *acc += *add, one thread: a fragment's taint words gathered on the device.
 cudaError_t add_counter_cuda(unsigned long long* acc, const unsigned long long* add, cudaStream_t stream);
 

@@ -489,10 +489,9 @@ const char* device_codec_refusal(const kernels::CodecConfig& c) {
   using kernels::CodecKind;
   if (c.kind == CodecKind::kNone || c.kind == CodecKind::kFp16 || c.kind == CodecKind::kBf16) return nullptr;
   if (c.kind == CodecKind::kQuant) return nullptr;
-  if (c.kind == CodecKind::kInt && !c.switch_aggregation) return nullptr;
-  if (c.kind == CodecKind::kSign || c.kind == CodecKind::kAq) return nullptr;
+  if (c.kind == CodecKind::kInt || c.kind == CodecKind::kSign || c.kind == CodecKind::kAq) return nullptr;
   return "the device path runs the none, fp16, bf16, q1..q8 (learned levels too), aq2..aq8, Marsit's sign and "
-         "IntSGD's int8..int32 (along the ring, not agg=switch) codecs so far";
+         "IntSGD's int8..int32 codecs so far";
 }
 }  // namespace
 

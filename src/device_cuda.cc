@@ -150,6 +150,9 @@ class CudaDevice final : public Device {
   void store_float(kernels::DataType type, const float* in, void* out, size_t n) override {
     enqueue("store_float_cuda", [&] { return kernels::store_float_cuda(type, in, out, n, nullptr, stream_); });
   }
+  void write_bytes(void* dst, const void* bytes, size_t n) override {
+    enqueue("write_bytes_cuda", [&] { return kernels::write_bytes_cuda(dst, bytes, n, stream_); });
+  }
   void add_counter(unsigned long long* acc, const unsigned long long* add) override {
     enqueue("add_counter_cuda", [&] { return kernels::add_counter_cuda(acc, add, stream_); });
   }

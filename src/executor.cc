@@ -217,7 +217,7 @@ PlanExecution::PlanExecution(transport::Transport& transport, const HostExecutor
       last_progress_(Clock::now()),
       shared_(std::move(device)),
       device_(shared_ ? &shared_->device() : nullptr),
-      wire_(shared_ && !identity.p2p ? shared_->wire() : nullptr) {
+      wire_(shared_ && DeviceExecutor::on_wire(identity, *plan_) ? shared_->wire() : nullptr) {
   const size_t fragments = plan_->fragments();
   slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(options.depth, 1)), std::max<size_t>(fragments, 1)));
   for (Slot& slot : slots_) slot.program.set_default_codec(plan_->args().codec);
@@ -941,8 +941,8 @@ DeviceExecutor::DeviceExecutor(transport::Transport& transport, std::shared_ptr<
 
 std::unique_ptr<Execution> DeviceExecutor::launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                                                   const OperationIdentity& identity, std::byte*) {
-  const bool on_wire = shared_->wire() && !identity.p2p;
-  return std::make_unique<PlanExecution>(transport_, on_wire ? wire_options_ : options_, algorithm, std::move(plan),
+  const bool wire = shared_->wire() && on_wire(identity, *plan);
+  return std::make_unique<PlanExecution>(transport_, wire ? wire_options_ : options_, algorithm, std::move(plan),
                                          identity, nullptr, names_, &abandoned_, shared_);
 }
 

@@ -178,7 +178,7 @@ class HostExecutor final : public Executor {
 //     and the message is posted once the device reached that copy; a received message is copied to
 //     its device destination on the stream, before the steps after its Wait. Chunk c+1's kernels run
 //     while chunk c is on the wire, and the host waits for the device only where a send needs its
-//     bytes. Point-to-point calls always take it.
+//     bytes. Point-to-point calls and plans with aggregator processes always take it.
 //   - wire A (a PeerWire, NCCL point-to-point): the transfers themselves are posted on the stream,
 //     a fragment's consecutive transfers in one group, so that a ring step's send and receive
 //     progress together; the group ends at a data step and at a Wait for a receive (what follows may
@@ -238,6 +238,12 @@ class DeviceExecutor final : public Executor {
     std::vector<Block> free_[2];  // device, pinned
     std::vector<Block> abandoned_;
   };
+
+  // Whether a call takes wire A once there is one: collectives among the ranks; point-to-point calls
+  // and plans that exchange data with aggregator processes, which are no NCCL ranks, stay staged.
+  static bool on_wire(const OperationIdentity& identity, const coll::Plan& plan) {
+    return !identity.p2p && !plan.uses_aggregators();
+  }
 
   // `wire` null: wire B (until attach_wire). With a wire, collectives run with depth 1, ordered.
   DeviceExecutor(transport::Transport& transport, std::shared_ptr<Device> device, std::shared_ptr<PeerWire> wire,

@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <random>
 
@@ -18,8 +19,10 @@
 #include "collectives/compressed.h"
 #include "collectives/intsgd.h"
 #include "collectives/marsit.h"
-#include "kernels/sign.h"
 #include "kernels/codec.h"
+#include "kernels/intsgd.h"
+#include "kernels/sign.h"
+#include "src/message_key.h"
 #include "tests/collectives/sim_runner.h"
 #include "tests/common/reference.h"
 #include "tests/common/stand_in_device.h"
@@ -136,12 +139,75 @@ Outcome run_host(std::vector<HostRank> ranks, const std::vector<CollArgs>& shape
 // The same call with every buffer copied into the rank's stand-in device.
 enum class Wire { kStaged, kPeer };
 
+// An IntSGD aggregator process (agg=switch) on the simulated network, as src/aggregator_daemon.cc
+// serves one: it takes every rank's chunk of a message, adds their integers (wrapping), and sends the
+// sum back to every rank with the key's taint bit if any contribution had it.
+class TestAggregator {
+ public:
+  TestAggregator(sim::SimNetwork& net, int index, int nranks) : transport_(net, nranks + index), n_(nranks) {
+    posted_.resize(static_cast<size_t>(nranks));
+    for (int r = 0; r < nranks; ++r) post(r);
+  }
+  bool progress() {
+    bool moved = false;
+    for (int r = 0; r < n_; ++r) {
+      Posted& p = posted_[static_cast<size_t>(r)];
+      transport::Completion done;
+      std::string error;
+      if (transport_.test(p.handle, &done, &error) != transport::Poll::kDone) continue;
+      moved = true;
+      const transport::Key id = done.key & ~message_key::kTaintBit;
+      Chunk& c = chunks_[id];
+      c.taint |= done.key & message_key::kTaintBit;
+      coll::SwitchChunkHeader header;
+      REQUIRE(header.decode(p.buffer.data()));
+      if (c.sum.empty()) {
+        c.sum.assign(p.buffer.begin(), p.buffer.begin() + static_cast<std::ptrdiff_t>(done.bytes));
+      } else {
+        kernels::int_add(header.bits, p.buffer.data() + coll::SwitchChunkHeader::kBytes,
+                         c.sum.data() + coll::SwitchChunkHeader::kBytes, header.count);
+      }
+      if (++c.contributions == n_)
+        for (int to = 0; to < n_; ++to) c.sends.push_back(transport_.isend(to, id | c.taint, c.sum.data(), c.sum.size()));
+      post(r);
+    }
+    return moved;
+  }
+  // The job is over: the receives it keeps posted go.
+  void stop() {
+    for (Posted& p : posted_) transport_.cancel(p.handle);
+  }
+
+ private:
+  struct Posted {
+    transport::Handle handle;
+    std::vector<uint8_t> buffer = std::vector<uint8_t>(1 << 20);
+  };
+  struct Chunk {
+    std::vector<uint8_t> sum;
+    transport::Key taint = 0;
+    int contributions = 0;
+    std::vector<transport::Handle> sends;
+  };
+  void post(int r) {
+    Posted& p = posted_[static_cast<size_t>(r)];
+    p.handle = transport_.irecv(r, 0, transport::kKeyMask, p.buffer.data(), p.buffer.size());
+  }
+  sim::SimTransport transport_;
+  int n_;
+  std::vector<Posted> posted_;
+  std::map<transport::Key, Chunk> chunks_;  // (chunks stay: a test sends few)
+};
+
 Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& shape, bool in_place,
                    const std::vector<size_t>& offset, const coll::Algorithm& algorithm, size_t chunk, int depth,
                    uint64_t seed, int calls = 1, Wire wire = Wire::kStaged,
-                   std::vector<std::shared_ptr<StandInWire>>* wires_out = nullptr) {
+                   std::vector<std::shared_ptr<StandInWire>>* wires_out = nullptr, int aggregators = 0) {
   const int n = static_cast<int>(ranks.size());
-  sim::SimNetwork net(n, false);
+  REQUIRE((aggregators == 0 || calls == 1));  // the test's aggregators serve one call
+  sim::SimNetwork net(n + aggregators, false);
+  std::vector<std::unique_ptr<TestAggregator>> switches;
+  for (int k = 0; k < aggregators; ++k) switches.push_back(std::make_unique<TestAggregator>(net, k, n));
   StandInFabric fabric(n);
   std::vector<std::shared_ptr<StandInWire>> wires;
   std::vector<std::string> names;
@@ -193,6 +259,7 @@ Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& sha
     args[r].sendbuf = send[r];
     args[r].recvbuf = recv[r];
     args[r].stream = reinterpret_cast<void*>(uintptr_t{0x1000} + static_cast<uintptr_t>(r));
+    args[r].aggregators = aggregators;
   }
   Outcome out;
   out.stats.resize(n);
@@ -217,6 +284,7 @@ Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& sha
     std::vector<std::unique_ptr<Error>> failed(n);
     for (int idle = 0;;) {
       bool moved = net.progress(), all = true;
+      for (auto& s : switches) moved |= s->progress();
       for (int r = 0; r < n; ++r) {
         moved |= devices[r]->run_some();
         if (failed[r] || ops[r]->finished()) continue;
@@ -241,6 +309,7 @@ Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& sha
         FAIL("deadlock: no rank and no device can move" << waiting);
       }
     }
+    for (auto& s : switches) s->stop();
     CHECK(net.idle());
     CHECK(fabric.idle());
     for (int r = 0; r < n; ++r) {
@@ -674,6 +743,61 @@ TEST_CASE("device executor: IntSGD's taint reaches every rank's decode on both w
   for (int r = 1; r < 4; ++r) CHECK(host.stats[r].nonfinite == host.stats[0].nonfinite);
   require_same(host, run_device(ranks, shape, false, offset, *algorithm, 256, 2, 9));
   require_same(host, run_device(ranks, shape, false, offset, *algorithm, 256, 1, 9, 1, Wire::kPeer));
+}
+
+TEST_CASE("device executor: IntSGD through aggregators (agg=switch) gives the ring's bits, staged on both wires",
+          "[device]") {
+  // The switch's sums are the ring's (allreduce_intsgd_switch.cc): its output, clips, sums and
+  // non-finite counts on device buffers equal the host ring's; with a peer wire attached, its
+  // aggregator traffic is still staged (the aggregators are no NCCL ranks). A NaN on rank 1 taints
+  // its chunk through the aggregator's answer.
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("int8:alpha=1,agg=switch");
+  const kernels::CodecConfig ring_codec = kernels::parse_codec_spec("int8:alpha=1");
+  for (bool with_nan : {false, true}) {
+    INFO((with_nan ? "a NaN on rank 1" : "finite"));
+    std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, 3, 5000, DataType::kBfloat16, RedOp::kAvg);
+    std::vector<CollArgs> ring_shape = shape;
+    for (int r = 0; r < 3; ++r) {
+      shape[r].codec = &codec, ring_shape[r].codec = &ring_codec;
+      shape[r].rng = ring_shape[r].rng = kernels::PhiloxKey{codec.seed, 4, static_cast<uint32_t>(r), 0};
+    }
+    std::vector<size_t> offset;
+    auto ranks = make_ranks(shape, 91, false, &offset);
+    for (HostRank& h : ranks) h.intsgd_round = coll::IntsgdRound{false, 40.0f};
+    if (with_nan) store(DataType::kBfloat16, ranks[1].send.data(), 4000, NAN);
+    const Outcome host = run_host(ranks, ring_shape, false, offset, *coll::find_algorithm(CollKind::kAllReduce, "intsgd"),
+                                  2048, 2);
+    CHECK(host.clipped[0] > 0);
+    CHECK((host.stats[0].nonfinite > 0) == with_nan);
+    const coll::Algorithm* algorithm = coll::find_algorithm(CollKind::kAllReduce, "intsgd_switch");
+    REQUIRE(algorithm);
+    for (Wire wire : {Wire::kStaged, Wire::kPeer}) {
+      const Outcome device = run_device(ranks, shape, false, offset, *algorithm, 2048, 2, 3, 1, wire, nullptr, 2);
+      for (int r = 0; r < 3; ++r) {
+        INFO("rank " << r << (wire == Wire::kPeer ? ", peer wire attached" : ""));
+        CHECK(device.clipped[r] == host.clipped[r]);
+        if (!with_nan) {
+          CHECK(device.recv[r] == host.recv[r]);
+          CHECK(device.stats[r].nonfinite == 0);
+          CHECK(device.sums[r].squares_lo == host.sums[r].squares_lo);
+          CHECK(device.sums[r].max_abs == host.sums[r].max_abs);
+          continue;
+        }
+        // The switch's fragment is one chunk of 512 values (the ring's, a piece of every segment):
+        // the chunk of value 4000 is NaN on every rank, the rest is the ring's wherever the ring's is
+        // finite.
+        CHECK(device.recv[r] == device.recv[0]);
+        CHECK(device.stats[r].nonfinite == 512);
+        for (size_t i = 0; i < 5000; ++i) {
+          const double got = load(DataType::kBfloat16, device.recv[r].data(), i);
+          const double ring = load(DataType::kBfloat16, host.recv[r].data(), i);
+          if (i / 512 == 4000 / 512) REQUIRE(std::isnan(got));
+          else if (!std::isnan(ring)) REQUIRE(got == ring);
+          else REQUIRE(std::isfinite(got));
+        }
+      }
+    }
+  }
 }
 
 // Every rank's Marsit inputs (float32 updates, average) and a compensation with a round pending.

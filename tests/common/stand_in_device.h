@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -197,6 +198,16 @@ class StandInDevice final : public Device {
     require_device(out, n * kernels::element_size(type), "store_float's output");
     enqueue([=] {
       kernels::store_float(type, in, out, n);
+      return true;
+    });
+  }
+  void write_bytes(void* dst, const void* bytes, size_t n) override {
+    require_device(dst, n, "write_bytes's destination");
+    if (n > 16) throw std::logic_error("stand-in device: write_bytes of more than 16 bytes");
+    std::array<uint8_t, 16> copy{};
+    std::memcpy(copy.data(), bytes, n);
+    enqueue([=] {
+      std::memcpy(dst, copy.data(), n);
       return true;
     });
   }
