@@ -270,8 +270,8 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
  * call on host buffers, bring it back to the host first); so has Marsit's compensation. Marsit's sign
  * and IntSGD's int8..int32 (agg=switch too, its aggregator traffic staged) run on device buffers with
  * the host path's bits, alpha and clips; so do learned levels (QSDP) and AQ-SGD's aq2..aq8 in
- * qcclSendCompressed / qcclRecvCompressed. Not yet on device buffers: fft and keyed delta calls,
- * which fail with qcclInvalidUsage (delta calls with qcclInvalidArgument), and
+ * qcclSendCompressed / qcclRecvCompressed; keyed delta calls take device buffers through the host
+ * (qcclDeltaSend). Not yet on device buffers: fft, which fails with qcclInvalidUsage, and
  * graph capture: a call made while the communicator's stream is capturing fails with
  * qcclInvalidUsage before it touches the stream (qccl's progress thread runs the call on its own
  * stream, which a graph cannot record), and the capture goes on. A call whose sendbuff and recvbuff
@@ -613,8 +613,10 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * (0: none): a call that needs more is refused, unless evictLeastRecent = 1, with which the sender
  * evicts its least recently used keys (never the call's) and the receiver mirrors it. Keys in one
  * call are distinct. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16 (each end its own);
- * storeType: the same three (qcclFloat16 is the paper's). Buffers in host memory (CUDA device memory:
- * qcclInvalidArgument). Each call is one exchange between the two ends: a message in five parts
+ * storeType: the same three (qcclFloat16 is the paper's). Buffers in host memory or CUDA device memory
+ * (see qcclCommSetStream: ordered with the communicator's stream; the rows cross through pinned host
+ * memory, since the store and its kernels are the host's: a sender's are copied when its call starts
+ * to run, a receiver's when it completes, failed receives' applied rows included). Each call is one exchange between the two ends: a message in five parts
  * (the header with the evicted keys and the bitmap, then four sections, each encoded just before it
  * is sent and applied as it arrives, so that the codec's work overlaps the wire: the call's keys are
  * cut into as many sections, up to four, as keep the extra scales under 1/32 of the delta's bytes,

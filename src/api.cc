@@ -926,9 +926,6 @@ void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t*
   if (nkeys == 0) fail(qcclInvalidArgument, "nkeys = 0: nothing to send");
   require_out(keys, "keys");
   if (!buffer) fail(qcclInvalidArgument, "the buffer is NULL with nkeys = %zu", nkeys);
-  if (const int device = device_of(buffer); device >= 0)
-    fail(qcclInvalidArgument, "the buffer %p is memory of CUDA device %d: keyed delta calls take host buffers (the "
-         "store lives in host memory); stage the rows through the host", buffer, device);
   if (peer < 0 || peer >= c.nranks()) fail(qcclInvalidArgument, "peer = %d is out of range [0, %d)", peer, c.nranks());
   if (peer == c.rank()) fail(qcclInvalidArgument, "peer = %d is this rank: a store is one end of a link", peer);
   const kernels::DataType t = delta_type(datatype, "datatype");
@@ -947,6 +944,10 @@ void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t*
     link->owner = &c;
   }
   auto record = std::make_shared<OpRecord>();
+  // Rows in device memory cross through pinned host memory: the store and its kernels are the host's
+  // (a store may outgrow the GPU: its file tier), and the rows' copies cost less than the wire.
+  if (device_of(buffer) >= 0)
+    buffer = c.stage(*record, buffer, nkeys * link->store.config().row_values * kernels::element_size(t), sender);
   coll::CollArgs& args = record->args;
   args.kind = sender ? coll::CollKind::kSend : coll::CollKind::kRecv;
   args.sendbuf = sender ? buffer : nullptr;

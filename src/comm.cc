@@ -591,6 +591,52 @@ void Comm::choose_gpu_wire() {
                 : format(" (QCCL_GPU_WIRE=%s: %s)", config_.gpu_wire.c_str(), why_host.c_str()).c_str());
 }
 
+void* Comm::stage(OpRecord& record, const void* buffer, size_t bytes, bool to_host) {
+  const int ordinal = device_of(buffer);
+  std::string why;
+  Device* d = device(ordinal, &why);
+  if (!d)
+    fail(qcclInvalidArgument, "the buffer %p is CUDA device memory, which this process cannot use: %s", buffer,
+         why.c_str());
+  if (d->ordinal() != ordinal)
+    fail(qcclInvalidArgument, "the buffer is memory of CUDA device %d, but this communicator's device buffers are on "
+         "%s (the device of its first call on device buffers)", ordinal, d->describe().c_str());
+  record.staging = std::make_unique<OpRecord::Staging>(device_, const_cast<void*>(buffer), bytes, to_host);
+  record.staging->mark = d->mark(stream());
+  return record.staging->pinned;
+}
+
+OpRecord::Staging::Staging(std::shared_ptr<Device> d, void* buffer, size_t n, bool sender)
+    : device(std::move(d)), device_buffer(buffer), bytes(n), to_host(sender) {
+  pinned = device->allocate(Device::Memory::kPinned, bytes);
+}
+
+OpRecord::Staging::~Staging() {
+  try {
+    if (mark) device->forget(mark);
+    if (pinned) device->release(Device::Memory::kPinned, pinned);  // no copy of it is in flight (end_staging)
+  } catch (const Error&) {
+  }
+}
+
+void Comm::end_staging(OpRecord& record, qcclResult_t* result, std::string* error) {
+  OpRecord::Staging& s = *record.staging;
+  Device* d = s.device.get();
+  try {
+    if (!s.to_host && s.completed) {
+      d->wait(s.mark);  // after what the caller queued before the call, which may still read the buffer
+      s.mark = 0;
+      d->copy(s.device_buffer, s.pinned, s.bytes);
+      d->signal(stream());
+    }
+    d->synchronize();  // the pinned buffer is no longer read
+  } catch (const Error& e) {
+    if (*result == qcclSuccess) *result = e.code(), *error = e.what();
+    s.pinned = nullptr;  // its copy may still run: the memory stays
+  }
+  record.staging.reset();
+}
+
 void Comm::place(OpRecord& record, bool in_group) {
   coll::CollArgs& a = record.args;
   const int send_device = device_of(a.sendbuf), recv_device = device_of(a.recvbuf);
@@ -645,7 +691,9 @@ void Comm::take_scratch(OpRecord& record) {
   record.operation->set_scratch(record.scratch->data());
 }
 
-void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& error) {
+void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& message) {
+  std::string error = message;
+  if (record.staging) end_staging(record, &result, &error);
   std::lock_guard<std::mutex> lock(ops_mu_);
   record.result = result;
   record.error = error;
@@ -712,6 +760,7 @@ qcclResult_t result_of(const coll::CallFailure& failure) {
 // the receiver refused) or a compressed one decoded non-finite values: every rank
 // decodes the same bytes, so every rank reports the same count, and the communicator stays healthy.
 void Comm::finish_completed(OpRecord& record) {
+  if (record.staging) record.staging->completed = true;
   const Execution& op = *record.operation;
   size_t nonfinite = op.stats().nonfinite;
   if (record.call) {
@@ -741,6 +790,13 @@ void Comm::finish_completed(OpRecord& record) {
 // The call of a compressed collective is about to run (earlier calls on its state are done): its
 // method fixes what depends on them (IntSGD's alpha), and the frame headers announce the scale.
 void Comm::prepare(OpRecord& record) {
+  if (record.staging && record.staging->to_host) {  // a sender's rows, once the caller's stream made them
+    OpRecord::Staging& s = *record.staging;
+    s.device->wait(s.mark);
+    s.mark = 0;
+    s.device->copy(s.pinned, s.device_buffer, s.bytes);
+    s.device->synchronize();
+  }
   // The calls before this one on its state have finished: its residual moves to where this call runs.
   if (record.state && record.on_device) {
     record.call->use_device_arrays(record.state->arrays_on_device(device_));

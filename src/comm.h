@@ -97,6 +97,25 @@ struct OpRecord {
   DriveTotals drive_at_start;  // the communicator's totals when its execution started
   bool started = false;               // false while deferred in a group
   bool on_device = false;             // buffers in device memory: the device executor runs it (place)
+  // A keyed delta call on device memory (Comm::stage): the store and its kernels are the host's, so
+  // its rows cross through pinned host memory, after the work the caller queued on the
+  // communicator's stream before the call (`mark`): a sender's when it starts to run, a receiver's
+  // when it completes (also the rows a failed receive applied, as on host buffers).
+  // A record dropped before its end (a call refused after it was staged) releases what it holds.
+  struct Staging {
+    Staging(std::shared_ptr<Device> d, void* buffer, size_t n, bool sender);
+    ~Staging();
+    Staging(const Staging&) = delete;
+    Staging& operator=(const Staging&) = delete;
+    std::shared_ptr<Device> device;
+    void* device_buffer;
+    void* pinned = nullptr;  // null once released (or kept for good by a device that cannot synchronize)
+    size_t bytes;
+    bool to_host;            // a sender's rows
+    uintptr_t mark = 0;      // Device::Mark, until waited for or forgotten
+    bool completed = false;  // its plan ran to the end: a receiver's rows go to the device
+  };
+  std::unique_ptr<Staging> staging;
   uint64_t submitted = 0;             // its place among the communicator's active records (start)
   std::atomic<bool> done{false};
   qcclResult_t result = qcclSuccess;  // valid once done
@@ -124,6 +143,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // record.on_device, and args.stream is the communicator's stream), refusing mixed buffers and
   // what the device path does not run yet (qcclInvalidArgument, qcclInvalidUsage; nothing sent).
   void place(OpRecord& record, bool in_group);
+  // A keyed delta call's buffer of `bytes` bytes in CUDA device memory: the pinned host buffer that
+  // stands for it (record.staging), which the call's plan reads or writes instead.
+  void* stage(OpRecord& record, const void* buffer, size_t bytes, bool to_host);
   // qcclCommSetStream: the CUDA stream of later calls on device buffers (null: the legacy default).
   void set_stream(void* stream) { stream_.store(stream); }
   void* stream() const { return stream_.load(); }
@@ -155,8 +177,11 @@ class Comm : public std::enable_shared_from_this<Comm> {
   bool waits_for_its_state(size_t index) const;  // index into driving_: an older call on its `serial`
   void check_timeouts();
   void take_scratch(OpRecord& record);  // before the record's operation first advances
-  void finish(OpRecord& record, qcclResult_t result, const std::string& error);
+  void finish(OpRecord& record, qcclResult_t result, const std::string& message);
   void finish_completed(OpRecord& record);
+  // Record.staging's end: the received rows to the device, the pinned buffer released. A failure here
+  // becomes the call's result if it had none.
+  void end_staging(OpRecord& record, qcclResult_t* result, std::string* error);
   // A compressed call about to run: its method's prepare() and the scale its headers announce.
   void prepare(OpRecord& record);
   // With the drive lock held: fails and withdraws the operations the failure concerns.

@@ -9,7 +9,8 @@
 // capture) is refused before anything is sent; IntSGD's all-reduce gives the host path's bits, scale,
 // clips and state, and reports a NaN on every rank; Marsit's gives the host path's bits, its
 // compensation following the calls between device and host; compressed send/recv (q, aq) gives the
-// host path's bits; so do QSDP's compressed AllGather and ReduceScatter with learned levels. Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
+// host path's bits; so do QSDP's compressed AllGather and ReduceScatter with learned levels, and
+// keyed delta calls (staged through the host, with byte-equal stores). Without a CUDA device every rank exits 77 before the first test (CTest: skipped).
 // First, before anything includes Catch: it enables Catch's listener interface.
 #include "tests/common/require_cuda_device.h"
 
@@ -350,6 +351,54 @@ TEST_CASE("compressed send/recv on device buffers (q, aq) gives the host path's 
   }
 }
 
+TEST_CASE("keyed delta calls on device buffers: the host path's rows and stores, staged", "[device]") {
+  // Around the ring, each rank sends 3 of 8 keys' rows to the next: once from host buffers with one
+  // pair of stores, once from device buffers with another. Every received row and every store's
+  // checkpoint agree, call after call.
+  World& w = world();
+  if (w.size() < 2) return;
+  const size_t row = 2 * 32;
+  const int next = (w.rank() + 1) % w.size(), prev = (w.rank() + w.size() - 1) % w.size();
+  Codec aq("aq4:channels=32,round=stochastic,seed=4");
+  auto make = [&] {
+    qcclDeltaStore_t s = nullptr;
+    QCCL_REQUIRE_OK(qcclDeltaStoreCreate(aq.handle, row, qcclFloat16, 0, 0, 5, &s));
+    return s;
+  };
+  qcclDeltaStore_t host_out = make(), host_in = make(), dev_out = make(), dev_in = make();
+  auto checkpoint = [](qcclDeltaStore_t s) {
+    size_t bytes = 0;
+    QCCL_REQUIRE_OK(qcclDeltaStoreSize(s, &bytes));
+    std::vector<uint8_t> out(bytes);
+    QCCL_REQUIRE_OK(qcclDeltaStoreSave(s, out.data(), bytes));
+    return out;
+  };
+  for (int call = 0; call < 5; ++call) {
+    INFO("call " << call);
+    const uint64_t keys[] = {static_cast<uint64_t>(call % 8), static_cast<uint64_t>((call + 3) % 8), 7};
+    std::vector<float> x(3 * row);
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i) + w.rank() + 0.1 * call));
+    std::vector<float> host(3 * row, 0.0f);
+    QCCL_REQUIRE_OK(qcclGroupStart());
+    QCCL_REQUIRE_OK(qcclDeltaSend(x.data(), 3, keys, qcclFloat32, host_out, next, w.comm()));
+    QCCL_REQUIRE_OK(qcclDeltaRecv(host.data(), 3, keys, qcclFloat32, host_in, prev, w.comm()));
+    QCCL_REQUIRE_OK(qcclGroupEnd());
+    std::vector<uint8_t> bytes(x.size() * sizeof(float));
+    std::memcpy(bytes.data(), x.data(), bytes.size());
+    DeviceBuffer dx(bytes), dout(std::vector<uint8_t>(bytes.size(), 0));
+    QCCL_REQUIRE_OK(qcclGroupStart());
+    QCCL_REQUIRE_OK(qcclDeltaSend(dx.get(), 3, keys, qcclFloat32, dev_out, next, w.comm()));
+    QCCL_REQUIRE_OK(qcclDeltaRecv(dout.get(), 3, keys, qcclFloat32, dev_in, prev, w.comm()));
+    QCCL_REQUIRE_OK(qcclGroupEnd());
+    const std::vector<uint8_t> got = dout.read();
+    CHECK(std::memcmp(got.data(), host.data(), got.size()) == 0);
+    CHECK(checkpoint(dev_out) == checkpoint(host_out));
+    CHECK(checkpoint(dev_in) == checkpoint(host_in));
+  }
+  for (qcclDeltaStore_t s : {host_out, host_in, dev_out, dev_in}) QCCL_REQUIRE_OK(qcclDeltaStoreDestroy(s));
+}
+
 TEST_CASE("device calls are ordered with the communicator's stream", "[device]") {
   World& w = world();
   cudaStream_t stream = nullptr;
@@ -388,15 +437,6 @@ TEST_CASE("what the device path does not take is refused before anything is sent
   CHECK(qcclAllReduceCompressed(dev.get(), dev.get(), count, qcclFloat32, qcclAvg, fft.handle, nullptr, w.comm()) ==
         qcclInvalidUsage);
   CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("device path"));
-  // Keyed delta calls: the store lives in host memory.
-  Codec aq("aq4:channels=32");
-  qcclDeltaStore_t store = nullptr;
-  QCCL_REQUIRE_OK(qcclDeltaStoreCreate(aq.handle, 32, qcclFloat16, 0, 0, 0, &store));
-  const uint64_t keys[] = {1, 2};
-  CHECK(qcclDeltaSend(dev.get(), 2, keys, qcclFloat32, store, (w.rank() + 1) % w.size(), w.comm()) ==
-        qcclInvalidArgument);
-  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("host buffers"));
-  QCCL_REQUIRE_OK(qcclDeltaStoreDestroy(store));
 
   // A graph capture on the communicator's stream: refused (the progress thread's stream is not in the
   // graph), and the capture ends with nothing of the call in it. The guard undoes it all whatever
