@@ -80,6 +80,9 @@ std::vector<void*> CodecState::arrays_on_device(const std::shared_ptr<Device>& d
   if (device_ && device_.get() != device.get())
     fail(qcclInvalidUsage, "the codec state's %s state lives on %s, not %s: a state serves one device",
          method_->name(), device_->describe().c_str(), device->describe().c_str());
+  if (!device_arrays_.empty() && device_arrays_.size() != arrays.size())
+    fail(qcclInternalError, "the codec state's %s state has %zu arrays, its device copies %zu", method_->name(),
+         arrays.size(), device_arrays_.size());
   if (device_arrays_.empty()) {
     device_ = device;
     for (const coll::StateArray& a : arrays) {

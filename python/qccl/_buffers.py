@@ -60,8 +60,8 @@ def describe(x: Any, name: str, *, writable: bool) -> Buffer:
 
 def _describe_torch(t: Any, name: str) -> Buffer:
     if t.device.type != "cpu":
-        raise InvalidArgument(f"{name}: a tensor on {t.device}; qccl takes CPU tensors (move it with .cpu(): "
-                              f"collectives on device memory are not in qccl yet)")
+        raise InvalidArgument(f"{name}: a tensor on {t.device}; the Python package takes CPU tensors (move it "
+                              f"with .cpu(); device memory is in qccl's C API, not yet in this package)")
     if str(t.layout) != "torch.strided":
         raise InvalidArgument(f"{name}: a {t.layout} tensor; pass a dense (torch.strided) one")
     if not t.is_contiguous():
