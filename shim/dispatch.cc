@@ -183,13 +183,6 @@ void log_decision(Comm& c, const Call& call, size_t bytes, const std::string& de
       call.name, type_name(call.datatype), bytes, size_class(bytes), decision.c_str());
 }
 
-// Whether qccl's device path runs a codec spec (qcclAllReduceCompressed refuses the others there).
-bool device_codec(const std::string& spec) {
-  const bool cast = spec.rfind("none", 0) == 0 || spec.rfind("fp16", 0) == 0 || spec.rfind("bf16", 0) == 0;
-  const bool quant = spec.size() > 1 && spec[0] == 'q' && spec[1] >= '1' && spec[1] <= '8';
-  return (cast || quant) && spec.find("levels") == std::string::npos;
-}
-
 // Buffers a host call needs until its qccl group ends (PreMulSum's scaled inputs).
 using Scratch = std::vector<std::vector<unsigned char>>;
 
@@ -242,8 +235,6 @@ void issue_host(Call& call, Scratch& scratch) {
                                                           : CollKind::kReduceScatter;
     const char* why = "";
     qcclCodec_t codec = c.codec->codec_for(kind, call.datatype, call.op, bytes, &why);
-    if (codec && call.qccl_device && !device_codec(c.codec->spec_for(call.datatype)))
-      codec = nullptr, why = "qccl's device path runs none, fp16, bf16 and q1..q8 without learned levels";
     if (codec) {
       const size_t state_count = send_elements(call);
       qcclCodecState_t state = nullptr;

@@ -947,7 +947,8 @@ void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t*
   // Rows in device memory cross through pinned host memory: the store and its kernels are the host's
   // (a store may outgrow the GPU: its file tier), and the rows' copies cost less than the wire.
   if (device_of(buffer) >= 0)
-    buffer = c.stage(*record, buffer, nkeys * link->store.config().row_values * kernels::element_size(t), sender);
+    buffer = c.stage(*record, buffer, nkeys * link->store.config().row_values * kernels::element_size(t), sender,
+                     !sender);
   coll::CollArgs& args = record->args;
   args.kind = sender ? coll::CollKind::kSend : coll::CollKind::kRecv;
   args.sendbuf = sender ? buffer : nullptr;

@@ -591,7 +591,7 @@ void Comm::choose_gpu_wire() {
                 : format(" (QCCL_GPU_WIRE=%s: %s)", config_.gpu_wire.c_str(), why_host.c_str()).c_str());
 }
 
-void* Comm::stage(OpRecord& record, const void* buffer, size_t bytes, bool to_host) {
+void* Comm::stage(OpRecord& record, const void* buffer, size_t bytes, bool in, bool out) {
   const int ordinal = device_of(buffer);
   std::string why;
   Device* d = device(ordinal, &why);
@@ -601,20 +601,25 @@ void* Comm::stage(OpRecord& record, const void* buffer, size_t bytes, bool to_ho
   if (d->ordinal() != ordinal)
     fail(qcclInvalidArgument, "the buffer is memory of CUDA device %d, but this communicator's device buffers are on "
          "%s (the device of its first call on device buffers)", ordinal, d->describe().c_str());
-  record.staging = std::make_unique<OpRecord::Staging>(device_, const_cast<void*>(buffer), bytes, to_host);
-  record.staging->mark = d->mark(stream());
-  return record.staging->pinned;
-}
-
-OpRecord::Staging::Staging(std::shared_ptr<Device> d, void* buffer, size_t n, bool sender)
-    : device(std::move(d)), device_buffer(buffer), bytes(n), to_host(sender) {
-  pinned = device->allocate(Device::Memory::kPinned, bytes);
+  if (!record.staging) {
+    record.staging = std::make_unique<OpRecord::Staging>(device_);
+    record.staging->mark = d->mark(stream());
+  }
+  for (OpRecord::Staging::Buffer& b : record.staging->buffers)
+    if (b.device == buffer) {
+      b.in |= in, b.out |= out;
+      return b.pinned;
+    }
+  record.staging->buffers.push_back({const_cast<void*>(buffer), nullptr, bytes, in, out});
+  record.staging->buffers.back().pinned = d->allocate(Device::Memory::kPinned, std::max<size_t>(bytes, 1));
+  return record.staging->buffers.back().pinned;
 }
 
 OpRecord::Staging::~Staging() {
   try {
     if (mark) device->forget(mark);
-    if (pinned) device->release(Device::Memory::kPinned, pinned);  // no copy of it is in flight (end_staging)
+    for (const Buffer& b : buffers)  // no copy of them is in flight (end_staging)
+      if (b.pinned) device->release(Device::Memory::kPinned, b.pinned);
   } catch (const Error&) {
   }
 }
@@ -623,16 +628,17 @@ void Comm::end_staging(OpRecord& record, qcclResult_t* result, std::string* erro
   OpRecord::Staging& s = *record.staging;
   Device* d = s.device.get();
   try {
-    if (!s.to_host && s.completed) {
-      d->wait(s.mark);  // after what the caller queued before the call, which may still read the buffer
+    if (s.completed) {
+      if (s.mark) d->wait(s.mark);  // after what the caller queued before the call, which may still read the buffers
       s.mark = 0;
-      d->copy(s.device_buffer, s.pinned, s.bytes);
+      for (const OpRecord::Staging::Buffer& b : s.buffers)
+        if (b.out && b.bytes) d->copy(b.device, b.pinned, b.bytes);
       d->signal(stream());
     }
-    d->synchronize();  // the pinned buffer is no longer read
+    d->synchronize();  // the pinned buffers are no longer read
   } catch (const Error& e) {
     if (*result == qcclSuccess) *result = e.code(), *error = e.what();
-    s.pinned = nullptr;  // its copy may still run: the memory stays
+    for (OpRecord::Staging::Buffer& b : s.buffers) b.pinned = nullptr;  // copies may still run: the memory stays
   }
   record.staging.reset();
 }
@@ -654,6 +660,15 @@ void Comm::place(OpRecord& record, bool in_group) {
   if (d->ordinal() != ordinal)
     fail(qcclInvalidArgument, "the buffers are memory of CUDA device %d, but this communicator's device buffers are on "
          "%s (the device of its first call on device buffers)", ordinal, d->describe().c_str());
+  if (record.codec && a.codec->kind == kernels::CodecKind::kFft) {
+    // The fft codec has no device path yet (cuFFT): the host executor runs the host's codec on
+    // pinned copies of the buffers (an all-reduce: count values each way; in place, one buffer).
+    const size_t bytes = a.count * a.element_size();
+    void* send = stage(record, a.sendbuf, bytes, /*in=*/true, /*out=*/false);
+    a.recvbuf = stage(record, a.recvbuf, bytes, /*in=*/false, /*out=*/true);
+    a.sendbuf = send;
+    return;
+  }
   if (a.codec)
     if (const char* why = device_codec_refusal(*a.codec))
       fail(qcclInvalidUsage, "codec '%s' on device buffers: %s", a.codec->canonical().c_str(), why);
@@ -790,11 +805,12 @@ void Comm::finish_completed(OpRecord& record) {
 // The call of a compressed collective is about to run (earlier calls on its state are done): its
 // method fixes what depends on them (IntSGD's alpha), and the frame headers announce the scale.
 void Comm::prepare(OpRecord& record) {
-  if (record.staging && record.staging->to_host) {  // a sender's rows, once the caller's stream made them
+  if (record.staging) {  // the inputs, once the caller's stream made them
     OpRecord::Staging& s = *record.staging;
     s.device->wait(s.mark);
     s.mark = 0;
-    s.device->copy(s.pinned, s.device_buffer, s.bytes);
+    for (const OpRecord::Staging::Buffer& b : s.buffers)
+      if (b.in && b.bytes) s.device->copy(b.pinned, b.device, b.bytes);
     s.device->synchronize();
   }
   // The calls before this one on its state have finished: its residual moves to where this call runs.

@@ -97,23 +97,27 @@ struct OpRecord {
   DriveTotals drive_at_start;  // the communicator's totals when its execution started
   bool started = false;               // false while deferred in a group
   bool on_device = false;             // buffers in device memory: the device executor runs it (place)
-  // A keyed delta call on device memory (Comm::stage): the store and its kernels are the host's, so
-  // its rows cross through pinned host memory, after the work the caller queued on the
-  // communicator's stream before the call (`mark`): a sender's when it starts to run, a receiver's
-  // when it completes (also the rows a failed receive applied, as on host buffers).
-  // A record dropped before its end (a call refused after it was staged) releases what it holds.
+  // A call on device memory that the host executor runs (Comm::stage: a keyed delta call, whose
+  // store and kernels are the host's; the fft codec, until its cuFFT path exists): its buffers cross
+  // through pinned host memory, after the work the caller queued on the communicator's stream
+  // before the call (`mark`): its inputs when it starts to run, its outputs when it completes (also
+  // the rows a failed delta receive applied, as on host buffers). A record dropped before its end (a
+  // call refused after it was staged) releases what it holds.
   struct Staging {
-    Staging(std::shared_ptr<Device> d, void* buffer, size_t n, bool sender);
+    struct Buffer {
+      void* device;
+      void* pinned;  // null once released (or kept for good by a device that cannot synchronize)
+      size_t bytes;
+      bool in, out;  // copied to the host when the call starts, to the device when it completes
+    };
+    explicit Staging(std::shared_ptr<Device> d) : device(std::move(d)) {}
     ~Staging();
     Staging(const Staging&) = delete;
     Staging& operator=(const Staging&) = delete;
     std::shared_ptr<Device> device;
-    void* device_buffer;
-    void* pinned = nullptr;  // null once released (or kept for good by a device that cannot synchronize)
-    size_t bytes;
-    bool to_host;            // a sender's rows
+    std::vector<Buffer> buffers;
     uintptr_t mark = 0;      // Device::Mark, until waited for or forgotten
-    bool completed = false;  // its plan ran to the end: a receiver's rows go to the device
+    bool completed = false;  // its plan ran to the end: the outputs go to the device
   };
   std::unique_ptr<Staging> staging;
   uint64_t submitted = 0;             // its place among the communicator's active records (start)
@@ -143,9 +147,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // record.on_device, and args.stream is the communicator's stream), refusing mixed buffers and
   // what the device path does not run yet (qcclInvalidArgument, qcclInvalidUsage; nothing sent).
   void place(OpRecord& record, bool in_group);
-  // A keyed delta call's buffer of `bytes` bytes in CUDA device memory: the pinned host buffer that
-  // stands for it (record.staging), which the call's plan reads or writes instead.
-  void* stage(OpRecord& record, const void* buffer, size_t bytes, bool to_host);
+  // A buffer of `bytes` bytes in CUDA device memory of a call the host executor runs on its behalf:
+  // the pinned host buffer that stands for it (record.staging), which the call's plan reads (in) or
+  // writes (out) instead. The same buffer staged twice is one pinned buffer.
+  void* stage(OpRecord& record, const void* buffer, size_t bytes, bool in, bool out);
   // qcclCommSetStream: the CUDA stream of later calls on device buffers (null: the legacy default).
   void set_stream(void* stream) { stream_.store(stream); }
   void* stream() const { return stream_.load(); }
