@@ -849,6 +849,11 @@ TEST_CASE("device executor: Marsit gives the host's bits and compensation on bot
       require_same(host, run_device(ranks, shape, false, offset, *algorithm, 512, depth, seed));
       require_same(host, run_device(ranks, shape, false, offset, *algorithm, 512, depth, seed, 1, Wire::kPeer));
     }
+    // In place: the update is overwritten by the estimate.
+    std::vector<HostRank> in_place = ranks;
+    for (HostRank& h : in_place) h.recv = h.send, h.send.clear();
+    const Outcome host = run_host(in_place, shape, true, offset, *algorithm, 512, 2);
+    require_same(host, run_device(in_place, shape, true, offset, *algorithm, 512, 2, seed));
   }
 }
 
