@@ -287,6 +287,24 @@ TEST_CASE("IntSGD on device buffers: the host path's bits, alpha, clips and stat
   CHECK(drecv.read() == host);
 }
 
+// Run only with aggregator processes (CTest's device_ranks_n3_switch: qcclrun --aggregators 1).
+TEST_CASE("IntSGD through aggregators (agg=switch) on device buffers: the host path's bits", "[.][switch]") {
+  World& w = world();
+  const size_t count = 300001;
+  Codec codec("int8:alpha=64,agg=switch");
+  for (DataType t : {DataType::kFloat32, DataType::kBfloat16}) {
+    INFO("datatype " << static_cast<int>(t));
+    const std::vector<uint8_t> send = inputs(t, RedOp::kSum, w.rank(), count);
+    std::vector<uint8_t> host(send.size());
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(send.data(), host.data(), count, to_api(t), qcclAvg, codec.handle, nullptr,
+                                            w.comm()));
+    DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(dsend.get(), drecv.get(), count, to_api(t), qcclAvg, codec.handle, nullptr,
+                                            w.comm()));
+    CHECK(drecv.read() == host);
+  }
+}
+
 TEST_CASE("Marsit on device buffers: the host path's bits and compensation, calls moving between both", "[device]") {
   World& w = world();
   const size_t count = 100003;
