@@ -4,7 +4,8 @@
 // and a host given the same input produce the same bits.
 //
 // Numerical promise: every launcher writes exactly the bytes its host counterpart writes, for every
-// codec (none, fp16, bf16, q1..q8 with either rounding, sign, int8..int32, aq2..aq8), every count, every `first` and PhiloxKey,
+// codec (none, fp16, bf16, q1..q8 with any rounding and even or learned levels, sign, int8..int32,
+// aq2..aq8), every count, every `first` and PhiloxKey,
 // and returns (through `nonfinite`) the same count. Two exceptions, both about NaN payloads only:
 // an accumulation whose result is NaN (acc += NaN, Inf + -Inf) gives the GPU's canonical NaN
 // (0x7FFFFFFF) where x86 keeps an operand's payload, so decode_accumulate_cuda, load_add_float_cuda

@@ -8,8 +8,9 @@
 //   - queued work runs only when the test says (run_some, a seeded random number of items at a time),
 //     so the stream lags behind the host as a real one does, and a ticket polled too early is seen
 //     as not reached;
-//   - the numerics are the host executor's own (run_data_step), so the device executor must give
-//     the host executor's bits exactly;
+//   - the numerics are the host executor's own (run_data_step, and for the step kernels' device
+//     form, collectives/device_kernels.h, the host's element functions), so the device executor
+//     must give the host executor's bits exactly;
 //   - StandInWire is NCCL point-to-point among the stand-ins of a test (StandInFabric): a group of
 //     transfers is posted when the stream reaches it, a transfer completes only once its peer posted
 //     the match (the k-th send from a to b with b's k-th receive from a, of the same length, else the
