@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "collectives/algorithms.h"
+#include "collectives/device_kernels.h"
 #include "collectives/fft.h"
 #include "kernels/fft_sparse.h"
 
@@ -55,6 +56,13 @@ struct FftKernels {
       float* residual = k->call->residual + s.index;
       for (size_t i = 0; i < s.count; ++i) residual[i] = acc[i] - k->decoded[i];
     }
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override {
+      if (!context.kernels->runs_fft()) return false;
+      float* residual = k->call && k->call->residual ? k->call->residual + s.index : nullptr;
+      context.kernels->fft_encode(k->codec, static_cast<const float*>(s.src), s.count, s.dst,
+                                  static_cast<size_t*>(const_cast<void*>(s.src2)), residual, context.counters);
+      return true;
+    }
   };
   // dst (a spectrum) = (aux: +=) the bins of src, *src2 (size_t) bytes of payloads of count values.
   struct AddSpectrum final : StepKernel {
@@ -65,6 +73,12 @@ struct FftKernels {
       kernels::fft_decode_spectrum(k->codec, s.src, *static_cast<const size_t*>(s.src2), s.count,
                                    static_cast<float*>(s.dst), s.aux != 0, *k->workspace);
     }
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override {
+      if (!context.kernels->runs_fft()) return false;
+      context.kernels->fft_add_spectrum(k->codec, s.src, static_cast<const size_t*>(s.src2), s.count,
+                                        static_cast<float*>(s.dst), s.aux != 0);
+      return true;
+    }
   };
   // dst (float) = the inverse transform of the spectrum src, count values.
   struct Synthesize final : StepKernel {
@@ -74,6 +88,11 @@ struct FftKernels {
     void run(const step::Compute& s, StepContext&) const override {
       kernels::fft_synthesize(k->codec, static_cast<const float*>(s.src), s.count, static_cast<float*>(s.dst),
                               *k->workspace);
+    }
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override {
+      if (!context.kernels->runs_fft()) return false;
+      context.kernels->fft_synthesize(k->codec, static_cast<const float*>(s.src), s.count, static_cast<float*>(s.dst));
+      return true;
     }
   };
 
@@ -146,6 +165,10 @@ class AllReduceFftAllgather final : public Plan {
   // Variable length: the capacity, (n - 1) encoded_bytes(count); the statistics count what was sent.
   uint64_t wire_bytes_sent() const override { return (n() - 1) * args_.codec->encoded_bytes(args_.count); }
   uint64_t raw_wire_bytes() const override { return (n() - 1) * args_.count * args_.element_size(); }
+  bool variable_length() const override { return true; }
+  void absorb(const DeviceCounters& counters) override {
+    if (kernels_->call) kernels_->call->clamped += counters.clamped;
+  }
 
  private:
   size_t n() const { return static_cast<size_t>(args_.nranks); }

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/codec.h"
 #include "kernels/int_codec.h"
 #include "kernels/marsit.h"
 #include "kernels/philox.h"
@@ -26,6 +27,7 @@ struct DeviceCounters {
   unsigned long long clipped;                  // IntSGD: values clipped by the encode
   unsigned long long squares_lo, squares_hi;   // IntSGD: kernels::IntSums of the decoded sums
   unsigned long long max_abs;
+  unsigned long long clamped;                  // fft: parts clamped to the range's largest magnitude
 };
 
 class DeviceKernels {
@@ -61,6 +63,18 @@ class DeviceKernels {
                                   unsigned long long* nonfinite) = 0;
   // convert.h's store_float (nothing counted).
   virtual void store_float(kernels::DataType type, const float* in, void* out, size_t n) = 0;
+  // The fft codec (kernels/fft_sparse.h), where the device has it (runs_fft; otherwise the runtime
+  // runs fft calls on device buffers through the host's codec): fft_encode's payloads of `count`
+  // values into out, their bytes into *length (device memory), the clamps added to the counters; with
+  // a residual, residual[i] = in[i] - decode(out)[i] unless a segment held NaN or Inf (the fft
+  // method's error feedback). fft_decode_spectrum of *length bytes (accumulate: +=), and
+  // fft_synthesize.
+  virtual bool runs_fft() const { return false; }
+  virtual void fft_encode(const kernels::CodecConfig& c, const float* in, size_t count, void* out, size_t* length,
+                          float* residual, DeviceCounters* counters) = 0;
+  virtual void fft_add_spectrum(const kernels::CodecConfig& c, const void* in, const size_t* length, size_t count,
+                                float* spectrum, bool accumulate) = 0;
+  virtual void fft_synthesize(const kernels::CodecConfig& c, const float* spectrum, size_t count, float* out) = 0;
   // dst = n bytes (at most 16) given now, in stream order: a small header of a message.
   virtual void write_bytes(void* dst, const void* bytes, size_t n) = 0;
   // *acc += *add: a fragment's taint, gathered from a peer's taint word (wire A carries it beside the

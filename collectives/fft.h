@@ -12,6 +12,9 @@ namespace qccl::coll {
 // its encodings saw, for the call's statistics.
 struct FftCall final : MethodCall {
   float* residual = nullptr;
+  void use_device_arrays(const std::vector<void*>& arrays) override {
+    if (residual && !arrays.empty()) residual = static_cast<float*>(arrays[0]);
+  }
   uint64_t clamped = 0;  // real or imaginary parts clamped to the range's largest magnitude
   MethodStats stats(const Plan&) const override {
     MethodStats s;

@@ -392,6 +392,8 @@ class Plan {
   virtual uint64_t raw_wire_bytes() const { return wire_bytes_sent(); }
   // Whether it exchanges data with the communicator's aggregator processes (peers nranks and up).
   virtual bool uses_aggregators() const { return false; }
+  // Whether it sends messages of variable length (Program::send_length, recv_upto).
+  virtual bool variable_length() const { return false; }
   // Device executions: what the device's kernels counted for the call's method (IntSGD's clips and
   // sums), read back once the collective's work is done.
   virtual void absorb(const DeviceCounters&) {}

@@ -271,7 +271,7 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
  * and IntSGD's int8..int32 (agg=switch too, its aggregator traffic staged) run on device buffers with
  * the host path's bits, alpha and clips; so do learned levels (QSDP) and AQ-SGD's aq2..aq8 in
  * qcclSendCompressed / qcclRecvCompressed; keyed delta calls take device buffers through the host
- * (qcclDeltaSend), and so, until its cuFFT path exists, does the fft codec: the host's codec runs on
+ * (qcclDeltaSend), and so, until its cuFFT kernels exist, does the fft codec: the host's codec runs on
  * pinned copies of the buffers (the input copied when the call starts to run, the result when it
  * completes, ordered with the stream; the host path's bits). Not on device buffers:
  * graph capture: a call made while the communicator's stream is capturing fails with

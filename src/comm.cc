@@ -339,7 +339,7 @@ static uint64_t codec_hash(const coll::CollArgs& args) {
 }
 
 namespace {
-const char* device_codec_refusal(const kernels::CodecConfig& c);  // below, with the device path
+const char* device_codec_refusal(const kernels::CodecConfig& c, const Device& device);  // below, with the device path
 }  // namespace
 
 void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
@@ -366,7 +366,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   } else if (!args.codec) {
     args.codec = codec_policy_.choose(args);
   }
-  if (record->on_device && args.codec && !record->codec && device_codec_refusal(*args.codec))
+  if (record->on_device && args.codec && !record->codec && device_codec_refusal(*args.codec, *device_))
     args.codec = nullptr;  // a QCCL_CODEC method the device path does not run: exact (on every rank alike)
 
   OperationIdentity identity;
@@ -485,8 +485,9 @@ int device_of(const void* p) {
 
 namespace {
 
-const char* device_codec_refusal(const kernels::CodecConfig& c) {
+const char* device_codec_refusal(const kernels::CodecConfig& c, const Device& device) {
   using kernels::CodecKind;
+  if (c.kind == CodecKind::kFft && device.runs_fft()) return nullptr;
   if (c.kind == CodecKind::kNone || c.kind == CodecKind::kFp16 || c.kind == CodecKind::kBf16) return nullptr;
   if (c.kind == CodecKind::kQuant) return nullptr;
   if (c.kind == CodecKind::kInt || c.kind == CodecKind::kSign || c.kind == CodecKind::kAq) return nullptr;
@@ -660,9 +661,10 @@ void Comm::place(OpRecord& record, bool in_group) {
   if (d->ordinal() != ordinal)
     fail(qcclInvalidArgument, "the buffers are memory of CUDA device %d, but this communicator's device buffers are on "
          "%s (the device of its first call on device buffers)", ordinal, d->describe().c_str());
-  if (record.codec && a.codec->kind == kernels::CodecKind::kFft) {
-    // The fft codec has no device path yet (cuFFT): the host executor runs the host's codec on
-    // pinned copies of the buffers (an all-reduce: count values each way; in place, one buffer).
+  if (record.codec && a.codec->kind == kernels::CodecKind::kFft && !d->runs_fft()) {
+    // Without the fft codec on the device (CUDA's has no cuFFT path yet), the host executor runs the
+    // host's codec on pinned copies of the buffers (an all-reduce: count values each way; in place,
+    // one buffer).
     const size_t bytes = a.count * a.element_size();
     void* send = stage(record, a.sendbuf, bytes, /*in=*/true, /*out=*/false);
     a.recvbuf = stage(record, a.recvbuf, bytes, /*in=*/false, /*out=*/true);
@@ -670,7 +672,7 @@ void Comm::place(OpRecord& record, bool in_group) {
     return;
   }
   if (a.codec)
-    if (const char* why = device_codec_refusal(*a.codec))
+    if (const char* why = device_codec_refusal(*a.codec, *d))
       fail(qcclInvalidUsage, "codec '%s' on device buffers: %s", a.codec->canonical().c_str(), why);
   a.stream = stream();
   // A capture would record the caller's side of the join and nothing of the collective, which the

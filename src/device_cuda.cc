@@ -147,6 +147,17 @@ class CudaDevice final : public Device {
     enqueue("reset_compensation_cuda",
             [&] { return kernels::reset_compensation_cuda(g, c, first, n, nonfinite, stream_); });
   }
+  // No cuFFT path yet (runs_fft is false: the runtime runs fft calls through the host's codec).
+  void fft_encode(const kernels::CodecConfig&, const float*, size_t, void*, size_t*, float*,
+                  coll::DeviceCounters*) override {
+    fail(qcclInternalError, "CudaDevice: the fft codec has no device path yet");
+  }
+  void fft_add_spectrum(const kernels::CodecConfig&, const void*, const size_t*, size_t, float*, bool) override {
+    fail(qcclInternalError, "CudaDevice: the fft codec has no device path yet");
+  }
+  void fft_synthesize(const kernels::CodecConfig&, const float*, size_t, float*) override {
+    fail(qcclInternalError, "CudaDevice: the fft codec has no device path yet");
+  }
   void store_float(kernels::DataType type, const float* in, void* out, size_t n) override {
     enqueue("store_float_cuda", [&] { return kernels::store_float_cuda(type, in, out, n, nullptr, stream_); });
   }

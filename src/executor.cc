@@ -83,6 +83,11 @@ class PlanExecution final : public Execution {
     // receive's taint word from the peer, added to the slot's once the receive is waited for.
     const unsigned long long* staged_taint = nullptr;
     bool fold_taint = false;
+    // Device executions, messages of variable length: a send's length, copied from the device beside
+    // its bytes (posted with that length), and a receive's, copied to the device after its bytes.
+    const size_t* staged_length = nullptr;
+    size_t capacity_sent = 0;
+    void* received_word = nullptr;  // a receive's length on its way to `received`, in device memory
     bool abandoned = false;      // cancelled while the transport held it (cancel)
   };
   struct Slot {
@@ -155,11 +160,15 @@ class PlanExecution final : public Execution {
   // non-finite count after the last fragment, and learns when the device reached it.
   void start_on_device();
   void start_device_taint(Slot& slot);
+  // Device executions: the pinned word of a slot's transfer for its taint (a staged send's) or its
+  // message's length.
+  unsigned long long* staged_word(const Slot& slot, bool length, uint16_t transfer);
   bool finish_on_device();
   // Ordered mode: whether a fragment older than the slot's still has a transfer of the same direction
   // with `peer` to post.
   bool earlier_fragment_posts(const Slot& slot, int peer, bool receive) const;
   Transfer& transfer(Slot& slot, uint16_t index);
+  void count_sent(int peer, size_t bytes);  // the statistics of what was posted
   // Tests one transfer; true when it is done (handle empty). A received taint bit sets *tainted.
   bool complete(Transfer& transfer, bool* moved, bool* tainted);
   const std::string& name(int rank) const { return (*names_)[rank]; }
@@ -195,7 +204,9 @@ class PlanExecution final : public Execution {
   DeviceExecutor::Block counters_;  // coll::DeviceCounters (device memory)...
   DeviceExecutor::Block readback_;  // ...and its copy on the host (pinned), while it comes back
   DeviceExecutor::Block taint_;     // Slot::taint_words of every slot (device memory)...
-  DeviceExecutor::Block staged_taint_;  // ...and a pinned word per transfer slot for staged sends
+  // ...and per slot and transfer slot two pinned words: a staged send's taint word, and a message's
+  // length (variable-length messages) on its way to or from the device (staged_word).
+  DeviceExecutor::Block staged_words_;
   Device::Ticket tail_ = 0;         // the read-back's point on the stream, once enqueued
   Device::Mark input_ = 0;          // the caller's stream at the call, until the execution starts
   bool device_done_ = false;        // the device reached it
@@ -244,7 +255,7 @@ PlanExecution::~PlanExecution() {
   shared_->give(counters_);
   shared_->give(readback_);  // failed after its last step was enqueued
   shared_->give(taint_);
-  shared_->give(staged_taint_);
+  shared_->give(staged_words_);
 }
 
 void PlanExecution::start_on_device() {
@@ -257,6 +268,12 @@ void PlanExecution::start_on_device() {
   }
   counters_ = shared_->take(Device::Memory::kDevice, sizeof(coll::DeviceCounters));
   device_->zero(counters_.p, sizeof(coll::DeviceCounters));
+  staged_words_ = shared_->take(Device::Memory::kPinned, slots_.size() * 2 * kTaintWords * sizeof(unsigned long long));
+}
+
+unsigned long long* PlanExecution::staged_word(const Slot& slot, bool length, uint16_t transfer) {
+  return static_cast<unsigned long long*>(staged_words_.p) + (&slot - slots_.data()) * 2 * kTaintWords +
+         (length ? kTaintWords : 1) + transfer;
 }
 
 // A fragment whose plan has step kernels keeps its taint on the device too: its words zeroed on the
@@ -272,7 +289,6 @@ void PlanExecution::start_device_taint(Slot& slot) {
          kTaintWords - 1);
   if (!taint_.p) {
     taint_ = shared_->take(Device::Memory::kDevice, slots_.size() * kTaintWords * sizeof(unsigned long long));
-    staged_taint_ = shared_->take(Device::Memory::kPinned, slots_.size() * kTaintWords * sizeof(unsigned long long));
     for (size_t i = 0; i < slots_.size(); ++i) slots_[i].taint_words = static_cast<unsigned long long*>(taint_.p) + i * kTaintWords;
   }
   device_->zero(slot.taint_words, kTaintWords * sizeof(unsigned long long));
@@ -499,6 +515,15 @@ void PlanExecution::end_group() {
 bool PlanExecution::post_staged_send(Transfer& t) {
   if (!t.staged_send || !device_->reached(t.ready)) return false;
   if (t.staged_taint && *t.staged_taint) t.key |= kTaintBit;  // this rank's kernels or a peer's met NaN/Inf
+  if (t.staged_length) {  // a variable length, written on the device
+    const size_t length = *t.staged_length;
+    if (length > t.capacity_sent)
+      fail(qcclInternalError, "%s (%s): a send of %zu bytes from a buffer of %zu", identity_.header.describe().c_str(),
+           algorithm_.name, length, t.capacity_sent);
+    t.bytes = length;
+    t.staged_length = nullptr;
+    count_sent(t.peer, length);
+  }
   t.handle = transport_.isend(t.peer, t.key, t.staging, t.bytes);
   t.staged_send = false;
   return true;
@@ -533,7 +558,10 @@ bool PlanExecution::complete(Transfer& t, bool* moved, bool* tainted) {
       fail(qcclMismatch, "%s: %s sent a message of another collective (fingerprint 0x%03llx, expected 0x%03x)",
            identity_.expected.describe().c_str(), name(t.peer).c_str(),
            static_cast<unsigned long long>(done.key & kFingerprintBits), identity_.header.fingerprint());
-    if (t.received) {
+    if (t.received && device_) {  // the length, for the device's steps after the wait, follows the bytes
+      auto* word = reinterpret_cast<size_t*>(t.received_word);
+      *word = done.bytes;
+    } else if (t.received) {
       *t.received = done.bytes;
     } else if (done.bytes != t.bytes) {
       fail(qcclMismatch, "%s: %s sent %zu bytes where %zu were expected", identity_.expected.describe().c_str(),
@@ -543,6 +571,7 @@ bool PlanExecution::complete(Transfer& t, bool* moved, bool* tainted) {
     if (tainted && (done.key & kTaintBit)) *tainted = true;
     if (device_) {  // on to the device; the steps after the wait are enqueued after this copy
       device_->copy(t.device_dst, t.staging, done.bytes);
+      if (t.received) device_->copy(t.received, t.received_word, sizeof(size_t));
       t.ready = device_->record();
     }
   }
@@ -598,6 +627,7 @@ bool PlanExecution::execute(const coll::step::Recv& s, Slot& slot, bool*) {
   t.peer = s.peer;
   t.bytes = s.capacity;
   t.received = s.received;
+  if (device_ && s.received) t.received_word = staged_word(slot, true, s.slot);
   t.device_dst = s.dst;
   const auto message = static_cast<uint32_t>(1 + slot.fragment % kPayloadMessages);
   const auto begin = Clock::now();
@@ -608,11 +638,17 @@ bool PlanExecution::execute(const coll::step::Recv& s, Slot& slot, bool*) {
 
 bool PlanExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
   if (options_.ordered && earlier_fragment_posts(slot, s.peer, false)) return false;
-  const size_t bytes = s.length ? *s.length : s.bytes;
+  // A device execution knows a variable length only on the device: the capacity is staged, and the
+  // length, which follows it, is what the send posts (post_staged_send).
+  const bool length_on_device = device_ && s.length;
+  const size_t bytes = length_on_device ? s.bytes : s.length ? *s.length : s.bytes;
   if (bytes > s.bytes)
     fail(qcclInternalError, "%s (%s): fragment %zu sends %zu bytes from a buffer of %zu",
          identity_.header.describe().c_str(), algorithm_.name, slot.fragment, bytes, s.bytes);
   if (wire_) {
+    if (s.length)
+      fail(qcclInvalidUsage, "%s (%s): a variable-length message on %s, which takes fixed lengths only",
+           identity_.header.describe().c_str(), algorithm_.name, wire_->describe().c_str());
     if (!post_on_wire()) return false;
     wire_->send(s.peer, s.src, bytes);
     group_sends_.emplace_back(static_cast<const std::byte*>(s.src), bytes);
@@ -628,9 +664,16 @@ bool PlanExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
       device_->copy(t.staging, s.src, bytes);
       t.staged_taint = nullptr;
       if (slot.device_taint) {
-        auto* word = static_cast<unsigned long long*>(staged_taint_.p) + (&slot - slots_.data()) * kTaintWords + 1 + s.slot;
+        unsigned long long* word = staged_word(slot, false, s.slot);
         device_->copy(word, slot.taint_words, sizeof(unsigned long long));
         t.staged_taint = word;
+      }
+      t.staged_length = nullptr;
+      if (s.length) {  // known on the device only: it comes back beside the bytes (the capacity's)
+        auto* word = reinterpret_cast<size_t*>(staged_word(slot, true, s.slot));
+        device_->copy(word, s.length, sizeof(size_t));
+        t.staged_length = word;
+        t.capacity_sent = s.bytes;
       }
       t.ready = device_->record();
       t.staged_send = true;
@@ -641,11 +684,15 @@ bool PlanExecution::execute(const coll::step::Send& s, Slot& slot, bool*) {
       stats_.post_seconds += std::chrono::duration<double>(Clock::now() - begin).count();
     }
   }
+  if (!length_on_device) count_sent(s.peer, bytes);
+  return true;
+}
+
+void PlanExecution::count_sent(int peer, size_t bytes) {
   stats_.bytes_sent += bytes;
   const coll::NodeMap* nodes = plan_->args().nodes;
-  if (nodes && s.peer < nodes->nranks() && !nodes->same_node(plan_->args().rank, s.peer))
+  if (nodes && peer < nodes->nranks() && !nodes->same_node(plan_->args().rank, peer))
     stats_.inter_node_bytes_sent += bytes;
-  return true;
 }
 
 bool PlanExecution::execute(const coll::step::Wait& s, Slot& slot, bool* moved) {

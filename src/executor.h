@@ -178,7 +178,10 @@ class HostExecutor final : public Executor {
 //     and the message is posted once the device reached that copy; a received message is copied to
 //     its device destination on the stream, before the steps after its Wait. Chunk c+1's kernels run
 //     while chunk c is on the wire, and the host waits for the device only where a send needs its
-//     bytes. Point-to-point calls and plans with aggregator processes always take it.
+//     bytes. A message of variable length, whose length only the device knows, crosses at its
+//     capacity with its length word beside it and is posted at that length; a received one's length
+//     follows its bytes to the device. Point-to-point calls, plans with aggregator processes and plans
+//     with messages of variable length always take it.
 //   - wire A (a PeerWire, NCCL point-to-point): the transfers themselves are posted on the stream,
 //     a fragment's consecutive transfers in one group, so that a ring step's send and receive
 //     progress together; the group ends at a data step and at a Wait for a receive (what follows may
@@ -241,8 +244,9 @@ class DeviceExecutor final : public Executor {
 
   // Whether a call takes wire A once there is one: collectives among the ranks; point-to-point calls
   // and plans that exchange data with aggregator processes, which are no NCCL ranks, stay staged.
+  // Messages of variable length stay staged too (NCCL's receives take fixed lengths).
   static bool on_wire(const OperationIdentity& identity, const coll::Plan& plan) {
-    return !identity.p2p && !plan.uses_aggregators();
+    return !identity.p2p && !plan.uses_aggregators() && !plan.variable_length();
   }
 
   // `wire` null: wire B (until attach_wire). With a wire, collectives run with depth 1, ordered.

@@ -17,6 +17,7 @@
 
 #include "base/errors.h"
 #include "collectives/compressed.h"
+#include "collectives/fft.h"
 #include "collectives/intsgd.h"
 #include "collectives/marsit.h"
 #include "kernels/codec.h"
@@ -71,6 +72,7 @@ struct HostRank {
   std::vector<float> stored, eta;
   std::vector<uint32_t> words;
   std::shared_ptr<coll::MarsitCall> marsit;
+  std::shared_ptr<coll::FftCall> fft;  // the fft codec's call (made afresh for every run)
 };
 
 struct Outcome {
@@ -87,6 +89,10 @@ void record_method(const HostRank& h, Outcome* out) {
   if (h.intsgd) {
     out->clipped.push_back(*h.intsgd->clipped());
     out->sums.push_back(*h.intsgd->sums());
+  }
+  if (h.fft) {  // its clamps where IntSGD's clips go
+    out->clipped.push_back(h.fft->clamped);
+    out->sums.push_back(kernels::IntSums{});
   }
   if (h.marsit) {
     out->stored.push_back(h.stored);
@@ -108,6 +114,11 @@ std::vector<CollArgs> bind(std::vector<HostRank>& ranks, const std::vector<CollA
     if (ranks[r].recv.empty()) a.recvbuf = nullptr;
     ranks[r].call.residual = ranks[r].residual.empty() ? nullptr : ranks[r].residual.data();
     if (a.codec) a.method_call = &ranks[r].call;
+    if (a.codec && a.codec->kind == kernels::CodecKind::kFft) {
+      ranks[r].fft = std::make_shared<coll::FftCall>();
+      ranks[r].fft->residual = ranks[r].call.residual;
+      a.method_call = ranks[r].fft.get();
+    }
     if (ranks[r].intsgd_round) {
       ranks[r].intsgd = std::make_shared<coll::IntsgdCall>(a, nullptr, 0.0);
       ranks[r].intsgd->set_round(*ranks[r].intsgd_round);
@@ -242,6 +253,7 @@ Outcome run_device(std::vector<HostRank> ranks, const std::vector<CollArgs>& sha
       residual[r] = d.allocate(Device::Memory::kDevice, h.residual.size() * sizeof(float));
       d.upload(residual[r], h.residual.data(), h.residual.size() * sizeof(float));
       h.call.residual = static_cast<float*>(residual[r]);
+      if (h.fft) h.fft->use_device_arrays({residual[r]});
     }
     if (h.marsit) {  // as CodecState::arrays_on_device: the call takes the device copies
       const std::array<std::pair<void*, size_t>, 3> arrays = {
@@ -798,6 +810,54 @@ TEST_CASE("device executor: IntSGD through aggregators (agg=switch) gives the ri
       }
     }
   }
+}
+
+TEST_CASE("device executor: the fft all-reduce gives the host's bits, its messages of variable length staged",
+          "[device]") {
+  // On a device whose DeviceKernels run the fft codec (the stand-in's are the host's): payloads whose
+  // lengths only the device knows, staged with their lengths, received into device buffers whose
+  // lengths follow them; error feedback's residual on the device; a peer wire attached changes
+  // nothing (variable lengths stay staged). The host executor's bits, clamps and wire bytes.
+  struct Case {
+    const char* codec;
+    int n;
+    size_t count;
+    DataType dtype;
+    RedOp op;
+    bool error_feedback;
+  };
+  const Case cases[] = {
+      {"fft:theta=0.9,bits=10,segment=1024,fallback=off", 3, 5000, DataType::kFloat32, RedOp::kAvg, false},
+      {"fft:theta=0.5,bits=8,segment=777,index=coo,max=auto,fallback=off", 4, 3000, DataType::kBfloat16, RedOp::kSum,
+       false},
+      {"fft:theta=0.85,bits=12,segment=2048,ef=on", 2, 4099, DataType::kFloat32, RedOp::kSum, true},
+  };
+  uint64_t seed = 5000;
+  bool shorter = false;  // some payloads below the codec's capacity: the lengths matter
+  for (const Case& c : cases) {
+    const kernels::CodecConfig codec = kernels::parse_codec_spec(c.codec);
+    std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, c.n, c.count, c.dtype, c.op);
+    for (int r = 0; r < c.n; ++r) shape[r].codec = &codec;
+    std::vector<size_t> offset;
+    auto ranks = make_ranks(shape, ++seed, false, &offset, c.error_feedback ? c.count : 0);
+    const coll::Algorithm* algorithm = coll::find_algorithm(CollKind::kAllReduce, "fft_allgather");
+    REQUIRE(algorithm);
+    for (int depth : {1, 3}) {
+      INFO(c.codec << ", " << c.n << " ranks, depth " << depth);
+      const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 1024, depth);
+      CHECK(host.stats[0].bytes_sent > 0);
+      shorter |= host.stats[0].bytes_sent < (c.n - 1) * codec.encoded_bytes(c.count);
+      if (c.error_feedback) CHECK(host.residual[0] != ranks[0].residual);
+      require_same(host, run_device(ranks, shape, false, offset, *algorithm, 1024, depth, seed));
+      require_same(host, run_device(ranks, shape, false, offset, *algorithm, 1024, depth, seed, 1, Wire::kPeer));
+    }
+    // A NaN on the last rank: its segment is NaN on every rank, the residual left alone.
+    store(c.dtype, ranks[c.n - 1].send.data(), c.count / 2, NAN);
+    const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 1024, 2);
+    REQUIRE(host.stats[0].nonfinite > 0);
+    require_same(host, run_device(ranks, shape, false, offset, *algorithm, 1024, 2, seed));
+  }
+  CHECK(shorter);
 }
 
 // Every rank's Marsit inputs (float32 updates, average) and a compensation with a round pending.

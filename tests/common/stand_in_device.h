@@ -33,9 +33,11 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/codec.h"
 #include "kernels/convert.h"
+#include "kernels/fft_sparse.h"
 #include "kernels/intsgd.h"
 #include "kernels/marsit.h"
 #include "src/device.h"
@@ -191,6 +193,48 @@ class StandInDevice final : public Device {
     require_device(nonfinite, sizeof *nonfinite, "reset_compensation's counter");
     enqueue([=] {
       *nonfinite += kernels::reset_compensation(g, c, first, n);
+      return true;
+    });
+  }
+  // The fft codec: the host's (so a device execution must give the host's bits).
+  bool runs_fft() const override { return true; }
+  void fft_encode(const kernels::CodecConfig& c, const float* in, size_t count, void* out, size_t* length,
+                  float* residual, coll::DeviceCounters* counters) override {
+    require_device(in, count * sizeof(float), "fft_encode's input");
+    require_device(out, c.encoded_bytes(count), "fft_encode's payload capacity");
+    require_device(length, sizeof *length, "fft_encode's length");
+    if (residual) require_device(residual, count * sizeof(float), "fft_encode's residual");
+    require_device(counters, sizeof *counters, "fft_encode's counters");
+    enqueue([=, codec = c] {
+      const kernels::FftWorkspaceHandle ws = kernels::take_fft_workspace();
+      const kernels::FftReport report = kernels::fft_encode(codec, in, count, out, *ws);
+      *length = report.bytes;
+      counters->clamped += report.clamped;
+      if (residual && !report.nonfinite) {
+        std::vector<float> decoded(count);
+        kernels::fft_decode(codec, out, report.bytes, count, decoded.data(), false, *ws);
+        for (size_t i = 0; i < count; ++i) residual[i] = in[i] - decoded[i];
+      }
+      return true;
+    });
+  }
+  void fft_add_spectrum(const kernels::CodecConfig& c, const void* in, const size_t* length, size_t count,
+                        float* spectrum, bool accumulate) override {
+    require_device(in, c.encoded_bytes(count), "fft_add_spectrum's payload capacity");
+    require_device(length, sizeof *length, "fft_add_spectrum's length");
+    require_device(spectrum, kernels::fft_spectrum_floats(c, count) * sizeof(float), "fft_add_spectrum's spectrum");
+    enqueue([=, codec = c] {
+      const kernels::FftWorkspaceHandle ws = kernels::take_fft_workspace();
+      kernels::fft_decode_spectrum(codec, in, *length, count, spectrum, accumulate, *ws);
+      return true;
+    });
+  }
+  void fft_synthesize(const kernels::CodecConfig& c, const float* spectrum, size_t count, float* out) override {
+    require_device(spectrum, kernels::fft_spectrum_floats(c, count) * sizeof(float), "fft_synthesize's spectrum");
+    require_device(out, count * sizeof(float), "fft_synthesize's output");
+    enqueue([=, codec = c] {
+      const kernels::FftWorkspaceHandle ws = kernels::take_fft_workspace();
+      kernels::fft_synthesize(codec, spectrum, count, out, *ws);
       return true;
     });
   }
