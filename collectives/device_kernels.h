@@ -67,8 +67,8 @@ class DeviceKernels {
   // runs fft calls on device buffers through the host's codec): fft_encode's payloads of `count`
   // values into out, their bytes into *length (device memory), the clamps added to the counters; with
   // a residual, residual[i] = in[i] - decode(out)[i] unless a segment held NaN or Inf (the fft
-  // method's error feedback). fft_decode_spectrum of *length bytes (accumulate: +=), and
-  // fft_synthesize.
+  // method's error feedback); fft_add_spectrum: fft_decode_spectrum of *length bytes (accumulate:
+  // +=); fft_synthesize.
   virtual bool runs_fft() const { return false; }
   virtual void fft_encode(const kernels::CodecConfig& c, const float* in, size_t count, void* out, size_t* length,
                           float* residual, DeviceCounters* counters) = 0;
