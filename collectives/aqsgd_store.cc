@@ -115,12 +115,6 @@ std::string key_text(uint64_t key) { return std::to_string(key); }
 
 [[noreturn]] void fail(DeltaStoreError::Kind kind, const std::string& what) { throw DeltaStoreError(kind, what); }
 
-// v's first n values (grown when it is shorter: a buffer reused from call to call).
-float* grow(std::vector<float>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
 }  // namespace
 
 DeltaStore::DeltaStore(const Config& config) : config_(config) {

@@ -52,6 +52,14 @@
 
 namespace qccl::coll {
 
+// v's first n values, v grown when it is shorter: a store's and a delta call's buffers are reused
+// from call to call (megabytes whose fresh pages every call would pay for).
+template <class T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
 // Why a call on a store fails; the store is unchanged.
 class DeltaStoreError : public std::runtime_error {
  public:

@@ -77,12 +77,6 @@ std::optional<std::pair<Kind, std::string>> refusal_of(F&& f, const char* out_of
   }
 }
 
-template <class T>
-T* grow(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
 // A Compute step of a delta call: the sender's section encode, the receiver's head check, section
 // apply and final commit.
 class DeltaStep final : public StepKernel {
