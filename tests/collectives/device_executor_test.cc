@@ -434,6 +434,14 @@ std::vector<CollArgs> make_shape(CollKind kind, int n, size_t count, DataType dt
   return shape;
 }
 
+// Every rank's call compresses with `codec`, its rounding keyed by (seed, step, rank).
+void set_codec(std::vector<CollArgs>& shape, const kernels::CodecConfig& codec, uint64_t step) {
+  for (size_t r = 0; r < shape.size(); ++r) {
+    shape[r].codec = &codec;
+    shape[r].rng = kernels::PhiloxKey{codec.seed, step, static_cast<uint32_t>(r), 0};
+  }
+}
+
 bool in_place_allowed(CollKind kind) {
   return kind == CollKind::kAllReduce || kind == CollKind::kBroadcast || kind == CollKind::kReduce ||
          kind == CollKind::kAllGather;
@@ -522,10 +530,7 @@ TEST_CASE("device executor: compressed Send and Recv (q, aq) give the host execu
     std::vector<CollArgs> shape = make_shape(CollKind::kSend, 2, c.count, c.dtype, RedOp::kSum);
     shape[0].peer = 1;
     shape[1].kind = CollKind::kRecv, shape[1].peer = 0;
-    for (int r = 0; r < 2; ++r) {
-      shape[r].codec = &codec;
-      shape[r].rng = kernels::PhiloxKey{codec.seed, 2, static_cast<uint32_t>(r), 0};
-    }
+    set_codec(shape, codec, 2);
     std::vector<size_t> offset;
     const auto ranks = make_ranks(shape, ++seed, false, &offset);
     const Outcome host = run_host(ranks, shape, false, offset, kSendRecv, 2048, 2);
@@ -562,10 +567,7 @@ TEST_CASE("device executor: compressed all-reduce, allgather and reduce-scatter 
   for (const Case& c : cases) {
     const kernels::CodecConfig codec = kernels::parse_codec_spec(c.codec);
     std::vector<CollArgs> shape = make_shape(c.kind, c.n, c.count, c.dtype, RedOp::kSum);
-    for (int r = 0; r < c.n; ++r) {
-      shape[r].codec = &codec;
-      shape[r].rng = kernels::PhiloxKey{codec.seed, 3, static_cast<uint32_t>(r), 0};
-    }
+    set_codec(shape, codec, 3);
     const coll::Algorithm* algorithm = coll::find_algorithm(c.kind, c.algorithm);
     REQUIRE(algorithm);
     INFO(c.algorithm << " " << c.codec << ", " << c.n << " ranks" << (c.error_feedback ? ", error feedback" : ""));
@@ -709,10 +711,7 @@ TEST_CASE("device executor: IntSGD's ring gives the host's bits, clips and sums 
   for (const Case& c : cases) {
     const kernels::CodecConfig codec = kernels::parse_codec_spec(c.codec);
     std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, c.n, c.count, c.dtype, c.op);
-    for (int r = 0; r < c.n; ++r) {
-      shape[r].codec = &codec;
-      shape[r].rng = kernels::PhiloxKey{codec.seed, 5, static_cast<uint32_t>(r), 0};
-    }
+    set_codec(shape, codec, 5);
     std::vector<size_t> offset;
     auto ranks = make_ranks(shape, ++seed, false, &offset);
     for (HostRank& h : ranks) h.intsgd_round = coll::IntsgdRound{c.exact, c.alpha};
@@ -738,10 +737,7 @@ TEST_CASE("device executor: IntSGD's taint reaches every rank's decode on both w
   // the others decode normally; the host executor's bits and counts exactly.
   const kernels::CodecConfig codec = kernels::parse_codec_spec("int16:alpha=1");
   std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, 4, 2000, DataType::kFloat32, RedOp::kAvg);
-  for (int r = 0; r < 4; ++r) {
-    shape[r].codec = &codec;
-    shape[r].rng = kernels::PhiloxKey{codec.seed, 1, static_cast<uint32_t>(r), 0};
-  }
+  set_codec(shape, codec, 1);
   std::vector<size_t> offset;
   auto ranks = make_ranks(shape, 77, false, &offset);
   for (HostRank& h : ranks) h.intsgd_round = coll::IntsgdRound{false, 100.0f};
@@ -894,10 +890,7 @@ TEST_CASE("device executor: Marsit gives the host's bits and compensation on bot
   for (const Case& c : cases) {
     const kernels::CodecConfig codec = kernels::parse_codec_spec(c.codec);
     std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, c.n, c.count, DataType::kFloat32, RedOp::kAvg);
-    for (int r = 0; r < c.n; ++r) {
-      shape[r].codec = &codec;
-      shape[r].rng = kernels::PhiloxKey{codec.seed, c.step, static_cast<uint32_t>(r), 0};
-    }
+    set_codec(shape, codec, c.step);
     std::vector<size_t> offset;
     const auto ranks = marsit_ranks(shape, ++seed, &offset);
     const coll::Algorithm* algorithm = coll::find_algorithm(CollKind::kAllReduce, "marsit");
@@ -922,10 +915,7 @@ TEST_CASE("device executor: Marsit's taint reaches every rank's decode, and its 
   // the backup); the other fragments decode and record their round. The host executor's bits.
   const kernels::CodecConfig codec = kernels::parse_codec_spec("sign:eta_s=0.25,k=4");
   std::vector<CollArgs> shape = make_shape(CollKind::kAllReduce, 3, 3000, DataType::kFloat32, RedOp::kAvg);
-  for (int r = 0; r < 3; ++r) {
-    shape[r].codec = &codec;
-    shape[r].rng = kernels::PhiloxKey{codec.seed, 1, static_cast<uint32_t>(r), 0};
-  }
+  set_codec(shape, codec, 1);
   std::vector<size_t> offset;
   auto ranks = marsit_ranks(shape, 55, &offset);
   const float nan = NAN;
