@@ -95,8 +95,8 @@ class PlanExecution final : public Execution {
     size_t pc = 0;
     bool tainted = false;  // met NaN/Inf here or at a peer (see message_key.h)
     // Device executions of plans with step kernels (Compute steps): the fragment's taint also lives
-    // on the device, where this rank's kernels find NaN or Inf (taint_words: kTaintWords words of
-    // device memory, the slot's own taint then one per transfer slot for wire A's incoming words).
+    // on the device, where this rank's kernels find NaN or Inf (taint_words: words_ words of device
+    // memory, the slot's own taint then one per transfer slot for wire A's incoming words).
     bool device_taint = false;
     unsigned long long* taint_words = nullptr;
     std::byte* scratch = nullptr;
@@ -119,7 +119,6 @@ class PlanExecution final : public Execution {
     bool sent = false;  // posted (only once rounds 0 .. k-1 are checked)
   };
   static constexpr size_t kIdle = ~size_t{0};
-  static constexpr size_t kTaintWords = 16;  // Slot::taint_words
 
   transport::Key key(uint32_t message, bool tainted = false) const {
     const uint64_t sequence =
@@ -159,7 +158,7 @@ class PlanExecution final : public Execution {
   // Device executions: takes the scratch and counters at the start, enqueues the read-back of the
   // non-finite count after the last fragment, and learns when the device reached it.
   void start_on_device();
-  void start_device_taint(Slot& slot);
+  void start_device_fragment(Slot& slot);
   // Device executions: the pinned word of a slot's transfer for its taint (a staged send's) or its
   // message's length.
   unsigned long long* staged_word(const Slot& slot, bool length, uint16_t transfer);
@@ -207,6 +206,7 @@ class PlanExecution final : public Execution {
   // ...and per slot and transfer slot two pinned words: a staged send's taint word, and a message's
   // length (variable-length messages) on its way to or from the device (staged_word).
   DeviceExecutor::Block staged_words_;
+  size_t words_ = 0;  // per slot in taint_ (twice that in staged_words_), fixed by the first fragment
   Device::Ticket tail_ = 0;         // the read-back's point on the stream, once enqueued
   Device::Mark input_ = 0;          // the caller's stream at the call, until the execution starts
   bool device_done_ = false;        // the device reached it
@@ -268,30 +268,31 @@ void PlanExecution::start_on_device() {
   }
   counters_ = shared_->take(Device::Memory::kDevice, sizeof(coll::DeviceCounters));
   device_->zero(counters_.p, sizeof(coll::DeviceCounters));
-  staged_words_ = shared_->take(Device::Memory::kPinned, slots_.size() * 2 * kTaintWords * sizeof(unsigned long long));
 }
 
 unsigned long long* PlanExecution::staged_word(const Slot& slot, bool length, uint16_t transfer) {
-  return static_cast<unsigned long long*>(staged_words_.p) + (&slot - slots_.data()) * 2 * kTaintWords +
-         (length ? kTaintWords : 1) + transfer;
+  return static_cast<unsigned long long*>(staged_words_.p) + (&slot - slots_.data()) * 2 * words_ +
+         (length ? words_ : 1) + transfer;
 }
 
-// A fragment whose plan has step kernels keeps its taint on the device too: its words zeroed on the
-// stream, after the slot's previous fragment's work.
-void PlanExecution::start_device_taint(Slot& slot) {
+// A fragment just built, on the device: the words of its slot (sized from the plan's first fragment:
+// the slot's taint and one per transfer slot), and, where its plan has step kernels, its taint kept
+// on the device too, the words zeroed on the stream after the slot's previous fragment's work.
+void PlanExecution::start_device_fragment(Slot& slot) {
+  const size_t needed = slot.program.transfer_slots() + 1;
+  if (words_ == 0) {
+    words_ = std::max<size_t>(16, needed);
+    taint_ = shared_->take(Device::Memory::kDevice, slots_.size() * words_ * sizeof(unsigned long long));
+    staged_words_ = shared_->take(Device::Memory::kPinned, slots_.size() * 2 * words_ * sizeof(unsigned long long));
+    for (size_t i = 0; i < slots_.size(); ++i) slots_[i].taint_words = static_cast<unsigned long long*>(taint_.p) + i * words_;
+  }
+  if (needed > words_)
+    fail(qcclInternalError, "%s (%s): fragment %zu has %zu transfer slots, an earlier one %zu",
+         identity_.header.describe().c_str(), algorithm_.name, slot.fragment, needed - 1, words_ - 1);
   const auto& steps = slot.program.steps();
   slot.device_taint = std::any_of(steps.begin(), steps.end(),
                                   [](const coll::Step& s) { return std::holds_alternative<coll::step::Compute>(s); });
-  if (!slot.device_taint) return;
-  if (slot.program.transfer_slots() >= kTaintWords)
-    fail(qcclInternalError, "%s (%s): fragment %zu has %zu transfer slots; the device's taint words hold %zu",
-         identity_.header.describe().c_str(), algorithm_.name, slot.fragment, slot.program.transfer_slots(),
-         kTaintWords - 1);
-  if (!taint_.p) {
-    taint_ = shared_->take(Device::Memory::kDevice, slots_.size() * kTaintWords * sizeof(unsigned long long));
-    for (size_t i = 0; i < slots_.size(); ++i) slots_[i].taint_words = static_cast<unsigned long long*>(taint_.p) + i * kTaintWords;
-  }
-  device_->zero(slot.taint_words, kTaintWords * sizeof(unsigned long long));
+  if (slot.device_taint) device_->zero(slot.taint_words, words_ * sizeof(unsigned long long));
 }
 
 // The collective's last data step is enqueued once every fragment completed on the host; the
@@ -397,7 +398,7 @@ void PlanExecution::next_fragment(Slot& slot) {
   slot.tainted = false;
   plan_->build(slot.fragment, slot.scratch, slot.program);
   if (slot.transfers.size() < slot.program.transfer_slots()) slot.transfers.resize(slot.program.transfer_slots());
-  if (device_) start_device_taint(slot);
+  if (device_) start_device_fragment(slot);
 }
 
 bool PlanExecution::poll_headers() {

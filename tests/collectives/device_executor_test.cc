@@ -827,6 +827,8 @@ TEST_CASE("device executor: the fft all-reduce gives the host's bits, its messag
       {"fft:theta=0.5,bits=8,segment=777,index=coo,max=auto,fallback=off", 4, 3000, DataType::kBfloat16, RedOp::kSum,
        false},
       {"fft:theta=0.85,bits=12,segment=2048,ef=on", 2, 4099, DataType::kFloat32, RedOp::kSum, true},
+      // 9 ranks: 16 transfers per fragment, more than the words a slot starts with
+      {"fft:theta=0.9,bits=10,segment=512,fallback=off", 9, 2000, DataType::kFloat32, RedOp::kAvg, false},
   };
   uint64_t seed = 5000;
   bool shorter = false;  // some payloads below the codec's capacity: the lengths matter
