@@ -29,6 +29,8 @@ struct DeviceCounters {
   unsigned long long max_abs;
   unsigned long long clamped;                  // fft: parts clamped to the range's largest magnitude
 };
+// The squares' two words are one 128-bit counter to the kernels (codec_cuda.h's squares[0..1]).
+static_assert(offsetof(DeviceCounters, squares_hi) == offsetof(DeviceCounters, squares_lo) + sizeof(unsigned long long));
 
 class DeviceKernels {
  public:
