@@ -261,7 +261,7 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
  *
  * The results have the host path's bits. The bytes move over NCCL point-to-point between the GPUs,
  * or through pinned host buffers over the same transport as host buffers (QCCL_GPU_WIRE;
- * point-to-point calls always take the latter). The first collective on device buffers made outside
+ * point-to-point calls, IntSGD's agg=switch and messages of variable length always take the latter). The first collective on device buffers made outside
  * a group chooses, on every rank together, so every rank must make it at the same point; calls before
  * it, and inside groups before it, take the staged wire.
  *

@@ -603,6 +603,12 @@ void* Comm::stage(OpRecord& record, const void* buffer, size_t bytes, bool in, b
     fail(qcclInvalidArgument, "the buffer is memory of CUDA device %d, but this communicator's device buffers are on "
          "%s (the device of its first call on device buffers)", ordinal, d->describe().c_str());
   if (!record.staging) {
+    // As place() refuses for the device executor: the copies would be recorded into the graph, and
+    // the host's part of the call not.
+    if (d->capturing(stream()))
+      fail(qcclInvalidUsage, "the communicator's stream %p is capturing a CUDA graph: qccl stages this call's device "
+           "buffers through host memory from its progress thread, which a graph cannot record; make the call "
+           "outside the capture", stream());
     record.staging = std::make_unique<OpRecord::Staging>(device_);
     record.staging->mark = d->mark(stream());
   }

@@ -477,11 +477,18 @@ TEST_CASE("what the device path does not take is refused before anything is sent
   ok(cudaStreamBeginCapture(capture.stream, cudaStreamCaptureModeGlobal));
   const qcclResult_t captured = qcclAllReduce(dev.get(), dev.get(), count, qcclFloat32, qcclSum, w.comm());
   const std::string why = qcclGetLastError(nullptr);
+  // A call whose buffers the host stages (the fft codec's) is refused alike.
+  Codec fft("fft:theta=0.9,fallback=off");
+  const qcclResult_t staged =
+      qcclAllReduceCompressed(dev.get(), dev.get(), count, qcclFloat32, qcclSum, fft.handle, nullptr, w.comm());
+  const std::string why_staged = qcclGetLastError(nullptr);
   ok(cudaStreamEndCapture(capture.stream, &capture.graph));
   size_t nodes = 1;
   ok(cudaGraphGetNodes(capture.graph, nullptr, &nodes));
   CHECK(captured == qcclInvalidUsage);
   CHECK_THAT(why, Catch::Contains("capturing a CUDA graph"));
+  CHECK(staged == qcclInvalidUsage);
+  CHECK_THAT(why_staged, Catch::Contains("capturing a CUDA graph"));
   CHECK(nodes == 0);
   QCCL_REQUIRE_OK(qcclCommSetStream(w.comm(), nullptr));
 
