@@ -59,6 +59,8 @@ inline const IntsgdCall& intsgd_call(const CollArgs& args) { return *static_cast
 // this rank count, the rounding and its random key, the datatype and op of the result. A plan holds
 // one and adds its steps through it; the kernels count into the call (IntsgdCall). A fragment that met NaN
 // or Inf is tainted (as for Marsit): its integers are never summed into garbage, it decodes to NaN.
+struct SwitchChunkHeader;  // below
+
 class IntsgdSteps {
  public:
   explicit IntsgdSteps(const CollArgs& args);
@@ -115,6 +117,7 @@ class IntsgdSteps {
     const char* name() const override { return "int_header"; }
     void run(const step::Compute& s, StepContext& context) const override;
     bool launch(const step::Compute& s, DeviceStepContext& context) const override;
+    SwitchChunkHeader header(size_t count) const;  // of a chunk of `count` wire values
   };
   Bound bound_;
   Encode encode_;

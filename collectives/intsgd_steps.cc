@@ -2,11 +2,10 @@
 // binds it to one call's width, clip range, rounding and result type.
 #include "collectives/intsgd.h"
 
-#include "collectives/device_kernels.h"
-
 #include <algorithm>
 #include <limits>
 
+#include "collectives/device_kernels.h"
 #include "kernels/convert.h"
 #include "kernels/intsgd.h"
 
@@ -86,11 +85,8 @@ bool IntsgdSteps::Decode::launch(const step::Compute& s, DeviceStepContext& cont
 }
 
 bool IntsgdSteps::Header::launch(const step::Compute& s, DeviceStepContext& context) const {
-  SwitchChunkHeader header;
-  header.bits = static_cast<uint8_t>(b->bits);
-  header.count = static_cast<uint32_t>(s.count);
   uint8_t bytes[SwitchChunkHeader::kBytes];
-  header.encode(bytes);
+  header(s.count).encode(bytes);
   context.kernels->write_bytes(s.dst, bytes, sizeof bytes);
   return true;
 }
@@ -104,11 +100,13 @@ void IntsgdSteps::absorb(const DeviceCounters& counters) const {
   bound_.sums->merge(sums);
 }
 
-void IntsgdSteps::Header::run(const step::Compute& s, StepContext&) const {
-  SwitchChunkHeader header;
-  header.bits = static_cast<uint8_t>(b->bits);
-  header.count = static_cast<uint32_t>(s.count);
-  header.encode(s.dst);
+void IntsgdSteps::Header::run(const step::Compute& s, StepContext&) const { header(s.count).encode(s.dst); }
+
+SwitchChunkHeader IntsgdSteps::Header::header(size_t count) const {
+  SwitchChunkHeader h;
+  h.bits = static_cast<uint8_t>(b->bits);
+  h.count = static_cast<uint32_t>(count);
+  return h;
 }
 
 }  // namespace qccl::coll

@@ -374,14 +374,21 @@ __global__ void merge_signs_kernel(const uint32_t* a, const uint32_t* s, uint32_
     out[w] = marsit_merge(a[w], s[w], k, key, first_word + w);
 }
 
+// The decode's grid-stride loop, shared by the plain and the checked kernel.
 template <bool kAccumulate>
-__global__ void decode_signs_kernel(const uint32_t* __restrict__ words, size_t n, float eta, float* __restrict__ g,
-                                    Compensation c, size_t first) {
+__device__ void decode_signs_run(const uint32_t* __restrict__ words, size_t n, float eta, float* __restrict__ g,
+                                 Compensation c, size_t first) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const float v = sign_value(words[i / 32], static_cast<unsigned>(i % 32), eta);
     if (c.stored && i % 32 == 0) c.words[(first + i) / 32] = words[i / 32], c.eta[(first + i) / 32] = eta;
     g[i] = kAccumulate ? g[i] + v : v;
   }
+}
+
+template <bool kAccumulate>
+__global__ void decode_signs_kernel(const uint32_t* __restrict__ words, size_t n, float eta, float* __restrict__ g,
+                                    Compensation c, size_t first) {
+  decode_signs_run<kAccumulate>(words, n, eta, g, c, first);
 }
 
 __global__ void decode_signs_checked_kernel(const uint32_t* __restrict__ words, size_t n, float eta,
@@ -397,10 +404,7 @@ __global__ void decode_signs_checked_kernel(const uint32_t* __restrict__ words, 
     if (blockIdx.x == 0 && threadIdx.x == 0 && nonfinite != nullptr) atomicAdd(nonfinite, static_cast<unsigned long long>(n));
     return;
   }
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
-    if (c.stored && i % 32 == 0) c.words[(first + i) / 32] = words[i / 32], c.eta[(first + i) / 32] = eta;
-    g[i] = sign_value(words[i / 32], static_cast<unsigned>(i % 32), eta);
-  }
+  decode_signs_run<false>(words, n, eta, g, c, first);
 }
 
 __global__ void add_compensation_kernel(const float* x, Compensation c, size_t first, size_t n, float* out) {

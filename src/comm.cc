@@ -592,16 +592,20 @@ void Comm::choose_gpu_wire() {
                 : format(" (QCCL_GPU_WIRE=%s: %s)", config_.gpu_wire.c_str(), why_host.c_str()).c_str());
 }
 
-void* Comm::stage(OpRecord& record, const void* buffer, size_t bytes, bool in, bool out) {
-  const int ordinal = device_of(buffer);
+Device& Comm::device_for(const char* name, const void* buffer, int ordinal) {
   std::string why;
   Device* d = device(ordinal, &why);
   if (!d)
-    fail(qcclInvalidArgument, "the buffer %p is CUDA device memory, which this process cannot use: %s", buffer,
+    fail(qcclInvalidArgument, "%s = %p is CUDA device memory, which this process cannot use: %s", name, buffer,
          why.c_str());
   if (d->ordinal() != ordinal)
-    fail(qcclInvalidArgument, "the buffer is memory of CUDA device %d, but this communicator's device buffers are on "
-         "%s (the device of its first call on device buffers)", ordinal, d->describe().c_str());
+    fail(qcclInvalidArgument, "%s = %p is memory of CUDA device %d, but this communicator's device buffers are on "
+         "%s (the device of its first call on device buffers)", name, buffer, ordinal, d->describe().c_str());
+  return *d;
+}
+
+void* Comm::stage(OpRecord& record, const void* buffer, size_t bytes, bool in, bool out) {
+  Device* d = &device_for("the buffer", buffer, device_of(buffer));
   if (!record.staging) {
     // As place() refuses for the device executor: the copies would be recorded into the graph, and
     // the host's part of the call not.
@@ -658,15 +662,8 @@ void Comm::place(OpRecord& record, bool in_group) {
     fail(qcclInvalidArgument, "sendbuff = %p is %s and recvbuff = %p is %s: both must be memory of one device, or both "
          "host memory", a.sendbuf, send_device < 0 ? "host memory" : format("memory of CUDA device %d", send_device).c_str(),
          a.recvbuf, recv_device < 0 ? "host memory" : format("memory of CUDA device %d", recv_device).c_str());
-  const int ordinal = std::max(send_device, recv_device);
-  std::string why;
-  Device* d = device(ordinal, &why);
-  if (!d)
-    fail(qcclInvalidArgument, "%s = %p is CUDA device memory, which this process cannot use: %s",
-         send_device >= 0 ? "sendbuff" : "recvbuff", send_device >= 0 ? a.sendbuf : a.recvbuf, why.c_str());
-  if (d->ordinal() != ordinal)
-    fail(qcclInvalidArgument, "the buffers are memory of CUDA device %d, but this communicator's device buffers are on "
-         "%s (the device of its first call on device buffers)", ordinal, d->describe().c_str());
+  Device* d = send_device >= 0 ? &device_for("sendbuff", a.sendbuf, send_device)
+                                : &device_for("recvbuff", a.recvbuf, recv_device);
   if (record.codec && a.codec->kind == kernels::CodecKind::kFft && !d->runs_fft()) {
     // Without the fft codec on the device (CUDA's has no cuFFT path yet), the host executor runs the
     // host's codec on pinned copies of the buffers (an all-reduce: count values each way; in place,

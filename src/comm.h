@@ -184,8 +184,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void take_scratch(OpRecord& record);  // before the record's operation first advances
   void finish(OpRecord& record, qcclResult_t result, const std::string& message);
   void finish_completed(OpRecord& record);
-  // Record.staging's end: the received rows to the device, the pinned buffer released. A failure here
-  // becomes the call's result if it had none.
+  // Record.staging's end: a completed call's outputs to the device, the pinned buffers released. A
+  // failure here becomes the call's result if it had none.
   void end_staging(OpRecord& record, qcclResult_t* result, std::string* error);
   // A compressed call about to run: its method's prepare() and the scale its headers announce.
   void prepare(OpRecord& record);
@@ -232,6 +232,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // The device of this communicator's device buffers: CUDA device `ordinal`, that of its first call
   // on them, or null with *why (a build without CUDA, no usable device).
   Device* device(int ordinal, std::string* why);
+  // device(ordinal) for a call's buffer `name` = `buffer` in it, or qcclInvalidArgument naming them
+  // (no usable device; another device than the communicator's).
+  Device& device_for(const char* name, const void* buffer, int ordinal);
   void start_device_executor();  // at the first call on device buffers (place)
   void choose_gpu_wire();        // collective: at the first collective on device buffers (place)
   std::mutex device_mu_;
