@@ -31,6 +31,7 @@
 
 #include "kernels/half-inl.h"
 #include "kernels/half.h"
+#include "kernels/levels.h"
 #include "kernels/philox-inl.h"
 #include "kernels/philox.h"
 #include "kernels/quant.h"
@@ -180,6 +181,92 @@ HWY_INLINE void QuantizeTile(const float* x, const float* u, size_t n, BucketMet
     i += k;
   }
   for (; i < n8; ++i) codes[i] = 0;
+}
+
+// Learned levels (levels.h): codes[i] = quantize_with_levels(x[i], m, u[i], g.g, g.count) for i < n
+// (u == nullptr: to the nearest level), 0 from n up to RoundUp8(n); QuantizeTile's preconditions.
+// The level is found as quantize_to_levels finds it, a halving search, here with a gather and a
+// select per halving in every lane, and the same float operations decide between the two levels
+// around t, so the codes are the element function's.
+constexpr uint32_t kLevelsByCompare = 32;
+HWY_INLINE void QuantizeTileLevels(const float* x, const float* u, size_t n, BucketMeta m, const LevelPositions& g,
+                                   uint8_t* codes) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const size_t w = hn::Lanes(df);
+  const auto min = hn::Set(df, m.min), step = hn::Set(df, m.step), zero = hn::Zero(df);
+  const auto g_top = hn::Set(df, g.g[g.count - 1]);
+  const auto top = hn::Set(di, static_cast<int32_t>(g.count - 1)), one = hn::Set(di, 1);
+  auto code_of = [&](hn::Vec<decltype(df)> xv, const float* uv) {
+    const auto t = hn::Div(hn::Sub(xv, min), step);
+    // lo: the last level at or below t, and hi = lo + 1 (lanes with t at or above the top level are
+    // replaced below, so neither may pass the table's end).
+    auto lo = hn::Zero(di);
+    auto g_lo = hn::Set(df, g.g[0]), g_hi = g_top;
+    if (g.count <= kLevelsByCompare) {
+      // Up to 32 levels a compare and a select per level with no gathers (those take 20-30 cycles on
+      // x86): lo counts the inner levels at or below t; g_lo is the last of them, g_hi the first above.
+      for (uint32_t k = 1; k + 1 < g.count; ++k) {
+        const auto level = hn::Set(df, g.g[k]);
+        const auto at_or_below = hn::Not(hn::Lt(t, level));
+        lo = hn::Sub(lo, hn::VecFromMask(di, hn::RebindMask(di, at_or_below)));
+        g_lo = hn::IfThenElse(at_or_below, level, g_lo);
+      }
+      for (uint32_t k = g.count - 2; k >= 1; --k) {
+        const auto level = hn::Set(df, g.g[k]);
+        g_hi = hn::IfThenElse(hn::Lt(t, level), level, g_hi);
+      }
+    } else {
+      for (uint32_t left = g.count; left > 1;) {  // quantize_to_levels' halving search, lane by lane
+        const uint32_t half = left / 2;
+        const auto candidate = hn::Add(lo, hn::Set(di, static_cast<int32_t>(half)));
+        lo = hn::IfThenElse(hn::RebindMask(di, hn::Lt(t, hn::GatherIndex(df, g.g, candidate))), lo, candidate);
+        left -= half;
+      }
+      lo = hn::Min(lo, hn::Sub(top, one));
+      g_lo = hn::GatherIndex(df, g.g, lo);
+      g_hi = hn::GatherIndex(df, g.g, hn::Add(lo, one));
+    }
+    const auto hi = hn::Add(lo, one);
+    const auto below = hn::Sub(t, g_lo), gap = hn::Sub(g_hi, g_lo);
+    const auto up = uv ? hn::Lt(hn::LoadU(df, uv), hn::Div(below, gap)) : hn::Gt(below, hn::Sub(gap, below));
+    auto code = hn::IfThenElse(hn::RebindMask(di, up), hi, lo);
+    code = hn::IfThenElse(hn::RebindMask(di, hn::Not(hn::Lt(t, g_top))), top, code);   // t >= the top level
+    code = hn::IfThenElse(hn::RebindMask(di, hn::Not(hn::Gt(t, zero))), hn::Zero(di), code);  // t <= 0
+    return hn::TruncateTo(d8, hn::BitCast(du, code));
+  };
+  size_t i = 0;
+  for (; i + w <= n; i += w) hn::StoreU(code_of(hn::LoadU(df, x + i), u ? u + i : nullptr), d8, codes + i);
+  const size_t n8 = RoundUp8(n);
+  if (i < n) {
+    HWY_ALIGN float xt[HWY_MAX_BYTES / sizeof(float)] = {}, ut[HWY_MAX_BYTES / sizeof(float)] = {};
+    memcpy(xt, x + i, (n - i) * sizeof(float));
+    if (u) memcpy(ut, u + i, (n - i) * sizeof(float));
+    for (size_t j = n - i; j < w; ++j) xt[j] = m.min;  // code 0 (t = 0) past n
+    uint8_t ct[HWY_MAX_BYTES / sizeof(float)];
+    hn::StoreU(code_of(hn::Load(df, xt), u ? ut : nullptr), d8, ct);
+    const size_t k = std::min(w, n8 - i);
+    memcpy(codes + i, ct, k);
+    i += k;
+  }
+  for (; i < n8; ++i) codes[i] = 0;
+}
+
+// y[i] = m.min + m.step * g[codes[i]] (kAccumulate: y[i] += that) for i < n; m finite: levels.h's
+// dequantize_from_levels, operation for operation.
+template <bool kAccumulate>
+HWY_INLINE void DequantizeTileLevels(const uint8_t* codes, size_t n, BucketMeta m, const LevelPositions& g, float* y) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const auto min = hn::Set(df, m.min), step = hn::Set(df, m.step);
+  ForEachVector(codes, y, n, hn::Lanes(df), [&](const uint8_t* c, float* out) {
+    auto v = hn::Add(min, hn::Mul(step, hn::GatherIndex(df, g.g, hn::PromoteTo(di, hn::LoadU(d8, c)))));
+    if (kAccumulate) v = hn::Add(hn::LoadU(df, out), v);
+    hn::StoreU(v, df, out);
+  });
 }
 
 // y[i] = m.min + m.step * codes[i] (kAccumulate: y[i] += that) for i < n; m finite.

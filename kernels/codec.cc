@@ -77,9 +77,10 @@ HWY_INLINE size_t WithBits(int bits, const F& f) {
 
 // Returns the number of non-finite buckets. Layout (quant.h): every bucket's meta, then every
 // bucket's codes; a bucket starts at a multiple of 8 values, so its codes start on a byte.
+// `levels`: learned levels (levels.h), else null for the evenly spaced ones.
 template <int kBits, Rounding kRound>
 HWY_NOINLINE size_t EncodeQuant(size_t bucket, const float* in, size_t count, uint8_t* out, const PhiloxKey& key,
-                                uint64_t first) {
+                                uint64_t first, const LevelPositions* levels) {
   uint8_t* codes = out + quant_meta_bytes(count, bucket);
   HWY_ALIGN uint8_t tile[kTilePad] = {};
   HWY_ALIGN float uniforms[kUniformScratch];
@@ -105,12 +106,10 @@ HWY_NOINLINE size_t EncodeQuant(size_t bucket, const float* in, size_t count, ui
         for (size_t j = 0; j < n; ++j) uniforms[j] = shared;
         u = uniforms;
       }
-      if constexpr (kBits == 8) {  // one byte per code: no packing
-        QuantizeTile(in + b0 + t, u, n, m, quant_levels(kBits), dst + t);
-      } else {
-        QuantizeTile(in + b0 + t, u, n, m, quant_levels(kBits), tile);
-        PackTile<kBits>(tile, n, dst + t / 8 * kBits);
-      }
+      uint8_t* tile_codes = kBits == 8 ? dst + t : tile;  // one byte per code: no packing
+      if (levels) QuantizeTileLevels(in + b0 + t, u, n, m, *levels, tile_codes);
+      else QuantizeTile(in + b0 + t, u, n, m, quant_levels(kBits), tile_codes);
+      if constexpr (kBits != 8) PackTile<kBits>(tile, n, dst + t / 8 * kBits);
     }
   }
   return nonfinite;
@@ -118,7 +117,8 @@ HWY_NOINLINE size_t EncodeQuant(size_t bucket, const float* in, size_t count, ui
 
 // Returns the number of values decoded to NaN (those of non-finite buckets).
 template <int kBits, bool kAccumulate>
-HWY_NOINLINE size_t DecodeQuant(size_t bucket, const uint8_t* in, size_t count, float* out) {
+HWY_NOINLINE size_t DecodeQuant(size_t bucket, const uint8_t* in, size_t count, float* out,
+                                const LevelPositions* levels) {
   const uint8_t* codes = in + quant_meta_bytes(count, bucket);
   HWY_ALIGN uint8_t tile[kTilePad];
   size_t nonfinite = 0;
@@ -140,7 +140,8 @@ HWY_NOINLINE size_t DecodeQuant(size_t bucket, const uint8_t* in, size_t count, 
         UnpackTile<kBits>(c, n, tile);
         c = tile;
       }
-      DequantizeTile<kAccumulate>(c, n, m, y + t);
+      if (levels) DequantizeTileLevels<kAccumulate>(c, n, m, *levels, y + t);
+      else DequantizeTile<kAccumulate>(c, n, m, y + t);
     }
   }
   return nonfinite;
@@ -230,14 +231,17 @@ size_t EncodeImpl(const CodecConfig& c, const float* in, size_t count, void* out
       return 0;
   }
   auto* bytes = static_cast<uint8_t*>(out);
+  LevelPositions positions;
+  const LevelPositions* levels = c.levels.empty() ? nullptr : &(positions = level_positions(c));
   return WithBits(c.bits, [&](auto bits) {
     switch (c.rounding) {
-      case Rounding::kStochastic: return EncodeQuant<bits(), Rounding::kStochastic>(c.bucket, in, count, bytes, key, first);
-      case Rounding::kShift: return EncodeQuant<bits(), Rounding::kShift>(c.bucket, in, count, bytes, key, first);
+      case Rounding::kStochastic:
+        return EncodeQuant<bits(), Rounding::kStochastic>(c.bucket, in, count, bytes, key, first, levels);
+      case Rounding::kShift: return EncodeQuant<bits(), Rounding::kShift>(c.bucket, in, count, bytes, key, first, levels);
       case Rounding::kNearest:
       case Rounding::kTruncate: break;  // fft only
     }
-    return EncodeQuant<bits(), Rounding::kNearest>(c.bucket, in, count, bytes, key, first);
+    return EncodeQuant<bits(), Rounding::kNearest>(c.bucket, in, count, bytes, key, first, levels);
   });
 }
 
@@ -259,7 +263,10 @@ size_t DecodeAny(const CodecConfig& c, const void* in, size_t count, float* out)
       return 0;
   }
   const auto* bytes = static_cast<const uint8_t*>(in);
-  return WithBits(c.bits, [&](auto bits) { return DecodeQuant<bits(), kAccumulate>(c.bucket, bytes, count, out); });
+  LevelPositions positions;
+  const LevelPositions* levels = c.levels.empty() ? nullptr : &(positions = level_positions(c));
+  return WithBits(c.bits,
+                  [&](auto bits) { return DecodeQuant<bits(), kAccumulate>(c.bucket, bytes, count, out, levels); });
 }
 
 size_t DecodeImpl(const CodecConfig& c, const void* in, size_t count, float* out, bool accumulate) {
@@ -304,8 +311,6 @@ EncodeReport encode(const CodecConfig& c, const float* in, size_t count, void* o
     report.nonfinite = int_encode(c.bits, in, count, standalone_alpha(c), c.rounding == Rounding::kStochastic,
                                   int_clip(c.bits, 1), key, first, out)
                            .nonfinite;
-  } else if (!c.levels.empty()) {
-    report.nonfinite = encode_levels(c, in, count, out, key, first);
   } else {
     report.nonfinite = HWY_DYNAMIC_DISPATCH(EncodeImpl)(c, in, count, out, key, first);
   }
@@ -324,7 +329,6 @@ size_t decode(const CodecConfig& c, const void* in, size_t count, float* out) {
     int_decode(c.bits, in, count, 1.0 / standalone_alpha(c), out);
     return 0;
   }
-  if (!c.levels.empty()) return decode_levels(c, in, count, out, false);
   return HWY_DYNAMIC_DISPATCH(DecodeImpl)(c, in, count, out, false);
 }
 
@@ -348,7 +352,6 @@ size_t decode_accumulate(const CodecConfig& c, const void* in, size_t count, flo
     }
     return 0;
   }
-  if (!c.levels.empty()) return decode_levels(c, in, count, acc, true);
   return HWY_DYNAMIC_DISPATCH(DecodeImpl)(c, in, count, acc, true);
 }
 

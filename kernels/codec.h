@@ -144,12 +144,9 @@ size_t decode(const CodecConfig& codec, const void* in, size_t count, float* out
 // acc[i] += decoded value i (the fused step of a reduce-scatter hop). Same return value.
 size_t decode_accumulate(const CodecConfig& codec, const void* in, size_t count, float* acc);
 
-// The learned-levels codec's host loops (levels.h; encode and decode route a kQuant codec with
-// levels here), and its level positions (what the host loops and the CUDA kernels look codes up in).
+// A q codec's learned level positions (levels.h), which the host loops and the CUDA kernels look codes
+// up in.
 LevelPositions level_positions(const CodecConfig& codec);
-size_t encode_levels(const CodecConfig& codec, const float* in, size_t count, void* out, const PhiloxKey& key,
-                     uint64_t first);
-size_t decode_levels(const CodecConfig& codec, const void* in, size_t count, float* out, bool accumulate);
 
 // QSDP's Algorithm 2 (levels.h): 2^bits levels fitted to `data` cut into buckets of `bucket` values,
 // each normalized to [0, 1] by its minimum and maximum, by online k-means (the nearest level moves

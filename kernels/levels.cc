@@ -1,12 +1,11 @@
-// Host loops of the learned-levels codec (levels.h) and the fitting of the levels (QSDP Algorithm 2).
-// Scalar: the levels are a table lookup per value, which the uniform codec's vector loops do not do.
+// The learned levels' positions (levels.h) and their fitting (QSDP Algorithm 2); the codec's host
+// loops are codec.cc's vector loops, which look the levels up with gathers.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/codec.h"
 #include "kernels/levels.h"
-#include "kernels/philox.h"
 
 namespace qccl::kernels {
 
@@ -36,57 +35,6 @@ LevelPositions level_positions(const CodecConfig& c) {
   for (uint32_t k = 0; k < p.count; ++k) p.g[k] = c.levels[k] * top;
   p.g[p.count - 1] = top;  // exactly L, whatever l * L rounds to
   return p;
-}
-
-size_t encode_levels(const CodecConfig& c, const float* in, size_t count, void* out, const PhiloxKey& key,
-                     uint64_t first) {
-  const LevelPositions g = level_positions(c);
-  auto* meta = static_cast<BucketMeta*>(out);
-  uint8_t* codes = static_cast<uint8_t*>(out) + quant_meta_bytes(count, c.bucket);
-  size_t nonfinite = 0;
-  for (size_t b = 0; b * c.bucket < count; ++b) {
-    const size_t begin = b * c.bucket, n = std::min<size_t>(c.bucket, count - begin);
-    float lo, hi;
-    bool finite;
-    scan(in + begin, n, &lo, &hi, &finite);
-    const BucketMeta m = bucket_meta(lo, hi, finite, c.bits);
-    meta[b] = m;
-    nonfinite += meta_is_nonfinite(m) ? 1 : 0;
-    for (size_t i = 0; i < n; i += 8) {
-      uint32_t word[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (size_t j = 0; j < 8 && i + j < n; ++j) {
-        const size_t e = begin + i + j;
-        const float u = c.rounding == Rounding::kStochastic ? philox_uniform(key, first + e)
-                        : c.rounding == Rounding::kShift     ? philox_uniform(key, shift_uniform_index(first + begin))
-                                                             : -1.0f;
-        word[j] = quantize_with_levels(in[e], m, u, g.g, g.count);
-      }
-      pack8(word, c.bits, codes + (begin + i) / 8 * static_cast<size_t>(c.bits));
-    }
-  }
-  return nonfinite;
-}
-
-size_t decode_levels(const CodecConfig& c, const void* in, size_t count, float* out, bool accumulate) {
-  const LevelPositions g = level_positions(c);
-  const auto* meta = static_cast<const BucketMeta*>(in);
-  const uint8_t* codes = static_cast<const uint8_t*>(in) + quant_meta_bytes(count, c.bucket);
-  size_t nonfinite = 0;
-  for (size_t b = 0; b * c.bucket < count; ++b) {
-    const size_t begin = b * c.bucket, n = std::min<size_t>(c.bucket, count - begin);
-    const BucketMeta m = meta[b];
-    nonfinite += meta_is_nonfinite(m) ? n : 0;  // every value of the bucket decodes to NaN
-    for (size_t i = 0; i < n; i += 8) {
-      uint32_t word[8];
-      unpack8(codes + (begin + i) / 8 * static_cast<size_t>(c.bits), c.bits, word);
-      for (size_t j = 0; j < 8 && i + j < n; ++j) {
-        const float v = dequantize_from_levels(word[j], m, g.g);
-        if (accumulate) out[begin + i + j] += v;
-        else out[begin + i + j] = v;
-      }
-    }
-  }
-  return nonfinite;
 }
 
 std::vector<float> learn_levels(const float* data, size_t count, int bits, uint32_t bucket, double rate, int epochs) {
