@@ -384,7 +384,8 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  *                        ranks share, summed as integers without decoding (see qcclAllReduceCompressed)
  *   fft                  FFT sparsification (Wang et al., HPDC 2020), all-reduce only: per segment the
  *                        largest bins of the spectrum as N-bit range floats, variable length, every
- *                        rank's payloads decoded by every rank in rank order (host memory only)
+ *                        rank's payloads decoded by every rank in rank order (on device buffers the
+ *                        host codec runs on pinned copies: the host's bits)
  *   aq2 .. aq8           AQ-SGD's quantizer (Wang et al., NeurIPS 2022), point-to-point only
  *                        (qcclSendCompressed): N bits per value on the grid k s / 2^(N-1), k in
  *                        [-2^(N-1), 2^(N-1) - 1], s an fp16 max-abs scale per channel

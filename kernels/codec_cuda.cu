@@ -41,6 +41,10 @@ constexpr unsigned kFlatThreads = 256;             // block size of the grid-str
 constexpr unsigned kMaxFlatBlocks = 1u << 15;      // beyond this, threads loop
 constexpr unsigned kEncodeThreads = 256;           // q encode: block size, and threads per bucket at most
 constexpr unsigned kMaxEncodeBlocks = 1u << 20;    // q encode: beyond this, blocks loop over buckets
+// q encode: resident blocks per multiprocessor asked of the register allocator (40 registers, a few
+// spilled, instead of 58 and 4 blocks): on an H200 at 64 MiB q8 encodes at 1,086-1,098 GB/s
+// against 994-997 with 4 blocks, 5 blocks gave 1,071-1,074 and 8 blocks 1,078-1,079 (docs/PERF.md).
+constexpr unsigned kEncodeBlocksPerSM = 6;
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 
 // ---- Counting non-finite values --------------------------------------------------------------------
@@ -199,7 +203,7 @@ __device__ void share_levels(const LevelPositions& levels, float* shared) {
 }
 
 template <int kBits>
-__global__ void __launch_bounds__(kEncodeThreads)
+__global__ void __launch_bounds__(kEncodeThreads, kEncodeBlocksPerSM)
     encode_quant_kernel(const float* __restrict__ in, size_t count, uint8_t* __restrict__ out, unsigned bucket,
                         unsigned team, Rounding rounding, PhiloxKey key, uint64_t first, bool in_vec,
                         bool out_aligned, unsigned long long* nonfinite, const __grid_constant__ LevelPositions levels) {
