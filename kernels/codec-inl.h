@@ -183,12 +183,14 @@ HWY_INLINE void QuantizeTile(const float* x, const float* u, size_t n, BucketMet
   for (; i < n8; ++i) codes[i] = 0;
 }
 
+// Tables of up to this many learned levels are searched by comparing with every level.
+constexpr uint32_t kLevelsByCompare = 32;
+
 // Learned levels (levels.h): codes[i] = quantize_with_levels(x[i], m, u[i], g.g, g.count) for i < n
 // (u == nullptr: to the nearest level), 0 from n up to RoundUp8(n); QuantizeTile's preconditions.
-// The level is found as quantize_to_levels finds it, a halving search, here with a gather and a
-// select per halving in every lane, and the same float operations decide between the two levels
-// around t, so the codes are the element function's.
-constexpr uint32_t kLevelsByCompare = 32;
+// Every lane finds the two levels around its t (by comparing with each level, or for large tables
+// by quantize_to_levels' halving search with gathers), and the same float operations as the element
+// function choose between them, so the codes are the element function's.
 HWY_INLINE void QuantizeTileLevels(const float* x, const float* u, size_t n, BucketMeta m, const LevelPositions& g,
                                    uint8_t* codes) {
   const hn::ScalableTag<float> df;
@@ -233,8 +235,9 @@ HWY_INLINE void QuantizeTileLevels(const float* x, const float* u, size_t n, Buc
     const auto below = hn::Sub(t, g_lo), gap = hn::Sub(g_hi, g_lo);
     const auto up = uv ? hn::Lt(hn::LoadU(df, uv), hn::Div(below, gap)) : hn::Gt(below, hn::Sub(gap, below));
     auto code = hn::IfThenElse(hn::RebindMask(di, up), hi, lo);
-    code = hn::IfThenElse(hn::RebindMask(di, hn::Not(hn::Lt(t, g_top))), top, code);   // t >= the top level
-    code = hn::IfThenElse(hn::RebindMask(di, hn::Not(hn::Gt(t, zero))), hn::Zero(di), code);  // t <= 0
+    // t at or above the top level: the top code; t <= 0 (the minimum, or -0): code 0.
+    code = hn::IfThenElse(hn::RebindMask(di, hn::Not(hn::Lt(t, g_top))), top, code);
+    code = hn::IfThenElse(hn::RebindMask(di, hn::Not(hn::Gt(t, zero))), hn::Zero(di), code);
     return hn::TruncateTo(d8, hn::BitCast(du, code));
   };
   size_t i = 0;
