@@ -265,8 +265,14 @@ HWY_INLINE void DequantizeTileLevels(const uint8_t* codes, size_t n, BucketMeta 
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Rebind<uint8_t, decltype(df)> d8;
   const auto min = hn::Set(df, m.min), step = hn::Set(df, m.step);
+  // A table that fits a vector is looked up with one permute; larger ones with a gather.
+  const bool in_vector = g.count <= hn::Lanes(df);
+  const auto table = hn::LoadU(df, g.g);  // g.g holds 256 floats: a whole vector is there
   ForEachVector(codes, y, n, hn::Lanes(df), [&](const uint8_t* c, float* out) {
-    auto v = hn::Add(min, hn::Mul(step, hn::GatherIndex(df, g.g, hn::PromoteTo(di, hn::LoadU(d8, c)))));
+    const auto code = hn::PromoteTo(di, hn::LoadU(d8, c));
+    const auto level = in_vector ? hn::TableLookupLanes(table, hn::IndicesFromVec(df, code))
+                                 : hn::GatherIndex(df, g.g, code);
+    auto v = hn::Add(min, hn::Mul(step, level));
     if (kAccumulate) v = hn::Add(hn::LoadU(df, out), v);
     hn::StoreU(v, df, out);
   });

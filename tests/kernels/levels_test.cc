@@ -16,6 +16,7 @@
 #include "kernels/levels.h"
 #include "kernels/philox.h"
 #include "kernels/quant.h"
+#include "tests/kernels/hwy_targets.h"
 
 namespace qccl::kernels {
 namespace {
@@ -192,78 +193,83 @@ TEST_CASE("learned levels: exact cases and non-finite buckets", "[levels]") {
 // functions applied one value at a time: every width, rounding, bucket and tail, ties between two
 // levels, -0, constant buckets and non-finite ones.
 TEST_CASE("learned levels: the vector loops give the element functions' bytes and values", "[levels]") {
-  std::mt19937_64 rng(29);
-  std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
-  for (int bits = 1; bits <= 8; ++bits) {
-    for (const char* round : {"nearest", "stochastic", "shift"}) {
-      for (uint32_t bucket : {8u, 24u, 512u}) {
-        INFO("q" << bits << ", round=" << round << ", bucket=" << bucket);
-        const CodecConfig c = with_levels("q" + std::to_string(bits) + ":seed=5,round=" + round +
-                                              ",bucket=" + std::to_string(bucket),
-                                          random_levels(bits, rng));
-        const LevelPositions g = level_positions(c);
-        const size_t count = 3 * bucket + 13;  // a partial bucket and a partial group of 8
-        std::vector<float> x(count);
-        for (float& v : x) v = uniform(rng);
-        // The first bucket: its values at every level and halfway between two (ties), with its
-        // range [0, L] so that t = x; -0 beside +0; then a constant bucket; NaN in the last one.
-        const float top = g.g[g.count - 1];
-        for (size_t i = 0; i < bucket; ++i) {
-          const uint32_t k = static_cast<uint32_t>(i / 2 % (g.count - 1));
-          x[i] = i % 2 ? g.g[k] : 0.5f * (g.g[k] + g.g[k + 1]);
-        }
-        x[0] = 0.0f, x[1] = top, x[2] = -0.0f;
-        for (size_t i = bucket; i < 2 * bucket; ++i) x[i] = 1.5f;
-        x[count - 5] = NAN;
-        const PhiloxKey key{c.seed, 7, 0, 0};
-        const uint64_t first = 13;
-        // The element functions' wire bytes.
-        std::vector<std::byte> want(c.encoded_bytes(count)), got(want.size());
-        auto* meta = reinterpret_cast<BucketMeta*>(want.data());
-        auto* codes = reinterpret_cast<uint8_t*>(want.data()) + quant_meta_bytes(count, bucket);
-        for (size_t b = 0; b * bucket < count; ++b) {
-          const size_t begin = b * bucket, n = std::min<size_t>(bucket, count - begin);
-          float lo = INFINITY, hi = -INFINITY;
-          bool finite = true;
-          for (size_t i = begin; i < begin + n; ++i) {
-            if (!std::isfinite(x[i])) finite = false;
-            else if (x[i] < lo || (x[i] == lo && std::signbit(x[i]))) lo = x[i];
-            if (std::isfinite(x[i]) && (x[i] > hi || (x[i] == hi && !std::signbit(x[i])))) hi = x[i];
+  for_each_target([] {
+    std::mt19937_64 rng(29);
+    std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
+    for (int bits = 1; bits <= 8; ++bits) {
+      for (const char* round : {"nearest", "stochastic", "shift"}) {
+        for (uint32_t bucket : {8u, 24u, 512u}) {
+          INFO("q" << bits << ", round=" << round << ", bucket=" << bucket);
+          const CodecConfig c =
+              with_levels("q" + std::to_string(bits) + ":seed=5,round=" + round + ",bucket=" + std::to_string(bucket),
+                          random_levels(bits, rng));
+          const LevelPositions g = level_positions(c);
+          const size_t count = 3 * bucket + 13;  // a partial bucket and a partial group of 8
+          std::vector<float> x(count);
+          for (float& v : x) v = uniform(rng);
+          // The first bucket: its values at every level and halfway between two (ties), with its
+          // range [0, L] so that t = x; -0 beside +0; then a constant bucket; NaN in the last one.
+          const float top = g.g[g.count - 1];
+          for (size_t i = 0; i < bucket; ++i) {
+            const uint32_t k = static_cast<uint32_t>(i / 2 % (g.count - 1));
+            x[i] = i % 2 ? g.g[k] : 0.5f * (g.g[k] + g.g[k + 1]);
           }
-          if (!finite) lo = hi = 0.0f;
-          const BucketMeta m = bucket_meta(lo, hi, finite, bits);
-          std::memcpy(&meta[b], &m, sizeof m);
-          for (size_t i = 0; i < n; i += 8) {
-            uint32_t word[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (size_t j = 0; j < 8 && i + j < n; ++j) {
-              const size_t e = begin + i + j;
-              const float u = c.rounding == Rounding::kStochastic ? philox_uniform(key, first + e)
-                              : c.rounding == Rounding::kShift ? philox_uniform(key, shift_uniform_index(first + begin))
-                                                               : -1.0f;
-              word[j] = quantize_with_levels(x[e], m, u, g.g, g.count);
+          x[0] = 0.0f, x[1] = top, x[2] = -0.0f;
+          for (size_t i = bucket; i < 2 * bucket; ++i) x[i] = 1.5f;
+          x[count - 5] = NAN;
+          const PhiloxKey key{c.seed, 7, 0, 0};
+          const uint64_t first = 13;
+          // The element functions' wire bytes.
+          std::vector<std::byte> want(c.encoded_bytes(count)), got(want.size());
+          auto* meta = reinterpret_cast<BucketMeta*>(want.data());
+          auto* codes = reinterpret_cast<uint8_t*>(want.data()) + quant_meta_bytes(count, bucket);
+          for (size_t b = 0; b * bucket < count; ++b) {
+            const size_t begin = b * bucket, n = std::min<size_t>(bucket, count - begin);
+            float lo = INFINITY, hi = -INFINITY;
+            bool finite = true;
+            for (size_t i = begin; i < begin + n; ++i) {
+              if (!std::isfinite(x[i]))
+                finite = false;
+              else if (x[i] < lo || (x[i] == lo && std::signbit(x[i])))
+                lo = x[i];
+              if (std::isfinite(x[i]) && (x[i] > hi || (x[i] == hi && !std::signbit(x[i])))) hi = x[i];
             }
-            pack8(word, bits, codes + (begin + i) / 8 * static_cast<size_t>(bits));
+            if (!finite) lo = hi = 0.0f;
+            const BucketMeta m = bucket_meta(lo, hi, finite, bits);
+            std::memcpy(&meta[b], &m, sizeof m);
+            for (size_t i = 0; i < n; i += 8) {
+              uint32_t word[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+              for (size_t j = 0; j < 8 && i + j < n; ++j) {
+                const size_t e = begin + i + j;
+                const float u = c.rounding == Rounding::kStochastic ? philox_uniform(key, first + e)
+                                : c.rounding == Rounding::kShift
+                                    ? philox_uniform(key, shift_uniform_index(first + begin))
+                                    : -1.0f;
+                word[j] = quantize_with_levels(x[e], m, u, g.g, g.count);
+              }
+              pack8(word, bits, codes + (begin + i) / 8 * static_cast<size_t>(bits));
+            }
           }
+          CHECK(encode(c, x.data(), count, got.data(), key, first).nonfinite == 1);
+          CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+          // Decoding, plain and accumulating: dequantize_from_levels of every code.
+          std::vector<float> y(count), acc(count, 0.25f);
+          const size_t nan_bucket = (count - 5) / bucket;  // decoded to NaN in full, and counted so
+          CHECK(decode(c, want.data(), count, y.data()) == std::min<size_t>(bucket, count - nan_bucket * bucket));
+          decode_accumulate(c, want.data(), count, acc.data());
+          size_t mismatches = 0;
+          for (size_t e = 0; e < count; ++e) {
+            uint32_t word[8];
+            unpack8(codes + e / 8 * static_cast<size_t>(bits), bits, word);
+            const float v = dequantize_from_levels(word[e % 8], meta[e / bucket], g.g);
+            const float a = 0.25f + v;
+            if (std::memcmp(&y[e], &v, 4) != 0 || std::memcmp(&acc[e], &a, 4) != 0) ++mismatches;
+          }
+          CHECK(mismatches == 0);
         }
-        CHECK(encode(c, x.data(), count, got.data(), key, first).nonfinite == 1);
-        CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
-        // Decoding, plain and accumulating: dequantize_from_levels of every code.
-        std::vector<float> y(count), acc(count, 0.25f);
-        const size_t nan_bucket = (count - 5) / bucket;  // decoded to NaN in full, and counted so
-        CHECK(decode(c, want.data(), count, y.data()) == std::min<size_t>(bucket, count - nan_bucket * bucket));
-        decode_accumulate(c, want.data(), count, acc.data());
-        size_t mismatches = 0;
-        for (size_t e = 0; e < count; ++e) {
-          uint32_t word[8];
-          unpack8(codes + e / 8 * static_cast<size_t>(bits), bits, word);
-          const float v = dequantize_from_levels(word[e % 8], meta[e / bucket], g.g);
-          const float a = 0.25f + v;
-          if (std::memcmp(&y[e], &v, 4) != 0 || std::memcmp(&acc[e], &a, 4) != 0) ++mismatches;
-        }
-        CHECK(mismatches == 0);
       }
     }
-  }
+  });
 }
 
 TEST_CASE("learned levels: the spec carries them, and bad lists are refused with the reason", "[levels]") {
