@@ -777,7 +777,7 @@ cudaError_t decode_any(const CodecConfig& c, const void* in, size_t count, float
       return launch(decode_cast_kernel<CodecKind::kFp16, kAccumulate>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
     case CodecKind::kBf16:
       return launch(decode_cast_kernel<CodecKind::kBf16, kAccumulate>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
-    case CodecKind::kFft:  // the host codec only (fft_sparse.h); cuFFT is not wired yet
+    case CodecKind::kFft:  // variable length: fft_cuda.h's launchers
       return cudaErrorNotSupported;
     case CodecKind::kAq: {
       if (!valid_aq(c)) return cudaErrorInvalidValue;
@@ -829,7 +829,7 @@ cudaError_t encode_cuda(const CodecConfig& c, const float* in, size_t count, voi
       return launch(encode_cast_kernel<CodecKind::kBf16>, blocks, kFlatThreads, stream, in, count, out, nonfinite);
     case CodecKind::kSign:
       return pack_signs_cuda(in, Compensation{}, 0, count, static_cast<uint32_t*>(out), nullptr, nonfinite, stream);
-    case CodecKind::kFft:  // the host codec only (fft_sparse.h); cuFFT is not wired yet
+    case CodecKind::kFft:  // variable length: fft_cuda.h's launchers
       return cudaErrorNotSupported;
     case CodecKind::kAq:
       return encode_aq(c, in, count, out, key, first, nonfinite, stream);

@@ -109,8 +109,8 @@ cudaError_t add_counter_cuda(unsigned long long* acc, const unsigned long long* 
 // The fft codec's range floats (rfloat.h), one thread per value, the same codes and values as the
 // host's element functions (spec fftsparse.md P10): codes[i] = the code of in[i] (finite inputs;
 // `clamped`, as `nonfinite` above, counts the values beyond the range), out[i] = the value of
-// codes[i]. The cuFFT transforms, selection and packing of the fft codec are not on the device yet
-// (encode_cuda refuses the fft codec with cudaErrorNotSupported).
+// codes[i]. The fft codec's whole launchers are fft_cuda.h's (cuFFT); encode_cuda refuses the fft
+// codec with cudaErrorNotSupported.
 cudaError_t range_float_encode_cuda(const RangeFloat& r, const float* in, size_t n, uint32_t* codes,
                                     unsigned long long* clamped, cudaStream_t stream);
 cudaError_t range_float_decode_cuda(const RangeFloat& r, const uint32_t* codes, size_t n, float* out,

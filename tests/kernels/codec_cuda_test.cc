@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,8 @@
 #include "kernels/codec.h"
 #include "kernels/codec_cuda.h"
 #include "kernels/convert.h"
+#include "kernels/fft_cuda.h"
+#include "kernels/fft_sparse.h"
 #include "kernels/intsgd.h"
 #include "kernels/marsit.h"
 #include "kernels/reduce.h"
@@ -680,6 +683,205 @@ TEST_CASE("the fft codec's range floats: device codes and values are the host's,
       }
   CHECK(range_float_encode_cuda(make_range_float(10, 6, 1.0f, false), nullptr, 5, nullptr, nullptr, nullptr) ==
         cudaErrorInvalidValue);
+}
+
+// A payload run's segments as its headers say (fft_sparse.h): count of bins sent and flags of each.
+struct SegmentHeader {
+  uint32_t length, count, flags;
+};
+std::vector<SegmentHeader> headers_of(const CodecConfig& c, const std::vector<uint8_t>& run, size_t count) {
+  std::vector<SegmentHeader> out;
+  size_t at = 0;
+  for (size_t v = 0; v < count; v += c.segment) {
+    const FftShape shape = fft_shape(c, std::min<size_t>(c.segment, count - v));
+    SegmentHeader h{};
+    uint16_t magic = 0, flags = 0;
+    REQUIRE(at + kFftHeaderBytes <= run.size());
+    std::memcpy(&magic, &run[at], 2), std::memcpy(&flags, &run[at + 2], 2);
+    std::memcpy(&h.length, &run[at + 4], 4), std::memcpy(&h.count, &run[at + 8], 4);
+    h.flags = flags;
+    REQUIRE(magic == 0x5146);
+    out.push_back(h);
+    at += (flags & 1) ? kFftHeaderBytes : fft_payload_bytes(c, shape, h.count, flags & 2);
+  }
+  CHECK(at == run.size());
+  return out;
+}
+
+double distance(const std::vector<float>& a, const std::vector<float>& b) {
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) sum += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+  return std::sqrt(sum);
+}
+
+// cuFFT rounds otherwise than the host's FFT, so the device's payloads are not the host's bytes. What
+// must hold: the host reads every device payload (the layout is exact), both decoders give the same
+// spectrum bits for the same payload (unpacking is exact), the device's error is the host's within
+// the transforms' rounding, each segment sends K bins as the host does (less the underflows), the
+// residual is the input less the device's own decode, bit for bit, and NaN segments and malformed
+// payloads read as the host reads them.
+TEST_CASE("the fft codec's cuFFT launchers: payloads both sides read alike, the host's error, exact K",
+          "[fft][cuda]") {
+  std::string why;
+  if (!fft_cuda_available(&why)) {
+    WARN("cuFFT is not loadable here: " << why);
+    return;
+  }
+  FftCudaWorkspace* ws = fft_cuda_workspace();
+  std::mt19937_64 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const char* spec : {"fft:theta=0.9,bits=10,segment=4096", "fft:theta=0.99,bits=12,mant=6,segment=1000,index=coo",
+                           "fft:theta=0.5,bits=8,mant=4,segment=777,max=auto,round=nearest",
+                           "fft:theta=0,bits=16,mant=10,segment=64,index=bitmap"}) {
+    const CodecConfig c = parse_codec_spec(spec);
+    const uint32_t hash = static_cast<uint32_t>(c.hash());  // the host's, so that the host reads them
+    for (size_t count : {size_t{3} * c.segment + 123, size_t{c.segment / 2 + 1}}) {
+      INFO(spec << ", " << count << " values");
+      std::vector<float> x(count);
+      for (size_t i = 0; i < count; ++i) x[i] = 0.3f * std::sin(0.01f * static_cast<float>(i)) + 0.05f * normal(rng);
+      // The host's payload and decode.
+      const FftWorkspaceHandle hws = take_fft_workspace();
+      std::vector<uint8_t> host_run(c.encoded_bytes(count));
+      const FftReport host = fft_encode(c, x.data(), count, host_run.data(), *hws);
+      host_run.resize(host.bytes);
+      std::vector<float> host_out(count);
+      REQUIRE(fft_decode(c, host_run.data(), host_run.size(), count, host_out.data(), false, *hws) == 0);
+
+      // The device's payload, residual and counters.
+      Stream s;
+      DeviceBytes din(count * 4), dout(c.encoded_bytes(count)), dlength(8), dresidual(count * 4), dcounters(16);
+      ok(cudaMemcpy(din.get(), x.data(), count * 4, cudaMemcpyHostToDevice));
+      ok(cudaMemset(dcounters.get(), 0, 16));
+      auto* length = reinterpret_cast<size_t*>(dlength.get());
+      auto* counters = reinterpret_cast<unsigned long long*>(dcounters.get());  // non-finite values, clamped parts
+      ok(fft_encode_cuda(c, hash, reinterpret_cast<float*>(din.get()), count, dout.get(), length,
+                         reinterpret_cast<float*>(dresidual.get()), counters, counters + 1, ws, s.get()));
+      ok(cudaStreamSynchronize(s.get()));
+      size_t bytes = 0;
+      unsigned long long seen[2] = {0, 0};
+      ok(cudaMemcpy(&bytes, length, 8, cudaMemcpyDeviceToHost));
+      ok(cudaMemcpy(seen, counters, 16, cudaMemcpyDeviceToHost));
+      REQUIRE(bytes <= c.encoded_bytes(count));
+      std::vector<uint8_t> dev_run(bytes);
+      ok(cudaMemcpy(dev_run.data(), dout.get(), bytes, cudaMemcpyDeviceToHost));
+      CHECK(seen[0] == 0);
+      CHECK(seen[1] == host.clamped);
+
+      // The host reads it; its error is the host's.
+      std::vector<float> dev_out(count);
+      CHECK(fft_decode(c, dev_run.data(), bytes, count, dev_out.data(), false, *hws) == 0);
+      const double norm = distance(x, std::vector<float>(count, 0.0f));
+      CHECK(distance(dev_out, x) <= 1.01 * distance(host_out, x) + 1e-5 * norm);
+      // K bins per segment as the host sends, less underflows, which the two sides share but for
+      // near ties.
+      const std::vector<SegmentHeader> dh = headers_of(c, dev_run, count), hh = headers_of(c, host_run, count);
+      REQUIRE(dh.size() == hh.size());
+      for (size_t k = 0; k < dh.size(); ++k) {
+        CHECK(dh[k].length == hh[k].length);
+        CHECK(dh[k].flags == hh[k].flags);
+        const FftShape shape = fft_shape(c, dh[k].length);
+        CHECK(dh[k].count <= shape.keep);
+        CHECK(std::abs(static_cast<long>(dh[k].count) - static_cast<long>(hh[k].count)) <=
+              static_cast<long>(shape.keep / 100 + 1));
+      }
+
+      // Spectra: both decoders, both payloads, plain and accumulated, the same bits.
+      const size_t floats = fft_spectrum_floats(c, count);
+      DeviceBytes drun(std::max(bytes, host_run.size())), dspectrum(floats * 4);
+      for (const std::vector<uint8_t>* run : {&dev_run, &host_run}) {
+        for (bool accumulate : {false, true}) {
+          std::vector<float> base(floats, 0.5f), host_spectrum = base, dev_spectrum(floats);
+          CHECK(fft_decode_spectrum(c, run->data(), run->size(), count, host_spectrum.data(), accumulate, *hws) == 0);
+          const size_t run_bytes = run->size();
+          ok(cudaMemcpy(drun.get(), run->data(), run_bytes, cudaMemcpyHostToDevice));
+          ok(cudaMemcpy(dlength.get(), &run_bytes, 8, cudaMemcpyHostToDevice));
+          ok(cudaMemcpy(dspectrum.get(), base.data(), floats * 4, cudaMemcpyHostToDevice));
+          ok(cudaMemset(dcounters.get(), 0, 16));
+          ok(fft_decode_spectrum_cuda(c, hash, drun.get(), length, count, reinterpret_cast<float*>(dspectrum.get()),
+                                      accumulate, counters, ws, s.get()));
+          ok(cudaStreamSynchronize(s.get()));
+          ok(cudaMemcpy(dev_spectrum.data(), dspectrum.get(), floats * 4, cudaMemcpyDeviceToHost));
+          CHECK(first_difference(host_spectrum.data(), dev_spectrum.data(), floats, false).empty());
+        }
+      }
+      // The inverse transforms: the host's within rounding. The residual: the input less the device's
+      // own decode of its payload, bit for bit.
+      std::vector<float> spectrum(floats), dev_synth(count), host_synth(count), residual(count);
+      ok(cudaMemcpy(drun.get(), dev_run.data(), bytes, cudaMemcpyHostToDevice));
+      ok(cudaMemcpy(dlength.get(), &bytes, 8, cudaMemcpyHostToDevice));
+      ok(fft_decode_spectrum_cuda(c, hash, drun.get(), length, count, reinterpret_cast<float*>(dspectrum.get()), false,
+                                  nullptr, ws, s.get()));
+      ok(fft_synthesize_cuda(c, reinterpret_cast<float*>(dspectrum.get()), count, reinterpret_cast<float*>(din.get()), ws,
+                             s.get()));
+      ok(cudaStreamSynchronize(s.get()));
+      ok(cudaMemcpy(dev_synth.data(), din.get(), count * 4, cudaMemcpyDeviceToHost));
+      ok(cudaMemcpy(spectrum.data(), dspectrum.get(), floats * 4, cudaMemcpyDeviceToHost));
+      ok(cudaMemcpy(residual.data(), dresidual.get(), count * 4, cudaMemcpyDeviceToHost));
+      fft_synthesize(c, spectrum.data(), count, host_synth.data(), *hws);
+      CHECK(distance(dev_synth, host_synth) <= 1e-5 * norm);
+      size_t residual_wrong = 0;
+      for (size_t i = 0; i < count; ++i) residual_wrong += bits_of(residual[i]) != bits_of(x[i] - dev_synth[i]);
+      CHECK(residual_wrong == 0);
+    }
+  }
+
+  // NaN in the second segment: sent as such, counted, the residual left alone; a payload broken in
+  // its second segment reads as NaN from there on, on both sides.
+  const CodecConfig c = parse_codec_spec("fft:theta=0.9,bits=10,segment=512");
+  const uint32_t hash = static_cast<uint32_t>(c.hash());
+  const size_t count = 4 * 512;
+  std::vector<float> x(count);
+  for (size_t i = 0; i < count; ++i) x[i] = std::cos(0.02f * static_cast<float>(i));
+  x[700] = NAN;
+  Stream s;
+  DeviceBytes din(count * 4), dout(c.encoded_bytes(count)), dlength(8), dresidual(count * 4), dcounters(16),
+      dspectrum(fft_spectrum_floats(c, count) * 4);
+  const std::vector<float> sevens(count, 7.0f);
+  ok(cudaMemcpy(din.get(), x.data(), count * 4, cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(dresidual.get(), sevens.data(), count * 4, cudaMemcpyHostToDevice));
+  ok(cudaMemset(dcounters.get(), 0, 16));
+  auto* length = reinterpret_cast<size_t*>(dlength.get());
+  auto* counters = reinterpret_cast<unsigned long long*>(dcounters.get());  // non-finite values, clamped parts
+  ok(fft_encode_cuda(c, hash, reinterpret_cast<float*>(din.get()), count, dout.get(), length,
+                     reinterpret_cast<float*>(dresidual.get()), counters, counters + 1, ws, s.get()));
+  ok(cudaStreamSynchronize(s.get()));
+  size_t bytes = 0;
+  unsigned long long seen[2] = {0, 0};
+  ok(cudaMemcpy(&bytes, length, 8, cudaMemcpyDeviceToHost));
+  ok(cudaMemcpy(seen, counters, 16, cudaMemcpyDeviceToHost));
+  CHECK(seen[0] == 512);
+  std::vector<float> residual(count);
+  ok(cudaMemcpy(residual.data(), dresidual.get(), count * 4, cudaMemcpyDeviceToHost));
+  CHECK(residual == sevens);
+  std::vector<uint8_t> run(bytes);
+  ok(cudaMemcpy(run.data(), dout.get(), bytes, cudaMemcpyDeviceToHost));
+  const std::vector<SegmentHeader> headers = headers_of(c, run, count);
+  REQUIRE(headers.size() == 4);
+  CHECK(headers[1].flags == 1);
+  CHECK(headers[0].flags != 1);
+  const FftWorkspaceHandle hws = take_fft_workspace();
+  const size_t floats = fft_spectrum_floats(c, count);
+  for (bool broken : {false, true}) {
+    INFO((broken ? "broken" : "NaN segment"));
+    std::vector<uint8_t> payload = run;
+    const size_t second = fft_payload_bytes(c, fft_shape(c, 512), headers[0].count, headers[0].flags & 2);
+    if (broken) payload[second] ^= 0xFF;  // the second segment's magic
+    std::vector<float> host_spectrum(floats, 0.0f), dev_spectrum(floats);
+    const size_t host_bad = fft_decode_spectrum(c, payload.data(), bytes, count, host_spectrum.data(), false, *hws);
+    CHECK(host_bad == (broken ? count - 512 : 512));
+    ok(cudaMemcpy(dout.get(), payload.data(), bytes, cudaMemcpyHostToDevice));
+    ok(cudaMemset(dcounters.get(), 0, 16));
+    ok(fft_decode_spectrum_cuda(c, hash, dout.get(), length, count, reinterpret_cast<float*>(dspectrum.get()), false,
+                                counters, ws, s.get()));
+    ok(cudaStreamSynchronize(s.get()));
+    ok(cudaMemcpy(seen, counters, 16, cudaMemcpyDeviceToHost));
+    ok(cudaMemcpy(dev_spectrum.data(), dspectrum.get(), floats * 4, cudaMemcpyDeviceToHost));
+    CHECK(seen[0] == host_bad);
+    CHECK(first_difference(host_spectrum.data(), dev_spectrum.data(), floats, true).empty());
+  }
+  CHECK(fft_encode_cuda(c, hash, nullptr, 5, nullptr, length, nullptr, nullptr, nullptr, ws, s.get()) ==
+        cudaErrorInvalidValue);
+  fft_cuda_release(ws);
 }
 
 // AQ-SGD's delta messages: a sender and a receiver on the device and their twins on the host, fed the
