@@ -714,6 +714,74 @@ double distance(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(sum);
 }
 
+// fft_encode_cuda of x: the payload run, the residual (its device buffer holding `residual_before`
+// first) and the counters.
+struct DeviceEncoding {
+  std::vector<uint8_t> run;
+  std::vector<float> residual;
+  unsigned long long nonfinite = 0, clamped = 0;
+};
+DeviceEncoding encode_on_device(const CodecConfig& c, uint32_t hash, const std::vector<float>& x, float residual_before,
+                                FftCudaWorkspace* ws) {
+  const size_t count = x.size();
+  Stream s;
+  DeviceBytes din(count * 4), dout(c.encoded_bytes(count)), dlength(8), dresidual(count * 4), dcounters(16);
+  DeviceEncoding e;
+  e.residual.assign(count, residual_before);
+  ok(cudaMemcpy(din.get(), x.data(), count * 4, cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(dresidual.get(), e.residual.data(), count * 4, cudaMemcpyHostToDevice));
+  ok(cudaMemset(dcounters.get(), 0, 16));
+  auto* counters = reinterpret_cast<unsigned long long*>(dcounters.get());  // non-finite values, clamped parts
+  ok(fft_encode_cuda(c, hash, reinterpret_cast<float*>(din.get()), count, dout.get(),
+                     reinterpret_cast<size_t*>(dlength.get()), reinterpret_cast<float*>(dresidual.get()), counters,
+                     counters + 1, ws, s.get()));
+  ok(cudaStreamSynchronize(s.get()));
+  size_t bytes = 0;
+  ok(cudaMemcpy(&bytes, dlength.get(), 8, cudaMemcpyDeviceToHost));
+  REQUIRE(bytes <= c.encoded_bytes(count));
+  e.run.resize(bytes);
+  ok(cudaMemcpy(e.run.data(), dout.get(), bytes, cudaMemcpyDeviceToHost));
+  ok(cudaMemcpy(e.residual.data(), dresidual.get(), count * 4, cudaMemcpyDeviceToHost));
+  ok(cudaMemcpy(&e.nonfinite, counters, 8, cudaMemcpyDeviceToHost));
+  ok(cudaMemcpy(&e.clamped, counters + 1, 8, cudaMemcpyDeviceToHost));
+  return e;
+}
+
+// fft_decode_spectrum_cuda of a payload run onto `spectrum` (accumulate: added to it); returns the
+// non-finite count.
+unsigned long long decode_on_device(const CodecConfig& c, uint32_t hash, const std::vector<uint8_t>& run, size_t count,
+                                    std::vector<float>& spectrum, bool accumulate, FftCudaWorkspace* ws) {
+  Stream s;
+  const size_t bytes = run.size();
+  DeviceBytes drun(bytes), dlength(8), dspectrum(spectrum.size() * 4), dnonfinite(8);
+  ok(cudaMemcpy(drun.get(), run.data(), bytes, cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(dlength.get(), &bytes, 8, cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(dspectrum.get(), spectrum.data(), spectrum.size() * 4, cudaMemcpyHostToDevice));
+  ok(cudaMemset(dnonfinite.get(), 0, 8));
+  auto* nonfinite = reinterpret_cast<unsigned long long*>(dnonfinite.get());
+  ok(fft_decode_spectrum_cuda(c, hash, drun.get(), reinterpret_cast<size_t*>(dlength.get()), count,
+                              reinterpret_cast<float*>(dspectrum.get()), accumulate, nonfinite, ws, s.get()));
+  ok(cudaStreamSynchronize(s.get()));
+  unsigned long long seen = 0;
+  ok(cudaMemcpy(spectrum.data(), dspectrum.get(), spectrum.size() * 4, cudaMemcpyDeviceToHost));
+  ok(cudaMemcpy(&seen, nonfinite, 8, cudaMemcpyDeviceToHost));
+  return seen;
+}
+
+// fft_synthesize_cuda of a spectrum.
+std::vector<float> synthesize_on_device(const CodecConfig& c, const std::vector<float>& spectrum, size_t count,
+                                        FftCudaWorkspace* ws) {
+  Stream s;
+  DeviceBytes dspectrum(spectrum.size() * 4), dout(count * 4);
+  ok(cudaMemcpy(dspectrum.get(), spectrum.data(), spectrum.size() * 4, cudaMemcpyHostToDevice));
+  ok(fft_synthesize_cuda(c, reinterpret_cast<float*>(dspectrum.get()), count, reinterpret_cast<float*>(dout.get()), ws,
+                         s.get()));
+  ok(cudaStreamSynchronize(s.get()));
+  std::vector<float> out(count);
+  ok(cudaMemcpy(out.data(), dout.get(), count * 4, cudaMemcpyDeviceToHost));
+  return out;
+}
+
 // cuFFT rounds otherwise than the host's FFT, so the device's payloads are not the host's bytes. What
 // must hold: the host reads every device payload (the layout is exact), both decoders give the same
 // spectrum bits for the same payload (unpacking is exact), the device's error is the host's within
@@ -728,6 +796,7 @@ TEST_CASE("the fft codec's cuFFT launchers: payloads both sides read alike, the 
     return;
   }
   FftCudaWorkspace* ws = fft_cuda_workspace();
+  const FftWorkspaceHandle hws = take_fft_workspace();
   std::mt19937_64 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const char* spec : {"fft:theta=0.9,bits=10,segment=4096", "fft:theta=0.99,bits=12,mant=6,segment=1000,index=coo",
@@ -739,42 +808,23 @@ TEST_CASE("the fft codec's cuFFT launchers: payloads both sides read alike, the 
       INFO(spec << ", " << count << " values");
       std::vector<float> x(count);
       for (size_t i = 0; i < count; ++i) x[i] = 0.3f * std::sin(0.01f * static_cast<float>(i)) + 0.05f * normal(rng);
-      // The host's payload and decode.
-      const FftWorkspaceHandle hws = take_fft_workspace();
       std::vector<uint8_t> host_run(c.encoded_bytes(count));
       const FftReport host = fft_encode(c, x.data(), count, host_run.data(), *hws);
       host_run.resize(host.bytes);
       std::vector<float> host_out(count);
       REQUIRE(fft_decode(c, host_run.data(), host_run.size(), count, host_out.data(), false, *hws) == 0);
-
-      // The device's payload, residual and counters.
-      Stream s;
-      DeviceBytes din(count * 4), dout(c.encoded_bytes(count)), dlength(8), dresidual(count * 4), dcounters(16);
-      ok(cudaMemcpy(din.get(), x.data(), count * 4, cudaMemcpyHostToDevice));
-      ok(cudaMemset(dcounters.get(), 0, 16));
-      auto* length = reinterpret_cast<size_t*>(dlength.get());
-      auto* counters = reinterpret_cast<unsigned long long*>(dcounters.get());  // non-finite values, clamped parts
-      ok(fft_encode_cuda(c, hash, reinterpret_cast<float*>(din.get()), count, dout.get(), length,
-                         reinterpret_cast<float*>(dresidual.get()), counters, counters + 1, ws, s.get()));
-      ok(cudaStreamSynchronize(s.get()));
-      size_t bytes = 0;
-      unsigned long long seen[2] = {0, 0};
-      ok(cudaMemcpy(&bytes, length, 8, cudaMemcpyDeviceToHost));
-      ok(cudaMemcpy(seen, counters, 16, cudaMemcpyDeviceToHost));
-      REQUIRE(bytes <= c.encoded_bytes(count));
-      std::vector<uint8_t> dev_run(bytes);
-      ok(cudaMemcpy(dev_run.data(), dout.get(), bytes, cudaMemcpyDeviceToHost));
-      CHECK(seen[0] == 0);
-      CHECK(seen[1] == host.clamped);
+      const DeviceEncoding dev = encode_on_device(c, hash, x, 0.0f, ws);
+      CHECK(dev.nonfinite == 0);
+      CHECK(dev.clamped == host.clamped);
 
       // The host reads it; its error is the host's.
       std::vector<float> dev_out(count);
-      CHECK(fft_decode(c, dev_run.data(), bytes, count, dev_out.data(), false, *hws) == 0);
+      CHECK(fft_decode(c, dev.run.data(), dev.run.size(), count, dev_out.data(), false, *hws) == 0);
       const double norm = distance(x, std::vector<float>(count, 0.0f));
       CHECK(distance(dev_out, x) <= 1.01 * distance(host_out, x) + 1e-5 * norm);
       // K bins per segment as the host sends, less underflows, which the two sides share but for
       // near ties.
-      const std::vector<SegmentHeader> dh = headers_of(c, dev_run, count), hh = headers_of(c, host_run, count);
+      const std::vector<SegmentHeader> dh = headers_of(c, dev.run, count), hh = headers_of(c, host_run, count);
       REQUIRE(dh.size() == hh.size());
       for (size_t k = 0; k < dh.size(); ++k) {
         CHECK(dh[k].length == hh[k].length);
@@ -787,40 +837,24 @@ TEST_CASE("the fft codec's cuFFT launchers: payloads both sides read alike, the 
 
       // Spectra: both decoders, both payloads, plain and accumulated, the same bits.
       const size_t floats = fft_spectrum_floats(c, count);
-      DeviceBytes drun(std::max(bytes, host_run.size())), dspectrum(floats * 4);
-      for (const std::vector<uint8_t>* run : {&dev_run, &host_run}) {
+      const std::vector<uint8_t>& host_payload = host_run;
+      for (const std::vector<uint8_t>* run : {&dev.run, &host_payload}) {
         for (bool accumulate : {false, true}) {
-          std::vector<float> base(floats, 0.5f), host_spectrum = base, dev_spectrum(floats);
+          std::vector<float> host_spectrum(floats, 0.5f), dev_spectrum(floats, 0.5f);
           CHECK(fft_decode_spectrum(c, run->data(), run->size(), count, host_spectrum.data(), accumulate, *hws) == 0);
-          const size_t run_bytes = run->size();
-          ok(cudaMemcpy(drun.get(), run->data(), run_bytes, cudaMemcpyHostToDevice));
-          ok(cudaMemcpy(dlength.get(), &run_bytes, 8, cudaMemcpyHostToDevice));
-          ok(cudaMemcpy(dspectrum.get(), base.data(), floats * 4, cudaMemcpyHostToDevice));
-          ok(cudaMemset(dcounters.get(), 0, 16));
-          ok(fft_decode_spectrum_cuda(c, hash, drun.get(), length, count, reinterpret_cast<float*>(dspectrum.get()),
-                                      accumulate, counters, ws, s.get()));
-          ok(cudaStreamSynchronize(s.get()));
-          ok(cudaMemcpy(dev_spectrum.data(), dspectrum.get(), floats * 4, cudaMemcpyDeviceToHost));
+          CHECK(decode_on_device(c, hash, *run, count, dev_spectrum, accumulate, ws) == 0);
           CHECK(first_difference(host_spectrum.data(), dev_spectrum.data(), floats, false).empty());
         }
       }
       // The inverse transforms: the host's within rounding. The residual: the input less the device's
       // own decode of its payload, bit for bit.
-      std::vector<float> spectrum(floats), dev_synth(count), host_synth(count), residual(count);
-      ok(cudaMemcpy(drun.get(), dev_run.data(), bytes, cudaMemcpyHostToDevice));
-      ok(cudaMemcpy(dlength.get(), &bytes, 8, cudaMemcpyHostToDevice));
-      ok(fft_decode_spectrum_cuda(c, hash, drun.get(), length, count, reinterpret_cast<float*>(dspectrum.get()), false,
-                                  nullptr, ws, s.get()));
-      ok(fft_synthesize_cuda(c, reinterpret_cast<float*>(dspectrum.get()), count, reinterpret_cast<float*>(din.get()), ws,
-                             s.get()));
-      ok(cudaStreamSynchronize(s.get()));
-      ok(cudaMemcpy(dev_synth.data(), din.get(), count * 4, cudaMemcpyDeviceToHost));
-      ok(cudaMemcpy(spectrum.data(), dspectrum.get(), floats * 4, cudaMemcpyDeviceToHost));
-      ok(cudaMemcpy(residual.data(), dresidual.get(), count * 4, cudaMemcpyDeviceToHost));
+      std::vector<float> spectrum(floats), host_synth(count);
+      decode_on_device(c, hash, dev.run, count, spectrum, false, ws);
+      const std::vector<float> dev_synth = synthesize_on_device(c, spectrum, count, ws);
       fft_synthesize(c, spectrum.data(), count, host_synth.data(), *hws);
       CHECK(distance(dev_synth, host_synth) <= 1e-5 * norm);
       size_t residual_wrong = 0;
-      for (size_t i = 0; i < count; ++i) residual_wrong += bits_of(residual[i]) != bits_of(x[i] - dev_synth[i]);
+      for (size_t i = 0; i < count; ++i) residual_wrong += bits_of(dev.residual[i]) != bits_of(x[i] - dev_synth[i]);
       CHECK(residual_wrong == 0);
     }
   }
@@ -833,54 +867,29 @@ TEST_CASE("the fft codec's cuFFT launchers: payloads both sides read alike, the 
   std::vector<float> x(count);
   for (size_t i = 0; i < count; ++i) x[i] = std::cos(0.02f * static_cast<float>(i));
   x[700] = NAN;
-  Stream s;
-  DeviceBytes din(count * 4), dout(c.encoded_bytes(count)), dlength(8), dresidual(count * 4), dcounters(16),
-      dspectrum(fft_spectrum_floats(c, count) * 4);
-  const std::vector<float> sevens(count, 7.0f);
-  ok(cudaMemcpy(din.get(), x.data(), count * 4, cudaMemcpyHostToDevice));
-  ok(cudaMemcpy(dresidual.get(), sevens.data(), count * 4, cudaMemcpyHostToDevice));
-  ok(cudaMemset(dcounters.get(), 0, 16));
-  auto* length = reinterpret_cast<size_t*>(dlength.get());
-  auto* counters = reinterpret_cast<unsigned long long*>(dcounters.get());  // non-finite values, clamped parts
-  ok(fft_encode_cuda(c, hash, reinterpret_cast<float*>(din.get()), count, dout.get(), length,
-                     reinterpret_cast<float*>(dresidual.get()), counters, counters + 1, ws, s.get()));
-  ok(cudaStreamSynchronize(s.get()));
-  size_t bytes = 0;
-  unsigned long long seen[2] = {0, 0};
-  ok(cudaMemcpy(&bytes, length, 8, cudaMemcpyDeviceToHost));
-  ok(cudaMemcpy(seen, counters, 16, cudaMemcpyDeviceToHost));
-  CHECK(seen[0] == 512);
-  std::vector<float> residual(count);
-  ok(cudaMemcpy(residual.data(), dresidual.get(), count * 4, cudaMemcpyDeviceToHost));
-  CHECK(residual == sevens);
-  std::vector<uint8_t> run(bytes);
-  ok(cudaMemcpy(run.data(), dout.get(), bytes, cudaMemcpyDeviceToHost));
-  const std::vector<SegmentHeader> headers = headers_of(c, run, count);
+  const DeviceEncoding dev = encode_on_device(c, hash, x, 7.0f, ws);
+  CHECK(dev.nonfinite == 512);
+  CHECK(dev.residual == std::vector<float>(count, 7.0f));
+  const std::vector<SegmentHeader> headers = headers_of(c, dev.run, count);
   REQUIRE(headers.size() == 4);
   CHECK(headers[1].flags == 1);
   CHECK(headers[0].flags != 1);
-  const FftWorkspaceHandle hws = take_fft_workspace();
   const size_t floats = fft_spectrum_floats(c, count);
   for (bool broken : {false, true}) {
     INFO((broken ? "broken" : "NaN segment"));
-    std::vector<uint8_t> payload = run;
+    std::vector<uint8_t> payload = dev.run;
     const size_t second = fft_payload_bytes(c, fft_shape(c, 512), headers[0].count, headers[0].flags & 2);
     if (broken) payload[second] ^= 0xFF;  // the second segment's magic
-    std::vector<float> host_spectrum(floats, 0.0f), dev_spectrum(floats);
-    const size_t host_bad = fft_decode_spectrum(c, payload.data(), bytes, count, host_spectrum.data(), false, *hws);
+    std::vector<float> host_spectrum(floats, 0.0f), dev_spectrum(floats, 0.0f);
+    const size_t host_bad = fft_decode_spectrum(c, payload.data(), payload.size(), count, host_spectrum.data(), false, *hws);
     CHECK(host_bad == (broken ? count - 512 : 512));
-    ok(cudaMemcpy(dout.get(), payload.data(), bytes, cudaMemcpyHostToDevice));
-    ok(cudaMemset(dcounters.get(), 0, 16));
-    ok(fft_decode_spectrum_cuda(c, hash, dout.get(), length, count, reinterpret_cast<float*>(dspectrum.get()), false,
-                                counters, ws, s.get()));
-    ok(cudaStreamSynchronize(s.get()));
-    ok(cudaMemcpy(seen, counters, 16, cudaMemcpyDeviceToHost));
-    ok(cudaMemcpy(dev_spectrum.data(), dspectrum.get(), floats * 4, cudaMemcpyDeviceToHost));
-    CHECK(seen[0] == host_bad);
+    CHECK(decode_on_device(c, hash, payload, count, dev_spectrum, false, ws) == host_bad);
     CHECK(first_difference(host_spectrum.data(), dev_spectrum.data(), floats, true).empty());
   }
-  CHECK(fft_encode_cuda(c, hash, nullptr, 5, nullptr, length, nullptr, nullptr, nullptr, ws, s.get()) ==
-        cudaErrorInvalidValue);
+  Stream s;
+  DeviceBytes dlength(8);
+  CHECK(fft_encode_cuda(c, hash, nullptr, 5, nullptr, reinterpret_cast<size_t*>(dlength.get()), nullptr, nullptr,
+                        nullptr, ws, s.get()) == cudaErrorInvalidValue);
   fft_cuda_release(ws);
 }
 
