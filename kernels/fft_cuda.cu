@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -645,22 +646,81 @@ const char* fft_cuda_error() { return cufft_error.c_str(); }
 
 namespace {
 
-// Scratch carved into arrays, each aligned to 256 bytes.
+// Scratch carved into arrays, each aligned to 256 bytes: laid out once on no memory to size it, then
+// on the workspace's scratch.
 class Carve {
  public:
+  explicit Carve(void* base = nullptr) : base_(reinterpret_cast<uintptr_t>(base)) {}
   template <typename T>
   T* take(size_t n) {
     const size_t at = used_;
     used_ += (n * sizeof(T) + 255) / 256 * 256;
-    return reinterpret_cast<T*>(static_cast<char*>(base_) + at);
+    return reinterpret_cast<T*>(base_ + at);
   }
   size_t used() const { return used_; }
-  void at(void* base) { base_ = base, used_ = 0; }
 
  private:
-  void* base_ = nullptr;
+  uintptr_t base_;
   size_t used_ = 0;
 };
+
+struct EncodeScratch {
+  float* real;  // the padded segments, and the decode's inverse transforms (error feedback)
+  float2* spectrum;
+  float* magnitude;
+  uint32_t* sent_bin;
+  uint16_t* codes;
+  uint8_t* sent_flag;
+  uint32_t *seg_count, *seg_flags;
+  unsigned long long *seg_bytes, *offsets;
+  uint32_t* any_nonfinite;
+
+  EncodeScratch(Carve& k, const Geometry& g)
+      : real(k.take<float>(g.real_total())),
+        spectrum(k.take<float2>(g.bins_total())),
+        magnitude(k.take<float>(g.bins_total())),
+        sent_bin(k.take<uint32_t>(g.bins_total())),
+        codes(k.take<uint16_t>(2 * g.bins_total())),
+        sent_flag(k.take<uint8_t>(g.bins_total())),
+        seg_count(k.take<uint32_t>(g.n)),
+        seg_flags(k.take<uint32_t>(g.n)),
+        seg_bytes(k.take<unsigned long long>(g.n)),
+        offsets(k.take<unsigned long long>(g.n + 1)),
+        any_nonfinite(k.take<uint32_t>(1)) {}
+};
+
+struct DecodeScratch {
+  unsigned long long* seg_offset;
+  uint32_t *seg_count, *seg_flags, *state, *bad, *first_bad;
+
+  DecodeScratch(Carve& k, const Geometry& g)
+      : seg_offset(k.take<unsigned long long>(g.n)),
+        seg_count(k.take<uint32_t>(g.n)),
+        seg_flags(k.take<uint32_t>(g.n)),
+        state(k.take<uint32_t>(g.n)),
+        bad(k.take<uint32_t>(g.n)),
+        first_bad(k.take<uint32_t>(1)) {}
+};
+
+struct SynthesisScratch {
+  float* real;
+  float2* spectrum;  // a copy: cuFFT's inverse real transform overwrites its input
+
+  SynthesisScratch(Carve& k, const Geometry& g)
+      : real(k.take<float>(g.real_total())), spectrum(k.take<float2>(g.bins_total())) {}
+};
+
+// The scratch arrays of a launcher, on the workspace's memory (grown when needed).
+template <typename Scratch>
+cudaError_t lay_out(FftCudaWorkspace* ws, const Geometry& g, cudaStream_t stream, std::optional<Scratch>* out) {
+  Carve sizing;
+  (void)Scratch(sizing, g);
+  const cudaError_t e = ws->reserve(sizing.used(), stream);
+  if (e != cudaSuccess) return e;
+  Carve carve(ws->scratch);
+  out->emplace(carve, g);
+  return cudaSuccess;
+}
 
 // Runs the forward (real -> bins) or inverse (bins -> real) transforms of every segment: one batched
 // plan for the full segments, one for the tail.
@@ -695,52 +755,23 @@ cudaError_t fft_encode_cuda(const CodecConfig& c, uint32_t hash, const float* in
   if (!fft_cuda_available(nullptr)) return cudaErrorNotSupported;
   const Geometry g = geometry_of(c, count);
   const Params p = params_of(c, hash);
-  const size_t bins = g.bins_total();
-  Carve carve;
-  for (int pass = 0; pass < 2; ++pass) {  // the sizes, then the arrays
-    if (pass == 1) {
-      const cudaError_t e = ws->reserve(carve.used(), stream);
-      if (e != cudaSuccess) return e;
-      carve.at(ws->scratch);
-    }
-    carve.take<float>(g.real_total());
-    carve.take<float2>(bins);
-    carve.take<float>(bins);
-    carve.take<uint32_t>(bins);
-    carve.take<uint16_t>(2 * bins);
-    carve.take<uint8_t>(bins);
-    carve.take<uint32_t>(g.n);
-    carve.take<uint32_t>(g.n);
-    carve.take<unsigned long long>(g.n);
-    carve.take<unsigned long long>(g.n + 1);
-    carve.take<uint32_t>(1);
-  }
-  carve.at(ws->scratch);
-  auto* real = carve.take<float>(g.real_total());
-  auto* spectrum = carve.take<float2>(bins);
-  auto* mag = carve.take<float>(bins);
-  auto* sent_bin = carve.take<uint32_t>(bins);
-  auto* codes = carve.take<uint16_t>(2 * bins);
-  auto* sent_flag = carve.take<uint8_t>(bins);
-  auto* seg_count = carve.take<uint32_t>(g.n);
-  auto* seg_flags = carve.take<uint32_t>(g.n);
-  auto* seg_bytes = carve.take<unsigned long long>(g.n);
-  auto* offsets = carve.take<unsigned long long>(g.n + 1);
-  auto* any_nonfinite = carve.take<uint32_t>(1);
-
-  cudaError_t e = cudaMemsetAsync(any_nonfinite, 0, sizeof *any_nonfinite, stream);
+  std::optional<EncodeScratch> scratch;
+  cudaError_t e = lay_out(ws, g, stream, &scratch);
   if (e != cudaSuccess) return e;
-  pad_kernel<<<grid_for(g.real_total()), 256, 0, stream>>>(in, real, g, g.real_total());
-  if ((e = transform(ws, g, CUFFT_R2C, real, spectrum, stream)) != cudaSuccess) return e;
-  select_kernel<<<g.n, kThreads, 0, stream>>>(spectrum, mag, g, p, sent_bin, codes, sent_flag, seg_count, seg_flags,
-                                              seg_bytes, nonfinite, clamped, any_nonfinite);
-  offsets_kernel<<<1, 1024, 0, stream>>>(seg_bytes, g.n, offsets, length);
-  write_kernel<<<g.n, 256, 0, stream>>>(static_cast<uint8_t*>(out), offsets, g, p, sent_bin, codes, sent_flag,
-                                        seg_count, seg_flags);
+  const EncodeScratch& a = *scratch;
+  if ((e = cudaMemsetAsync(a.any_nonfinite, 0, sizeof *a.any_nonfinite, stream)) != cudaSuccess) return e;
+  pad_kernel<<<grid_for(g.real_total()), 256, 0, stream>>>(in, a.real, g, g.real_total());
+  if ((e = transform(ws, g, CUFFT_R2C, a.real, a.spectrum, stream)) != cudaSuccess) return e;
+  select_kernel<<<g.n, kThreads, 0, stream>>>(a.spectrum, a.magnitude, g, p, a.sent_bin, a.codes, a.sent_flag,
+                                              a.seg_count, a.seg_flags, a.seg_bytes, nonfinite, clamped,
+                                              a.any_nonfinite);
+  offsets_kernel<<<1, 1024, 0, stream>>>(a.seg_bytes, g.n, a.offsets, length);
+  write_kernel<<<g.n, 256, 0, stream>>>(static_cast<uint8_t*>(out), a.offsets, g, p, a.sent_bin, a.codes, a.sent_flag,
+                                        a.seg_count, a.seg_flags);
   if (residual) {
-    rebuild_kernel<<<g.n, 256, 0, stream>>>(spectrum, g, p, sent_bin, codes, seg_count, seg_flags);
-    if ((e = transform(ws, g, CUFFT_C2R, real, spectrum, stream)) != cudaSuccess) return e;
-    residual_kernel<<<grid_for(count), 256, 0, stream>>>(in, real, residual, g, any_nonfinite);
+    rebuild_kernel<<<g.n, 256, 0, stream>>>(a.spectrum, g, p, a.sent_bin, a.codes, a.seg_count, a.seg_flags);
+    if ((e = transform(ws, g, CUFFT_C2R, a.real, a.spectrum, stream)) != cudaSuccess) return e;
+    residual_kernel<<<grid_for(count), 256, 0, stream>>>(in, a.real, residual, g, a.any_nonfinite);
   }
   return cudaGetLastError();
 }
@@ -752,33 +783,18 @@ cudaError_t fft_decode_spectrum_cuda(const CodecConfig& c, uint32_t hash, const 
   if (count == 0) return cudaSuccess;
   const Geometry g = geometry_of(c, count);
   const Params p = params_of(c, hash);
-  Carve carve;
-  for (int pass = 0; pass < 2; ++pass) {
-    if (pass == 1) {
-      const cudaError_t e = ws->reserve(carve.used(), stream);
-      if (e != cudaSuccess) return e;
-      carve.at(ws->scratch);
-    }
-    carve.take<unsigned long long>(g.n);
-    for (int i = 0; i < 4; ++i) carve.take<uint32_t>(g.n);
-    carve.take<uint32_t>(1);
-  }
-  carve.at(ws->scratch);
-  auto* seg_offset = carve.take<unsigned long long>(g.n);
-  auto* seg_count = carve.take<uint32_t>(g.n);
-  auto* seg_flags = carve.take<uint32_t>(g.n);
-  auto* state = carve.take<uint32_t>(g.n);
-  auto* bad = carve.take<uint32_t>(g.n);
-  auto* first_bad = carve.take<uint32_t>(1);
-  cudaError_t e = cudaMemsetAsync(bad, 0, g.n * sizeof *bad, stream);
+  std::optional<DecodeScratch> scratch;
+  cudaError_t e = lay_out(ws, g, stream, &scratch);
   if (e != cudaSuccess) return e;
+  const DecodeScratch& a = *scratch;
+  if ((e = cudaMemsetAsync(a.bad, 0, g.n * sizeof *a.bad, stream)) != cudaSuccess) return e;
   auto* bins = reinterpret_cast<float2*>(spectrum);
   const auto* bytes = static_cast<const uint8_t*>(in);
-  walk_kernel<<<1, 1, 0, stream>>>(bytes, length, g, p, seg_offset, seg_count, seg_flags, state, first_bad);
-  unpack_kernel<<<g.n, kThreads, 0, stream>>>(bytes, g, p, seg_offset, seg_count, seg_flags, state, bins, accumulate,
-                                              bad);
-  settle_kernel<<<1, 1024, 0, stream>>>(g, state, bad, first_bad, nonfinite);
-  poison_kernel<<<grid_for(g.bins_total()), 256, 0, stream>>>(bins, g, g.bins_total(), first_bad);
+  walk_kernel<<<1, 1, 0, stream>>>(bytes, length, g, p, a.seg_offset, a.seg_count, a.seg_flags, a.state, a.first_bad);
+  unpack_kernel<<<g.n, kThreads, 0, stream>>>(bytes, g, p, a.seg_offset, a.seg_count, a.seg_flags, a.state, bins,
+                                              accumulate, a.bad);
+  settle_kernel<<<1, 1024, 0, stream>>>(g, a.state, a.bad, a.first_bad, nonfinite);
+  poison_kernel<<<grid_for(g.bins_total()), 256, 0, stream>>>(bins, g, g.bins_total(), a.first_bad);
   return cudaGetLastError();
 }
 
@@ -788,19 +804,14 @@ cudaError_t fft_synthesize_cuda(const CodecConfig& c, const float* spectrum, siz
   if (count == 0) return cudaSuccess;
   if (!fft_cuda_available(nullptr)) return cudaErrorNotSupported;
   const Geometry g = geometry_of(c, count);
-  Carve carve;
-  carve.take<float>(g.real_total());
-  carve.take<float2>(g.bins_total());
-  cudaError_t e = ws->reserve(carve.used(), stream);
+  std::optional<SynthesisScratch> scratch;
+  cudaError_t e = lay_out(ws, g, stream, &scratch);
   if (e != cudaSuccess) return e;
-  carve.at(ws->scratch);
-  auto* real = carve.take<float>(g.real_total());
-  auto* bins = carve.take<float2>(g.bins_total());
-  // cuFFT's inverse real transform overwrites its input: it runs on a copy.
-  e = cudaMemcpyAsync(bins, spectrum, g.bins_total() * sizeof(float2), cudaMemcpyDeviceToDevice, stream);
+  const SynthesisScratch& a = *scratch;
+  e = cudaMemcpyAsync(a.spectrum, spectrum, g.bins_total() * sizeof(float2), cudaMemcpyDeviceToDevice, stream);
   if (e != cudaSuccess) return e;
-  if ((e = transform(ws, g, CUFFT_C2R, real, bins, stream)) != cudaSuccess) return e;
-  unpad_kernel<<<grid_for(count), 256, 0, stream>>>(real, out, g);
+  if ((e = transform(ws, g, CUFFT_C2R, a.real, a.spectrum, stream)) != cudaSuccess) return e;
+  unpad_kernel<<<grid_for(count), 256, 0, stream>>>(a.real, out, g);
   return cudaGetLastError();
 }
 
