@@ -58,7 +58,7 @@ while read -r f; do
   [ -d "$f" ] && continue
   mkdir -p "$(dirname "$to")"
   cp -P "$f" "$to"
-  [ -L "$f" ] || ! head -c4 "$f" | grep -q ELF || elves+=("$f")
+  [ -L "$f" ] || [ "$(head -c4 "$f" | tail -c3)" != ELF ] || elves+=("$f")
 done <<< "$files"
 
 # Their libraries, but the C and C++ runtimes, the driver and NCCL (the machine's).
@@ -84,7 +84,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 find "$here/build" -name CTestTestfile.cmake.in | while read -r f; do
   sed "s|@BUILD@|$here/build|g; s|@SOURCE@|$here/source|g" "$f" > "${f%.in}"
 done
-nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / {print $NF; exit}')
+# (awk reads all of ldconfig's list: leaving early would fail the pipe with SIGPIPE)
+nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / && !found {print $NF; found = 1}')
 if [ -z "$nccl" ]; then
   nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' \
          2>/dev/null || true)
