@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/codec_cuda.h"
+#include "kernels/fft_cuda.h"
 #endif
 
 namespace {
@@ -88,9 +90,11 @@ DESCRIPTION
     one stream, with CUDA events around each repetition: memcpy is cudaMemcpyAsync device to device,
     and a repetition repeats its launch until it has moved at least 1 GiB of input, so that the
     launch latency of small sizes shows as the rate it limits. The sign codec's encode packs the
-    whole tensor in one launch (a backup of every value) and merges it; the fft codec has no device
-    launchers yet and is listed as such. The header names the device, its multiprocessors and
-    memory. A build without the CUDA toolkit takes --device and exits 77.
+    whole tensor in one launch (a backup of every value) and merges it. The fft codec's encode is
+    fft_encode_cuda (kernels/fft_cuda.h: cuFFT's transforms, the selection, range floats and
+    packing) and its decode fft_decode_spectrum_cuda then fft_synthesize_cuda; its dec+acc is "-".
+    The header names the device, its multiprocessors and memory. A build without the CUDA toolkit
+    takes --device and exits 77.
 
 OPTIONS
     SIZE is a number of bytes of float32 input, a multiple of 4, with an optional K, M or G suffix
@@ -282,6 +286,7 @@ struct Buffers {
 // Medians in GB/s of float32 input: memcpy, encode, decode, decode_accumulate.
 struct Row {
   double gbps[4] = {0, 0, 0, 0};
+  bool accumulates = true;  // else dec+acc is "-" (the sign codec; the fft codec on the device)
   bool nonfinite_seen = false;
   const char* missing = nullptr;  // why the codec cannot be measured here (no row is printed)
 };
@@ -388,7 +393,7 @@ int print_table(const Options& o, const std::function<Row(const CodecConfig&, si
         std::printf("#   %s\n", r.missing);
         break;
       }
-      if (codec.kind == qccl::kernels::CodecKind::kSign)
+      if (codec.kind == qccl::kernels::CodecKind::kSign || !r.accumulates)
         std::printf("  %10zu %10zu %10zu %8.2f %8.2f %5.2f %8.2f %5.2f %8s %5s\n", bytes, bytes / 4,
                     codec.encoded_bytes(bytes / 4), r.gbps[0], r.gbps[1], r.gbps[1] / r.gbps[0], r.gbps[2],
                     r.gbps[2] / r.gbps[0], "-", "-");
@@ -556,11 +561,20 @@ class DeviceTimer {
 Row measure_on_device(const CodecConfig& codec, size_t bytes, const Options& o, const DeviceBuffers& b,
                       cudaStream_t s) {
   Row row;
-  if (codec.kind == qccl::kernels::CodecKind::kFft) {
-    row.missing = "the fft codec has no device launchers yet (encode_cuda refuses it)";
+  const size_t count = bytes / 4;
+  const bool fft = codec.kind == qccl::kernels::CodecKind::kFft;
+  std::string why;
+  if (fft && !qccl::kernels::fft_cuda_available(&why)) {
+    static std::string text;
+    text = "the fft codec's device launchers need cuFFT: " + why;
+    row.missing = text.c_str();
     return row;
   }
-  const size_t count = bytes / 4;
+  // The fft codec's: its payloads' length, the spectrum its decode goes through, cuFFT's plans.
+  const std::unique_ptr<qccl::kernels::FftCudaWorkspace, void (*)(qccl::kernels::FftCudaWorkspace*)> fft_ws(
+      fft ? qccl::kernels::fft_cuda_workspace() : nullptr, qccl::kernels::fft_cuda_release);
+  DeviceArray fft_length(sizeof(size_t)), spectrum(fft ? qccl::kernels::fft_spectrum_floats(codec, count) * 4 : 1);
+  const uint32_t hash = static_cast<uint32_t>(codec.hash());
   const size_t calls = std::max<size_t>(1, (size_t{1} << 30) / bytes);
   const qccl::kernels::PhiloxKey key;
   const bool sign = codec.kind == qccl::kernels::CodecKind::kSign;
@@ -583,6 +597,18 @@ Row measure_on_device(const CodecConfig& codec, size_t bytes, const Options& o, 
         cuda_ok(qccl::kernels::decode_signs_cuda(words, count, codec.eta, b.out.as<float>(), c, 0, s),
                 "decode_signs_cuda");
       }
+    } else if (fft) {
+      if (which == 1) {
+        cuda_ok(qccl::kernels::fft_encode_cuda(codec, hash, b.in.as<float>(), count, b.wire.as<void>(),
+                                               fft_length.as<size_t>(), nullptr, nonfinite, nullptr, fft_ws.get(), s),
+                "fft_encode_cuda");
+      } else if (which == 2) {
+        cuda_ok(qccl::kernels::fft_decode_spectrum_cuda(codec, hash, b.wire.as<void>(), fft_length.as<size_t>(), count,
+                                                        spectrum.as<float>(), false, nonfinite, fft_ws.get(), s),
+                "fft_decode_spectrum_cuda");
+        cuda_ok(qccl::kernels::fft_synthesize_cuda(codec, spectrum.as<float>(), count, b.out.as<float>(), fft_ws.get(), s),
+                "fft_synthesize_cuda");
+      }
     } else if (which == 1) {
       cuda_ok(qccl::kernels::encode_cuda(codec, b.in.as<float>(), count, b.wire.as<void>(), key, 0, nonfinite, s),
               "encode_cuda");
@@ -599,7 +625,7 @@ Row measure_on_device(const CodecConfig& codec, size_t bytes, const Options& o, 
   std::vector<double> rates[4];
   for (int rep = -o.warmup; rep < o.iters; ++rep) {
     for (int which = 0; which < 4; ++which) {
-      if (sign && which == 3) continue;
+      if ((sign || fft) && which == 3) continue;
       timer.start();
       for (size_t i = 0; i < calls; ++i) op(which);
       const double t = timer.stop_seconds();
@@ -613,6 +639,7 @@ Row measure_on_device(const CodecConfig& codec, size_t bytes, const Options& o, 
   cuda_ok(cudaMemcpyAsync(&seen, nonfinite, sizeof seen, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
   cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   row.nonfinite_seen = seen != 0;
+  row.accumulates = !fft;
   for (int which = 0; which < 4; ++which) row.gbps[which] = rates[which].empty() ? 0.0 : median(rates[which]);
   return row;
 }
