@@ -1,5 +1,5 @@
 // The learned levels' positions (levels.h) and their fitting (QSDP Algorithm 2); the codec's host
-// loops are codec.cc's vector loops, which look the levels up with gathers.
+// loops are the q codec's vector loops (codec.cc, codec-inl.h's QuantizeTileLevels).
 #include <algorithm>
 #include <cmath>
 #include <vector>

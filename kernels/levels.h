@@ -35,8 +35,8 @@ QCCL_HD uint32_t quantize_to_levels(float t, const float* g, uint32_t count, flo
   if (!(t > 0.0f)) return 0;  // also NaN: the code is irrelevant for a non-finite bucket
   const uint32_t top = count - 1;
   if (t >= g[top]) return top;
-  // lo: the last level at or below t (g[0] = 0 < t), found without branches on the data (a select
-  // per halving): a search that branched mispredicted about once per level of its depth.
+  // lo: the last level at or below t (g[0] = 0 < t), by halving with a select rather than a branch
+  // (the form the host's vector loops take lane by lane for large tables, codec-inl.h).
   uint32_t lo = 0;
   for (uint32_t n = count; n > 1;) {
     const uint32_t half = n / 2;
