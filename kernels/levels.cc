@@ -30,7 +30,7 @@ void scan(const float* x, size_t n, float* lo, float* hi, bool* finite) {
 
 LevelPositions level_positions(const CodecConfig& c) {
   const float top = static_cast<float>(quant_levels(c.bits));
-  LevelPositions p;
+  LevelPositions p{};  // the table past count zero: the host loops load a whole vector of it
   p.count = static_cast<uint32_t>(c.levels.size());
   for (uint32_t k = 0; k < p.count; ++k) p.g[k] = c.levels[k] * top;
   p.g[p.count - 1] = top;  // exactly L, whatever l * L rounds to
