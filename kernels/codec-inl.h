@@ -146,6 +146,33 @@ HWY_INLINE const float* FillUniforms(const PhiloxKey& key, uint64_t e0, size_t n
 
 // ---- Quantize and dequantize one tile -----------------------------------------------------------------
 
+// codes[i] for i < n from code_of(x + i, u ? u + i : nullptr), which returns the codes of a whole
+// vector of values (u: their uniforms, or null), then 0 from n up to RoundUp8(n); exactly
+// RoundUp8(n) bytes written. The last part vector is computed on copies padded with m.min, whose
+// code is 0 (x - m = 0, u < 1).
+template <class CodeOf>
+HWY_INLINE void StoreTileCodes(const float* x, const float* u, size_t n, BucketMeta m, uint8_t* codes,
+                               const CodeOf& code_of) {
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const size_t w = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + w <= n; i += w) hn::StoreU(code_of(x + i, u ? u + i : nullptr), d8, codes + i);
+  const size_t n8 = RoundUp8(n);
+  if (i < n) {
+    HWY_ALIGN float xt[HWY_MAX_BYTES / sizeof(float)] = {}, ut[HWY_MAX_BYTES / sizeof(float)] = {};
+    memcpy(xt, x + i, (n - i) * sizeof(float));
+    if (u) memcpy(ut, u + i, (n - i) * sizeof(float));
+    for (size_t j = n - i; j < w; ++j) xt[j] = m.min;
+    uint8_t ct[HWY_MAX_BYTES / sizeof(float)];
+    hn::StoreU(code_of(xt, u ? ut : nullptr), d8, ct);
+    const size_t k = std::min(w, n8 - i);
+    memcpy(codes + i, ct, k);
+    i += k;
+  }
+  for (; i < n8; ++i) codes[i] = 0;
+}
+
 // codes[i] = quantize(x[i], m, u[i], levels) for i < n (u == nullptr: round to nearest, u = 1/2),
 // and 0 from n up to RoundUp8(n) (quant.h pads the last group with zeros). Writes exactly
 // RoundUp8(n) bytes. The bucket must have a finite step > 0 and a finite range max - m (codec.cc
@@ -156,31 +183,16 @@ HWY_INLINE void QuantizeTile(const float* x, const float* u, size_t n, BucketMet
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
   const hn::Rebind<uint8_t, decltype(df)> d8;
-  const size_t w = hn::Lanes(df);
   const auto min = hn::Set(df, m.min), step = hn::Set(df, m.step), half = hn::Set(df, 0.5f);
   const auto top = hn::Set(df, static_cast<float>(levels)), magic = hn::Set(df, 0x1p23f);
-  auto code_of = [&](hn::Vec<decltype(df)> xv, hn::Vec<decltype(df)> uv) {
-    const auto c = hn::Min(hn::Floor(hn::Add(hn::Div(hn::Sub(xv, min), step), uv)), top);
+  StoreTileCodes(x, u, n, m, codes, [&](const float* xp, const float* up) {
+    const auto uv = up ? hn::LoadU(df, up) : half;
+    const auto c = hn::Min(hn::Floor(hn::Add(hn::Div(hn::Sub(hn::LoadU(df, xp), min), step), uv)), top);
     // c is a whole number in [0, 255]: adding 2^23 puts it in the low mantissa bits exactly, and
     // its low byte is the code (cheaper than Highway's float-to-int conversion with its overflow
     // fix-up).
     return hn::TruncateTo(d8, hn::BitCast(du, hn::Add(c, magic)));
-  };
-  size_t i = 0;
-  for (; i + w <= n; i += w) hn::StoreU(code_of(hn::LoadU(df, x + i), u ? hn::LoadU(df, u + i) : half), d8, codes + i);
-  const size_t n8 = RoundUp8(n);
-  if (i < n) {
-    HWY_ALIGN float xt[HWY_MAX_BYTES / sizeof(float)] = {}, ut[HWY_MAX_BYTES / sizeof(float)] = {};
-    memcpy(xt, x + i, (n - i) * sizeof(float));
-    if (u) memcpy(ut, u + i, (n - i) * sizeof(float));
-    for (size_t j = n - i; j < w; ++j) xt[j] = m.min;  // code 0 (x - m = 0, u < 1) past n
-    uint8_t ct[HWY_MAX_BYTES / sizeof(float)];
-    hn::StoreU(code_of(hn::Load(df, xt), u ? hn::Load(df, ut) : half), d8, ct);
-    const size_t k = std::min(w, n8 - i);
-    memcpy(codes + i, ct, k);
-    i += k;
-  }
-  for (; i < n8; ++i) codes[i] = 0;
+  });
 }
 
 // Tables of up to this many learned levels are searched by comparing with every level.
@@ -197,12 +209,11 @@ HWY_INLINE void QuantizeTileLevels(const float* x, const float* u, size_t n, Buc
   const hn::RebindToSigned<decltype(df)> di;
   const hn::RebindToUnsigned<decltype(df)> du;
   const hn::Rebind<uint8_t, decltype(df)> d8;
-  const size_t w = hn::Lanes(df);
   const auto min = hn::Set(df, m.min), step = hn::Set(df, m.step), zero = hn::Zero(df);
   const auto g_top = hn::Set(df, g.g[g.count - 1]);
   const auto top = hn::Set(di, static_cast<int32_t>(g.count - 1)), one = hn::Set(di, 1);
-  auto code_of = [&](hn::Vec<decltype(df)> xv, const float* uv) {
-    const auto t = hn::Div(hn::Sub(xv, min), step);
+  StoreTileCodes(x, u, n, m, codes, [&](const float* xp, const float* uv) {
+    const auto t = hn::Div(hn::Sub(hn::LoadU(df, xp), min), step);
     // lo: the last level at or below t, and hi = lo + 1 (lanes with t at or above the top level are
     // replaced below, so neither may pass the table's end).
     auto lo = hn::Zero(di);
@@ -239,22 +250,7 @@ HWY_INLINE void QuantizeTileLevels(const float* x, const float* u, size_t n, Buc
     code = hn::IfThenElse(hn::RebindMask(di, hn::Not(hn::Lt(t, g_top))), top, code);
     code = hn::IfThenElse(hn::RebindMask(di, hn::Not(hn::Gt(t, zero))), hn::Zero(di), code);
     return hn::TruncateTo(d8, hn::BitCast(du, code));
-  };
-  size_t i = 0;
-  for (; i + w <= n; i += w) hn::StoreU(code_of(hn::LoadU(df, x + i), u ? u + i : nullptr), d8, codes + i);
-  const size_t n8 = RoundUp8(n);
-  if (i < n) {
-    HWY_ALIGN float xt[HWY_MAX_BYTES / sizeof(float)] = {}, ut[HWY_MAX_BYTES / sizeof(float)] = {};
-    memcpy(xt, x + i, (n - i) * sizeof(float));
-    if (u) memcpy(ut, u + i, (n - i) * sizeof(float));
-    for (size_t j = n - i; j < w; ++j) xt[j] = m.min;  // code 0 (t = 0) past n
-    uint8_t ct[HWY_MAX_BYTES / sizeof(float)];
-    hn::StoreU(code_of(hn::Load(df, xt), u ? ut : nullptr), d8, ct);
-    const size_t k = std::min(w, n8 - i);
-    memcpy(codes + i, ct, k);
-    i += k;
-  }
-  for (; i < n8; ++i) codes[i] = 0;
+  });
 }
 
 // y[i] = m.min + m.step * g[codes[i]] (kAccumulate: y[i] += that) for i < n; m finite: levels.h's

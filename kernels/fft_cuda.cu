@@ -253,8 +253,7 @@ __global__ void __launch_bounds__(kThreads)
   top = BlockReduceF(temp.reduce_f).Reduce(top, cuda::maximum<>{});
   if (threadIdx.x == 0) top_all = top;
   __syncthreads();
-  if (largest_all >= 0x7F800000u) {  // NaN or Inf reached the bins: the flag alone
-    for (uint32_t k = threadIdx.x; k < bins; k += blockDim.x) sent_flag[off + k] = 0;
+  if (largest_all >= 0x7F800000u) {  // NaN or Inf reached the bins: the flag alone (no bitmap is written)
     if (threadIdx.x == 0) {
       seg_count[s] = 0, seg_flags[s] = kFlagNonfinite, seg_bytes[s] = kFftHeaderBytes;
       if (nonfinite) atomicAdd(nonfinite, static_cast<unsigned long long>(g.length[kind]));

@@ -288,7 +288,7 @@ struct Row {
   double gbps[4] = {0, 0, 0, 0};
   bool accumulates = true;  // else dec+acc is "-" (the sign codec; the fft codec on the device)
   bool nonfinite_seen = false;
-  const char* missing = nullptr;  // why the codec cannot be measured here (no row is printed)
+  std::string missing;  // why the codec cannot be measured here (no row is printed), or empty
 };
 
 Row measure(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b) {
@@ -389,8 +389,8 @@ int print_table(const Options& o, const std::function<Row(const CodecConfig&, si
                 "decode", "/mcp", "dec+acc", "/mcp");
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= static_cast<size_t>(o.step_factor)) {
       const Row r = measure(codec, bytes);
-      if (r.missing) {
-        std::printf("#   %s\n", r.missing);
+      if (!r.missing.empty()) {
+        std::printf("#   %s\n", r.missing.c_str());
         break;
       }
       if (codec.kind == qccl::kernels::CodecKind::kSign || !r.accumulates)
@@ -565,9 +565,7 @@ Row measure_on_device(const CodecConfig& codec, size_t bytes, const Options& o, 
   const bool fft = codec.kind == qccl::kernels::CodecKind::kFft;
   std::string why;
   if (fft && !qccl::kernels::fft_cuda_available(&why)) {
-    static std::string text;
-    text = "the fft codec's device launchers need cuFFT: " + why;
-    row.missing = text.c_str();
+    row.missing = "the fft codec's device launchers need cuFFT: " + why;
     return row;
   }
   // The fft codec's: its payloads' length, the spectrum its decode goes through, cuFFT's plans.
