@@ -27,6 +27,7 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_AGGREGATORS", "unset (none)", "host:port,... of IntSGD's aggregator processes (qccl_aggregator; set by qcclrun --aggregators K): every communicator registers with them, and the int codecs' agg=switch sums through them"},
       {"QCCL_NODE_MAP", "unset (by host)", "which ranks share a node, to emulate several nodes on one host: one node label per rank, comma-separated non-negative integers such as 0,0,1,1 (ranks with equal labels share a node); it must list every rank of the communicator"},
       {"QCCL_GPU_WIRE", "auto", "how device-buffer collectives move bytes between ranks: nccl (NCCL point-to-point between the GPUs, libnccl.so.2 loaded at run time), host (staged through pinned host memory over qccl's transport) or auto (nccl when every rank has a GPU of its own and all share one host, else host); chosen at the first collective on device buffers made outside a group, which every rank must make at the same point (earlier calls take host)"},
+      {"QCCL_GPU_FFT", "host", "what runs the fft codec on device buffers: host (the host's codec, KissFFT or FFTW, on pinned copies of the buffers: the same bits as host buffers, so ranks with and without GPUs mix) or cufft (cuFFT and the CUDA kernels of kernels/fft_cuda.h on the device, libcufft.so.12 loaded at run time; cuFFT rounds otherwise than the host's library, so every rank of a call must use it, or all fail with qcclMismatch)"},
       {"QCCL_OVERSUBSCRIBED", "unset (detected)", "1: more ranks than CPUs share this machine, so a spinning rank yields the CPU; 0: they do not; unset: ranks of this host (by host name and boot id) against the CPUs this process may use (qcclrun --nodes and --netem set 1 when their emulated hosts share too few CPUs)"},
       {"QCCL_RANK", "unset", "this process's rank, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_NRANKS", "unset", "number of ranks, for qcclCommInitEnv (set by qcclrun)"},
@@ -164,6 +165,11 @@ Config Config::from_environment() {
     c.gpu_wire = v;
     if (c.gpu_wire != "auto" && c.gpu_wire != "nccl" && c.gpu_wire != "host")
       fail(qcclInvalidArgument, "QCCL_GPU_WIRE = '%s' is not auto, nccl or host", v);
+  }
+  if (const char* v = env("QCCL_GPU_FFT")) {
+    c.gpu_fft = v;
+    if (c.gpu_fft != "host" && c.gpu_fft != "cufft")
+      fail(qcclInvalidArgument, "QCCL_GPU_FFT = '%s' is not host or cufft", v);
   }
   if (const char* v = env("QCCL_OVERSUBSCRIBED"))
     c.oversubscribed = static_cast<int>(parse_int("QCCL_OVERSUBSCRIBED", v, 0, 1));

@@ -37,6 +37,7 @@ struct Config {
   bool probe_link_rate = false;    // QCCL_LINK_RATE=probe: measured when the communicator is made
   bool chunk_explicit = false;     // QCCL_CHUNK_BYTES or chunkBytes set (a link rate then leaves it)
   std::string gpu_wire = "auto";   // QCCL_GPU_WIRE: auto, nccl or host (src/comm.h, "Device buffers")
+  std::string gpu_fft = "host";    // QCCL_GPU_FFT: host or cufft (the fft codec on device buffers)
 
   // Environment first, then the fields of `overrides` that are set (overrides may be null).
   // Throws Error(qcclInvalidArgument) naming the variable or field and its value.

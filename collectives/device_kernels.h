@@ -72,6 +72,9 @@ class DeviceKernels {
   // method's error feedback); fft_add_spectrum: fft_decode_spectrum of *length bytes (accumulate:
   // +=); fft_synthesize.
   virtual bool runs_fft() const { return false; }
+  // The FFT library of those kernels, as CodecConfig::hash takes it: ranks must share it (frame
+  // headers carry the hash), as its rounding decides which bins are sent.
+  virtual const char* fft_library() const = 0;
   virtual void fft_encode(const kernels::CodecConfig& c, const float* in, size_t count, void* out, size_t* length,
                           float* residual, DeviceCounters* counters) = 0;
   virtual void fft_add_spectrum(const kernels::CodecConfig& c, const void* in, const size_t* length, size_t count,

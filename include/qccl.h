@@ -271,9 +271,12 @@ QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
  * and IntSGD's int8..int32 (agg=switch too, its aggregator traffic staged) run on device buffers with
  * the host path's bits, alpha and clips; so do learned levels (QSDP) and AQ-SGD's aq2..aq8 in
  * qcclSendCompressed / qcclRecvCompressed; keyed delta calls take device buffers through the host
- * (qcclDeltaSend), and so, until its cuFFT kernels exist, does the fft codec: the host's codec runs on
- * pinned copies of the buffers (the input copied when the call starts to run, the result when it
- * completes, ordered with the stream; the host path's bits). Not on device buffers:
+ * (qcclDeltaSend), and so, by default (QCCL_GPU_FFT=host), does the fft codec: the host's codec runs
+ * on pinned copies of the buffers (the input copied when the call starts to run, the result when it
+ * completes, ordered with the stream; the host path's bits). With QCCL_GPU_FFT=cufft the device runs
+ * the fft codec with cuFFT instead: one result on every rank, but not the host's bits (cuFFT rounds
+ * its own way), so every rank of such a call must be on device buffers under cuFFT, or all fail with
+ * qcclMismatch. Not on device buffers:
  * graph capture: a call made while the communicator's stream is capturing fails with
  * qcclInvalidUsage before it touches the stream (qccl's progress thread runs the call on its own
  * stream, which a graph cannot record), and the capture goes on. A call whose sendbuff and recvbuff

@@ -104,7 +104,10 @@ struct CodecConfig {
   // Canonical text ("q4:bucket=512,round=stochastic,ef=on,seed=7"): what hash() digests.
   std::string canonical() const;
   // Nonzero digest of canonical(), carried in frame headers so that ranks with different codecs fail.
+  // An fft codec's also digests the FFT library that runs it (other than KissFFT), since libraries
+  // round differently: hash() names the host's (fft_backend()), hash(library) another ("cufft").
   uint64_t hash() const;
+  uint64_t hash(const char* fft_library) const;
   size_t encoded_bytes(size_t count) const;
   // Chunk boundaries must fall on multiples of this many values; 0: a run must not be cut at all (aq
   // with rows=0, whose scales span the whole run).

@@ -312,10 +312,12 @@ std::string CodecConfig::canonical() const {
   return text;
 }
 
-uint64_t CodecConfig::hash() const {
+uint64_t CodecConfig::hash() const { return hash(fft_backend()); }
+
+uint64_t CodecConfig::hash(const char* fft_library) const {
   uint64_t h = 1469598103934665603ull;
   std::string text = canonical();
-  if (kind == CodecKind::kFft && std::strcmp(fft_backend(), "kissfft") != 0) text += std::string(";") + fft_backend();
+  if (kind == CodecKind::kFft && std::strcmp(fft_library, "kissfft") != 0) text += std::string(";") + fft_library;
   for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
   return h ? h : 1;
 }

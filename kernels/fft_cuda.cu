@@ -33,6 +33,7 @@ struct Cufft {
   decltype(&cufftExecR2C) exec_r2c = nullptr;
   decltype(&cufftExecC2R) exec_c2r = nullptr;
   decltype(&cufftDestroy) destroy = nullptr;
+  const char* library = "cufft";  // "cufft12" or "cufft11" once loaded: the soname's version
   std::string error;  // why it could not be loaded (then the pointers are null)
 
   static const Cufft& get() {
@@ -41,16 +42,26 @@ struct Cufft {
   }
 
  private:
+  // The toolkit's cuFFT (CUDA 13's libcufft.so.12), else CUDA 12's (libcufft.so.11, as PyTorch's
+  // wheels bring it): the five functions used here have kept their signatures, and cuFFT carries its
+  // own CUDA runtime, so a driver new enough for this build runs either.
   static Cufft load() {
     Cufft c;
-    void* lib = dlopen("libcufft.so.12", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      c.error = std::string("cannot load libcufft.so.12: ") + dlerror();
-      return c;
+    const char* name = nullptr;
+    void* lib = nullptr;
+    for (const char* candidate : {"libcufft.so.12", "libcufft.so.11"}) {
+      if ((lib = dlopen(candidate, RTLD_NOW | RTLD_LOCAL))) {
+        name = candidate;
+        break;
+      }
+      c.error += std::string(c.error.empty() ? "cannot load " : "; nor ") + candidate + ": " + dlerror();
     }
-    auto sym = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      if (!fn && c.error.empty()) c.error = std::string("libcufft.so.12 has no ") + name;
+    if (!lib) return c;
+    c.error.clear();
+    c.library = name == std::string("libcufft.so.12") ? "cufft12" : "cufft11";
+    auto sym = [&](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));
+      if (!fn && c.error.empty()) c.error = std::string(name) + " has no " + symbol;
     };
     sym(c.plan_many, "cufftPlanMany");
     sym(c.set_stream, "cufftSetStream");
@@ -642,6 +653,8 @@ bool fft_cuda_available(std::string* why) {
 }
 
 const char* fft_cuda_error() { return cufft_error.c_str(); }
+
+const char* fft_cuda_library() { return Cufft::get().library; }
 
 namespace {
 

@@ -3,8 +3,9 @@
 // the lower bin, as the host's kth_largest), the range floats (rfloat.h's element functions) and the
 // compaction of the bins sent (CUB block scans), then the payloads written back to back at offsets
 // scanned from their sizes. The bytes follow fft_sparse.h's layout, so the host decodes what the
-// device encodes and the other way round. cuFFT (libcufft.so.12 of the CUDA toolkit) is loaded at
-// the first use, as the runtime loads NCCL, so that a CUDA build runs where it is missing.
+// device encodes and the other way round. cuFFT (libcufft.so.12 of the CUDA toolkit, or CUDA 12's
+// libcufft.so.11) is loaded at the first use, as the runtime loads NCCL, so that a CUDA build runs
+// where it is missing.
 //
 // cuFFT rounds otherwise than the host's FFTs (KissFFT, FFTW): the transforms' bits, and so which
 // bins a near tie keeps, are not the host's. The header's hash is therefore the caller's (`hash`: the
@@ -36,6 +37,10 @@ void fft_cuda_release(FftCudaWorkspace* ws);
 bool fft_cuda_available(std::string* why);
 // What the last cuFFT call of this thread that failed said.
 const char* fft_cuda_error();
+// The cuFFT this process loads, as CodecConfig::hash takes an FFT library: "cufft12" (CUDA 13's
+// libcufft.so.12) or "cufft11" (CUDA 12's), "cufft" where none loads. Versions may round apart, so
+// ranks must share one.
+const char* fft_cuda_library();
 
 // out = the payloads of `count` values of `in` (segments of c.segment values), *length = their
 // bytes (at most c.encoded_bytes(count)). With `residual`, residual[i] = in[i] - the decoded value i,

@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "collectives/compressed.h"
 #include "kernels/codec.h"
+#include "kernels/fft_sparse.h"
 #include "kernels/reduce.h"
 #include "src/link_probe.h"
 #include "src/node_map.h"
@@ -324,12 +325,13 @@ std::string Comm::describe_links() const {
 
 // ---- Starting and finishing operations -----------------------------------------------------------
 
-// What the frame headers carry to check that every rank runs the same codec: its hash, with the
-// segment list (CollArgs::segments) folded in, so that ranks whose lists differ fail as ranks whose
-// codecs differ do (0 for an uncompressed call).
-static uint64_t codec_hash(const coll::CollArgs& args) {
+// What the frame headers carry to check that every rank runs the same codec: its hash on the FFT
+// library that runs it (the device's, for an fft call on device buffers that the device runs), with
+// the segment list (CollArgs::segments) folded in, so that ranks whose lists differ fail as ranks
+// whose codecs differ do (0 for an uncompressed call).
+static uint64_t codec_hash(const coll::CollArgs& args, const char* fft_library) {
   if (!args.codec) return 0;
-  uint64_t h = args.codec->hash();
+  uint64_t h = args.codec->hash(fft_library);
   if (args.segments)
     for (const coll::Segment& s : *args.segments) {
       h = (h ^ s.count) * 1099511628211ull;
@@ -409,7 +411,9 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     std::lock_guard<std::mutex> lock(ops_mu_);
     if (!aggregator_lost_.empty()) throw Error(qcclRemoteError, aggregator_lost_);
   }
-  identity.header = FrameHeader::for_call(args, identity.sequence, codec_hash(args), codec_step);
+  const bool device_fft = record->on_device && args.codec && args.codec->kind == kernels::CodecKind::kFft;
+  const char* fft_library = device_fft ? device_->fft_library() : kernels::fft_backend();
+  identity.header = FrameHeader::for_call(args, identity.sequence, codec_hash(args, fft_library), codec_step);
   identity.expected = identity.header;
 
   Executor& executor = record->on_device ? *device_executor_.load() : *executor_;
@@ -499,7 +503,7 @@ const char* device_codec_refusal(const kernels::CodecConfig& c, const Device& de
 Device* Comm::device(int ordinal, std::string* why) {
   std::lock_guard<std::mutex> lock(device_mu_);
   if (!device_ && no_device_.empty()) {
-    device_ = make_cuda_device(ordinal, &no_device_);
+    device_ = make_cuda_device(ordinal, config_.gpu_fft == "cufft", &no_device_);
     if (device_) QCCL_INFO("device buffers run on %s", device_->describe().c_str());
   }
   if (!device_) *why = no_device_;
@@ -665,9 +669,9 @@ void Comm::place(OpRecord& record, bool in_group) {
   Device* d = send_device >= 0 ? &device_for("sendbuff", a.sendbuf, send_device)
                                 : &device_for("recvbuff", a.recvbuf, recv_device);
   if (record.codec && a.codec->kind == kernels::CodecKind::kFft && !d->runs_fft()) {
-    // Without the fft codec on the device (CUDA's has no cuFFT path yet), the host executor runs the
-    // host's codec on pinned copies of the buffers (an all-reduce: count values each way; in place,
-    // one buffer).
+    // Without the fft codec on the device (QCCL_GPU_FFT=host, the default), the host executor runs
+    // the host's codec on pinned copies of the buffers (an all-reduce: count values each way; in
+    // place, one buffer).
     const size_t bytes = a.count * a.element_size();
     void* send = stage(record, a.sendbuf, bytes, /*in=*/true, /*out=*/false);
     a.recvbuf = stage(record, a.recvbuf, bytes, /*in=*/false, /*out=*/true);

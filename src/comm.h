@@ -98,7 +98,7 @@ struct OpRecord {
   bool started = false;               // false while deferred in a group
   bool on_device = false;             // buffers in device memory: the device executor runs it (place)
   // A call on device memory that the host executor runs (Comm::stage: a keyed delta call, whose
-  // store and kernels are the host's; the fft codec, until its cuFFT path exists): its buffers cross
+  // store and kernels are the host's; the fft codec under QCCL_GPU_FFT=host): its buffers cross
   // through pinned host memory, after the work the caller queued on the communicator's stream
   // before the call (`mark`): its inputs when it starts to run, its outputs when it completes (also
   // the rows a failed delta receive applied, as on host buffers). A record dropped before its end (a

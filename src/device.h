@@ -103,7 +103,9 @@ class PeerWire {
 };
 
 // CUDA device `ordinal`, or null with *why set (a build without CUDA, no driver, no such device).
-std::unique_ptr<Device> make_cuda_device(int ordinal, std::string* why);
+// `cufft`: the device runs the fft codec with cuFFT (QCCL_GPU_FFT=cufft; runs_fft), failing its fft
+// launches with the reason where cuFFT cannot be loaded; else the runtime stages fft calls.
+std::unique_ptr<Device> make_cuda_device(int ordinal, bool cufft, std::string* why);
 
 // NCCL point-to-point on `device` (a CudaDevice), libnccl.so.2 loaded at run time: every rank of the
 // communicator calls it at the same point with rank 0's `unique_id` (nccl_unique_id on rank 0, shared

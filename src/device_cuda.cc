@@ -28,6 +28,8 @@
 
 #include "base/socket.h"
 #include "kernels/codec_cuda.h"
+#include "kernels/fft_cuda.h"
+#include "kernels/fft_sparse.h"
 
 namespace qccl {
 namespace {
@@ -57,7 +59,7 @@ class DeviceScope {
 
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(int device) : device_(device) {
+  CudaDevice(int device, bool cufft) : device_(device), cufft_(cufft) {
     const DeviceScope scope(device_);
     cudaDeviceProp props{};
     check(cudaGetDeviceProperties(&props, device_), "cudaGetDeviceProperties");
@@ -75,6 +77,7 @@ class CudaDevice final : public Device {
     // Nothing may still use the events and the stream, nor a wake-up still write to the descriptor
     // (a stream that cannot drain keeps it open rather than let a reused number be written).
     const bool drained = cudaStreamSynchronize(stream_) == cudaSuccess;
+    if (drained) kernels::fft_cuda_release(fft_workspace_);
     for (const Point& p : pending_) cudaEventDestroy(p.event);
     for (cudaEvent_t e : spare_) cudaEventDestroy(e);
     cudaEventDestroy(join_);
@@ -147,16 +150,31 @@ class CudaDevice final : public Device {
     enqueue("reset_compensation_cuda",
             [&] { return kernels::reset_compensation_cuda(g, c, first, n, nonfinite, stream_); });
   }
-  // No cuFFT path yet (runs_fft is false: the runtime runs fft calls through the host's codec).
-  void fft_encode(const kernels::CodecConfig&, const float*, size_t, void*, size_t*, float*,
-                  coll::DeviceCounters*) override {
-    fail(qcclInternalError, "CudaDevice: the fft codec has no device path yet");
+  // The fft codec with cuFFT (fft_cuda.h), where QCCL_GPU_FFT=cufft asked for it; otherwise the
+  // runtime runs fft calls through the host's codec on staged copies. The payloads' headers carry
+  // the hash of the codec on cuFFT (frame headers too: comm.cc), so that a rank decoding them with
+  // another library's rounding fails instead. The values of non-finite segments are counted where
+  // the result is stored, as on the host.
+  bool runs_fft() const override { return cufft_; }
+  const char* fft_library() const override { return cufft_ ? kernels::fft_cuda_library() : kernels::fft_backend(); }
+  void fft_encode(const kernels::CodecConfig& c, const float* in, size_t count, void* out, size_t* length,
+                  float* residual, coll::DeviceCounters* counters) override {
+    enqueue_fft("fft_encode_cuda", [&](kernels::FftCudaWorkspace* ws) {
+      return kernels::fft_encode_cuda(c, fft_hash(c), in, count, out, length, residual, nullptr, &counters->clamped,
+                                      ws, stream_);
+    });
   }
-  void fft_add_spectrum(const kernels::CodecConfig&, const void*, const size_t*, size_t, float*, bool) override {
-    fail(qcclInternalError, "CudaDevice: the fft codec has no device path yet");
+  void fft_add_spectrum(const kernels::CodecConfig& c, const void* in, const size_t* length, size_t count,
+                        float* spectrum, bool accumulate) override {
+    enqueue_fft("fft_decode_spectrum_cuda", [&](kernels::FftCudaWorkspace* ws) {
+      return kernels::fft_decode_spectrum_cuda(c, fft_hash(c), in, length, count, spectrum, accumulate, nullptr, ws,
+                                               stream_);
+    });
   }
-  void fft_synthesize(const kernels::CodecConfig&, const float*, size_t, float*) override {
-    fail(qcclInternalError, "CudaDevice: the fft codec has no device path yet");
+  void fft_synthesize(const kernels::CodecConfig& c, const float* spectrum, size_t count, float* out) override {
+    enqueue_fft("fft_synthesize_cuda", [&](kernels::FftCudaWorkspace* ws) {
+      return kernels::fft_synthesize_cuda(c, spectrum, count, out, ws, stream_);
+    });
   }
   void store_float(kernels::DataType type, const float* in, void* out, size_t n) override {
     enqueue("store_float_cuda", [&] { return kernels::store_float_cuda(type, in, out, n, nullptr, stream_); });
@@ -280,6 +298,24 @@ class CudaDevice final : public Device {
     const cudaError_t e = launch();
     if (e != cudaSuccess) fail(qcclSystemError, "CUDA: %s failed on %s: %s", what, name_.c_str(), cudaGetErrorString(e));
   }
+  static uint32_t fft_hash(const kernels::CodecConfig& c) {
+    return static_cast<uint32_t>(c.hash(kernels::fft_cuda_library()));
+  }
+  // enqueue() for the fft launchers: cuFFT loaded (else the call fails saying why), the workspace
+  // of plans and scratch made at the first use, and a cuFFT failure named.
+  template <class Launch>
+  void enqueue_fft(const char* what, Launch&& launch) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    const DeviceScope scope(device_);
+    std::string why;
+    if (!kernels::fft_cuda_available(&why))
+      fail(qcclSystemError, "QCCL_GPU_FFT=cufft: the fft codec on %s needs cuFFT: %s", name_.c_str(), why.c_str());
+    if (!fft_workspace_) fft_workspace_ = kernels::fft_cuda_workspace();
+    const cudaError_t e = launch(fft_workspace_);
+    if (e == cudaErrorUnknown)
+      fail(qcclSystemError, "CUDA: %s failed on %s: %s", what, name_.c_str(), kernels::fft_cuda_error());
+    if (e != cudaSuccess) fail(qcclSystemError, "CUDA: %s failed on %s: %s", what, name_.c_str(), cudaGetErrorString(e));
+  }
   static void CUDART_CB wake(void* fd) {
     const uint64_t one = 1;
     ssize_t rc = ::write(*static_cast<int*>(fd), &one, sizeof one);
@@ -310,6 +346,8 @@ class CudaDevice final : public Device {
   // The communicator's calling thread joins streams while its progress thread launches: one at a time.
   std::mutex mu_;
   int device_;
+  bool cufft_;  // QCCL_GPU_FFT=cufft
+  kernels::FftCudaWorkspace* fft_workspace_ = nullptr;  // cuFFT plans and scratch, for this stream
   std::string name_;
   std::string uuid_;
   cudaStream_t stream_ = nullptr;
@@ -556,7 +594,7 @@ std::unique_ptr<PeerWire> make_nccl_wire(Device& device, int nranks, int rank, c
                                            version % 100));
 }
 
-std::unique_ptr<Device> make_cuda_device(int ordinal, std::string* why) {
+std::unique_ptr<Device> make_cuda_device(int ordinal, bool cufft, std::string* why) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || ordinal < 0 || ordinal >= count) {
@@ -566,7 +604,7 @@ std::unique_ptr<Device> make_cuda_device(int ordinal, std::string* why) {
                               : format("CUDA device %d is not one of this process's %d", ordinal, count);
     return nullptr;
   }
-  return std::make_unique<CudaDevice>(ordinal);
+  return std::make_unique<CudaDevice>(ordinal, cufft);
 }
 
 bool nccl_available(std::string* why) {
@@ -583,7 +621,7 @@ namespace qccl {
 namespace {
 constexpr const char kNoCuda[] = "qccl was built without CUDA (QCCL_CUDA=OFF, or nvcc and NCCL were not found)";
 }
-std::unique_ptr<Device> make_cuda_device(int, std::string* why) {
+std::unique_ptr<Device> make_cuda_device(int, bool, std::string* why) {
   if (why) *why = kNoCuda;
   return nullptr;
 }

@@ -125,9 +125,15 @@ std::string frame_mismatch(const FrameHeader& expected, const FrameHeader& their
   std::string mine = expected.describe();
   if (expected.kind == coll::CollKind::kSend) mine.replace(0, 4, "Recv");
   std::string text = "rank " + std::to_string(theirs.sender) + " called " + theirs.describe() + " but this rank called " + mine;
+  const bool same_but_codec = expected.kind == theirs.kind && expected.dtype == theirs.dtype &&
+                              expected.op == theirs.op && expected.root == theirs.root && expected.count == theirs.count;
   if (expected.codec_step != theirs.codec_step && expected.codec_hash == theirs.codec_hash)
     text += " (their codec states are at different steps: every rank must pass its own state for the same tensor, "
             "restored from the same checkpoint)";
+  else if (same_but_codec && expected.codec_hash != theirs.codec_hash)
+    text += " (their codecs differ: the specs, or QCCL_CODEC, or the segment lists, or for the fft codec the FFT "
+            "library that runs it, which rounds its own way: the build's KissFFT or FFTW on host buffers, and "
+            "cuFFT on device buffers under QCCL_GPU_FFT=cufft)";
   else if (same_call)  // and only the scales differ
     text += format(" with the shared scale alpha = %.17g, but this rank's is %.17g (the codec states diverged: the "
                    "ranks passed different learning rates, or restored different checkpoints)",

@@ -14,7 +14,8 @@
 #
 # run.sh writes the ctest files for the folder's place, puts the libraries first on the loader's
 # path, finds NCCL (the drop-in's tests and QCCL_GPU_WIRE=nccl load libnccl.so.2: the machine's, or
-# Python's nvidia-nccl package) and runs ctest in the folder's build tree. The C and C++ runtimes and
+# Python's nvidia-nccl package) and cuFFT (the fft codec's device path: likewise) and runs ctest in
+# the folder's build tree. The C and C++ runtimes and
 # the driver are the machine's, so it must be at least as new as the build machine's glibc.
 set -euo pipefail
 
@@ -91,9 +92,17 @@ if [ -z "$nccl" ]; then
          2>/dev/null || true)
   [ -e "$nccl" ] || nccl=""
 fi
-export LD_LIBRARY_PATH="$here/lib:$here/build/src${nccl:+:$(dirname "$nccl")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuFFT likewise (the fft codec's device path loads libcufft.so.12, or CUDA 12's libcufft.so.11)
+cufft=$(ldconfig -p 2>/dev/null | awk '/libcufft\.so\.1[12] / && !found {print $NF; found = 1}')
+if [ -z "$cufft" ]; then
+  cufft=$(python3 -c 'import nvidia.cufft, os, glob; print((glob.glob(os.path.join(list(nvidia.cufft.__path__)[0], "lib", "libcufft.so.1[12]")) or [""])[0])' \
+          2>/dev/null || true)
+  [ -e "$cufft" ] || cufft=""
+fi
+export LD_LIBRARY_PATH="$here/lib:$here/build/src${nccl:+:$(dirname "$nccl")}${cufft:+:$(dirname "$cufft")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export UCX_MODULE_DIR="$here/lib/ucx"
 echo "run.sh: NCCL: ${nccl:-not found; the drop-in tests that forward to NCCL will fail}"
+echo "run.sh: cuFFT: ${cufft:-not found; codec_cuda_test skips its cuFFT case, device_ranks_n2_cufft* fail naming it}"
 cd "$here/build"
 if [ $# -eq 0 ]; then set -- -L gpu --output-on-failure; fi
 exec ctest "$@"

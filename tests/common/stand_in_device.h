@@ -198,6 +198,7 @@ class StandInDevice final : public Device {
   }
   // The fft codec: the host's (so a device execution must give the host's bits).
   bool runs_fft() const override { return true; }
+  const char* fft_library() const override { return kernels::fft_backend(); }
   void fft_encode(const kernels::CodecConfig& c, const float* in, size_t count, void* out, size_t* length,
                   float* residual, coll::DeviceCounters* counters) override {
     require_device(in, count * sizeof(float), "fft_encode's input");

@@ -264,17 +264,25 @@ TEST_CASE("fft codec: exactly K bins, ties to the lower bin", "[fft]") {
   CHECK(std::find(bins.begin(), bins.end(), size_t{100}) != bins.end());
 }
 
-TEST_CASE("fft codec: the host FFT backend is part of the codec's hash", "[fft]") {
-  // KissFFT and FFTW round differently: ranks of two builds must not sum each other's spectra, so a
-  // build with FFTW hashes its fft codecs apart (the frame headers then fail the call as a mismatch),
-  // and KissFFT's hash is the canonical text's alone (as before FFTW was an option).
+TEST_CASE("fft codec: the FFT library is part of the codec's hash", "[fft]") {
+  // KissFFT, FFTW and cuFFT round differently: ranks must not sum each other's spectra, so a build
+  // with FFTW, and device calls on cuFFT, hash their fft codecs apart (the frame headers then fail the
+  // call as a mismatch), and KissFFT's hash is the canonical text's alone (as before FFTW was an
+  // option). Other codecs hash alike whatever the library.
   const CodecConfig c = parse_codec_spec("fft:theta=0.5");
   uint64_t text = 1469598103934665603ull;
   for (unsigned char ch : c.canonical()) text = (text ^ ch) * 1099511628211ull;
   const std::string backend = fft_backend();
   REQUIRE((backend == "kissfft" || backend == "fftw"));
   CHECK((c.hash() == text) == (backend == "kissfft"));
-  CHECK(parse_codec_spec("q8").hash() != 0);
+  CHECK(c.hash() == c.hash(fft_backend()));
+  CHECK(c.hash("kissfft") == text);
+  CHECK(c.hash("fftw") != text);
+  CHECK(c.hash("cufft") != text);
+  CHECK(c.hash("cufft") != c.hash("fftw"));
+  const CodecConfig q8 = parse_codec_spec("q8");
+  CHECK(q8.hash() != 0);
+  CHECK(q8.hash("cufft") == q8.hash());
 }
 
 TEST_CASE("fft codec: the K largest magnitudes of random spectra, as a full sort ranks them", "[fft]") {

@@ -7,7 +7,8 @@
 // place, so the work queued after it cannot tell whether the stream was joined: that side is the
 // stand-in's test, device_executor_test); what the device path does not take (graph capture, mixed
 // buffers) is refused before anything is sent; the fft codec, run by the host on staged copies, gives
-// the host path's bits; IntSGD's all-reduce gives the host path's bits, scale,
+// the host path's bits, and on cuFFT (QCCL_GPU_FFT=cufft) one result on every rank as accurate as the
+// host's, a job mixing the two failing on every rank; IntSGD's all-reduce gives the host path's bits, scale,
 // clips and state, and reports a NaN on every rank; Marsit's gives the host path's bits, its
 // compensation following the calls between device and host; compressed send/recv (q, aq) gives the
 // host path's bits; so do QSDP's compressed AllGather and ReduceScatter with learned levels, and
@@ -168,7 +169,8 @@ TEST_CASE("in-place all-reduce and a ring of sends on device buffers", "[device]
 
 TEST_CASE("compressed all-reduce on device buffers gives the host path's bits", "[device]") {
   World& w = world();
-  // (fft runs the host's codec on staged copies until its cuFFT path exists: the same bits too)
+  // (fft, under QCCL_GPU_FFT=host, the default, runs the host's codec on staged copies: the same bits
+  // too; the cuFFT case is below)
   for (const char* spec : {"q8", "q4:bucket=128", "fp16", "bf16", "fft:theta=0.9,bits=10,segment=4096,fallback=off"}) {
     for (DataType t : {DataType::kFloat32, DataType::kBfloat16}) {
       INFO(spec << ", datatype " << static_cast<int>(t));
@@ -522,6 +524,107 @@ TEST_CASE("what the device path does not take is refused before anything is sent
 
   // The communicator is intact.
   QCCL_REQUIRE_OK(qcclAllReduce(dev.get(), dev.get(), count, qcclFloat32, qcclSum, w.comm()));
+}
+
+// ---- The fft codec on cuFFT (run with QCCL_GPU_FFT=cufft: CTest's device_ranks_n2_cufft*) ----------
+
+// Rank r's gradient-like input for the fft cases: a smooth wave (what the codec is for) under a little
+// of the reference noise, as float32 bytes.
+std::vector<uint8_t> smooth_inputs(int rank, size_t count, int step) {
+  std::vector<uint8_t> bytes(count * sizeof(float));
+  for (size_t i = 0; i < count; ++i) {
+    const double t = static_cast<double>(i);
+    const float v = static_cast<float>(std::sin(0.002 * t + rank + step) + 0.3 * std::cos(0.037 * t * (step + 1)) +
+                                       0.02 * input_value(DataType::kFloat32, RedOp::kSum, rank + 7 * step, i));
+    std::memcpy(&bytes[i * sizeof(float)], &v, sizeof v);
+  }
+  return bytes;
+}
+
+// The l2 distance of float32 bytes from a reference.
+double distance(const std::vector<uint8_t>& got, const std::vector<double>& want) {
+  double d = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    float g = 0;
+    std::memcpy(&g, &got[i * sizeof(float)], sizeof g);
+    d += (g - want[i]) * (g - want[i]);
+  }
+  return std::sqrt(d);
+}
+
+bool cufft_run() {
+  const char* v = std::getenv("QCCL_GPU_FFT");
+  return v && std::string(v) == "cufft";
+}
+
+// cuFFT rounds otherwise than the host's FFT, so the device's bits are not the host's; what must hold
+// is the codec's contract: one result on every rank, as accurate as the host codec's (which bins a
+// near tie keeps is all that rounding changes), and error feedback carrying a residual across steps.
+TEST_CASE("the fft codec on cuFFT: one result on every rank, as accurate as the host's", "[.][cufft]") {
+  World& w = world();
+  REQUIRE(cufft_run());
+  for (const char* spec : {"fft:theta=0.9,bits=10,segment=4096,fallback=off",
+                           "fft:theta=0.5,bits=8,mant=4,segment=777,index=coo,max=auto,round=nearest,fallback=off",
+                           "fft:theta=0.85,bits=12,segment=2048,ef=on,fallback=off"}) {
+    Codec codec(spec);
+    for (size_t count : {size_t{1} << 18, size_t{300001}}) {
+      State host_state(w.comm(), count), device_state(w.comm(), count);
+      for (int step = 0; step < 3; ++step) {  // (the steps matter to the ef=on spec: its residual)
+        INFO(spec << ", " << count << " values, step " << step);
+        const std::vector<uint8_t> send = smooth_inputs(w.rank(), count, step);
+        std::vector<double> exact(count, 0.0);
+        for (int r = 0; r < w.size(); ++r) {
+          const std::vector<uint8_t> theirs = smooth_inputs(r, count, step);
+          for (size_t i = 0; i < count; ++i) {
+            float v = 0;
+            std::memcpy(&v, &theirs[i * sizeof(float)], sizeof v);
+            exact[i] += v;
+          }
+        }
+        std::vector<uint8_t> host(send.size());
+        QCCL_REQUIRE_OK(qcclAllReduceCompressed(send.data(), host.data(), count, qcclFloat32, qcclSum, codec.handle,
+                                                host_state.handle, w.comm()));
+        DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+        QCCL_REQUIRE_OK(qcclAllReduceCompressed(dsend.get(), drecv.get(), count, qcclFloat32, qcclSum, codec.handle,
+                                                device_state.handle, w.comm()));
+        const std::vector<uint8_t> device = drecv.read();
+        require_same_everywhere(device.data(), device.size());
+        const double host_error = distance(host, exact), device_error = distance(device, exact);
+        double norm = 0;
+        for (double v : exact) norm += v * v;
+        INFO("relative error: host " << host_error / std::sqrt(norm) << ", device " << device_error / std::sqrt(norm));
+        CHECK(device_error <= 1.02 * host_error);
+        CHECK(device_error >= 0.98 * host_error);
+      }
+    }
+  }
+}
+
+// A call on cuFFT on one rank and on the host's FFT on another must not sum their spectra: every rank
+// fails with qcclMismatch (the frame headers' codec hashes differ), the message naming the cause. (On
+// a communicator split off for it: the failure breaks the communicator, which is then aborted.)
+TEST_CASE("an fft call on cuFFT on one rank and on host buffers on another fails on every rank",
+          "[.][cufft-mismatch]") {
+  World& w = world();
+  REQUIRE(cufft_run());
+  qcclComm_t comm = nullptr;
+  QCCL_REQUIRE_OK(qcclCommSplit(w.comm(), 0, w.rank(), &comm, nullptr));
+  Codec codec("fft:theta=0.9,bits=10,segment=4096,fallback=off");
+  const size_t count = 100000;
+  const std::vector<uint8_t> send = smooth_inputs(w.rank(), count, 0);
+  std::vector<uint8_t> host(send.size());
+  DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+  const qcclResult_t result =
+      w.rank() == 0 ? qcclAllReduceCompressed(send.data(), host.data(), count, qcclFloat32, qcclSum, codec.handle,
+                                              nullptr, comm)
+                    : qcclAllReduceCompressed(dsend.get(), drecv.get(), count, qcclFloat32, qcclSum, codec.handle,
+                                              nullptr, comm);
+  const std::string why = qcclGetLastError(nullptr);
+  CHECK(result == qcclMismatch);
+  CHECK_THAT(why, Catch::Contains("their codecs differ") && Catch::Contains("QCCL_GPU_FFT=cufft"));
+  CHECK(qcclCommAbort(comm) == qcclSuccess);
+  // The job's communicator is intact.
+  QCCL_REQUIRE_OK(qcclAllReduce(send.data(), host.data(), count, qcclFloat32, qcclSum, w.comm()));
 }
 
 }  // namespace

@@ -108,6 +108,14 @@ TEST_CASE("frame header: a mismatch names the codec's step or scale only when th
   // Equal scales, bit for bit, agree.
   other = c;
   CHECK(frame_mismatch(c, other).empty());
+
+  // Compressed by different codecs (or one codec on different FFT libraries): the hint says where
+  // such a difference comes from; with the count differing too, the count is the story.
+  other.codec_hash = 0xfff;
+  text = frame_mismatch(c, other);
+  CHECK_THAT(text, Catch::Contains("their codecs differ") && Catch::Contains("QCCL_GPU_FFT=cufft"));
+  other.count = 999;
+  CHECK_THAT(frame_mismatch(c, other), Catch::Contains("count=999") && !Catch::Contains("their codecs differ"));
 }
 
 TEST_CASE("frame header: corrupted or truncated bytes are a clear error, never a crash", "[frame]") {
@@ -180,6 +188,11 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
     CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_CHUNK_BYTES = 1"));
   });
   with_env("QCCL_TIMEOUT", "abc", [] { CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_TIMEOUT")); });
+  CHECK(Config::resolve(nullptr).gpu_fft == "host");
+  with_env("QCCL_GPU_FFT", "cufft", [] { CHECK(Config::resolve(nullptr).gpu_fft == "cufft"); });
+  with_env("QCCL_GPU_FFT", "cuda", [] {
+    CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_GPU_FFT = 'cuda' is not host or cufft"));
+  });
   // tc's rate units, and the chunk sized to 5 ms of the link where QCCL_CHUNK_BYTES is not set.
   uint64_t bits = 0;
   CHECK((parse_bit_rate("100mbit", &bits) && bits == 100000000));
