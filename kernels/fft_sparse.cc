@@ -219,14 +219,15 @@ uint32_t get32(const uint8_t* p) {
   return v;
 }
 
+// The header's hash: the low half of the codec's, taken once per call (it digests the canonical text).
 uint32_t hash32(const CodecConfig& c) { return static_cast<uint32_t>(c.hash()); }
 
-void write_header(uint8_t* out, const CodecConfig& c, uint16_t flags, size_t length, size_t count) {
+void write_header(uint8_t* out, uint32_t hash, uint16_t flags, size_t length, size_t count) {
   put16(out, kMagic);
   put16(out + 2, flags);
   put32(out + 4, static_cast<uint32_t>(length));
   put32(out + 8, static_cast<uint32_t>(count));
-  put32(out + 12, hash32(c));
+  put32(out + 12, hash);
 }
 
 // Packs `count` codes of `bits` bits from bit 0 of out; returns the bytes written.
@@ -292,8 +293,8 @@ float kth_largest(const float* v, size_t n, size_t k, uint32_t* candidates) {
 }
 
 // Encodes one segment; returns the payload's bytes.
-size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* in, size_t length, uint8_t* out,
-                      FftWorkspace& ws, FftReport* report) {
+size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash, const float* in, size_t length,
+                      uint8_t* out, FftWorkspace& ws, FftReport* report) {
   const FftShape shape = fft_shape(c, length);
   ws.plans(shape.fft_length);  // sizes the buffers before ws.bins is taken
   analyze_segment(shape, in, ws.bins.data(), ws);
@@ -308,7 +309,7 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* i
     largest = std::max(largest, float_bits(ws.magnitude[k]) & 0x7FFFFFFFu);
   }
   if (largest >= 0x7F800000u) {  // send the flag alone
-    write_header(out, c, kFlagNonfinite, length, 0);
+    write_header(out, hash, kFlagNonfinite, length, 0);
     report->nonfinite += length;
     return kFftHeaderBytes;
   }
@@ -353,7 +354,7 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* i
   }
   const bool indices = use_indices(c, shape, count);
   const auto exponent = static_cast<uint16_t>(static_cast<uint8_t>(static_cast<int8_t>(e)) << 8);
-  write_header(out, c, static_cast<uint16_t>((indices ? kFlagIndices : 0) | exponent), length, count);
+  write_header(out, hash, static_cast<uint16_t>((indices ? kFlagIndices : 0) | exponent), length, count);
   uint8_t* at = out + kFftHeaderBytes;
   if (indices) {
     for (size_t j = 0; j < count; ++j, at += 4) put32(at, ws.sent[j]);
@@ -371,10 +372,11 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, const float* i
 // Reads one segment's payload of `length` values from `avail` bytes and adds (or writes) its bins into
 // `bins` (fft_length / 2 + 1 complex values). Returns the bytes it took, or 0 when the payload is
 // malformed; *nonfinite_segment is set for a segment sent as NaN or Inf (bins untouched).
-size_t read_segment(const CodecConfig& c, const RangeFloat& rf, const uint8_t* in, size_t avail, const FftShape& shape,
-                    kiss_fft_cpx* bins, bool accumulate, FftWorkspace& ws, bool* nonfinite_segment) {
+size_t read_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash, const uint8_t* in, size_t avail,
+                    const FftShape& shape, kiss_fft_cpx* bins, bool accumulate, FftWorkspace& ws,
+                    bool* nonfinite_segment) {
   *nonfinite_segment = false;
-  if (avail < kFftHeaderBytes || get16(in) != kMagic || get32(in + 4) != shape.length || get32(in + 12) != hash32(c))
+  if (avail < kFftHeaderBytes || get16(in) != kMagic || get32(in + 4) != shape.length || get32(in + 12) != hash)
     return 0;
   const uint16_t flags = get16(in + 2);
   const size_t count = get32(in + 8);
@@ -468,10 +470,11 @@ void fft_analyze(const CodecConfig& c, const float* in, size_t count, float* spe
 FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* out, FftWorkspace& ws) {
   FftReport report;
   const RangeFloat rf = range_float_of(c);
+  const uint32_t hash = hash32(c);
   auto* bytes = static_cast<uint8_t*>(out);
   for (size_t at = 0; at < count; at += c.segment) {
     const size_t length = std::min<size_t>(c.segment, count - at);
-    report.bytes += encode_segment(c, rf, in + at, length, bytes + report.bytes, ws, &report);
+    report.bytes += encode_segment(c, rf, hash, in + at, length, bytes + report.bytes, ws, &report);
   }
   return report;
 }
@@ -479,13 +482,14 @@ FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* 
 size_t fft_decode(const CodecConfig& c, const void* in, size_t bytes, size_t count, float* out, bool accumulate,
                   FftWorkspace& ws) {
   const RangeFloat rf = range_float_of(c);
+  const uint32_t hash = hash32(c);
   const auto* p = static_cast<const uint8_t*>(in);
   size_t used = 0, nonfinite = 0;
   for (size_t at = 0; at < count; at += c.segment) {
     const FftShape shape = fft_shape(c, std::min<size_t>(c.segment, count - at));
     ws.plans(shape.fft_length);  // sizes the buffers
     bool poisoned = false;
-    const size_t took = read_segment(c, rf, p + used, bytes - used, shape, ws.bins.data(), false, ws, &poisoned);
+    const size_t took = read_segment(c, rf, hash, p + used, bytes - used, shape, ws.bins.data(), false, ws, &poisoned);
     if (took == 0) {  // malformed: NaN from here on
       fill_nan(out + at, count - at);
       return nonfinite + (count - at);
@@ -510,6 +514,7 @@ size_t fft_spectrum_floats(const CodecConfig& c, size_t count) {
 size_t fft_decode_spectrum(const CodecConfig& c, const void* in, size_t bytes, size_t count, float* spectrum,
                            bool accumulate, FftWorkspace& ws) {
   const RangeFloat rf = range_float_of(c);
+  const uint32_t hash = hash32(c);
   const auto* p = static_cast<const uint8_t*>(in);
   size_t used = 0, nonfinite = 0;
   for (size_t at = 0; at < count; at += c.segment) {
@@ -517,7 +522,7 @@ size_t fft_decode_spectrum(const CodecConfig& c, const void* in, size_t bytes, s
     ws.plans(shape.fft_length);
     auto* bins = reinterpret_cast<kiss_fft_cpx*>(spectrum);
     bool poisoned = false;
-    const size_t took = read_segment(c, rf, p + used, bytes - used, shape, bins, accumulate, ws, &poisoned);
+    const size_t took = read_segment(c, rf, hash, p + used, bytes - used, shape, bins, accumulate, ws, &poisoned);
     if (took == 0) {  // malformed: NaN from here on
       fill_nan(spectrum, fft_spectrum_floats(c, count - at));
       return nonfinite + (count - at);
