@@ -76,22 +76,22 @@ struct BucketRange {
 // whatever the lane count or the order of the reduction (x86 minps/maxps and std::min return
 // whichever zero comes first). Computed on the bits: as signed integers the positive floats sort
 // correctly and all lie above the negative ones; as unsigned integers the negative floats sort by
-// magnitude above all positive ones. Hence
-//   min = (any sign bit set) ? unsigned max : signed min,
-//   max = (any sign bit clear) ? signed max : unsigned min,
+// magnitude above all positive ones, and the others sort as floats. Hence
+//   min = (any sign bit set, i.e. unsigned max >= 2^31) ? unsigned max : unsigned min,
+//   max = (any sign bit clear, i.e. signed max >= 0) ? signed max : unsigned min,
 // and NaN or Inf is present exactly when the signed max reaches +Inf's bits or the unsigned max
-// reaches -Inf's. Four integer min/max per vector, no float compare.
+// reaches -Inf's. Three integer min/max per vector (a signed minimum would add nothing), no float
+// compare.
 HWY_INLINE BucketRange ScanBucket(const float* x, size_t n) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::RebindToUnsigned<decltype(df)> du;
   const size_t w = hn::Lanes(df);
-  auto smin = hn::Set(di, hwy::LimitsMax<int32_t>()), smax = hn::Set(di, hwy::LimitsMin<int32_t>());
+  auto smax = hn::Set(di, hwy::LimitsMin<int32_t>());
   auto umin = hn::Set(du, hwy::LimitsMax<uint32_t>()), umax = hn::Zero(du);
   auto scan = [&](hn::Vec<decltype(df)> v) {
-    const auto s = hn::BitCast(di, v);
     const auto u = hn::BitCast(du, v);
-    smin = hn::Min(smin, s), smax = hn::Max(smax, s);
+    smax = hn::Max(smax, hn::BitCast(di, v));
     umin = hn::Min(umin, u), umax = hn::Max(umax, u);
   };
   size_t i = 0;
@@ -102,9 +102,9 @@ HWY_INLINE BucketRange ScanBucket(const float* x, size_t n) {
     for (size_t j = 0; j < w; ++j) tail[j] = x[i + j < n ? i + j : 0];
     scan(hn::Load(df, tail));
   }
-  const int32_t s_lo = hn::GetLane(hn::MinOfLanes(di, smin)), s_hi = hn::GetLane(hn::MaxOfLanes(di, smax));
+  const int32_t s_hi = hn::GetLane(hn::MaxOfLanes(di, smax));
   const uint32_t u_lo = hn::GetLane(hn::MinOfLanes(du, umin)), u_hi = hn::GetLane(hn::MaxOfLanes(du, umax));
-  const float lo = bits_to_float(s_lo < 0 ? u_hi : static_cast<uint32_t>(s_lo));
+  const float lo = bits_to_float(u_hi >= 0x80000000u ? u_hi : u_lo);
   const float hi = bits_to_float(s_hi >= 0 ? static_cast<uint32_t>(s_hi) : u_lo);
   return BucketRange{lo, hi, s_hi < 0x7F800000 && u_hi < 0xFF800000u};
 }
@@ -147,9 +147,9 @@ HWY_INLINE const float* FillUniforms(const PhiloxKey& key, uint64_t e0, size_t n
 // ---- Quantize and dequantize one tile -----------------------------------------------------------------
 
 // codes[i] for i < n from code_of(x + i, u ? u + i : nullptr), which returns the codes of a whole
-// vector of values (u: their uniforms, or null), then 0 from n up to RoundUp8(n); exactly
-// RoundUp8(n) bytes written. The last part vector is computed on copies padded with m.min, whose
-// code is 0 (x - m = 0, u < 1).
+// vector of values (u: their uniforms, or null) as 32-bit words whose low byte is the code, then 0
+// from n up to RoundUp8(n); exactly RoundUp8(n) bytes written. The last part vector is computed on
+// copies padded with m.min, whose code is 0 (x - m = 0, u < 1).
 template <class CodeOf>
 HWY_INLINE void StoreTileCodes(const float* x, const float* u, size_t n, BucketMeta m, uint8_t* codes,
                                const CodeOf& code_of) {
@@ -157,7 +157,23 @@ HWY_INLINE void StoreTileCodes(const float* x, const float* u, size_t n, BucketM
   const hn::Rebind<uint8_t, decltype(df)> d8;
   const size_t w = hn::Lanes(df);
   size_t i = 0;
-  for (; i + w <= n; i += w) hn::StoreU(code_of(x + i, u ? u + i : nullptr), d8, codes + i);
+#if HWY_TARGET == HWY_AVX2
+  // Four vectors' codes narrowed together: two 32-to-16-bit packs, one 16-to-8 and a permute of the
+  // 32-bit groups back into order, 4 shuffles for 32 codes where TruncateTo takes 3 for each 8 (the
+  // packs saturate, so the words are cut to their low byte first). 10% of q8's encode on Zen 3.
+  const __m256i low_byte = _mm256_set1_epi32(0xFF);
+  const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (; i + 4 * w <= n; i += 4 * w) {
+    auto words = [&](size_t k) {
+      return _mm256_and_si256(code_of(x + i + k * w, u ? u + i + k * w : nullptr).raw, low_byte);
+    };
+    const __m256i low = _mm256_packus_epi32(words(0), words(1));   // codes 0-3, 8-11 | 4-7, 12-15
+    const __m256i high = _mm256_packus_epi32(words(2), words(3));  // 16-19, 24-27 | 20-23, 28-31
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(low, high), in_order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), bytes);
+  }
+#endif
+  for (; i + w <= n; i += w) hn::StoreU(hn::TruncateTo(d8, code_of(x + i, u ? u + i : nullptr)), d8, codes + i);
   const size_t n8 = RoundUp8(n);
   if (i < n) {
     HWY_ALIGN float xt[HWY_MAX_BYTES / sizeof(float)] = {}, ut[HWY_MAX_BYTES / sizeof(float)] = {};
@@ -165,7 +181,7 @@ HWY_INLINE void StoreTileCodes(const float* x, const float* u, size_t n, BucketM
     if (u) memcpy(ut, u + i, (n - i) * sizeof(float));
     for (size_t j = n - i; j < w; ++j) xt[j] = m.min;
     uint8_t ct[HWY_MAX_BYTES / sizeof(float)];
-    hn::StoreU(code_of(xt, u ? ut : nullptr), d8, ct);
+    hn::StoreU(hn::TruncateTo(d8, code_of(xt, u ? ut : nullptr)), d8, ct);
     const size_t k = std::min(w, n8 - i);
     memcpy(codes + i, ct, k);
     i += k;
@@ -182,7 +198,6 @@ HWY_INLINE void StoreTileCodes(const float* x, const float* u, size_t n, BucketM
 HWY_INLINE void QuantizeTile(const float* x, const float* u, size_t n, BucketMeta m, uint32_t levels, uint8_t* codes) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
-  const hn::Rebind<uint8_t, decltype(df)> d8;
   const auto min = hn::Set(df, m.min), step = hn::Set(df, m.step), half = hn::Set(df, 0.5f);
   const auto top = hn::Set(df, static_cast<float>(levels)), magic = hn::Set(df, 0x1p23f);
   StoreTileCodes(x, u, n, m, codes, [&](const float* xp, const float* up) {
@@ -191,7 +206,7 @@ HWY_INLINE void QuantizeTile(const float* x, const float* u, size_t n, BucketMet
     // c is a whole number in [0, 255]: adding 2^23 puts it in the low mantissa bits exactly, and
     // its low byte is the code (cheaper than Highway's float-to-int conversion with its overflow
     // fix-up).
-    return hn::TruncateTo(d8, hn::BitCast(du, hn::Add(c, magic)));
+    return hn::BitCast(du, hn::Add(c, magic));
   });
 }
 
@@ -208,7 +223,6 @@ HWY_INLINE void QuantizeTileLevels(const float* x, const float* u, size_t n, Buc
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::RebindToUnsigned<decltype(df)> du;
-  const hn::Rebind<uint8_t, decltype(df)> d8;
   const auto min = hn::Set(df, m.min), step = hn::Set(df, m.step), zero = hn::Zero(df);
   const auto g_top = hn::Set(df, g.g[g.count - 1]);
   const auto top = hn::Set(di, static_cast<int32_t>(g.count - 1)), one = hn::Set(di, 1);
@@ -249,7 +263,7 @@ HWY_INLINE void QuantizeTileLevels(const float* x, const float* u, size_t n, Buc
     // t at or above the top level: the top code; t <= 0 (the minimum, or -0): code 0.
     code = hn::IfThenElse(hn::RebindMask(di, hn::Not(hn::Lt(t, g_top))), top, code);
     code = hn::IfThenElse(hn::RebindMask(di, hn::Not(hn::Gt(t, zero))), hn::Zero(di), code);
-    return hn::TruncateTo(d8, hn::BitCast(du, code));
+    return hn::BitCast(du, code);
   });
 }
 
