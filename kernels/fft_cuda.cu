@@ -73,7 +73,13 @@ struct Cufft {
   }
 };
 
-thread_local std::string cufft_error;
+thread_local std::string cufft_error;  // cleared by each launcher
+
+// Whether p may be read as a T (the kernels read a spectrum as float2, a length as size_t).
+template <class T>
+bool aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % alignof(T) == 0;
+}
 
 cudaError_t cufft_failed(const char* what, cufftResult r) {
   cufft_error = std::string(what) + " returned cufftResult " + std::to_string(static_cast<int>(r));
@@ -246,11 +252,14 @@ __global__ void __launch_bounds__(kThreads)
   float2* b = bins_all + off;
   float* mag = mag_all + off;
 
-  // The scaled bins, their magnitudes, the largest magnitude's bits and the largest part.
+  // The scaled bins, their magnitudes, the largest magnitude's bits and the largest part. The first
+  // and last bins of a real signal's transform are real: the host's FFTs write their imaginary parts
+  // as exact zeros, and so does this (cuFFT need not).
   uint32_t largest = 0;
   float top = 0.0f;
   for (uint32_t k = threadIdx.x; k < bins; k += blockDim.x) {
     float2 v = b[k];
+    if (k == 0 || k == bins - 1) v.y = 0.0f;
     v.x *= g.scale[kind], v.y *= g.scale[kind];
     b[k] = v;
     const float m = v.x * v.x + v.y * v.y;
@@ -605,22 +614,35 @@ struct FftCudaWorkspace {
     int length, batch;
     cufftHandle handle;
   };
-  std::vector<Plan> plans;
+  // Plans kept, each with its own work area in device memory: a job's calls come in a few shapes
+  // (segment length, tails, batch), and one that keeps changing shape must not pile them up.
+  static constexpr size_t kMaxPlans = 32;
+  std::vector<Plan> plans;  // most recently used first
   void* scratch = nullptr;
   size_t capacity = 0;
 
-  // The plan of a batched real transform, made at its first use.
-  cudaError_t plan(cufftType type, uint32_t length, uint32_t batch, cufftHandle* out) {
-    for (const Plan& p : plans)
-      if (p.type == type && p.length == static_cast<int>(length) && p.batch == static_cast<int>(batch)) {
-        *out = p.handle;
+  // The plan of a batched real transform, made at its first use; the least recently used goes when
+  // kMaxPlans are kept, once the stream's work (which may use it) is done.
+  cudaError_t plan(cufftType type, uint32_t length, uint32_t batch, cudaStream_t stream, cufftHandle* out) {
+    for (size_t i = 0; i < plans.size(); ++i)
+      if (plans[i].type == type && plans[i].length == static_cast<int>(length) &&
+          plans[i].batch == static_cast<int>(batch)) {
+        std::rotate(plans.begin(), plans.begin() + static_cast<std::ptrdiff_t>(i),
+                    plans.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+        *out = plans.front().handle;
         return cudaSuccess;
       }
+    if (plans.size() == kMaxPlans) {
+      const cudaError_t e = cudaStreamSynchronize(stream);
+      if (e != cudaSuccess) return e;
+      Cufft::get().destroy(plans.back().handle);
+      plans.pop_back();
+    }
     int n = static_cast<int>(length);
     cufftHandle h = 0;
     const cufftResult r = Cufft::get().plan_many(&h, 1, &n, nullptr, 1, 0, nullptr, 1, 0, type, static_cast<int>(batch));
     if (r != CUFFT_SUCCESS) return cufft_failed("cufftPlanMany", r);
-    plans.push_back({type, n, static_cast<int>(batch), h});
+    plans.insert(plans.begin(), Plan{type, n, static_cast<int>(batch), h});
     *out = h;
     return cudaSuccess;
   }
@@ -743,7 +765,7 @@ cudaError_t transform(FftCudaWorkspace* ws, const Geometry& g, cufftType type, f
   for (int kind = 0; kind < 2; ++kind) {
     if (batches[kind] == 0) continue;
     cufftHandle h = 0;
-    cudaError_t e = ws->plan(type, g.fft_length[kind], batches[kind], &h);
+    cudaError_t e = ws->plan(type, g.fft_length[kind], batches[kind], stream, &h);
     if (e != cudaSuccess) return e;
     cufftResult r = cufft.set_stream(h, stream);
     if (r != CUFFT_SUCCESS) return cufft_failed("cufftSetStream", r);
@@ -762,7 +784,9 @@ cudaError_t transform(FftCudaWorkspace* ws, const Geometry& g, cufftType type, f
 cudaError_t fft_encode_cuda(const CodecConfig& c, uint32_t hash, const float* in, size_t count, void* out,
                             size_t* length, float* residual, unsigned long long* nonfinite, unsigned long long* clamped,
                             FftCudaWorkspace* ws, cudaStream_t stream) {
-  if (c.kind != CodecKind::kFft || !ws || !length || (count && (!in || !out))) return cudaErrorInvalidValue;
+  cufft_error.clear();
+  if (c.kind != CodecKind::kFft || !ws || !length || (count && (!in || !out)) || !aligned<size_t>(length))
+    return cudaErrorInvalidValue;
   if (count == 0) return cudaMemsetAsync(length, 0, sizeof *length, stream);
   if (!fft_cuda_available(nullptr)) return cudaErrorNotSupported;
   const Geometry g = geometry_of(c, count);
@@ -791,7 +815,10 @@ cudaError_t fft_encode_cuda(const CodecConfig& c, uint32_t hash, const float* in
 cudaError_t fft_decode_spectrum_cuda(const CodecConfig& c, uint32_t hash, const void* in, const size_t* length,
                                      size_t count, float* spectrum, bool accumulate, unsigned long long* nonfinite,
                                      FftCudaWorkspace* ws, cudaStream_t stream) {
-  if (c.kind != CodecKind::kFft || !ws || (count && (!in || !length || !spectrum))) return cudaErrorInvalidValue;
+  cufft_error.clear();
+  if (c.kind != CodecKind::kFft || !ws || (count && (!in || !length || !spectrum)) || !aligned<size_t>(length) ||
+      !aligned<float2>(spectrum))
+    return cudaErrorInvalidValue;
   if (count == 0) return cudaSuccess;
   const Geometry g = geometry_of(c, count);
   const Params p = params_of(c, hash);
@@ -812,6 +839,7 @@ cudaError_t fft_decode_spectrum_cuda(const CodecConfig& c, uint32_t hash, const 
 
 cudaError_t fft_synthesize_cuda(const CodecConfig& c, const float* spectrum, size_t count, float* out,
                                 FftCudaWorkspace* ws, cudaStream_t stream) {
+  cufft_error.clear();
   if (c.kind != CodecKind::kFft || !ws || (count && (!spectrum || !out))) return cudaErrorInvalidValue;
   if (count == 0) return cudaSuccess;
   if (!fft_cuda_available(nullptr)) return cudaErrorNotSupported;

@@ -14,7 +14,8 @@
 //
 // Every launcher enqueues on `stream` and returns the first CUDA error (cudaErrorNotSupported when
 // cuFFT cannot be loaded: fft_cuda_available says why; a cuFFT failure is cudaErrorUnknown, and
-// fft_cuda_error() names it). Pointers are device memory except the configuration.
+// fft_cuda_error() names it). Pointers are device memory except the configuration; a spectrum is
+// read as float2 and a length as size_t, so they must be aligned as those (else cudaErrorInvalidValue).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -35,7 +36,7 @@ void fft_cuda_release(FftCudaWorkspace* ws);
 
 // Whether cuFFT can be loaded in this process; else *why says why.
 bool fft_cuda_available(std::string* why);
-// What the last cuFFT call of this thread that failed said.
+// What the cuFFT call that failed the last launcher this thread ran said ("" when none did).
 const char* fft_cuda_error();
 // The cuFFT this process loads, as CodecConfig::hash takes an FFT library: "cufft12" (CUDA 13's
 // libcufft.so.12) or "cufft11" (CUDA 12's), "cufft" where none loads. Versions may round apart, so

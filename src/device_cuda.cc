@@ -312,9 +312,9 @@ class CudaDevice final : public Device {
       fail(qcclSystemError, "QCCL_GPU_FFT=cufft: the fft codec on %s needs cuFFT: %s", name_.c_str(), why.c_str());
     if (!fft_workspace_) fft_workspace_ = kernels::fft_cuda_workspace();
     const cudaError_t e = launch(fft_workspace_);
-    if (e == cudaErrorUnknown)
-      fail(qcclSystemError, "CUDA: %s failed on %s: %s", what, name_.c_str(), kernels::fft_cuda_error());
-    if (e != cudaSuccess) fail(qcclSystemError, "CUDA: %s failed on %s: %s", what, name_.c_str(), cudaGetErrorString(e));
+    const char* cufft = kernels::fft_cuda_error();
+    if (e != cudaSuccess)
+      fail(qcclSystemError, "CUDA: %s failed on %s: %s", what, name_.c_str(), *cufft ? cufft : cudaGetErrorString(e));
   }
   static void CUDART_CB wake(void* fd) {
     const uint64_t one = 1;

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <random>
@@ -890,6 +891,142 @@ TEST_CASE("the fft codec's cuFFT launchers: payloads both sides read alike, the 
   DeviceBytes dlength(8);
   CHECK(fft_encode_cuda(c, hash, nullptr, 5, nullptr, reinterpret_cast<size_t*>(dlength.get()), nullptr, nullptr,
                         nullptr, ws, s.get()) == cudaErrorInvalidValue);
+  // A spectrum that cannot be read as float2 is refused, not faulted on.
+  DeviceBytes dspectrum(64);
+  CHECK(fft_decode_spectrum_cuda(c, hash, dspectrum.get(), reinterpret_cast<size_t*>(dlength.get()), 5,
+                                 reinterpret_cast<float*>(dspectrum.get() + 4), false, nullptr, ws,
+                                 s.get()) == cudaErrorInvalidValue);
+  fft_cuda_release(ws);
+}
+
+// The byte offset of each segment's payload in a run (headers_of's walk).
+std::vector<size_t> payload_offsets(const CodecConfig& c, const std::vector<uint8_t>& run, size_t count) {
+  std::vector<size_t> at{0};
+  const std::vector<SegmentHeader> headers = headers_of(c, run, count);
+  for (const SegmentHeader& h : headers)
+    at.push_back(at.back() + ((h.flags & 1) ? kFftHeaderBytes
+                                            : fft_payload_bytes(c, fft_shape(c, h.length), h.count, h.flags & 2)));
+  return at;
+}
+
+// Where cuFFT and the host's FFT must agree to the bit, the device must choose what the host chooses:
+// an impulse transforms to equal bins in any FFT of a power-of-two length (every butterfly adds an
+// exact zero), so every magnitude ties and exactly the K lowest bins are sent; a zero segment sends
+// no bin (every part underflows); with K = 1 a dominant frequency is the one bin sent. The decoded
+// spectra are then equal value for value (the imaginary zeros' signs may differ).
+TEST_CASE("the fft codec's cuFFT launchers choose the host's bins where the transforms agree exactly",
+          "[fft][cuda]") {
+  std::string why;
+  if (!fft_cuda_available(&why)) {
+    WARN("cuFFT is not loadable here: " << why);
+    return;
+  }
+  FftCudaWorkspace* ws = fft_cuda_workspace();
+  const FftWorkspaceHandle hws = take_fft_workspace();
+  for (const char* spec : {"fft:theta=0.9,bits=10,segment=4096", "fft:theta=0.99,bits=10,segment=64",
+                           "fft:theta=0.5,bits=12,mant=6,segment=256,index=coo"}) {
+    const CodecConfig c = parse_codec_spec(spec);
+    const uint32_t hash = static_cast<uint32_t>(c.hash());
+    const size_t count = 3 * c.segment;
+    std::vector<float> x(count, 0.0f);
+    x[0] = 1.0f;  // segment 0: an impulse; segment 1: zeros; segment 2: a cosine at bin 5 over a small one
+    for (size_t i = 0; i < c.segment; ++i) {
+      const float t = static_cast<float>(i) / static_cast<float>(c.segment);
+      x[2 * c.segment + i] = std::cos(6.2831853f * 5.0f * t) + 0.01f * std::cos(6.2831853f * 9.0f * t);
+    }
+    INFO(spec);
+    std::vector<uint8_t> host_run(c.encoded_bytes(count));
+    host_run.resize(fft_encode(c, x.data(), count, host_run.data(), *hws).bytes);
+    const DeviceEncoding dev = encode_on_device(c, hash, x, 0.0f, ws);
+    const std::vector<SegmentHeader> dh = headers_of(c, dev.run, count), hh = headers_of(c, host_run, count);
+    REQUIRE(dh.size() == 3);
+    const FftShape shape = fft_shape(c, c.segment);
+    CHECK(dh[0].count == shape.keep);
+    CHECK(hh[0].count == shape.keep);
+    CHECK(dh[1].count == 0);
+    CHECK(hh[1].count == 0);
+    // (with K above 1, segment 2's other bins are its transform's rounding noise, which differs)
+    const size_t exact_segments = shape.keep == 1 ? 3 : 2;
+    if (shape.keep == 1) CHECK((dh[2].count == 1 && hh[2].count == 1));
+    // The bins sent: the same bitmap or index list on both sides.
+    const std::vector<size_t> dat = payload_offsets(c, dev.run, count), hat = payload_offsets(c, host_run, count);
+    for (size_t k = 0; k < exact_segments; ++k) {
+      INFO("segment " << k);
+      REQUIRE(dh[k].flags == hh[k].flags);
+      const size_t list = (dh[k].flags & 2) ? 4 * size_t{dh[k].count} : (shape.bins + 7) / 8;
+      CHECK(first_difference(&host_run[hat[k] + kFftHeaderBytes], &dev.run[dat[k] + kFftHeaderBytes], list).empty());
+    }
+    const size_t floats = fft_spectrum_floats(c, count);
+    std::vector<float> from_host(floats, 0.0f), from_dev(floats, 0.0f);
+    CHECK(fft_decode_spectrum(c, host_run.data(), host_run.size(), count, from_host.data(), false, *hws) == 0);
+    CHECK(fft_decode_spectrum(c, dev.run.data(), dev.run.size(), count, from_dev.data(), false, *hws) == 0);
+    size_t unequal = 0;
+    for (size_t i = 0; i < 4 * shape.bins; ++i) unequal += from_host[i] != from_dev[i];  // segments 0 and 1
+    CHECK(unequal == 0);
+  }
+  fft_cuda_release(ws);
+}
+
+// Payloads broken in the middle of a run the way a bad sender or a cut message would break them: an
+// index list out of order, an index past the last bin, a bitmap bit in the padding past the last bin,
+// a count above K, an exponent without max=auto. The device's decoder finds each as the host's does:
+// the same spectrum (NaN from the broken segment on) and the same non-finite count, plain and
+// accumulated.
+TEST_CASE("the fft codec's cuFFT decoder rejects malformed payloads as the host's does", "[fft][cuda]") {
+  std::string why;
+  if (!fft_cuda_available(&why)) {
+    WARN("cuFFT is not loadable here: " << why);
+    return;
+  }
+  FftCudaWorkspace* ws = fft_cuda_workspace();
+  const FftWorkspaceHandle hws = take_fft_workspace();
+  const size_t count = 4 * 64 + 20;  // four segments and a tail
+  std::vector<float> x(count);
+  for (size_t i = 0; i < count; ++i) x[i] = std::sin(0.3f * static_cast<float>(i)) + 0.2f * std::cos(1.7f * static_cast<float>(i));
+  struct Break {
+    const char* what;
+    const char* spec;
+    std::function<void(std::vector<uint8_t>&, size_t at, const SegmentHeader&)> apply;
+  };
+  auto put32 = [](std::vector<uint8_t>& run, size_t at, uint32_t v) { std::memcpy(&run[at], &v, 4); };
+  const Break breaks[] = {
+      {"indices out of order", "fft:theta=0.5,bits=10,segment=64,index=coo",
+       [&](std::vector<uint8_t>& run, size_t at, const SegmentHeader&) {
+         uint32_t first = 0;
+         std::memcpy(&first, &run[at + kFftHeaderBytes], 4);
+         put32(run, at + kFftHeaderBytes + 4, first);  // the second index equal to the first
+       }},
+      {"an index past the last bin", "fft:theta=0.5,bits=10,segment=64,index=coo",
+       [&](std::vector<uint8_t>& run, size_t at, const SegmentHeader& h) {
+         put32(run, at + kFftHeaderBytes + 4 * (h.count - 1), 33);  // bins 0..32
+       }},
+      {"a bitmap bit past the last bin", "fft:theta=0.5,bits=10,segment=64,index=bitmap",
+       [&](std::vector<uint8_t>& run, size_t at, const SegmentHeader&) {
+         run[at + kFftHeaderBytes + 4] |= 0x08;  // bit 35 of the 40: padding
+       }},
+      {"a count above K", "fft:theta=0.5,bits=10,segment=64,index=coo",
+       [&](std::vector<uint8_t>& run, size_t at, const SegmentHeader&) { put32(run, at + 8, 18); }},  // K = 17
+      {"an exponent without max=auto", "fft:theta=0.5,bits=10,segment=64",
+       [&](std::vector<uint8_t>& run, size_t at, const SegmentHeader&) { run[at + 3] = 2; }},
+  };
+  for (const Break& b : breaks) {
+    INFO(b.what);
+    const CodecConfig c = parse_codec_spec(b.spec);
+    const uint32_t hash = static_cast<uint32_t>(c.hash());
+    std::vector<uint8_t> run(c.encoded_bytes(count));
+    run.resize(fft_encode(c, x.data(), count, run.data(), *hws).bytes);
+    const std::vector<SegmentHeader> headers = headers_of(c, run, count);
+    REQUIRE(headers[2].count >= 2);
+    b.apply(run, payload_offsets(c, run, count)[2], headers[2]);
+    const size_t floats = fft_spectrum_floats(c, count);
+    for (bool accumulate : {false, true}) {
+      std::vector<float> host_spectrum(floats, 0.25f), dev_spectrum(floats, 0.25f);
+      const size_t host_bad = fft_decode_spectrum(c, run.data(), run.size(), count, host_spectrum.data(), accumulate, *hws);
+      CHECK(host_bad == count - 2 * 64);  // the third segment on, the tail included
+      CHECK(decode_on_device(c, hash, run, count, dev_spectrum, accumulate, ws) == host_bad);
+      CHECK(first_difference(host_spectrum.data(), dev_spectrum.data(), floats, true).empty());
+    }
+  }
   fft_cuda_release(ws);
 }
 
