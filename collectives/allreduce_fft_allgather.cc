@@ -6,7 +6,11 @@
 // one float32 sum (divided by n for an average). Every rank decodes the same bytes in the same order,
 // so the output is bitwise identical everywhere.
 //
-// One fragment per segment, so the pipeline overlaps segment s + 1's FFT with segment s's transfers.
+// A fragment is a run of whole segments, as many as a pipeline chunk holds in float32 (one segment
+// at the defaults: 65536 values, 256 KiB), so the pipeline overlaps fragment f + 1's FFTs with
+// fragment f's transfers; short segments travel several to a message (and a device's kernels take
+// them as one batch, a block each), which changes no bit: a run encodes to its segments' payloads
+// back to back.
 // The payloads' sparse spectra are added in rank order and the sum goes through one inverse FFT per
 // segment, not n (spec P6: the inverse of the sum is the sum of the inverses, up to float32 rounding).
 //
@@ -17,6 +21,7 @@
 // Wire bytes: (n - 1) times this rank's payloads, at most (n - 1) encoded_bytes(count).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "collectives/algorithms.h"
@@ -39,22 +44,31 @@ struct FftKernels {
     encode.k = add_spectrum.k = synthesize.k = this;
   }
 
-  // dst = encode(src) for values index .. index + count; *src2 (size_t) = its length. With error
-  // feedback, the residual there becomes src - decode(dst), unless the segment held NaN or Inf.
+  // dst = encode(src) for values index .. index + count (whole segments, but for the call's last);
+  // *src2 (size_t) = its length. With error feedback, the residual there becomes src - decode(dst),
+  // except over segments that held NaN or Inf: so segment by segment (their payloads lie back to
+  // back, as one encode of the run writes them).
   struct Encode final : StepKernel {
     FftKernels* k;
     Phase phase() const override { return Phase::kEncode; }
     const char* name() const override { return "fft_encode"; }
     void run(const step::Compute& s, StepContext&) const override {
       const auto* acc = static_cast<const float*>(s.src);
-      const kernels::FftReport report = kernels::fft_encode(k->codec, acc, s.count, s.dst, *k->workspace);
-      *static_cast<size_t*>(const_cast<void*>(s.src2)) = report.bytes;
-      if (!k->call) return;
-      k->call->clamped += report.clamped;
-      if (!k->call->residual || report.nonfinite) return;
-      kernels::fft_decode(k->codec, s.dst, report.bytes, s.count, k->decoded.data(), false, *k->workspace);
-      float* residual = k->call->residual + s.index;
-      for (size_t i = 0; i < s.count; ++i) residual[i] = acc[i] - k->decoded[i];
+      auto* out = static_cast<uint8_t*>(s.dst);
+      float* residual = k->call && k->call->residual ? k->call->residual + s.index : nullptr;
+      const size_t per_encode = residual ? k->codec.segment : s.count;
+      size_t bytes = 0;
+      for (size_t at = 0; at < s.count; at += per_encode) {
+        const size_t n = std::min(per_encode, s.count - at);
+        const kernels::FftReport report = kernels::fft_encode(k->codec, acc + at, n, out + bytes, *k->workspace);
+        if (k->call) k->call->clamped += report.clamped;
+        if (residual && !report.nonfinite) {
+          kernels::fft_decode(k->codec, out + bytes, report.bytes, n, k->decoded.data(), false, *k->workspace);
+          for (size_t i = 0; i < n; ++i) residual[at + i] = acc[at + i] - k->decoded[i];
+        }
+        bytes += report.bytes;
+      }
+      *static_cast<size_t*>(const_cast<void*>(s.src2)) = bytes;
     }
     bool launch(const step::Compute& s, DeviceStepContext& context) const override {
       if (!context.kernels->runs_fft()) return false;
@@ -99,7 +113,7 @@ struct FftKernels {
   const kernels::CodecConfig& codec;
   FftCall* call;
   kernels::FftWorkspaceHandle workspace;
-  std::vector<float> decoded;  // error feedback: the own payload decoded
+  std::vector<float> decoded;  // error feedback: the own payload of a segment decoded
   Encode encode;
   AddSpectrum add_spectrum;
   Synthesize synthesize;
@@ -107,10 +121,12 @@ struct FftKernels {
 
 class AllReduceFftAllgather final : public Plan {
  public:
-  explicit AllReduceFftAllgather(const CollArgs& args)
-      : Plan(args), segment_(args.codec->segment), kernels_(std::make_unique<FftKernels>(args)) {}
+  AllReduceFftAllgather(const CollArgs& args, const PlanOptions& options)
+      : Plan(args),
+        span_(args.codec->segment * std::max<size_t>(1, options.chunk_bytes / (args.codec->segment * sizeof(float)))),
+        kernels_(std::make_unique<FftKernels>(args)) {}
 
-  size_t fragments() const override { return (args_.count + segment_ - 1) / segment_; }
+  size_t fragments() const override { return (args_.count + span_ - 1) / span_; }
 
   // The n payloads' lengths, a float32 contribution (then the sum), the sum's spectrum, the n payloads.
   size_t scratch_bytes() const override {
@@ -120,8 +136,8 @@ class AllReduceFftAllgather final : public Plan {
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
     const int me = args_.rank;
-    const size_t es = args_.element_size(), offset = f * segment_;
-    const size_t count = std::min(segment_, args_.count - offset), capacity = args_.codec->encoded_bytes(count);
+    const size_t es = args_.element_size(), offset = f * span_;
+    const size_t count = std::min(span_, args_.count - offset), capacity = args_.codec->encoded_bytes(count);
     auto* lengths = reinterpret_cast<size_t*>(scratch);
     float* contribution = reinterpret_cast<float*>(scratch + lengths_bytes());
     float* sum = contribution;  // once encoded, the contribution's buffer takes the sum
@@ -173,13 +189,13 @@ class AllReduceFftAllgather final : public Plan {
  private:
   size_t n() const { return static_cast<size_t>(args_.nranks); }
   size_t lengths_bytes() const { return (n() * sizeof(size_t) + 63) / 64 * 64; }
-  size_t floats_bytes() const { return (std::min(segment_, args_.count) * sizeof(float) + 63) / 64 * 64; }
+  size_t floats_bytes() const { return (std::min(span_, args_.count) * sizeof(float) + 63) / 64 * 64; }
   size_t spectrum_bytes() const {
-    return (kernels::fft_spectrum_floats(*args_.codec, std::min(segment_, args_.count)) * sizeof(float) + 63) / 64 * 64;
+    return (kernels::fft_spectrum_floats(*args_.codec, std::min(span_, args_.count)) * sizeof(float) + 63) / 64 * 64;
   }
-  size_t payload_stride() const { return (args_.codec->encoded_bytes(std::min(segment_, args_.count)) + 63) / 64 * 64; }
+  size_t payload_stride() const { return (args_.codec->encoded_bytes(std::min(span_, args_.count)) + 63) / 64 * 64; }
 
-  size_t segment_;
+  size_t span_;  // values per fragment: whole segments
   std::unique_ptr<FftKernels> kernels_;  // programs point at its kernels
 };
 
@@ -216,8 +232,8 @@ std::unique_ptr<Plan> make_allreduce_fft_dense_ring(const CollArgs& args, const 
   return make_allreduce_ring(args, options);
 }
 
-std::unique_ptr<Plan> make_allreduce_fft_allgather(const CollArgs& args, const PlanOptions&) {
-  return std::make_unique<AllReduceFftAllgather>(args);
+std::unique_ptr<Plan> make_allreduce_fft_allgather(const CollArgs& args, const PlanOptions& options) {
+  return std::make_unique<AllReduceFftAllgather>(args, options);
 }
 
 }  // namespace qccl::coll

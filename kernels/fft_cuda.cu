@@ -235,8 +235,8 @@ __global__ void __launch_bounds__(kThreads)
     select_kernel(float2* __restrict__ bins_all, float* __restrict__ mag_all, Geometry g, Params p,
                   uint32_t* __restrict__ sent_bin, uint16_t* __restrict__ codes, uint8_t* __restrict__ sent_flag,
                   uint32_t* __restrict__ seg_count, uint32_t* __restrict__ seg_flags,
-                  unsigned long long* __restrict__ seg_bytes, unsigned long long* nonfinite, unsigned long long* clamped_all,
-                  uint32_t* __restrict__ any_nonfinite) {
+                  unsigned long long* __restrict__ seg_bytes, unsigned long long* nonfinite,
+                  unsigned long long* clamped_all) {
   __shared__ union {
     BlockScan::TempStorage scan;
     BlockReduceU::TempStorage reduce_u;
@@ -277,7 +277,6 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) {
       seg_count[s] = 0, seg_flags[s] = kFlagNonfinite, seg_bytes[s] = kFftHeaderBytes;
       if (nonfinite) atomicAdd(nonfinite, static_cast<unsigned long long>(g.length[kind]));
-      atomicOr(any_nonfinite, 1u);
     }
     return;
   }
@@ -422,12 +421,12 @@ __global__ void rebuild_kernel(float2* __restrict__ bins_all, Geometry g, Params
   }
 }
 
-// residual[i] = in[i] - the decoded value i, unless a segment held NaN or Inf.
+// residual[i] = in[i] - the decoded value i, except in segments that held NaN or Inf.
 __global__ void residual_kernel(const float* __restrict__ in, const float* __restrict__ real, float* __restrict__ residual,
-                                Geometry g, const uint32_t* __restrict__ any_nonfinite) {
-  if (*any_nonfinite) return;
+                                Geometry g, const uint32_t* __restrict__ seg_flags) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < g.count; i += size_t{gridDim.x} * blockDim.x) {
     const uint32_t s = static_cast<uint32_t>(i / g.segment);
+    if (seg_flags[s] & kFlagNonfinite) continue;
     const size_t at = i - static_cast<size_t>(s) * g.segment;
     residual[i] = in[i] - real[g.real_offset(s) + at] * g.scale[g.kind(s)];
   }
@@ -707,7 +706,6 @@ struct EncodeScratch {
   uint8_t* sent_flag;
   uint32_t *seg_count, *seg_flags;
   unsigned long long *seg_bytes, *offsets;
-  uint32_t* any_nonfinite;
 
   EncodeScratch(Carve& k, const Geometry& g)
       : real(k.take<float>(g.real_total())),
@@ -719,8 +717,7 @@ struct EncodeScratch {
         seg_count(k.take<uint32_t>(g.n)),
         seg_flags(k.take<uint32_t>(g.n)),
         seg_bytes(k.take<unsigned long long>(g.n)),
-        offsets(k.take<unsigned long long>(g.n + 1)),
-        any_nonfinite(k.take<uint32_t>(1)) {}
+        offsets(k.take<unsigned long long>(g.n + 1)) {}
 };
 
 struct DecodeScratch {
@@ -795,19 +792,17 @@ cudaError_t fft_encode_cuda(const CodecConfig& c, uint32_t hash, const float* in
   cudaError_t e = lay_out(ws, g, stream, &scratch);
   if (e != cudaSuccess) return e;
   const EncodeScratch& a = *scratch;
-  if ((e = cudaMemsetAsync(a.any_nonfinite, 0, sizeof *a.any_nonfinite, stream)) != cudaSuccess) return e;
   pad_kernel<<<grid_for(g.real_total()), 256, 0, stream>>>(in, a.real, g, g.real_total());
   if ((e = transform(ws, g, CUFFT_R2C, a.real, a.spectrum, stream)) != cudaSuccess) return e;
   select_kernel<<<g.n, kThreads, 0, stream>>>(a.spectrum, a.magnitude, g, p, a.sent_bin, a.codes, a.sent_flag,
-                                              a.seg_count, a.seg_flags, a.seg_bytes, nonfinite, clamped,
-                                              a.any_nonfinite);
+                                              a.seg_count, a.seg_flags, a.seg_bytes, nonfinite, clamped);
   offsets_kernel<<<1, 1024, 0, stream>>>(a.seg_bytes, g.n, a.offsets, length);
   write_kernel<<<g.n, 256, 0, stream>>>(static_cast<uint8_t*>(out), a.offsets, g, p, a.sent_bin, a.codes, a.sent_flag,
                                         a.seg_count, a.seg_flags);
   if (residual) {
     rebuild_kernel<<<g.n, 256, 0, stream>>>(a.spectrum, g, p, a.sent_bin, a.codes, a.seg_count, a.seg_flags);
     if ((e = transform(ws, g, CUFFT_C2R, a.real, a.spectrum, stream)) != cudaSuccess) return e;
-    residual_kernel<<<grid_for(count), 256, 0, stream>>>(in, a.real, residual, g, a.any_nonfinite);
+    residual_kernel<<<grid_for(count), 256, 0, stream>>>(in, a.real, residual, g, a.seg_flags);
   }
   return cudaGetLastError();
 }

@@ -4,7 +4,8 @@
 // compared by this harness); payloads of every length from a header alone to the capacity (P14);
 // wire bytes equal to (n - 1) times the payloads the reference encodes; error feedback conserved
 // per step and over steps, everything-dropped included (P15); NaN or Inf reported on every rank,
-// confined to its segment and leaving the residual alone; float16 / bfloat16, avg, in place, depths.
+// confined to its segment and leaving the residual alone; float16 / bfloat16, avg, in place, depths,
+// fragments of one segment, several, or the whole call.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -37,6 +38,7 @@ struct Job {
   RedOp op = RedOp::kSum;
   int depth = 2;
   bool in_place = false;
+  size_t chunk_bytes = 4096;  // four 256-value segments to a fragment
 };
 
 // Rank r's input: zeros (r % 3 == 0: header-only payloads), a smooth signal (few bins), or noise
@@ -82,7 +84,7 @@ Result run(const Job& job, const kernels::CodecConfig& codec, const std::vector<
     if (residuals) calls[r].residual = (*residuals)[r].data();
     a.method_call = &calls[r];
   }
-  res.sim = run_on_sim(args, "fft_allgather", 4096, job.depth);
+  res.sim = run_on_sim(args, "fft_allgather", job.chunk_bytes, job.depth);
   if (job.in_place)
     for (int r = 0; r < job.n; ++r) res.out[r] = send[r];
   return res;
@@ -126,9 +128,13 @@ TEST_CASE("fft all-reduce: every rank holds the single-process reference's bits 
             Job job;
             job.n = n, job.count = count, job.dtype = dtype, job.op = op, job.in_place = in_place;
             job.depth = 1 + static_cast<int>(count % 3);
+            // A segment to a fragment, four, or the whole call (a fragment ends at a segment's end,
+            // so the bits cannot depend on it).
+            const size_t chunks[] = {1024, 4096, size_t{1} << 20};
+            job.chunk_bytes = chunks[(static_cast<size_t>(n) + count + (in_place ? 1 : 0)) % 3];
             const kernels::CodecConfig codec = kernels::parse_codec_spec(job.spec);
             INFO("n=" << n << " count=" << count << " " << kernels::data_type_name(dtype) << (op == RedOp::kAvg ? " avg" : " sum")
-                      << (in_place ? " in place" : "") << " depth=" << job.depth);
+                      << (in_place ? " in place" : "") << " depth=" << job.depth << " chunk=" << job.chunk_bytes);
             const auto in = make_inputs(job, 40 + count);
             const Result res = run(job, codec, in);
             const Reference ref = reference(job, codec, in);
