@@ -10,6 +10,7 @@
 #include "collectives/plan.h"
 #include "include/qccl.h"
 #include "kernels/reduce.h"
+#include "src/device.h"
 
 namespace qccl {
 
@@ -19,6 +20,7 @@ void print_versions(FILE* out) {
   std::fprintf(out, "# qccl %d.%d.%d (library code %d)\n", QCCL_MAJOR, QCCL_MINOR, QCCL_PATCH, v);
   std::fprintf(out, "# UCX %s\n", ucp_get_version_string());
   std::fprintf(out, "# reduction kernels: %s\n", kernels::reduce_target_name());
+  for (const std::string& line : describe_gpu_support()) std::fprintf(out, "# %s\n", line.c_str());
 }
 
 void print_environment(FILE* out) {

@@ -6,7 +6,7 @@
 
 namespace qccl {
 
-void print_versions(FILE* out);     // qccl, UCX, and the vector target the reduction kernels use
+void print_versions(FILE* out);     // qccl, UCX, the reduction kernels' vector target, CUDA, NCCL, cuFFT
 void print_environment(FILE* out);  // every QCCL_* variable: default, value here, meaning
 void print_algorithms(FILE* out);   // every registered algorithm: collective, range, wire bytes, description
 void print_methods(FILE* out);      // every compression method: name, the codecs it serves, description

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/device_kernels.h"
 #include "collectives/plan.h"
@@ -115,6 +116,9 @@ std::unique_ptr<Device> make_cuda_device(int ordinal, bool cufft, std::string* w
 std::string nccl_unique_id(std::string* why);
 // Whether libnccl.so.2 can be loaded here (the real NCCL, not qccl's drop-in), else why not.
 bool nccl_available(std::string* why);
+// What this process can use on GPUs, a line each (qccl_info -v): the CUDA runtime, driver and
+// devices, NCCL for QCCL_GPU_WIRE=nccl and cuFFT for QCCL_GPU_FFT=cufft, each or why not.
+std::vector<std::string> describe_gpu_support();
 std::unique_ptr<PeerWire> make_nccl_wire(Device& device, int nranks, int rank, const std::string& unique_id,
                                          double timeout_seconds, std::string* why);
 

@@ -613,6 +613,40 @@ bool nccl_available(std::string* why) {
   return nccl.get_unique_id != nullptr;
 }
 
+std::vector<std::string> describe_gpu_support() {
+  std::vector<std::string> lines;
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    lines.push_back(format("CUDA: no device (%s)", cudaGetErrorString(e)));
+  } else {
+    int runtime = 0, driver = 0;
+    cudaRuntimeGetVersion(&runtime), cudaDriverGetVersion(&driver);
+    std::string text = format("CUDA: runtime %d.%d, driver %d.%d, %d device%s", runtime / 1000, runtime % 1000 / 10,
+                              driver / 1000, driver % 1000 / 10, count, count == 1 ? "" : "s");
+    for (int d = 0; d < count; ++d) {
+      cudaDeviceProp props{};
+      if (cudaGetDeviceProperties(&props, d) == cudaSuccess)
+        text += format("%s#%d %s (sm_%d%d)", d ? ", " : ": ", d, props.name, props.major, props.minor);
+    }
+    lines.push_back(text);
+  }
+  const Nccl& nccl = Nccl::get();
+  int version = 0;
+  if (nccl.get_unique_id && nccl.get_version && nccl.get_version(&version) == ncclSuccess)
+    lines.push_back(format("NCCL (QCCL_GPU_WIRE=nccl): libnccl.so.2, %d.%d.%d", version / 10000, version / 100 % 100,
+                           version % 100));
+  else
+    lines.push_back("NCCL (QCCL_GPU_WIRE=nccl): " + (nccl.error.empty() ? std::string("no ncclGetVersion") : nccl.error));
+  std::string why;
+  const std::string library = kernels::fft_cuda_library();  // "cufft12": libcufft.so.12
+  lines.push_back(kernels::fft_cuda_available(&why)
+                      ? "cuFFT (QCCL_GPU_FFT=cufft): libcufft.so." + library.substr(5) + ", hashed as " + library
+                      : "cuFFT (QCCL_GPU_FFT=cufft): " + why);
+  return lines;
+}
+
 }  // namespace qccl
 
 #else  // a build without CUDA
@@ -637,6 +671,7 @@ std::unique_ptr<PeerWire> make_nccl_wire(Device&, int, int, const std::string&, 
   if (why) *why = kNoCuda;
   return nullptr;
 }
+std::vector<std::string> describe_gpu_support() { return {std::string("CUDA: ") + kNoCuda}; }
 }  // namespace qccl
 
 #endif

@@ -15,7 +15,9 @@ void usage(FILE* out) {
                "  -a   algorithms: name, collective, default size range, wire bytes per rank, description\n"
                "  -m   compression methods: name, the codecs each serves\n"
                "  -e   environment: every QCCL_* variable, its default, and its value in this environment\n"
-               "  -v   versions: qccl, UCX, and the vector target the reduction kernels dispatch to\n"
+               "  -v   versions: qccl, UCX, the vector target the reduction kernels dispatch to, and on GPUs\n"
+               "       the CUDA runtime, driver and devices, NCCL (QCCL_GPU_WIRE=nccl) and cuFFT\n"
+               "       (QCCL_GPU_FFT=cufft), each with why not where it cannot be used\n"
                "  -h   this help\n"
                "Exit status: 0, or 2 for an unknown option.\n");
 }
