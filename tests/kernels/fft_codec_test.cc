@@ -10,6 +10,7 @@
 #include <cmath>
 #include <complex>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -446,6 +447,41 @@ TEST_CASE("fft codec: NaN or Inf poisons its segment only, counted; malformed pa
   CHECK(decodes_to_nan(corrupt, bytes, 100));
   CHECK(decodes_to_nan(good, bytes - 1, 100));
   CHECK(decodes_to_nan(good, bytes, 99));
+
+  // Malformed bin lists. A bitmap of 151 bins (19 bytes, read 64 bits at a time, the last word
+  // partly): a bit set that the count does not cover, one cleared, one in the padding past bin 150;
+  // an index list out of order or past the last bin.
+  const CodecConfig b = parse_codec_spec("fft:theta=0.5,segment=300,index=bitmap");
+  const CodecConfig l = parse_codec_spec("fft:theta=0.5,segment=300,index=coo");
+  std::vector<float> z(300);
+  for (size_t i = 0; i < z.size(); ++i) z[i] = static_cast<float>(std::sin(0.05 * double(i)) + 0.3 * std::cos(0.9 * double(i)));
+  auto bad_list = [&](const CodecConfig& codec, const std::function<void(std::vector<uint8_t>&, uint32_t)>& mutate) {
+    std::vector<uint8_t> w(codec.encoded_bytes(z.size()));
+    const size_t n = fft_encode(codec, z.data(), z.size(), w.data(), *ws).bytes;
+    uint32_t sent = 0;
+    std::memcpy(&sent, &w[8], 4);
+    std::vector<float> o(z.size(), 0.0f);
+    const bool before = fft_decode(codec, w.data(), n, z.size(), o.data(), false, *ws) == 0;
+    mutate(w, sent);
+    const bool after = fft_decode(codec, w.data(), n, z.size(), o.data(), false, *ws) == z.size() &&
+                       std::all_of(o.begin(), o.end(), [](float v) { return std::isnan(v); });
+    return before && after;
+  };
+  const size_t map = kFftHeaderBytes;  // the bitmap follows the header
+  CHECK(bad_list(b, [&](std::vector<uint8_t>& w, uint32_t) {
+    for (size_t k = 0; k < 151; ++k)  // the first bin not sent, now set
+      if (!(w[map + k / 8] >> (k % 8) & 1)) return void(w[map + k / 8] |= static_cast<uint8_t>(1u << (k % 8)));
+  }));
+  CHECK(bad_list(b, [&](std::vector<uint8_t>& w, uint32_t) {
+    for (size_t k = 151; k-- > 0;)  // the last bin sent, now cleared
+      if (w[map + k / 8] >> (k % 8) & 1) return void(w[map + k / 8] &= static_cast<uint8_t>(~(1u << (k % 8))));
+  }));
+  CHECK(bad_list(b, [&](std::vector<uint8_t>& w, uint32_t) { w[map + 18] |= 0x80; }));  // bit 151: padding
+  CHECK(bad_list(l, [&](std::vector<uint8_t>& w, uint32_t) { std::memcpy(&w[map + 4], &w[map], 4); }));
+  CHECK(bad_list(l, [&](std::vector<uint8_t>& w, uint32_t sent) {
+    const uint32_t past = 151;
+    std::memcpy(&w[map + 4 * (sent - 1)], &past, 4);
+  }));
 }
 
 TEST_CASE("fft codec: parts beyond the range are clamped to its largest magnitude and counted", "[fft]") {
