@@ -638,7 +638,8 @@ std::vector<std::string> describe_gpu_support() {
     lines.push_back(format("NCCL (QCCL_GPU_WIRE=nccl): libnccl.so.2, %d.%d.%d", version / 10000, version / 100 % 100,
                            version % 100));
   else
-    lines.push_back("NCCL (QCCL_GPU_WIRE=nccl): " + (nccl.error.empty() ? std::string("no ncclGetVersion") : nccl.error));
+    lines.push_back("NCCL (QCCL_GPU_WIRE=nccl): " +
+                    (nccl.error.empty() ? std::string("no ncclGetVersion") : nccl.error));
   std::string why;
   const std::string library = kernels::fft_cuda_library();  // "cufft12": libcufft.so.12
   lines.push_back(kernels::fft_cuda_available(&why)

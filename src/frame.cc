@@ -126,7 +126,8 @@ std::string frame_mismatch(const FrameHeader& expected, const FrameHeader& their
   if (expected.kind == coll::CollKind::kSend) mine.replace(0, 4, "Recv");
   std::string text = "rank " + std::to_string(theirs.sender) + " called " + theirs.describe() + " but this rank called " + mine;
   const bool same_but_codec = expected.kind == theirs.kind && expected.dtype == theirs.dtype &&
-                              expected.op == theirs.op && expected.root == theirs.root && expected.count == theirs.count;
+                              expected.op == theirs.op && expected.root == theirs.root &&
+                              expected.count == theirs.count;
   if (expected.codec_step != theirs.codec_step && expected.codec_hash == theirs.codec_hash)
     text += " (their codec states are at different steps: every rank must pass its own state for the same tensor, "
             "restored from the same checkpoint)";

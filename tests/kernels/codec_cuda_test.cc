@@ -990,7 +990,8 @@ TEST_CASE("the fft codec's cuFFT decoder rejects malformed payloads as the host'
   const FftWorkspaceHandle hws = take_fft_workspace();
   const size_t count = 4 * 64 + 20;  // four segments and a tail
   std::vector<float> x(count);
-  for (size_t i = 0; i < count; ++i) x[i] = std::sin(0.3f * static_cast<float>(i)) + 0.2f * std::cos(1.7f * static_cast<float>(i));
+  for (size_t i = 0; i < count; ++i)
+    x[i] = std::sin(0.3f * static_cast<float>(i)) + 0.2f * std::cos(1.7f * static_cast<float>(i));
   struct Break {
     const char* what;
     const char* spec;
@@ -1029,7 +1030,8 @@ TEST_CASE("the fft codec's cuFFT decoder rejects malformed payloads as the host'
     const size_t floats = fft_spectrum_floats(c, count);
     for (bool accumulate : {false, true}) {
       std::vector<float> host_spectrum(floats, 0.25f), dev_spectrum(floats, 0.25f);
-      const size_t host_bad = fft_decode_spectrum(c, run.data(), run.size(), count, host_spectrum.data(), accumulate, *hws);
+      const size_t host_bad =
+          fft_decode_spectrum(c, run.data(), run.size(), count, host_spectrum.data(), accumulate, *hws);
       CHECK(host_bad == count - 2 * 64);  // the third segment on, the tail included
       CHECK(decode_on_device(c, hash, run, count, dev_spectrum, accumulate, ws) == host_bad);
       CHECK(first_difference(host_spectrum.data(), dev_spectrum.data(), floats, true).empty());

@@ -288,28 +288,34 @@ TEST_CASE("fft codec: the FFT library is part of the codec's hash", "[fft]") {
 
 TEST_CASE("fft codec: the K largest magnitudes of random spectra, as a full sort ranks them", "[fft]") {
   // The encoder's selection (a radix select on the magnitudes' bits) against a sort of (magnitude
-  // descending, bin ascending), on spectra of random signals, some with few distinct values.
-  const CodecConfig c = parse_codec_spec("fft:theta=0.9,bits=12,mant=6,segment=2048,index=bitmap,max=auto");
-  const FftShape s = fft_shape(c, 2048);
-  std::mt19937 rng(17);
-  for (int trial = 0; trial < 40; ++trial) {
-    std::vector<float> x(2048);
-    for (float& v : x)
-      v = trial % 2 ? std::uniform_real_distribution<float>(-1, 1)(rng) : 0.5f * static_cast<float>(rng() % 3);
-    auto ws = take_fft_workspace();
-    std::vector<float> spectrum(fft_spectrum_floats(c, 2048));
-    fft_analyze(c, x.data(), 2048, spectrum.data(), *ws);
-    std::vector<size_t> order(s.bins);
-    for (size_t k = 0; k < s.bins; ++k) order[k] = k;
-    auto magnitude = [&](size_t k) { return spectrum[2 * k] * spectrum[2 * k] + spectrum[2 * k + 1] * spectrum[2 * k + 1]; };
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return magnitude(a) > magnitude(b); });
-    std::vector<size_t> expected(order.begin(), order.begin() + static_cast<long>(s.keep));
-    std::sort(expected.begin(), expected.end());
-    expected.erase(std::remove_if(expected.begin(), expected.end(), [&](size_t k) { return magnitude(k) == 0; }),
-                   expected.end());  // a bin of two zero parts is not sent
-    const Coded coded = round_trip(c, x);
-    INFO("trial " << trial);
-    CHECK(bitmap_bins(coded.wire.data(), s.bins) == expected);
+  // descending, bin ascending), on spectra of random signals, some with few distinct values; with
+  // fewer bins than the select's four-way counting starts at, and more.
+  for (size_t segment : {size_t{2048}, size_t{32768}}) {
+    const CodecConfig c = parse_codec_spec("fft:theta=0.9,bits=12,mant=6,segment=" + std::to_string(segment) +
+                                           ",index=bitmap,max=auto");
+    const FftShape s = fft_shape(c, segment);
+    std::mt19937 rng(17);
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> x(segment);
+      for (float& v : x)
+        v = trial % 2 ? std::uniform_real_distribution<float>(-1, 1)(rng) : 0.5f * static_cast<float>(rng() % 3);
+      auto ws = take_fft_workspace();
+      std::vector<float> spectrum(fft_spectrum_floats(c, segment));
+      fft_analyze(c, x.data(), segment, spectrum.data(), *ws);
+      std::vector<size_t> order(s.bins);
+      for (size_t k = 0; k < s.bins; ++k) order[k] = k;
+      auto magnitude = [&](size_t k) {
+        return spectrum[2 * k] * spectrum[2 * k] + spectrum[2 * k + 1] * spectrum[2 * k + 1];
+      };
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return magnitude(a) > magnitude(b); });
+      std::vector<size_t> expected(order.begin(), order.begin() + static_cast<long>(s.keep));
+      std::sort(expected.begin(), expected.end());
+      expected.erase(std::remove_if(expected.begin(), expected.end(), [&](size_t k) { return magnitude(k) == 0; }),
+                     expected.end());  // a bin of two zero parts is not sent
+      const Coded coded = round_trip(c, x);
+      INFO(segment << " values, trial " << trial);
+      CHECK(bitmap_bins(coded.wire.data(), s.bins) == expected);
+    }
   }
 }
 
@@ -454,7 +460,8 @@ TEST_CASE("fft codec: NaN or Inf poisons its segment only, counted; malformed pa
   const CodecConfig b = parse_codec_spec("fft:theta=0.5,segment=300,index=bitmap");
   const CodecConfig l = parse_codec_spec("fft:theta=0.5,segment=300,index=coo");
   std::vector<float> z(300);
-  for (size_t i = 0; i < z.size(); ++i) z[i] = static_cast<float>(std::sin(0.05 * double(i)) + 0.3 * std::cos(0.9 * double(i)));
+  for (size_t i = 0; i < z.size(); ++i)
+    z[i] = static_cast<float>(std::sin(0.05 * double(i)) + 0.3 * std::cos(0.9 * double(i)));
   auto bad_list = [&](const CodecConfig& codec, const std::function<void(std::vector<uint8_t>&, uint32_t)>& mutate) {
     std::vector<uint8_t> w(codec.encoded_bytes(z.size()));
     const size_t n = fft_encode(codec, z.data(), z.size(), w.data(), *ws).bytes;
