@@ -686,6 +686,14 @@ TEST_CASE("the fft codec's range floats: device codes and values are the host's,
         cudaErrorInvalidValue);
 }
 
+// Whether cuFFT loads here; a case that needs it says why not otherwise (and ends: it passes).
+bool cufft_loads() {
+  std::string why;
+  if (fft_cuda_available(&why)) return true;
+  WARN("cuFFT is not loadable here: " << why);
+  return false;
+}
+
 // A payload run's segments as its headers say (fft_sparse.h): count of bins sent and flags of each.
 struct SegmentHeader {
   uint32_t length, count, flags;
@@ -791,11 +799,7 @@ std::vector<float> synthesize_on_device(const CodecConfig& c, const std::vector<
 // payloads read as the host reads them.
 TEST_CASE("the fft codec's cuFFT launchers: payloads both sides read alike, the host's error, exact K",
           "[fft][cuda]") {
-  std::string why;
-  if (!fft_cuda_available(&why)) {
-    WARN("cuFFT is not loadable here: " << why);
-    return;
-  }
+  if (!cufft_loads()) return;
   FftCudaWorkspace* ws = fft_cuda_workspace();
   const FftWorkspaceHandle hws = take_fft_workspace();
   std::mt19937_64 rng(23);
@@ -924,11 +928,7 @@ std::vector<size_t> payload_offsets(const CodecConfig& c, const std::vector<uint
 // spectra are then equal value for value (the imaginary zeros' signs may differ).
 TEST_CASE("the fft codec's cuFFT launchers choose the host's bins where the transforms agree exactly",
           "[fft][cuda]") {
-  std::string why;
-  if (!fft_cuda_available(&why)) {
-    WARN("cuFFT is not loadable here: " << why);
-    return;
-  }
+  if (!cufft_loads()) return;
   FftCudaWorkspace* ws = fft_cuda_workspace();
   const FftWorkspaceHandle hws = take_fft_workspace();
   for (const char* spec : {"fft:theta=0.9,bits=10,segment=4096", "fft:theta=0.99,bits=10,segment=64",
@@ -981,11 +981,7 @@ TEST_CASE("the fft codec's cuFFT launchers choose the host's bins where the tran
 // the same spectrum (NaN from the broken segment on) and the same non-finite count, plain and
 // accumulated.
 TEST_CASE("the fft codec's cuFFT decoder rejects malformed payloads as the host's does", "[fft][cuda]") {
-  std::string why;
-  if (!fft_cuda_available(&why)) {
-    WARN("cuFFT is not loadable here: " << why);
-    return;
-  }
+  if (!cufft_loads()) return;
   FftCudaWorkspace* ws = fft_cuda_workspace();
   const FftWorkspaceHandle hws = take_fft_workspace();
   const size_t count = 4 * 64 + 20;  // four segments and a tail
