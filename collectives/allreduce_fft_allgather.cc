@@ -21,7 +21,6 @@
 // Wire bytes: (n - 1) times this rank's payloads, at most (n - 1) encoded_bytes(count).
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <vector>
 
 #include "collectives/algorithms.h"
@@ -39,36 +38,23 @@ struct FftKernels {
   explicit FftKernels(const CollArgs& args)
       : codec(*args.codec),
         call(const_cast<FftCall*>(static_cast<const FftCall*>(args.method_call))),
-        workspace(kernels::take_fft_workspace()),
-        decoded(call && call->residual ? std::min<size_t>(args.count, codec.segment) : 0) {
+        workspace(kernels::take_fft_workspace()) {
     encode.k = add_spectrum.k = synthesize.k = this;
   }
 
   // dst = encode(src) for values index .. index + count (whole segments, but for the call's last);
   // *src2 (size_t) = its length. With error feedback, the residual there becomes src - decode(dst),
-  // except over segments that held NaN or Inf: so segment by segment (their payloads lie back to
-  // back, as one encode of the run writes them).
+  // except over segments that held NaN or Inf.
   struct Encode final : StepKernel {
     FftKernels* k;
     Phase phase() const override { return Phase::kEncode; }
     const char* name() const override { return "fft_encode"; }
     void run(const step::Compute& s, StepContext&) const override {
-      const auto* acc = static_cast<const float*>(s.src);
-      auto* out = static_cast<uint8_t*>(s.dst);
       float* residual = k->call && k->call->residual ? k->call->residual + s.index : nullptr;
-      const size_t per_encode = residual ? k->codec.segment : s.count;
-      size_t bytes = 0;
-      for (size_t at = 0; at < s.count; at += per_encode) {
-        const size_t n = std::min(per_encode, s.count - at);
-        const kernels::FftReport report = kernels::fft_encode(k->codec, acc + at, n, out + bytes, *k->workspace);
-        if (k->call) k->call->clamped += report.clamped;
-        if (residual && !report.nonfinite) {
-          kernels::fft_decode(k->codec, out + bytes, report.bytes, n, k->decoded.data(), false, *k->workspace);
-          for (size_t i = 0; i < n; ++i) residual[at + i] = acc[at + i] - k->decoded[i];
-        }
-        bytes += report.bytes;
-      }
-      *static_cast<size_t*>(const_cast<void*>(s.src2)) = bytes;
+      const kernels::FftReport report = kernels::fft_encode(k->codec, static_cast<const float*>(s.src), s.count,
+                                                            s.dst, *k->workspace, residual);
+      *static_cast<size_t*>(const_cast<void*>(s.src2)) = report.bytes;
+      if (k->call) k->call->clamped += report.clamped;
     }
     bool launch(const step::Compute& s, DeviceStepContext& context) const override {
       if (!context.kernels->runs_fft()) return false;
@@ -113,7 +99,6 @@ struct FftKernels {
   const kernels::CodecConfig& codec;
   FftCall* call;
   kernels::FftWorkspaceHandle workspace;
-  std::vector<float> decoded;  // error feedback: the own payload of a segment decoded
   Encode encode;
   AddSpectrum add_spectrum;
   Synthesize synthesize;

@@ -496,14 +496,25 @@ void fft_analyze(const CodecConfig& c, const float* in, size_t count, float* spe
   }
 }
 
-FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* out, FftWorkspace& ws) {
+FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* out, FftWorkspace& ws,
+                     float* residual) {
   FftReport report;
   const RangeFloat rf = range_float_of(c);
   const uint32_t hash = hash32(c);
   auto* bytes = static_cast<uint8_t*>(out);
   for (size_t at = 0; at < count; at += c.segment) {
     const size_t length = std::min<size_t>(c.segment, count - at);
-    report.bytes += encode_segment(c, rf, hash, in + at, length, bytes + report.bytes, ws, &report);
+    const size_t nonfinite = report.nonfinite;
+    uint8_t* payload = bytes + report.bytes;
+    const size_t written = encode_segment(c, rf, hash, in + at, length, payload, ws, &report);
+    report.bytes += written;
+    if (!residual || report.nonfinite != nonfinite) continue;
+    // The segment's own decode, written where its residual goes and taken from the input there.
+    const FftShape shape = fft_shape(c, length);
+    bool poisoned = false;
+    read_segment(c, rf, hash, payload, written, shape, ws.bins.data(), false, ws, &poisoned);
+    synthesize_segment(shape, ws.bins.data(), residual + at, false, ws);
+    for (size_t i = 0; i < length; ++i) residual[at + i] = in[at + i] - residual[at + i];
   }
   return report;
 }

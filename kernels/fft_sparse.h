@@ -65,8 +65,11 @@ using FftWorkspaceHandle = std::unique_ptr<FftWorkspace, FftWorkspaceDeleter>;
 FftWorkspaceHandle take_fft_workspace();
 
 // Encodes `count` values (segments of c.segment values from in[0]; the last may be shorter) into
-// out, which holds encoded_bytes(count) (the capacity).
-FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* out, FftWorkspace& ws);
+// out, which holds encoded_bytes(count) (the capacity). With `residual` (not overlapping in), error
+// feedback's residual[i] = in[i] - the decoded value i, except over segments that held NaN or Inf,
+// where it is left as it was.
+FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* out, FftWorkspace& ws,
+                     float* residual = nullptr);
 // out[i] = (or +=) the decoded value i of the run of `count` values encoded in `bytes` bytes. Returns
 // how many decoded values are not finite; a payload that is malformed for this codec and count
 // (another codec, a length or count out of range, indices not increasing, bytes missing) decodes to

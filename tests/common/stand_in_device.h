@@ -207,23 +207,10 @@ class StandInDevice final : public Device {
     if (residual) require_device(residual, count * sizeof(float), "fft_encode's residual");
     require_device(counters, sizeof *counters, "fft_encode's counters");
     enqueue([=, codec = c] {
-      // Segment by segment, so that one holding NaN or Inf keeps its residual and no other does
-      // (fft_cuda.h's contract).
       const kernels::FftWorkspaceHandle ws = kernels::take_fft_workspace();
-      auto* bytes = static_cast<uint8_t*>(out);
-      size_t written = 0;
-      std::vector<float> decoded(std::min<size_t>(count, codec.segment));
-      for (size_t at = 0; at < count; at += codec.segment) {
-        const size_t n = std::min<size_t>(codec.segment, count - at);
-        const kernels::FftReport report = kernels::fft_encode(codec, in + at, n, bytes + written, *ws);
-        counters->clamped += report.clamped;
-        if (residual && !report.nonfinite) {
-          kernels::fft_decode(codec, bytes + written, report.bytes, n, decoded.data(), false, *ws);
-          for (size_t i = 0; i < n; ++i) residual[at + i] = in[at + i] - decoded[i];
-        }
-        written += report.bytes;
-      }
-      *length = written;
+      const kernels::FftReport report = kernels::fft_encode(codec, in, count, out, *ws, residual);
+      *length = report.bytes;
+      counters->clamped += report.clamped;
       return true;
     });
   }
