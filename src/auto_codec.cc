@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -36,17 +37,29 @@ constexpr size_t kCachedShapes = 4096;
 // At most this many distinct calls are logged with their predictions.
 constexpr size_t kLoggedShapes = 64;
 
-// The best of `rounds` runs of f after one warm-up, in seconds of this thread's CPU time.
-template <typename F>
-double best_seconds(int rounds, F&& f) {
-  f();
-  double best = std::numeric_limits<double>::infinity();
-  for (int r = 0; r < rounds; ++r) {
-    const double begin = thread_cpu_seconds();
-    f();
-    best = std::min(best, thread_cpu_seconds() - begin);
-  }
-  return best;
+// Rounds of measurement: every kernel runs once per round, and each keeps its best (least
+// contended) round. Interleaved, not one kernel's runs back to back: a burst of contention from the
+// other ranks starting up or a neighbour's job (a copy is the kernel that memory traffic slows most)
+// then costs each kernel a round, not one kernel all of its runs, which skewed the model towards
+// compressing between ranks of one host in CI twice. The first round warms the caches and pages.
+constexpr int kRounds = 4;
+
+// Kernels to time: each its per-unit result's address, the units it handles and the kernel.
+struct Probe {
+  double* result;
+  double units;
+  std::function<void()> run;
+};
+
+void run_probes(const std::vector<Probe>& probes) {
+  std::vector<double> best(probes.size(), std::numeric_limits<double>::infinity());
+  for (int round = 0; round < kRounds; ++round)
+    for (size_t i = 0; i < probes.size(); ++i) {
+      const double begin = thread_cpu_seconds();
+      probes[i].run();
+      best[i] = std::min(best[i], thread_cpu_seconds() - begin);
+    }
+  for (size_t i = 0; i < probes.size(); ++i) *probes[i].result = best[i] / probes[i].units;
 }
 
 // Values per measurement: 4 MiB of float32, beyond the per-core caches (qccl_sim calibrate takes
@@ -67,17 +80,6 @@ std::vector<float> probe_input() {
 std::mutex g_measured_mu;
 std::map<std::string, CpuCosts::Codec> g_measured_codecs;
 CpuCosts g_measured;  // the codec-independent costs
-
-CpuCosts::Codec measure_codec(const kernels::CodecConfig& codec, const std::vector<float>& x) {
-  std::vector<uint8_t> encoded(codec.encoded_bytes(x.size()));
-  std::vector<float> y(x.size(), 0.0f);
-  const double n = static_cast<double>(x.size());
-  CpuCosts::Codec c;
-  c.encode = best_seconds(2, [&] { kernels::encode(codec, x.data(), x.size(), encoded.data(), kernels::PhiloxKey{}, 0); }) / n;
-  c.decode = best_seconds(2, [&] { kernels::decode(codec, encoded.data(), x.size(), y.data()); }) / n;
-  c.decode_add = best_seconds(2, [&] { kernels::decode_accumulate(codec, encoded.data(), x.size(), y.data()); }) / n;
-  return c;
-}
 
 // Per-unit error of one encode: of its input range (q codecs), and of the encoded magnitude (casts).
 // False for codecs without a bound here (learned levels, random shift, the method codecs).
@@ -196,28 +198,41 @@ double AutoCodec::ring_error_bound(const kernels::CodecConfig& codec, int nranks
 
 CpuCosts AutoCodec::measure() const {
   std::lock_guard<std::mutex> lock(g_measured_mu);
-  std::vector<float> x;
-  if (g_measured.reduce == 0) {  // the host executor's steps, as qccl_sim calibrate times them
-    x = probe_input();
-    std::vector<float> y(x.size(), 0.0f);
-    const double n = static_cast<double>(x.size());
-    g_measured.reduce = best_seconds(2, [&] {
+  // What this process has not measured yet (a process may make many communicators): the host
+  // executor's steps, as qccl_sim calibrate times them, and each new candidate's three kernels.
+  bool measured = g_measured.reduce != 0;
+  for (const kernels::CodecConfig& codec : candidates_) measured &= g_measured_codecs.count(codec.canonical()) != 0;
+  std::vector<Probe> probes;
+  const std::vector<float> x = measured ? std::vector<float>() : probe_input();
+  const double n = static_cast<double>(x.size());
+  std::vector<float> y(x.size(), 0.0f);
+  if (g_measured.reduce == 0) {
+    probes.push_back({&g_measured.reduce, n, [&] {
       kernels::reduce(kernels::DataType::kFloat32, kernels::RedOp::kSum, x.data(), y.data(), y.data(), x.size());
-    }) / n;
-    g_measured.copy = best_seconds(2, [&] { std::memcpy(y.data(), x.data(), x.size() * 4); }) / (n * 4);
-    g_measured.load = best_seconds(2, [&] { kernels::load_float(kernels::DataType::kFloat32, x.data(), y.data(), x.size()); }) / n;
-    g_measured.add = best_seconds(2, [&] { kernels::add_float(x.data(), y.data(), x.size()); }) / n;
+    }});
+    probes.push_back({&g_measured.copy, n * 4, [&] { std::memcpy(y.data(), x.data(), x.size() * 4); }});
+    probes.push_back({&g_measured.load, n, [&] { kernels::load_float(kernels::DataType::kFloat32, x.data(), y.data(), x.size()); }});
+    probes.push_back({&g_measured.add, n, [&] { kernels::add_float(x.data(), y.data(), x.size()); }});
   }
+  std::map<std::string, CpuCosts::Codec> fresh;
+  std::vector<std::vector<uint8_t>> encoded;  // one buffer per fresh codec
+  encoded.reserve(candidates_.size());
+  for (const kernels::CodecConfig& codec : candidates_) {
+    const std::string key = codec.canonical();
+    if (g_measured_codecs.count(key) || fresh.count(key)) continue;
+    CpuCosts::Codec& c = fresh[key];  // std::map: the address holds while others are added
+    encoded.emplace_back(codec.encoded_bytes(x.size()));
+    uint8_t* bytes = encoded.back().data();
+    probes.push_back({&c.encode, n, [&, bytes] { kernels::encode(codec, x.data(), x.size(), bytes, kernels::PhiloxKey{}, 0); }});
+    probes.push_back({&c.decode, n, [&, bytes] { kernels::decode(codec, bytes, x.size(), y.data()); }});
+    probes.push_back({&c.decode_add, n, [&, bytes] { kernels::decode_accumulate(codec, bytes, x.size(), y.data()); }});
+  }
+  run_probes(probes);
+  g_measured_codecs.insert(fresh.begin(), fresh.end());
+
   CpuCosts costs = g_measured;
   costs.wire = kKernelTcpSecondsPerByte;
-  for (const kernels::CodecConfig& codec : candidates_) {
-    auto it = g_measured_codecs.find(codec.canonical());
-    if (it == g_measured_codecs.end()) {
-      if (x.empty()) x = probe_input();
-      it = g_measured_codecs.emplace(codec.canonical(), measure_codec(codec, x)).first;
-    }
-    costs.codecs.push_back(it->second);
-  }
+  for (const kernels::CodecConfig& codec : candidates_) costs.codecs.push_back(g_measured_codecs.at(codec.canonical()));
   return costs;
 }
 
