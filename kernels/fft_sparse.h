@@ -66,8 +66,8 @@ FftWorkspaceHandle take_fft_workspace();
 
 // Encodes `count` values (segments of c.segment values from in[0]; the last may be shorter) into
 // out, which holds encoded_bytes(count) (the capacity). With `residual` (not overlapping in), error
-// feedback's residual[i] = in[i] - the decoded value i, except over segments that held NaN or Inf,
-// where it is left as it was.
+// feedback's residual[i] = in[i] - the decoded value i, except over segments sent as non-finite
+// (they held NaN or Inf, or a bin's magnitude beyond float32), where it is left as it was.
 FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* out, FftWorkspace& ws,
                      float* residual = nullptr);
 // out[i] = (or +=) the decoded value i of the run of `count` values encoded in `bytes` bytes. Returns

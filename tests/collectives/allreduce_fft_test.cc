@@ -121,7 +121,7 @@ Reference reference(const Job& job, const kernels::CodecConfig& codec, const std
 
 TEST_CASE("fft all-reduce: every rank holds the single-process reference's bits (P13, P14), wire bytes", "[fft]") {
   for (int n : {2, 3, 5})
-    for (size_t count : {size_t{1}, size_t{255}, size_t{999}, size_t{3 * 256 + 17}})
+    for (size_t count : {size_t{1}, size_t{255}, size_t{999}, size_t{3 * 256 + 17}, size_t{2600}})
       for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBfloat16})
         for (RedOp op : {RedOp::kSum, RedOp::kAvg})
           for (bool in_place : {false, true}) {
@@ -129,7 +129,7 @@ TEST_CASE("fft all-reduce: every rank holds the single-process reference's bits 
             job.n = n, job.count = count, job.dtype = dtype, job.op = op, job.in_place = in_place;
             job.depth = 1 + static_cast<int>(count % 3);
             // A segment to a fragment, four, or the whole call (a fragment ends at a segment's end,
-            // so the bits cannot depend on it).
+            // so the bits cannot depend on it); 2600 values make several fragments of each kind.
             const size_t chunks[] = {1024, 4096, size_t{1} << 20};
             job.chunk_bytes = chunks[(static_cast<size_t>(n) + count + (in_place ? 1 : 0)) % 3];
             const kernels::CodecConfig codec = kernels::parse_codec_spec(job.spec);
