@@ -199,7 +199,7 @@ TEST_CASE("fft codec: the spec grammar, canonical text, errors that name the tok
   CHECK_THROWS_WITH(parse_codec_spec("fft:seed=3"), Catch::Contains("unknown key 'seed'"));
 }
 
-TEST_CASE("fft codec: wire size of the spec's example and the documented layout (P11, P12)", "[fft]") {
+TEST_CASE("fft codec: wire size of the spec's example and the documented layout (P11, P12, P18)", "[fft]") {
   // L = 2^20, theta = 0.85, N = 10: 524289 bins, K = 78644, bitmap 65537 B, codes 196610 B.
   const CodecConfig big = parse_codec_spec("fft:theta=0.85,bits=10,segment=1048576");
   const FftShape shape = fft_shape(big, 1u << 20);
@@ -207,6 +207,12 @@ TEST_CASE("fft codec: wire size of the spec's example and the documented layout 
   CHECK(shape.keep == 78644);
   CHECK(fft_segment_capacity(big, 1u << 20) == 16 + 65537 + 196610);
   CHECK(big.encoded_bytes(1u << 20) == 16 + 262147);
+  // P18: the paper's 21.33 = 6.667 x 3.2 counts the kept values alone (1 / (1 - theta) of the bins,
+  // 32 / N bits each); what a segment sends is the effective ratio, with the bitmap and the header
+  // (codec_perf's "bits per value on the wire"): 4 MiB in 262,163 bytes, 16.0 (2.0 bits a value).
+  const double raw_bits = 32.0 * (1u << 20);
+  CHECK(raw_bits / (2.0 * static_cast<double>(shape.keep) * big.bits) == Approx(32.0 / (0.15 * 10)).epsilon(1e-4));
+  CHECK(raw_bits / 8 / static_cast<double>(big.encoded_bytes(1u << 20)) == Approx(15.999).epsilon(1e-4));
 
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 0.2f);
