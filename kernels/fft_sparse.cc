@@ -308,52 +308,50 @@ float kth_largest(const float* v, size_t n, size_t k, uint32_t* candidates) {
   return bits_float(chosen);
 }
 
-// Encodes one segment; returns the payload's bytes.
-size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash, const float* in, size_t length,
-                      uint8_t* out, FftWorkspace& ws, FftReport* report) {
-  const FftShape shape = fft_shape(c, length);
-  ws.plans(shape.fft_length);  // sizes the buffers before ws.bins is taken
-  analyze_segment(shape, in, ws.bins.data(), ws);
-  // A NaN or Inf in the segment reaches every bin (each is a sum over all the values), so the
-  // magnitudes tell: the largest magnitude's bit pattern, as an integer, is then Inf's or above. A
-  // magnitude beyond float32 (a part above 1.8e19) counts as non-finite too: it could not be
-  // ranked, and no range float holds it.
+// The selection: the magnitudes of a segment's bins, and in kept (a byte per bin) the K of largest
+// magnitude, ties to the lower index (exact K, whatever the values). False (kept left as it was)
+// when a magnitude is not finite: a NaN or Inf in the segment reaches every bin (each is a sum over all the values), so
+// the magnitudes tell (the largest one's bit pattern, as an integer, is then Inf's or above); a
+// magnitude beyond float32 (a part above 1.8e19) counts as non-finite too: it could not be ranked,
+// and no range float holds it.
+bool select_bins(const FftShape& shape, const kiss_fft_cpx* bins, uint8_t* kept, FftWorkspace& ws) {
   uint32_t largest = 0;
   for (size_t k = 0; k < shape.bins; ++k) {
-    const kiss_fft_cpx& b = ws.bins[k];
+    const kiss_fft_cpx& b = bins[k];
     ws.magnitude[k] = b.r * b.r + b.i * b.i;
     largest = std::max(largest, float_bits(ws.magnitude[k]) & 0x7FFFFFFFu);
   }
-  if (largest >= 0x7F800000u) {  // send the flag alone
-    write_header(out, hash, kFlagNonfinite, length, 0);
-    report->nonfinite += length;
-    return kFftHeaderBytes;
+  if (largest >= 0x7F800000u) return false;
+  // The K-th largest magnitude tau (finite here, and not negative), then every bin above tau and
+  // the lowest-indexed bins at tau until K are kept.
+  const float* mag = ws.magnitude.data();
+  if (shape.keep < shape.bins) {
+    const float tau = kth_largest(mag, shape.bins, shape.keep, ws.candidates.data());
+    size_t above = 0;
+    for (size_t k = 0; k < shape.bins; ++k) above += (kept[k] = mag[k] > tau);
+    size_t ties = shape.keep - above;  // >= 1: tau itself is among the K largest
+    for (size_t k = 0; ties > 0; ++k)
+      if (mag[k] == tau) kept[k] = 1, --ties;
+  } else {
+    std::memset(kept, 1, shape.bins);
   }
+  return true;
+}
+
+// The range floats and the packing of a segment whose bins and selection are given; returns the
+// payload's bytes.
+size_t pack_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash, const FftShape& shape, size_t length,
+                    const kiss_fft_cpx* bins, const uint8_t* kept, uint8_t* out, FftWorkspace& ws, FftReport* report) {
   // max=auto: the parts are sent divided by 2^e, the power of two at or above the largest (so that
   // nothing clamps); a power of two scales exactly (within float32's normal range, where e is kept).
   int e = 0;
   if (c.range_auto) {
     float top = 0;
-    for (size_t k = 0; k < shape.bins; ++k) top = std::max(top, std::max(std::fabs(ws.bins[k].r), std::fabs(ws.bins[k].i)));
+    for (size_t k = 0; k < shape.bins; ++k) top = std::max(top, std::max(std::fabs(bins[k].r), std::fabs(bins[k].i)));
     if (top > 0) std::frexp(top, &e);  // top = f 2^e, f in [0.5, 1): top <= 2^e
     e = std::clamp(e, -100, 100);
   }
   const float unscale = std::ldexp(1.0f, -e);
-
-  // The K bins of largest magnitude, ties to the lower index (exact K, whatever the values): the K-th
-  // largest magnitude tau (the magnitudes are finite here, and not negative), then every bin above
-  // tau and the lowest-indexed bins at tau until K are kept.
-  const float* mag = ws.magnitude.data();
-  if (shape.keep < shape.bins) {
-    const float tau = kth_largest(mag, shape.bins, shape.keep, ws.candidates.data());
-    size_t above = 0;
-    for (size_t k = 0; k < shape.bins; ++k) above += (ws.kept[k] = mag[k] > tau);
-    size_t ties = shape.keep - above;  // >= 1: tau itself is among the K largest
-    for (size_t k = 0; ties > 0; ++k)
-      if (mag[k] == tau) ws.kept[k] = 1, --ties;
-  } else {
-    std::memset(ws.kept.data(), 1, shape.bins);
-  }
 
   // Codes in bin order; a bin whose two parts both underflow is not sent. The bins kept are listed
   // first without a branch (one per bin would mispredict at every kept bin), then compacted in
@@ -361,14 +359,14 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash,
   size_t listed = 0;
   for (size_t k = 0; k < shape.bins; ++k) {
     ws.sent[listed] = static_cast<uint32_t>(k);
-    listed += ws.kept[k];
+    listed += kept[k] & 1u;  // 1 kept, 0 not (fft_select's kFftNonfiniteSegment never reaches here)
   }
   size_t count = 0;
   for (size_t j = 0; j < listed; ++j) {
     const size_t k = ws.sent[j];
     bool clamp_re = false, clamp_im = false;
-    const uint32_t re = range_float_encode(rf, ws.bins[k].r * unscale, &clamp_re);
-    const uint32_t im = range_float_encode(rf, ws.bins[k].i * unscale, &clamp_im);
+    const uint32_t re = range_float_encode(rf, bins[k].r * unscale, &clamp_re);
+    const uint32_t im = range_float_encode(rf, bins[k].i * unscale, &clamp_im);
     if ((re | im) & ~rf.sign) {  // index bits nonzero in either part
       report->clamped += clamp_re + clamp_im;
       ws.codes[2 * count] = re, ws.codes[2 * count + 1] = im;
@@ -390,6 +388,20 @@ size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash,
   at += pack_codes(ws.codes.data(), 2 * count, c.bits, at);
   report->kept += count;
   return static_cast<size_t>(at - out);
+}
+
+// Encodes one segment; returns the payload's bytes.
+size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash, const float* in, size_t length,
+                      uint8_t* out, FftWorkspace& ws, FftReport* report) {
+  const FftShape shape = fft_shape(c, length);
+  ws.plans(shape.fft_length);  // sizes the buffers before ws.bins is taken
+  analyze_segment(shape, in, ws.bins.data(), ws);
+  if (!select_bins(shape, ws.bins.data(), ws.kept.data(), ws)) {  // send the flag alone
+    write_header(out, hash, kFlagNonfinite, length, 0);
+    report->nonfinite += length;
+    return kFftHeaderBytes;
+  }
+  return pack_segment(c, rf, hash, shape, length, ws.bins.data(), ws.kept.data(), out, ws, report);
 }
 
 // Reads one segment's payload of `length` values from `avail` bytes and adds (or writes) its bins into
@@ -494,6 +506,46 @@ void fft_analyze(const CodecConfig& c, const float* in, size_t count, float* spe
     analyze_segment(shape, in + at, reinterpret_cast<kiss_fft_cpx*>(spectrum), ws);
     spectrum += 2 * shape.bins;
   }
+}
+
+size_t fft_select(const CodecConfig& c, const float* spectrum, size_t count, uint8_t* kept, FftWorkspace& ws) {
+  size_t total = 0;
+  for (size_t at = 0; at < count; at += c.segment) {
+    const FftShape shape = fft_shape(c, std::min<size_t>(c.segment, count - at));
+    ws.plans(shape.fft_length);  // sizes the selection's buffers
+    if (select_bins(shape, reinterpret_cast<const kiss_fft_cpx*>(spectrum), kept, ws))
+      total += shape.keep;
+    else
+      std::memset(kept, kFftNonfiniteSegment, shape.bins);
+    spectrum += 2 * shape.bins;
+    kept += shape.bins;
+  }
+  return total;
+}
+
+FftReport fft_pack(const CodecConfig& c, const float* spectrum, const uint8_t* kept, size_t count, void* out,
+                   FftWorkspace& ws) {
+  FftReport report;
+  const RangeFloat rf = range_float_of(c);
+  const uint32_t hash = hash32(c);
+  auto* bytes = static_cast<uint8_t*>(out);
+  for (size_t at = 0; at < count; at += c.segment) {
+    const size_t length = std::min<size_t>(c.segment, count - at);
+    const FftShape shape = fft_shape(c, length);
+    ws.plans(shape.fft_length);  // sizes the packing's buffers
+    uint8_t* payload = bytes + report.bytes;
+    if (kept[0] == kFftNonfiniteSegment) {
+      write_header(payload, hash, kFlagNonfinite, length, 0);
+      report.nonfinite += length;
+      report.bytes += kFftHeaderBytes;
+    } else {
+      report.bytes += pack_segment(c, rf, hash, shape, length, reinterpret_cast<const kiss_fft_cpx*>(spectrum), kept,
+                                   payload, ws, &report);
+    }
+    spectrum += 2 * shape.bins;
+    kept += shape.bins;
+  }
+  return report;
 }
 
 FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* out, FftWorkspace& ws,

@@ -80,6 +80,16 @@ size_t fft_decode(const CodecConfig& c, const void* in, size_t bytes, size_t cou
 // spectrum = the scaled forward transforms of a run's segments (the first stage of fft_encode, in the
 // layout below; for measuring the stages apart, codec_perf).
 void fft_analyze(const CodecConfig& c, const float* in, size_t count, float* spectrum, FftWorkspace& ws);
+// fft_encode's other two stages, for measuring them apart (codec_perf); fft_analyze, fft_select and
+// fft_pack in turn write fft_encode's bytes. fft_select: per segment of the spectrum, the K bins of
+// largest magnitude, kept[b] = 1 for those and 0 for the others, a byte per bin of the spectrum
+// (fft_spectrum_floats / 2), or kFftNonfiniteSegment for every bin of a segment whose magnitudes are
+// not finite (fft_encode sends it as non-finite). Returns the bins kept over the run.
+constexpr uint8_t kFftNonfiniteSegment = 2;
+size_t fft_select(const CodecConfig& c, const float* spectrum, size_t count, uint8_t* kept, FftWorkspace& ws);
+// fft_pack: the payloads of the run from its spectrum and selection (range floats and packing).
+FftReport fft_pack(const CodecConfig& c, const float* spectrum, const uint8_t* kept, size_t count, void* out,
+                   FftWorkspace& ws);
 
 // Frequency-domain accumulation (spec P6): the sum of n payloads' inverse transforms is the inverse
 // transform of the sum of their spectra, so a receiver adds the sparse spectra (in a fixed order, for

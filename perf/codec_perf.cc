@@ -63,9 +63,10 @@ DESCRIPTION
 
     The fft codec's columns are its whole launchers (encode: transform, selection, range floats and
     packing; decode: unpacking and one inverse transform per segment), and a line below each row
-    times its stages apart: the forward transform (fft_analyze), unpacking into a spectrum
-    (fft_decode_spectrum) and the inverse transform (fft_synthesize); what encode spends beyond
-    its transform (selection, range floats, packing) follows as 1 / (1/encode - 1/transform).
+    times its stages apart, each on the output of the one before: the encode's forward transform
+    (fft_analyze), selection of the K bins of largest magnitude (fft_select) and range floats with
+    packing (fft_pack), and the decode's unpacking into a spectrum (fft_decode_spectrum) and
+    inverse transform (fft_synthesize).
 
     For AQ-SGD's aq codecs a line below each row times its delta messages (kernels/aq_delta.h) with
     a float16 store: send is the sender's work (encode x - m, m += the decoded delta), receive the
@@ -348,30 +349,35 @@ Row measure(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b
   return row;
 }
 
-// The fft codec's stages, medians in GB/s of float32 input: forward transform, unpacking into a
-// spectrum, inverse transform (the wire buffer holds the encode's output).
+// The fft codec's stages, medians in GB/s of float32 input: the encode's forward transform,
+// selection and range floats with packing (each on the stage before's output), the decode's
+// unpacking into a spectrum and inverse transform (the wire buffer holds the encode's output).
 struct Stages {
-  double gbps[3];
+  double gbps[5];
 };
 Stages measure_fft_stages(const CodecConfig& codec, size_t bytes, const Options& o, Buffers* b) {
   const size_t count = bytes / 4, calls = std::max<size_t>(1, (size_t{64} << 20) / bytes);
   auto ws = qccl::kernels::take_fft_workspace();
-  std::vector<float> spectrum(qccl::kernels::fft_spectrum_floats(codec, count));
+  const size_t floats = qccl::kernels::fft_spectrum_floats(codec, count);
+  std::vector<float> spectrum(floats), unpacked(floats);
+  std::vector<uint8_t> kept(floats / 2), packed(codec.encoded_bytes(count));
   const size_t wire = encode(codec, b->in.data(), count, b->wire.data(), qccl::kernels::PhiloxKey{}, 0).bytes;
-  std::vector<double> rates[3];
+  std::vector<double> rates[5];
   for (int rep = -o.warmup; rep < o.iters; ++rep)
-    for (int which = 0; which < 3; ++which) {
+    for (int which = 0; which < 5; ++which) {
       const auto start = std::chrono::steady_clock::now();
       for (size_t i = 0; i < calls; ++i) {
         if (which == 0) qccl::kernels::fft_analyze(codec, b->in.data(), count, spectrum.data(), *ws);
-        if (which == 1) qccl::kernels::fft_decode_spectrum(codec, b->wire.data(), wire, count, spectrum.data(), false, *ws);
-        if (which == 2) qccl::kernels::fft_synthesize(codec, spectrum.data(), count, b->out.data(), *ws);
+        if (which == 1) qccl::kernels::fft_select(codec, spectrum.data(), count, kept.data(), *ws);
+        if (which == 2) qccl::kernels::fft_pack(codec, spectrum.data(), kept.data(), count, packed.data(), *ws);
+        if (which == 3) qccl::kernels::fft_decode_spectrum(codec, b->wire.data(), wire, count, unpacked.data(), false, *ws);
+        if (which == 4) qccl::kernels::fft_synthesize(codec, unpacked.data(), count, b->out.data(), *ws);
       }
       const double t = seconds_of(std::chrono::steady_clock::now() - start);
       if (rep >= 0) rates[which].push_back(static_cast<double>(bytes) * calls / t / 1e9);
     }
   Stages s;
-  for (int which = 0; which < 3; ++which) s.gbps[which] = median(rates[which]);
+  for (int which = 0; which < 5; ++which) s.gbps[which] = median(rates[which]);
   return s;
 }
 
@@ -483,21 +489,16 @@ int run_host(const Options& o) {
       o.iters, o.warmup, qccl::kernels::reduce_target_name());
   return print_table(
       o, [&](const CodecConfig& codec, size_t bytes) { return measure(codec, bytes, o, &b); },
-      [&](const CodecConfig& codec, size_t bytes, const Row& r) {
+      [&](const CodecConfig& codec, size_t bytes, const Row&) {
         if (codec.kind == qccl::kernels::CodecKind::kAq) {
           const DeltaRates d = measure_aq_delta(codec, bytes, o, &b);
           std::printf("#   delta messages (float16 store): send %.2f, receive %.2f\n", d.send, d.receive);
         }
         if (codec.kind != qccl::kernels::CodecKind::kFft) return;
         const Stages st = measure_fft_stages(codec, bytes, o, &b);
-        std::printf("#   stages: transform %.2f, unpack %.2f, inverse transform %.2f; ", st.gbps[0], st.gbps[1], st.gbps[2]);
-        // Measured apart, the transform can time slower than the whole encode on a noisy machine:
-        // the difference then says nothing.
-        if (r.gbps[1] < st.gbps[0])
-          std::printf("encode beyond its transform %.2f\n", 1.0 / (1.0 / r.gbps[1] - 1.0 / st.gbps[0]));
-        else
-          std::printf("encode beyond its transform not measurable (the encode timed faster than its transform: "
-                      "noise; repeat with more -n)\n");
+        std::printf("#   stages: encode = transform %.2f, selection %.2f, range floats and packing %.2f; "
+                    "decode = unpack %.2f, inverse transform %.2f\n",
+                    st.gbps[0], st.gbps[1], st.gbps[2], st.gbps[3], st.gbps[4]);
       });
 }
 

@@ -248,6 +248,51 @@ TEST_CASE("fft codec: wire size of the spec's example and the documented layout 
   CHECK(a.report.bytes != b.report.bytes);
 }
 
+TEST_CASE("fft codec: its stages apart (analyze, select, pack) write fft_encode's bytes", "[fft]") {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  for (const char* spec : {"fft:theta=0.9,bits=10,segment=512", "fft:theta=0.97,segment=512,index=coo",
+                           "fft:theta=0.5,bits=12,mant=7,max=auto,segment=256", "fft:theta=0,segment=64"}) {
+    const CodecConfig c = parse_codec_spec(spec);
+    for (size_t count : {size_t{1}, size_t{3 * 512 + 17}}) {
+      for (bool poison : {false, true}) {
+        INFO(spec << " count=" << count << (poison ? " with a NaN in the second segment" : ""));
+        std::vector<float> x(count);
+        for (float& v : x) v = normal(rng);
+        if (poison && count > c.segment) x[c.segment + 3] = std::numeric_limits<float>::quiet_NaN();
+        auto ws = take_fft_workspace();
+        std::vector<uint8_t> whole(c.encoded_bytes(count)), staged(whole.size());
+        const FftReport a = fft_encode(c, x.data(), count, whole.data(), *ws);
+
+        const size_t floats = fft_spectrum_floats(c, count);
+        std::vector<float> spectrum(floats);
+        std::vector<uint8_t> kept(floats / 2, 0xEE);
+        fft_analyze(c, x.data(), count, spectrum.data(), *ws);
+        size_t keep = 0, bins = 0;
+        for (size_t at = 0; at < count; at += c.segment) {
+          const FftShape shape = fft_shape(c, std::min<size_t>(c.segment, count - at));
+          if (!(poison && at == c.segment)) keep += shape.keep;
+          bins += shape.bins;
+        }
+        REQUIRE(bins == kept.size());
+        CHECK(fft_select(c, spectrum.data(), count, kept.data(), *ws) == keep);
+        size_t marked = 0;
+        for (uint8_t k : kept) {
+          CHECK((k == 0 || k == 1 || k == kFftNonfiniteSegment));
+          marked += k == 1;
+        }
+        CHECK(marked == keep);
+        const FftReport b = fft_pack(c, spectrum.data(), kept.data(), count, staged.data(), *ws);
+        CHECK(b.bytes == a.bytes);
+        CHECK(b.nonfinite == a.nonfinite);
+        CHECK(b.kept == a.kept);
+        CHECK(b.clamped == a.clamped);
+        CHECK(std::memcmp(staged.data(), whole.data(), a.bytes) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("fft codec: exactly K bins, ties to the lower bin", "[fft]") {
   // An impulse has a flat spectrum: every bin's magnitude is 1 / sqrt(L), all tied.
   const CodecConfig c = parse_codec_spec("fft:theta=0.75,bits=12,mant=6,segment=256,index=bitmap");
