@@ -323,17 +323,24 @@ bool select_bins(const FftShape& shape, const kiss_fft_cpx* bins, uint8_t* kept,
   }
   if (largest >= 0x7F800000u) return false;
   // The K-th largest magnitude tau (finite here, and not negative), then every bin above tau and
-  // the lowest-indexed bins at tau until K are kept.
+  // the lowest-indexed bins at tau until K are kept: every bin at tau or above is marked, and where
+  // ties make that more than K (rarely), the highest-indexed bins at tau are unmarked. The bounds
+  // are locals: a store through uint8_t* may alias anything, and a bound read from memory at every
+  // iteration kept the marking loop from being vectorised.
   const float* mag = ws.magnitude.data();
-  if (shape.keep < shape.bins) {
-    const float tau = kth_largest(mag, shape.bins, shape.keep, ws.candidates.data());
-    size_t above = 0;
-    for (size_t k = 0; k < shape.bins; ++k) above += (kept[k] = mag[k] > tau);
-    size_t ties = shape.keep - above;  // >= 1: tau itself is among the K largest
-    for (size_t k = 0; ties > 0; ++k)
-      if (mag[k] == tau) kept[k] = 1, --ties;
+  const size_t nbins = shape.bins, keep = shape.keep;
+  if (keep < nbins) {
+    const float tau = kth_largest(mag, nbins, keep, ws.candidates.data());
+    size_t marked = 0;
+    for (size_t k = 0; k < nbins; ++k) {
+      const uint8_t at_or_above = mag[k] >= tau;
+      kept[k] = at_or_above;
+      marked += at_or_above;
+    }
+    for (size_t k = nbins; marked > keep; --k)  // marked > keep: some bin at tau lies below k
+      if (mag[k - 1] == tau) kept[k - 1] = 0, --marked;
   } else {
-    std::memset(kept, 1, shape.bins);
+    std::memset(kept, 1, nbins);
   }
   return true;
 }
