@@ -42,6 +42,6 @@ cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=
       -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQCCL_FUZZ=ON -DQCCL_BUILD_PERF=OFF -DQCCL_CUDA=OFF -DQCCL_PYTHON=OFF
 cmake --build build-fuzz -j "$jobs" --target wire_fuzz
 # 400,000 inputs: about a minute here (2,000,000 took 352 s, which put the whole run past the 45
-# minutes CI allows it). Longer campaigns run by hand: wire_fuzz -max_total_time=3600 -max_len=256.
+# minutes it should take; CI stops it at 90). Longer campaigns run by hand: wire_fuzz -max_total_time=3600 -max_len=256.
 build-fuzz/tests/fuzz/wire_fuzz -runs=400000 -max_len=256
 echo "test.sh: all tests passed (Release, ASan+UBSan, TSan) and the wire fuzzer found nothing"
