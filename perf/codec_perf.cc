@@ -370,7 +370,8 @@ Stages measure_fft_stages(const CodecConfig& codec, size_t bytes, const Options&
         if (which == 0) qccl::kernels::fft_analyze(codec, b->in.data(), count, spectrum.data(), *ws);
         if (which == 1) qccl::kernels::fft_select(codec, spectrum.data(), count, kept.data(), *ws);
         if (which == 2) qccl::kernels::fft_pack(codec, spectrum.data(), kept.data(), count, packed.data(), *ws);
-        if (which == 3) qccl::kernels::fft_decode_spectrum(codec, b->wire.data(), wire, count, unpacked.data(), false, *ws);
+        if (which == 3)
+          qccl::kernels::fft_decode_spectrum(codec, b->wire.data(), wire, count, unpacked.data(), false, *ws);
         if (which == 4) qccl::kernels::fft_synthesize(codec, unpacked.data(), count, b->out.data(), *ws);
       }
       const double t = seconds_of(std::chrono::steady_clock::now() - start);
