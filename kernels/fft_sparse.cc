@@ -397,17 +397,20 @@ size_t pack_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash, c
   return static_cast<size_t>(at - out);
 }
 
+// A segment sent as non-finite: the header alone, with the flag; returns its bytes.
+size_t write_nonfinite(uint8_t* out, uint32_t hash, size_t length, FftReport* report) {
+  write_header(out, hash, kFlagNonfinite, length, 0);
+  report->nonfinite += length;
+  return kFftHeaderBytes;
+}
+
 // Encodes one segment; returns the payload's bytes.
 size_t encode_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash, const float* in, size_t length,
                       uint8_t* out, FftWorkspace& ws, FftReport* report) {
   const FftShape shape = fft_shape(c, length);
   ws.plans(shape.fft_length);  // sizes the buffers before ws.bins is taken
   analyze_segment(shape, in, ws.bins.data(), ws);
-  if (!select_bins(shape, ws.bins.data(), ws.kept.data(), ws)) {  // send the flag alone
-    write_header(out, hash, kFlagNonfinite, length, 0);
-    report->nonfinite += length;
-    return kFftHeaderBytes;
-  }
+  if (!select_bins(shape, ws.bins.data(), ws.kept.data(), ws)) return write_nonfinite(out, hash, length, report);
   return pack_segment(c, rf, hash, shape, length, ws.bins.data(), ws.kept.data(), out, ws, report);
 }
 
@@ -541,14 +544,10 @@ FftReport fft_pack(const CodecConfig& c, const float* spectrum, const uint8_t* k
     const FftShape shape = fft_shape(c, length);
     ws.plans(shape.fft_length);  // sizes the packing's buffers
     uint8_t* payload = bytes + report.bytes;
-    if (kept[0] == kFftNonfiniteSegment) {
-      write_header(payload, hash, kFlagNonfinite, length, 0);
-      report.nonfinite += length;
-      report.bytes += kFftHeaderBytes;
-    } else {
-      report.bytes += pack_segment(c, rf, hash, shape, length, reinterpret_cast<const kiss_fft_cpx*>(spectrum), kept,
-                                   payload, ws, &report);
-    }
+    report.bytes += kept[0] == kFftNonfiniteSegment
+                        ? write_nonfinite(payload, hash, length, &report)
+                        : pack_segment(c, rf, hash, shape, length, reinterpret_cast<const kiss_fft_cpx*>(spectrum),
+                                       kept, payload, ws, &report);
     spectrum += 2 * shape.bins;
     kept += shape.bins;
   }
