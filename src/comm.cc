@@ -548,7 +548,14 @@ void Comm::choose_gpu_wire() {
       mine.nccl_ok = nccl_available(&nccl_error);
     }
     std::vector<Announcement> all(nranks_);
-    allgather_bytes(&mine, all.data(), sizeof mine);
+    try {
+      allgather_bytes(&mine, all.data(), sizeof mine);
+    } catch (const Error& e) {
+      if (e.code() != qcclMismatch) throw;
+      throw Error(e.code(), e.message() + " (that AllGather is this rank's choice of the GPU wire with every rank, "
+                  "made at its first collective on device buffers outside a group: every rank must make its "
+                  "first such collective at the same point, QCCL_GPU_WIRE in the README)");
+    }
     std::string shared;  // "ranks 0 and 2 share a GPU"
     bool one_host = true;
     for (int a = 0; a < nranks_; ++a) {

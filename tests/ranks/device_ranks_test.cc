@@ -602,7 +602,10 @@ TEST_CASE("the fft codec on cuFFT: one result on every rank, as accurate as the 
 
 // A call on cuFFT on one rank and on the host's FFT on another must not sum their spectra: every rank
 // fails with qcclMismatch (the frame headers' codec hashes differ), the message naming the cause. (On
-// a communicator split off for it: the failure breaks the communicator, which is then aborted.)
+// a communicator split off for it: the failure breaks the communicator, which is then aborted.) Every
+// rank first makes one collective on device buffers there, where the ranks choose their GPU wire
+// together (README, QCCL_GPU_WIRE): without it rank 1's call would begin with that choice, and the
+// ranks' first messages would differ before any codec does.
 TEST_CASE("an fft call on cuFFT on one rank and on host buffers on another fails on every rank",
           "[.][cufft-mismatch]") {
   World& w = world();
@@ -614,6 +617,7 @@ TEST_CASE("an fft call on cuFFT on one rank and on host buffers on another fails
   const std::vector<uint8_t> send = smooth_inputs(w.rank(), count, 0);
   std::vector<uint8_t> host(send.size());
   DeviceBuffer dsend(send), drecv(std::vector<uint8_t>(send.size(), 0));
+  QCCL_REQUIRE_OK(qcclAllReduce(dsend.get(), drecv.get(), count, qcclFloat32, qcclSum, comm));
   const qcclResult_t result =
       w.rank() == 0 ? qcclAllReduceCompressed(send.data(), host.data(), count, qcclFloat32, qcclSum, codec.handle,
                                               nullptr, comm)
