@@ -230,23 +230,26 @@ void write_header(uint8_t* out, uint32_t hash, uint16_t flags, size_t length, si
   put32(out + 12, hash);
 }
 
-// Packs `count` codes of `bits` bits from bit 0 of out; returns the bytes written.
+// Packs `count` codes of `bits` bits (at most 16, each below 2^bits) from bit 0 of out, little-endian;
+// returns the bytes written. The codes gather in a 64-bit word that leaves 32 bits at a time (a
+// byte at a time took a loop turn per byte).
 size_t pack_codes(const uint32_t* codes, size_t count, int bits, uint8_t* out) {
   const size_t bytes = (count * static_cast<size_t>(bits) + 7) / 8;
-  std::memset(out, 0, bytes);
   uint64_t acc = 0;
-  int filled = 0;
-  size_t at = 0;
+  int filled = 0;  // below 32 between codes
+  uint8_t* at = out;
   for (size_t i = 0; i < count; ++i) {
     acc |= static_cast<uint64_t>(codes[i]) << filled;
     filled += bits;
-    while (filled >= 8) {
-      out[at++] = static_cast<uint8_t>(acc);
-      acc >>= 8;
-      filled -= 8;
+    if (filled >= 32) {
+      const auto word = static_cast<uint32_t>(acc);
+      std::memcpy(at, &word, 4);  // the payload is little-endian, as this host (put32)
+      at += 4;
+      acc >>= 32;
+      filled -= 32;
     }
   }
-  if (filled > 0) out[at] = static_cast<uint8_t>(acc);
+  for (; filled > 0; filled -= 8, acc >>= 8) *at++ = static_cast<uint8_t>(acc);
   return bytes;
 }
 
@@ -361,12 +364,24 @@ size_t pack_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash, c
   const float unscale = std::ldexp(1.0f, -e);
 
   // Codes in bin order; a bin whose two parts both underflow is not sent. The bins kept are listed
-  // first without a branch (one per bin would mispredict at every kept bin), then compacted in
-  // place to those sent.
-  size_t listed = 0;
-  for (size_t k = 0; k < shape.bins; ++k) {
+  // first, then compacted in place to those sent. The listing takes 64 bins at a time: eight kept
+  // bytes become eight bits of a mask with one multiply (each byte's low bit moves to bit 56 + its
+  // index; 1 kept, 0 not: fft_select's kFftNonfiniteSegment never reaches here), and the mask's set
+  // bits are listed (a branch per bin would mispredict at every kept bin; a store per bin, without a
+  // branch, took a fifth of the packing).
+  size_t listed = 0, k = 0;
+  for (; k + 64 <= shape.bins; k += 64) {
+    uint64_t mask = 0;
+    for (int b = 0; b < 8; ++b) {
+      uint64_t word;
+      std::memcpy(&word, kept + k + 8 * b, 8);
+      mask |= (((word & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56) << (8 * b);
+    }
+    for (; mask; mask &= mask - 1) ws.sent[listed++] = static_cast<uint32_t>(k + __builtin_ctzll(mask));
+  }
+  for (; k < shape.bins; ++k) {
     ws.sent[listed] = static_cast<uint32_t>(k);
-    listed += kept[k] & 1u;  // 1 kept, 0 not (fft_select's kFftNonfiniteSegment never reaches here)
+    listed += kept[k] & 1u;
   }
   size_t count = 0;
   for (size_t j = 0; j < listed; ++j) {
