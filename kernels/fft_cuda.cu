@@ -315,10 +315,10 @@ __global__ void __launch_bounds__(kThreads)
   // Bin by bin in order, kItems consecutive bins to a thread and a block's width of those at a time:
   // the ties' ranks, the codes, and the compaction of the bins sent (a bin whose two codes both
   // underflow is not sent). One bin to a thread took 65 rounds of two block-wide scans at the default
-  // segment, which a segment's single block waits through: on an H200 this took 41% less on a
-  // 4 MiB call (16 segments, the collective's fragment under QCCL_CHUNK_BYTES=4M) and 4% more on
-  // a 64 MiB call, whose 256 blocks fill the GPU and pay for a warp's loads that span kItems times
-  // the cache lines.
+  // segment, which a segment's single block waits through: on an H200 the selection took 34% less
+  // time on a 4 MiB call (16 segments, the collective's fragment under QCCL_CHUNK_BYTES=4M) and 15%
+  // more on a 64 MiB call, whose 256 blocks fill the GPU and pay for a warp's loads that span kItems
+  // times the cache lines (docs/PERF.md, "The fft codec on cuFFT").
   uint32_t ties_before = 0, sent_before = 0;
   unsigned long long clamps = 0;
   for (uint32_t base = 0; base < bins; base += blockDim.x * kItems) {

@@ -806,7 +806,10 @@ TEST_CASE("the fft codec's cuFFT launchers: payloads both sides read alike, the 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const char* spec : {"fft:theta=0.9,bits=10,segment=4096", "fft:theta=0.99,bits=12,mant=6,segment=1000,index=coo",
                            "fft:theta=0.5,bits=8,mant=4,segment=777,max=auto,round=nearest",
-                           "fft:theta=0,bits=16,mant=10,segment=64,index=bitmap"}) {
+                           "fft:theta=0,bits=16,mant=10,segment=64,index=bitmap",
+                           // the default segment: 32,769 bins, several rounds of the device's
+                           // compaction (4,096 bins a round) and of its bitmap walk
+                           "fft:theta=0.9,bits=12,mant=6,segment=65536"}) {
     const CodecConfig c = parse_codec_spec(spec);
     const uint32_t hash = static_cast<uint32_t>(c.hash());  // the host's, so that the host reads them
     for (size_t count : {size_t{3} * c.segment + 123, size_t{c.segment / 2 + 1}}) {
@@ -931,8 +934,11 @@ TEST_CASE("the fft codec's cuFFT launchers choose the host's bins where the tran
   if (!cufft_loads()) return;
   FftCudaWorkspace* ws = fft_cuda_workspace();
   const FftWorkspaceHandle hws = take_fft_workspace();
+  // (At segment 65,536 the impulse's K = 16,385 tied bins span several rounds of the device's
+  // compaction: the ties' ranks carry from round to round.)
   for (const char* spec : {"fft:theta=0.9,bits=10,segment=4096", "fft:theta=0.99,bits=10,segment=64",
-                           "fft:theta=0.5,bits=12,mant=6,segment=256,index=coo"}) {
+                           "fft:theta=0.5,bits=12,mant=6,segment=256,index=coo",
+                           "fft:theta=0.5,bits=12,mant=6,segment=65536"}) {
     const CodecConfig c = parse_codec_spec(spec);
     const uint32_t hash = static_cast<uint32_t>(c.hash());
     const size_t count = 3 * c.segment;

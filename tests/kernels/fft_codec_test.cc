@@ -314,6 +314,15 @@ TEST_CASE("fft codec: exactly K bins, ties to the lower bin", "[fft]") {
   const std::vector<size_t> bins = bitmap_bins(peaked.wire.data(), s.bins);
   CHECK(bins.size() == s.keep);
   CHECK(std::find(bins.begin(), bins.end(), size_t{100}) != bins.end());
+  // At the default segment, with half the bins kept: 16,385 ties, the lowest.
+  const CodecConfig wide = parse_codec_spec("fft:theta=0.5,bits=12,mant=6,segment=65536,index=bitmap");
+  std::vector<float> impulse(65536, 0.0f);
+  impulse[0] = 1.0f;
+  const FftShape wide_shape = fft_shape(wide, 65536);
+  REQUIRE(wide_shape.keep == 16385);
+  std::vector<size_t> lowest(wide_shape.keep);
+  for (size_t k = 0; k < wide_shape.keep; ++k) lowest[k] = k;
+  CHECK(bitmap_bins(round_trip(wide, impulse).wire.data(), wide_shape.bins) == lowest);
 }
 
 TEST_CASE("fft codec: the FFT library is part of the codec's hash", "[fft]") {
