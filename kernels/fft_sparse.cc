@@ -482,9 +482,17 @@ size_t read_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash, c
 
   if (!accumulate) std::memset(bins, 0, shape.bins * sizeof(kiss_fft_cpx));
   const uint32_t mask = (1u << c.bits) - 1;
+  const uint8_t* const end = in + bytes;
   uint64_t acc = 0;
-  int filled = 0;
+  int filled = 0;  // below c.bits (at most 16) before a refill
   auto next_code = [&]() {
+    if (filled < c.bits && end - at >= 4) {  // 32 bits at a time where the payload has them
+      uint32_t word;
+      std::memcpy(&word, at, 4);  // little-endian, as pack_codes wrote it
+      acc |= static_cast<uint64_t>(word) << filled;
+      filled += 32;
+      at += 4;
+    }
     while (filled < c.bits) {
       acc |= static_cast<uint64_t>(*at++) << filled;
       filled += 8;
