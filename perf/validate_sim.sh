@@ -7,18 +7,22 @@
 #
 # The model is measured before each block of points (one rate and topology), since this machine's
 # speed drifts: `qccl_sim calibrate` for the CPU costs, and the transport's CPU cost per byte
-# (cpu.wire) from an unshaped 2-host all-reduce of 64 MiB (qcclrun -n 2 --nodes 2), which is
-# CPU-bound: what the model's other costs leave of its median time, per byte each rank sends and
-# receives. stderr shows each block's model.
+# (cpu.wire) and per message (cpu.message) from two unshaped 2-host all-reduces (qcclrun -n 2
+# --nodes 2), which are CPU-bound: 64 MiB in the default chunks (few, large messages) and 16 MiB
+# in 8 KiB chunks (2,048 messages each way). What the model's other costs leave of their median
+# times gives two equations in the two costs (their coefficients from qccl_sim itself). stderr shows
+# each block's model.
 #
 # Usage: perf/validate_sim.sh [--build DIR] [--reps N] [--iters N] [--rates LIST] [--ranks LIST]
-#                             [--codecs LIST] [--model FILE] [--quick]
+#                             [--codecs LIST] [--chunk SIZE] [--model FILE] [--quick]
 #   --build DIR    the build folder (default build)
 #   --reps N       measured runs per point; the median of their times is kept (default 3)
 #   --iters N      timed calls per run (default 5)
 #   --rates LIST   emulated link rates (default "100mbit 1gbit")
 #   --ranks LIST   topologies as RANKS or RANKS:HOSTS (default "2 4 4:2 8 8:4")
 #   --codecs LIST  codecs, space-separated (default "none fp16 q8 q4 sign:eta_s=0.01 int8 fft")
+#   --chunk SIZE   the pipeline chunk in bytes, for the runs (QCCL_CHUNK_BYTES) and the simulator
+#                  (--chunk) alike (default: the library's for the link)
 #   --model FILE   qccl_sim's model, used as is (default: measured before each block; the built-in
 #                  model with --measured)
 #   --measured MD  take the measured medians from an earlier run's table (its rows for the same
@@ -30,7 +34,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD=build REPS=3 ITERS=5 RATES="100mbit 1gbit" RANKS="2 4 4:2 8 8:4"
-CODECS="none fp16 q8 q4 sign:eta_s=0.01 int8 fft" MODEL="" MEASURED="" ALLOW_MISSING=0
+CODECS="none fp16 q8 q4 sign:eta_s=0.01 int8 fft" MODEL="" MEASURED="" ALLOW_MISSING=0 CHUNK=
 while (($#)); do
   case $1 in
     --build) BUILD=$2; shift 2 ;;
@@ -43,7 +47,8 @@ while (($#)); do
     --measured) MEASURED=$2; shift 2 ;;
     --allow-missing) ALLOW_MISSING=1; shift ;;
     --quick) RATES=1gbit RANKS="2 4:2" CODECS="none q8"; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --chunk) CHUNK=$2; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "validate_sim.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -65,22 +70,37 @@ measure_model() {
   if [[ -n $MODEL ]]; then cp "$MODEL" "$TMP/model.txt"; return; fi
   if [[ -n $MEASURED ]]; then : > "$TMP/model.txt"; return; fi  # the built-in model
   "$SIM" calibrate -o "$TMP/model.txt" 2>/dev/null
-  echo "cpu.wire = 0   # measured below" >> "$TMP/model.txt"  # (the file's last value of a key wins)
-  local times="" t rep
+  local large="" small="" t rep
   for ((rep = 0; rep < 3; ++rep)); do
     t=$("$QCCLRUN" -n 2 --nodes 2 -- "$PERF" -b 64M -e 64M -n 3 -w 1 -z 3 -a 3 -c 0 2>&1 |
         awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ { print $7; exit }') || true
-    times+=" $t"
+    large+=" $t"
+    t=$("$QCCLRUN" -n 2 --nodes 2 -x QCCL_CHUNK_BYTES=8192 -- "$PERF" -b 16M -e 16M -n 3 -w 1 -z 3 -a 3 -c 0 2>&1 |
+        awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ { print $7; exit }') || true
+    small+=" $t"
   done
-  local measured rest
-  measured=$(echo "$times" | median || true)
-  rest=$("$SIM" -m "$TMP/model.txt" -n 2 -l 1000tbit -b 64M | awk '!/^#/ && $8 ~ /^[0-9.]+$/ { print $8 }')
-  # each of the 2 ranks sends and receives 64 MiB
-  awk -v m="$measured" -v r="$rest" 'BEGIN { w = (m - r) * 1e-6 / (2 * 64 * 1048576); if (w < 0) w = 0;
-    printf "cpu.wire = %.4g   # unshaped 2-host all-reduce of 64 MiB: %.1f ms, %.1f of it other costs\n", w, m / 1e3, r / 1e3 }' \
+  large=$(echo "$large" | median || true)
+  small=$(echo "$small" | median || true)
+  # The simulated time (us) of either run with the given cpu.wire and cpu.message, the rest of the
+  # model as calibrated (the file's last value of a key wins).
+  simulated() {  # WIRE MESSAGE SIZE CHUNK
+    { cat "$TMP/model.txt"; echo "cpu.wire = $1"; echo "cpu.message = $2"; } > "$TMP/probe.txt"
+    "$SIM" -m "$TMP/probe.txt" -n 2 -l 1000tbit -b "$3" --chunk "$4" | awk '!/^#/ && $8 ~ /^[0-9.]+$/ { print $8 }'
+  }
+  local l0 lw lm s0 sw sm
+  l0=$(simulated 0 0 64M 256K) lw=$(simulated 1e-9 0 64M 256K) lm=$(simulated 0 1e-5 64M 256K)
+  s0=$(simulated 0 0 16M 8K) sw=$(simulated 1e-9 0 16M 8K) sm=$(simulated 0 1e-5 16M 8K)
+  # time = rest + a * wire + b * message for each run: solved for the two costs (none below 0)
+  awk -v L="$large" -v S="$small" -v l0="$l0" -v lw="$lw" -v lm="$lm" -v s0="$s0" -v sw="$sw" -v sm="$sm" 'BEGIN {
+    a1 = (lw - l0) / 1e-9; b1 = (lm - l0) / 1e-5; c1 = L - l0;
+    a2 = (sw - s0) / 1e-9; b2 = (sm - s0) / 1e-5; c2 = S - s0;
+    det = a1 * b2 - a2 * b1; w = (c1 * b2 - c2 * b1) / det; m = (a1 * c2 - a2 * c1) / det;
+    if (m < 0) { m = 0; w = c1 / a1 } if (w < 0) { w = 0; m = (c2 > 0) ? c2 / b2 : 0 }
+    printf "cpu.wire = %.4g   # unshaped 2-host all-reduces: 64 MiB %.1f ms (%.1f of it other costs),\n", w, L / 1e3, l0 / 1e3
+    printf "cpu.message = %.4g   # and 16 MiB in 8 KiB chunks %.1f ms (%.1f)\n", m, S / 1e3, s0 / 1e3 }' \
     >> "$TMP/model.txt"
-  echo "model for the next block: $(grep -E '^cpu\.(wire|reduce)|^codec\.fft\.fft_encode' "$TMP/model.txt" |
-                                      tail -3 | tr '\n' ';')" >&2
+  echo "model for the next block: $(grep -E '^cpu\.(wire|message|reduce)|^codec\.fft\.fft_encode' "$TMP/model.txt" |
+                                      tail -4 | tr '\n' ';')" >&2
 }
 
 median() { tr ' ' '\n' | { grep . || true; } | sort -g | awk '{v[NR] = $1} END {if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
@@ -110,13 +130,13 @@ for rate in $RATES; do
       reps=$REPS
       [[ -n $MEASURED ]] && reps=0
       for ((rep = 0; rep < reps; ++rep)); do
-        line=$("$QCCLRUN" -n "$n" --netem "$rate" ${hosts:+--nodes "$hosts"} -- \
+        line=$("$QCCLRUN" -n "$n" --netem "$rate" ${hosts:+--nodes "$hosts"} ${CHUNK:+-x QCCL_CHUNK_BYTES="$CHUNK"} -- \
                  "$PERF" -b "$size" -e "$size" -n "$ITERS" -w 2 -z 3 -a 3 -c 0 -o "$op" "${perf_codec[@]}" 2>&1 |
                awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ { print $7; exit }') || true
         [[ -n $line ]] && times+=" $line"
       done
       measured=$(echo "$times" | median || true)
-      sim=$("$SIM" -m "$TMP/model.txt" -n "$n" ${hosts:+--hosts "$hosts"} -l "netem:$rate" --machine-cores "$CORES" \
+      sim=$("$SIM" -m "$TMP/model.txt" -n "$n" ${hosts:+--hosts "$hosts"} -l "netem:$rate" --machine-cores "$CORES" ${CHUNK:+--chunk "$CHUNK"} \
               -b "$size" -o "$op" "${sim_codec[@]}" | awk '!/^#/ && $8 ~ /^[0-9.]+$/ { print $8, $NF }' || true)
       sim_us=${sim% *} bound=${sim#* }
       [[ -n $sim ]] || sim_us=

@@ -18,6 +18,7 @@ ClusterFacts cluster_facts(const Model& model, const Topology& topology, const C
   facts.cpu.load = model.load * stretch;
   facts.cpu.add = model.add * stretch;
   facts.cpu.wire = model.wire * stretch;
+  facts.cpu.message = model.message * stretch;
   for (const kernels::CodecConfig& codec : auto_codec.candidates()) {
     // A codec the model has no cost for is never chosen (calibrate the model for it).
     constexpr double kUnknown = std::numeric_limits<double>::infinity();

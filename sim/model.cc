@@ -146,6 +146,11 @@ Model default_model() {
   // end: an unshaped 2-host all-reduce of 64 MiB, less the model's other costs, took 0.27 to 0.79 ns
   // per byte sent and received, with the machine's load (perf/validate_sim.sh measures it anew).
   m.wire = 4e-10;
+  // Per message, beside its bytes: unshaped 2-host ring all-reduces of 16 MiB in chunks of 4, 8 and
+  // 16 KiB (2,048 to 8,192 messages each way) took 7.4 to 9.5 us per message at each end more than
+  // the same all-reduce in 64 KiB chunks, beyond what the model's other costs account for (2026-11-28,
+  // docs/PERF.md "Simulator": Marsit's messages are of this size).
+  m.message = 8e-6;
   m.copy = 1.54e-10;
   m.reduce = 6.4e-10;
   m.load = 4.99e-10;
@@ -213,9 +218,10 @@ Model load_model(const std::string& path, const Model& base) {
           throw std::invalid_argument(what + ": unknown key (rate, latency, efficiency, burst)");
       };
       static const std::pair<const char*, double Model::*> kCpu[] = {
-          {"cpu.post", &Model::post},   {"cpu.wakeup", &Model::wakeup}, {"cpu.wire", &Model::wire},
-          {"cpu.copy", &Model::copy},   {"cpu.reduce", &Model::reduce}, {"cpu.load", &Model::load},
-          {"cpu.store", &Model::store}, {"cpu.add", &Model::add},       {"cpu.divide", &Model::divide}};
+          {"cpu.post", &Model::post},       {"cpu.wakeup", &Model::wakeup}, {"cpu.wire", &Model::wire},
+          {"cpu.message", &Model::message}, {"cpu.copy", &Model::copy},     {"cpu.reduce", &Model::reduce},
+          {"cpu.load", &Model::load},       {"cpu.store", &Model::store},   {"cpu.add", &Model::add},
+          {"cpu.divide", &Model::divide}};
       bool known = false;
       if (key.rfind("inter.", 0) == 0)
         link(m.inter, key.substr(6)), known = true;
@@ -254,8 +260,9 @@ std::string format_model(const Model& m) {
   link("inter", m.inter);
   link("intra", m.intra);
   out << "cpu.post = " << m.post << "\ncpu.wakeup = " << m.wakeup << "\ncpu.wire = " << m.wire
-      << "\ncpu.copy = " << m.copy << "\ncpu.reduce = " << m.reduce << "\ncpu.load = " << m.load
-      << "\ncpu.store = " << m.store << "\ncpu.add = " << m.add << "\ncpu.divide = " << m.divide << "\n";
+      << "\ncpu.message = " << m.message << "\ncpu.copy = " << m.copy << "\ncpu.reduce = " << m.reduce
+      << "\ncpu.load = " << m.load << "\ncpu.store = " << m.store << "\ncpu.add = " << m.add
+      << "\ncpu.divide = " << m.divide << "\n";
   for (const auto& [name, steps] : m.codecs)
     for (const auto& [step, cost] : steps) out << "codec." << name << "." << step << " = " << cost << "\n";
   return out.str();

@@ -29,6 +29,9 @@
 //                                beyond one (an oversubscribed host's ranks block instead of spinning)
 //   cpu.wire = 1e-09             seconds per payload byte a rank sends or receives between hosts
 //                                (the kernel's TCP path: copies and per-packet work, at each end)
+//   cpu.message = 8e-06          seconds per message a rank sends or receives between hosts, beside
+//                                its bytes (the kernel's TCP path: a system call, a segment to
+//                                push or acknowledge, the peer's wake-up; at each end)
 //   cpu.copy = 1e-10             seconds per byte copied
 //   cpu.reduce = 4e-10           seconds per value of a float32 reduction (other types: by size)
 //   cpu.load, cpu.store, cpu.add, cpu.divide   seconds per value (float32 accumulator steps)
@@ -57,15 +60,16 @@ using CodecCosts = std::map<std::string, double>;
 struct Model {
   LinkClass inter;
   LinkClass intra;
-  double post = 0;    // seconds per transfer posted
-  double wakeup = 0;  // seconds to run again after blocking, per unit of oversubscription above 1
-  double wire = 0;    // CPU seconds per payload byte sent or received between hosts, at each end
-  double copy = 0;    // seconds per byte
-  double reduce = 0;  // seconds per float32 value (a + b); other types scale by their size
-  double load = 0;    // seconds per value: float32 accumulator from the call's type...
-  double store = 0;   // ...and back
-  double add = 0;     // seconds per value: acc += x (float32)
-  double divide = 0;  // seconds per value: acc /= n
+  double post = 0;     // seconds per transfer posted
+  double wakeup = 0;   // seconds to run again after blocking, per unit of oversubscription above 1
+  double wire = 0;     // CPU seconds per payload byte sent or received between hosts, at each end
+  double message = 0;  // CPU seconds per message sent or received between hosts, at each end
+  double copy = 0;     // seconds per byte
+  double reduce = 0;   // seconds per float32 value (a + b); other types scale by their size
+  double load = 0;     // seconds per value: float32 accumulator from the call's type...
+  double store = 0;    // ...and back
+  double add = 0;      // seconds per value: acc += x (float32)
+  double divide = 0;   // seconds per value: acc /= n
   std::map<std::string, CodecCosts> codecs;
   std::vector<std::string> sources;  // provenance, one line each
 

@@ -57,8 +57,9 @@ DESCRIPTION
     calibrate measures this machine's CPU costs (copies, reductions, float32 accumulator steps,
     encode, decode and decode-accumulate of each codec, median of 5 runs on 4 Mi values, and each
     method's step kernels timed inside its all-reduce on an in-process network) and writes a model
-    file with the links given by --link and --intra. Pass it back with --model. The TCP path's cost
-    per byte (cpu.wire) is not measured here: perf/validate_sim.sh measures it on emulated hosts.
+    file with the links given by --link and --intra. Pass it back with --model. The TCP path's costs
+    per byte and per message (cpu.wire, cpu.message) are not measured here: perf/validate_sim.sh
+    measures them on emulated hosts.
 
 OPTIONS
     -n, --ranks N           ranks (default 8); a comma list (64,256,1024) sweeps the rank count at

@@ -26,6 +26,8 @@ namespace {
 // the development machine (sim/model.cc, default_model: 0.27-0.79 ns, 0.4 kept). Not measured at
 // creation: that would take a transfer between nodes.
 constexpr double kKernelTcpSecondsPerByte = 4e-10;
+// ... and per message, beside its bytes: 8 us (sim/model.cc, default_model: 7.4-9.5 us).
+constexpr double kKernelTcpSecondsPerMessage = 8e-6;
 constexpr double kDefaultBudget = 0.01;
 // Options within this share of the fastest count as fast: the model is good to some 10-15% against
 // the simulator and measured runs (docs/PERF.md "Simulator", "Automatic codec choice"), so a smaller
@@ -131,14 +133,15 @@ double thread_cpu_seconds() {
 // ---- CpuCosts -------------------------------------------------------------------------------------
 
 std::vector<double> CpuCosts::flatten() const {
-  std::vector<double> out = {reduce, copy, load, add, wire};
+  std::vector<double> out = {reduce, copy, load, add, wire, message};
   for (const Codec& c : codecs) out.insert(out.end(), {c.encode, c.decode, c.decode_add});
   return out;
 }
 
 bool CpuCosts::unflatten(const std::vector<double>& numbers, size_t codec_count, CpuCosts* out) {
   if (numbers.size() != kFixed + 3 * codec_count) return false;
-  out->reduce = numbers[0], out->copy = numbers[1], out->load = numbers[2], out->add = numbers[3], out->wire = numbers[4];
+  out->reduce = numbers[0], out->copy = numbers[1], out->load = numbers[2], out->add = numbers[3];
+  out->wire = numbers[4], out->message = numbers[5];
   out->codecs.resize(codec_count);
   for (size_t i = 0; i < codec_count; ++i) {
     const double* c = &numbers[kFixed + 3 * i];
@@ -232,6 +235,7 @@ CpuCosts AutoCodec::measure() const {
 
   CpuCosts costs = g_measured;
   costs.wire = kKernelTcpSecondsPerByte;
+  costs.message = kKernelTcpSecondsPerMessage;
   for (const kernels::CodecConfig& codec : candidates_) costs.codecs.push_back(g_measured_codecs.at(codec.canonical()));
   return costs;
 }
@@ -268,14 +272,19 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   }
   const double encoded = raw * ratio;
   const double latency = nodes > 1 ? facts_.inter_latency : facts_.intra_latency;
+  // The kernel's TCP path at one end for `bytes` sent (or received) between nodes in messages of
+  // `message` bytes: cpu.wire per byte, cpu.message per message.
+  const auto tcp = [&](double bytes, double message) {
+    return bytes * cpu.wire + (message > 0 ? bytes / message * cpu.message : 0.0);
+  };
   // One chunk's trip over the slowest link it takes: the bytes at the link's rate and latency, and
-  // the kernel's TCP path at both ends between nodes (cpu.wire per byte sent and per byte received).
+  // the kernel's TCP path at both ends between nodes.
   // Within a node bytes take their port's time at the node's copy rate (the simulator's model).
   // A shaped link's token bucket passes its first inter_burst bytes at once: the call's share of bytes
   // beyond it pays the rate (set below, once the link's bytes are known).
   double paying = 1;
   const auto trip = [&](double bytes) {
-    if (nodes > 1) return paying * bytes / facts_.inter_rate + 2 * bytes * cpu.wire + facts_.inter_latency;
+    if (nodes > 1) return paying * bytes / facts_.inter_rate + 2 * tcp(bytes, bytes) + facts_.inter_latency;
     return bytes / facts_.intra_rate + facts_.intra_latency;
   };
   // Fragments run `depth` at a time: a chain of steps is paid once per round of them.
@@ -296,8 +305,8 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double crossing = nodes == 1 ? 0 : per_node > 1 ? bytes : 2 * bytes;
     set_nic(nodes > 1 ? bytes : 0);
     intra = per_node > 1 ? bytes : 0;
-    busy = (n - 1) / n * values * reduce + crossing * cpu.wire;
     const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
+    busy = (n - 1) / n * values * reduce + tcp(crossing, chunk * es);
     const double hop = trip(chunk * es);
     fragments = std::ceil(segment / chunk);
     chain = rounds(segment / chunk) * ((n - 1) * (hop + chunk * reduce) + (n - 1) * hop);
@@ -317,12 +326,15 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double out_of_node = 2 * (n - per_node) / n * encoded;
     set_nic(per_node * out_of_node);  // the node's ranks share its link
     intra = 2 * (per_node - 1) / n * encoded;
-    busy = values / n * cpu.load + values * codec.encode + (n - 1) / n * values * codec.decode_add +
-           values * codec.decode + 2 * out_of_node * cpu.wire;
-    // A fragment: n - 1 pairwise steps (encode a chunk, send it), the sum (n - 1 chunks added, one
-    // encoded), n - 1 more (send it), every chunk decoded.
     const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
-    const double hop = trip(chunk * es * ratio);
+    busy = values / n * cpu.load + values * codec.encode + (n - 1) / n * values * codec.decode_add +
+           values * codec.decode + 2 * tcp(out_of_node, chunk * es * ratio);
+    // A fragment: n - 1 pairwise steps (encode a chunk, send it), the sum (n - 1 chunks added, one
+    // encoded), n - 1 more (send it), every chunk decoded. Of a step's n - 1 peers, L - 1 are on
+    // the rank's own node: their hops take its shared memory.
+    const double bytes = chunk * es * ratio;
+    const double within = per_node > 1 ? bytes / facts_.intra_rate + facts_.intra_latency : 0.0;
+    const double hop = ((n - per_node) * trip(bytes) + (per_node - 1) * within) / std::max(1.0, n - 1);
     fragments = std::ceil(segment / chunk);
     chain = rounds(segment / chunk) *
             ((n - 1) * (chunk * codec.encode + hop) + (n - 1) * chunk * codec.decode_add + chunk * codec.encode +
@@ -335,11 +347,12 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double across = 2 * (leaders - 1) / leaders * encoded;
     set_nic(across);
     intra = members * raw;
+    const double segment = values / leaders, chunk = std::min(segment, facts_.chunk_bytes / es);
     busy = values * (cpu.load + members * (cpu.load + cpu.add)) + values * codec.encode +
-           (leaders - 1) / leaders * values * codec.decode_add + values * codec.decode + 2 * across * cpu.wire;
+           (leaders - 1) / leaders * values * codec.decode_add + values * codec.decode +
+           2 * tcp(across, chunk * es * ratio);
     // A fragment: chunk f of each of the N segments, from every member, summed, then SRA's steps
     // among the leaders on it, and its encoded bytes to the members.
-    const double segment = values / leaders, chunk = std::min(segment, facts_.chunk_bytes / es);
     const double inside = members * leaders * chunk * es / facts_.intra_rate;
     const double hop = trip(chunk * es * ratio);  // between leaders (nodes > 1 here)
     fragments = std::ceil(segment / chunk);
@@ -354,9 +367,9 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double crossing = nodes == 1 ? 0 : per_node > 1 ? bytes : 2 * bytes;  // as the ring's
     set_nic(nodes > 1 ? bytes : 0);
     intra = per_node > 1 ? bytes : 0;
-    busy = values / n * ((n - 1) * (codec.encode + codec.decode_add) + codec.encode + (n - 1) * codec.decode) +
-           crossing * cpu.wire;
     const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
+    busy = values / n * ((n - 1) * (codec.encode + codec.decode_add) + codec.encode + (n - 1) * codec.decode) +
+           tcp(crossing, chunk * es * ratio);
     const double hop = trip(chunk * es * ratio);
     fragments = std::ceil(segment / chunk);
     chain = rounds(segment / chunk) *

@@ -54,9 +54,10 @@ struct CpuCosts {
   double load = 0;            // per value: a float32 accumulator from the input
   double add = 0;             // per value: accumulator += float32 input
   double wire = 0;            // per payload byte sent or received between nodes (the kernel's TCP path)
+  double message = 0;         // per message sent or received between nodes, beside its bytes (the same)
   std::vector<Codec> codecs;  // one per candidate, in AutoCodec::candidates() order
 
-  static constexpr size_t kFixed = 5;  // flatten(): reduce, copy, load, add, wire, then 3 per codec
+  static constexpr size_t kFixed = 6;  // flatten(): reduce, copy, load, add, wire, message, then 3 per codec
   std::vector<double> flatten() const;
   // From flatten()'s numbers for `codecs` candidates; false when the count does not fit.
   static bool unflatten(const std::vector<double>& numbers, size_t codecs, CpuCosts* out);

@@ -24,7 +24,7 @@ Model links_only(LinkClass inter, LinkClass intra = LinkClass{}) {
   Model m = default_model();
   m.inter = inter;
   m.intra = intra;
-  m.post = m.wakeup = m.wire = m.copy = m.reduce = m.load = m.store = m.add = m.divide = 0;
+  m.post = m.wakeup = m.wire = m.message = m.copy = m.reduce = m.load = m.store = m.add = m.divide = 0;
   for (auto& [name, steps] : m.codecs)
     for (auto& [step, cost] : steps) cost = 0;
   return m;
@@ -98,6 +98,24 @@ TEST_CASE("moving bytes between hosts costs each end CPU time", "[sim]") {
   // Free links: each rank's time is its CPU's, writing the 4 MiB it sends and reading the 4 MiB it receives.
   CHECK(r.seconds == Approx(m.wire * 2 * 4 * (1 << 20)).epsilon(1e-9));
   CHECK(r.bottleneck == "cpu");
+}
+
+TEST_CASE("each message between hosts costs each end CPU time beside its bytes", "[sim]") {
+  Model m = links_only(LinkClass{0, 0, 1.0});
+  m.message = 1e-5;
+  CallSpec call = all_reduce(size_t{1} << 20);  // 4 MiB: each rank's half is 2 MiB
+  call.algorithm = "ring";
+  for (size_t chunk : {size_t{64} << 10, size_t{256} << 10}) {
+    call.chunk_bytes = chunk;
+    // Free links: each rank sends and receives one chunk per fragment in each of the ring's two
+    // phases, 2 MiB / chunk fragments.
+    const double messages = 2.0 * 2 * (size_t{2} << 20) / chunk;
+    INFO(chunk << "-byte chunks");
+    CHECK(simulate(m, flat(2), call).seconds == Approx(m.message * messages).epsilon(1e-9));
+    Topology one_host = flat(2);
+    one_host.hosts = 1;  // shared memory: no TCP path
+    CHECK(simulate(m, one_host, call).seconds == 0);
+  }
 }
 
 TEST_CASE("a blocked rank of an oversubscribed machine waits for a core", "[sim]") {
@@ -266,6 +284,7 @@ TEST_CASE("rates, links and model files", "[sim]") {
   Model m = default_model();
   m.inter = LinkClass{1.25e8, 3e-5, 0.95, 32768};
   m.wire = 3.5e-10;
+  m.message = 7e-6;
   m.wakeup = 4.5e-5;
   m.reduce = 7.5e-10;
   m.codecs["q4:bucket=256,round=nearest,ef=off,seed=0"] = {{"encode", 1e-9}, {"decode", 2e-9}, {"decode_add", 3e-9}};
@@ -281,6 +300,7 @@ TEST_CASE("rates, links and model files", "[sim]") {
   CHECK(back.inter.efficiency == m.inter.efficiency);
   CHECK(back.inter.burst == m.inter.burst);
   CHECK(back.wire == m.wire);
+  CHECK(back.message == m.message);
   CHECK(back.wakeup == m.wakeup);
   CHECK(back.reduce == m.reduce);
   CHECK(back.codecs.size() == m.codecs.size());
