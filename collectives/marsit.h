@@ -10,6 +10,8 @@
 // so that on every rank the updates sent so far plus c equal the updates given so far.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <memory>
 #include <vector>
 
@@ -30,6 +32,18 @@ void marsit_links(const CollArgs& args, std::vector<int>* send_to, std::vector<i
 
 // Why Marsit cannot run these arguments, or nullptr.
 const char* marsit_cannot_run(const CollArgs& args);
+
+// Words of sign bits per cell in a fragment of the sign round (a message, on a ring): a chunk of
+// float32 input, as for the other codecs (chunk_bytes / 128 words), but at least min(chunk_bytes,
+// kMarsitMinMessageBytes) bytes of words. At 1/32 of the input a message would be 8 KiB at the
+// default chunk, and the kernel's TCP path charges about 9 us a message at each end beside its bytes
+// (docs/PERF.md, "Marsit over an emulated network": 4 ranks at 1 Gbit/s 18% faster with 32 KiB); the
+// chunk still bounds a message, as QCCL_LINK_RATE's chunk must to fit a switch's queue.
+inline constexpr size_t kMarsitMinMessageBytes = 32 * 1024;
+constexpr size_t marsit_chunk_words(size_t chunk_bytes) {
+  const size_t input = chunk_bytes / sizeof(float) / 32, least = std::min(chunk_bytes, kMarsitMinMessageBytes) / 4;
+  return std::max<size_t>(1, std::max(input, least));
+}
 
 // A call of Marsit (marsit_method.cc): the compensation c of its state.
 struct MarsitCall final : MethodCall {

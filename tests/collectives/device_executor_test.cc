@@ -937,11 +937,12 @@ TEST_CASE("device executor: Marsit's taint reaches every rank's decode, and its 
   const float nan = NAN;
   std::memcpy(ranks[2].send.data() + 2500 * sizeof(float), &nan, sizeof nan);
   const coll::Algorithm* algorithm = coll::find_algorithm(CollKind::kAllReduce, "marsit");
-  const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 512, 2);
+  // 16-byte chunks: 4 words (128 values) a message, several fragments (the chunk bounds a message)
+  const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 16, 2);
   REQUIRE(host.stats[0].nonfinite > 0);
   REQUIRE(host.stats[0].nonfinite < 3000);
-  require_same(host, run_device(ranks, shape, false, offset, *algorithm, 512, 2, 4));
-  require_same(host, run_device(ranks, shape, false, offset, *algorithm, 512, 1, 4, 1, Wire::kPeer));
+  require_same(host, run_device(ranks, shape, false, offset, *algorithm, 16, 2, 4));
+  require_same(host, run_device(ranks, shape, false, offset, *algorithm, 16, 1, 4, 1, Wire::kPeer));
 }
 
 // A method's kernel and a plan of one Compute step, as Marsit's and IntSGD's plans have.
