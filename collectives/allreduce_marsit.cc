@@ -55,7 +55,7 @@ class AllReduceMarsit final : public Plan {
         row_(grid_row(args.rank, cols_)), column_(grid_column(args.rank, rows_, cols_)),
         row_segments_{kernels::sign_words(args.count), cols_}, steps_(args_) {
     const size_t largest_cell = Segments{row_segments_.max_size(), rows_}.max_size();
-    chunk_ = std::max<size_t>(1, std::min(marsit_chunk_words(options.chunk_bytes), largest_cell));
+    chunk_ = std::max<size_t>(1, std::min(marsit_chunk_words(options.chunk_bytes, rows_), largest_cell));
   }
 
   size_t fragments() const override { return ceil_div(Segments{row_segments_.max_size(), rows_}.max_size(), chunk_); }

@@ -512,7 +512,7 @@ QCCL_API qcclResult_t qcclCodecStoreLoad(qcclCodecStore_t store, const void* buf
  * With the sign codec (Marsit): qcclFloat32, qcclAvg and a state are required; sendbuff is the
  * update u, and every rank receives the same g: eta_s * (2b - 1) with b the merged sign of w = u + c
  * (c <- w - g), or in rounds t = 0, K, 2K, ... the average of w (c <- 0). Where w is not finite,
- * that chunk's g is NaN on every rank and c is left as it was (qcclNonFinite). The first sign call
+ * that fragment's g is NaN on every rank and c is left as it was (qcclNonFinite). The first sign call
  * on a state charges 8 more bytes per 32 values to the budget (the pending round's bits and eta_s;
  * past the budget: qcclInvalidUsage, nothing run).
  * With the int codecs (IntSGD): each rank sends clip(Int(alpha x)) in the wire type, clipped so that

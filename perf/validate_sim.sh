@@ -91,10 +91,22 @@ measure_model() {
   l0=$(simulated 0 0 64M 256K) lw=$(simulated 1e-9 0 64M 256K) lm=$(simulated 0 1e-5 64M 256K)
   s0=$(simulated 0 0 16M 8K) sw=$(simulated 1e-9 0 16M 8K) sm=$(simulated 0 1e-5 16M 8K)
   # time = rest + a * wire + b * message for each run: solved for the two costs (none below 0)
+  local v
+  for v in "$large" "$small" "$l0" "$lw" "$lm" "$s0" "$sw" "$sm"; do
+    if ! [[ $v =~ ^[0-9.]+$ ]]; then
+      echo "validate_sim.sh: a calibration run failed (measured '$large' '$small', simulated '$l0' '$lw' '$lm'" \
+           "'$s0' '$sw' '$sm'): the model keeps its cpu.wire and cpu.message" >&2
+      return
+    fi
+  done
   awk -v L="$large" -v S="$small" -v l0="$l0" -v lw="$lw" -v lm="$lm" -v s0="$s0" -v sw="$sw" -v sm="$sm" 'BEGIN {
     a1 = (lw - l0) / 1e-9; b1 = (lm - l0) / 1e-5; c1 = L - l0;
     a2 = (sw - s0) / 1e-9; b2 = (sm - s0) / 1e-5; c2 = S - s0;
-    det = a1 * b2 - a2 * b1; w = (c1 * b2 - c2 * b1) / det; m = (a1 * c2 - a2 * c1) / det;
+    det = a1 * b2 - a2 * b1;
+    if (det == 0 || a1 <= 0 || b2 <= 0) {
+      print "validate_sim.sh: the two calibration runs do not tell the costs apart" > "/dev/stderr"; exit
+    }
+    w = (c1 * b2 - c2 * b1) / det; m = (a1 * c2 - a2 * c1) / det;
     if (m < 0) { m = 0; w = c1 / a1 } if (w < 0) { w = 0; m = (c2 > 0) ? c2 / b2 : 0 }
     printf "cpu.wire = %.4g   # unshaped 2-host all-reduces: 64 MiB %.1f ms (%.1f of it other costs),\n", w, L / 1e3, l0 / 1e3
     printf "cpu.message = %.4g   # and 16 MiB in 8 KiB chunks %.1f ms (%.1f)\n", m, S / 1e3, s0 / 1e3 }' \

@@ -147,7 +147,7 @@ Model default_model() {
   // per byte sent and received, with the machine's load (perf/validate_sim.sh measures it anew).
   m.wire = 4e-10;
   // Per message, beside its bytes: unshaped 2-host ring all-reduces of 16 MiB in chunks of 4, 8 and
-  // 16 KiB (2,048 to 8,192 messages each way) took 7.4 to 9.5 us per message at each end more than
+  // 16 KiB (1,024 to 4,096 messages each way) took 7.4 to 9.5 us per message at each end more than
   // the same all-reduce in 64 KiB chunks, beyond what the model's other costs account for (2026-11-28,
   // docs/PERF.md "Simulator": Marsit's messages are of this size).
   m.message = 8e-6;

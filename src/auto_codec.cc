@@ -318,7 +318,10 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double across = nodes > 1 ? std::ceil(std::log2(nodes)) : 0;
     const double inside = exchanges - across;
     set_nic(across * raw);
-    chain = across * trip(raw) + inside * (raw / facts_.intra_rate + facts_.intra_latency) + exchanges * values * reduce;
+    // An exchange is a message per chunk each way (trip() prices one).
+    const double messages = std::max(1.0, std::ceil(raw / facts_.chunk_bytes));
+    chain = across * (trip(raw) + 2 * (messages - 1) * cpu.message) +
+            inside * (raw / facts_.intra_rate + facts_.intra_latency) + exchanges * values * reduce;
   } else if (algorithm == "sra_compressed" && args.codec) {
     // Each rank's contribution to each owner's segment (E/n) goes once, each owner's encoded sum
     // (E/n) to everyone: per rank E (n-1)/n twice each way, (n - L) of its n - 1 peers on other
