@@ -108,7 +108,8 @@ measure_model() {
     }
     w = (c1 * b2 - c2 * b1) / det; m = (a1 * c2 - a2 * c1) / det;
     if (m < 0) { m = 0; w = c1 / a1 } if (w < 0) { w = 0; m = (c2 > 0) ? c2 / b2 : 0 }
-    printf "cpu.wire = %.4g   # unshaped 2-host all-reduces: 64 MiB %.1f ms (%.1f of it other costs),\n", w, L / 1e3, l0 / 1e3
+    printf "cpu.wire = %.4g   # unshaped 2-host all-reduces: 64 MiB %.1f ms (%.1f of it other costs),\n",
+           w, L / 1e3, l0 / 1e3
     printf "cpu.message = %.4g   # and 16 MiB in 8 KiB chunks %.1f ms (%.1f)\n", m, S / 1e3, s0 / 1e3 }' \
     >> "$TMP/model.txt"
   echo "model for the next block: $(grep -E '^cpu\.(wire|message|reduce)|^codec\.fft\.fft_encode' "$TMP/model.txt" |
@@ -148,8 +149,8 @@ for rate in $RATES; do
         [[ -n $line ]] && times+=" $line"
       done
       measured=$(echo "$times" | median || true)
-      sim=$("$SIM" -m "$TMP/model.txt" -n "$n" ${hosts:+--hosts "$hosts"} -l "netem:$rate" --machine-cores "$CORES" ${CHUNK:+--chunk "$CHUNK"} \
-              -b "$size" -o "$op" "${sim_codec[@]}" | awk '!/^#/ && $8 ~ /^[0-9.]+$/ { print $8, $NF }' || true)
+      sim=$("$SIM" -m "$TMP/model.txt" -n "$n" ${hosts:+--hosts "$hosts"} -l "netem:$rate" --machine-cores "$CORES" \
+              ${CHUNK:+--chunk "$CHUNK"} -b "$size" -o "$op" "${sim_codec[@]}" | awk '!/^#/ && $8 ~ /^[0-9.]+$/ { print $8, $NF }' || true)
       sim_us=${sim% *} bound=${sim#* }
       [[ -n $sim ]] || sim_us=
       if [[ -z $measured || -z $sim_us ]]; then

@@ -42,10 +42,10 @@ DESCRIPTION
     communicator binds them) in virtual time on a modeled cluster: hosts joined by links of one
     class (a NIC per host, full duplex, shared by its ranks; qcclrun --netem's token buckets), ranks
     of a host joined by another, CPU steps charged at measured costs per value (per codec and step),
-    the kernel's TCP path charged per byte and per message at each end, all stretched where a host has fewer cores
-    than ranks, whose blocked ranks also wait for a core when they wake. No data moves (unless
-    --execute); a 1,024-rank all-reduce of 1 GiB takes seconds. Not modeled: TCP's losses and
-    congestion control, switch buffers, NUMA. sim/model.h documents every term.
+    the kernel's TCP path charged per byte and per message at each end, all stretched where a host
+    has fewer cores than ranks, whose blocked ranks also wait for a core when they wake. No data
+    moves (unless --execute); a 1,024-rank all-reduce of 1 GiB takes seconds. Not modeled: TCP's
+    losses and congestion control, switch buffers, NUMA. sim/model.h documents every term.
 
     Prints one row per message size and codec, as nccl-tests do: size, count, type, codec, the
     algorithm, the predicted time, algbw and busbw, the payload bytes the call puts on the links
