@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -43,7 +44,7 @@ const char* marsit_cannot_run(const CollArgs& args);
 inline constexpr size_t kMarsitMinMessageBytes = 32 * 1024;
 constexpr size_t marsit_chunk_words(size_t chunk_bytes, size_t rows = 1) {
   const size_t input = chunk_bytes / sizeof(float) / 32;
-  const size_t least = std::min(chunk_bytes, kMarsitMinMessageBytes) / 4 / std::max<size_t>(rows, 1);
+  const size_t least = std::min(chunk_bytes, kMarsitMinMessageBytes) / sizeof(uint32_t) / std::max<size_t>(rows, 1);
   return std::max<size_t>(1, std::max(input, least));
 }
 

@@ -73,6 +73,9 @@ struct Model {
   std::map<std::string, CodecCosts> codecs;
   std::vector<std::string> sources;  // provenance, one line each
 
+  // The kernel's TCP path at one end for a message of `bytes` between hosts.
+  double tcp_seconds(double bytes) const { return message + wire * bytes; }
+
   // The cost of a codec's step, by the codec's canonical spec, then by its name; null when neither
   // has the step.
   const double* step_cost(const std::string& canonical, const std::string& step) const;

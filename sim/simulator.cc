@@ -618,7 +618,7 @@ double Engine::advance(int r, Rank& k) {
           double cpu = model_.post;
           if (op.kind == Op::kSendLength) ++s.pc;  // its kData
           if (op.kind != Op::kRecv && topology_.host_of(t.src) != topology_.host_of(t.dst))
-            cpu += model_.message + model_.wire * static_cast<double>(t.bytes);  // written into the socket
+            cpu += model_.tcp_seconds(static_cast<double>(t.bytes));  // written into the socket
           k.clock += cpu * factor_;
           k.cpu_seconds += cpu * factor_;
         } else if (op.kind == Op::kWait) {
@@ -632,7 +632,7 @@ double Engine::advance(int r, Rank& k) {
               break;
             }
             if (t.dst == r && topology_.host_of(t.src) != topology_.host_of(r)) {  // read from the socket
-              const double cpu = (model_.message + model_.wire * static_cast<double>(t.bytes)) * factor_;
+              const double cpu = model_.tcp_seconds(static_cast<double>(t.bytes)) * factor_;
               k.clock += cpu;
               k.cpu_seconds += cpu;
             }
