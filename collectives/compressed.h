@@ -35,12 +35,20 @@ inline float* residual_of(const CollArgs& args) {
 }
 
 // Elements per chunk for a compressed plan: a multiple of the codec's alignment (its bucket), so that
-// chunk boundaries never split a bucket and the bits do not depend on the chunk size; the whole run
-// for a codec that must not be cut (alignment 0).
+// chunk boundaries never split a bucket and the bits do not depend on the chunk size; chunk_bytes of
+// input, or more where that would encode to fewer than min_message_bytes (codecs below 4 bits a
+// value); the whole run for a codec that must not be cut (alignment 0).
 inline size_t compressed_chunk(const CollArgs& args, size_t chunk_bytes, size_t run) {
   const size_t align = args.codec->alignment();
   if (align == 0) return std::max<size_t>(run, 1);
   size_t chunk = std::max<size_t>(align, chunk_bytes / args.element_size() / align * align);
+  const size_t least = min_message_bytes(chunk_bytes);
+  if (const size_t encoded = args.codec->encoded_bytes(chunk); encoded < least) {
+    // Grow in proportion (encoded bytes are about linear in the count), then bucket by bucket to the
+    // first count that reaches it.
+    chunk = std::max(chunk, chunk * least / encoded / align * align);
+    while (args.codec->encoded_bytes(chunk) < least) chunk += align;
+  }
   const size_t run_aligned = (run + align - 1) / align * align;
   return std::max<size_t>(align, std::min(chunk, run_aligned));
 }

@@ -37,14 +37,12 @@ const char* marsit_cannot_run(const CollArgs& args);
 // Words of sign bits per cell in a fragment of the sign round, on a grid of `rows` rows (a row
 // step's message holds one piece per row; a column step's, one): a chunk of float32 input, as for
 // the other codecs (chunk_bytes / 128 words), but so that a row message is at least
-// min(chunk_bytes, kMarsitMinMessageBytes). At 1/32 of the input a message would be 8 KiB at the
-// default chunk, and the kernel's TCP path charges about 9 us a message at each end beside its bytes
-// (docs/PERF.md, "Marsit over an emulated network": 15-26% faster at 1 Gbit/s with 32 KiB); the
-// chunk still bounds a row message, as QCCL_LINK_RATE's chunk must to fit a switch's queue.
-inline constexpr size_t kMarsitMinMessageBytes = 32 * 1024;
+// min_message_bytes(chunk_bytes) (plan.h): at 1/32 of the input a message would be 8 KiB at the
+// default chunk (docs/PERF.md, "Marsit over an emulated network": 15-26% faster at 1 Gbit/s with
+// 32 KiB).
 constexpr size_t marsit_chunk_words(size_t chunk_bytes, size_t rows = 1) {
   const size_t input = chunk_bytes / sizeof(float) / 32;
-  const size_t least = std::min(chunk_bytes, kMarsitMinMessageBytes) / sizeof(uint32_t) / std::max<size_t>(rows, 1);
+  const size_t least = min_message_bytes(chunk_bytes) / sizeof(uint32_t) / std::max<size_t>(rows, 1);
   return std::max<size_t>(1, std::max(input, least));
 }
 

@@ -271,6 +271,11 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     ratio = static_cast<double>(args.codec->encoded_bytes(args.count)) / raw;
   }
   const double encoded = raw * ratio;
+  // A compressed plan's chunk: chunk_bytes of input, grown until it encodes to min_message_bytes
+  // (collectives/compressed.h, compressed_chunk).
+  const double coded_chunk =
+      std::max(facts_.chunk_bytes / es,
+               static_cast<double>(coll::min_message_bytes(static_cast<size_t>(facts_.chunk_bytes))) / (es * ratio));
   const double latency = nodes > 1 ? facts_.inter_latency : facts_.intra_latency;
   // The kernel's TCP path at one end for `bytes` sent (or received) between nodes in messages of
   // `message` bytes: cpu.wire per byte, cpu.message per message.
@@ -329,7 +334,7 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double out_of_node = 2 * (n - per_node) / n * encoded;
     set_nic(per_node * out_of_node);  // the node's ranks share its link
     intra = 2 * (per_node - 1) / n * encoded;
-    const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
+    const double segment = values / n, chunk = std::min(segment, coded_chunk);
     busy = values / n * cpu.load + values * codec.encode + (n - 1) / n * values * codec.decode_add +
            values * codec.decode + 2 * tcp(out_of_node, chunk * es * ratio);
     // A fragment: n - 1 pairwise steps (encode a chunk, send it), the sum (n - 1 chunks added, one
@@ -350,7 +355,7 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double across = 2 * (leaders - 1) / leaders * encoded;
     set_nic(across);
     intra = members * raw;
-    const double segment = values / leaders, chunk = std::min(segment, facts_.chunk_bytes / es);
+    const double segment = values / leaders, chunk = std::min(segment, coded_chunk);
     busy = values * (cpu.load + members * (cpu.load + cpu.add)) + values * codec.encode +
            (leaders - 1) / leaders * values * codec.decode_add + values * codec.decode +
            2 * tcp(across, chunk * es * ratio);
@@ -370,7 +375,7 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double crossing = nodes == 1 ? 0 : per_node > 1 ? bytes : 2 * bytes;  // as the ring's
     set_nic(nodes > 1 ? bytes : 0);
     intra = per_node > 1 ? bytes : 0;
-    const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
+    const double segment = values / n, chunk = std::min(segment, coded_chunk);
     busy = values / n * ((n - 1) * (codec.encode + codec.decode_add) + codec.encode + (n - 1) * codec.decode) +
            tcp(crossing, chunk * es * ratio);
     const double hop = trip(chunk * es * ratio);

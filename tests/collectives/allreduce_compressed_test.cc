@@ -199,7 +199,7 @@ TEST_CASE("compressed all-reduce: within the proven bound, identical bits on eve
 
 TEST_CASE("compressed all-reduce: the same bits for every chunk size and pipeline depth", "[compressed]") {
   for (const char* algorithm : kAlgorithms)
-    for (const char* spec : {"q4:bucket=64,round=stochastic,seed=9", "q8:bucket=128", "fp16", "bf16"}) {
+    for (const char* spec : {"q4:bucket=64,round=stochastic,seed=9", "q8:bucket=128", "q1:bucket=64", "fp16", "bf16"}) {
       Job base;
       base.algorithm = algorithm, base.codec = kernels::parse_codec_spec(spec), base.n = 4, base.count = 5000;
       base.chunk_bytes = 1 << 20, base.depth = 1;
@@ -216,12 +216,50 @@ TEST_CASE("compressed all-reduce: the same bits for every chunk size and pipelin
     }
 }
 
+TEST_CASE("compressed chunks: below 4 bits a value a chunk grows to the fewest buckets that encode to min_message_bytes",
+          "[compressed]") {
+  CHECK(coll::min_message_bytes(256 * 1024) == 32 * 1024);  // the default chunk: an eighth
+  CHECK(coll::min_message_bytes(4096) == 512);
+  CHECK(coll::min_message_bytes(4 << 20) == 32 * 1024);  // at most 32 KiB
+  const size_t run = size_t{1} << 24;
+  for (size_t chunk_bytes : {size_t{4096}, size_t{60 * 1024}, size_t{256 * 1024}, size_t{1} << 20})
+    for (const char* spec : {"q8", "q4", "q3", "q2", "q1", "q1:bucket=64", "q2:bucket=4096", "fp16", "none"})
+      for (DataType dtype : {DataType::kFloat32, DataType::kFloat16}) {
+        const kernels::CodecConfig codec = kernels::parse_codec_spec(spec);
+        CollArgs args;
+        args.kind = CollKind::kAllReduce, args.dtype = dtype, args.codec = &codec;
+        INFO(spec << " on " << kernels::data_type_name(dtype) << ", chunk " << chunk_bytes << " bytes");
+        const size_t align = codec.alignment(), least = coll::min_message_bytes(chunk_bytes);
+        const size_t input = std::max(align, chunk_bytes / args.element_size() / align * align);
+        const size_t chunk = coll::compressed_chunk(args, chunk_bytes, run);
+        CHECK(chunk % align == 0);
+        if (codec.encoded_bytes(input) >= least) {
+          CHECK(chunk == input);  // 4 bits a value or more: chunk_bytes of input, as ever
+        } else {
+          CHECK(codec.encoded_bytes(chunk) >= least);  // the fewest buckets that reach it
+          CHECK(codec.encoded_bytes(chunk - align) < least);
+          CHECK(codec.encoded_bytes(chunk) <= chunk_bytes);  // the chunk still bounds the message
+        }
+        CHECK(coll::compressed_chunk(args, chunk_bytes, 100) == (100 + align - 1) / align * align);  // the run bounds it
+      }
+  // At the default chunk: whole buckets, codes and headers, of 32 KiB (q1's 512-value bucket is 72 bytes, 456 of
+  // them: 3.6x q4's 64 Ki values; q2's 136, 241 of them: 1.9x).
+  for (const char* spec : {"q1", "q2"}) {
+    const kernels::CodecConfig codec = kernels::parse_codec_spec(spec);
+    CollArgs args;
+    args.kind = CollKind::kAllReduce, args.dtype = DataType::kFloat32, args.codec = &codec;
+    const size_t bucket = codec.alignment(), per_bucket = codec.encoded_bytes(bucket);
+    CHECK(coll::compressed_chunk(args, 256 * 1024, run) == (32 * 1024 + per_bucket - 1) / per_bucket * bucket);
+  }
+}
+
 TEST_CASE("compressed all-reduce: wire bytes are 2(n-1)/n * E(S) when segments are whole buckets", "[compressed]") {
   for (const char* algorithm : kAlgorithms)
     for (int n : {2, 4, 8}) {
       Job job;
       job.algorithm = algorithm, job.codec = kernels::parse_codec_spec("q2:bucket=512"), job.n = n;
       job.count = 512 * 8 * 3;  // every segment a whole number of buckets
+      job.chunk_bytes = 2048;   // 512 values, grown to min_message_bytes: 2 buckets, 2-6 chunks a segment
       const Result res = run(job, make_inputs(job, 1));
       const size_t segment = job.count / n;
       const uint64_t encoded = 8 * (segment / 512) + segment / 8 * 2;  // metas + 2-bit codes

@@ -157,8 +157,8 @@ TEST_CASE("Marsit: unanimous signs pass exactly, c <- (u + c) - g, identical bit
           round.c[r][i] = start(rng);  // too small to flip a sign
         }
       const auto c_before = round.c;
-      // 2 words per piece: a chunk this small bounds the row message of `rows` pieces
-      run_round(round, codec, 1, 8 * static_cast<size_t>(grid.rows), 2);
+      // 2 words per piece: a row message of `rows` pieces is an eighth of a chunk this small
+      run_round(round, codec, 1, 64 * static_cast<size_t>(grid.rows), 2);
       for (int r = 0; r < n; ++r) {
         for (size_t i = 0; i < count; ++i) {
           REQUIRE(round.g[r][i] == kEta * static_cast<float>(sign[i]));
@@ -235,20 +235,21 @@ TEST_CASE("Marsit: each output bit is 1 with probability (ranks holding 1) / M, 
         const bool one = std::find(holders.begin(), holders.end(), r) != holders.end();
         std::fill(round.u[r].begin(), round.u[r].end(), one ? 1.0f : -1.0f);
       }
-      run_round(round, codec, step++, 2048 * static_cast<size_t>(grid.rows), 2);  // 512 words per piece
+      run_round(round, codec, step++, 16384 * static_cast<size_t>(grid.rows), 2);  // 512 words per piece
       check_fraction(round, holders, grid);
     }
   }
 }
 
-TEST_CASE("Marsit: a fragment's message is a chunk of input's words, at least 32 KiB or the chunk", "[marsit]") {
+TEST_CASE("Marsit: a fragment's message is a chunk of input's words, at least 32 KiB or an eighth of the chunk",
+          "[marsit]") {
   CHECK(coll::marsit_chunk_words(4) == 1);
-  CHECK(coll::marsit_chunk_words(512) == 128);              // the chunk bounds the message
-  CHECK(coll::marsit_chunk_words(60 * 1024) == 8192);       // 100 Mbit/s: 60 KiB chunks, 32 KiB messages
+  CHECK(coll::marsit_chunk_words(512) == 16);               // an eighth of a small chunk
+  CHECK(coll::marsit_chunk_words(60 * 1024) == 1920);       // 100 Mbit/s: 60 KiB chunks, 7.5 KiB messages
   CHECK(coll::marsit_chunk_words(256 * 1024) == 8192);      // the default: 1 MiB of input, not 256 KiB
   CHECK(coll::marsit_chunk_words(4 << 20) == (4 << 20) / 128);  // a large chunk: 1/32 of its input
   CHECK(coll::marsit_chunk_words(256 * 1024, 2) == 4096);       // a 2-row torus: row messages of 32 KiB
-  CHECK(coll::marsit_chunk_words(8192, 2) == 1024);             // ... or of the chunk
+  CHECK(coll::marsit_chunk_words(8192, 2) == 128);              // ... or of an eighth of the chunk
   // The plans take it: 4 Mi values on a ring of 2 are 65,536 words a rank's segment, 8 fragments.
   const kernels::CodecConfig codec = sign_codec(Grid{1, 2});
   Round round = make_round(2, size_t{4} << 20);
@@ -270,7 +271,7 @@ TEST_CASE("Marsit: the same bits for every chunk size, pipeline depth and buffer
       for (float& x : c) x = 0.1f * normal(rng);
     Round reference = base;
     run_round(reference, codec, 3, 1 << 20, 1);
-    for (size_t chunk : {size_t{4}, size_t{64}, size_t{256}, size_t{65536}})  // 1 to 64 words, and whole cells
+    for (size_t chunk : {size_t{4}, size_t{128}, size_t{2048}, size_t{65536}})  // 1 to 64 words, and whole cells
       for (int depth : {1, 2, 4})
         for (bool in_place : {false, true}) {
           INFO(grid.name() << ", chunk " << chunk << ", depth " << depth << (in_place ? ", in place" : ""));
@@ -306,7 +307,7 @@ TEST_CASE("Marsit: every K-th round (t = 0 included) is the full-precision avera
       for (auto& u : round.u)
         for (float& x : u) x = 0.3f * normal(rng);
       const auto c_before = round.c;
-      run_round(round, codec, t, 16 * static_cast<size_t>(grid.rows), 2);  // 4 words per piece: several fragments
+      run_round(round, codec, t, 128 * static_cast<size_t>(grid.rows), 2);  // 4 words per piece: several fragments
       const bool full = t % period == 0;
       for (int r = 0; r < n; ++r) {
         CHECK(round.g[r] == round.g[0]);
@@ -368,7 +369,7 @@ TEST_CASE("Marsit: NaN in one rank's update is NaN for its whole fragment on eve
         const size_t bad = count / 3;
         round.u[holder][bad] = std::numeric_limits<float>::quiet_NaN();
         const auto c_before = round.c;
-        run_round(round, codec, 2, 16 * static_cast<size_t>(grid.rows), 2);  // 128 values, 4 words, per piece
+        run_round(round, codec, 2, 128 * static_cast<size_t>(grid.rows), 2);  // 128 values, 4 words, per piece
         size_t nan_values = 0;
         for (size_t i = 0; i < count; ++i) nan_values += fragment_of(grid, count, i, 4) == fragment_of(grid, count, bad, 4);
         for (int r = 0; r < n; ++r) {
