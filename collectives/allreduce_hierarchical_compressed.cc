@@ -48,7 +48,7 @@ class AllReduceHierarchicalCompressed final : public Plan {
         leaders_(nodes_.leaders(), leader_),
         segments_{args.count, nodes_.nodes()},
         // leader: the N node sums, a decode scratch; the members' raw inputs; encoded: 2 outgoing, one per node
-        layout_{compressed_chunk(args, options.chunk_bytes, segments_.max_size()),
+        layout_{compressed_chunk(args, options.chunk_bytes, segments_.max_size(), /*raw_messages=*/true),
                 static_cast<size_t>(nodes_.nodes()) + 1, 2 + static_cast<size_t>(nodes_.nodes())},
         // member: a decode scratch, the owners' bytes of every segment
         member_layout_{layout_.chunk, 1, static_cast<size_t>(nodes_.nodes())} {}

@@ -35,14 +35,19 @@ inline float* residual_of(const CollArgs& args) {
 }
 
 // Elements per chunk for a compressed plan: a multiple of the codec's alignment (its bucket), so that
-// chunk boundaries never split a bucket and the bits do not depend on the chunk size; chunk_bytes of
-// input, or more where that would encode to fewer than min_message_bytes (codecs below 4 bits a
-// value); the whole run for a codec that must not be cut (alignment 0).
-inline size_t compressed_chunk(const CollArgs& args, size_t chunk_bytes, size_t run) {
+// chunk boundaries never split a bucket and the bits do not depend on the chunk size; the whole run
+// for a codec that must not be cut (alignment 0). A chunk is chunk_bytes of input, or more where that
+// would encode to fewer than min_message_bytes (a codec's encoding under an eighth of its input: q1-q3
+// on float32), but only where every message carries the call's codec: a plan that also sends values
+// as they are (`raw_messages`: the members' inputs inside a node) or a call with an exact segment keeps
+// chunk_bytes of input, so that the chunk still bounds those messages and the scratch they take.
+inline size_t compressed_chunk(const CollArgs& args, size_t chunk_bytes, size_t run, bool raw_messages = false) {
   const size_t align = args.codec->alignment();
   if (align == 0) return std::max<size_t>(run, 1);
   size_t chunk = std::max<size_t>(align, chunk_bytes / args.element_size() / align * align);
-  const size_t least = min_message_bytes(chunk_bytes);
+  const bool exact = args.segments && std::any_of(args.segments->begin(), args.segments->end(),
+                                                  [](const Segment& s) { return s.exact; });
+  const size_t least = raw_messages || exact ? 0 : min_message_bytes(chunk_bytes);
   if (const size_t encoded = args.codec->encoded_bytes(chunk); encoded < least) {
     // Grow in proportion (encoded bytes are about linear in the count), then bucket by bucket to the
     // first count that reaches it.

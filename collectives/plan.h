@@ -410,9 +410,9 @@ struct PlanOptions {
 // 4-bit codec's chunk encodes to (chunk_bytes / 8), up to 32 KiB. A chunk counts input bytes, so a 1-
 // or 2-bit codec would send messages of 8 or 16 KiB at the default chunk, and the kernel's TCP path
 // charges about 8 us a message at each end beside its bytes (docs/PERF.md, "Messages of at least
-// min(chunk/8, 32 KiB)": q1 12-13% faster at 1 Gbit/s): compressed plans (compressed_chunk) and
-// Marsit's sign rounds grow their chunks to this. Codecs of 4 bits a value or more are untouched, and
-// the chunk still bounds a message.
+// min(chunk/8, 32 KiB)": q1 12-13% faster at 1 Gbit/s): compressed plans whose every message is
+// encoded (compressed_chunk) and Marsit's sign rounds grow their chunks to this. Codecs of 4 bits a
+// float32 value or more are untouched, and the chunk still bounds a message.
 inline constexpr size_t kMinMessageCapBytes = 32 * 1024;
 constexpr size_t min_message_bytes(size_t chunk_bytes) { return std::min(chunk_bytes / 8, kMinMessageCapBytes); }
 

@@ -272,7 +272,7 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   }
   const double encoded = raw * ratio;
   // A compressed plan's chunk: chunk_bytes of input, grown until it encodes to min_message_bytes
-  // (collectives/compressed.h, compressed_chunk).
+  // where every message is encoded (collectives/compressed.h, compressed_chunk).
   const double coded_chunk =
       std::max(facts_.chunk_bytes / es,
                static_cast<double>(coll::min_message_bytes(static_cast<size_t>(facts_.chunk_bytes))) / (es * ratio));
@@ -355,7 +355,7 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double across = 2 * (leaders - 1) / leaders * encoded;
     set_nic(across);
     intra = members * raw;
-    const double segment = values / leaders, chunk = std::min(segment, coded_chunk);
+    const double segment = values / leaders, chunk = std::min(segment, facts_.chunk_bytes / es);  // members' raw
     busy = values * (cpu.load + members * (cpu.load + cpu.add)) + values * codec.encode +
            (leaders - 1) / leaders * values * codec.decode_add + values * codec.decode +
            2 * tcp(across, chunk * es * ratio);

@@ -216,7 +216,8 @@ TEST_CASE("compressed all-reduce: the same bits for every chunk size and pipelin
     }
 }
 
-TEST_CASE("compressed chunks: below 4 bits a value a chunk grows to the fewest buckets that encode to min_message_bytes",
+TEST_CASE("compressed chunks: a chunk encoding to under an eighth of its input grows to the fewest buckets that "
+          "encode to min_message_bytes, where every message is encoded",
           "[compressed]") {
   CHECK(coll::min_message_bytes(256 * 1024) == 32 * 1024);  // the default chunk: an eighth
   CHECK(coll::min_message_bytes(4096) == 512);
@@ -233,8 +234,17 @@ TEST_CASE("compressed chunks: below 4 bits a value a chunk grows to the fewest b
         const size_t input = std::max(align, chunk_bytes / args.element_size() / align * align);
         const size_t chunk = coll::compressed_chunk(args, chunk_bytes, run);
         CHECK(chunk % align == 0);
+        // Plans that also send raw values, and calls with exact segments, keep chunk_bytes of input.
+        CHECK(coll::compressed_chunk(args, chunk_bytes, run, /*raw_messages=*/true) == input);
+        const std::vector<coll::Segment> segments = {{0, run / 2, false}, {run / 2, run - run / 2, true}};
+        args.segments = &segments;
+        CHECK(coll::compressed_chunk(args, chunk_bytes, run) == input);
+        const std::vector<coll::Segment> encoded = {{0, run / 2, false}, {run / 2, run - run / 2, false}};
+        args.segments = &encoded;  // segments none of them exact: as without
+        CHECK(coll::compressed_chunk(args, chunk_bytes, run) == chunk);
+        args.segments = nullptr;
         if (codec.encoded_bytes(input) >= least) {
-          CHECK(chunk == input);  // 4 bits a value or more: chunk_bytes of input, as ever
+          CHECK(chunk == input);  // an encoding of an eighth of the input or more: chunk_bytes of input
         } else {
           CHECK(codec.encoded_bytes(chunk) >= least);  // the fewest buckets that reach it
           CHECK(codec.encoded_bytes(chunk - align) < least);
