@@ -62,8 +62,13 @@ constexpr size_t kMaxTransfersPerFragment = 60000;
 class ReduceScatterCompressedHierarchical final : public Plan {
  public:
   ReduceScatterCompressedHierarchical(const CollArgs& args, const PlanOptions& options, bool encode_members)
-      : Plan(args), encode_members_(encode_members), nodes_(*args.nodes), node_(nodes_.node_of(args.rank)), leader_(nodes_.leader(node_)),
-        mates_(nodes_.ranks_of(node_)), chunk_(compressed_chunk(args, options.chunk_bytes, args.count, /*raw_messages=*/true)),
+      : Plan(args),
+        encode_members_(encode_members),
+        nodes_(*args.nodes),
+        node_(nodes_.node_of(args.rank)),
+        leader_(nodes_.leader(node_)),
+        mates_(nodes_.ranks_of(node_)),
+        chunk_(compressed_chunk(args, options.chunk_bytes, args.count, /*raw_messages=*/true)),
         pieces_(args, chunk_, /*sums=*/true) {}
 
   size_t fragments() const override { return pieces_.size(); }

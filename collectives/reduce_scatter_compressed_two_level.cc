@@ -40,8 +40,12 @@ namespace {
 class ReduceScatterCompressedTwoLevel final : public Plan {
  public:
   ReduceScatterCompressedTwoLevel(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), nodes_(*args.nodes), node_(nodes_.node_of(args.rank)), lane_(nodes_.local_index(args.rank)),
-        mates_(nodes_.ranks_of(node_)), chunk_(compressed_chunk(args, options.chunk_bytes, args.count, /*raw_messages=*/true)),
+      : Plan(args),
+        nodes_(*args.nodes),
+        node_(nodes_.node_of(args.rank)),
+        lane_(nodes_.local_index(args.rank)),
+        mates_(nodes_.ranks_of(node_)),
+        chunk_(compressed_chunk(args, options.chunk_bytes, args.count, /*raw_messages=*/true)),
         pieces_(args, chunk_, /*sums=*/true) {
     for (int node = 0; node < nodes_.nodes(); ++node) lane_blocks_.push_back(nodes_.ranks_of(node)[lane_]);
   }

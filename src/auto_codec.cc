@@ -355,7 +355,8 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double across = 2 * (leaders - 1) / leaders * encoded;
     set_nic(across);
     intra = members * raw;
-    const double segment = values / leaders, chunk = std::min(segment, facts_.chunk_bytes / es);  // members' raw
+    // The members' raw inputs keep the chunk of input (compressed_chunk's raw_messages).
+    const double segment = values / leaders, chunk = std::min(segment, facts_.chunk_bytes / es);
     busy = values * (cpu.load + members * (cpu.load + cpu.add)) + values * codec.encode +
            (leaders - 1) / leaders * values * codec.decode_add + values * codec.decode +
            2 * tcp(across, chunk * es * ratio);

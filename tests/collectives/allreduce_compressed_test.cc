@@ -250,7 +250,8 @@ TEST_CASE("compressed chunks: a chunk encoding to under an eighth of its input g
           CHECK(codec.encoded_bytes(chunk - align) < least);
           CHECK(codec.encoded_bytes(chunk) <= chunk_bytes);  // the chunk still bounds the message
         }
-        CHECK(coll::compressed_chunk(args, chunk_bytes, 100) == (100 + align - 1) / align * align);  // the run bounds it
+        CHECK(coll::compressed_chunk(args, chunk_bytes, 100) ==
+              (100 + align - 1) / align * align);  // the run bounds it
       }
   // At the default chunk: whole buckets, codes and headers, of 32 KiB (q1's 512-value bucket is 72 bytes, 456 of
   // them: 3.6x q4's 64 Ki values; q2's 136, 241 of them: 1.9x).
