@@ -937,7 +937,7 @@ TEST_CASE("device executor: Marsit's taint reaches every rank's decode, and its 
   const float nan = NAN;
   std::memcpy(ranks[2].send.data() + 2500 * sizeof(float), &nan, sizeof nan);
   const coll::Algorithm* algorithm = coll::find_algorithm(CollKind::kAllReduce, "marsit");
-  // 16-byte chunks: 4 words (128 values) a message, several fragments (the chunk bounds a message)
+  // 16-byte chunks: one word (32 values) a piece, the least Marsit cuts (marsit_chunk_words): many fragments
   const Outcome host = run_host(ranks, shape, false, offset, *algorithm, 16, 2);
   REQUIRE(host.stats[0].nonfinite > 0);
   REQUIRE(host.stats[0].nonfinite < 3000);

@@ -127,7 +127,7 @@ TEST_CASE("every registered plan is ordered: each pair's messages are received i
             for (CollArgs& x : job.args) x.rng.step = step;
             if (a.cannot_run(job.args[0])) continue;
             for (size_t chunk : {size_t{256}, size_t{4096}}) require_ordered(a, job, chunk);
-            if (codec == &sign || codec == &torus) require_ordered(a, job, 16);  // Marsit: 4 words a fragment
+            if (codec == &sign || codec == &torus) require_ordered(a, job, 16);  // Marsit: a word a piece
             ++checked;
           }
         }

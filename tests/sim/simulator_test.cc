@@ -206,7 +206,7 @@ TEST_CASE("the simulation puts on every link the bytes the host executor moves",
       call.op = c.op;
       call.root = 1;
       call.count = 5000;
-      // several fragments (Marsit's messages take the chunk's bytes in sign words)
+      // several fragments (Marsit's messages take an eighth of the chunk in sign words: 2 words here)
       call.chunk_bytes = std::string(c.codec).rfind("sign", 0) == 0 ? 64 : 4096;
       INFO(coll::coll_name(c.kind) << " codec '" << c.codec << "', " << t.host_count() << " hosts");
       const SimResult r = simulate(default_model(), t, call, /*link_bytes=*/true);
