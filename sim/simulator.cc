@@ -690,13 +690,12 @@ SimResult Engine::run() {
     k.slots.resize(std::min(slots, std::max<size_t>(k.plan->fragments(), 1)));
     for (size_t i = 0; i < k.slots.size(); ++i) k.slots[i].scratch = scratch_space.base() + i * scratch;
   }
-  // Buckets start full.
-  Port nic, port;
-  nic.tokens = model_.inter.burst * model_.inter.efficiency;
-  port.tokens = model_.intra.burst * model_.intra.efficiency;
-  nic_out_.assign(static_cast<size_t>(hosts), nic);
+  // Buckets start empty: the call simulated is one of many back to back (a training step's, or a
+  // benchmark's, a barrier apart), whose links were busy until it began; a full bucket would credit
+  // every call with a burst of wire it does not get (docs/PERF.md, "Token buckets at a call's start").
+  nic_out_.assign(static_cast<size_t>(hosts), Port{});
   nic_in_ = nic_out_;
-  port_out_.assign(static_cast<size_t>(n), port);
+  port_out_.assign(static_cast<size_t>(n), Port{});
   port_in_ = port_out_;
 
   pending_.reserve(4 * static_cast<size_t>(n));

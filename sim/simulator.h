@@ -13,8 +13,8 @@
 //     each end (the kernel's TCP path);
 //   - a message starts once both ends have posted it, in the earliest gap its sender's outgoing and
 //     its receiver's incoming ports share (the host's NIC across hosts, the rank's own port within
-//     one), holds both for its serialization time (less what a token bucket passes at once) and
-//     arrives a latency later.
+//     one), holds both for its serialization time (less what a token bucket passes at once: buckets
+//     start the call empty and fill while their port idles) and arrives a latency later.
 // Messages take the sizes the plan gives them; a variable-length codec's encodings (fft) take their
 // capacity, or `density` of it. Buffers are never touched: they are addresses in a reservation that
 // cannot be read or written, so a plan that looked at data while building would fault.

@@ -282,16 +282,22 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   const auto tcp = [&](double bytes, double message) {
     return bytes * cpu.wire + (message > 0 ? bytes / message * cpu.message : 0.0);
   };
-  // One chunk's trip over the slowest link it takes: the bytes at the link's rate and latency, and
-  // the kernel's TCP path at both ends between nodes.
-  // Within a node bytes take their port's time at the node's copy rate (the simulator's model).
-  // A shaped link's token bucket passes its first inter_burst bytes at once: the call's share of bytes
-  // beyond it pays the rate (set below, once the link's bytes are known).
-  double paying = 1;
-  const auto trip = [&](double bytes) {
-    if (nodes > 1) return paying * bytes / facts_.inter_rate + 2 * tcp(bytes, bytes) + facts_.inter_latency;
-    return bytes / facts_.intra_rate + facts_.intra_latency;
+  // One chunk's trip over the slowest link it takes, in a step where each rank sends one and
+  // receives one: between nodes a message leaves when it is posted, while its sender writes it into
+  // the socket, so the receiver, having written its own, waits for the later of that and the bytes'
+  // arrival (the link's rate and latency), then reads it (the simulator's order of events). `sharing`
+  // ranks of a node send theirs over its link at once. A shaped link's token bucket, empty when the
+  // call starts, fills while the link idles (`idle` seconds before this message) and passes what it
+  // holds at once. Within a node bytes take their port's time at the node's copy rate.
+  const auto trip = [&](double bytes, double sharing, double idle) {
+    if (nodes == 1) return bytes / facts_.intra_rate + facts_.intra_latency;
+    const double socket = tcp(bytes, bytes);
+    const double wire = std::max(0.0, sharing * bytes - std::min(facts_.inter_burst, idle * facts_.inter_rate));
+    return std::max(socket, wire / facts_.inter_rate + facts_.inter_latency) + socket;
   };
+  // How long a link idles between a rank's messages of `bytes` when it works `cpu` seconds between
+  // them: the message's flight, its read, and the work.
+  const auto between = [&](double bytes, double cpu) { return facts_.inter_latency + tcp(bytes, bytes) + cpu; };
   // Fragments run `depth` at a time: a chain of steps is paid once per round of them.
   const auto rounds = [&](double fragments) { return std::max(1.0, std::ceil(fragments) / std::max(1, facts_.depth)); };
 
@@ -299,61 +305,74 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   // fragment (its steps one after another: a step waits for the one before); `depth` fragments run
   // at once. The time: below.
   double nic = 0, intra = 0, busy = 0, chain = 0, steps = 0, fragments = 1;
-  const auto set_nic = [&](double bytes) {
-    nic = bytes;
-    if (nic > 0) paying = std::max(0.0, nic - facts_.inter_burst) / nic;
-  };
   if (algorithm == "ring" && !args.codec) {
-    const double bytes = 2 * (n - 1) / n * raw;  // each way, every rank
+    const double total = 2 * (n - 1) / n * raw;  // each way, every rank
     // With one rank per node every rank sends and receives across nodes; with more, a node's first
     // rank receives across and its last sends across (ranks in node order), the rest stays inside.
-    const double crossing = nodes == 1 ? 0 : per_node > 1 ? bytes : 2 * bytes;
-    set_nic(nodes > 1 ? bytes : 0);
-    intra = per_node > 1 ? bytes : 0;
+    const double crossing = nodes == 1 ? 0 : per_node > 1 ? total : 2 * total;
+    nic = nodes > 1 ? total : 0;
+    intra = per_node > 1 ? total : 0;
     const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
     busy = (n - 1) / n * values * reduce + tcp(crossing, chunk * es);
-    const double hop = trip(chunk * es);
     fragments = std::ceil(segment / chunk);
-    chain = rounds(segment / chunk) * ((n - 1) * (hop + chunk * reduce) + (n - 1) * hop);
+    const double bytes = chunk * es;
+    chain = rounds(segment / chunk) * (trip(bytes, 1, 0) + (n - 2) * trip(bytes, 1, between(bytes, chunk * reduce)) +
+                                       (n - 1) * chunk * reduce + (n - 1) * trip(bytes, 1, between(bytes, 0)));
     steps = 2 * (n - 1);
   } else if (algorithm == "recursive_doubling" && !args.codec) {
-    // log2 n exchanges of the whole buffer (one more folding a non-power of two), one after the
-    // other, not pipelined; those between ranks 2^k apart with 2^k at least a node's ranks cross.
+    // Per fragment (a chunk of the buffer, copied to the output first), log2 n exchanges (one more
+    // folding a non-power of two), each added in; those between ranks 2^k apart with 2^k at least
+    // a node's ranks cross, every rank of the node at once.
     const double exchanges = std::ceil(std::log2(n)) + (std::exp2(std::floor(std::log2(n))) != n ? 1 : 0);
     const double across = nodes > 1 ? std::ceil(std::log2(nodes)) : 0;
     const double inside = exchanges - across;
-    set_nic(across * raw);
-    // An exchange is a message per chunk each way (trip() prices one).
-    const double messages = std::max(1.0, std::ceil(raw / facts_.chunk_bytes));
-    chain = across * (trip(raw) + 2 * (messages - 1) * cpu.message) +
-            inside * (raw / facts_.intra_rate + facts_.intra_latency) + exchanges * values * reduce;
+    nic = across * raw * per_node;
+    intra = inside * raw;
+    const double chunk = std::min(values, facts_.chunk_bytes / es), bytes = chunk * es;
+    busy = raw * cpu.copy + exchanges * values * reduce + 2 * tcp(across * raw, bytes);
+    fragments = std::ceil(values / chunk);
+    // The first exchange across finds the link idle since the call began: since its copy and the
+    // exchanges inside before it (each added in).
+    const double first_idle =
+        bytes * cpu.copy + inside * (bytes / facts_.intra_rate + facts_.intra_latency + chunk * reduce);
+    chain = rounds(fragments) * (bytes * cpu.copy + inside * (bytes / facts_.intra_rate + facts_.intra_latency) +
+                                 exchanges * chunk * reduce +
+                                 (across > 0 ? trip(bytes, per_node, first_idle) +
+                                                   (across - 1) * trip(bytes, per_node, between(bytes, chunk * reduce))
+                                             : 0.0));
+    steps = exchanges;
   } else if (algorithm == "sra_compressed" && args.codec) {
     // Each rank's contribution to each owner's segment (E/n) goes once, each owner's encoded sum
     // (E/n) to everyone: per rank E (n-1)/n twice each way, (n - L) of its n - 1 peers on other
     // nodes. The owner adds n - 1 contributions to its segment; every rank decodes every segment.
     const double out_of_node = 2 * (n - per_node) / n * encoded;
-    set_nic(per_node * out_of_node);  // the node's ranks share its link
+    nic = per_node * out_of_node;  // the node's ranks share its link
     intra = 2 * (per_node - 1) / n * encoded;
     const double segment = values / n, chunk = std::min(segment, coded_chunk);
     busy = values / n * cpu.load + values * codec.encode + (n - 1) / n * values * codec.decode_add +
            values * codec.decode + 2 * tcp(out_of_node, chunk * es * ratio);
-    // A fragment: n - 1 pairwise steps (encode a chunk, send it), the sum (n - 1 chunks added, one
-    // encoded), n - 1 more (send it), every chunk decoded. Of a step's n - 1 peers, L - 1 are on
-    // the rank's own node: their hops take its shared memory.
+    // A fragment: n - 1 pairwise steps (encode a chunk, send it), the sum (its input loaded, n - 1
+    // chunks added, one encoded), n - 1 more (send it), every chunk decoded. Step k sends to the
+    // rank k ahead: with several nodes some rank crosses to another at every step, min(k, n - k, L)
+    // of a node's ranks at once, and the others wait for it at the next.
     const double bytes = chunk * es * ratio;
-    const double within = per_node > 1 ? bytes / facts_.intra_rate + facts_.intra_latency : 0.0;
-    const double hop = ((n - per_node) * trip(bytes) + (per_node - 1) * within) / std::max(1.0, n - 1);
+    double scatter = 0, gather = 0;
+    for (double k = 1; k < n; ++k) {
+      const double sharing = std::min({k, n - k, per_node});
+      scatter += trip(bytes, sharing, k == 1 ? chunk * codec.encode : between(bytes, chunk * codec.encode));
+      gather += trip(bytes, sharing, between(bytes, chunk * codec.decode));
+    }
     fragments = std::ceil(segment / chunk);
-    chain = rounds(segment / chunk) *
-            ((n - 1) * (chunk * codec.encode + hop) + (n - 1) * chunk * codec.decode_add + chunk * codec.encode +
-             (n - 1) * hop + n * chunk * codec.decode);
+    chain = rounds(segment / chunk) * ((n - 1) * chunk * codec.encode + scatter +
+                                       chunk * (cpu.load + (n - 1) * codec.decode_add + codec.encode + codec.decode) +
+                                       gather + (n - 1) * chunk * codec.decode);
     steps = 2 * (n - 1);
   } else if (algorithm == "hierarchical_compressed" && args.codec) {
     // The leader of the largest node: its members' buffers in (raw), their sum's SRA among the N
     // leaders, the owners' bytes out to its members (encoded), every segment decoded.
     const double members = per_node - 1, leaders = nodes;
     const double across = 2 * (leaders - 1) / leaders * encoded;
-    set_nic(across);
+    nic = across;
     intra = members * raw;
     // The members' raw inputs keep the chunk of input (compressed_chunk's raw_messages).
     const double segment = values / leaders, chunk = std::min(segment, facts_.chunk_bytes / es);
@@ -363,33 +382,38 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     // A fragment: chunk f of each of the N segments, from every member, summed, then SRA's steps
     // among the leaders on it, and its encoded bytes to the members.
     const double inside = members * leaders * chunk * es / facts_.intra_rate;
-    const double hop = trip(chunk * es * ratio);  // between leaders (nodes > 1 here)
+    const double bytes = chunk * es * ratio;  // between leaders (nodes > 1 here)
     fragments = std::ceil(segment / chunk);
     chain = rounds(segment / chunk) *
             (inside + leaders * chunk * (cpu.load + members * (cpu.load + cpu.add)) +
-             (leaders - 1) * (chunk * codec.encode + hop) + (leaders - 1) * chunk * codec.decode_add +
-             chunk * codec.encode + (leaders - 1) * hop + leaders * chunk * codec.decode + inside * ratio);
+             (leaders - 1) * (chunk * codec.encode + trip(bytes, 1, between(bytes, chunk * codec.encode))) +
+             (leaders - 1) * chunk * codec.decode_add + chunk * codec.encode +
+             (leaders - 1) * trip(bytes, 1, between(bytes, chunk * codec.decode)) + leaders * chunk * codec.decode +
+             inside * ratio);
     steps = 2 + 2 * (leaders - 1);
   } else if (algorithm == "ring_compressed" && args.codec) {
     // The partial sum re-encoded at each of n-1 reduce hops, then each owner's bytes passed round.
-    const double bytes = 2 * (n - 1) / n * encoded;
-    const double crossing = nodes == 1 ? 0 : per_node > 1 ? bytes : 2 * bytes;  // as the ring's
-    set_nic(nodes > 1 ? bytes : 0);
-    intra = per_node > 1 ? bytes : 0;
+    const double total = 2 * (n - 1) / n * encoded;  // each way, every rank
+    const double crossing = nodes == 1 ? 0 : per_node > 1 ? total : 2 * total;  // as the ring's
+    nic = nodes > 1 ? total : 0;
+    intra = per_node > 1 ? total : 0;
     const double segment = values / n, chunk = std::min(segment, coded_chunk);
-    busy = values / n * ((n - 1) * (codec.encode + codec.decode_add) + codec.encode + (n - 1) * codec.decode) +
+    // Per fragment: this rank's chunk encoded, then n - 1 hops each adding the partial received to
+    // its input (loaded) and encoding the sum, then n hops' bytes decoded (its own included).
+    busy = values / n * (n * codec.encode + (n - 1) * (cpu.load + codec.decode_add) + n * codec.decode) +
            tcp(crossing, chunk * es * ratio);
-    const double hop = trip(chunk * es * ratio);
+    const double bytes = chunk * es * ratio, step = chunk * (cpu.load + codec.decode_add + codec.encode);
     fragments = std::ceil(segment / chunk);
     chain = rounds(segment / chunk) *
-            ((n - 1) * (chunk * (codec.encode + codec.decode_add) + hop) + chunk * codec.encode +
-             (n - 1) * (hop + chunk * codec.decode));
+            (chunk * codec.encode + trip(bytes, 1, chunk * codec.encode) +
+             (n - 2) * trip(bytes, 1, between(bytes, step)) + (n - 1) * step + chunk * codec.decode +
+             (n - 1) * (trip(bytes, 1, between(bytes, chunk * codec.decode)) + chunk * codec.decode));
     steps = 2 * (n - 1);
   } else {
     return -1;
   }
   if ((intra > 0 && !(facts_.intra_rate > 0)) || (nic > 0 && !(facts_.inter_rate > 0))) return -1;  // unknown link
-  const double nic_seconds = nic > 0 ? paying * nic / facts_.inter_rate : 0.0;
+  const double nic_seconds = nic > 0 ? nic / facts_.inter_rate : 0.0;
   const double intra_seconds = intra > 0 ? intra / facts_.intra_rate : 0.0;
   // The busiest resource (a link, a port, a CPU) works on fragments 2 .. F while the first fills the
   // pipeline, one fragment's chain; the depth bounds the fragments in flight (chain). A chain's hops

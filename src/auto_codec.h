@@ -68,8 +68,9 @@ struct CpuCosts {
 struct ClusterFacts {
   double inter_rate = 0;      // payload bytes/s of a node's link (0: unknown: one node only)
   double inter_latency = 0;   // seconds, one way
-  double inter_burst = 0;     // bytes a shaped link's token bucket passes at once (the simulator's
-                              // netem links; the library knows of none)
+  double inter_burst = 0;     // bytes a shaped link's token bucket holds: it fills at the rate while the
+                              // link idles, and passes what it holds at once (the simulator's netem
+                              // links, empty when a call starts; the library knows of none)
   double intra_rate = 0;      // payload bytes/s between ranks of one node
   double intra_latency = 0;
   CpuCosts cpu;
