@@ -5,8 +5,8 @@
 // and `intra` joins the ranks of one host (shared memory or loopback: a port per rank). A message of
 // B bytes occupies its sender's outgoing port and its receiver's incoming port for
 // B / (rate x efficiency) seconds and arrives `latency` seconds after it left; a port with a token
-// bucket (qcclrun --netem's tbf: `burst` bytes deep, refilled at the rate) passes what its tokens
-// cover at once and the rest at the rate. Efficiency is the
+// bucket (qcclrun --netem's tbf: `burst` bytes deep, refilled at the rate, empty when a call starts)
+// passes what its tokens cover at once and the rest at the rate. Efficiency is the
 // payload's share of what the link carries: 1448 bytes of TCP payload per 1538 bytes on an Ethernet
 // wire with MTU 1500 (0.941: 20 bytes of preamble and gap, 14 of Ethernet header, 4 of CRC, 20 of
 // IP, 32 of TCP with timestamps); 1448 per 1514 (0.956) under qcclrun --netem, whose token buckets
