@@ -443,11 +443,6 @@ AutoChoice AutoCodec::choose(const coll::CollArgs& args, const AlgorithmPolicy& 
 
   // Every option: uncompressed, then the candidates from the most accurate, each by every algorithm
   // that can run it (the policy's alone when QCCL_ALGO forces the all-reduce's); options[i] is all[i]'s.
-  // ring_compressed is left out where nodes hold several ranks: the model puts it 25-33% faster there
-  // than the simulator's event-by-event run (docs/PERF.md "Automatic codec choice").
-  bool several_per_node = false;
-  if (args.nodes && args.nodes->nodes() > 1)
-    for (int node = 0; node < args.nodes->nodes(); ++node) several_per_node |= args.nodes->ranks_of(node).size() > 1;
   std::vector<Prediction> all;
   std::vector<AutoChoice> options;
   std::vector<bool> preferred;  // the policy's own algorithm for that codec
@@ -464,7 +459,6 @@ AutoChoice AutoCodec::choose(const coll::CollArgs& args, const AlgorithmPolicy& 
     }
     for (const coll::Algorithm* a : algorithms) {
       const bool ring = std::strcmp(a->name, "ring_compressed") == 0;
-      if (ring && several_per_node && a != &usual) continue;
       if (codec && (ring ? ring_error_bound(*codec, args.nranks) : error_bound(*codec, args.nranks)) +
                            output_rounding(args.dtype) > budget_)
         continue;
