@@ -261,6 +261,7 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   const double es = static_cast<double>(args.element_size());
   const double values = static_cast<double>(args.count);
   const double raw = values * es;
+  if (!(raw > 0)) return -1;  // nothing to move: no time to weigh (and 0/0 below)
   const double reduce = cpu.reduce * es / 4;  // per value (other types than float32 by their size)
   CpuCosts::Codec codec;  // the call's codec's costs
   double ratio = 1;       // encoded bytes per raw byte
@@ -295,9 +296,9 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double wire = std::max(0.0, sharing * bytes - std::min(facts_.inter_burst, idle * facts_.inter_rate));
     return std::max(socket, wire / facts_.inter_rate + facts_.inter_latency) + socket;
   };
-  // How long a link idles between a rank's messages of `bytes` when it works `cpu` seconds between
+  // How long a link idles between a rank's messages of `bytes` when it works `work` seconds between
   // them: the message's flight, its read, and the work.
-  const auto between = [&](double bytes, double cpu) { return facts_.inter_latency + tcp(bytes, bytes) + cpu; };
+  const auto between = [&](double bytes, double work) { return facts_.inter_latency + tcp(bytes, bytes) + work; };
   // Fragments run `depth` at a time: a chain of steps is paid once per round of them.
   const auto rounds = [&](double fragments) { return std::max(1.0, std::ceil(fragments) / std::max(1, facts_.depth)); };
 
