@@ -332,12 +332,11 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double chunk = std::min(values, facts_.chunk_bytes / es), bytes = chunk * es;
     busy = raw * cpu.copy + exchanges * values * reduce + 2 * tcp(across * raw, bytes);
     fragments = std::ceil(values / chunk);
+    const double within = bytes / facts_.intra_rate + facts_.intra_latency;  // an exchange inside
     // The first exchange across finds the link idle since the call began: since its copy and the
     // exchanges inside before it (each added in).
-    const double first_idle =
-        bytes * cpu.copy + inside * (bytes / facts_.intra_rate + facts_.intra_latency + chunk * reduce);
-    chain = rounds(fragments) * (bytes * cpu.copy + inside * (bytes / facts_.intra_rate + facts_.intra_latency) +
-                                 exchanges * chunk * reduce +
+    const double first_idle = bytes * cpu.copy + inside * (within + chunk * reduce);
+    chain = rounds(fragments) * (bytes * cpu.copy + inside * within + exchanges * chunk * reduce +
                                  (across > 0 ? trip(bytes, per_node, first_idle) +
                                                    (across - 1) * trip(bytes, per_node, between(bytes, chunk * reduce))
                                              : 0.0));

@@ -197,18 +197,24 @@ double best_fixed_choice(const sim::Model& model, const sim::Topology& topology,
   return best;
 }
 
-TEST_CASE("auto: what it picks simulates within 5% of the fastest fixed choice (95% of the grid), 15% always", "[auto]") {
-  struct Where {
-    int nranks, hosts;
-    const char* link;
-  };
-  std::vector<Where> grid;
+// The grid both tests below walk: links, ranks on hosts, and call sizes.
+struct Where {
+  int nranks, hosts;
+  const char* link;
+};
+std::vector<Where> grid() {
+  std::vector<Where> out;
   for (const char* link : {"netem:100mbit", "netem:1gbit", "netem:10gbit", "25gbit", "100gbit"})
-    for (auto [n, h] : {std::pair{2, 2}, {4, 4}, {4, 2}, {8, 8}, {8, 4}, {4, 1}}) grid.push_back({n, h, link});
+    for (auto [n, h] : {std::pair{2, 2}, {4, 4}, {4, 2}, {8, 8}, {8, 4}, {4, 1}}) out.push_back({n, h, link});
+  return out;
+}
+constexpr size_t kGridBytes[] = {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20};
+
+TEST_CASE("auto: what it picks simulates within 5% of the fastest fixed choice (95% of the grid), 15% always", "[auto]") {
   int cases = 0, compressed = 0, uncompressed = 0, within_5 = 0, other_algorithm = 0;
-  for (const Where& w : grid)
+  for (const Where& w : grid())
     for (const char* budget : {"auto", "auto:maxrelerr=0.2"})
-      for (size_t bytes : {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20}) {
+      for (size_t bytes : kGridBytes) {
         sim::Model model = sim::default_model();
         std::string source;
         model.inter = sim::parse_link(w.link, &source);
@@ -262,31 +268,31 @@ TEST_CASE("auto: what it picks simulates within 5% of the fastest fixed choice (
 // roughly (a known gap: 6 ranks on 3 hosts over-predicts it 1.4-1.9x).
 TEST_CASE("auto: its predictions within 15% of the simulator's times for 97% of the options", "[auto]") {
   int options = 0, within_15 = 0;
-  for (const char* link : {"netem:100mbit", "netem:1gbit", "netem:10gbit", "25gbit", "100gbit"})
-    for (auto [n, h] : {std::pair{2, 2}, {4, 4}, {4, 2}, {8, 8}, {8, 4}, {4, 1}})
-      for (size_t bytes : {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20}) {
-        sim::Model model = sim::default_model();
-        model.inter = sim::parse_link(link, nullptr);
-        sim::Topology topology;
-        topology.nranks = n, topology.hosts = h;
-        sim::CallSpec call;
-        call.count = bytes / 4;
-        std::vector<Prediction> predictions;
-        sim::choose_auto_codec(model, topology, call, "auto:maxrelerr=0.2", &predictions);  // every candidate
-        for (const Prediction& p : predictions) {
-          if (p.codec == "fp16") continue;  // float32 calls: weighed, never run
-          sim::CallSpec option = call;
-          option.codec = p.codec, option.algorithm = p.algorithm;
-          const double simulated = sim::simulate(model, topology, option).seconds;
-          const double ratio = p.seconds / simulated;
-          INFO(n << " ranks on " << h << " hosts, " << link << ", " << bytes << " bytes, '" << p.codec << "' by "
-                 << p.algorithm << ": predicted " << p.seconds * 1e6 << " us, simulated " << simulated * 1e6);
-          CHECK(ratio > 0.65);
-          CHECK(ratio < 1.5);
-          ++options;
-          if (std::fabs(ratio - 1) <= 0.15) ++within_15;
-        }
+  for (const Where& w : grid())
+    for (size_t bytes : kGridBytes) {
+      sim::Model model = sim::default_model();
+      model.inter = sim::parse_link(w.link, nullptr);
+      sim::Topology topology;
+      topology.nranks = w.nranks, topology.hosts = w.hosts;
+      sim::CallSpec call;
+      call.count = bytes / 4;
+      std::vector<Prediction> predictions;
+      sim::choose_auto_codec(model, topology, call, "auto:maxrelerr=0.2", &predictions);  // every candidate
+      for (const Prediction& p : predictions) {
+        if (p.codec == "fp16") continue;  // float32 calls: weighed, never run
+        sim::CallSpec option = call;
+        option.codec = p.codec, option.algorithm = p.algorithm;
+        const double simulated = sim::simulate(model, topology, option).seconds;
+        const double ratio = p.seconds / simulated;
+        INFO(w.nranks << " ranks on " << w.hosts << " hosts, " << w.link << ", " << bytes << " bytes, '" << p.codec
+                      << "' by " << p.algorithm << ": predicted " << p.seconds * 1e6 << " us, simulated "
+                      << simulated * 1e6);
+        CHECK(ratio > 0.65);
+        CHECK(ratio < 1.5);
+        ++options;
+        if (std::fabs(ratio - 1) <= 0.15) ++within_15;
       }
+    }
   CHECK(options > 800);
   CHECK(within_15 >= 0.97 * options);
 }
