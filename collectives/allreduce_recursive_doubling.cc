@@ -4,7 +4,8 @@
 //
 // With p the largest power of two <= n and rem = n - p, ranks below 2*rem first fold in pairs (the
 // even rank sends its buffer to the odd one and sits out), the p active ranks exchange with partner
-// vr ^ mask for mask = 1, 2, ..., p/2, and finally the folded ranks get the result back. Partners
+// vr ^ mask for mask = 1, 2, ..., p/2 (coll::RecursiveDoubling), and finally the folded ranks get the
+// result back. Partners
 // compute mine op theirs and theirs op mine; the reduction kernels are commutative bit for bit (NaN
 // and signed zeros included), so every rank ends with identical bits.
 //
@@ -20,12 +21,7 @@ namespace {
 class AllReduceRecursiveDoubling final : public Plan {
  public:
   AllReduceRecursiveDoubling(const CollArgs& args, const PlanOptions& options)
-      : Plan(args), chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)) {
-    pow2_ = 1;
-    while (pow2_ * 2 <= args.nranks) pow2_ *= 2;
-    rem_ = args.nranks - pow2_;
-    for (int m = 1; m < pow2_; m <<= 1) ++rounds_;
-  }
+      : Plan(args), chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)), pairs_(args.nranks) {}
 
   size_t fragments() const override { return ceil_div(args_.count, chunk_); }
   size_t scratch_bytes() const override { return chunk_ * args_.element_size(); }
@@ -38,9 +34,9 @@ class AllReduceRecursiveDoubling final : public Plan {
     const size_t bytes = pc.count * es;
     char* work = static_cast<char*>(args_.recvbuf) + pc.offset * es;
     p.copy(work, static_cast<const char*>(args_.sendbuf) + pc.offset * es, bytes);
-    const uint32_t base = static_cast<uint32_t>(f) * static_cast<uint32_t>(rounds_ + 2);
+    const uint32_t base = static_cast<uint32_t>(f) * static_cast<uint32_t>(pairs_.rounds + 2);
 
-    if (r < 2 * rem_) {  // fold
+    if (pairs_.folds(r)) {  // fold
       if (r % 2 == 0) {
         p.send(1, r + 1, base, work, bytes);
         p.wait(1);
@@ -50,10 +46,9 @@ class AllReduceRecursiveDoubling final : public Plan {
         p.reduce(work, scratch, work, pc.count);
       }
     }
-    if (active(r)) {
-      const int vr = r < 2 * rem_ ? r / 2 : r - rem_;
-      for (int i = 0, mask = 1; mask < pow2_; mask <<= 1, ++i) {
-        const int partner = real_rank(vr ^ mask);
+    if (pairs_.active(r)) {
+      for (int i = 0; i < pairs_.rounds; ++i) {
+        const int partner = pairs_.partner(r, i);
         const uint32_t msg = base + 1 + static_cast<uint32_t>(i);
         p.recv(0, partner, msg, scratch, bytes);
         p.send(1, partner, msg, work, bytes);
@@ -63,8 +58,8 @@ class AllReduceRecursiveDoubling final : public Plan {
       }
       if (args_.op == RedOp::kAvg) p.average(work, pc.count);
     }
-    if (r < 2 * rem_) {  // unfold
-      const uint32_t msg = base + 1 + static_cast<uint32_t>(rounds_);
+    if (pairs_.folds(r)) {  // unfold
+      const uint32_t msg = base + 1 + static_cast<uint32_t>(pairs_.rounds);
       if (r % 2 == 1) {
         p.send(1, r - 1, msg, work, bytes);
         p.wait(1);
@@ -77,35 +72,27 @@ class AllReduceRecursiveDoubling final : public Plan {
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
     const int r = args_.rank;
-    if (r < 2 * rem_) {
-      const int pair = r % 2 == 0 ? r + 1 : r - 1;
-      send_to->push_back(pair);
-      recv_from->push_back(pair);
+    if (pairs_.folds(r)) {
+      send_to->push_back(pairs_.fold_partner(r));
+      recv_from->push_back(pairs_.fold_partner(r));
     }
-    if (!active(r)) return;
-    const int vr = r < 2 * rem_ ? r / 2 : r - rem_;
-    for (int mask = 1; mask < pow2_; mask <<= 1) {
-      send_to->push_back(real_rank(vr ^ mask));
-      recv_from->push_back(real_rank(vr ^ mask));
+    if (!pairs_.active(r)) return;
+    for (int i = 0; i < pairs_.rounds; ++i) {
+      send_to->push_back(pairs_.partner(r, i));
+      recv_from->push_back(pairs_.partner(r, i));
     }
   }
 
   uint64_t wire_bytes_sent() const override {
     const uint64_t s = static_cast<uint64_t>(args_.count) * args_.element_size();
     const int r = args_.rank;
-    if (!active(r)) return s;
-    return s * static_cast<uint64_t>(rounds_ + (r < 2 * rem_ ? 1 : 0));
+    if (!pairs_.active(r)) return s;
+    return s * static_cast<uint64_t>(pairs_.rounds + (pairs_.folds(r) ? 1 : 0));
   }
 
  private:
-  bool active(int r) const { return !(r < 2 * rem_ && r % 2 == 0); }
-  // Rank of the active rank with virtual index v.
-  int real_rank(int v) const { return v < rem_ ? v * 2 + 1 : v + rem_; }
-
   size_t chunk_;
-  int pow2_ = 1;
-  int rem_ = 0;
-  int rounds_ = 0;
+  RecursiveDoubling pairs_;
 };
 
 }  // namespace

@@ -93,6 +93,29 @@ struct BinomialTree {
   }
 };
 
+// Recursive doubling's pairing over n ranks (Thakur, Rabenseifner and Gropp 2005, §4.1): with p the
+// largest power of two <= n and rem = n - p, ranks below 2*rem fold in pairs (the even rank into the
+// odd one, which stays active), and the p active ranks, numbered vr = 0 .. p-1, exchange with
+// vr ^ mask for mask = 1, 2, ..., p/2 (exchange i uses mask 2^i). The all-reduce's plan runs it, and
+// QCCL_CODEC=auto prices it message by message.
+struct RecursiveDoubling {
+  int pow2 = 1, rem = 0, rounds = 0;
+
+  explicit RecursiveDoubling(int nranks) {
+    while (pow2 * 2 <= nranks) pow2 *= 2, ++rounds;
+    rem = nranks - pow2;
+  }
+  bool folds(int r) const { return r < 2 * rem; }  // one of a folding pair (either side)
+  int fold_partner(int r) const { return r ^ 1; }
+  bool active(int r) const { return !(folds(r) && r % 2 == 0); }
+  // The partner of active rank r in exchange i.
+  int partner(int r, int i) const { return real_rank(virtual_rank(r) ^ (1 << i)); }
+
+ private:
+  int virtual_rank(int r) const { return folds(r) ? r / 2 : r - rem; }
+  int real_rank(int v) const { return v < rem ? v * 2 + 1 : v + rem; }
+};
+
 // count elements split into n segments whose sizes differ by at most one; segment i starts at
 // begin(i). Independent of the chunk size, which is what makes results chunking-invariant.
 struct Segments {

@@ -11,9 +11,11 @@
 #include <mutex>
 #include <set>
 #include <tuple>
+#include <vector>
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "collectives/ring.h"
 #include "kernels/convert.h"
 #include "kernels/reduce.h"
 #include "src/policy.h"
@@ -29,11 +31,6 @@ constexpr double kKernelTcpSecondsPerByte = 4e-10;
 // ... and per message, beside its bytes: 8 us (sim/model.cc, default_model: 7.4-9.5 us).
 constexpr double kKernelTcpSecondsPerMessage = 8e-6;
 constexpr double kDefaultBudget = 0.01;
-// Options within this share of the fastest count as fast: the model is good to some 10-15% against
-// the simulator and measured runs (docs/PERF.md "Simulator", "Automatic codec choice"), so a smaller
-// predicted gain is none. Among them the most accurate runs, uncompressed first: a codec's error is
-// certain, a gain within the model's error is not.
-constexpr double kTieShare = 0.10;
 // choose() remembers this many call shapes.
 constexpr size_t kCachedShapes = 4096;
 // At most this many distinct calls are logged with their predictions.
@@ -290,8 +287,9 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   // ranks of a node send theirs over its link at once. A shaped link's token bucket, empty when the
   // call starts, fills while the link idles (`idle` seconds before this message) and passes what it
   // holds at once. Within a node bytes take their port's time at the node's copy rate.
+  const auto within = [&](double bytes) { return bytes / facts_.intra_rate + facts_.intra_latency; };
   const auto trip = [&](double bytes, double sharing, double idle) {
-    if (nodes == 1) return bytes / facts_.intra_rate + facts_.intra_latency;
+    if (nodes == 1) return within(bytes);
     const double socket = tcp(bytes, bytes);
     const double wire = std::max(0.0, sharing * bytes - std::min(facts_.inter_burst, idle * facts_.inter_rate));
     return std::max(socket, wire / facts_.inter_rate + facts_.inter_latency) + socket;
@@ -304,8 +302,13 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
 
   // Per algorithm, the busiest rank's totals (bytes on each link, CPU seconds) and the chain of one
   // fragment (its steps one after another: a step waits for the one before); `depth` fragments run
-  // at once. The time: below.
+  // at once. `fragments` counts them in full chunks (2 1/3: the last one a third of a chunk). The
+  // time: below.
   double nic = 0, intra = 0, busy = 0, chain = 0, steps = 0, fragments = 1;
+  // Where known, the parts of a fragment's chain before its first message between nodes and after its
+  // last: a link that bounds the call works from the first fragment's first crossing to the last one's
+  // last (below).
+  double before = std::numeric_limits<double>::infinity(), after = 0;
   if (algorithm == "ring" && !args.codec) {
     const double total = 2 * (n - 1) / n * raw;  // each way, every rank
     // With one rank per node every rank sends and receives across nodes; with more, a node's first
@@ -315,32 +318,100 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     intra = per_node > 1 ? total : 0;
     const double segment = values / n, chunk = std::min(segment, facts_.chunk_bytes / es);
     busy = (n - 1) / n * values * reduce + tcp(crossing, chunk * es);
-    fragments = std::ceil(segment / chunk);
+    fragments = segment / chunk;
     const double bytes = chunk * es;
     chain = rounds(segment / chunk) * (trip(bytes, 1, 0) + (n - 2) * trip(bytes, 1, between(bytes, chunk * reduce)) +
                                        (n - 1) * chunk * reduce + (n - 1) * trip(bytes, 1, between(bytes, 0)));
     steps = 2 * (n - 1);
   } else if (algorithm == "recursive_doubling" && !args.codec) {
-    // Per fragment (a chunk of the buffer, copied to the output first), log2 n exchanges (one more
-    // folding a non-power of two), each added in; those between ranks 2^k apart with 2^k at least
-    // a node's ranks cross, every rank of the node at once.
-    const double exchanges = std::ceil(std::log2(n)) + (std::exp2(std::floor(std::log2(n))) != n ? 1 : 0);
-    const double across = nodes > 1 ? std::ceil(std::log2(nodes)) : 0;
-    const double inside = exchanges - across;
-    nic = across * raw * per_node;
-    intra = inside * raw;
-    const double chunk = std::min(values, facts_.chunk_bytes / es), bytes = chunk * es;
-    busy = raw * cpu.copy + exchanges * values * reduce + 2 * tcp(across * raw, bytes);
-    fragments = std::ceil(values / chunk);
-    const double within = bytes / facts_.intra_rate + facts_.intra_latency;  // an exchange inside
-    // The first exchange across finds the link idle since the call began: since its copy and the
-    // exchanges inside before it (each added in).
-    const double first_idle = bytes * cpu.copy + inside * (within + chunk * reduce);
-    chain = rounds(fragments) * (bytes * cpu.copy + inside * within + exchanges * chunk * reduce +
-                                 (across > 0 ? trip(bytes, per_node, first_idle) +
-                                                   (across - 1) * trip(bytes, per_node, between(bytes, chunk * reduce))
-                                             : 0.0));
-    steps = exchanges;
+    // One fragment (a chunk of the buffer, copied to the output first) walked message by message
+    // through the plan's pairing (coll::RecursiveDoubling): the fold, log2 p exchanges, the unfold.
+    // A message leaves once both ends have posted it. Between nodes it takes its turn on the sending
+    // node's link and the receiving node's (a token bucket on each, filling while they idle, as
+    // `trip`'s), while its sender writes it into the socket; the receiver reads it after. Within a
+    // node it takes the port's time. Which pairs cross depends on how ranks sit on the nodes (6 ranks
+    // on 2 nodes of 3 cross at the fold and the unfold too), so the totals come from the same walk.
+    const coll::RecursiveDoubling pairs(args.nranks);
+    const int ranks = args.nranks, node_count = args.nodes ? args.nodes->nodes() : static_cast<int>(nodes);
+    const auto node_of = [&](int r) { return args.nodes ? args.nodes->node_of(r) : node_count > 1 ? r : 0; };
+    const double chunk = std::min(values, facts_.chunk_bytes / es), bytes = chunk * es, socket = tcp(bytes, bytes);
+    fragments = values / chunk;
+    struct Link {
+      double free = 0, tokens = 0;
+    };
+    std::vector<Link> out(static_cast<size_t>(node_count)), in = out;
+    // Per fragment: each rank's clock, messages across (sent + received), inside (the larger way)
+    // and sums; each node's messages out and in.
+    std::vector<double> clock(static_cast<size_t>(ranks), bytes * cpu.copy), across(clock.size()),
+        inside_sent(clock.size()), inside_received(clock.size()), sums(clock.size());
+    std::vector<double> node_out(out.size()), node_in(out.size());
+    struct Message {
+      int from, to;
+      bool sum;  // the receiver adds it in
+    };
+    const auto step = [&](std::vector<Message> messages) {
+      const auto posted = [&](const Message& m) { return std::max(clock[m.from], clock[m.to]); };
+      std::stable_sort(messages.begin(), messages.end(),
+                       [&](const Message& a, const Message& b) { return posted(a) < posted(b); });
+      struct Turn {  // a rank's part in the step
+        bool takes_part = false;
+        double writes = 0, sent = 0, arrived = 0, reads = 0, sums = 0;
+      };
+      std::vector<Turn> turns(clock.size());
+      for (const Message& m : messages) {
+        Turn &sender = turns[m.from], &receiver = turns[m.to];
+        const int a = node_of(m.from), b = node_of(m.to);
+        double sent = posted(m), flight = facts_.intra_latency;
+        if (a != b) {
+          Link &o = out[a], &i = in[b];
+          const double start = std::max({sent, o.free, i.free}), rate = facts_.inter_rate;
+          const double out_tokens = std::min(facts_.inter_burst, o.tokens + (start - o.free) * rate);
+          const double in_tokens = std::min(facts_.inter_burst, i.tokens + (start - i.free) * rate);
+          const double wire = std::max(0.0, bytes - std::min(out_tokens, in_tokens)) / rate;
+          o.tokens = std::min(facts_.inter_burst, out_tokens - bytes + wire * rate);
+          i.tokens = std::min(facts_.inter_burst, in_tokens - bytes + wire * rate);
+          o.free = i.free = sent = start + wire;
+          flight = facts_.inter_latency;
+          sender.writes += socket, receiver.reads += socket;
+          ++across[m.from], ++across[m.to], ++node_out[a], ++node_in[b];
+        } else {
+          sent += bytes / facts_.intra_rate;
+          ++inside_sent[m.from], ++inside_received[m.to];
+        }
+        sender.takes_part = receiver.takes_part = true;
+        sender.sent = std::max(sender.sent, sent);
+        receiver.arrived = std::max(receiver.arrived, sent + flight);
+        if (m.sum) receiver.sums += chunk * reduce, ++sums[m.to];
+      }
+      // A rank posts its receive and its send, writes, waits for the receive, reads, waits for the
+      // send, adds.
+      for (size_t r = 0; r < clock.size(); ++r) {
+        const Turn& t = turns[r];
+        if (t.takes_part) clock[r] = std::max(std::max(clock[r] + t.writes, t.arrived) + t.reads, t.sent) + t.sums;
+      }
+    };
+    std::vector<Message> fold, unfold;
+    for (int r = 0; r < ranks; ++r)
+      if (pairs.folds(r) && !pairs.active(r)) {
+        fold.push_back({r, pairs.fold_partner(r), true});
+        unfold.push_back({pairs.fold_partner(r), r, false});
+      }
+    step(fold);
+    for (int i = 0; i < pairs.rounds; ++i) {
+      std::vector<Message> exchange;
+      for (int r = 0; r < ranks; ++r)
+        if (pairs.active(r)) exchange.push_back({r, pairs.partner(r, i), true});
+      step(exchange);
+    }
+    step(unfold);
+    for (int r = 0; r < ranks; ++r) {
+      chain = std::max(chain, clock[r]);
+      intra = std::max(intra, std::max(inside_sent[r], inside_received[r]) * raw);
+      busy = std::max(busy, raw * cpu.copy + sums[r] * values * reduce + tcp(across[r] * raw, bytes));
+    }
+    for (size_t k = 0; k < out.size(); ++k) nic = std::max(nic, std::max(node_out[k], node_in[k]) * raw);
+    chain *= rounds(fragments);
+    steps = pairs.rounds + (fold.empty() ? 0 : 2);
   } else if (algorithm == "sra_compressed" && args.codec) {
     // Each rank's contribution to each owner's segment (E/n) goes once, each owner's encoded sum
     // (E/n) to everyone: per rank E (n-1)/n twice each way, (n - L) of its n - 1 peers on other
@@ -362,7 +433,8 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
       scatter += trip(bytes, sharing, k == 1 ? chunk * codec.encode : between(bytes, chunk * codec.encode));
       gather += trip(bytes, sharing, between(bytes, chunk * codec.decode));
     }
-    fragments = std::ceil(segment / chunk);
+    fragments = segment / chunk;
+    before = chunk * codec.encode, after = chunk * codec.decode;
     chain = rounds(segment / chunk) * ((n - 1) * chunk * codec.encode + scatter +
                                        chunk * (cpu.load + (n - 1) * codec.decode_add + codec.encode + codec.decode) +
                                        gather + (n - 1) * chunk * codec.decode);
@@ -383,13 +455,16 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     // among the leaders on it, and its encoded bytes to the members.
     const double inside = members * leaders * chunk * es / facts_.intra_rate;
     const double bytes = chunk * es * ratio;  // between leaders (nodes > 1 here)
-    fragments = std::ceil(segment / chunk);
+    fragments = segment / chunk;
+    // The first message of each half finds the link idle since the work before it.
+    before = inside + leaders * chunk * (cpu.load + members * (cpu.load + cpu.add)) + chunk * codec.encode;
+    after = chunk * codec.decode + inside * ratio;
+    const double sum = (leaders - 1) * chunk * codec.decode_add + chunk * codec.encode;
     chain = rounds(segment / chunk) *
-            (inside + leaders * chunk * (cpu.load + members * (cpu.load + cpu.add)) +
-             (leaders - 1) * (chunk * codec.encode + trip(bytes, 1, between(bytes, chunk * codec.encode))) +
-             (leaders - 1) * chunk * codec.decode_add + chunk * codec.encode +
-             (leaders - 1) * trip(bytes, 1, between(bytes, chunk * codec.decode)) + leaders * chunk * codec.decode +
-             inside * ratio);
+            (before + trip(bytes, 1, before) +
+             (leaders - 2) * (chunk * codec.encode + trip(bytes, 1, between(bytes, chunk * codec.encode))) + sum +
+             trip(bytes, 1, between(bytes, sum)) + (leaders - 2) * trip(bytes, 1, between(bytes, chunk * codec.decode)) +
+             (leaders - 1) * chunk * codec.decode + after);
     steps = 2 + 2 * (leaders - 1);
   } else if (algorithm == "ring_compressed" && args.codec) {
     // The partial sum re-encoded at each of n-1 reduce hops, then each owner's bytes passed round.
@@ -403,7 +478,7 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     busy = values / n * (n * codec.encode + (n - 1) * (cpu.load + codec.decode_add) + n * codec.decode) +
            tcp(crossing, chunk * es * ratio);
     const double bytes = chunk * es * ratio, step = chunk * (cpu.load + codec.decode_add + codec.encode);
-    fragments = std::ceil(segment / chunk);
+    fragments = segment / chunk;
     chain = rounds(segment / chunk) *
             (chunk * codec.encode + trip(bytes, 1, chunk * codec.encode) +
              (n - 2) * trip(bytes, 1, between(bytes, step)) + (n - 1) * step + chunk * codec.decode +
@@ -415,15 +490,21 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   if ((intra > 0 && !(facts_.intra_rate > 0)) || (nic > 0 && !(facts_.inter_rate > 0))) return -1;  // unknown link
   const double nic_seconds = nic > 0 ? nic / facts_.inter_rate : 0.0;
   const double intra_seconds = intra > 0 ? intra / facts_.intra_rate : 0.0;
-  // The busiest resource (a link, a port, a CPU) works on fragments 2 .. F while the first fills the
-  // pipeline, one fragment's chain; the depth bounds the fragments in flight (chain). A chain's hops
+  // The busiest resource (a link, a port, a CPU) works on the rest of the call, (F - 1)/F of its
+  // totals, while the first fragment fills the pipeline, one fragment's chain; the depth bounds the fragments in flight (chain). A chain's hops
   // carry their latencies already (trip): the per-step latencies go on the totals only.
   const double fill = chain / rounds(fragments);
   const double busiest = std::max({nic_seconds, intra_seconds, busy});
   const double totals = busiest + steps * latency;
   // Never below the busiest resource's own time (with one fragment the chain alone would price a
   // link that several ranks share as if each had it).
-  const double seconds = std::max({busiest, totals * (fragments - 1) / fragments + fill, chain});
+  double pipelined = totals * (fragments - 1) / fragments + fill;
+  // A link that bounds it is busy from the first crossing to the last, the chains' other work done
+  // meanwhile (the line above also counts the first chain's work between its crossings); a shaped
+  // link's bucket gives back what it gathered while it waited for the first.
+  if (nic_seconds == busiest && nic_seconds > 0)
+    pipelined = std::min(pipelined, std::max(0.0, before - facts_.inter_burst / facts_.inter_rate) + after + totals);
+  const double seconds = std::max({busiest, pipelined, chain});
   return std::isfinite(seconds) ? seconds : -1;
 }
 

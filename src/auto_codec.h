@@ -96,6 +96,12 @@ struct Prediction {
 
 class AutoCodec {
  public:
+  // Options within this share of the fastest count as fast: the model is good to some 10-15% against
+  // the simulator and measured runs (docs/PERF.md "Simulator", "Automatic codec choice"), so a smaller
+  // predicted gain is none. Among them the most accurate runs, uncompressed first: a codec's error is
+  // certain, a gain within the model's error is not.
+  static constexpr double kTieShare = 0.10;
+
   static bool is_auto(const std::string& spec);
   // spec: "auto" or "auto:maxrelerr=E" (0 <= E; 0 admits only uncompressed). Candidates for nranks
   // ranks: fp16, bf16 and q1 .. q8 (nearest rounding, bucket 512) whose bound fits. Throws

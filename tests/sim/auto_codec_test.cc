@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -165,11 +166,18 @@ TEST_CASE("auto: every candidate's error within its bound on the algorithms it r
 
 // ---- The choices against the simulator ------------------------------------------------------------
 
-// Every fixed choice auto could have made for `call` on `topology`: uncompressed or each codec within
-// the budget (for the algorithm's bound), by every algorithm that can run it, simulated; the fastest
-// time of them all.
-double best_fixed_choice(const sim::Model& model, const sim::Topology& topology, sim::CallSpec call,
-                         const AutoCodec& a, std::string* which) {
+// Every fixed choice auto could have made for `call` on `topology` (uncompressed or each codec within
+// the budget for the algorithm's bound, by every algorithm that can run it), simulated: the fastest
+// of them all, and what auto's rule picks given these times instead of its predictions (the most
+// accurate codec, uncompressed first, whose fastest algorithm is within AutoCodec::kTieShare of the
+// fastest; of its algorithms that fast, the policy's, else the fastest): what it would pick with a
+// perfect model.
+struct FixedChoices {
+  double fastest = 1e30, rule = 0;
+  std::string fastest_which, rule_which;
+};
+FixedChoices fixed_choices(const sim::Model& model, const sim::Topology& topology, sim::CallSpec call,
+                           const AutoCodec& a) {
   const NodeMap nodes = topology.node_map();
   CollArgs args;
   args.kind = CollKind::kAllReduce, args.count = call.count, args.dtype = call.dtype, args.op = call.op;
@@ -177,8 +185,18 @@ double best_fixed_choice(const sim::Model& model, const sim::Topology& topology,
   std::vector<const kernels::CodecConfig*> codecs = {nullptr};
   for (const kernels::CodecConfig& c : a.candidates())
     if (c.kind != kernels::CodecKind::kFp16) codecs.push_back(&c);
-  double best = 1e30;
+  FixedChoices out;
+  struct Times {
+    std::vector<std::pair<double, std::string>> algorithms;  // time, "codec by algorithm"
+    double best = 1e30;
+    size_t policy = SIZE_MAX;  // the policy's algorithm's index, if its bound admits the codec
+  };
+  std::vector<Times> per_codec;  // in the rule's order
   for (const kernels::CodecConfig* codec : codecs) {
+    if (codec && !sim::default_model().step_cost(codec->canonical(), "encode")) continue;  // not in the model
+    Times times;
+    call.codec = codec ? a.name(codec) : "", call.algorithm = "";
+    const std::string usual = sim::simulate(model, topology, call).algorithm;
     CollArgs trial = args;
     trial.codec = codec;
     for (const coll::Algorithm& algorithm : coll::algorithms()) {
@@ -187,14 +205,26 @@ double best_fixed_choice(const sim::Model& model, const sim::Topology& topology,
       if (codec && (ring ? AutoCodec::ring_error_bound(*codec, args.nranks) : AutoCodec::error_bound(*codec, args.nranks)) >
                        a.budget())
         continue;
-      if (codec && !sim::default_model().step_cost(codec->canonical(), "encode")) continue;  // not in the model
-      call.codec = codec ? a.name(codec) : "";
       call.algorithm = algorithm.name;
       const double t = sim::simulate(model, topology, call).seconds;
-      if (t < best) best = t, *which = (codec ? call.codec : "none") + " by " + algorithm.name;
+      if (usual == algorithm.name) times.policy = times.algorithms.size();
+      times.algorithms.push_back({t, (codec ? call.codec : "none") + " by " + algorithm.name});
+      times.best = std::min(times.best, t);
     }
+    for (const auto& [t, which] : times.algorithms)
+      if (t < out.fastest) out.fastest = t, out.fastest_which = which;
+    per_codec.push_back(times);
   }
-  return best;
+  const double fast = out.fastest * (1 + AutoCodec::kTieShare);
+  for (const Times& times : per_codec) {
+    if (times.best > fast) continue;
+    const auto& picked = times.policy < times.algorithms.size() && times.algorithms[times.policy].first <= fast
+                             ? times.algorithms[times.policy]
+                             : *std::min_element(times.algorithms.begin(), times.algorithms.end());
+    out.rule = picked.first, out.rule_which = picked.second;
+    break;
+  }
+  return out;
 }
 
 // The grid both tests below walk: links, ranks on hosts, and call sizes.
@@ -205,12 +235,16 @@ struct Where {
 std::vector<Where> grid() {
   std::vector<Where> out;
   for (const char* link : {"netem:100mbit", "netem:1gbit", "netem:10gbit", "25gbit", "100gbit"})
-    for (auto [n, h] : {std::pair{2, 2}, {4, 4}, {4, 2}, {8, 8}, {8, 4}, {4, 1}}) out.push_back({n, h, link});
+    for (auto [n, h] : {std::pair{2, 2}, {4, 4}, {4, 2}, {8, 8}, {8, 4}, {4, 1}, {6, 3}, {6, 2}, {12, 4}})
+      out.push_back({n, h, link});
   return out;
 }
 constexpr size_t kGridBytes[] = {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20};
 
-TEST_CASE("auto: what it picks simulates within 5% of the fastest fixed choice (95% of the grid), 15% always", "[auto]") {
+// The model's errors are what this weighs: auto's pick against the pick its own rule makes on the
+// simulated times (the rule may give up to kTieShare of speed for accuracy; that is its purpose).
+TEST_CASE("auto: what it picks simulates within 5% of its rule's pick on simulated times (95% of the grid), "
+          "within 15% of the fastest always", "[auto]") {
   int cases = 0, compressed = 0, uncompressed = 0, within_5 = 0, other_algorithm = 0;
   for (const Where& w : grid())
     for (const char* budget : {"auto", "auto:maxrelerr=0.2"})
@@ -233,24 +267,26 @@ TEST_CASE("auto: what it picks simulates within 5% of the fastest fixed choice (
         usual.codec = chosen;
         if (sim::simulate(model, topology, usual).algorithm != algorithm) ++other_algorithm;
         AutoCodec a(budget, w.nranks);
-        std::string best_choice;
-        const double best = best_fixed_choice(model, topology, call, a, &best_choice);
+        const FixedChoices fixed = fixed_choices(model, topology, call, a);
         std::string table;
         for (const Prediction& p : predictions)
           table += "\n  '" + p.codec + "' by " + p.algorithm + ": predicted " + std::to_string(p.seconds * 1e6) + " us";
         INFO(w.nranks << " ranks on " << w.hosts << " hosts, " << w.link << ", " << bytes << " bytes, " << budget
                       << ": auto picked '" << chosen << "' by " << algorithm << " (" << mine * 1e6
-                      << " us), the fastest fixed choice " << best_choice << " (" << best * 1e6 << " us)" << table);
+                      << " us), the fastest fixed choice " << fixed.fastest_which << " (" << fixed.fastest * 1e6
+                      << " us), the rule's on simulated times " << fixed.rule_which << " (" << fixed.rule * 1e6
+                      << " us)" << table);
         REQUIRE(mine > 0);
-        CHECK(mine <= best * 1.15);
-        if (mine <= best * 1.05) ++within_5;
+        CHECK(mine <= fixed.fastest * 1.15);
+        if (mine <= fixed.rule * 1.05) ++within_5;
         else WARN("outside 5%: " << w.nranks << " ranks on " << w.hosts << " hosts, " << w.link << ", " << bytes
                                   << " bytes, " << budget << ": '" << chosen << "' by " << algorithm << " "
-                                  << mine / best << "x the fastest (" << best_choice << ")");
+                                  << mine / fixed.rule << "x the rule's pick on simulated times (" << fixed.rule_which
+                                  << ")");
         ++cases;
         (chosen.empty() ? uncompressed : compressed)++;
       }
-  CHECK(within_5 >= 0.95 * cases);
+  CHECK(within_5 >= 0.97 * cases);
   // both answers occur on the grid: slow links compress, fast ones and one node do not; and the
   // algorithm is auto's choice, not always the policy's
   CHECK(compressed > cases / 4);
@@ -261,11 +297,12 @@ TEST_CASE("auto: what it picks simulates within 5% of the fastest fixed choice (
 // Each option's predicted time against its simulated one, on the grid above: the closed form follows
 // the simulator's order of events (a message leaves when posted, its socket write and read on the
 // ranks' CPUs, a node's ranks crossing at once share its link, a shaped link's token bucket fills
-// while it idles), so most options land within 15%. Those left are the uncompressed ring on large
-// calls within one node or on hosts of several ranks, where its fragments' copies and sums take
-// turns rather than overlap (predicted 0.70-0.85x), and a few 1 MiB calls (up to 1.36x). The grid's
-// rank counts and node sizes are powers of two: recursive doubling's fold and unfold are priced
-// roughly (a known gap: 6 ranks on 3 hosts over-predicts it 1.4-1.9x).
+// while it idles; recursive doubling walked message by message, its fold and unfold included), so
+// most options land within 15%. Those left: the uncompressed ring on large calls within one node or
+// on hosts of several ranks, where its fragments' copies and sums take turns rather than overlap
+// (predicted 0.70-0.85x); sra_compressed on nodes of 3 ranks, whose critical path crosses at fewer
+// steps than the closed form's (up to 1.28x); a few 1 MiB calls (up to 1.36x); recursive doubling
+// on 6 ranks over 3 hosts at 100 Mbit/s, whose fragments' messages interleave on the links (0.69x).
 TEST_CASE("auto: its predictions within 15% of the simulator's times for 97% of the options", "[auto]") {
   int options = 0, within_15 = 0;
   for (const Where& w : grid())
@@ -293,7 +330,7 @@ TEST_CASE("auto: its predictions within 15% of the simulator's times for 97% of 
         if (std::fabs(ratio - 1) <= 0.15) ++within_15;
       }
     }
-  CHECK(options > 800);
+  CHECK(options > 1500);
   CHECK(within_15 >= 0.97 * options);
 }
 
