@@ -31,6 +31,9 @@ constexpr double kKernelTcpSecondsPerByte = 4e-10;
 // ... and per message, beside its bytes: 8 us (sim/model.cc, default_model: 7.4-9.5 us).
 constexpr double kKernelTcpSecondsPerMessage = 8e-6;
 constexpr double kDefaultBudget = 0.01;
+// sra_compressed's chain is walked message by message (FragmentWalk: n^2 messages) up to this many
+// ranks, priced in closed form beyond.
+constexpr int kWalkedRanks = 64;
 // choose() remembers this many call shapes.
 constexpr size_t kCachedShapes = 4096;
 // At most this many distinct calls are logged with their predictions.
@@ -118,6 +121,137 @@ std::string budget_text(double budget) {
   std::snprintf(text, sizeof text, "%g", budget);
   return text;
 }
+
+// One fragment of a call walked message by message in virtual time, in the simulator's order of
+// events (sim/simulator.cc): a message leaves once both ends have posted it; between nodes it takes
+// its turn on the sending node's link and on the receiving node's, each with a token bucket that
+// fills while it idles (ClusterFacts::inter_burst), while its sender writes it into the socket, and
+// the receiver reads it after its flight; within a node it takes the port's time. For the plans
+// whose steps cross nodes or not depending on how the ranks sit on them (recursive doubling's fold,
+// sra_compressed's steps on nodes of several ranks), which a closed form would have to guess.
+class FragmentWalk {
+ public:
+  struct Message {
+    int from, to;
+    double after = 0;  // the receiver's work once it has read it (a sum, a decode)
+  };
+
+  // `node_of[r]`: rank r's node, 0 .. nodes-1.
+  FragmentWalk(const ClusterFacts& facts, std::vector<int> node_of, int nodes)
+      : facts_(facts),
+        node_of_(std::move(node_of)),
+        clock_(node_of_.size()),
+        cpu_(node_of_.size()),
+        sends_done_(node_of_.size()),
+        inside_sent_(node_of_.size()),
+        inside_received_(node_of_.size()),
+        out_(static_cast<size_t>(nodes)),
+        in_(static_cast<size_t>(nodes)) {}
+
+  // Every rank works `seconds` (a copy, a sum of what it received).
+  void work(double seconds) {
+    for (size_t r = 0; r < clock_.size(); ++r) clock_[r] += seconds, cpu_[r] += seconds;
+  }
+  // The ranks of `messages` each work `before`, post their receives and sends of `bytes` each, write
+  // those between nodes into the socket, wait for their receives, read them, do the receiver's work
+  // (in the plans walked a rank receives at most one message a step) and, where `senders_wait`,
+  // wait for their sends too (else a later wait_for_sends() does).
+  void step(std::vector<Message> messages, double bytes, double before, bool senders_wait) {
+    struct Turn {  // a rank's part in the step
+      bool takes_part = false;
+      double writes = 0, sent = 0, arrived = 0, reads = 0, after = 0;
+    };
+    std::vector<Turn> turns(clock_.size());
+    for (const Message& m : messages) turns[m.from].takes_part = turns[m.to].takes_part = true;
+    const auto posted = [&](const Message& m) { return std::max(clock_[m.from], clock_[m.to]) + before; };
+    std::stable_sort(messages.begin(), messages.end(),
+                     [&](const Message& a, const Message& b) { return posted(a) < posted(b); });
+    const double socket = bytes * facts_.cpu.wire + facts_.cpu.message;
+    for (const Message& m : messages) {
+      Turn &sender = turns[m.from], &receiver = turns[m.to];
+      const int a = node_of_[m.from], b = node_of_[m.to];
+      double sent = posted(m), flight = facts_.intra_latency;
+      if (a != b) {
+        Link &o = out_[a], &i = in_[b];
+        const double rate = facts_.inter_rate;
+        double wire = bytes / rate;
+        const double start = earliest_gap(o, i, sent, wire);
+        if (start >= std::max(o.free, i.free)) {  // after all they hold: each bucket gives what it gathered
+          const double out_tokens = std::min(facts_.inter_burst, o.tokens + (start - o.free) * rate);
+          const double in_tokens = std::min(facts_.inter_burst, i.tokens + (start - i.free) * rate);
+          wire = std::max(0.0, bytes - std::min(out_tokens, in_tokens)) / rate;
+          o.tokens = std::min(facts_.inter_burst, out_tokens - bytes + wire * rate);
+          i.tokens = std::min(facts_.inter_burst, in_tokens - bytes + wire * rate);
+        }
+        o.reserve(start, start + wire), i.reserve(start, start + wire);
+        sent = start + wire;
+        o.bytes += bytes, i.bytes += bytes;
+        flight = facts_.inter_latency;
+        sender.writes += socket, receiver.reads += socket;
+      } else {
+        sent += bytes / facts_.intra_rate;
+        inside_sent_[m.from] += bytes, inside_received_[m.to] += bytes;
+      }
+      sender.sent = std::max(sender.sent, sent);
+      receiver.arrived = std::max(receiver.arrived, sent + flight);
+      receiver.after += m.after;
+    }
+    for (size_t r = 0; r < clock_.size(); ++r) {
+      const Turn& t = turns[r];
+      if (!t.takes_part) continue;
+      cpu_[r] += before + t.writes + t.reads + t.after;
+      clock_[r] = std::max(clock_[r] + before + t.writes, t.arrived) + t.reads + t.after;
+      if (senders_wait) clock_[r] = std::max(clock_[r], t.sent);
+      sends_done_[r] = std::max(sends_done_[r], t.sent);
+    }
+  }
+  void wait_for_sends() {
+    for (size_t r = 0; r < clock_.size(); ++r) clock_[r] = std::max(clock_[r], sends_done_[r]);
+  }
+
+  double end() const { return *std::max_element(clock_.begin(), clock_.end()); }
+  // The busiest rank's CPU seconds (its work and its socket writes and reads).
+  double busiest_cpu() const { return *std::max_element(cpu_.begin(), cpu_.end()); }
+  // The bytes of the busiest node's link (the larger way), and of the busiest rank's port inside.
+  double busiest_link_bytes() const {
+    double most = 0;
+    for (size_t k = 0; k < out_.size(); ++k) most = std::max({most, out_[k].bytes, in_[k].bytes});
+    return most;
+  }
+  double busiest_port_bytes() const {
+    double most = 0;
+    for (size_t r = 0; r < clock_.size(); ++r) most = std::max({most, inside_sent_[r], inside_received_[r]});
+    return most;
+  }
+
+ private:
+  // A node's link one way. A message holds both its links while it is on the wire, and takes the
+  // earliest gap both have (a message waiting for one does not keep the other from later ones).
+  struct Link {
+    std::vector<std::pair<double, double>> busy;  // [begin, end), by begin
+    double free = 0, tokens = 0, bytes = 0;       // the end of its last interval; tokens at `free`
+    void reserve(double begin, double end) {
+      busy.insert(std::upper_bound(busy.begin(), busy.end(), std::make_pair(begin, end)), {begin, end});
+      free = std::max(free, end);
+    }
+  };
+  static double earliest_gap(const Link& out, const Link& in, double ready, double seconds) {
+    double t = ready;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (const Link* link : {&out, &in}) {
+        auto i = std::upper_bound(link->busy.begin(), link->busy.end(), t,
+                                  [](double v, const std::pair<double, double>& x) { return v < x.second; });
+        for (; i != link->busy.end() && i->first < t + seconds; ++i) t = i->second, moved = true;
+      }
+    }
+    return t;
+  }
+  const ClusterFacts& facts_;
+  std::vector<int> node_of_;
+  std::vector<double> clock_, cpu_, sends_done_, inside_sent_, inside_received_;
+  std::vector<Link> out_, in_;
+};
 
 }  // namespace
 
@@ -299,6 +433,12 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   const auto between = [&](double bytes, double work) { return facts_.inter_latency + tcp(bytes, bytes) + work; };
   // Fragments run `depth` at a time: a chain of steps is paid once per round of them.
   const auto rounds = [&](double fragments) { return std::max(1.0, std::ceil(fragments) / std::max(1, facts_.depth)); };
+  // A fragment walked over the call's nodes (FragmentWalk).
+  const auto walker = [&] {
+    std::vector<int> node_of(static_cast<size_t>(args.nranks));
+    for (int r = 0; r < args.nranks; ++r) node_of[r] = args.nodes ? args.nodes->node_of(r) : nodes > 1 ? r : 0;
+    return FragmentWalk(facts_, std::move(node_of), static_cast<int>(nodes));
+  };
 
   // Per algorithm, the busiest rank's totals (bytes on each link, CPU seconds) and the chain of one
   // fragment (its steps one after another: a step waits for the one before); `depth` fragments run
@@ -324,93 +464,33 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
                                        (n - 1) * chunk * reduce + (n - 1) * trip(bytes, 1, between(bytes, 0)));
     steps = 2 * (n - 1);
   } else if (algorithm == "recursive_doubling" && !args.codec) {
-    // One fragment (a chunk of the buffer, copied to the output first) walked message by message
-    // through the plan's pairing (coll::RecursiveDoubling): the fold, log2 p exchanges, the unfold.
-    // A message leaves once both ends have posted it. Between nodes it takes its turn on the sending
-    // node's link and the receiving node's (a token bucket on each, filling while they idle, as
-    // `trip`'s), while its sender writes it into the socket; the receiver reads it after. Within a
-    // node it takes the port's time. Which pairs cross depends on how ranks sit on the nodes (6 ranks
-    // on 2 nodes of 3 cross at the fold and the unfold too), so the totals come from the same walk.
+    // One fragment (a chunk of the buffer, copied to the output first) walked through the plan's
+    // pairing (coll::RecursiveDoubling): the fold, log2 p exchanges, the unfold. Which pairs cross
+    // depends on how the ranks sit on the nodes (6 ranks on 2 nodes of 3 cross at the fold and the
+    // unfold too), so the busiest rank's and node's totals come from the same walk.
     const coll::RecursiveDoubling pairs(args.nranks);
-    const int ranks = args.nranks, node_count = args.nodes ? args.nodes->nodes() : static_cast<int>(nodes);
-    const auto node_of = [&](int r) { return args.nodes ? args.nodes->node_of(r) : node_count > 1 ? r : 0; };
-    const double chunk = std::min(values, facts_.chunk_bytes / es), bytes = chunk * es, socket = tcp(bytes, bytes);
+    const double chunk = std::min(values, facts_.chunk_bytes / es), bytes = chunk * es;
     fragments = values / chunk;
-    struct Link {
-      double free = 0, tokens = 0;
-    };
-    std::vector<Link> out(static_cast<size_t>(node_count)), in = out;
-    // Per fragment: each rank's clock, messages across (sent + received), inside (the larger way)
-    // and sums; each node's messages out and in.
-    std::vector<double> clock(static_cast<size_t>(ranks), bytes * cpu.copy), across(clock.size()),
-        inside_sent(clock.size()), inside_received(clock.size()), sums(clock.size());
-    std::vector<double> node_out(out.size()), node_in(out.size());
-    struct Message {
-      int from, to;
-      bool sum;  // the receiver adds it in
-    };
-    const auto step = [&](std::vector<Message> messages) {
-      const auto posted = [&](const Message& m) { return std::max(clock[m.from], clock[m.to]); };
-      std::stable_sort(messages.begin(), messages.end(),
-                       [&](const Message& a, const Message& b) { return posted(a) < posted(b); });
-      struct Turn {  // a rank's part in the step
-        bool takes_part = false;
-        double writes = 0, sent = 0, arrived = 0, reads = 0, sums = 0;
-      };
-      std::vector<Turn> turns(clock.size());
-      for (const Message& m : messages) {
-        Turn &sender = turns[m.from], &receiver = turns[m.to];
-        const int a = node_of(m.from), b = node_of(m.to);
-        double sent = posted(m), flight = facts_.intra_latency;
-        if (a != b) {
-          Link &o = out[a], &i = in[b];
-          const double start = std::max({sent, o.free, i.free}), rate = facts_.inter_rate;
-          const double out_tokens = std::min(facts_.inter_burst, o.tokens + (start - o.free) * rate);
-          const double in_tokens = std::min(facts_.inter_burst, i.tokens + (start - i.free) * rate);
-          const double wire = std::max(0.0, bytes - std::min(out_tokens, in_tokens)) / rate;
-          o.tokens = std::min(facts_.inter_burst, out_tokens - bytes + wire * rate);
-          i.tokens = std::min(facts_.inter_burst, in_tokens - bytes + wire * rate);
-          o.free = i.free = sent = start + wire;
-          flight = facts_.inter_latency;
-          sender.writes += socket, receiver.reads += socket;
-          ++across[m.from], ++across[m.to], ++node_out[a], ++node_in[b];
-        } else {
-          sent += bytes / facts_.intra_rate;
-          ++inside_sent[m.from], ++inside_received[m.to];
-        }
-        sender.takes_part = receiver.takes_part = true;
-        sender.sent = std::max(sender.sent, sent);
-        receiver.arrived = std::max(receiver.arrived, sent + flight);
-        if (m.sum) receiver.sums += chunk * reduce, ++sums[m.to];
-      }
-      // A rank posts its receive and its send, writes, waits for the receive, reads, waits for the
-      // send, adds.
-      for (size_t r = 0; r < clock.size(); ++r) {
-        const Turn& t = turns[r];
-        if (t.takes_part) clock[r] = std::max(std::max(clock[r] + t.writes, t.arrived) + t.reads, t.sent) + t.sums;
-      }
-    };
-    std::vector<Message> fold, unfold;
-    for (int r = 0; r < ranks; ++r)
+    FragmentWalk walk = walker();
+    walk.work(bytes * cpu.copy);
+    std::vector<FragmentWalk::Message> fold, unfold;
+    for (int r = 0; r < args.nranks; ++r)
       if (pairs.folds(r) && !pairs.active(r)) {
-        fold.push_back({r, pairs.fold_partner(r), true});
-        unfold.push_back({pairs.fold_partner(r), r, false});
+        fold.push_back({r, pairs.fold_partner(r), chunk * reduce});
+        unfold.push_back({pairs.fold_partner(r), r});
       }
-    step(fold);
+    walk.step(fold, bytes, 0, true);
     for (int i = 0; i < pairs.rounds; ++i) {
-      std::vector<Message> exchange;
-      for (int r = 0; r < ranks; ++r)
-        if (pairs.active(r)) exchange.push_back({r, pairs.partner(r, i), true});
-      step(exchange);
+      std::vector<FragmentWalk::Message> exchange;
+      for (int r = 0; r < args.nranks; ++r)
+        if (pairs.active(r)) exchange.push_back({r, pairs.partner(r, i), chunk * reduce});
+      walk.step(exchange, bytes, 0, true);
     }
-    step(unfold);
-    for (int r = 0; r < ranks; ++r) {
-      chain = std::max(chain, clock[r]);
-      intra = std::max(intra, std::max(inside_sent[r], inside_received[r]) * raw);
-      busy = std::max(busy, raw * cpu.copy + sums[r] * values * reduce + tcp(across[r] * raw, bytes));
-    }
-    for (size_t k = 0; k < out.size(); ++k) nic = std::max(nic, std::max(node_out[k], node_in[k]) * raw);
-    chain *= rounds(fragments);
+    walk.step(unfold, bytes, 0, true);
+    chain = rounds(fragments) * walk.end();
+    nic = walk.busiest_link_bytes() * fragments;
+    intra = walk.busiest_port_bytes() * fragments;
+    busy = walk.busiest_cpu() * fragments;
     steps = pairs.rounds + (fold.empty() ? 0 : 2);
   } else if (algorithm == "sra_compressed" && args.codec) {
     // Each rank's contribution to each owner's segment (E/n) goes once, each owner's encoded sum
@@ -422,22 +502,37 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     const double segment = values / n, chunk = std::min(segment, coded_chunk);
     busy = values / n * cpu.load + values * codec.encode + (n - 1) / n * values * codec.decode_add +
            values * codec.decode + 2 * tcp(out_of_node, chunk * es * ratio);
-    // A fragment: n - 1 pairwise steps (encode a chunk, send it), the sum (its input loaded, n - 1
-    // chunks added, one encoded), n - 1 more (send it), every chunk decoded. Step k sends to the
-    // rank k ahead: with several nodes some rank crosses to another at every step, min(k, n - k, L)
-    // of a node's ranks at once, and the others wait for it at the next.
+    // A fragment: n - 1 pairwise steps (encode a chunk, send it to the rank k ahead), the sum (its
+    // input loaded, n - 1 chunks added, one encoded), n - 1 more (send it, decode the one received),
+    // its own decoded.
     const double bytes = chunk * es * ratio;
-    double scatter = 0, gather = 0;
-    for (double k = 1; k < n; ++k) {
-      const double sharing = std::min({k, n - k, per_node});
-      scatter += trip(bytes, sharing, k == 1 ? chunk * codec.encode : between(bytes, chunk * codec.encode));
-      gather += trip(bytes, sharing, between(bytes, chunk * codec.decode));
-    }
+    const double sum = chunk * (cpu.load + (n - 1) * codec.decode_add + codec.encode + codec.decode);
     fragments = segment / chunk;
     before = chunk * codec.encode, after = chunk * codec.decode;
-    chain = rounds(segment / chunk) * ((n - 1) * chunk * codec.encode + scatter +
-                                       chunk * (cpu.load + (n - 1) * codec.decode_add + codec.encode + codec.decode) +
-                                       gather + (n - 1) * chunk * codec.decode);
+    if (args.nranks <= kWalkedRanks) {
+      // Which ranks cross at step k depends on the layout; walked, the longest chain of waits.
+      FragmentWalk walk = walker();
+      const auto pairwise = [&](int k, double after) {
+        std::vector<FragmentWalk::Message> messages;
+        for (int r = 0; r < args.nranks; ++r) messages.push_back({r, (r + k) % args.nranks, after});
+        return messages;
+      };
+      for (int k = 1; k < args.nranks; ++k) walk.step(pairwise(k, 0), bytes, chunk * codec.encode, false);
+      walk.wait_for_sends();
+      walk.work(sum);
+      for (int k = 1; k < args.nranks; ++k) walk.step(pairwise(k, chunk * codec.decode), bytes, 0, true);
+      chain = rounds(fragments) * walk.end();
+    } else {
+      // With several nodes some rank crosses to another at every step, min(k, n - k, L) of a node's
+      // ranks at once, and the others wait for it at the next.
+      double scatter = 0, gather = 0;
+      for (double k = 1; k < n; ++k) {
+        const double sharing = std::min({k, n - k, per_node});
+        scatter += trip(bytes, sharing, k == 1 ? chunk * codec.encode : between(bytes, chunk * codec.encode));
+        gather += trip(bytes, sharing, between(bytes, chunk * codec.decode));
+      }
+      chain = rounds(fragments) * ((n - 1) * chunk * codec.encode + scatter + sum + gather + (n - 1) * chunk * codec.decode);
+    }
     steps = 2 * (n - 1);
   } else if (algorithm == "hierarchical_compressed" && args.codec) {
     // The leader of the largest node: its members' buffers in (raw), their sum's SRA among the N

@@ -297,12 +297,11 @@ TEST_CASE("auto: what it picks simulates within 5% of its rule's pick on simulat
 // Each option's predicted time against its simulated one, on the grid above: the closed form follows
 // the simulator's order of events (a message leaves when posted, its socket write and read on the
 // ranks' CPUs, a node's ranks crossing at once share its link, a shaped link's token bucket fills
-// while it idles; recursive doubling walked message by message, its fold and unfold included), so
-// most options land within 15%. Those left: the uncompressed ring on large calls within one node or
-// on hosts of several ranks, where its fragments' copies and sums take turns rather than overlap
-// (predicted 0.70-0.85x); sra_compressed on nodes of 3 ranks, whose critical path crosses at fewer
-// steps than the closed form's (up to 1.28x); a few 1 MiB calls (up to 1.36x); recursive doubling
-// on 6 ranks over 3 hosts at 100 Mbit/s, whose fragments' messages interleave on the links (0.69x).
+// while it idles; recursive doubling and sra_compressed walked message by message over the node
+// map), so most options land within 15%. Those left: the uncompressed ring on large calls within
+// one node or on hosts of several ranks, where its fragments' copies and sums take turns rather than
+// overlap (predicted 0.70-0.85x); a few 1 MiB calls (up to 1.36x); recursive doubling on 6 ranks
+// over 3 hosts at 100 Mbit/s, whose fragments' messages interleave on the links (0.69x).
 TEST_CASE("auto: its predictions within 15% of the simulator's times for 97% of the options", "[auto]") {
   int options = 0, within_15 = 0;
   for (const Where& w : grid())
