@@ -18,8 +18,8 @@
 #   --iters N      timed calls per run, after one untimed warm-up (default 5)
 #   --fixed LIST   fixed choices, space-separated (default "none q8")
 #   --auto SPEC    auto's spec (default auto; auto:maxrelerr=0.2 for instance)
-# Needs root where qcclrun emulates hosts (every cell but RANKS@shm@SIZE). Prints the table on stdout, each run's
-# command on stderr.
+# Needs root where qcclrun emulates hosts (every cell but RANKS@shm@SIZE). Prints the table on
+# stdout, each run's command on stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
