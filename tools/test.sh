@@ -12,12 +12,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each phase's end and the time so far, for a run that comes close to CI's limit.
+mark() { echo "test.sh: $1 done at $((SECONDS / 60)) min $((SECONDS % 60)) s"; }
+
 tools/install-deps.sh
+mark "installing"
 
 jobs=${QCCL_BUILD_JOBS:-2}
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQCCL_WERROR=ON
 cmake --build build -j "$jobs"
+mark "Release build"
 ctest --test-dir build -j "$jobs" --output-on-failure
+mark "Release tests"
 
 # The sanitizer builds leave out what they cannot check: the CUDA launchers (nvcc compiles them
 # without the sanitizers, and no device runs them here), the Python package (an instrumented
@@ -29,14 +35,18 @@ ctest --test-dir build -j "$jobs" --output-on-failure
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQCCL_SANITIZE=ON -DQCCL_BUILD_PERF=OFF \
       -DQCCL_CUDA=OFF -DQCCL_PYTHON=OFF -DQCCL_FFTW=ON
 cmake --build build-asan -j "$jobs"
+mark "ASan build"
 ctest --test-dir build-asan -j "$jobs" --output-on-failure -LE "heavy|timing"
+mark "ASan tests"
 
 # UCX's memory hooks (ucm) crash under ThreadSanitizer's interceptors; the hooks only serve UCX's
 # registration cache, which nothing here needs.
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQCCL_TSAN=ON -DQCCL_BUILD_PERF=OFF \
       -DQCCL_CUDA=OFF -DQCCL_PYTHON=OFF
 cmake --build build-tsan -j "$jobs"
+mark "TSan build"
 UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no ctest --test-dir build-tsan -j "$jobs" --output-on-failure -LE "heavy|timing"
+mark "TSan tests"
 
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQCCL_FUZZ=ON -DQCCL_BUILD_PERF=OFF -DQCCL_CUDA=OFF -DQCCL_PYTHON=OFF
@@ -44,4 +54,5 @@ cmake --build build-fuzz -j "$jobs" --target wire_fuzz
 # 400,000 inputs: about a minute here (2,000,000 took 352 s, which put the whole run past the 45
 # minutes it should take; CI stops it at 90). Longer campaigns run by hand: wire_fuzz -max_total_time=3600 -max_len=256.
 build-fuzz/tests/fuzz/wire_fuzz -runs=400000 -max_len=256
+mark "fuzzing"
 echo "test.sh: all tests passed (Release, ASan+UBSan, TSan) and the wire fuzzer found nothing"
