@@ -5,9 +5,8 @@
 // With p the largest power of two <= n and rem = n - p, ranks below 2*rem first fold in pairs (the
 // even rank sends its buffer to the odd one and sits out), the p active ranks exchange with partner
 // vr ^ mask for mask = 1, 2, ..., p/2 (coll::RecursiveDoubling), and finally the folded ranks get the
-// result back. Partners
-// compute mine op theirs and theirs op mine; the reduction kernels are commutative bit for bit (NaN
-// and signed zeros included), so every rank ends with identical bits.
+// result back. Partners compute mine op theirs and theirs op mine; the reduction kernels are
+// commutative bit for bit (NaN and signed zeros included), so every rank ends with identical bits.
 //
 // Wire bytes per rank (S = count * element size): log2(p) * S for an active rank, plus S for an odd
 // rank below 2*rem; S for a folded rank.

@@ -27,6 +27,10 @@ BUILD=build ROUNDS=3 ITERS=5 FIXED="none q8" AUTO=auto
 CELLS=()
 while (($#)); do
   case $1 in
+    --build|--rounds|--iters|--fixed|--auto)
+      (($# >= 2)) || { echo "auto_vs_fixed.sh: $1 needs a value" >&2; exit 2; } ;;
+  esac
+  case $1 in
     --build) BUILD=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
@@ -39,6 +43,8 @@ while (($#)); do
 done
 [[ $ROUNDS =~ ^[1-9][0-9]*$ && $ITERS =~ ^[1-9][0-9]*$ ]] ||
   { echo "auto_vs_fixed.sh: --rounds and --iters take a count >= 1 (got '$ROUNDS', '$ITERS')" >&2; exit 2; }
+read -ra fixed <<< "$FIXED"
+((${#fixed[@]})) || { echo "auto_vs_fixed.sh: --fixed names no choice" >&2; exit 2; }
 ((${#CELLS[@]})) || { echo "auto_vs_fixed.sh: no cell given (--help shows the form: 4:2@1gbit@1M)" >&2; exit 2; }
 QCCLRUN=$BUILD/tools/qcclrun PERF=$BUILD/perf/all_reduce_perf
 for f in "$QCCLRUN" "$PERF"; do
@@ -54,9 +60,11 @@ done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+median() {
+  sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 
-choices=($FIXED "$AUTO")
+choices=("${fixed[@]}" "$AUTO")
 header="| ranks | link | size |"
 rule="|---|---|---:|"
 for c in "${choices[@]}"; do header+=" $c (ms) |"; rule+="---:|"; done
@@ -77,8 +85,14 @@ for cell in "${CELLS[@]}"; do
       [[ $c == none ]] && env=()
       cmd=("$QCCLRUN" "${where[@]}" "${env[@]}" -- "$PERF" -b "$size" -e "$size" -n "$ITERS" -w 1 -c 0)
       echo "auto_vs_fixed.sh: ${cmd[*]}" >&2
-      "${cmd[@]}" > "$TMP/out" 2>&1 || { echo "auto_vs_fixed.sh: failed ($cell, $c):" >&2; tail -5 "$TMP/out" >&2; exit 1; }
-      awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ { print $7 / 1000; print $11 / 1000 }' "$TMP/out" >> "$TMP/times.$i"
+      if ! "${cmd[@]}" > "$TMP/out" 2>&1; then
+        echo "auto_vs_fixed.sh: failed ($cell, $c):" >&2
+        tail -5 "$TMP/out" >&2
+        exit 1
+      fi
+      times=$(awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ { print $7 / 1000; print $11 / 1000 }' "$TMP/out")
+      [[ -n $times ]] || { echo "auto_vs_fixed.sh: no time in all_reduce_perf's output ($cell, $c)" >&2; exit 1; }
+      echo "$times" >> "$TMP/times.$i"
       if [[ $c == auto* && $round == 0 ]]; then
         ran=$(grep -m1 -o 'QCCL_CODEC=auto: AllReduce of [^:]*: [^,]*' "$TMP/out" | sed 's/.*: //') || ran="?"
       fi
@@ -93,7 +107,8 @@ for cell in "${CELLS[@]}"; do
     t[$i]=$(median < "$TMP/times.$i")
     rm -f "$TMP/times.$i"
     row+=" $(awk -v v="${t[$i]}" 'BEGIN { printf(v >= 100 ? "%.0f" : "%.3g", v) }') |"
-    if [[ ${choices[$i]} != auto* ]] && { [[ -z $best_t ]] || awk -v a="${t[$i]}" -v b="$best_t" 'BEGIN { exit !(a < b) }'; }; then
+    [[ ${choices[$i]} == auto* ]] && continue
+    if [[ -z $best_t ]] || awk -v a="${t[$i]}" -v b="$best_t" 'BEGIN { exit !(a < b) }'; then
       best=${choices[$i]} best_t=${t[$i]}
     fi
   done

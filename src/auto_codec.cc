@@ -123,18 +123,23 @@ std::string budget_text(double budget) {
 }
 
 // One fragment of a call walked message by message in virtual time, in the simulator's order of
-// events (sim/simulator.cc): a message leaves once both ends have posted it; between nodes it takes
-// its turn on the sending node's link and on the receiving node's, each with a token bucket that
-// fills while it idles (ClusterFacts::inter_burst), while its sender writes it into the socket, and
-// the receiver reads it after its flight; within a node it takes the port's time. For the plans
-// whose steps cross nodes or not depending on how the ranks sit on them (recursive doubling's fold,
-// sra_compressed's steps on nodes of several ranks), which a closed form would have to guess.
+// events (sim/simulator.cc): a message leaves once both ends have posted it and takes the earliest
+// gap that both its ports have (between nodes the sending node's link and the receiving node's, each
+// with a token bucket that fills while it idles, ClusterFacts::inter_burst; within a node the two
+// ranks' ports), while its sender writes it into the socket; the receiver reads it after its flight.
+// For the plans whose steps cross nodes or not depending on how the ranks sit on them (recursive
+// doubling's fold, sra_compressed's steps on nodes of several ranks), which a closed form would have
+// to guess.
 class FragmentWalk {
  public:
   struct Message {
     int from, to;
     double after = 0;  // the receiver's work once it has read it (a sum, a decode)
   };
+  // When a rank of a step waits for its send: before the receiver's work (recursive doubling adds
+  // once both are done), after it (sra_compressed's gather decodes, then waits), or two steps later,
+  // before that step's work (sra_compressed's scatter: two send buffers in turn).
+  enum class SendWait { kBeforeWork, kAfterWork, kTwoStepsLater };
 
   // `node_of[r]`: rank r's node, 0 .. nodes-1.
   FragmentWalk(const ClusterFacts& facts, std::vector<int> node_of, int nodes)
@@ -142,27 +147,33 @@ class FragmentWalk {
         node_of_(std::move(node_of)),
         clock_(node_of_.size()),
         cpu_(node_of_.size()),
-        sends_done_(node_of_.size()),
+        last_sent_(node_of_.size()),
+        earlier_sent_(node_of_.size()),
         inside_sent_(node_of_.size()),
         inside_received_(node_of_.size()),
-        out_(static_cast<size_t>(nodes)),
-        in_(static_cast<size_t>(nodes)) {}
+        link_out_(static_cast<size_t>(nodes)),
+        link_in_(static_cast<size_t>(nodes)),
+        port_out_(node_of_.size()),
+        port_in_(node_of_.size()) {}
 
   // Every rank works `seconds` (a copy, a sum of what it received).
   void work(double seconds) {
     for (size_t r = 0; r < clock_.size(); ++r) clock_[r] += seconds, cpu_[r] += seconds;
   }
   // The ranks of `messages` each work `before`, post their receives and sends of `bytes` each, write
-  // those between nodes into the socket, wait for their receives, read them, do the receiver's work
-  // (in the plans walked a rank receives at most one message a step) and, where `senders_wait`,
-  // wait for their sends too (else a later wait_for_sends() does).
-  void step(std::vector<Message> messages, double bytes, double before, bool senders_wait) {
+  // those between nodes into the socket, wait for their receives, read them and do the receiver's
+  // work (in the plans walked a rank receives at most one message a step), waiting for their sends
+  // as `wait` says.
+  void step(std::vector<Message> messages, double bytes, double before, SendWait wait) {
     struct Turn {  // a rank's part in the step
       bool takes_part = false;
       double writes = 0, sent = 0, arrived = 0, reads = 0, after = 0;
     };
     std::vector<Turn> turns(clock_.size());
     for (const Message& m : messages) turns[m.from].takes_part = turns[m.to].takes_part = true;
+    if (wait == SendWait::kTwoStepsLater)
+      for (size_t r = 0; r < clock_.size(); ++r)
+        if (turns[r].takes_part) clock_[r] = std::max(clock_[r], earlier_sent_[r]);
     const auto posted = [&](const Message& m) { return std::max(clock_[m.from], clock_[m.to]) + before; };
     std::stable_sort(messages.begin(), messages.end(),
                      [&](const Message& a, const Message& b) { return posted(a) < posted(b); });
@@ -170,26 +181,14 @@ class FragmentWalk {
     for (const Message& m : messages) {
       Turn &sender = turns[m.from], &receiver = turns[m.to];
       const int a = node_of_[m.from], b = node_of_[m.to];
-      double sent = posted(m), flight = facts_.intra_latency;
+      double sent = 0, flight = 0;
       if (a != b) {
-        Link &o = out_[a], &i = in_[b];
-        const double rate = facts_.inter_rate;
-        double wire = bytes / rate;
-        const double start = earliest_gap(o, i, sent, wire);
-        if (start >= std::max(o.free, i.free)) {  // after all they hold: each bucket gives what it gathered
-          const double out_tokens = std::min(facts_.inter_burst, o.tokens + (start - o.free) * rate);
-          const double in_tokens = std::min(facts_.inter_burst, i.tokens + (start - i.free) * rate);
-          wire = std::max(0.0, bytes - std::min(out_tokens, in_tokens)) / rate;
-          o.tokens = std::min(facts_.inter_burst, out_tokens - bytes + wire * rate);
-          i.tokens = std::min(facts_.inter_burst, in_tokens - bytes + wire * rate);
-        }
-        o.reserve(start, start + wire), i.reserve(start, start + wire);
-        sent = start + wire;
-        o.bytes += bytes, i.bytes += bytes;
+        sent = transfer(link_out_[a], link_in_[b], posted(m), bytes, facts_.inter_rate, facts_.inter_burst);
         flight = facts_.inter_latency;
         sender.writes += socket, receiver.reads += socket;
       } else {
-        sent += bytes / facts_.intra_rate;
+        sent = transfer(port_out_[m.from], port_in_[m.to], posted(m), bytes, facts_.intra_rate, 0);
+        flight = facts_.intra_latency;
         inside_sent_[m.from] += bytes, inside_received_[m.to] += bytes;
       }
       sender.sent = std::max(sender.sent, sent);
@@ -200,22 +199,26 @@ class FragmentWalk {
       const Turn& t = turns[r];
       if (!t.takes_part) continue;
       cpu_[r] += before + t.writes + t.reads + t.after;
-      clock_[r] = std::max(clock_[r] + before + t.writes, t.arrived) + t.reads + t.after;
-      if (senders_wait) clock_[r] = std::max(clock_[r], t.sent);
-      sends_done_[r] = std::max(sends_done_[r], t.sent);
+      double& c = clock_[r];
+      c = std::max(c + before + t.writes, t.arrived) + t.reads;
+      if (wait == SendWait::kBeforeWork) c = std::max(c, t.sent);
+      c += t.after;
+      if (wait == SendWait::kAfterWork) c = std::max(c, t.sent);
+      earlier_sent_[r] = last_sent_[r], last_sent_[r] = t.sent;
     }
   }
+  // Every rank waits for the sends it has not waited for.
   void wait_for_sends() {
-    for (size_t r = 0; r < clock_.size(); ++r) clock_[r] = std::max(clock_[r], sends_done_[r]);
+    for (size_t r = 0; r < clock_.size(); ++r) clock_[r] = std::max({clock_[r], last_sent_[r], earlier_sent_[r]});
   }
 
-  double end() const { return *std::max_element(clock_.begin(), clock_.end()); }
+  double end() const { return clock_.empty() ? 0 : *std::max_element(clock_.begin(), clock_.end()); }
   // The busiest rank's CPU seconds (its work and its socket writes and reads).
-  double busiest_cpu() const { return *std::max_element(cpu_.begin(), cpu_.end()); }
+  double busiest_cpu() const { return cpu_.empty() ? 0 : *std::max_element(cpu_.begin(), cpu_.end()); }
   // The bytes of the busiest node's link (the larger way), and of the busiest rank's port inside.
   double busiest_link_bytes() const {
     double most = 0;
-    for (size_t k = 0; k < out_.size(); ++k) most = std::max({most, out_[k].bytes, in_[k].bytes});
+    for (size_t k = 0; k < link_out_.size(); ++k) most = std::max({most, link_out_[k].bytes, link_in_[k].bytes});
     return most;
   }
   double busiest_port_bytes() const {
@@ -225,9 +228,10 @@ class FragmentWalk {
   }
 
  private:
-  // A node's link one way. A message holds both its links while it is on the wire, and takes the
-  // earliest gap both have (a message waiting for one does not keep the other from later ones).
-  struct Link {
+  // A port one way (a node's link, a rank's port inside its node). A message holds both its ports
+  // while it is on the wire, in the earliest gap both have (one waiting for a port does not keep
+  // the other from later messages).
+  struct Port {
     std::vector<std::pair<double, double>> busy;  // [begin, end), by begin
     double free = 0, tokens = 0, bytes = 0;       // the end of its last interval; tokens at `free`
     void reserve(double begin, double end) {
@@ -235,22 +239,38 @@ class FragmentWalk {
       free = std::max(free, end);
     }
   };
-  static double earliest_gap(const Link& out, const Link& in, double ready, double seconds) {
+  static double earliest_gap(const Port& out, const Port& in, double ready, double seconds) {
     double t = ready;
     for (bool moved = true; moved;) {
       moved = false;
-      for (const Link* link : {&out, &in}) {
-        auto i = std::upper_bound(link->busy.begin(), link->busy.end(), t,
+      for (const Port* port : {&out, &in}) {
+        auto i = std::upper_bound(port->busy.begin(), port->busy.end(), t,
                                   [](double v, const std::pair<double, double>& x) { return v < x.second; });
-        for (; i != link->busy.end() && i->first < t + seconds; ++i) t = i->second, moved = true;
+        for (; i != port->busy.end() && i->first < t + seconds; ++i) t = i->second, moved = true;
       }
     }
     return t;
   }
+  // `bytes` from `out` to `in` once posted at `ready`: when the last byte has left.
+  static double transfer(Port& out, Port& in, double ready, double bytes, double rate, double burst) {
+    double wire = bytes / rate;
+    const double start = earliest_gap(out, in, ready, wire);
+    if (burst > 0 && start >= std::max(out.free, in.free)) {  // after all they hold: the buckets give
+      const double out_tokens = std::min(burst, out.tokens + (start - out.free) * rate);
+      const double in_tokens = std::min(burst, in.tokens + (start - in.free) * rate);
+      wire = std::max(0.0, bytes - std::min(out_tokens, in_tokens)) / rate;
+      out.tokens = std::min(burst, out_tokens - bytes + wire * rate);
+      in.tokens = std::min(burst, in_tokens - bytes + wire * rate);
+    }
+    out.reserve(start, start + wire), in.reserve(start, start + wire);
+    out.bytes += bytes, in.bytes += bytes;
+    return start + wire;
+  }
+
   const ClusterFacts& facts_;
   std::vector<int> node_of_;
-  std::vector<double> clock_, cpu_, sends_done_, inside_sent_, inside_received_;
-  std::vector<Link> out_, in_;
+  std::vector<double> clock_, cpu_, last_sent_, earlier_sent_, inside_sent_, inside_received_;
+  std::vector<Port> link_out_, link_in_, port_out_, port_in_;
 };
 
 }  // namespace
@@ -392,7 +412,9 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   const double es = static_cast<double>(args.element_size());
   const double values = static_cast<double>(args.count);
   const double raw = values * es;
-  if (!(raw > 0)) return -1;  // nothing to move: no time to weigh (and 0/0 below)
+  if (!(raw > 0) || args.nranks < 1) return -1;  // nothing to move: no time to weigh (and 0/0 below)
+  // Several nodes and no rate between them: nothing to weigh (every algorithm crosses).
+  if (nodes > 1 && !(facts_.inter_rate > 0)) return -1;
   const double reduce = cpu.reduce * es / 4;  // per value (other types than float32 by their size)
   CpuCosts::Codec codec;  // the call's codec's costs
   double ratio = 1;       // encoded bytes per raw byte
@@ -479,14 +501,15 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
         fold.push_back({r, pairs.fold_partner(r), chunk * reduce});
         unfold.push_back({pairs.fold_partner(r), r});
       }
-    walk.step(fold, bytes, 0, true);
+    const auto both_done = FragmentWalk::SendWait::kBeforeWork;  // each exchange adds once both are done
+    walk.step(fold, bytes, 0, both_done);
     for (int i = 0; i < pairs.rounds; ++i) {
       std::vector<FragmentWalk::Message> exchange;
       for (int r = 0; r < args.nranks; ++r)
         if (pairs.active(r)) exchange.push_back({r, pairs.partner(r, i), chunk * reduce});
-      walk.step(exchange, bytes, 0, true);
+      walk.step(exchange, bytes, 0, both_done);
     }
-    walk.step(unfold, bytes, 0, true);
+    walk.step(unfold, bytes, 0, both_done);
     chain = rounds(fragments) * walk.end();
     nic = walk.busiest_link_bytes() * fragments;
     intra = walk.busiest_port_bytes() * fragments;
@@ -512,15 +535,17 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     if (args.nranks <= kWalkedRanks) {
       // Which ranks cross at step k depends on the layout; walked, the longest chain of waits.
       FragmentWalk walk = walker();
-      const auto pairwise = [&](int k, double after) {
+      const auto pairwise = [&](int k, double receiver_work) {
         std::vector<FragmentWalk::Message> messages;
-        for (int r = 0; r < args.nranks; ++r) messages.push_back({r, (r + k) % args.nranks, after});
+        for (int r = 0; r < args.nranks; ++r) messages.push_back({r, (r + k) % args.nranks, receiver_work});
         return messages;
       };
-      for (int k = 1; k < args.nranks; ++k) walk.step(pairwise(k, 0), bytes, chunk * codec.encode, false);
+      for (int k = 1; k < args.nranks; ++k)
+        walk.step(pairwise(k, 0), bytes, chunk * codec.encode, FragmentWalk::SendWait::kTwoStepsLater);
       walk.wait_for_sends();
       walk.work(sum);
-      for (int k = 1; k < args.nranks; ++k) walk.step(pairwise(k, chunk * codec.decode), bytes, 0, true);
+      for (int k = 1; k < args.nranks; ++k)
+        walk.step(pairwise(k, chunk * codec.decode), bytes, 0, FragmentWalk::SendWait::kAfterWork);
       chain = rounds(fragments) * walk.end();
     } else {
       // With several nodes some rank crosses to another at every step, min(k, n - k, L) of a node's
@@ -531,7 +556,8 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
         scatter += trip(bytes, sharing, k == 1 ? chunk * codec.encode : between(bytes, chunk * codec.encode));
         gather += trip(bytes, sharing, between(bytes, chunk * codec.decode));
       }
-      chain = rounds(fragments) * ((n - 1) * chunk * codec.encode + scatter + sum + gather + (n - 1) * chunk * codec.decode);
+      chain = rounds(fragments) *
+              ((n - 1) * chunk * codec.encode + scatter + sum + gather + (n - 1) * chunk * codec.decode);
     }
     steps = 2 * (n - 1);
   } else if (algorithm == "hierarchical_compressed" && args.codec) {
@@ -555,10 +581,11 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     before = inside + leaders * chunk * (cpu.load + members * (cpu.load + cpu.add)) + chunk * codec.encode;
     after = chunk * codec.decode + inside * ratio;
     const double sum = (leaders - 1) * chunk * codec.decode_add + chunk * codec.encode;
+    const double more = std::max(0.0, leaders - 2);  // hops after each half's first (N >= 2 here)
     chain = rounds(segment / chunk) *
             (before + trip(bytes, 1, before) +
-             (leaders - 2) * (chunk * codec.encode + trip(bytes, 1, between(bytes, chunk * codec.encode))) + sum +
-             trip(bytes, 1, between(bytes, sum)) + (leaders - 2) * trip(bytes, 1, between(bytes, chunk * codec.decode)) +
+             more * (chunk * codec.encode + trip(bytes, 1, between(bytes, chunk * codec.encode))) + sum +
+             trip(bytes, 1, between(bytes, sum)) + more * trip(bytes, 1, between(bytes, chunk * codec.decode)) +
              (leaders - 1) * chunk * codec.decode + after);
     steps = 2 + 2 * (leaders - 1);
   } else if (algorithm == "ring_compressed" && args.codec) {
@@ -586,19 +613,20 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   const double nic_seconds = nic > 0 ? nic / facts_.inter_rate : 0.0;
   const double intra_seconds = intra > 0 ? intra / facts_.intra_rate : 0.0;
   // The busiest resource (a link, a port, a CPU) works on the rest of the call, (F - 1)/F of its
-  // totals, while the first fragment fills the pipeline, one fragment's chain; the depth bounds the fragments in flight (chain). A chain's hops
-  // carry their latencies already (trip): the per-step latencies go on the totals only.
+  // totals, while the first fragment fills the pipeline, one fragment's chain; the depth bounds the
+  // fragments in flight (chain). A chain's hops carry their latencies already (trip): the per-step
+  // latencies go on the totals only.
   const double fill = chain / rounds(fragments);
   const double busiest = std::max({nic_seconds, intra_seconds, busy});
   const double totals = busiest + steps * latency;
-  // Never below the busiest resource's own time (with one fragment the chain alone would price a
-  // link that several ranks share as if each had it).
   double pipelined = totals * (fragments - 1) / fragments + fill;
   // A link that bounds it is busy from the first crossing to the last, the chains' other work done
   // meanwhile (the line above also counts the first chain's work between its crossings); a shaped
   // link's bucket gives back what it gathered while it waited for the first.
   if (nic_seconds == busiest && nic_seconds > 0)
     pipelined = std::min(pipelined, std::max(0.0, before - facts_.inter_burst / facts_.inter_rate) + after + totals);
+  // Never below the busiest resource's own time (with one fragment the chain alone would price a
+  // link that several ranks share as if each had it).
   const double seconds = std::max({busiest, pipelined, chain});
   return std::isfinite(seconds) ? seconds : -1;
 }

@@ -15,11 +15,16 @@
 // link's bytes over its rate, the busiest rank's CPU (codec steps, sums, the kernel's TCP path per
 // byte), and a fragment's chain of steps over the pipeline depth; the time is the busiest resource's
 // over all fragments but the first, plus the first's chain (the pipeline's fill), and never less
-// than the chains over the depth or the busiest resource alone. Its inputs are agreed by every rank
-// at communicator creation, so that every rank makes the same choice: the links (QCCL_LINK_RATE, or
-// the rate src/link_probe.h measures, between nodes; memory copies within one), the pipeline (chunk
-// and depth, rank 0's), and the CPU costs, measured by each rank at creation (about 30 ms): the
-// slowest host's kept (each host's least contended measurement, stretched by its ranks per CPU). tests/sim/auto_codec_test.cc holds its choices against the
+// than the chains over the depth or the busiest resource alone (where a plan's pricing knows its
+// chain's work before the first crossing and after the last, a link that bounds the call pays only
+// that beside its own time). The chains of plans whose
+// steps cross nodes or not by the ranks' layout (recursive doubling; sra_compressed up to 64 ranks)
+// are walked message by message in the simulator's order of events. Its inputs are agreed by every
+// rank at communicator creation, so that every rank makes the same choice: the links
+// (QCCL_LINK_RATE, or the rate src/link_probe.h measures, between nodes; memory copies within one),
+// the pipeline (chunk and depth, rank 0's), and the CPU costs, measured by each rank at creation
+// (about 30 ms): the slowest host's kept (each host's least contended measurement, stretched by its
+// ranks per CPU). tests/sim/auto_codec_test.cc holds its choices and predictions against the
 // simulator's on a grid of ranks, links and sizes. Calls on device buffers are not
 // compressed by auto (its costs are the host's): a communicator that mixes host and device buffers
 // for the same call on different ranks would choose differently and fail the call (qcclMismatch).
