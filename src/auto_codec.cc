@@ -32,8 +32,9 @@ constexpr double kKernelTcpSecondsPerByte = 4e-10;
 constexpr double kKernelTcpSecondsPerMessage = 8e-6;
 constexpr double kDefaultBudget = 0.01;
 // sra_compressed's chain is walked message by message (FragmentWalk: n^2 messages) up to this many
-// ranks, priced in closed form beyond.
-constexpr int kWalkedRanks = 64;
+// ranks, priced in closed form beyond: weighing a call's options at 32 ranks takes 0.3-1.2 ms, once
+// per call shape (docs/PERF.md).
+constexpr int kWalkedRanks = 32;
 // choose() remembers this many call shapes.
 constexpr size_t kCachedShapes = 4096;
 // At most this many distinct calls are logged with their predictions.
@@ -165,18 +166,21 @@ class FragmentWalk {
   // work (in the plans walked a rank receives at most one message a step), waiting for their sends
   // as `wait` says.
   void step(std::vector<Message> messages, double bytes, double before, SendWait wait) {
-    struct Turn {  // a rank's part in the step
-      bool takes_part = false;
-      double writes = 0, sent = 0, arrived = 0, reads = 0, after = 0;
-    };
-    std::vector<Turn> turns(clock_.size());
+    std::vector<Turn>& turns = turns_;
+    turns.assign(clock_.size(), Turn{});
     for (const Message& m : messages) turns[m.from].takes_part = turns[m.to].takes_part = true;
+    // No message of this step or a later one is posted before the earliest clock: what the ports held
+    // until then cannot be in its way.
+    const double horizon = *std::min_element(clock_.begin(), clock_.end());
+    for (auto* ports : {&link_out_, &link_in_, &port_out_, &port_in_})
+      for (Port& port : *ports) port.forget_until(horizon);
     if (wait == SendWait::kTwoStepsLater)
       for (size_t r = 0; r < clock_.size(); ++r)
         if (turns[r].takes_part) clock_[r] = std::max(clock_[r], earlier_sent_[r]);
     const auto posted = [&](const Message& m) { return std::max(clock_[m.from], clock_[m.to]) + before; };
-    std::stable_sort(messages.begin(), messages.end(),
-                     [&](const Message& a, const Message& b) { return posted(a) < posted(b); });
+    std::sort(messages.begin(), messages.end(), [&](const Message& a, const Message& b) {
+      return std::make_pair(posted(a), a.from) < std::make_pair(posted(b), b.from);  // ties: rank order
+    });
     const double socket = bytes * facts_.cpu.wire + facts_.cpu.message;
     for (const Message& m : messages) {
       Turn &sender = turns[m.from], &receiver = turns[m.to];
@@ -228,15 +232,24 @@ class FragmentWalk {
   }
 
  private:
+  struct Turn {  // a rank's part in a step
+    bool takes_part = false;
+    double writes = 0, sent = 0, arrived = 0, reads = 0, after = 0;
+  };
   // A port one way (a node's link, a rank's port inside its node). A message holds both its ports
   // while it is on the wire, in the earliest gap both have (one waiting for a port does not keep
   // the other from later messages).
   struct Port {
-    std::vector<std::pair<double, double>> busy;  // [begin, end), by begin
-    double free = 0, tokens = 0, bytes = 0;       // the end of its last interval; tokens at `free`
+    std::vector<std::pair<double, double>> busy;  // [begin, end), by begin; those before `first` over
+    size_t first = 0;
+    double free = 0, tokens = 0, bytes = 0;  // the end of its last interval; tokens at `free`
     void reserve(double begin, double end) {
-      busy.insert(std::upper_bound(busy.begin(), busy.end(), std::make_pair(begin, end)), {begin, end});
+      busy.insert(std::upper_bound(busy.begin() + first, busy.end(), std::make_pair(begin, end)), {begin, end});
       free = std::max(free, end);
+    }
+    void forget_until(double t) {  // intervals over by t (ends are in order too: they do not overlap)
+      while (first < busy.size() && busy[first].second <= t) ++first;
+      if (first > 64 && 2 * first > busy.size()) busy.erase(busy.begin(), busy.begin() + first), first = 0;
     }
   };
   static double earliest_gap(const Port& out, const Port& in, double ready, double seconds) {
@@ -244,7 +257,7 @@ class FragmentWalk {
     for (bool moved = true; moved;) {
       moved = false;
       for (const Port* port : {&out, &in}) {
-        auto i = std::upper_bound(port->busy.begin(), port->busy.end(), t,
+        auto i = std::upper_bound(port->busy.begin() + port->first, port->busy.end(), t,
                                   [](double v, const std::pair<double, double>& x) { return v < x.second; });
         for (; i != port->busy.end() && i->first < t + seconds; ++i) t = i->second, moved = true;
       }
@@ -271,6 +284,7 @@ class FragmentWalk {
   std::vector<int> node_of_;
   std::vector<double> clock_, cpu_, last_sent_, earlier_sent_, inside_sent_, inside_received_;
   std::vector<Port> link_out_, link_in_, port_out_, port_in_;
+  std::vector<Turn> turns_;  // step()'s, kept to save an allocation per step
 };
 
 }  // namespace

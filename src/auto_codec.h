@@ -18,7 +18,7 @@
 // than the chains over the depth or the busiest resource alone (where a plan's pricing knows its
 // chain's work before the first crossing and after the last, a link that bounds the call pays only
 // that beside its own time). The chains of plans whose
-// steps cross nodes or not by the ranks' layout (recursive doubling; sra_compressed up to 64 ranks)
+// steps cross nodes or not by the ranks' layout (recursive doubling; sra_compressed up to 32 ranks)
 // are walked message by message in the simulator's order of events. Its inputs are agreed by every
 // rank at communicator creation, so that every rank makes the same choice: the links
 // (QCCL_LINK_RATE, or the rate src/link_probe.h measures, between nodes; memory copies within one),
