@@ -456,13 +456,15 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
   // arrival (the link's rate and latency), then reads it (the simulator's order of events). `sharing`
   // ranks of a node send theirs over its link at once. A shaped link's token bucket, empty when the
   // call starts, fills while the link idles (`idle` seconds before this message) and passes what it
-  // holds at once. Within a node bytes take their port's time at the node's copy rate.
+  // holds at once. Within a node bytes take their port's time at the node's copy rate. A receiver
+  // whose own message of the step stays inside its node (`receiver_writes` false) has no write to
+  // finish first.
   const auto within = [&](double bytes) { return bytes / facts_.intra_rate + facts_.intra_latency; };
-  const auto trip = [&](double bytes, double sharing, double idle) {
+  const auto trip = [&](double bytes, double sharing, double idle, bool receiver_writes = true) {
     if (nodes == 1) return within(bytes);
     const double socket = tcp(bytes, bytes);
     const double wire = std::max(0.0, sharing * bytes - std::min(facts_.inter_burst, idle * facts_.inter_rate));
-    return std::max(socket, wire / facts_.inter_rate + facts_.inter_latency) + socket;
+    return std::max(receiver_writes ? socket : 0.0, wire / facts_.inter_rate + facts_.inter_latency) + socket;
   };
   // How long a link idles between a rank's messages of `bytes` when it works `work` seconds between
   // them: the message's flight, its read, and the work.
@@ -496,8 +498,12 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     busy = (n - 1) / n * values * reduce + tcp(crossing, chunk * es);
     fragments = segment / chunk;
     const double bytes = chunk * es;
-    chain = rounds(segment / chunk) * (trip(bytes, 1, 0) + (n - 2) * trip(bytes, 1, between(bytes, chunk * reduce)) +
-                                       (n - 1) * chunk * reduce + (n - 1) * trip(bytes, 1, between(bytes, 0)));
+    // A ring in rank order crosses at the nodes' edges: with several ranks a node, the rank that
+    // receives across sends inside.
+    const bool writes = per_node <= 1;
+    chain = rounds(segment / chunk) *
+            (trip(bytes, 1, 0, writes) + (n - 2) * trip(bytes, 1, between(bytes, chunk * reduce), writes) +
+             (n - 1) * chunk * reduce + (n - 1) * trip(bytes, 1, between(bytes, 0), writes));
     steps = 2 * (n - 1);
   } else if (algorithm == "recursive_doubling" && !args.codec) {
     // One fragment (a chunk of the buffer, copied to the output first) walked through the plan's
@@ -614,11 +620,12 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     busy = values / n * (n * codec.encode + (n - 1) * (cpu.load + codec.decode_add) + n * codec.decode) +
            tcp(crossing, chunk * es * ratio);
     const double bytes = chunk * es * ratio, step = chunk * (cpu.load + codec.decode_add + codec.encode);
+    const bool writes = per_node <= 1;  // as the ring's
     fragments = segment / chunk;
     chain = rounds(segment / chunk) *
-            (chunk * codec.encode + trip(bytes, 1, chunk * codec.encode) +
-             (n - 2) * trip(bytes, 1, between(bytes, step)) + (n - 1) * step + chunk * codec.decode +
-             (n - 1) * (trip(bytes, 1, between(bytes, chunk * codec.decode)) + chunk * codec.decode));
+            (chunk * codec.encode + trip(bytes, 1, chunk * codec.encode, writes) +
+             (n - 2) * trip(bytes, 1, between(bytes, step), writes) + (n - 1) * step + chunk * codec.decode +
+             (n - 1) * (trip(bytes, 1, between(bytes, chunk * codec.decode), writes) + chunk * codec.decode));
     steps = 2 * (n - 1);
   } else {
     return -1;

@@ -301,11 +301,10 @@ TEST_CASE("auto: what it picks simulates within 5% of its rule's pick on simulat
 // while it idles; recursive doubling and sra_compressed walked message by message over the node
 // map), so most options land within 15%. Those left: the uncompressed ring on large calls within
 // one node or on hosts of several ranks, where its fragments' copies and sums take turns rather than
-// overlap (predicted 0.70-0.85x), and its 1 MiB calls on hosts of several ranks (up to 1.36x);
-// ring_compressed's bf16 at 64 MiB on such hosts at 25 Gbit/s (0.85x); hierarchical_compressed's
-// CPU-bound q4 at 1 MiB, 1 Gbit/s, on 6 ranks over 2 hosts and 12 over 4 (1.19x, 1.29x); recursive
-// doubling on 6 ranks over 3 hosts at 100 Mbit/s, whose fragments' messages interleave on the links
-// (0.69-0.76x).
+// overlap (predicted 0.70-0.85x); ring_compressed's bf16 at 64 MiB on such hosts at 25 Gbit/s
+// (0.85x); hierarchical_compressed's CPU-bound q4 at 1 MiB, 1 Gbit/s, on 6 ranks over 2 hosts and 12
+// over 4 (1.19x, 1.29x); recursive doubling on 6 ranks over 3 hosts at 100 Mbit/s, whose fragments'
+// messages interleave on the links (0.69-0.76x).
 TEST_CASE("auto: its predictions within 15% of the simulator's times for 97% of the options", "[auto]") {
   int options = 0, within_15 = 0;
   for (const Where& w : grid())
