@@ -648,7 +648,15 @@ double AutoCodec::predict(const coll::CollArgs& args, const std::string& algorit
     pipelined = std::min(pipelined, std::max(0.0, before - facts_.inter_burst / facts_.inter_rate) + after + totals);
   // Never below the busiest resource's own time (with one fragment the chain alone would price a
   // link that several ranks share as if each had it).
-  const double seconds = std::max({busiest, pipelined, chain});
+  // Where the ports within a node bound the call, the fragments in flight take turns on them: a
+  // round of them costs one chain and the others' turns (the ring on one host of 4 ranks, 16 fragments
+  // two at a time, was 0.70x the simulator's time priced as rounds of chains alone). Not where a link
+  // between nodes or the CPU bounds it: there the rounds overlap better and the term over-priced
+  // pipelines 15-29% (docs/PERF.md, "Fragments taking turns").
+  const double in_flight = std::min<double>(std::max(1, facts_.depth), fragments);
+  const double rounds_of_chains =
+      intra_seconds == busiest ? rounds(fragments) * (fill + (in_flight - 1) * busiest / fragments) : chain;
+  const double seconds = std::max({busiest, pipelined, rounds_of_chains});
   return std::isfinite(seconds) ? seconds : -1;
 }
 

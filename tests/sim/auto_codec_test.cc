@@ -299,9 +299,9 @@ TEST_CASE("auto: what it picks simulates within 5% of its rule's pick on simulat
 // the simulator's order of events (a message leaves when posted, its socket write and read on the
 // ranks' CPUs, a node's ranks crossing at once share its link, a shaped link's token bucket fills
 // while it idles; recursive doubling and sra_compressed walked message by message over the node
-// map), so most options land within 15%. Those left: the uncompressed ring on large calls within
-// one node or on hosts of several ranks, where its fragments' copies and sums take turns rather than
-// overlap (predicted 0.70-0.85x); ring_compressed's bf16 at 64 MiB on such hosts at 25 Gbit/s
+// map; on ports within a node, the fragments in flight taking turns), so most options land within
+// 15%. Those left: the uncompressed ring on large calls on hosts of several ranks at 25 Gbit/s
+// (predicted 0.78-0.85x); ring_compressed's bf16 at 64 MiB on such hosts at 25 Gbit/s
 // (0.85x); hierarchical_compressed's CPU-bound q4 at 1 MiB, 1 Gbit/s, on 6 ranks over 2 hosts and 12
 // over 4 (1.19x, 1.29x); recursive doubling on 6 ranks over 3 hosts at 100 Mbit/s, whose fragments'
 // messages interleave on the links (0.69-0.76x).
