@@ -150,8 +150,6 @@ class FragmentWalk {
         cpu_(node_of_.size()),
         last_sent_(node_of_.size()),
         earlier_sent_(node_of_.size()),
-        inside_sent_(node_of_.size()),
-        inside_received_(node_of_.size()),
         link_out_(static_cast<size_t>(nodes)),
         link_in_(static_cast<size_t>(nodes)),
         port_out_(node_of_.size()),
@@ -193,7 +191,6 @@ class FragmentWalk {
       } else {
         sent = transfer(port_out_[m.from], port_in_[m.to], posted(m), bytes, facts_.intra_rate, 0);
         flight = facts_.intra_latency;
-        inside_sent_[m.from] += bytes, inside_received_[m.to] += bytes;
       }
       sender.sent = std::max(sender.sent, sent);
       receiver.arrived = std::max(receiver.arrived, sent + flight);
@@ -227,7 +224,7 @@ class FragmentWalk {
   }
   double busiest_port_bytes() const {
     double most = 0;
-    for (size_t r = 0; r < clock_.size(); ++r) most = std::max({most, inside_sent_[r], inside_received_[r]});
+    for (size_t r = 0; r < port_out_.size(); ++r) most = std::max({most, port_out_[r].bytes, port_in_[r].bytes});
     return most;
   }
 
@@ -282,7 +279,7 @@ class FragmentWalk {
 
   const ClusterFacts& facts_;
   std::vector<int> node_of_;
-  std::vector<double> clock_, cpu_, last_sent_, earlier_sent_, inside_sent_, inside_received_;
+  std::vector<double> clock_, cpu_, last_sent_, earlier_sent_;
   std::vector<Port> link_out_, link_in_, port_out_, port_in_;
   std::vector<Turn> turns_;  // step()'s, kept to save an allocation per step
 };
