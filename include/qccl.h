@@ -412,7 +412,10 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  * mant=M (mantissa bits of the range float, 1..N-1; default 6), max=X|auto (largest magnitude, in
  * units of the orthonormal spectrum, whose energy is the segment's; default 1, the paper's; parts
  * beyond it are clamped and counted in qcclStats_t::clipped; auto: each segment's own power of two
- * at or above its largest part, carried in its header, so nothing clamps), segment=L (values per FFT, 2..2^26; default 65536),
+ * at or above its largest part, carried in its header, so nothing clamps), segment=L (values per FFT, 2..2^26; default 65536;
+ * every segment, the tail too, is zero-padded to L', the smallest even length at or above its own with
+ * no prime factor but 2, 3 and 5, within 7% of it from 1,000 values up: a large prime factor would
+ * cost the transform a loop per value),
  * index=auto|bitmap|coo (how the bins sent are named; default auto: the smaller), round=trunc|nearest
  * (default trunc, never grows a value), ef=on|off, fallback=auto|off (auto: a call whose payloads
  * could outweigh the uncompressed ring's bytes, n * capacity >= 2 * count * element size, runs that

@@ -828,8 +828,9 @@ cudaError_t fft_encode_cuda(const CodecConfig& c, uint32_t hash, const float* in
   cudaError_t e = lay_out(ws, g, stream, &scratch);
   if (e != cudaSuccess) return e;
   const EncodeScratch& a = *scratch;
-  // Full segments of an even length need no padding: their part of `real` is the input's, copied at
-  // the copy engine's rate; the kernel pads the rest (an odd length's every segment, else the tail).
+  // Full segments whose length is their FFT's need no padding: their part of `real` is the input's,
+  // copied at the copy engine's rate; the kernel pads the rest (every segment of another length, else
+  // the tail).
   size_t padded_from = 0;
   if (g.full && g.fft_length[0] == g.segment) {
     padded_from = g.real_offset(g.full);

@@ -23,10 +23,27 @@ namespace qccl::kernels {
 
 const char* fft_backend() { return QCCL_HAVE_FFTW ? "fftw" : "kissfft"; }
 
+// The smallest even length at or above `length` whose only prime factors are 2, 3 and 5. KissFFT
+// has butterflies for those radices and runs any other prime factor p as a loop of p per value, so
+// a segment's own length would make a tail of 155,658 values (2 x 3 x 25,943) cost seconds where
+// 262,144 values take 40 ms (FFTW and cuFFT slow down there too, less). Such lengths lie within a
+// few percent of any length, so the padding costs few bins; a power of two is its own.
+size_t fft_transform_length(size_t length) {
+  size_t best = 2;
+  while (best < length) best *= 2;
+  for (size_t even5 = 2; even5 < best; even5 *= 5)  // 2 x 5^c
+    for (size_t even35 = even5; even35 < best; even35 *= 3) {  // 2 x 3^b x 5^c
+      size_t n = even35;
+      while (n < length) n *= 2;
+      best = std::min(best, n);
+    }
+  return best;
+}
+
 FftShape fft_shape(const CodecConfig& c, size_t length) {
   FftShape s;
   s.length = length;
-  s.fft_length = length + (length & 1);  // KissFFT's real transform takes even lengths
+  s.fft_length = fft_transform_length(length);  // even: KissFFT's real transform takes no other
   s.bins = s.fft_length / 2 + 1;
   const double keep = std::ceil((1.0 - static_cast<double>(c.theta)) * static_cast<double>(s.bins));
   s.keep = std::min(s.bins, std::max<size_t>(1, static_cast<size_t>(keep)));
@@ -259,7 +276,8 @@ size_t pack_codes(const uint32_t* codes, size_t count, int bits, uint8_t* out) {
 void analyze_segment(const FftShape& shape, const float* in, kiss_fft_cpx* bins, FftWorkspace& ws) {
   const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
   std::memcpy(ws.real.data(), in, shape.length * sizeof(float));
-  if (shape.fft_length > shape.length) ws.real[shape.length] = 0.0f;
+  std::fill(ws.real.begin() + static_cast<std::ptrdiff_t>(shape.length),
+            ws.real.begin() + static_cast<std::ptrdiff_t>(shape.fft_length), 0.0f);
   plans.transform(ws.real.data(), bins, ws.bins.data());
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
   for (size_t k = 0; k < shape.bins; ++k) bins[k].r *= scale, bins[k].i *= scale;

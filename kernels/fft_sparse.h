@@ -32,13 +32,15 @@ namespace qccl::kernels {
 
 constexpr size_t kFftHeaderBytes = 16;
 
-// One segment's shape: its values, the FFT's length (even), the bins and the bins kept.
+// One segment's shape: its values, the FFT's length (the segment zero-padded to fft_transform_length),
+// the bins and the bins kept.
 struct FftShape {
   size_t length;
   size_t fft_length;
   size_t bins;
   size_t keep;
 };
+size_t fft_transform_length(size_t length);
 FftShape fft_shape(const CodecConfig& c, size_t length);
 // The host FFT this build uses: "kissfft", or "fftw" (-DQCCL_FFTW=ON). Part of the fft codec's hash
 // (CodecConfig::hash): the two round differently, so the ranks of a job must share one.

@@ -386,10 +386,10 @@ TEST_CASE("fft codec: Parseval and magnitude selection bound the error, non-expa
   for (size_t length : {size_t{256}, size_t{1000}, size_t{999}}) {
     std::vector<float> x(length);
     for (size_t i = 0; i < length; ++i) x[i] = normal(rng) + 0.1f * static_cast<float>(std::sin(0.05 * double(i)));
-    // The codec pads an odd segment with one zero: the identities hold for the padded vector, whose
-    // error bounds the error on the segment's own values from above.
+    // The codec pads a segment with zeros to its transform's length (999 to 1000): the identities
+    // hold for the padded vector, whose error bounds the error on the segment's own values from above.
     std::vector<float> padded = x;
-    if (length % 2) padded.push_back(0.0f);
+    padded.resize(fft_transform_length(length), 0.0f);
     const std::vector<std::complex<double>> X = dft(padded);
     double previous = std::numeric_limits<double>::infinity();
     for (double theta : {0.95, 0.9, 0.75, 0.5, 0.2, 0.0}) {
@@ -420,7 +420,7 @@ TEST_CASE("fft codec: Parseval and magnitude selection bound the error, non-expa
       // P1: the error's energy is the dropped bins' plus the sent bins' quantization (orthogonal in
       // the spectrum), up to float32 rounding of the transforms (1e-6 of |x| here).
       CHECK(err <= std::sqrt(dropped_energy + quantization) + 1e-6 * nx);
-      if (length % 2 == 0) CHECK(err >= std::sqrt(dropped_energy) - 1e-6 * nx);
+      if (s.fft_length == length) CHECK(err >= std::sqrt(dropped_energy) - 1e-6 * nx);
       // P3: magnitude selection drops at most theta_eff of the energy (the bins sent are among the K
       // largest; one whose parts both flushed to zero counts as dropped, and is below eps).
       CHECK(dropped_energy <= theta_eff * nx * nx * (1 + 1e-9) + 2 * eps * eps * double(s.bins));
@@ -622,14 +622,35 @@ TEST_CASE("fft codec: odd segments and tails, zero counts, whole-buffer API", "[
   CHECK(encode(c, nullptr, 0, nullptr, PhiloxKey{}, 0).bytes == 0);
 }
 
+TEST_CASE("fft codec: a segment's transform length is the smallest even 2-3-5 length at or above it", "[fft]") {
+  auto smooth_even = [](size_t n) {
+    if (n % 2) return false;
+    for (size_t p : {2, 3, 5})
+      while (n % p == 0) n /= p;
+    return n == 1;
+  };
+  size_t expected = 2;
+  for (size_t length = 1; length <= 20000; ++length) {
+    while (expected < length || !smooth_even(expected)) ++expected;
+    INFO("length " << length);
+    REQUIRE(fft_transform_length(length) == expected);
+    if (length >= 1000) CHECK(expected <= length * 1.067);  // the padding's bins: a few percent at most
+  }
+  CHECK(fft_transform_length(size_t{1} << 20) == size_t{1} << 20);  // powers of two keep their length
+  // A tail whose length has a large prime factor (2 x 3 x 25,943) is transformed at 2 x 5^7.
+  const CodecConfig c = parse_codec_spec("fft:segment=262144");
+  CHECK(fft_shape(c, 155658).fft_length == 156250);
+  CHECK(fft_shape(c, 155658).bins == 78126);
+}
+
 TEST_CASE("fft codec: spectra add before one inverse transform as the transforms add after (P6)", "[fft]") {
   const CodecConfig c = parse_codec_spec("fft:theta=0.6,bits=12,mant=6,max=16,segment=300");
-  const size_t count = 777;  // segments of 300, 300, 177
+  const size_t count = 777;  // segments of 300, 300, 177 (transformed at 180)
   std::mt19937 rng(4);
   std::normal_distribution<float> normal(0.0f, 0.4f);
   auto ws = take_fft_workspace();
   std::vector<float> spatial(count, 0.0f), spectrum(fft_spectrum_floats(c, count)), one(count), via(count);
-  CHECK(spectrum.size() == 2 * (151 + 151 + 90));
+  CHECK(spectrum.size() == 2 * (151 + 151 + 91));
   double scale = 0;
   for (int r = 0; r < 4; ++r) {
     std::vector<float> x(count);
