@@ -29,6 +29,7 @@ const char* fft_backend() { return QCCL_HAVE_FFTW ? "fftw" : "kissfft"; }
 // 262,144 values take 40 ms (FFTW and cuFFT slow down there too, less). Such lengths lie within a
 // few percent of any length, so the padding costs few bins; a power of two is its own.
 size_t fft_transform_length(size_t length) {
+  if (length > 2 && (length & (length - 1)) == 0) return length;  // at once for the usual segments
   size_t best = 2;
   while (best < length) best *= 2;
   for (size_t even5 = 2; even5 < best; even5 *= 5)  // 2 x 5^c
