@@ -24,6 +24,9 @@ namespace {
 constexpr uint32_t kFirstAgreementMessage = 0xfff0;
 constexpr uint32_t kPayloadMessages = kFirstAgreementMessage - 1;
 constexpr size_t kMaxAgreementRounds = 0x10000 - kFirstAgreementMessage;
+// How long a collective without agreement rounds makes no progress before it listens for a rooted
+// collective's first round (PlanExecution::listen_for_rooted).
+constexpr auto kStrayRoundDelay = std::chrono::milliseconds(100);
 
 using coll::rooted;
 
@@ -128,6 +131,7 @@ class PlanExecution final : public Execution {
   void start();
   bool poll_headers();
   bool poll_agreement();
+  bool listen_for_rooted();
   // Decodes a received header and fails (qcclMismatch, qcclRemoteError) unless it is what this rank
   // expects from link.peer.
   void check_header(const HeaderLink& link, size_t bytes) const;
@@ -184,6 +188,7 @@ class PlanExecution final : public Execution {
   std::vector<HeaderLink> header_recvs_;
   std::vector<AgreementRound> agreement_;  // Broadcast and Reduce on more than one rank
   size_t agreed_rounds_ = 0;               // rounds 0 .. agreed_rounds_ - 1 are checked
+  HeaderLink stray_round_;                 // the others, once stalled: round 0 from rank - 1
   bool started_ = false;
   bool headers_verified_ = false;
   size_t next_fragment_ = 0;
@@ -490,6 +495,40 @@ bool PlanExecution::poll_agreement() {
     next.sent = moved = true;
   }
   return moved;
+}
+
+// Broadcast, Reduce, Gather and Scatter send their header to rank + 1 at once (agreement round 0);
+// the other collectives send no rounds and post no receive for them. So where one rank called a
+// rooted collective and the others another one, their plans may share no link, no rank sees a header
+// that differs, and every rank would wait out QCCL_TIMEOUT. A call without rounds that has made no
+// progress for kStrayRoundDelay therefore listens for round 0 from rank - 1 (at once, it would cost
+// every call a receive to post and to cancel): going round the ring from a rooted rank, some rooted
+// rank's successor is one of these, and the round that reaches it is a mismatch. Its call cannot
+// complete meanwhile: its output needs the rooted rank's data, which no checked link brings.
+bool PlanExecution::listen_for_rooted() {
+  const coll::CollArgs& args = plan_->args();
+  if (stray_round_.done || identity_.p2p || args.nranks < 2 || !started_) return false;
+  if (stray_round_.handle.empty()) {
+    if (Clock::now() - last_progress_ < kStrayRoundDelay) return false;
+    stray_round_.peer = (args.rank - 1 + args.nranks) % args.nranks;
+    stray_round_.handle = transport_.irecv(stray_round_.peer, key(kFirstAgreementMessage), kIgnoredBits,
+                                           stray_round_.bytes.get(), FrameHeader::kBytes);
+  }
+  transport::Completion done;
+  std::string error;
+  switch (transport_.test(stray_round_.handle, &done, &error)) {
+    case transport::Poll::kPending:
+      return false;
+    case transport::Poll::kFailed:
+      fail(qcclRemoteError, "%s: listening for a rooted collective's frame header from %s failed: %s",
+           identity_.expected.describe().c_str(), name(stray_round_.peer).c_str(), error.c_str());
+    case transport::Poll::kDone:
+      break;
+  }
+  stray_round_.done = true;
+  check_header(stray_round_, done.bytes);  // fails: the header is a rooted collective's
+  fail(qcclMismatch, "%s: %s sent an agreement round, which only Broadcast, Reduce, Gather and Scatter send",
+       identity_.expected.describe().c_str(), name(stray_round_.peer).c_str());
 }
 
 // Wire A: true once the transfer may be posted (every rank agrees on the call), the group open.
@@ -799,13 +838,14 @@ bool PlanExecution::advance() {
     moved = true;
   }
   moved |= poll_headers();
-  if (!agreement_.empty()) moved |= poll_agreement();
+  moved |= agreement_.empty() ? listen_for_rooted() : poll_agreement();
   if (device_)
     for (Slot& slot : slots_)
       for (Transfer& t : slot.transfers) moved |= post_staged_send(t);
   for (Slot& slot : slots_) moved |= run(slot);
   if (device_) moved |= finish_on_device();
   if (moved) last_progress_ = Clock::now();
+  if (!stray_round_.handle.empty() && finished()) transport_.cancel(stray_round_.handle);  // nobody sent it
   return moved;
 }
 
@@ -852,6 +892,7 @@ void PlanExecution::cancel() {
     abandon(round.send);
     abandon(round.recv);
   }
+  abandon(stray_round_);
 }
 
 std::string PlanExecution::waiting_for() const {

@@ -24,7 +24,9 @@
 // announced the same header. The operation finishes only then: a disagreement anywhere fails the
 // rank that sees it (qcclMismatch, which the control plane relays to every rank), while every other
 // rank waits for a round that never comes and learns of it through the relay. The payload does not
-// wait for the rounds; only completion does.
+// wait for the rounds; only completion does. Other collectives send no rounds, but one that has made
+// no progress for a while listens for round 0 from rank - 1, in case a rank there called a rooted
+// collective where this one did not (their plans may share no link either).
 //
 // Payload keys (src/message_key.h) carry the fragment, not a per-message id: plans are ordered (plan.h),
 // so the messages of one fragment between two ranks match in program order, and fragments in flight

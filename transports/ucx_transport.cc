@@ -215,9 +215,13 @@ void UcxTransport::cancel(Handle& handle) {
   if (handle.request) {
     if (handle.receive) {
       // A receive that has matched may still have a rendezvous read queued; it is freed only once
-      // UCX has finished with it (see the destructor).
+      // UCX has finished with it (see the destructor). One that matched nothing is withdrawn at once,
+      // and freed now: a collective that listened for a message nobody sent cancels one at its end.
       ucp_request_cancel(worker_, handle.request);
-      abandoned_receives_.push_back(handle.request);
+      if (ucp_request_check_status(handle.request) != UCS_INPROGRESS)
+        ucp_request_free(handle.request);
+      else
+        abandoned_receives_.push_back(handle.request);
     } else {
       ucp_request_free(handle.request);  // released by UCX whenever it completes
     }

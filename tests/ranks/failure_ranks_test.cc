@@ -22,11 +22,12 @@ struct Job {
   qcclComm_t comm = nullptr;
   int rank = 0;
   int size = 1;
-  Job() {
+  // Most scenarios need a rank that is neither the hub nor the failing one.
+  explicit Job(int min_size = 3) {
     QCCL_REQUIRE_OK(qcclCommInitEnv(&comm, nullptr));
     qcclCommUserRank(comm, &rank);
     qcclCommCount(comm, &size);
-    REQUIRE(size >= 3);  // scenarios need a rank that is neither the hub nor the failing one
+    REQUIRE(size >= min_size);
   }
 };
 
@@ -94,6 +95,27 @@ pid_t listener_pid(int port) {
   }
   if (proc) closedir(proc);
   return found;
+}
+
+// The scenarios that run many cases on one job: a communicator of the world's ranks for each case
+// (a mismatch breaks the one it happens on), and the check that every rank's call returned `expected`,
+// made on the world communicator once every rank has returned, before any aborts (an abort tells the
+// peers, whose calls would then fail with qcclRemoteError instead).
+qcclComm_t fresh_comm(qcclComm_t world, int rank, int size, qcclConfig_t* config = nullptr) {
+  qcclUniqueId id;
+  if (rank == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, world));
+  qcclComm_t comm = nullptr;
+  QCCL_REQUIRE_OK(config ? qcclCommInitRankConfig(&comm, size, id, rank, config)
+                         : qcclCommInitRank(&comm, size, id, rank));
+  return comm;
+}
+
+void check_every_rank_returned(qcclComm_t world, int size, qcclResult_t result, qcclResult_t expected) {
+  const int32_t code = result;
+  std::vector<int32_t> codes(size);
+  QCCL_REQUIRE_OK(qcclAllGather(&code, codes.data(), 1, qcclInt32, world));
+  for (int r = 0; r < size; ++r) CHECK(codes[r] == expected);
 }
 
 }  // namespace
@@ -296,12 +318,8 @@ TEST_CASE("IntSGD states with different learning rates: every rank fails with qc
 // every algorithm, small and large, never succeed with another rank's data or wait for QCCL_TIMEOUT.
 // The same holds for a count that differs on one rank only, which the ranks upstream of it never hear.
 TEST_CASE("ranks that pass different roots: every rank fails with qcclMismatch naming both", "[root-mismatch]") {
-  qcclComm_t world = nullptr;
-  QCCL_REQUIRE_OK(qcclCommInitEnv(&world, nullptr));
-  int rank = 0, size = 1;
-  qcclCommUserRank(world, &rank);
-  qcclCommCount(world, &size);
-  REQUIRE(size >= 2);
+  Job world(2);
+  const int rank = world.rank, size = world.size;
   // The odd rank passes root 0 (or half the count) where the others pass root 1 (and the count).
   struct Disagreement {
     int odd_rank;
@@ -317,15 +335,11 @@ TEST_CASE("ranks that pass different roots: every rank fails with qcclMismatch n
           const size_t count = odd && d.on_count ? full / 2 : full;
           INFO(coll << " via " << algorithm << ", " << full << " floats, rank " << d.odd_rank << " passes "
                     << (d.on_count ? "half the count" : "root 0, the others root 1") << "; this rank " << rank);
-          // A fresh communicator for each case (a mismatch breaks it), forced to `algorithm`.
-          qcclUniqueId id;
-          if (rank == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
-          QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, world));
+          // A fresh communicator for each case, forced to `algorithm`.
           const std::string algorithms = std::string(coll) + "=" + algorithm;
           qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
           config.algorithms = algorithms.c_str();
-          qcclComm_t comm = nullptr;
-          QCCL_REQUIRE_OK(qcclCommInitRankConfig(&comm, size, id, rank, &config));
+          qcclComm_t comm = fresh_comm(world.comm, rank, size, &config);
           std::vector<float> in(full, static_cast<float>(rank + 1)), out(full, -1.0f);
           auto call = [&](int r, size_t n) {
             return coll[0] == 'b' ? qcclBroadcast(in.data(), out.data(), n, qcclFloat32, r, comm)
@@ -348,15 +362,75 @@ TEST_CASE("ranks that pass different roots: every rank fails with qcclMismatch n
           qcclResult_t async = qcclSuccess;
           QCCL_REQUIRE_OK(qcclCommGetAsyncError(comm, &async));
           CHECK(async == qcclMismatch);
-          // Every rank has returned before any aborts (an abort tells the peers, whose calls would
-          // then fail with qcclRemoteError instead): the world communicator is intact.
-          const int32_t code = result;
-          std::vector<int32_t> codes(size);
-          QCCL_REQUIRE_OK(qcclAllGather(&code, codes.data(), 1, qcclInt32, world));
-          for (int r = 0; r < size; ++r) CHECK(codes[r] == qcclMismatch);
+          check_every_rank_returned(world.comm, size, result, qcclMismatch);
           CHECK(qcclCommAbort(comm) == qcclSuccess);
         }
-  QCCL_REQUIRE_OK(qcclCommDestroy(world));
+  QCCL_REQUIRE_OK(qcclCommDestroy(world.comm));
+}
+
+// One rank calls a rooted collective (Broadcast, Reduce) where the others call a collective without a
+// root (AllReduce, AllGather): their plans may share no link that a frame header crosses (3 ranks,
+// recursive doubling against a binomial tree), and the rooted rank's agreement rounds go to ranks
+// that never answer them. Every rank must fail with qcclMismatch naming both calls, not wait for
+// QCCL_TIMEOUT, at 2, 3 and 4 ranks, small and large, whichever rank is the odd one.
+TEST_CASE("a rooted collective where the others call one without a root: every rank fails with qcclMismatch",
+          "[rooted-mismatch]") {
+  Job world(2);
+  const int rank = world.rank, size = world.size;
+  for (const char* rooted : {"Broadcast", "Reduce"})
+    for (const char* other : {"AllReduce", "AllGather"})
+      for (size_t count : {size_t{100}, size_t{1} << 20})  // eager, and rendezvous in the ring
+        for (int odd_rank : {0, size - 1}) {
+          INFO(rooted << " on rank " << odd_rank << ", " << other << " on the others, " << count
+                      << " floats; this rank " << rank);
+          qcclComm_t comm = fresh_comm(world.comm, rank, size);
+          std::vector<float> in(count, 1.0f), out(count * static_cast<size_t>(size));
+          qcclResult_t result;
+          if (rank == odd_rank)
+            result = rooted[0] == 'B' ? qcclBroadcast(in.data(), out.data(), count, qcclFloat32, 0, comm)
+                                      : qcclReduce(in.data(), out.data(), count, qcclFloat32, qcclSum, 0, comm);
+          else
+            result = other[3] == 'R' ? qcclAllReduce(in.data(), out.data(), count, qcclFloat32, qcclSum, comm)
+                                     : qcclAllGather(in.data(), out.data(), count, qcclFloat32, comm);
+          const std::string error = last_error();
+          CHECK(result == qcclMismatch);
+          CHECK_THAT(error, Catch::Contains(std::string(rooted) + "(count=" + std::to_string(count)) &&
+                                Catch::Contains(std::string(other) + "(count=" + std::to_string(count)));
+          check_every_rank_returned(world.comm, size, result, qcclMismatch);
+          CHECK(qcclCommAbort(comm) == qcclSuccess);
+        }
+  QCCL_REQUIRE_OK(qcclCommDestroy(world.comm));
+}
+
+// The listening above starts when a call stalls; a rank that arrives late stalls the others without
+// any disagreement. Calls without a root and rooted ones, each with one rank 300 ms late (the others
+// listen, then withdraw the receive at the end), must all succeed with the right sums, and nothing
+// they listened for may match a later call.
+TEST_CASE("a rank that arrives late: the others wait and succeed, rooted calls after them too", "[late-rank]") {
+  Job job;
+  warm_up(job);
+  const size_t count = 1000;
+  const float n = static_cast<float>(job.size);
+  std::vector<float> x(count, static_cast<float>(job.rank + 1)), y(count * static_cast<size_t>(job.size));
+  for (int round = 0; round < 2; ++round) {
+    const int late = round % job.size;
+    auto arrive = [&] {
+      if (job.rank == late) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    };
+    arrive();
+    QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), count, qcclFloat32, qcclSum, job.comm));
+    CHECK(y[count - 1] == n * (n + 1) / 2);
+    arrive();
+    QCCL_REQUIRE_OK(qcclAllGather(x.data(), y.data(), count, qcclFloat32, job.comm));
+    CHECK(y[count * static_cast<size_t>(job.size) - 1] == n);
+    arrive();
+    QCCL_REQUIRE_OK(qcclReduce(x.data(), y.data(), count, qcclFloat32, qcclSum, 0, job.comm));
+    if (job.rank == 0) CHECK(y[0] == n * (n + 1) / 2);
+    arrive();
+    QCCL_REQUIRE_OK(qcclBroadcast(x.data(), y.data(), count, qcclFloat32, job.size - 1, job.comm));
+    CHECK(y[0] == n);
+  }
+  QCCL_REQUIRE_OK(qcclCommDestroy(job.comm));
 }
 
 TEST_CASE("an aggregator that dies fails agg=switch calls with qcclRemoteError naming it", "[aggregator-dies]") {
