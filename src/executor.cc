@@ -509,7 +509,8 @@ bool PlanExecution::listen_for_rooted() {
   const coll::CollArgs& args = plan_->args();
   if (stray_round_.done || identity_.p2p || args.nranks < 2 || !started_) return false;
   if (stray_round_.handle.empty()) {
-    if (Clock::now() - last_progress_ < kStrayRoundDelay) return false;
+    // (A finished call may still be advanced while it waits to complete after an older one.)
+    if (Clock::now() - last_progress_ < kStrayRoundDelay || finished()) return false;
     stray_round_.peer = (args.rank - 1 + args.nranks) % args.nranks;
     stray_round_.handle = transport_.irecv(stray_round_.peer, key(kFirstAgreementMessage), kIgnoredBits,
                                            stray_round_.bytes.get(), FrameHeader::kBytes);
@@ -845,7 +846,10 @@ bool PlanExecution::advance() {
   for (Slot& slot : slots_) moved |= run(slot);
   if (device_) moved |= finish_on_device();
   if (moved) last_progress_ = Clock::now();
-  if (!stray_round_.handle.empty() && finished()) transport_.cancel(stray_round_.handle);  // nobody sent it
+  if (!stray_round_.handle.empty() && finished()) {  // nobody sent it
+    transport_.cancel(stray_round_.handle);
+    stray_round_.done = true;
+  }
   return moved;
 }
 
