@@ -188,7 +188,7 @@ class PlanExecution final : public Execution {
   std::vector<HeaderLink> header_recvs_;
   std::vector<AgreementRound> agreement_;  // Broadcast and Reduce on more than one rank
   size_t agreed_rounds_ = 0;               // rounds 0 .. agreed_rounds_ - 1 are checked
-  HeaderLink stray_round_;                 // the others, once stalled: round 0 from rank - 1
+  HeaderLink stray_round_;                 // calls without rounds, once stalled (listen_for_rooted)
   bool started_ = false;
   bool headers_verified_ = false;
   size_t next_fragment_ = 0;
@@ -503,8 +503,9 @@ bool PlanExecution::poll_agreement() {
 // that differs, and every rank would wait out QCCL_TIMEOUT. A call without rounds that has made no
 // progress for kStrayRoundDelay therefore listens for round 0 from rank - 1 (at once, it would cost
 // every call a receive to post and to cancel): going round the ring from a rooted rank, some rooted
-// rank's successor is one of these, and the round that reaches it is a mismatch. Its call cannot
-// complete meanwhile: its output needs the rooted rank's data, which no checked link brings.
+// rank's successor is one of these, and the round that reaches it is a mismatch. Meanwhile its call
+// cannot complete: its output needs the rooted rank's data, and a link that carried it would have
+// shown the rooted rank's header.
 bool PlanExecution::listen_for_rooted() {
   const coll::CollArgs& args = plan_->args();
   if (stray_round_.done || identity_.p2p || args.nranks < 2 || !started_) return false;
