@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import operator
 import warnings
 from typing import Any, Iterator, Optional, Sequence
 
@@ -217,6 +218,7 @@ class Communicator:
 
     def broadcast(self, tensor: Any, src: int = 0, *, out: Any = None, async_op: bool = False) -> Optional[Request]:
         """Rank ``src``'s ``tensor`` into every rank's ``out`` (or ``tensor``, in place)."""
+        self._peer(src, "src")
         send = describe(tensor, "tensor", writable=out is None)
         dst = send if out is None else self._out(out, send, "out", send.count, "the size of tensor")
         return self._comm.broadcast(send.address, dst.address, send.count, send.dtype, src, async_op,
@@ -225,6 +227,7 @@ class Communicator:
     def reduce(self, tensor: Any, dst: int = 0, op: "ReduceOp | str" = ReduceOp.SUM, *, out: Any = None,
                async_op: bool = False) -> Optional[Request]:
         """op over ranks of ``tensor``, into ``out`` (or ``tensor``) on rank ``dst`` only."""
+        self._peer(dst, "dst")
         send = describe(tensor, "tensor", writable=out is None and self._rank == dst)
         recv = send
         if out is not None and self._rank == dst:
@@ -271,6 +274,7 @@ class Communicator:
 
     def gather(self, tensor: Any, output: Any = None, dst: int = 0, *, async_op: bool = False) -> Optional[Request]:
         """Every rank's ``tensor`` into rank ``dst``'s ``output`` in rank order (others pass None)."""
+        self._peer(dst, "dst")
         send = describe(tensor, "tensor", writable=False)
         address = 0
         if self._rank == dst:
@@ -283,6 +287,7 @@ class Communicator:
 
     def scatter(self, tensor: Any, input: Any = None, src: int = 0, *, async_op: bool = False) -> Optional[Request]:
         """Block ``rank`` of rank ``src``'s ``input`` into every rank's ``tensor`` (others pass None)."""
+        self._peer(src, "src")
         recv = describe(tensor, "tensor", writable=True)
         address = 0
         if self._rank == src:
@@ -299,6 +304,7 @@ class Communicator:
              async_op: bool = False) -> Optional[Request]:
         """Sends ``tensor`` to rank ``dst``, which calls :meth:`recv` with the same size, type and
         codec.  Two ranks sending to each other use ``async_op=True`` or :func:`qccl.group`."""
+        self._peer(dst, "dst")
         b = describe(tensor, "tensor", writable=False)
         return self._comm.send(b.address, b.count, b.dtype, dst, _codec(codec), async_op,
                                tensor if async_op else None)
@@ -306,6 +312,7 @@ class Communicator:
     def recv(self, tensor: Any, src: int, *, codec: "str | Codec | None" = None,
              async_op: bool = False) -> Optional[Request]:
         """Receives rank ``src``'s :meth:`send` into ``tensor``."""
+        self._peer(src, "src")
         b = describe(tensor, "tensor", writable=True)
         return self._comm.recv(b.address, b.count, b.dtype, src, _codec(codec), async_op,
                                tensor if async_op else None)
@@ -324,6 +331,7 @@ class Communicator:
         run one after the other in call order; with ``async_op=True`` the call returns a
         :class:`Request` (the tensor stays qccl's until it completes), and inside :func:`qccl.group`
         it starts at the group's end."""
+        self._peer(dst, "dst")
         b = describe(tensor, "tensor", writable=False)
         keys = self._keys(keys, b, store)
         return self._comm.delta_send(b.address, keys, b.dtype, store._store, dst, async_op,
@@ -332,6 +340,7 @@ class Communicator:
     def delta_recv(self, tensor: Any, keys: Sequence[int], store: DeltaStore, src: int, *,
                    async_op: bool = False) -> Optional[Request]:
         """Receives rank ``src``'s :meth:`delta_send` (same keys, in order) into ``tensor``."""
+        self._peer(src, "src")
         b = describe(tensor, "tensor", writable=True)
         keys = self._keys(keys, b, store)
         return self._comm.delta_recv(b.address, keys, b.dtype, store._store, src, async_op,
@@ -344,6 +353,16 @@ class Communicator:
         self.all_reduce(token)
 
     # ---- Helpers --------------------------------------------------------------------------------
+    def _peer(self, rank: Any, name: str) -> None:
+        """Refuses a root or peer that is not a rank here, naming the argument as the caller passed it
+        (qccl's own message would say root or peer)."""
+        try:
+            value = operator.index(rank)  # int, numpy's integers, ...
+        except TypeError:
+            value = None
+        if isinstance(rank, bool) or value is None or not 0 <= value < self._size:
+            raise InvalidArgument(f"{name}: {rank!r} is not a rank of this communicator (0..{self._size - 1})")
+
     @staticmethod
     def _out(x: Any, like: Buffer, name: str, count: int, why: str) -> Buffer:
         b = describe(x, name, writable=True)

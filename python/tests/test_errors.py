@@ -31,8 +31,17 @@ def test_local_errors_leave_the_communicator_intact(comm):
         comm.all_reduce([1.0, 2.0])
     with pytest.raises(qccl.InvalidArgument, match="op: 'median'"):
         comm.all_reduce(x, "median")
-    with pytest.raises(qccl.InvalidArgument, match="root"):
-        comm.broadcast(x, comm.size)  # qccl's own check, with its message
+    with pytest.raises(qccl.InvalidArgument, match=rf"src: {comm.size} is not a rank .*\(0\.\.{comm.size - 1}\)"):
+        comm.broadcast(x, comm.size)
+    with pytest.raises(qccl.InvalidArgument, match="dst: -1 is not a rank"):
+        comm.reduce(x, -1)
+    with pytest.raises(qccl.InvalidArgument, match="dst: 1.5 is not a rank"):
+        comm.send(x, 1.5)
+    with pytest.raises(qccl.InvalidArgument, match="src: True is not a rank"):
+        comm.recv(x, True)
+    with pytest.raises(qccl.InvalidArgument, match=f"dst: {comm.size} is not a rank"):
+        comm.gather(x, None, comm.size)
+    comm.broadcast(x, np.int64(comm.size - 1))  # numpy's integers are ranks too
     with pytest.raises(qccl.InvalidArgument, match="qcclAllReduceCompressed.*datatype"):
         comm.all_reduce(np.ones(10, np.int32), codec="q8")  # codecs take floating types only
     with pytest.raises(ValueError):  # the subclasses are the built-in exceptions too
