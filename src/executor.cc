@@ -131,7 +131,7 @@ class PlanExecution final : public Execution {
   void start();
   bool poll_headers();
   bool poll_agreement();
-  bool listen_for_rooted();
+  void listen_for_rooted();
   // Decodes a received header and fails (qcclMismatch, qcclRemoteError) unless it is what this rank
   // expects from link.peer.
   void check_header(const HeaderLink& link, size_t bytes) const;
@@ -506,12 +506,13 @@ bool PlanExecution::poll_agreement() {
 // rank's successor is one of these, and the round that reaches it is a mismatch. Meanwhile its call
 // cannot complete: its output needs the rooted rank's data, and a link that carried it would have
 // shown the rooted rank's header.
-bool PlanExecution::listen_for_rooted() {
+// Called on the passes that moved nothing (it fails the call or leaves it as it was).
+void PlanExecution::listen_for_rooted() {
   const coll::CollArgs& args = plan_->args();
-  if (stray_round_.done || identity_.p2p || args.nranks < 2 || !started_) return false;
+  if (stray_round_.done || identity_.p2p || args.nranks < 2) return;
   if (stray_round_.handle.empty()) {
     // (A finished call may still be advanced while it waits to complete after an older one.)
-    if (Clock::now() - last_progress_ < kStrayRoundDelay || finished()) return false;
+    if (Clock::now() - last_progress_ < kStrayRoundDelay || finished()) return;
     stray_round_.peer = (args.rank - 1 + args.nranks) % args.nranks;
     stray_round_.handle = transport_.irecv(stray_round_.peer, key(kFirstAgreementMessage), kIgnoredBits,
                                            stray_round_.bytes.get(), FrameHeader::kBytes);
@@ -520,7 +521,7 @@ bool PlanExecution::listen_for_rooted() {
   std::string error;
   switch (transport_.test(stray_round_.handle, &done, &error)) {
     case transport::Poll::kPending:
-      return false;
+      return;
     case transport::Poll::kFailed:
       fail(qcclRemoteError, "%s: listening for a rooted collective's frame header from %s failed: %s",
            identity_.expected.describe().c_str(), name(stray_round_.peer).c_str(), error.c_str());
@@ -840,13 +841,16 @@ bool PlanExecution::advance() {
     moved = true;
   }
   moved |= poll_headers();
-  moved |= agreement_.empty() ? listen_for_rooted() : poll_agreement();
+  if (!agreement_.empty()) moved |= poll_agreement();
   if (device_)
     for (Slot& slot : slots_)
       for (Transfer& t : slot.transfers) moved |= post_staged_send(t);
   for (Slot& slot : slots_) moved |= run(slot);
   if (device_) moved |= finish_on_device();
-  if (moved) last_progress_ = Clock::now();
+  if (moved)
+    last_progress_ = Clock::now();
+  else if (agreement_.empty())
+    listen_for_rooted();
   if (!stray_round_.handle.empty() && finished()) {  // nobody sent it
     transport_.cancel(stray_round_.handle);
     stray_round_.done = true;
