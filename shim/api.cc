@@ -224,7 +224,7 @@ NCCL_SHIM_API(ncclResult_t, ncclCommSplit,
               (ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config)) {
   FROM_REAL(CommSplit, comm, color, key, newcomm, config);
   FOREIGN(comm, CommSplit, comm, color, key, newcomm, config);
-  return entry("ncclCommSplit", [&] { return split(*usable(comm), color, key, newcomm, config); });
+  return entry("ncclCommSplit", [&] { return split(usable(comm), color, key, newcomm, config); });
 }
 
 NCCL_SHIM_API(ncclResult_t, ncclCommShrink,

@@ -160,7 +160,7 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int 
   if (in_group()) {  // NCCL initialises grouped communicators together at ncclGroupEnd
     c->init_state.store(1);
     *out = register_comm(c);
-    defer_init(c, request);
+    defer_init({c, [request](Comm& made) { run_init(made, request); }, nullptr, rank, true});
     return ncclSuccess;
   }
   if (!blocking) {
@@ -202,42 +202,59 @@ void init_all(ncclComm_t* comms, int ndev, const int* devlist) {
   for (int r = 0; r < ndev; ++r) comms[r] = register_comm(made[r]);
 }
 
-ncclResult_t split(Comm& parent, int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config) {
+namespace {
+
+// This rank's part of qcclCommSplit, collective over the parent's ranks: makes child, or leaves it
+// without a communicator where color is NCCL_SPLIT_NOCOLOR.
+void run_split(Comm& child, qcclComm_t parent, int color, int key) {
+  try {
+    std::unique_ptr<CodecPolicy> policy = CodecPolicy::from_env();
+    qcclConfig_t qc = qccl_config();
+    qcclComm_t q = nullptr;
+    check_qccl(qcclCommSplit(parent, color, key, &q, &qc), "qcclCommSplit");
+    if (q) {
+      qcclCommCount(q, &child.nranks);
+      qcclCommUserRank(q, &child.rank);
+      attach(child, q, std::move(policy));
+    }
+    child.init_result = ncclSuccess;
+  } catch (const ShimError& e) {
+    child.init_result = e.code;
+    child.init_error = e.message;
+  }
+  child.init_state.store(0);
+}
+
+}  // namespace
+
+ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config) {
   if (!newcomm) fail(ncclInvalidArgument, "newcomm = NULL");
-  if (in_group()) fail(ncclInvalidUsage, "called between ncclGroupStart and ncclGroupEnd: qccl cannot defer a split");
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
     fail(ncclInvalidArgument, "color = %d; it must be >= 0 or NCCL_SPLIT_NOCOLOR", color);
-  const bool blocking = config ? config_blocking(config, "ncclCommSplit") : parent.blocking;
+  const bool blocking = config ? config_blocking(config, "ncclCommSplit") : parent->blocking;
+  const bool joins = color != NCCL_SPLIT_NOCOLOR;
   auto c = std::make_shared<Comm>();
-  c->device = parent.device;
+  c->device = parent->device;
   c->blocking = blocking;
-  qcclComm_t pq = parent.q.load();
-  auto run = [pq, color, key](Comm& child) {
-    try {
-      std::unique_ptr<CodecPolicy> policy = CodecPolicy::from_env();
-      qcclConfig_t qc = qccl_config();
-      qcclComm_t q = nullptr;
-      check_qccl(qcclCommSplit(pq, color, key, &q, &qc), "qcclCommSplit");
-      if (q) {
-        qcclCommCount(q, &child.nranks);
-        qcclCommUserRank(q, &child.rank);
-        attach(child, q, std::move(policy));
-      }
-      child.init_result = ncclSuccess;
-    } catch (const ShimError& e) {
-      child.init_result = e.code;
-      child.init_error = e.message;
-    }
-    child.init_state.store(0);
-  };
-  // A rank that joins no communicator gets NULL at once (it still takes part in the exchange).
-  if (!blocking && color != NCCL_SPLIT_NOCOLOR) {
+  if (in_group()) {
+    // As NCCL: the handle now (NULL for a rank that joins none, which still takes part), the split at
+    // the outermost ncclGroupEnd, together with the group's other splits and inits.
     c->init_state.store(1);
-    c->init_thread = std::thread([c, run] { run(*c); });
+    *newcomm = joins ? register_comm(c) : nullptr;
+    // The job holds the parent, so that it splits what was passed even if the handle is destroyed first.
+    defer_init({c, [parent, color, key](Comm& child) { run_split(child, parent->q.load(), color, key); }, parent.get(),
+                parent->rank, joins});
+    return ncclSuccess;
+  }
+  qcclComm_t pq = parent->q.load();
+  // A rank that joins no communicator gets NULL at once (it still takes part in the exchange).
+  if (!blocking && joins) {
+    c->init_state.store(1);
+    c->init_thread = std::thread([c, pq, color, key] { run_split(*c, pq, color, key); });
     *newcomm = register_comm(c);
     return ncclInProgress;
   }
-  run(*c);
+  run_split(*c, pq, color, key);
   if (c->init_result != ncclSuccess) throw ShimError{c->init_result, c->init_error};
   *newcomm = c->q.load() ? register_comm(c) : nullptr;
   return ncclSuccess;

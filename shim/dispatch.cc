@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <optional>
+#include <unordered_map>
 
 #include "shim/codec_policy.h"
 
@@ -345,19 +346,35 @@ void check_real(ncclResult_t r) {
 struct Group {
   int depth = 0;
   std::vector<Call> calls;
-  std::vector<std::pair<CommRef, InitRequest>> inits;
+  std::vector<DeferredInit> inits;
 };
 thread_local Group t_group;
 
-void run_inits(std::vector<std::pair<CommRef, InitRequest>>& inits) {
+void run_inits(std::vector<DeferredInit>& inits) {
+  std::vector<std::vector<DeferredInit*>> lanes;  // one thread each
+  std::unordered_map<const Comm*, size_t> lane_of_parent;
+  for (DeferredInit& init : inits) {
+    if (!init.parent) {
+      lanes.push_back({&init});
+      continue;
+    }
+    auto [it, fresh] = lane_of_parent.emplace(init.parent, lanes.size());
+    if (fresh) lanes.emplace_back();
+    lanes[it->second].push_back(&init);
+  }
   std::vector<std::thread> threads;
-  for (auto& [c, request] : inits) threads.emplace_back([&c = c, &request = request] { run_init(*c, request); });
+  for (auto& lane : lanes)
+    threads.emplace_back([&lane] {
+      for (DeferredInit* init : lane) init->run(*init->c);
+    });
   for (auto& t : threads) t.join();
   std::vector<CommRef> members;
-  for (auto& [c, request] : inits) members.push_back(c);
+  for (DeferredInit& init : inits)
+    if (init.handed_out) members.push_back(init.c);
   make_clique(members);
-  for (auto& [c, request] : inits)
-    if (c->init_result != ncclSuccess) throw ShimError{c->init_result, "rank " + std::to_string(request.rank) + ": " + c->init_error};
+  for (DeferredInit& init : inits)
+    if (init.c->init_result != ncclSuccess)
+      throw ShimError{init.c->init_result, "rank " + std::to_string(init.rank) + ": " + init.c->init_error};
 }
 
 }  // namespace
@@ -366,7 +383,7 @@ bool in_group() { return t_group.depth > 0; }
 
 void group_start() { ++t_group.depth; }
 
-void defer_init(CommRef c, InitRequest request) { t_group.inits.emplace_back(std::move(c), request); }
+void defer_init(DeferredInit init) { t_group.inits.push_back(std::move(init)); }
 
 ncclResult_t group_end() {
   if (t_group.depth == 0) fail(ncclInvalidUsage, "no ncclGroupStart to end");

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdarg>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -188,7 +189,7 @@ struct InitRequest {
 };
 ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config);
 void init_all(ncclComm_t* comms, int ndev, const int* devlist);
-ncclResult_t split(Comm& parent, int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config);
+ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config);
 void finalize(const CommRef& c);
 // Comms initialised together in this process (see Comm::clique).
 void make_clique(const std::vector<CommRef>& members);
@@ -206,7 +207,17 @@ bool config_blocking(const ncclConfig_t* config, const char* call);
 bool in_group();
 void group_start();
 ncclResult_t group_end();
-// InitRank calls made inside a group: run together (threads) at the outermost ncclGroupEnd.
-void defer_init(CommRef c, InitRequest request);
+// A communicator's creation (InitRank or Split) called inside a group, run at the outermost
+// ncclGroupEnd beside the group's others: `run` makes c (its init_result, then init_state 0). The
+// splits of one parent run in the order called, on one thread; everything else on its own thread, as
+// the ranks one process holds must all take part at once.
+struct DeferredInit {
+  CommRef c;
+  std::function<void(Comm&)> run;
+  const Comm* parent;  // the communicator split, or null
+  int rank;            // in the parent or the new communicator, for messages
+  bool handed_out;     // false for a split's NCCL_SPLIT_NOCOLOR rank: the caller holds no handle
+};
+void defer_init(DeferredInit init);
 
 }  // namespace qccl_nccl

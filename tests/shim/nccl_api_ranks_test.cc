@@ -520,6 +520,72 @@ TEST_CASE("ncclCommInitAll: several ranks in one process, driven from one thread
   for (int r = 0; r < kRanks; ++r) NCCL_REQUIRE_OK(ncclCommDestroy(comms[r]));  // one thread, one by one
 }
 
+TEST_CASE("splits inside a group: one thread splits the communicators of several ranks", "[splitgroup]") {
+  // Local to each process, as ncclCommInitAll: four ranks, each split twice in one group (a parent
+  // split twice splits in the order called): by parity, ranked in reverse (key = -rank), rank 0 in
+  // neither; then all four, ranked in reverse again.
+  constexpr int kRanks = 4;
+  ncclComm_t comms[kRanks], parity[kRanks], whole[kRanks];
+  NCCL_REQUIRE_OK(ncclCommInitAll(comms, kRanks, nullptr));
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  for (int r = 0; r < kRanks; ++r) {
+    NCCL_REQUIRE_OK(ncclCommSplit(comms[r], r == 0 ? NCCL_SPLIT_NOCOLOR : r % 2, -r, &parity[r], nullptr));
+    NCCL_REQUIRE_OK(ncclCommSplit(comms[r], 0, kRanks - r, &whole[r], nullptr));
+  }
+  NCCL_REQUIRE_OK(ncclGroupEnd());
+  CHECK(parity[0] == nullptr);
+  // parity 1 is {3, 1}, parity 0 is {2}; whole is {3, 2, 1, 0}.
+  const int parity_size[kRanks] = {0, 2, 1, 2}, parity_rank[kRanks] = {-1, 1, 0, 0};
+  for (int r = 0; r < kRanks; ++r) {
+    int n = -1, rank = -1;
+    NCCL_REQUIRE_OK(ncclCommCount(whole[r], &n));
+    NCCL_REQUIRE_OK(ncclCommUserRank(whole[r], &rank));
+    CHECK(n == kRanks);
+    CHECK(rank == kRanks - 1 - r);
+    if (r == 0) continue;
+    REQUIRE(parity[r] != nullptr);
+    NCCL_REQUIRE_OK(ncclCommCount(parity[r], &n));
+    NCCL_REQUIRE_OK(ncclCommUserRank(parity[r], &rank));
+    CHECK(n == parity_size[r]);
+    CHECK(rank == parity_rank[r]);
+  }
+  // Each child sums r + 1 over its members.
+  int32_t in[kRanks], whole_sum[kRanks], parity_sum[kRanks];
+  for (int r = 0; r < kRanks; ++r) in[r] = r + 1;
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  for (int r = 0; r < kRanks; ++r) {
+    NCCL_REQUIRE_OK(ncclAllReduce(&in[r], &whole_sum[r], 1, ncclInt32, ncclSum, whole[r], nullptr));
+    if (parity[r]) NCCL_REQUIRE_OK(ncclAllReduce(&in[r], &parity_sum[r], 1, ncclInt32, ncclSum, parity[r], nullptr));
+  }
+  NCCL_REQUIRE_OK(ncclGroupEnd());
+  for (int r = 0; r < kRanks; ++r) {
+    CHECK(whole_sum[r] == 10);
+    if (r > 0) CHECK(parity_sum[r] == (r % 2 ? 2 + 4 : 3));
+  }
+  // One thread destroys them one by one: the children made in the group are destroyed together.
+  for (int r = 0; r < kRanks; ++r) {
+    if (parity[r]) NCCL_REQUIRE_OK(ncclCommDestroy(parity[r]));
+    NCCL_REQUIRE_OK(ncclCommDestroy(whole[r]));
+  }
+  for (int r = 0; r < kRanks; ++r) NCCL_REQUIRE_OK(ncclCommDestroy(comms[r]));
+
+  // Across processes: the world split in a group beside an InitRank.
+  World& w = World::get();
+  ncclUniqueId id = shared_id();
+  ncclComm_t child = nullptr, made = nullptr;
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  NCCL_REQUIRE_OK(ncclCommSplit(w.comm, 0, w.rank, &child, nullptr));
+  NCCL_REQUIRE_OK(ncclCommInitRank(&made, w.size, id, w.rank));
+  NCCL_REQUIRE_OK(ncclGroupEnd());
+  int64_t x = w.rank, sum = -1, max = -1;
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &sum, 1, ncclInt64, ncclSum, child, nullptr));
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &max, 1, ncclInt64, ncclMax, made, nullptr));
+  CHECK(sum == static_cast<int64_t>(w.size) * (w.size - 1) / 2);
+  CHECK(max == w.size - 1);
+  NCCL_REQUIRE_OK(ncclCommDestroy(child));
+  NCCL_REQUIRE_OK(ncclCommDestroy(made));
+}
+
 TEST_CASE("InitRank calls in one group make communicators together", "[initgroup]") {
   World& w = World::get();
   // Two communicators over the same ranks, made in one group from one thread.
