@@ -63,16 +63,47 @@ Comm::~Comm() {
 
 struct Clique {
   std::mutex mutex;
-  int open;                     // members not yet finalized or destroyed
+  int open = 0;                  // members not yet finalized or destroyed
   std::vector<CommRef> closing;  // members waiting for the others
 };
 
-void make_clique(const std::vector<CommRef>& members) {
-  if (members.size() < 2) return;
-  auto clique = std::make_shared<Clique>();
-  clique->open = static_cast<int>(members.size());
-  for (const CommRef& c : members) c->clique = clique;
+namespace {
+
+std::mutex g_cliques_mutex;
+std::unordered_map<std::string, std::weak_ptr<Clique>>& cliques() {
+  static auto* m = new std::unordered_map<std::string, std::weak_ptr<Clique>>;  // never destroyed: atexit order
+  return *m;
 }
+
+// c has just been made: it joins the other ranks of its communicator in this process, unless they have
+// all been finalized or destroyed already (a communicator's ranks all finish their inits before any
+// destroy can complete, so a rank arriving then belongs to another thread, which destroys it itself).
+// An init aborted meanwhile joins nothing: the lock orders this with abort_comm's look at the clique.
+void join_clique(Comm& c) {
+  std::lock_guard<std::mutex> lock(g_cliques_mutex);
+  if (c.abandoned.load() || !c.q.load()) return;
+  auto& known = cliques();
+  for (auto it = known.begin(); it != known.end();) it = it->second.expired() ? known.erase(it) : std::next(it);
+  if (auto clique = known[c.identity].lock()) {
+    std::lock_guard<std::mutex> members(clique->mutex);
+    if (clique->open > 0) {
+      ++clique->open;
+      c.clique = std::move(clique);
+      return;
+    }
+  }
+  c.clique = std::make_shared<Clique>();
+  c.clique->open = 1;
+  known[c.identity] = c.clique;
+}
+
+// c's clique, read under the lock that join_clique sets it under (abort_comm may run during the init).
+std::shared_ptr<Clique> clique_of(const Comm& c) {
+  std::lock_guard<std::mutex> lock(g_cliques_mutex);
+  return c.clique;
+}
+
+}  // namespace
 
 // ---- Configuration ----------------------------------------------------------------------------------------
 
@@ -134,7 +165,9 @@ void run_init(Comm& c, const InitRequest& request) {
     qcclConfig_t config = qccl_config();
     qcclComm_t q = nullptr;
     check_qccl(qcclCommInitRankConfig(&q, request.nranks, request.id, request.rank, &config), "qcclCommInitRankConfig");
+    c.identity.assign(reinterpret_cast<const char*>(&request.id), sizeof(request.id));
     attach(c, q, std::move(policy));
+    join_clique(c);
     c.init_result = ncclSuccess;
   } catch (const ShimError& e) {
     c.init_result = e.code;
@@ -160,7 +193,7 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int 
   if (in_group()) {  // NCCL initialises grouped communicators together at ncclGroupEnd
     c->init_state.store(1);
     *out = register_comm(c);
-    defer_init({c, [request](Comm& made) { run_init(made, request); }, nullptr, rank, true});
+    defer_init({c, [request](Comm& made) { run_init(made, request); }, nullptr, rank});
     return ncclSuccess;
   }
   if (!blocking) {
@@ -198,7 +231,6 @@ void init_all(ncclComm_t* comms, int ndev, const int* devlist) {
       if (qcclComm_t q = c->q.exchange(nullptr)) qcclCommAbort(q);
     fail(made[r]->init_result, "rank %d of %d: %s", r, ndev, made[r]->init_error.c_str());
   }
-  make_clique(made);
   for (int r = 0; r < ndev; ++r) comms[r] = register_comm(made[r]);
 }
 
@@ -216,6 +248,7 @@ void run_split(Comm& child, qcclComm_t parent, int color, int key) {
       qcclCommCount(q, &child.nranks);
       qcclCommUserRank(q, &child.rank);
       attach(child, q, std::move(policy));
+      join_clique(child);
     }
     child.init_result = ncclSuccess;
   } catch (const ShimError& e) {
@@ -236,6 +269,7 @@ ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcom
   auto c = std::make_shared<Comm>();
   c->device = parent->device;
   c->blocking = blocking;
+  c->identity = parent->identity + "/" + std::to_string(parent->splits++) + ":" + std::to_string(color);
   if (in_group()) {
     // As NCCL: the handle now (NULL for a rank that joins none, which still takes part), the split at
     // the outermost ncclGroupEnd, together with the group's other splits and inits.
@@ -243,7 +277,7 @@ ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcom
     *newcomm = joins ? register_comm(c) : nullptr;
     // The job holds the parent, so that it splits what was passed even if the handle is destroyed first.
     defer_init({c, [parent, color, key](Comm& child) { run_split(child, parent->q.load(), color, key); }, parent.get(),
-                parent->rank, joins});
+                parent->rank});
     return ncclSuccess;
   }
   qcclComm_t pq = parent->q.load();
@@ -436,12 +470,13 @@ void abort_comm(ncclComm_t comm) {
   }
   if (qcclComm_t q = c->q.exchange(nullptr)) qcclCommAbort(q);  // local, always returns
   // The clique's members that wait for this one need not wait any longer.
-  if (c->clique && !c->closed) {
+  std::shared_ptr<Clique> clique = clique_of(*c);
+  if (clique && !c->closed) {
     c->closed = true;
     std::vector<CommRef> rest;
     {
-      std::lock_guard<std::mutex> lock(c->clique->mutex);
-      if (--c->clique->open == 0) rest = std::move(c->clique->closing);
+      std::lock_guard<std::mutex> lock(clique->mutex);
+      if (--clique->open == 0) rest = std::move(clique->closing);
     }
     if (!rest.empty()) destroy_together(rest);
   }

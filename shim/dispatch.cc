@@ -368,10 +368,6 @@ void run_inits(std::vector<DeferredInit>& inits) {
       for (DeferredInit* init : lane) init->run(*init->c);
     });
   for (auto& t : threads) t.join();
-  std::vector<CommRef> members;
-  for (DeferredInit& init : inits)
-    if (init.handed_out) members.push_back(init.c);
-  make_clique(members);
   for (DeferredInit& init : inits)
     if (init.c->init_result != ncclSuccess)
       throw ShimError{init.c->init_result, "rank " + std::to_string(init.rank) + ": " + init.c->init_error};

@@ -153,9 +153,15 @@ struct Comm {
   int next_op = ncclNumOps;
   std::set<void*> registrations;   // host-memory ncclCommRegister handles
 
-  // Communicators made together in this process (ncclCommInitAll, or InitRank calls in one group):
-  // qccl's destroy is collective, so theirs run together once the last of them is finalized or
-  // destroyed; one thread may then finalize or destroy them one after the other, as NCCL allows.
+  // Which communicator this is, the same at each of its ranks: its unique id's bytes, or its parent's
+  // identity with the split's number and color. `splits` counts this one's ncclCommSplit calls, which
+  // every rank makes in the same order.
+  std::string identity;
+  uint64_t splits = 0;
+  // The ranks of one communicator that this process holds, however they were made (ncclCommInitAll,
+  // InitRank or Split on several threads, in a group, or non-blocking): qccl's destroy is collective,
+  // so theirs run together once the last of them is finalized or destroyed; one thread may then
+  // finalize or destroy them one after the other, as NCCL allows (it reclaims them together too).
   std::shared_ptr<Clique> clique;
   bool closed = false;  // handed to qcclCommDestroy (now or with its clique)
 
@@ -191,8 +197,6 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int 
 void init_all(ncclComm_t* comms, int ndev, const int* devlist);
 ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config);
 void finalize(const CommRef& c);
-// Comms initialised together in this process (see Comm::clique).
-void make_clique(const std::vector<CommRef>& members);
 void destroy(ncclComm_t comm);
 void abort_comm(ncclComm_t comm);
 void async_error(Comm& c, ncclResult_t* out);
@@ -216,7 +220,6 @@ struct DeferredInit {
   std::function<void(Comm&)> run;
   const Comm* parent;  // the communicator split, or null
   int rank;            // in the parent or the new communicator, for messages
-  bool handed_out;     // false for a split's NCCL_SPLIT_NOCOLOR rank: the caller holds no handle
 };
 void defer_init(DeferredInit init);
 

@@ -586,6 +586,53 @@ TEST_CASE("splits inside a group: one thread splits the communicators of several
   NCCL_REQUIRE_OK(ncclCommDestroy(made));
 }
 
+TEST_CASE("a process's ranks of one communicator, however made, may be destroyed one by one", "[clique]") {
+  // Local to each process. qccl's destroy is collective: without the ranks held here being destroyed
+  // together, the first destroy below would wait for the second, which the same thread has yet to call.
+  // Two ranks made on two threads:
+  ncclUniqueId id{};
+  NCCL_REQUIRE_OK(ncclGetUniqueId(&id));
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  ncclResult_t made[2] = {ncclInternalError, ncclInternalError};
+  std::thread second([&] { made[1] = ncclCommInitRank(&comms[1], 2, id, 1); });
+  made[0] = ncclCommInitRank(&comms[0], 2, id, 0);
+  second.join();
+  REQUIRE(made[0] == ncclSuccess);
+  REQUIRE(made[1] == ncclSuccess);
+  // Their non-blocking splits, called one after the other, then polled:
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t kids[2] = {nullptr, nullptr};
+  for (int r = 0; r < 2; ++r) {
+    ncclResult_t r_split = ncclCommSplit(comms[r], 0, 1 - r, &kids[r], &config);
+    CHECK((r_split == ncclInProgress || r_split == ncclSuccess));
+    REQUIRE(kids[r] != nullptr);
+  }
+  for (int r = 0; r < 2; ++r) {
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress) {
+      NCCL_REQUIRE_OK(ncclCommGetAsyncError(kids[r], &state));
+      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    REQUIRE(state == ncclSuccess);
+  }
+  int32_t x[2] = {5, 7}, sum[2] = {0, 0};
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r) NCCL_REQUIRE_OK(ncclAllReduce(&x[r], &sum[r], 1, ncclInt32, ncclSum, kids[r], nullptr));
+  NCCL_REQUIRE_OK(ncclGroupEnd());
+  CHECK(sum[0] == 12);
+  CHECK(sum[1] == 12);
+  int rank = -1;
+  NCCL_REQUIRE_OK(ncclCommUserRank(kids[0], &rank));
+  CHECK(rank == 1);  // key = 1 - r: ranked in reverse
+  // One thread, one by one: a child, the parents, then the other child.
+  NCCL_REQUIRE_OK(ncclCommDestroy(kids[0]));
+  NCCL_REQUIRE_OK(ncclCommFinalize(comms[0]));
+  NCCL_REQUIRE_OK(ncclCommDestroy(comms[0]));
+  NCCL_REQUIRE_OK(ncclCommDestroy(comms[1]));
+  NCCL_REQUIRE_OK(ncclCommDestroy(kids[1]));
+}
+
 TEST_CASE("InitRank calls in one group make communicators together", "[initgroup]") {
   World& w = World::get();
   // Two communicators over the same ranks, made in one group from one thread.
