@@ -203,8 +203,14 @@ Config Config::with(const qcclConfig_t* overrides) const {
            kMaxPipelineDepth);
     c.pipeline_depth = overrides->pipelineDepth;
   }
-  if (overrides->algorithms) c.algorithms = overrides->algorithms;
-  if (overrides->codec) c.codec = overrides->codec;
+  if (overrides->algorithms) {
+    c.algorithms = overrides->algorithms;
+    c.algorithms_from = "config->algorithms";
+  }
+  if (overrides->codec) {
+    c.codec = overrides->codec;
+    c.codec_from = "config->codec";
+  }
   if (overrides->codecMinBytes != QCCL_CONFIG_UNDEF_DOUBLE) {
     if (!(overrides->codecMinBytes >= 0) || !std::isfinite(overrides->codecMinBytes))
       fail(qcclInvalidArgument, "config->codecMinBytes = %g must be >= 0", overrides->codecMinBytes);

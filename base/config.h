@@ -25,9 +25,11 @@ struct Config {
   size_t chunk_bytes = 256 * 1024; // QCCL_CHUNK_BYTES (docs/PERF.md, "Chunk size and depth")
   int pipeline_depth = 2;          // QCCL_PIPELINE_DEPTH
   std::string algorithms;          // QCCL_ALGO
+  std::string algorithms_from = "QCCL_ALGO";  // where `algorithms` came from, for messages
   int spin_us = 20;                // QCCL_SPIN_US: spin this long before blocking on events
   std::string socket_ifname;       // QCCL_SOCKET_IFNAME
   std::string codec;               // QCCL_CODEC: compress plain AllReduce calls (CodecPolicy)
+  std::string codec_from = "QCCL_CODEC";  // where `codec` came from, for messages
   size_t codec_min_bytes = 1 << 20;  // QCCL_CODEC_MIN_BYTES
   size_t codec_state_budget = size_t{4} << 30;  // QCCL_CODEC_STATE_BUDGET
   std::string aggregators;         // QCCL_AGGREGATORS: host:port,... of IntSGD's aggregator processes

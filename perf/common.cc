@@ -527,8 +527,8 @@ void Bench::print_preamble() {
   }
   std::printf("#\n# Using devices\n");
   for (int r = 0; r < nranks_; ++r)
-    std::printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [0x%02x] %s\n", r, 0, all[r].pid, all[r].host,
-                0, 0, all[r].device);
+    std::printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s\n", r, 0, all[r].pid,
+                all[r].host, 0, 0, 0, 0, all[r].device);  // no PCI address: host memory
 }
 
 void Bench::run() {

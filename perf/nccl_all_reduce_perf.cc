@@ -41,13 +41,25 @@ static bool max_f64(double* x, Comm c) { return ok(qcclAllReduce(x, x, 1, qcclFl
 static void finish(Comm c) { qcclCommDestroy(c); }
 #endif
 
-static size_t parse_size(const char* s) {
+static void usage(FILE* to, const char* program) {
+  fprintf(to,
+          "usage: qcclrun -n N -- %s [-b BYTES] [-e BYTES] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
+          "  float sums in place from -b to -e (default 1M to 64M, K/M/G suffixes), the size times -f\n"
+          "  (default 64) from row to row; -n timed (default 20) after -w untimed (default 3) calls\n",
+          program);
+}
+
+// A number with an optional K, M or G suffix (powers of 1024), or false.
+static bool parse_size(const char* s, size_t* out) {
   char* end = nullptr;
   double v = strtod(s, &end);
-  if (*end == 'K') v *= 1024;
-  if (*end == 'M') v *= 1024 * 1024;
-  if (*end == 'G') v *= 1024.0 * 1024 * 1024;
-  return static_cast<size_t>(v);
+  if (end == s || !(v >= 0)) return false;
+  if (*end == 'K') v *= 1024, ++end;
+  else if (*end == 'M') v *= 1024 * 1024, ++end;
+  else if (*end == 'G') v *= 1024.0 * 1024 * 1024, ++end;
+  if (*end || v > 1e15) return false;
+  *out = static_cast<size_t>(v);
+  return true;
 }
 
 static int env_int(const char* name, int fallback) {
@@ -58,16 +70,27 @@ static int env_int(const char* name, int fallback) {
 int main(int argc, char** argv) {
   size_t min_bytes = 1 << 20, max_bytes = 64 << 20, factor = 64;
   int iters = 20, warmup = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!strcmp(argv[i], "-b")) min_bytes = parse_size(argv[i + 1]);
-    else if (!strcmp(argv[i], "-e")) max_bytes = parse_size(argv[i + 1]);
-    else if (!strcmp(argv[i], "-f")) factor = parse_size(argv[i + 1]);
-    else if (!strcmp(argv[i], "-n")) iters = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "-w")) warmup = atoi(argv[i + 1]);
-    else {
-      fprintf(stderr, "usage: %s [-b BYTES] [-e BYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] (under qcclrun)\n", argv[0]);
-      return 2;
+  for (int i = 1; i < argc; i += 2) {
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(stdout, argv[0]), 0;
+    const char* flag = argv[i];
+    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
+    size_t v = 0;
+    const bool known = flag[0] == '-' && flag[1] && strchr("befnw", flag[1]) && !flag[2];
+    if (!known || !value || !parse_size(value, &v)) {
+      fprintf(stderr, "%s: bad or incomplete option '%s%s%s'\n", argv[0], flag, value ? " " : "", value ? value : "");
+      return usage(stderr, argv[0]), 2;
     }
+    switch (flag[1]) {
+      case 'b': min_bytes = v; break;
+      case 'e': max_bytes = v; break;
+      case 'f': factor = v; break;
+      case 'n': iters = static_cast<int>(v); break;
+      case 'w': warmup = static_cast<int>(v); break;
+    }
+  }
+  if (iters < 1 || min_bytes > max_bytes || (min_bytes == 0 && factor > 1 && max_bytes > 0)) {
+    fprintf(stderr, "%s: -n must be at least 1, -b at most -e, and -b above 0 when -f > 1\n", argv[0]);
+    return 2;
   }
   const int rank = env_int("QCCL_RANK", 0), nranks = env_int("QCCL_NRANKS", 1);
   const char* job = getenv("QCCL_MAGIC");

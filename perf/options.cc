@@ -5,6 +5,7 @@
 #include <strings.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -66,27 +67,33 @@ int parse_op(const char* s) {
   bad_value("-o/--op", s, "expected sum, prod, min, max, avg or all");
 }
 
+// qcclConfig_t.chunkBytes' range, checked here so that a bad value is a bad command line.
 int parse_chunk(const char* option, const char* s) {
   const size_t bytes = parse_size(option, s);
-  if (bytes > (size_t{1} << 30)) bad_value(option, s, "larger than 1G");
+  if (bytes < 64 || bytes > (size_t{1} << 30)) bad_value(option, s, "out of range [64, 1G]");
   return static_cast<int>(bytes);
 }
 
-// A link rate in tc(8) units, as qcclrun --netem takes it: bit, kbit, mbit, gbit, tbit (bits/s; a
-// bare number too) or bps, kbps, mbps, gbps (bytes/s). Returns bytes/s.
+// A link rate as qcclrun --netem takes it, in tc(8)'s units: bit, kbit, mbit, gbit, tbit and kibit ..
+// tibit (bits/s; a bare number too), bps, kbps .. tbps and kibps .. tibps (bytes/s), case-insensitive,
+// after a plain decimal number. Returns bytes/s.
 double parse_rate(const char* option, const char* s) {
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s, &end);
-  if (end == s || errno || !(v > 0)) bad_value(option, s, "expected a rate such as 100mbit, 1gbit or 10gbit");
+  const char* end = s;
+  int dots = 0;
+  while (std::isdigit(static_cast<unsigned char>(*end)) || *end == '.') dots += *end++ == '.';
+  const double v = std::strtod(std::string(s, end).c_str(), nullptr);
+  if (end == s || dots > 1 || !(v > 0)) bad_value(option, s, "expected a rate such as 100mbit, 1gbit or 10gbit");
   static const struct {
     const char* unit;
-    double bytes_per_second;
-  } kUnits[] = {{"", 0.125},          {"bit", 0.125},    {"kbit", 125.0},   {"mbit", 125e3}, {"gbit", 125e6},
-                {"tbit", 125e9},      {"bps", 1.0},      {"kbps", 1e3},     {"mbps", 1e6},   {"gbps", 1e9}};
+    double bits;
+  } kUnits[] = {{"", 1},          {"bit", 1},       {"kbit", 1e3},          {"mbit", 1e6},          {"gbit", 1e9},
+                {"tbit", 1e12},   {"kibit", 0x1p10}, {"mibit", 0x1p20},     {"gibit", 0x1p30},      {"tibit", 0x1p40},
+                {"bps", 8},       {"kbps", 8e3},    {"mbps", 8e6},          {"gbps", 8e9},          {"tbps", 8e12},
+                {"kibps", 0x1p13}, {"mibps", 0x1p23}, {"gibps", 0x1p33},    {"tibps", 0x1p43}};
   for (const auto& u : kUnits)
-    if (!strcasecmp(end, u.unit)) return v * u.bytes_per_second;
-  bad_value(option, s, "unknown unit (use bit, kbit, mbit, gbit, tbit, or bps, kbps, mbps, gbps for bytes/s)");
+    if (!strcasecmp(end, u.unit)) return v * u.bits / 8;
+  bad_value(option, s, "unknown unit (tc's: bit, kbit, mbit, gbit, tbit, kibit ... tibit; bps, kbps ... tbps, "
+            "kibps ... tibps for bytes/s)");
 }
 
 // --codec SPEC[,SPEC...] (codec_list.h).
@@ -110,6 +117,8 @@ constexpr option kLongOptions[] = {
     {"depth", required_argument, nullptr, kDepth},  {"link-rate", required_argument, nullptr, kLinkRate},
     {"codec", required_argument, nullptr, kCodec},  {"device", no_argument, nullptr, kDevice},
     {"phases", no_argument, nullptr, kPhases},      {"help", no_argument, nullptr, 'h'},
+    {"nthreads", required_argument, nullptr, 't'},  {"ngpus", required_argument, nullptr, 'g'},
+    {"agg_iters", required_argument, nullptr, 'm'},
     {nullptr, 0, nullptr, 0}};
 
 // The option's spelling for messages: "-n/--iters".
@@ -138,9 +147,14 @@ void apply_option(int c, const char* arg, Options* o) {
     case 'T': o->timeout = double(parse_int(n, arg, 0, 1L << 30)); break;
     case 'a': o->average = int(parse_int(n, arg, 0, 3)); break;
     case 'N': o->cycles = int(parse_int(n, arg, 0, 1L << 30)); break;
+    case 't': case 'g': case 'm':  // nccl-tests' own, which scripts pass as 1
+      if (parse_int(n, arg, 1, 1L << 30) != 1)
+        bad_value(n, arg, c == 'm' ? "each timed operation is one call here (only 1)"
+                                   : "one process is one rank here (only 1: start more ranks with qcclrun -n)");
+      break;
     case kAlgo: o->algo = arg; break;
     case kChunk: o->chunk = parse_chunk(n, arg); break;
-    case kDepth: o->depth = int(parse_int(n, arg, 1, 1 << 20)); break;
+    case kDepth: o->depth = int(parse_int(n, arg, 1, 64)); break;  // qcclConfig_t.pipelineDepth's range
     case kLinkRate: o->link_rate = parse_rate(n, arg); break;
     case kCodec: o->codecs = parse_codecs(n, arg); break;
     case kPhases: o->phases = true; break;
@@ -255,6 +269,10 @@ OPTIONS
                              The rest is the drive loop and time the rank was not running. Needs
                              -z 1, 2 or 3: non-blocking operations overlap, and what the driver
                              did for one it did for all (default: off)
+    -t, --nthreads 1, -g, --ngpus 1, -m, --agg_iters 1
+                             nccl-tests' threads per process, GPUs per thread and operations per
+                             group, accepted as 1 (their default), so that scripts written for
+                             nccl-tests run unchanged; other values are refused
     -h, --help               print this page and exit
 )";
 
@@ -316,6 +334,23 @@ EXAMPLES
         two ranks started by hand
 )";
 
+// getopt_long's '?': an unknown short option (optopt holds it), an unknown or ambiguous long one
+// (optopt 0; `word`, the argument it stopped at, names it), or a long one without argument given
+// "=VALUE" (optopt holds that option's value).
+std::string unknown_option(const char* word) {
+  if (optopt) {
+    for (const option& o : kLongOptions)
+      if (o.name && o.val == optopt) return "option --" + std::string(o.name) + " takes no value";
+    return std::string("unknown option -") + char(optopt);
+  }
+  const std::string name(word + 2, std::strcspn(word + 2, "="));
+  std::string matches;
+  for (const option& o : kLongOptions)
+    if (o.name && !std::strncmp(o.name, name.c_str(), name.size())) matches += " --" + std::string(o.name);
+  if (!name.empty() && !matches.empty()) return "option --" + name + " is ambiguous (it begins" + matches + ")";
+  return std::string("unknown option ") + word;
+}
+
 void replace_all(std::string* s, const std::string& from, const std::string& to) {
   for (size_t at = s->find(from); at != std::string::npos; at = s->find(from, at + to.size()))
     s->replace(at, from.size(), to);
@@ -351,15 +386,12 @@ const char* blocking_summary(int mode) {
 bool parse_options(int argc, char** argv, const CollTest& test, Options* o) {
   opterr = 0;  // our own messages, which name the option
   int c;
-  while ((c = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:z:T:a:N:h", kLongOptions, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:z:T:a:N:t:g:m:h", kLongOptions, nullptr)) != -1) {
     if (c == 'h') {
       print_help(test);
       return false;
     }
-    if (c == '?') {
-      throw UsageError(optopt ? std::string("unknown option -") + char(optopt)
-                              : std::string("unknown option ") + argv[optind - 1]);
-    }
+    if (c == '?') throw UsageError(unknown_option(argv[optind - 1]));
     if (c == ':') {
       throw UsageError("option " + (optopt ? option_name(optopt) : std::string(argv[optind - 1])) +
                        " needs a value");
@@ -372,6 +404,9 @@ bool parse_options(int argc, char** argv, const CollTest& test, Options* o) {
                      "and the driver's time during one is spent on all of them");
   if (o->min_bytes > o->max_bytes) throw UsageError("-b/--minbytes is larger than -e/--maxbytes");
   if (o->step_factor <= 1 && o->step_bytes == 0) throw UsageError("-i/--stepbytes is 0 and -f/--stepfactor is 1");
+  if (o->step_factor > 1 && o->min_bytes == 0 && o->max_bytes > 0)
+    throw UsageError("-b/--minbytes 0 cannot grow by -f/--stepfactor " + std::to_string(o->step_factor) +
+                     " to -e/--maxbytes; start at -b 1 (or step with -i)");
   if (!o->codecs.empty() && !test.compressible)
     throw UsageError(std::string("--codec: ") + test.name +
                      "_perf does not compress (all_reduce_perf, all_gather_perf, reduce_scatter_perf and sendrecv_perf do)");

@@ -316,18 +316,20 @@ bool CpuCosts::unflatten(const std::vector<double>& numbers, size_t codec_count,
 
 bool AutoCodec::is_auto(const std::string& spec) { return spec == "auto" || spec.rfind("auto:", 0) == 0; }
 
-AutoCodec::AutoCodec(const std::string& spec, int nranks) : budget_(kDefaultBudget), nranks_(nranks) {
-  if (!is_auto(spec)) fail(qcclInvalidArgument, "QCCL_CODEC: '%s' is not auto[:maxrelerr=E]", spec.c_str());
+AutoCodec::AutoCodec(const std::string& spec, int nranks, const std::string& source)
+    : budget_(kDefaultBudget), nranks_(nranks) {
+  const char* from = source.c_str();
+  if (!is_auto(spec)) fail(qcclInvalidArgument, "%s: '%s' is not auto[:maxrelerr=E]", from, spec.c_str());
   if (spec.size() > 4) {
     const std::string option = spec.substr(5);
     const std::string key = "maxrelerr=";
     if (option.rfind(key, 0) != 0)
-      fail(qcclInvalidArgument, "QCCL_CODEC: auto takes maxrelerr=E, not '%s'", option.c_str());
+      fail(qcclInvalidArgument, "%s: auto takes maxrelerr=E, not '%s'", from, option.c_str());
     const std::string value = option.substr(key.size());
     char* end = nullptr;
     const double e = std::strtod(value.c_str(), &end);
     if (value.empty() || *end != '\0' || !(e >= 0) || !std::isfinite(e))
-      fail(qcclInvalidArgument, "QCCL_CODEC: auto's maxrelerr = '%s' must be a number >= 0", value.c_str());
+      fail(qcclInvalidArgument, "%s: auto's maxrelerr = '%s' must be a number >= 0", from, value.c_str());
     budget_ = e;
   }
   // The most accurate first: among candidates the model finds about as fast, the first wins.

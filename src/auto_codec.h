@@ -111,7 +111,7 @@ class AutoCodec {
   // spec: "auto" or "auto:maxrelerr=E" (0 <= E; 0 admits only uncompressed). Candidates for nranks
   // ranks: fp16, bf16 and q1 .. q8 (nearest rounding, bucket 512) whose bound fits. Throws
   // Error(qcclInvalidArgument) naming the bad token.
-  AutoCodec(const std::string& spec, int nranks);
+  AutoCodec(const std::string& spec, int nranks, const std::string& source = "QCCL_CODEC");
 
   double budget() const { return budget_; }
   const std::vector<kernels::CodecConfig>& candidates() const { return candidates_; }

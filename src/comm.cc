@@ -88,9 +88,11 @@ void drain(int fd) {
 // ---- Creation ------------------------------------------------------------------------------------
 
 Comm::Comm(int rank, int nranks, const Config& config)
-    : rank_(rank), nranks_(nranks), config_(config), policy_(config.algorithms),
-      codec_policy_(AutoCodec::is_auto(config.codec) ? "" : config.codec, config.codec_min_bytes),
-      auto_codec_(AutoCodec::is_auto(config.codec) ? std::make_unique<AutoCodec>(config.codec, nranks) : nullptr),
+    : rank_(rank), nranks_(nranks), config_(config), policy_(config.algorithms, config.algorithms_from),
+      codec_policy_(AutoCodec::is_auto(config.codec) ? "" : config.codec, config.codec_min_bytes, config.codec_from),
+      auto_codec_(AutoCodec::is_auto(config.codec)
+                      ? std::make_unique<AutoCodec>(config.codec, nranks, config.codec_from)
+                      : nullptr),
       state_budget_(std::make_shared<StateBudget>(config.codec_state_budget)),
       send_sequence_(nranks, 0), recv_sequence_(nranks, 0), delta_sent_(nranks, 0), delta_received_(nranks, 0) {
   progress_wake_fd_ = make_eventfd();

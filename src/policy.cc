@@ -31,7 +31,8 @@ std::string size_text(size_t bytes) {
 
 }  // namespace
 
-AlgorithmPolicy::AlgorithmPolicy(const std::string& spec) {
+AlgorithmPolicy::AlgorithmPolicy(const std::string& spec, const std::string& source) {
+  const char* from = source.c_str();
   size_t at = 0;
   while (at < spec.size()) {
     size_t comma = spec.find(',', at);
@@ -43,16 +44,16 @@ AlgorithmPolicy::AlgorithmPolicy(const std::string& spec) {
       bool any = false;
       for (const coll::Algorithm& a : coll::algorithms())
         if (token == a.name) forced_[a.collective] = token, any = true;
-      if (!any) fail(qcclInvalidArgument, "QCCL_ALGO: no algorithm is named '%s' (qccl_info lists them)", token.c_str());
+      if (!any) fail(qcclInvalidArgument, "%s: no algorithm is named '%s' (qccl_info lists them)", from, token.c_str());
       continue;
     }
     coll::CollKind kind;
     std::string collective = token.substr(0, eq), name = token.substr(eq + 1);
     if (!parse_collective(collective, &kind))
-      fail(qcclInvalidArgument, "QCCL_ALGO: '%s' is not a collective (allreduce, broadcast, reduce, allgather, "
-           "reducescatter, alltoall, send, recv)", collective.c_str());
+      fail(qcclInvalidArgument, "%s: '%s' is not a collective (allreduce, broadcast, reduce, allgather, "
+           "reducescatter, alltoall, send, recv)", from, collective.c_str());
     if (!coll::find_algorithm(kind, name))
-      fail(qcclInvalidArgument, "QCCL_ALGO: %s has no algorithm named '%s' (qccl_info lists them)",
+      fail(qcclInvalidArgument, "%s: %s has no algorithm named '%s' (qccl_info lists them)", from,
            coll::coll_name(kind), name.c_str());
     forced_[kind] = name;
   }
@@ -98,7 +99,9 @@ std::string AlgorithmPolicy::describe() const {
   return out;
 }
 
-CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes) : min_bytes_(min_bytes) {
+CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes, const std::string& source)
+    : min_bytes_(min_bytes) {
+  const char* from = source.c_str();
   static const std::pair<const char*, kernels::DataType> kTypes[] = {
       {"float", kernels::DataType::kFloat32}, {"half", kernels::DataType::kFloat16},
       {"bfloat16", kernels::DataType::kBfloat16}};
@@ -116,7 +119,7 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes) : min_bytes_
       for (const auto& [name, t] : kTypes)
         if (type == name) types.push_back(t);
       if (types.empty())
-        fail(qcclInvalidArgument, "QCCL_CODEC: '%s' is not a datatype codecs take (float, half, bfloat16)", type.c_str());
+        fail(qcclInvalidArgument, "%s: '%s' is not a datatype codecs take (float, half, bfloat16)", from, type.c_str());
       codec_spec = entry.substr(eq + 1);
     } else {
       for (const auto& type : kTypes) types.push_back(type.second);
@@ -125,7 +128,7 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes) : min_bytes_
     try {
       codec = std::make_shared<kernels::CodecConfig>(kernels::parse_codec_spec(codec_spec));
     } catch (const kernels::CodecSpecError& e) {
-      fail(qcclInvalidArgument, "QCCL_CODEC: %s", e.what());
+      fail(qcclInvalidArgument, "%s: %s", from, e.what());
     }
     // The codec's method must accept a plain all-reduce without a state (error feedback, Marsit and
     // an adaptive IntSGD alpha keep one): refused here, at communicator creation.
@@ -133,9 +136,9 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes) : min_bytes_
     coll::CollArgs plain;
     plain.kind = coll::CollKind::kAllReduce, plain.count = 1, plain.nranks = 2, plain.codec = codec.get();
     plain.dtype = types.front(), plain.op = kernels::RedOp::kSum;
-    if (!method) fail(qcclInvalidArgument, "QCCL_CODEC: '%s' has no method", codec_spec.c_str());
+    if (!method) fail(qcclInvalidArgument, "%s: '%s' has no method", from, codec_spec.c_str());
     if (auto refusal = method->refuse(plain, nullptr, /*aggregators=*/1))
-      fail(qcclInvalidArgument, "QCCL_CODEC: '%s' cannot compress plain qcclAllReduce calls: %s", codec_spec.c_str(),
+      fail(qcclInvalidArgument, "%s: '%s' cannot compress plain qcclAllReduce calls: %s", from, codec_spec.c_str(),
            refusal->message.c_str());
     for (kernels::DataType t : types) by_type_[t] = codec;
   }

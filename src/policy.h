@@ -17,11 +17,11 @@ class AlgorithmPolicy {
  public:
   // spec: "" | "name" | "collective=name[,collective=name...]" (collective names as in the C API,
   // case-insensitive: allreduce, broadcast, reduce, allgather, reducescatter, alltoall, send, recv).
-  // Throws Error(qcclInvalidArgument) naming the bad token.
-  explicit AlgorithmPolicy(const std::string& spec);
+  // Throws Error(qcclInvalidArgument) naming `source` (where spec came from) and the bad token.
+  explicit AlgorithmPolicy(const std::string& spec, const std::string& source = "QCCL_ALGO");
 
   const coll::Algorithm& choose(const coll::CollArgs& args) const;
-  // Whether QCCL_ALGO names an algorithm for this collective.
+  // Whether the spec names an algorithm for this collective.
   bool forces(coll::CollKind kind) const { return forced_.count(kind) != 0; }
   // One line per collective for the INFO log: "AllReduce: recursive_doubling up to 32 KiB, then ring".
   std::string describe() const;
@@ -36,8 +36,9 @@ class CodecPolicy {
  public:
   // spec: "" (off) | "SPEC" (float, half and bfloat16) | "TYPE=SPEC[;TYPE=SPEC...]" with TYPE one of
   // float, half, bfloat16. Throws Error(qcclInvalidArgument) naming the bad token; ef=on and sign are
-  // refused (a plain call has no codec state to keep a residual or compensation in).
-  CodecPolicy(const std::string& spec, size_t min_bytes);
+  // refused (a plain call has no codec state to keep a residual or compensation in). Messages name
+  // `source`, where spec came from.
+  CodecPolicy(const std::string& spec, size_t min_bytes, const std::string& source = "QCCL_CODEC");
   // The codec for these arguments, or null.
   const kernels::CodecConfig* choose(const coll::CollArgs& args) const;
   std::string describe() const;

@@ -173,9 +173,9 @@ NETWORK EMULATION
     only the host itself.
 
 EXAMPLES
-    qcclrun -n 4 ./tests/ranks/allreduce_ranks_test
-    qcclrun -n 8 --timeout 120 -x QCCL_ALGO=ring -- ./perf/allreduce_perf -b 1M -e 64M
-    sudo qcclrun --netem 1gbit -n 4 -v ./perf/allreduce_perf
+    qcclrun -n 4 ./tests/ranks/api_ranks_test
+    qcclrun -n 8 --timeout 120 -x QCCL_ALGO=ring -- ./perf/all_reduce_perf -b 1M -e 64M
+    sudo qcclrun --netem 1gbit -n 4 -v ./perf/all_reduce_perf
     sudo qcclrun --nodes 2 --netem 10gbit -n 4 -x QCCL_DEBUG=INFO ./perf/all_gather_perf
     sudo qcclrun --nodes 1,3 -n 4 ./tests/ranks/api_ranks_test
     sudo qcclrun --cleanup
@@ -573,8 +573,11 @@ class Job {
       wait_for_events(deadline);
       double t = now_s();
       if (phase_ == Phase::kRunning && ranks_left && t >= job_deadline) {
-        fprintf(stderr, "qcclrun: the job ran longer than --timeout %g s; stopping it\n",
-                opts_.timeout_s);
+        std::string running;
+        for (int r = 0; r < opts_.nranks; r++)
+          if (!ranks_[r].reaped) running += (running.empty() ? "" : ", ") + std::to_string(r);
+        fprintf(stderr, "qcclrun: the job ran longer than --timeout %g s (still running: rank%s %s); stopping it\n",
+                opts_.timeout_s, running.find(',') == std::string::npos ? "" : "s", running.c_str());
         stop(kExitTimeout, SIGTERM);
       }
       if (phase_ == Phase::kStopping && t >= kill_at_) kill_all();
@@ -725,18 +728,23 @@ class Job {
   }
 
   // SIGCHLD is coalesced, so reap everything that has exited. Orphans of the ranks arrive here too
-  // (we are their subreaper); they are simply reaped.
+  // (we are their subreaper); they are simply reaped. Ranks that exited between two looks are
+  // reported killed-by-signal first: which of them ended first is unknown, and where one was killed
+  // the others' failures are usually its consequence (their peer died), so that one is blamed.
   void reap() {
     int status;
     pid_t pid;
+    std::vector<std::pair<int, int>> exited;  // (rank, status)
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
       for (int r = 0; r < opts_.nranks; r++)
-        if (ranks_[r].pid == pid && !ranks_[r].reaped) on_rank_exit(r, status);
+        if (ranks_[r].pid == pid && !ranks_[r].reaped) exited.emplace_back(r, status);
       // An aggregator that dies leaves the ranks waiting for sums: say so (they fail at QCCL_TIMEOUT).
       for (size_t k = 0; k < helpers_.size(); k++)
         if (helpers_[k] == pid && phase_ == Phase::kRunning)
           fprintf(stderr, "qcclrun: aggregator %zu (pid %d) exited while the ranks run\n", k, pid);
     }
+    std::stable_partition(exited.begin(), exited.end(), [](const auto& e) { return WIFSIGNALED(e.second); });
+    for (const auto& [r, how] : exited) on_rank_exit(r, how);
   }
 
   void on_rank_exit(int r, int status) {

@@ -21,6 +21,20 @@ namespace {
   fail(qcclSystemError, "UCX %s failed: %s", what, ucs_status_string(status));
 }
 
+// A transfer refused as it is posted because the peer's endpoint failed (the peer died, or the link
+// to it) is the peer's failure, as one that fails later in test() is: qcclRemoteError.
+qcclResult_t posting_error(ucs_status_t status) {
+  switch (status) {
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+      return qcclRemoteError;
+    default:
+      return qcclSystemError;
+  }
+}
+
 // UCX logs a failed cross-memory read (cma: process_vm_readv) at FATAL level, and its default log
 // handler then aborts the process, when the endpoint has no peer-failure handling. A peer that dies
 // during a shared-memory rendezvous would thereby kill every survivor before qccl's control plane
@@ -161,7 +175,7 @@ Handle UcxTransport::isend(int peer, Key key, const void* buf, size_t bytes) {
   param.datatype = ucp_dt_make_contig(1);
   ucs_status_ptr_t req = ucp_tag_send_nbx(endpoints_[peer], buf, bytes, make_tag(rank_, key), &param);
   if (UCS_PTR_IS_ERR(req))
-    fail(qcclSystemError, "UCX send of %zu bytes to rank %d failed: %s", bytes, peer,
+    fail(posting_error(UCS_PTR_STATUS(req)), "UCX send of %zu bytes to rank %d failed: %s", bytes, peer,
          ucs_status_string(UCS_PTR_STATUS(req)));
   Handle h;
   if (req == nullptr) h.finished = true;
@@ -178,7 +192,7 @@ Handle UcxTransport::irecv(int peer, Key key, Key ignore, void* buf, size_t byte
   const ucp_tag_t mask = ~static_cast<ucp_tag_t>(ignore & kKeyMask);
   ucs_status_ptr_t req = ucp_tag_recv_nbx(worker_, buf, bytes, make_tag(peer, key), mask, &param);
   if (UCS_PTR_IS_ERR(req))
-    fail(qcclSystemError, "UCX receive of %zu bytes from rank %d failed: %s", bytes, peer,
+    fail(posting_error(UCS_PTR_STATUS(req)), "UCX receive of %zu bytes from rank %d failed: %s", bytes, peer,
          ucs_status_string(UCS_PTR_STATUS(req)));
   Handle h;
   h.receive = true;

@@ -172,7 +172,8 @@ static inline void baseline_print_params(const baseline_options* o) {
 }
 
 static inline void baseline_print_rank(int rank, int pid, const char* host) {
-  printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [0x%02x] %s\n", rank, 0, pid, host, 0, 0, "cpu");
+  printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s\n", rank, 0, pid, host, 0, 0, 0, 0,
+         "cpu");
 }
 
 static inline void baseline_print_header(void) {

@@ -135,6 +135,34 @@ TEST_CASE("a failing rank stops the job with its status", "[qcclrun]") {
     CHECK(r.seconds > 0.4);
     CHECK(r.seconds < 10);
   }
+  SECTION("of ranks seen to end together, the one killed by a signal is blamed") {
+    // qcclrun is stopped while rank 2 is killed and the others exit 1 after it, as ranks whose peer
+    // died do; continued, it sees the three exits at once.
+    const std::string go = "/tmp/qcclrun_test_go." + std::to_string(getpid());
+    unlink(go.c_str());
+    Qcclrun job({"-n", "3", "sh", "-c",
+                 "echo pid $$; while [ ! -e " + go + " ]; do sleep 0.01; done; "
+                 "[ $QCCL_RANK = 2 ] && kill -KILL $$; sleep 0.2; exit 1"});
+    bool sent = false;
+    RunResult r = job.wait(30, [&](const std::string& out) {
+      if (sent || count(out, "pid ") < 3) return;
+      sent = true;
+      kill(job.pid(), SIGSTOP);
+      close(open(go.c_str(), O_CREAT | O_WRONLY, 0600));
+      for (double until = now_s() + 10; now_s() < until;) {
+        bool all_ended = true;
+        for (const auto& line : split_lines(out))
+          all_ended &= !process_alive(std::stoi(line.substr(line.find("pid ") + 4)));
+        if (all_ended) break;
+        usleep(10000);
+      }
+      kill(job.pid(), SIGCONT);
+    });
+    unlink(go.c_str());
+    CHECK(r.status == 128 + SIGKILL);
+    CHECK(count(r.err, "qcclrun: rank 2 was killed by signal SIGKILL\n") == 1);
+    CHECK(count(r.err, "exited with status 1\n") == 0);  // reported only with -v (after the stop)
+  }
   SECTION("a program that does not exist gives 127") {
     RunResult r = run_qcclrun({"-n", "2", "/nonexistent/program"});
     CHECK(r.status == 127);
@@ -147,6 +175,7 @@ TEST_CASE("--timeout stops a job that runs too long", "[qcclrun]") {
   CHECK(r.status == 124);
   CHECK(r.seconds < 10);
   CHECK(count(r.err, "--timeout") == 1);
+  CHECK(count(r.err, "(still running: ranks 0, 1)") == 1);
   CHECK(run_qcclrun({"--timeout", "30", "-n", "2", "true"}).status == 0);
 }
 
