@@ -221,6 +221,13 @@ TEST_CASE("QCCL_CODEC policy: plain all-reduce calls above the threshold are com
   CHECK(qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config) == qcclInvalidArgument);
   CHECK_THAT(std::string(qcclGetLastError(nullptr)),
              Catch::Contains("cannot compress plain qcclAllReduce calls: state is NULL but codec"));
+  // The message names the field the spec came from, not the environment variable.
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("config->codec: "));
+  config.codec = nullptr;
+  config.algorithms = "allreduce=bogus";
+  CHECK(qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)),
+             Catch::Contains("config->algorithms: AllReduce has no algorithm named 'bogus'"));
 }
 
 // QCCL_CODEC=auto (src/auto_codec.h) on a communicator of its own, made with config.codec.
