@@ -181,7 +181,10 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
   record->args = validate_call(call, c.rank(), c.nranks());
   record->comm = comm->impl;
   if (compressed) {
-    if (state) record->state = state_of(state).shared_from_this();
+    if (state) {
+      record->state = state_of(state).shared_from_this();
+      record->state_call = record->state->begin_call();
+    }
     record->serial = record->state.get();
     validate_compressed(*record, codec, c.aggregators());
     record->codec = codec->config;

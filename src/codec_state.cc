@@ -141,7 +141,20 @@ size_t CodecState::serialized_bytes() const {
   return 4 + 4 + 8 + 8 + 8 + 4 + name + 4 + 8 + (state_ ? state_->serialized_bytes() : 0) + 8;
 }
 
+namespace {
+void refuse_calls_in_flight(int calls, const char* what) {
+  if (calls)
+    fail(qcclInvalidUsage, "%s while %d calls on the state are in flight (qcclWait for them first)", what, calls);
+}
+}  // namespace
+
+std::shared_ptr<void> CodecState::begin_call() {
+  calls_.fetch_add(1);
+  return std::shared_ptr<void>(nullptr, [self = shared_from_this()](void*) { self->calls_.fetch_sub(1); });
+}
+
 void CodecState::save(void* buffer, size_t bytes) const {
+  refuse_calls_in_flight(calls_.load(), "a checkpoint's save");
   if (bytes < serialized_bytes())
     fail(qcclInvalidArgument, "bytes = %zu is smaller than the state's %zu (qcclCodecStateSize)", bytes,
          serialized_bytes());
@@ -164,6 +177,7 @@ void CodecState::save(void* buffer, size_t bytes) const {
 }
 
 void CodecState::load(const void* buffer, size_t bytes) {
+  refuse_calls_in_flight(calls_.load(), "a checkpoint's load");
   arrays_to_host();  // a load that fails leaves the state as it was, on the host: current there
   const auto* data = static_cast<const uint8_t*>(buffer);
   ByteReader r(data, bytes, "codec state checkpoint", qcclInvalidArgument);
@@ -304,10 +318,9 @@ size_t CodecStore::serialized_bytes() const {
   return total;
 }
 
+// Sized and written under one lock: a key another thread adds meanwhile must not grow what is
+// written past what was checked.
 void CodecStore::save(void* buffer, size_t bytes) const {
-  const size_t need = serialized_bytes();
-  if (bytes < need)
-    fail(qcclInvalidArgument, "bytes = %zu is smaller than the store's %zu (qcclCodecStoreSize)", bytes, need);
   std::lock_guard<std::mutex> lock(mu_);
   ByteWriter w;
   w.put<uint32_t>(kStoreMagic);
@@ -321,6 +334,9 @@ void CodecStore::save(void* buffer, size_t bytes) const {
     w.bytes().insert(w.bytes().end(), blob.begin(), blob.end());
   }
   w.put<uint64_t>(checksum(w.bytes().data() + 8, w.bytes().size() - 8));
+  if (bytes < w.bytes().size())
+    fail(qcclInvalidArgument, "bytes = %zu is smaller than the store's %zu (qcclCodecStoreSize)", bytes,
+         w.bytes().size());
   std::memcpy(buffer, w.bytes().data(), w.bytes().size());
 }
 

@@ -71,6 +71,12 @@ class CodecState : public std::enable_shared_from_this<CodecState> {
   std::vector<void*> arrays_on_device(const std::shared_ptr<Device>& device);
   void arrays_to_host() const;
 
+  // A call on this state from its submission to its end: the returned handle ends it when released.
+  // save() and load() are refused meanwhile (Error(qcclInvalidUsage)): the call reads and writes the
+  // method state, which a load may even free.
+  std::shared_ptr<void> begin_call();
+  int calls_in_flight() const { return calls_.load(); }
+
   size_t serialized_bytes() const;
   void save(void* buffer, size_t bytes) const;
   // Restores a checkpoint of this format or an earlier one (1 and 2 predate per-method states).
@@ -96,6 +102,7 @@ class CodecState : public std::enable_shared_from_this<CodecState> {
   std::vector<float> legacy_values_;
   coll::LegacyState legacy_;
   bool has_legacy_ = false;
+  std::atomic<int> calls_{0};
 };
 
 // Many tensors' states by key (DESIGN.md "Codec state": keyed by a tensor handle the caller makes).

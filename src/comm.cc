@@ -773,6 +773,7 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& mess
     last_stats_ = qcclStats_t{};
   }
   if (record.call) record.call->end();
+  record.state_call.reset();
   record.done.store(true, std::memory_order_release);
 }
 

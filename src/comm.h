@@ -84,6 +84,7 @@ struct OpRecord {
   std::shared_ptr<const kernels::CodecConfig> codec;  // keeps args.codec alive (compressed calls)
   std::vector<coll::Segment> segments;                 // args.segments points here, when it is set
   std::shared_ptr<CodecState> state;                  // the caller's codec state, if any
+  std::shared_ptr<void> state_call;                   // CodecState::begin_call's, until finish()
   // Calls with the same non-null `serial` run one after the other in call order, each once the one
   // before it completed: they read and write one state (a codec state, a delta store).
   const void* serial = nullptr;

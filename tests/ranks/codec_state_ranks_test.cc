@@ -2,8 +2,11 @@
 // tensors' error-feedback states in one store, their calls in flight together (per key in call order),
 // a checkpoint of the whole store that replays the same bits, erased keys, a store's own budget, and
 // handles that refuse to be destroyed outside their store.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/ranks/rank_test_util.h"
@@ -124,6 +127,67 @@ TEST_CASE("keyed states: handles, erased keys, and a store's own budget", "[code
   CHECK(again == a);
   QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), y.data(), 1000, qcclFloat32, qcclSum, ef.handle, a, w.comm()));
   for (size_t i = 0; i < 1000; ++i) REQUIRE(std::fabs(y[i] - 0.5f * w.size()) <= 0.5f * w.size() / 255 + 1e-5f);
+}
+
+TEST_CASE("keyed states: checkpoints wait for no call, and a store's save never outgrows its buffer",
+          "[codec_state]") {
+  World& w = World::get();
+  Codec ef("q4:ef=on");
+  constexpr size_t kCount = 5000;
+  qcclCodecState_t state = nullptr, fresh = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), kCount, &state));
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), kCount, &fresh));
+  size_t bytes = 0;
+  QCCL_REQUIRE_OK(qcclCodecStateSize(fresh, &bytes));
+  std::vector<uint8_t> checkpoint(bytes);
+  QCCL_REQUIRE_OK(qcclCodecStateSave(fresh, checkpoint.data(), bytes));
+  std::vector<float> x(kCount, 0.25f), y(kCount);
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), y.data(), kCount, qcclFloat32, qcclSum, ef.handle, state, w.comm()));
+  // A call queued in a group is on the state until it ends: a load would free the residual it uses
+  // (fresh's checkpoint has none), a save would read it while the call writes it.
+  qcclRequest_t request = nullptr;
+  QCCL_REQUIRE_OK(qcclGroupStart());
+  QCCL_REQUIRE_OK(qcclIAllReduceCompressed(x.data(), y.data(), kCount, qcclFloat32, qcclSum, ef.handle, state,
+                                           w.comm(), &request));
+  CHECK(qcclCodecStateLoad(state, checkpoint.data(), bytes) == qcclInvalidUsage);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("1 calls on the state are in flight"));
+  std::vector<uint8_t> saved(checkpoint.size() * 4 + (size_t{1} << 16));
+  CHECK(qcclCodecStateSave(state, saved.data(), saved.size()) == qcclInvalidUsage);
+  QCCL_REQUIRE_OK(qcclGroupEnd());
+  QCCL_REQUIRE_OK(qcclWait(&request));
+  for (size_t i = 0; i < kCount; ++i) REQUIRE(std::fabs(y[i] - 0.25f * w.size()) <= 0.25f * w.size() / 15 + 1e-5f);
+  QCCL_REQUIRE_OK(qcclCodecStateLoad(state, checkpoint.data(), bytes));  // done: allowed
+  QCCL_REQUIRE_OK(qcclCodecStateDestroy(state));
+  QCCL_REQUIRE_OK(qcclCodecStateDestroy(fresh));
+
+  // One thread adds (and erases) keys while another sizes the store and saves into exactly that
+  // many bytes: the save fits, or is refused naming the size; the bytes after the buffer are untouched.
+  Store store(w.comm(), 0);
+  std::atomic<bool> stop{false};
+  std::thread adder([&] {
+    for (uint64_t key = 0; !stop.load(); ++key) {
+      qcclCodecState_t s = nullptr;
+      qcclCodecStoreGet(store.handle, key, 100, &s);
+      if (key % 500 == 499)
+        for (uint64_t old = key - 499; old < key - 50; ++old) qcclCodecStoreErase(store.handle, old);
+    }
+  });
+  int fitted = 0, refused = 0, overflowed = 0;
+  for (int i = 0; i < 2000 && !overflowed; ++i) {
+    size_t need = 0;
+    QCCL_REQUIRE_OK(qcclCodecStoreSize(store.handle, &need));
+    std::vector<uint8_t> buffer(need + 64, 0xAB);
+    const qcclResult_t r = qcclCodecStoreSave(store.handle, buffer.data(), need);
+    if (r == qcclSuccess) ++fitted;
+    if (r == qcclInvalidArgument && std::string(qcclGetLastError(nullptr)).find("smaller than the store's") !=
+                                        std::string::npos)
+      ++refused;
+    for (size_t b = need; b < buffer.size(); ++b) overflowed += buffer[b] != 0xAB;
+  }
+  stop = true;
+  adder.join();
+  CHECK(overflowed == 0);
+  CHECK(fitted + refused == 2000);
 }
 
 }  // namespace qccl::test
