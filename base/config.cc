@@ -191,7 +191,7 @@ Config Config::with(const qcclConfig_t* overrides) const {
     c.timeout_seconds = overrides->timeoutSeconds;
   }
   if (overrides->chunkBytes != QCCL_CONFIG_UNDEF_INT) {
-    if (overrides->chunkBytes < 64)
+    if (overrides->chunkBytes < 64 || static_cast<size_t>(overrides->chunkBytes) > kMaxChunkBytes)
       fail(qcclInvalidArgument, "config->chunkBytes = %d is out of range [64, %zu]", overrides->chunkBytes,
            kMaxChunkBytes);
     c.chunk_bytes = static_cast<size_t>(overrides->chunkBytes);

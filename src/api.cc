@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <unordered_set>
@@ -919,6 +920,11 @@ kernels::DataType delta_type(qcclDataType_t t, const char* name) {
   return static_cast<kernels::DataType>(t);
 }
 
+// The most values a delta store's row, or one call's rows, may hold: their bytes (at most 8 a value,
+// with the codec's) and the sums the store makes of them stay far from size_t's limit, as
+// buffer_bytes keeps collectives' buffers.
+constexpr size_t kMaxDeltaValues = std::numeric_limits<size_t>::max() / 2 / 8;
+
 // Validates, then runs (blocking), starts (non-blocking) or defers (inside a group) one keyed delta
 // call: a point-to-point call whose plan is the store's exchange (collectives/sendrecv_delta.h).
 void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t* keys,
@@ -927,6 +933,9 @@ void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t*
   delta_of(store);
   const std::shared_ptr<coll::DeltaLink> link = store->link;
   if (nkeys == 0) fail(qcclInvalidArgument, "nkeys = 0: nothing to send");
+  if (nkeys > kMaxDeltaValues / link->store.config().row_values)
+    fail(qcclInvalidArgument, "nkeys = %zu rows of %zu values make a message larger than the address space", nkeys,
+         link->store.config().row_values);
   require_out(keys, "keys");
   if (!buffer) fail(qcclInvalidArgument, "the buffer is NULL with nkeys = %zu", nkeys);
   if (peer < 0 || peer >= c.nranks()) fail(qcclInvalidArgument, "peer = %d is out of range [0, %d)", peer, c.nranks());
@@ -981,6 +990,8 @@ QCCL_API qcclResult_t qcclDeltaStoreCreate(qcclCodec_t codec, size_t rowValues, 
     if (!codec || !codec->config) fail(qcclInvalidArgument, "codec is NULL (make one with qcclCodecCreate)");
     if (evictLeastRecent != 0 && evictLeastRecent != 1)
       fail(qcclInvalidArgument, "evictLeastRecent = %d: 0 or 1", evictLeastRecent);
+    if (rowValues > kMaxDeltaValues)
+      fail(qcclInvalidArgument, "rowValues = %zu makes a row larger than the address space", rowValues);
     coll::DeltaStore::Config config;
     config.codec = *codec->config;
     config.row_values = rowValues;

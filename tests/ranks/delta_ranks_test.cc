@@ -186,6 +186,14 @@ TEST_CASE("delta send/recv: protocol errors and refusals fail on both ends, noth
   qcclDeltaStore_t bad = nullptr;
   CHECK(qcclDeltaStoreCreate(q8.handle, kRow, qcclFloat16, 0, 0, 0, &bad) == qcclInvalidArgument);
   CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("aq2 .. aq8"));
+  // Rows, and calls' rows, whose bytes would not fit size_t (the sums made of them wrapped: a crash).
+  Codec aq("aq4");
+  CHECK(qcclDeltaStoreCreate(aq.handle, size_t{1} << 62, qcclFloat16, 0, 0, 0, &bad) == qcclInvalidArgument);
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("rowValues = 4611686018427387904"));
+  QCCL_REQUIRE_OK(qcclDeltaStoreCreate(aq.handle, size_t{1} << 40, qcclFloat16, 0, 0, 0, &bad));
+  CHECK(qcclDeltaSend(x.data(), size_t{1} << 30, keys, qcclFloat32, bad, p.peer, w.comm()) == qcclInvalidArgument);
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("nkeys = 1073741824 rows of 1099511627776 values"));
+  QCCL_REQUIRE_OK(qcclDeltaStoreDestroy(bad));
 }
 
 namespace {

@@ -244,6 +244,12 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
     c.pipelineDepth = 2;
     CHECK(Config::resolve(&c).pipeline_depth == 2);
   });
+  // A config field is held to the range of its variable.
+  qcclConfig_t big = QCCL_CONFIG_INITIALIZER;
+  big.chunkBytes = (1 << 30) + 1;
+  CHECK_THROWS_WITH(Config::resolve(&big), Catch::Contains("config->chunkBytes = 1073741825 is out of range"));
+  big.chunkBytes = 1 << 30;
+  CHECK(Config::resolve(&big).chunk_bytes == size_t{1} << 30);
 }
 
 TEST_CASE("algorithm policy: forcing by name, falling back with a reason, and parse errors", "[policy]") {
