@@ -537,10 +537,12 @@ Options parse_options(int argc, char** argv) {
                   " ranks");
   if (o.max_bytes == 0) o.max_bytes = o.min_bytes;
   if (o.max_bytes < o.min_bytes) usage_error("--maxbytes is smaller than --minbytes");
+  if (o.min_bytes == 0 && o.max_bytes > 0)
+    usage_error("--minbytes 0 cannot grow by --stepfactor to --maxbytes; start at 1 (or -b 0 -e 0 for one row)");
   if (o.call.chunk_bytes == 0) usage_error("--chunk 0: a chunk holds at least one byte");
   for (const std::string& spec : o.codecs) {
     try {
-      if (AutoCodec::is_auto(spec)) AutoCodec(spec, 2);
+      if (AutoCodec::is_auto(spec)) AutoCodec(spec, 2, "--codec");
       else if (!spec.empty()) kernels::parse_codec_spec(spec);
     } catch (const kernels::CodecSpecError& e) {
       usage_error(std::string("--codec: ") + e.what());
@@ -676,7 +678,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    if (o.step_factor <= 1) break;
+    if (o.step_factor <= 1 || bytes == 0) break;
   }
   if (csv) csv.close();
   if (!o.plot.empty()) {

@@ -16,6 +16,7 @@
 #include "base/errors.h"
 #include "collectives/method.h"
 #include "kernels/codec.h"
+#include "kernels/convert.h"
 #include "sim/network.h"
 #include "src/executor.h"
 #include "src/frame.h"
@@ -117,6 +118,14 @@ class Binding {
       }
       method_ = coll::method_for(*codec_);
       if (!method_) throw std::invalid_argument("codec '" + call.codec + "' has no method");
+      // The library's generic checks of a compressed call (src/api.cc, validate_compressed).
+      if (!kernels::codec_input_type(call.dtype))
+        throw std::invalid_argument(std::string("datatype ") + kernels::data_type_name(call.dtype) +
+                                    ": codecs take float, half or bfloat16");
+      const bool reduces = call.kind == CollKind::kAllReduce || call.kind == CollKind::kReduceScatter;
+      if (reduces && call.op != kernels::RedOp::kSum && call.op != kernels::RedOp::kAvg)
+        throw std::invalid_argument(std::string("op ") + kernels::red_op_name(call.op) +
+                                    ": a compressed reduction sums or averages");
     }
     args_.resize(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
@@ -135,12 +144,14 @@ class Binding {
     if (!codec_) return;
     // A steady-state round (simulator.h): step 1 of a state that has seen a round, with a learning
     // rate set (codecs that scale by it refuse a state without one).
-    view_.count = call.count;
+    // A state covers what a rank encodes, as the library checks: ReduceScatter's whole input.
+    const size_t state_count = call.kind == CollKind::kReduceScatter ? call.count * static_cast<size_t>(n) : call.count;
+    view_.count = state_count;
     view_.learning_rate = 0.01;
     const coll::LegacyState seen_a_round{&zero_, 0, 1.0, true};
     const size_t states = shared_state ? 1 : static_cast<size_t>(n);
     for (size_t i = 0; i < states; ++i) {
-      states_.push_back(method_->make_state(call.count, codec_.get()));
+      states_.push_back(method_->make_state(state_count, codec_.get()));
       if (states_.back()) states_.back()->load_legacy(seen_a_round);
     }
     calls_.resize(static_cast<size_t>(n));
@@ -157,8 +168,7 @@ class Binding {
     coll::MethodState* state = states_[states_.size() == 1 ? 0 : static_cast<size_t>(r)].get();
     a.rng = kernels::PhiloxKey{codec_->seed, 1, static_cast<uint32_t>(r), 0};
     a.aggregators = 1;  // as if the job had started them: agg=switch plans send to peer nranks
-    if (auto refusal = method_->refuse(a, &view_, a.aggregators))
-      throw std::invalid_argument("codec '" + codec_->canonical() + "': " + refusal->message);
+    if (auto refusal = method_->refuse(a, &view_, a.aggregators)) throw std::invalid_argument(refusal->message);
     auto& call = calls_[static_cast<size_t>(r)];
     call = method_->begin(a, state, &view_);
     a.method_call = call.get();
@@ -791,6 +801,9 @@ std::map<std::pair<int, int>, uint64_t> execute(const Topology& topology, const 
   for (int r = 0; r < n; ++r) {
     const coll::CollArgs& args = binding.args(r);
     auto plan = algorithm.make(args, options);
+    if (plan->uses_aggregators())  // its messages would go to ranks that do not exist here
+      throw std::invalid_argument(std::string("algorithm ") + algorithm.name +
+                                  " sums through aggregator processes, which are not executed");
     transports.push_back(std::make_unique<SimTransport>(net, r));
     executors.push_back(
         std::make_unique<HostExecutor>(*transports.back(), HostExecutorOptions{call.depth, false, profile}, &names));
