@@ -547,7 +547,7 @@ Options parse_options(int argc, char** argv) {
     } catch (const kernels::CodecSpecError& e) {
       usage_error(std::string("--codec: ") + e.what());
     } catch (const Error& e) {
-      usage_error(std::string("--codec: ") + e.what());
+      usage_error(e.what());  // names --codec itself
     }
   }
   return o;
