@@ -311,6 +311,7 @@ std::vector<uint8_t> PeerInfo::serialize() const {
   w.put<int32_t>(pipeline_depth);
   w.put<int32_t>(chunk_explicit);
   w.put_string(node_map);
+  w.put_string(algorithms);
   return std::move(w.bytes());
 }
 
@@ -343,6 +344,7 @@ PeerInfo PeerInfo::parse(const std::vector<uint8_t>& bytes, int rank) {
   p.pipeline_depth = r.get<int32_t>();
   p.chunk_explicit = r.get<int32_t>();
   p.node_map = r.get_string(1 << 20);
+  p.algorithms = r.get_string(4096);
   return p;
 }
 

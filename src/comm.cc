@@ -134,6 +134,7 @@ void Comm::join(const BootstrapId& id) {
   me.link_rate_bits = config_.probe_link_rate ? kProbedLinkRate : config_.link_rate_bits;
   me.chunk_explicit = config_.chunk_explicit ? 1 : 0;
   me.node_map = config_.node_map;
+  me.algorithms = policy_.forced();
   if (auto_codec_) me.codec_policy = config_.codec;  // (a fixed codec's mismatch fails by its hash)
   me.pipeline_depth = config_.pipeline_depth;
   if (auto_codec_) me.codec_costs = auto_codec_->measure().flatten();  // stretched in agree_auto_codec
@@ -158,6 +159,12 @@ void Comm::join(const BootstrapId& id) {
     if (peers_[r].node_map != peers_[0].node_map)
       fail(qcclInvalidArgument, "%s has QCCL_NODE_MAP = '%s', %s '%s': every rank must set the same", names_[r].c_str(),
            peers_[r].node_map.c_str(), names_[0].c_str(), peers_[0].node_map.c_str());
+  for (int r = 0; r < nranks_; ++r)
+    if (peers_[r].algorithms != peers_[0].algorithms)
+      fail(qcclInvalidArgument, "%s forces %s (%s), %s %s: every rank must force the same algorithms",
+           names_[r].c_str(), peers_[r].algorithms.empty() ? "no algorithm" : peers_[r].algorithms.c_str(),
+           config_.algorithms_from.c_str(), names_[0].c_str(),
+           peers_[0].algorithms.empty() ? "none" : peers_[0].algorithms.c_str());
   for (int r = 0; r < nranks_; ++r)
     if (peers_[r].chunk_explicit != peers_[0].chunk_explicit)
       fail(qcclInvalidArgument, "%s %s the chunk (QCCL_CHUNK_BYTES or chunkBytes) and %s %s: every rank must set it, or none",

@@ -77,6 +77,12 @@ const coll::Algorithm& AlgorithmPolicy::choose(const coll::CollArgs& args) const
   fail(qcclInternalError, "no algorithm can run %s with %d ranks", coll::coll_name(args.kind), args.nranks);
 }
 
+std::string AlgorithmPolicy::forced() const {
+  std::string out;
+  for (const auto& [kind, name] : forced_) out += (out.empty() ? "" : ",") + std::string(coll::coll_name(kind)) + "=" + name;
+  return out;
+}
+
 std::string AlgorithmPolicy::describe() const {
   std::string out;
   for (int k = 0; k < coll::kNumCollKinds; ++k) {

@@ -25,6 +25,9 @@ class AlgorithmPolicy {
   bool forces(coll::CollKind kind) const { return forced_.count(kind) != 0; }
   // One line per collective for the INFO log: "AllReduce: recursive_doubling up to 32 KiB, then ring".
   std::string describe() const;
+  // What the spec forces, in one form for any spelling of it ("AllReduce=ring,Broadcast=chain"; ""
+  // when nothing is forced): ranks that force differently would run different plans.
+  std::string forced() const;
 
  private:
   std::map<coll::CollKind, std::string> forced_;

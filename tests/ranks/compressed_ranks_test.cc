@@ -307,6 +307,30 @@ TEST_CASE("QCCL_CODEC=auto: a slow link compresses within the error budget", "[a
   CHECK(std::string(stats.codec).empty());
 }
 
+TEST_CASE("ranks that force different algorithms fail at creation, naming them", "[compressed]") {
+  World& w = World::get();
+  if (w.size() < 2) return;
+  auto make = [&](const char* mine, const char* others) {
+    qcclUniqueId id;
+    if (w.rank() == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+    QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, w.comm()));
+    qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+    config.algorithms = w.rank() == 0 ? mine : others;
+    qcclComm_t comm = nullptr;
+    const qcclResult_t made = qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config);
+    if (comm) qcclCommDestroy(comm);
+    return made;
+  };
+  // Different plans would wait for each other's messages until QCCL_TIMEOUT.
+  CHECK(make("allreduce=ring", "allreduce=recursive_doubling") == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)),
+             Catch::Contains("every rank must force the same algorithms") &&
+                 Catch::Contains(w.rank() == 0 ? "AllReduce=ring" : "AllReduce=recursive_doubling"));
+  CHECK(make("", "allreduce=ring") == qcclInvalidArgument);
+  // The same forcing, spelled otherwise, agrees.
+  QCCL_REQUIRE_OK(make("allreduce=ring", "AllReduce=ring,"));
+}
+
 TEST_CASE("QCCL_CODEC=auto: every rank must set the same, or creation fails naming them", "[auto]") {
   World& w = World::get();
   if (w.size() < 2) return;
