@@ -8,7 +8,7 @@
 // dimension, hidden size H); it is cut into blocks of `rows` rows (rows = 0: the whole run is one
 // block, the reference's one scale per channel per micro-batch). A block's channel c has the scale
 // s_c = fp16(max |x| over the block's values of channel c), and each value x the code
-//   u = clamp(round(x * r_c), -2^F, 2^F - 1) + 2^F,   r_c = 2^F / fp16(s_c + 1e-6)
+//   u = clamp(round(x * r_c), -2^F, 2^F - 1) + 2^F,   r_c = 2^F / s_c (0 when s_c = 0)
 // (nearest: round half to even, the reference's; stochastic: floor(y + U), U uniform in [0, 1) from
 // Philox, unbiased wherever y stays inside the grid), decoded as ((u - 2^F) / 2^F) s_c, which is
 // exact in float32 (at most 8 + 11 significant bits), so every decoder gets the same bits.
@@ -48,13 +48,14 @@ QCCL_HD uint16_t aq_scale_bits(float m) {
 
 QCCL_HD bool aq_scale_is_nan(uint16_t s) { return (s & 0x7FFFu) > 0x7C00u; }
 
-// 2^F / d with d = fp16(s + 1e-6): what a value of the channel is multiplied by to land on the
-// grid's units (d is s itself unless s is tiny, and never 0). One division per channel, so that each
-// value costs a multiply: y = x * (2^F / d) rounds once, where the reference's x / d * 2^F rounds at
-// the division; the two differ only for a y within a float32 ulp of a rounding boundary.
-QCCL_HD float aq_factor(float s, int bits) {
-  return static_cast<float>(aq_half(bits)) / half_to_float(float_to_half(s + 1e-6f));
-}
+// 2^F / s: what a value of the channel is multiplied by to land on the grid's units, 0 for a channel
+// of zeros (s = 0: every code is then 2^F, which decodes to 0). One division per channel, so that
+// each value costs a multiply: y = x * (2^F / s) rounds once, where the reference's x / s * 2^F
+// rounds at the division; the two differ only for a y within a float32 ulp of a rounding boundary.
+// The reference divides by fp16(s + 1e-6) and decodes with s: for a channel whose s is small enough
+// that the 1e-6 is not absorbed (s below about 2e-3), every value then shrank by s / (s + 1e-6)
+// (9% at s = 1e-5), against the paper's unbiased grid k s / 2^F and the error bound qccl.h states.
+QCCL_HD float aq_factor(float s, int bits) { return s > 0 ? static_cast<float>(aq_half(bits)) / s : 0.0f; }
 
 // The code of x under a channel's factor r (aq_factor) for a uniform u in [0, 1); nearest rounding
 // ignores u.
