@@ -79,7 +79,8 @@ const coll::Algorithm& AlgorithmPolicy::choose(const coll::CollArgs& args) const
 
 std::string AlgorithmPolicy::forced() const {
   std::string out;
-  for (const auto& [kind, name] : forced_) out += (out.empty() ? "" : ",") + std::string(coll::coll_name(kind)) + "=" + name;
+  for (const auto& [kind, name] : forced_)
+    out += (out.empty() ? "" : ",") + std::string(coll::coll_name(kind)) + "=" + name;
   return out;
 }
 

@@ -142,7 +142,8 @@ TEST_CASE("keyed states: checkpoints wait for no call, and a store's save never 
   std::vector<uint8_t> checkpoint(bytes);
   QCCL_REQUIRE_OK(qcclCodecStateSave(fresh, checkpoint.data(), bytes));
   std::vector<float> x(kCount, 0.25f), y(kCount);
-  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), y.data(), kCount, qcclFloat32, qcclSum, ef.handle, state, w.comm()));
+  QCCL_REQUIRE_OK(
+      qcclAllReduceCompressed(x.data(), y.data(), kCount, qcclFloat32, qcclSum, ef.handle, state, w.comm()));
   // A call queued in a group is on the state until it ends: a load would free the residual it uses
   // (fresh's checkpoint has none), a save would read it while the call writes it.
   qcclRequest_t request = nullptr;
@@ -171,15 +172,16 @@ TEST_CASE("keyed states: checkpoints wait for no call, and a store's save never 
     for (uint64_t key = 0; !stop.load(); ++key) {
       qcclCodecState_t s = nullptr;
       qcclCodecStoreGet(store.handle, key, 1, &s);
-      added.store(key + 1);
       if (key % 1000 == 999)
         for (uint64_t old = key - 999; old < key - 100; ++old) qcclCodecStoreErase(store.handle, old);
+      added.store(key + 1);
+      std::this_thread::yield();  // the store's mutex is not fair: let the saves in
     }
   });
   while (added.load() < 500) std::this_thread::yield();  // saves while the adder runs
-  constexpr int kSaves = 1000;
-  int fitted = 0, refused = 0, overflowed = 0;
-  for (int i = 0; i < kSaves && !overflowed; ++i) {
+  constexpr int kSaves = 300;
+  int saves = 0, fitted = 0, refused = 0, overflowed = 0;
+  for (; saves < kSaves && !overflowed; ++saves) {
     size_t need = 0;
     QCCL_REQUIRE_OK(qcclCodecStoreSize(store.handle, &need));
     std::vector<uint8_t> buffer(need + 64, 0xAB);
@@ -193,7 +195,7 @@ TEST_CASE("keyed states: checkpoints wait for no call, and a store's save never 
   stop = true;
   adder.join();
   CHECK(overflowed == 0);
-  CHECK(fitted + refused == kSaves);
+  CHECK(fitted + refused == saves);
 }
 
 }  // namespace qccl::test
