@@ -157,23 +157,34 @@ void attach(Comm& c, qcclComm_t q, std::unique_ptr<CodecPolicy> policy) {
     if (qcclComm_t mine = c.q.exchange(nullptr)) qcclCommAbort(mine);
 }
 
-}  // namespace
-
-void run_init(Comm& c, const InitRequest& request) {
+// Makes c: `make` (given the qccl config) returns this rank's qccl communicator, or null for a split's
+// NCCL_SPLIT_NOCOLOR rank; the outcome is recorded in c (attached and in its clique, or the error),
+// then the initialisation is marked done. The policy is read first (attach).
+template <class Make>
+void create(Comm& c, Make&& make) {
   try {
     std::unique_ptr<CodecPolicy> policy = CodecPolicy::from_env();
-    qcclConfig_t config = qccl_config();
-    qcclComm_t q = nullptr;
-    check_qccl(qcclCommInitRankConfig(&q, request.nranks, request.id, request.rank, &config), "qcclCommInitRankConfig");
-    c.identity.assign(reinterpret_cast<const char*>(&request.id), sizeof(request.id));
-    attach(c, q, std::move(policy));
-    join_clique(c);
+    if (qcclComm_t q = make(qccl_config())) {
+      attach(c, q, std::move(policy));
+      join_clique(c);
+    }
     c.init_result = ncclSuccess;
   } catch (const ShimError& e) {
     c.init_result = e.code;
     c.init_error = e.message;
   }
   c.init_state.store(0);
+}
+
+}  // namespace
+
+void run_init(Comm& c, const InitRequest& request) {
+  create(c, [&](qcclConfig_t config) {
+    qcclComm_t q = nullptr;
+    check_qccl(qcclCommInitRankConfig(&q, request.nranks, request.id, request.rank, &config), "qcclCommInitRankConfig");
+    c.identity.assign(reinterpret_cast<const char*>(&request.id), sizeof(request.id));
+    return q;
+  });
 }
 
 ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config) {
@@ -239,23 +250,15 @@ namespace {
 // This rank's part of qcclCommSplit, collective over the parent's ranks: makes child, or leaves it
 // without a communicator where color is NCCL_SPLIT_NOCOLOR.
 void run_split(Comm& child, qcclComm_t parent, int color, int key) {
-  try {
-    std::unique_ptr<CodecPolicy> policy = CodecPolicy::from_env();
-    qcclConfig_t qc = qccl_config();
+  create(child, [&](qcclConfig_t config) {
     qcclComm_t q = nullptr;
-    check_qccl(qcclCommSplit(parent, color, key, &q, &qc), "qcclCommSplit");
+    check_qccl(qcclCommSplit(parent, color, key, &q, &config), "qcclCommSplit");
     if (q) {
       qcclCommCount(q, &child.nranks);
       qcclCommUserRank(q, &child.rank);
-      attach(child, q, std::move(policy));
-      join_clique(child);
     }
-    child.init_result = ncclSuccess;
-  } catch (const ShimError& e) {
-    child.init_result = e.code;
-    child.init_error = e.message;
-  }
-  child.init_state.store(0);
+    return q;
+  });
 }
 
 }  // namespace
