@@ -324,7 +324,10 @@ QCCL_API qcclResult_t qcclScatter(const void* sendbuff, void* recvbuff, size_t c
                                   int root, qcclComm_t comm);
 /* Point to point: peer must call qcclRecv with the same count and datatype. Two ranks that send to
  * each other must do so inside qcclGroupStart/qcclGroupEnd (or with qcclISend/qcclIRecv), as in
- * NCCL, since a large send completes only when the receiver has posted its receive. */
+ * NCCL, since a large send completes only when the receiver has posted its receive. The calls from
+ * one rank to another meet in call order, whatever their form: the n-th send to peer (qcclSend,
+ * qcclSendCompressed or qcclDeltaSend, blocking or not) meets the peer's n-th receive from this rank,
+ * which must be of the same form (qcclMismatch otherwise). */
 QCCL_API qcclResult_t qcclSend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer,
                                qcclComm_t comm);
 QCCL_API qcclResult_t qcclRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer,
@@ -642,7 +645,8 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * receive its gradients in one group), like qcclSend and qcclRecv. Calls on one store run one after
  * the other in call order, each once the one before completed (every message depends on the store
  * the one before left), and so do the two ends' calls; calls on other stores and other
- * point-to-point calls run beside them. Warm-up is the store's setting when the call is made.
+ * point-to-point calls run beside them, and meet their peer's calls in call order with them
+ * (qcclSend). Warm-up is the store's setting when the call is made.
  * While calls on a store are in flight, qcclDeltaStoreSetFile, SetLowBits and Load are refused
  * (qcclInvalidUsage); qcclDeltaStoreDestroy may be called, and the store lives on until they
  * complete. A store is one end of one link, so its calls go to one peer; it is not tied to a

@@ -94,7 +94,7 @@ Comm::Comm(int rank, int nranks, const Config& config)
                       ? std::make_unique<AutoCodec>(config.codec, nranks, config.codec_from)
                       : nullptr),
       state_budget_(std::make_shared<StateBudget>(config.codec_state_budget)),
-      send_sequence_(nranks, 0), recv_sequence_(nranks, 0), delta_sent_(nranks, 0), delta_received_(nranks, 0) {
+      send_sequence_(nranks, 0), recv_sequence_(nranks, 0) {
   progress_wake_fd_ = make_eventfd();
   driver_wake_fd_ = make_eventfd();
   hand_off_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
@@ -382,15 +382,11 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
 
   OperationIdentity identity;
   identity.p2p = args.kind == coll::CollKind::kSend || args.kind == coll::CollKind::kRecv;
+  // Point-to-point calls, keyed delta calls among them, are numbered per peer and direction
+  // (src/message_key.h).
+  identity.keyed = args.delta != nullptr;
   if (!identity.p2p) {
     identity.sequence = next_sequence_++;
-  } else if (args.delta) {
-    // The k-th delta call from rank s to rank r is number 2k (s < r) or 2k + 1 (s > r) at both ends,
-    // so that the calls of the two directions between a pair never share a number.
-    const bool sends = args.kind == coll::CollKind::kSend;
-    const bool low_sends = sends ? rank_ < args.peer : args.peer < rank_;
-    identity.keyed = true;
-    identity.sequence = 2 * (sends ? delta_sent_ : delta_received_)[args.peer]++ + (low_sends ? 0 : 1);
   } else if (args.kind == coll::CollKind::kSend) {
     identity.sequence = send_sequence_[args.peer]++;
   } else {

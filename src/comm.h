@@ -255,10 +255,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   // Submission side (the calling thread).
   uint64_t next_sequence_ = 0;
-  std::vector<uint64_t> send_sequence_, recv_sequence_;
-  // Keyed delta calls this rank made with each peer as the sender and as the receiver: their messages
-  // go both ways, so they are numbered apart from the other point-to-point calls (start()).
-  std::vector<uint64_t> delta_sent_, delta_received_;
+  std::vector<uint64_t> send_sequence_, recv_sequence_;  // point-to-point calls to and from each peer
 
   // Operations started and not done, in call order; `active_version_` changes whenever the list does.
   // A deque: they finish from the front, and hundreds may be outstanding.

@@ -123,9 +123,18 @@ class PlanExecution final : public Execution {
   };
   static constexpr size_t kIdle = ~size_t{0};
 
-  transport::Key key(uint32_t message, bool tainted = false) const {
-    const uint64_t sequence =
-        identity_.p2p ? message_key::p2p_sequence(identity_.sequence, identity_.keyed) : identity_.sequence;
+  // The key of one of the call's messages. `to_receiver`: the frame header that travels toward a
+  // point-to-point call's receiving end, which a keyed delta call sends as a plain call would
+  // (src/message_key.h).
+  transport::Key key(uint32_t message, bool tainted = false, bool to_receiver = false) const {
+    uint64_t sequence = identity_.sequence;
+    if (identity_.p2p && identity_.keyed && !to_receiver) {
+      const coll::CollArgs& args = plan_->args();
+      const bool sends = args.kind == coll::CollKind::kSend;
+      sequence = message_key::keyed_sequence(sequence, sends ? args.rank > args.peer : args.peer > args.rank);
+    } else if (identity_.p2p) {
+      sequence = message_key::p2p_sequence(sequence);
+    }
     return message_key::make(identity_.p2p, sequence, tainted, message, identity_.header.fingerprint());
   }
   void start();
@@ -349,18 +358,20 @@ void PlanExecution::start() {
   unique(send_to);
   unique(recv_from);
   // Receives first, so that a header from a fast peer finds its buffer posted.
+  const bool receives = plan_->args().kind == coll::CollKind::kRecv;
   header_recvs_.resize(recv_from.size());
   for (size_t i = 0; i < recv_from.size(); ++i) {
     HeaderLink& link = header_recvs_[i];
     link.peer = recv_from[i];
-    link.handle = transport_.irecv(link.peer, key(0), kIgnoredBits, link.bytes.get(), FrameHeader::kBytes);
+    link.handle = transport_.irecv(link.peer, key(0, false, receives), kIgnoredBits, link.bytes.get(),
+                                   FrameHeader::kBytes);
   }
   header_sends_.resize(send_to.size());
   for (size_t i = 0; i < send_to.size(); ++i) {
     HeaderLink& link = header_sends_[i];
     link.peer = send_to[i];
     identity_.header.encode(link.bytes.get());
-    link.handle = transport_.isend(link.peer, key(0), link.bytes.get(), FrameHeader::kBytes);
+    link.handle = transport_.isend(link.peer, key(0, false, !receives), link.bytes.get(), FrameHeader::kBytes);
   }
   headers_verified_ = header_recvs_.empty();
 

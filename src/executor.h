@@ -56,9 +56,9 @@ namespace qccl {
 struct OperationIdentity {
   uint64_t sequence = 0;  // the collective's number on the communicator (per peer for point-to-point)
   bool p2p = false;
-  bool keyed = false;  // a keyed delta call (point-to-point, numbered apart: src/message_key.h)
+  bool keyed = false;  // a keyed delta call (point-to-point; its keys: src/message_key.h)
   FrameHeader header;    // what this rank sends on each of its links
-  FrameHeader expected;  // what it expects from each peer (differs only for Recv)
+  FrameHeader expected;  // what it expects from each peer (its `receiver`: this rank's role, not compared)
 };
 
 // What an execution measured, read once it finished.

@@ -16,6 +16,8 @@ bool reduces(coll::CollKind kind) {
 
 using coll::rooted;
 
+constexpr uint8_t kDeltaFlag = 1, kReceiverFlag = 2;  // the flags byte of the encoded header
+
 }  // namespace
 
 FrameHeader FrameHeader::for_call(const coll::CollArgs& args, uint64_t sequence, uint64_t codec_hash,
@@ -29,6 +31,8 @@ FrameHeader FrameHeader::for_call(const coll::CollArgs& args, uint64_t sequence,
   h.sequence = sequence;
   h.codec_hash = codec_hash;
   h.codec_step = codec_step;
+  h.delta = args.delta != nullptr;
+  h.receiver = args.kind == coll::CollKind::kRecv;
   h.sender = args.rank;
   return h;
 }
@@ -40,7 +44,7 @@ void FrameHeader::encode(uint8_t out[kBytes]) const {
   w.put<uint8_t>(static_cast<uint8_t>(kind));
   w.put<uint8_t>(static_cast<uint8_t>(dtype));
   w.put<uint8_t>(static_cast<uint8_t>(op));
-  w.put<uint8_t>(0);
+  w.put<uint8_t>(static_cast<uint8_t>((delta ? kDeltaFlag : 0) | (receiver ? kReceiverFlag : 0)));
   w.put<uint16_t>(0);
   w.put<int32_t>(root);
   w.put<int32_t>(sender);
@@ -65,11 +69,14 @@ FrameHeader FrameHeader::decode(const uint8_t* data, size_t size, const std::str
     fail(qcclRemoteError, "%s sent a frame header with magic 0x%08x version %u (expected 0x%08x version %u)",
          from.c_str(), magic, version, kMagic, kVersion);
   FrameHeader h;
-  uint8_t kind = r.get<uint8_t>(), dtype = r.get<uint8_t>(), op = r.get<uint8_t>();
-  r.get<uint8_t>();
+  uint8_t kind = r.get<uint8_t>(), dtype = r.get<uint8_t>(), op = r.get<uint8_t>(), flags = r.get<uint8_t>();
   r.get<uint16_t>();
-  if (kind >= coll::kNumCollKinds || dtype >= kernels::kNumDataTypes || op >= kernels::kNumRedOps)
-    fail(qcclRemoteError, "%s sent a frame header with collective %u, datatype %u, op %u", from.c_str(), kind, dtype, op);
+  if (kind >= coll::kNumCollKinds || dtype >= kernels::kNumDataTypes || op >= kernels::kNumRedOps ||
+      (flags & ~(kDeltaFlag | kReceiverFlag)))
+    fail(qcclRemoteError, "%s sent a frame header with collective %u, datatype %u, op %u, flags 0x%02x", from.c_str(),
+         kind, dtype, op, flags);
+  h.delta = flags & kDeltaFlag;
+  h.receiver = flags & kReceiverFlag;
   h.kind = static_cast<coll::CollKind>(kind);
   h.dtype = static_cast<kernels::DataType>(dtype);
   h.op = static_cast<kernels::RedOp>(op);
@@ -100,11 +107,14 @@ uint32_t FrameHeader::fingerprint() const {
   mix(count);
   mix(codec_hash);
   mix(codec_step);
+  mix(delta ? 1 : 0);
   return static_cast<uint32_t>((h ^ (h >> 12) ^ (h >> 24) ^ (h >> 36) ^ (h >> 48)) & 0xfff);
 }
 
 std::string FrameHeader::describe() const {
-  std::string s = std::string(coll::coll_name(kind)) + "(count=" + std::to_string(count) + ", " +
+  const bool recv = kind == coll::CollKind::kSend && receiver;
+  if (delta) return std::string(recv ? "DeltaRecv" : "DeltaSend") + " #" + std::to_string(sequence);
+  std::string s = std::string(recv ? "Recv" : coll::coll_name(kind)) + "(count=" + std::to_string(count) + ", " +
                   kernels::data_type_name(dtype);
   if (reduces(kind)) s += std::string(", ") + kernels::red_op_name(op);
   if (rooted(kind)) s += ", root=" + std::to_string(root);
@@ -118,17 +128,18 @@ std::string frame_mismatch(const FrameHeader& expected, const FrameHeader& their
   const bool same_call = expected.kind == theirs.kind && expected.dtype == theirs.dtype && expected.op == theirs.op &&
                          expected.root == theirs.root && expected.count == theirs.count &&
                          expected.sequence == theirs.sequence && expected.codec_hash == theirs.codec_hash &&
-                         expected.codec_step == theirs.codec_step;
+                         expected.codec_step == theirs.codec_step && expected.delta == theirs.delta;
   const bool same_scale = std::memcmp(&expected.codec_scale, &theirs.codec_scale, sizeof(double)) == 0;
   if (same_call && same_scale) return std::string();
-  // On the receiving end of a point-to-point pair the expectation is written as a Send; say Recv.
-  std::string mine = expected.describe();
-  if (expected.kind == coll::CollKind::kSend) mine.replace(0, 4, "Recv");
+  const std::string mine = expected.describe();
   std::string text = "rank " + std::to_string(theirs.sender) + " called " + theirs.describe() + " but this rank called " + mine;
   const bool same_but_codec = expected.kind == theirs.kind && expected.dtype == theirs.dtype &&
                               expected.op == theirs.op && expected.root == theirs.root &&
                               expected.count == theirs.count;
-  if (expected.codec_step != theirs.codec_step && expected.codec_hash == theirs.codec_hash)
+  if (expected.delta != theirs.delta)
+    text += " (point-to-point calls between two ranks meet in call order in each direction, keyed delta calls "
+            "and plain ones alike)";
+  else if (expected.codec_step != theirs.codec_step && expected.codec_hash == theirs.codec_hash)
     text += " (their codec states are at different steps: every rank must pass its own state for the same tensor, "
             "restored from the same checkpoint)";
   else if (same_but_codec && expected.codec_hash != theirs.codec_hash)

@@ -24,7 +24,7 @@ namespace qccl {
 
 struct FrameHeader {
   static constexpr uint32_t kMagic = 0x46434351;  // "QCCF"
-  static constexpr uint16_t kVersion = 3;
+  static constexpr uint16_t kVersion = 4;
   static constexpr size_t kBytes = 64;
 
   coll::CollKind kind = coll::CollKind::kAllReduce;  // Send for both ends of a point-to-point pair
@@ -38,6 +38,8 @@ struct FrameHeader {
   // The scale every rank must share (IntSGD's alpha; 0 for other codecs): it depends on replicated
   // state only, so a difference means the states diverged (and the integer sums would be garbage).
   double codec_scale = 0;
+  bool delta = false;     // a keyed delta call (qcclDeltaSend / qcclDeltaRecv): count 1 and uint8 then
+  bool receiver = false;  // made by the receiving end of a point-to-point pair (described, not compared)
   int32_t sender = -1;
 
   // What rank `args.rank` sends for these arguments (a Recv expects the matching Send's header).
@@ -48,14 +50,15 @@ struct FrameHeader {
   // Throws Error(qcclRemoteError) naming `from` when the bytes are not a header of this version.
   static FrameHeader decode(const uint8_t* data, size_t size, const std::string& from);
 
-  // 12-bit hash of everything that must agree (kind, dtype, op, root, count, codec and its step).
+  // 12-bit hash of everything that must agree (kind, dtype, op, root, count, codec and its step, delta).
   uint32_t fingerprint() const;
-  // "AllReduce(count=1000, float, sum) #5"
+  // The call that made it: "AllReduce(count=1000, float, sum) #5", "Recv(count=16, float) #0",
+  // "DeltaSend #3".
   std::string describe() const;
 };
 
-// Empty when `theirs` (received from a peer) matches what this rank expects; else a sentence that
-// says how they differ.
+// Empty when `theirs` (received from a peer) matches what this rank expects (`expected`, whose
+// `receiver` is this rank's own role); else a sentence that says how they differ.
 std::string frame_mismatch(const FrameHeader& expected, const FrameHeader& theirs);
 
 }  // namespace qccl

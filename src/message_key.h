@@ -1,7 +1,7 @@
 // The transport key of every message a collective sends, shared by the executor and by the IntSGD
 // aggregator daemon, which must take a chunk's key apart the same way:
 //   [p2p:1 | sequence:14 | taint:1 | message:16 | fingerprint:12]   (transports/ adds the sender)
-// (point-to-point: sequence = [keyed:1 | sequence:13], p2p_sequence below)
+// (point-to-point: sequence = [keyed:1 | sequence:13], p2p_sequence and keyed_sequence below)
 // The taint bit carries "this fragment met a non-finite value" from rank to rank at no cost in bytes
 // (Marsit's sign bits have no room for NaN); receives ignore it and the fingerprint, and check the
 // fingerprint on arrival (src/frame.h).
@@ -23,12 +23,18 @@ constexpr transport::Key make(bool p2p, uint64_t sequence, bool tainted, uint32_
          (fingerprint & kFingerprintBits);
 }
 
-// Point-to-point calls are numbered per peer and direction; keyed delta calls, whose messages go both
-// ways, are numbered apart (src/comm.cc): the sequence field's top bit tells the two apart, and 13
-// bits number the calls of each.
+// Point-to-point calls are numbered per peer and direction in call order, whatever their kind
+// (src/comm.cc): the n-th call from rank s to rank r at s meets the n-th from s at r. A plain call's
+// messages travel as number n. A keyed delta call's frame header to its receiver does too, where a
+// plain call's would, so that a plain call and a delta call that meet fail on it (qcclMismatch) instead
+// of waiting for each other; its other messages go both ways and travel apart (the sequence field's
+// top bit set) as 2n + 1 when s > r and 2n when s < r, so that the calls of the two directions, which
+// are numbered alike, never share one. 13 bits remain: calls 4096 apart in one direction may not be
+// in flight together.
 constexpr uint64_t kKeyedBit = uint64_t{1} << 13;
-constexpr uint64_t p2p_sequence(uint64_t sequence, bool keyed) {
-  return (sequence & (kKeyedBit - 1)) | (keyed ? kKeyedBit : 0);
+constexpr uint64_t p2p_sequence(uint64_t n) { return n & (kKeyedBit - 1); }
+constexpr uint64_t keyed_sequence(uint64_t n, bool high_sender) {
+  return ((2 * n + (high_sender ? 1 : 0)) & (kKeyedBit - 1)) | kKeyedBit;
 }
 
 // The message field: 0 a frame header, 1 .. 0xffef a fragment's payload, 0xfff0 + k agreement round k

@@ -22,13 +22,16 @@ namespace {
 }
 
 // A transfer refused as it is posted because the peer's endpoint failed (the peer died, or the link
-// to it) is the peer's failure, as one that fails later in test() is: qcclRemoteError.
+// to it) is the peer's failure, as one that fails later in test() is: qcclRemoteError. So is a
+// shared-memory error there: UCX attaches to the peer's segment at its first message, and the
+// segment is gone when the peer destroyed its communicator (after a failure it saw first) or died.
 qcclResult_t posting_error(ucs_status_t status) {
   switch (status) {
     case UCS_ERR_ENDPOINT_TIMEOUT:
     case UCS_ERR_CONNECTION_RESET:
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_REJECTED:
+    case UCS_ERR_SHMEM_SEGMENT:
       return qcclRemoteError;
     default:
       return qcclSystemError;

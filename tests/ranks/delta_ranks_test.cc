@@ -323,13 +323,14 @@ TEST_CASE("delta send/recv: non-blocking calls and groups", "[delta]") {
       CHECK(qcclDeltaSend(script.rows[0].data(), k.size(), k.data(), qcclFloat32, store.handle, p.peer, other) ==
             qcclInvalidUsage);
       CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("another communicator"));
-      QCCL_REQUIRE_OK(qcclSend(&go, 1, qcclInt32, p.peer, w.comm()));
+      // (`go` on the other communicator: on this one it would meet the delta call, as its next call.)
+      QCCL_REQUIRE_OK(qcclSend(&go, 1, qcclInt32, p.peer, other));
       QCCL_REQUIRE_OK(qcclWait(&request));
       QCCL_REQUIRE_OK(qcclCommDestroy(other));
     } else {
       qcclComm_t other = nullptr;
       QCCL_REQUIRE_OK(qcclCommSplit(w.comm(), 0, w.rank(), &other, nullptr));
-      QCCL_REQUIRE_OK(qcclRecv(&go, 1, qcclInt32, p.peer, w.comm()));
+      QCCL_REQUIRE_OK(qcclRecv(&go, 1, qcclInt32, p.peer, other));
       QCCL_REQUIRE_OK(exchange());
       QCCL_REQUIRE_OK(qcclCommDestroy(other));
     }
@@ -396,6 +397,60 @@ TEST_CASE("delta send/recv: non-blocking calls and groups", "[delta]") {
     CHECK(store.info().sequence == 1);
     CHECK(store.info().lastFullRows == 2);
     if (!p.sender) CHECK(out == x);  // 0.25 is exact in float16
+  }
+}
+
+TEST_CASE("delta send/recv: a delta call met by a plain point-to-point call fails as a mismatch", "[delta]") {
+  World& w = World::get();
+  if (w.size() % 2) return;
+  const Pair p = pair_of(w);
+  const std::string spec = "aq4:channels=32";
+  const uint64_t key = 9;
+  std::vector<float> row(kRow, 0.5f), out(kRow, -1.0f);
+  // Point-to-point calls meet in call order in each direction, whatever their kind: a plain call
+  // that meets a delta call fails on the frame header it receives (before, both waited out
+  // QCCL_TIMEOUT). One communicator per pair, broken by each case; the sender is rank 0 of it.
+  auto run = [&](bool sender_delta) {
+    qcclComm_t pair = nullptr;
+    QCCL_REQUIRE_OK(qcclCommSplit(w.comm(), w.rank() / 2, w.rank(), &pair, nullptr));
+    const int peer = p.sender ? 1 : 0;
+    Store store(spec, 0, 0);
+    // One plain call first, so that the calls that meet are number 1 of their direction.
+    int32_t token = 5;
+    QCCL_REQUIRE_OK(p.sender ? qcclSend(&token, 1, qcclInt32, peer, pair) : qcclRecv(&token, 1, qcclInt32, peer, pair));
+    qcclResult_t result;
+    if (p.sender == sender_delta)
+      result = p.sender ? qcclDeltaSend(row.data(), 1, &key, qcclFloat32, store.handle, peer, pair)
+                        : qcclDeltaRecv(out.data(), 1, &key, qcclFloat32, store.handle, peer, pair);
+    else
+      result = p.sender ? qcclSend(row.data(), kRow, qcclFloat32, peer, pair)
+                        : qcclRecv(out.data(), kRow, qcclFloat32, peer, pair);
+    const std::string error = qcclGetLastError(nullptr);
+    qcclCommDestroy(pair);
+    return std::make_pair(result, error);
+  };
+  SECTION("a delta send met by a plain receive") {
+    const auto [result, error] = run(true);
+    INFO(error);
+    if (p.sender) {
+      CHECK((result == qcclMismatch || result == qcclRemoteError));  // told by the receiver
+    } else {
+      CHECK(result == qcclMismatch);
+      CHECK_THAT(error, Catch::Contains("called DeltaSend #1 but this rank called Recv(count=128, float) #1"));
+    }
+    CHECK(out == std::vector<float>(kRow, -1.0f));
+  }
+  SECTION("a plain send met by a delta receive") {
+    const auto [result, error] = run(false);
+    INFO(error);
+    if (p.sender) {  // its bytes may have left before the receiver failed
+      CHECK((result == qcclSuccess || result == qcclMismatch || result == qcclRemoteError));
+    } else {
+      CHECK(result == qcclMismatch);
+      CHECK_THAT(error, Catch::Contains("called Send(count=128, float) #1 but this rank called DeltaRecv #1") &&
+                            Catch::Contains("call order"));
+      CHECK(out == std::vector<float>(kRow, -1.0f));
+    }
   }
 }
 

@@ -67,6 +67,29 @@ TEST_CASE("frame header: encode/decode round trip and mismatch messages", "[fram
   coll::CollArgs send = args_for(coll::CollKind::kSend, 20);
   CHECK_THAT(frame_mismatch(FrameHeader::for_call(recv, 0, 0), FrameHeader::for_call(send, 0, 0)),
              Catch::Contains("Send(count=20") && Catch::Contains("Recv(count=10"));
+  const FrameHeader matching_send = FrameHeader::for_call(args_for(coll::CollKind::kSend, 10), 0, 0);
+  CHECK(frame_mismatch(FrameHeader::for_call(recv, 0, 0), matching_send).empty());
+  // A keyed delta call (count 1, uint8, as the library makes them) meets only a delta call, either
+  // end of it; its role travels in the header and names it.
+  coll::CollArgs delta_send = args_for(coll::CollKind::kSend, 1), delta_recv = args_for(coll::CollKind::kRecv, 1);
+  coll::DeltaCall* const any_call = reinterpret_cast<coll::DeltaCall*>(&delta_send);  // only compared with null
+  for (coll::CollArgs* a : {&delta_send, &delta_recv}) a->dtype = kernels::DataType::kUint8, a->delta = any_call;
+  FrameHeader dsend = FrameHeader::for_call(delta_send, 4, 0), drecv = FrameHeader::for_call(delta_recv, 4, 0);
+  dsend.encode(bytes);
+  CHECK(FrameHeader::decode(bytes, sizeof(bytes), "rank 9").delta);
+  drecv.encode(bytes);
+  CHECK(FrameHeader::decode(bytes, sizeof(bytes), "rank 9").receiver);
+  CHECK(frame_mismatch(dsend, drecv).empty());
+  CHECK(frame_mismatch(drecv, dsend).empty());
+  CHECK(dsend.fingerprint() == drecv.fingerprint());
+  coll::CollArgs plain_recv = delta_recv;
+  plain_recv.delta = nullptr;
+  CHECK_THAT(frame_mismatch(FrameHeader::for_call(plain_recv, 4, 0), dsend),
+             Catch::Contains("called DeltaSend #4 but this rank called Recv(count=1, uint8) #4") &&
+                 Catch::Contains("call order"));
+  CHECK_THAT(frame_mismatch(drecv, FrameHeader::for_call(args_for(coll::CollKind::kSend, 16), 4, 0)),
+             Catch::Contains("called Send(count=16, float) #4 but this rank called DeltaRecv #4"));
+  CHECK(FrameHeader::for_call(plain_recv, 4, 0).fingerprint() != dsend.fingerprint());  // (these two differ)
   // Arguments a collective ignores do not make a mismatch.
   coll::CollArgs a = args_for(coll::CollKind::kAllGather, 5), b = a;
   b.op = kernels::RedOp::kMax;
@@ -144,21 +167,30 @@ TEST_CASE("frame header: corrupted or truncated bytes are a clear error, never a
 }
 
 TEST_CASE("message keys: keyed delta calls and plain point-to-point calls never share a key", "[frame]") {
+  using message_key::keyed_sequence;
   using message_key::make;
   using message_key::p2p_sequence;
-  // Every plain sequence against every keyed one, over a window wider than the 13 bits they keep.
+  // Every plain call's number against every delta call's of either direction, over a window wider
+  // than the 13 bits they keep.
   for (uint64_t plain = 0; plain < 3 * message_key::kKeyedBit; plain += 97)
     for (uint64_t keyed = 0; keyed < 3 * message_key::kKeyedBit; keyed += 89)
-      REQUIRE(make(true, p2p_sequence(plain, false), false, 1, 0) != make(true, p2p_sequence(keyed, true), false, 1, 0));
-  // Calls of one kind stay apart within 8192 of each other, and the field is what they share with
-  // collectives, which keep 14 bits (and differ by the p2p bit).
-  CHECK(p2p_sequence(5, false) != p2p_sequence(5 + 4096, false));
-  CHECK(p2p_sequence(5, false) == p2p_sequence(5 + message_key::kKeyedBit, false));
-  CHECK(make(false, 5, false, 1, 0) != make(true, p2p_sequence(5, false), false, 1, 0));
+      for (bool high : {false, true})
+        REQUIRE(make(true, p2p_sequence(plain), false, 1, 0) != make(true, keyed_sequence(keyed, high), false, 1, 0));
+  // The delta calls of the two directions between a pair, numbered alike, never share a key.
+  for (uint64_t a = 0; a < 3 * message_key::kKeyedBit; a += 31)
+    for (uint64_t b = 0; b < 3 * message_key::kKeyedBit; b += 37)
+      REQUIRE(keyed_sequence(a, false) != keyed_sequence(b, true));
+  // Calls of one direction stay apart within 8192 (plain) and 4096 (delta) of each other, and the
+  // field is what they share with collectives, which keep 14 bits (and differ by the p2p bit).
+  CHECK(p2p_sequence(5) != p2p_sequence(5 + 4096));
+  CHECK(p2p_sequence(5) == p2p_sequence(5 + message_key::kKeyedBit));
+  CHECK(keyed_sequence(5, true) != keyed_sequence(5 + 4095, true));
+  CHECK(keyed_sequence(5, true) == keyed_sequence(5 + 4096, true));
+  CHECK(make(false, 5, false, 1, 0) != make(true, p2p_sequence(5), false, 1, 0));
   CHECK(make(false, 5, false, 1, 0) != make(false, 5 + message_key::kKeyedBit, false, 1, 0));
   // What receives ignore (taint, fingerprint) never makes two calls' keys equal.
-  CHECK(message_key::chunk_id(make(true, p2p_sequence(7, true), true, 3, 0xabc)) ==
-        message_key::chunk_id(make(true, p2p_sequence(7, true), false, 3, 0)));
+  CHECK(message_key::chunk_id(make(true, keyed_sequence(7, false), true, 3, 0xabc)) ==
+        message_key::chunk_id(make(true, keyed_sequence(7, false), false, 3, 0)));
 }
 
 TEST_CASE("byte reader: every read is bounds-checked", "[wire]") {
