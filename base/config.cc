@@ -44,7 +44,7 @@ const char* env(const char* name) {
   return (v && *v) ? v : nullptr;
 }
 
-bool parse_bit_rate(const std::string& text, uint64_t* bits_per_s) {
+double tc_rate_unit(const std::string& unit) {
   // Units of tc(8) (tc_util.c): bit-based and byte-based ("bps" is bytes per second), SI and IEC.
   static const struct {
     const char* unit;
@@ -57,6 +57,14 @@ bool parse_bit_rate(const std::string& text, uint64_t* bits_per_s) {
       {"kibps", 8 * 1024.0}, {"mibps", 8 * 1048576.0}, {"gibps", 8 * 1073741824.0},
       {"tibps", 8 * 1099511627776.0},
   };
+  std::string lower = unit;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return tolower(c); });
+  for (const auto& u : kUnits)
+    if (lower == u.unit) return u.bits;
+  return 0;
+}
+
+bool parse_bit_rate(const std::string& text, uint64_t* bits_per_s) {
   // A plain decimal number (no sign, exponent, hex, inf or whitespace, which strtod would take).
   size_t i = 0, dots = 0;
   while (i < text.size() && (isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
@@ -64,17 +72,12 @@ bool parse_bit_rate(const std::string& text, uint64_t* bits_per_s) {
     i++;
   }
   if (i == 0 || dots > 1 || (i == 1 && dots == 1)) return false;
-  double value = strtod(text.substr(0, i).c_str(), nullptr);
-  std::string unit = text.substr(i);
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return tolower(c); });
-  for (const auto& u : kUnits) {
-    if (unit != u.unit) continue;
-    double bits = value * u.bits;
-    if (!(bits >= 1000.0) || bits > 1e15) return false;  // below 1kbit: not a network (tbf refuses it)
-    *bits_per_s = static_cast<uint64_t>(bits);
-    return true;
-  }
-  return false;
+  const double scale = tc_rate_unit(text.substr(i));
+  if (scale == 0) return false;
+  const double bits = strtod(text.substr(0, i).c_str(), nullptr) * scale;
+  if (!(bits >= 1000.0) || bits > 1e15) return false;  // below 1kbit: not a network (tbf refuses it)
+  *bits_per_s = static_cast<uint64_t>(bits);
+  return true;
 }
 
 size_t chunk_for_link_rate(uint64_t bits_per_s) {

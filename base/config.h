@@ -59,6 +59,9 @@ double parse_double(const std::string& what, const std::string& value, double lo
 // A tc(8) rate ("100mbit", "1gbit", "500kbit", "10mbps" = 10 MB/s, "1gibit", a bare number = bit/s;
 // units case-insensitive) in bit/s. False when the text is not a rate or is below 1kbit.
 bool parse_bit_rate(const std::string& text, uint64_t* bits_per_s);
+// Bits per second in one of tc's rate units ("" and "bit" 1, "mbit" 1e6, "mbps" 8e6, "gibit", ...;
+// case-insensitive), or 0 when `unit` is none of them.
+double tc_rate_unit(const std::string& unit);
 
 // The chunk for a link of this rate when QCCL_CHUNK_BYTES is not set: 5 ms of the link, in 4 KiB
 // multiples, from 16 KiB to 256 KiB. Over a slow link with a shallow queue (10 ms of traffic in

@@ -127,6 +127,8 @@ struct CodecConfig {
 };
 
 CodecConfig parse_codec_spec(const std::string& spec);
+// Whether `name` names a codec ("q4", "sign", "aq8"; not a spec with options).
+bool is_codec_name(const std::string& name);
 
 // What one encode saw: q buckets that held NaN or Inf (sent as NaN), or, for the casts, values that
 // are not finite after the cast (NaN and Inf pass through as themselves; fp16 overflow becomes Inf).

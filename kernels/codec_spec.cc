@@ -80,33 +80,49 @@ uint64_t parse_number(const std::string& spec, const std::string& key, const std
 
 }  // namespace
 
+namespace {
+
+// The kind and width a codec's name gives; false for no codec's name.
+bool codec_of_name(const std::string& name, CodecConfig* c) {
+  if (name == "none") {
+    c->kind = CodecKind::kNone, c->bits = 32;
+  } else if (name == "fp16") {
+    c->kind = CodecKind::kFp16, c->bits = 16;
+  } else if (name == "bf16") {
+    c->kind = CodecKind::kBf16, c->bits = 16;
+  } else if (name.size() == 2 && name[0] == 'q' && name[1] >= '1' && name[1] <= '8') {
+    c->kind = CodecKind::kQuant, c->bits = name[1] - '0';
+  } else if (name == "sign") {
+    c->kind = CodecKind::kSign, c->bits = 1;
+  } else if (name == "int8" || name == "int16" || name == "int32") {
+    c->kind = CodecKind::kInt, c->bits = std::atoi(name.c_str() + 3);
+    c->rounding = Rounding::kStochastic;  // the paper's Int(): unbiased, what its theory covers
+  } else if (name == "fft") {
+    c->kind = CodecKind::kFft, c->bits = 10;
+    c->rounding = Rounding::kTruncate;  // the paper's Algorithm 1
+  } else if (name.size() == 3 && name[0] == 'a' && name[1] == 'q' && name[2] >= '2' && name[2] <= '8') {
+    c->kind = CodecKind::kAq, c->bits = name[2] - '0';
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool is_codec_name(const std::string& name) {
+  CodecConfig c;
+  return codec_of_name(name, &c);
+}
+
 CodecConfig parse_codec_spec(const std::string& spec) {
   CodecConfig c;
   const size_t colon = spec.find(':');
   const std::string name = spec.substr(0, colon);
-  if (name == "none") {
-    c.kind = CodecKind::kNone, c.bits = 32;
-  } else if (name == "fp16") {
-    c.kind = CodecKind::kFp16, c.bits = 16;
-  } else if (name == "bf16") {
-    c.kind = CodecKind::kBf16, c.bits = 16;
-  } else if (name.size() == 2 && name[0] == 'q' && name[1] >= '1' && name[1] <= '8') {
-    c.kind = CodecKind::kQuant, c.bits = name[1] - '0';
-  } else if (name == "sign") {
-    c.kind = CodecKind::kSign, c.bits = 1;
-  } else if (name == "int8" || name == "int16" || name == "int32") {
-    c.kind = CodecKind::kInt, c.bits = std::atoi(name.c_str() + 3);
-    c.rounding = Rounding::kStochastic;  // the paper's Int(): unbiased, what its theory covers
-  } else if (name == "fft") {
-    c.kind = CodecKind::kFft, c.bits = 10;
-    c.rounding = Rounding::kTruncate;  // the paper's Algorithm 1
-  } else if (name.size() == 3 && name[0] == 'a' && name[1] == 'q' && name[2] >= '2' && name[2] <= '8') {
-    c.kind = CodecKind::kAq, c.bits = name[2] - '0';
-  } else if (name == "aq1") {
+  if (name == "aq1")
     bad(spec, "aq1: one bit has the levels {-s, 0} only, which never correct a positive delta (use aq2 .. aq8)");
-  } else {
+  if (!codec_of_name(name, &c))
     bad(spec, "unknown codec '" + name + "' (none, fp16, bf16, q1 .. q8, sign, int8, int16, int32, fft, aq2 .. aq8)");
-  }
   if (colon == std::string::npos) {
     if (c.kind == CodecKind::kSign) bad(spec, "sign needs eta_s=E, the magnitude of a sign round's update");
     return c;

@@ -1,14 +1,20 @@
 #include "sim/model.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "base/config.h"
+#include "kernels/codec.h"
 
 namespace qccl::sim {
 
@@ -50,7 +56,7 @@ const double* Model::step_cost(const std::string& canonical, const std::string& 
 }
 
 double parse_rate(const std::string& text) {
-  const std::string t = lower(trim(text));
+  const std::string t = trim(text);
   size_t digits = 0;
   while (digits < t.size() &&
          (std::isdigit(static_cast<unsigned char>(t[digits])) || t[digits] == '.' || t[digits] == 'e' ||
@@ -59,15 +65,49 @@ double parse_rate(const std::string& text) {
   const std::string number = t.substr(0, digits), unit = t.substr(digits);
   char* end = nullptr;
   const double v = std::strtod(number.c_str(), &end);
+  auto bad = [&](const std::string& why) -> double { throw std::invalid_argument("rate '" + text + "': " + why); };
   if (number.empty() || *end || !(v > 0) || !std::isfinite(v))
-    throw std::invalid_argument("rate '" + text + "': expected a positive number with a unit (10gbit, 300GB/s)");
-  static const std::pair<const char*, double> kUnits[] = {
-      {"", 1},        {"b/s", 1},       {"bps", 1},        {"kb/s", 1e3},     {"mb/s", 1e6},     {"gb/s", 1e9},
-      {"tb/s", 1e12}, {"bit", 1.0 / 8}, {"kbit", 1e3 / 8}, {"mbit", 1e6 / 8}, {"gbit", 1e9 / 8}, {"tbit", 1e12 / 8}};
-  for (const auto& [name, scale] : kUnits)
-    if (unit == name) return v * scale;
-  throw std::invalid_argument("rate '" + text + "': unknown unit '" + unit +
-                              "' (bit, kbit, mbit, gbit, tbit for bits per second; B/s, KB/s, MB/s, GB/s, TB/s)");
+    return bad("expected a positive number with a unit (10gbit, 40Gbit/s, 300GB/s)");
+  if (unit.empty()) return bad("no unit: bits (10gbit, 40Gbit/s) or bytes (300GB/s) per second");
+  // "/s" forms: a capital B counts bytes ("12.5GB/s", "1GiB/s"), "bit" or a small b bits ("40Gbit/s",
+  // "100Mb/s"); without "/s", tc's units ("10gbit", "1gibit", "125mbps" = 125 MB/s, as qcclrun).
+  double bits_per_unit = 0;
+  if (unit.size() > 2 && unit.compare(unit.size() - 2, 2, "/s") == 0) {
+    std::string base = unit.substr(0, unit.size() - 2);
+    double per = 0;
+    if (base.back() == 'B') {
+      per = 8, base.pop_back();
+    } else if (lower(base).size() >= 3 && lower(base).compare(base.size() - 3, 3, "bit") == 0) {
+      per = 1, base.resize(base.size() - 3);
+    } else if (base.back() == 'b') {
+      per = 1, base.pop_back();
+    }
+    static const std::pair<const char*, double> kPrefixes[] = {
+        {"", 1},     {"k", 1e3},         {"K", 1e3},            {"M", 1e6},
+        {"G", 1e9},  {"T", 1e12},        {"Ki", 1024.0},        {"Mi", 1048576.0},
+        {"Gi", 1073741824.0},            {"Ti", 1099511627776.0}};
+    for (const auto& [prefix, scale] : kPrefixes)
+      if (per > 0 && base == prefix) bits_per_unit = per * scale;
+  } else {
+    bits_per_unit = tc_rate_unit(unit);
+  }
+  if (bits_per_unit == 0)
+    return bad("unknown unit '" + unit +
+               "' (bits per second: bit, kbit, mbit, gbit, tbit as tc, or bit/s, Mbit/s, Gb/s; bytes per second: "
+               "B/s, KB/s, MB/s, GB/s, TB/s, KiB/s .. TiB/s, or tc's bps, mbps, gbps)");
+  const double bits = v * bits_per_unit;
+  if (!(bits >= 1e3 && bits <= 1e15)) return bad("out of range (1 kbit/s to 1 Pbit/s)");
+  return bits / 8;
+}
+
+// A model file's rate: a bare number is bytes per second (the file's unit, as format_model writes it).
+double parse_file_rate(const std::string& what, const std::string& text) {
+  const std::string t = trim(text);
+  if (t.empty() || !(std::isdigit(static_cast<unsigned char>(t.back())) || t.back() == '.')) return parse_rate(t);
+  const double bytes = parse_number(what, t);
+  if (!(bytes * 8 >= 1e3 && bytes * 8 <= 1e15))
+    throw std::invalid_argument(what + " = " + t + " bytes/s is out of range (1 kbit/s to 1 Pbit/s)");
+  return bytes;
 }
 
 std::string describe_rate(double r) {
@@ -181,9 +221,13 @@ Model default_model() {
   return m;
 }
 
-Model load_model(const std::string& path, const Model& base) {
+Model load_model(const std::string& path, const Model& base, bool* inter_rate_given) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw std::invalid_argument("model file '" + path + "': not a regular file");
   std::ifstream in(path);
-  if (!in) throw std::invalid_argument("model file '" + path + "': cannot be read");
+  if (!in) throw std::invalid_argument("model file '" + path + "': cannot be read: " + std::strerror(errno));
+  if (inter_rate_given) *inter_rate_given = false;
   Model m = base;
   bool sources_replaced = false;
   std::string line;
@@ -205,7 +249,7 @@ Model load_model(const std::string& path, const Model& base) {
     try {
       auto link = [&](LinkClass& l, const std::string& field) {
         if (field == "rate")
-          l.rate = parse_rate(value);
+          l.rate = parse_file_rate(what, value);
         else if (field == "latency")
           l.latency = parse_number(what, value);
         else if (field == "burst")
@@ -223,8 +267,10 @@ Model load_model(const std::string& path, const Model& base) {
           {"cpu.load", &Model::load},       {"cpu.store", &Model::store},   {"cpu.add", &Model::add},
           {"cpu.divide", &Model::divide}};
       bool known = false;
-      if (key.rfind("inter.", 0) == 0)
+      if (key.rfind("inter.", 0) == 0) {
         link(m.inter, key.substr(6)), known = true;
+        if (key == "inter.rate" && inter_rate_given) *inter_rate_given = true;
+      }
       else if (key.rfind("intra.", 0) == 0)
         link(m.intra, key.substr(6)), known = true;
       for (const auto& [name, field] : kCpu)
@@ -234,6 +280,14 @@ Model load_model(const std::string& path, const Model& base) {
         const std::string codec = key.substr(6, dot - 6), field = key.substr(dot + 1);
         if (dot <= 6 || codec.empty() || field.empty())
           throw std::invalid_argument(what + ": expected codec.NAME.STEP");
+        // a name ("q4", "sign": the costs of every spec of it) or a canonical spec
+        if (codec.find(':') == std::string::npos && !kernels::is_codec_name(codec))
+          throw std::invalid_argument(what + ": '" + codec + "' is not a codec's name");
+        try {
+          if (codec.find(':') != std::string::npos) kernels::parse_codec_spec(codec);
+        } catch (const kernels::CodecSpecError& e) {
+          throw std::invalid_argument(what + ": not a codec spec: " + e.what());
+        }
         m.codecs[codec][field] = parse_number(what, value);
         known = true;
       }

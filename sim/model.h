@@ -19,7 +19,7 @@
 // StepKernel::name in collectives/plan.h; Marsit's merge counts 32-bit words, for instance).
 //
 // The file: one `key = value` per line, `#` to the end of a line is a comment:
-//   inter.rate = 10gbit          (or 1.25e9 bytes/s, 300GB/s, ...: parse_rate)
+//   inter.rate = 10gbit          (or 300GB/s, ...: parse_rate; a bare number is bytes/s: 1.25e9)
 //   inter.latency = 5e-05        seconds
 //   inter.efficiency = 0.941
 //   inter.burst = 250000         bytes of token bucket (0: none)
@@ -92,15 +92,18 @@ bool link_preset(const std::string& name, LinkClass* out, std::string* source);
 // A link given by preset or by rate ("12.5GB/s", "40gbit": Ethernet efficiency, no latency).
 // Throws std::invalid_argument naming the text.
 LinkClass parse_link(const std::string& text, std::string* source);
-// A rate in bytes per second: "10gbit" (bits, decimal prefixes k M G T, as tc(8)), "300GB/s",
-// "1.5MB/s" (bytes), or a bare number of bytes per second. Throws std::invalid_argument naming it.
+// A rate in bytes per second, with its unit: tc(8)'s ("10gbit", "1gibit", "125mbps" = 125 MB/s, as
+// qcclrun --netem takes them), or "/s" forms, a capital B counting bytes ("300GB/s", "1.5MiB/s") and
+// "bit" or a small b bits ("40Gbit/s", "100Mb/s"); 1 kbit/s to 1 Pbit/s. Throws
+// std::invalid_argument naming the text.
 double parse_rate(const std::string& text);
 // "10 Gbit/s", "300 GB/s" for tables.
 std::string describe_rate(double bytes_per_second);
 
-// Reads a model file over `base` (keys not in the file keep base's values). Throws
-// std::invalid_argument naming the file, the line and the key or value.
-Model load_model(const std::string& path, const Model& base);
+// Reads a model file over `base` (keys not in the file keep base's values); *inter_rate_given says
+// whether it set inter.rate. Throws std::invalid_argument naming the file, the line and the key or
+// value (a codec's name must parse as a codec spec).
+Model load_model(const std::string& path, const Model& base, bool* inter_rate_given = nullptr);
 // Writes every field of the model in the file format above; false with errno when it cannot.
 bool save_model(const Model& model, const std::string& path);
 std::string format_model(const Model& model);

@@ -69,10 +69,15 @@ OPTIONS
                             ranks (default: one host per rank)
         --ranks-per-host R  hosts of R ranks each (with a rank list: as many hosts as that makes)
         --cores C           cores per host (default: one per rank, no contention)
-        --machine-cores C   all hosts share one machine of C cores (qcclrun --netem's emulation)
+        --machine-cores C   all hosts share one machine of C cores (qcclrun --netem's emulation;
+                            not with --cores)
     -l, --link L            the link between hosts: 100mbit, 1gbit, 10gbit, 25gbit, 100gbit
                             (Ethernet), netem:RATE (qcclrun --netem RATE), nvlink, or a rate
-                            (40gbit, 12.5GB/s); default: the model's (10gbit)
+                            with its unit: tc's (40gbit, 1gibit; 125mbps is 125 MB/s, as for
+                            tc and qcclrun) or per second, B for bytes and b or bit for bits
+                            (12.5GB/s, 100Mb/s, 40Gbit/s); 1 kbit/s to 1 Pbit/s. Default: the
+                            model's (10gbit). A link given here or by the model file's
+                            inter.rate is told to the library, as QCCL_LINK_RATE tells it
         --intra L           the link between ranks of one host (default: the model's, 10 GB/s)
         --latency S         one-way latency between hosts in seconds (overrides the link's)
     -m, --model FILE        a model file (qccl_sim calibrate; keys in sim/model.h) over the defaults
@@ -91,23 +96,25 @@ OPTIONS
                             uncompressed); each size runs once per codec (default: uncompressed).
                             auto[:maxrelerr=E] runs what QCCL_CODEC=auto would choose on this
                             cluster (the model's links and costs), shown as auto=CODEC
-        --chunk SIZE        pipeline chunk (QCCL_CHUNK_BYTES; default 256K, or with -l and no
-                            --chunk the chunk qccl takes when QCCL_LINK_RATE names that link, as
-                            qcclrun --netem sets it: 5 ms of the link, 16K to 256K; 1M from 10gbit)
+        --chunk SIZE        pipeline chunk (QCCL_CHUNK_BYTES, 64 to 1G; default 256K, or where
+                            the link is told (-l, or the model file's inter.rate) the chunk qccl
+                            takes when QCCL_LINK_RATE names that link, as qcclrun --netem sets
+                            it: 5 ms of the link, 16K to 256K; 1M from 10gbit)
         --depth D           fragments in flight (QCCL_PIPELINE_DEPTH; default 2)
         --density X         variable-length codecs (fft): the share of their capacity an encoding
-                            takes (default 1)
+                            takes, in (0, 1] (default 1)
         --execute           also run each call with real data on an in-process network (the host
                             executor and kernels) and compare the bytes on every link; sizes up to
                             64 MiB per rank
         --break-even        for each codec, also the link rate between hosts below which it is
                             faster than the uncompressed call (the same size, ranks and CPU; the
-                            uncompressed call with the algorithm qccl picks)
+                            uncompressed call with the algorithm qccl picks; where the link is
+                            told, the library is told each rate tried)
         --csv FILE          also write the rows as CSV
         --plot FILE.png     draw time against size (or against ranks with a rank list), one line
                             per codec (python3 and matplotlib)
     -o FILE (calibrate)     where to write the model (default: standard output)
-        --values N          values per calibration run (calibrate; default 4M)
+        --values N          values per calibration run (calibrate; 1K to 256M, default 4M)
     -h, --help              this text
 
 EXIT STATUS
@@ -200,21 +207,48 @@ std::vector<std::string> split_codecs(const std::string& list) {
   return specs;
 }
 
-template <class T>
-T parse_number(const char* option, const std::string& value, double lo, double hi) {
+double parse_real(const char* option, const std::string& value, double lo, double hi) {
   try {
-    return static_cast<T>(parse_double(option, value, lo, hi));
+    return parse_double(option, value, lo, hi);
   } catch (const Error& e) {
     usage_error(e.what());
   }
 }
 
-size_t parse_bytes(const char* option, const std::string& value) {
+int parse_count(const char* option, const std::string& value, int lo, int hi) {
   try {
-    return parse_size(option, value);
+    return static_cast<int>(parse_int(option, value, lo, hi));
   } catch (const Error& e) {
     usage_error(e.what());
   }
+}
+
+// A size with nccl-tests' suffixes (512, 64K, 4M, 1G), within [lo, hi].
+size_t parse_bytes(const char* option, const std::string& value, size_t lo, size_t hi) {
+  size_t bytes = 0;
+  try {
+    bytes = parse_size(option, value);
+  } catch (const Error& e) {
+    usage_error(e.what());
+  }
+  if (bytes < lo || bytes > hi)
+    usage_error(std::string(option) + " = " + value + " is out of range [" + std::to_string(lo) + ", " +
+                std::to_string(hi) + "] bytes");
+  return bytes;
+}
+
+constexpr size_t kMaxMessageBytes = size_t{1} << 50;  // 1 PiB: sizes stay exact in a double
+
+// The library sizes its chunk to a link it is told of (QCCL_LINK_RATE, as qcclrun --netem sets it),
+// and weighs the fft codec's cost against it: so does a prediction whose link is given (-l, or a
+// model file's inter.rate), with the model's costs of the codec's steps.
+void tell_link(const Model& model, bool chunk_given, CallSpec* call) {
+  if (!chunk_given) call->chunk_bytes = chunk_for_link_rate(static_cast<uint64_t>(model.inter.rate * 8));
+  call->link.rate = model.inter.rate;
+  call->link.fft_seconds_per_value = 0;
+  const std::string fft = kernels::parse_codec_spec("fft").canonical();
+  for (const char* step : {"fft_encode", "add_spectrum", "synthesize"})
+    if (const double* cost = model.step_cost(fft, step)) call->link.fft_seconds_per_value += *cost;
 }
 
 double bus_factor(coll::CollKind kind, int n) {
@@ -310,14 +344,17 @@ int draw(const std::string& csv, const std::string& png, const std::string& titl
 // The rate of the links between hosts at which `codec` and the uncompressed call take the same time:
 // compression pays below it. 0 when it does not pay even at 1 Mbit/s, infinity when it still pays at
 // 100 Tbit/s. The gain falls as the rate grows (the wire's share of the time shrinks, the codec's
-// CPU time stays), so bisection on a log scale finds the crossing.
-double break_even_rate(Model model, const Topology& topology, const CallSpec& call, const std::string& codec) {
+// CPU time stays), so bisection on a log scale finds the crossing. `link_told`: the library knows
+// each rate tried, as QCCL_LINK_RATE would tell it (its chunk and fft's choice follow the rate).
+double break_even_rate(Model model, const Topology& topology, const CallSpec& call, const std::string& codec,
+                       bool link_told, bool chunk_given) {
   CallSpec plain = call, packed = call;
   plain.codec = "";
   plain.algorithm = "";  // the uncompressed call as qccl runs it (--algo names the compressed one's)
   packed.codec = codec;
   auto pays = [&](double rate) {
     model.inter.rate = rate;
+    if (link_told) tell_link(model, chunk_given, &plain), tell_link(model, chunk_given, &packed);
     return simulate(model, topology, packed).seconds < simulate(model, topology, plain).seconds;
   };
   double lo = 1e6 / 8, hi = 1e14 / 8;
@@ -350,7 +387,7 @@ int run_calibrate(int argc, char** argv) {
         for (const std::string& s : split_codecs(optarg)) options.codecs.push_back(s.empty() ? "none" : s);
         break;
       case 'v':
-        options.values = static_cast<size_t>(parse_number<double>("--values", optarg, 1024, 1 << 28));
+        options.values = parse_bytes("--values", optarg, 1024, size_t{1} << 28);
         break;
       case 'l':
         link = optarg;
@@ -445,21 +482,21 @@ Options parse_options(int argc, char** argv) {
         o.ranks.clear();
         std::stringstream list(optarg);
         for (std::string item; std::getline(list, item, ',');)
-          o.ranks.push_back(parse_number<int>("--ranks", item, 1, 1 << 20));
+          o.ranks.push_back(parse_count("--ranks", item, 1, 1 << 20));
         if (o.ranks.empty()) usage_error("--ranks: give a count or a comma list");
         break;
       }
       case kHosts:
-        o.topology.hosts = parse_number<int>("--hosts", optarg, 1, 1 << 20);
+        o.topology.hosts = parse_count("--nodes (--hosts)", optarg, 1, 1 << 20);
         break;
       case kRanksPerHost:
-        o.ranks_per_host = parse_number<int>("--ranks-per-host", optarg, 1, 1 << 20);
+        o.ranks_per_host = parse_count("--ranks-per-host", optarg, 1, 1 << 20);
         break;
       case kCores:
-        o.topology.cores_per_host = parse_number<int>("--cores", optarg, 1, 1 << 20);
+        o.topology.cores_per_host = parse_count("--cores", optarg, 1, 1 << 20);
         break;
       case kMachineCores:
-        o.topology.machine_cores = parse_number<int>("--machine-cores", optarg, 1, 1 << 20);
+        o.topology.machine_cores = parse_count("--machine-cores", optarg, 1, 1 << 20);
         break;
       case 'l':
         o.link = optarg;
@@ -468,7 +505,7 @@ Options parse_options(int argc, char** argv) {
         o.intra = optarg;
         break;
       case kLatency:
-        o.latency = parse_number<double>("--latency", optarg, 0, 100);
+        o.latency = parse_real("--latency", optarg, 0, 100);
         break;
       case 'm':
         o.model_file = optarg;
@@ -477,13 +514,13 @@ Options parse_options(int argc, char** argv) {
         o.call.kind = parse_collective(optarg);
         break;
       case 'b':
-        o.min_bytes = parse_bytes("--minbytes", optarg);
+        o.min_bytes = parse_bytes("--minbytes", optarg, 0, kMaxMessageBytes);
         break;
       case 'e':
-        o.max_bytes = parse_bytes("--maxbytes", optarg);
+        o.max_bytes = parse_bytes("--maxbytes", optarg, 0, kMaxMessageBytes);
         break;
       case 'f':
-        o.step_factor = parse_number<double>("--stepfactor", optarg, 1.0001, 1024);
+        o.step_factor = parse_real("--stepfactor", optarg, 1.0001, 1024);
         break;
       case 'd':
         o.call.dtype = parse_type(optarg);
@@ -492,7 +529,7 @@ Options parse_options(int argc, char** argv) {
         o.call.op = parse_op(optarg);
         break;
       case 'r':
-        o.call.root = parse_number<int>("--root", optarg, 0, 1 << 20);
+        o.call.root = parse_count("--root", optarg, 0, 1 << 20);
         break;
       case 'a':
         o.call.algorithm = optarg;
@@ -501,14 +538,15 @@ Options parse_options(int argc, char** argv) {
         o.codecs = split_codecs(optarg);
         break;
       case kChunk:
-        o.call.chunk_bytes = parse_bytes("--chunk", optarg);
+        o.call.chunk_bytes = parse_bytes("--chunk", optarg, 64, size_t{1} << 30);  // qcclConfig_t's range
         o.chunk_given = true;
         break;
       case kDepth:
-        o.call.depth = parse_number<int>("--depth", optarg, 1, 64);
+        o.call.depth = parse_count("--depth", optarg, 1, 64);
         break;
       case kDensity:
-        o.call.density = parse_number<double>("--density", optarg, 0, 1);
+        o.call.density = parse_real("--density", optarg, 0, 1);
+        if (o.call.density == 0) usage_error("--density = 0: an encoding takes some share of its capacity, in (0, 1]");
         break;
       case kExecute:
         o.execute = true;
@@ -539,7 +577,8 @@ Options parse_options(int argc, char** argv) {
   if (o.max_bytes < o.min_bytes) usage_error("--maxbytes is smaller than --minbytes");
   if (o.min_bytes == 0 && o.max_bytes > 0)
     usage_error("--minbytes 0 cannot grow by --stepfactor to --maxbytes; start at 1 (or -b 0 -e 0 for one row)");
-  if (o.call.chunk_bytes == 0) usage_error("--chunk 0: a chunk holds at least one byte");
+  if (o.topology.machine_cores && o.topology.cores_per_host)
+    usage_error("give --cores (per host) or --machine-cores (one machine for all hosts), not both");
   for (const std::string& spec : o.codecs) {
     try {
       if (AutoCodec::is_auto(spec)) AutoCodec(spec, 2, "--codec");
@@ -559,8 +598,11 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "calibrate") == 0) return run_calibrate(argc - 1, argv + 1);
   Options o = parse_options(argc, argv);
   Model model = default_model();
+  bool link_told = !o.link.empty();  // the library is told the link between hosts (tell_link)
   try {
-    if (!o.model_file.empty()) model = load_model(o.model_file, model);
+    bool file_rate = false;
+    if (!o.model_file.empty()) model = load_model(o.model_file, model, &file_rate);
+    link_told |= file_rate;
     std::string source;
     if (!o.link.empty()) model.inter = parse_link(o.link, &source);
     if (!o.intra.empty()) model.intra = parse_link(o.intra, &source);
@@ -568,15 +610,7 @@ int main(int argc, char** argv) {
     usage_error(e.what());
   }
   if (o.latency >= 0) model.inter.latency = o.latency;
-  // The library sizes its chunk to a link it is told of (QCCL_LINK_RATE), and weighs the fft codec's
-  // cost against it: so does the prediction, with the model's costs of the codec's steps.
-  if (!o.link.empty()) {
-    if (!o.chunk_given) o.call.chunk_bytes = chunk_for_link_rate(static_cast<uint64_t>(model.inter.rate * 8));
-    o.call.link.rate = model.inter.rate;
-    const std::string fft = kernels::parse_codec_spec("fft").canonical();
-    for (const char* step : {"fft_encode", "add_spectrum", "synthesize"})
-      if (const double* cost = model.step_cost(fft, step)) o.call.link.fft_seconds_per_value += *cost;
-  }
+  if (link_told) tell_link(model, o.chunk_given, &o.call);
 
   const size_t es = kernels::element_size(o.call.dtype);
   std::printf("# qccl_sim: %s, %s %s, inter %s (latency %g us), intra %s, oversubscription from %s\n",
@@ -593,7 +627,9 @@ int main(int argc, char** argv) {
   if (csv_path.empty() && !o.plot.empty()) csv_path = o.plot + ".csv";
   if (!csv_path.empty()) {
     csv.open(csv_path);
-    if (!csv) usage_error("--csv " + csv_path + ": cannot be written");
+    if (!csv)
+      usage_error((o.csv.empty() ? "--plot's table " : "--csv ") + csv_path + ": cannot be written: " +
+                  std::strerror(errno));
     csv << "ranks,hosts,bytes,size,count,type,codec,algorithm,time_us,algbw,busbw,inter_bytes,intra_bytes,bound,"
            "messages\n";
   }
@@ -662,7 +698,7 @@ int main(int argc, char** argv) {
         for (const std::string& codec : o.codecs) {
           if (codec.empty() || AutoCodec::is_auto(codec)) continue;
           try {
-            const double rate = break_even_rate(model, topology, call, codec);
+            const double rate = break_even_rate(model, topology, call, codec, link_told, o.chunk_given);
             if (rate == 0)
               std::printf("  # break-even: %s is slower than uncompressed at any rate from 1 Mbit/s\n", codec.c_str());
             else if (std::isinf(rate))

@@ -273,9 +273,18 @@ TEST_CASE("rates, links and model files", "[sim]") {
   CHECK(parse_rate("1gbit") == 1.25e8);
   CHECK(parse_rate("100mbit") == 12.5e6);
   CHECK(parse_rate("300GB/s") == 3e11);
-  CHECK(parse_rate("1.5e9") == 1.5e9);
+  CHECK(parse_rate("1.5e9B/s") == 1.5e9);
+  CHECK(parse_rate("100Mb/s") == 12.5e6);  // a small b counts bits, a capital B bytes
+  CHECK(parse_rate("100MB/s") == 1e8);
+  CHECK(parse_rate("40Gbit/s") == 5e9);
+  CHECK(parse_rate("1GiB/s") == 1073741824.0);
+  CHECK(parse_rate("125mbps") == 1.25e8);  // tc's (and qcclrun's) bytes per second
+  CHECK(parse_rate("1gibit") == 1073741824.0 / 8);
+  CHECK_THROWS_WITH(parse_rate("1.5e9"), Catch::Contains("no unit"));
   CHECK_THROWS_WITH(parse_rate("10 furlongs"), Catch::Contains("furlongs"));
   CHECK_THROWS_WITH(parse_rate("-1gbit"), Catch::Contains("-1gbit"));
+  CHECK_THROWS_WITH(parse_rate("1e15tbit"), Catch::Contains("out of range"));
+  CHECK_THROWS_WITH(parse_rate("999bit"), Catch::Contains("out of range"));
   std::string source;
   const LinkClass ten = parse_link("10gbit", &source);
   CHECK(ten.rate == 1.25e9);
@@ -299,8 +308,10 @@ TEST_CASE("rates, links and model files", "[sim]") {
   REQUIRE(fd >= 0);
   close(fd);
   REQUIRE(save_model(m, path));
-  const Model back = load_model(path, Model{});
-  CHECK(back.inter.rate == m.inter.rate);
+  bool rate_given = false;
+  const Model back = load_model(path, Model{}, &rate_given);
+  CHECK(rate_given);
+  CHECK(back.inter.rate == m.inter.rate);  // written as a bare number: bytes per second
   CHECK(back.inter.latency == m.inter.latency);
   CHECK(back.inter.efficiency == m.inter.efficiency);
   CHECK(back.inter.burst == m.inter.burst);
@@ -327,6 +338,20 @@ TEST_CASE("rates, links and model files", "[sim]") {
   std::fputs("cpu.speed = 1\n", f);
   std::fclose(f);
   CHECK_THROWS_WITH(load_model(path, m), Catch::Contains("cpu.speed"));
+  f = std::fopen(path, "w");
+  std::fputs("codec.q9.encode = 1e-9\n", f);
+  std::fclose(f);
+  CHECK_THROWS_WITH(load_model(path, m), Catch::Contains("'q9' is not a codec's name"));
+  f = std::fopen(path, "w");
+  std::fputs("codec.q4:bucket=7.encode = 1e-9\n", f);
+  std::fclose(f);
+  CHECK_THROWS_WITH(load_model(path, m), Catch::Contains("not a codec spec") && Catch::Contains("bucket=7"));
+  f = std::fopen(path, "w");
+  std::fputs("intra.rate = 10gbit\ninter.latency = 1e-5\n", f);
+  std::fclose(f);
+  CHECK(load_model(path, m, &rate_given).intra.rate == 1.25e9);
+  CHECK_FALSE(rate_given);  // the link between hosts is not given
+  CHECK_THROWS_WITH(load_model("/tmp", m), Catch::Contains("not a regular file"));
   std::remove(path);
 }
 
