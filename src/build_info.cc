@@ -6,11 +6,14 @@
 #include <string>
 
 #include "base/config.h"
+#include "base/errors.h"
 #include "collectives/method.h"
 #include "collectives/plan.h"
 #include "include/qccl.h"
 #include "kernels/reduce.h"
+#include "src/auto_codec.h"
 #include "src/device.h"
+#include "src/policy.h"
 
 namespace qccl {
 
@@ -23,13 +26,28 @@ void print_versions(FILE* out) {
   for (const std::string& line : describe_gpu_support()) std::fprintf(out, "# %s\n", line.c_str());
 }
 
-void print_environment(FILE* out) {
+bool print_environment(FILE* out) {
   std::fprintf(out, "#\n# %-22s %-34s %s\n", "variable", "default", "value here");
   for (const EnvVar& v : env_vars()) {
     const char* now = std::getenv(v.name);
-    std::fprintf(out, "  %-22s %-34s %s\n", v.name, v.default_value, now ? now : "(unset)");
+    std::fprintf(out, "  %-22s %-34s %s\n", v.name, v.default_value,
+                 !now ? "(unset)" : *now ? now : "(empty: the default)");
     std::fprintf(out, "  %-22s %s\n", "", v.description);
   }
+  // What a communicator made here would refuse (as qcclCommInitRank would, naming the variable).
+  try {
+    const Config config = Config::from_environment();
+    AlgorithmPolicy algorithms(config.algorithms);
+    if (AutoCodec::is_auto(config.codec))
+      AutoCodec(config.codec, 2);
+    else
+      CodecPolicy(config.codec, config.codec_min_bytes);
+  } catch (const Error& e) {
+    std::fprintf(out, "# invalid here: %s\n", e.what());
+    return false;
+  }
+  std::fprintf(out, "# every value here is valid\n");
+  return true;
 }
 
 void print_algorithms(FILE* out) {

@@ -7,7 +7,9 @@
 namespace qccl {
 
 void print_versions(FILE* out);     // qccl, UCX, the reduction kernels' vector target, CUDA, NCCL, cuFFT
-void print_environment(FILE* out);  // every QCCL_* variable: default, value here, meaning
+// Every QCCL_* variable: default, value here, meaning; then whether the values here are valid
+// (false, with the first refusal printed, when a communicator made here would refuse one).
+bool print_environment(FILE* out);
 void print_algorithms(FILE* out);   // every registered algorithm: collective, range, wire bytes, description
 void print_methods(FILE* out);      // every compression method: name, the codecs it serves, description
 

@@ -6,6 +6,7 @@
 #include <exception>
 #include <string>
 
+#include "base/socket.h"
 #include "src/aggregator_daemon.h"
 
 namespace {
@@ -95,6 +96,11 @@ Options parse(int argc, char** argv) {
     else usage_error("unknown option '" + arg + "'");
   }
   if (o.listen.empty()) usage_error("--listen HOST:PORT is required");
+  try {
+    qccl::net::Address::parse(o.listen, "--listen");  // a malformed address is a usage error
+  } catch (const std::exception& e) {
+    usage_error(e.what());
+  }
   return o;
 }
 

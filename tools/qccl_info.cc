@@ -19,7 +19,8 @@ void usage(FILE* out) {
                "       the CUDA runtime, driver and devices, NCCL (QCCL_GPU_WIRE=nccl) and cuFFT\n"
                "       (QCCL_GPU_FFT=cufft), each with why not where it cannot be used\n"
                "  -h   this help\n"
-               "Exit status: 0, or 2 for an unknown option.\n");
+               "Exit status: 0; 1 when a QCCL_* variable holds a value a communicator would refuse (-e\n"
+               "prints the refusal); 2 for an unknown option.\n");
 }
 
 }  // namespace
@@ -40,8 +41,9 @@ int main(int argc, char** argv) {
   }
   if (!a && !e && !v && !m) a = e = v = m = true;
   if (v) qccl::print_versions(stdout);
-  if (e) qccl::print_environment(stdout);
+  bool valid = true;
+  if (e) valid = qccl::print_environment(stdout);
   if (a) qccl::print_algorithms(stdout);
   if (m) qccl::print_methods(stdout);
-  return 0;
+  return valid ? 0 : 1;
 }
