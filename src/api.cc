@@ -266,12 +266,10 @@ EnvLaunch read_launch_environment() {
 // jobs that happen to share a root address refuse each other.
 uint64_t launch_magic(const EnvLaunch& l) {
   if (const char* v = env("QCCL_MAGIC")) {
-    char* end = nullptr;
-    errno = 0;
-    unsigned long long m = std::strtoull(v, &end, 16);
-    if (*end || errno || std::strlen(v) > 16)
-      fail(qcclInvalidArgument, "QCCL_MAGIC = '%s' is not a 64-bit hexadecimal number", v);
-    return m;
+    // Hex digits only (strtoull would also take a sign, spaces or 0x, and wrap "-1" to all ones).
+    if (std::strspn(v, "0123456789abcdefABCDEF") != std::strlen(v) || std::strlen(v) > 16)
+      fail(qcclInvalidArgument, "QCCL_MAGIC = '%s' is not a 64-bit hexadecimal number (1 to 16 hex digits)", v);
+    return std::strtoull(v, nullptr, 16);
   }
   std::string identity = l.root + "|" + std::to_string(l.nranks);
   for (const char* var : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"})
