@@ -223,8 +223,8 @@ int parse_count(const char* option, const std::string& value, int lo, int hi) {
   }
 }
 
-// A size with nccl-tests' suffixes (512, 64K, 4M, 1G), within [lo, hi].
-size_t parse_bytes(const char* option, const std::string& value, size_t lo, size_t hi) {
+// A size with nccl-tests' suffixes (512, 64K, 4M, 1G), within [lo, hi] (of `unit`).
+size_t parse_bytes(const char* option, const std::string& value, size_t lo, size_t hi, const char* unit = "bytes") {
   size_t bytes = 0;
   try {
     bytes = parse_size(option, value);
@@ -233,7 +233,7 @@ size_t parse_bytes(const char* option, const std::string& value, size_t lo, size
   }
   if (bytes < lo || bytes > hi)
     usage_error(std::string(option) + " = " + value + " is out of range [" + std::to_string(lo) + ", " +
-                std::to_string(hi) + "] bytes");
+                std::to_string(hi) + "] " + unit);
   return bytes;
 }
 
@@ -387,7 +387,7 @@ int run_calibrate(int argc, char** argv) {
         for (const std::string& s : split_codecs(optarg)) options.codecs.push_back(s.empty() ? "none" : s);
         break;
       case 'v':
-        options.values = parse_bytes("--values", optarg, 1024, size_t{1} << 28);
+        options.values = parse_bytes("--values", optarg, 1024, size_t{1} << 28, "values");
         break;
       case 'l':
         link = optarg;
