@@ -78,10 +78,6 @@ uint64_t parse_number(const std::string& spec, const std::string& key, const std
   return v;
 }
 
-}  // namespace
-
-namespace {
-
 // The kind and width a codec's name gives; false for no codec's name.
 bool codec_of_name(const std::string& name, CodecConfig* c) {
   if (name == "none") {

@@ -37,11 +37,11 @@ bool print_environment(FILE* out) {
   // What a communicator made here would refuse (as qcclCommInitRank would, naming the variable).
   try {
     const Config config = Config::from_environment();
-    AlgorithmPolicy algorithms(config.algorithms);
+    const AlgorithmPolicy algorithms(config.algorithms);
     if (AutoCodec::is_auto(config.codec))
-      AutoCodec(config.codec, 2);
+      const AutoCodec codec(config.codec, 2);
     else
-      CodecPolicy(config.codec, config.codec_min_bytes);
+      const CodecPolicy codec(config.codec, config.codec_min_bytes);
   } catch (const Error& e) {
     std::fprintf(out, "# invalid here: %s\n", e.what());
     return false;
