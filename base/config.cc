@@ -35,6 +35,7 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_MAGIC", "derived from the job id", "64-bit hex bootstrap magic shared by the job's ranks (set by qcclrun)"},
       {"QCCL_LOCAL_RANK", "unset", "rank among the ranks on this host, or emulated host (set by qcclrun; informational)"},
       {"QCCL_LOCAL_NRANKS", "unset", "ranks on this host, or emulated host (set by qcclrun; informational)"},
+      {"QCCL_TESTS_MIN_BW", "unset", "perf binaries only: exit 1 when the average bus bandwidth is below 0.9 x this (GB/s)"},
   };
   return vars;
 }
