@@ -211,12 +211,15 @@ QCCL_API qcclResult_t qcclCommInitRankConfig(qcclComm_t* comm, int nranks, qcclU
 QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* config);
 
 /* Collective: finishes outstanding operations, waits (up to QCCL_TIMEOUT) for every rank to reach
- * qcclCommDestroy, and frees the communicator. comm is invalid afterwards, even on failure. */
+ * qcclCommDestroy, and frees the communicator. comm is invalid afterwards, even on failure, except
+ * when refused with qcclInvalidUsage because this thread's open group (qcclGroupStart) holds calls
+ * on comm. A qcclCommAbort of comm from another thread ends the wait: it returns qcclAborted. */
 QCCL_API qcclResult_t qcclCommDestroy(qcclComm_t comm);
 
 /* Local and always returns: fails every outstanding operation with qcclAborted, tells the peers
  * (which then fail with qcclRemoteError) and frees the communicator. Any thread may call it, also
- * while another thread is blocked in a call on comm. comm is invalid afterwards. */
+ * while another thread is blocked in a call on comm, qcclCommDestroy included (that call then frees
+ * it as it returns). comm is invalid afterwards. */
 QCCL_API qcclResult_t qcclCommAbort(qcclComm_t comm);
 
 /* Collective over every rank of comm (NCCL's ncclCommSplit): the ranks that pass the same color >= 0

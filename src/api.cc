@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -26,6 +27,10 @@
 
 struct qcclComm {
   std::shared_ptr<qccl::Comm> impl;
+  // Who frees the handle: qcclCommDestroy, or qcclCommAbort unless it comes while a destroy runs in
+  // another thread (the abort then releases that destroy, which frees the handle as it returns).
+  enum Closing { kOpen, kDestroying, kAborting };
+  std::atomic<int> closing{kOpen};
 };
 
 struct qcclRequest {
@@ -364,17 +369,30 @@ QCCL_API qcclResult_t qcclCommSplit(qcclComm_t comm, int color, int key, qcclCom
 
 QCCL_API qcclResult_t qcclCommDestroy(qcclComm_t comm) {
   return api_call("qcclCommDestroy", [&] {
-    Comm& c = get(comm);
+    get(comm);
+    if (group_holds(*comm->impl))
+      fail(qcclInvalidUsage, "comm has calls queued in this thread's group: call qcclGroupEnd first (comm stays valid)");
+    int open = qcclComm::kOpen;
+    if (!comm->closing.compare_exchange_strong(open, qcclComm::kDestroying))
+      fail(qcclInvalidUsage, "comm is being destroyed or aborted by another thread");
+    std::shared_ptr<Comm> c = comm->impl;  // held through a qcclCommAbort from another thread
     std::unique_ptr<qcclComm> handle(comm);  // invalid afterwards, whatever happens
-    c.destroy();
+    c->destroy();
   });
 }
 
 QCCL_API qcclResult_t qcclCommAbort(qcclComm_t comm) {
   return api_call("qcclCommAbort", [&] {
-    Comm& c = get(comm);
-    std::unique_ptr<qcclComm> handle(comm);
-    c.abort();
+    get(comm);
+    std::shared_ptr<Comm> c = comm->impl;
+    std::unique_ptr<qcclComm> handle;
+    int open = qcclComm::kOpen;
+    if (comm->closing.compare_exchange_strong(open, qcclComm::kAborting))
+      handle.reset(comm);
+    else if (open == qcclComm::kAborting)
+      fail(qcclInvalidUsage, "comm is being aborted by another thread");
+    // else a qcclCommDestroy in another thread: this releases it, and it frees the handle
+    c->abort();
   });
 }
 

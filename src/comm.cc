@@ -360,6 +360,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     std::lock_guard<std::mutex> lock(ops_mu_);
     throw Error(failure_.code, failure_.message);
   }
+  if (shut_down_) fail(qcclInvalidUsage, "the communicator was destroyed before the call started");
   coll::CollArgs& args = record->args;
   if (args.count == 0) {  // nothing to move on any rank: no sequence number is used
     finish(*record, qcclSuccess, "");
@@ -927,7 +928,6 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
   auto spin_until = Clock::now() + std::chrono::microseconds(config_.spin_us);
   auto busy_pause = kFirstBusyPause;
   auto last_moved = Clock::now();
-  auto next_timeout_check = Clock::now() + std::chrono::milliseconds(kMaxBlockMs);
   while (!done()) {
     if (progress_thread && (stopping_ || callers_waiting_.load() > 0)) return;
     if (!executor_) return;  // shut down under us (abort)
@@ -1006,9 +1006,9 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
     }
     const auto now = Clock::now();
     if (!moved) add_ns(waiting_ns_, now - pass_begin);
-    if (now >= next_timeout_check) {
+    if (now >= next_timeout_check_) {
       check_timeouts();
-      next_timeout_check = now + std::chrono::milliseconds(kMaxBlockMs);
+      next_timeout_check_ = now + std::chrono::milliseconds(kMaxBlockMs);
     }
     if (!may_block) return;  // one pass only
     if (moved) {
@@ -1256,10 +1256,11 @@ void Comm::destroy() {
 }
 
 void Comm::abort() {
+  const Failure failure{
+      qcclAborted, format("qcclCommAbort was called on %s", names_.empty() ? "this rank" : names_[rank_].c_str()), 0};
   if (control_) control_->begin_close();  // our own departure is not news to us
-  break_comm(Failure{qcclAborted,
-                     format("qcclCommAbort was called on %s", names_.empty() ? "this rank" : names_[rank_].c_str()), 0},
-             true);
+  break_comm(failure, true);
+  if (control_) control_->fail_waits(failure);  // a qcclCommDestroy waiting in its closing barrier
   {
     std::lock_guard<std::mutex> drive(drive_mu_);
     fail_affected_operations();
@@ -1268,6 +1269,12 @@ void Comm::abort() {
 }
 
 void Comm::shutdown() {
+  // Once: qcclCommDestroy's thread and a qcclCommAbort from another may both come here; the second
+  // waits for the first.
+  std::call_once(shutdown_once_, [this] { shut_down_now(); });
+}
+
+void Comm::shut_down_now() {
   shut_down_ = true;
   if (control_) control_->begin_close();
   stopping_ = true;

@@ -196,11 +196,12 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // The first collective sequence number a failure of this record concerns (see Failure).
   static uint64_t failure_sequence(const OpRecord& record);
   void wake(int fd);
-  void arm_hand_off(bool arm);
-  void agree_auto_codec();  // join: QCCL_CODEC=auto's facts
-  void set_link_facts();    // join: the fft codec's facts for config_.link_rate_bits
-  std::string describe_links() const;  // for the INFO log  // arms (or disarms) hand_off_fd_
+  void arm_hand_off(bool arm);  // arms (or disarms) hand_off_fd_
+  void agree_auto_codec();      // join: QCCL_CODEC=auto's facts
+  void set_link_facts();        // join: the fft codec's facts for config_.link_rate_bits
+  std::string describe_links() const;  // for the INFO log
   void shutdown();
+  void shut_down_now();  // shutdown()'s work, run once
   // An aggregator's registration connection became readable: it closed (the aggregator died or was
   // stopped). Fails the operations in flight, and later agg=switch calls (progress thread only).
   void service_aggregator(size_t k);
@@ -273,13 +274,17 @@ class Comm : public std::enable_shared_from_this<Comm> {
   uint64_t driving_submitted_ = 0;  // ...of which driving_ has seen these
   bool driving_p2p_ = false;  // whether driving_ holds a point-to-point call
   uint64_t driving_version_ = ~uint64_t{0};
+  // When the driver (whichever thread holds drive_mu_) next looks for calls past QCCL_TIMEOUT: kept
+  // across drive_until's calls, so that qcclTest's single passes check it too.
+  std::chrono::steady_clock::time_point next_timeout_check_{};
   std::atomic<int> callers_waiting_{0};
   std::atomic<bool> progress_driving_{false};  // the progress thread holds (or is taking) the drive lock
   std::atomic<bool> stopping_{false};
 
   std::atomic<bool> broken_{false};
   Failure failure_;  // guarded by ops_mu_; set once, when broken_ becomes true
-  bool shut_down_ = false;
+  std::once_flag shutdown_once_;
+  std::atomic<bool> shut_down_{false};
 };
 
 }  // namespace qccl

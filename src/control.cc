@@ -232,6 +232,15 @@ void ControlPlane::broadcast_failure(int origin, const Failure& failure, int exc
   }
 }
 
+void ControlPlane::fail_waits(const Failure& failure) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failed_) {
+    failed_ = true;
+    failure_ = failure;
+  }
+  cv_.notify_all();
+}
+
 void ControlPlane::begin_close() {
   std::lock_guard<std::mutex> lock(mu_);
   closing_ = true;

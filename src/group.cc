@@ -30,6 +30,12 @@ void group_defer(std::shared_ptr<OpRecord> record, bool blocking) {
   t_group.calls.push_back(Deferred{std::move(record), blocking});
 }
 
+bool group_holds(const Comm& comm) {
+  for (const Deferred& d : t_group.calls)
+    if (d.record->comm.get() == &comm) return true;
+  return false;
+}
+
 void group_end() {
   if (t_group.depth == 0) fail(qcclInvalidUsage, "called without a matching qcclGroupStart");
   if (--t_group.depth > 0) return;

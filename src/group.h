@@ -15,5 +15,7 @@ void group_start();
 void group_defer(std::shared_ptr<OpRecord> record, bool blocking);
 // Throws the first error of the blocking calls (the others report at their qcclWait).
 void group_end();
+// Whether this thread's open group holds calls on comm (which qcclCommDestroy then refuses).
+bool group_holds(const Comm& comm);
 
 }  // namespace qccl

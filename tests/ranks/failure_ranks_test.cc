@@ -555,4 +555,68 @@ TEST_CASE("abort from another thread releases a blocked collective", "[abort-thr
   CHECK(qcclCommDestroy(job.comm) == qcclSuccess);  // destroy of a broken communicator is local
 }
 
+// Both calls took the handle: the abort freed the communicator under the waiting destroy (use after
+// free) and did not release it, which waited out QCCL_TIMEOUT (100 s here, past CTest's 60).
+TEST_CASE("abort from another thread releases a blocked qcclCommDestroy", "[abort-destroy]") {
+  Job job;
+  warm_up(job);
+  all_warmed_up(job, 0);
+  if (job.rank == 0) {
+    // Rank 0 waits in qcclCommDestroy for ranks that are not coming yet; a second thread aborts.
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+    });
+    const qcclResult_t result = qcclCommDestroy(job.comm);
+    const std::string error = last_error();
+    aborter.join();
+    CHECK(result == qcclAborted);
+    CHECK_THAT(error, Catch::Contains("qcclCommAbort was called on rank 0"));
+    return;
+  }
+  qcclResult_t async = qcclSuccess;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (async == qcclSuccess && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    QCCL_REQUIRE_OK(qcclCommGetAsyncError(job.comm, &async));
+  }
+  CHECK(async == qcclRemoteError);
+  CHECK(qcclCommDestroy(job.comm) == qcclSuccess);
+}
+
+// A request polled with qcclTest alone must time out as qcclWait does. Its single passes never
+// looked for calls past QCCL_TIMEOUT (each pass started a fresh 100 ms clock), and the progress
+// thread rarely took the drive lock from a caller polling without pause: 5-7 s at QCCL_TIMEOUT=3.
+TEST_CASE("a request polled only with qcclTest fails at QCCL_TIMEOUT", "[test-timeout]") {
+  // Run with QCCL_TIMEOUT=3.
+  Job job;
+  warm_up(job);
+  all_warmed_up(job, 0);
+  if (job.rank != 0) {
+    // Not joining: they learn of rank 0's timeout through the control plane.
+    qcclResult_t async = qcclSuccess;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (async == qcclSuccess && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      QCCL_REQUIRE_OK(qcclCommGetAsyncError(job.comm, &async));
+    }
+    CHECK(async == qcclTimeout);
+    CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+    return;
+  }
+  std::vector<float> x(1000, 1.0f), y(1000);
+  qcclRequest_t request = nullptr;
+  const auto begin = std::chrono::steady_clock::now();
+  QCCL_REQUIRE_OK(qcclIAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, job.comm, &request));
+  int done = 0;
+  qcclResult_t result = qcclSuccess;
+  while (!done && result == qcclSuccess) result = qcclTest(&request, &done);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  CHECK(result == qcclTimeout);
+  CHECK_THAT(last_error(), Catch::Contains("no progress"));
+  // QCCL_TIMEOUT and the driver's 100 ms between looks, with room for a loaded machine.
+  CHECK(seconds < 4.5);
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
 }  // namespace qccl::test

@@ -343,5 +343,33 @@ TEST_CASE("non-blocking sends and receives posted in opposite orders, collective
   CHECK(z.front() == 1.0f);
 }
 
+// The group holds a reference to the communicator's calls: destroying it there would leave them
+// nothing to run on (the group's end crashed). Refused, and the communicator keeps working.
+TEST_CASE("qcclCommDestroy inside a group that holds calls on the communicator is refused; comm stays valid",
+          "[nonblocking]") {
+  World& w = World::get();
+  qcclUniqueId id;
+  if (w.rank() == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, w.comm()));
+  qcclComm_t comm = nullptr;
+  QCCL_REQUIRE_OK(qcclCommInitRank(&comm, w.size(), id, w.rank()));
+  std::vector<float> x(1000, 1.0f), y(x.size(), 0.0f);
+  qcclRequest_t request = nullptr;
+  QCCL_REQUIRE_OK(qcclGroupStart());
+  QCCL_REQUIRE_OK(qcclIAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, comm, &request));
+  CHECK(qcclCommDestroy(comm) == qcclInvalidUsage);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("qcclGroupEnd first"));
+  QCCL_REQUIRE_OK(qcclGroupEnd());
+  QCCL_REQUIRE_OK(qcclWait(&request));
+  CHECK(y.back() == static_cast<float>(w.size()));
+  // Outside the group (or in one that holds no call on it) it is destroyed as usual.
+  QCCL_REQUIRE_OK(qcclGroupStart());
+  QCCL_REQUIRE_OK(qcclIAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclMax, w.comm(), &request));
+  CHECK(qcclCommDestroy(comm) == qcclSuccess);
+  QCCL_REQUIRE_OK(qcclGroupEnd());
+  QCCL_REQUIRE_OK(qcclWait(&request));
+  CHECK(y.front() == 1.0f);
+}
+
 }  // namespace
 }  // namespace qccl::test
