@@ -79,7 +79,9 @@ def get_unique_id() -> bytes:
 @contextlib.contextmanager
 def group() -> Iterator[None]:
     """Calls inside are queued and started together when the block ends (``qcclGroupStart/End``),
-    which blocks until they complete; e.g. two ranks that send to each other."""
+    which blocks until they complete; e.g. two ranks that send to each other. The group keeps the
+    arrays of its calls (blocking ones too, and those of requests dropped inside it) until then.
+    A communicator cannot be destroyed inside the block."""
     _qccl.group_start()
     ok = False
     try:
@@ -214,7 +216,7 @@ class Communicator:
         src = describe(tensor, "tensor", writable=out is None)
         dst = src if out is None else self._out(out, src, "out", src.count, "the size of tensor")
         return self._comm.all_reduce(src.address, dst.address, src.count, src.dtype, _op(op), _codec(codec),
-                                     _state(state), async_op, (tensor, out, state) if async_op else None)
+                                     _state(state), async_op, (tensor, out, state))
 
     def broadcast(self, tensor: Any, src: int = 0, *, out: Any = None, async_op: bool = False) -> Optional[Request]:
         """Rank ``src``'s ``tensor`` into every rank's ``out`` (or ``tensor``, in place)."""
@@ -222,7 +224,7 @@ class Communicator:
         send = describe(tensor, "tensor", writable=out is None)
         dst = send if out is None else self._out(out, send, "out", send.count, "the size of tensor")
         return self._comm.broadcast(send.address, dst.address, send.count, send.dtype, src, async_op,
-                                    (tensor, out) if async_op else None)
+                                    (tensor, out))
 
     def reduce(self, tensor: Any, dst: int = 0, op: "ReduceOp | str" = ReduceOp.SUM, *, out: Any = None,
                async_op: bool = False) -> Optional[Request]:
@@ -233,7 +235,7 @@ class Communicator:
         if out is not None and self._rank == dst:
             recv = self._out(out, send, "out", send.count, "the size of tensor")
         return self._comm.reduce(send.address, recv.address, send.count, send.dtype, _op(op), dst, async_op,
-                                 (tensor, out) if async_op else None)
+                                 (tensor, out))
 
     def all_gather(self, output: Any, input: Any, *, codec: "str | Codec | None" = None,
                    state: Optional[CodecState] = None, segments: Optional[Sequence[tuple[int, bool]]] = None,
@@ -246,7 +248,7 @@ class Communicator:
         recv = self._out(output, send, "output", send.count * self._size, f"{self._size} ranks x input's size")
         return self._comm.all_gather(send.address, recv.address, send.count, send.dtype, _codec(codec),
                                      _state(state), _segments(segments), async_op,
-                                     (output, input, state) if async_op else None)
+                                     (output, input, state))
 
     def reduce_scatter(self, output: Any, input: Any, op: "ReduceOp | str" = ReduceOp.SUM, *,
                        codec: "str | Codec | None" = None, state: Optional[CodecState] = None,
@@ -260,7 +262,7 @@ class Communicator:
         require_count(send, "input", recv.count * self._size, f"{self._size} ranks x output's size")
         return self._comm.reduce_scatter(send.address, recv.address, recv.count, send.dtype, _op(op), _codec(codec),
                                          _state(state), _segments(segments), async_op,
-                                         (output, input, state) if async_op else None)
+                                         (output, input, state))
 
     def all_to_all(self, output: Any, input: Any, *, async_op: bool = False) -> Optional[Request]:
         """Block r of ``input`` goes to rank r, which receives it as its block ``rank`` of ``output``
@@ -270,7 +272,7 @@ class Communicator:
             raise InvalidArgument(f"input: {send.count} elements do not split into {self._size} equal blocks")
         recv = self._out(output, send, "output", send.count, "the size of input")
         return self._comm.all_to_all(send.address, recv.address, send.count // self._size, send.dtype, async_op,
-                                     (output, input) if async_op else None)
+                                     (output, input))
 
     def gather(self, tensor: Any, output: Any = None, dst: int = 0, *, async_op: bool = False) -> Optional[Request]:
         """Every rank's ``tensor`` into rank ``dst``'s ``output`` in rank order (others pass None)."""
@@ -283,7 +285,7 @@ class Communicator:
             address = self._out(output, send, "output", send.count * self._size,
                                 f"{self._size} ranks x tensor's size").address
         return self._comm.gather(send.address, address, send.count, send.dtype, dst, async_op,
-                                 (tensor, output) if async_op else None)
+                                 (tensor, output))
 
     def scatter(self, tensor: Any, input: Any = None, src: int = 0, *, async_op: bool = False) -> Optional[Request]:
         """Block ``rank`` of rank ``src``'s ``input`` into every rank's ``tensor`` (others pass None)."""
@@ -298,7 +300,7 @@ class Communicator:
             require_count(send, "input", recv.count * self._size, f"{self._size} ranks x tensor's size")
             address = send.address
         return self._comm.scatter(address, recv.address, recv.count, recv.dtype, src, async_op,
-                                  (tensor, input) if async_op else None)
+                                  (tensor, input))
 
     def send(self, tensor: Any, dst: int, *, codec: "str | Codec | None" = None,
              async_op: bool = False) -> Optional[Request]:
@@ -307,7 +309,7 @@ class Communicator:
         self._peer(dst, "dst")
         b = describe(tensor, "tensor", writable=False)
         return self._comm.send(b.address, b.count, b.dtype, dst, _codec(codec), async_op,
-                               tensor if async_op else None)
+                               tensor)
 
     def recv(self, tensor: Any, src: int, *, codec: "str | Codec | None" = None,
              async_op: bool = False) -> Optional[Request]:
@@ -315,7 +317,7 @@ class Communicator:
         self._peer(src, "src")
         b = describe(tensor, "tensor", writable=True)
         return self._comm.recv(b.address, b.count, b.dtype, src, _codec(codec), async_op,
-                               tensor if async_op else None)
+                               tensor)
 
     def isend(self, tensor: Any, dst: int, *, codec: "str | Codec | None" = None) -> Request:
         return self.send(tensor, dst, codec=codec, async_op=True)
@@ -335,7 +337,7 @@ class Communicator:
         b = describe(tensor, "tensor", writable=False)
         keys = self._keys(keys, b, store)
         return self._comm.delta_send(b.address, keys, b.dtype, store._store, dst, async_op,
-                                     (tensor, store) if async_op else None)
+                                     (tensor, store))
 
     def delta_recv(self, tensor: Any, keys: Sequence[int], store: DeltaStore, src: int, *,
                    async_op: bool = False) -> Optional[Request]:
@@ -344,7 +346,7 @@ class Communicator:
         b = describe(tensor, "tensor", writable=True)
         keys = self._keys(keys, b, store)
         return self._comm.delta_recv(b.address, keys, b.dtype, store._store, src, async_op,
-                                     (tensor, store) if async_op else None)
+                                     (tensor, store))
 
     def barrier(self) -> None:
         """Returns on no rank before every rank has called it."""

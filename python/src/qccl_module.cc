@@ -83,6 +83,16 @@ struct Config {
   Config(const Config&) = delete;
 };
 
+// What this thread's open group (qccl.group()) keeps until its outermost end: the arrays of its
+// calls, blocking ones included (qccl runs them at qcclGroupEnd, after the Python call returned),
+// and the requests dropped inside it (qcclWait refuses a request whose group has not ended).
+struct GroupKeep {
+  int depth = 0;
+  std::vector<py::object> arrays;
+  std::vector<qcclRequest_t> dropped;
+};
+thread_local GroupKeep t_group;
+
 class Request {
  public:
   Request(qcclRequest_t request, py::object keepalive) : request_(request), keepalive_(std::move(keepalive)) {}
@@ -90,35 +100,93 @@ class Request {
   // A request dropped while its operation runs waits for it: the buffers are qccl's until then.
   ~Request() {
     if (request_ == nullptr) return;
-    py::gil_scoped_release nogil;
-    qcclWait(&request_);
+    if (t_group.depth > 0) {  // its group may not have ended: waited for at the group's end
+      t_group.dropped.push_back(request_);
+      t_group.arrays.push_back(std::move(keepalive_));
+      return;
+    }
+    {
+      py::gil_scoped_release nogil;
+      qcclWait(&request_);
+    }
+    // Refused (its group, open on another thread, has not ended): the arrays stay qccl's for good.
+    if (request_ != nullptr) keepalive_.release();
   }
+  // The result is kept: every wait() and is_completed() after completion raises a failure again.
   void wait() {
-    if (request_ == nullptr) return;
-    call_released(nullptr, [&] { return qcclWait(&request_); });
-    release_buffers();
+    if (request_ != nullptr) {
+      qcclResult_t result;
+      {
+        py::gil_scoped_release nogil;
+        result = qcclWait(&request_);
+      }
+      if (request_ != nullptr) check(result);  // refused; nothing changed
+      completed(result);
+    }
+    raise_result();
   }
   bool test() {
-    if (request_ == nullptr) return true;
-    int done = 0;
-    qcclResult_t result = qcclTest(&request_, &done);
-    if (done) release_buffers();
-    check(result);
-    return done != 0;
+    if (request_ != nullptr) {
+      int done = 0;
+      const qcclResult_t result = qcclTest(&request_, &done);
+      if (!done) {
+        check(result);
+        return false;
+      }
+      completed(result);
+    }
+    raise_result();
+    return true;
   }
 
  private:
-  void release_buffers() { keepalive_ = py::none(); }
+  void completed(qcclResult_t result) {
+    result_ = result;
+    if (result != qcclSuccess) message_ = qcclGetLastError(nullptr);
+    keepalive_ = py::none();
+  }
+  void raise_result() const {
+    if (result_ != qcclSuccess) raise_error(result_, message_);
+  }
   qcclRequest_t request_;
   py::object keepalive_;
+  qcclResult_t result_ = qcclSuccess;
+  std::string message_;
 };
 
+void group_start() {
+  check(qcclGroupStart());
+  ++t_group.depth;
+}
+
+// The outermost end waits for the requests dropped inside the group, then lets the arrays go.
+void group_end() {
+  qcclResult_t result;
+  {
+    py::gil_scoped_release nogil;
+    result = qcclGroupEnd();
+  }
+  const std::string message = result != qcclSuccess ? qcclGetLastError(nullptr) : "";
+  if (t_group.depth > 0 && --t_group.depth == 0) {
+    std::vector<qcclRequest_t> dropped = std::move(t_group.dropped);
+    t_group.dropped.clear();
+    {
+      py::gil_scoped_release nogil;
+      for (qcclRequest_t& request : dropped) qcclWait(&request);
+    }
+    t_group.arrays.clear();
+  }
+  if (result != qcclSuccess) raise_error(result, message);
+}
+
 // Blocking (request = nullptr) or not: `call(request)` is the C call. Non-blocking calls return a
-// Request that keeps `keepalive` (the caller's arrays) until it completes.
+// Request that keeps `keepalive` (the caller's arrays) until it completes; inside a group, blocking
+// calls leave them to the group.
 template <class Call>
 py::object launch(qcclComm_t comm, bool async_op, py::object keepalive, Call&& call) {
   if (!async_op) {
     call_released(comm, [&] { return call(nullptr); });
+    if (t_group.depth > 0) t_group.arrays.push_back(std::move(keepalive));
     return py::none();
   }
   qcclRequest_t request = nullptr;
@@ -282,6 +350,8 @@ class Comm {
   }
   void destroy() {
     qcclComm_t comm = get();
+    // qccl refuses it while the group holds calls on comm, and the group's arrays wait for its end.
+    if (t_group.depth > 0) raise_error(qcclInvalidUsage, "destroy: inside qccl.group(); destroy after the block");
     comm_ = nullptr;  // invalid afterwards, even on failure
     call_released(nullptr, [&] { return qcclCommDestroy(comm); });
   }
@@ -579,8 +649,8 @@ PYBIND11_MODULE(_qccl, m) {
     call_released(nullptr, [&] { return qcclGetUniqueId(&id); });
     return py::bytes(id.internal, sizeof(id.internal));
   });
-  m.def("group_start", [] { check(qcclGroupStart()); });
-  m.def("group_end", [] { call_released(nullptr, [] { return qcclGroupEnd(); }); });
+  m.def("group_start", &group_start);
+  m.def("group_end", &group_end);
   m.def("describe", &describe_buffer);
   m.attr("Buffer") = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(buffer_type()));
 

@@ -200,6 +200,31 @@ def test_request_keeps_arrays_alive(comm):
     assert alive() is None  # released once the operation has completed
 
 
+def test_group_keeps_arrays_until_its_end(comm):
+    # qccl runs a group's calls at its end: the arrays of blocking calls and of requests dropped
+    # inside it must live until then (they were freed first: the receiver got other bytes).
+    n, r = comm.size, comm.rank
+    if n == 1:
+        pytest.skip("needs two ranks")
+    count = 1 << 20
+    got, dropped_got = np.zeros(count, np.float32), np.zeros(count, np.float32)
+    with qccl.group():
+        comm.send(np.full(count, r + 7.0, np.float32), (r + 1) % n)  # a temporary
+        comm.recv(got, (r - 1) % n)
+        comm.isend(np.full(count, r + 70.0, np.float32), (r + 1) % n)  # request dropped at once
+        request = comm.irecv(dropped_got, (r - 1) % n)
+        del request
+        # Other arrays take the freed memory, if it was freed.
+        scratch = [np.full(count, -1.0, np.float32) for _ in range(4)]
+    assert np.all(got == (r - 1) % n + 7.0)
+    assert np.all(dropped_got == (r - 1) % n + 70.0)  # the dropped request completed with the group
+    assert all(np.all(s == -1.0) for s in scratch)
+    with qccl.group():
+        with pytest.raises(qccl.InvalidUsage, match="inside qccl.group"):
+            comm.destroy()
+    comm.barrier()  # still usable
+
+
 def test_barrier(comm):
     # Rank 0 arrives late: no other rank may leave the barrier before it has arrived.
     comm.barrier()

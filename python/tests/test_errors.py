@@ -85,6 +85,24 @@ def test_mismatch_fails_on_every_rank(comm):
     comm.barrier()  # the world communicator is unaffected
 
 
+def test_request_keeps_its_failure(comm):
+    # Every wait() and is_completed() after a failure raises it (the second returned as if done).
+    if comm.size == 1:
+        pytest.skip("needs two ranks")
+    # Two ranks, so that neither learns of the failure before it has made its call.
+    sub = comm.split(0 if comm.rank < 2 else None)
+    if sub is not None:
+        count = 16 if sub.rank == 0 else 32
+        request = sub.all_reduce(np.ones(count, np.float32), async_op=True)
+        with pytest.raises(qccl.Mismatch, match="count"):
+            request.wait()
+        for check in (request.wait, request.is_completed, request.wait):
+            with pytest.raises(qccl.Mismatch, match="count"):
+                check()
+        sub.abort()
+    comm.barrier()
+
+
 def test_context_manager_aborts_on_exception(comm):
     sub = comm.split(0)
     with pytest.raises(RuntimeError, match="user code"):

@@ -87,6 +87,9 @@ class _QcclWork(_Work):
                     return False
             except qccl.QcclError as e:  # completed, failed: wait() raises it
                 self._error = self._error or e
+        if self._after is not None and self._error is None:  # the outputs, before saying so
+            self._after()
+            self._after = None
         return True
 
     def result(self) -> List[torch.Tensor]:

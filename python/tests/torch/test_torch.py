@@ -79,6 +79,18 @@ def test_backend_point_to_point_and_async(world):
         pass
     polled.wait()
     assert torch.all(polled.result()[0] == n)
+    # The list forms copy into their outputs after the call: done when is_completed() says so.
+    gathered = [torch.zeros(3) for _ in range(n)]
+    polled = dist.all_gather(gathered, torch.full((3,), float(rank + 1)), async_op=True)
+    while not polled.is_completed():
+        pass
+    assert all(torch.all(g == q + 1) for q, g in enumerate(gathered))
+    outs = [torch.zeros(2) for _ in range(n)]
+    polled = dist.all_to_all(outs, [torch.full((2,), float(rank * 10 + q)) for q in range(n)], async_op=True)
+    while not polled.is_completed():
+        pass
+    assert all(torch.all(o == q * 10 + rank) for q, o in enumerate(outs))
+    polled.wait()
     # wait() after get_future() waits for the operation too (the completion thread holds the request).
     big = torch.ones(1 << 20)
     work = dist.all_reduce(big, async_op=True)
