@@ -440,6 +440,11 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
 /* Parses a codec spec. An unknown name, key or value is qcclInvalidArgument naming the token. */
 QCCL_API qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec);
 QCCL_API qcclResult_t qcclCodecDestroy(qcclCodec_t codec);
+/* The codec's canonical spec: every key with its value (a learned codec's levels included), which
+ * qcclCodecCreate reads back as the same codec. Written to spec when its `bytes` hold it and its
+ * terminating NUL; *needed (unless NULL) gets that size. spec NULL with bytes 0 only asks the size;
+ * a buffer too small is qcclInvalidArgument naming both sizes, with nothing written. */
+QCCL_API qcclResult_t qcclCodecGetSpec(qcclCodec_t codec, char* spec, size_t bytes, size_t* needed);
 
 /* QSDP's learned levels (Markov et al., ICML 2023, Algorithm 2): the 2^N levels of the q1 .. q8
  * codec `codec` fitted to `count` values of `data` (float, half or bfloat16), cut into the codec's

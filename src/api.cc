@@ -601,6 +601,22 @@ QCCL_API qcclResult_t qcclCodecLearnLevels(qcclCodec_t codec, const void* data, 
   });
 }
 
+QCCL_API qcclResult_t qcclCodecGetSpec(qcclCodec_t codec, char* spec, size_t bytes, size_t* needed) {
+  return api_call("qcclCodecGetSpec", [&] {
+    if (!codec || !codec->config) fail(qcclInvalidArgument, "codec is NULL (make one with qcclCodecCreate)");
+    const std::string text = codec->config->canonical();
+    if (needed) *needed = text.size() + 1;
+    if (!spec && bytes == 0) {
+      if (!needed) fail(qcclInvalidArgument, "spec and needed are NULL: nothing to return");
+      return;
+    }
+    require_out(spec, "spec");
+    if (bytes < text.size() + 1)
+      fail(qcclInvalidArgument, "bytes = %zu: the spec takes %zu (its NUL included)", bytes, text.size() + 1);
+    std::memcpy(spec, text.c_str(), text.size() + 1);
+  });
+}
+
 QCCL_API qcclResult_t qcclCodecDestroy(qcclCodec_t codec) {
   return api_call("qcclCodecDestroy", [&] {
     require_out(codec, "codec");

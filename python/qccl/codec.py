@@ -29,6 +29,8 @@ class Codec:
 
     @property
     def spec(self) -> str:
+        """The spec it was made from; for learned levels, the canonical spec naming them
+        (``qcclCodecGetSpec``), which :class:`Codec` reads back as the same codec."""
         return self._codec.spec
 
     def __repr__(self) -> str:

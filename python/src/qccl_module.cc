@@ -211,6 +211,16 @@ void load_checkpoint(Handle handle, qcclResult_t (*load)(Handle, const void*, si
   call_released(nullptr, [&] { return load(handle, view.data(), view.size()); });
 }
 
+// A codec's canonical spec (qcclCodecGetSpec): what qcclCodecCreate reads back as the same codec.
+std::string spec_of(qcclCodec_t codec) {
+  size_t bytes = 0;
+  check(qcclCodecGetSpec(codec, nullptr, 0, &bytes));
+  std::string spec(bytes, '\0');
+  check(qcclCodecGetSpec(codec, spec.data(), spec.size(), nullptr));
+  spec.resize(bytes - 1);
+  return spec;
+}
+
 class Codec {
  public:
   explicit Codec(const std::string& spec) : spec_(spec) { check(qcclCodecCreate(spec.c_str(), &codec_)); }
@@ -553,7 +563,7 @@ class Comm {
     call_released(c, [&] {
       return qcclCodecLearnLevels(codec.get(), cptr(data), count, dtype(type), epochs, root, c, &learned);
     });
-    return new Codec(learned, codec.spec() + " with learned levels");
+    return new Codec(learned, spec_of(learned));
   }
 
  private:

@@ -286,10 +286,14 @@ def test_delta_store_low_bits(comm):
 def test_learned_levels(comm):
     data = rank_input(0, 1 << 14, np.float32, seed=2) ** 3  # peaked near 0
     learned = comm.learn_levels("q3", data if comm.rank == 0 else None, epochs=3, root=0)
-    assert learned.spec.startswith("q3")
+    assert learned.spec.startswith("q3:") and ",levels=0/" in learned.spec
     x = np.array(data)
     comm.all_reduce(x, "avg", codec=learned)
     assert agree(comm, x)
+    # Its spec reads back as the same codec (a hook's state_dict saves it): the same bits.
+    y = np.array(data)
+    comm.all_reduce(y, "avg", codec=qccl.Codec(learned.spec))
+    assert np.array_equal(x, y)
 
 
 def test_codec_parsing():

@@ -205,6 +205,22 @@ TEST_CASE("levels learned by each rank alone differ: every rank fails with qcclM
   QCCL_REQUIRE_OK(qcclCodecLearnLevels(base, job.rank == 0 ? data.data() : nullptr, job.rank == 0 ? data.size() : 0,
                                        qcclFloat32, 2, 0, job.comm, &shared));
   QCCL_REQUIRE_OK(qcclAllGatherCompressed(x.data(), y.data(), x.size(), qcclFloat32, shared, nullptr, job.comm));
+  // Its spec names the levels and reads back as the same codec: the same all-gather runs with it.
+  size_t needed = 0;
+  QCCL_REQUIRE_OK(qcclCodecGetSpec(shared, nullptr, 0, &needed));
+  std::string spec(needed, '?');
+  CHECK(qcclCodecGetSpec(shared, spec.data(), needed - 1, nullptr) == qcclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("bytes = " + std::to_string(needed - 1)));
+  CHECK(spec == std::string(needed, '?'));  // nothing written
+  QCCL_REQUIRE_OK(qcclCodecGetSpec(shared, spec.data(), spec.size(), nullptr));
+  spec.pop_back();  // the NUL
+  CHECK_THAT(spec, Catch::StartsWith("q3:") && Catch::Contains(",levels=0/"));
+  qcclCodec_t reread = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate(spec.c_str(), &reread));
+  std::vector<float> y2(y.size());
+  QCCL_REQUIRE_OK(qcclAllGatherCompressed(x.data(), y2.data(), x.size(), qcclFloat32, reread, nullptr, job.comm));
+  CHECK(y2 == y);
+  qcclCodecDestroy(reread);
   // Alone: each rank's own data give its own levels, which the frame headers' codec hash tells apart.
   qcclCodec_t own = nullptr;
   QCCL_REQUIRE_OK(qcclCodecLearnLevels(base, data.data(), data.size(), qcclFloat32, 2, 0, nullptr, &own));
