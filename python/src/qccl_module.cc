@@ -402,9 +402,16 @@ class Comm {
   }
 
   // ---- Collectives: addresses and counts checked by the caller (qccl/communicator.py) ----
+  // A state or segments belong to a compressed call: without a codec they would go unused.
+  static void require_codec(const Codec* codec, const CodecState* state, bool segments) {
+    if (codec != nullptr) return;
+    if (state != nullptr) raise_error(qcclInvalidArgument, "state: given without a codec (it is a codec's state)");
+    if (segments) raise_error(qcclInvalidArgument, "segments: given without a codec (they say what it compresses)");
+  }
   py::object all_reduce(uintptr_t send, uintptr_t recv, size_t count, int type, int op, const Codec* codec,
                         const CodecState* state, bool async_op, py::object keep) {
     qcclComm_t c = get();
+    require_codec(codec, state, false);
     if (codec == nullptr)
       return launch(c, async_op, keep, [&](qcclRequest_t* r) {
         return r ? qcclIAllReduce(cptr(send), ptr(recv), count, dtype(type), redop(op), c, r)
@@ -437,6 +444,7 @@ class Comm {
                         const CodecState* state, std::optional<std::vector<std::pair<size_t, bool>>> segments,
                         bool async_op, py::object keep) {
     qcclComm_t c = get();
+    require_codec(codec, state, segments.has_value());
     if (codec == nullptr)
       return launch(c, async_op, keep, [&](qcclRequest_t* r) {
         return r ? qcclIAllGather(cptr(send), ptr(recv), count, dtype(type), c, r)
@@ -462,6 +470,7 @@ class Comm {
                             const CodecState* state, std::optional<std::vector<std::pair<size_t, bool>>> segments,
                             bool async_op, py::object keep) {
     qcclComm_t c = get();
+    require_codec(codec, state, segments.has_value());
     if (codec == nullptr)
       return launch(c, async_op, keep, [&](qcclRequest_t* r) {
         return r ? qcclIReduceScatter(cptr(send), ptr(recv), count, dtype(type), redop(op), c, r)

@@ -46,6 +46,11 @@ def test_local_errors_leave_the_communicator_intact(comm):
         comm.all_reduce(np.ones(10, np.int32), codec="q8")  # codecs take floating types only
     with pytest.raises(ValueError):  # the subclasses are the built-in exceptions too
         comm.all_reduce(x, codec="q99")
+    state = comm.codec_state(10)
+    with pytest.raises(qccl.InvalidArgument, match="state: given without a codec"):
+        comm.all_reduce(x, state=state)
+    with pytest.raises(qccl.InvalidArgument, match="segments: given without a codec"):
+        comm.all_gather(np.zeros(comm.size * 10, np.float32), x, segments=[(10, True)])
     comm.all_reduce(x)  # still usable
     assert np.all(x == comm.size * comm.size)  # out=x above held size (the read-only ones), now summed again
 
