@@ -68,17 +68,26 @@ class CommHookState:
         self.store = self.comm.codec_store(budget)
         self._completer = Completer(f"qccl-hook-{self.comm.rank}")
         self._keys: dict = {}         # bucket signature -> store key
+        self._layouts: dict = {}      # store key -> (bucket index, parameter sizes), for checkpoints
+        self._restored: dict = {}     # a checkpoint's (bucket index, parameter sizes) -> store key
         self._next_key = 1            # keys are never reused, also after an erase
         self._live: set = set()       # keys used in this iteration
         self._known: set = set()      # keys used in the last complete iteration
 
     def key_for(self, bucket: Any) -> int:
         # The parameters' addresses name a bucket across DDP's rebuild; its index alone does not.
-        signature = (bucket.index(), tuple(p.data_ptr() for p in bucket.parameters()))
+        params = bucket.parameters()
+        signature = (bucket.index(), tuple(p.data_ptr() for p in params))
         key = self._keys.get(signature)
         if key is None:
-            key = self._keys[signature] = self._next_key
-            self._next_key += 1
+            # A checkpoint's bucket is known by its index and sizes: the addresses were another
+            # process's. (DDP's first iteration, before its rebuild, has other buckets: fresh keys.)
+            layout = (bucket.index(), tuple(p.numel() for p in params))
+            key = self._restored.pop(layout, None)
+            if key is None:
+                key = self._next_key
+                self._next_key += 1
+            self._keys[signature], self._layouts[key] = key, layout
         return key
 
     def all_reduce(self, bucket: Any) -> torch.futures.Future:
@@ -100,13 +109,20 @@ class CommHookState:
             for key in self._known - self._live:  # buckets that DDP has rebuilt: nothing is in flight on them
                 self.store.erase(key)
                 self._keys = {s: k for s, k in self._keys.items() if k != key}
+                self._layouts.pop(key, None)
         self._known, self._live = self._live, set()
 
     def state_dict(self) -> dict:
-        return {"codec": None if self.codec is None else self.codec.spec, "store": self.store.save()}
+        return {"codec": None if self.codec is None else self.codec.spec, "store": self.store.save(),
+                "buckets": {key: layout for key, layout in self._layouts.items()}, "next_key": self._next_key}
 
     def load_state_dict(self, state: dict) -> None:
+        """The codec states of ``state_dict()``, each for the bucket of the same index and
+        parameter sizes when DDP builds it (in this process or a resumed one)."""
         self.store.load(state["store"])
+        buckets = state.get("buckets", {})
+        self._restored = {(index, tuple(sizes)): key for key, (index, sizes) in buckets.items()}
+        self._next_key = max([self._next_key, state.get("next_key", 1)] + [key + 1 for key in buckets])
 
     def close(self) -> None:
         """Stops the completion thread (the communicator stays the caller's)."""

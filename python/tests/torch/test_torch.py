@@ -328,5 +328,16 @@ def test_hook_keys_follow_buckets_and_are_never_reused(world):
     with pytest.raises(qccl.InvalidArgument):
         state.store.erase(1)
     assert iteration([c], [d]) == [2, 4]        # a new bucket after an erase: a fresh key, not 3 again
+    # A resumed process: other tensors (other addresses) of the same sizes. Its rebuilt buckets take
+    # the checkpoint's keys, and so their states; its first iteration's bucket a fresh key.
+    checkpoint = state.state_dict()
     state.close()
-    state.comm.destroy()
+    resumed = qt.CommHookState("q8:ef=on", comm=state.comm)
+    resumed.load_state_dict(checkpoint)
+    a, b, c, d = (torch.zeros(4) for _ in range(4))
+    state = resumed
+    assert iteration([a, b, c]) == [5]
+    assert iteration([c], [d]) == [2, 4]
+    assert checkpoint["store"] == resumed.store.save()  # the states used are the checkpoint's, untouched
+    resumed.close()
+    resumed.comm.destroy()
