@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "base/errors.h"
 #include "collectives/method.h"
 #include "collectives/plan.h"
 #include "include/qccl.h"
@@ -144,6 +145,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // drive it now (non-blocking calls and groups); otherwise the caller will wait() at once.
   // Throws the communicator's error when it is broken.
   void start(const std::shared_ptr<OpRecord>& record, bool background);
+  // A queued call whose start threw (qcclGroupEnd): it completes with that error, its codec state's
+  // call over.
+  void refuse(OpRecord& record, const Error& error) { finish(record, error.code(), error.message()); }
   // Before start, after validation: whether the call's buffers are device memory (then
   // record.on_device, and args.stream is the communicator's stream), refusing mixed buffers and
   // what the device path does not run yet (qcclInvalidArgument, qcclInvalidUsage; nothing sent).

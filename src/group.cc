@@ -47,9 +47,9 @@ void group_end() {
     try {
       d.record->comm->start(d.record, /*background=*/true);
     } catch (const Error& e) {
-      d.record->result = e.code();
-      d.record->error = e.message();
-      d.record->done = true;
+      d.record->comm->refuse(*d.record, e);
+    } catch (const std::exception& e) {  // out of memory, say: the later calls must still start
+      d.record->comm->refuse(*d.record, Error(qcclSystemError, std::string("starting the call: ") + e.what()));
     }
   }
   std::unique_ptr<Error> first;

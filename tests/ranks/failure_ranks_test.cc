@@ -133,6 +133,23 @@ TEST_CASE("count mismatch: every rank fails with qcclMismatch naming both calls"
   CHECK(async == qcclMismatch);
   // A broken communicator refuses further work with the same story, and abort always returns.
   CHECK(qcclAllReduce(x.data(), y.data(), 10, qcclFloat32, qcclSum, job.comm) == qcclMismatch);
+  // Also a group's call, refused as the group ends: it is over then, so its codec state is free for
+  // a checkpoint before the request is waited for (the state stayed 'in use' until then).
+  qcclCodec_t q8 = nullptr;
+  qcclCodecState_t state = nullptr;
+  qcclRequest_t request = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate("q8:ef=on", &q8));
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(job.comm, 10, &state));
+  QCCL_REQUIRE_OK(qcclGroupStart());
+  QCCL_REQUIRE_OK(qcclIAllReduceCompressed(x.data(), y.data(), 10, qcclFloat32, qcclSum, q8, state, job.comm, &request));
+  QCCL_REQUIRE_OK(qcclGroupEnd());
+  size_t bytes = 0;
+  QCCL_REQUIRE_OK(qcclCodecStateSize(state, &bytes));
+  std::vector<char> checkpoint(bytes);
+  CHECK(qcclCodecStateSave(state, checkpoint.data(), bytes) == qcclSuccess);
+  CHECK(qcclWait(&request) == qcclMismatch);
+  qcclCodecStateDestroy(state);
+  qcclCodecDestroy(q8);
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
 }
 
