@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -64,20 +65,32 @@ struct Config {
       std::string key = py::cast<std::string>(item.first);
       py::handle value = item.second;
       if (value.is_none()) continue;
-      if (key == "timeout")
-        c.timeoutSeconds = py::cast<double>(value);
-      else if (key == "chunk_bytes")
-        c.chunkBytes = py::cast<int>(value);
-      else if (key == "pipeline_depth")
-        c.pipelineDepth = py::cast<int>(value);
-      else if (key == "codec_min_bytes")
-        c.codecMinBytes = py::cast<double>(value);
-      else if (key == "algorithms")
-        c.algorithms = (algorithms = py::cast<std::string>(value)).c_str();
-      else if (key == "codec")
-        c.codec = (codec = py::cast<std::string>(value)).c_str();
-      else
+      // A value of the wrong type is qccl's InvalidArgument naming the setting, as a bad value is.
+      auto as = [&](auto* out, const char* what) {
+        try {
+          *out = py::cast<std::remove_pointer_t<decltype(out)>>(value);
+        } catch (const py::cast_error&) {
+          raise_error(qcclInvalidArgument, "config: " + key + " = " + py::cast<std::string>(py::repr(value)) +
+                                               " is not " + what);
+        }
+      };
+      if (key == "timeout") {
+        as(&c.timeoutSeconds, "a number");
+      } else if (key == "chunk_bytes") {
+        as(&c.chunkBytes, "an int");
+      } else if (key == "pipeline_depth") {
+        as(&c.pipelineDepth, "an int");
+      } else if (key == "codec_min_bytes") {
+        as(&c.codecMinBytes, "a number");
+      } else if (key == "algorithms") {
+        as(&algorithms, "a str");
+        c.algorithms = algorithms.c_str();
+      } else if (key == "codec") {
+        as(&codec, "a str");
+        c.codec = codec.c_str();
+      } else {
         raise_error(qcclInvalidArgument, "config: unknown setting '" + key + "'");
+      }
     }
   }
   Config(const Config&) = delete;

@@ -51,6 +51,9 @@ def test_local_errors_leave_the_communicator_intact(comm):
         comm.all_reduce(x, state=state)
     with pytest.raises(qccl.InvalidArgument, match="segments: given without a codec"):
         comm.all_gather(np.zeros(comm.size * 10, np.float32), x, segments=[(10, True)])
+    for setting, value in (("chunk_bytes", 1.5), ("timeout", "long"), ("codec", 8)):
+        with pytest.raises(qccl.InvalidArgument, match=f"config: {setting} = {value!r} is not"):
+            comm.split(0, **{setting: value})  # refused on every rank before any message
     comm.all_reduce(x)  # still usable
     assert np.all(x == comm.size * comm.size)  # out=x above held size (the read-only ones), now summed again
 
