@@ -203,14 +203,7 @@ void ControlPlane::barrier(const net::Deadline& deadline, bool closing) {
 }
 
 void ControlPlane::fail_locally(const Failure& failure) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed_) return;
-    failed_ = true;
-    failure_ = failure;
-    cv_.notify_all();
-  }
-  on_failure_(failure);
+  if (fail_waits(failure)) on_failure_(failure);
 }
 
 void ControlPlane::report_failure(const Failure& failure) { broadcast_failure(rank_, failure, -1); }
@@ -232,13 +225,13 @@ void ControlPlane::broadcast_failure(int origin, const Failure& failure, int exc
   }
 }
 
-void ControlPlane::fail_waits(const Failure& failure) {
+bool ControlPlane::fail_waits(const Failure& failure) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!failed_) {
-    failed_ = true;
-    failure_ = failure;
-  }
+  if (failed_) return false;
+  failed_ = true;
+  failure_ = failure;
   cv_.notify_all();
+  return true;
 }
 
 void ControlPlane::begin_close() {

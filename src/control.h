@@ -57,8 +57,9 @@ class ControlPlane {
   // Tells every other rank that this communicator failed here (best effort, never throws).
   void report_failure(const Failure& failure);
   // Fails this rank's barrier() waits, now and later, with `failure` (qcclCommAbort: a
-  // qcclCommDestroy blocked in the closing barrier on another thread returns it).
-  void fail_waits(const Failure& failure);
+  // qcclCommDestroy blocked in the closing barrier on another thread returns it), unless a failure
+  // came first; returns whether this one was the first.
+  bool fail_waits(const Failure& failure);
   // From now on a closed connection is a departure, not a failure (after the closing barrier).
   void begin_close();
   void close();

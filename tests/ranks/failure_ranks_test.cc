@@ -33,6 +33,25 @@ struct Job {
 
 std::string last_error() { return qcclGetLastError(nullptr); }
 
+// Polls comm's asynchronous error (as an idle rank learns of the others' failures) for up to 30 s.
+qcclResult_t await_async_error(qcclComm_t comm) {
+  qcclResult_t async = qcclSuccess;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (async == qcclSuccess && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    QCCL_REQUIRE_OK(qcclCommGetAsyncError(comm, &async));
+  }
+  return async;
+}
+
+// A second thread that aborts comm after 200 ms, while this one is blocked in a call on it.
+std::thread abort_soon(qcclComm_t comm) {
+  return std::thread([comm] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK(qcclCommAbort(comm) == qcclSuccess);
+  });
+}
+
 // The process vanishes at once with status 0, as if killed (qcclrun ignores a clean exit): no
 // destructors, no atexit, and no sanitizer interceptor that would let other threads run on.
 [[noreturn]] void vanish() {
@@ -566,10 +585,7 @@ TEST_CASE("abort from another thread releases a blocked collective", "[abort-thr
   all_warmed_up(job, 0);
   // Rank 0 blocks in a collective nobody else joins; a second thread aborts it.
   if (job.rank == 0) {
-    std::thread aborter([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      CHECK(qcclCommAbort(job.comm) == qcclSuccess);
-    });
+    std::thread aborter = abort_soon(job.comm);
     std::vector<float> x(1000, 1.0f), y(1000);
     qcclResult_t result = qcclAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, job.comm);
     aborter.join();
@@ -578,12 +594,7 @@ TEST_CASE("abort from another thread releases a blocked collective", "[abort-thr
     return;
   }
   // The others learn of the abort through the control plane while idle.
-  qcclResult_t async = qcclSuccess;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (async == qcclSuccess && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    QCCL_REQUIRE_OK(qcclCommGetAsyncError(job.comm, &async));
-  }
+  const qcclResult_t async = await_async_error(job.comm);
   CHECK(async == qcclRemoteError);
   CHECK(qcclCommDestroy(job.comm) == qcclSuccess);  // destroy of a broken communicator is local
 }
@@ -596,10 +607,7 @@ TEST_CASE("abort from another thread releases a blocked qcclCommDestroy", "[abor
   all_warmed_up(job, 0);
   if (job.rank == 0) {
     // Rank 0 waits in qcclCommDestroy for ranks that are not coming yet; a second thread aborts.
-    std::thread aborter([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      CHECK(qcclCommAbort(job.comm) == qcclSuccess);
-    });
+    std::thread aborter = abort_soon(job.comm);
     const qcclResult_t result = qcclCommDestroy(job.comm);
     const std::string error = last_error();
     aborter.join();
@@ -607,12 +615,7 @@ TEST_CASE("abort from another thread releases a blocked qcclCommDestroy", "[abor
     CHECK_THAT(error, Catch::Contains("qcclCommAbort was called on rank 0"));
     return;
   }
-  qcclResult_t async = qcclSuccess;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (async == qcclSuccess && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    QCCL_REQUIRE_OK(qcclCommGetAsyncError(job.comm, &async));
-  }
+  const qcclResult_t async = await_async_error(job.comm);
   CHECK(async == qcclRemoteError);
   CHECK(qcclCommDestroy(job.comm) == qcclSuccess);
 }
@@ -627,12 +630,7 @@ TEST_CASE("a request polled only with qcclTest fails at QCCL_TIMEOUT", "[test-ti
   all_warmed_up(job, 0);
   if (job.rank != 0) {
     // Not joining: they learn of rank 0's timeout through the control plane.
-    qcclResult_t async = qcclSuccess;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (async == qcclSuccess && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      QCCL_REQUIRE_OK(qcclCommGetAsyncError(job.comm, &async));
-    }
+    const qcclResult_t async = await_async_error(job.comm);
     CHECK(async == qcclTimeout);
     CHECK(qcclCommAbort(job.comm) == qcclSuccess);
     return;
