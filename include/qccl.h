@@ -338,7 +338,10 @@ QCCL_API qcclResult_t qcclRecv(void* recvbuff, size_t count, qcclDataType_t data
 
 /* Between qcclGroupStart and qcclGroupEnd, calls are validated and queued instead of run; GroupEnd
  * starts them all at once and blocks until they complete, returning the first error. Groups nest
- * (only the outermost GroupEnd runs). Per thread. */
+ * (only the outermost GroupEnd runs). Per thread. As in NCCL, a call refused inside a group (its own
+ * result an error) fails the group as a whole: the outermost GroupEnd then runs none of its calls
+ * (their requests fail too) and returns that call's result, naming it; the peers' matching calls
+ * wait for this rank (until QCCL_TIMEOUT, or until it aborts the communicator). */
 QCCL_API qcclResult_t qcclGroupStart(void);
 QCCL_API qcclResult_t qcclGroupEnd(void);
 

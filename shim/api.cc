@@ -64,8 +64,13 @@ ncclResult_t checked_real(ncclResult_t r) {
 
 ncclResult_t run(Kind kind, const char* name, const void* sendbuff, void* recvbuff, size_t count,
                  ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  CommRef c = usable(comm);
-  dispatch(Call{kind, name, sendbuff, recvbuff, count, datatype, op, root, comm, stream, std::move(c)});
+  try {
+    CommRef c = usable(comm);
+    dispatch(Call{kind, name, sendbuff, recvbuff, count, datatype, op, root, comm, stream, std::move(c)});
+  } catch (const ShimError& e) {
+    group_refuse(name, e);
+    throw;
+  }
   return ncclSuccess;
 }
 

@@ -187,11 +187,31 @@ void log_decision(Comm& c, const Call& call, size_t bytes, const std::string& de
 // Buffers a host call needs until its qccl group ends (PreMulSum's scaled inputs).
 using Scratch = std::vector<std::vector<unsigned char>>;
 
+// What the shim checks of a queued host call when it runs (its communicator may have been aborted or
+// its op destroyed since it was queued): for a whole group before any of it is issued. Returns the
+// call's PreMulSum op, if it has one.
+std::optional<PreMulSumOp> check_runnable(const Call& call) {
+  Comm& c = *call.comm;
+  if (!c.q.load())
+    fail(ncclInvalidUsage, "comm = %p has no qccl communicator (aborted or finalized)", static_cast<void*>(call.handle));
+  if (!is_reduction(call.kind) || call.op < ncclNumOps) return std::nullopt;
+  std::optional<PreMulSumOp> custom = custom_op(c, call.op);
+  if (!custom)  // destroyed between a grouped call and its ncclGroupEnd
+    fail(ncclInvalidArgument, "op = %d was destroyed (ncclRedOpDestroy) before the call ran", static_cast<int>(call.op));
+  if (call.qccl_device)
+    fail(ncclInvalidUsage, "op = %d is a PreMulSum op, which qccl scales on the host: on device buffers it runs on "
+         "the real NCCL only (QCCL_NCCL_DEVICE=nccl)", static_cast<int>(call.op));
+  if (custom->residence == ncclScalarDevice && cuda::is_device_pointer(custom->scalar_pointer))
+    fail(ncclInvalidUsage, "op = %d's scalar is in device memory, which qccl's host path cannot read; use "
+         "ncclScalarHostImmediate for host buffers", static_cast<int>(call.op));
+  return custom;
+}
+
 // Issues one host call on qccl (queued when a qccl group is open, else run to completion).
 void issue_host(Call& call, Scratch& scratch) {
+  const std::optional<PreMulSumOp> custom = check_runnable(call);
   Comm& c = *call.comm;
   qcclComm_t q = c.q.load();
-  if (!q) fail(ncclInvalidUsage, "comm = %p has no qccl communicator (aborted or finalized)", static_cast<void*>(call.handle));
   const size_t esize = type_size(call.datatype);
   const size_t bytes = call.count * esize;
   const qcclDataType_t t = q_type(call.datatype);
@@ -208,20 +228,10 @@ void issue_host(Call& call, Scratch& scratch) {
   // PreMulSum: scale this rank's input, then sum.
   const void* send = call.sendbuff;
   qcclRedOp_t op = static_cast<qcclRedOp_t>(call.op);
-  if (is_reduction(call.kind) && call.op >= ncclNumOps) {
-    const std::optional<PreMulSumOp> custom = custom_op(c, call.op);
-    if (!custom)  // destroyed between a grouped call and its ncclGroupEnd
-      fail(ncclInvalidArgument, "op = %d was destroyed (ncclRedOpDestroy) before the call ran", static_cast<int>(call.op));
-    if (call.qccl_device)
-      fail(ncclInvalidUsage, "op = %d is a PreMulSum op, which qccl scales on the host: on device buffers it runs on "
-           "the real NCCL only (QCCL_NCCL_DEVICE=nccl)", static_cast<int>(call.op));
+  if (custom) {
     double s = custom->host_scalar;
-    if (custom->residence == ncclScalarDevice) {
-      if (cuda::is_device_pointer(custom->scalar_pointer))
-        fail(ncclInvalidUsage, "op = %d's scalar is in device memory, which qccl's host path cannot read; use "
-             "ncclScalarHostImmediate for host buffers", static_cast<int>(call.op));
+    if (custom->residence == ncclScalarDevice)
       s = read_scalar(custom->datatype, custom->scalar_pointer);  // read when the call runs, as NCCL does
-    }
     const size_t n = send_elements(call);
     scratch.emplace_back(n * esize);
     scale(call.datatype, call.sendbuff, scratch.back().data(), n, s);
@@ -347,8 +357,14 @@ struct Group {
   int depth = 0;
   std::vector<Call> calls;
   std::vector<DeferredInit> inits;
+  std::optional<ShimError> refused;  // the first call refused inside the group, its name in the message
 };
 thread_local Group t_group;
+
+[[noreturn]] void fail_refused(const Group& group) {
+  fail(group.refused->code, "the group ran none of its %zu queued calls: a call in it was refused: %s",
+       group.calls.size(), group.refused->message.c_str());
+}
 
 void run_inits(std::vector<DeferredInit>& inits) {
   std::vector<std::vector<DeferredInit*>> lanes;  // one thread each
@@ -381,12 +397,17 @@ void group_start() { ++t_group.depth; }
 
 void defer_init(DeferredInit init) { t_group.inits.push_back(std::move(init)); }
 
+void group_refuse(const char* name, const ShimError& error) {
+  if (in_group() && !t_group.refused) t_group.refused = ShimError{error.code, std::string(name) + ": " + error.message};
+}
+
 ncclResult_t group_end() {
   if (t_group.depth == 0) fail(ncclInvalidUsage, "no ncclGroupStart to end");
   if (--t_group.depth > 0) return ncclSuccess;
   Group group = std::move(t_group);
   t_group = Group{};
   if (!group.inits.empty()) run_inits(group.inits);
+  if (group.refused) fail_refused(group);
   if (group.calls.empty()) return ncclSuccess;
 
   const Call* first_host = nullptr;
@@ -421,11 +442,15 @@ ncclResult_t group_end() {
     return end;
   }
 
-  // Host: ops destroyed since their calls were queued fail the group before any call starts.
-  for (const Call& c : group.calls)
-    if (is_reduction(c.kind) && c.op >= ncclNumOps && !custom_op(*c.comm, c.op))
-      fail(ncclInvalidArgument, "%s: op = %d was destroyed (ncclRedOpDestroy) before ncclGroupEnd; nothing ran", c.name,
-           static_cast<int>(c.op));
+  // Host: a call that cannot run now (its op destroyed, its communicator aborted since it was queued)
+  // fails the group before any call starts.
+  for (const Call& c : group.calls) {
+    try {
+      check_runnable(c);
+    } catch (const ShimError& e) {
+      fail(e.code, "%s: %s; nothing ran", c.name, e.message.c_str());
+    }
+  }
   // Then wait for every stream's earlier work, and run one qccl group.
   for (const Call& c : group.calls)
     if (!c.qccl_device) cuda::synchronize(c.stream, c.name);
@@ -434,7 +459,7 @@ ncclResult_t group_end() {
   try {
     for (Call& c : group.calls) issue_host(c, scratch);
   } catch (...) {
-    qcclGroupEnd();  // validated before queueing: a failure here leaves the queued calls to qccl's end
+    qcclGroupEnd();  // a call qccl refused fails its group: this end runs none of the queued calls
     throw;
   }
   check_qccl(qcclGroupEnd(), nullptr);
@@ -447,6 +472,7 @@ ncclResult_t simulate_group_end(ncclSimInfo_t* info) {
   Group group = std::move(t_group);
   t_group = Group{};
   if (!group.inits.empty()) fail(ncclInvalidUsage, "the group creates communicators, which cannot be simulated; nothing ran");
+  if (group.refused) fail_refused(group);
   for (const Call& c : group.calls)
     if (!c.device)
       fail(ncclInvalidUsage, "%s on host buffers: qccl has no cost model to simulate; the group ended without running",

@@ -211,6 +211,9 @@ bool config_blocking(const ncclConfig_t* config, const char* call);
 bool in_group();
 void group_start();
 ncclResult_t group_end();
+// A call refused inside the open group (none outside one): as in NCCL, the group then fails as a
+// whole, its outermost ncclGroupEnd running none of its calls (its communicators' creations still run).
+void group_refuse(const char* name, const ShimError& error);
 // A communicator's creation (InitRank or Split) called inside a group, run at the outermost
 // ncclGroupEnd beside the group's others: `run` makes c (its init_result, then init_state 0). The
 // splits of one parent run in the order called, on one thread; everything else on its own thread, as

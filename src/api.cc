@@ -82,6 +82,23 @@ qcclResult_t api_call(const char* name, F&& body) {
   }
 }
 
+// The body of an entry point whose call a group defers: refused inside a group, it fails the whole
+// group, as in NCCL (qcclGroupEnd then runs none of it).
+template <class F>
+qcclResult_t deferrable_call(const char* name, F&& body) {
+  return api_call(name, [&] {
+    try {
+      body();
+    } catch (const Error& e) {
+      if (group_active()) group_refuse(Error(e.code(), std::string(name) + ": " + e.message()));
+      throw;
+    } catch (const std::bad_alloc&) {
+      if (group_active()) group_refuse(Error(qcclSystemError, std::string(name) + ": out of memory"));
+      throw;
+    }
+  });
+}
+
 Comm& get(qcclComm_t comm) {
   if (!comm || !comm->impl) fail(qcclInvalidArgument, "comm is NULL");
   return *comm->impl;
@@ -207,12 +224,12 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
 
 // The body of every blocking collective and point-to-point entry point.
 qcclResult_t run_collective(const char* name, qcclComm_t comm, const RawCall& call) {
-  return api_call(name, [&] { submit(comm, call, nullptr); });
+  return deferrable_call(name, [&] { submit(comm, call, nullptr); });
 }
 
 // The body of every non-blocking (qcclI*) entry point: *request is set only on success.
 qcclResult_t start_collective(const char* name, qcclComm_t comm, const RawCall& call, qcclRequest_t* request) {
-  return api_call(name, [&] {
+  return deferrable_call(name, [&] {
     require_out(request, "request");
     submit(comm, call, request);
   });
@@ -748,7 +765,7 @@ QCCL_API qcclResult_t qcclCodecStoreLoad(qcclCodecStore_t store, const void* buf
 QCCL_API qcclResult_t qcclAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count,
                                               qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                               qcclCodecState_t state, qcclComm_t comm) {
-  return api_call("qcclAllReduceCompressed", [&] {
+  return deferrable_call("qcclAllReduceCompressed", [&] {
     submit(comm, RawCall{coll::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0}, nullptr, codec,
            state, true);
   });
@@ -757,7 +774,7 @@ QCCL_API qcclResult_t qcclAllReduceCompressed(const void* sendbuff, void* recvbu
 QCCL_API qcclResult_t qcclIAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count,
                                                qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                                qcclCodecState_t state, qcclComm_t comm, qcclRequest_t* request) {
-  return api_call("qcclIAllReduceCompressed", [&] {
+  return deferrable_call("qcclIAllReduceCompressed", [&] {
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0}, request, codec,
            state, true);
@@ -767,7 +784,7 @@ QCCL_API qcclResult_t qcclIAllReduceCompressed(const void* sendbuff, void* recvb
 QCCL_API qcclResult_t qcclAllGatherCompressed(const void* sendbuff, void* recvbuff, size_t sendcount,
                                               qcclDataType_t datatype, qcclCodec_t codec, qcclCodecState_t state,
                                               qcclComm_t comm) {
-  return api_call("qcclAllGatherCompressed", [&] {
+  return deferrable_call("qcclAllGatherCompressed", [&] {
     submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, nullptr, codec,
            state, true);
   });
@@ -776,7 +793,7 @@ QCCL_API qcclResult_t qcclAllGatherCompressed(const void* sendbuff, void* recvbu
 QCCL_API qcclResult_t qcclIAllGatherCompressed(const void* sendbuff, void* recvbuff, size_t sendcount,
                                                qcclDataType_t datatype, qcclCodec_t codec, qcclCodecState_t state,
                                                qcclComm_t comm, qcclRequest_t* request) {
-  return api_call("qcclIAllGatherCompressed", [&] {
+  return deferrable_call("qcclIAllGatherCompressed", [&] {
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, request, codec,
            state, true);
@@ -785,7 +802,7 @@ QCCL_API qcclResult_t qcclIAllGatherCompressed(const void* sendbuff, void* recvb
 
 QCCL_API qcclResult_t qcclSendCompressed(const void* sendbuff, size_t count, qcclDataType_t datatype,
                                          qcclCodec_t codec, int peer, qcclComm_t comm) {
-  return api_call("qcclSendCompressed", [&] {
+  return deferrable_call("qcclSendCompressed", [&] {
     submit(comm, RawCall{coll::CollKind::kSend, sendbuff, nullptr, count, datatype, 0, peer}, nullptr, codec, nullptr,
            true);
   });
@@ -793,7 +810,7 @@ QCCL_API qcclResult_t qcclSendCompressed(const void* sendbuff, size_t count, qcc
 
 QCCL_API qcclResult_t qcclRecvCompressed(void* recvbuff, size_t count, qcclDataType_t datatype, qcclCodec_t codec,
                                          int peer, qcclComm_t comm) {
-  return api_call("qcclRecvCompressed", [&] {
+  return deferrable_call("qcclRecvCompressed", [&] {
     submit(comm, RawCall{coll::CollKind::kRecv, nullptr, recvbuff, count, datatype, 0, peer}, nullptr, codec, nullptr,
            true);
   });
@@ -801,7 +818,7 @@ QCCL_API qcclResult_t qcclRecvCompressed(void* recvbuff, size_t count, qcclDataT
 
 QCCL_API qcclResult_t qcclISendCompressed(const void* sendbuff, size_t count, qcclDataType_t datatype,
                                           qcclCodec_t codec, int peer, qcclComm_t comm, qcclRequest_t* request) {
-  return api_call("qcclISendCompressed", [&] {
+  return deferrable_call("qcclISendCompressed", [&] {
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kSend, sendbuff, nullptr, count, datatype, 0, peer}, request, codec, nullptr,
            true);
@@ -810,7 +827,7 @@ QCCL_API qcclResult_t qcclISendCompressed(const void* sendbuff, size_t count, qc
 
 QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclDataType_t datatype, qcclCodec_t codec,
                                           int peer, qcclComm_t comm, qcclRequest_t* request) {
-  return api_call("qcclIRecvCompressed", [&] {
+  return deferrable_call("qcclIRecvCompressed", [&] {
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kRecv, nullptr, recvbuff, count, datatype, 0, peer}, request, codec, nullptr,
            true);
@@ -821,7 +838,7 @@ QCCL_API qcclResult_t qcclAllGatherCompressedSegments(const void* sendbuff, void
                                                       qcclDataType_t datatype, qcclCodec_t codec,
                                                       const qcclSegment_t* segments, int nsegments,
                                                       qcclCodecState_t state, qcclComm_t comm) {
-  return api_call("qcclAllGatherCompressedSegments", [&] {
+  return deferrable_call("qcclAllGatherCompressedSegments", [&] {
     submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, nullptr, codec,
            state, true, segments, nsegments);
   });
@@ -832,7 +849,7 @@ QCCL_API qcclResult_t qcclIAllGatherCompressedSegments(const void* sendbuff, voi
                                                        const qcclSegment_t* segments, int nsegments,
                                                        qcclCodecState_t state, qcclComm_t comm,
                                                        qcclRequest_t* request) {
-  return api_call("qcclIAllGatherCompressedSegments", [&] {
+  return deferrable_call("qcclIAllGatherCompressedSegments", [&] {
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, request, codec,
            state, true, segments, nsegments);
@@ -843,7 +860,7 @@ QCCL_API qcclResult_t qcclReduceScatterCompressedSegments(const void* sendbuff, 
                                                           qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                                           const qcclSegment_t* segments, int nsegments,
                                                           qcclCodecState_t state, qcclComm_t comm) {
-  return api_call("qcclReduceScatterCompressedSegments", [&] {
+  return deferrable_call("qcclReduceScatterCompressedSegments", [&] {
     submit(comm, RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, nullptr,
            codec, state, true, segments, nsegments);
   });
@@ -854,7 +871,7 @@ QCCL_API qcclResult_t qcclIReduceScatterCompressedSegments(const void* sendbuff,
                                                            const qcclSegment_t* segments, int nsegments,
                                                            qcclCodecState_t state, qcclComm_t comm,
                                                            qcclRequest_t* request) {
-  return api_call("qcclIReduceScatterCompressedSegments", [&] {
+  return deferrable_call("qcclIReduceScatterCompressedSegments", [&] {
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, request,
            codec, state, true, segments, nsegments);
@@ -864,7 +881,7 @@ QCCL_API qcclResult_t qcclIReduceScatterCompressedSegments(const void* sendbuff,
 QCCL_API qcclResult_t qcclReduceScatterCompressed(const void* sendbuff, void* recvbuff, size_t recvcount,
                                                   qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                                   qcclCodecState_t state, qcclComm_t comm) {
-  return api_call("qcclReduceScatterCompressed", [&] {
+  return deferrable_call("qcclReduceScatterCompressed", [&] {
     submit(comm, RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, nullptr,
            codec, state, true);
   });
@@ -873,7 +890,7 @@ QCCL_API qcclResult_t qcclReduceScatterCompressed(const void* sendbuff, void* re
 QCCL_API qcclResult_t qcclIReduceScatterCompressed(const void* sendbuff, void* recvbuff, size_t recvcount,
                                                    qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                                    qcclCodecState_t state, qcclComm_t comm, qcclRequest_t* request) {
-  return api_call("qcclIReduceScatterCompressed", [&] {
+  return deferrable_call("qcclIReduceScatterCompressed", [&] {
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, request,
            codec, state, true);
@@ -895,7 +912,8 @@ QCCL_API qcclResult_t qcclTest(qcclRequest_t* request, int* done) {
     require_out(done, "done");
     if (!*request) fail(qcclInvalidArgument, "*request is NULL");
     OpRecord& record = *(*request)->record;
-    if (!record.started) fail(qcclInvalidUsage, "the request belongs to a group that has not ended (qcclGroupEnd)");
+    if (!record.started && !record.done)  // (a refused group's calls are done without starting)
+      fail(qcclInvalidUsage, "the request belongs to a group that has not ended (qcclGroupEnd)");
     *done = record.comm->test(record) ? 1 : 0;
     if (!*done) return;
     result = record.result;
@@ -912,7 +930,7 @@ QCCL_API qcclResult_t qcclWait(qcclRequest_t* request) {
     if (!*request) return;
     std::unique_ptr<qcclRequest> owned(*request);
     OpRecord& record = *owned->record;
-    if (!record.started) {
+    if (!record.started && !record.done) {
       owned.release();
       fail(qcclInvalidUsage, "the request belongs to a group that has not ended (qcclGroupEnd)");
     }
@@ -1145,21 +1163,21 @@ QCCL_API qcclResult_t qcclDeltaStoreLoad(qcclDeltaStore_t store, const void* buf
 
 QCCL_API qcclResult_t qcclDeltaSend(const void* sendbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
                                     qcclDeltaStore_t store, int peer, qcclComm_t comm) {
-  return api_call("qcclDeltaSend", [&] {
+  return deferrable_call("qcclDeltaSend", [&] {
     submit_delta(true, sendbuff, nkeys, keys, datatype, store, peer, comm, nullptr);
   });
 }
 
 QCCL_API qcclResult_t qcclDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
                                     qcclDeltaStore_t store, int peer, qcclComm_t comm) {
-  return api_call("qcclDeltaRecv", [&] {
+  return deferrable_call("qcclDeltaRecv", [&] {
     submit_delta(false, recvbuff, nkeys, keys, datatype, store, peer, comm, nullptr);
   });
 }
 
 QCCL_API qcclResult_t qcclIDeltaSend(const void* sendbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
                                      qcclDeltaStore_t store, int peer, qcclComm_t comm, qcclRequest_t* request) {
-  return api_call("qcclIDeltaSend", [&] {
+  return deferrable_call("qcclIDeltaSend", [&] {
     require_out(request, "request");
     submit_delta(true, sendbuff, nkeys, keys, datatype, store, peer, comm, request);
   });
@@ -1167,7 +1185,7 @@ QCCL_API qcclResult_t qcclIDeltaSend(const void* sendbuff, size_t nkeys, const u
 
 QCCL_API qcclResult_t qcclIDeltaRecv(void* recvbuff, size_t nkeys, const uint64_t* keys, qcclDataType_t datatype,
                                      qcclDeltaStore_t store, int peer, qcclComm_t comm, qcclRequest_t* request) {
-  return api_call("qcclIDeltaRecv", [&] {
+  return deferrable_call("qcclIDeltaRecv", [&] {
     require_out(request, "request");
     submit_delta(false, recvbuff, nkeys, keys, datatype, store, peer, comm, request);
   });

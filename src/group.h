@@ -13,7 +13,11 @@ bool group_active();
 void group_start();
 // Queues a validated call; `blocking` calls are waited for by group_end().
 void group_defer(std::shared_ptr<OpRecord> record, bool blocking);
-// Throws the first error of the blocking calls (the others report at their qcclWait).
+// A call refused inside the open group (its validation threw `error`): as in NCCL, the group then
+// fails as a whole, and its outermost group_end() starts none of its calls.
+void group_refuse(const Error& error);
+// Throws the first error of the blocking calls (the others report at their qcclWait); in a refused
+// group, fails every queued call with the refusal and throws it.
 void group_end();
 // Whether this thread's open group holds calls on comm (which qcclCommDestroy then refuses).
 bool group_holds(const Comm& comm);

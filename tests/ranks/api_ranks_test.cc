@@ -2,6 +2,7 @@
 // datatype x op, odd and zero counts, in place and out of place, every root, point-to-point in
 // groups, non-blocking calls that progress in the background, two communicators at once, wire
 // bytes, and bad input that must be refused before anything is sent.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -498,6 +499,42 @@ TEST_CASE("bad arguments are refused before anything is sent, naming the argumen
   int async = -1;
   QCCL_REQUIRE_OK(qcclCommGetAsyncError(comm, reinterpret_cast<qcclResult_t*>(&async)));
   CHECK(async == qcclSuccess);
+}
+
+TEST_CASE("a call refused inside a group fails the group: its end runs none of the group's calls", "[ranks]") {
+  World& w = World::get();
+  qcclComm_t comm = w.comm();
+  const size_t count = 1000;
+  std::vector<float> x(count, static_cast<float>(w.rank() + 1)), y(count, -1.0f), z(count, -1.0f);
+  qcclCodec_t q8 = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecCreate("q8", &q8));
+  qcclRequest_t request = nullptr;
+  QCCL_REQUIRE_OK(qcclGroupStart());
+  QCCL_REQUIRE_OK(qcclIAllReduce(x.data(), y.data(), count, qcclFloat32, qcclSum, comm, &request));
+  QCCL_REQUIRE_OK(qcclGroupStart());  // refused in a nested group: the outermost end fails
+  CHECK(qcclAllReduceCompressed(x.data(), z.data(), count, qcclInt32, qcclSum, q8, nullptr, comm) ==
+        qcclInvalidArgument);
+  const std::string refusal = qcclGetLastError(nullptr);
+  CHECK_THAT(refusal, Catch::StartsWith("qcclAllReduceCompressed: ") && Catch::Contains("int32"));
+  QCCL_REQUIRE_OK(qcclGroupEnd());
+  QCCL_REQUIRE_OK(qcclAllReduce(x.data(), z.data(), count, qcclFloat32, qcclSum, comm));  // queued after it
+  CHECK(qcclGroupEnd() == qcclInvalidArgument);
+  CHECK(std::string(qcclGetLastError(nullptr)) ==
+        "qcclGroupEnd: the group ran none of its 2 queued calls: a call in it was refused: " + refusal);
+  CHECK(qcclWait(&request) == qcclInvalidArgument);
+  CHECK(std::count(y.begin(), y.end(), -1.0f) == static_cast<long>(count));
+  CHECK(std::count(z.begin(), z.end(), -1.0f) == static_cast<long>(count));
+  // Nothing was sent (every rank refused alike): the communicator is in step, and the next group runs.
+  int async = -1;
+  QCCL_REQUIRE_OK(qcclCommGetAsyncError(comm, reinterpret_cast<qcclResult_t*>(&async)));
+  CHECK(async == qcclSuccess);
+  QCCL_REQUIRE_OK(qcclGroupStart());
+  QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), count, qcclFloat32, qcclSum, comm));
+  QCCL_REQUIRE_OK(qcclGroupEnd());
+  const float sum = w.size() * (w.size() + 1) / 2.0f;
+  CHECK(std::count(y.begin(), y.end(), sum) == static_cast<long>(count));
+  check_collective(comm, Coll::kAllGather, DataType::kInt32, RedOp::kSum, 5, false, 0);
+  QCCL_REQUIRE_OK(qcclCodecDestroy(q8));
 }
 
 TEST_CASE("every collective entry point names itself in its errors and sets *request only on success",

@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -334,6 +335,27 @@ TEST_CASE("several collectives in one group", "[groups]") {
     for (int r = 0; r < w.size; ++r) wrong += gathered[r * count + i] != static_cast<float>(r + i % 7);
   }
   CHECK(wrong == 0);
+}
+
+TEST_CASE("a call refused inside a group fails the group, which then runs none of its calls", "[groups]") {
+  World& w = World::get();
+  const size_t count = 512;
+  std::vector<float> a(count, static_cast<float>(w.rank + 1)), b(count, -1.0f), c(count, -1.0f);
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  NCCL_REQUIRE_OK(ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, w.comm, nullptr));
+  CHECK(ncclBroadcast(a.data(), c.data(), count, ncclFloat32, w.size + 3, w.comm, nullptr) == ncclInvalidArgument);
+  const std::string refusal = last_error();
+  CHECK_THAT(refusal, Catch::StartsWith("ncclBroadcast: root = " + std::to_string(w.size + 3)));
+  NCCL_REQUIRE_OK(ncclAllGather(a.data(), c.data(), count / w.size, ncclFloat32, w.comm, nullptr));
+  CHECK(ncclGroupEnd() == ncclInvalidArgument);
+  CHECK(last_error() == "ncclGroupEnd: the group ran none of its 2 queued calls: a call in it was refused: " + refusal);
+  CHECK(std::count(b.begin(), b.end(), -1.0f) == static_cast<long>(count));
+  CHECK(std::count(c.begin(), c.end(), -1.0f) == static_cast<long>(count));
+  // The communicator is intact and the next group runs.
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  NCCL_REQUIRE_OK(ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, w.comm, nullptr));
+  NCCL_REQUIRE_OK(ncclGroupEnd());
+  CHECK(std::count(b.begin(), b.end(), w.size * (w.size + 1) / 2.0f) == static_cast<long>(count));
 }
 
 TEST_CASE("split communicators by color and key, used beside their parent", "[split]") {
