@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "base/errors.h"
+#include "base/socket.h"
 
 namespace qccl {
 
@@ -91,7 +92,8 @@ size_t parse_size(const std::string& what, const std::string& value) {
   errno = 0;
   char* end = nullptr;
   unsigned long long n = std::strtoull(value.c_str(), &end, 10);
-  if (value.empty() || value[0] == '-' || end == value.c_str() || errno == ERANGE)
+  // strtoull skips blanks and negates after them: " -1" would be 2^64 - 1.
+  if (value.empty() || value.find('-') != std::string::npos || end == value.c_str() || errno == ERANGE)
     fail(qcclInvalidArgument, "%s = '%s' is not a size (e.g. 524288, 512K, 4M, 1G)", what.c_str(),
          value.c_str());
   unsigned long long mult = 1;
@@ -137,7 +139,8 @@ Config Config::resolve(const qcclConfig_t* overrides) { return from_environment(
 
 Config Config::from_environment() {
   Config c;
-  if (const char* v = env("QCCL_TIMEOUT")) c.timeout_seconds = parse_double("QCCL_TIMEOUT", v, 0, 1e9);
+  if (const char* v = env("QCCL_TIMEOUT"))
+    c.timeout_seconds = parse_double("QCCL_TIMEOUT", v, 0, net::Deadline::kForeverSeconds);
   if (const char* v = env("QCCL_CHUNK_BYTES")) {
     c.chunk_bytes = parse_size("QCCL_CHUNK_BYTES", v);
     c.chunk_explicit = true;
@@ -190,8 +193,9 @@ Config Config::with(const qcclConfig_t* overrides) const {
     fail(qcclInvalidArgument, "config->size = %zu is not the size of a qcclConfig_t (%zu)", overrides->size,
          sizeof(qcclConfig_t));
   if (overrides->timeoutSeconds != QCCL_CONFIG_UNDEF_DOUBLE) {
-    if (!(overrides->timeoutSeconds >= 0) || !std::isfinite(overrides->timeoutSeconds))
-      fail(qcclInvalidArgument, "config->timeoutSeconds = %g must be >= 0", overrides->timeoutSeconds);
+    if (!(overrides->timeoutSeconds >= 0 && overrides->timeoutSeconds <= net::Deadline::kForeverSeconds))
+      fail(qcclInvalidArgument, "config->timeoutSeconds = %g is out of range [0, %g]", overrides->timeoutSeconds,
+           net::Deadline::kForeverSeconds);
     c.timeout_seconds = overrides->timeoutSeconds;
   }
   if (overrides->chunkBytes != QCCL_CONFIG_UNDEF_INT) {

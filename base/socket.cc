@@ -19,22 +19,22 @@ namespace qccl::net {
 
 Deadline Deadline::after(double seconds) {
   Deadline d;
-  if (seconds > 0) {
+  if (seconds > 0 && seconds <= kForeverSeconds) {
     d.infinite_ = false;
     d.at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   }
   return d;
 }
 
+Deadline Deadline::sooner(double seconds) const {
+  const Deadline d = after(seconds);
+  return !infinite_ && (d.infinite_ || at_ < d.at_) ? *this : d;
+}
+
 int Deadline::poll_ms() const {
   if (infinite_) return -1;
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at_ - Clock::now()).count();
   return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left + 1, 1 << 30));
-}
-
-double Deadline::seconds_left() const {
-  if (infinite_) return 1e300;
-  return std::chrono::duration<double>(at_ - Clock::now()).count();
 }
 
 Address Address::parse(const std::string& host_port, const std::string& what) {

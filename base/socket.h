@@ -17,12 +17,14 @@ using Clock = std::chrono::steady_clock;
 // A point in time after which blocking calls give up; `never()` waits forever.
 class Deadline {
  public:
-  static Deadline after(double seconds);  // seconds <= 0: never
+  static Deadline after(double seconds);  // seconds <= 0: never; past kForeverSeconds, never too
   static Deadline never() { return Deadline(); }
+  // The earlier of this deadline and `seconds` from now (an expired deadline stays expired).
+  Deadline sooner(double seconds) const;
+  static constexpr double kForeverSeconds = 1e9;  // 31 years; the clock's nanoseconds overflow past 9e9
   bool expired() const { return !infinite_ && Clock::now() >= at_; }
   // Milliseconds left for poll(): -1 for never, else >= 0.
   int poll_ms() const;
-  double seconds_left() const;
 
  private:
   bool infinite_ = true;

@@ -190,7 +190,8 @@ QCCL_API const char* qcclGetLastError(qcclComm_t comm);
 /* ---- Communicators ------------------------------------------------------------------------------ */
 
 /* Creates a unique id and starts the bootstrap root in this process (a thread that lives until all
- * nranks have joined, then exits). Call it once per communicator, on one process. The root listens on
+ * nranks have joined, then exits). It waits for the first rank without limit, then QCCL_TIMEOUT for
+ * the others. Call it once per communicator, on one process. The root listens on
  * QCCL_SOCKET_IFNAME's address, else the first non-loopback IPv4 interface, else loopback. */
 QCCL_API qcclResult_t qcclGetUniqueId(qcclUniqueId* uniqueId);
 

@@ -238,17 +238,26 @@ qcclResult_t start_collective(const char* name, qcclComm_t comm, const RawCall& 
 struct EnvLaunch {
   int rank = 0;
   int nranks = 1;
-  std::string root;    // host:port
-  std::string source;  // which launcher's variables were used
+  std::string root;       // host:port
+  std::string root_from;  // the variables that gave it
+  std::string source;     // which launcher's variables were used
 };
 
 int env_int(const char* name, int lo, int hi) {
   return static_cast<int>(parse_int(name, env(name), lo, hi));
 }
 
-std::string env_root(const char* source) {
-  if (const char* root = env("QCCL_ROOT")) return root;
-  if (env("MASTER_ADDR") && env("MASTER_PORT")) return std::string(env("MASTER_ADDR")) + ":" + env("MASTER_PORT");
+void env_root(EnvLaunch& l, const char* source) {
+  if (const char* root = env("QCCL_ROOT")) {
+    l.root = root;
+    l.root_from = "QCCL_ROOT";
+    return;
+  }
+  if (env("MASTER_ADDR") && env("MASTER_PORT")) {
+    l.root = std::string(env("MASTER_ADDR")) + ":" + env("MASTER_PORT");
+    l.root_from = "MASTER_ADDR:MASTER_PORT";
+    return;
+  }
   fail(qcclInvalidArgument, "%s gives rank and size but no root address: set QCCL_ROOT=host:port (rank 0's host) "
        "or MASTER_ADDR and MASTER_PORT", source);
 }
@@ -280,7 +289,7 @@ EnvLaunch read_launch_environment() {
   } else {
     l.source = "no launcher (single rank)";
   }
-  if (l.nranks > 1) l.root = env_root(l.source.c_str());
+  if (l.nranks > 1) env_root(l, l.source.c_str());
   return l;
 }
 
@@ -360,7 +369,10 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
       id = BootstrapId{random_magic(), listener.local_address()};
       start_root_service(std::move(listener), id.magic, 1, resolved.timeout_seconds);
     } else {
-      id = BootstrapId{launch_magic(launch), net::Address::parse(launch.root, "root address (" + launch.source + ")")};
+      id = BootstrapId{launch_magic(launch), net::Address::parse(launch.root, launch.root_from)};
+      if (id.root.port() == 0)  // rank 0 would listen on a port of its choosing that no rank knows
+        fail(qcclInvalidArgument, "%s = '%s': port 0 cannot be the root's port (every rank connects to it): give a "
+             "free port", launch.root_from.c_str(), launch.root.c_str());
       if (launch.rank == 0) {
         net::Address any = net::Address::parse(id.root.family() == AF_INET6 ? "[::]:0" : "0.0.0.0:0", "any");
         any.set_port(id.root.port());

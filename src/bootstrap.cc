@@ -98,8 +98,10 @@ namespace {
 
 class RootService {
  public:
+  // Waits for the first rank without limit (an id may be made long before the ranks use it), then
+  // `timeout` seconds for the rest.
   RootService(net::Socket listener, uint64_t magic, int nranks, double timeout)
-      : listener_(std::move(listener)), magic_(magic), nranks_(nranks), deadline_(net::Deadline::after(timeout)) {}
+      : listener_(std::move(listener)), magic_(magic), nranks_(nranks), timeout_(timeout) {}
 
   void run() {
     const std::string where = listener_.local_address().to_string();
@@ -186,11 +188,12 @@ class RootService {
       return true;
     }
     if (nranks < 1) fail(qcclRemoteError, "nranks = %d", nranks);
-    if (nranks_ == 0) nranks_ = nranks;
-    if (nranks != nranks_)
+    if (nranks_ != 0 && nranks != nranks_)
       fail(qcclRemoteError, "rank %d says nranks = %d but the communicator being built has %d", rank, nranks, nranks_);
-    if (rank < 0 || rank >= nranks_) fail(qcclRemoteError, "rank %d is not in [0, %d)", rank, nranks_);
+    if (rank < 0 || rank >= nranks) fail(qcclRemoteError, "rank %d is not in [0, %d)", rank, nranks);
     if (ranks_.count(rank)) fail(qcclRemoteError, "rank %d has already joined", rank);
+    nranks_ = nranks;  // the first valid hello's count (a refused one fixes nothing)
+    if (ranks_.empty()) deadline_ = net::Deadline::after(timeout_);
     Joined j{std::move(p.socket), std::vector<uint8_t>(p.bytes.begin() + kHelloHeaderBytes,
                                                        p.bytes.begin() + static_cast<long>(kHelloHeaderBytes + blob_len))};
     ranks_.emplace(rank, std::move(j));
@@ -229,7 +232,8 @@ class RootService {
   net::Socket listener_;
   uint64_t magic_;
   int nranks_;
-  net::Deadline deadline_;
+  double timeout_;
+  net::Deadline deadline_;  // from the first rank's arrival
   std::vector<std::unique_ptr<Pending>> pending_;
   std::map<int, Joined> ranks_;
 };

@@ -11,6 +11,20 @@ namespace qccl {
 namespace {
 constexpr uint32_t kControlHello = 0x50434351;  // "QCCP"
 constexpr size_t kMaxMessage = 64 * 1024;
+
+// "rank 2 (host:pid), rank 5 (host:pid)" for the ranks where `missing` holds, the first few of them.
+template <class Missing>
+std::string list_ranks(const std::vector<std::string>& names, Missing missing) {
+  constexpr int kNamed = 4;
+  std::string out;
+  int count = 0;
+  for (int r = 0; r < static_cast<int>(names.size()); ++r) {
+    if (!missing(r)) continue;
+    if (count++ < kNamed) out += (out.empty() ? "" : ", ") + names[r];
+  }
+  if (count > kNamed) out += format(" and %d more", count - kNamed);
+  return out;
+}
 }  // namespace
 
 ControlPlane::ControlPlane(int rank, int nranks, uint64_t magic, std::vector<std::string> peer_names,
@@ -23,10 +37,11 @@ void ControlPlane::accept_peers(net::Socket& listener, const net::Deadline& dead
   for (int remaining = nranks_ - 1; remaining > 0;) {
     net::Socket s = listener.accept(deadline);
     if (!s.valid())
-      fail(qcclTimeout, "control plane: %d of %d ranks did not connect to rank 0 in time", remaining, nranks_ - 1);
+      fail(qcclTimeout, "control plane: %d of %d ranks did not connect to rank 0 in time: %s", remaining, nranks_ - 1,
+           list_ranks(names_, [&](int r) { return r > 0 && !joined[r]; }).c_str());
     try {
       uint8_t hello[16];
-      s.recv_all(hello, sizeof(hello), net::Deadline::after(std::min(10.0, deadline.seconds_left())));
+      s.recv_all(hello, sizeof(hello), deadline.sooner(10.0));
       ByteReader r(hello, sizeof(hello), "control hello");
       uint32_t tag = r.get<uint32_t>();
       uint64_t magic = r.get<uint64_t>();
@@ -195,8 +210,14 @@ void ControlPlane::barrier(const net::Deadline& deadline, bool closing) {
   for (;;) {
     if (released_epoch_ >= epoch) return;  // before failed_: a release that arrived counts
     if (failed_) throw Error(failure_.code, failure_.message);
-    if (deadline.expired())
-      fail(qcclTimeout, "barrier %llu: not every rank arrived within the timeout", static_cast<unsigned long long>(epoch));
+    if (deadline.expired()) {
+      if (rank_ != 0)
+        fail(qcclTimeout, "barrier %llu: rank 0 did not release it within the timeout (it names the ranks that did "
+             "not arrive)", static_cast<unsigned long long>(epoch));
+      fail(qcclTimeout, "barrier %llu: not every rank arrived within the timeout: %s did not",
+           static_cast<unsigned long long>(epoch),
+           list_ranks(names_, [&](int r) { return arrived_[r] < epoch; }).c_str());
+    }
     int ms = deadline.poll_ms();
     cv_.wait_for(lock, std::chrono::milliseconds(ms < 0 ? 1000 : std::min(ms, 1000)));
   }

@@ -4,9 +4,11 @@
 #include <catch2/catch.hpp>
 
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "base/wire.h"
 #include "include/qccl.h"
 #include "src/bootstrap.h"
+#include "src/control.h"
 
 namespace qccl::test {
 namespace {
@@ -166,6 +169,45 @@ TEST_CASE("bad ids, ranks and counts are rejected before anything is sent", "[bo
   config.pipelineDepth = 0;
   CHECK(qcclCommInitRankConfig(&comm, 1, id, 0, &config) == qcclInvalidArgument);
   CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("pipelineDepth = 0"));
+}
+
+TEST_CASE("a silent connection cannot hold the control hub past its deadline, which names who is missing",
+          "[bootstrap]") {
+  net::Socket listener = net::Socket::listen(net::Address::parse("127.0.0.1:0", "loopback"));
+  net::Socket silent = net::Socket::connect(listener.local_address(), net::Deadline::after(5));
+  // Accepted once the deadline has passed: its hello was then read without a limit.
+  const net::Deadline deadline = net::Deadline::after(0.05);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::promise<void> finished;
+  std::thread unblock([&silent, done = finished.get_future()] {  // so that the old code fails, not hangs
+    if (done.wait_for(std::chrono::seconds(5)) == std::future_status::timeout) ::shutdown(silent.fd(), SHUT_RDWR);
+  });
+  ControlPlane hub(0, 3, 42, {"rank 0 (a:1)", "rank 1 (b:2)", "rank 2 (c:3)"}, [](const Failure&) {});
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(hub.accept_peers(listener, deadline),
+                    Catch::Contains("2 of 2 ranks did not connect") && Catch::Contains("rank 1 (b:2), rank 2 (c:3)"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+  finished.set_value();
+  unblock.join();
+}
+
+TEST_CASE("a unique id waits for its first rank however late, and a root without a port is refused",
+          "[bootstrap]") {
+  qcclUniqueId id;
+  ::setenv("QCCL_TIMEOUT", "1", 1);  // the root's: it used to give up 1 s after the id was made
+  REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  ::unsetenv("QCCL_TIMEOUT");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  for (qcclResult_t r : run_ranks(id, 2)) CHECK(r == qcclSuccess);
+
+  ::setenv("QCCL_RANK", "0", 1);
+  ::setenv("QCCL_NRANKS", "2", 1);
+  ::setenv("QCCL_ROOT", "127.0.0.1:0", 1);
+  qcclComm_t comm = nullptr;
+  CHECK(qcclCommInitEnv(&comm, nullptr) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("QCCL_ROOT = '127.0.0.1:0': port 0"));
+  CHECK(comm == nullptr);
+  for (const char* name : {"QCCL_RANK", "QCCL_NRANKS", "QCCL_ROOT"}) ::unsetenv(name);
 }
 
 TEST_CASE("a single-rank communicator from a unique id", "[bootstrap]") {

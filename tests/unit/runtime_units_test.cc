@@ -2,11 +2,14 @@
 // parsing, algorithm policy, the segment arithmetic every ring relies on, and the node map.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdlib>
 #include <random>
+#include <thread>
 
 #include "base/config.h"
 #include "base/errors.h"
+#include "base/socket.h"
 #include "base/wire.h"
 #include "collectives/ring.h"
 #include "src/frame.h"
@@ -212,6 +215,9 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
   CHECK(parse_size("x", "123") == 123);
   CHECK_THROWS_WITH(parse_size("QCCL_CHUNK_BYTES", "12x"), Catch::Contains("QCCL_CHUNK_BYTES") && Catch::Contains("'x'"));
   CHECK_THROWS_WITH(parse_size("QCCL_CHUNK_BYTES", "-5"), Catch::Contains("not a size"));
+  // strtoull skips the blank and negates: this was 2^64 - 1, which switched QCCL_CODEC off silently.
+  CHECK_THROWS_WITH(parse_size("QCCL_CODEC_MIN_BYTES", " -1"),
+                    Catch::Contains("QCCL_CODEC_MIN_BYTES = ' -1' is not a size"));
   CHECK_THROWS_WITH(parse_int("QCCL_PIPELINE_DEPTH", "0", 1, 64), Catch::Contains("out of range"));
   CHECK_THROWS_WITH(parse_double("QCCL_TIMEOUT", "soon", 0, 1e9), Catch::Contains("'soon'"));
 
@@ -282,6 +288,27 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
   CHECK_THROWS_WITH(Config::resolve(&big), Catch::Contains("config->chunkBytes = 1073741825 is out of range"));
   big.chunkBytes = 1 << 30;
   CHECK(Config::resolve(&big).chunk_bytes == size_t{1} << 30);
+  // As QCCL_TIMEOUT: a longer one overflowed the clock into the past, and every wait failed at once.
+  qcclConfig_t slow = QCCL_CONFIG_INITIALIZER;
+  slow.timeoutSeconds = 1e10;
+  CHECK_THROWS_WITH(Config::resolve(&slow), Catch::Contains("config->timeoutSeconds = 1e+10 is out of range [0, 1e+09]"));
+  slow.timeoutSeconds = 1e9;
+  CHECK(Config::resolve(&slow).timeout_seconds == 1e9);
+}
+
+TEST_CASE("deadlines: beyond the clock's range is never, and sooner() keeps an expired one expired", "[socket]") {
+  CHECK(net::Deadline::after(1e10).poll_ms() == -1);  // was in the past: 1e10 s overflows the clock's nanoseconds
+  CHECK(net::Deadline::after(1e300).poll_ms() == -1);
+  CHECK(net::Deadline::after(1e9).poll_ms() == 1 << 30);  // far, not never
+  CHECK(net::Deadline::after(0).poll_ms() == -1);
+  const net::Deadline past = net::Deadline::after(1e-6);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  REQUIRE(past.expired());
+  CHECK(past.sooner(10).expired());  // was a fresh 10 s, or never for a negative time left
+  const int half = net::Deadline::never().sooner(0.5).poll_ms();
+  CHECK((half > 0 && half <= 501));
+  CHECK(net::Deadline::after(100).sooner(0.5).poll_ms() <= 501);
+  CHECK(net::Deadline::after(0.2).sooner(100).poll_ms() <= 201);
 }
 
 TEST_CASE("algorithm policy: forcing by name, falling back with a reason, and parse errors", "[policy]") {
