@@ -138,7 +138,9 @@ NCCL_SHIM_API(const char*, ncclGetErrorString, (ncclResult_t result)) {
 NCCL_SHIM_API(const char*, ncclGetLastError, (ncclComm_t comm)) {
   FROM_REAL(GetLastError, comm);
   if (last_error_is_real() && real_if_loaded()) return real_if_loaded()->GetLastError(nullptr);
-  return last_error().c_str();
+  thread_local std::string line;  // a copy: valid until this thread's next call, whatever others do
+  line = last_error();
+  return line.c_str();
 }
 
 NCCL_SHIM_API(void, ncclResetDebugInit, ()) {

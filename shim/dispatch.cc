@@ -63,9 +63,15 @@ void validate(Call& call) {
   Comm& c = *call.comm;
   const size_t size = type_size(call.datatype);
   if (!size) fail(ncclInvalidArgument, "datatype = %d is not an ncclDataType_t", static_cast<int>(call.datatype));
-  if (is_reduction(call.kind) && !(call.op >= ncclSum && call.op < ncclNumOps) && !custom_op(c, call.op))
-    fail(ncclInvalidArgument, "op = %d is neither a built-in ncclRedOp_t nor one made by ncclRedOpCreatePreMulSum on this comm",
-         static_cast<int>(call.op));
+  if (is_reduction(call.kind) && !(call.op >= ncclSum && call.op < ncclNumOps)) {
+    const std::optional<PreMulSumOp> custom = custom_op(c, call.op);
+    if (!custom)
+      fail(ncclInvalidArgument, "op = %d is neither a built-in ncclRedOp_t nor one made by ncclRedOpCreatePreMulSum on "
+           "this comm", static_cast<int>(call.op));
+    if (custom->datatype != call.datatype)  // its scalar is a value of its datatype
+      fail(ncclInvalidArgument, "op = %d was made for datatype %s but datatype = %s", static_cast<int>(call.op),
+           type_name(custom->datatype), type_name(call.datatype));
+  }
   if (has_root(call.kind) && (call.root < 0 || call.root >= c.nranks))
     fail(ncclInvalidArgument, "root = %d is outside [0, nranks = %d)", call.root, c.nranks);
   if (is_p2p(call.kind) && (call.root < 0 || call.root >= c.nranks))
@@ -95,34 +101,28 @@ void validate(Call& call) {
 
 // ---- PreMulSum ----------------------------------------------------------------------------------------------
 
-double read_scalar(ncclDataType_t t, const void* p) {
-  switch (t) {
-    case ncclInt8: return *static_cast<const int8_t*>(p);
-    case ncclUint8: return *static_cast<const uint8_t*>(p);
-    case ncclInt32: return *static_cast<const int32_t*>(p);
-    case ncclUint32: return *static_cast<const uint32_t*>(p);
-    case ncclInt64: return static_cast<double>(*static_cast<const int64_t*>(p));
-    case ncclUint64: return static_cast<double>(*static_cast<const uint64_t*>(p));
-    case ncclFloat16: return __half2float(*static_cast<const __half*>(p));
-    case ncclFloat32: return *static_cast<const float*>(p);
-    case ncclFloat64: return *static_cast<const double*>(p);
-    case ncclBfloat16: return __bfloat162float(*static_cast<const __nv_bfloat16*>(p));
-    default: return 0;
-  }
-}
-
-// out[i] = scalar * in[i] in the datatype, as NCCL's PreMulSum multiplies before it sums. Integers
-// multiply as integers (wrapping as unsigned), half and bfloat16 round the float product once (the
-// product of two 16-bit values is exact in float, so this is the datatype's own multiply).
+// out[i] = scalar * in[i] in the datatype, the scalar a value of that datatype (the op's, which the
+// call's must be), as NCCL's PreMulSum multiplies before it sums. Integers multiply as integers
+// (wrapping as unsigned), half and bfloat16 round the float product once (the product of two 16-bit
+// values is exact in float, so this is the datatype's own multiply).
 template <typename T>
-void scale_int(const void* in, void* out, size_t n, double scalar) {
+void scale_int(const void* in, void* out, size_t n, const void* scalar) {
   using U = std::make_unsigned_t<T>;
-  const U s = static_cast<U>(static_cast<T>(static_cast<int64_t>(scalar)));
+  T value;
+  std::memcpy(&value, scalar, sizeof(T));
+  const U s = static_cast<U>(value);
   for (size_t i = 0; i < n; ++i)
     static_cast<T*>(out)[i] = static_cast<T>(static_cast<U>(static_cast<const T*>(in)[i]) * s);
 }
 
-void scale(ncclDataType_t t, const void* in, void* out, size_t n, double scalar) {
+template <typename T>
+T scalar_of(const void* scalar) {
+  T value;
+  std::memcpy(&value, scalar, sizeof(T));
+  return value;
+}
+
+void scale(ncclDataType_t t, const void* in, void* out, size_t n, const void* scalar) {
   switch (t) {
     case ncclInt8: return scale_int<int8_t>(in, out, n, scalar);
     case ncclUint8: return scale_int<uint8_t>(in, out, n, scalar);
@@ -131,21 +131,23 @@ void scale(ncclDataType_t t, const void* in, void* out, size_t n, double scalar)
     case ncclInt64: return scale_int<int64_t>(in, out, n, scalar);
     case ncclUint64: return scale_int<uint64_t>(in, out, n, scalar);
     case ncclFloat32: {
-      const float s = static_cast<float>(scalar);
+      const float s = scalar_of<float>(scalar);
       for (size_t i = 0; i < n; ++i) static_cast<float*>(out)[i] = static_cast<const float*>(in)[i] * s;
       return;
     }
-    case ncclFloat64:
-      for (size_t i = 0; i < n; ++i) static_cast<double*>(out)[i] = static_cast<const double*>(in)[i] * scalar;
+    case ncclFloat64: {
+      const double s = scalar_of<double>(scalar);
+      for (size_t i = 0; i < n; ++i) static_cast<double*>(out)[i] = static_cast<const double*>(in)[i] * s;
       return;
+    }
     case ncclFloat16: {
-      const float s = __half2float(__float2half_rn(static_cast<float>(scalar)));
+      const float s = __half2float(scalar_of<__half>(scalar));
       for (size_t i = 0; i < n; ++i)
         static_cast<__half*>(out)[i] = __float2half_rn(__half2float(static_cast<const __half*>(in)[i]) * s);
       return;
     }
     case ncclBfloat16: {
-      const float s = __bfloat162float(__float2bfloat16_rn(static_cast<float>(scalar)));
+      const float s = __bfloat162float(scalar_of<__nv_bfloat16>(scalar));
       for (size_t i = 0; i < n; ++i)
         static_cast<__nv_bfloat16*>(out)[i] =
             __float2bfloat16_rn(__bfloat162float(static_cast<const __nv_bfloat16*>(in)[i]) * s);
@@ -229,9 +231,8 @@ void issue_host(Call& call, Scratch& scratch) {
   const void* send = call.sendbuff;
   qcclRedOp_t op = static_cast<qcclRedOp_t>(call.op);
   if (custom) {
-    double s = custom->host_scalar;
-    if (custom->residence == ncclScalarDevice)
-      s = read_scalar(custom->datatype, custom->scalar_pointer);  // read when the call runs, as NCCL does
+    // A pointer scalar is read when the call runs, as NCCL reads it.
+    const void* s = custom->residence == ncclScalarDevice ? custom->scalar_pointer : custom->immediate;
     const size_t n = send_elements(call);
     scratch.emplace_back(n * esize);
     scale(call.datatype, call.sendbuff, scratch.back().data(), n, s);
@@ -516,11 +517,10 @@ void create_premulsum(Comm& c, ncclRedOp_t* op, void* scalar, ncclDataType_t dat
   if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
     fail(ncclInvalidArgument, "residence = %d is neither ncclScalarDevice nor ncclScalarHostImmediate",
          static_cast<int>(residence));
-  PreMulSumOp made{datatype, residence, 0.0, scalar, {}, ncclSum, false};
+  PreMulSumOp made{datatype, residence, scalar, {}, ncclSum, false};
   if (residence == ncclScalarHostImmediate) {
     if (datatype == ncclFloat8e4m3 || datatype == ncclFloat8e5m2)
       fail(ncclInvalidArgument, "datatype = %s: qccl has no fp8 types", type_name(datatype));
-    made.host_scalar = read_scalar(datatype, scalar);
     std::memcpy(made.immediate, scalar, type_size(datatype));
     made.scalar_pointer = nullptr;
   }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <strings.h>
 #include <type_traits>
 
@@ -17,9 +18,12 @@ namespace qccl_nccl {
 // ---- Errors -----------------------------------------------------------------------------------------
 
 namespace {
-thread_local std::string t_last_error;
-thread_local bool t_last_error_real = false;
-thread_local bool t_last_error_kept = false;  // a stand-in for a missing real function wrote it
+// One line for the process, as NCCL's ncclLastError: a watchdog thread that sees a communicator's
+// asynchronous error reads the words another thread's call failed with (PyTorch's does).
+std::mutex g_last_error_mu;
+std::string g_last_error;
+bool g_last_error_real = false;
+bool g_last_error_kept = false;  // a stand-in for a missing real function wrote it
 }  // namespace
 
 void fail(ncclResult_t code, const char* format, ...) {
@@ -60,22 +64,33 @@ void check_qccl(qcclResult_t result, const char* what) {
 }
 
 void set_last_error(const std::string& message) {
-  t_last_error = message;
-  t_last_error_real = false;
-  t_last_error_kept = false;
+  std::lock_guard<std::mutex> lock(g_last_error_mu);
+  g_last_error = message;
+  g_last_error_real = false;
+  g_last_error_kept = false;
 }
-const std::string& last_error() { return t_last_error; }
+std::string last_error() {
+  std::lock_guard<std::mutex> lock(g_last_error_mu);
+  return g_last_error;
+}
 // The real NCCL's own ncclGetLastError has the words, unless the "real" function was the shim's
 // stand-in for one the library lacks, whose message names it.
 void set_last_error_from_real() {
-  if (t_last_error_kept) {
-    t_last_error_kept = false;
+  std::lock_guard<std::mutex> lock(g_last_error_mu);
+  if (g_last_error_kept) {
+    g_last_error_kept = false;
     return;
   }
-  t_last_error_real = true;
+  g_last_error_real = true;
 }
-void keep_last_error() { t_last_error_kept = true; }
-bool last_error_is_real() { return t_last_error_real; }
+void keep_last_error() {
+  std::lock_guard<std::mutex> lock(g_last_error_mu);
+  g_last_error_kept = true;
+}
+bool last_error_is_real() {
+  std::lock_guard<std::mutex> lock(g_last_error_mu);
+  return g_last_error_real;
+}
 
 const char* type_name(ncclDataType_t t) {
   switch (t) {

@@ -45,8 +45,9 @@ struct ShimError {
 // Maps a qccl result onto NCCL's codes and throws with qccl's message; does nothing on success.
 void check_qccl(qcclResult_t result, const char* what);
 ncclResult_t to_nccl(qcclResult_t result);
+// The process's last-error line (NCCL's is one for the process too, not one per thread).
 void set_last_error(const std::string& message);
-const std::string& last_error();
+std::string last_error();
 // A failure of the real NCCL: its message is its own ncclGetLastError's.
 void set_last_error_from_real();
 void keep_last_error();
@@ -113,9 +114,8 @@ bool called_from_real(const void* caller);
 struct PreMulSumOp {
   ncclDataType_t datatype;
   ncclScalarResidence_t residence;
-  double host_scalar;          // ncclScalarHostImmediate: read at creation
   const void* scalar_pointer;  // ncclScalarDevice: read when a call runs
-  unsigned char immediate[8];  // ncclScalarHostImmediate: the bytes, for the real NCCL's twin
+  unsigned char immediate[8];  // ncclScalarHostImmediate: the value's bytes, read at creation
   ncclRedOp_t real_op;         // the real NCCL's twin, once the real communicator exists
   bool has_real = false;
 };

@@ -313,6 +313,39 @@ TEST_CASE("PreMulSum with host-immediate and pointer scalars, every datatype", "
   }
 }
 
+TEST_CASE("PreMulSum: 64-bit integer scalars multiply exactly, and an op serves only its datatype", "[premulsum]") {
+  World& w = World::get();
+  // 2^53 + 1 is no double: through one, it multiplied as 2^53 (and 2^64 - 1 converted out of range).
+  const int64_t odd = (int64_t{1} << 53) + 1;
+  const uint64_t all_ones = ~uint64_t{0};
+  ncclRedOp_t signed_op, unsigned_op;
+  NCCL_REQUIRE_OK(ncclRedOpCreatePreMulSum(&signed_op, const_cast<int64_t*>(&odd), ncclInt64, ncclScalarHostImmediate,
+                                           w.comm));
+  NCCL_REQUIRE_OK(ncclRedOpCreatePreMulSum(&unsigned_op, const_cast<uint64_t*>(&all_ones), ncclUint64, ncclScalarDevice,
+                                           w.comm));
+  int64_t one = 1, sum = 0;
+  NCCL_REQUIRE_OK(ncclAllReduce(&one, &sum, 1, ncclInt64, signed_op, w.comm, nullptr));
+  CHECK(sum == static_cast<int64_t>(static_cast<uint64_t>(odd) * static_cast<uint64_t>(w.size)));
+  uint64_t three = 3, total = 0;
+  NCCL_REQUIRE_OK(ncclAllReduce(&three, &total, 1, ncclUint64, unsigned_op, w.comm, nullptr));
+  CHECK(total == all_ones * 3 * static_cast<uint64_t>(w.size));  // modulo 2^64, as NCCL's integer multiply
+  // NCCL refuses an op made for another datatype: its scalar is a value of that datatype.
+  float x = 1, y = 0;
+  CHECK(ncclAllReduce(&x, &y, 1, ncclFloat32, signed_op, w.comm, nullptr) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("was made for datatype ncclInt64 but datatype = ncclFloat32"));
+  NCCL_REQUIRE_OK(ncclRedOpDestroy(signed_op, w.comm));
+  NCCL_REQUIRE_OK(ncclRedOpDestroy(unsigned_op, w.comm));
+}
+
+TEST_CASE("ncclGetLastError is the process's, as NCCL's: another thread reads a failure's words", "[api]") {
+  World& w = World::get();
+  float x = 1;
+  std::thread([&] {
+    CHECK(ncclAllReduce(&x, &x, 1, ncclFloat32, static_cast<ncclRedOp_t>(77), w.comm, nullptr) == ncclInvalidArgument);
+  }).join();
+  CHECK_THAT(last_error(), Catch::StartsWith("ncclAllReduce: op = 77"));
+}
+
 TEST_CASE("several collectives in one group", "[groups]") {
   World& w = World::get();
   const size_t count = 4096;
