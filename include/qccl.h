@@ -459,7 +459,9 @@ QCCL_API qcclResult_t qcclCodecGetSpec(qcclCodec_t codec, char* spec, size_t byt
  * error on peaked (Laplace- or Gaussian-like) buckets at 2-5 bits (docs/PERF.md "Learned levels").
  * With a communicator this is a collective: every rank calls it with the same codec, epochs and
  * root, and every rank gets root's levels (only root's data are used; the others may pass NULL and
- * 0), so that all ranks encode and decode alike. With comm NULL the levels are this rank's own.
+ * 0), so that all ranks encode and decode alike; a refusal on any rank (root's data or datatype, a
+ * rank's codec, epochs or root) fails every rank with qcclInvalidArgument, and comm stays in step.
+ * With comm NULL the levels are this rank's own.
  * The levels are part of the codec's spec ("levels=l0/l1/..."), and so of the hash frame headers
  * carry: ranks whose levels differ fail with qcclMismatch. Host memory only. */
 QCCL_API qcclResult_t qcclCodecLearnLevels(qcclCodec_t codec, const void* data, size_t count, qcclDataType_t datatype,

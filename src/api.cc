@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <unordered_set>
 
@@ -597,35 +599,63 @@ QCCL_API qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec) {
 QCCL_API qcclResult_t qcclCodecLearnLevels(qcclCodec_t codec, const void* data, size_t count, qcclDataType_t datatype,
                                            int epochs, int root, qcclComm_t comm, qcclCodec_t* learned) {
   return api_call("qcclCodecLearnLevels", [&] {
-    require_out(learned, "learned");
-    if (!codec || !codec->config) fail(qcclInvalidArgument, "codec is NULL (make one with qcclCodecCreate)");
-    const kernels::CodecConfig& base = *codec->config;
-    if (base.kind != kernels::CodecKind::kQuant)
-      fail(qcclInvalidArgument, "codec = '%s': only q1 .. q8 have levels", base.canonical().c_str());
-    if (epochs < 1 || epochs > 1000) fail(qcclInvalidArgument, "epochs = %d is out of range [1, 1000]", epochs);
     Comm* c = comm ? &get(comm) : nullptr;
     const int rank = c ? c->rank() : 0, nranks = c ? c->nranks() : 1;
-    if (root < 0 || root >= nranks) fail(qcclInvalidArgument, "root = %d is out of range [0, %d)", root, nranks);
-    const size_t levels = size_t{1} << base.bits;
-    std::vector<float> mine(levels);
-    if (rank == root) {
-      if (datatype < 0 || datatype >= qcclNumTypes ||
-          !kernels::codec_input_type(static_cast<kernels::DataType>(datatype)))
-        fail(qcclInvalidArgument, "datatype = %d: levels are learned from float, half or bfloat16", datatype);
-      if (count && !data) fail(qcclInvalidArgument, "data is NULL with count = %zu", count);
-      std::vector<float> values(count);
-      kernels::load_float(static_cast<kernels::DataType>(datatype), data, values.data(), count);
-      mine = kernels::learn_levels(values.data(), count, base.bits, base.bucket, 0.01, epochs);
+    // This rank's verdict on its own arguments, and the root's levels. With a communicator every rank
+    // takes part in one exchange of a fixed size whatever its arguments, so that a refusal on one rank
+    // (the root's data, say) fails every rank at once and leaves the communicator in step.
+    std::unique_ptr<Error> refused;
+    std::vector<float> mine;
+    int bits = 0;
+    try {
+      require_out(learned, "learned");
+      if (!codec || !codec->config) fail(qcclInvalidArgument, "codec is NULL (make one with qcclCodecCreate)");
+      const kernels::CodecConfig& base = *codec->config;
+      if (base.kind != kernels::CodecKind::kQuant)
+        fail(qcclInvalidArgument, "codec = '%s': only q1 .. q8 have levels", base.canonical().c_str());
+      bits = base.bits;
+      if (epochs < 1 || epochs > 1000) fail(qcclInvalidArgument, "epochs = %d is out of range [1, 1000]", epochs);
+      if (root < 0 || root >= nranks) fail(qcclInvalidArgument, "root = %d is out of range [0, %d)", root, nranks);
+      if (rank == root) {
+        if (datatype < 0 || datatype >= qcclNumTypes ||
+            !kernels::codec_input_type(static_cast<kernels::DataType>(datatype)))
+          fail(qcclInvalidArgument, "datatype = %d: levels are learned from float, half or bfloat16", datatype);
+        if (count && !data) fail(qcclInvalidArgument, "data is NULL with count = %zu", count);
+        std::vector<float> values(count);
+        kernels::load_float(static_cast<kernels::DataType>(datatype), data, values.data(), count);
+        mine = kernels::learn_levels(values.data(), count, base.bits, base.bucket, 0.01, epochs);
+      }
+    } catch (const Error& e) {
+      if (!c) throw;
+      refused = std::make_unique<Error>(e);
     }
-    kernels::CodecConfig result = base;
-    if (c) {  // root's levels on every rank
-      std::vector<float> all(levels * static_cast<size_t>(nranks));
-      c->allgather_bytes(mine.data(), all.data(), levels * sizeof(float));
-      result.levels.assign(all.begin() + static_cast<ptrdiff_t>(levels * root),
-                           all.begin() + static_cast<ptrdiff_t>(levels * (root + 1)));
-    } else {
-      result.levels = mine;
+    std::vector<float> levels = mine;
+    if (c) {
+      struct Offer {
+        int32_t refused;  // 1: this rank refused its arguments
+        int32_t root;     // the root it names
+        int32_t bits;     // its codec's bits (0 when it has none)
+        float levels[256];  // the root's learned levels (2^bits of them)
+      };
+      Offer offer{refused ? 1 : 0, root, bits, {}};
+      std::copy(mine.begin(), mine.end(), offer.levels);
+      std::vector<Offer> all(static_cast<size_t>(nranks));
+      c->allgather_bytes(&offer, all.data(), sizeof offer);
+      if (refused) throw *refused;
+      for (int r = 0; r < nranks; ++r) {
+        if (all[r].refused)
+          fail(qcclInvalidArgument, "rank %d refused its arguments (its qcclGetLastError says why): nothing was learned", r);
+        if (all[r].root != root)
+          fail(qcclInvalidArgument, "root = %d but rank %d passed root = %d: every rank must pass the same", root, r,
+               all[r].root);
+        if (all[r].bits != bits)
+          fail(qcclInvalidArgument, "codec has %d bits but rank %d's has %d: every rank must pass the same codec", bits, r,
+               all[r].bits);
+      }
+      levels.assign(all[root].levels, all[root].levels + (size_t{1} << bits));
     }
+    kernels::CodecConfig result = *codec->config;
+    result.levels = std::move(levels);
     *learned = new qcclCodec{std::make_shared<const kernels::CodecConfig>(std::move(result))};
   });
 }

@@ -257,6 +257,21 @@ TEST_CASE("levels learned by each rank alone differ: every rank fails with qcclM
   QCCL_REQUIRE_OK(qcclAllGatherCompressed(x.data(), y2.data(), x.size(), qcclFloat32, reread, nullptr, job.comm));
   CHECK(y2 == y);
   qcclCodecDestroy(reread);
+  // With a communicator, one rank's refusal fails every rank at once and the communicator stays in
+  // step (the root's refusal came before its exchange, and the others went on to it and mismatched).
+  qcclCodec_t bad = nullptr;
+  const qcclDataType_t type = job.rank == 0 ? qcclFloat64 : qcclFloat32;
+  CHECK(qcclCodecLearnLevels(base, data.data(), data.size(), type, 1, 0, job.comm, &bad) == qcclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains(job.rank == 0 ? "datatype = " : "rank 0 refused its arguments"));
+  if (job.size > 1) {
+    CHECK(qcclCodecLearnLevels(base, data.data(), data.size(), qcclFloat32, 1, job.rank == 1 ? 1 : 0, job.comm, &bad) ==
+          qcclInvalidArgument);
+    CHECK_THAT(last_error(), Catch::Contains("every rank must pass the same"));
+  }
+  CHECK(bad == nullptr);
+  float one = 1, sum = 0;
+  QCCL_REQUIRE_OK(qcclAllReduce(&one, &sum, 1, qcclFloat32, qcclSum, job.comm));
+  CHECK(sum == static_cast<float>(job.size));
   // Alone: each rank's own data give its own levels, which the frame headers' codec hash tells apart.
   qcclCodec_t own = nullptr;
   QCCL_REQUIRE_OK(qcclCodecLearnLevels(base, data.data(), data.size(), qcclFloat32, 2, 0, nullptr, &own));
