@@ -17,7 +17,7 @@ constexpr uint32_t kMagic = 0x44535141u;       // "AQSD"
 constexpr uint32_t kCheckpointMagic = 0x43535141u;  // "AQSC"
 constexpr uint32_t kSectionMagic = 0x53535141u;     // "AQSS"
 constexpr uint16_t kVersion = 2;            // messages: 2, in sections (1: one delta run)
-constexpr uint16_t kCheckpointVersion = 1;
+constexpr uint16_t kCheckpointVersion = 2;  // 2: a checksum after the rows (1: none; still read)
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kSectionHeaderBytes = 16;
 constexpr uint16_t kWarmup = 1, kRefused = 2;  // header flags (a section's: kRefused)
@@ -646,7 +646,7 @@ void DeltaStore::apply_section(size_t s, const uint8_t* section, float* x_out) {
   p.sections_done |= 1u << s;
 }
 
-size_t DeltaStore::checkpoint_bytes() const { return 4 + 2 + 2 + 8 + 8 + 8 + rows_.size() * (8 + row_bytes()); }
+size_t DeltaStore::checkpoint_bytes() const { return 4 + 2 + 2 + 8 + 8 + 8 + rows_.size() * (8 + row_bytes()) + 8; }
 
 std::vector<uint8_t> DeltaStore::save() const {
   std::vector<uint8_t> out(checkpoint_bytes());
@@ -659,22 +659,36 @@ void DeltaStore::save(uint8_t* out) const {
   w.put(kCheckpointMagic), w.put(kCheckpointVersion), w.put(uint16_t{0}), w.put(config_hash()), w.put(sequence_),
       w.put(static_cast<uint64_t>(rows_.size()));
   for (uint64_t k : lru_) w.put(k), w.put_bytes(arena_->row(rows_.at(k).slot), row_bytes());
+  w.put(fnv(out, checkpoint_bytes() - 8));
 }
 
 void DeltaStore::load(const uint8_t* data, size_t bytes) {
   using Kind = DeltaStoreError::Kind;
   if (!data) fail(Kind::kArgument, "the checkpoint is NULL");
+  Reader head(data, bytes);
+  if (head.get<uint32_t>() != kCheckpointMagic) fail(Kind::kCorrupt, "not a delta-store checkpoint (magic)");
+  const uint16_t version = head.get<uint16_t>();
+  if (version != 1 && version != kCheckpointVersion)
+    fail(Kind::kMismatch, "checkpoint format " + std::to_string(version) + ", this store reads 1 to " +
+                              std::to_string(kCheckpointVersion));
+  if (version >= 2) {  // a flipped bit in a row would leave the two ends' stores apart without a word
+    uint64_t sum = 0;
+    if (bytes < 8 + 8) fail(Kind::kCorrupt, "the checkpoint is truncated");
+    std::memcpy(&sum, data + bytes - 8, 8);
+    if (fnv(data, bytes - 8) != sum) fail(Kind::kCorrupt, "the checkpoint's checksum does not match its bytes");
+    bytes -= 8;
+  }
   Reader r(data, bytes);
-  if (r.get<uint32_t>() != kCheckpointMagic) fail(Kind::kCorrupt, "not a delta-store checkpoint (magic)");
-  if (const uint16_t v = r.get<uint16_t>(); v != kCheckpointVersion)
-    fail(Kind::kMismatch,
-         "checkpoint format " + std::to_string(v) + ", this store reads " + std::to_string(kCheckpointVersion));
-  r.get<uint16_t>();
+  r.take(4 + 2 + 2);  // magic, version and a reserved field: read above
   if (r.get<uint64_t>() != config_hash())
     fail(Kind::kMismatch, "a checkpoint of a store with another codec, types or row size");
   const uint64_t sequence = r.get<uint64_t>(), count = r.get<uint64_t>();
   if (count > r.left() / (8 + row_bytes()) || r.left() != count * (8 + row_bytes()))
     fail(Kind::kCorrupt, "the checkpoint's length does not match its " + std::to_string(count) + " keys");
+  if (config_.budget_bytes && count * row_bytes() > config_.budget_bytes)  // every later call would be refused
+    fail(Kind::kBudget, "the checkpoint's " + std::to_string(count) + " keys take " +
+                            std::to_string(count * row_bytes()) + " bytes, over this store's budget of " +
+                            std::to_string(config_.budget_bytes));
   // Checked whole, and room made, before the store changes.
   std::vector<std::pair<uint64_t, const uint8_t*>> entries(count);
   std::unordered_set<uint64_t> seen;

@@ -331,6 +331,13 @@ TEST_CASE("delta store: protocol errors fail before either store changes (P11)",
   CHECK(sender.save() == sender_before);
 }
 
+// Writes a checkpoint's checksum anew after the test changed its bytes on purpose (FNV-1a over the rest).
+void reseal(std::vector<uint8_t>& checkpoint) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i + 8 < checkpoint.size(); ++i) h = (h ^ checkpoint[i]) * 1099511628211ull;
+  std::memcpy(checkpoint.data() + checkpoint.size() - 8, &h, 8);
+}
+
 TEST_CASE("delta store: a delta for a key the receiver lost is refused; checkpoints restore both ends",
           "[aqsgd]") {
   const size_t row = 32;
@@ -356,6 +363,7 @@ TEST_CASE("delta store: a delta for a key the receiver lost is refused; checkpoi
   DeltaStore empty(config("aq2:channels=4", row));
   std::vector<uint8_t> e = empty.save();
   std::memcpy(e.data() + 16, &s_ckpt[16], 8);  // the sequence number the sender is at
+  reseal(e);
   DeltaStore r3(config("aq2:channels=4", row));
   r3.load(e.data(), e.size());
   CHECK(kind_of([&] { r3.receive(msg.data(), bytes, keys, 2, out.data()); }) == Kind::kSequence);
@@ -364,6 +372,23 @@ TEST_CASE("delta store: a delta for a key the receiver lost is refused; checkpoi
   CHECK(kind_of([&] { other.load(s_ckpt.data(), s_ckpt.size()); }) == Kind::kMismatch);
   CHECK(kind_of([&] { r2.load(s_ckpt.data(), s_ckpt.size() - 3); }) == Kind::kCorrupt);
   CHECK(kind_of([] { DeltaStore bad(config("q4", 8)); }) == Kind::kArgument);
+  // One flipped bit in a row: the two ends' stores would part silently; the checksum refuses it.
+  std::vector<uint8_t> flipped = s_ckpt;
+  flipped[flipped.size() - 8 - 5] ^= 0x10;
+  CHECK(kind_of([&] { r2.load(flipped.data(), flipped.size()); }) == Kind::kCorrupt);
+  require_equal(s2, r2, {1, 2});  // unchanged
+  // A checkpoint of format 1 (no checksum) still loads.
+  std::vector<uint8_t> old(s_ckpt.begin(), s_ckpt.end() - 8);
+  const uint16_t one = 1;
+  std::memcpy(old.data() + 4, &one, 2);
+  DeltaStore r4(config("aq2:channels=4", row));
+  r4.load(old.data(), old.size());
+  DeltaStore s4(config("aq2:channels=4", row));
+  s4.load(s_ckpt.data(), s_ckpt.size());
+  require_equal(s4, r4, {1, 2});
+  // Keys past the store's budget would leave every later call refused: the load is refused instead.
+  DeltaStore small(config("aq2:channels=4", row, s2.bytes() / 2));  // room for one of the two keys
+  CHECK(kind_of([&] { small.load(s_ckpt.data(), s_ckpt.size()); }) == Kind::kBudget);
 }
 
 // A file path in the test's temporary directory, unique per process.
