@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <string>
 
 #include "kernels/aq_quant.h"
@@ -126,6 +127,8 @@ CodecConfig parse_codec_spec(const std::string& spec) {
   std::string rest = spec.substr(colon + 1);
   if (rest.empty()) bad(spec, "nothing after ':'");
   size_t at = 0;
+  std::set<std::string> keys;    // each key once: a second would silently win
+  std::string max_token;         // fft's max as written, for the range check's message
   while (at <= rest.size()) {
     const size_t comma = rest.find(',', at);
     const std::string token = rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
@@ -133,6 +136,7 @@ CodecConfig parse_codec_spec(const std::string& spec) {
     const size_t eq = token.find('=');
     if (token.empty() || eq == std::string::npos || eq == 0) bad(spec, "'" + token + "' is not key=value");
     const std::string key = token.substr(0, eq), value = token.substr(eq + 1);
+    if (!keys.insert(key).second) bad(spec, "'" + token + "': key '" + key + "' is given twice");
     if (key == "bucket") {
       if (c.kind != CodecKind::kQuant) bad(spec, "'" + token + "': only q1 .. q8 have buckets");
       c.bucket = static_cast<uint32_t>(parse_number(spec, key, value, 8, 1u << 20));
@@ -227,6 +231,7 @@ CodecConfig parse_codec_spec(const std::string& spec) {
     } else if (c.kind == CodecKind::kFft && key == "max") {
       c.range_auto = value == "auto";
       c.range_max = c.range_auto ? 1.0f : static_cast<float>(parse_real(spec, key, value));
+      if (!c.range_auto) max_token = value;
     } else if (c.kind == CodecKind::kFft && key == "segment") {
       c.segment = static_cast<uint32_t>(parse_number(spec, key, value, 2, 1u << 26));
     } else if (c.kind == CodecKind::kFft && key == "index") {
@@ -262,7 +267,7 @@ CodecConfig parse_codec_spec(const std::string& spec) {
   if (c.kind == CodecKind::kFft) {  // whether its range float exists
     if (const char* why = range_float_invalid(c.bits, c.mant, c.range_max))
       bad(spec, "bits=" + std::to_string(c.bits) + ", mant=" + std::to_string(c.mant) + ", max=" +
-                    float_text(c.range_max) + ": " + why);
+                    (max_token.empty() ? float_text(c.range_max) : max_token) + ": " + why);
   }
   if (c.kind == CodecKind::kSign && !(c.eta > 0)) bad(spec, "sign needs eta_s=E, the magnitude of a sign round's update");
   return c;

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 
 #include "base/config.h"
@@ -198,9 +199,15 @@ void launch(Comm& c, const std::shared_ptr<OpRecord>& record, qcclRequest_t* req
   c.wait(*record);
 }
 
+// The segment list of a qccl*CompressedSegments call (checked by segment_list: NULL and 0 are refused).
+struct SegmentList {
+  const qcclSegment_t* segments;
+  int count;
+};
+
 void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCodec_t codec = nullptr,
-            qcclCodecState_t state = nullptr, bool compressed = false, const qcclSegment_t* segments = nullptr,
-            int nsegments = 0) {
+            qcclCodecState_t state = nullptr, bool compressed = false,
+            const std::optional<SegmentList>& segments = std::nullopt) {
   Comm& c = get(comm);
   auto record = std::make_shared<OpRecord>();
   record->args = validate_call(call, c.rank(), c.nranks());
@@ -214,8 +221,8 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
     validate_compressed(*record, codec, c.aggregators());
     record->codec = codec->config;
     record->args.codec = record->codec.get();
-    if (segments || nsegments) {
-      record->segments = segment_list(segments, nsegments, record->args.count,
+    if (segments) {
+      record->segments = segment_list(segments->segments, segments->count, record->args.count,
                                       call.kind == coll::CollKind::kAllGather ? "sendcount" : "recvcount");
       record->args.segments = &record->segments;
     }
@@ -882,7 +889,7 @@ QCCL_API qcclResult_t qcclAllGatherCompressedSegments(const void* sendbuff, void
                                                       qcclCodecState_t state, qcclComm_t comm) {
   return deferrable_call("qcclAllGatherCompressedSegments", [&] {
     submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, nullptr, codec,
-           state, true, segments, nsegments);
+           state, true, SegmentList{segments, nsegments});
   });
 }
 
@@ -894,7 +901,7 @@ QCCL_API qcclResult_t qcclIAllGatherCompressedSegments(const void* sendbuff, voi
   return deferrable_call("qcclIAllGatherCompressedSegments", [&] {
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0}, request, codec,
-           state, true, segments, nsegments);
+           state, true, SegmentList{segments, nsegments});
   });
 }
 
@@ -904,7 +911,7 @@ QCCL_API qcclResult_t qcclReduceScatterCompressedSegments(const void* sendbuff, 
                                                           qcclCodecState_t state, qcclComm_t comm) {
   return deferrable_call("qcclReduceScatterCompressedSegments", [&] {
     submit(comm, RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, nullptr,
-           codec, state, true, segments, nsegments);
+           codec, state, true, SegmentList{segments, nsegments});
   });
 }
 
@@ -916,7 +923,7 @@ QCCL_API qcclResult_t qcclIReduceScatterCompressedSegments(const void* sendbuff,
   return deferrable_call("qcclIReduceScatterCompressedSegments", [&] {
     require_out(request, "request");
     submit(comm, RawCall{coll::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, request,
-           codec, state, true, segments, nsegments);
+           codec, state, true, SegmentList{segments, nsegments});
   });
 }
 

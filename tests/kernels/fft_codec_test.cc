@@ -197,6 +197,8 @@ TEST_CASE("fft codec: the spec grammar, canonical text, errors that name the tok
   CHECK_THROWS_WITH(parse_codec_spec("fft:theta=1"), Catch::Contains("theta=1") && Catch::Contains("[0, 1)"));
   CHECK_THROWS_WITH(parse_codec_spec("fft:mant=1"), Catch::Contains("mant=1") && Catch::Contains("smallest normal"));
   CHECK_THROWS_WITH(parse_codec_spec("fft:seed=3"), Catch::Contains("unknown key 'seed'"));
+  // The token as written, not the float32 it became (1e-300 is 0 there).
+  CHECK_THROWS_WITH(parse_codec_spec("fft:max=1e-300"), Catch::Contains("max=1e-300: max must be a positive normal"));
 }
 
 TEST_CASE("fft codec: wire size of the spec's example and the documented layout (P11, P12, P18)", "[fft]") {

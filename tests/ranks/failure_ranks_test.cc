@@ -319,6 +319,10 @@ TEST_CASE("segment lists: one list runs, exact segments arrive exactly; differen
   CHECK(qcclAllGatherCompressedSegments(x.data(), y.data(), count, qcclFloat32, codec, nullptr, 3, nullptr, job.comm) ==
         qcclInvalidArgument);
   CHECK_THAT(last_error(), Catch::Contains("segments is NULL"));
+  // No list at all is no segment call: it was taken for the plain call.
+  CHECK(qcclAllGatherCompressedSegments(x.data(), y.data(), count, qcclFloat32, codec, nullptr, 0, nullptr, job.comm) ==
+        qcclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("nsegments = 0 is out of range [1, 1048576]"));
   // Rank 0 cuts the block elsewhere: every rank fails, through the codec hash of the frame headers.
   const qcclSegment_t other[] = {{400, 0}, {101, 1}, {499, 0}};
   const qcclResult_t result = qcclAllGatherCompressedSegments(x.data(), y.data(), count, qcclFloat32, codec,
