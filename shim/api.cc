@@ -49,11 +49,11 @@ const RealNccl& need_real(const char* what) {
 CommRef initialized(ncclComm_t comm) {
   CommRef c = find_comm(comm);
   if (!c) fail(ncclInvalidArgument, "comm = %p is not a communicator of this library", static_cast<void*>(comm));
-  if (c->init_state.load() != 0)
-    fail(ncclInvalidUsage, "comm = %p is still being initialised (ncclCommGetAsyncError reports ncclInProgress)",
+  if (c->init_state.load() != 0)  // as usable()
+    fail(ncclInvalidArgument, "comm = %p is still being initialised (ncclCommGetAsyncError reports ncclInProgress)",
          static_cast<void*>(comm));
   if (c->init_result != ncclSuccess)
-    fail(ncclInvalidUsage, "comm = %p failed to initialise: %s", static_cast<void*>(comm), c->init_error.c_str());
+    fail(c->init_result, "comm = %p failed to initialise: %s", static_cast<void*>(comm), c->init_error.c_str());
   return c;
 }
 

@@ -44,11 +44,12 @@ CommRef find_comm(ncclComm_t comm) {
 CommRef usable(ncclComm_t comm, const char* arg) {
   CommRef c = find_comm(comm);
   if (!c) fail(ncclInvalidArgument, "%s = %p is not a communicator of this library", arg, static_cast<void*>(comm));
+  // NCCL's ncclCommEnsureReady: ncclInvalidArgument while in progress, else the initialisation's own error.
   if (c->init_state.load() != 0)
-    fail(ncclInvalidUsage, "%s = %p is still being initialised (ncclCommGetAsyncError reports ncclInProgress)", arg,
+    fail(ncclInvalidArgument, "%s = %p is still being initialised (ncclCommGetAsyncError reports ncclInProgress)", arg,
          static_cast<void*>(comm));
   if (c->init_result != ncclSuccess)
-    fail(ncclInvalidUsage, "%s = %p failed to initialise: %s", arg, static_cast<void*>(comm), c->init_error.c_str());
+    fail(c->init_result, "%s = %p failed to initialise: %s", arg, static_cast<void*>(comm), c->init_error.c_str());
   if (c->finalized) fail(ncclInvalidUsage, "%s = %p was finalized (ncclCommFinalize)", arg, static_cast<void*>(comm));
   if (!c->q.load()) fail(ncclInvalidUsage, "%s = %p has no qccl communicator (aborted)", arg, static_cast<void*>(comm));
   return c;
@@ -108,8 +109,8 @@ std::shared_ptr<Clique> clique_of(const Comm& c) {
 // ---- Configuration ----------------------------------------------------------------------------------------
 
 // NCCL's rule (init.cc): size first, the magic must be NCCL_CONFIG_INITIALIZER's, and fields newer
-// than `version` take their defaults. The shim reads `blocking` only (it exists since 2.14, before any
-// ncclConfig_t carried a size), so a caller built against any NCCL >= 2.14 header is understood.
+// than `version` take their defaults. The shim reads `blocking` only, which a config older than 2.14
+// does not have: such a config blocks, as NCCL's default.
 bool config_blocking(const ncclConfig_t* config, const char* call) {
   if (!config) return true;
   constexpr unsigned kMagic = 0xcafebeef;
@@ -118,10 +119,7 @@ bool config_blocking(const ncclConfig_t* config, const char* call) {
   if (config->magic != kMagic)
     fail(ncclInvalidArgument, "config->magic = 0x%x: the ncclConfig_t was not initialised with NCCL_CONFIG_INITIALIZER",
          config->magic);
-  if (config->version < NCCL_VERSION(2, 14, 0))
-    fail(ncclInvalidArgument, "config->version = %u is older than NCCL 2.14, the first with ncclConfig_t",
-         config->version);
-  if (config->blocking == NCCL_CONFIG_UNDEF_INT) return true;
+  if (config->version < NCCL_VERSION(2, 14, 0) || config->blocking == NCCL_CONFIG_UNDEF_INT) return true;
   if (config->blocking != 0 && config->blocking != 1)
     fail(ncclInvalidArgument, "config->blocking = %d is neither 0 nor 1", config->blocking);
   return config->blocking == 1;
