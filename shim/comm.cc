@@ -60,6 +60,7 @@ Comm::~Comm() {
   if (init_thread.joinable() && init_thread.get_id() != std::this_thread::get_id()) init_thread.join();
   if (init_thread.joinable()) init_thread.detach();
   if (store) qcclCodecStoreDestroy(store);
+  for (void* token : registrations) delete static_cast<char*>(token);  // registered, never deregistered
 }
 
 struct Clique {
@@ -408,8 +409,7 @@ void destroy_together(std::vector<CommRef>& members) {
 // Hands c's qccl communicator to qcclCommDestroy, the collective that completes its work with its
 // peers: now, or with the last member of its clique (all of them together, one thread each).
 void close_host(const CommRef& c) {
-  if (c->closed) return;
-  c->closed = true;
+  if (c->closed.exchange(true)) return;
   if (c->store) {
     qcclCodecStoreDestroy(c->store);
     c->store = nullptr;
@@ -472,8 +472,7 @@ void abort_comm(ncclComm_t comm) {
   if (qcclComm_t q = c->q.exchange(nullptr)) qcclCommAbort(q);  // local, always returns
   // The clique's members that wait for this one need not wait any longer.
   std::shared_ptr<Clique> clique = clique_of(*c);
-  if (clique && !c->closed) {
-    c->closed = true;
+  if (clique && !c->closed.exchange(true)) {
     std::vector<CommRef> rest;
     {
       std::lock_guard<std::mutex> lock(clique->mutex);

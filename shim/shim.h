@@ -135,7 +135,7 @@ struct Comm {
   int nranks = 0, rank = 0;
   int device = -1;                 // the CUDA device current at init (-1 without CUDA)
   bool blocking = true;
-  bool finalized = false;
+  std::atomic<bool> finalized{false};  // read by calls on any thread
 
   // Initialisation that has not finished (non-blocking config, or InitRank inside a group).
   std::thread init_thread;         // holds a reference to the Comm while it runs
@@ -163,7 +163,9 @@ struct Comm {
   // so theirs run together once the last of them is finalized or destroyed; one thread may then
   // finalize or destroy them one after the other, as NCCL allows (it reclaims them together too).
   std::shared_ptr<Clique> clique;
-  bool closed = false;  // handed to qcclCommDestroy (now or with its clique)
+  // Handed to qcclCommDestroy (now or with its clique): claimed once, by a destroy or finalize or by
+  // an abort from another thread (a watchdog's).
+  std::atomic<bool> closed{false};
 
   std::unique_ptr<CodecPolicy> codec;
   qcclCodecStore_t store = nullptr;
