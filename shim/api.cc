@@ -35,6 +35,20 @@ ncclResult_t entry(const char* name, F&& body) {
   }
 }
 
+// An entry point whose call a group holds (a collective, point-to-point, InitRank, Split): refused
+// inside a group, it fails the whole group, as NCCL's ncclGroupErrCheck makes it.
+template <typename F>
+ncclResult_t grouped_entry(const char* name, F&& body) {
+  return entry(name, [&] {
+    try {
+      return body();
+    } catch (const ShimError& e) {
+      group_refuse(name, e);
+      throw;
+    }
+  });
+}
+
 [[noreturn]] void no_real(const char* what) {
   fail(ncclInvalidUsage, "%s, and no real NCCL is loaded (QCCL_NCCL_LIB names its path)", what);
 }
@@ -64,13 +78,8 @@ ncclResult_t checked_real(ncclResult_t r) {
 
 ncclResult_t run(Kind kind, const char* name, const void* sendbuff, void* recvbuff, size_t count,
                  ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  try {
-    CommRef c = usable(comm);
-    dispatch(Call{kind, name, sendbuff, recvbuff, count, datatype, op, root, comm, stream, std::move(c)});
-  } catch (const ShimError& e) {
-    group_refuse(name, e);
-    throw;
-  }
+  CommRef c = usable(comm);
+  dispatch(Call{kind, name, sendbuff, recvbuff, count, datatype, op, root, comm, stream, std::move(c)});
   return ncclSuccess;
 }
 
@@ -161,12 +170,12 @@ extern "C" __attribute__((visibility("default"))) void ncclResetDebugInitInterna
 NCCL_SHIM_API(ncclResult_t, ncclCommInitRankConfig,
               (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config)) {
   FROM_REAL(CommInitRankConfig, comm, nranks, commId, rank, config);
-  return entry("ncclCommInitRankConfig", [&] { return init_rank(comm, nranks, commId, rank, config); });
+  return grouped_entry("ncclCommInitRankConfig", [&] { return init_rank(comm, nranks, commId, rank, config); });
 }
 
 NCCL_SHIM_API(ncclResult_t, ncclCommInitRank, (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank)) {
   FROM_REAL(CommInitRank, comm, nranks, commId, rank);
-  return entry("ncclCommInitRank", [&] { return init_rank(comm, nranks, commId, rank, nullptr); });
+  return grouped_entry("ncclCommInitRank", [&] { return init_rank(comm, nranks, commId, rank, nullptr); });
 }
 
 // Several ids spread NCCL's bootstrap over several roots; qccl's bootstrap has one root, and every rank
@@ -174,7 +183,7 @@ NCCL_SHIM_API(ncclResult_t, ncclCommInitRank, (ncclComm_t * comm, int nranks, nc
 NCCL_SHIM_API(ncclResult_t, ncclCommInitRankScalable,
               (ncclComm_t * newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds, ncclConfig_t* config)) {
   FROM_REAL(CommInitRankScalable, newcomm, nranks, myrank, nId, commIds, config);
-  return entry("ncclCommInitRankScalable", [&] {
+  return grouped_entry("ncclCommInitRankScalable", [&] {
     if (nId < 1) fail(ncclInvalidArgument, "nId = %d; it must be at least 1", nId);
     if (!commIds) fail(ncclInvalidArgument, "commIds = NULL");
     return init_rank(newcomm, nranks, commIds[0], myrank, config);
@@ -231,7 +240,7 @@ NCCL_SHIM_API(ncclResult_t, ncclCommSplit,
               (ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config)) {
   FROM_REAL(CommSplit, comm, color, key, newcomm, config);
   FOREIGN(comm, CommSplit, comm, color, key, newcomm, config);
-  return entry("ncclCommSplit", [&] { return split(usable(comm), color, key, newcomm, config); });
+  return grouped_entry("ncclCommSplit", [&] { return split(usable(comm), color, key, newcomm, config); });
 }
 
 NCCL_SHIM_API(ncclResult_t, ncclCommShrink,
@@ -403,7 +412,7 @@ NCCL_SHIM_API(ncclResult_t, ncclReduce,
                ncclComm_t comm, cudaStream_t stream)) {
   FROM_REAL(Reduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
   FOREIGN(comm, Reduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
-  return entry("ncclReduce", [&] {
+  return grouped_entry("ncclReduce", [&] {
     return run(Kind::kReduce, "ncclReduce", sendbuff, recvbuff, count, datatype, op, root, comm, stream);
   });
 }
@@ -412,7 +421,7 @@ NCCL_SHIM_API(ncclResult_t, ncclBcast,
               (void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)) {
   FROM_REAL(Bcast, buff, count, datatype, root, comm, stream);
   FOREIGN(comm, Bcast, buff, count, datatype, root, comm, stream);
-  return entry("ncclBcast", [&] {
+  return grouped_entry("ncclBcast", [&] {
     return run(Kind::kBroadcast, "ncclBcast", buff, buff, count, datatype, ncclSum, root, comm, stream);
   });
 }
@@ -422,7 +431,7 @@ NCCL_SHIM_API(ncclResult_t, ncclBroadcast,
                cudaStream_t stream)) {
   FROM_REAL(Broadcast, sendbuff, recvbuff, count, datatype, root, comm, stream);
   FOREIGN(comm, Broadcast, sendbuff, recvbuff, count, datatype, root, comm, stream);
-  return entry("ncclBroadcast", [&] {
+  return grouped_entry("ncclBroadcast", [&] {
     return run(Kind::kBroadcast, "ncclBroadcast", sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
   });
 }
@@ -432,7 +441,7 @@ NCCL_SHIM_API(ncclResult_t, ncclAllReduce,
                ncclComm_t comm, cudaStream_t stream)) {
   FROM_REAL(AllReduce, sendbuff, recvbuff, count, datatype, op, comm, stream);
   FOREIGN(comm, AllReduce, sendbuff, recvbuff, count, datatype, op, comm, stream);
-  return entry("ncclAllReduce", [&] {
+  return grouped_entry("ncclAllReduce", [&] {
     return run(Kind::kAllReduce, "ncclAllReduce", sendbuff, recvbuff, count, datatype, op, 0, comm, stream);
   });
 }
@@ -442,7 +451,7 @@ NCCL_SHIM_API(ncclResult_t, ncclReduceScatter,
                ncclComm_t comm, cudaStream_t stream)) {
   FROM_REAL(ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
   FOREIGN(comm, ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
-  return entry("ncclReduceScatter", [&] {
+  return grouped_entry("ncclReduceScatter", [&] {
     return run(Kind::kReduceScatter, "ncclReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream);
   });
 }
@@ -452,7 +461,7 @@ NCCL_SHIM_API(ncclResult_t, ncclAllGather,
                cudaStream_t stream)) {
   FROM_REAL(AllGather, sendbuff, recvbuff, sendcount, datatype, comm, stream);
   FOREIGN(comm, AllGather, sendbuff, recvbuff, sendcount, datatype, comm, stream);
-  return entry("ncclAllGather", [&] {
+  return grouped_entry("ncclAllGather", [&] {
     return run(Kind::kAllGather, "ncclAllGather", sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream);
   });
 }
@@ -462,7 +471,7 @@ NCCL_SHIM_API(ncclResult_t, ncclAlltoAll,
                cudaStream_t stream)) {
   FROM_REAL(AlltoAll, sendbuff, recvbuff, count, datatype, comm, stream);
   FOREIGN(comm, AlltoAll, sendbuff, recvbuff, count, datatype, comm, stream);
-  return entry("ncclAlltoAll", [&] {
+  return grouped_entry("ncclAlltoAll", [&] {
     return run(Kind::kAlltoAll, "ncclAlltoAll", sendbuff, recvbuff, count, datatype, ncclSum, 0, comm, stream);
   });
 }
@@ -472,7 +481,7 @@ NCCL_SHIM_API(ncclResult_t, ncclGather,
                cudaStream_t stream)) {
   FROM_REAL(Gather, sendbuff, recvbuff, count, datatype, root, comm, stream);
   FOREIGN(comm, Gather, sendbuff, recvbuff, count, datatype, root, comm, stream);
-  return entry("ncclGather", [&] {
+  return grouped_entry("ncclGather", [&] {
     return run(Kind::kGather, "ncclGather", sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
   });
 }
@@ -482,7 +491,7 @@ NCCL_SHIM_API(ncclResult_t, ncclScatter,
                cudaStream_t stream)) {
   FROM_REAL(Scatter, sendbuff, recvbuff, count, datatype, root, comm, stream);
   FOREIGN(comm, Scatter, sendbuff, recvbuff, count, datatype, root, comm, stream);
-  return entry("ncclScatter", [&] {
+  return grouped_entry("ncclScatter", [&] {
     return run(Kind::kScatter, "ncclScatter", sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
   });
 }
@@ -492,7 +501,7 @@ NCCL_SHIM_API(ncclResult_t, ncclSend,
                cudaStream_t stream)) {
   FROM_REAL(Send, sendbuff, count, datatype, peer, comm, stream);
   FOREIGN(comm, Send, sendbuff, count, datatype, peer, comm, stream);
-  return entry("ncclSend", [&] {
+  return grouped_entry("ncclSend", [&] {
     return run(Kind::kSend, "ncclSend", sendbuff, nullptr, count, datatype, ncclSum, peer, comm, stream);
   });
 }
@@ -501,7 +510,7 @@ NCCL_SHIM_API(ncclResult_t, ncclRecv,
               (void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream)) {
   FROM_REAL(Recv, recvbuff, count, datatype, peer, comm, stream);
   FOREIGN(comm, Recv, recvbuff, count, datatype, peer, comm, stream);
-  return entry("ncclRecv", [&] {
+  return grouped_entry("ncclRecv", [&] {
     return run(Kind::kRecv, "ncclRecv", nullptr, recvbuff, count, datatype, ncclSum, peer, comm, stream);
   });
 }

@@ -384,6 +384,14 @@ TEST_CASE("a call refused inside a group fails the group, which then runs none o
   CHECK(last_error() == "ncclGroupEnd: the group ran none of its 2 queued calls: a call in it was refused: " + refusal);
   CHECK(std::count(b.begin(), b.end(), -1.0f) == static_cast<long>(count));
   CHECK(std::count(c.begin(), c.end(), -1.0f) == static_cast<long>(count));
+  // A split refused inside a group fails it too.
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  ncclComm_t child = nullptr;
+  CHECK(ncclCommSplit(w.comm, -5, 0, &child, nullptr) == ncclInvalidArgument);
+  NCCL_REQUIRE_OK(ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, w.comm, nullptr));
+  CHECK(ncclGroupEnd() == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("ran none of its 1 queued calls") && Catch::Contains("ncclCommSplit: color = -5"));
+  CHECK(std::count(b.begin(), b.end(), -1.0f) == static_cast<long>(count));
   // The communicator is intact and the next group runs.
   NCCL_REQUIRE_OK(ncclGroupStart());
   NCCL_REQUIRE_OK(ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, w.comm, nullptr));
