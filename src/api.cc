@@ -373,9 +373,9 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
     EnvLaunch launch = read_launch_environment();
     BootstrapId id;
     if (launch.nranks == 1) {
-      // A job of one: a private root on loopback keeps a single code path.
+      // A job of one: a private root on loopback keeps a single code path (QCCL_MAGIC checked all the same).
       net::Socket listener = net::Socket::listen(net::Address::parse("127.0.0.1:0", "loopback"));
-      id = BootstrapId{random_magic(), listener.local_address()};
+      id = BootstrapId{env("QCCL_MAGIC") ? launch_magic(launch) : random_magic(), listener.local_address()};
       start_root_service(std::move(listener), id.magic, 1, resolved.timeout_seconds);
     } else {
       id = BootstrapId{launch_magic(launch), net::Address::parse(launch.root, launch.root_from)};

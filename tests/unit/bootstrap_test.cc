@@ -208,6 +208,12 @@ TEST_CASE("a unique id waits for its first rank however late, and a root without
   CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("QCCL_ROOT = '127.0.0.1:0': port 0"));
   CHECK(comm == nullptr);
   for (const char* name : {"QCCL_RANK", "QCCL_NRANKS", "QCCL_ROOT"}) ::unsetenv(name);
+  // QCCL_MAGIC is checked in a job of one too (it was ignored there).
+  ::setenv("QCCL_MAGIC", "xyz", 1);
+  CHECK(qcclCommInitEnv(&comm, nullptr) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("QCCL_MAGIC = 'xyz'"));
+  CHECK(comm == nullptr);
+  ::unsetenv("QCCL_MAGIC");
 }
 
 TEST_CASE("a single-rank communicator from a unique id", "[bootstrap]") {
