@@ -43,6 +43,7 @@ struct DeltaLink {
   bool warmup = false;  // qcclDeltaStoreSetWarmup: what calls made from now on send
   int calls = 0;        // calls in flight: made and not yet over (DeltaCall::end)
   const void* owner = nullptr;  // the communicator of the calls in flight (the API's check)
+  int peer = -1;                // the rank at the link's other end, on `owner`
   // A call's rows in float32 and its message, kept from call to call: megabytes each, whose fresh
   // pages every call would cost more than the codec's arithmetic.
   std::vector<float> x;

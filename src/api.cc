@@ -1052,7 +1052,13 @@ void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t*
     if (link->calls > 0 && link->owner != &c)
       fail(qcclInvalidUsage, "store: %d calls on it are in flight on another communicator (qcclWait for them first)",
            link->calls);
+    // One end of one link: a second peer would meet a store in another state (a later communicator,
+    // whose ranks may be numbered anew, starts over).
+    if (link->owner == &c && link->peer >= 0 && link->peer != peer)
+      fail(qcclInvalidUsage, "peer = %d, but the store's calls on this communicator go to rank %d: a store is one end "
+           "of one link (make one per peer)", peer, link->peer);
     link->owner = &c;
+    link->peer = peer;
   }
   auto record = std::make_shared<OpRecord>();
   // Rows in device memory cross through pinned host memory: the store and its kernels are the host's

@@ -182,6 +182,12 @@ TEST_CASE("delta send/recv: protocol errors and refusals fail on both ends, noth
   CHECK(qcclDeltaSend(x.data(), 1, keys, qcclInt32, store.handle, p.peer, w.comm()) == qcclInvalidArgument);
   CHECK(qcclDeltaSend(x.data(), 1, keys, qcclFloat32, store.handle, w.rank(), w.comm()) == qcclInvalidArgument);
   CHECK(qcclDeltaSend(x.data(), 1, keys, qcclFloat32, nullptr, p.peer, w.comm()) == qcclInvalidArgument);
+  if (w.size() >= 4) {  // another peer: its end holds another state (the receiver failed later, on the id)
+    const int other = (p.peer + 2) % w.size();
+    CHECK(qcclDeltaSend(x.data(), 2, keys, qcclFloat32, store.handle, other, w.comm()) == qcclInvalidUsage);
+    CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("peer = " + std::to_string(other) + ", but the store's calls "
+                                                          "on this communicator go to rank " + std::to_string(p.peer)));
+  }
   Codec q8("q8");
   qcclDeltaStore_t bad = nullptr;
   CHECK(qcclDeltaStoreCreate(q8.handle, kRow, qcclFloat16, 0, 0, 0, &bad) == qcclInvalidArgument);
