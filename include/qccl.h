@@ -665,9 +665,10 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * (qcclInvalidUsage); qcclDeltaStoreDestroy may be called, and the store lives on until they
  * complete. A store is one end of one link, so its calls go to one peer (on one communicator, a
  * call naming another is qcclInvalidUsage); it is not tied to a communicator, but calls in flight on
- * it must all be on one (qcclInvalidUsage otherwise), which orders them. Otherwise a failed call (a refusal, a mismatch) fails on both ends, the communicator
- * goes on, both stores are as they were, and so is recvbuff, but for the rows of sections applied
- * before the failure showed (a NaN the sender met in a later section of its rows). */
+ * it must all be on one (qcclInvalidUsage otherwise), which orders them. Otherwise a failed call (a
+ * refusal, a mismatch) fails on both ends, the communicator goes on, both stores are as they were,
+ * and so is recvbuff, but for the rows of sections applied before the failure showed (a NaN the
+ * sender met in a later section of its rows). */
 typedef struct qcclDeltaStore* qcclDeltaStore_t;
 typedef struct {
   uint64_t keys;             /* keys held */
