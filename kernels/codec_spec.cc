@@ -127,8 +127,8 @@ CodecConfig parse_codec_spec(const std::string& spec) {
   std::string rest = spec.substr(colon + 1);
   if (rest.empty()) bad(spec, "nothing after ':'");
   size_t at = 0;
-  std::set<std::string> keys;    // each key once: a second would silently win
-  std::string max_token;         // fft's max as written, for the range check's message
+  std::set<std::string> keys;  // each key once: a second would silently win
+  std::string max_token;       // fft's max as written, for the range check's message
   while (at <= rest.size()) {
     const size_t comma = rest.find(',', at);
     const std::string token = rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at);

@@ -195,11 +195,13 @@ using Scratch = std::vector<std::vector<unsigned char>>;
 std::optional<PreMulSumOp> check_runnable(const Call& call) {
   Comm& c = *call.comm;
   if (!c.q.load())
-    fail(ncclInvalidUsage, "comm = %p has no qccl communicator (aborted or finalized)", static_cast<void*>(call.handle));
+    fail(ncclInvalidUsage, "comm = %p has no qccl communicator (aborted or finalized)",
+         static_cast<void*>(call.handle));
   if (!is_reduction(call.kind) || call.op < ncclNumOps) return std::nullopt;
   std::optional<PreMulSumOp> custom = custom_op(c, call.op);
   if (!custom)  // destroyed between a grouped call and its ncclGroupEnd
-    fail(ncclInvalidArgument, "op = %d was destroyed (ncclRedOpDestroy) before the call ran", static_cast<int>(call.op));
+    fail(ncclInvalidArgument, "op = %d was destroyed (ncclRedOpDestroy) before the call ran",
+         static_cast<int>(call.op));
   if (call.qccl_device)
     fail(ncclInvalidUsage, "op = %d is a PreMulSum op, which qccl scales on the host: on device buffers it runs on "
          "the real NCCL only (QCCL_NCCL_DEVICE=nccl)", static_cast<int>(call.op));

@@ -651,13 +651,14 @@ QCCL_API qcclResult_t qcclCodecLearnLevels(qcclCodec_t codec, const void* data, 
       if (refused) throw *refused;
       for (int r = 0; r < nranks; ++r) {
         if (all[r].refused)
-          fail(qcclInvalidArgument, "rank %d refused its arguments (its qcclGetLastError says why): nothing was learned", r);
+          fail(qcclInvalidArgument, "rank %d refused its arguments (its qcclGetLastError says why): nothing was "
+               "learned", r);
         if (all[r].root != root)
           fail(qcclInvalidArgument, "root = %d but rank %d passed root = %d: every rank must pass the same", root, r,
                all[r].root);
         if (all[r].bits != bits)
-          fail(qcclInvalidArgument, "codec has %d bits but rank %d's has %d: every rank must pass the same codec", bits, r,
-               all[r].bits);
+          fail(qcclInvalidArgument, "codec has %d bits but rank %d's has %d: every rank must pass the same codec",
+               bits, r, all[r].bits);
       }
       levels.assign(all[root].levels, all[root].levels + (size_t{1} << bits));
     }

@@ -50,8 +50,8 @@ void group_end() {
   if (std::unique_ptr<Error> refused = std::move(t_group.refused)) {
     // Running the rest would leave this rank part of the way through what its peers run whole, and
     // the caller, told of the refusal, unable to stop it.
-    const Error error(refused->code(), format("the group ran none of its %zu queued calls: a call in it was refused: %s",
-                                              calls.size(), refused->message().c_str()));
+    const Error error(refused->code(), format("the group ran none of its %zu queued calls: a call in it was "
+                                              "refused: %s", calls.size(), refused->message().c_str()));
     for (Deferred& d : calls) d.record->comm->refuse(*d.record, error);
     throw error;
   }

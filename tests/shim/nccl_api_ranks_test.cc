@@ -390,7 +390,8 @@ TEST_CASE("a call refused inside a group fails the group, which then runs none o
   CHECK(ncclCommSplit(w.comm, -5, 0, &child, nullptr) == ncclInvalidArgument);
   NCCL_REQUIRE_OK(ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, w.comm, nullptr));
   CHECK(ncclGroupEnd() == ncclInvalidArgument);
-  CHECK_THAT(last_error(), Catch::Contains("ran none of its 1 queued calls") && Catch::Contains("ncclCommSplit: color = -5"));
+  CHECK_THAT(last_error(),
+             Catch::Contains("ran none of its 1 queued calls") && Catch::Contains("ncclCommSplit: color = -5"));
   CHECK(std::count(b.begin(), b.end(), -1.0f) == static_cast<long>(count));
   // The communicator is intact and the next group runs.
   NCCL_REQUIRE_OK(ncclGroupStart());

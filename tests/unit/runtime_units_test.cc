@@ -291,7 +291,8 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
   // As QCCL_TIMEOUT: a longer one overflowed the clock into the past, and every wait failed at once.
   qcclConfig_t slow = QCCL_CONFIG_INITIALIZER;
   slow.timeoutSeconds = 1e10;
-  CHECK_THROWS_WITH(Config::resolve(&slow), Catch::Contains("config->timeoutSeconds = 1e+10 is out of range [0, 1e+09]"));
+  CHECK_THROWS_WITH(Config::resolve(&slow),
+                    Catch::Contains("config->timeoutSeconds = 1e+10 is out of range [0, 1e+09]"));
   slow.timeoutSeconds = 1e9;
   CHECK(Config::resolve(&slow).timeout_seconds == 1e9);
 }
