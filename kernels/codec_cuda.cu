@@ -516,11 +516,14 @@ __global__ void write_bytes_kernel(uint8_t* dst, SmallBytes bytes, unsigned n) {
   for (unsigned i = 0; i < n; ++i) dst[i] = bytes.b[i];
 }
 
-// Error feedback's miss, as the host executor computes it: one rounding per operator.
+// Error feedback's miss, as the host executor computes it: one rounding per operator, 0 where it is not
+// finite.
 __global__ void feedback_residual_kernel(const float* __restrict__ acc, float* __restrict__ residual, size_t n,
                                          float factor) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
-    residual[i] = factor * (acc[i] - residual[i]);
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const float miss = factor * (acc[i] - residual[i]);
+    residual[i] = isfinite(miss) ? miss : 0.0f;
+  }
 }
 
 __global__ void divide_kernel(float* x, size_t n, float divisor) {

@@ -1,6 +1,7 @@
 #include "src/executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <variant>
@@ -983,7 +984,10 @@ size_t run_data_step(const coll::Step& data_step, const coll::CollArgs& args) {
       }
     } else if constexpr (std::is_same_v<S, st::ErrorFeedback>) {
       kernels::decode(*s.codec, s.encoded, s.count, s.residual);  // what the peers will decode...
-      for (size_t i = 0; i < s.count; ++i) s.residual[i] = s.factor * (s.acc[i] - s.residual[i]);  // ...and the miss
+      for (size_t i = 0; i < s.count; ++i) {  // ...and the miss, which restarts at 0 where it is not finite
+        const float miss = s.factor * (s.acc[i] - s.residual[i]);  // (a NaN would be fed back forever)
+        s.residual[i] = std::isfinite(miss) ? miss : 0.0f;
+      }
     } else {
       fail(qcclInternalError, "run_data_step: step %zu is not a data step", data_step.index());
     }

@@ -2,6 +2,7 @@
 // datatype within its bound and bit-identical on every rank, statistics, error feedback with
 // checkpoint and restore, non-finite input reported on every rank, the QCCL_CODEC policy for plain
 // calls, and bad codec arguments refused before anything is sent.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -186,6 +187,27 @@ TEST_CASE("NaN or Inf in one rank's input: qcclNonFinite on every rank, what eac
                                               nullptr, w.comm()));
       CHECK(std::isfinite(out[at]));
     }
+}
+
+TEST_CASE("NaN under error feedback: that call is qcclNonFinite, the next ones are finite again", "[compressed]") {
+  World& w = World::get();
+  if (w.size() == 1) return;  // one rank encodes nothing
+  const size_t count = 5000;
+  for (const char* spec : {"q8:ef=on,bucket=64", "q4:ef=on,round=stochastic", "fp16:ef=on", "none:ef=on"}) {
+    INFO(spec);
+    Codec codec(spec);
+    State state(w.comm(), count);
+    std::vector<float> in(count), out(count);
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(input(w.rank(), i + step));
+      if (step == 1 && w.rank() == w.size() - 1) in[700] = NAN;
+      const qcclResult_t result = qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat32, qcclSum,
+                                                          codec.handle, state.handle, w.comm());
+      INFO("step " << step);
+      CHECK(result == (step == 1 ? qcclNonFinite : qcclSuccess));  // the residual fed the NaN back for good
+      if (step == 2) CHECK(std::all_of(out.begin(), out.end(), [](float v) { return std::isfinite(v); }));
+    }
+  }
 }
 
 TEST_CASE("QCCL_CODEC policy: plain all-reduce calls above the threshold are compressed", "[compressed]") {
