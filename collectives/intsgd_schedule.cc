@@ -22,7 +22,9 @@ IntsgdRound intsgd_round(const kernels::CodecConfig& codec, const IntsgdMemory* 
       alpha = kernels::intsgd_alpha(static_cast<double>(count), nranks, memory->r, eta, codec.eps);
     }
   }
-  if (!round.exact) round.alpha = static_cast<float>(std::min(alpha, static_cast<double>(std::numeric_limits<float>::max())));
+  // A normal float32: at 0 (a scale that underflowed) every output would be 0/0.
+  constexpr double kMin = std::numeric_limits<float>::min(), kMax = std::numeric_limits<float>::max();
+  if (!round.exact) round.alpha = static_cast<float>(alpha > kMin ? std::min(alpha, kMax) : kMin);
   return round;
 }
 

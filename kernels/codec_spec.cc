@@ -23,13 +23,21 @@ namespace {
   throw CodecSpecError("codec spec '" + spec + "': " + why);
 }
 
-double parse_real(const std::string& spec, const std::string& key, const std::string& value) {
+double parse_real(const std::string& spec, const std::string& key, const std::string& value, bool zero = false) {
   errno = 0;
   char* end = nullptr;
   const double v = std::strtod(value.c_str(), &end);
-  if (value.empty() || *end || errno || !std::isfinite(v) || !(v > 0))
-    bad(spec, key + "=" + value + ": '" + value + "' is not a positive number");
+  if (value.empty() || *end || errno || !std::isfinite(v) || !(v > 0 || (zero && v == 0)))
+    bad(spec, key + "=" + value + ": '" + value + "' is not a " + (zero ? "non-negative" : "positive") + " number");
   return v;
+}
+
+// IntSGD's scales multiply and divide every value: one that is 0 or subnormal in float32 (1e-46
+// is 0 there) would make every output NaN or Inf.
+void require_normal_float(const std::string& spec, const std::string& token, const char* key, double v) {
+  const float f = static_cast<float>(v);
+  if (!(f >= std::numeric_limits<float>::min() && f <= std::numeric_limits<float>::max()))
+    bad(spec, "'" + token + "': " + key + " must be a positive normal float32 (1.2e-38 .. 3.4e38)");
 }
 
 // levels=l0/l1/.../lK (levels.h): 2^bits numbers, strictly increasing, from exactly 0 to exactly 1.
@@ -184,16 +192,18 @@ CodecConfig parse_codec_spec(const std::string& spec) {
       } else {
         c.alpha_mode = IntAlpha::kFixed;
         c.alpha = parse_real(spec, key, value);
-        if (!std::isfinite(static_cast<float>(c.alpha))) bad(spec, "'" + token + "': alpha must fit float32");
+        require_normal_float(spec, token, "alpha", c.alpha);
       }
     } else if (c.kind == CodecKind::kInt && key == "alpha0") {
       c.alpha0 = parse_real(spec, key, value);
-      if (!std::isfinite(static_cast<float>(c.alpha0))) bad(spec, "'" + token + "': alpha0 must fit float32");
+      require_normal_float(spec, token, "alpha0", c.alpha0);
     } else if (c.kind == CodecKind::kInt && key == "beta") {
-      c.beta = value == "0" ? 0.0 : parse_real(spec, key, value);
+      c.beta = parse_real(spec, key, value, /*zero=*/true);
       if (!(c.beta < 1)) bad(spec, "'" + token + "': beta is in [0, 1)");
     } else if (c.kind == CodecKind::kInt && key == "eps") {
       c.eps = parse_real(spec, key, value);
+      if (!std::isfinite(c.eps * c.eps))  // alpha's denominator holds eps^2: infinite, alpha would be 0
+        bad(spec, "'" + token + "': eps must be at most 1e150 (its square must be a finite double)");
     } else if (c.kind == CodecKind::kInt && key == "agg") {
       if (value == "ring")
         c.switch_aggregation = false;

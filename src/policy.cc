@@ -3,6 +3,7 @@
 #include <strings.h>
 
 #include <cstring>
+#include <set>
 
 #include "base/errors.h"
 #include "base/log.h"
@@ -106,13 +107,15 @@ std::string AlgorithmPolicy::describe() const {
   return out;
 }
 
-CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes, const std::string& source)
+CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes, const std::string& source, int aggregators)
     : min_bytes_(min_bytes) {
   const char* from = source.c_str();
   static const std::pair<const char*, kernels::DataType> kTypes[] = {
       {"float", kernels::DataType::kFloat32}, {"half", kernels::DataType::kFloat16},
       {"bfloat16", kernels::DataType::kBfloat16}};
   size_t at = 0;
+  std::set<std::string> named;  // the TYPE of each TYPE=SPEC (and "" for a spec for every type): once each
+  std::shared_ptr<kernels::CodecConfig> every_type;
   while (at < spec.size()) {
     const size_t semi = spec.find(';', at);
     const std::string entry = spec.substr(at, semi == std::string::npos ? std::string::npos : semi - at);
@@ -128,8 +131,10 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes, const std::s
       if (types.empty())
         fail(qcclInvalidArgument, "%s: '%s' is not a datatype codecs take (float, half, bfloat16)", from, type.c_str());
       codec_spec = entry.substr(eq + 1);
+      if (!named.insert(type).second) fail(qcclInvalidArgument, "%s: '%s' is given twice", from, type.c_str());
     } else {
       for (const auto& type : kTypes) types.push_back(type.second);
+      if (!named.insert("").second) fail(qcclInvalidArgument, "%s: two specs for every datatype", from);
     }
     std::shared_ptr<kernels::CodecConfig> codec;
     try {
@@ -144,11 +149,16 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes, const std::s
     plain.kind = coll::CollKind::kAllReduce, plain.count = 1, plain.nranks = 2, plain.codec = codec.get();
     plain.dtype = types.front(), plain.op = kernels::RedOp::kSum;
     if (!method) fail(qcclInvalidArgument, "%s: '%s' has no method", from, codec_spec.c_str());
-    if (auto refusal = method->refuse(plain, nullptr, /*aggregators=*/1))
+    if (auto refusal = method->refuse(plain, nullptr, aggregators))
       fail(qcclInvalidArgument, "%s: '%s' cannot compress plain qcclAllReduce calls: %s", from, codec_spec.c_str(),
            refusal->message.c_str());
-    for (kernels::DataType t : types) by_type_[t] = codec;
+    if (eq != std::string::npos && (colon == std::string::npos || eq < colon))
+      by_type_[types.front()] = codec;
+    else
+      every_type = codec;
   }
+  if (every_type)  // the types no TYPE=SPEC names, wherever it stands
+    for (const auto& type : kTypes) by_type_.emplace(type.second, every_type);
 }
 
 const kernels::CodecConfig* CodecPolicy::choose(const coll::CollArgs& args) const {

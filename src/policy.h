@@ -38,10 +38,12 @@ class AlgorithmPolicy {
 class CodecPolicy {
  public:
   // spec: "" (off) | "SPEC" (float, half and bfloat16) | "TYPE=SPEC[;TYPE=SPEC...]" with TYPE one of
-  // float, half, bfloat16. Throws Error(qcclInvalidArgument) naming the bad token; ef=on and sign are
-  // refused (a plain call has no codec state to keep a residual or compensation in). Messages name
-  // `source`, where spec came from.
-  CodecPolicy(const std::string& spec, size_t min_bytes, const std::string& source = "QCCL_CODEC");
+  // float, half, bfloat16, and at most one SPEC for the types no TYPE=SPEC names. Throws
+  // Error(qcclInvalidArgument) naming the bad token, a TYPE given twice, or a codec whose method
+  // refuses a plain call: ef=on and sign (no codec state to keep a residual or compensation in),
+  // agg=switch without `aggregators`. Messages name `source`, where spec came from.
+  CodecPolicy(const std::string& spec, size_t min_bytes, const std::string& source = "QCCL_CODEC",
+              int aggregators = 0);
   // The codec for these arguments, or null.
   const kernels::CodecConfig* choose(const coll::CollArgs& args) const;
   std::string describe() const;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "collectives/intsgd.h"
+#include "collectives/intsgd_schedule.h"
 #include "collectives/ring.h"
 #include "kernels/codec.h"
 #include "kernels/int_codec.h"
@@ -285,6 +286,18 @@ TEST_CASE("IntSGD: NaN or Inf on one rank is never summed: its fragment is NaN o
       }
     }
   }
+}
+
+TEST_CASE("IntSGD: an adaptive alpha past float32's range is held to its normal numbers, never 0 or Inf",
+          "[intsgd]") {
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("int8:eps=1e150");  // the largest eps
+  coll::IntsgdMemory memory;
+  memory.r = 1, memory.has_r = true;
+  // sqrt(100) / 1e150 is 0 in float32: every output was then 0/0.
+  CHECK(coll::intsgd_round(codec, &memory, 0, 100, 2).alpha == std::numeric_limits<float>::min());
+  memory.r = 0;  // gradients all zero: sqrt(d) / eps, a finite alpha again
+  const kernels::CodecConfig tiny = kernels::parse_codec_spec("int8:eps=1e-300");
+  CHECK(coll::intsgd_round(tiny, &memory, 0, 100, 2).alpha == std::numeric_limits<float>::max());
 }
 
 TEST_CASE("IntSGD: the exact round is the float ring all-reduce, with float bytes", "[intsgd]") {

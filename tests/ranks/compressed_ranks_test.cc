@@ -245,6 +245,14 @@ TEST_CASE("QCCL_CODEC policy: plain all-reduce calls above the threshold are com
              Catch::Contains("cannot compress plain qcclAllReduce calls: state is NULL but codec"));
   // The message names the field the spec came from, not the environment variable.
   CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("config->codec: "));
+  // A datatype named twice (the last one won, silently); IntSGD's switch sums with no aggregator (every
+  // large plain all-reduce then failed: no algorithm could run it).
+  config.codec = "float=q8;float=q2";
+  CHECK(qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("config->codec: 'float' is given twice"));
+  config.codec = "int8:alpha=10,agg=switch";
+  CHECK(qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("cannot compress plain qcclAllReduce calls"));
   config.codec = nullptr;
   config.algorithms = "allreduce=bogus";
   CHECK(qcclCommInitRankConfig(&comm, w.size(), id, w.rank(), &config) == qcclInvalidArgument);
