@@ -406,8 +406,8 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  * default nearest; stochastic rounding is unbiased; shift is QSDP's quantization by random shift, one
  * uniform per bucket shared by its values, unbiased too), levels=l0/l1/.../lK (q only: 2^N learned levels in
  * [0, 1], strictly increasing, from 0 to 1, in place of evenly spaced ones; qcclCodecLearnLevels
- * fits them; host memory only), ef=on|off (error feedback, not sign; needs a codec
- * state; default off), seed=S (keys the random rounding and merging; default 0); for sign:
+ * fits them; host memory only), ef=on|off (error feedback, not sign nor q1, whose error does not
+ * shrink its input; needs a codec state; default off), seed=S (keys the random rounding and merging; default 0); for sign:
  * eta_s=E (required: the magnitude of a sign round's update), k=K (every K-th round, t = 0
  * included, is a full-precision average; 0 = never; default 100), topology=ring|torus:RxC (default
  * ring; R * C must be the rank count; ranks sit row-major); for int8, int16, int32:

@@ -331,6 +331,7 @@ TEST_CASE("codec spec errors name the bad token", "[codec][spec]") {
   CHECK_THAT(error_of("int8:alpha0=1e-300"), Contains("'alpha0=1e-300': alpha0 must be a positive normal"));
   CHECK_THAT(error_of("int8:eps=1e200"), Contains("'eps=1e200': eps must be at most 1e150"));
   CHECK(spec("int8:beta=0.0").beta == 0.0);  // 0 is in beta's range however it is written
+  CHECK_THAT(error_of("q1:ef=on,round=stochastic"), Contains("q1 with ef=on") && Contains("diverges"));
   CHECK_THAT(error_of("int8:alpha=fast"), Contains("alpha=fast"));
   CHECK_THAT(error_of("int8:beta=1"), Contains("beta=1"));
   CHECK_THAT(error_of("int8:beta=-0.5"), Contains("beta=-0.5"));
