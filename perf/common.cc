@@ -536,6 +536,7 @@ void Bench::run() {
   std::vector<std::pair<std::string, qcclCodec_t>> codecs = codecs_;
   if (codecs.empty()) codecs.emplace_back("", nullptr);
   for (int cycle = 0; opt_.cycles == 0 || cycle < opt_.cycles; ++cycle) {
+    int cycle_sweeps = 0;
     for (const auto& [spec, codec] : codecs) {
       codec_ = codec;
       sign_codec_ = spec.rfind("sign", 0) == 0;
@@ -565,7 +566,10 @@ void Bench::run() {
                     : (sign_codec_ || int_codec_ || fft_codec_) && !test_.all_reduce_codecs ? "an all-reduce (all_reduce_perf)"
                     : sign_codec_                                          ? "float with op avg"
                                                                             : "float, half or bfloat16 with op sum or avg");
+      cycle_sweeps += sweeps;
     }
+    // A run that measured nothing is no pass (and with -N 0 it would print that line forever).
+    if (cycle_sweeps == 0) throw UsageError("no --codec fits this benchmark's datatypes and ops: nothing was run");
   }
 }
 
@@ -840,10 +844,21 @@ double Bench::reduce_time(double seconds) {
 }
 
 // nccl-tests' footer; QCCL_TESTS_MIN_BW (or NCCL_TESTS_MIN_BW) fails the run below 90% of it.
+// QCCL_TESTS_MIN_BW (or NCCL_TESTS_MIN_BW) in GB/s; -1 when unset or empty.
+double min_bus_bandwidth() {
+  const char* name = "QCCL_TESTS_MIN_BW";
+  const char* env = std::getenv(name);
+  if (!env || !*env) env = std::getenv(name = "NCCL_TESTS_MIN_BW");
+  if (!env || !*env) return -1;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  if (*end || !(v >= 0) || !std::isfinite(v))
+    throw UsageError(std::string(name) + " = '" + env + "' is not a bandwidth in GB/s");
+  return v;
+}
+
 int Bench::finish() {
-  const char* env = std::getenv("QCCL_TESTS_MIN_BW");
-  if (!env) env = std::getenv("NCCL_TESTS_MIN_BW");
-  const double min_bw = env ? std::atof(env) : -1;
+  const double min_bw = min_bus_bandwidth();
   const double avg_bw = bw_count_ ? bw_sum_ / bw_count_ : 0;
   const bool bw_failed = min_bw != -1 && avg_bw < 0.9 * min_bw;
   if (printer()) {
@@ -871,6 +886,7 @@ int run_benchmark(int argc, char** argv, const CollTest& test) {
   }
   Bench bench(test, options);
   try {
+    min_bus_bandwidth();  // refused before anything runs
     bench.init();
     bench.print_preamble();
     bench.run();

@@ -80,8 +80,9 @@ DESCRIPTION
     "qcclrun: rank R exited with status S" (or "... was killed by signal SIGNAME"), sends SIGTERM to
     the process groups of the other ranks, SIGKILL after the grace period, and exits with that rank's
     status. When a rank's main process exits, anything it left running in its process group is killed.
-    SIGINT, SIGTERM and SIGHUP sent to qcclrun are forwarded to every rank (a second one sends SIGKILL
-    at once). The network of --netem and --nodes is removed in every case.
+    SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGALRM sent to qcclrun are forwarded to
+    every rank (a second one sends SIGKILL at once). The network of --netem and --nodes is removed in
+    every case but qcclrun's own SIGKILL (then by the next --netem job, or --cleanup).
 
 OPTIONS
     -n, -np, --np N     Number of ranks, 1 to 4096. Required.
@@ -149,7 +150,7 @@ EXIT STATUS
     124       the --timeout expired
     125       qcclrun itself failed: bad usage, not root for --netem, the network could not be built
     126, 127  (from a rank) PROGRAM could not be executed / was not found
-    129, 130, 143  qcclrun received SIGHUP, SIGINT or SIGTERM
+    128+n     qcclrun received signal n (129 SIGHUP, 130 SIGINT, 131 SIGQUIT, 143 SIGTERM, ...)
 
 NETWORK EMULATION
     --netem and --nodes build, for job PID, a hub namespace qccl<PID>hub holding bridge br0 and, for
@@ -857,11 +858,15 @@ pid_t start_aggregator(int k, Netem* netem, bool verbose, std::string* address) 
   return pid;
 }
 
+// The signals that would end qcclrun by default and that it can catch: each stops the job, whose
+// network is then removed (SIGKILL alone cannot be caught; the next --netem job or --cleanup removes it).
+constexpr int kTerminationSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM};
+
 // The termination signal waiting in the blocked set, or 0.
 int pending_termination_signal() {
   sigset_t pending;
   sigpending(&pending);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP})
+  for (int sig : kTerminationSignals)
     if (sigismember(&pending, sig)) return sig;
   return 0;
 }
@@ -899,7 +904,8 @@ int main(int argc, char** argv) {
   // From here on, termination signals are events of the main loop (and end a network setup early).
   sigset_t handled;
   sigemptyset(&handled);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled, sig);
+  sigaddset(&handled, SIGCHLD);
+  for (int sig : kTerminationSignals) sigaddset(&handled, sig);
   sigprocmask(SIG_BLOCK, &handled, nullptr);
   int sigfd = signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sigfd < 0) {

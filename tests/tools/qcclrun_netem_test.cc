@@ -155,19 +155,21 @@ TEST_CASE("--netem removes its namespaces when a rank fails or qcclrun is interr
     CHECK(r.seconds < 10);
     CHECK(namespaces_of(job.pid()).empty());
   }
-  SECTION("SIGINT") {
-    Qcclrun job({"--netem", "100mbit", "-n", "2", "sh", "-c", "echo ready; exec sleep 60"});
-    size_t seen = 0;
-    RunResult r = job.wait(20, [&](const std::string& out) {
-      if (seen == 0 && count(out, "ready") == 2) {
-        seen = namespaces_of(job.pid()).size();
-        kill(job.pid(), SIGINT);
-      }
-    });
-    CHECK(r.status == 130);
-    CHECK(r.seconds < 10);
-    CHECK(seen == 3);
-    CHECK(namespaces_of(job.pid()).empty());
+  for (int sig : {SIGINT, SIGQUIT}) {  // SIGQUIT (Ctrl-\ at a terminal) left the namespaces behind
+    SECTION(std::string("signal ") + std::to_string(sig)) {
+      Qcclrun job({"--netem", "100mbit", "-n", "2", "sh", "-c", "echo ready; exec sleep 60"});
+      size_t seen = 0;
+      RunResult r = job.wait(20, [&](const std::string& out) {
+        if (seen == 0 && count(out, "ready") == 2) {
+          seen = namespaces_of(job.pid()).size();
+          kill(job.pid(), sig);
+        }
+      });
+      CHECK(r.status == 128 + sig);
+      CHECK(r.seconds < 10);
+      CHECK(seen == 3);
+      CHECK(namespaces_of(job.pid()).empty());
+    }
   }
 }
 

@@ -180,7 +180,9 @@ TEST_CASE("--timeout stops a job that runs too long", "[qcclrun]") {
 }
 
 TEST_CASE("signals to qcclrun are forwarded and the ranks cleaned up", "[qcclrun]") {
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+  // SIGQUIT, SIGUSR1, SIGUSR2 and SIGALRM took their default action: qcclrun died with its network.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM}) {
+    INFO("signal " << sig);
     Qcclrun job({"-n", "2", "sh", "-c", "echo pid $$; exec sleep 60"});
     bool sent = false;
     RunResult r = job.wait(20, [&](const std::string& out) {
