@@ -4,6 +4,7 @@
 // that name the variable and the value, never silent defaults.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -33,6 +34,9 @@ struct Config {
   size_t codec_min_bytes = 1 << 20;  // QCCL_CODEC_MIN_BYTES
   size_t codec_state_budget = size_t{4} << 30;  // QCCL_CODEC_STATE_BUDGET
   std::string aggregators;         // QCCL_AGGREGATORS: host:port,... of IntSGD's aggregator processes
+  int aggregator_count() const {   // how many it names
+    return aggregators.empty() ? 0 : 1 + static_cast<int>(std::count(aggregators.begin(), aggregators.end(), ','));
+  }
   std::string node_map;            // QCCL_NODE_MAP: node label per rank (src/node_map.h); empty: by host
   int oversubscribed = -1;         // QCCL_OVERSUBSCRIBED: 0 or 1; -1 = detect (ranks of this host > its CPUs)
   uint64_t link_rate_bits = 0;     // QCCL_LINK_RATE, bit/s; 0 = unknown

@@ -41,7 +41,7 @@ bool print_environment(FILE* out) {
     if (AutoCodec::is_auto(config.codec))
       const AutoCodec codec(config.codec, 2);
     else
-      const CodecPolicy codec(config.codec, config.codec_min_bytes);
+      const CodecPolicy codec(config.codec, config.codec_min_bytes, config.codec_from, config.aggregator_count());
   } catch (const Error& e) {
     std::fprintf(out, "# invalid here: %s\n", e.what());
     return false;

@@ -90,8 +90,7 @@ void drain(int fd) {
 Comm::Comm(int rank, int nranks, const Config& config)
     : rank_(rank), nranks_(nranks), config_(config), policy_(config.algorithms, config.algorithms_from),
       codec_policy_(AutoCodec::is_auto(config.codec) ? "" : config.codec, config.codec_min_bytes, config.codec_from,
-                    config.aggregators.empty() ? 0 : 1 + static_cast<int>(std::count(config.aggregators.begin(),
-                                                                                     config.aggregators.end(), ','))),
+                    config.aggregator_count()),
       auto_codec_(AutoCodec::is_auto(config.codec)
                       ? std::make_unique<AutoCodec>(config.codec, nranks, config.codec_from)
                       : nullptr),
