@@ -510,7 +510,8 @@ QCCL_API qcclResult_t qcclCodecStoreGet(qcclCodecStore_t store, uint64_t key, si
 QCCL_API qcclResult_t qcclCodecStoreErase(qcclCodecStore_t store, uint64_t key);
 /* A checkpoint of the whole store (every key's state, versioned): Size, then Save into that many
  * bytes. Load replaces the store's contents with a checkpoint's (of this release or an earlier
- * one): handles follow their keys; those of keys the checkpoint lacks act as erased. The restored
+ * one): handles follow their keys; those of keys the checkpoint lacks act as erased. While a call on
+ * any key is in flight, Load (as Save) is qcclInvalidUsage. The restored
  * states are charged before the old ones are freed. A corrupt buffer is qcclInvalidArgument and
  * leaves the store as it was. */
 QCCL_API qcclResult_t qcclCodecStoreSize(qcclCodecStore_t store, size_t* bytes);

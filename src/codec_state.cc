@@ -371,6 +371,11 @@ void CodecStore::load(const void* buffer, size_t bytes) {
   if (checksum(data + 8, covered - 8) != r.get<uint64_t>())
     fail(qcclInvalidArgument, "codec store checkpoint checksum does not match");
   std::lock_guard<std::mutex> lock(mu_);
+  // As a state's own load: a call on a key's old state would go on updating what the store dropped.
+  for (const auto& [key, state] : states_)
+    if (const int calls = state->calls_in_flight())
+      fail(qcclInvalidUsage, "key %llu: a checkpoint's load while %d calls on its state are in flight (qcclWait for "
+           "them first)", static_cast<unsigned long long>(key), calls);
   states_.swap(restored);
 }
 

@@ -160,6 +160,24 @@ TEST_CASE("keyed states: checkpoints wait for no call, and a store's save never 
   QCCL_REQUIRE_OK(qcclCodecStateLoad(state, checkpoint.data(), bytes));  // done: allowed
   QCCL_REQUIRE_OK(qcclCodecStateDestroy(state));
   QCCL_REQUIRE_OK(qcclCodecStateDestroy(fresh));
+  {
+    // The same for a store's load (it went through: the call updated a state the store had dropped).
+    Store keyed(w.comm(), 0);
+    qcclCodecState_t on_key = nullptr;
+    QCCL_REQUIRE_OK(qcclCodecStoreGet(keyed.handle, 7, kCount, &on_key));
+    size_t store_bytes = 0;
+    QCCL_REQUIRE_OK(qcclCodecStoreSize(keyed.handle, &store_bytes));
+    std::vector<uint8_t> empty_store(store_bytes);
+    QCCL_REQUIRE_OK(qcclCodecStoreSave(keyed.handle, empty_store.data(), store_bytes));
+    QCCL_REQUIRE_OK(qcclGroupStart());
+    QCCL_REQUIRE_OK(qcclIAllReduceCompressed(x.data(), y.data(), kCount, qcclFloat32, qcclSum, ef.handle, on_key,
+                                             w.comm(), &request));
+    CHECK(qcclCodecStoreLoad(keyed.handle, empty_store.data(), store_bytes) == qcclInvalidUsage);
+    CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("key 7: a checkpoint's load while 1 calls"));
+    QCCL_REQUIRE_OK(qcclGroupEnd());
+    QCCL_REQUIRE_OK(qcclWait(&request));
+    QCCL_REQUIRE_OK(qcclCodecStoreLoad(keyed.handle, empty_store.data(), store_bytes));  // done: allowed
+  }
 
   // One thread adds (and erases) keys while another sizes the store and saves into exactly that
   // many bytes: the save fits, or is refused naming the size; the bytes after the buffer are untouched.
