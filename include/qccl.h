@@ -356,11 +356,11 @@ QCCL_API qcclResult_t qcclGroupEnd(void);
  * not) run in the order they were called, one pipeline for them all: the next one starts as soon as
  * the one before has started its last chunk, so back-to-back calls keep the pipeline full. Their
  * requests also complete in call order: when a collective's request has completed, so have those of
- * every collective called before it on the communicator. Unlike work on a CUDA stream, a call may
- * read its buffers before the one before it has finished writing its own: calls in flight together
- * must not share a buffer that one of them writes (in place on one buffer, for instance: wait for
- * the first request before the next call). A call's QCCL_TIMEOUT counts from when it
- * starts, not from when it was called. Point-to-point calls (qcclSend/qcclRecv, qcclISend/qcclIRecv)
+ * every collective called before it on the communicator. As on a stream, a collective whose buffers
+ * an older one still running writes (or reads, where this one writes) starts when that one has
+ * finished: calls on one buffer back to back, in place or not, see each other's results; calls on
+ * other buffers overlap. A call's QCCL_TIMEOUT counts from when it starts, not from when it was
+ * called. Point-to-point calls (qcclSend/qcclRecv, qcclISend/qcclIRecv)
  * are not ordered: each progresses as soon as it is started, beside the collectives and the other
  * point-to-point calls, in any completion order (so ranks may post them in different orders). */
 QCCL_API qcclResult_t qcclIAllReduce(const void* sendbuff, void* recvbuff, size_t count,

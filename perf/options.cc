@@ -205,8 +205,9 @@ OPTIONS
     -z, --blocking N         how the -n timed operations are issued (default 0):
                                0  qcclI* calls back to back, then qcclWait on every request: nccl-tests'
                                   -z 0 (launch on a stream, synchronize once). qccl runs them in call
-                                  order as a stream does, with the pipeline kept full across
-                                  operation boundaries.
+                                  order as a stream does; on these same buffers each waits for the
+                                  one before (calls on other buffers keep the pipeline full across
+                                  operation boundaries).
                                1  blocking calls, each followed by a barrier that is timed
                                   (nccl-tests -z 1: wait and barrier after each operation)
                                2  blocking calls back to back, no barrier (nccl-tests -z 2)

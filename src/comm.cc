@@ -24,6 +24,7 @@
 #include "kernels/reduce.h"
 #include "src/link_probe.h"
 #include "src/node_map.h"
+#include "src/validate.h"
 
 namespace qccl {
 
@@ -972,7 +973,7 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       Execution& op = *record->operation;
       const bool ordered = !op.identity().p2p;
       if (!ordered && !op.started() && waits_for_its_state(i)) continue;  // a delta call behind another on its store
-      if (ordered && !op.started() && (!open || slots == 0 || waits_for_its_state(i))) {
+      if (ordered && !op.started() && (!open || slots == 0 || waits_for_its_state(i) || waits_for_its_buffers(i))) {
         open = false;  // every later collective waits behind this one
         older_undone = true;
         // Nothing after it can start, and only a point-to-point call could move: with hundreds of
@@ -1110,6 +1111,23 @@ bool Comm::waits_for_its_state(size_t index) const {
   if (!record->serial || record->operation->started()) return false;
   for (size_t j = 0; j < index; ++j)
     if (driving_[j]->serial == record->serial && !driving_[j]->done.load(std::memory_order_relaxed)) return true;
+  return false;
+}
+
+// A collective not started yet whose buffers an older one still running writes (or reads, where this
+// one writes): it starts when that one has finished (the pipeline would have them side by side).
+// The device executor's stream orders device calls itself.
+bool Comm::waits_for_its_buffers(size_t index) const {
+  const OpRecord& record = *driving_[index];
+  if (record.on_device) return false;
+  const BufferUse mine = buffer_use(record.args);
+  for (size_t j = 0; j < index; ++j) {
+    const OpRecord& older = *driving_[j];
+    if (older.on_device || older.done.load(std::memory_order_relaxed) || older.operation->identity().p2p ||
+        older.operation->finished())
+      continue;
+    if (must_wait_for(buffer_use(older.args), mine)) return true;
+  }
   return false;
 }
 

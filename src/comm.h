@@ -185,6 +185,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void wait_for_events(bool progress_thread, std::chrono::microseconds timeout, bool transport);
   void progress_thread_main();
   bool waits_for_its_state(size_t index) const;  // index into driving_: an older call on its `serial`
+  bool waits_for_its_buffers(size_t index) const;  // ... an older collective using its buffers
   void check_timeouts();
   void take_scratch(OpRecord& record);  // before the record's operation first advances
   void finish(OpRecord& record, qcclResult_t result, const std::string& message);

@@ -52,6 +52,38 @@ void check_in_place(const Buf& a, const Buf& b, const void* in_place_a, const ch
 
 }  // namespace
 
+BufferUse buffer_use(const coll::CollArgs& a) {
+  const size_t block = a.count * a.element_size(), all = block * static_cast<size_t>(a.nranks);
+  const bool root = a.rank == a.root;
+  BufferUse u;
+  auto use = [&](size_t read, size_t written) {
+    u.read = read ? a.sendbuf : nullptr, u.read_bytes = read;
+    u.written = written ? a.recvbuf : nullptr, u.written_bytes = written;
+  };
+  switch (a.kind) {
+    case CollKind::kAllReduce: use(block, block); break;
+    case CollKind::kBroadcast: use(root ? block : 0, block); break;
+    case CollKind::kReduce: use(block, root ? block : 0); break;
+    case CollKind::kAllGather: use(block, all); break;
+    case CollKind::kReduceScatter: use(all, block); break;
+    case CollKind::kAlltoAll: use(all, all); break;
+    case CollKind::kGather: use(block, root ? all : 0); break;
+    case CollKind::kScatter: use(root ? all : 0, block); break;
+    case CollKind::kSend: use(block, 0); break;
+    case CollKind::kRecv: use(0, block); break;
+  }
+  return u;
+}
+
+bool must_wait_for(const BufferUse& earlier, const BufferUse& later) {
+  auto hits = [](const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+    return a_bytes && b_bytes && overlap(a, a_bytes, b, b_bytes);
+  };
+  return hits(earlier.written, earlier.written_bytes, later.read, later.read_bytes) ||
+         hits(earlier.written, earlier.written_bytes, later.written, later.written_bytes) ||
+         hits(earlier.read, earlier.read_bytes, later.written, later.written_bytes);
+}
+
 coll::CollArgs validate_call(const RawCall& c, int rank, int nranks) {
   coll::CollArgs a;
   a.kind = c.kind;

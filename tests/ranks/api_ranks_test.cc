@@ -429,6 +429,30 @@ TEST_CASE("non-blocking: a completion thread waits on requests while the caller 
   }
 }
 
+TEST_CASE("non-blocking: back-to-back calls on one buffer wait for each other, as on a stream", "[ranks]") {
+  World& w = World::get();
+  qcclComm_t comm = small_chunk_comm();  // many fragments: the next call would start while one runs
+  const int64_t n = w.size();
+  const size_t count = 20011;
+  std::vector<int64_t> x(count), y(count, -1);
+  for (size_t i = 0; i < count; ++i) x[i] = w.rank() + static_cast<int64_t>(i % 5);
+  // Four in place on x, then one that reads x into y and one that writes x again from y: each must
+  // see the one before complete (they read garbage, and ranks disagreed, when they overlapped).
+  std::vector<qcclRequest_t> requests(6, nullptr);
+  for (int k = 0; k < 4; ++k)
+    QCCL_REQUIRE_OK(qcclIAllReduce(x.data(), x.data(), count, qcclInt64, qcclSum, comm, &requests[k]));
+  QCCL_REQUIRE_OK(qcclIAllReduce(x.data(), y.data(), count, qcclInt64, qcclSum, comm, &requests[4]));
+  QCCL_REQUIRE_OK(qcclIBroadcast(y.data(), x.data(), count, qcclInt64, 0, comm, &requests[5]));
+  for (auto it = requests.rbegin(); it != requests.rend(); ++it) QCCL_REQUIRE_OK(qcclWait(&*it));
+  size_t wrong = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t first = n * (n - 1) / 2 + n * static_cast<int64_t>(i % 5);  // the first sum
+    const int64_t expected = first * n * n * n * n;                             // four more
+    wrong += y[i] != expected || x[i] != expected;
+  }
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("two communicators used at once", "[ranks]") {
   World& w = World::get();
   qcclComm_t other = small_chunk_comm();
