@@ -547,7 +547,9 @@ QCCL_API qcclResult_t qcclCodecStoreLoad(qcclCodecStore_t store, const void* buf
  * (1/(2 alpha) with round=nearest). A state is needed unless alpha is fixed; its first round is an
  * exact float all-reduce unless alpha0 is given. qcclCommGetLastStats reports alpha, the values
  * clipped and the largest integer sum. A NaN or Inf input is never summed: that chunk is NaN on every
- * rank, the call returns qcclNonFinite everywhere, and alpha's moving average is left as it was. */
+ * rank, the call returns qcclNonFinite everywhere, and alpha's moving average is left as it was. An
+ * output beyond float16's (bfloat16's) range is +-Inf there, as an uncompressed sum's would be, and
+ * is not reported: the integers summed were finite. */
 QCCL_API qcclResult_t qcclAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count,
                                               qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                               qcclCodecState_t state, qcclComm_t comm);
