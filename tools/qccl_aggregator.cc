@@ -87,6 +87,9 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage_error("option '" + arg + "' needs a value");
       return argv[++i];
     };
+    const bool flag = arg == "-v" || arg == "--verbose" || arg == "-h" || arg == "--help";
+    if (flag && eq != std::string::npos && arg.compare(0, 2, "--") == 0)
+      usage_error("option '" + arg + "' takes no value");  // --verbose=no turned verbose on
     if (arg == "--listen") o.listen = take();
     else if (arg == "--slots") o.slots = static_cast<size_t>(number(arg, take(), 1, 1 << 20));
     else if (arg == "--receives") o.receives = static_cast<int>(number(arg, take(), 1, 1024));
