@@ -13,6 +13,7 @@
 #include "kernels/reduce.h"
 #include "src/auto_codec.h"
 #include "src/device.h"
+#include "src/launch_env.h"
 #include "src/policy.h"
 
 namespace qccl {
@@ -37,6 +38,7 @@ bool print_environment(FILE* out) {
   // What a communicator made here would refuse (as qcclCommInitRank would, naming the variable).
   try {
     const Config config = Config::from_environment();
+    launch_magic(read_launch_environment());  // qcclCommInitEnv's variables: QCCL_RANK, QCCL_ROOT, ...
     const AlgorithmPolicy algorithms(config.algorithms);
     if (AutoCodec::is_auto(config.codec))
       const AutoCodec codec(config.codec, 2);
