@@ -106,20 +106,18 @@ void validate(Call& call) {
 // (wrapping as unsigned), half and bfloat16 round the float product once (the product of two 16-bit
 // values is exact in float, so this is the datatype's own multiply).
 template <typename T>
-void scale_int(const void* in, void* out, size_t n, const void* scalar) {
-  using U = std::make_unsigned_t<T>;
-  T value;
-  std::memcpy(&value, scalar, sizeof(T));
-  const U s = static_cast<U>(value);
-  for (size_t i = 0; i < n; ++i)
-    static_cast<T*>(out)[i] = static_cast<T>(static_cast<U>(static_cast<const T*>(in)[i]) * s);
-}
-
-template <typename T>
 T scalar_of(const void* scalar) {
   T value;
   std::memcpy(&value, scalar, sizeof(T));
   return value;
+}
+
+template <typename T>
+void scale_int(const void* in, void* out, size_t n, const void* scalar) {
+  using U = std::make_unsigned_t<T>;
+  const U s = static_cast<U>(scalar_of<T>(scalar));
+  for (size_t i = 0; i < n; ++i)
+    static_cast<T*>(out)[i] = static_cast<T>(static_cast<U>(static_cast<const T*>(in)[i]) * s);
 }
 
 void scale(ncclDataType_t t, const void* in, void* out, size_t n, const void* scalar) {
