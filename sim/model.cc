@@ -96,7 +96,7 @@ double parse_rate(const std::string& text) {
                "' (bits per second: bit, kbit, mbit, gbit, tbit as tc, or bit/s, Mbit/s, Gb/s; bytes per second: "
                "B/s, KB/s, MB/s, GB/s, TB/s, KiB/s .. TiB/s, or tc's bps, mbps, gbps)");
   const double bits = v * bits_per_unit;
-  if (!(bits >= 1e3 && bits <= 1e15)) return bad("out of range (1 kbit/s to 1 Pbit/s)");
+  if (!(bits >= 1e3 && bits <= 1e15)) return bad("out of range (1 kbit/s to 1000 Tbit/s)");
   return bits / 8;
 }
 

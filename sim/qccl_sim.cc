@@ -13,6 +13,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/config.h"
@@ -26,6 +27,8 @@
 #include "sim/simulator.h"
 
 namespace {
+
+constexpr size_t kExecuteBytes = size_t{4} << 30;  // --execute's buffers for all ranks together
 
 using namespace qccl;
 using namespace qccl::sim;
@@ -75,7 +78,7 @@ OPTIONS
                             (Ethernet), netem:RATE (qcclrun --netem RATE), nvlink, or a rate
                             with its unit: tc's (40gbit, 1gibit; 125mbps is 125 MB/s, as for
                             tc and qcclrun) or per second, B for bytes and b or bit for bits
-                            (12.5GB/s, 100Mb/s, 40Gbit/s); 1 kbit/s to 1 Pbit/s. Default: the
+                            (12.5GB/s, 100Mb/s, 40Gbit/s); 1 kbit/s to 1000 Tbit/s. Default: the
                             model's (10gbit). A link given here or by the model file's
                             inter.rate is told to the library, as QCCL_LINK_RATE tells it
         --intra L           the link between ranks of one host (default: the model's, 10 GB/s)
@@ -99,13 +102,13 @@ OPTIONS
         --chunk SIZE        pipeline chunk (QCCL_CHUNK_BYTES, 64 to 1G; default 256K, or where
                             the link is told (-l, or the model file's inter.rate) the chunk qccl
                             takes when QCCL_LINK_RATE names that link, as qcclrun --netem sets
-                            it: 5 ms of the link, 16K to 256K; 1M from 10gbit)
+                            it: 5 ms of the link, 16K to 256K; 1M from 8gbit)
         --depth D           fragments in flight (QCCL_PIPELINE_DEPTH; default 2)
         --density X         variable-length codecs (fft): the share of their capacity an encoding
                             takes, in (0, 1] (default 1)
         --execute           also run each call with real data on an in-process network (the host
                             executor and kernels) and compare the bytes on every link; sizes up to
-                            64 MiB per rank
+                            64 MiB per rank and 4 GiB of buffers for all ranks (2 x size x ranks)
         --break-even        for each codec, also the link rate between hosts below which it is
                             faster than the uncompressed call (the same size, ranks and CPU; the
                             uncompressed call with the algorithm qccl picks; where the link is
@@ -603,11 +606,16 @@ int main(int argc, char** argv) {
     bool file_rate = false;
     if (!o.model_file.empty()) model = load_model(o.model_file, model, &file_rate);
     link_told |= file_rate;
-    std::string source;
-    if (!o.link.empty()) model.inter = parse_link(o.link, &source);
-    if (!o.intra.empty()) model.intra = parse_link(o.intra, &source);
   } catch (const std::invalid_argument& e) {
     usage_error(e.what());
+  }
+  std::string source;
+  for (auto [option, text, link] : {std::tuple{"--link", &o.link, &model.inter}, {"--intra", &o.intra, &model.intra}}) {
+    try {
+      if (!text->empty()) *link = parse_link(*text, &source);
+    } catch (const std::invalid_argument& e) {
+      usage_error(std::string(option) + ": " + e.what());  // the message names the rate, not the option
+    }
   }
   if (o.latency >= 0) model.inter.latency = o.latency;
   if (link_told) tell_link(model, o.chunk_given, &o.call);
@@ -664,8 +672,11 @@ int main(int argc, char** argv) {
                 << r.algorithm << "," << r.seconds * 1e6 << "," << algbw << "," << algbw * bus_factor(call.kind, n)
                 << "," << r.inter_bytes << "," << r.intra_bytes << "," << r.bottleneck << "," << r.transfers << "\n";
           if (o.execute) {
-            if (static_cast<double>(size) > 64.0 * (1 << 20)) {
-              std::printf("  # --execute skipped: %zu bytes is above its 64 MiB\n", size);
+            // Every rank's buffers live in this process: about 2 x size x ranks bytes.
+            if (static_cast<double>(size) > 64.0 * (1 << 20) ||
+                2.0 * static_cast<double>(size) * n > static_cast<double>(kExecuteBytes)) {
+              std::printf("  # --execute skipped: %zu bytes on %d ranks is above its 64 MiB per rank or 4 GiB in all\n",
+                          size, n);
               continue;
             }
             const auto executed = execute(topology, call);
