@@ -75,6 +75,7 @@ size_t recv_elements(const CallSpec& call, int n) {
 namespace {
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
+constexpr double kMaxProgramBytes = 4.0 * (1 << 30);  // what the ranks' fragment programs may hold
 
 // Address space that can be neither read nor written: the simulated buffers (simulator.h).
 class Reservation {
@@ -440,6 +441,16 @@ bool Engine::start_fragment(Rank& k, Slot& s) {
   s.pc = 0;
   k.plan->build(s.fragment, s.scratch, program_);
   compact(program_, &s.ops);
+  // Every rank holds a program per slot: a ring's has 2(n - 1) steps, so n ranks hold O(n^2) of them
+  // (8192 ranks: some 10 GiB). Refused past a bound rather than run the machine out of memory.
+  const double held = static_cast<double>(s.ops.size() * sizeof(Op)) * static_cast<double>(ranks_.size()) *
+                      static_cast<double>(k.slots.size());
+  if (held > kMaxProgramBytes)
+    throw std::runtime_error(format("the plans on %zu ranks would hold %.1f GiB (%zu steps per fragment on each "
+                                    "of %zu slots); the simulator holds up to %.0f GiB: fewer ranks, or an "
+                                    "algorithm of O(log n) steps (recursive doubling, a hierarchical layout)",
+                                    ranks_.size(), held / (1 << 30), s.ops.size(), k.slots.size(),
+                                    kMaxProgramBytes / (1 << 30)));
   result_.steps += program_.steps().size();
   if (s.transfers.size() < program_.transfer_slots()) s.transfers.resize(program_.transfer_slots(), -1);
   return true;
