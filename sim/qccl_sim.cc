@@ -268,18 +268,22 @@ double bus_factor(coll::CollKind kind, int n) {
 
 // Elements per rank for a message of `bytes` (nccl-tests: the whole buffer for allgather and the
 // collectives whose buffers hold a block per rank).
-size_t count_for(coll::CollKind kind, size_t bytes, size_t element_size, int n) {
-  const size_t total = bytes / element_size;
+// How many counts a call's size holds, as nccl-tests: n for the collectives whose count is per rank.
+size_t counts_per_size(coll::CollKind kind, int n) {
   switch (kind) {
     case coll::CollKind::kAllGather:
     case coll::CollKind::kReduceScatter:
     case coll::CollKind::kAlltoAll:
     case coll::CollKind::kGather:
     case coll::CollKind::kScatter:
-      return total / static_cast<size_t>(n);
+      return static_cast<size_t>(n);
     default:
-      return total;
+      return 1;
   }
+}
+
+size_t count_for(coll::CollKind kind, size_t bytes, size_t element_size, int n) {
+  return bytes / element_size / counts_per_size(kind, n);
 }
 
 std::string human_bytes(double b) {
@@ -652,7 +656,7 @@ int main(int argc, char** argv) {
         CallSpec call = o.call;
         call.codec = codec;
         call.count = count_for(call.kind, static_cast<size_t>(bytes), es, n);
-        const size_t size = static_cast<size_t>(bytes) / es * es;
+        const size_t size = call.count * counts_per_size(call.kind, n) * es;  // what the call moves, as nccl-tests
         try {
           std::string codec_name = codec.empty() ? "-" : codec, csv_codec = codec;
           if (AutoCodec::is_auto(codec)) {
