@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -207,7 +208,10 @@ std::vector<std::string> split_codecs(const std::string& list) {
     else
       specs.push_back(piece == "none" ? "" : piece);
   }
-  return specs;
+  std::vector<std::string> once;  // "none," and "q8,q8" name a row once
+  for (const std::string& spec : specs)
+    if (std::find(once.begin(), once.end(), spec) == once.end()) once.push_back(spec);
+  return once;
 }
 
 double parse_real(const char* option, const std::string& value, double lo, double hi) {
@@ -488,8 +492,10 @@ Options parse_options(int argc, char** argv) {
       case 'n': {
         o.ranks.clear();
         std::stringstream list(optarg);
-        for (std::string item; std::getline(list, item, ',');)
-          o.ranks.push_back(parse_count("--ranks", item, 1, 1 << 20));
+        for (std::string item; std::getline(list, item, ',');) {
+          const int n = parse_count("--ranks", item, 1, 1 << 20);
+          if (std::find(o.ranks.begin(), o.ranks.end(), n) == o.ranks.end()) o.ranks.push_back(n);  // a row once
+        }
         if (o.ranks.empty()) usage_error("--ranks: give a count or a comma list");
         break;
       }
