@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "base/config.h"
+#include "base/errors.h"
 #include "kernels/codec.h"
 
 namespace qccl::sim {
@@ -34,14 +35,21 @@ std::string lower(std::string s) {
   return s;
 }
 
-double parse_number(const std::string& what, const std::string& text) {
+// A cost or a time no machine comes near (a second per value, 100 s of latency) is a typo: above
+// `max` a model's times would overflow to "never", which reads as a deadlock.
+double parse_number(const std::string& what, const std::string& text, double max = 1e15) {
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
   if (text.empty() || errno || *end || !std::isfinite(v) || v < 0)
     throw std::invalid_argument(what + " = '" + text + "' is not a number >= 0");
+  if (v > max)
+    throw std::invalid_argument(what + " = '" + text + "' is above " + format("%g", max) + ", more than any machine");
   return v;
 }
+
+constexpr double kMaxSecondsPerValue = 1.0;  // cpu.* and codec steps: per value, per byte or per message
+constexpr double kMaxLatency = 100.0;        // as qccl_sim --latency
 
 }  // namespace
 
@@ -106,7 +114,7 @@ double parse_file_rate(const std::string& what, const std::string& text) {
   if (t.empty() || !(std::isdigit(static_cast<unsigned char>(t.back())) || t.back() == '.')) return parse_rate(t);
   const double bytes = parse_number(what, t);
   if (!(bytes * 8 >= 1e3 && bytes * 8 <= 1e15))
-    throw std::invalid_argument(what + " = " + t + " bytes/s is out of range (1 kbit/s to 1 Pbit/s)");
+    throw std::invalid_argument(what + " = " + t + " bytes/s is out of range (1 kbit/s to 1000 Tbit/s)");
   return bytes;
 }
 
@@ -251,7 +259,7 @@ Model load_model(const std::string& path, const Model& base, bool* inter_rate_gi
         if (field == "rate")
           l.rate = parse_file_rate(what, value);
         else if (field == "latency")
-          l.latency = parse_number(what, value);
+          l.latency = parse_number(what, value, kMaxLatency);
         else if (field == "burst")
           l.burst = parse_number(what, value);
         else if (field == "efficiency") {
@@ -274,7 +282,7 @@ Model load_model(const std::string& path, const Model& base, bool* inter_rate_gi
       else if (key.rfind("intra.", 0) == 0)
         link(m.intra, key.substr(6)), known = true;
       for (const auto& [name, field] : kCpu)
-        if (key == name) m.*field = parse_number(what, value), known = true;
+        if (key == name) m.*field = parse_number(what, value, kMaxSecondsPerValue), known = true;
       if (!known && key.rfind("codec.", 0) == 0) {
         const size_t dot = key.rfind('.');
         const std::string codec = key.substr(6, dot - 6), field = key.substr(dot + 1);
@@ -288,7 +296,7 @@ Model load_model(const std::string& path, const Model& base, bool* inter_rate_gi
         } catch (const kernels::CodecSpecError& e) {
           throw std::invalid_argument(what + ": not a codec spec: " + e.what());
         }
-        m.codecs[codec][field] = parse_number(what, value);
+        m.codecs[codec][field] = parse_number(what, value, kMaxSecondsPerValue);
         known = true;
       }
       if (!known) throw std::invalid_argument(what + ": unknown key");

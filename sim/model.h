@@ -94,7 +94,7 @@ bool link_preset(const std::string& name, LinkClass* out, std::string* source);
 LinkClass parse_link(const std::string& text, std::string* source);
 // A rate in bytes per second, with its unit: tc(8)'s ("10gbit", "1gibit", "125mbps" = 125 MB/s, as
 // qcclrun --netem takes them), or "/s" forms, a capital B counting bytes ("300GB/s", "1.5MiB/s") and
-// "bit" or a small b bits ("40Gbit/s", "100Mb/s"); 1 kbit/s to 1 Pbit/s. Throws
+// "bit" or a small b bits ("40Gbit/s", "100Mb/s"); 1 kbit/s to 1000 Tbit/s. Throws
 // std::invalid_argument naming the text.
 double parse_rate(const std::string& text);
 // "10 Gbit/s", "300 GB/s" for tables.
