@@ -124,7 +124,8 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes, const std::s
     std::string codec_spec = entry;
     std::vector<kernels::DataType> types;
     const size_t eq = entry.find('='), colon = entry.find(':');
-    if (eq != std::string::npos && (colon == std::string::npos || eq < colon)) {  // TYPE=SPEC
+    const bool typed = eq != std::string::npos && (colon == std::string::npos || eq < colon);  // TYPE=SPEC
+    if (typed) {
       const std::string type = entry.substr(0, eq);
       for (const auto& [name, t] : kTypes)
         if (type == name) types.push_back(t);
@@ -152,7 +153,7 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes, const std::s
     if (auto refusal = method->refuse(plain, nullptr, aggregators))
       fail(qcclInvalidArgument, "%s: '%s' cannot compress plain qcclAllReduce calls: %s", from, codec_spec.c_str(),
            refusal->message.c_str());
-    if (eq != std::string::npos && (colon == std::string::npos || eq < colon))
+    if (typed)
       by_type_[types.front()] = codec;
     else
       every_type = codec;
