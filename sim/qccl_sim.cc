@@ -395,7 +395,14 @@ int run_calibrate(int argc, char** argv) {
         out = optarg;
         break;
       case 'z':
-        for (const std::string& s : split_codecs(optarg)) options.codecs.push_back(s.empty() ? "none" : s);
+        for (const std::string& s : split_codecs(optarg)) {
+          try {  // refused now, not after the whole calibration ran
+            if (!s.empty()) kernels::parse_codec_spec(s);
+          } catch (const kernels::CodecSpecError& e) {
+            usage_error(std::string("--codec: ") + e.what());
+          }
+          options.codecs.push_back(s.empty() ? "none" : s);
+        }
         break;
       case 'v':
         options.values = parse_bytes("--values", optarg, 1024, size_t{1} << 28, "values");
