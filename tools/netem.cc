@@ -189,6 +189,27 @@ std::string run_command(const std::vector<std::string>& argv, bool verbose) {
   return "`" + join(argv) + "` failed (" + how + ")" + (err.empty() ? "" : ": " + err);
 }
 
+// Kills what still runs in network namespace `name`: the children a rank started outlive a qcclrun
+// that was SIGKILLed (the parent-death signal reaches the rank's main process only). A process is in
+// it when its /proc/PID/ns/net is the namespace's file (the comparison `ip netns identify` makes).
+void kill_processes_in(const std::string& name, bool verbose) {
+  struct stat ns;
+  if (stat((std::string(kNetnsDir) + "/" + name).c_str(), &ns) != 0) return;
+  DIR* proc = opendir("/proc");
+  if (!proc) return;
+  while (dirent* e = readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (*end || pid <= 0 || pid == getpid()) continue;
+    struct stat in;
+    if (stat(("/proc/" + std::string(e->d_name) + "/ns/net").c_str(), &in) != 0) continue;
+    if (in.st_dev != ns.st_dev || in.st_ino != ns.st_ino) continue;
+    if (verbose) fprintf(stderr, "qcclrun: killing process %ld, left in %s\n", pid, name.c_str());
+    kill(static_cast<pid_t>(pid), SIGKILL);
+  }
+  closedir(proc);
+}
+
 int cleanup_stale_namespaces(bool verbose, std::string* errors) {
   if (g_ip_path.empty()) g_ip_path = find_program("ip");
   DIR* dir = opendir(kNetnsDir);
@@ -212,6 +233,7 @@ int cleanup_stale_namespaces(bool verbose, std::string* errors) {
   std::sort(stale.begin(), stale.end());
   int removed = 0;
   for (const auto& name : stale) {
+    kill_processes_in(name, verbose);
     std::string err = run_command({g_ip_path, "netns", "del", name}, verbose);
     if (err.empty()) {
       removed++;

@@ -116,8 +116,9 @@ OPTIONS
                         switch's backplane: only the ranks' own links limit what they exchange. They
                         are stopped when the ranks have exited.
     --cleanup           Only delete network namespaces (and /run/qccl<PID> boot-id directories) left
-                        behind by qcclrun jobs that no longer run (e.g. after kill -9), then exit.
-                        Needs root.
+                        behind by qcclrun jobs that no longer run (e.g. after kill -9), killing what
+                        still runs in them (a rank's children outlive a SIGKILLed qcclrun), then
+                        exit. Needs root.
     -v, --verbose       Print the network being built, every ip/tc command, and each rank's pid and
                         exit status.
     -h, --help          Print this help and exit.
@@ -164,7 +165,7 @@ NETWORK EMULATION
     apart by boot id (and host name), so the node map shows the emulated hosts, and UCX reaches a rank
     of the same host through shared memory and a rank of another host through tcp over the links. All
     namespaces and the boot-id directory are deleted when the job ends; at start, and with --cleanup,
-    those of dead qcclrun processes are deleted too.
+    those of dead qcclrun processes are deleted too, and the processes left running in them killed.
     Pitfalls: UCX_TLS=sm,tcp,self is set; -x UCX_TLS=tcp,self makes ranks of one host talk through
     their host's link as well (over the veth, shaped once in each direction per host pair). This
     kernel has no netem qdisc, so only the rate is emulated: no added delay or loss, but up to 10 ms of

@@ -2,8 +2,14 @@
 // warns and passes without checking. The namespaces of a job are found by qcclrun's pid.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <string>
+#include <thread>
 
 #include "tests/tools/qcclrun_test_util.h"
 
@@ -199,8 +205,26 @@ TEST_CASE("qcclrun --cleanup removes namespaces of dead qcclrun jobs only", "[qc
   // And the dead job's directory of boot ids goes too.
   const std::string dir = "/run/qccl" + std::to_string(dead);
   REQUIRE(system(("mkdir -p " + dir + " && echo x > " + dir + "/host0.boot_id").c_str()) == 0);
+  // A process left running in the dead job's namespace (a rank's child outlives a SIGKILLed
+  // qcclrun) is killed with it; one in the other namespace is not.
+  auto run_in = [](const std::string& ns) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      execlp("ip", "ip", "netns", "exec", ns.c_str(), "sleep", "60", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  };
+  const pid_t left = run_in(stale), bystander = run_in(other);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // until ip has joined the namespace
   RunResult r = run_qcclrun({"--cleanup"});
   CHECK(r.status == 0);
+  int status = 0;
+  CHECK(waitpid(left, &status, 0) == left);
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+  CHECK(waitpid(bystander, &status, WNOHANG) == 0);  // still running
+  kill(bystander, SIGKILL);
+  waitpid(bystander, nullptr, 0);
   CHECK(namespaces_of(dead).empty());
   CHECK(access(dir.c_str(), F_OK) != 0);
   CHECK(access(("/var/run/netns/" + other).c_str(), F_OK) == 0);
