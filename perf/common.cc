@@ -396,7 +396,7 @@ class Bench {
   void init();
   void print_preamble();
   void run();
-  int finish();
+  int finish(double min_bw);
   void abort();
   int rank() const { return rank_; }
 
@@ -843,7 +843,6 @@ double Bench::reduce_time(double seconds) {
   return opt_.average == 1 ? seconds / nranks_ : seconds;
 }
 
-// nccl-tests' footer; QCCL_TESTS_MIN_BW (or NCCL_TESTS_MIN_BW) fails the run below 90% of it.
 // QCCL_TESTS_MIN_BW (or NCCL_TESTS_MIN_BW) in GB/s; -1 when unset or empty.
 double min_bus_bandwidth() {
   const char* name = "QCCL_TESTS_MIN_BW";
@@ -857,8 +856,8 @@ double min_bus_bandwidth() {
   return v;
 }
 
-int Bench::finish() {
-  const double min_bw = min_bus_bandwidth();
+// nccl-tests' footer; min_bw (min_bus_bandwidth, -1: none) fails the run below 90% of it.
+int Bench::finish(double min_bw) {
   const double avg_bw = bw_count_ ? bw_sum_ / bw_count_ : 0;
   const bool bw_failed = min_bw != -1 && avg_bw < 0.9 * min_bw;
   if (printer()) {
@@ -886,11 +885,11 @@ int run_benchmark(int argc, char** argv, const CollTest& test) {
   }
   Bench bench(test, options);
   try {
-    min_bus_bandwidth();  // refused before anything runs
+    const double min_bw = min_bus_bandwidth();  // refused before anything runs
     bench.init();
     bench.print_preamble();
     bench.run();
-    return bench.finish();
+    return bench.finish(min_bw);
   } catch (const UsageError& e) {  // every rank finds the same one (a root beyond the rank count)
     std::fprintf(stderr, "%s: %s (see --help)\n", prog.c_str(), e.what());
     return 2;  // ~Bench destroys the communicator together with the other ranks
