@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 
 #include "base/errors.h"
@@ -203,7 +204,7 @@ void CodecState::load(const void* buffer, size_t bytes) {
       header += 8 + 8 + 8;
     }
     sum = r.get<uint64_t>();
-    if (r.remaining() < count * sizeof(float))
+    if (count > r.remaining() / sizeof(float))  // (count * 4 could wrap)
       fail(qcclInvalidArgument, "checkpoint is truncated: %zu bytes of values, %llu expected", r.remaining(),
            static_cast<unsigned long long>(count * sizeof(float)));
     const uint8_t* values = data + header;
@@ -263,7 +264,13 @@ void CodecState::load(const void* buffer, size_t bytes) {
   } else {
     std::unique_ptr<coll::MethodState> restored;
     if (method && length) {
-      restored = method->make_state(count_, nullptr);
+      try {  // a store's entry names its own count: a crafted one must not end the process
+        restored = method->make_state(count_, nullptr);
+      } catch (const std::bad_alloc&) {
+        fail(qcclInvalidArgument, "checkpoint's %s state of %zu values cannot be allocated", name.c_str(), count_);
+      } catch (const std::length_error&) {
+        fail(qcclInvalidArgument, "checkpoint's %s state of %zu values cannot be allocated", name.c_str(), count_);
+      }
       restore(*restored);
     }
     adopt(std::move(restored));

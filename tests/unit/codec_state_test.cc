@@ -338,4 +338,41 @@ TEST_CASE("codec store: a checkpoint restores every key's state; a corrupt one c
   CHECK(restored.size() == 3);
 }
 
+TEST_CASE("codec store: an entry that claims more values than can exist is refused, not allocated", "[codec_state]") {
+  // A store's entry names its own count; 2^62 values would wrap count * 4 to 0 bytes of floats
+  // (format 1) and cannot be allocated (format 3): both are the checkpoint's fault.
+  auto budget = std::make_shared<StateBudget>(1 << 20);
+  const uint64_t huge = uint64_t{1} << 62;
+  auto store_of = [](const std::vector<uint8_t>& entry) {
+    ByteWriter w;
+    w.put<uint32_t>(0x53534351), w.put<uint32_t>(1), w.put<uint64_t>(1);  // store magic, format, entries
+    w.put<uint64_t>(5), w.put<uint64_t>(entry.size());
+    w.bytes().insert(w.bytes().end(), entry.begin(), entry.end());
+    w.put<uint64_t>(fnv(w.bytes().data() + 8, w.bytes().size() - 8));
+    return w.bytes();
+  };
+  CodecStore store(budget, 0);
+  {
+    ByteWriter w;  // format 1 with no floats: the checksum of zero bytes
+    w.put<uint32_t>(0x54534351), w.put<uint32_t>(1), w.put<uint64_t>(huge), w.put<uint64_t>(0);
+    w.put<uint64_t>(fnv(nullptr, 0));
+    const std::vector<uint8_t> bytes = store_of(w.bytes());
+    CHECK(code_of([&] { store.load(bytes.data(), bytes.size()); }) == qcclInvalidArgument);
+  }
+  {
+    // A real format-3 state whose count is rewritten (and its checksum with it).
+    CodecState small(budget, 16);
+    coll::CollArgs args;
+    begin(small, kernels::parse_codec_spec("q8:ef=on"), args);
+    std::vector<uint8_t> entry = save(small);
+    std::memcpy(entry.data() + 8, &huge, 8);
+    const uint64_t sum = fnv(entry.data() + 8, entry.size() - 16);
+    std::memcpy(entry.data() + entry.size() - 8, &sum, 8);
+    const std::vector<uint8_t> bytes = store_of(entry);
+    CHECK(code_of([&] { store.load(bytes.data(), bytes.size()); }) == qcclInvalidArgument);
+  }
+  CHECK(store.size() == 0);
+  CHECK(budget->used() == 0);
+}
+
 }  // namespace qccl::test
