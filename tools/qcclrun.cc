@@ -82,7 +82,9 @@ DESCRIPTION
     status. When a rank's main process exits, anything it left running in its process group is killed.
     SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGALRM sent to qcclrun are forwarded to
     every rank (a second one sends SIGKILL at once). The network of --netem and --nodes is removed in
-    every case but qcclrun's own SIGKILL (then by the next --netem job, or --cleanup).
+    every case but qcclrun's own SIGKILL (then by the next --netem job, or --cleanup). Even after that
+    SIGKILL no rank, nor anything left in its process group, runs on: a guardian process that
+    qcclrun starts first (outside its session, so a terminal's signals do not reach it) kills them.
 
 OPTIONS
     -n, -np, --np N     Number of ranks, 1 to 4096. Required.
@@ -117,7 +119,7 @@ OPTIONS
                         are stopped when the ranks have exited.
     --cleanup           Only delete network namespaces (and /run/qccl<PID> boot-id directories) left
                         behind by qcclrun jobs that no longer run (e.g. after kill -9), killing what
-                        still runs in them (a rank's children outlive a SIGKILLed qcclrun), then
+                        still runs in them (processes that left their rank's process group), then
                         exit. Needs root.
     -v, --verbose       Print the network being built, every ip/tc command, and each rank's pid and
                         exit status.
@@ -538,6 +540,85 @@ class Output {
   _exit(e == ENOENT ? kExitNotFound : kExitCannotRun);
 }
 
+// ---- The guardian ----------------------------------------------------------------------------------
+
+// What a SIGKILLed qcclrun cannot do itself: kill what its ranks started. PR_SET_PDEATHSIG reaches a
+// rank's own process only, so a shell's pipeline or a launcher's workers would run on. The guardian
+// is a process forked before any rank; it reads the process groups of the ranks and helpers from a
+// pipe whose write end only qcclrun holds (+group when one starts, -group once qcclrun has killed
+// and reaped it, 0 at a normal end). End of file with groups still listed means qcclrun is gone: it
+// kills them. It leaves qcclrun's session and keeps the termination signals blocked (as qcclrun
+// had them), so that a terminal's Ctrl-C or a kill of qcclrun's group does not end it first.
+class Guardian {
+ public:
+  Guardian() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+      fprintf(stderr, "qcclrun: warning: no guardian (pipe: %s): a SIGKILLed qcclrun would leave the ranks' "
+              "children running\n", strerror(errno));
+      return;
+    }
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[1]);
+      guard(fds[0]);
+    }
+    close(fds[0]);
+    if (pid < 0) {
+      fprintf(stderr, "qcclrun: warning: no guardian (fork: %s): a SIGKILLed qcclrun would leave the ranks' "
+              "children running\n", strerror(errno));
+      close(fds[1]);
+      return;
+    }
+    fcntl(fds[1], F_SETFL, O_NONBLOCK);  // qcclrun never waits for its guardian
+    fd_ = fds[1];
+  }
+  ~Guardian() { dismiss(); }
+  Guardian(const Guardian&) = delete;
+  Guardian& operator=(const Guardian&) = delete;
+
+  void watch(pid_t group) { tell(group); }
+  void forget(pid_t group) { tell(-group); }
+  // A normal end: nothing is left to kill. The guardian exits (qcclrun reaps it with the leftovers).
+  void dismiss() {
+    if (fd_ < 0) return;
+    tell(0);
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  void tell(int32_t value) {
+    // 4 bytes into a pipe are written whole; a full pipe (a stopped guardian) or a dead guardian
+    // only loses the watch.
+    if (fd_ >= 0 && write(fd_, &value, sizeof value) != static_cast<ssize_t>(sizeof value)) {
+      close(fd_);
+      fd_ = -1;
+    }
+  }
+
+  [[noreturn]] static void guard(int fd) {
+    setsid();
+    int devnull = open("/dev/null", O_RDWR);  // so that no reader of qcclrun's output waits for us
+    for (int i = 0; i < 3; i++) dup2(devnull, i);
+    dup2(fd, 3);
+    close_range(4, ~0U, 0);
+    std::vector<pid_t> groups;
+    for (int32_t value;;) {
+      const ssize_t n = read(3, &value, sizeof value);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != static_cast<ssize_t>(sizeof value)) break;  // end of file: qcclrun is gone
+      if (value == 0) _exit(0);
+      if (value > 0) groups.push_back(value);
+      else groups.erase(std::remove(groups.begin(), groups.end(), -value), groups.end());
+    }
+    for (pid_t group : groups) kill(-group, SIGKILL);
+    _exit(0);
+  }
+
+  int fd_ = -1;
+};
+
 // ---- Supervision -----------------------------------------------------------------------------------
 
 struct Rank {
@@ -550,9 +631,9 @@ class Job {
  public:
   // helpers: processes that serve the ranks (aggregators), stopped once every rank has exited;
   // aggregators: their addresses for QCCL_AGGREGATORS (empty: none).
-  Job(const Options& o, const Netem* netem, int sigfd, std::string root, std::string magic,
+  Job(const Options& o, const Netem* netem, int sigfd, Guardian& guardian, std::string root, std::string magic,
       std::vector<pid_t> helpers = {}, std::string aggregators = "")
-      : opts_(o), netem_(netem), sigfd_(sigfd), root_(std::move(root)), magic_(std::move(magic)),
+      : opts_(o), netem_(netem), sigfd_(sigfd), guardian_(guardian), root_(std::move(root)), magic_(std::move(magic)),
         helpers_(std::move(helpers)), aggregators_(std::move(aggregators)), output_(o.nranks, o.prefix),
         ranks_(o.nranks) {}
 
@@ -590,6 +671,7 @@ class Job {
         }
     }
     for (pid_t helper : helpers_) kill(-helper, SIGTERM);  // reaped below, with the ranks' leftovers
+    guardian_.dismiss();
     reap_leftovers(now_s() + kDrainSeconds);
     return exit_code_;
   }
@@ -671,6 +753,7 @@ class Job {
       return;
     }
     setpgid(pid, pid);  // also here, so that kill(-pid) works before the child has run
+    guardian_.watch(pid);
     rk.pid = pid;
     rk.reaped = false;
     rk.out = Stream{out[0], 1, ""};
@@ -755,6 +838,7 @@ class Job {
     // Leftovers of the rank (background jobs of a shell) go with it. The group id cannot be reused
     // while they exist, so this cannot hit an unrelated process.
     kill(-rk.pid, SIGKILL);
+    guardian_.forget(rk.pid);
     // What the rank wrote before it exited is all in the pipes now: forward it before the report.
     for (Stream* s : {&rk.out, &rk.err}) {
       pollfd p{s->fd, POLLIN, 0};
@@ -796,6 +880,7 @@ class Job {
   const Options& opts_;
   const Netem* netem_;
   int sigfd_;
+  Guardian& guardian_;
   std::string root_, magic_;
   std::vector<pid_t> helpers_;
   std::string aggregators_;
@@ -809,7 +894,7 @@ class Job {
 // Starts IntSGD's aggregator k (qccl_aggregator, next to this executable) in its own process group,
 // in the hub namespace with --netem; *address is where it listens. Returns its pid, or -1 after
 // printing why it cannot start.
-pid_t start_aggregator(int k, Netem* netem, bool verbose, std::string* address) {
+pid_t start_aggregator(int k, Netem* netem, Guardian& guardian, bool verbose, std::string* address) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(".");
@@ -855,6 +940,7 @@ pid_t start_aggregator(int k, Netem* netem, bool verbose, std::string* address) 
     return -1;
   }
   setpgid(pid, pid);
+  guardian.watch(pid);
   if (verbose) fprintf(stderr, "qcclrun: aggregator %d: pid %d, %s\n", k, pid, address->c_str());
   return pid;
 }
@@ -936,11 +1022,12 @@ int main(int argc, char** argv) {
     }
   }
 
+  Guardian guardian;  // before any rank or helper starts
   std::vector<pid_t> helpers;
   std::string aggregators;
   for (int k = 0; k < opts.aggregators; ++k) {
     std::string address;
-    const pid_t pid = start_aggregator(k, netem.get(), opts.verbose, &address);
+    const pid_t pid = start_aggregator(k, netem.get(), guardian, opts.verbose, &address);
     if (pid < 0) {
       for (pid_t h : helpers) kill(-h, SIGKILL), waitpid(h, nullptr, 0);
       netem.reset();
@@ -952,7 +1039,7 @@ int main(int argc, char** argv) {
 
   int port = opts.root_port ? opts.root_port : netem ? kNetemDefaultRootPort : find_free_port();
   std::string root = (netem ? netem->host_ip(0) : "127.0.0.1") + ":" + std::to_string(port);
-  int status = Job(opts, netem.get(), sigfd, root, random_magic(), helpers, aggregators).run();
+  int status = Job(opts, netem.get(), sigfd, guardian, root, random_magic(), helpers, aggregators).run();
   netem.reset();  // deletes the namespaces, now that no rank is left in them
   return status;
 }

@@ -197,6 +197,33 @@ TEST_CASE("signals to qcclrun are forwarded and the ranks cleaned up", "[qcclrun
   }
 }
 
+TEST_CASE("nothing a rank started outlives a SIGKILLed qcclrun", "[qcclrun]") {
+  // PR_SET_PDEATHSIG ends each rank's own process; its children (here a shell's background job) are
+  // killed by qcclrun's guardian once it sees qcclrun gone.
+  Qcclrun job({"-n", "2", "sh", "-c", "sleep 60 & echo child $!; wait"});
+  bool sent = false;
+  RunResult r = job.wait(20, [&](const std::string& out) {
+    if (!sent && count(out, "child ") == 2) {
+      kill(job.pid(), SIGKILL);
+      sent = true;
+    }
+  });
+  REQUIRE(sent);
+  CHECK(r.status == 128 + SIGKILL);
+  CHECK(r.seconds < 10);  // nothing held qcclrun's output open
+  std::vector<pid_t> children;
+  for (const auto& line : split_lines(r.out)) children.push_back(std::stoi(line.substr(line.find("child ") + 6)));
+  REQUIRE(children.size() == 2);
+  const double deadline = now_s() + 10;
+  auto any_alive = [&] {
+    for (pid_t pid : children)
+      if (process_alive(pid)) return true;
+    return false;
+  };
+  while (any_alive() && now_s() < deadline) usleep(10000);
+  for (pid_t pid : children) CHECK_FALSE(process_alive(pid));
+}
+
 TEST_CASE("--aggregators starts IntSGD's aggregators, tells the ranks, and stops them after", "[qcclrun]") {
   RunResult r = run_qcclrun({"-n", "2", "--aggregators", "3", "--", "sh", "-c", "echo agg $QCCL_AGGREGATORS"}, 20);
   REQUIRE(r.status == 0);
