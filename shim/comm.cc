@@ -283,11 +283,16 @@ ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcom
     return ncclSuccess;
   }
   qcclComm_t pq = parent->q.load();
-  // A rank that joins no communicator gets NULL at once (it still takes part in the exchange).
-  if (!blocking && joins) {
+  if (!blocking) {
     c->init_state.store(1);
     c->init_thread = std::thread([c, pq, color, key] { run_split(*c, pq, color, key); });
-    *newcomm = register_comm(c);
+    if (joins) {
+      *newcomm = register_comm(c);
+    } else {  // NULL at once; the parent shows the split's progress (one thread may drive several ranks)
+      *newcomm = nullptr;
+      std::lock_guard<std::mutex> lock(parent->unjoined_mutex);
+      parent->unjoined_splits.push_back(c);
+    }
     return ncclInProgress;
   }
   run_split(*c, pq, color, key);
@@ -296,11 +301,50 @@ ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcom
   return ncclSuccess;
 }
 
+namespace {
+
+// The parent's share of its unjoined non-blocking splits (Comm::unjoined_splits): true with *out set
+// while one runs or when one that ended failed (reported once); false once all ended well.
+bool unjoined_split_state(Comm& c, ncclResult_t* out) {
+  std::lock_guard<std::mutex> lock(c.unjoined_mutex);
+  for (auto it = c.unjoined_splits.begin(); it != c.unjoined_splits.end();) {
+    Comm& split = **it;
+    if (split.init_state.load() != 0) {
+      *out = ncclInProgress;
+      return true;
+    }
+    if (split.init_thread.joinable()) split.init_thread.join();
+    const ncclResult_t result = split.init_result;
+    const std::string error = split.init_error;
+    it = c.unjoined_splits.erase(it);
+    if (result != ncclSuccess) {
+      *out = result;
+      set_last_error("ncclCommGetAsyncError: ncclCommSplit with NCCL_SPLIT_NOCOLOR failed: " + error);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Waits for the unjoined splits, which use c's qccl communicator, before it goes.
+void wait_unjoined_splits(Comm& c) {
+  std::vector<CommRef> splits;
+  {
+    std::lock_guard<std::mutex> lock(c.unjoined_mutex);
+    splits.swap(c.unjoined_splits);
+  }
+  for (const CommRef& split : splits)
+    if (split->init_thread.joinable()) split->init_thread.join();
+}
+
+}  // namespace
+
 void async_error(Comm& c, ncclResult_t* out) {
   if (c.init_state.load() != 0) {
     *out = ncclInProgress;
     return;
   }
+  if (unjoined_split_state(c, out)) return;
   if (c.init_result != ncclSuccess) {
     *out = c.init_result;
     set_last_error("ncclCommGetAsyncError: initialisation failed: " + c.init_error);
@@ -435,6 +479,7 @@ void finalize(const CommRef& c) {
     }
   }
   log_stats(*c);
+  wait_unjoined_splits(*c);
   c->finalized = true;
   close_host(c);
 }
@@ -443,6 +488,7 @@ void destroy(ncclComm_t comm) {
   CommRef c = unregister_comm(comm);
   if (!c) fail(ncclInvalidArgument, "comm = %p is not a communicator of this library", static_cast<void*>(comm));
   if (c->init_thread.joinable()) c->init_thread.join();
+  wait_unjoined_splits(*c);
   ShimError first{ncclSuccess, ""};
   if (c->real) {
     ncclResult_t r = real()->CommDestroy(c->real);

@@ -143,6 +143,11 @@ struct Comm {
   std::atomic<int> init_state{0};  // 0 done, 1 running; the result is init_result
   ncclResult_t init_result = ncclSuccess;
   std::string init_error;
+  // Non-blocking splits of this communicator that this rank joins with NCCL_SPLIT_NOCOLOR: they give
+  // no handle to poll, so, as in NCCL, this communicator reports ncclInProgress until they end (and
+  // then the first one's failure, once).
+  std::mutex unjoined_mutex;
+  std::vector<std::shared_ptr<Comm>> unjoined_splits;
 
   // The real NCCL communicator, made at the first device-buffer call.
   std::atomic<ncclComm_t> real{nullptr};  // atomic: ncclCommGetAsyncError reads it from any thread

@@ -540,6 +540,36 @@ TEST_CASE("a non-blocking split, and InitRankScalable", "[nonblocking]") {
   NCCL_REQUIRE_OK(ncclCommDestroy(scalable));
 }
 
+TEST_CASE("non-blocking splits that a rank joins with NCCL_SPLIT_NOCOLOR show on the parent", "[nonblocking]") {
+  // Local to each process: one thread drives two ranks. Rank 0 joins none; its call returns at once
+  // (it used to wait for rank 1's split, which this thread had yet to call) and the parent reports
+  // ncclInProgress until the split is done, as NCCL's does.
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  NCCL_REQUIRE_OK(ncclCommInitAll(comms, 2, nullptr));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t kids[2] = {comms[0], nullptr};
+  for (int r = 0; r < 2; ++r) {
+    const ncclResult_t made = ncclCommSplit(comms[r], r == 0 ? NCCL_SPLIT_NOCOLOR : 0, 0, &kids[r], &config);
+    CHECK((made == ncclInProgress || made == ncclSuccess));
+  }
+  CHECK(kids[0] == nullptr);
+  REQUIRE(kids[1] != nullptr);
+  for (ncclComm_t polled : {comms[0], kids[1]}) {
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress) {
+      NCCL_REQUIRE_OK(ncclCommGetAsyncError(polled, &state));
+      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    CHECK(state == ncclSuccess);
+  }
+  int n = -1;
+  NCCL_REQUIRE_OK(ncclCommCount(kids[1], &n));
+  CHECK(n == 1);
+  NCCL_REQUIRE_OK(ncclCommDestroy(kids[1]));
+  for (ncclComm_t c : comms) NCCL_REQUIRE_OK(ncclCommDestroy(c));
+}
+
 TEST_CASE("ncclCommGetAsyncError polled from a second thread while collectives run", "[async]") {
   World& w = World::get();
   std::atomic<bool> done{false};
