@@ -38,7 +38,7 @@ class IntsgdCall final : public MethodCall {
   void prepare(const CollArgs&) override;
   double scale() const override { return round_.alpha; }
   void complete(const CollArgs& args, const Plan& plan, size_t* nonfinite) override;
-  bool reads_output() const override { return round_.exact; }  // the exact round's norm
+  bool reads_output(const Plan&) const override { return round_.exact; }  // the exact round's norm
   MethodStats stats(const Plan&) const override;
 
  private:

@@ -104,9 +104,9 @@ class MethodCall {
   // The call completed on this rank: learn from its result. `nonfinite` (outputs that are NaN or Inf,
   // the same on every rank) may grow where the method inspects the output itself.
   virtual void complete(const CollArgs&, const Plan&, size_t* /*nonfinite*/) {}
-  // Whether complete() reads the output (CollArgs::recvbuf): a call on device buffers then gets a copy
-  // in host memory.
-  virtual bool reads_output() const { return false; }
+  // Whether complete() reads the output (CollArgs::recvbuf) after `plan` ran: a call on device buffers
+  // then gets a copy in host memory.
+  virtual bool reads_output(const Plan&) const { return false; }
   virtual MethodStats stats(const Plan&) const { return MethodStats{}; }
   // After complete(): why this call failed although its plan ran (null: it did not).
   virtual const CallFailure* failure() const { return nullptr; }

@@ -808,7 +808,7 @@ void Comm::finish_completed(OpRecord& record) {
     // A method that reads the output where the host can (IntSGD's exact round, once per state) reads a
     // copy of a device call's; its bytes are on the device by now (the execution finished).
     std::unique_ptr<void, std::function<void(void*)>> output;
-    if (record.on_device && record.call->reads_output() && args.count) {
+    if (record.on_device && record.call->reads_output(op.plan()) && args.count) {
       const size_t bytes = args.count * args.element_size();
       Device* device = device_.get();
       output = {device->allocate(Device::Memory::kPinned, bytes),

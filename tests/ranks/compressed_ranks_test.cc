@@ -189,6 +189,37 @@ TEST_CASE("NaN or Inf in one rank's input: qcclNonFinite on every rank, what eac
     }
 }
 
+TEST_CASE("NaN or Inf under the fft codec's dense fall-back: reported on every rank as the codec's own plan does",
+          "[compressed]") {
+  // Two values: any rank count's payloads (a 16-byte header each) would outweigh the ring's bytes, so
+  // the exact ring runs (fallback=auto); it used to return qcclSuccess with NaN in every rank's output.
+  World& w = World::get();
+  const size_t count = 2, at = 1;
+  Codec codec("fft");
+  for (float bad : {INFINITY, NAN}) {
+    INFO(bad << " at " << at << " on the last rank");
+    std::vector<float> in(count), out(count);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(input(w.rank(), i));
+    if (w.rank() == w.size() - 1) in[at] = bad;
+    const qcclResult_t result =
+        qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm());
+    if (w.size() == 1) {
+      CHECK(result == qcclSuccess);  // one rank encodes nothing, as for the other codecs
+    } else {
+      CHECK(result == qcclNonFinite);
+      CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains(": 1 output values are NaN or Inf"));
+      qcclStats_t stats;
+      stats.size = sizeof stats;
+      QCCL_REQUIRE_OK(qcclCommGetLastStats(w.comm(), &stats));
+      CHECK(std::string(stats.algorithm) == "fft_dense_ring");
+    }
+    for (size_t i = 0; i < count; ++i)
+      if (i != at && !std::isfinite(out[i])) FAIL_CHECK("output " << i << " is " << out[i]);
+    CHECK((std::isnan(bad) ? std::isnan(out[at]) : out[at] == bad));
+    allgather_equal(out.data(), count * sizeof(float));
+  }
+}
+
 TEST_CASE("NaN under error feedback: that call is qcclNonFinite, the next ones are finite again", "[compressed]") {
   World& w = World::get();
   if (w.size() == 1) return;  // one rank encodes nothing
