@@ -356,6 +356,7 @@ const char* device_codec_refusal(const kernels::CodecConfig& c, const Device& de
 }  // namespace
 
 void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
+  std::shared_lock<std::shared_mutex> executors(executors_mu_);
   record->started = true;
   record->started_at = Clock::now();
   if (broken_) {
@@ -932,11 +933,11 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
   auto last_moved = Clock::now();
   while (!done()) {
     if (progress_thread && (stopping_ || callers_waiting_.load() > 0)) return;
-    if (!executor_) return;  // shut down under us (abort)
     if (broken_) {
       fail_affected_operations();  // collectives the failure does not concern keep going
       if (done()) return;
     }
+    if (!executor_) return;  // shut down under us (abort: every call failed above)
     const auto pass_begin = Clock::now();
     bool moved = executor_->progress();
     const auto progressed = Clock::now();
@@ -1152,6 +1153,7 @@ void Comm::check_timeouts() {
     }
     // Already broken by a later collective's failure, and this earlier one cannot finish either.
     record->operation->cancel();
+    executor_->settle_cancelled();
     finish(*record, failure.code, failure.message);
   }
 }
@@ -1223,20 +1225,26 @@ void Comm::break_comm(const Failure& failure, bool report) {
 }
 
 void Comm::fail_affected_operations() {
-  std::vector<std::shared_ptr<OpRecord>> affected;
-  Failure failure;
+  std::vector<std::pair<std::shared_ptr<OpRecord>, Failure>> affected;
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
-    failure = failure_;
+    const Failure& failure = failure_;
     for (const auto& record : active_) {
       const OperationIdentity& id = record->operation->identity();
-      if (id.p2p || failure.first_sequence == 0 || id.sequence >= failure.first_sequence) affected.push_back(record);
+      if (id.p2p || failure.first_sequence == 0 || id.sequence >= failure.first_sequence)
+        affected.emplace_back(record, failure);
+      else if (aborted_)  // older than an earlier failure, but aborted all the same
+        affected.emplace_back(record, abort_failure_);
     }
   }
-  for (const auto& record : affected) {
-    if (executor_) record->operation->cancel();
-    finish(*record, failure.code, failure.message);
+  if (affected.empty()) return;
+  if (executor_) {
+    for (const auto& [record, failure] : affected) record->operation->cancel();
+    // Their buffers are the callers' again once the calls end: receives the transport could not
+    // withdraw must be done with them first.
+    executor_->settle_cancelled();
   }
+  for (const auto& [record, failure] : affected) finish(*record, failure.code, failure.message);
 }
 
 qcclResult_t Comm::health(std::string* message) const {
@@ -1278,7 +1286,16 @@ void Comm::abort() {
   const Failure failure{
       qcclAborted, format("qcclCommAbort was called on %s", names_.empty() ? "this rank" : names_[rank_].c_str()), 0};
   if (control_) control_->begin_close();  // our own departure is not news to us
+  {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    abort_failure_ = failure;
+  }
+  // Before break_comm wakes the driver: a qcclCommDestroy driving older calls of a communicator that
+  // an earlier failure broke fails them now, and lets go of the drive lock taken below.
+  aborted_ = true;
   break_comm(failure, true);
+  wake(driver_wake_fd_);  // break_comm wakes nobody when an earlier failure broke the communicator
+  wake(progress_wake_fd_);
   if (control_) control_->fail_waits(failure);  // a qcclCommDestroy waiting in its closing barrier
   {
     std::lock_guard<std::mutex> drive(drive_mu_);
@@ -1301,6 +1318,7 @@ void Comm::shut_down_now() {
   if (progress_thread_.joinable()) progress_thread_.join();
   {
     std::lock_guard<std::mutex> drive(drive_mu_);
+    std::unique_lock<std::shared_mutex> executors(executors_mu_);  // no start() is using them
     driving_.clear();  // a snapshot kept while calls were outstanding (drive_until)
     driving_version_ = ~uint64_t{0};
     transport_.reset();  // first: it may still read the buffers the executor keeps for abandoned sends

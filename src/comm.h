@@ -42,6 +42,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -195,7 +196,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void end_staging(OpRecord& record, qcclResult_t* result, std::string* error);
   // A compressed call about to run: its method's prepare() and the scale its headers announce.
   void prepare(OpRecord& record);
-  // With the drive lock held: fails and withdraws the operations the failure concerns.
+  // With the drive lock held: fails and withdraws the operations the failure concerns (after an
+  // abort, every one: those older than an earlier failure with the abort's).
   void fail_affected_operations();
   void break_comm(const Failure& failure, bool report);
   // The first collective sequence number a failure of this record concerns (see Failure).
@@ -288,8 +290,13 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   std::atomic<bool> broken_{false};
   Failure failure_;  // guarded by ops_mu_; set once, when broken_ becomes true
+  std::atomic<bool> aborted_{false};
+  Failure abort_failure_;  // guarded by ops_mu_; set before aborted_
   std::once_flag shutdown_once_;
   std::atomic<bool> shut_down_{false};
+  // start() holds it shared while it uses the executors; shut_down_now() exclusively to destroy them
+  // (a qcclCommAbort from another thread).
+  std::shared_mutex executors_mu_;
 };
 
 }  // namespace qccl

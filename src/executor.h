@@ -126,6 +126,10 @@ class Executor {
   virtual int event_fd() const = 0;
   virtual bool arm() = 0;
   virtual std::string describe() const = 0;
+  // After Execution::cancel()s, before their calls end: waits (a bounded time) until the transport is
+  // done with the receive buffers it could not withdraw (transport.h, settle), so that no cancelled
+  // call's output is written after it returned.
+  virtual void settle_cancelled() {}
 };
 
 // Calibration (qccl_sim calibrate): the time a method's step kernels took, per codec name and kernel
@@ -163,6 +167,9 @@ class HostExecutor final : public Executor {
   int event_fd() const override { return transport_.event_fd(); }
   bool arm() override { return transport_.arm(); }
   std::string describe() const override;
+  // The rest of a message already in flight arrives within milliseconds; a peer that died mid-message
+  // never sends it, and only then is the bound reached.
+  void settle_cancelled() override { transport_.settle(2.0); }
 
  private:
   transport::Transport& transport_;

@@ -3,7 +3,8 @@
 //
 // Contract for every implementation:
 //   - isend/irecv never block. The buffer belongs to the transport from the post until test() has
-//     returned kDone or kFailed for the handle, or cancel() has returned.
+//     returned kDone or kFailed for the handle, or cancel() has returned (for a receive that had
+//     matched a message, until the next settle() has returned true).
 //   - Messages from one peer with equal keys are matched in the order they were sent.
 //   - A receive matches a message from `peer` whose key equals `key` on every bit that is not set
 //     in `ignore`; test() then reports the message's own key, so the layer above can check the
@@ -50,8 +51,13 @@ class Transport {
   // the handle.
   virtual Poll test(Handle& handle, Completion* done, std::string* error) = 0;
   // Withdraws a pending operation and empties the handle (a receive is cancelled; a send is
-  // abandoned and finishes or fails inside the transport).
+  // abandoned and finishes or fails inside the transport). A receive that has matched a message
+  // cannot always be withdrawn: it may go on writing the rest of the message into its buffer.
   virtual void cancel(Handle& handle) = 0;
+  // After cancel()s: moves the wire until the receives they could not withdraw are done with their
+  // buffers, for at most `seconds` (a peer that died mid-message never sends the rest). Returns
+  // whether they all are.
+  virtual bool settle(double /*seconds*/) { return true; }
 
   // Moves whatever can move. Returns true when something happened.
   virtual bool progress() = 0;

@@ -2,6 +2,7 @@
 
 #include <ucs/debug/log_def.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -131,6 +132,7 @@ UcxTransport::~UcxTransport() {
   // Destroying an endpoint whose transport still has queued work trips UCX assertions, so first let
   // abandoned receives finish: a queued read from a dead peer fails quickly rather than lingering.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  abandoned_receives_.insert(abandoned_receives_.end(), unsettled_receives_.begin(), unsettled_receives_.end());
   for (void* request : abandoned_receives_) {
     while (ucp_request_check_status(request) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline)
       ucp_worker_progress(worker_);
@@ -231,19 +233,39 @@ Poll UcxTransport::test(Handle& handle, Completion* done, std::string* error) {
 void UcxTransport::cancel(Handle& handle) {
   if (handle.request) {
     if (handle.receive) {
-      // A receive that has matched may still have a rendezvous read queued; it is freed only once
-      // UCX has finished with it (see the destructor). One that matched nothing is withdrawn at once,
-      // and freed now: a collective that listened for a message nobody sent cancels one at its end.
+      // A receive that has matched goes on receiving the rest of its message (the fragments or the
+      // rendezvous read queued): settle() waits for it, and it is freed once UCX has finished with it.
+      // One that matched nothing is withdrawn at once, and freed now: a collective that listened for
+      // a message nobody sent cancels one at its end.
       ucp_request_cancel(worker_, handle.request);
       if (ucp_request_check_status(handle.request) != UCS_INPROGRESS)
         ucp_request_free(handle.request);
       else
-        abandoned_receives_.push_back(handle.request);
+        unsettled_receives_.push_back(handle.request);
     } else {
       ucp_request_free(handle.request);  // released by UCX whenever it completes
     }
   }
   handle = Handle{};
+}
+
+bool UcxTransport::settle(double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    auto finished = std::remove_if(unsettled_receives_.begin(), unsettled_receives_.end(), [](void* request) {
+      if (ucp_request_check_status(request) == UCS_INPROGRESS) return false;
+      ucp_request_free(request);
+      return true;
+    });
+    unsettled_receives_.erase(finished, unsettled_receives_.end());
+    if (unsettled_receives_.empty()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    ucp_worker_progress(worker_);
+  }
+  // Their peers stopped sending: freed with the transport (the destructor waits for them again).
+  abandoned_receives_.insert(abandoned_receives_.end(), unsettled_receives_.begin(), unsettled_receives_.end());
+  unsettled_receives_.clear();
+  return false;
 }
 
 bool UcxTransport::progress() { return ucp_worker_progress(worker_) != 0; }

@@ -42,6 +42,7 @@ class UcxTransport final : public Transport {
   Handle irecv(int peer, Key key, Key ignore, void* buf, size_t bytes) override;
   Poll test(Handle& handle, Completion* done, std::string* error) override;
   void cancel(Handle& handle) override;
+  bool settle(double seconds) override;
   bool progress() override;
   int event_fd() const override { return event_fd_; }
   bool arm() override;
@@ -57,7 +58,8 @@ class UcxTransport final : public Transport {
   int nranks_;
   std::vector<uint8_t> address_;
   std::vector<ucp_ep_h> endpoints_;
-  std::vector<void*> abandoned_receives_;  // cancelled, not yet completed by UCX
+  std::vector<void*> unsettled_receives_;  // cancelled after they matched: settle() waits for them
+  std::vector<void*> abandoned_receives_;  // ... and still not completed by UCX after that
 
   std::set<std::string> lanes_of(int peer) const;  // the "name/device" of each lane to peer
 };

@@ -639,6 +639,115 @@ TEST_CASE("abort from another thread releases a blocked qcclCommDestroy", "[abor
   CHECK(qcclCommDestroy(job.comm) == qcclSuccess);
 }
 
+// A communicator that a mismatch broke at its second call, the first still waiting for a rank that
+// never joins it (rank 3 stays out): the failure concerns the second call and those after it. An
+// abort then fails the first as well. It was left running with no executor, and qcclWait spun on it
+// for ever (qcclTest said "not done"); a qcclCommDestroy driving it held the drive lock until
+// QCCL_TIMEOUT (100 s here), and an abort from another thread waited as long.
+struct BrokenAfterOne {
+  Job job;
+  qcclComm_t side = nullptr;  // a second communicator of the same ranks, for a barrier
+  std::vector<float> a = std::vector<float>(100, 1.0f), b = std::vector<float>(100);
+  std::vector<float> c = std::vector<float>(1000, 1.0f), d = std::vector<float>(1000);
+  qcclRequest_t first = nullptr;
+  BrokenAfterOne() {
+    REQUIRE(job.size == 4);
+    warm_up(job);
+    side = fresh_comm(job.comm, job.rank, job.size);
+    if (job.rank != 3)
+      QCCL_REQUIRE_OK(qcclIAllReduce(a.data(), b.data(), a.size(), qcclFloat32, qcclSum, job.comm, &first));
+    int token = 1;  // every first call issued before any rank's second can break the communicator
+    QCCL_REQUIRE_OK(qcclAllReduce(&token, &token, 1, qcclInt32, qcclSum, side));
+    if (job.rank == 3) return;
+    // Refused at once where another rank's report came first.
+    qcclRequest_t second = nullptr;
+    qcclResult_t result =
+        qcclIAllReduce(c.data(), d.data(), job.rank == 0 ? 500 : 1000, qcclFloat32, qcclSum, job.comm, &second);
+    if (result == qcclSuccess) result = qcclWait(&second);
+    REQUIRE(result == qcclMismatch);
+  }
+  ~BrokenAfterOne() { qcclCommDestroy(side); }
+  bool outsider() const { return job.rank == 3; }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point begin) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+}
+
+TEST_CASE("an abort after a failure fails the calls older than it too, at once", "[abort-older]") {
+  BrokenAfterOne broken;
+  Job& job = broken.job;
+  if (broken.outsider()) {  // learns of the mismatch, or of an abort, whichever is first
+    const qcclResult_t async = await_async_error(job.comm);
+    CHECK((async == qcclMismatch || async == qcclRemoteError));
+    CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+    return;
+  }
+  const auto begin = std::chrono::steady_clock::now();
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+  int done = 0;
+  qcclResult_t result = qcclSuccess;
+  while (!done && result == qcclSuccess && seconds_since(begin) < 10) result = qcclTest(&broken.first, &done);
+  CHECK(result == qcclAborted);
+  CHECK(seconds_since(begin) < 5);
+  CHECK_THAT(last_error(), Catch::Contains("qcclCommAbort was called on rank"));
+}
+
+TEST_CASE("an abort from another thread ends a qcclCommDestroy that drives a broken communicator's older call",
+          "[abort-destroy-broken]") {
+  BrokenAfterOne broken;
+  Job& job = broken.job;
+  if (broken.outsider()) {  // learns of the mismatch, or of an abort, whichever is first
+    const qcclResult_t async = await_async_error(job.comm);
+    CHECK((async == qcclMismatch || async == qcclRemoteError));
+    CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+    return;
+  }
+  const auto begin = std::chrono::steady_clock::now();
+  double aborted_after = -1;
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto asked = std::chrono::steady_clock::now();
+    CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+    aborted_after = seconds_since(asked);
+  });
+  qcclCommDestroy(job.comm);  // its result: the mismatch's or the abort's, whichever it meets first
+  aborter.join();
+  CHECK(seconds_since(begin) < 5);
+  CHECK(aborted_after >= 0);
+  CHECK(aborted_after < 3);
+  CHECK(qcclWait(&broken.first) == qcclAborted);
+}
+
+// A call that fails while a message is arriving: UCX cannot withdraw a receive that has matched, and
+// it used to go on writing that message into the caller's buffer after the call had returned (during
+// qcclCommDestroy, 2 s later). Rank 1 aborts while the others' all-gathers move 16 MiB each; every
+// other rank marks its output once its call has failed, and no value may change after that.
+TEST_CASE("a failed call's output buffer is the caller's when it returns", "[abort-buffers]") {
+  Job job;
+  warm_up(job);
+  const size_t count = size_t{4} << 20;
+  std::vector<float> x(count, 1.0f + static_cast<float>(job.rank)), y(count * static_cast<size_t>(job.size));
+  std::thread aborter;
+  if (job.rank == 1)
+    aborter = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+    });
+  qcclResult_t result = qcclSuccess;
+  for (int i = 0; i < 1000 && result == qcclSuccess; ++i)
+    result = qcclAllGather(x.data(), y.data(), count, qcclFloat32, job.comm);
+  if (aborter.joinable()) aborter.join();
+  CHECK(result != qcclSuccess);
+  if (job.rank == 1) return;
+  std::fill(y.begin(), y.end(), -7.0f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  qcclCommDestroy(job.comm);
+  size_t changed = 0;
+  for (float v : y) changed += v != -7.0f;
+  CHECK(changed == 0);
+}
+
 // A request polled with qcclTest alone must time out as qcclWait does. Its single passes never
 // looked for calls past QCCL_TIMEOUT (each pass started a fresh 100 ms clock), and the progress
 // thread rarely took the drive lock from a caller polling without pause: 5-7 s at QCCL_TIMEOUT=3.
