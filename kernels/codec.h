@@ -91,6 +91,10 @@ struct CodecConfig {
   std::vector<float> levels;
   // kFft only (bits: per real or imaginary part; rounding kTruncate or kNearest):
   float theta = 0.9f;          // fraction of the bins dropped
+  // theta as the decimal that canonical() writes ("0.9"), exactly: keep_numerator / keep_denominator
+  // is 1 - theta, so that K = ceil((1 - theta) B) is the spec's (0.9f is 0.899999976, whose K for
+  // B = 10 would be 2, not 1).
+  uint64_t keep_numerator = 1, keep_denominator = 10;
   int mant = 6;                // mantissa bits of the range float
   float range_max = 1.0f;      // largest magnitude of the range float
   bool range_auto = false;     // max=auto: per segment, the power of two at or above its largest part

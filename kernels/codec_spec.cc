@@ -1,4 +1,5 @@
 // The codec spec grammar (codec.h) and what follows from a spec alone: canonical text, hash, sizes.
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cmath>
@@ -74,6 +75,34 @@ std::string float_text(float v) {
     if (std::strtof(text, nullptr) == v) break;
   }
   return text;
+}
+
+// 1 - theta, for theta's shortest decimal text ("0.9", "1e-05"), as an exact fraction num / 10^k. A
+// theta too small for 10^k to fit 18 digits keeps every bin whatever its digits (theta B < 1e-9
+// B < 1): it is taken as 0.
+void decimal_keep_fraction(const std::string& text, uint64_t* num, uint64_t* den) {
+  uint64_t digits = 0;
+  int scale = 0;  // text = digits / 10^scale
+  size_t i = 0;
+  bool point = false;
+  for (; i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'); ++i) {
+    if (text[i] == '.') {
+      point = true;
+      continue;
+    }
+    digits = digits * 10 + static_cast<uint64_t>(text[i] - '0');
+    if (point) ++scale;
+  }
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) scale -= std::atoi(text.c_str() + i + 1);
+  while (scale < 0) digits *= 10, ++scale;  // theta < 1: never more than a few digits
+  if (scale > 18) {
+    *num = *den = 1;
+    return;
+  }
+  uint64_t power = 1;
+  for (int k = 0; k < scale; ++k) power *= 10;
+  *num = power - digits;
+  *den = power;
 }
 
 uint64_t parse_number(const std::string& spec, const std::string& key, const std::string& value, uint64_t lo,
@@ -234,6 +263,7 @@ CodecConfig parse_codec_spec(const std::string& spec) {
         bad(spec, "'" + token + "': theta, the fraction of bins dropped, is a number in [0, 1)");
       c.theta = static_cast<float>(theta);
       if (!(c.theta < 1.0f)) bad(spec, "'" + token + "': theta rounds to 1 in float32");
+      decimal_keep_fraction(float_text(c.theta), &c.keep_numerator, &c.keep_denominator);
     } else if (c.kind == CodecKind::kFft && key == "bits") {
       c.bits = static_cast<int>(parse_number(spec, key, value, 3, 16));
     } else if (c.kind == CodecKind::kFft && key == "mant") {

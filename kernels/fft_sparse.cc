@@ -46,8 +46,10 @@ FftShape fft_shape(const CodecConfig& c, size_t length) {
   s.length = length;
   s.fft_length = fft_transform_length(length);  // even: KissFFT's real transform takes no other
   s.bins = s.fft_length / 2 + 1;
-  const double keep = std::ceil((1.0 - static_cast<double>(c.theta)) * static_cast<double>(s.bins));
-  s.keep = std::min(s.bins, std::max<size_t>(1, static_cast<size_t>(keep)));
+  // K = ceil((1 - theta) B), exactly, with theta as written (CodecConfig::keep_numerator).
+  const unsigned __int128 scaled = static_cast<unsigned __int128>(c.keep_numerator) * s.bins;
+  const auto keep = static_cast<size_t>((scaled + c.keep_denominator - 1) / c.keep_denominator);
+  s.keep = std::min(s.bins, std::max<size_t>(1, keep));
   return s;
 }
 

@@ -216,6 +216,28 @@ TEST_CASE("fft codec: wire size of the spec's example and the documented layout 
   CHECK(raw_bits / (2.0 * static_cast<double>(shape.keep) * big.bits) == Approx(32.0 / (0.15 * 10)).epsilon(1e-4));
   CHECK(raw_bits / 8 / static_cast<double>(big.encoded_bytes(1u << 20)) == Approx(15.999).epsilon(1e-4));
 
+  // K = ceil((1 - theta) B) for theta as written: 0.9f is 0.899999976, and (1 - 0.9f) B rounded up
+  // kept one bin too many wherever (1 - theta) B is whole (18 values: B = 10; a tail of 1458: B = 730).
+  CHECK(fft_shape(parse_codec_spec("fft:theta=0.9"), 18).keep == 1);
+  CHECK(fft_shape(parse_codec_spec("fft:theta=0.9"), 1458).keep == 73);
+  struct Theta {
+    const char* spec;
+    uint64_t keep_num, keep_den;  // 1 - theta
+  };
+  for (const Theta& t : {Theta{"fft:theta=0.9", 1, 10}, Theta{"fft:theta=0.7", 3, 10}, Theta{"fft:theta=0.95", 1, 20},
+                         Theta{"fft:theta=0.85", 3, 20}, Theta{"fft:theta=0.99", 1, 100}, Theta{"fft:theta=0.5", 1, 2},
+                         Theta{"fft:theta=0.12345", 17531, 20000}, Theta{"fft:theta=1e-05", 99999, 100000},
+                         Theta{"fft:theta=0", 1, 1}}) {
+    const CodecConfig c = parse_codec_spec(t.spec);
+    size_t wrong = 0;
+    for (size_t length = 2; length <= 4000; ++length) {
+      const FftShape s = fft_shape(c, length);
+      wrong += s.keep != std::max<uint64_t>(1, (t.keep_num * s.bins + t.keep_den - 1) / t.keep_den);
+    }
+    INFO(t.spec);
+    CHECK(wrong == 0);
+  }
+
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 0.2f);
   for (const char* spec : {"fft:theta=0.5,segment=512,index=bitmap", "fft:theta=0.97,segment=512,index=coo",
