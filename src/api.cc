@@ -1132,9 +1132,10 @@ QCCL_API qcclResult_t qcclDeltaStoreLoad(qcclDeltaStore_t store, const void* buf
       s.store.load(static_cast<const uint8_t*>(buffer), bytes);
     } catch (const coll::DeltaStoreError& e) {
       const auto kind = e.kind();
-      fail(kind == coll::DeltaStoreError::Kind::kMismatch ? qcclMismatch
-           : kind == coll::DeltaStoreError::Kind::kSystem ? qcclSystemError
-                                                          : qcclInvalidArgument,
+      // A checkpoint that is not a store's (corrupt, truncated) is the argument's fault, not a peer's.
+      using Kind = coll::DeltaStoreError::Kind;
+      fail(kind == Kind::kMismatch || kind == Kind::kBudget || kind == Kind::kSystem ? delta_code(kind)
+                                                                                   : qcclInvalidArgument,
            "%s", e.what());
     }
   });

@@ -130,6 +130,13 @@ TEST_CASE("delta send/recv: 300 calls over random keys, a budget, eviction; stor
     QCCL_REQUIRE_OK(qcclSend(&size, 1, qcclUint64, p.peer, w.comm()));
     QCCL_REQUIRE_OK(qcclSend(mine.data(), mine.size(), qcclUint8, p.peer, w.comm()));
   }
+  // The checkpoint's keys take more than a store of a smaller budget holds: qcclInvalidUsage, as
+  // qccl.h says (it was qcclInvalidArgument), and that store unchanged.
+  Store small("aq4:channels=32,round=stochastic,seed=9", kRow * 2, 1);
+  const std::vector<uint8_t> empty = small.checkpoint();
+  CHECK(qcclDeltaStoreLoad(small.handle, mine.data(), mine.size()) == qcclInvalidUsage);
+  CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("budget"));
+  CHECK(small.checkpoint() == empty);
 }
 
 TEST_CASE("delta send/recv: protocol errors and refusals fail on both ends, nothing changed", "[delta]") {
