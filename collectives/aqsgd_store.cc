@@ -461,9 +461,23 @@ void DeltaStore::send_section(size_t s, uint8_t* out) {
   size_t first, last;
   const size_t full = split_section(s, &first, &last);
   const std::vector<size_t>& delta_rows = section_delta_rows_;
-  // The delta rows first (a NaN refuses the call before anything else is written): encoded straight
-  // from x and the stored m, their new m into pending_m_ (committed by commit()); kernels::
-  // aq_delta_send's arithmetic on the stored type, fused (aq_delta.h).
+  // The rows sent whole first, as the receiver will read them: one that holds NaN or Inf there (or a
+  // value beyond float16's range) refuses the call, as a delta's would; it would become the key's m,
+  // and every later delta against it would fail.
+  size_t nonfinite = 0;
+  uint8_t* wire = out + kSectionHeaderBytes;
+  for (size_t r = first; r < last; ++r) {
+    if (!p.full_row[r]) continue;
+    kernels::store_float(config_.full_type, p.x + r * row, wire, row);
+    nonfinite += kernels::count_nonfinite(config_.full_type, wire, row);
+    wire += full_row_bytes;
+  }
+  if (nonfinite)
+    fail(DeltaStoreError::Kind::kNonFinite, std::to_string(nonfinite) +
+                                                " values of the rows sent whole are NaN or Inf (or exceed float16's "
+                                                "range): nothing sent, the store unchanged");
+  // Then the delta rows: encoded straight from x and the stored m, their new m into pending_m_
+  // (committed by commit()); kernels::aq_delta_send's arithmetic on the stored type, fused (aq_delta.h).
   uint8_t* delta_payload = out + kSectionHeaderBytes + full * full_row_bytes;
   if (!delta_rows.empty()) {
     const kernels::AqDeltaRows view = delta_view(p.keys.data(), delta_rows, pending_m_.data());
@@ -479,10 +493,9 @@ void DeltaStore::send_section(size_t s, uint8_t* out) {
         store_m(work_m_.data() + d * row, pending_m_.data() + delta_rows[d] * row_bytes());
   }
   write_section_header(s, 0, p.section_bytes[s] - kSectionHeaderBytes, out);
-  uint8_t* wire = out + kSectionHeaderBytes;
+  wire = out + kSectionHeaderBytes;
   for (size_t r = first; r < last; ++r) {
     if (!p.full_row[r]) continue;
-    kernels::store_float(config_.full_type, p.x + r * row, wire, row);
     // m = round_store(the value the receiver reads), as the receiver computes it
     kernels::load_float(config_.full_type, wire, as_sent_.data(), row);
     store_m(as_sent_.data(), pending_m_.data() + r * row_bytes());
@@ -622,6 +635,9 @@ void DeltaStore::apply_section(size_t s, const uint8_t* section, float* x_out) {
   size_t first, last;
   const size_t full = split_section(s, &first, &last);
   const std::vector<size_t>& delta_rows = section_delta_rows_;
+  const uint8_t* whole_rows = section + kSectionHeaderBytes;
+  if (kernels::count_nonfinite(config_.full_type, whole_rows, full * row))
+    fail(DeltaStoreError::Kind::kCorrupt, "a row sent whole holds NaN or Inf (a sender never sends one)");
   // The delta rows into x_out and their new m aside (with low-bit m, a float32 m re-quantized
   // below): nothing is written when the delta decodes to NaN, which a sender never sends.
   if (!delta_rows.empty()) {

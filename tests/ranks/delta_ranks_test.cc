@@ -153,6 +153,18 @@ TEST_CASE("delta send/recv: protocol errors and refusals fail on both ends, noth
     return p.sender ? qcclDeltaSend(x.data(), nkeys, sent_keys, qcclFloat32, store.handle, p.peer, w.comm())
                     : qcclDeltaRecv(out.data(), nkeys, received_keys, qcclFloat32, store.handle, p.peer, w.comm());
   };
+  // Rows sent whole (first sight) that the store's float16 cannot hold, or NaN: refused on both ends,
+  // neither store changed. They used to arrive as +-Inf or NaN with qcclSuccess and become the keys'
+  // m, which every later delta against it failed on.
+  const std::vector<uint8_t> empty = store.checkpoint();
+  for (float bad : {1e5f, NAN}) {
+    INFO("a row sent whole holds " << bad);
+    x[3] = bad;
+    CHECK(exchange(keys, keys, 2) == qcclNonFinite);
+    CHECK(store.checkpoint() == empty);
+    CHECK(store.info().sequence == 0);
+  }
+  x[3] = act.rows[0][3];
   QCCL_REQUIRE_OK(exchange(keys, keys, 2));  // first sight
   const std::vector<uint8_t> before = store.checkpoint();
   std::fill(out.begin(), out.end(), -7.0f);  // a call refused before any row was sent leaves it alone
