@@ -587,6 +587,14 @@ void DeltaStore::receive_head(const uint8_t* head, size_t bytes, const uint64_t*
       fail(Kind::kSequence, "a delta for key " + key_text(keys[i]) + ", which this store does not hold");
   size_t fresh = 0;
   for (size_t i = 0; i < nkeys; ++i) fresh += p.full_row[i] && (!holds(keys[i]) || gone.count(keys[i])) ? 1 : 0;
+  // The sender's budget decides what is evicted; this store must hold what is kept (a receiver's
+  // budget at least the sender's). A smaller one refuses before anything changes, and both fail.
+  const size_t held = rows_.size() - evicted.size() + fresh;
+  if (config_.budget_bytes && held * row_bytes() > config_.budget_bytes)
+    fail(Kind::kBudget, "the message would leave this receiving store " + std::to_string(held) + " keys of " +
+                            std::to_string(row_bytes()) + " bytes, over its budget of " +
+                            std::to_string(config_.budget_bytes) + " (a receiver's budget must be at least its "
+                            "sender's)");
   p.keys.assign(keys, keys + nkeys);
   p.evicted = std::move(evicted);
   // Room for the rows and keys commit() places, made before the sections come: commit() then

@@ -647,7 +647,8 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * the storeType's range: it would arrive as Inf), and qcclInvalidUsage over the budget: the
  * sender sends only its refusal, which the receiver returns. budgetBytes bounds the rows' memory
  * (0: none): a call that needs more is refused, unless evictLeastRecent = 1, with which the sender
- * evicts its least recently used keys (never the call's) and the receiver mirrors it. Keys in one
+ * evicts its least recently used keys (never the call's) and the receiver mirrors it; a receiver's
+ * budget must hold what its sender's keeps (else both calls fail, qcclInvalidUsage). Keys in one
  * call are distinct. datatype: qcclFloat32, qcclFloat16 or qcclBfloat16 (each end its own);
  * storeType: the same three (qcclFloat16 is the paper's). Buffers in host memory or CUDA device memory
  * (see qcclCommSetStream: ordered with the communicator's stream; the rows cross through pinned host

@@ -196,6 +196,17 @@ TEST_CASE("delta send/recv: protocol errors and refusals fail on both ends, noth
   QCCL_REQUIRE_OK(exchange(keys, keys, 2));
   CHECK(store.info().lastFullRows == 0);
   CHECK(store.info().sequence == 2);
+  // A receiver whose budget holds fewer keys than its sender's: it refuses what it could not keep,
+  // and both fail (it used to grow past its budget).
+  {
+    Store lopsided("aq4:channels=32", (p.sender ? 2 : 1) * kRow * 2, 0);
+    const qcclResult_t result =
+        p.sender ? qcclDeltaSend(x.data(), 2, keys, qcclFloat32, lopsided.handle, p.peer, w.comm())
+                 : qcclDeltaRecv(out.data(), 2, keys, qcclFloat32, lopsided.handle, p.peer, w.comm());
+    CHECK(result == qcclInvalidUsage);
+    CHECK_THAT(qcclGetLastError(nullptr), Catch::Contains("budget"));
+    CHECK(lopsided.info().bytes == 0);
+  }
   // Bad arguments, nothing sent.
   CHECK(qcclDeltaSend(x.data(), 0, keys, qcclFloat32, store.handle, p.peer, w.comm()) == qcclInvalidArgument);
   CHECK(qcclDeltaSend(x.data(), 1, keys, qcclInt32, store.handle, p.peer, w.comm()) == qcclInvalidArgument);
