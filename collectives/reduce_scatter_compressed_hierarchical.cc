@@ -194,16 +194,21 @@ class ReduceScatterCompressedHierarchical final : public Plan {
     node_links(*args_.nodes, args_.rank, /*other_leaders=*/true, send_to, recv_from);
   }
 
-  uint64_t wire_bytes_sent() const override { return sent(pieces_.block_encoded_bytes()); }
-  uint64_t raw_wire_bytes() const override { return sent(args_.count * args_.element_size()); }
+  uint64_t wire_bytes_sent() const override { return sent(pieces_.block_encoded_bytes(), sizeof(float)); }
+  // The uncompressed hierarchical reduce-scatter's: every block in the call's datatype (a leader's
+  // sums for its members too, which this one sends in float32).
+  uint64_t raw_wire_bytes() const override {
+    return sent(args_.count * args_.element_size(), args_.element_size());
+  }
 
  private:
-  // Bytes this rank sends over all fragments when an encoded block takes `block_bytes`.
-  uint64_t sent(uint64_t block_bytes) const {
+  // Bytes this rank sends over all fragments when an encoded block takes `block_bytes` and a
+  // leader's sums for its members `sum_bytes` a value.
+  uint64_t sent(uint64_t block_bytes, uint64_t sum_bytes) const {
     const uint64_t n = static_cast<uint64_t>(args_.nranks), count = args_.count;
     if (args_.rank != leader_) return n * (encode_members_ ? block_bytes : count * args_.element_size());
     const uint64_t members = mates_.size() - 1;
-    return members * count * sizeof(float) + (n - mates_.size()) * block_bytes;
+    return members * count * sum_bytes + (n - mates_.size()) * block_bytes;
   }
   size_t n() const { return static_cast<size_t>(args_.nranks); }
   size_t floats_bytes() const { return n() * chunk_ * sizeof(float); }

@@ -310,6 +310,15 @@ TEST_CASE("hierarchical compressed reduce-scatter: within one codec error per re
                   if (!(std::fabs(res.out[r][i] - exact[i]) <= bound[i])) ++over;
                 CHECK(over == 0);
                 CHECK(res.sim.plan_bytes[r] == bytes[r].all);
+                // What the uncompressed hierarchical algorithm sends (compressionRatio's numerator):
+                // every block in the call's datatype (a leader's float32 sums for its members used to
+                // count 4 bytes a value at 16 bits).
+                if (algorithm != "compressed_two_level") {
+                  const NodeMap nodes = NodeMap::from_labels(labels);
+                  const bool leader = nodes.leader(nodes.node_of(r)) == r;
+                  CHECK(res.sim.raw_bytes[r] == static_cast<uint64_t>(leader ? job.n() - 1 : job.n()) * job.count *
+                                                    kernels::element_size(dtype));
+                }
                 CHECK(res.sim.ops[r]->stats().bytes_sent == bytes[r].all);
                 CHECK(res.sim.ops[r]->stats().inter_node_bytes_sent == bytes[r].inter_node);
                 CHECK(res.sim.ops[r]->stats().nonfinite == 0);
