@@ -441,8 +441,8 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  * refused: its levels {-s, 0} never correct a positive value.
  * All-reduce and all-gather: every rank ends with identical bits; the bits never depend on the chunk
  * size or pipeline depth. Error bounds per algorithm are in docs/PERF.md and the headers of
- * collectives/allreduce_*_compressed.cc, allgather_compressed_ring.cc and
- * reduce_scatter_compressed_pairwise.cc. QCCL_CODEC compresses plain all-reduce calls only. */
+ * collectives/allreduce_*_compressed.cc, allgather_compressed_ring.cc, allgather_hierarchical.cc and
+ * reduce_scatter_compressed_*.cc. QCCL_CODEC compresses plain all-reduce calls only. */
 
 /* Parses a codec spec. An unknown name, key or value is qcclInvalidArgument naming the token. */
 QCCL_API qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec);
@@ -566,7 +566,12 @@ QCCL_API qcclResult_t qcclIAllReduceCompressed(const void* sendbuff, void* recvb
  * bound of x_r (q codecs, nearest rounding: half a bucket step). datatype: qcclFloat32, qcclFloat16
  * or qcclBfloat16. state may be NULL unless the codec has ef=on; a state has sendcount values (the
  * residual of this rank's block) and its step keys the random rounding as for qcclAllReduceCompressed.
- * Wire bytes per rank: (nranks - 1) * E(sendcount), E the codec's encoded size. Returns qcclNonFinite
+ * Wire bytes per rank: (nranks - 1) * E(sendcount), E the codec's encoded size. On a node map of
+ * several nodes (QCCL_NODE_MAP, qcclrun --nodes, real hosts) the default is hierarchical instead
+ * (compressed_hierarchical, allgather_hierarchical.cc): the same encoded blocks, so the same bits,
+ * but each crosses each node boundary once: a member sends E(sendcount) to its node's leader, a
+ * leader forwards its node's blocks to the next leader and every block to its members (QCCL_ALGO=
+ * allgather=compressed_ring keeps the ring). Returns qcclNonFinite
  * on every rank when an input held NaN or Inf. The sign codec (Marsit) and the int codecs (IntSGD)
  * are all-reduce codecs: qcclInvalidArgument, nothing sent. Buffers, blocking and requests as for
  * qcclAllGather and qcclIAllGather. */
@@ -588,7 +593,14 @@ QCCL_API qcclResult_t qcclIAllGatherCompressed(const void* sendbuff, void* recvb
  * qcclFloat16 or qcclBfloat16 (the sum is kept in float32 and rounded to the datatype once, at the
  * end: add half an ulp of the result to the error); op: qcclSum or qcclAvg. state may be NULL unless
  * the codec has ef=on; a state has nranks * recvcount values (the residual of this rank's whole
- * input). Wire bytes per rank: (nranks - 1) * E(recvcount). NaN or Inf in any rank's input for
+ * input). Wire bytes per rank: (nranks - 1) * E(recvcount). On a node map of several nodes the
+ * default is hierarchical (QSDP's): the ranks of a node sum their inputs in full precision (members
+ * send them unencoded, in the datatype), and each block's node sum is encoded once per remote node
+ * and crosses each node boundary once, so the error has one term per remote node instead of one per
+ * remote rank, each that of a node sum's bucket (compressed_two_level on nodes of equal size: every
+ * rank of a node sums and encodes its lane's blocks and keeps their residuals; compressed_hierarchical
+ * otherwise: the leader does, and keeps them; collectives/reduce_scatter_compressed_*.cc give the
+ * bounds and wire bytes). NaN or Inf in any rank's input for
  * this rank's block, its own included, or a float16 result beyond 65504, makes this rank's call
  * return qcclNonFinite. Marsit's and IntSGD's codecs: qcclInvalidArgument, nothing sent. Buffers,
  * blocking and requests as for qcclReduceScatter and qcclIReduceScatter. */
