@@ -537,6 +537,7 @@ QCCL_API qcclResult_t qcclCodecLearnLevels(qcclCodec_t codec, const void* data, 
     std::unique_ptr<Error> refused;
     std::vector<float> mine;
     int bits = 0;
+    uint64_t codec_hash = 0;
     try {
       require_out(learned, "learned");
       if (!codec || !codec->config) fail(qcclInvalidArgument, "codec is NULL (make one with qcclCodecCreate)");
@@ -544,6 +545,7 @@ QCCL_API qcclResult_t qcclCodecLearnLevels(qcclCodec_t codec, const void* data, 
       if (base.kind != kernels::CodecKind::kQuant)
         fail(qcclInvalidArgument, "codec = '%s': only q1 .. q8 have levels", base.canonical().c_str());
       bits = base.bits;
+      codec_hash = base.hash();
       if (epochs < 1 || epochs > 1000) fail(qcclInvalidArgument, "epochs = %d is out of range [1, 1000]", epochs);
       if (root < 0 || root >= nranks) fail(qcclInvalidArgument, "root = %d is out of range [0, %d)", root, nranks);
       if (rank == root) {
@@ -565,9 +567,10 @@ QCCL_API qcclResult_t qcclCodecLearnLevels(qcclCodec_t codec, const void* data, 
         int32_t refused;  // 1: this rank refused its arguments
         int32_t root;     // the root it names
         int32_t bits;     // its codec's bits (0 when it has none)
+        uint64_t codec;   // its codec's hash (0 when it has none)
         float levels[256];  // the root's learned levels (2^bits of them)
       };
-      Offer offer{refused ? 1 : 0, root, bits, {}};
+      Offer offer{refused ? 1 : 0, root, bits, codec_hash, {}};
       std::copy(mine.begin(), mine.end(), offer.levels);
       std::vector<Offer> all(static_cast<size_t>(nranks));
       c->allgather_bytes(&offer, all.data(), sizeof offer);
@@ -582,6 +585,10 @@ QCCL_API qcclResult_t qcclCodecLearnLevels(qcclCodec_t codec, const void* data, 
         if (all[r].bits != bits)
           fail(qcclInvalidArgument, "codec has %d bits but rank %d's has %d: every rank must pass the same codec",
                bits, r, all[r].bits);
+        // The root fits the levels to its own bucket size; the ranks' collectives would fail later.
+        if (all[r].codec != codec_hash)
+          fail(qcclInvalidArgument, "codec = '%s' is not rank %d's (its bucket, rounding, seed or levels differ): "
+               "every rank must pass the same codec", codec->config->canonical().c_str(), r);
       }
       levels.assign(all[root].levels, all[root].levels + (size_t{1} << bits));
     }

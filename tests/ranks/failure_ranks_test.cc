@@ -267,6 +267,14 @@ TEST_CASE("levels learned by each rank alone differ: every rank fails with qcclM
     CHECK(qcclCodecLearnLevels(base, data.data(), data.size(), qcclFloat32, 1, job.rank == 1 ? 1 : 0, job.comm, &bad) ==
           qcclInvalidArgument);
     CHECK_THAT(last_error(), Catch::Contains("every rank must pass the same"));
+    // Codecs of the same bits but another bucket: the root's levels would fit its bucket only (it
+    // used to succeed, and the first collective failed).
+    qcclCodec_t other = nullptr;
+    QCCL_REQUIRE_OK(qcclCodecCreate(job.rank == 1 ? "q3:bucket=128" : "q3:bucket=64", &other));
+    CHECK(qcclCodecLearnLevels(other, data.data(), data.size(), qcclFloat32, 1, 0, job.comm, &bad) ==
+          qcclInvalidArgument);
+    CHECK_THAT(last_error(), Catch::Contains("every rank must pass the same codec"));
+    qcclCodecDestroy(other);
   }
   CHECK(bad == nullptr);
   float one = 1, sum = 0;
