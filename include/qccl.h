@@ -291,7 +291,10 @@ QCCL_API qcclResult_t qcclCommGetStream(qcclComm_t comm, void** stream);
 
 /* ---- Collectives (blocking) ---------------------------------------------------------------------
  * Semantics, buffer sizes and in-place rules are NCCL's. count is in elements. A zero count is valid
- * and still synchronises nothing: it returns at once on every rank. */
+ * and still synchronises nothing: it returns at once on every rank. A collective's keeps its place
+ * in the call order all the same, so every rank must make it: where one rank passes 0 and the others
+ * a count, their calls fail (by QCCL_TIMEOUT, waiting for its frame header) rather than meet its
+ * next call. A zero-count qcclSend or qcclRecv needs no partner. */
 
 /* recvbuff[i] = op over ranks of sendbuff[i]. In place when sendbuff == recvbuff. */
 QCCL_API qcclResult_t qcclAllReduce(const void* sendbuff, void* recvbuff, size_t count,

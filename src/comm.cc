@@ -365,7 +365,12 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   }
   if (shut_down_) fail(qcclInvalidUsage, "the communicator was destroyed before the call started");
   coll::CollArgs& args = record->args;
-  if (args.count == 0) {  // nothing to move on any rank: no sequence number is used
+  if (args.count == 0) {
+    // Nothing to move, so nothing is sent (NCCL's zero count), but a collective keeps its place in
+    // the call order, which every rank makes: where one rank passed 0 and another a count, their
+    // calls no longer meet (the others' call used to take this rank's next call's data). A point-
+    // to-point call of nothing needs no partner, as in NCCL.
+    if (args.kind != coll::CollKind::kSend && args.kind != coll::CollKind::kRecv) ++next_sequence_;
     finish(*record, qcclSuccess, "");
     return;
   }

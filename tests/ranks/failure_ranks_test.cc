@@ -756,6 +756,25 @@ TEST_CASE("a failed call's output buffer is the caller's when it returns", "[abo
   CHECK(changed == 0);
 }
 
+// A zero count moves nothing and returns at once, but it is a call in the communicator's order: one
+// rank passing 0 where the others pass a count must not pair their call with its next one, which
+// took the next tensor's data with qcclSuccess (it now fails, by QCCL_TIMEOUT: 3 s here).
+TEST_CASE("a zero count where the others pass a count fails the calls instead of pairing them with the next",
+          "[zero-count]") {
+  Job job;
+  warm_up(job);
+  std::vector<float> a(1000, 1.0f + static_cast<float>(job.rank)), b(1000, 100.0f), out(1000, -1.0f);
+  const qcclResult_t first =
+      qcclAllReduce(a.data(), out.data(), job.rank == 0 ? 0 : a.size(), qcclFloat32, qcclSum, job.comm);
+  if (job.rank == 0)
+    CHECK(first == qcclSuccess);
+  else  // its own timeout, or another rank's, reported first
+    CHECK((first == qcclTimeout || first == qcclRemoteError));
+  const qcclResult_t second = qcclAllReduce(b.data(), out.data(), b.size(), qcclFloat32, qcclSum, job.comm);
+  CHECK(second != qcclSuccess);
+  CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+}
+
 // A request polled with qcclTest alone must time out as qcclWait does. Its single passes never
 // looked for calls past QCCL_TIMEOUT (each pass started a fresh 100 ms clock), and the progress
 // thread rarely took the drive lock from a caller polling without pause: 5-7 s at QCCL_TIMEOUT=3.
