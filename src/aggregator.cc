@@ -7,6 +7,7 @@ namespace qccl {
 
 namespace {
 constexpr size_t kMaxFrame = 1 << 20;
+constexpr int32_t kMaxAggregatorRanks = 1 << 20;  // the transport's (its tag layout's) limit
 constexpr size_t kMaxAddress = 64 * 1024;
 
 void check_preamble(ByteReader& r, const std::string& from, const char* what) {
@@ -41,7 +42,8 @@ AggregatorHello AggregatorHello::parse(const std::vector<uint8_t>& bytes, const 
   h.index = r.get<int32_t>();
   h.max_message = r.get<uint64_t>();
   h.address = r.get_bytes(kMaxAddress);
-  if (h.nranks < 1 || h.rank < 0 || h.rank >= h.nranks || h.index < 0 || h.address.empty())
+  if (h.nranks < 1 || h.nranks > kMaxAggregatorRanks || h.rank < 0 || h.rank >= h.nranks || h.index < 0 ||
+      h.address.empty())
     fail(qcclRemoteError, "%s sent a hello with rank %d of %d, index %d, a %zu-byte address", from.c_str(), h.rank,
          h.nranks, h.index, h.address.size());
   return h;
@@ -83,6 +85,17 @@ std::vector<uint8_t> recv_frame(net::Socket& socket, const net::Deadline& deadli
   std::vector<uint8_t> bytes(n);
   socket.recv_all(bytes.data(), n, deadline);
   return bytes;
+}
+
+bool take_frame(std::vector<uint8_t>& buffer, std::vector<uint8_t>* frame, const std::string& from) {
+  if (buffer.size() < 4) return false;
+  ByteReader r(buffer.data(), 4, "frame length");
+  const uint32_t n = r.get<uint32_t>();
+  if (n > kMaxFrame) fail(qcclRemoteError, "%s sent a frame of %u bytes (at most %zu)", from.c_str(), n, kMaxFrame);
+  if (buffer.size() < 4 + size_t{n}) return false;
+  frame->assign(buffer.begin() + 4, buffer.begin() + 4 + n);
+  buffer.erase(buffer.begin(), buffer.begin() + 4 + n);
+  return true;
 }
 
 std::vector<net::Address> parse_aggregator_list(const std::string& text) {

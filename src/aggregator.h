@@ -47,6 +47,9 @@ struct AggregatorReply {
 // Length-prefixed frames on a registration connection.
 void send_frame(net::Socket& socket, const std::vector<uint8_t>& bytes, const net::Deadline& deadline);
 std::vector<uint8_t> recv_frame(net::Socket& socket, const net::Deadline& deadline, const std::string& from);
+// A whole frame from the front of `buffer` (bytes read so far) into *frame, which it removes: false
+// while it is incomplete. Throws qcclRemoteError for a frame longer than any.
+bool take_frame(std::vector<uint8_t>& buffer, std::vector<uint8_t>* frame, const std::string& from);
 
 // QCCL_AGGREGATORS' addresses ("host:port,host:port"); throws Error(qcclInvalidArgument) naming a bad one.
 std::vector<net::Address> parse_aggregator_list(const std::string& text);

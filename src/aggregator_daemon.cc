@@ -224,6 +224,17 @@ class Job {
   std::deque<Contribution> waiting_;
 };
 
+// A connection whose hello is still arriving. Its bytes are read as they come, in the daemon's one
+// loop, so that a client that connects and says nothing (or slowly) holds up no job; it is dropped
+// after kHelloSeconds.
+struct Greeting {
+  net::Socket socket;
+  std::string from;
+  std::vector<uint8_t> bytes;
+  net::Deadline deadline;
+};
+constexpr double kHelloSeconds = 30;
+
 // Ranks that have said hello, grouped by job until all of a job's ranks have.
 struct Forming {
   int nranks = 0, index = 0;
@@ -258,8 +269,40 @@ int run_aggregator_daemon(const AggregatorDaemonOptions& o) {
   if (o.verbose || net::Address::parse(o.listen, "--listen").port() == 0)
     std::fprintf(stderr, "qccl_aggregator: listening on %s\n", listener.local_address().to_string().c_str());
   std::map<uint64_t, Forming> forming;
+  std::vector<Greeting> greetings;
   std::vector<std::unique_ptr<Job>> jobs;
   long ended = 0;
+  // A rank's hello, read whole: the rank joins its job, which forms once all its ranks have.
+  auto registration = [&](net::Socket s, const std::vector<uint8_t>& frame, const std::string& from) {
+    const AggregatorHello hello = AggregatorHello::parse(frame, from);
+    Forming& f = forming[hello.job];
+    if (f.seen.empty()) {
+      f.nranks = hello.nranks, f.index = hello.index;
+      f.seen.assign(static_cast<size_t>(hello.nranks), false);
+      f.hellos.resize(static_cast<size_t>(hello.nranks));
+      f.sockets.resize(static_cast<size_t>(hello.nranks));
+    }
+    if (f.nranks != hello.nranks || f.index != hello.index) {
+      refuse(s, "the job's other ranks said " + std::to_string(f.nranks) + " ranks and aggregator " +
+                    std::to_string(f.index) + "; this one " + std::to_string(hello.nranks) + " and " +
+                    std::to_string(hello.index));
+      return;
+    }
+    if (f.seen[static_cast<size_t>(hello.rank)]) {
+      refuse(s, "rank " + std::to_string(hello.rank) + " of this job registered already");
+      return;
+    }
+    f.seen[static_cast<size_t>(hello.rank)] = true;
+    f.hellos[static_cast<size_t>(hello.rank)] = hello;
+    f.sockets[static_cast<size_t>(hello.rank)] = std::move(s);
+    if (std::find(f.seen.begin(), f.seen.end(), false) != f.seen.end()) return;
+    Forming formed = std::move(f);
+    forming.erase(hello.job);  // formed or failed, it is no longer forming
+    jobs.push_back(std::make_unique<Job>(std::move(formed.sockets), std::move(formed.hellos), o));
+    if (o.verbose)
+      std::fprintf(stderr, "qccl_aggregator: job %016llx of %d ranks formed (aggregator %d)\n",
+                   static_cast<unsigned long long>(jobs.back()->id()), jobs.back()->nranks(), hello.index);
+  };
   for (;;) {
     bool moved = false;
     for (size_t j = 0; j < jobs.size(); ++j) {
@@ -283,6 +326,8 @@ int run_aggregator_daemon(const AggregatorDaemonOptions& o) {
       fds.push_back({job->transport().event_fd(), POLLIN, 0});
       for (net::Socket& s : job->sockets()) fds.push_back({s.fd(), POLLIN, 0});
     }
+    const size_t first_greeting = fds.size();
+    for (const Greeting& g : greetings) fds.push_back({g.socket.fd(), POLLIN, 0});
     if (!armed) continue;  // events arrived meanwhile
     if (poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) {
       std::perror("qccl_aggregator: poll");
@@ -311,42 +356,35 @@ int run_aggregator_daemon(const AggregatorDaemonOptions& o) {
         ++ended;
       }
     }
+    // Hellos: what arrived of each, whole ones registered; the silent dropped at their deadline.
+    for (size_t i = greetings.size(); i-- > 0;) {
+      Greeting& g = greetings[i];
+      bool done = false;
+      try {
+        if (fds[first_greeting + i].revents) {
+          uint8_t chunk[4096];
+          long n = 0;
+          while ((n = g.socket.read_some(chunk, sizeof chunk)) > 0) g.bytes.insert(g.bytes.end(), chunk, chunk + n);
+          if (n == 0) fail(qcclRemoteError, "%s closed the connection before its hello", g.from.c_str());
+        }
+        std::vector<uint8_t> frame;
+        if (take_frame(g.bytes, &frame, g.from)) {
+          registration(std::move(g.socket), frame, g.from);
+          done = true;
+        } else if (g.deadline.expired()) {
+          fail(qcclTimeout, "%s sent no whole hello within %.0f s", g.from.c_str(), kHelloSeconds);
+        }
+      } catch (const std::exception& e) {  // a bad hello, or one that cannot be held: that client alone
+        std::fprintf(stderr, "qccl_aggregator: registration from %s: %s\n", g.from.c_str(), e.what());
+        done = true;
+      }
+      if (done) greetings.erase(greetings.begin() + static_cast<long>(i));
+    }
     if (!(fds[0].revents & POLLIN)) continue;
     net::Socket s = listener.accept(net::Deadline::after(0.001));
     if (!s.valid()) continue;
     const std::string from = s.peer_address().to_string();
-    try {
-      const AggregatorHello hello = AggregatorHello::parse(recv_frame(s, net::Deadline::after(30), from), from);
-      Forming& f = forming[hello.job];
-      if (f.seen.empty()) {
-        f.nranks = hello.nranks, f.index = hello.index;
-        f.seen.assign(static_cast<size_t>(hello.nranks), false);
-        f.hellos.resize(static_cast<size_t>(hello.nranks));
-        f.sockets.resize(static_cast<size_t>(hello.nranks));
-      }
-      if (f.nranks != hello.nranks || f.index != hello.index) {
-        refuse(s, "the job's other ranks said " + std::to_string(f.nranks) + " ranks and aggregator " +
-                      std::to_string(f.index) + "; this one " + std::to_string(hello.nranks) + " and " +
-                      std::to_string(hello.index));
-        continue;
-      }
-      if (f.seen[static_cast<size_t>(hello.rank)]) {
-        refuse(s, "rank " + std::to_string(hello.rank) + " of this job registered already");
-        continue;
-      }
-      f.seen[static_cast<size_t>(hello.rank)] = true;
-      f.hellos[static_cast<size_t>(hello.rank)] = hello;
-      f.sockets[static_cast<size_t>(hello.rank)] = std::move(s);
-      if (std::find(f.seen.begin(), f.seen.end(), false) != f.seen.end()) continue;
-      Forming formed = std::move(f);
-      forming.erase(hello.job);  // formed or failed, it is no longer forming
-      jobs.push_back(std::make_unique<Job>(std::move(formed.sockets), std::move(formed.hellos), o));
-      if (o.verbose)
-        std::fprintf(stderr, "qccl_aggregator: job %016llx of %d ranks formed (aggregator %d)\n",
-                     static_cast<unsigned long long>(jobs.back()->id()), jobs.back()->nranks(), hello.index);
-    } catch (const Error& e) {
-      std::fprintf(stderr, "qccl_aggregator: registration from %s: %s\n", from.c_str(), e.what());
-    }
+    greetings.push_back(Greeting{std::move(s), from, {}, net::Deadline::after(kHelloSeconds)});
   }
 }
 

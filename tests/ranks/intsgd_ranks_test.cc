@@ -4,13 +4,24 @@
 // 1/alpha of the average; non-blocking rounds on one state equal blocking ones (alpha depends on the
 // previous result); a checkpoint replays a round; NaN is reported everywhere and teaches alpha
 // nothing; bfloat16 data; bad arguments are refused before anything is sent.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <string>
+#include <thread>
 
+#include "base/wire.h"
 #include "kernels/half.h"
 #include "kernels/int_codec.h"
+#include "src/aggregator.h"
 #include "tests/ranks/rank_test_util.h"
 
 namespace qccl::test {
@@ -257,6 +268,71 @@ TEST_CASE("IntSGD through aggregators: NaN is reported on every rank, and a sum 
     for (int q = 0; q < w.size(); ++q) sum += i == 150000 && q == w.size() - 1 ? 0.0f : static_cast<float>(gradient(q, i, 1));
     REQUIRE(std::abs(g[i] - sum) <= w.size() * 1.0 / 50 + 1e-5);
   }
+}
+
+namespace {
+
+// A TCP connection to "host:port" (IPv4), or -1.
+int connect_to(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::atoi(address.c_str() + colon + 1)));
+  if (colon == std::string::npos || inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr) != 1) return -1;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+// The aggregator serves every job from one thread: a client that connected and said nothing held it
+// for 30 s (jobs registering meanwhile waited; calls in flight timed out), and a hello that claimed
+// 2^31 - 1 ranks ended it (bad_alloc). Rank 0 does both to every aggregator; a new communicator then
+// registers and sums through them at once.
+TEST_CASE("IntSGD through aggregators: a silent client and a malformed hello hold up nothing", "[switch]") {
+  const char* list = std::getenv("QCCL_AGGREGATORS");
+  REQUIRE(list != nullptr);
+  World& w = World::get();
+  std::vector<int> held;
+  if (w.rank() == 0) {
+    std::stringstream entries(list);
+    for (std::string address; std::getline(entries, address, ',');) {
+      const int silent = connect_to(address), crafted = connect_to(address);
+      REQUIRE(silent >= 0);
+      REQUIRE(crafted >= 0);
+      held.push_back(silent), held.push_back(crafted);
+      ByteWriter hello;  // src/aggregator.cc's AggregatorHello, of INT32_MAX ranks
+      hello.put<uint32_t>(kAggregatorMagic), hello.put<uint16_t>(kAggregatorVersion);
+      hello.put<uint64_t>(0x5eed), hello.put<int32_t>(0), hello.put<int32_t>(INT32_MAX), hello.put<int32_t>(0);
+      hello.put<uint64_t>(1024), hello.put_bytes("x", 1);
+      ByteWriter frame;
+      frame.put<uint32_t>(static_cast<uint32_t>(hello.bytes().size()));
+      frame.bytes().insert(frame.bytes().end(), hello.bytes().begin(), hello.bytes().end());
+      const std::vector<uint8_t>& bytes = frame.bytes();
+      REQUIRE(send(crafted, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size()));
+    }
+  }
+  int token = 1;
+  QCCL_REQUIRE_OK(qcclAllReduce(&token, &token, 1, qcclInt32, qcclSum, w.comm()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the aggregators have taken them
+  const auto begin = std::chrono::steady_clock::now();
+  qcclUniqueId id;
+  if (w.rank() == 0) QCCL_REQUIRE_OK(qcclGetUniqueId(&id));
+  QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof id, qcclUint8, 0, w.comm()));
+  qcclComm_t comm = nullptr;
+  QCCL_REQUIRE_OK(qcclCommInitRank(&comm, w.size(), id, w.rank()));  // registers with the aggregators
+  Codec codec("int8:alpha=10,agg=switch");
+  std::vector<float> x(1000, 0.5f), sum(1000);
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), sum.data(), x.size(), qcclFloat32, qcclSum, codec.handle, nullptr,
+                                          comm));
+  CHECK(sum[0] == 0.5f * static_cast<float>(w.size()));
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count() < 10);
+  QCCL_REQUIRE_OK(qcclCommDestroy(comm));
+  for (int fd : held) close(fd);
 }
 
 }  // namespace qccl::test
