@@ -220,8 +220,9 @@ Config Config::with(const qcclConfig_t* overrides) const {
     c.codec_from = "config->codec";
   }
   if (overrides->codecMinBytes != QCCL_CONFIG_UNDEF_DOUBLE) {
-    if (!(overrides->codecMinBytes >= 0) || !std::isfinite(overrides->codecMinBytes))
-      fail(qcclInvalidArgument, "config->codecMinBytes = %g must be >= 0", overrides->codecMinBytes);
+    // (a double of 2^64 or more has no size_t: the cast would be undefined, and came out 0 here)
+    if (!(overrides->codecMinBytes >= 0) || !(overrides->codecMinBytes < 18446744073709551616.0))
+      fail(qcclInvalidArgument, "config->codecMinBytes = %g must be in [0, 2^64)", overrides->codecMinBytes);
     c.codec_min_bytes = static_cast<size_t>(overrides->codecMinBytes);
   }
   return c;

@@ -106,6 +106,9 @@ std::vector<net::Address> parse_aggregator_list(const std::string& text) {
     const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
     if (item.empty()) fail(qcclInvalidArgument, "QCCL_AGGREGATORS = '%s' has an empty entry", text.c_str());
     out.push_back(net::Address::parse(item, "QCCL_AGGREGATORS"));
+    for (size_t k = 0; k + 1 < out.size(); ++k)  // the two would be one aggregator, told two indexes
+      if (out[k].to_string() == out.back().to_string())
+        fail(qcclInvalidArgument, "QCCL_AGGREGATORS = '%s' names %s twice", text.c_str(), item.c_str());
     if (comma == std::string::npos) break;
     at = comma + 1;
   }

@@ -34,6 +34,7 @@ std::string size_text(size_t bytes) {
 
 AlgorithmPolicy::AlgorithmPolicy(const std::string& spec, const std::string& source) {
   const char* from = source.c_str();
+  std::set<coll::CollKind> named;  // collectives given as COLLECTIVE=NAME: once each
   size_t at = 0;
   while (at < spec.size()) {
     size_t comma = spec.find(',', at);
@@ -50,9 +51,14 @@ AlgorithmPolicy::AlgorithmPolicy(const std::string& spec, const std::string& sou
     }
     coll::CollKind kind;
     std::string collective = token.substr(0, eq), name = token.substr(eq + 1);
-    if (!parse_collective(collective, &kind))
-      fail(qcclInvalidArgument, "%s: '%s' is not a collective (allreduce, broadcast, reduce, allgather, "
-           "reducescatter, alltoall, send, recv)", from, collective.c_str());
+    if (!parse_collective(collective, &kind)) {
+      std::string names;
+      for (int k = 0; k < coll::kNumCollKinds; ++k)
+        names += (k ? ", " : "") + std::string(coll::coll_name(static_cast<coll::CollKind>(k)));
+      fail(qcclInvalidArgument, "%s: '%s' is not a collective (%s)", from, collective.c_str(), names.c_str());
+    }
+    if (!named.insert(kind).second)
+      fail(qcclInvalidArgument, "%s: %s is given twice", from, coll::coll_name(kind));
     if (!coll::find_algorithm(kind, name))
       fail(qcclInvalidArgument, "%s: %s has no algorithm named '%s' (qccl_info lists them)", from,
            coll::coll_name(kind), name.c_str());
@@ -115,7 +121,8 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes, const std::s
       {"bfloat16", kernels::DataType::kBfloat16}};
   size_t at = 0;
   std::set<std::string> named;  // the TYPE of each TYPE=SPEC (and "" for a spec for every type): once each
-  std::shared_ptr<kernels::CodecConfig> every_type;
+  std::shared_ptr<kernels::CodecConfig> every_type;  // null for `none`
+  bool every_type_given = false;
   while (at < spec.size()) {
     const size_t semi = spec.find(';', at);
     const std::string entry = spec.substr(at, semi == std::string::npos ? std::string::npos : semi - at);
@@ -143,22 +150,25 @@ CodecPolicy::CodecPolicy(const std::string& spec, size_t min_bytes, const std::s
     } catch (const kernels::CodecSpecError& e) {
       fail(qcclInvalidArgument, "%s: %s", from, e.what());
     }
+    // `none` leaves the types it names exact (as the drop-in's QCCL_NCCL_CODEC does): compressing
+    // with it would only widen half and bfloat16 to float32 on the wire.
+    if (codec->kind == kernels::CodecKind::kNone) codec.reset();
     // The codec's method must accept a plain all-reduce without a state (error feedback, Marsit and
     // an adaptive IntSGD alpha keep one): refused here, at communicator creation.
-    const coll::Method* method = coll::method_for(*codec);
+    const coll::Method* method = codec ? coll::method_for(*codec) : nullptr;
     coll::CollArgs plain;
     plain.kind = coll::CollKind::kAllReduce, plain.count = 1, plain.nranks = 2, plain.codec = codec.get();
     plain.dtype = types.front(), plain.op = kernels::RedOp::kSum;
-    if (!method) fail(qcclInvalidArgument, "%s: '%s' has no method", from, codec_spec.c_str());
-    if (auto refusal = method->refuse(plain, nullptr, aggregators))
+    if (codec && !method) fail(qcclInvalidArgument, "%s: '%s' has no method", from, codec_spec.c_str());
+    if (auto refusal = codec ? method->refuse(plain, nullptr, aggregators) : std::nullopt)
       fail(qcclInvalidArgument, "%s: '%s' cannot compress plain qcclAllReduce calls: %s", from, codec_spec.c_str(),
            refusal->message.c_str());
     if (typed)
       by_type_[types.front()] = codec;
     else
-      every_type = codec;
+      every_type = codec, every_type_given = true;
   }
-  if (every_type)  // the types no TYPE=SPEC names, wherever it stands
+  if (every_type_given)  // the types no TYPE=SPEC names, wherever it stands
     for (const auto& type : kTypes) by_type_.emplace(type.second, every_type);
 }
 
@@ -174,7 +184,8 @@ std::string CodecPolicy::describe() const {
   if (by_type_.empty()) return "off";
   std::string out;
   for (const auto& [type, codec] : by_type_)
-    out += (out.empty() ? "" : ", ") + std::string(kernels::data_type_name(type)) + " " + codec->canonical();
+    out += (out.empty() ? "" : ", ") + std::string(kernels::data_type_name(type)) + " " +
+           (codec ? codec->canonical() : std::string("exact"));
   return out + " from " + std::to_string(min_bytes_) + " bytes";
 }
 

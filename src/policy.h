@@ -44,7 +44,7 @@ class CodecPolicy {
   // agg=switch without `aggregators`. Messages name `source`, where spec came from.
   CodecPolicy(const std::string& spec, size_t min_bytes, const std::string& source = "QCCL_CODEC",
               int aggregators = 0);
-  // The codec for these arguments, or null.
+  // The codec for these arguments, or null (a type the spec gives `none` stays exact).
   const kernels::CodecConfig* choose(const coll::CollArgs& args) const;
   std::string describe() const;
 

@@ -12,6 +12,7 @@
 #include "base/socket.h"
 #include "base/wire.h"
 #include "collectives/ring.h"
+#include "src/aggregator.h"
 #include "src/frame.h"
 #include "src/message_key.h"
 #include "src/node_map.h"
@@ -295,6 +296,13 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
                     Catch::Contains("config->timeoutSeconds = 1e+10 is out of range [0, 1e+09]"));
   slow.timeoutSeconds = 1e9;
   CHECK(Config::resolve(&slow).timeout_seconds == 1e9);
+  // 2^64 bytes or more has no size_t: the cast came out 0, and "compress nothing below 1e20 bytes"
+  // compressed every call.
+  qcclConfig_t huge = QCCL_CONFIG_INITIALIZER;
+  huge.codecMinBytes = 1e20;
+  CHECK_THROWS_WITH(Config::resolve(&huge), Catch::Contains("config->codecMinBytes = 1e+20 must be in [0, 2^64)"));
+  huge.codecMinBytes = 1e19;
+  CHECK(Config::resolve(&huge).codec_min_bytes == size_t{10000000000000000000ull});
 }
 
 TEST_CASE("deadlines: beyond the clock's range is never, and sooner() keeps an expired one expired", "[socket]") {
@@ -330,6 +338,34 @@ TEST_CASE("algorithm policy: forcing by name, falling back with a reason, and pa
   CHECK_THROWS_WITH(AlgorithmPolicy("warp"), Catch::Contains("'warp'"));
   CHECK_THROWS_WITH(AlgorithmPolicy("allreduce=chain"), Catch::Contains("AllReduce has no algorithm named 'chain'"));
   CHECK_THROWS_WITH(AlgorithmPolicy("allgatherv=ring"), Catch::Contains("'allgatherv' is not a collective"));
+  CHECK_THROWS_WITH(AlgorithmPolicy("allgatherv=ring"), Catch::Contains("Gather, Scatter"));
+  // The same collective twice: the later one won silently.
+  CHECK_THROWS_WITH(AlgorithmPolicy("allreduce=ring,allreduce=recursive_doubling"),
+                    Catch::Contains("AllReduce is given twice"));
+  // A bare name, then one collective's own: "ring everywhere but here" stays allowed.
+  AlgorithmPolicy mixed("ring,allreduce=recursive_doubling");
+  CHECK(std::string(mixed.choose(args_for(coll::CollKind::kAllReduce, 1 << 20)).name) == "recursive_doubling");
+}
+
+TEST_CASE("codec policy: `none` leaves its types exact", "[policy]") {
+  // It compressed with the none codec, which widens half and bfloat16 to float32 on the wire.
+  coll::CollArgs half = args_for(coll::CollKind::kAllReduce, 1 << 20), single = half;
+  half.dtype = kernels::DataType::kFloat16;
+  single.dtype = kernels::DataType::kFloat32;
+  CHECK(CodecPolicy("none", 0).choose(half) == nullptr);
+  CHECK(CodecPolicy("none", 0).choose(single) == nullptr);
+  const CodecPolicy mixed("float=none;q8", 0);
+  CHECK(mixed.choose(single) == nullptr);
+  REQUIRE(mixed.choose(half) != nullptr);
+  CHECK(mixed.choose(half)->canonical().rfind("q8:", 0) == 0);
+  CHECK_THAT(mixed.describe(), Catch::Contains("float exact"));
+}
+
+TEST_CASE("QCCL_AGGREGATORS: host:port entries, each once", "[config]") {
+  CHECK(parse_aggregator_list("127.0.0.1:1,127.0.0.1:2").size() == 2);
+  // Twice the same: one aggregator told two indexes; the job failed or not by the ranks' arrival order.
+  CHECK_THROWS_WITH(parse_aggregator_list("127.0.0.1:9,127.0.0.1:9"), Catch::Contains("names 127.0.0.1:9 twice"));
+  CHECK_THROWS_WITH(parse_aggregator_list("127.0.0.1:9,"), Catch::Contains("empty entry"));
 }
 
 TEST_CASE("segments: n near-equal parts that tile the count, independent of chunking", "[ring]") {
