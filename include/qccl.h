@@ -334,7 +334,9 @@ QCCL_API qcclResult_t qcclScatter(const void* sendbuff, void* recvbuff, size_t c
  * NCCL, since a large send completes only when the receiver has posted its receive. The calls from
  * one rank to another meet in call order, whatever their form: the n-th send to peer (qcclSend,
  * qcclSendCompressed or qcclDeltaSend, blocking or not) meets the peer's n-th receive from this rank,
- * which must be of the same form (qcclMismatch otherwise). */
+ * which must be of the same form and count (qcclMismatch otherwise: on the receiver at once; a
+ * small send may have completed on the sender before the receiver looked at it, and its
+ * communicator then learns of the failure as its asynchronous error). */
 QCCL_API qcclResult_t qcclSend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer,
                                qcclComm_t comm);
 QCCL_API qcclResult_t qcclRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer,
@@ -674,8 +676,8 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * cut into as many sections, up to four, as keep the extra scales under 1/32 of the delta's bytes,
  * the other sections empty), then the receiver's answer,
  * which completes the sender's call; a part longer than twice the largest the receiver's call could
- * be sent (a sender that names far more keys) fails the communicator as a mismatch, since the
- * receiver cannot take it whole.
+ * be sent (a sender that names far more keys, or whose rows are more than twice the receiver's)
+ * fails the communicator as a mismatch, since the receiver cannot take it whole.
  *
  * Blocking, non-blocking (qcclIDeltaSend / qcclIDeltaRecv: the buffer and the store stay the
  * caller's until qcclWait or qcclTest says the call completed, with its result; the keys are
@@ -747,7 +749,8 @@ QCCL_API qcclResult_t qcclIDeltaRecv(void* recvbuff, size_t nkeys, const uint64_
 /* Segments (QSDP's per-layer compression, Markov et al., ICML 2023, §5.1): a block (AllGather's
  * sendcount values, each of ReduceScatter's nranks blocks of recvcount) cut into consecutive runs,
  * e.g. one per layer, each sent with the codec (exact = 0) or exactly (exact = 1: norm layers and
- * biases, in the block's own datatype, bit for bit; the hierarchical ReduceScatters send a node's
+ * biases, in the block's own datatype, bit for bit but for NaN payloads, which may come back quiet
+ * and are reported as qcclNonFinite; the hierarchical ReduceScatters send a node's
  * float32 sums of an exact segment as float32). The codec's bucket grid restarts at every
  * segment, so a segment's bytes depend on its own values only. The counts must add up to the block's
  * (segments of 0 values are allowed); nsegments from 1 to 2^20. Every rank passes the same list (the
