@@ -54,16 +54,24 @@ void store_float(DataType t, const float* in, void* out, size_t n) {
   encode(cast_codec(t), in, n, out, PhiloxKey{}, 0);
 }
 
+// x may be unaligned (a value in a message's bytes): every value is read with memcpy.
 size_t count_nonfinite(DataType t, const void* x, size_t n) {
   size_t count = 0;
+  const auto* bytes = static_cast<const unsigned char*>(x);
   if (t == DataType::kFloat32) {
-    const auto* f = static_cast<const float*>(x);
-    for (size_t i = 0; i < n; ++i) count += (float_to_bits(f[i]) & 0x7f800000u) == 0x7f800000u;
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, bytes + 4 * i, 4);
+      count += (bits & 0x7f800000u) == 0x7f800000u;
+    }
     return count;
   }
-  const auto* h = static_cast<const uint16_t*>(x);
   const uint16_t exponent = t == DataType::kFloat16 ? 0x7c00 : 0x7f80;
-  for (size_t i = 0; i < n; ++i) count += (h[i] & exponent) == exponent;
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, bytes + 2 * i, 2);
+    count += (bits & exponent) == exponent;
+  }
   return count;
 }
 
