@@ -675,7 +675,15 @@ struct BrokenAfterOne {
     REQUIRE(result == qcclMismatch);
   }
   ~BrokenAfterOne() { qcclCommDestroy(side); }
-  bool outsider() const { return job.rank == 3; }
+  // Rank 3, which made neither call, learns of the mismatch (or of an abort, whichever is first)
+  // and aborts: true there, and the scenario is over for it.
+  bool outsider_done() {
+    if (job.rank != 3) return false;
+    const qcclResult_t async = await_async_error(job.comm);
+    CHECK((async == qcclMismatch || async == qcclRemoteError));
+    CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+    return true;
+  }
 };
 
 double seconds_since(std::chrono::steady_clock::time_point begin) {
@@ -685,12 +693,7 @@ double seconds_since(std::chrono::steady_clock::time_point begin) {
 TEST_CASE("an abort after a failure fails the calls older than it too, at once", "[abort-older]") {
   BrokenAfterOne broken;
   Job& job = broken.job;
-  if (broken.outsider()) {  // learns of the mismatch, or of an abort, whichever is first
-    const qcclResult_t async = await_async_error(job.comm);
-    CHECK((async == qcclMismatch || async == qcclRemoteError));
-    CHECK(qcclCommAbort(job.comm) == qcclSuccess);
-    return;
-  }
+  if (broken.outsider_done()) return;
   const auto begin = std::chrono::steady_clock::now();
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
   int done = 0;
@@ -705,12 +708,7 @@ TEST_CASE("an abort from another thread ends a qcclCommDestroy that drives a bro
           "[abort-destroy-broken]") {
   BrokenAfterOne broken;
   Job& job = broken.job;
-  if (broken.outsider()) {  // learns of the mismatch, or of an abort, whichever is first
-    const qcclResult_t async = await_async_error(job.comm);
-    CHECK((async == qcclMismatch || async == qcclRemoteError));
-    CHECK(qcclCommAbort(job.comm) == qcclSuccess);
-    return;
-  }
+  if (broken.outsider_done()) return;
   const auto begin = std::chrono::steady_clock::now();
   double aborted_after = -1;
   std::thread aborter([&] {
@@ -797,7 +795,7 @@ TEST_CASE("a request polled only with qcclTest fails at QCCL_TIMEOUT", "[test-ti
   int done = 0;
   qcclResult_t result = qcclSuccess;
   while (!done && result == qcclSuccess) result = qcclTest(&request, &done);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  const double seconds = seconds_since(begin);
   CHECK(result == qcclTimeout);
   CHECK_THAT(last_error(), Catch::Contains("no progress"));
   // QCCL_TIMEOUT and the driver's 100 ms between looks, with room for a loaded machine.
