@@ -14,6 +14,10 @@
 // The payloads' sparse spectra are added in rank order and the sum goes through one inverse FFT per
 // segment, not n (spec P6: the inverse of the sum is the sum of the inverses, up to float32 rounding).
 //
+// Error feedback (ef=on): each rank adds its residual to its input and its encode leaves there what
+// the payload misses, but a segment whose sum is NaN or Inf (a rank's input held one) takes back on
+// every rank the residual it had before the step (spec §5.4), kept aside in the scratch.
+//
 // Error with truncation, per segment: a rank's decoded payload x^ has |x^| <= |x| (Parseval and a
 // quantizer that never grows a magnitude; spec P16) and |x - x^|^2 <= theta_eff |x|^2 + quantization
 // (P3), so the sum's error is at most the sum of the ranks' errors.
@@ -39,7 +43,7 @@ struct FftKernels {
       : codec(*args.codec),
         call(const_cast<FftCall*>(static_cast<const FftCall*>(args.method_call))),
         workspace(kernels::take_fft_workspace()) {
-    encode.k = add_spectrum.k = synthesize.k = this;
+    encode.k = add_spectrum.k = synthesize.k = restore_residual.k = this;
   }
 
   // dst = encode(src) for values index .. index + count (whole segments, but for the call's last);
@@ -96,12 +100,31 @@ struct FftKernels {
     }
   };
 
+  // dst (the residual) = src (as it was before the step) over the segments where src2 (the sum, count
+  // values) is not finite.
+  struct RestoreResidual final : StepKernel {
+    FftKernels* k;
+    Phase phase() const override { return Phase::kDecode; }
+    const char* name() const override { return "restore_residual"; }
+    void run(const step::Compute& s, StepContext&) const override {
+      kernels::fft_restore_residual(k->codec, static_cast<const float*>(s.src), static_cast<const float*>(s.src2),
+                                    s.count, static_cast<float*>(s.dst));
+    }
+    bool launch(const step::Compute& s, DeviceStepContext& context) const override {
+      if (!context.kernels->runs_fft()) return false;
+      context.kernels->fft_restore_residual(k->codec, static_cast<const float*>(s.src),
+                                            static_cast<const float*>(s.src2), s.count, static_cast<float*>(s.dst));
+      return true;
+    }
+  };
+
   const kernels::CodecConfig& codec;
   FftCall* call;
   kernels::FftWorkspaceHandle workspace;
   Encode encode;
   AddSpectrum add_spectrum;
   Synthesize synthesize;
+  RestoreResidual restore_residual;
 };
 
 class AllReduceFftAllgather final : public Plan {
@@ -113,9 +136,11 @@ class AllReduceFftAllgather final : public Plan {
 
   size_t fragments() const override { return (args_.count + span_ - 1) / span_; }
 
-  // The n payloads' lengths, a float32 contribution (then the sum), the sum's spectrum, the n payloads.
+  // The n payloads' lengths, a float32 contribution (then the sum), the sum's spectrum, the n payloads
+  // and, with error feedback, the residual as it was.
   size_t scratch_bytes() const override {
-    return lengths_bytes() + floats_bytes() + spectrum_bytes() + n() * payload_stride();
+    return lengths_bytes() + floats_bytes() + spectrum_bytes() + n() * payload_stride() +
+           (residual() ? floats_bytes() : 0);
   }
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
@@ -129,6 +154,8 @@ class AllReduceFftAllgather final : public Plan {
     float* spectrum = reinterpret_cast<float*>(scratch + lengths_bytes() + floats_bytes());
     std::byte* payloads = scratch + lengths_bytes() + floats_bytes() + spectrum_bytes();
     auto payload = [&](int q) { return payloads + static_cast<size_t>(q) * payload_stride(); };
+    float* saved_residual = reinterpret_cast<float*>(payloads + n() * payload_stride());
+    float* residual = this->residual() ? this->residual() + offset : nullptr;
 
     int slot = 0;
     std::vector<int> from(n(), -1);
@@ -138,8 +165,10 @@ class AllReduceFftAllgather final : public Plan {
         p.recv_upto(slot++, q, 0, payload(q), capacity, &lengths[q]);
       }
     p.load(contribution, static_cast<const char*>(args_.sendbuf) + offset * es, count);
-    const FftCall* call = static_cast<const FftCall*>(args_.method_call);
-    if (call && call->residual) p.add_float(contribution, call->residual + offset, count);
+    if (residual) {
+      p.add_float(contribution, residual, count);
+      p.copy(saved_residual, residual, count * sizeof(float));
+    }
     p.compute(step::Compute{&kernels_->encode, payload(me), contribution, &lengths[me], count, offset, 0, 0, 0});
     std::vector<int> sends;
     for (int q = 0; q < static_cast<int>(n()); ++q)
@@ -153,6 +182,8 @@ class AllReduceFftAllgather final : public Plan {
                               static_cast<uint32_t>(q != 0), 0, 0});
     }
     p.compute(step::Compute{&kernels_->synthesize, sum, spectrum, nullptr, count, offset, 0, 0, 0});
+    if (residual)
+      p.compute(step::Compute{&kernels_->restore_residual, residual, saved_residual, sum, count, offset, 0, 0, 0});
     if (args_.op == RedOp::kAvg) p.divide(sum, count);
     for (int s : sends) p.wait(s);
     p.store(static_cast<char*>(args_.recvbuf) + offset * es, sum, count);
@@ -173,6 +204,7 @@ class AllReduceFftAllgather final : public Plan {
 
  private:
   size_t n() const { return static_cast<size_t>(args_.nranks); }
+  float* residual() const { return kernels_->call ? kernels_->call->residual : nullptr; }
   size_t lengths_bytes() const { return (n() * sizeof(size_t) + 63) / 64 * 64; }
   size_t floats_bytes() const { return (std::min(span_, args_.count) * sizeof(float) + 63) / 64 * 64; }
   size_t spectrum_bytes() const {

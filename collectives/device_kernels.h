@@ -70,7 +70,7 @@ class DeviceKernels {
   // values into out, their bytes into *length (device memory), the clamps added to the counters; with
   // a residual, residual[i] = in[i] - decode(out)[i] unless a segment held NaN or Inf (the fft
   // method's error feedback); fft_add_spectrum: fft_decode_spectrum of *length bytes (accumulate:
-  // +=); fft_synthesize.
+  // +=); fft_synthesize; fft_restore_residual (the residual where the sum is not finite).
   virtual bool runs_fft() const { return false; }
   // The FFT library of those kernels, as CodecConfig::hash takes it: ranks must share it (frame
   // headers carry the hash), as its rounding decides which bins are sent.
@@ -80,6 +80,8 @@ class DeviceKernels {
   virtual void fft_add_spectrum(const kernels::CodecConfig& c, const void* in, const size_t* length, size_t count,
                                 float* spectrum, bool accumulate) = 0;
   virtual void fft_synthesize(const kernels::CodecConfig& c, const float* spectrum, size_t count, float* out) = 0;
+  virtual void fft_restore_residual(const kernels::CodecConfig& c, const float* saved, const float* sum, size_t count,
+                                    float* residual) = 0;
   // dst = n bytes (at most 16) given now, in stream order: a small header of a message.
   virtual void write_bytes(void* dst, const void* bytes, size_t n) = 0;
   // *acc += *add: a fragment's taint, gathered from a peer's taint word (wire A carries it beside the

@@ -2,7 +2,8 @@
 // of Deep Neural Networks", HPDC '20; shared/specs/fftsparse.md) as a method: the fft codec
 // (kernels/fft_sparse.h), its plan (allreduce_fft_allgather.cc), and its state, the optional
 // error-feedback residual (not in the paper, which leaves it to "orthogonal" heuristics, §4.2):
-// u = g + r is encoded, r <- u - decode(encode(u)), left alone for a segment that held NaN or Inf.
+// u = g + r is encoded, r <- u - decode(encode(u)), left alone on every rank for a segment that held
+// NaN or Inf on any.
 #include <string>
 
 #include "collectives/fft.h"

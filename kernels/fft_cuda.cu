@@ -635,6 +635,18 @@ __global__ void unpad_kernel(const float* __restrict__ real, float* __restrict__
   }
 }
 
+// residual = saved over each segment whose sum holds a value that is not finite: a block a segment.
+__global__ void restore_kernel(const float* __restrict__ saved, const float* __restrict__ sum,
+                               float* __restrict__ residual, size_t count, size_t segment) {
+  for (size_t at = blockIdx.x * segment; at < count; at += size_t{gridDim.x} * segment) {
+    const size_t end = min(count, at + segment);
+    bool poisoned = false;
+    for (size_t i = at + threadIdx.x; i < end; i += blockDim.x) poisoned |= !isfinite(sum[i]);
+    if (!__syncthreads_or(poisoned)) continue;  // the same answer in every thread of the block
+    for (size_t i = at + threadIdx.x; i < end; i += blockDim.x) residual[i] = saved[i];
+  }
+}
+
 unsigned grid_for(size_t items, unsigned threads = 256) {
   return static_cast<unsigned>(std::min<size_t>((items + threads - 1) / threads, size_t{1} << 15));
 }
@@ -893,6 +905,15 @@ cudaError_t fft_synthesize_cuda(const CodecConfig& c, const float* spectrum, siz
   if (e != cudaSuccess) return e;
   if ((e = transform(ws, g, CUFFT_C2R, a.real, a.spectrum, stream)) != cudaSuccess) return e;
   unpad_kernel<<<grid_for(count), 256, 0, stream>>>(a.real, out, g);
+  return cudaGetLastError();
+}
+
+cudaError_t fft_restore_residual_cuda(const CodecConfig& c, const float* saved, const float* sum, size_t count,
+                                      float* residual, cudaStream_t stream) {
+  if (c.kind != CodecKind::kFft || c.segment == 0 || (count && (!saved || !sum || !residual)))
+    return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  restore_kernel<<<grid_for(count, c.segment), 256, 0, stream>>>(saved, sum, residual, count, c.segment);
   return cudaGetLastError();
 }
 

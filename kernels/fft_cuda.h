@@ -62,5 +62,8 @@ cudaError_t fft_decode_spectrum_cuda(const CodecConfig& c, uint32_t hash, const 
 // are), segment by segment, as fft_synthesize.
 cudaError_t fft_synthesize_cuda(const CodecConfig& c, const float* spectrum, size_t count, float* out,
                                 FftCudaWorkspace* ws, cudaStream_t stream);
+// residual = saved over each segment whose sum holds NaN or Inf, as fft_restore_residual (no cuFFT).
+cudaError_t fft_restore_residual_cuda(const CodecConfig& c, const float* saved, const float* sum, size_t count,
+                                      float* residual, cudaStream_t stream);
 
 }  // namespace qccl::kernels

@@ -687,6 +687,14 @@ void fft_synthesize(const CodecConfig& c, const float* spectrum, size_t count, f
   }
 }
 
+void fft_restore_residual(const CodecConfig& c, const float* saved, const float* sum, size_t count, float* residual) {
+  for (size_t at = 0; at < count; at += c.segment) {
+    const size_t length = std::min<size_t>(c.segment, count - at);
+    if (std::all_of(sum + at, sum + at + length, [](float v) { return std::isfinite(v); })) continue;
+    std::copy(saved + at, saved + at + length, residual + at);
+  }
+}
+
 double fft_break_even_ratio(double comm_rate, double quantize_rate, double fft_rate, double pack_rate,
                             double select_rate) {
   const double denominator = 1.0 - 2.0 * comm_rate * (2.0 / quantize_rate + 1.0 / fft_rate + 1.0 / pack_rate + 1.0 / select_rate);

@@ -106,6 +106,12 @@ size_t fft_decode_spectrum(const CodecConfig& c, const void* in, size_t bytes, s
 // out = the inverse transform of the spectrum, segment by segment (the decode of a single payload
 // is fft_decode_spectrum then fft_synthesize, bit for bit).
 void fft_synthesize(const CodecConfig& c, const float* spectrum, size_t count, float* out, FftWorkspace& ws);
+// Error feedback over a step whose sum is NaN or Inf somewhere (spec §5.4: never commit the residual
+// for that step): for each segment of `count` values whose sum holds a value that is not finite,
+// residual = saved, what it held before the step's encode. A poisoned segment decodes to NaN on every
+// rank, so every rank keeps its residual there, not only the rank whose input held the NaN: the
+// others' encodes would otherwise keep the leftover of a contribution that no output carries.
+void fft_restore_residual(const CodecConfig& c, const float* saved, const float* sum, size_t count, float* residual);
 
 // Whether the fft all-reduce can move fewer bytes than the dense ring (spec §1.7): every rank sends
 // its payloads to the n - 1 others, at most (n - 1) encoded_bytes(count), where the ring sends

@@ -176,6 +176,11 @@ class CudaDevice final : public Device {
       return kernels::fft_synthesize_cuda(c, spectrum, count, out, ws, stream_);
     });
   }
+  void fft_restore_residual(const kernels::CodecConfig& c, const float* saved, const float* sum, size_t count,
+                            float* residual) override {
+    enqueue("fft_restore_residual_cuda",
+            [&] { return kernels::fft_restore_residual_cuda(c, saved, sum, count, residual, stream_); });
+  }
   void store_float(kernels::DataType type, const float* in, void* out, size_t n) override {
     enqueue("store_float_cuda", [&] { return kernels::store_float_cuda(type, in, out, n, nullptr, stream_); });
   }

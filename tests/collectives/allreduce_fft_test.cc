@@ -256,10 +256,16 @@ TEST_CASE("fft all-reduce: NaN or Inf on one rank poisons its segment on every r
     CHECK(wrong == 0);
     CHECK(res.sim.ops[r]->stats().nonfinite == 256);
   }
-  // Rank 1's residual is untouched over the poisoned segment and updated elsewhere.
-  for (size_t i = 256; i < 512; ++i) REQUIRE(residuals[1][i] == 0.5f);
-  CHECK(residuals[1][0] != 0.5f);
-  CHECK(residuals[0][300] != 0.5f);
+  // Every rank's residual is as it was over the poisoned segment (spec §5.4: the step's outputs there
+  // carry no contribution, so none is taken from a residual), and updated elsewhere: rank 1's own
+  // encode left it, and the others' encodes, which saw finite values, had it taken back.
+  for (int r = 0; r < job.n; ++r) {
+    INFO("rank " << r);
+    size_t kept = 0, not_updated = 0;
+    for (size_t i = 0; i < job.count; ++i) (i >= 256 && i < 512 ? kept : not_updated) += residuals[r][i] == 0.5f;
+    CHECK(kept == 256);
+    CHECK(not_updated == 0);
+  }
 }
 
 TEST_CASE("fft all-reduce: where the payloads could outweigh the dense ring, the ring runs (fallback=auto)", "[fft]") {

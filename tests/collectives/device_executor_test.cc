@@ -849,8 +849,8 @@ TEST_CASE("device executor: the fft all-reduce gives the host's bits, its messag
       require_same(host, run_device(ranks, shape, false, offset, *algorithm, 1024, depth, seed));
       require_same(host, run_device(ranks, shape, false, offset, *algorithm, 1024, depth, seed, 1, Wire::kPeer));
     }
-    // A NaN on the last rank: its segment is NaN on every rank, the residual left alone there and
-    // only there, with a segment to a fragment and with several (a 16 KiB chunk).
+    // A NaN on the last rank: its segment is NaN on every rank, every rank's residual left alone there
+    // and only there, with a segment to a fragment and with several (a 16 KiB chunk).
     store(c.dtype, ranks[c.n - 1].send.data(), c.count / 2, NAN);
     for (size_t chunk : {size_t{1024}, size_t{16384}}) {
       INFO(c.codec << ", a NaN, chunk " << chunk);
@@ -859,14 +859,16 @@ TEST_CASE("device executor: the fft all-reduce gives the host's bits, its messag
       require_same(host, run_device(ranks, shape, false, offset, *algorithm, chunk, 2, seed));
       if (!c.error_feedback) continue;
       const size_t nan_segment = c.count / 2 / codec.segment;
-      size_t kept = 0, updated = 0;
-      for (size_t i = 0; i < c.count; ++i) {
-        const bool same = host.residual[c.n - 1][i] == ranks[c.n - 1].residual[i];
-        if (i / codec.segment == nan_segment) kept += same;
-        else updated += !same;
+      for (int r = 0; r < c.n; ++r) {
+        size_t kept = 0, updated = 0;
+        for (size_t i = 0; i < c.count; ++i) {
+          const bool same = host.residual[r][i] == ranks[r].residual[i];
+          if (i / codec.segment == nan_segment) kept += same;
+          else updated += !same;
+        }
+        CHECK(kept == codec.segment);
+        CHECK(updated == c.count - codec.segment);
       }
-      CHECK(kept == codec.segment);
-      CHECK(updated == c.count - codec.segment);
     }
   }
   CHECK(shorter);

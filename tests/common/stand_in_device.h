@@ -234,6 +234,16 @@ class StandInDevice final : public Device {
       return true;
     });
   }
+  void fft_restore_residual(const kernels::CodecConfig& c, const float* saved, const float* sum, size_t count,
+                            float* residual) override {
+    require_device(saved, count * sizeof(float), "fft_restore_residual's saved residual");
+    require_device(sum, count * sizeof(float), "fft_restore_residual's sum");
+    require_device(residual, count * sizeof(float), "fft_restore_residual's residual");
+    enqueue([=, codec = c] {
+      kernels::fft_restore_residual(codec, saved, sum, count, residual);
+      return true;
+    });
+  }
   void store_float(kernels::DataType type, const float* in, void* out, size_t n) override {
     require_device(in, n * sizeof(float), "store_float's input");
     require_device(out, n * kernels::element_size(type), "store_float's output");

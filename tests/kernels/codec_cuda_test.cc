@@ -1042,6 +1042,48 @@ TEST_CASE("the fft codec's cuFFT decoder rejects malformed payloads as the host'
   fft_cuda_release(ws);
 }
 
+// Error feedback's restore over a poisoned sum: the device takes back the saved residual over the
+// segments whose sum holds NaN, Inf or -Inf and leaves the others, as the host does, bit for bit; the
+// last shape has more segments than the kernel's grid has blocks (blocks take several). No cuFFT.
+TEST_CASE("fft_restore_residual_cuda matches fft_restore_residual bit for bit", "[fft][cuda]") {
+  struct Shape {
+    uint32_t segment;
+    size_t count;
+  };
+  for (const Shape shape : {Shape{1024, 1}, Shape{777, 5000}, Shape{65536, 200000}, Shape{8, 300001}}) {
+    INFO("segment " << shape.segment << ", count " << shape.count);
+    CodecConfig c = parse_codec_spec("fft:theta=0.9,ef=on");
+    c.segment = shape.segment;
+    const size_t count = shape.count;
+    std::vector<float> saved(count), sum(count), residual(count);
+    std::mt19937 rng(static_cast<uint32_t>(count));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (size_t i = 0; i < count; ++i) saved[i] = u(rng), sum[i] = u(rng), residual[i] = u(rng);
+    const float poison[] = {NAN, INFINITY, -INFINITY};
+    size_t poisoned = 0;
+    for (size_t at = 0, s = 0; at < count; at += c.segment, ++s)
+      if (s % 3 == 0) sum[std::min(count - 1, at + s % c.segment)] = poison[s / 3 % 3], ++poisoned;
+    std::vector<float> expected = residual;
+    fft_restore_residual(c, saved.data(), sum.data(), count, expected.data());
+    size_t restored = 0;
+    for (size_t i = 0; i < count; ++i) restored += expected[i] != residual[i];
+    CHECK(restored > 0);
+    CHECK(restored <= poisoned * c.segment);
+
+    Stream s;
+    DeviceBytes dsaved(count * 4), dsum(count * 4), dresidual(count * 4);
+    ok(cudaMemcpy(dsaved.get(), saved.data(), count * 4, cudaMemcpyHostToDevice));
+    ok(cudaMemcpy(dsum.get(), sum.data(), count * 4, cudaMemcpyHostToDevice));
+    ok(cudaMemcpy(dresidual.get(), residual.data(), count * 4, cudaMemcpyHostToDevice));
+    ok(fft_restore_residual_cuda(c, reinterpret_cast<float*>(dsaved.get()), reinterpret_cast<float*>(dsum.get()),
+                                 count, reinterpret_cast<float*>(dresidual.get()), s.get()));
+    ok(cudaStreamSynchronize(s.get()));
+    std::vector<float> device(count);
+    ok(cudaMemcpy(device.data(), dresidual.get(), count * 4, cudaMemcpyDeviceToHost));
+    CHECK(std::memcmp(device.data(), expected.data(), count * 4) == 0);
+  }
+}
+
 // AQ-SGD's delta messages: a sender and a receiver on the device and their twins on the host, fed the
 // same drifting activation message after message (and, last, one holding NaN), hold the same m, send
 // the same bytes and return the same x_out, bit for bit; the NaN message commits nothing on either.
