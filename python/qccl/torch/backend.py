@@ -10,10 +10,11 @@ reduce_scatter_tensor, all_to_all, all_to_all_single (equal splits), barrier, se
 (torch 1.13 does not route gather and scatter to Python process groups: they raise there.)  The
 ranks' unique id travels through the store that init_process_group made.  A codec set with
 :func:`set_codec` compresses the group's all_reduce calls on float32/float16/bfloat16 tensors of at
-least ``min_bytes`` (op SUM or AVG), each tensor (by address and size) with its own codec state
-(the 64 most recently used are kept), so ``ef=on`` works for tensors all-reduced repeatedly (DDP's
-buckets).  Errors are qccl's
-exceptions.
+least ``min_bytes`` (op SUM or AVG; ``sign``, Marsit, estimates the average update and raises on SUM,
+so DDP, which sums, takes it through the communication hook, qccl.torch.hooks), each tensor (by
+address and size) with its own codec state (the 64 most recently used are kept; a codec of another
+method starts them afresh: q4 after q8 keeps them, int8 after q8 does not), so ``ef=on`` works for
+tensors all-reduced repeatedly (DDP's buckets).  Errors are qccl's exceptions.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ _CODEC_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _op(op: Any) -> str:
-    for name in ("SUM", "PRODUCT", "MAX", "MIN", "AVG"):
+    for name in ("SUM", "PRODUCT", "MAX", "MIN", "AVG", "BAND", "BOR", "BXOR", "PREMUL_SUM"):
         if hasattr(dist.ReduceOp, name) and op == getattr(dist.ReduceOp, name):
+            if name in ("BAND", "BOR", "BXOR", "PREMUL_SUM"):
+                op = f"ReduceOp.{name}"
+                break
             return {"PRODUCT": "prod"}.get(name, name.lower())
     raise qccl.InvalidArgument(f"op: {op} is not supported by the qccl backend (SUM, PRODUCT, MAX, MIN, AVG)")
 
@@ -118,6 +122,7 @@ class ProcessGroupQccl(_ProcessGroup):
         self.min_bytes = 0
         self._store = None
         self._states: "OrderedDict[tuple, tuple]" = OrderedDict()  # tensor -> (store key, state), LRU first
+        self._states_method = ""  # the method of the codecs whose states those are
         self._next_key = 1
         self._completer = Completer(f"qccl-pg-{rank}")
         self._held: dict = {}  # id -> _QcclWork (see _QcclWork)
@@ -126,7 +131,15 @@ class ProcessGroupQccl(_ProcessGroup):
         return "qccl"
 
     def set_codec(self, codec: "str | qccl.Codec | None", min_bytes: int = 0) -> None:
-        self.codec, self.min_bytes = as_codec(codec), min_bytes
+        codec = as_codec(codec)
+        # A state belongs to one method (quantization, Marsit, IntSGD, fft): a codec of another
+        # method starts every tensor's state afresh.
+        if codec is not None and _method(codec) != self._states_method:
+            for key, _ in self._states.values():
+                self._store.erase(key)
+            self._states.clear()
+            self._states_method = _method(codec)
+        self.codec, self.min_bytes = codec, min_bytes
         if self.codec is not None and self._store is None:
             self._store = self.comm.codec_store()
 
@@ -241,6 +254,15 @@ class ProcessGroupQccl(_ProcessGroup):
         else:
             self._states.move_to_end(key)
         return entry[1]
+
+
+def _method(codec: qccl.Codec) -> str:
+    """The method whose state a codec keeps, from its name (README's codec table): quantization for
+    none, fp16, bf16 and q1 .. q8, IntSGD for int8 .. int32; sign and fft are their own."""
+    name = codec.spec.split(":", 1)[0]
+    if name in ("none", "fp16", "bf16") or (name[:1] == "q" and name[1:].isdigit()):
+        return "quantized"
+    return "intsgd" if name.startswith("int") else name
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupQccl:

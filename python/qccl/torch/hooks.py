@@ -9,9 +9,11 @@ while the bucket travels).  Whatever backend DDP was initialised with (gloo, ncc
 makes its own qccl communicator over the same ranks (or takes the qccl process group's).  Each
 bucket keeps its codec state (error-feedback residual, Marsit's compensation, IntSGD's moving
 average) in a keyed store, under a key for the bucket's parameters: DDP rebuilds its buckets after
-the first iteration, and the new buckets get new keys (their residual starts at zero; the keys of
-buckets that no longer exist are erased at the end of the next iteration).  Buckets of other types
-than float32/float16/bfloat16, and those smaller than ``min_bytes``, are averaged exactly.
+the first iteration, and the new buckets get new keys (their residual starts at zero; a bucket
+whose parameters went to rebuilt ones is erased at the end of the iteration that rebuilt it).  One
+state may serve several DDP models (a GAN's two, say): their buckets hold other parameters.  Buckets
+of other types than float32/float16/bfloat16, and those smaller than ``min_bytes``, are averaged
+exactly.
 
 Codecs (README.md lists every key): ``q8:ef=on`` and ``q4:ef=on`` (quantization with error
 feedback), ``sign:eta_s=E`` (Marsit: every gradient value becomes +-E, the magnitude of a sign step;
@@ -68,11 +70,11 @@ class CommHookState:
         self.store = self.comm.codec_store(budget)
         self._completer = Completer(f"qccl-hook-{self.comm.rank}")
         self._keys: dict = {}         # bucket signature -> store key
-        self._layouts: dict = {}      # store key -> (bucket index, parameter sizes), for checkpoints
-        self._restored: dict = {}     # a checkpoint's (bucket index, parameter sizes) -> store key
+        self._layouts: dict = {}      # store key -> its parameters' ordinals, for checkpoints
+        self._restored: dict = {}     # a checkpoint's parameter ordinals -> store key
+        self._ordinals: dict = {}     # parameter address -> ordinal: the order of first sight
+        self._stale: set = set()      # keys of rebuilt buckets, erased at the end of the iteration
         self._next_key = 1            # keys are never reused, also after an erase
-        self._live: set = set()       # keys used in this iteration
-        self._known: set = set()      # keys used in the last complete iteration
 
     def key_for(self, bucket: Any) -> int:
         # The parameters' addresses name a bucket across DDP's rebuild; its index alone does not.
@@ -80,9 +82,16 @@ class CommHookState:
         signature = (bucket.index(), tuple(p.data_ptr() for p in params))
         key = self._keys.get(signature)
         if key is None:
-            # A checkpoint's bucket is known by its index and sizes: the addresses were another
-            # process's. (DDP's first iteration, before its rebuild, has other buckets: fresh keys.)
-            layout = (bucket.index(), tuple(p.numel() for p in params))
+            # A checkpoint's bucket is known by its parameters' ordinals, the order in which this
+            # state first saw them: the addresses were another process's, and a bucket's index and
+            # sizes may be another bucket's (DDP's first iteration has the same parameters in
+            # another order). DDP hands the hook its buckets in index order, and its first buckets
+            # follow the model's parameters, so every process of the model numbers them alike.
+            layout = tuple(self._ordinals.setdefault(p.data_ptr(), len(self._ordinals)) for p in params)
+            # The buckets that held these parameters were rebuilt: nothing runs on them once this
+            # iteration began (DDP waited for the last), and they are erased at its end.
+            taken = set(layout)
+            self._stale.update(k for k, held in self._layouts.items() if taken.intersection(held))
             key = self._restored.pop(layout, None)
             if key is None:
                 key = self._next_key
@@ -97,7 +106,6 @@ class CommHookState:
             request = self.comm.all_reduce(tensor, "avg", async_op=True)
         else:
             key = self.key_for(bucket)
-            self._live.add(key)
             state = self.store.get(key, tensor.numel())
             request = self.comm.all_reduce(tensor, "avg", codec=self.codec, state=state, async_op=True)
         if bucket.is_last():
@@ -105,23 +113,22 @@ class CommHookState:
         return self._completer.future(request, tensor)
 
     def _end_iteration(self) -> None:
-        if self._known:
-            for key in self._known - self._live:  # buckets that DDP has rebuilt: nothing is in flight on them
-                self.store.erase(key)
-                self._keys = {s: k for s, k in self._keys.items() if k != key}
-                self._layouts.pop(key, None)
-        self._known, self._live = self._live, set()
+        for key in self._stale:
+            self.store.erase(key)
+            self._layouts.pop(key, None)
+        self._keys = {s: k for s, k in self._keys.items() if k not in self._stale}
+        self._stale = set()
 
     def state_dict(self) -> dict:
         return {"codec": None if self.codec is None else self.codec.spec, "store": self.store.save(),
                 "buckets": {key: layout for key, layout in self._layouts.items()}, "next_key": self._next_key}
 
     def load_state_dict(self, state: dict) -> None:
-        """The codec states of ``state_dict()``, each for the bucket of the same index and
-        parameter sizes when DDP builds it (in this process or a resumed one)."""
+        """The codec states of ``state_dict()``, each for the bucket of the same parameters in the
+        same order when DDP builds it (in this process or a resumed one)."""
         self.store.load(state["store"])
         buckets = state.get("buckets", {})
-        self._restored = {(index, tuple(sizes)): key for key, (index, sizes) in buckets.items()}
+        self._restored = {tuple(layout): key for key, layout in buckets.items()}
         self._next_key = max([self._next_key, state.get("next_key", 1)] + [key + 1 for key in buckets])
 
     def close(self) -> None:

@@ -127,6 +127,20 @@ def test_backend_codec_policy(world):
             dist.all_reduce(t)
             assert torch.allclose(t, torch.full_like(t, n), rtol=1e-2)
         assert len(pg._states) == pg._MAX_STATES
+        # A codec of another method on a tensor that has a state (IntSGD after quantization, also
+        # with exact calls between them): its state starts afresh; one of the same name keeps it.
+        bucket = torch.ones(4096)
+        dist.all_reduce(bucket)
+        kept = len(pg._states)
+        qt.set_codec("q4:ef=on", min_bytes=1024)
+        assert len(pg._states) == kept
+        qt.set_codec(None)
+        qt.set_codec("int8", min_bytes=1024)
+        assert len(pg._states) == 0
+        for _ in range(2):
+            bucket = torch.ones(4096)
+            dist.all_reduce(bucket, op=dist.ReduceOp.AVG)
+            assert torch.allclose(bucket, torch.ones(4096), rtol=1e-2)
     finally:
         qt.set_codec(None)
 
@@ -206,8 +220,9 @@ def test_ddp_hook_survives_bucket_rebuild_and_checkpoints(world):
     ddp_gradients(make_model(), gloo, rank, steps=4, lr=0.05, hook_state=state)
     # DDP's first iteration has one bucket (in reverse parameter order); the rebuilt ones are several,
     # each with its own key, and the first iteration's key is erased.
-    buckets = len(state._known)
-    assert buckets >= 2 and len(state._keys) == buckets
+    buckets = len(state._layouts)
+    assert buckets >= 2 and len(state._keys) == buckets and not state._stale
+    assert 1 not in state._layouts
     checkpoint = state.state_dict()
     assert isinstance(checkpoint["store"], bytes) and len(checkpoint["store"]) > 0
     state.load_state_dict(checkpoint)
@@ -245,6 +260,8 @@ def test_backend_errors(world):
         dist.all_reduce(torch.ones(4, 4).t())
     with pytest.raises(qccl.InvalidArgument, match="not the qccl backend"):
         qt.set_codec("q8", group=world[2])
+    with pytest.raises(qccl.InvalidArgument, match="op: ReduceOp.BAND is not supported"):
+        dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND)
 
 
 def test_non_finite_gradients_pass_through_as_gloo_gives_them(world):
@@ -297,6 +314,10 @@ def test_ddp_fft_hook(world):
 class FakeBucket:
     def __init__(self, index, params, last):
         self._index, self._params, self._last = index, params, last
+        self._buffer = torch.cat([p.reshape(-1) for p in params])
+
+    def buffer(self):
+        return self._buffer
 
     def index(self):
         return self._index
@@ -311,14 +332,13 @@ class FakeBucket:
 def test_hook_keys_follow_buckets_and_are_never_reused(world):
     rank, n, gloo = world
     state = qt.CommHookState("q8:ef=on", process_group=gloo)
-    a, b, c, d = (torch.zeros(4) for _ in range(4))
+    a, b, c = (torch.zeros(4) for _ in range(3))
 
     def iteration(*buckets):
         keys = []
         for i, params in enumerate(buckets):
             bucket = FakeBucket(i, params, i == len(buckets) - 1)
             keys.append(state.key_for(bucket))
-            state._live.add(keys[-1])
             state.store.get(keys[-1], 4)
         state._end_iteration()
         return keys
@@ -327,17 +347,61 @@ def test_hook_keys_follow_buckets_and_are_never_reused(world):
     assert iteration([c], [a, b]) == [2, 3]     # rebuilt: new keys; key 1 erased at the end
     with pytest.raises(qccl.InvalidArgument):
         state.store.erase(1)
-    assert iteration([c], [d]) == [2, 4]        # a new bucket after an erase: a fresh key, not 3 again
+    assert iteration([c], [b, a]) == [2, 4]     # a new bucket after an erase: a fresh key, not 3 again
+    with pytest.raises(qccl.InvalidArgument):
+        state.store.erase(3)
     # A resumed process: other tensors (other addresses) of the same sizes. Its rebuilt buckets take
     # the checkpoint's keys, and so their states; its first iteration's bucket a fresh key.
     checkpoint = state.state_dict()
     state.close()
     resumed = qt.CommHookState("q8:ef=on", comm=state.comm)
     resumed.load_state_dict(checkpoint)
-    a, b, c, d = (torch.zeros(4) for _ in range(4))
+    a, b, c = (torch.zeros(4) for _ in range(3))
     state = resumed
     assert iteration([a, b, c]) == [5]
-    assert iteration([c], [d]) == [2, 4]
+    assert iteration([c], [b, a]) == [2, 4]
     assert checkpoint["store"] == resumed.store.save()  # the states used are the checkpoint's, untouched
     resumed.close()
     resumed.comm.destroy()
+
+
+def test_hook_checkpoint_follows_the_parameters_order(world):
+    # DDP's first iteration and its rebuilt one can have a bucket of the same index and sizes whose
+    # parameters come in another order: a resumed process's first bucket must not take the rebuilt
+    # one's residual (it would add it to other parameters), and the rebuilt one must get it.
+    rank, n, gloo = world
+    comm = qt.communicator_from_group(gloo)
+    state = qt.CommHookState("q8:ef=on", comm=comm)
+    a, b, c = (torch.zeros(4) for _ in range(3))
+    assert state.key_for(FakeBucket(0, [a, b, c], True)) == 1
+    state.store.get(1, 12)
+    state._end_iteration()
+    assert state.key_for(FakeBucket(0, [a, c, b], True)) == 2
+    state.store.get(2, 12)
+    state._end_iteration()
+    checkpoint = state.state_dict()
+    state.close()
+    resumed = qt.CommHookState("q8:ef=on", comm=comm)
+    resumed.load_state_dict(checkpoint)
+    a, b, c = (torch.zeros(4) for _ in range(3))
+    assert resumed.key_for(FakeBucket(0, [a, b, c], True)) == 3
+    assert resumed.key_for(FakeBucket(0, [a, c, b], True)) == 2
+    resumed.close()
+    comm.destroy()
+
+
+def test_hook_state_shared_by_two_models(world):
+    # Two DDP models on one state: each one's last bucket ends an iteration, and neither erases the
+    # other's keys (their states would restart every step).
+    rank, n, gloo = world
+    state = qt.CommHookState("q8:ef=on", process_group=gloo)
+    generator, discriminator = [torch.zeros(4), torch.zeros(4)], [torch.zeros(4)]
+    for step in range(3):
+        for model in (generator, discriminator):
+            for i, p in enumerate(model):
+                state.all_reduce(FakeBucket(i, [p], i == len(model) - 1)).wait()
+    assert sorted(state._layouts) == [1, 2, 3]
+    for key in (1, 2, 3):
+        state.store.erase(key)  # all still there
+    state.close()
+    state.comm.destroy()
