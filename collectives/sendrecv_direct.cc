@@ -1,8 +1,16 @@
-// Point-to-point send or receive as one transport message (UCX pipelines large messages itself).
-// The peer may be this rank: the transport's loopback carries it.
+// Point-to-point send or receive in messages of a pipeline chunk each, several in flight (the
+// pipeline depth). One message of the whole buffer would be simpler, but a rank counts progress
+// (QCCL_TIMEOUT) when a message completes, and gigabytes over a slow link take longer than the
+// timeout: the call would fail while its bytes still moved. Messages of a few MiB are not enough:
+// above UCX's rendezvous threshold, which qccl raises over the chunk (docs/PERF.md, "Eager
+// chunks"), each message waits for a handshake from its receiver, and where both ranks send, that
+// reply queues behind the receiver's own data on a slow link (over 1 s at 100 Mbit/s with two 4 MiB
+// messages in flight each way). Chunks travel eagerly. The peer may be this rank: the transport's
+// loopback carries it.
 //
 // Wire bytes: S for a send, 0 for a receive.
 #include "collectives/algorithms.h"
+#include "collectives/ring.h"
 
 namespace qccl::coll {
 
@@ -10,17 +18,22 @@ namespace {
 
 class SendRecvDirect final : public Plan {
  public:
-  using Plan::Plan;
-  size_t fragments() const override { return 1; }
+  SendRecvDirect(const CollArgs& args, const PlanOptions& options)
+      : Plan(args), chunk_(chunk_elements(options.chunk_bytes, args.element_size(), args.count)) {}
 
-  void build(size_t, std::byte*, Program& p) const override {
+  size_t fragments() const override { return ceil_div(args_.count, chunk_); }
+
+  void build(size_t f, std::byte*, Program& p) const override {
     p.clear();
-    const size_t bytes = args_.count * args_.element_size();
+    const size_t es = args_.element_size();
+    const Piece pc = piece(args_.count, chunk_, f);
+    const size_t bytes = pc.count * es, at = pc.offset * es;
+    const auto msg = static_cast<uint32_t>(f);
     if (args_.kind == CollKind::kSend) {
-      p.send(1, args_.peer, 0, args_.sendbuf, bytes);
+      p.send(1, args_.peer, msg, static_cast<const char*>(args_.sendbuf) + at, bytes);
       p.wait(1);
     } else {
-      p.recv(0, args_.peer, 0, args_.recvbuf, bytes);
+      p.recv(0, args_.peer, msg, static_cast<char*>(args_.recvbuf) + at, bytes);
       p.wait(0);
     }
   }
@@ -32,6 +45,9 @@ class SendRecvDirect final : public Plan {
   uint64_t wire_bytes_sent() const override {
     return args_.kind == CollKind::kSend ? static_cast<uint64_t>(args_.count) * args_.element_size() : 0;
   }
+
+ private:
+  size_t chunk_;  // values per message
 };
 
 }  // namespace
@@ -42,8 +58,8 @@ const char* sendrecv_direct_cannot_run(const CollArgs& args) {
   return args.codec ? "uncompressed only (sendrecv compressed takes codecs)" : nullptr;
 }
 
-std::unique_ptr<Plan> make_sendrecv_direct(const CollArgs& args, const PlanOptions&) {
-  return std::make_unique<SendRecvDirect>(args);
+std::unique_ptr<Plan> make_sendrecv_direct(const CollArgs& args, const PlanOptions& options) {
+  return std::make_unique<SendRecvDirect>(args, options);
 }
 
 }  // namespace qccl::coll
