@@ -124,6 +124,7 @@ Socket& Socket::operator=(Socket&& other) noexcept {
   if (this != &other) {
     close();
     fd_ = other.fd_;
+    peer_ = other.peer_;
     other.fd_ = -1;
   }
   return *this;
@@ -189,6 +190,7 @@ Socket Socket::connect(const Address& to, const Deadline& deadline) {
       int flags = fcntl(s.fd_, F_GETFL);
       fcntl(s.fd_, F_SETFL, flags & ~O_NONBLOCK);
       tune(s.fd_);
+      s.peer_ = to;
       return s;
     }
     bool retry = last_errno == ECONNREFUSED || last_errno == ETIMEDOUT || last_errno == EHOSTUNREACH ||
@@ -204,10 +206,14 @@ Socket Socket::connect(const Address& to, const Deadline& deadline) {
 Socket Socket::accept(const Deadline& deadline) {
   for (;;) {
     if (!wait_ready(fd_, POLLIN, deadline)) return Socket();
-    int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    sockaddr_storage from{};
+    socklen_t from_len = sizeof(from);
+    int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&from), &from_len, SOCK_CLOEXEC);
     if (fd >= 0) {
       tune(fd);
-      return Socket(fd);
+      Socket s(fd);
+      s.peer_ = Address::from_sockaddr(reinterpret_cast<sockaddr*>(&from), from_len);
+      return s;
     }
     if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN)
       fail(qcclSystemError, "accept on %s failed: %s", local_address().to_string().c_str(),
@@ -268,6 +274,7 @@ Address Socket::local_address() const {
 }
 
 Address Socket::peer_address() const {
+  if (peer_.valid()) return peer_;
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   if (getpeername(fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return Address();

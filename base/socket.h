@@ -60,7 +60,7 @@ class Socket {
   Socket() = default;
   explicit Socket(int fd) : fd_(fd) {}
   ~Socket() { close(); }
-  Socket(Socket&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  Socket(Socket&& other) noexcept : fd_(other.fd_), peer_(other.peer_) { other.fd_ = -1; }
   Socket& operator=(Socket&& other) noexcept;
   Socket(const Socket&) = delete;
   Socket& operator=(const Socket&) = delete;
@@ -80,6 +80,7 @@ class Socket {
   long read_some(void* data, size_t bytes);
 
   Address local_address() const;
+  // The peer as connect() or accept() knew it: after a reset, getpeername no longer says.
   Address peer_address() const;
   int fd() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
@@ -87,6 +88,7 @@ class Socket {
 
  private:
   int fd_ = -1;
+  Address peer_;
 };
 
 }  // namespace qccl::net

@@ -291,13 +291,19 @@ std::vector<std::vector<uint8_t>> exchange_through_root(const BootstrapId& id, i
 
 // ---- PeerInfo ------------------------------------------------------------------------------------
 
+namespace {
+// The hwloc summary is for logs, and its list of bound CPUs has no bound (every other PU of a large
+// host): it is cut to this, so that no binding can make a peer's record unreadable.
+constexpr size_t kTopologyBytes = 1024;
+}  // namespace
+
 std::vector<uint8_t> PeerInfo::serialize() const {
   ByteWriter w;
   w.put_string(hostname);
   w.put_string(boot_id);
   w.put<int32_t>(pid);
   w.put_string(control_address);
-  w.put_string(topology);
+  w.put_string(topology.size() <= kTopologyBytes ? topology : topology.substr(0, kTopologyBytes - 3) + "...");
   w.put_bytes(transport_address.data(), transport_address.size());
   uint64_t cost_bits = 0;
   std::memcpy(&cost_bits, &fft_seconds_per_value, sizeof cost_bits);
@@ -327,7 +333,7 @@ PeerInfo PeerInfo::parse(const std::vector<uint8_t>& bytes, int rank) {
   p.boot_id = r.get_string(64);
   p.pid = r.get<int32_t>();
   p.control_address = r.get_string(128);
-  p.topology = r.get_string(1024);
+  p.topology = r.get_string(kTopologyBytes);
   p.transport_address = r.get_bytes(16384);
   const uint64_t cost_bits = r.get<uint64_t>();
   std::memcpy(&p.fft_seconds_per_value, &cost_bits, sizeof cost_bits);

@@ -191,6 +191,27 @@ TEST_CASE("a silent connection cannot hold the control hub past its deadline, wh
   unblock.join();
 }
 
+TEST_CASE("a socket's errors name its peer also after the peer reset the connection", "[bootstrap]") {
+  net::Socket listener = net::Socket::listen(net::Address::parse("127.0.0.1:0", "loopback"));
+  const std::string where = listener.local_address().to_string();
+  net::Socket client = net::Socket::connect(listener.local_address(), net::Deadline::after(5));
+  net::Socket served = listener.accept(net::Deadline::after(5));
+  REQUIRE(served.valid());
+  const std::string client_address = client.local_address().to_string();
+  const linger reset{1, 0};  // close with a reset: getpeername fails on the other end from then on
+  REQUIRE(::setsockopt(client.fd(), SOL_SOCKET, SO_LINGER, &reset, sizeof reset) == 0);
+  client.close();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  uint8_t byte = 0;
+  CHECK_THROWS_WITH(served.recv_all(&byte, 1, net::Deadline::after(5)), Catch::Contains(client_address));
+  net::Socket again = net::Socket::connect(listener.local_address(), net::Deadline::after(5));
+  net::Socket closing = listener.accept(net::Deadline::after(5));
+  REQUIRE(::setsockopt(closing.fd(), SOL_SOCKET, SO_LINGER, &reset, sizeof reset) == 0);
+  closing.close();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_THROWS_WITH(again.recv_all(&byte, 1, net::Deadline::after(5)), Catch::Contains(where));
+}
+
 TEST_CASE("a unique id waits for its first rank however late, and a root without a port is refused",
           "[bootstrap]") {
   qcclUniqueId id;
@@ -242,6 +263,14 @@ TEST_CASE("peer information round-trips, and malformed or hostile blobs fail cle
   CHECK(q.codec_costs == p.codec_costs);
   CHECK((q.cpus == 2 && q.oversubscribed == 1 && q.pipeline_depth == 4 && q.chunk_bytes == p.chunk_bytes));
   CHECK((q.chunk_explicit == 1 && q.node_map == "0,0,1,1"));
+  // A summary that lists thousands of bound CPUs (every other PU of a large host) is cut, not refused.
+  PeerInfo sparse = p;
+  sparse.topology = "h: 2 packages, 2 NUMA nodes, 512 cores, 1024 PUs, bound to PUs ";
+  for (int pu = 0; pu < 1024; pu += 2) sparse.topology += std::to_string(pu) + ",";
+  const PeerInfo parsed = PeerInfo::parse(sparse.serialize(), 1);
+  CHECK(parsed.topology.size() == 1024);
+  CHECK(parsed.topology.substr(0, 1021) == sparse.topology.substr(0, 1021));
+  CHECK(parsed.node_map == p.node_map);
   // every truncation fails with an error, never a crash or a half-read record
   for (size_t cut = 0; cut < bytes.size(); ++cut) {
     INFO("cut at " << cut);
