@@ -50,7 +50,9 @@ inline IntClip int_clip(int bits, int nranks) {
 }
 
 // One value's wire integer (as float32: a whole number in [lo_f, hi_f]), for u in [0, 1): randomized
-// rounding when stochastic, else round half to even. t - floor(t) is exact in float32. A value that
+// rounding when stochastic, else round half to even. t - floor(t) is exact in float32 for t >= 0; for
+// t < 0 it rounds (1 + t is not always a float) by at most 2^-25, below u's grid of 2^-24, so the
+// rounding's bias stays under 2^-24 per value (Lemma 1's unbiasedness up to that). A value that
 // is not finite is sent as 0 and reported (*nonfinite); one outside the range is clipped (*clipped;
 // alpha * x overflowing to +-Inf is clipped too).
 QCCL_HD float int_encode_value(float x, float alpha, float u, bool stochastic, IntClip clip, bool* clipped,

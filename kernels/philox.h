@@ -12,8 +12,10 @@
 
 namespace qccl::kernels {
 
-// Distinct keys draw independent numbers as long as rank < 2^20 and stream < 2^12 (they share one
-// counter word: rank in the low 20 bits, stream in the high 12).
+// Distinct keys draw independent numbers as long as rank < 2^20, stream < 2^12 and step < 2^32 (they
+// share one counter word: rank in the low 20 bits, stream in the high 12, each XORed with the step's
+// high word, so step 2^32 of rank 0 draws what step 0 of rank 1 draws: 4 billion calls of one state
+// or communicator apart).
 struct PhiloxKey {
   uint64_t seed = 0;   // from the codec spec (seed=...)
   uint64_t step = 0;   // the caller's step counter (or the collective's sequence number)
