@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from . import _qccl
+from .errors import unsigned
 
 
 class Codec:
@@ -89,10 +90,10 @@ class CodecStore:
 
     def get(self, key: int, count: int) -> CodecState:
         """The state of ``key``, made for ``count`` values at its first get."""
-        return CodecState(self._store.get(key, count), self)
+        return CodecState(self._store.get(unsigned(key, "key"), unsigned(count, "count")), self)
 
     def erase(self, key: int) -> None:
-        self._store.erase(key)
+        self._store.erase(unsigned(key, "key"))
 
     def save(self) -> bytes:
         return self._store.save()
@@ -122,8 +123,9 @@ class DeltaStore:
         by_name = {v: k for k, v in DTYPE_NAMES.items()}
         if store_dtype not in ("float16", "bfloat16", "float32"):
             raise InvalidArgument(f"store_dtype: '{store_dtype}'; pass 'float16', 'bfloat16' or 'float32'")
-        self._store = _qccl.DeltaStore(as_codec(codec)._codec, row_values, by_name[store_dtype], budget, evict, id)
-        if store_bits:
+        self._store = _qccl.DeltaStore(as_codec(codec)._codec, unsigned(row_values, "row_values"), by_name[store_dtype],
+                                       unsigned(budget, "budget"), evict, unsigned(id, "id", 32))
+        if unsigned(store_bits, "store_bits", 31):
             self._store.set_low_bits(store_bits)
         if file is not None:
             self._store.set_file(str(file))

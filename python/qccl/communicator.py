@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional, Sequence
 from . import _qccl
 from ._buffers import Buffer, describe, require_count, same_type
 from .codec import Codec, CodecState, CodecStore, DeltaStore, as_codec
-from .errors import InvalidArgument
+from .errors import InvalidArgument, unsigned
 
 Request = _qccl.Request
 SPLIT_NOCOLOR = -1
@@ -40,7 +40,8 @@ _OPS = {**{op: int(op) for op in ReduceOp}, **{op.name.lower(): int(op) for op i
 
 def _op(op: "ReduceOp | str | int") -> int:
     try:
-        return _OPS[op]  # a ReduceOp, its value or its name: one lookup
+        if not isinstance(op, bool):  # True would be looked up as 1, PROD
+            return _OPS[op]  # a ReduceOp, its value or its name: one lookup
     except (KeyError, TypeError):
         pass
     if isinstance(op, str):
@@ -66,7 +67,7 @@ def _state(state: Optional[CodecState]):
 def _segments(segments: Optional[Sequence[tuple[int, bool]]]):
     if segments is None:
         return None
-    return [(int(count), bool(exact)) for count, exact in segments]
+    return [(unsigned(count, "segments' count"), bool(exact)) for count, exact in segments]
 
 
 def get_unique_id() -> bytes:
@@ -189,11 +190,11 @@ class Communicator:
     # ---- Codec state ----------------------------------------------------------------------------
     def codec_state(self, count: int) -> CodecState:
         """A codec state for one tensor of ``count`` values (error feedback, Marsit, IntSGD)."""
-        return CodecState(self._comm.codec_state(count), self)
+        return CodecState(self._comm.codec_state(unsigned(count, "count")), self)
 
     def codec_store(self, budget: int = 0) -> CodecStore:
         """Codec states by key (``budget`` bytes at most; 0: the communicator's budget only)."""
-        return CodecStore(self._comm.codec_store(budget), self)
+        return CodecStore(self._comm.codec_store(unsigned(budget, "budget")), self)
 
     def learn_levels(self, codec: "str | Codec", data: Any = None, *, epochs: int = 10, root: int = 0) -> Codec:
         """QSDP's learned levels for a q codec, fitted to root's ``data`` (collective; others may
@@ -374,6 +375,6 @@ class Communicator:
 
     @staticmethod
     def _keys(keys: Sequence[int], b: Buffer, store: DeltaStore) -> list[int]:
-        keys = [int(k) for k in keys]
+        keys = [unsigned(k, "keys' key") for k in keys]
         require_count(b, "tensor", len(keys) * store.row_values, f"{len(keys)} keys x {store.row_values} values")
         return keys

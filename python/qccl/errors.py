@@ -114,3 +114,16 @@ def error_for(code: int, message: str) -> QcclError:
     known = code in Result._value2member_map_
     return QcclError(message if known else f"{message} (result code {code})",
                      Result(code) if known else Result.INTERNAL_ERROR)
+
+
+def unsigned(value: object, name: str, bits: int = 64) -> int:
+    """``value`` as a count, size or key of the C API (an unsigned integer of ``bits`` bits); anything
+    else (a negative number, a bool, a float, a string) raises :class:`InvalidArgument` naming ``name``."""
+    import operator
+    try:
+        number = operator.index(value)  # int, numpy's integers, ...
+    except TypeError:
+        raise InvalidArgument(f"{name}: {value!r} is not an integer") from None
+    if isinstance(value, bool) or not 0 <= number < 1 << bits:
+        raise InvalidArgument(f"{name}: {value!r} is out of range [0, 2^{bits})")
+    return number

@@ -74,14 +74,23 @@ struct Config {
                                                " is not " + what);
         }
       };
+      // A negative number is refused here: qcclConfig_t reads -1.0 and INT_MIN as 'not set'.
+      auto at_least_zero = [&](double v) {
+        if (v < 0) raise_error(qcclInvalidArgument, "config: " + key + " = " + py::cast<std::string>(py::repr(value)) +
+                                                        " is negative");
+      };
       if (key == "timeout") {
         as(&c.timeoutSeconds, "a number");
+        at_least_zero(c.timeoutSeconds);
       } else if (key == "chunk_bytes") {
         as(&c.chunkBytes, "an int");
+        at_least_zero(c.chunkBytes);
       } else if (key == "pipeline_depth") {
         as(&c.pipelineDepth, "an int");
+        at_least_zero(c.pipelineDepth);
       } else if (key == "codec_min_bytes") {
         as(&c.codecMinBytes, "a number");
+        at_least_zero(c.codecMinBytes);
       } else if (key == "algorithms") {
         as(&algorithms, "a str");
         c.algorithms = algorithms.c_str();

@@ -54,6 +54,29 @@ def test_local_errors_leave_the_communicator_intact(comm):
     for setting, value in (("chunk_bytes", 1.5), ("timeout", "long"), ("codec", 8)):
         with pytest.raises(qccl.InvalidArgument, match=f"config: {setting} = {value!r} is not"):
             comm.split(0, **{setting: value})  # refused on every rank before any message
+    # -1 and INT_MIN are qcclConfig_t's 'not set': from Python they are refused, not the default.
+    for setting, value in (("timeout", -1), ("codec_min_bytes", -1.0), ("chunk_bytes", -2**31),
+                           ("pipeline_depth", -2**31)):
+        with pytest.raises(qccl.InvalidArgument, match=rf"config: {setting} = {value!r} is negative"):
+            comm.split(0, **{setting: value})
+    with pytest.raises(qccl.InvalidArgument, match="op: True is not a qccl.ReduceOp"):
+        comm.all_reduce(x, True)  # not PROD
+    # Counts, sizes and keys: negative, bool or too wide values are qccl's refusal naming them.
+    store = comm.codec_store()
+    delta = qccl.DeltaStore("aq4:channels=4", 4)
+    for call, message in ((lambda: comm.codec_state(-1), "count: -1 is out of range"),
+                          (lambda: comm.codec_store(-5), "budget: -5 is out of range"),
+                          (lambda: store.get(-1, 4), "key: -1 is out of range"),
+                          (lambda: store.get(1, 2.5), "count: 2.5 is not an integer"),
+                          (lambda: store.erase(2**64), "key: 18446744073709551616 is out of range"),
+                          (lambda: qccl.DeltaStore("aq4:channels=4", -4), "row_values: -4 is out of range"),
+                          (lambda: qccl.DeltaStore("aq4:channels=4", 4, id=2**32),
+                           r"id: 4294967296 is out of range \[0, 2\^32\)"),
+                          (lambda: comm.delta_send(np.ones(4, np.float32), [-3], delta, 0), "keys' key: -3"),
+                          (lambda: comm.all_gather(np.zeros(comm.size * 10, np.float32), x, codec="q8",
+                                                   segments=[(-10, True)]), "segments' count: -10")):
+        with pytest.raises(qccl.InvalidArgument, match=message):
+            call()
     comm.all_reduce(x)  # still usable
     assert np.all(x == comm.size * comm.size)  # out=x above held size (the read-only ones), now summed again
 
