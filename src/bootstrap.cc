@@ -322,6 +322,7 @@ std::vector<uint8_t> PeerInfo::serialize() const {
   w.put<int32_t>(chunk_explicit);
   w.put_string(node_map);
   w.put_string(algorithms);
+  w.put_string(aggregators);
   return std::move(w.bytes());
 }
 
@@ -355,6 +356,7 @@ PeerInfo PeerInfo::parse(const std::vector<uint8_t>& bytes, int rank) {
   p.chunk_explicit = r.get<int32_t>();
   p.node_map = r.get_string(1 << 20);
   p.algorithms = r.get_string(4096);
+  p.aggregators = r.get_string(1 << 20);
   return p;
 }
 

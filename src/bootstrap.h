@@ -66,6 +66,7 @@ struct PeerInfo {
   int32_t oversubscribed = -1;
   int32_t pipeline_depth = 0;  // QCCL_PIPELINE_DEPTH (auto's model takes rank 0's)
   std::string algorithms;      // what QCCL_ALGO (or config->algorithms) forces (AlgorithmPolicy::forced)
+  std::string aggregators;     // QCCL_AGGREGATORS as given ("": none)
 
   std::vector<uint8_t> serialize() const;
   static PeerInfo parse(const std::vector<uint8_t>& bytes, int rank);

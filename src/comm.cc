@@ -137,6 +137,7 @@ void Comm::join(const BootstrapId& id) {
   me.chunk_explicit = config_.chunk_explicit ? 1 : 0;
   me.node_map = config_.node_map;
   me.algorithms = policy_.forced();
+  me.aggregators = config_.aggregators;
   if (auto_codec_) me.codec_policy = config_.codec;  // (a fixed codec's mismatch fails by its hash)
   me.pipeline_depth = config_.pipeline_depth;
   if (auto_codec_) me.codec_costs = auto_codec_->measure().flatten();  // stretched in agree_auto_codec
@@ -167,6 +168,12 @@ void Comm::join(const BootstrapId& id) {
            names_[r].c_str(), peers_[r].algorithms.empty() ? "no algorithm" : peers_[r].algorithms.c_str(),
            config_.algorithms_from.c_str(), names_[0].c_str(),
            peers_[0].algorithms.empty() ? "none" : peers_[0].algorithms.c_str());
+  // Ranks that list other aggregators would register with different ones and wait for each other
+  // until QCCL_TIMEOUT (or sum through different ones, the shards in another order).
+  for (int r = 0; r < nranks_; ++r)
+    if (peers_[r].aggregators != peers_[0].aggregators)
+      fail(qcclInvalidArgument, "%s has QCCL_AGGREGATORS = '%s', %s '%s': every rank must set the same",
+           names_[r].c_str(), peers_[r].aggregators.c_str(), names_[0].c_str(), peers_[0].aggregators.c_str());
   for (int r = 0; r < nranks_; ++r)
     if (peers_[r].chunk_explicit != peers_[0].chunk_explicit)
       fail(qcclInvalidArgument, "%s %s the chunk (QCCL_CHUNK_BYTES or chunkBytes) and %s %s: every rank must set it, or none",

@@ -289,6 +289,32 @@ int connect_to(const std::string& address) {
 
 }  // namespace
 
+// Ranks that list other aggregators would register with different ones and wait for each other until
+// QCCL_TIMEOUT: creation refuses it at once on every rank, naming both lists.
+TEST_CASE("IntSGD through aggregators: ranks that list other aggregators fail at creation, naming them",
+          "[switch]") {
+  World& w = World::get();
+  if (w.size() < 2) return;
+  const char* launched = std::getenv("QCCL_AGGREGATORS");  // qcclrun's
+  REQUIRE(launched);
+  const std::string aggregators = launched;
+  qcclUniqueId id;
+  if (w.rank() == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, w.comm()));
+  if (w.rank() == 1) ::unsetenv("QCCL_AGGREGATORS");
+  const auto start = std::chrono::steady_clock::now();
+  qcclComm_t comm = nullptr;
+  const qcclResult_t made = qcclCommInitRank(&comm, w.size(), id, w.rank());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::setenv("QCCL_AGGREGATORS", aggregators.c_str(), 1);
+  if (comm) qcclCommDestroy(comm);
+  CHECK(made == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)),
+             Catch::Contains("rank 1") && Catch::Contains("QCCL_AGGREGATORS = ''") &&
+                 Catch::Contains("'" + aggregators + "': every rank must set the same"));
+  CHECK(seconds < 10);
+}
+
 // The aggregator serves every job from one thread: a client that connected and said nothing held it
 // for 30 s (jobs registering meanwhile waited; calls in flight timed out), and a hello that claimed
 // 2^31 - 1 ranks ended it (bad_alloc). Rank 0 does both to every aggregator; a new communicator then
