@@ -241,8 +241,9 @@ void Comm::join(const BootstrapId& id) {
   }
   if (auto_codec_) agree_auto_codec();
 
-  QCCL_INFO("communicator of %d ranks (%d on this host, %d CPUs: %s), root %s", nranks_, local, topology_.bound_pus,
-            oversubscribed_ ? "oversubscribed, spinning yields" : "spinning", id.root.to_string().c_str());
+  QCCL_INFO("communicator of %d ranks (%d on this host, %d CPUs: %s%s), root %s", nranks_, local, topology_.bound_pus,
+            oversubscribed_ ? "oversubscribed, spinning yields" : "spinning",
+            config_.oversubscribed >= 0 ? " as set or inherited" : "", id.root.to_string().c_str());
   QCCL_INFO("topology %s", topology_.summary().c_str());
   QCCL_INFO("node map (%s): %s", config_.node_map.empty() ? "by host" : "QCCL_NODE_MAP", node_map_.describe().c_str());
   if (log_level() >= LogLevel::kInfo) QCCL_INFO("links: %s", describe_links().c_str());

@@ -140,6 +140,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   const Config& config() const { return config_; }
+  bool oversubscribed() const { return oversubscribed_; }
   const coll::NodeMap& node_map() const { return node_map_; }
 
   // Starts a validated call (a zero count completes at once). background: let the progress thread

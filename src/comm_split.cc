@@ -49,6 +49,9 @@ std::shared_ptr<Comm> split_comm(Comm& parent, int color, int key, const qcclCon
             parent.rank(), n);
   // An emulated node map (QCCL_NODE_MAP) lists the parent's ranks: the child keeps its members' nodes.
   if (!config.node_map.empty()) config.node_map = node_map_of_members(parent.node_map(), members);
+  // The parent's other ranks still share this host's CPUs, which the child's own count leaves out: a
+  // child of an oversubscribed parent yields as it does (without QCCL_OVERSUBSCRIBED: detected).
+  if (config.oversubscribed < 0 && parent.oversubscribed()) config.oversubscribed = 1;
   return Comm::create(decode_unique_id(ids[static_cast<size_t>(members[0])]), size, new_rank, config);
 }
 
