@@ -42,6 +42,8 @@ ClusterFacts cluster_facts(const Model& model, const Topology& topology, const C
 std::string choose_auto_codec(const Model& model, const Topology& topology, const CallSpec& call,
                               const std::string& spec, std::vector<Prediction>* predictions, std::string* algorithm) {
   if (!AutoCodec::is_auto(spec)) throw std::invalid_argument("'" + spec + "' is not auto[:maxrelerr=E]");
+  // The node map below divides by the ranks per host: a topology the simulation refuses stops here.
+  if (const std::string why = topology.check(); !why.empty()) throw std::invalid_argument(why);
   std::unique_ptr<AutoCodec> auto_codec;
   try {
     auto_codec = std::make_unique<AutoCodec>(spec, topology.nranks);

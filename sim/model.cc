@@ -96,13 +96,17 @@ double parse_rate(const std::string& text) {
         {"Gi", 1073741824.0},            {"Ti", 1099511627776.0}};
     for (const auto& [prefix, scale] : kPrefixes)
       if (per > 0 && base == prefix) bits_per_unit = per * scale;
+    // Bits may take a small prefix too, as tc's units do ("100mbit/s", "10gbit/s"): a milli-bit is no rate.
+    static const std::pair<const char*, double> kSmallPrefixes[] = {{"m", 1e6}, {"g", 1e9}, {"t", 1e12}};
+    for (const auto& [prefix, scale] : kSmallPrefixes)
+      if (per == 1 && base == prefix) bits_per_unit = scale;
   } else {
     bits_per_unit = tc_rate_unit(unit);
   }
   if (bits_per_unit == 0)
     return bad("unknown unit '" + unit +
-               "' (bits per second: bit, kbit, mbit, gbit, tbit as tc, or bit/s, Mbit/s, Gb/s; bytes per second: "
-               "B/s, KB/s, MB/s, GB/s, TB/s, KiB/s .. TiB/s, or tc's bps, mbps, gbps)");
+               "' (bits per second: bit, kbit, mbit, gbit, tbit as tc, or bit/s, Mbit/s, mbit/s, Gb/s; "
+               "bytes per second: B/s, KB/s, MB/s, GB/s, TB/s, KiB/s .. TiB/s, or tc's bps, mbps, gbps)");
   const double bits = v * bits_per_unit;
   if (!(bits >= 1e3 && bits <= 1e15)) return bad("out of range (1 kbit/s to 1000 Tbit/s)");
   return bits / 8;
@@ -210,7 +214,8 @@ Model default_model() {
   m.codecs["aq8"] = {{"decode", 3.34e-10}, {"decode_add", 2.97e-10}, {"encode", 6.24e-10}};
   m.codecs["bf16"] = {{"decode", 4.38e-10}, {"decode_add", 3.71e-10}, {"encode", 5.13e-10}};
   m.codecs["fft"] = {{"add_spectrum", 1.11e-09}, {"decode", 1.04e-08},    {"decode_add", 1.04e-08},
-                     {"encode", 1.74e-08},       {"fft_encode", 1.9e-08}, {"synthesize", 9.74e-09}};
+                     {"encode", 1.74e-08},       {"fft_encode", 1.9e-08}, {"synthesize", 9.74e-09},
+                     {"restore_residual", 4.11e-10}};
   m.codecs["fp16"] = {{"decode", 3.46e-10}, {"decode_add", 3.11e-10}, {"encode", 3.83e-10}};
   m.codecs["int16"] = {{"decode", 3.46e-10}, {"decode_add", 5.12e-10}, {"encode", 1.21e-09},
                        {"int_add", 1.7e-10}, {"int_decode", 7.8e-10},  {"int_encode", 1.21e-09}};
@@ -223,9 +228,12 @@ Model default_model() {
   m.codecs["q2"] = {{"decode", 3.43e-10}, {"decode_add", 3.32e-10}, {"encode", 6.38e-10}};
   m.codecs["q4"] = {{"decode", 3.74e-10}, {"decode_add", 3.89e-10}, {"encode", 6.32e-10}};
   m.codecs["q8"] = {{"decode", 3.93e-10}, {"decode_add", 3.7e-10}, {"encode", 5.61e-10}};
-  m.codecs["sign"] = {{"decode", 2.07e-10}, {"decode_add", 5.04e-09}, {"decode_signs", 4.5e-10},
-                      {"encode", 3.17e-10}, {"merge", 5.22e-09},      {"pack", 9.22e-10}};
-  m.sources.push_back("cpu: qccl_sim calibrate on the development machine (2-core VM), 2026-11-26");
+  m.codecs["sign"] = {{"decode", 2.07e-10},         {"decode_add", 5.04e-09}, {"decode_signs", 4.5e-10},
+                      {"encode", 3.17e-10},         {"merge", 5.22e-09},      {"pack", 9.22e-10},
+                      {"add_compensation", 7.21e-10}, {"reset_compensation", 5.52e-10}};
+  // fft's restore_residual (ef=on) and Marsit's full-precision round (k=1): calibrate --codec
+  // "fft:ef=on,sign:eta_s=0.01,k=1", the same machine, 2026-11-29.
+  m.sources.push_back("cpu: qccl_sim calibrate on the development machine (2-core VM), 2026-11-26 and -29");
   return m;
 }
 

@@ -277,6 +277,10 @@ TEST_CASE("rates, links and model files", "[sim]") {
   CHECK(parse_rate("100Mb/s") == 12.5e6);  // a small b counts bits, a capital B bytes
   CHECK(parse_rate("100MB/s") == 1e8);
   CHECK(parse_rate("40Gbit/s") == 5e9);
+  CHECK(parse_rate("100mbit/s") == 12.5e6);  // a small prefix before bit/s, as tc's units take it
+  CHECK(parse_rate("10gbit/s") == 1.25e9);
+  CHECK(parse_rate("100mb/s") == 12.5e6);
+  CHECK_THROWS_WITH(parse_rate("100mB/s"), Catch::Contains("unknown unit"));  // bytes keep the capital
   CHECK(parse_rate("1GiB/s") == 1073741824.0);
   CHECK(parse_rate("125mbps") == 1.25e8);  // tc's (and qcclrun's) bytes per second
   CHECK(parse_rate("1gibit") == 1073741824.0 / 8);
