@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "base/errors.h"
 #include "base/socket.h"
@@ -112,7 +113,10 @@ long long parse_int(const std::string& what, const std::string& value, long long
   errno = 0;
   char* end = nullptr;
   long long n = std::strtoll(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || errno == ERANGE)
+  // strtoll also takes leading blanks and a '+', which the other parsers of these variables refuse.
+  const bool digits = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) ||
+                                         (value[0] == '-' && std::isdigit(static_cast<unsigned char>(value[1]))));
+  if (!digits || *end != '\0' || errno == ERANGE)
     fail(qcclInvalidArgument, "%s = '%s' is not an integer", what.c_str(), value.c_str());
   if (n < lo || n > hi)
     fail(qcclInvalidArgument, "%s = %lld is out of range [%lld, %lld]", what.c_str(), n, lo, hi);
@@ -183,15 +187,20 @@ Config Config::from_environment() {
   return c;
 }
 
-Config Config::with(const qcclConfig_t* overrides) const {
+Config Config::with(const qcclConfig_t* given) const {
   Config c = *this;
-  if (!overrides) return c;
-  if (overrides->magic != QCCL_CONFIG_MAGIC)
+  if (!given) return c;
+  if (given->magic != QCCL_CONFIG_MAGIC)
     fail(qcclInvalidArgument, "config->magic = 0x%x: initialise qcclConfig_t with QCCL_CONFIG_INITIALIZER",
-         overrides->magic);
-  if (overrides->size < sizeof(size_t) + 2 * sizeof(unsigned) || overrides->size > sizeof(qcclConfig_t))
-    fail(qcclInvalidArgument, "config->size = %zu is not the size of a qcclConfig_t (%zu)", overrides->size,
+         given->magic);
+  if (given->size < sizeof(size_t) + 2 * sizeof(unsigned) || given->size > sizeof(qcclConfig_t))
+    fail(qcclInvalidArgument, "config->size = %zu is not the size of a qcclConfig_t (%zu)", given->size,
          sizeof(qcclConfig_t));
+  // Only the caller's `size` bytes are its struct (a smaller one of an older header): the fields
+  // beyond them are not set, and not read.
+  qcclConfig_t fields = QCCL_CONFIG_INITIALIZER;
+  std::memcpy(&fields, given, given->size);
+  const qcclConfig_t* overrides = &fields;
   if (overrides->timeoutSeconds != QCCL_CONFIG_UNDEF_DOUBLE) {
     if (!(overrides->timeoutSeconds >= 0 && overrides->timeoutSeconds <= net::Deadline::kForeverSeconds))
       fail(qcclInvalidArgument, "config->timeoutSeconds = %g is out of range [0, %g]", overrides->timeoutSeconds,

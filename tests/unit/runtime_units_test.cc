@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <random>
 #include <thread>
@@ -220,6 +221,9 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
   CHECK_THROWS_WITH(parse_size("QCCL_CODEC_MIN_BYTES", " -1"),
                     Catch::Contains("QCCL_CODEC_MIN_BYTES = ' -1' is not a size"));
   CHECK_THROWS_WITH(parse_int("QCCL_PIPELINE_DEPTH", "0", 1, 64), Catch::Contains("out of range"));
+  CHECK(parse_int("QCCL_RANK", "-3", -5, 5) == -3);
+  for (const char* odd : {" 0", "+1", "\t2", "-", "- 1"})  // strtoll's blanks and sign
+    CHECK_THROWS_WITH(parse_int("QCCL_RANK", odd, -5, 5), Catch::Contains("is not an integer"));
   CHECK_THROWS_WITH(parse_double("QCCL_TIMEOUT", "soon", 0, 1e9), Catch::Contains("'soon'"));
 
   with_env("QCCL_CHUNK_BYTES", "32K", [] { CHECK(Config::resolve(nullptr).chunk_bytes == 32768); });
@@ -283,6 +287,12 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
     c.pipelineDepth = 2;
     CHECK(Config::resolve(&c).pipeline_depth == 2);
   });
+  // A config of a smaller size (an older header's) is read only as far as it goes: what lies beyond
+  // its size is not the caller's, and was read (here a chunk of 10 bytes, refused).
+  qcclConfig_t truncated = QCCL_CONFIG_INITIALIZER;
+  truncated.size = offsetof(qcclConfig_t, timeoutSeconds);  // size, magic and version only
+  truncated.chunkBytes = 10;
+  CHECK(Config::resolve(&truncated).chunk_bytes == Config::resolve(nullptr).chunk_bytes);
   // A config field is held to the range of its variable.
   qcclConfig_t big = QCCL_CONFIG_INITIALIZER;
   big.chunkBytes = (1 << 30) + 1;
