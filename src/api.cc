@@ -105,6 +105,7 @@ qcclResult_t deferrable_call(const char* name, F&& body) {
 
 Comm& get(qcclComm_t comm) {
   if (!comm || !comm->impl) fail(qcclInvalidArgument, "comm is NULL");
+  log_set_rank(comm->impl->rank());  // the thread's log lines carry the rank of the communicator it calls
   return *comm->impl;
 }
 
