@@ -244,7 +244,8 @@ QCCL_API qcclResult_t qcclCommUserRank(const qcclComm_t comm, int* rank);
  * mismatch, a timeout), whose message qcclGetLastError then gives. Never blocks. */
 QCCL_API qcclResult_t qcclCommGetAsyncError(qcclComm_t comm, qcclResult_t* asyncError);
 
-/* Fills *stats (stats->size must be set) for the last collective that completed on comm. */
+/* Fills *stats (stats->size must be set) for the last collective that completed on comm (the
+ * library's own exchanges over it, a qcclCommSplit's for instance, leave them). */
 QCCL_API qcclResult_t qcclCommGetLastStats(qcclComm_t comm, qcclStats_t* stats);
 
 /* ---- Device buffers ------------------------------------------------------------------------------

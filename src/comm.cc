@@ -758,7 +758,9 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& mess
       if (record.operation->identity().p2p) active_p2p_.fetch_sub(1);
       active_version_.fetch_add(1);
     }
-    if (result == qcclSuccess || result == qcclNonFinite) {  // completed (a non-finite result is data)
+    // Completed (a non-finite result is data); the library's own exchanges (a split's, the GPU
+    // wire's choice, learned levels') leave the statistics of the caller's last collective.
+    if ((result == qcclSuccess || result == qcclNonFinite) && !record.internal) {
       const Execution& op = *record.operation;
       const ExecutionStats& stats = op.stats();
       last_stats_ = qcclStats_t{};
@@ -874,6 +876,7 @@ void Comm::allgather_bytes(const void* send, void* recv, size_t bytes) {
   args.rank = rank_;
   args.nranks = nranks_;
   record->comm = shared_from_this();
+  record->internal = true;
   start(record, /*background=*/false);
   wait(*record);
 }

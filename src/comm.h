@@ -100,6 +100,7 @@ struct OpRecord {
   DriveTotals drive_at_start;  // the communicator's totals when its execution started
   bool started = false;               // false while deferred in a group
   bool on_device = false;             // buffers in device memory: the device executor runs it (place)
+  bool internal = false;              // the library's own exchange (allgather_bytes): no statistics
   // A call on device memory that the host executor runs (Comm::stage: a keyed delta call, whose
   // store and kernels are the host's; the fft codec under QCCL_GPU_FFT=host): its buffers cross
   // through pinned host memory, after the work the caller queued on the communicator's stream

@@ -108,6 +108,17 @@ TEST_CASE("a split of a split, and settings overridden per child", "[split]") {
   QCCL_REQUIRE_OK(qcclCommGetLastStats(quarter.comm, &stats));
   // The ring sends every block but the receiver's own once: (n - 1) count int32, whatever the chunking.
   CHECK(stats.wireBytesSent == static_cast<uint64_t>(n - 1) * count * sizeof(int32_t));
+  // The split's own exchanges over a parent leave the parent's statistics of its last collective.
+  const uint64_t before = stats.sequence;
+  {
+    Split again(quarter.comm, 0, 0);
+  }
+  qcclStats_t after{};
+  after.size = sizeof(after);
+  QCCL_REQUIRE_OK(qcclCommGetLastStats(quarter.comm, &after));
+  CHECK(after.sequence == before);
+  CHECK(after.wireBytesSent == stats.wireBytesSent);
+  CHECK(std::string(after.algorithm) == stats.algorithm);
 }
 
 TEST_CASE("a child and its parent run collectives at the same time", "[split]") {
