@@ -98,10 +98,9 @@ namespace {
 
 class RootService {
  public:
-  // Waits for the first rank without limit (an id may be made long before the ranks use it), then
-  // `timeout` seconds for the rest.
-  RootService(net::Socket listener, uint64_t magic, int nranks, double timeout)
-      : listener_(std::move(listener)), magic_(magic), nranks_(nranks), timeout_(timeout) {}
+  // Waits for the first rank until `first_rank`, then `timeout` seconds for the rest.
+  RootService(net::Socket listener, uint64_t magic, int nranks, double timeout, const net::Deadline& first_rank)
+      : listener_(std::move(listener)), magic_(magic), nranks_(nranks), timeout_(timeout), deadline_(first_rank) {}
 
   void run() {
     const std::string where = listener_.local_address().to_string();
@@ -233,15 +232,17 @@ class RootService {
   uint64_t magic_;
   int nranks_;
   double timeout_;
-  net::Deadline deadline_;  // from the first rank's arrival
+  net::Deadline deadline_;  // the first rank's, then from its arrival
   std::vector<std::unique_ptr<Pending>> pending_;
   std::map<int, Joined> ranks_;
 };
 
 }  // namespace
 
-void start_root_service(net::Socket listener, uint64_t magic, int expected_nranks, double timeout_seconds) {
-  auto service = std::make_shared<RootService>(std::move(listener), magic, expected_nranks, timeout_seconds);
+void start_root_service(net::Socket listener, uint64_t magic, int expected_nranks, double timeout_seconds,
+                        const net::Deadline& first_rank) {
+  auto service =
+      std::make_shared<RootService>(std::move(listener), magic, expected_nranks, timeout_seconds, first_rank);
   std::thread([service] { service->run(); }).detach();
 }
 

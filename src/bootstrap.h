@@ -30,8 +30,10 @@ void encode_unique_id(const BootstrapId& id, qcclUniqueId* out);
 BootstrapId decode_unique_id(const qcclUniqueId& id);
 
 // Starts the root service on `listener` in a detached thread. expected_nranks = 0 learns it from the
-// first valid hello. The thread gives up (with a WARN) after `timeout_seconds` (0: never).
-void start_root_service(net::Socket listener, uint64_t magic, int expected_nranks, double timeout_seconds);
+// first valid hello. The thread waits for the first rank until `first_rank` (a unique id may be used
+// long after it was made), then gives up (with a WARN) `timeout_seconds` after it came (0: never).
+void start_root_service(net::Socket listener, uint64_t magic, int expected_nranks, double timeout_seconds,
+                        const net::Deadline& first_rank = net::Deadline::never());
 
 // Rank side: sends our blob to the root and returns every rank's blob, indexed by rank.
 std::vector<std::vector<uint8_t>> exchange_through_root(const BootstrapId& id, int rank, int nranks,

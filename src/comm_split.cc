@@ -39,7 +39,10 @@ std::shared_ptr<Comm> split_comm(Comm& parent, int color, int key, const qcclCon
     net::Socket listener = net::Socket::listen(net::local_address(config.socket_ifname));
     const BootstrapId root{random_magic(), listener.local_address()};
     encode_unique_id(root, &id);
-    start_root_service(std::move(listener), root.magic, size, config.timeout_seconds);
+    // Its first rank is this process, right after the exchange below, unless that fails: then the
+    // service must not wait for ever.
+    start_root_service(std::move(listener), root.magic, size, config.timeout_seconds,
+                       net::Deadline::after(config.timeout_seconds));
   }
   std::vector<qcclUniqueId> ids(static_cast<size_t>(n));
   parent.allgather_bytes(&id, ids.data(), sizeof(id));

@@ -212,6 +212,15 @@ TEST_CASE("a socket's errors name its peer also after the peer reset the connect
   CHECK_THROWS_WITH(again.recv_all(&byte, 1, net::Deadline::after(5)), Catch::Contains(where));
 }
 
+TEST_CASE("a root service told when its first rank comes gives up after that, closing its port", "[bootstrap]") {
+  // (A split's child root, which its own process joins at once unless the split failed.)
+  net::Socket listener = net::Socket::listen(net::Address::parse("127.0.0.1:0", "loopback"));
+  const net::Address where = listener.local_address();
+  start_root_service(std::move(listener), 42, 2, 30, net::Deadline::after(0.2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  CHECK_THROWS_WITH(net::Socket::connect(where, net::Deadline::after(0.3)), Catch::Contains("cannot connect"));
+}
+
 TEST_CASE("a unique id waits for its first rank however late, and a root without a port is refused",
           "[bootstrap]") {
   qcclUniqueId id;
