@@ -2,6 +2,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -11,9 +12,11 @@
 #include "collectives/plan.h"
 #include "include/qccl.h"
 #include "kernels/reduce.h"
+#include "src/aggregator.h"
 #include "src/auto_codec.h"
 #include "src/device.h"
 #include "src/launch_env.h"
+#include "src/node_map.h"
 #include "src/policy.h"
 
 namespace qccl {
@@ -38,7 +41,14 @@ bool print_environment(FILE* out) {
   // What a communicator made here would refuse (as qcclCommInitRank would, naming the variable).
   try {
     const Config config = Config::from_environment();
-    launch_magic(read_launch_environment());  // qcclCommInitEnv's variables: QCCL_RANK, QCCL_ROOT, ...
+    const EnvLaunch launch = read_launch_environment();  // qcclCommInitEnv's: QCCL_RANK, QCCL_ROOT, ...
+    launch_magic(launch);
+    if (!config.node_map.empty()) {  // against the launcher's rank count, else its own length
+      const auto entries = std::count(config.node_map.begin(), config.node_map.end(), ',') + 1;
+      parse_node_map(config.node_map, launch.nranks > 1 ? launch.nranks : static_cast<int>(entries));
+    }
+    if (!config.aggregators.empty()) parse_aggregator_list(config.aggregators);
+    if (!config.socket_ifname.empty()) net::local_address(config.socket_ifname);
     const AlgorithmPolicy algorithms(config.algorithms);
     if (AutoCodec::is_auto(config.codec))
       const AutoCodec codec(config.codec, 2);
