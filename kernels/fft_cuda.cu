@@ -184,7 +184,6 @@ __global__ void pad_kernel(const float* __restrict__ in, float* __restrict__ rea
 
 using BlockScan = cub::BlockScan<uint32_t, kThreads>;
 using BlockReduceU = cub::BlockReduce<uint32_t, kThreads>;
-using BlockReduceF = cub::BlockReduce<float, kThreads>;
 using BlockReduceL = cub::BlockReduce<unsigned long long, kThreads>;
 
 // The k-th largest (k from 1) of the `bins` finite non-negative magnitudes, exactly as the host's
@@ -252,7 +251,6 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ union {
     BlockScan::TempStorage scan;
     BlockReduceU::TempStorage reduce_u;
-    BlockReduceF::TempStorage reduce_f;
     BlockReduceL::TempStorage reduce_l;
   } temp;
   __shared__ uint32_t largest_all, above_all;
@@ -264,26 +262,27 @@ __global__ void __launch_bounds__(kThreads)
   float2* b = bins_all + off;
   float* mag = mag_all + off;
 
-  // The scaled bins, their magnitudes, the largest magnitude's bits and the largest part. The first
+  // The scaled bins and the largest part's bits (NaN and Inf above every finite pattern). The first
   // and last bins of a real signal's transform are real: the host's FFTs write their imaginary parts
   // as exact zeros, and so does this (cuFFT need not).
   uint32_t largest = 0;
-  float top = 0.0f;
   for (uint32_t k = threadIdx.x; k < bins; k += blockDim.x) {
     float2 v = b[k];
     if (k == 0 || k == bins - 1) v.y = 0.0f;
     v.x *= g.scale[kind], v.y *= g.scale[kind];
     b[k] = v;
-    const float m = v.x * v.x + v.y * v.y;
-    mag[k] = m;
-    largest = max(largest, float_bits(m) & 0x7FFFFFFFu);
-    top = fmaxf(top, fmaxf(fabsf(v.x), fabsf(v.y)));
+    largest = max(largest, max(float_bits(v.x) & 0x7FFFFFFFu, float_bits(v.y) & 0x7FFFFFFFu));
   }
   largest = BlockReduceU(temp.reduce_u).Reduce(largest, cuda::maximum<>{});
-  if (threadIdx.x == 0) largest_all = largest;
+  if (threadIdx.x == 0) largest_all = largest, top_all = bits_float(largest);
   __syncthreads();
-  top = BlockReduceF(temp.reduce_f).Reduce(top, cuda::maximum<>{});
-  if (threadIdx.x == 0) top_all = top;
+  // The magnitudes, scaled into float32's range as the host's (rfloat.h's magnitude_scale).
+  const float mscale = magnitude_scale(largest_all);
+  if (largest_all < 0x7F800000u)
+    for (uint32_t k = threadIdx.x; k < bins; k += blockDim.x) {
+      const float x = b[k].x * mscale, y = b[k].y * mscale;
+      mag[k] = x * x + y * y;
+    }
   __syncthreads();
   if (largest_all >= 0x7F800000u) {  // NaN or Inf reached the bins: the flag alone (no bitmap is written)
     if (threadIdx.x == 0) {

@@ -339,13 +339,15 @@ float kth_largest(const float* v, size_t n, size_t k, uint32_t* candidates) {
 // Inf's or above); a magnitude beyond float32 (a part above 1.8e19) counts as non-finite too: it
 // could not be ranked, and no range float holds it.
 bool select_bins(const FftShape& shape, const kiss_fft_cpx* bins, uint8_t* kept, FftWorkspace& ws) {
-  uint32_t largest = 0;
-  for (size_t k = 0; k < shape.bins; ++k) {
-    const kiss_fft_cpx& b = bins[k];
-    ws.magnitude[k] = b.r * b.r + b.i * b.i;
-    largest = std::max(largest, float_bits(ws.magnitude[k]) & 0x7FFFFFFFu);
-  }
+  uint32_t largest = 0;  // the largest |part|'s bit pattern: NaN and Inf above every finite one
+  for (size_t k = 0; k < shape.bins; ++k)
+    largest = std::max({largest, float_bits(bins[k].r) & 0x7FFFFFFFu, float_bits(bins[k].i) & 0x7FFFFFFFu});
   if (largest >= 0x7F800000u) return false;
+  const float scale = magnitude_scale(largest);
+  for (size_t k = 0; k < shape.bins; ++k) {
+    const float r = bins[k].r * scale, i = bins[k].i * scale;
+    ws.magnitude[k] = r * r + i * i;
+  }
   // The K-th largest magnitude tau (finite here, and not negative), then every bin above tau and
   // the lowest-indexed bins at tau until K are kept: every bin at tau or above is marked, and where
   // ties make that more than K (rarely), the highest-indexed bins at tau are unmarked. The bounds

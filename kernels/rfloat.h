@@ -77,6 +77,20 @@ QCCL_HD float bits_float(uint32_t u) {
 #endif
 }
 
+// The selection ranks a segment's bins by |X|^2 times the square of this power of two, from the bit
+// pattern of its largest |part| (finite): 2^-e for largest = f 2^e, f in [0.5, 1) (2^126 for a
+// subnormal one), so that the scaled parts are at most 1 and their squares neither overflow (parts
+// above 2^64 squared to Inf: a finite segment was sent as NaN) nor fall to subnormals (parts below
+// 2^-63: ties that kept the lowest bins, not the largest). A power of two scales exactly, so the
+// ranking is |X|^2's wherever |X|^2 was a normal float32. Integer arithmetic: host and device alike.
+QCCL_HD float magnitude_scale(uint32_t largest_part_bits) {
+  if (largest_part_bits == 0) return 1.0f;
+  const int biased = static_cast<int>(largest_part_bits >> 23);
+  const int power = biased == 0 ? 126 : 126 - biased;  // -128 .. 126
+  if (power >= -126) return bits_float(static_cast<uint32_t>(power + 127) << 23);
+  return bits_float(0x00800000u >> (-126 - power));  // 2^-127, 2^-128: subnormal, still exact
+}
+
 // The code of a finite x; *clamped is set when |x| was above max.
 QCCL_HD uint32_t range_float_encode(const RangeFloat& r, float x, bool* clamped) {
   const uint32_t u = float_bits(x), magnitude = u & 0x7FFFFFFFu;

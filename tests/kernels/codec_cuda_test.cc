@@ -981,6 +981,40 @@ TEST_CASE("the fft codec's cuFFT launchers choose the host's bins where the tran
   fft_cuda_release(ws);
 }
 
+// Bins are ranked by magnitudes scaled into float32's range (rfloat.h's magnitude_scale), on the
+// device as on the host: a cosine at bin 5 scaled by 2^90 (|X|^2 would overflow: the segment was sent
+// as NaN) or 2^-90 (|X|^2 would be 0: every bin a tie, bin 0 sent) sends bin 5 alone, as the host.
+TEST_CASE("the fft codec's cuFFT launchers rank bins at any scale as the host does", "[fft][cuda]") {
+  if (!cufft_loads()) return;
+  FftCudaWorkspace* ws = fft_cuda_workspace();
+  const FftWorkspaceHandle hws = take_fft_workspace();
+  const CodecConfig c = parse_codec_spec("fft:theta=0.99,bits=10,segment=64,max=auto,index=coo");
+  const uint32_t hash = static_cast<uint32_t>(c.hash());
+  REQUIRE(fft_shape(c, 64).keep == 1);
+  for (int k : {-90, 0, 90}) {
+    INFO("2^" << k);
+    std::vector<float> x(64);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float t = static_cast<float>(i) / 64.0f;
+      x[i] = std::ldexp(std::cos(6.2831853f * 5.0f * t) + 0.01f * std::cos(6.2831853f * 9.0f * t), k);
+    }
+    std::vector<uint8_t> host_run(c.encoded_bytes(x.size()));
+    host_run.resize(fft_encode(c, x.data(), x.size(), host_run.data(), *hws).bytes);
+    const DeviceEncoding dev = encode_on_device(c, hash, x, 0.0f, ws);
+    CHECK(dev.nonfinite == 0);
+    const std::vector<SegmentHeader> dh = headers_of(c, dev.run, x.size()), hh = headers_of(c, host_run, x.size());
+    REQUIRE((dh.size() == 1 && hh.size() == 1));
+    CHECK(dh[0].flags == hh[0].flags);
+    REQUIRE((dh[0].count == 1 && hh[0].count == 1));
+    uint32_t device_bin = 0, host_bin = 0;  // the index list's one entry, after the header
+    std::memcpy(&device_bin, &dev.run[kFftHeaderBytes], 4);
+    std::memcpy(&host_bin, &host_run[kFftHeaderBytes], 4);
+    CHECK(host_bin == 5);
+    CHECK(device_bin == 5);
+  }
+  fft_cuda_release(ws);
+}
+
 // Payloads broken in the middle of a run the way a bad sender or a cut message would break them: an
 // index list out of order, an index past the last bin, a bitmap bit in the padding past the last bin,
 // a count above K, an exponent without max=auto. The device's decoder finds each as the host's does:

@@ -595,13 +595,15 @@ TEST_CASE("fft codec: max=auto scales each segment by a power of two: nothing cl
   CHECK(ones.report.clamped == 0);
   for (float v : ones.decoded) CHECK((v <= 1.0f + 1e-6f && v >= 1.0f - 0x1p-6f - 1e-6f));
   // x scaled by 2^k decodes to decode(x) scaled by 2^k, bit for bit (a power of two commutes with the
-  // transforms and moves only the header's exponent), from 2^-60 to 2^60.
+  // transforms and moves only the header's exponent), from 2^-90 to 2^90: there |X|^2 is beyond
+  // float32 (2^-180 was 0, every bin a tie; 2^184 was Inf, the segment sent as NaN), and the bins are
+  // ranked by magnitudes scaled by a power of two (rfloat.h's magnitude_scale).
   std::mt19937 rng(13);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(1000);
   for (float& v : x) v = normal(rng);
   const Coded base = round_trip(c, x);
-  for (int k : {-60, -7, 1, 9, 60}) {
+  for (int k : {-90, -60, -7, 1, 9, 60, 90}) {
     std::vector<float> y(x.size());
     for (size_t i = 0; i < x.size(); ++i) y[i] = std::ldexp(x[i], k);
     const Coded scaled = round_trip(c, y);
@@ -610,6 +612,27 @@ TEST_CASE("fft codec: max=auto scales each segment by a power of two: nothing cl
     INFO("2^" << k);
     CHECK(wrong == 0);
     CHECK(scaled.report.bytes == base.report.bytes);
+  }
+  // One bin sent of a cosine at bin 5 over a small one at bin 9: bin 5 at every scale (at 2^-90 every
+  // |X|^2 was 0 and bin 0 was sent; at 2^90 the segment was sent as NaN). codec_cuda_test's twin
+  // checks the device.
+  const CodecConfig one = parse_codec_spec("fft:theta=0.99,bits=10,segment=64,max=auto,index=coo");
+  REQUIRE(fft_shape(one, 64).keep == 1);
+  auto wave_ws = take_fft_workspace();
+  for (int k : {-90, 0, 90}) {
+    std::vector<float> wave(64);
+    for (size_t i = 0; i < wave.size(); ++i) {
+      const float t = static_cast<float>(i) / 64.0f;
+      wave[i] = std::ldexp(std::cos(6.2831853f * 5.0f * t) + 0.01f * std::cos(6.2831853f * 9.0f * t), k);
+    }
+    std::vector<uint8_t> run(one.encoded_bytes(wave.size()));
+    const FftReport report = fft_encode(one, wave.data(), wave.size(), run.data(), *wave_ws);
+    INFO("2^" << k);
+    CHECK(report.nonfinite == 0);
+    CHECK(header_at(run.data()).count == 1);
+    uint32_t bin = 0;  // the index list's one entry, after the header
+    std::memcpy(&bin, &run[kFftHeaderBytes], 4);
+    CHECK(bin == 5);
   }
   // A fixed range's payload never carries an exponent: one that does is malformed there.
   const CodecConfig fixed = parse_codec_spec("fft:theta=0.8,segment=400");
