@@ -589,9 +589,10 @@ class Guardian {
 
  private:
   void tell(int32_t value) {
-    // 4 bytes into a pipe are written whole; a full pipe (a stopped guardian) or a dead guardian
-    // only loses the watch.
-    if (fd_ >= 0 && write(fd_, &value, sizeof value) != static_cast<ssize_t>(sizeof value)) {
+    // 4 bytes into a pipe are written whole. A full pipe (a stopped guardian) loses this message
+    // only: closing it would read as qcclrun gone, and the guardian would kill the running ranks. A
+    // dead guardian (EPIPE) loses the watch.
+    if (fd_ >= 0 && write(fd_, &value, sizeof value) != static_cast<ssize_t>(sizeof value) && errno != EAGAIN) {
       close(fd_);
       fd_ = -1;
     }
@@ -599,6 +600,7 @@ class Guardian {
 
   [[noreturn]] static void guard(int fd) {
     setsid();
+    fd = fcntl(fd, F_DUPFD, 3);  // out of 0 .. 2, where a qcclrun started with those closed had it
     int devnull = open("/dev/null", O_RDWR);  // so that no reader of qcclrun's output waits for us
     for (int i = 0; i < 3; i++) dup2(devnull, i);
     dup2(fd, 3);
@@ -670,7 +672,8 @@ class Job {
           output_.close_stream(r, ranks_[r].err);
         }
     }
-    for (pid_t helper : helpers_) kill(-helper, SIGTERM);  // reaped below, with the ranks' leftovers
+    for (pid_t helper : helpers_)  // reaped below, with the ranks' leftovers (0: reaped already)
+      if (helper > 0) kill(-helper, SIGTERM);
     guardian_.dismiss();
     reap_leftovers(now_s() + kDrainSeconds);
     return exit_code_;
@@ -824,9 +827,16 @@ class Job {
       for (int r = 0; r < opts_.nranks; r++)
         if (ranks_[r].pid == pid && !ranks_[r].reaped) exited.emplace_back(r, status);
       // An aggregator that dies leaves the ranks waiting for sums: say so (they fail at QCCL_TIMEOUT).
+      // Its group goes with it, and its id, free from now on, is no longer one to kill (by the
+      // guardian or at the end: another process may take it).
       for (size_t k = 0; k < helpers_.size(); k++)
-        if (helpers_[k] == pid && phase_ == Phase::kRunning)
-          fprintf(stderr, "qcclrun: aggregator %zu (pid %d) exited while the ranks run\n", k, pid);
+        if (helpers_[k] == pid) {
+          if (phase_ == Phase::kRunning)
+            fprintf(stderr, "qcclrun: aggregator %zu (pid %d) exited while the ranks run\n", k, pid);
+          kill(-pid, SIGKILL);
+          guardian_.forget(pid);
+          helpers_[k] = 0;
+        }
     }
     std::stable_partition(exited.begin(), exited.end(), [](const auto& e) { return WIFSIGNALED(e.second); });
     for (const auto& [r, how] : exited) on_rank_exit(r, how);

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -222,6 +223,65 @@ TEST_CASE("nothing a rank started outlives a SIGKILLed qcclrun", "[qcclrun]") {
   };
   while (any_alive() && now_s() < deadline) usleep(10000);
   for (pid_t pid : children) CHECK_FALSE(process_alive(pid));
+}
+
+// The pid of qcclrun's child whose command is `comm` (a helper it started), or -1.
+pid_t child_named(pid_t parent, const std::string& comm) {
+  std::ifstream children("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children");
+  for (pid_t pid; children >> pid;) {
+    std::ifstream name("/proc/" + std::to_string(pid) + "/comm");
+    std::string text;
+    if (std::getline(name, text) && text == comm) return pid;
+  }
+  return -1;
+}
+
+TEST_CASE("an aggregator that died is no group to kill: its id may be another process's", "[qcclrun]") {
+  // The guardian listed the aggregator's group until qcclrun's end; when the aggregator died first
+  // and another process took its id, a SIGKILLed qcclrun's guardian killed that process. The id is
+  // handed out again through ns_last_pid (root only).
+  if (!std::ofstream("/proc/sys/kernel/ns_last_pid")) {
+    WARN("skipped: /proc/sys/kernel/ns_last_pid is not writable (root only)");
+    return;
+  }
+  Qcclrun job({"-n", "1", "--aggregators", "1", "--", "sh", "-c", "echo up; sleep 30"});
+  pid_t aggregator = -1;
+  RunResult r = job.wait(20, [&](const std::string& out) {
+    if (aggregator > 0 || count(out, "up\n") == 0) return;
+    for (int look = 0; look < 500 && aggregator <= 0; ++look, usleep(10000))
+      aggregator = child_named(job.pid(), "qccl_aggregator");
+    if (aggregator <= 0) return;
+    kill(aggregator, SIGKILL);
+    usleep(300000);  // qcclrun reaps it
+    pid_t other = -1;
+    for (int attempt = 0; attempt < 50 && other != aggregator; ++attempt) {
+      if (other > 0) kill(other, SIGKILL), waitpid(other, nullptr, 0);
+      std::ofstream("/proc/sys/kernel/ns_last_pid") << aggregator - 1 << std::flush;  // the next pid
+      other = fork();
+      if (other == 0) {
+        setsid();  // a group of its own, whose id is the dead aggregator's
+        execl("/bin/sleep", "sleep", "30", static_cast<char*>(nullptr));
+        _exit(99);
+      }
+    }
+    if (other != aggregator) {
+      if (other > 0) kill(other, SIGKILL), waitpid(other, nullptr, 0);
+      WARN("skipped: the dead aggregator's pid went to another process");
+      aggregator = 0;
+      kill(job.pid(), SIGKILL);
+      return;
+    }
+    for (int wait = 0; wait < 100 && getpgid(other) != other; ++wait) usleep(10000);  // its setsid()
+    CHECK(getpgid(other) == other);
+    kill(job.pid(), SIGKILL);  // its guardian kills the groups it lists
+    usleep(1000000);
+    int status = 0;
+    CHECK(waitpid(other, &status, WNOHANG) == 0);  // still running
+    kill(other, SIGKILL);
+    waitpid(other, nullptr, 0);
+  });
+  CHECK(aggregator >= 0);
+  CHECK(r.status == 128 + SIGKILL);
 }
 
 TEST_CASE("--aggregators starts IntSGD's aggregators, tells the ranks, and stops them after", "[qcclrun]") {
