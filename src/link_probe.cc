@@ -27,6 +27,7 @@ std::shared_ptr<OpRecord> transfer(Comm& comm, coll::CollKind kind, std::vector<
                                        buffer.size(), qcclUint8, 0, peer},
                                comm.rank(), comm.nranks());
   record->comm = comm.shared_from_this();
+  record->internal = true;  // the library's own transfer: no statistics of the caller's collectives
   comm.place(*record, /*in_group=*/false);
   comm.start(record, /*background=*/false);
   return record;
