@@ -21,6 +21,7 @@ feedback), ``sign:eta_s=E`` (Marsit: every gradient value becomes +-E, the magni
 the scale adapted from the gradients), ``fft:theta=0.9,ef=on`` (FFT sparsification), ``none``.
 """
 
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -87,7 +88,8 @@ class CommHookState:
             # sizes may be another bucket's (DDP's first iteration has the same parameters in
             # another order). DDP hands the hook its buckets in index order, and its first buckets
             # follow the model's parameters, so every process of the model numbers them alike.
-            layout = tuple(self._ordinals.setdefault(p.data_ptr(), len(self._ordinals)) for p in params)
+            # (A parameter without values has no address of its own, and no place in the buffer.)
+            layout = tuple(self._ordinals.setdefault(p.data_ptr(), len(self._ordinals)) for p in params if p.numel())
             # The buckets that held these parameters were rebuilt: nothing runs on them once this
             # iteration began (DDP waited for the last), and they are erased at its end.
             taken = set(layout)
@@ -128,7 +130,14 @@ class CommHookState:
         same order when DDP builds it (in this process or a resumed one)."""
         self.store.load(state["store"])
         buckets = state.get("buckets", {})
-        self._restored = {tuple(layout): key for key, layout in buckets.items()}
+        self._restored = {}
+        for key, layout in buckets.items():
+            if all(isinstance(ordinal, int) for ordinal in layout):
+                self._restored[tuple(layout)] = key
+            else:  # an older qccl's (index, sizes): no bucket can be told by it, so its state goes
+                self.store.erase(key)
+                warnings.warn(f"qccl CommHookState: the checkpoint's bucket {key} is of an older format "
+                              f"(index and sizes): its codec state starts afresh")
         self._next_key = max([self._next_key, state.get("next_key", 1)] + [key + 1 for key in buckets])
 
     def close(self) -> None:

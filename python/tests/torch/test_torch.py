@@ -387,7 +387,31 @@ def test_hook_checkpoint_follows_the_parameters_order(world):
     assert resumed.key_for(FakeBucket(0, [a, b, c], True)) == 3
     assert resumed.key_for(FakeBucket(0, [a, c, b], True)) == 2
     resumed.close()
+    # An older qccl's checkpoint named buckets by index and sizes: its states are dropped, with a
+    # warning, not kept for ever in the store's budget.
+    older = dict(checkpoint, buckets={2: (0, (4, 4, 4))})
+    again = qt.CommHookState("q8:ef=on", comm=comm)
+    with pytest.warns(UserWarning, match="bucket 2 is of an older format"):
+        again.load_state_dict(older)
+    with pytest.raises(qccl.InvalidArgument):
+        again.store.erase(2)
+    again.close()
     comm.destroy()
+
+
+def test_hook_keys_of_buckets_with_empty_parameters(world):
+    # Parameters without values share the address 0: two buckets that hold one each did not overlap,
+    # but their ordinals did, so each erased the other's state every iteration.
+    rank, n, gloo = world
+    state = qt.CommHookState("q8:ef=on", process_group=gloo)
+    a, b, empty1, empty2 = torch.zeros(4), torch.zeros(4), torch.zeros(0), torch.zeros(0)
+    for step in range(3):
+        assert state.key_for(FakeBucket(0, [a, empty1], False)) == 1
+        assert state.key_for(FakeBucket(1, [empty2, b], True)) == 2
+        state.store.get(1, 4), state.store.get(2, 4)
+        state._end_iteration()
+    state.close()
+    state.comm.destroy()
 
 
 def test_hook_state_shared_by_two_models(world):
