@@ -155,6 +155,34 @@ void scale(ncclDataType_t t, const void* in, void* out, size_t n, const void* sc
   }
 }
 
+// ncclAvg on a floating type as NCCL runs it (its enqueue.cc turns it into PreMulSum): each rank's
+// input times 1/nranks rounded to the datatype, then a sum. qccl's average sums first and divides
+// after, which overflows where NCCL's does not (float16 60000 on two ranks: Inf, NCCL 60000). Writes
+// the scalar into `scalar` (8 bytes) and returns true for those types; integers keep NCCL's
+// sum-then-divide.
+bool average_scalar(ncclDataType_t t, int nranks, unsigned char scalar[8]) {
+  const double inverse = 1.0 / nranks;
+  switch (t) {
+    case ncclFloat16: {
+      const __half h = __float2half_rn(static_cast<float>(inverse));
+      std::memcpy(scalar, &h, sizeof h);
+      return true;
+    }
+    case ncclBfloat16: {
+      const __nv_bfloat16 b = __float2bfloat16_rn(static_cast<float>(inverse));
+      std::memcpy(scalar, &b, sizeof b);
+      return true;
+    }
+    case ncclFloat32: {
+      const float f = static_cast<float>(inverse);
+      std::memcpy(scalar, &f, sizeof f);
+      return true;
+    }
+    case ncclFloat64: std::memcpy(scalar, &inverse, sizeof inverse); return true;
+    default: return false;
+  }
+}
+
 // ---- Host path ------------------------------------------------------------------------------------------
 
 qcclDataType_t q_type(ncclDataType_t t) { return static_cast<qcclDataType_t>(t); }  // same numbering
@@ -274,6 +302,16 @@ void issue_host(Call& call, Scratch& scratch) {
     log_decision(c, call, bytes, std::string("exact (") + why + ")");
   } else {
     log_decision(c, call, bytes, call.qccl_device ? "exact on qccl, device buffers" : "exact on qccl");
+  }
+  // (A compressed call above averages as its codec does; device buffers take qccl's own average.)
+  unsigned char inverse[8];
+  if (is_reduction(call.kind) && call.op == ncclAvg && !call.qccl_device &&
+      average_scalar(call.datatype, c.nranks, inverse)) {
+    const size_t n = send_elements(call);
+    scratch.emplace_back(n * esize);
+    scale(call.datatype, call.sendbuff, scratch.back().data(), n, inverse);
+    send = scratch.back().data();
+    op = qcclSum;
   }
 
   const char* name = nullptr;  // qccl's message names its call; entry() prefixes the NCCL one

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -182,10 +183,25 @@ TEST_CASE("the version, the error strings, and errors that name the call, argume
   CHECK(ncclCommDeregister(w.comm, handle) == ncclInvalidArgument);
 }
 
+// How far ncclAvg on a floating type may be from the exact average, as NCCL computes it: each input
+// x times s = 1/n rounded to the type, then n - 1 additions, each rounding within u (the unit
+// roundoff) of values at most M = max |x| = 8 (reference.h's inputs): |s - 1/n| n M + n u M +
+// (n - 1) u M, below (2n + 1) u M. nccl-tests allow ULPs there too (shared/specs: verifiable).
+double average_tolerance(DataType t, int nranks) {
+  const double u = t == DataType::kFloat16    ? 0x1p-11
+                   : t == DataType::kBfloat16 ? 0x1p-8
+                   : t == DataType::kFloat32  ? 0x1p-24
+                                              : 0x1p-53;
+  return (2.0 * nranks + 1) * u * 8.0;
+}
+
 void check_reduction(DataType t, RedOp op, const void* got, size_t count, int nranks, const char* what) {
+  const double tolerance = op == RedOp::kAvg && qccl::kernels::is_floating(t) ? average_tolerance(t, nranks) : 0;
   size_t wrong = 0, first = 0;
   for (size_t i = 0; i < count; ++i)
-    if (qccl::test::load(t, got, i) != qccl::test::expected_reduction(t, op, nranks, i) && !wrong++) first = i;
+    if (!(std::fabs(qccl::test::load(t, got, i) - qccl::test::expected_reduction(t, op, nranks, i)) <= tolerance) &&
+        !wrong++)
+      first = i;
   INFO(what << " " << qccl::kernels::data_type_name(t) << " op " << static_cast<int>(op) << ": " << wrong
             << " wrong values, first at " << first);
   CHECK(wrong == 0);
@@ -215,12 +231,43 @@ TEST_CASE("every reduction collective, datatype and op, in place and out of plac
       std::vector<uint8_t> block(count * es);
       NCCL_REQUIRE_OK(ncclReduceScatter(all.data(), block.data(), count, nccl(t), nccl(op), w.comm, nullptr));
       size_t wrong = 0;
+      const double tolerance =
+          op == RedOp::kAvg && qccl::kernels::is_floating(t) ? average_tolerance(t, w.size) : 0;
       for (size_t i = 0; i < count; ++i)
-        wrong += qccl::test::load(t, block.data(), i) !=
-                 qccl::test::expected_reduction(t, op, w.size, w.rank * count + i);
+        wrong += !(std::fabs(qccl::test::load(t, block.data(), i) -
+                             qccl::test::expected_reduction(t, op, w.size, w.rank * count + i)) <= tolerance);
       INFO("ncclReduceScatter " << qccl::kernels::data_type_name(t) << " op " << static_cast<int>(op));
       CHECK(wrong == 0);
     }
+  }
+}
+
+TEST_CASE("ncclAvg on floating types multiplies by 1/nranks first, as NCCL: no overflow near the maximum",
+          "[collectives]") {
+  // Sum-then-divide made float16 60000 on two ranks Inf (and float32 3e38); NCCL's PreMulSum gives
+  // them back, within its rounding.
+  World& w = World::get();
+  const size_t count = 3;
+  struct Case {
+    DataType t;
+    double value;
+  };
+  for (const Case c : {Case{DataType::kFloat16, 60000}, Case{DataType::kFloat16, 65504},
+                       Case{DataType::kBfloat16, 3e38}, Case{DataType::kFloat32, 3e38},
+                       Case{DataType::kFloat64, 1.7e308}}) {
+    INFO(qccl::kernels::data_type_name(c.t) << " " << c.value);
+    const size_t es = esize(c.t);
+    std::vector<uint8_t> in(count * es), out(count * es), block(es);
+    for (size_t i = 0; i < count; ++i) qccl::test::store(c.t, in.data(), i, c.value);
+    const double stored = qccl::test::load(c.t, in.data(), 0);
+    // As average_tolerance, relative to the value instead of reference.h's 8.
+    const double tolerance = average_tolerance(c.t, w.size) / 8.0 * stored;
+    NCCL_REQUIRE_OK(ncclAllReduce(in.data(), out.data(), count, nccl(c.t), ncclAvg, w.comm, nullptr));
+    for (size_t i = 0; i < count; ++i) CHECK(std::fabs(qccl::test::load(c.t, out.data(), i) - stored) <= tolerance);
+    std::vector<uint8_t> all(w.size * es);
+    for (int r = 0; r < w.size; ++r) qccl::test::store(c.t, all.data(), r, c.value);
+    NCCL_REQUIRE_OK(ncclReduceScatter(all.data(), block.data(), 1, nccl(c.t), ncclAvg, w.comm, nullptr));
+    CHECK(std::fabs(qccl::test::load(c.t, block.data(), 0) - stored) <= tolerance);
   }
 }
 
