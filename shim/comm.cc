@@ -48,6 +48,9 @@ CommRef usable(ncclComm_t comm, const char* arg) {
   if (c->init_state.load() != 0)
     fail(ncclInvalidArgument, "%s = %p is still being initialised (ncclCommGetAsyncError reports ncclInProgress)", arg,
          static_cast<void*>(comm));
+  if (splitting(*c))
+    fail(ncclInvalidArgument, "%s = %p is splitting: a non-blocking ncclCommSplit of it runs (ncclCommGetAsyncError "
+         "reports ncclInProgress until it ends)", arg, static_cast<void*>(comm));
   if (c->init_result != ncclSuccess)
     fail(c->init_result, "%s = %p failed to initialise: %s", arg, static_cast<void*>(comm), c->init_error.c_str());
   if (c->finalized) fail(ncclInvalidUsage, "%s = %p was finalized (ncclCommFinalize)", arg, static_cast<void*>(comm));
@@ -266,11 +269,13 @@ ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcom
   if (!newcomm) fail(ncclInvalidArgument, "newcomm = NULL");
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
     fail(ncclInvalidArgument, "color = %d; it must be >= 0 or NCCL_SPLIT_NOCOLOR", color);
-  const bool blocking = config ? config_blocking(config, "ncclCommSplit") : parent->blocking;
+  // As NCCL: the parent's config decides whether the split blocks (it runs as the parent's job), the
+  // child's whether the child's own calls do.
+  const bool blocking = parent->blocking;
   const bool joins = color != NCCL_SPLIT_NOCOLOR;
   auto c = std::make_shared<Comm>();
   c->device = parent->device;
-  c->blocking = blocking;
+  c->blocking = config ? config_blocking(config, "ncclCommSplit") : parent->blocking;
   c->identity = parent->identity + "/" + std::to_string(parent->splits++) + ":" + std::to_string(color);
   if (in_group()) {
     // As NCCL: the handle now (NULL for a rank that joins none, which still takes part), the split at
@@ -286,13 +291,11 @@ ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcom
   if (!blocking) {
     c->init_state.store(1);
     c->init_thread = std::thread([c, pq, color, key] { run_split(*c, pq, color, key); });
-    if (joins) {
-      *newcomm = register_comm(c);
-    } else {  // NULL at once; the parent shows the split's progress (one thread may drive several ranks)
-      *newcomm = nullptr;
-      std::lock_guard<std::mutex> lock(parent->unjoined_mutex);
-      parent->unjoined_splits.push_back(c);
-    }
+    // NULL at once for a rank that joins none; the parent shows the split's progress (one thread may
+    // drive several ranks)
+    *newcomm = joins ? register_comm(c) : nullptr;
+    std::lock_guard<std::mutex> lock(parent->splits_mutex);
+    parent->pending_splits.push_back({c, joins});
     return ncclInProgress;
   }
   run_split(*c, pq, color, key);
@@ -303,21 +306,41 @@ ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcom
 
 namespace {
 
-// The parent's share of its unjoined non-blocking splits (Comm::unjoined_splits): true with *out set
-// while one runs or when one that ended failed (reported once); false once all ended well.
-bool unjoined_split_state(Comm& c, ncclResult_t* out) {
-  std::lock_guard<std::mutex> lock(c.unjoined_mutex);
-  for (auto it = c.unjoined_splits.begin(); it != c.unjoined_splits.end();) {
-    Comm& split = **it;
+// Waits for the pending splits, which use c's qccl communicator, before it goes.
+void wait_pending_splits(Comm& c) {
+  std::vector<Comm::PendingSplit> splits;
+  {
+    std::lock_guard<std::mutex> lock(c.splits_mutex);
+    splits.swap(c.pending_splits);
+  }
+  for (const Comm::PendingSplit& split : splits)
+    if (split.child->init_thread.joinable()) split.child->init_thread.join();
+}
+
+}  // namespace
+
+bool splitting(Comm& c) {
+  std::lock_guard<std::mutex> lock(c.splits_mutex);
+  for (const Comm::PendingSplit& split : c.pending_splits)
+    if (split.child->init_state.load() != 0) return true;
+  return false;
+}
+
+bool pending_split_state(Comm& c, ncclResult_t* out) {
+  std::lock_guard<std::mutex> lock(c.splits_mutex);
+  for (auto it = c.pending_splits.begin(); it != c.pending_splits.end();) {
+    Comm& split = *it->child;
     if (split.init_state.load() != 0) {
       *out = ncclInProgress;
       return true;
     }
-    if (split.init_thread.joinable()) split.init_thread.join();
+    // The thread may still hold the child: joined by whoever holds the handle, or here.
+    if (!it->joined && split.init_thread.joinable()) split.init_thread.join();
     const ncclResult_t result = split.init_result;
     const std::string error = split.init_error;
-    it = c.unjoined_splits.erase(it);
-    if (result != ncclSuccess) {
+    const bool joined = it->joined;
+    it = c.pending_splits.erase(it);
+    if (result != ncclSuccess && !joined) {
       *out = result;
       set_last_error("ncclCommGetAsyncError: ncclCommSplit with NCCL_SPLIT_NOCOLOR failed: " + error);
       return true;
@@ -326,25 +349,12 @@ bool unjoined_split_state(Comm& c, ncclResult_t* out) {
   return false;
 }
 
-// Waits for the unjoined splits, which use c's qccl communicator, before it goes.
-void wait_unjoined_splits(Comm& c) {
-  std::vector<CommRef> splits;
-  {
-    std::lock_guard<std::mutex> lock(c.unjoined_mutex);
-    splits.swap(c.unjoined_splits);
-  }
-  for (const CommRef& split : splits)
-    if (split->init_thread.joinable()) split->init_thread.join();
-}
-
-}  // namespace
-
 void async_error(Comm& c, ncclResult_t* out) {
   if (c.init_state.load() != 0) {
     *out = ncclInProgress;
     return;
   }
-  if (unjoined_split_state(c, out)) return;
+  if (pending_split_state(c, out)) return;
   if (c.init_result != ncclSuccess) {
     *out = c.init_result;
     set_last_error("ncclCommGetAsyncError: initialisation failed: " + c.init_error);
@@ -479,7 +489,7 @@ void finalize(const CommRef& c) {
     }
   }
   log_stats(*c);
-  wait_unjoined_splits(*c);
+  wait_pending_splits(*c);
   c->finalized = true;
   close_host(c);
 }
@@ -488,7 +498,7 @@ void destroy(ncclComm_t comm) {
   CommRef c = unregister_comm(comm);
   if (!c) fail(ncclInvalidArgument, "comm = %p is not a communicator of this library", static_cast<void*>(comm));
   if (c->init_thread.joinable()) c->init_thread.join();
-  wait_unjoined_splits(*c);
+  wait_pending_splits(*c);
   ShimError first{ncclSuccess, ""};
   if (c->real) {
     ncclResult_t r = real()->CommDestroy(c->real);

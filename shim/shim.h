@@ -143,11 +143,17 @@ struct Comm {
   std::atomic<int> init_state{0};  // 0 done, 1 running; the result is init_result
   ncclResult_t init_result = ncclSuccess;
   std::string init_error;
-  // Non-blocking splits of this communicator that this rank joins with NCCL_SPLIT_NOCOLOR: they give
-  // no handle to poll, so, as in NCCL, this communicator reports ncclInProgress until they end (and
-  // then the first one's failure, once).
-  std::mutex unjoined_mutex;
-  std::vector<std::shared_ptr<Comm>> unjoined_splits;
+  // Non-blocking splits of this communicator still to be settled: as in NCCL, which runs a split as a
+  // job of its parent, this communicator reports ncclInProgress until they end and refuses calls
+  // meanwhile (they would meet the split's own exchanges). A split this rank joins with
+  // NCCL_SPLIT_NOCOLOR gives no handle to poll: its failure is reported here, once; a joined one's
+  // on its own handle.
+  struct PendingSplit {
+    std::shared_ptr<Comm> child;
+    bool joined;
+  };
+  std::mutex splits_mutex;
+  std::vector<PendingSplit> pending_splits;
 
   // The real NCCL communicator, made at the first device-buffer call.
   std::atomic<ncclComm_t> real{nullptr};  // atomic: ncclCommGetAsyncError reads it from any thread
@@ -192,6 +198,10 @@ CommRef find_comm(ncclComm_t comm);
 // The shim communicator behind `comm`, initialised: ncclInvalidArgument when it is none,
 // ncclInvalidUsage while its initialisation runs or after it failed or was finalized.
 CommRef usable(ncclComm_t comm, const char* arg = "comm");
+// The state of c's non-blocking splits (Comm::pending_splits): true with *out = ncclInProgress while
+// one runs, or a NOCOLOR one's failure (once); false once all ended. splitting: whether one runs.
+bool pending_split_state(Comm& c, ncclResult_t* out);
+bool splitting(Comm& c);
 
 // Creation (comm.cc).
 struct InitRequest {

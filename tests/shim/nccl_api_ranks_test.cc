@@ -588,13 +588,24 @@ TEST_CASE("a non-blocking split, and InitRankScalable", "[nonblocking]") {
 }
 
 TEST_CASE("non-blocking splits that a rank joins with NCCL_SPLIT_NOCOLOR show on the parent", "[nonblocking]") {
-  // Local to each process: one thread drives two ranks. Rank 0 joins none; its call returns at once
-  // (it used to wait for rank 1's split, which this thread had yet to call) and the parent reports
-  // ncclInProgress until the split is done, as NCCL's does.
-  ncclComm_t comms[2] = {nullptr, nullptr};
-  NCCL_REQUIRE_OK(ncclCommInitAll(comms, 2, nullptr));
+  // Local to each process: one thread drives two ranks of non-blocking parents (a split blocks or not
+  // as its parent does, in NCCL). Rank 0 joins none; its call returns at once (it used to wait for
+  // rank 1's split, which this thread had yet to call) and the parent reports ncclInProgress until
+  // the split is done, as NCCL's does.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  ncclUniqueId pair;
+  NCCL_REQUIRE_OK(ncclGetUniqueId(&pair));
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r) ncclCommInitRankConfig(&comms[r], 2, pair, r, &config);
+  const ncclResult_t grouped = ncclGroupEnd();
+  CHECK((grouped == ncclSuccess || grouped == ncclInProgress));
+  for (ncclComm_t c : comms) {
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress) NCCL_REQUIRE_OK(ncclCommGetAsyncError(c, &state));
+    REQUIRE(state == ncclSuccess);
+  }
   ncclComm_t kids[2] = {comms[0], nullptr};
   for (int r = 0; r < 2; ++r) {
     const ncclResult_t made = ncclCommSplit(comms[r], r == 0 ? NCCL_SPLIT_NOCOLOR : 0, 0, &kids[r], &config);
@@ -615,6 +626,53 @@ TEST_CASE("non-blocking splits that a rank joins with NCCL_SPLIT_NOCOLOR show on
   CHECK(n == 1);
   NCCL_REQUIRE_OK(ncclCommDestroy(kids[1]));
   for (ncclComm_t c : comms) NCCL_REQUIRE_OK(ncclCommDestroy(c));
+}
+
+TEST_CASE("a non-blocking split keeps its parent in progress until it ends, as NCCL's job of the parent",
+          "[nonblocking]") {
+  // The parent reported ready at once while the split's exchanges still ran on it: a collective on it
+  // then met them (ncclInvalidUsage on both). Rank 0 splits late, so that the others' splits wait.
+  World& w = World::get();
+  if (w.size < 2) return;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t parent = nullptr;
+  const ncclUniqueId id = shared_id();
+  const ncclResult_t made = ncclCommInitRankConfig(&parent, w.size, id, w.rank, &config);
+  CHECK((made == ncclSuccess || made == ncclInProgress));
+  auto settle = [](ncclComm_t c) {
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress) {
+      NCCL_REQUIRE_OK(ncclCommGetAsyncError(c, &state));
+      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return state;
+  };
+  REQUIRE(settle(parent) == ncclSuccess);
+  if (w.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ncclComm_t child = nullptr;
+  CHECK(ncclCommSplit(parent, 0, w.rank, &child, nullptr) == ncclInProgress);  // the parent's, not blocking
+  REQUIRE(child != nullptr);
+  if (w.rank != 0) {
+    ncclResult_t state = ncclSuccess;
+    NCCL_REQUIRE_OK(ncclCommGetAsyncError(parent, &state));
+    CHECK(state == ncclInProgress);  // rank 0 has not split yet
+    int32_t x = 1;
+    CHECK(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, parent, nullptr) == ncclInvalidArgument);
+    CHECK_THAT(last_error(), Catch::Contains("is splitting"));
+  }
+  REQUIRE(settle(parent) == ncclSuccess);
+  REQUIRE(settle(child) == ncclSuccess);
+  int32_t x = 1, y = 0;
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, parent, nullptr));
+  REQUIRE(settle(parent) == ncclSuccess);
+  CHECK(y == w.size);
+  y = 0;
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, child, nullptr));
+  REQUIRE(settle(child) == ncclSuccess);
+  CHECK(y == w.size);
+  NCCL_REQUIRE_OK(ncclCommDestroy(child));
+  NCCL_REQUIRE_OK(ncclCommDestroy(parent));
 }
 
 TEST_CASE("ncclCommGetAsyncError polled from a second thread while collectives run", "[async]") {
@@ -748,15 +806,16 @@ TEST_CASE("a process's ranks of one communicator, however made, may be destroyed
   second.join();
   REQUIRE(made[0] == ncclSuccess);
   REQUIRE(made[1] == ncclSuccess);
-  // Their non-blocking splits, called one after the other, then polled:
+  // Their splits into non-blocking children, in a group (the parents block, and a split blocks as its
+  // parent does: one thread driving both ranks groups them, as with NCCL), then polled:
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t kids[2] = {nullptr, nullptr};
-  for (int r = 0; r < 2; ++r) {
-    ncclResult_t r_split = ncclCommSplit(comms[r], 0, 1 - r, &kids[r], &config);
-    CHECK((r_split == ncclInProgress || r_split == ncclSuccess));
-    REQUIRE(kids[r] != nullptr);
-  }
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r) NCCL_REQUIRE_OK(ncclCommSplit(comms[r], 0, 1 - r, &kids[r], &config));
+  const ncclResult_t grouped = ncclGroupEnd();
+  CHECK((grouped == ncclInProgress || grouped == ncclSuccess));
+  for (int r = 0; r < 2; ++r) REQUIRE(kids[r] != nullptr);
   for (int r = 0; r < 2; ++r) {
     ncclResult_t state = ncclInProgress;
     while (state == ncclInProgress) {
