@@ -112,9 +112,22 @@ std::shared_ptr<Clique> clique_of(const Comm& c) {
 
 // ---- Configuration ----------------------------------------------------------------------------------------
 
-// NCCL's rule (init.cc): size first, the magic must be NCCL_CONFIG_INITIALIZER's, and fields newer
-// than `version` take their defaults. The shim reads `blocking` only, which a config older than 2.14
-// does not have: such a config blocks, as NCCL's default.
+namespace {
+
+// A field of the caller's config: NCCL_CONFIG_UNDEF_INT (its default) where the caller's struct (its
+// size) or its header (its version) predates the field, as NCCL reads it.
+int config_field(const ncclConfig_t* config, size_t offset, int since) {
+  if (offset + sizeof(int) > config->size || static_cast<int>(config->version) < since) return NCCL_CONFIG_UNDEF_INT;
+  int value;
+  std::memcpy(&value, reinterpret_cast<const char*>(config) + offset, sizeof value);
+  return value;
+}
+
+}  // namespace
+
+// NCCL's rule (init.cc's parseCommConfig): size first, the magic must be NCCL_CONFIG_INITIALIZER's,
+// fields newer than `version` take their defaults, and the set ones are held to their ranges (the
+// shim uses `blocking` only, but refuses what NCCL refuses). A config older than 2.14 blocks.
 bool config_blocking(const ncclConfig_t* config, const char* call) {
   if (!config) return true;
   constexpr unsigned kMagic = 0xcafebeef;
@@ -123,10 +136,40 @@ bool config_blocking(const ncclConfig_t* config, const char* call) {
   if (config->magic != kMagic)
     fail(ncclInvalidArgument, "config->magic = 0x%x: the ncclConfig_t was not initialised with NCCL_CONFIG_INITIALIZER",
          config->magic);
-  if (config->version < NCCL_VERSION(2, 14, 0) || config->blocking == NCCL_CONFIG_UNDEF_INT) return true;
-  if (config->blocking != 0 && config->blocking != 1)
-    fail(ncclInvalidArgument, "config->blocking = %d is neither 0 nor 1", config->blocking);
-  return config->blocking == 1;
+  constexpr int kUndef = NCCL_CONFIG_UNDEF_INT;
+#define QCCL_CONFIG_FIELD(name, since) config_field(config, offsetof(ncclConfig_t, name), since)
+  const int blocking = QCCL_CONFIG_FIELD(blocking, NCCL_VERSION(2, 14, 0));
+  const int cga = QCCL_CONFIG_FIELD(cgaClusterSize, NCCL_VERSION(2, 17, 0));
+  const int min_ctas = QCCL_CONFIG_FIELD(minCTAs, NCCL_VERSION(2, 17, 0));
+  const int max_ctas = QCCL_CONFIG_FIELD(maxCTAs, NCCL_VERSION(2, 17, 0));
+  const int split_share = QCCL_CONFIG_FIELD(splitShare, NCCL_VERSION(2, 18, 0));
+  const int collnet = QCCL_CONFIG_FIELD(collnetEnable, NCCL_VERSION(2, 27, 0));
+  const int shrink_share = QCCL_CONFIG_FIELD(shrinkShare, NCCL_VERSION(2, 27, 0));
+  const int nvls_ctas = QCCL_CONFIG_FIELD(nvlsCTAs, NCCL_VERSION(2, 27, 0));
+  const int per_peer = QCCL_CONFIG_FIELD(nChannelsPerNetPeer, NCCL_VERSION(2, 28, 0));
+  const int nvlink_centric = QCCL_CONFIG_FIELD(nvlinkCentricSched, NCCL_VERSION(2, 28, 0));
+#undef QCCL_CONFIG_FIELD
+  auto zero_or_one = [&](int value, const char* name) {
+    if (value != kUndef && value != 0 && value != 1)
+      fail(ncclInvalidArgument, "config->%s = %d is neither 0 nor 1 (%s)", name, value, call);
+  };
+  auto positive = [&](int value, const char* name) {
+    if (value != kUndef && value <= 0)
+      fail(ncclInvalidArgument, "config->%s = %d is not positive (%s)", name, value, call);
+  };
+  zero_or_one(blocking, "blocking");
+  if (cga != kUndef && cga < 0) fail(ncclInvalidArgument, "config->cgaClusterSize = %d is negative (%s)", cga, call);
+  positive(min_ctas, "minCTAs");
+  positive(max_ctas, "maxCTAs");
+  if (min_ctas != kUndef && max_ctas != kUndef && min_ctas > max_ctas)
+    fail(ncclInvalidArgument, "config->minCTAs = %d is above config->maxCTAs = %d (%s)", min_ctas, max_ctas, call);
+  zero_or_one(split_share, "splitShare");
+  zero_or_one(collnet, "collnetEnable");
+  zero_or_one(shrink_share, "shrinkShare");
+  positive(nvls_ctas, "nvlsCTAs");
+  positive(per_peer, "nChannelsPerNetPeer");
+  zero_or_one(nvlink_centric, "nvlinkCentricSched");
+  return blocking != 0;  // unset (or older than 2.14): blocking, NCCL's default
 }
 
 namespace {

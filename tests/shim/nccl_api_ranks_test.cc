@@ -523,6 +523,31 @@ TEST_CASE("non-blocking initialisation, and configs checked as NCCL checks them"
   blocking2.blocking = 2;
   CHECK(ncclCommInitRankConfig(&comm, w.size, id, w.rank, &blocking2) == ncclInvalidArgument);
   CHECK_THAT(last_error(), Catch::Contains("config->blocking = 2"));
+  // The other fields NCCL holds to ranges (parseCommConfig), refused before anything is exchanged.
+  struct Bad {
+    void (*set)(ncclConfig_t&);
+    const char* message;
+  };
+  const Bad bads[] = {
+      {[](ncclConfig_t& c) { c.cgaClusterSize = -5; }, "config->cgaClusterSize = -5 is negative"},
+      {[](ncclConfig_t& c) { c.minCTAs = 8, c.maxCTAs = 2; }, "config->minCTAs = 8 is above config->maxCTAs = 2"},
+      {[](ncclConfig_t& c) { c.maxCTAs = 0; }, "config->maxCTAs = 0 is not positive"},
+      {[](ncclConfig_t& c) { c.splitShare = 7; }, "config->splitShare = 7 is neither 0 nor 1"},
+      {[](ncclConfig_t& c) { c.nvlsCTAs = -1; }, "config->nvlsCTAs = -1 is not positive"},
+      {[](ncclConfig_t& c) { c.nvlinkCentricSched = 3; }, "config->nvlinkCentricSched = 3 is neither 0 nor 1"},
+  };
+  for (const Bad& bad : bads) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    bad.set(config);
+    CHECK(ncclCommInitRankConfig(&comm, w.size, id, w.rank, &config) == ncclInvalidArgument);
+    CHECK_THAT(last_error(), Catch::Contains(bad.message));
+  }
+  // A field newer than the config's version takes its default, whatever it holds (as NCCL reads it).
+  ncclConfig_t older = NCCL_CONFIG_INITIALIZER;
+  older.version = NCCL_VERSION(2, 26, 0);
+  older.nvlsCTAs = -1;
+  NCCL_REQUIRE_OK(ncclCommInitRankConfig(&comm, w.size, shared_id(), w.rank, &older));
+  NCCL_REQUIRE_OK(ncclCommDestroy(comm));
 }
 
 // Hidden from the default run ([.]): CTest runs it on its own with QCCL_TIMEOUT=2, so that the
