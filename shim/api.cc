@@ -202,6 +202,10 @@ NCCL_SHIM_API(ncclResult_t, ncclCommFinalize, (ncclComm_t comm)) {
   FROM_REAL(CommFinalize, comm);
   FOREIGN(comm, CommFinalize, comm);
   return entry("ncclCommFinalize", [&] {
+    if (!comm) return ncclSuccess;  // as NCCL 2.28
+    // A second finalize is NCCL's ncclInvalidArgument (other calls on a finalized one: usable()'s).
+    if (const CommRef c = find_comm(comm); c && c->finalized)
+      fail(ncclInvalidArgument, "comm = %p was finalized already (ncclCommFinalize)", static_cast<void*>(comm));
     finalize(usable(comm));
     return ncclSuccess;
   });

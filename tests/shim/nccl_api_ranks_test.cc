@@ -503,6 +503,10 @@ TEST_CASE("non-blocking initialisation, and configs checked as NCCL checks them"
   NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, nullptr));
   CHECK(y == 3 * w.size);
   NCCL_REQUIRE_OK(ncclCommFinalize(comm));
+  // As NCCL 2.28: finalizing twice is ncclInvalidArgument, finalizing NULL succeeds.
+  CHECK(ncclCommFinalize(comm) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("was finalized already"));
+  NCCL_REQUIRE_OK(ncclCommFinalize(nullptr));
   NCCL_REQUIRE_OK(ncclCommDestroy(comm));
 
   ncclConfig_t bad = NCCL_CONFIG_INITIALIZER;
