@@ -45,7 +45,7 @@ const char* fft_cuda_library();
 
 // out = the payloads of `count` values of `in` (segments of c.segment values), *length = their
 // bytes (at most c.encoded_bytes(count)). With `residual`, residual[i] = in[i] - the decoded value i,
-// except over the segments sent as non-finite (NaN or Inf, or a bin's magnitude beyond float32),
+// except over the segments sent as non-finite (NaN or Inf, or a bin beyond float32),
 // where residual is left as it was (the fft method's error feedback). Device counters, each may be
 // null: *nonfinite += the values of the segments sent as non-finite, *clamped += the parts clamped to
 // the range's largest magnitude.

@@ -334,10 +334,10 @@ float kth_largest(const float* v, size_t n, size_t k, uint32_t* candidates) {
 
 // The selection: the magnitudes of a segment's bins, and in kept (a byte per bin) the K of largest
 // magnitude, ties to the lower index (exact K, whatever the values). False (kept left as it was)
-// when a magnitude is not finite: a NaN or Inf in the segment reaches every bin (each is a sum over
-// all the values), so the magnitudes tell (the largest one's bit pattern, as an integer, is then
-// Inf's or above); a magnitude beyond float32 (a part above 1.8e19) counts as non-finite too: it
-// could not be ranked, and no range float holds it.
+// when a part is not finite: a NaN or Inf in the segment reaches every bin (each is a sum over all
+// the values), so the parts tell (the largest one's bit pattern, as an integer, is then Inf's or
+// above). The magnitudes are scaled by a power of two (magnitude_scale), so that every finite
+// segment is ranked, whatever its scale.
 bool select_bins(const FftShape& shape, const kiss_fft_cpx* bins, uint8_t* kept, FftWorkspace& ws) {
   uint32_t largest = 0;  // the largest |part|'s bit pattern: NaN and Inf above every finite one
   for (size_t k = 0; k < shape.bins; ++k)

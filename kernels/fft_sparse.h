@@ -69,7 +69,7 @@ FftWorkspaceHandle take_fft_workspace();
 // Encodes `count` values (segments of c.segment values from in[0]; the last may be shorter) into
 // out, which holds encoded_bytes(count) (the capacity). With `residual` (not overlapping in), error
 // feedback's residual[i] = in[i] - the decoded value i, except over segments sent as non-finite
-// (they held NaN or Inf, or a bin's magnitude beyond float32), where it is left as it was.
+// (they held NaN or Inf, or a bin beyond float32), where it is left as it was.
 FftReport fft_encode(const CodecConfig& c, const float* in, size_t count, void* out, FftWorkspace& ws,
                      float* residual = nullptr);
 // out[i] = (or +=) the decoded value i of the run of `count` values encoded in `bytes` bytes. Returns
@@ -85,8 +85,8 @@ void fft_analyze(const CodecConfig& c, const float* in, size_t count, float* spe
 // fft_encode's other two stages, for measuring them apart (codec_perf); fft_analyze, fft_select and
 // fft_pack in turn write fft_encode's bytes. fft_select: per segment of the spectrum, the K bins of
 // largest magnitude, kept[b] = 1 for those and 0 for the others, a byte per bin of the spectrum
-// (fft_spectrum_floats / 2), or kFftNonfiniteSegment for every bin of a segment whose magnitudes are
-// not finite (fft_encode sends it as non-finite). Returns the bins kept over the run.
+// (fft_spectrum_floats / 2), or kFftNonfiniteSegment for every bin of a segment whose bins are not
+// finite (fft_encode sends it as non-finite). Returns the bins kept over the run.
 constexpr uint8_t kFftNonfiniteSegment = 2;
 size_t fft_select(const CodecConfig& c, const float* spectrum, size_t count, uint8_t* kept, FftWorkspace& ws);
 // fft_pack: the payloads of the run from its spectrum and selection (range floats and packing).
