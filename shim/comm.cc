@@ -1,5 +1,6 @@
 // Communicators of the NCCL drop-in: one handle holds a qccl communicator and, from the first
 // device-buffer call on, the real NCCL's communicator.
+#include <chrono>
 #include <cstring>
 #include <unordered_map>
 
@@ -356,8 +357,15 @@ void wait_pending_splits(Comm& c) {
     std::lock_guard<std::mutex> lock(c.splits_mutex);
     splits.swap(c.pending_splits);
   }
-  for (const Comm::PendingSplit& split : splits)
-    if (split.child->init_thread.joinable()) split.child->init_thread.join();
+  for (const Comm::PendingSplit& split : splits) {
+    if (!split.joined) {  // only the parent holds it
+      if (split.child->init_thread.joinable()) split.child->init_thread.join();
+      continue;
+    }
+    // A joined child's thread is its handle's to join (another thread may destroy it now): its last
+    // use of the parent is over when its state says done.
+    while (split.child->init_state.load() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace
