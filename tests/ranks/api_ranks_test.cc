@@ -206,10 +206,10 @@ TEST_CASE("large all-reduce (several MiB) is exact and bit-identical on every ra
   for (uint64_t other : all) CHECK(other == h);
 }
 
-// Run first in a process (its own tag): the world communicator has made no collective yet, and the
-// library's own exchanges at creation (a link probe's transfers, QCCL_LINK_RATE=probe on several
-// nodes) leave no statistics (link_probe_ranks_node_map runs it so).
-TEST_CASE("a new communicator has no statistics of a last collective", "[fresh]") {
+// Run alone in a process (hidden, its own tag): the world communicator has made no collective yet,
+// and the library's own exchanges at creation (a link probe's transfers, QCCL_LINK_RATE=probe on
+// several nodes) leave no statistics (link_probe_ranks_node_map runs it so).
+TEST_CASE("a new communicator has no statistics of a last collective", "[.][fresh]") {
   World& w = World::get();
   qcclStats_t stats{};
   stats.size = sizeof(stats);
