@@ -15,6 +15,7 @@ the communicator is intact.
 from __future__ import annotations
 
 import enum
+import operator
 
 
 class Result(enum.IntEnum):
@@ -119,7 +120,6 @@ def error_for(code: int, message: str) -> QcclError:
 def unsigned(value: object, name: str, bits: int = 64) -> int:
     """``value`` as a count, size or key of the C API (an unsigned integer of ``bits`` bits); anything
     else (a negative number, a bool, a float, a string) raises :class:`InvalidArgument` naming ``name``."""
-    import operator
     try:
         number = operator.index(value)  # int, numpy's integers, ...
     except TypeError:
