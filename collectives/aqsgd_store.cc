@@ -161,9 +161,10 @@ void DeltaStore::load_m(const uint8_t* stored, float* m) const {
   else kernels::load_float(config_.store_type, stored, m, config_.row_values);
 }
 
-void DeltaStore::store_m(const float* m, uint8_t* stored) const {
-  if (config_.store_bits) kernels::encode(m_codec_, m, config_.row_values, stored, {}, 0);  // nearest: no key
-  else kernels::store_float(config_.store_type, m, stored, config_.row_values);
+size_t DeltaStore::store_m(const float* m, uint8_t* stored) const {
+  if (config_.store_bits) return kernels::encode(m_codec_, m, config_.row_values, stored, {}, 0).nonfinite;  // nearest
+  kernels::store_float(config_.store_type, m, stored, config_.row_values);
+  return kernels::count_nonfinite(config_.store_type, stored, config_.row_values);
 }
 
 kernels::AqDeltaRows DeltaStore::delta_view(const uint64_t* keys, const std::vector<size_t>& delta_rows,
@@ -184,6 +185,16 @@ kernels::AqDeltaRows DeltaStore::delta_view(const uint64_t* keys, const std::vec
     row_m_out_[d] = pending ? pending + delta_rows[d] * row_bytes() : stored;
   }
   return kernels::AqDeltaRows{nd, row, config_.store_type, row_m_.data(), row_m_out_.data()};
+}
+
+size_t DeltaStore::finish_delta_m(const std::vector<size_t>& delta_rows) {
+  size_t nonfinite = 0;
+  for (size_t d = 0; d < delta_rows.size(); ++d) {
+    uint8_t* new_m = pending_m_.data() + delta_rows[d] * row_bytes();
+    nonfinite += config_.store_bits ? store_m(work_m_.data() + d * config_.row_values, new_m)
+                                    : kernels::count_nonfinite(config_.store_type, new_m, config_.row_values);
+  }
+  return nonfinite;
 }
 
 void DeltaStore::set_file(const std::string& file) {
@@ -488,19 +499,27 @@ void DeltaStore::send_section(size_t s, uint8_t* out) {
       fail(DeltaStoreError::Kind::kNonFinite, std::to_string(bad) +
                                                   " channels of the delta hold NaN or Inf (or exceed float16's "
                                                   "range): nothing sent, the store unchanged");
-    if (config_.store_bits)  // low-bit m: re-quantized from the float32 update
-      for (size_t d = 0; d < delta_rows.size(); ++d)
-        store_m(work_m_.data() + d * row, pending_m_.data() + delta_rows[d] * row_bytes());
+    nonfinite += finish_delta_m(delta_rows);
   }
-  write_section_header(s, 0, p.section_bytes[s] - kSectionHeaderBytes, out);
   wire = out + kSectionHeaderBytes;
   for (size_t r = first; r < last; ++r) {
     if (!p.full_row[r]) continue;
     // m = round_store(the value the receiver reads), as the receiver computes it
     kernels::load_float(config_.full_type, wire, as_sent_.data(), row);
-    store_m(as_sent_.data(), pending_m_.data() + r * row_bytes());
+    nonfinite += store_m(as_sent_.data(), pending_m_.data() + r * row_bytes());
     wire += full_row_bytes;
   }
+  // Both ends would keep an m of Inf (a float16 m past 65504, from a full row of float32 or a delta
+  // that carries m there) and refuse every later delta of the key: the sender refuses this call
+  // instead, and the key's m stays the last one that fits.
+  if (nonfinite)
+    fail(DeltaStoreError::Kind::kNonFinite,
+         std::to_string(nonfinite) +
+             (config_.store_bits ? " channels of the keys' new low-bit m would need a scale beyond float16's range"
+                                 : " values of the keys' new m would not be finite as " +
+                                       std::string(kernels::data_type_name(config_.store_type))) +
+             ": nothing sent, the store unchanged (m of float32 or bfloat16, not low-bit, holds them)");
+  write_section_header(s, 0, p.section_bytes[s] - kSectionHeaderBytes, out);
   p.sections_done |= 1u << s;
 }
 
@@ -655,18 +674,18 @@ void DeltaStore::apply_section(size_t s, const uint8_t* section, float* x_out) {
     if (kernels::aq_delta_receive_rows(config_.codec, section + kSectionHeaderBytes + full * full_row_bytes, view,
                                        row_x_out_.data()))
       fail(DeltaStoreError::Kind::kCorrupt, "the delta decodes to NaN (a sender never sends one)");
-    if (config_.store_bits)
-      for (size_t d = 0; d < delta_rows.size(); ++d)
-        store_m(work_m_.data() + d * row, pending_m_.data() + delta_rows[d] * row_bytes());
   }
+  size_t nonfinite = finish_delta_m(delta_rows);
   const uint8_t* wire = section + kSectionHeaderBytes;
   for (size_t r = first; r < last; ++r) {
     if (!p.full_row[r]) continue;
     float* out_row = x_out + r * row;
     kernels::load_float(config_.full_type, wire, out_row, row);
-    store_m(out_row, pending_m_.data() + r * row_bytes());
+    nonfinite += store_m(out_row, pending_m_.data() + r * row_bytes());
     wire += full_row_bytes;
   }
+  if (nonfinite) fail(DeltaStoreError::Kind::kCorrupt, "a key's new m is not finite in the store (a sender never "
+                                                       "sends such a message)");
   p.sections_done |= 1u << s;
 }
 

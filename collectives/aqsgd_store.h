@@ -67,7 +67,8 @@ class DeltaStoreError : public std::runtime_error {
   enum class Kind {
     kArgument,   // a bad call: duplicate keys, a null buffer, nothing to send
     kBudget,     // the rows would exceed the budget (Evict::kNone, or the call's own keys alone)
-    kNonFinite,  // a delta held NaN or Inf (or a channel beyond float16's range): nothing was sent
+    kNonFinite,  // a delta held NaN or Inf (or a channel beyond float16's range), or a key's new m
+                 // would not fit the store's type: nothing was sent
     kMismatch,   // the message does not belong to this store or call (id, configuration, keys, shape)
     kSequence,   // a message was lost or repeated, or a delta names a key this store does not hold
     kCorrupt,    // not a message, or its lengths do not add up
@@ -209,13 +210,18 @@ class DeltaStore {
                 : config_.row_values * kernels::element_size(config_.store_type);
   }
   // A key's m as float32 from its stored form, and back (rounded to store_type, or re-quantized).
+  // store_m returns how many stored values are not finite (beyond float16's range, or an fp16 scale
+  // of low-bit m beyond it, counted per channel): such an m would refuse every later delta.
   void load_m(const uint8_t* stored, float* m) const;
-  void store_m(const float* m, uint8_t* stored) const;
+  size_t store_m(const float* m, uint8_t* stored) const;
   // A call's delta rows as the fused kernels take them (kernels/aq_delta.h): each key's m where the
   // store keeps it, its new m into `pending` (row r of the call at r * row_bytes(); null: in place);
   // with low-bit m, m decoded into work_m_ (d * row_values for delta row d) and updated there, in
   // float32, for the caller to re-quantize (store_m).
   kernels::AqDeltaRows delta_view(const uint64_t* keys, const std::vector<size_t>& delta_rows, uint8_t* pending);
+  // After the fused kernel wrote a section's delta rows' new m: with low-bit m, re-quantizes it from
+  // work_m_ into pending_m_. Returns store_m's count over those rows' new m.
+  size_t finish_delta_m(const std::vector<size_t>& delta_rows);
   uint64_t config_hash() const;
   // Keys to evict so that the call's new keys fit, least recently used first (throws kBudget).
   std::vector<uint64_t> evictions(const uint64_t* keys, size_t nkeys) const;

@@ -6,7 +6,8 @@
 // an unknown key, a truncated message) failing before either store changes; checkpoints; the file
 // tier (row_arena.h): bit-equal with the memory tier, its file's life, a file that cannot grow; low-bit
 // m (App. H.5): bit-equal, within the delta's bound; a message written and applied section by
-// section, in any order, equal to the whole; bad sections and refusals failing with nothing changed.
+// section, in any order, equal to the whole; bad sections and refusals failing with nothing changed;
+// a key's new m beyond its type's range refused at both ends, the key going on from its old m.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -645,6 +646,79 @@ TEST_CASE("delta store: low-bit m stays bit-equal, within the delta's bound, in 
   CHECK(kind_of([&] { plain.set_store_bits(9); }) == Kind::kArgument);
   plain.set_store_bits(8);
   CHECK(plain.config().store_bits == 8);
+}
+
+TEST_CASE("delta store: a new m beyond its type's range is refused, and the key's deltas go on", "[aqsgd]") {
+  using kernels::DataType;
+  const size_t channels = 8, row = 8 * channels;
+  const uint64_t key = 3;
+  struct Case {
+    const char* what;
+    DataType full;
+    int store_bits;
+  };
+  for (const Case& k : {Case{"half rows, half m", DataType::kFloat16, 0}, Case{"half rows, 4-bit m", DataType::kFloat16, 4},
+                        Case{"float rows, half m", DataType::kFloat32, 0}}) {
+    INFO(k.what);
+    auto c = config("aq8:channels=8", row);
+    c.full_type = k.full;
+    c.store_bits = k.store_bits;
+    DeltaStore sender(c), receiver(c);
+    const kernels::CodecConfig m_codec = kernels::parse_codec_spec("aq4:channels=8");
+    std::mt19937_64 rng(5);
+    std::vector<float> x(row), out(row), m_prev(row);
+    std::vector<uint8_t> msg(sender.max_message_bytes(1));
+    auto around = [&](float v) {
+      for (float& e : x) e = v + std::uniform_real_distribution<float>(-100.0f, 100.0f)(rng);
+    };
+    auto pass = [&] {
+      const bool delta = receiver.holds(key);
+      if (delta && k.store_bits) kernels::decode(m_codec, receiver.row(key), row, m_prev.data());
+      else if (delta) kernels::load_float(DataType::kFloat16, receiver.row(key), m_prev.data(), row);
+      const size_t bytes = sender.send(x.data(), &key, 1, {}, msg.data());
+      receiver.receive(msg.data(), bytes, &key, 1, out.data());
+      require_equal(sender, receiver, {key});
+      if (!delta) return;
+      // aq8's bound per channel (qcclSendCompressed): s / 2^7 + 2^-11 s, s = max |x - m_prev| there
+      std::vector<float> s(channels, 0.0f);
+      for (size_t i = 0; i < row; ++i) s[i % channels] = std::max(s[i % channels], std::fabs(x[i] - m_prev[i]));
+      for (size_t i = 0; i < row; ++i)
+        REQUIRE(std::fabs(out[i] - x[i]) <= s[i % channels] / 128 + 0x1p-11f * s[i % channels] + 1e-3f);
+    };
+    // First sight at 70,000: half rows refuse it on the wire; float rows would make m Inf in half.
+    around(70000.0f);
+    CHECK(kind_of([&] { sender.send(x.data(), &key, 1, {}, msg.data()); }) == Kind::kNonFinite);
+    CHECK(sender.keys() == 0);
+    around(60000.0f);
+    pass();
+    // A delta of 10,000 fits (its scale is within float16's range), but m + delta does not: m would
+    // be Inf (with 4-bit m, its fp16 scale NaN) at both ends, and every later delta refused.
+    const std::vector<uint8_t> before = sender.save();
+    around(70000.0f);
+    CHECK(kind_of([&] { sender.send(x.data(), &key, 1, {}, msg.data()); }) == Kind::kNonFinite);
+    CHECK(sender.save() == before);
+    // The key goes on from the m that fits, in both directions, to the delta's bound.
+    around(50000.0f);
+    pass();
+    around(64000.0f);
+    pass();
+  }
+  // A receiver refuses a message that would make its m Inf (a sender never sends one): a float row's
+  // value changed to 70,000 on the wire.
+  auto c = config("aq8:channels=8", row);
+  c.full_type = DataType::kFloat32;
+  DeltaStore sender(c), receiver(c);
+  std::vector<float> x(row, 1.25f), out(row);
+  std::vector<uint8_t> msg(sender.max_message_bytes(1));
+  const size_t bytes = sender.send(x.data(), &key, 1, {}, msg.data());
+  const float value = 1.25f, big = 70000.0f;
+  auto at = std::search(msg.begin(), msg.begin() + static_cast<long>(bytes), reinterpret_cast<const uint8_t*>(&value),
+                        reinterpret_cast<const uint8_t*>(&value) + 4);
+  REQUIRE(at != msg.begin() + static_cast<long>(bytes));
+  std::memcpy(&*at, &big, 4);
+  CHECK(kind_of([&] { receiver.receive(msg.data(), bytes, &key, 1, out.data()); }) == Kind::kCorrupt);
+  CHECK(receiver.keys() == 0);
+  CHECK(receiver.sequence() == 0);
 }
 
 }  // namespace
