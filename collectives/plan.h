@@ -394,6 +394,10 @@ class Plan {
   virtual bool uses_aggregators() const { return false; }
   // Whether it sends messages of variable length (Program::send_length, recv_upto).
   virtual bool variable_length() const { return false; }
+  // Whether a fragment's steps depend on what the fragments before it did (a length the peer
+  // announced, a part the fragment before encoded): the executor then runs one fragment at a time,
+  // and builds each once the one before has completed.
+  virtual bool fragments_in_sequence() const { return false; }
   // Device executions: what the device's kernels counted for the call's method (IntSGD's clips and
   // sums), read back once the collective's work is done.
   virtual void absorb(const DeviceCounters&) {}

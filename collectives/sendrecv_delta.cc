@@ -1,15 +1,23 @@
-// AQ-SGD's keyed delta exchange (collectives/sendrecv_delta.h) in DeltaCall::kFragments fragments:
-// fragment 0 the store's head, fragment 1 + s section s, then the answer. The sender sends each part
-// as one variable-length message, encoding a section in a Compute step just before its send; the
+// AQ-SGD's keyed delta exchange (collectives/sendrecv_delta.h) in DeltaCall::kFragments fragments,
+// run one at a time: fragment 0 announces the head's length; fragment 1 + p carries part p (the
+// store's head, then section p - 1) in messages of a pipeline chunk each, and the next part's
+// length; the last, the answer. A part is never one message: a rank counts progress when a message
+// completes (QCCL_TIMEOUT), and a part of tens of MiB over a slow link takes longer than the
+// timeout; and a message above UCX's rendezvous threshold waits for a handshake that queues behind
+// the receiver's own data where both ends send (sendrecv_direct.cc). The receiver builds a part's
+// receives from the length announced in the fragment before, hence one fragment at a time.
+//
+// The sender encodes section s in a Compute step once the first messages of the part before it are
+// posted, so the wire carries part p while part p + 1 is encoded, then announces its length. The
 // receiver takes each part into room for twice the largest its own store could be sent (a sender
-// whose store has drifted apart may hold more keys to evict; a longer part fails the communicator as
-// a mismatch), checks the head, applies each section once the head was checked (the sections' steps
-// wait for it: StepKernel::ready), and answers once all sections were applied.
+// whose store has drifted apart may hold more keys to evict); a longer part is received into
+// scratch and dropped, and the call fails as a mismatch. It checks the head, applies each section,
+// and answers once all sections were applied.
 //
 // The answer, and a refusal after the store's refusal header (or section header): u32 status (0:
 // accepted; else 1 + the DeltaStoreError::Kind), then the reason, NUL-terminated, in kAnswerBytes.
 //
-// Wire bytes: the sender's parts (known once written), the receiver's answer.
+// Wire bytes: the sender's parts (known once written) and their 8-byte lengths; the receiver's answer.
 #include "collectives/sendrecv_delta.h"
 
 #include <algorithm>
@@ -21,6 +29,7 @@
 #include <utility>
 
 #include "collectives/algorithms.h"
+#include "collectives/ring.h"
 #include "kernels/convert.h"
 
 namespace qccl::coll {
@@ -115,17 +124,21 @@ class DeltaStep final : public StepKernel {
 
 class SendRecvDelta final : public Plan {
  public:
-  explicit SendRecvDelta(const CollArgs& args)
+  SendRecvDelta(const CollArgs& args, const PlanOptions& options)
       : Plan(args),
         call_(args.delta),
+        chunk_(std::max<size_t>(options.chunk_bytes, 1)),
         send_section_(args.delta, DeltaStep::Work::kSendSection),
         receive_head_(args.delta, DeltaStep::Work::kReceiveHead),
         receive_section_(args.delta, DeltaStep::Work::kReceiveSection),
         finish_(args.delta, DeltaStep::Work::kFinish) {}
 
   size_t fragments() const override { return DeltaCall::kFragments; }
+  bool fragments_in_sequence() const override { return true; }
+  // A receiver's room to drop a part longer than it could be sent, a window of chunks.
+  size_t scratch_bytes() const override { return call_->sender() ? 0 : kWindow * chunk_; }
 
-  void build(size_t f, std::byte*, Program& p) const override {
+  void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
     const int peer = args_.peer;
     const auto compute = [&](const DeltaStep& kernel, size_t section) {
@@ -135,7 +148,7 @@ class SendRecvDelta final : public Plan {
       c.index = section;
       p.compute(c);
     };
-    if (f == DeltaCall::kParts) {  // the answer
+    if (f == DeltaCall::kFragments - 1) {  // the answer
       if (call_->sender()) {
         p.recv(0, peer, 0, call_->answer(), DeltaCall::kAnswerBytes);
       } else {
@@ -145,16 +158,44 @@ class SendRecvDelta final : public Plan {
       p.wait(0);
       return;
     }
-    if (call_->sender()) {
-      if (f > 0) compute(send_section_, f - 1);
-      p.send_length(0, peer, 0, call_->part(f), call_->part_capacity(f), call_->part_length(f));
-      p.wait(0);
-    } else {
-      p.recv_upto(0, peer, 0, call_->part(f), call_->part_capacity(f), call_->part_length(f));
-      p.wait(0);
-      if (f == 0) compute(receive_head_, 0);
-      else compute(receive_section_, f - 1);
+    constexpr size_t kLengthBytes = sizeof(uint64_t);
+    constexpr int kLengthSlot = static_cast<int>(kWindow);
+    if (f == 0) {  // the head's length
+      if (call_->sender()) p.send(kLengthSlot, peer, 0, call_->part_length(0), kLengthBytes);
+      else p.recv(kLengthSlot, peer, 0, call_->part_length(0), kLengthBytes);
+      p.wait(kLengthSlot);
+      return;
     }
+    const size_t part = f - 1;
+    const bool next = part + 1 < DeltaCall::kParts;
+    const size_t bytes = *call_->part_length(part);
+    // Chunks of the part, kWindow in flight; a receiver drops one longer than its room into scratch.
+    const bool drop = !call_->sender() && bytes > call_->part_capacity(part);
+    const size_t n = ceil_div(bytes, chunk_);
+    for (size_t i = 0; i < n; ++i) {
+      const int slot = static_cast<int>(i % kWindow);
+      if (i >= kWindow) p.wait(slot);
+      const size_t at = i * chunk_, length = std::min(chunk_, bytes - at);
+      if (call_->sender()) {
+        p.send(slot, peer, 0, call_->part(part) + at, length);
+        // The next section encoded while the first window of this part is on the wire.
+        if (next && i + 1 == std::min(n, kWindow)) compute(send_section_, part);
+      } else {
+        void* dst = drop ? static_cast<void*>(scratch + static_cast<size_t>(slot) * chunk_) : call_->part(part) + at;
+        p.recv(slot, peer, 0, dst, length);
+      }
+    }
+    if (next && n == 0 && call_->sender()) compute(send_section_, part);  // (a part is never empty)
+    if (next) {
+      if (call_->sender()) p.send(kLengthSlot, peer, 0, call_->part_length(part + 1), kLengthBytes);
+      else p.recv(kLengthSlot, peer, 0, call_->part_length(part + 1), kLengthBytes);
+    }
+    for (size_t slot = 0; slot < std::min(n, kWindow); ++slot) p.wait(static_cast<int>(slot));
+    if (!call_->sender()) {
+      if (part == 0) compute(receive_head_, 0);
+      else compute(receive_section_, part - 1);
+    }
+    if (next) p.wait(kLengthSlot);
   }
 
   void links(std::vector<int>* send_to, std::vector<int>* recv_from) const override {
@@ -165,7 +206,9 @@ class SendRecvDelta final : public Plan {
   uint64_t wire_bytes_sent() const override { return call_->wire_bytes(); }
 
  private:
+  static constexpr size_t kWindow = 8;  // a part's messages in flight
   DeltaCall* call_;
+  size_t chunk_;  // bytes per message
   DeltaStep send_section_, receive_head_, receive_section_, finish_;
 };
 
@@ -196,7 +239,7 @@ void DeltaCall::fail_with(Kind kind, const std::string& message) {
 size_t DeltaCall::wire_bytes() const {
   if (!sender_) return kAnswerBytes;
   size_t bytes = 0;
-  for (size_t p = 0; p < kParts; ++p) bytes += length_[p];
+  for (size_t p = 0; p < kParts; ++p) bytes += length_[p] + sizeof length_[p];  // the part and its length
   return bytes;
 }
 
@@ -276,11 +319,21 @@ void DeltaCall::hear_refusal(const uint8_t* status_bytes) {
   sender_refused_ = true;
 }
 
+bool DeltaCall::dropped(size_t p) {
+  if (length_[p] <= capacity_[p]) return false;
+  fail_with(Kind::kMismatch, "the sender's message part " + std::to_string(p) + " has " + std::to_string(length_[p]) +
+                                 " bytes, more than this end's room of " + std::to_string(capacity_[p]) +
+                                 " (twice the most its store could be sent for " + std::to_string(keys_.size()) +
+                                 " keys): the two ends' stores or calls differ");
+  return true;
+}
+
 void DeltaCall::receive_head() {
   std::lock_guard<std::mutex> lock(link_->mu);
   const uint8_t* head = part(0);
   const size_t header = DeltaStore::header_bytes();
-  if (length_[0] >= header + kAnswerBytes && DeltaStore::is_refusal(head)) {
+  if (dropped(0)) {
+  } else if (length_[0] >= header + kAnswerBytes && DeltaStore::is_refusal(head)) {
     hear_refusal(head + header);
   } else if (const auto refused = refusal_of([&] { link_->store.receive_head(head, length_[0], keys_.data(), keys_.size()); },
                                              "out of memory receiving the message: the store unchanged")) {
@@ -293,7 +346,7 @@ void DeltaCall::receive_section(size_t s) {
   std::lock_guard<std::mutex> lock(link_->mu);
   const uint8_t* section = part(1 + s);
   const size_t header = DeltaStore::section_header_bytes();
-  if (failure_) {  // the head's, or an earlier section's: the store is abandoned at the end
+  if (failure_ || dropped(1 + s)) {  // the head's, or an earlier section's: the store is abandoned at the end
   } else if (length_[1 + s] >= header + kAnswerBytes && DeltaStore::is_section_refusal(section, length_[1 + s])) {
     hear_refusal(section + header);
   } else {
@@ -351,8 +404,8 @@ const char* sendrecv_delta_cannot_run(const CollArgs& args) {
   return args.delta ? nullptr : "keyed delta calls only (qcclDeltaSend, qcclDeltaRecv)";
 }
 
-std::unique_ptr<Plan> make_sendrecv_delta(const CollArgs& args, const PlanOptions&) {
-  return std::make_unique<SendRecvDelta>(args);
+std::unique_ptr<Plan> make_sendrecv_delta(const CollArgs& args, const PlanOptions& options) {
+  return std::make_unique<SendRecvDelta>(args, options);
 }
 
 }  // namespace qccl::coll

@@ -2,10 +2,11 @@
 // non-blocking forms; the store's arithmetic and its message are collectives/aqsgd_store.h).
 //
 // One call is one exchange between the two ends of a store's link: the sender's message, in parts
-// (the store's head, then each of its sections, one transport message each), then the receiver's
-// answer (a fixed kAnswerBytes: accepted, or why not). The sender writes the head when the call
-// starts to run (DeltaCall::prepare) and encodes each section in a Compute step just before sending
-// it, so the wire carries section s while section s + 1 is encoded; the receiver checks the head,
+// (the store's head, then each of its sections; each announced by its length, then in chunk-sized
+// messages), then the receiver's answer (a fixed kAnswerBytes: accepted, or why not). The sender
+// writes the head when the call starts to run (DeltaCall::prepare) and encodes each section in a
+// Compute step while the part before it goes out, so the wire carries part p while section p is
+// encoded; the receiver checks the head,
 // applies each section as it arrives (after the head), and answers once all were applied; the sender
 // commits its store only when the receiver accepted (DeltaCall::complete): both stores change, or
 // neither, and both calls fail alike. A sender that refuses the call (its budget, before the head;
@@ -54,10 +55,10 @@ struct DeltaLink {
 class DeltaCall final : public MethodCall {
  public:
   static constexpr size_t kAnswerBytes = 256;  // the answer: a result, then the reason
-  // The message's parts (0: the head; 1 + s: section s), and the plan's fragments: a part each,
-  // then the answer.
+  // The message's parts (0: the head; 1 + s: section s), and the plan's fragments: the head's length,
+  // a part each (with the next part's length), then the answer.
   static constexpr size_t kParts = 1 + DeltaStore::kSections;
-  static constexpr size_t kFragments = kParts + 1;
+  static constexpr size_t kFragments = 1 + kParts + 1;
 
   // sender: rows of `buffer` (nkeys x the store's row values, in `dtype`) to send; else the buffer
   // the rows are received into. The keys are copied; the buffer must stay valid until completion.
@@ -73,11 +74,12 @@ class DeltaCall final : public MethodCall {
   void end() override;  // no longer in flight on its link
 
   // For the plan (collectives/sendrecv_delta.cc), valid after prepare(): part p's bytes, the room
-  // for them, and their length (the sender's once written; the receiver's once received).
+  // for them, and their length (the sender's once written; the receiver's once announced), which
+  // travels as these 8 bytes.
   bool sender() const { return sender_; }
   uint8_t* part(size_t p) const { return link_->message.data() + at_[p]; }
   size_t part_capacity(size_t p) const { return capacity_[p]; }
-  size_t* part_length(size_t p) { return &length_[p]; }
+  uint64_t* part_length(size_t p) { return &length_[p]; }
   uint8_t* answer() { return answer_; }
   size_t wire_bytes() const;  // what this end sends
   // The Compute steps' work. Sender: writes section s (or a refusal). Receiver: checks the head;
@@ -96,6 +98,9 @@ class DeltaCall final : public MethodCall {
   void hear_refusal(const uint8_t* status_bytes);
   // The sender's refusal, in place of part p (its length set).
   void write_refusal(size_t p);
+  // Receiver: whether part p was longer than its room (received into scratch and dropped); the
+  // call then fails as a mismatch.
+  bool dropped(size_t p);
 
   std::shared_ptr<DeltaLink> link_;
   bool sender_;
@@ -103,7 +108,8 @@ class DeltaCall final : public MethodCall {
   kernels::DataType dtype_;
   std::vector<uint64_t> keys_;
   bool warmup_;  // the link's setting when the call was made
-  size_t at_[kParts] = {}, capacity_[kParts] = {}, length_[kParts] = {};
+  size_t at_[kParts] = {}, capacity_[kParts] = {};
+  uint64_t length_[kParts] = {};
   uint8_t answer_[kAnswerBytes] = {};
   bool ended_ = false;  // end() ran (under the link's lock)
   std::optional<CallFailure> failure_;

@@ -673,14 +673,17 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * storeType: the same three (qcclFloat16 is the paper's). Buffers in host memory or CUDA device memory
  * (see qcclCommSetStream: ordered with the communicator's stream; the rows cross through pinned host
  * memory, since the store and its kernels are the host's: a sender's are copied when its call starts
- * to run, a receiver's when it completes, failed receives' applied rows included). Each call is one exchange between the two ends: a message in five parts
- * (the header with the evicted keys and the bitmap, then four sections, each encoded just before it
- * is sent and applied as it arrives, so that the codec's work overlaps the wire: the call's keys are
- * cut into as many sections, up to four, as keep the extra scales under 1/32 of the delta's bytes,
- * the other sections empty), then the receiver's answer,
- * which completes the sender's call; a part longer than twice the largest the receiver's call could
- * be sent (a sender that names far more keys, or whose rows are more than twice the receiver's)
- * fails the communicator as a mismatch, since the receiver cannot take it whole.
+ * to run, a receiver's when it completes, failed receives' applied rows included). Each call is one
+ * exchange between the two ends: a message in five parts (the header with the evicted keys and the
+ * bitmap, then four sections, each encoded while the part before it is on the wire and applied as
+ * it arrives, so that the codec's work overlaps the wire: the call's keys are cut into as many
+ * sections, up to four, as keep the extra scales under 1/32 of the delta's bytes, the other
+ * sections empty), each part announced by its length (8 bytes, counted in wireBytesSent beside
+ * lastMessageBytes) and sent in messages of a pipeline chunk (QCCL_CHUNK_BYTES), so that a part
+ * longer than QCCL_TIMEOUT on a slow link still shows progress; then the receiver's answer, which
+ * completes the sender's call. A part longer than twice the largest the receiver's call could be
+ * sent (a sender that names far more keys, or whose rows are more than twice the receiver's) is
+ * received and dropped, and both calls fail as a mismatch.
  *
  * Blocking, non-blocking (qcclIDeltaSend / qcclIDeltaRecv: the buffer and the store stay the
  * caller's until qcclWait or qcclTest says the call completed, with its result; the keys are

@@ -245,7 +245,8 @@ PlanExecution::PlanExecution(transport::Transport& transport, const HostExecutor
       device_(shared_ ? &shared_->device() : nullptr),
       wire_(shared_ && DeviceExecutor::on_wire(identity, *plan_) ? shared_->wire() : nullptr) {
   const size_t fragments = plan_->fragments();
-  slots_.resize(std::min<size_t>(static_cast<size_t>(std::max(options.depth, 1)), std::max<size_t>(fragments, 1)));
+  const size_t depth = plan_->fragments_in_sequence() ? 1 : static_cast<size_t>(std::max(options.depth, 1));
+  slots_.resize(std::min<size_t>(depth, std::max<size_t>(fragments, 1)));
   for (Slot& slot : slots_) slot.program.set_default_codec(plan_->args().codec);
   if (scratch) set_scratch(scratch);
   // What the caller queued on its stream before this call runs first: the point is taken now, at the
