@@ -1,7 +1,10 @@
 // Communicators of the NCCL drop-in: one handle holds a qccl communicator and, from the first
 // device-buffer call on, the real NCCL's communicator.
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 
 #include "shim/codec_policy.h"
@@ -124,13 +127,26 @@ int config_field(const ncclConfig_t* config, size_t offset, int since) {
   return value;
 }
 
+// NCCL_COMM_BLOCKING, as NCCL reads it (init.cc's parseCommConfig, an integer parameter): 0 or 1
+// overrides every config's `blocking`, a config or none; other values, and no number, leave it.
+std::optional<bool> env_blocking() {
+  const char* text = std::getenv("NCCL_COMM_BLOCKING");
+  if (!text || !*text) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text, &end, 0);
+  if (end == text || errno != 0 || (value != 0 && value != 1)) return std::nullopt;
+  return value == 1;
+}
+
 }  // namespace
 
 // NCCL's rule (init.cc's parseCommConfig): size first, the magic must be NCCL_CONFIG_INITIALIZER's,
 // fields newer than `version` take their defaults, and the set ones are held to their ranges (the
 // shim uses `blocking` only, but refuses what NCCL refuses). A config older than 2.14 blocks.
+// NCCL_COMM_BLOCKING, where 0 or 1, decides over the config (checked all the same).
 bool config_blocking(const ncclConfig_t* config, const char* call) {
-  if (!config) return true;
+  if (!config) return env_blocking().value_or(true);
   constexpr unsigned kMagic = 0xcafebeef;
   if (config->size < offsetof(ncclConfig_t, blocking) + sizeof(int))
     fail(ncclInvalidArgument, "config->size = %zu is smaller than the oldest ncclConfig_t (%s)", config->size, call);
@@ -170,7 +186,7 @@ bool config_blocking(const ncclConfig_t* config, const char* call) {
   positive(nvls_ctas, "nvlsCTAs");
   positive(per_peer, "nChannelsPerNetPeer");
   zero_or_one(nvlink_centric, "nvlinkCentricSched");
-  return blocking != 0;  // unset (or older than 2.14): blocking, NCCL's default
+  return env_blocking().value_or(blocking != 0);  // unset (or older than 2.14): blocking, NCCL's default
 }
 
 namespace {
@@ -319,7 +335,7 @@ ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcom
   const bool joins = color != NCCL_SPLIT_NOCOLOR;
   auto c = std::make_shared<Comm>();
   c->device = parent->device;
-  c->blocking = config ? config_blocking(config, "ncclCommSplit") : parent->blocking;
+  c->blocking = config ? config_blocking(config, "ncclCommSplit") : env_blocking().value_or(parent->blocking);
   c->identity = parent->identity + "/" + std::to_string(parent->splits++) + ":" + std::to_string(color);
   if (in_group()) {
     // As NCCL: the handle now (NULL for a rank that joins none, which still takes part), the split at

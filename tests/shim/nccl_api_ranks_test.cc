@@ -616,6 +616,49 @@ TEST_CASE("a non-blocking split, and InitRankScalable", "[nonblocking]") {
   NCCL_REQUIRE_OK(ncclCommDestroy(scalable));
 }
 
+TEST_CASE("NCCL_COMM_BLOCKING decides over the config, as NCCL's parseCommConfig", "[nonblocking]") {
+  World& w = World::get();
+  auto settle = [](ncclComm_t comm) {
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress) {
+      NCCL_REQUIRE_OK(ncclCommGetAsyncError(comm, &state));
+      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return state;
+  };
+  for (const char* value : {"0", "1"}) {
+    const bool blocking = value[0] == '1';
+    ncclConfig_t opposite = NCCL_CONFIG_INITIALIZER;
+    opposite.blocking = blocking ? 0 : 1;
+    for (const bool with_config : {false, true}) {
+      INFO("NCCL_COMM_BLOCKING=" << value << (with_config ? ", config.blocking the opposite" : ", no config"));
+      const ncclUniqueId id = shared_id();  // on the test's own communicator, made before
+      struct Unset {
+        ~Unset() { unsetenv("NCCL_COMM_BLOCKING"); }  // whatever fails below: the later cases run without it
+      } unset;
+      REQUIRE(setenv("NCCL_COMM_BLOCKING", value, 1) == 0);
+      ncclComm_t comm = nullptr;
+      ncclResult_t r = with_config ? ncclCommInitRankConfig(&comm, w.size, id, w.rank, &opposite)
+                                   : ncclCommInitRank(&comm, w.size, id, w.rank);
+      CHECK(r == (blocking ? ncclSuccess : ncclInProgress));
+      REQUIRE(comm != nullptr);
+      REQUIRE(settle(comm) == ncclSuccess);
+      // A split without a config: the variable again (NCCL copies the parent's config, then reads it).
+      ncclComm_t child = nullptr;
+      r = ncclCommSplit(comm, 0, w.rank, &child, nullptr);
+      CHECK(r == (blocking ? ncclSuccess : ncclInProgress));
+      REQUIRE(child != nullptr);
+      REQUIRE(settle(child) == ncclSuccess);
+      REQUIRE(settle(comm) == ncclSuccess);
+      int32_t x = 2, y = 0;
+      NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, child, nullptr));
+      CHECK(y == 2 * w.size);
+      NCCL_REQUIRE_OK(ncclCommDestroy(child));
+      NCCL_REQUIRE_OK(ncclCommDestroy(comm));
+    }
+  }
+}
+
 TEST_CASE("non-blocking splits that a rank joins with NCCL_SPLIT_NOCOLOR show on the parent", "[nonblocking]") {
   // Local to each process: one thread drives two ranks of non-blocking parents (a split blocks or not
   // as its parent does, in NCCL). Rank 0 joins none; its call returns at once (it used to wait for
