@@ -486,7 +486,7 @@ void DeltaStore::send_section(size_t s, uint8_t* out) {
   if (nonfinite)
     fail(DeltaStoreError::Kind::kNonFinite, std::to_string(nonfinite) +
                                                 " values of the rows sent whole are NaN or Inf (or exceed float16's "
-                                                "range): nothing sent, the store unchanged");
+                                                "range): the call refused, the store unchanged");
   // Then the delta rows: encoded straight from x and the stored m, their new m into pending_m_
   // (committed by commit()); kernels::aq_delta_send's arithmetic on the stored type, fused (aq_delta.h).
   uint8_t* delta_payload = out + kSectionHeaderBytes + full * full_row_bytes;
@@ -498,7 +498,7 @@ void DeltaStore::send_section(size_t s, uint8_t* out) {
                                                  p.delta_before[s]))
       fail(DeltaStoreError::Kind::kNonFinite, std::to_string(bad) +
                                                   " channels of the delta hold NaN or Inf (or exceed float16's "
-                                                  "range): nothing sent, the store unchanged");
+                                                  "range): the call refused, the store unchanged");
     nonfinite += finish_delta_m(delta_rows);
   }
   wire = out + kSectionHeaderBytes;
@@ -518,7 +518,7 @@ void DeltaStore::send_section(size_t s, uint8_t* out) {
              (config_.store_bits ? " channels of the keys' new low-bit m would need a scale beyond float16's range"
                                  : " values of the keys' new m would not be finite as " +
                                        std::string(kernels::data_type_name(config_.store_type))) +
-             ": nothing sent, the store unchanged (m of float32 or bfloat16, not low-bit, holds them)");
+             ": the call refused, the store unchanged (m of float32 or bfloat16, not low-bit, holds them)");
   write_section_header(s, 0, p.section_bytes[s] - kSectionHeaderBytes, out);
   p.sections_done |= 1u << s;
 }

@@ -146,7 +146,8 @@ class DeltaStore {
 
   // Sender: the message for nkeys rows of x (float32, row r for keys[r]) into out (max_message_bytes
   // capacity); returns its length. `key` keys stochastic rounding. Throws DeltaStoreError (the store
-  // unchanged) for duplicate keys, the budget, or a non-finite delta. send() is prepare() then
+  // unchanged) for duplicate keys, the budget, a non-finite delta or row, or a key's new m that would
+  // not be finite in the store (kNonFinite). send() is prepare() then
   // commit(): a sender that must hear the receiver accept the message first calls them apart (a
   // prepared message changes nothing until commit(); another prepare() or abandon() drops it).
   size_t send(const float* x, const uint64_t* keys, size_t nkeys, const kernels::PhiloxKey& key, uint8_t* out);
@@ -155,8 +156,8 @@ class DeltaStore {
   void abandon() { pending_ = Pending{}; }
   // Receiver: applies a message for the same keys, writing the rows (float32: full rows as sent,
   // delta rows as m + the decoded delta) to x_out. Throws DeltaStoreError, the store unchanged, and
-  // x_out too (but for a delta that decodes to NaN, which no sender sends: the sections before it
-  // may be written).
+  // x_out too (but for a delta that decodes to NaN, or a new m that is not finite, which no sender
+  // sends: that section's rows and those before it may be written).
   void receive(const uint8_t* message, size_t bytes, const uint64_t* keys, size_t nkeys, float* x_out);
 
   // The message section by section (prepare() and receive() are these in order), for a transport

@@ -135,8 +135,8 @@ class SendRecvDelta final : public Plan {
 
   size_t fragments() const override { return DeltaCall::kFragments; }
   bool fragments_in_sequence() const override { return true; }
-  // A receiver's room to drop a part longer than it could be sent, a window of chunks.
-  size_t scratch_bytes() const override { return call_->sender() ? 0 : kWindow * chunk_; }
+  // A receiver's room to drop a part longer than it could be sent: a chunk (one in flight).
+  size_t scratch_bytes() const override { return call_->sender() ? 0 : chunk_; }
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
     p.clear();
@@ -168,21 +168,24 @@ class SendRecvDelta final : public Plan {
     }
     const size_t part = f - 1;
     const bool next = part + 1 < DeltaCall::kParts;
-    const size_t bytes = *call_->part_length(part);
-    // Chunks of the part, kWindow in flight; a receiver drops one longer than its room into scratch.
+    const uint64_t bytes = *call_->part_length(part);
+    // A receiver drops a part longer than its room (the peer's store or call differs), a chunk at a
+    // time into scratch, and the call fails as a mismatch (DeltaCall::dropped). A length no sender
+    // could have written (a broken peer) is not received beyond its first chunk: what else comes
+    // fails the transport, not this rank's memory.
     const bool drop = !call_->sender() && bytes > call_->part_capacity(part);
-    const size_t n = ceil_div(bytes, chunk_);
+    const size_t window = drop ? 1 : kWindow;  // chunks in flight
+    const size_t n = drop && bytes > kMaxDroppedBytes ? 1 : ceil_div(static_cast<size_t>(bytes), chunk_);
     for (size_t i = 0; i < n; ++i) {
-      const int slot = static_cast<int>(i % kWindow);
-      if (i >= kWindow) p.wait(slot);
-      const size_t at = i * chunk_, length = std::min(chunk_, bytes - at);
+      const int slot = static_cast<int>(i % window);
+      if (i >= window) p.wait(slot);
+      const size_t at = i * chunk_, length = std::min<size_t>(chunk_, bytes - at);
       if (call_->sender()) {
         p.send(slot, peer, 0, call_->part(part) + at, length);
         // The next section encoded while the first window of this part is on the wire.
-        if (next && i + 1 == std::min(n, kWindow)) compute(send_section_, part);
+        if (next && i + 1 == std::min(n, window)) compute(send_section_, part);
       } else {
-        void* dst = drop ? static_cast<void*>(scratch + static_cast<size_t>(slot) * chunk_) : call_->part(part) + at;
-        p.recv(slot, peer, 0, dst, length);
+        p.recv(slot, peer, 0, drop ? static_cast<void*>(scratch) : call_->part(part) + at, length);
       }
     }
     if (next && n == 0 && call_->sender()) compute(send_section_, part);  // (a part is never empty)
@@ -190,7 +193,7 @@ class SendRecvDelta final : public Plan {
       if (call_->sender()) p.send(kLengthSlot, peer, 0, call_->part_length(part + 1), kLengthBytes);
       else p.recv(kLengthSlot, peer, 0, call_->part_length(part + 1), kLengthBytes);
     }
-    for (size_t slot = 0; slot < std::min(n, kWindow); ++slot) p.wait(static_cast<int>(slot));
+    for (size_t slot = 0; slot < std::min(n, window); ++slot) p.wait(static_cast<int>(slot));
     if (!call_->sender()) {
       if (part == 0) compute(receive_head_, 0);
       else compute(receive_section_, part - 1);
@@ -207,6 +210,7 @@ class SendRecvDelta final : public Plan {
 
  private:
   static constexpr size_t kWindow = 8;  // a part's messages in flight
+  static constexpr uint64_t kMaxDroppedBytes = uint64_t{1} << 40;  // more than any store's message
   DeltaCall* call_;
   size_t chunk_;  // bytes per message
   DeltaStep send_section_, receive_head_, receive_section_, finish_;

@@ -10,7 +10,7 @@
 // applies each section as it arrives (after the head), and answers once all were applied; the sender
 // commits its store only when the receiver accepted (DeltaCall::complete): both stores change, or
 // neither, and both calls fail alike. A sender that refuses the call (its budget, before the head;
-// a NaN delta, at a section) sends refusals with the reason in place of the parts still to go, and
+// a NaN delta or a new m beyond the store's type, at a section) sends refusals with the reason in place of the parts still to go, and
 // the receiver fails with that reason. Either way the communicator stays sound: the call alone
 // fails (MethodCall::failure). On a failed receive the store is unchanged; the rows of the buffer
 // that sections already applied may hold them.

@@ -664,7 +664,9 @@ QCCL_API qcclResult_t qcclIRecvCompressed(void* recvbuff, size_t count, qcclData
  * NaN or Inf (or a channel beyond float16's 65504) or a row sent whole does (or holds a value beyond
  * the storeType's range: it would arrive as Inf), or when a key's new m would leave the storeType's
  * range (m + delta past float16's 65504: an m of Inf would refuse all the key's later deltas; the key
- * keeps its m and goes on from it), and qcclInvalidUsage over the budget: the
+ * keeps its m and goes on from it; with low-bit m, qcclDeltaStoreSetLowBits, the limit is its float16
+ * scales': a row beyond 65504 is refused whatever the storeType, on first sight too), and
+ * qcclInvalidUsage over the budget: the
  * sender sends only its refusal, which the receiver returns. budgetBytes bounds the rows' memory
  * (0: none): a call that needs more is refused, unless evictLeastRecent = 1, with which the sender
  * evicts its least recently used keys (never the call's) and the receiver mirrors it; a receiver's
