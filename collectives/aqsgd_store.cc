@@ -230,6 +230,7 @@ DeltaStore::Entry& DeltaStore::place(uint64_t key) {
   node.key() = key;
   Entry& e = rows_.insert(std::move(node)).position->second;
   e.slot = arena_->allocate();
+  e.whole = false;
   lru_.splice(lru_.end(), spare_lru_, spare_lru_.begin());
   e.lru = std::prev(lru_.end());
   *e.lru = key;
@@ -411,7 +412,7 @@ size_t DeltaStore::begin_send(const float* x, const uint64_t* keys, size_t nkeys
   p.full_row.resize(nkeys);
   size_t fresh = 0;
   for (size_t r = 0; r < nkeys; ++r) {
-    p.full_row[r] = warmup_ || !holds(keys[r]);
+    p.full_row[r] = warmup_ || !holds(keys[r]) || rows_.at(keys[r]).whole;
     p.full += p.full_row[r];
     fresh += holds(keys[r]) ? 0 : 1;
   }
@@ -527,8 +528,11 @@ void DeltaStore::commit() {
   if (!pending_.ready || pending_.sections_done != (1u << kSections) - 1)
     throw DeltaStoreError(DeltaStoreError::Kind::kArgument, "no whole message to commit");
   for (uint64_t k : pending_.evicted) forget(k);
-  for (size_t r = 0; r < pending_.keys.size(); ++r)
-    std::memcpy(arena_->row(place(pending_.keys[r]).slot), pending_m_.data() + r * row_bytes(), row_bytes());
+  for (size_t r = 0; r < pending_.keys.size(); ++r) {
+    Entry& e = place(pending_.keys[r]);
+    std::memcpy(arena_->row(e.slot), pending_m_.data() + r * row_bytes(), row_bytes());
+    e.whole = false;  // a finite m, from a row as sent or a delta
+  }
   for (uint64_t k : pending_.keys) touch(k);
   ++sequence_;
   last_bytes_ = pending_.bytes, last_full_ = pending_.full;
@@ -740,12 +744,18 @@ void DeltaStore::load(const uint8_t* data, size_t bytes) {
     m = r.take(row_bytes());
     if (!seen.insert(k).second) fail(Kind::kCorrupt, "key " + key_text(k) + " appears twice in the checkpoint");
   }
+  std::vector<float> values(config_.store_bits ? config_.row_values : 0);  // low-bit m decoded, to check it
   reserve(count > rows_.size() ? count - rows_.size() : 0, count);  // every key is placed anew
   pending_ = Pending{};
   rows_.clear();
   lru_.clear();
   arena_->clear();
-  for (const auto& [k, m] : entries) std::memcpy(arena_->row(place(k).slot), m, row_bytes());
+  for (const auto& [k, m] : entries) {
+    Entry& e = place(k);
+    std::memcpy(arena_->row(e.slot), m, row_bytes());
+    e.whole = config_.store_bits ? kernels::decode(m_codec_, m, config_.row_values, values.data()) != 0
+                                 : kernels::count_nonfinite(config_.store_type, m, config_.row_values) != 0;
+  }
   sequence_ = sequence;
 }
 

@@ -193,6 +193,9 @@ class DeltaStore {
   struct Entry {
     uint32_t slot = 0;                  // its row in arena_
     std::list<uint64_t>::iterator lru;  // position in lru_ (front: least recently used)
+    // Its m is not finite (a checkpoint written before such an m was refused): the sender's next call
+    // sends the key whole, which the receiver, holding the same m, follows (the message's bitmap).
+    bool whole = false;
   };
   uint8_t* m(uint64_t key) { return arena_->row(rows_.at(key).slot); }
   static std::unique_ptr<RowArena> make_arena(size_t row_bytes, const std::string& file);  // kSystem

@@ -741,7 +741,9 @@ QCCL_API qcclResult_t qcclDeltaStoreSetLowBits(qcclDeltaStore_t store, int bits)
 QCCL_API qcclResult_t qcclDeltaStoreGetInfo(qcclDeltaStore_t store, qcclDeltaStoreInfo_t* info);
 /* A checkpoint (versioned, with a checksum): Size, then Save into that many bytes; Load restores one
  * of a store of the same configuration (qcclMismatch otherwise, qcclInvalidArgument when corrupt,
- * qcclInvalidUsage when its keys take more than the store's budget; the store unchanged). */
+ * qcclInvalidUsage when its keys take more than the store's budget; the store unchanged). A key
+ * whose m in the checkpoint is not finite (written before such an m was refused) is sent whole by
+ * its next call, at both ends alike. */
 QCCL_API qcclResult_t qcclDeltaStoreSize(qcclDeltaStore_t store, size_t* bytes);
 QCCL_API qcclResult_t qcclDeltaStoreSave(qcclDeltaStore_t store, void* buffer, size_t bytes);
 QCCL_API qcclResult_t qcclDeltaStoreLoad(qcclDeltaStore_t store, const void* buffer, size_t bytes);

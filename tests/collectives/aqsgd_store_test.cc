@@ -7,7 +7,8 @@
 // tier (row_arena.h): bit-equal with the memory tier, its file's life, a file that cannot grow; low-bit
 // m (App. H.5): bit-equal, within the delta's bound; a message written and applied section by
 // section, in any order, equal to the whole; bad sections and refusals failing with nothing changed;
-// a key's new m beyond its type's range refused at both ends, the key going on from its old m.
+// a key's new m beyond its type's range refused at both ends, the key going on from its old m; a
+// checkpoint's m that is not finite sending its key whole.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -719,6 +720,47 @@ TEST_CASE("delta store: a new m beyond its type's range is refused, and the key'
   CHECK(kind_of([&] { receiver.receive(msg.data(), bytes, &key, 1, out.data()); }) == Kind::kCorrupt);
   CHECK(receiver.keys() == 0);
   CHECK(receiver.sequence() == 0);
+}
+
+TEST_CASE("delta store: a checkpoint's m that is not finite sends its key whole, at both ends", "[aqsgd]") {
+  const size_t row = 64;
+  const uint64_t keys[] = {3, 4};
+  for (const int bits : {0, 4}) {
+    INFO((bits ? "4-bit m" : "half m"));
+    auto c = config("aq8:channels=8", row);
+    c.store_bits = bits;
+    DeltaStore sender(c), receiver(c);
+    std::vector<float> x(2 * row, 0.75f), out(2 * row);
+    std::vector<uint8_t> msg(sender.max_message_bytes(2));
+    size_t bytes = sender.send(x.data(), keys, 2, {}, msg.data());
+    receiver.receive(msg.data(), bytes, keys, 2, out.data());
+    // Key 4's m made Inf (a half m) or its first scale NaN (low-bit m), as a checkpoint written
+    // before such an m was refused could hold it: the checkpoint's layout is magic, version,
+    // reserved, configuration hash, sequence, count, then (key, m) in LRU order (key 4 last).
+    std::vector<uint8_t> ckpt = sender.save();
+    const size_t row_bytes = sender.bytes() / sender.keys();
+    const size_t key4_m = 4 + 2 + 2 + 8 + 8 + 8 + (8 + row_bytes) + 8;
+    uint64_t key_there;
+    std::memcpy(&key_there, ckpt.data() + key4_m - 8, 8);
+    REQUIRE(key_there == 4);
+    const uint16_t bad = bits ? 0x7E00 : 0x7C00;  // NaN scale / Inf
+    std::memcpy(ckpt.data() + key4_m, &bad, 2);
+    reseal(ckpt);
+    sender.load(ckpt.data(), ckpt.size());
+    receiver.load(ckpt.data(), ckpt.size());
+    // The next call sends key 4 whole and key 3 as a delta; both stores finite and equal again.
+    x[row + 1] = 0.5f;
+    bytes = sender.send(x.data(), keys, 2, {}, msg.data());
+    CHECK(sender.last_full_rows() == 1);
+    receiver.receive(msg.data(), bytes, keys, 2, out.data());
+    require_equal(sender, receiver, {3, 4});
+    for (size_t i = row; i < 2 * row; ++i) REQUIRE(out[i] == x[i]);  // 0.75 and 0.5 are exact in half
+    // Then deltas for both.
+    bytes = sender.send(x.data(), keys, 2, {}, msg.data());
+    CHECK(sender.last_full_rows() == 0);
+    receiver.receive(msg.data(), bytes, keys, 2, out.data());
+    require_equal(sender, receiver, {3, 4});
+  }
 }
 
 }  // namespace
