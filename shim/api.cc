@@ -6,6 +6,7 @@
 // Two kinds of call are handed to the real NCCL unchanged: calls that the real library makes to its own
 // API (when the shim is preloaded, the dynamic linker binds them to the shim; they are recognised by
 // their return address), and calls on communicators the shim did not make (the real library's own).
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -121,7 +122,15 @@ NCCL_SHIM_API(ncclResult_t, ncclGetUniqueId, (ncclUniqueId * uniqueId)) {
   return entry("ncclGetUniqueId", [&] {
     if (!uniqueId) fail(ncclInvalidArgument, "uniqueId = NULL");
     qcclUniqueId id;
-    check_qccl(qcclGetUniqueId(&id), "qcclGetUniqueId");
+    // NCCL_COMM_ID, as NCCL: every process makes the same id from the address, none starts a root
+    // here, and rank 0's init starts it there.
+    if (const char* address = std::getenv("NCCL_COMM_ID"); address && *address) {
+      if (const qcclResult_t r = qcclGetUniqueIdFromAddress(address, &id); r != qcclSuccess)
+        fail(to_nccl(r), "NCCL_COMM_ID = '%s' (<ipv4>:<port>, [<ipv6>]:<port> or <hostname>:<port>): %s", address,
+             qcclGetLastError(nullptr));
+    } else {
+      check_qccl(qcclGetUniqueId(&id), "qcclGetUniqueId");
+    }
     static_assert(sizeof(id) <= sizeof(*uniqueId), "qccl's id fits NCCL's");
     std::memset(uniqueId, 0, sizeof(*uniqueId));
     std::memcpy(uniqueId, &id, sizeof(id));

@@ -277,6 +277,35 @@ QCCL_API qcclResult_t qcclGetUniqueId(qcclUniqueId* uniqueId) {
   });
 }
 
+namespace {
+
+// Rank 0's root for an id whose address every rank was given: on that port of every interface of
+// this host (the address names one of them).
+void start_root_at(const BootstrapId& id, int nranks, double timeout_seconds) {
+  net::Address any = net::Address::parse(id.root.family() == AF_INET6 ? "[::]:0" : "0.0.0.0:0", "any");
+  any.set_port(id.root.port());
+  start_root_service(net::Socket::listen(any), id.magic, nranks, timeout_seconds);
+}
+
+}  // namespace
+
+QCCL_API qcclResult_t qcclGetUniqueIdFromAddress(const char* address, qcclUniqueId* uniqueId) {
+  return api_call("qcclGetUniqueIdFromAddress", [&] {
+    require_out(uniqueId, "uniqueId");
+    if (!address) fail(qcclInvalidArgument, "address = NULL");
+    BootstrapId id;
+    id.root = net::Address::parse(address, "address");
+    if (id.root.port() == 0)  // rank 0 would listen on a port of its choosing that no rank knows
+      fail(qcclInvalidArgument, "address = '%s': port 0 cannot be the root's port (every rank connects to it)", address);
+    // The magic of the resolved address, so that processes naming one root by different names agree.
+    const std::string resolved = "qcclGetUniqueIdFromAddress|" + id.root.to_string();
+    id.magic = 1469598103934665603ull;
+    for (unsigned char ch : resolved) id.magic = (id.magic ^ ch) * 1099511628211ull;
+    id.root_at_init = true;
+    encode_unique_id(id, uniqueId);
+  });
+}
+
 QCCL_API qcclResult_t qcclCommInitRankConfig(qcclComm_t* comm, int nranks, qcclUniqueId uniqueId, int rank,
                                              const qcclConfig_t* config) {
   return api_call("qcclCommInitRank", [&] {
@@ -285,7 +314,9 @@ QCCL_API qcclResult_t qcclCommInitRankConfig(qcclComm_t* comm, int nranks, qcclU
       fail(qcclInvalidArgument, "nranks = %d is out of range [1, %d]", nranks, transport::UcxTransport::kMaxRanks);
     if (rank < 0 || rank >= nranks) fail(qcclInvalidArgument, "rank = %d is out of range [0, %d)", rank, nranks);
     BootstrapId id = decode_unique_id(uniqueId);
-    *comm = wrap(Comm::create(id, nranks, rank, Config::resolve(config)));
+    Config resolved = Config::resolve(config);
+    if (id.root_at_init && rank == 0) start_root_at(id, nranks, resolved.timeout_seconds);  // an id from an address
+    *comm = wrap(Comm::create(id, nranks, rank, resolved));
   });
 }
 
@@ -306,11 +337,7 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
       start_root_service(std::move(listener), id.magic, 1, resolved.timeout_seconds);
     } else {
       id = BootstrapId{launch_magic(launch), launch.root_address};
-      if (launch.rank == 0) {
-        net::Address any = net::Address::parse(id.root.family() == AF_INET6 ? "[::]:0" : "0.0.0.0:0", "any");
-        any.set_port(id.root.port());
-        start_root_service(net::Socket::listen(any), id.magic, launch.nranks, resolved.timeout_seconds);
-      }
+      if (launch.rank == 0) start_root_at(id, launch.nranks, resolved.timeout_seconds);
     }
     QCCL_INFO("qcclCommInitEnv: rank %d of %d from %s", launch.rank, launch.nranks, launch.source.c_str());
     *comm = wrap(Comm::create(id, launch.nranks, launch.rank, resolved));

@@ -29,7 +29,8 @@ constexpr uint32_t kHelloTag = 0x4c484351;  // "QCHL"
 constexpr uint32_t kTableTag = 0x42544351;  // "QCTB"
 constexpr uint32_t kRefuseTag = 0x4f4e4351; // "QCNO"
 constexpr uint32_t kVersion = 2;  // 2: PeerInfo carries QCCL_CODEC=auto's inputs
-constexpr uint32_t kIdVersion = 2;  // 1 carried the root's address as text
+constexpr uint32_t kIdVersion = 3;  // 3: a flags byte after the address; 2: none (still read); 1: text
+constexpr uint8_t kRootAtInit = 1;  // the id's flags
 constexpr size_t kHelloHeaderBytes = 4 + 4 + 8 + 4 + 4 + 4;
 constexpr size_t kMaxBlobBytes = 64 * 1024;
 constexpr double kHelloSeconds = 10.0;  // a connection must say hello this fast or be dropped
@@ -37,8 +38,8 @@ constexpr double kHelloSeconds = 10.0;  // a connection must say hello this fast
 }  // namespace
 
 // The id is binary: tag, version, magic, then the root's address as family, port and raw address
-// bytes (IPv6 with its scope). At most 39 of the 128 bytes, so that it fits NCCL's ncclUniqueId (the
-// same 128 bytes) with room to spare; the rest is zero.
+// bytes (IPv6 with its scope), then a flags byte (BootstrapId::root_at_init). At most 40 of the 128
+// bytes, so that it fits NCCL's ncclUniqueId (the same 128 bytes) with room to spare; the rest is zero.
 void encode_unique_id(const BootstrapId& id, qcclUniqueId* out) {
   std::memset(out, 0, sizeof(*out));
   ByteWriter w;
@@ -58,7 +59,8 @@ void encode_unique_id(const BootstrapId& id, qcclUniqueId* out) {
   } else {
     fail(qcclInternalError, "unique id: the root's address family %d is neither IPv4 nor IPv6", id.root.family());
   }
-  static_assert(4 + 4 + 8 + 1 + 2 + 16 + 4 <= QCCL_UNIQUE_ID_BYTES, "the id fits");
+  w.put<uint8_t>(id.root_at_init ? kRootAtInit : 0);
+  static_assert(4 + 4 + 8 + 1 + 2 + 16 + 4 + 1 <= QCCL_UNIQUE_ID_BYTES, "the id fits");
   std::memcpy(out->internal, w.bytes().data(), w.bytes().size());
 }
 
@@ -67,7 +69,7 @@ BootstrapId decode_unique_id(const qcclUniqueId& id) {
                qcclInvalidArgument);
   uint32_t tag = r.get<uint32_t>();
   uint32_t version = r.get<uint32_t>();
-  if (tag != kIdTag || version != kIdVersion)
+  if (tag != kIdTag || (version != kIdVersion && version != 2))
     fail(qcclInvalidArgument, "uniqueId was not made by qcclGetUniqueId (tag 0x%08x, version %u)", tag, version);
   BootstrapId out;
   out.magic = r.get<uint64_t>();
@@ -89,6 +91,11 @@ BootstrapId decode_unique_id(const qcclUniqueId& id) {
     fail(qcclInvalidArgument, "uniqueId: address family %u is neither 4 nor 6 (not made by qcclGetUniqueId)", family);
   }
   out.root.set_port(port);
+  if (version >= 3) {
+    const uint8_t flags = r.get<uint8_t>();
+    if (flags & ~kRootAtInit) fail(qcclInvalidArgument, "uniqueId: unknown flags 0x%02x (not made by this qccl)", flags);
+    out.root_at_init = flags & kRootAtInit;
+  }
   return out;
 }
 
@@ -113,6 +120,9 @@ class RootService {
         }
         poll_once(where);
       }
+      // Closed first: a communicator made next on the same address (an id from an address, a
+      // launcher's root) may then listen there while the tables go out.
+      listener_.close();
       send_tables(where);
     } catch (const Error& e) {
       QCCL_WARN("bootstrap root %s: %s", where.c_str(), e.message().c_str());

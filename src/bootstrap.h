@@ -20,6 +20,9 @@ namespace qccl {
 struct BootstrapId {
   uint64_t magic = 0;
   net::Address root;
+  // Rank 0's init starts the root, listening on root's port (an id from an address,
+  // qcclGetUniqueIdFromAddress); otherwise the process that made the id runs it.
+  bool root_at_init = false;
 };
 
 // A random non-zero magic for a new communicator's id.

@@ -4,7 +4,10 @@
 // order; results are compared with references computed in double from (rank, index), without
 // communication. The first communicator's id travels through a file (NCCL_TEST_ID_FILE), later ones
 // over that communicator.
+#include <arpa/inet.h>
 #include <nccl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -657,6 +660,50 @@ TEST_CASE("NCCL_COMM_BLOCKING decides over the config, as NCCL's parseCommConfig
       NCCL_REQUIRE_OK(ncclCommDestroy(comm));
     }
   }
+}
+
+TEST_CASE("NCCL_COMM_ID: every rank makes the same id, and rank 0's init starts the root there", "[comm-id]") {
+  World& w = World::get();
+  // A port free on loopback, found by rank 0 and told to the others.
+  int32_t port = 0;
+  if (w.rank == 0) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port = ntohs(a.sin_port);
+    ::close(fd);
+  }
+  NCCL_REQUIRE_OK(ncclBroadcast(&port, &port, 1, ncclInt32, 0, w.comm, nullptr));
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  struct Unset {
+    ~Unset() { unsetenv("NCCL_COMM_ID"); }  // whatever fails below: the later cases run without it
+  } unset;
+  // Two communicators in a row on the one address: the second's root listens where the first's did.
+  for (int round = 0; round < 2; ++round) {
+    INFO("communicator " << round << " at NCCL_COMM_ID=" << address);
+    REQUIRE(setenv("NCCL_COMM_ID", address.c_str(), 1) == 0);
+    ncclUniqueId id{}, first{};
+    NCCL_REQUIRE_OK(ncclGetUniqueId(&id));
+    first = id;
+    NCCL_REQUIRE_OK(ncclBroadcast(&first, &first, sizeof first, ncclUint8, 0, w.comm, nullptr));
+    CHECK(std::memcmp(&id, &first, sizeof id) == 0);  // made alike, not copied
+    ncclComm_t comm = nullptr;
+    NCCL_REQUIRE_OK(ncclCommInitRank(&comm, w.size, id, w.rank));
+    int32_t x = round + 1, y = 0;
+    NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, nullptr));
+    CHECK(y == (round + 1) * w.size);
+    NCCL_REQUIRE_OK(ncclCommDestroy(comm));
+  }
+  // An address that is not one: ncclInvalidArgument, naming the variable and its value.
+  REQUIRE(setenv("NCCL_COMM_ID", "no-port-here", 1) == 0);
+  ncclUniqueId id{};
+  CHECK(ncclGetUniqueId(&id) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("NCCL_COMM_ID = 'no-port-here'") && Catch::Contains("not host:port"));
 }
 
 TEST_CASE("non-blocking splits that a rank joins with NCCL_SPLIT_NOCOLOR show on the parent", "[nonblocking]") {

@@ -145,6 +145,37 @@ TEST_CASE("the unique id is binary, round-trips IPv4 and IPv6 roots, and leaves 
   CHECK_THROWS_WITH(decode_unique_id(id), Catch::Contains("address family 9"));
 }
 
+TEST_CASE("an id from an address: the same in every process, its root started by rank 0's init", "[bootstrap]") {
+  // A free port on loopback.
+  net::Socket probe = net::Socket::listen(net::Address::parse("127.0.0.1:0", "probe"));
+  const std::string address = "127.0.0.1:" + std::to_string(probe.local_address().port());
+  probe.close();
+  qcclUniqueId id, again;
+  REQUIRE(qcclGetUniqueIdFromAddress(address.c_str(), &id) == qcclSuccess);
+  REQUIRE(qcclGetUniqueIdFromAddress(address.c_str(), &again) == qcclSuccess);
+  CHECK(std::memcmp(&id, &again, sizeof id) == 0);
+  const BootstrapId b = decode_unique_id(id);
+  CHECK(b.root_at_init);
+  CHECK(b.root.to_string() == address);
+  // Nothing listens until rank 0 joins; then twice in a row on the one port.
+  for (int round = 0; round < 2; ++round) {
+    INFO("round " << round);
+    for (qcclResult_t r : run_ranks(id, 3)) CHECK(r == qcclSuccess);
+  }
+  // A plain id does not carry the flag; one that does round-trips it.
+  qcclUniqueId plain;
+  REQUIRE(qcclGetUniqueId(&plain) == qcclSuccess);
+  CHECK_FALSE(decode_unique_id(plain).root_at_init);
+  // Bad arguments.
+  CHECK(qcclGetUniqueIdFromAddress(nullptr, &id) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("address = NULL"));
+  CHECK(qcclGetUniqueIdFromAddress(address.c_str(), nullptr) == qcclInvalidArgument);
+  CHECK(qcclGetUniqueIdFromAddress("127.0.0.1", &id) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("'127.0.0.1' is not host:port"));
+  CHECK(qcclGetUniqueIdFromAddress("127.0.0.1:0", &id) == qcclInvalidArgument);
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("port 0 cannot be the root's port"));
+}
+
 TEST_CASE("bad ids, ranks and counts are rejected before anything is sent", "[bootstrap]") {
   qcclUniqueId garbage;
   std::memset(&garbage, 0x5a, sizeof(garbage));
