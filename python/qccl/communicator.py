@@ -70,11 +70,17 @@ def _segments(segments: Optional[Sequence[tuple[int, bool]]]):
     return [(unsigned(count, "segments' count"), bool(exact)) for count, exact in segments]
 
 
-def get_unique_id() -> bytes:
+def get_unique_id(address: Optional[str] = None) -> bytes:
     """A new communicator's identity (``qcclGetUniqueId``): call it on one process, copy the bytes
     to every rank by any side channel, then :meth:`Communicator.from_unique_id` on each.  Starts the
-    bootstrap root in this process."""
-    return _qccl.get_unique_id()
+    bootstrap root in this process.
+
+    With ``address`` ("host:port", ``qcclGetUniqueIdFromAddress``): every process that names the same
+    root makes the same bytes, and nothing starts here; rank 0's ``from_unique_id`` starts the root on
+    that port of its host, which the address must name."""
+    if address is not None and not isinstance(address, str):
+        raise InvalidArgument(f"address: {address!r} is not a str (\"host:port\")")
+    return _qccl.get_unique_id(address)
 
 
 @contextlib.contextmanager

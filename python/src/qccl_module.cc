@@ -685,11 +685,15 @@ PYBIND11_MODULE(_qccl, m) {
     return version;
   });
   m.def("error_string", [](int code) { return std::string(qcclGetErrorString(static_cast<qcclResult_t>(code))); });
-  m.def("get_unique_id", [] {
-    qcclUniqueId id;
-    call_released(nullptr, [&] { return qcclGetUniqueId(&id); });
-    return py::bytes(id.internal, sizeof(id.internal));
-  });
+  m.def(
+      "get_unique_id",
+      [](const std::optional<std::string>& address) {
+        qcclUniqueId id;
+        if (address) call_released(nullptr, [&] { return qcclGetUniqueIdFromAddress(address->c_str(), &id); });
+        else call_released(nullptr, [&] { return qcclGetUniqueId(&id); });
+        return py::bytes(id.internal, sizeof(id.internal));
+      },
+      py::arg("address") = py::none());
   m.def("group_start", &group_start);
   m.def("group_end", &group_end);
   m.def("describe", &describe_buffer);

@@ -265,6 +265,30 @@ def test_from_unique_id(comm):
         assert np.all(x == comm.size)
 
 
+def test_unique_id_from_an_address(comm):
+    # Rank 0 finds a free loopback port and tells it; every rank makes the id itself.
+    port = np.zeros(1, np.int32)
+    if comm.rank == 0:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port[0] = s.getsockname()[1]
+    comm.broadcast(port, 0)
+    address = f"127.0.0.1:{int(port[0])}"
+    uid = qccl.get_unique_id(address)
+    first = np.frombuffer(uid, np.uint8).copy()
+    comm.broadcast(first, 0)
+    assert first.tobytes() == uid  # made alike, not copied
+    with qccl.Communicator.from_unique_id(uid, comm.rank, comm.size, timeout=30) as other:
+        x = np.ones(3, np.float32)
+        other.all_reduce(x)
+        assert np.all(x == comm.size)
+    with pytest.raises(qccl.InvalidArgument, match="port 0 cannot be the root's port"):
+        qccl.get_unique_id("127.0.0.1:0")
+    with pytest.raises(qccl.InvalidArgument, match="address: 5 is not a str"):
+        qccl.get_unique_id(5)
+
+
 def test_buffer_protocol_objects(comm):
     import array
     a = array.array("d", [1.0, 2.0])
