@@ -347,11 +347,14 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
 QCCL_API qcclResult_t qcclCommSplit(qcclComm_t comm, int color, int key, qcclComm_t* newcomm,
                                     const qcclConfig_t* config) {
   return api_call("qcclCommSplit", [&] {
-    Comm& parent = get(comm);
+    get(comm);
+    // Held through a qcclCommAbort from another thread, which frees the handle: the split uses the
+    // parent between its two exchanges, after the first one's record let go of it.
+    const std::shared_ptr<Comm> parent = comm->impl;
     require_out(newcomm, "newcomm");
     if (group_active())
       fail(qcclInvalidUsage, "called between qcclGroupStart and qcclGroupEnd: a split cannot be deferred");
-    std::shared_ptr<Comm> made = split_comm(parent, color, key, config);
+    std::shared_ptr<Comm> made = split_comm(*parent, color, key, config);
     *newcomm = made ? wrap(std::move(made)) : nullptr;
   });
 }

@@ -626,6 +626,28 @@ TEST_CASE("abort from another thread releases a blocked collective", "[abort-thr
   CHECK(qcclCommDestroy(job.comm) == qcclSuccess);  // destroy of a broken communicator is local
 }
 
+// The split held only a reference to its parent: the abort freed the communicator under it.
+TEST_CASE("abort from another thread releases a blocked qcclCommSplit", "[abort-split]") {
+  Job job;
+  warm_up(job);
+  all_warmed_up(job, 0);
+  if (job.rank == 0) {
+    // Rank 0 splits alone (the others do not join yet); a second thread aborts the parent.
+    std::thread aborter = abort_soon(job.comm);
+    qcclComm_t child = nullptr;
+    const qcclResult_t result = qcclCommSplit(job.comm, 0, 0, &child, nullptr);
+    const std::string error = last_error();
+    aborter.join();
+    INFO(error);
+    CHECK(result == qcclAborted);
+    CHECK(child == nullptr);
+    return;
+  }
+  const qcclResult_t async = await_async_error(job.comm);
+  CHECK(async == qcclRemoteError);
+  CHECK(qcclCommDestroy(job.comm) == qcclSuccess);
+}
+
 // Both calls took the handle: the abort freed the communicator under the waiting destroy (use after
 // free) and did not release it, which waited out QCCL_TIMEOUT (100 s here, past CTest's 60).
 TEST_CASE("abort from another thread releases a blocked qcclCommDestroy", "[abort-destroy]") {
