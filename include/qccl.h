@@ -198,11 +198,12 @@ QCCL_API qcclResult_t qcclGetUniqueId(qcclUniqueId* uniqueId);
 /* An id for a communicator whose root listens at `address` ("host:port" or "[IPv6]:port"), for
  * launchers that give every process one address instead of copying an id from one process to the
  * others (NCCL's NCCL_COMM_ID, which the NCCL drop-in maps here). It starts nothing: every process
- * that names the same root, by any name of it, gets the same id (its magic is a hash of the resolved
- * address, so two jobs that share one address are not told apart), and rank 0's qcclCommInitRank
- * starts the root, listening on the address's port on every interface of its host, which the
- * address must name (qcclSystemError when the port is taken). The other ranks retry until it listens.
- * An address that does not resolve, or port 0: qcclInvalidArgument. */
+ * that names the same root gets the same id (its magic is a hash of the port, so two jobs that share
+ * one address are not told apart), and rank 0's qcclCommInitRank starts the root, listening on the
+ * address's port on every interface of its host, which the address must name (qcclSystemError when
+ * it does not, or the port is taken). The other ranks retry until it listens; the root waits
+ * QCCL_TIMEOUT at most for rank 0 itself. An address that does not resolve, or port 0:
+ * qcclInvalidArgument. */
 QCCL_API qcclResult_t qcclGetUniqueIdFromAddress(const char* address, qcclUniqueId* uniqueId);
 
 /* Collective over nranks processes: joins communicator `uniqueId` as `rank` (0 <= rank < nranks).

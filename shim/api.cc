@@ -124,7 +124,7 @@ NCCL_SHIM_API(ncclResult_t, ncclGetUniqueId, (ncclUniqueId * uniqueId)) {
     qcclUniqueId id;
     // NCCL_COMM_ID, as NCCL: every process makes the same id from the address, none starts a root
     // here, and rank 0's init starts it there.
-    if (const char* address = std::getenv("NCCL_COMM_ID"); address && *address) {
+    if (const char* address = std::getenv("NCCL_COMM_ID")) {  // set but empty: refused, as NCCL
       if (const qcclResult_t r = qcclGetUniqueIdFromAddress(address, &id); r != qcclSuccess)
         fail(to_nccl(r), "NCCL_COMM_ID = '%s' (<ipv4>:<port>, [<ipv6>]:<port> or <hostname>:<port>): %s", address,
              qcclGetLastError(nullptr));

@@ -127,15 +127,15 @@ int config_field(const ncclConfig_t* config, size_t offset, int since) {
   return value;
 }
 
-// NCCL_COMM_BLOCKING, as NCCL reads it (init.cc's parseCommConfig, an integer parameter): 0 or 1
-// overrides every config's `blocking`, a config or none; other values, and no number, leave it.
+// NCCL_COMM_BLOCKING, as NCCL reads it (init.cc's parseCommConfig, an integer parameter: strtoll of
+// base 0, so text without digits reads as 0): 0 or 1 overrides every config's `blocking`, a config
+// or none; other values leave it. (NCCL keeps the first value it read; this reads it at each init.)
 std::optional<bool> env_blocking() {
   const char* text = std::getenv("NCCL_COMM_BLOCKING");
   if (!text || !*text) return std::nullopt;
-  char* end = nullptr;
   errno = 0;
-  const long long value = std::strtoll(text, &end, 0);
-  if (end == text || errno != 0 || (value != 0 && value != 1)) return std::nullopt;
+  const long long value = std::strtoll(text, nullptr, 0);
+  if (errno != 0 || (value != 0 && value != 1)) return std::nullopt;
   return value == 1;
 }
 
@@ -244,7 +244,13 @@ void run_init(Comm& c, const InitRequest& request) {
   create(c, [&](qcclConfig_t config) {
     qcclComm_t q = nullptr;
     check_qccl(qcclCommInitRankConfig(&q, request.nranks, request.id, request.rank, &config), "qcclCommInitRankConfig");
-    c.identity.assign(reinterpret_cast<const char*>(&request.id), sizeof(request.id));
+    // An id from an address (NCCL_COMM_ID) is the same for every communicator made from it: the
+    // number of this rank's earlier inits with it in this process tells them apart.
+    static std::mutex uses_mutex;
+    static auto* uses = new std::map<std::pair<std::string, int>, uint64_t>;  // never destroyed: atexit order
+    const std::string id(reinterpret_cast<const char*>(&request.id), sizeof(request.id));
+    std::lock_guard<std::mutex> lock(uses_mutex);
+    c.identity = id + "#" + std::to_string((*uses)[{id, request.rank}]++);
     return q;
   });
 }

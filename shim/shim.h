@@ -164,8 +164,9 @@ struct Comm {
   int next_op = ncclNumOps;
   std::set<void*> registrations;   // host-memory ncclCommRegister handles
 
-  // Which communicator this is, the same at each of its ranks: its unique id's bytes, or its parent's
-  // identity with the split's number and color. `splits` counts this one's ncclCommSplit calls, which
+  // Which communicator this is, the same at each of its ranks: its unique id's bytes and how many
+  // communicators this rank made from them before in this process, or its parent's identity with the
+  // split's number and color. `splits` counts this one's ncclCommSplit calls, which
   // every rank makes in the same order.
   std::string identity;
   uint64_t splits = 0;

@@ -280,11 +280,15 @@ QCCL_API qcclResult_t qcclGetUniqueId(qcclUniqueId* uniqueId) {
 namespace {
 
 // Rank 0's root for an id whose address every rank was given: on that port of every interface of
-// this host (the address names one of them).
-void start_root_at(const BootstrapId& id, int nranks, double timeout_seconds) {
+// this host, which the address names (`own`: checked first by binding it, so that a rank 0 on
+// another host fails at once instead of every rank timing out). The root waits for its first rank,
+// this one, for the timeout at most: an init that fails before it says hello leaves no listener.
+void start_root_at(const BootstrapId& id, int nranks, double timeout_seconds, bool own) {
+  if (own) net::Socket::listen(id.root).close();
   net::Address any = net::Address::parse(id.root.family() == AF_INET6 ? "[::]:0" : "0.0.0.0:0", "any");
   any.set_port(id.root.port());
-  start_root_service(net::Socket::listen(any), id.magic, nranks, timeout_seconds);
+  start_root_service(net::Socket::listen(any), id.magic, nranks, timeout_seconds,
+                     timeout_seconds > 0 ? net::Deadline::after(timeout_seconds) : net::Deadline::never());
 }
 
 }  // namespace
@@ -297,10 +301,11 @@ QCCL_API qcclResult_t qcclGetUniqueIdFromAddress(const char* address, qcclUnique
     id.root = net::Address::parse(address, "address");
     if (id.root.port() == 0)  // rank 0 would listen on a port of its choosing that no rank knows
       fail(qcclInvalidArgument, "address = '%s': port 0 cannot be the root's port (every rank connects to it)", address);
-    // The magic of the resolved address, so that processes naming one root by different names agree.
-    const std::string resolved = "qcclGetUniqueIdFromAddress|" + id.root.to_string();
+    // The magic of the port alone: hosts may resolve one name to different addresses (a host's own
+    // name to 127.0.1.1), and two roots cannot share a port anyway.
+    const std::string text = "qcclGetUniqueIdFromAddress|" + std::to_string(id.root.port());
     id.magic = 1469598103934665603ull;
-    for (unsigned char ch : resolved) id.magic = (id.magic ^ ch) * 1099511628211ull;
+    for (unsigned char ch : text) id.magic = (id.magic ^ ch) * 1099511628211ull;
     id.root_at_init = true;
     encode_unique_id(id, uniqueId);
   });
@@ -315,7 +320,7 @@ QCCL_API qcclResult_t qcclCommInitRankConfig(qcclComm_t* comm, int nranks, qcclU
     if (rank < 0 || rank >= nranks) fail(qcclInvalidArgument, "rank = %d is out of range [0, %d)", rank, nranks);
     BootstrapId id = decode_unique_id(uniqueId);
     Config resolved = Config::resolve(config);
-    if (id.root_at_init && rank == 0) start_root_at(id, nranks, resolved.timeout_seconds);  // an id from an address
+    if (id.root_at_init && rank == 0) start_root_at(id, nranks, resolved.timeout_seconds, true);  // an id from an address
     *comm = wrap(Comm::create(id, nranks, rank, resolved));
   });
 }
@@ -337,7 +342,7 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
       start_root_service(std::move(listener), id.magic, 1, resolved.timeout_seconds);
     } else {
       id = BootstrapId{launch_magic(launch), launch.root_address};
-      if (launch.rank == 0) start_root_at(id, launch.nranks, resolved.timeout_seconds);
+      if (launch.rank == 0) start_root_at(id, launch.nranks, resolved.timeout_seconds, false);
     }
     QCCL_INFO("qcclCommInitEnv: rank %d of %d from %s", launch.rank, launch.nranks, launch.source.c_str());
     *comm = wrap(Comm::create(id, launch.nranks, launch.rank, resolved));

@@ -29,7 +29,9 @@ constexpr uint32_t kHelloTag = 0x4c484351;  // "QCHL"
 constexpr uint32_t kTableTag = 0x42544351;  // "QCTB"
 constexpr uint32_t kRefuseTag = 0x4f4e4351; // "QCNO"
 constexpr uint32_t kVersion = 2;  // 2: PeerInfo carries QCCL_CODEC=auto's inputs
-constexpr uint32_t kIdVersion = 3;  // 3: a flags byte after the address; 2: none (still read); 1: text
+// 3: a flags byte after the address, written only when a flag is set (an id of version 2 is what an
+// older qccl reads); 2: no flags; 1 carried the root's address as text.
+constexpr uint32_t kIdVersion = 3;
 constexpr uint8_t kRootAtInit = 1;  // the id's flags
 constexpr size_t kHelloHeaderBytes = 4 + 4 + 8 + 4 + 4 + 4;
 constexpr size_t kMaxBlobBytes = 64 * 1024;
@@ -44,7 +46,7 @@ void encode_unique_id(const BootstrapId& id, qcclUniqueId* out) {
   std::memset(out, 0, sizeof(*out));
   ByteWriter w;
   w.put<uint32_t>(kIdTag);
-  w.put<uint32_t>(kIdVersion);
+  w.put<uint32_t>(id.root_at_init ? kIdVersion : 2);
   w.put<uint64_t>(id.magic);
   w.put<uint8_t>(static_cast<uint8_t>(id.root.family() == AF_INET6 ? 6 : 4));
   w.put<uint16_t>(id.root.port());
@@ -59,7 +61,7 @@ void encode_unique_id(const BootstrapId& id, qcclUniqueId* out) {
   } else {
     fail(qcclInternalError, "unique id: the root's address family %d is neither IPv4 nor IPv6", id.root.family());
   }
-  w.put<uint8_t>(id.root_at_init ? kRootAtInit : 0);
+  if (id.root_at_init) w.put<uint8_t>(kRootAtInit);
   static_assert(4 + 4 + 8 + 1 + 2 + 16 + 4 + 1 <= QCCL_UNIQUE_ID_BYTES, "the id fits");
   std::memcpy(out->internal, w.bytes().data(), w.bytes().size());
 }
@@ -70,7 +72,8 @@ BootstrapId decode_unique_id(const qcclUniqueId& id) {
   uint32_t tag = r.get<uint32_t>();
   uint32_t version = r.get<uint32_t>();
   if (tag != kIdTag || (version != kIdVersion && version != 2))
-    fail(qcclInvalidArgument, "uniqueId was not made by qcclGetUniqueId (tag 0x%08x, version %u)", tag, version);
+    fail(qcclInvalidArgument, "uniqueId was not made by qcclGetUniqueId or qcclGetUniqueIdFromAddress of this qccl "
+         "(tag 0x%08x, version %u)", tag, version);
   BootstrapId out;
   out.magic = r.get<uint64_t>();
   const uint8_t family = r.get<uint8_t>();

@@ -1,8 +1,9 @@
 // Bootstrap: how ranks that know only a root address and a magic find each other.
 //
-// The root (a thread started by qcclGetUniqueId, or by rank 0 under qcclCommInitEnv) accepts one TCP
-// connection per rank. Each rank sends a hello {magic, rank, nranks, blob}; when all nranks have
-// arrived the root sends every rank the table of all blobs and exits. A connection that presents
+// The root (a thread started by qcclGetUniqueId, or by rank 0 under qcclCommInitEnv or with an id from
+// an address) accepts one TCP connection per rank. Each rank sends a hello {magic, rank, nranks,
+// blob}; when all nranks have arrived the root closes its listener (the next communicator on the
+// same address may listen there), sends every rank the table of all blobs and exits. A connection that presents
 // another magic, an inconsistent rank count, a duplicate rank or bytes that do not parse is refused
 // (with a one-line reason sent back when possible), logged at WARN, and does not disturb the
 // communicator being built. The blob carries what the ranks need from each other (PeerInfo).

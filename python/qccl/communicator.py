@@ -78,8 +78,8 @@ def get_unique_id(address: Optional[str] = None) -> bytes:
     With ``address`` ("host:port", ``qcclGetUniqueIdFromAddress``): every process that names the same
     root makes the same bytes, and nothing starts here; rank 0's ``from_unique_id`` starts the root on
     that port of its host, which the address must name."""
-    if address is not None and not isinstance(address, str):
-        raise InvalidArgument(f"address: {address!r} is not a str (\"host:port\")")
+    if address is not None and (not isinstance(address, str) or "\0" in address):
+        raise InvalidArgument(f"address: {address!r} is not a str without NUL (\"host:port\")")
     return _qccl.get_unique_id(address)
 
 

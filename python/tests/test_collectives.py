@@ -287,6 +287,8 @@ def test_unique_id_from_an_address(comm):
         qccl.get_unique_id("127.0.0.1:0")
     with pytest.raises(qccl.InvalidArgument, match="address: 5 is not a str"):
         qccl.get_unique_id(5)
+    with pytest.raises(qccl.InvalidArgument, match="is not a str without NUL"):
+        qccl.get_unique_id(address + "\0junk")
 
 
 def test_buffer_protocol_objects(comm):

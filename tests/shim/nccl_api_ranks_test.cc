@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -127,6 +128,21 @@ const DataType kTypes[] = {DataType::kInt8,    DataType::kUint8,   DataType::kIn
 const RedOp kOps[] = {RedOp::kSum, RedOp::kProd, RedOp::kMax, RedOp::kMin, RedOp::kAvg};
 
 std::string last_error() { return ncclGetLastError(nullptr); }
+
+// A port free on loopback now (for NCCL_COMM_ID).
+int32_t free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  REQUIRE(bound);
+  return ntohs(a.sin_port);
+}
 
 TEST_CASE("the version, the error strings, and errors that name the call, argument and value", "[api]") {
   World& w = World::get();
@@ -665,19 +681,7 @@ TEST_CASE("NCCL_COMM_BLOCKING decides over the config, as NCCL's parseCommConfig
 TEST_CASE("NCCL_COMM_ID: every rank makes the same id, and rank 0's init starts the root there", "[comm-id]") {
   World& w = World::get();
   // A port free on loopback, found by rank 0 and told to the others.
-  int32_t port = 0;
-  if (w.rank == 0) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    port = ntohs(a.sin_port);
-    ::close(fd);
-  }
+  int32_t port = w.rank == 0 ? free_loopback_port() : 0;
   NCCL_REQUIRE_OK(ncclBroadcast(&port, &port, 1, ncclInt32, 0, w.comm, nullptr));
   const std::string address = "127.0.0.1:" + std::to_string(port);
   struct Unset {
@@ -704,6 +708,41 @@ TEST_CASE("NCCL_COMM_ID: every rank makes the same id, and rank 0's init starts 
   ncclUniqueId id{};
   CHECK(ncclGetUniqueId(&id) == ncclInvalidArgument);
   CHECK_THAT(last_error(), Catch::Contains("NCCL_COMM_ID = 'no-port-here'") && Catch::Contains("not host:port"));
+}
+
+TEST_CASE("two live communicators from one NCCL_COMM_ID are two: destroying the first frees it", "[comm-id]") {
+  // Local to each process: two threads are the two ranks of A, then of B, both made from one address
+  // (A's root closed once A was made). They share the id's bytes; the drop-in once took them for
+  // ranks of one communicator, and destroying A's ranks then waited for B's to free them together.
+  const int32_t port = free_loopback_port();
+  struct Unset {
+    ~Unset() { unsetenv("NCCL_COMM_ID"); }
+  } unset;
+  REQUIRE(setenv("NCCL_COMM_ID", ("127.0.0.1:" + std::to_string(port)).c_str(), 1) == 0);
+  auto make = [](ncclComm_t* comms) {
+    ncclUniqueId id{};
+    NCCL_REQUIRE_OK(ncclGetUniqueId(&id));
+    ncclResult_t results[2];
+    std::thread ranks[2];
+    for (int r = 0; r < 2; ++r) ranks[r] = std::thread([&, r] { results[r] = ncclCommInitRank(&comms[r], 2, id, r); });
+    for (auto& t : ranks) t.join();
+    REQUIRE(results[0] == ncclSuccess);
+    REQUIRE(results[1] == ncclSuccess);
+  };
+  auto threads = [] {
+    size_t n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) n += entry.exists() ? 1 : 0;
+    return n;
+  };
+  ncclComm_t a[2], b[2];
+  make(a);
+  make(b);
+  const size_t both = threads();
+  NCCL_REQUIRE_OK(ncclCommDestroy(a[0]));
+  NCCL_REQUIRE_OK(ncclCommDestroy(a[1]));
+  CHECK(threads() < both);  // A's progress threads are gone
+  NCCL_REQUIRE_OK(ncclCommDestroy(b[0]));
+  NCCL_REQUIRE_OK(ncclCommDestroy(b[1]));
 }
 
 TEST_CASE("non-blocking splits that a rank joins with NCCL_SPLIT_NOCOLOR show on the parent", "[nonblocking]") {

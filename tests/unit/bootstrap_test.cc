@@ -126,15 +126,22 @@ TEST_CASE("the unique id is binary, round-trips IPv4 and IPv6 roots, and leaves 
     BootstrapId b;
     b.magic = 0x0123456789abcdefull;
     b.root = net::Address::parse(root, "test");
-    qcclUniqueId id;
-    encode_unique_id(b, &id);
-    size_t used = sizeof(id.internal);
-    while (used > 0 && id.internal[used - 1] == 0) --used;
-    CHECK(used <= 39);  // NCCL's ncclUniqueId is the same 128 bytes: the rest is room to spare
-    const BootstrapId back = decode_unique_id(id);
-    CHECK(back.magic == b.magic);
-    CHECK(back.root.to_string() == b.root.to_string());
-    CHECK(back.root.port() == b.root.port());
+    for (const bool root_at_init : {false, true}) {
+      b.root_at_init = root_at_init;
+      qcclUniqueId id;
+      encode_unique_id(b, &id);
+      size_t used = sizeof(id.internal);
+      while (used > 0 && id.internal[used - 1] == 0) --used;
+      CHECK(used <= 40);  // NCCL's ncclUniqueId is the same 128 bytes: the rest is room to spare
+      uint32_t version;
+      std::memcpy(&version, id.internal + 4, 4);
+      CHECK(version == (root_at_init ? 3u : 2u));  // a plain id is what an older qccl reads
+      const BootstrapId back = decode_unique_id(id);
+      CHECK(back.magic == b.magic);
+      CHECK(back.root.to_string() == b.root.to_string());
+      CHECK(back.root.port() == b.root.port());
+      CHECK(back.root_at_init == root_at_init);
+    }
   }
   BootstrapId b;
   b.magic = 1;
@@ -166,6 +173,27 @@ TEST_CASE("an id from an address: the same in every process, its root started by
   qcclUniqueId plain;
   REQUIRE(qcclGetUniqueId(&plain) == qcclSuccess);
   CHECK_FALSE(decode_unique_id(plain).root_at_init);
+  // A rank 0 whose init fails after its root started: the root gives up after the timeout (it
+  // waited for ever, and the port stayed taken), and a second try listens there again.
+  {
+    qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+    config.timeoutSeconds = 1;
+    qcclComm_t comm = nullptr;
+    REQUIRE(setenv("QCCL_NODE_MAP", "0,0", 1) == 0);  // two ranks' nodes for a communicator of one
+    CHECK(qcclCommInitRankConfig(&comm, 1, id, 0, &config) == qcclInvalidArgument);
+    REQUIRE(unsetenv("QCCL_NODE_MAP") == 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    REQUIRE(qcclCommInitRankConfig(&comm, 1, id, 0, &config) == qcclSuccess);
+    CHECK(qcclCommDestroy(comm) == qcclSuccess);
+  }
+  // An address that is not this host's: rank 0 fails at once, naming it (every rank timed out).
+  {
+    qcclUniqueId elsewhere;
+    REQUIRE(qcclGetUniqueIdFromAddress("192.0.2.1:4791", &elsewhere) == qcclSuccess);  // TEST-NET-1
+    qcclComm_t comm = nullptr;
+    CHECK(qcclCommInitRank(&comm, 2, elsewhere, 0) == qcclSystemError);
+    CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("cannot listen on 192.0.2.1:4791"));
+  }
   // Bad arguments.
   CHECK(qcclGetUniqueIdFromAddress(nullptr, &id) == qcclInvalidArgument);
   CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("address = NULL"));
