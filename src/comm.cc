@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <new>
 
 #include "base/errors.h"
 #include "base/log.h"
@@ -729,6 +730,10 @@ void Comm::place(OpRecord& record, bool in_group) {
 // need the buffers of the few that run, not 20. The smallest that fits, so that a small call leaves
 // the large buffers to the large ones.
 void Comm::take_scratch(OpRecord& record) {
+  if (record.scratch_bytes == 0) {  // (any pooled buffer fits none: one would leave the pool for nothing)
+    record.operation->set_scratch(nullptr);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
     auto best = scratch_pool_.end();
@@ -904,7 +909,14 @@ void Comm::wait(OpRecord& record) {
     {
       std::lock_guard<std::mutex> drive(drive_mu_);
       callers_waiting_.fetch_sub(1);
-      drive_until(done, false);
+      drive_until(done, false, true, /*step_aside=*/true);
+    }
+    // It stepped aside for callers whose calls may have completed (drive_until): one of them takes
+    // the lock before this thread does again (a mutex hands nothing over: the thread that lets go
+    // could take it straight back).
+    if (!record.done.load(std::memory_order_acquire)) {
+      const auto until = Clock::now() + std::chrono::milliseconds(1);
+      while (callers_waiting_.load() > 0 && Clock::now() < until) std::this_thread::yield();
     }
     // Others remain: hand them back to the progress thread, in a moment. A caller that waits for
     // its requests one after the other (the DDP pattern) is back at once, and an immediate wake-up
@@ -923,6 +935,9 @@ bool Comm::test(OpRecord& record) {
       drive_until([&] { return record.done.load(std::memory_order_acquire); }, false, /*may_block=*/false);
     }
   }
+  // As at the end of a wait: the progress thread takes over what is left. (Its hand-off timer may
+  // have fired while this pass held the lock, which it then left alone until its next wake-up.)
+  if (active_count_.load() > 0 && !hand_off_armed_.exchange(true)) arm_hand_off(true);
   return record.done.load(std::memory_order_acquire);
 }
 
@@ -932,7 +947,7 @@ void add_ns(std::atomic<int64_t>& total, std::chrono::steady_clock::duration d) 
 }
 }  // namespace
 
-void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block) {
+void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block, bool step_aside) {
   // The snapshot holds records, which hold the communicator: drop it on the way out once nothing is
   // active (while calls are outstanding it is kept for the next wait: a caller that waits for 20
   // requests one by one would otherwise copy the list 20 times).
@@ -947,8 +962,13 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
   auto spin_until = Clock::now() + std::chrono::microseconds(config_.spin_us);
   auto busy_pause = kFirstBusyPause;
   auto last_moved = Clock::now();
+  const uint64_t version_at_entry = active_version_.load();
   while (!done()) {
     if (progress_thread && (stopping_ || callers_waiting_.load() > 0)) return;
+    // A caller steps aside for another caller once a call completed (or came): the other may wait
+    // for that call (a completion thread's qcclWait), and would otherwise wait for this caller's
+    // own call, however long ago its own completed.
+    if (step_aside && callers_waiting_.load() > 0 && active_version_.load() != version_at_entry) return;
     if (broken_) {
       fail_affected_operations();  // collectives the failure does not concern keep going
       if (done()) return;
@@ -1020,6 +1040,10 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
         // else: completed before an older collective; it completes after it (call order)
       } catch (const Error& e) {
         break_comm(Failure{e.code(), e.message(), failure_sequence(*record)}, true);
+        break;
+      } catch (const std::bad_alloc&) {  // a call's scratch or a method's buffers
+        break_comm(Failure{qcclSystemError, "out of memory starting or running a call", failure_sequence(*record)},
+                   true);
         break;
       }
     }
@@ -1202,7 +1226,15 @@ void Comm::progress_thread_main() {
     progress_driving_.store(true);
     if (callers_waiting_.load() == 0) {
       std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
-      if (drive.owns_lock()) drive_until([this] { return active_count_.load() == 0; }, true);
+      // What escapes the drive (the transport refusing to arm) breaks the communicator, whose
+      // callers then fail: on this thread it would end the process.
+      try {
+        if (drive.owns_lock()) drive_until([this] { return active_count_.load() == 0; }, true);
+      } catch (const Error& e) {
+        break_comm(Failure{e.code(), "progress thread: " + e.message(), 0}, true);
+      } catch (const std::exception& e) {
+        break_comm(Failure{qcclSystemError, std::string("progress thread: ") + e.what(), 0}, true);
+      }
     }
     progress_driving_.store(false);
   }

@@ -184,7 +184,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void join(const BootstrapId& id);
 
   // Drives until done() holds. may_block: sleep on events when nothing moves (else return then).
-  void drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block = true);
+  // step_aside: also return once a call completed (or came) while another caller waits (wait()).
+  void drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block = true,
+                   bool step_aside = false);
   void wait_for_events(bool progress_thread, std::chrono::microseconds timeout, bool transport);
   void progress_thread_main();
   bool waits_for_its_state(size_t index) const;  // index into driving_: an older call on its `serial`

@@ -285,6 +285,45 @@ TEST_CASE("point-to-point is outside the order: a send behind a collective feeds
   if (r == 1) CHECK(message == p2p_payload(0, 1, kP2pCount));
 }
 
+TEST_CASE("a completion thread's wait returns when its call completes, while another thread's call blocks",
+          "[nonblocking]") {
+  World& w = World::get();
+  const int n = w.size(), r = w.rank();
+  if (n < 2) return;
+  // Rank 0's main thread blocks in a receive that rank 1 answers only once rank 0's completion
+  // thread has seen the all-reduce complete (and said so on another communicator). The completion
+  // thread's wait used to wait for the main thread's receive to end instead: a deadlock until
+  // QCCL_TIMEOUT.
+  const qcclComm_t other = SmallChunkComm::get();  // made now, on every rank
+  std::vector<int64_t> in(1000, r + 1), out(in.size(), 0);
+  qcclRequest_t reduce = nullptr;
+  QCCL_REQUIRE_OK(qcclIAllReduce(in.data(), out.data(), in.size(), qcclInt64, qcclSum, w.comm(), &reduce));
+  int32_t token = 0, message = 0;
+  if (r == 0) {
+    qcclResult_t waited = qcclInternalError, told = qcclInternalError;
+    std::thread completion([&] {
+      waited = qcclWait(&reduce);
+      token = 7;
+      told = qcclSend(&token, 1, qcclInt32, 1, other);
+    });
+    const qcclResult_t received = qcclRecv(&message, 1, qcclInt32, 1, w.comm());
+    completion.join();
+    CHECK(received == qcclSuccess);
+    CHECK(waited == qcclSuccess);
+    CHECK(told == qcclSuccess);
+    CHECK(message == 11);
+  } else {
+    QCCL_REQUIRE_OK(qcclWait(&reduce));
+    if (r == 1) {
+      QCCL_REQUIRE_OK(qcclRecv(&token, 1, qcclInt32, 0, other));
+      CHECK(token == 7);
+      message = 11;
+      QCCL_REQUIRE_OK(qcclSend(&message, 1, qcclInt32, 0, w.comm()));
+    }
+  }
+  CHECK(out.front() == static_cast<int64_t>(n) * (n + 1) / 2);
+}
+
 TEST_CASE("send and receive with every peer in a group, posted in different orders, beside collectives",
           "[nonblocking]") {
   World& w = World::get();
