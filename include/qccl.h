@@ -495,7 +495,8 @@ QCCL_API qcclResult_t qcclCodecLearnLevels(qcclCodec_t codec, const void* data, 
  * with qcclInvalidUsage before anything is sent); a state serves one method: a call with another
  * method's codec is qcclInvalidUsage. Every rank passes its own state at the same step: ranks whose
  * steps differ fail with qcclMismatch. Calls that share a state run one after the other in call
- * order. Create one per tensor you all-reduce (all-gather, reduce-scatter) repeatedly; use it with
+ * order, on one communicator at a time: a call on another communicator while calls on the state are
+ * in flight is qcclInvalidUsage. Create one per tensor you all-reduce (all-gather, reduce-scatter) repeatedly; use it with
  * one tensor size and one collective.
  * Save/Load give a checkpoint: qcclCodecStateSize bytes (ask again after calls: the method's memory
  * appears at its first call), restored into a state of the same count; a checkpoint of an earlier

@@ -217,7 +217,7 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
   if (compressed) {
     if (state) {
       record->state = state_of(state).shared_from_this();
-      record->state_call = record->state->begin_call();
+      record->state_call = record->state->begin_call(&c);
     }
     record->serial = record->state.get();
     validate_compressed(*record, codec, c.aggregators());

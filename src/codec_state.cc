@@ -149,7 +149,12 @@ void refuse_calls_in_flight(int calls, const char* what) {
 }
 }  // namespace
 
-std::shared_ptr<void> CodecState::begin_call() {
+std::shared_ptr<void> CodecState::begin_call(const void* comm) {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  if (const int calls = calls_.load(); calls > 0 && owner_ != comm)
+    fail(qcclInvalidUsage, "state: %d calls on it are in flight on another communicator (qcclWait for them first): "
+         "a state's calls run in order on one communicator at a time", calls);
+  owner_ = comm;
   calls_.fetch_add(1);
   return std::shared_ptr<void>(nullptr, [self = shared_from_this()](void*) { self->calls_.fetch_sub(1); });
 }

@@ -5,8 +5,9 @@
 // (the communicator's QCCL_CODEC_STATE_BUDGET, and a store's own when it lives in one), and
 // serializable for checkpoints. CodecStore holds many tensors' states by key.
 //
-// Threads: calls on one state run one after the other (the communicator orders them), so nothing here
-// locks except the budgets and the store's map.
+// Threads: calls on one state run one after the other (the communicator orders them; begin_call
+// refuses another communicator's while calls are in flight), so nothing here locks except the
+// budgets, the store's map and begin_call.
 #pragma once
 
 #include <atomic>
@@ -71,10 +72,12 @@ class CodecState : public std::enable_shared_from_this<CodecState> {
   std::vector<void*> arrays_on_device(const std::shared_ptr<Device>& device);
   void arrays_to_host() const;
 
-  // A call on this state from its submission to its end: the returned handle ends it when released.
-  // save() and load() are refused meanwhile (Error(qcclInvalidUsage)): the call reads and writes the
-  // method state, which a load may even free.
-  std::shared_ptr<void> begin_call();
+  // A call on this state from its submission to its end, on communicator `comm`: the returned handle
+  // ends it when released. save() and load() are refused meanwhile (Error(qcclInvalidUsage)): the
+  // call reads and writes the method state, which a load may even free. So is a call on another
+  // communicator: calls on one state run one after the other because their communicator orders
+  // them, and two communicators' progress would not be ordered.
+  std::shared_ptr<void> begin_call(const void* comm);
   int calls_in_flight() const { return calls_.load(); }
 
   size_t serialized_bytes() const;
@@ -103,6 +106,8 @@ class CodecState : public std::enable_shared_from_this<CodecState> {
   coll::LegacyState legacy_;
   bool has_legacy_ = false;
   std::atomic<int> calls_{0};
+  std::mutex calls_mu_;           // begin_call's check and owner_
+  const void* owner_ = nullptr;   // the communicator of the calls in flight
 };
 
 // Many tensors' states by key (DESIGN.md "Codec state": keyed by a tensor handle the caller makes).

@@ -216,4 +216,40 @@ TEST_CASE("keyed states: checkpoints wait for no call, and a store's save never 
   CHECK(fitted + refused == saves);
 }
 
+TEST_CASE("keyed states: a state's calls in flight on one communicator refuse a call on another", "[codec_state]") {
+  World& w = World::get();
+  if (w.size() < 2) return;
+  // A split child beside its parent: two communicators' progress, which nothing orders, would run the
+  // state's calls (its residual's read-modify-write) at once.
+  qcclComm_t child = nullptr;
+  QCCL_REQUIRE_OK(qcclCommSplit(w.comm(), 0, w.rank(), &child, nullptr));
+  Codec ef("q4:ef=on");
+  constexpr size_t kCount = 1000;
+  qcclCodecState_t state = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecStateCreate(w.comm(), kCount, &state));
+  std::vector<float> x(kCount, 0.5f), y(kCount);
+  int32_t token = 1;
+  if (w.rank() == 0) {
+    // In flight on the parent until the others call theirs, which they do after the token.
+    qcclRequest_t request = nullptr;
+    QCCL_REQUIRE_OK(qcclIAllReduceCompressed(x.data(), y.data(), kCount, qcclFloat32, qcclSum, ef.handle, state,
+                                             w.comm(), &request));
+    CHECK(qcclAllReduceCompressed(x.data(), y.data(), kCount, qcclFloat32, qcclSum, ef.handle, state, child) ==
+          qcclInvalidUsage);
+    CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("1 calls on it are in flight on another "
+                                                                       "communicator"));
+    for (int peer = 1; peer < w.size(); ++peer) QCCL_REQUIRE_OK(qcclSend(&token, 1, qcclInt32, peer, child));
+    QCCL_REQUIRE_OK(qcclWait(&request));
+  } else {
+    QCCL_REQUIRE_OK(qcclRecv(&token, 1, qcclInt32, 0, child));
+    QCCL_REQUIRE_OK(
+        qcclAllReduceCompressed(x.data(), y.data(), kCount, qcclFloat32, qcclSum, ef.handle, state, w.comm()));
+  }
+  // Done on the parent: the child may take the state now.
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), y.data(), kCount, qcclFloat32, qcclSum, ef.handle, state, child));
+  for (size_t i = 0; i < kCount; ++i) REQUIRE(std::fabs(y[i] - 0.5f * w.size()) <= 0.5f * w.size() / 15 + 1e-5f);
+  QCCL_REQUIRE_OK(qcclCodecStateDestroy(state));
+  QCCL_REQUIRE_OK(qcclCommDestroy(child));
+}
+
 }  // namespace qccl::test
