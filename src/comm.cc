@@ -802,6 +802,7 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& mess
   if (record.call) record.call->end();
   record.state_call.reset();
   record.done.store(true, std::memory_order_release);
+  drive_mu_.signal();  // a caller may wait for it while another drives
 }
 
 namespace {
@@ -888,6 +889,28 @@ void Comm::allgather_bytes(const void* send, void* recv, size_t bytes) {
 
 // ---- Driving -------------------------------------------------------------------------------------
 
+bool DriveLock::lock_unless(const std::function<bool()>& done) {
+  waiters_.fetch_add(1);
+  // A completion or a release between this thread's look and its sleep is not lost: signal() takes
+  // signal_mu_ before it notifies, and sees this waiter (the fences order the two threads' counts
+  // and states, Dekker's way).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  bool locked = false;
+  {
+    std::unique_lock<std::mutex> lock(signal_mu_);
+    signalled_.wait(lock, [&] { return done() || (locked = mu_.try_lock()); });
+  }
+  waiters_.fetch_sub(1);
+  return locked;
+}
+
+void DriveLock::signal() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (waiters_.load() == 0) return;
+  { std::lock_guard<std::mutex> lock(signal_mu_); }
+  signalled_.notify_all();
+}
+
 void Comm::wait(OpRecord& record) {
   // An armed hand-off timer is left running while the wait is short (disarming costs a system call,
   // a third of a 64 KiB all-reduce): if it fires while we drive, the progress thread finds the drive
@@ -906,17 +929,14 @@ void Comm::wait(OpRecord& record) {
     // context switch per call. (It raises progress_driving_ before it looks at callers_waiting_,
     // and we raised callers_waiting_ before looking at progress_driving_: one of us sees the other.)
     if (progress_driving_.load()) wake(progress_wake_fd_);
+    // The lock, unless the call completes first under another caller's drive (a completion
+    // thread's wait while the owning thread drives its own blocking call).
+    const bool driving = drive_mu_.lock_unless([&] { return record.done.load(std::memory_order_acquire); });
+    callers_waiting_.fetch_sub(1);
+    if (!driving) break;
     {
-      std::lock_guard<std::mutex> drive(drive_mu_);
-      callers_waiting_.fetch_sub(1);
-      drive_until(done, false, true, /*step_aside=*/true);
-    }
-    // It stepped aside for callers whose calls may have completed (drive_until): one of them takes
-    // the lock before this thread does again (a mutex hands nothing over: the thread that lets go
-    // could take it straight back).
-    if (!record.done.load(std::memory_order_acquire)) {
-      const auto until = Clock::now() + std::chrono::milliseconds(1);
-      while (callers_waiting_.load() > 0 && Clock::now() < until) std::this_thread::yield();
+      std::lock_guard<DriveLock> drive(drive_mu_, std::adopt_lock);
+      drive_until(done, false);
     }
     // Others remain: hand them back to the progress thread, in a moment. A caller that waits for
     // its requests one after the other (the DDP pattern) is back at once, and an immediate wake-up
@@ -930,7 +950,7 @@ void Comm::wait(OpRecord& record) {
 
 bool Comm::test(OpRecord& record) {
   if (!record.done.load(std::memory_order_acquire)) {
-    std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+    std::unique_lock<DriveLock> drive(drive_mu_, std::try_to_lock);
     if (drive.owns_lock()) {
       drive_until([&] { return record.done.load(std::memory_order_acquire); }, false, /*may_block=*/false);
     }
@@ -947,7 +967,7 @@ void add_ns(std::atomic<int64_t>& total, std::chrono::steady_clock::duration d) 
 }
 }  // namespace
 
-void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block, bool step_aside) {
+void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block) {
   // The snapshot holds records, which hold the communicator: drop it on the way out once nothing is
   // active (while calls are outstanding it is kept for the next wait: a caller that waits for 20
   // requests one by one would otherwise copy the list 20 times).
@@ -962,13 +982,8 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
   auto spin_until = Clock::now() + std::chrono::microseconds(config_.spin_us);
   auto busy_pause = kFirstBusyPause;
   auto last_moved = Clock::now();
-  const uint64_t version_at_entry = active_version_.load();
   while (!done()) {
     if (progress_thread && (stopping_ || callers_waiting_.load() > 0)) return;
-    // A caller steps aside for another caller once a call completed (or came): the other may wait
-    // for that call (a completion thread's qcclWait), and would otherwise wait for this caller's
-    // own call, however long ago its own completed.
-    if (step_aside && callers_waiting_.load() > 0 && active_version_.load() != version_at_entry) return;
     if (broken_) {
       fail_affected_operations();  // collectives the failure does not concern keep going
       if (done()) return;
@@ -1225,7 +1240,7 @@ void Comm::progress_thread_main() {
     if (active_count_.load() == 0) continue;
     progress_driving_.store(true);
     if (callers_waiting_.load() == 0) {
-      std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+      std::unique_lock<DriveLock> drive(drive_mu_, std::try_to_lock);
       // What escapes the drive (the transport refusing to arm) breaks the communicator, whose
       // callers then fail: on this thread it would end the process.
       try {
@@ -1313,7 +1328,7 @@ void Comm::last_stats(qcclStats_t* out) const {
 
 void Comm::destroy() {
   {
-    std::lock_guard<std::mutex> drive(drive_mu_);
+    std::lock_guard<DriveLock> drive(drive_mu_);
     drive_until([this] { return active_count_.load() == 0; }, false);
   }
   std::string message;
@@ -1346,7 +1361,7 @@ void Comm::abort() {
   wake(progress_wake_fd_);
   if (control_) control_->fail_waits(failure);  // a qcclCommDestroy waiting in its closing barrier
   {
-    std::lock_guard<std::mutex> drive(drive_mu_);
+    std::lock_guard<DriveLock> drive(drive_mu_);
     fail_affected_operations();
   }
   shutdown();
@@ -1365,7 +1380,7 @@ void Comm::shut_down_now() {
   wake(progress_wake_fd_);
   if (progress_thread_.joinable()) progress_thread_.join();
   {
-    std::lock_guard<std::mutex> drive(drive_mu_);
+    std::lock_guard<DriveLock> drive(drive_mu_);
     std::unique_lock<std::shared_mutex> executors(executors_mu_);  // no start() is using them
     driving_.clear();  // a snapshot kept while calls were outstanding (drive_until)
     driving_version_ = ~uint64_t{0};

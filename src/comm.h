@@ -38,6 +38,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -130,6 +131,30 @@ struct OpRecord {
   std::string error;                  // valid once done
 };
 
+// The drive lock: whichever thread holds it drives all of a communicator's calls. A caller waiting for
+// its own call waits for the lock or for that call's completion, whichever comes first: a completion
+// thread's qcclWait must not wait for the owning thread's blocking call, which holds the lock until
+// its own call completes. signal() after every completion and release wakes such waiters.
+class DriveLock {
+ public:
+  void lock() { mu_.lock(); }
+  bool try_lock() { return mu_.try_lock(); }
+  void unlock() {
+    mu_.unlock();
+    signal();
+  }
+  // True holding the lock; false, without it, once done() holds.
+  bool lock_unless(const std::function<bool()>& done);
+  // A call completed, or the lock was let go: the waiters look again.
+  void signal();
+
+ private:
+  std::mutex mu_;
+  std::mutex signal_mu_;
+  std::condition_variable signalled_;
+  std::atomic<int> waiters_{0};
+};
+
 class Comm : public std::enable_shared_from_this<Comm> {
  public:
   // Collective over the nranks ranks: bootstrap, control plane, transport endpoints, barrier.
@@ -184,9 +209,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void join(const BootstrapId& id);
 
   // Drives until done() holds. may_block: sleep on events when nothing moves (else return then).
-  // step_aside: also return once a call completed (or came) while another caller waits (wait()).
-  void drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block = true,
-                   bool step_aside = false);
+  void drive_until(const std::function<bool()>& done, bool progress_thread, bool may_block = true);
   void wait_for_events(bool progress_thread, std::chrono::microseconds timeout, bool transport);
   void progress_thread_main();
   bool waits_for_its_state(size_t index) const;  // index into driving_: an older call on its `serial`
@@ -279,7 +302,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::vector<std::shared_ptr<std::vector<std::byte>>> scratch_pool_;  // guarded by ops_mu_
   qcclStats_t last_stats_{};                                          // guarded by ops_mu_
 
-  std::mutex drive_mu_;
+  DriveLock drive_mu_;
   std::vector<std::shared_ptr<OpRecord>> driving_;  // the driver's copy of active_
   uint64_t submitted_ = 0;          // records ever added to active_ (guarded by ops_mu_)
   uint64_t driving_submitted_ = 0;  // ...of which driving_ has seen these
