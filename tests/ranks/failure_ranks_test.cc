@@ -626,7 +626,9 @@ TEST_CASE("abort from another thread releases a blocked collective", "[abort-thr
   CHECK(qcclCommDestroy(job.comm) == qcclSuccess);  // destroy of a broken communicator is local
 }
 
-// The split held only a reference to its parent: the abort freed the communicator under it.
+// The split now holds its parent through the abort (a reference alone could dangle between its two
+// exchanges once the abort freed the handle; that window was not reproduced): the blocked split is
+// released with qcclAborted.
 TEST_CASE("abort from another thread releases a blocked qcclCommSplit", "[abort-split]") {
   Job job;
   warm_up(job);
