@@ -129,6 +129,17 @@ const RedOp kOps[] = {RedOp::kSum, RedOp::kProd, RedOp::kMax, RedOp::kMin, RedOp
 
 std::string last_error() { return ncclGetLastError(nullptr); }
 
+// Polls a non-blocking communicator (or one with a non-blocking split running) until it is no longer
+// in progress; returns its state then.
+ncclResult_t settle(ncclComm_t comm) {
+  ncclResult_t state = ncclInProgress;
+  while (state == ncclInProgress) {
+    NCCL_REQUIRE_OK(ncclCommGetAsyncError(comm, &state));
+    if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return state;
+}
+
 // A port free on loopback now (for NCCL_COMM_ID).
 int32_t free_loopback_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -612,15 +623,10 @@ TEST_CASE("a non-blocking split, and InitRankScalable", "[nonblocking]") {
   CHECK((r == ncclInProgress || r == ncclSuccess));
   REQUIRE(child != nullptr);
   int32_t x = 1;
-  ncclResult_t state = ncclInProgress;
   // (That calls on a communicator still in progress are refused is checked where it stays in
   // progress, the abandoned initialisation below: here it may become ready between the poll and a
   // call, and a call that then ran on one rank alone would hang the others.)
-  while (state == ncclInProgress) {
-    NCCL_REQUIRE_OK(ncclCommGetAsyncError(child, &state));
-    if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  REQUIRE(state == ncclSuccess);
+  REQUIRE(settle(child) == ncclSuccess);
   NCCL_REQUIRE_OK(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, child, nullptr));
   CHECK(x == w.size);
   NCCL_REQUIRE_OK(ncclCommDestroy(child));
@@ -637,14 +643,6 @@ TEST_CASE("a non-blocking split, and InitRankScalable", "[nonblocking]") {
 
 TEST_CASE("NCCL_COMM_BLOCKING decides over the config, as NCCL's parseCommConfig", "[nonblocking]") {
   World& w = World::get();
-  auto settle = [](ncclComm_t comm) {
-    ncclResult_t state = ncclInProgress;
-    while (state == ncclInProgress) {
-      NCCL_REQUIRE_OK(ncclCommGetAsyncError(comm, &state));
-      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return state;
-  };
   for (const char* value : {"0", "1"}) {
     const bool blocking = value[0] == '1';
     ncclConfig_t opposite = NCCL_CONFIG_INITIALIZER;
@@ -798,14 +796,6 @@ TEST_CASE("a non-blocking split keeps its parent in progress until it ends, as N
   const ncclUniqueId id = shared_id();
   const ncclResult_t made = ncclCommInitRankConfig(&parent, w.size, id, w.rank, &config);
   CHECK((made == ncclSuccess || made == ncclInProgress));
-  auto settle = [](ncclComm_t c) {
-    ncclResult_t state = ncclInProgress;
-    while (state == ncclInProgress) {
-      NCCL_REQUIRE_OK(ncclCommGetAsyncError(c, &state));
-      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return state;
-  };
   REQUIRE(settle(parent) == ncclSuccess);
   if (w.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ncclComm_t child = nullptr;
