@@ -370,7 +370,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   record->started_at = Clock::now();
   if (broken_) {
     std::lock_guard<std::mutex> lock(ops_mu_);
-    throw Error(failure_.code, failure_.message);
+    throw Error(failures_.first().code, failures_.first().message);
   }
   if (shut_down_) fail(qcclInvalidUsage, "the communicator was destroyed before the call started");
   coll::CollArgs& args = record->args;
@@ -1202,14 +1202,10 @@ void Comm::check_timeouts() {
                            op.identity().header.describe().c_str(), op.algorithm().name, idle,
                            op.waiting_for().c_str()),
                     failure_sequence(*record)};
-    if (!broken_) {
-      break_comm(failure, true);
-      return;
-    }
-    // Already broken by a later collective's failure, and this earlier one cannot finish either.
-    record->operation->cancel();
-    executor_->settle_cancelled();
-    finish(*record, failure.code, failure.message);
+    // Kept and reported, also where a later collective's failure broke the communicator before:
+    // the next pass fails this call and those after it.
+    break_comm(failure, true);
+    return;
   }
 }
 
@@ -1274,14 +1270,25 @@ uint64_t Comm::failure_sequence(const OpRecord& record) {
   return id.p2p ? 0 : id.sequence;  // point-to-point numbers are per peer: not comparable
 }
 
+uint64_t Comm::first_unfinished_collective() const {
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  uint64_t first = next_sequence_.load();
+  for (const auto& record : active_) {
+    const OperationIdentity& id = record->operation->identity();
+    if (!id.p2p) first = std::min(first, id.sequence);
+  }
+  return first;
+}
+
 void Comm::break_comm(const Failure& failure, bool report) {
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
-    if (broken_) return;
-    failure_ = failure;
+    if (!failures_.add(failure)) return;  // concerns no call an earlier failure did not
+    first = !broken_;
     broken_ = true;
   }
-  QCCL_WARN("communicator failed: %s", failure.message.c_str());
+  QCCL_WARN("%s: %s", first ? "communicator failed" : "an older collective failed too", failure.message.c_str());
   if (report && control_) control_->report_failure(failure);
   wake(driver_wake_fd_);
   wake(progress_wake_fd_);
@@ -1291,13 +1298,9 @@ void Comm::fail_affected_operations() {
   std::vector<std::pair<std::shared_ptr<OpRecord>, Failure>> affected;
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
-    const Failure& failure = failure_;
     for (const auto& record : active_) {
       const OperationIdentity& id = record->operation->identity();
-      if (id.p2p || failure.first_sequence == 0 || id.sequence >= failure.first_sequence)
-        affected.emplace_back(record, failure);
-      else if (aborted_)  // older than an earlier failure, but aborted all the same
-        affected.emplace_back(record, abort_failure_);
+      if (const Failure* failure = failures_.concerning(id.p2p, id.sequence)) affected.emplace_back(record, *failure);
     }
   }
   if (affected.empty()) return;
@@ -1313,8 +1316,8 @@ void Comm::fail_affected_operations() {
 qcclResult_t Comm::health(std::string* message) const {
   if (!broken_) return qcclSuccess;
   std::lock_guard<std::mutex> lock(ops_mu_);
-  *message = failure_.message;
-  return failure_.code;
+  *message = failures_.first().message;
+  return failures_.first().code;
 }
 
 void Comm::last_stats(qcclStats_t* out) const {
@@ -1349,16 +1352,12 @@ void Comm::abort() {
   const Failure failure{
       qcclAborted, format("qcclCommAbort was called on %s", names_.empty() ? "this rank" : names_[rank_].c_str()), 0};
   if (control_) control_->begin_close();  // our own departure is not news to us
-  {
-    std::lock_guard<std::mutex> lock(ops_mu_);
-    abort_failure_ = failure;
-  }
-  // Before break_comm wakes the driver: a qcclCommDestroy driving older calls of a communicator that
-  // an earlier failure broke fails them now, and lets go of the drive lock taken below.
-  aborted_ = true;
-  break_comm(failure, true);
-  wake(driver_wake_fd_);  // break_comm wakes nobody when an earlier failure broke the communicator
-  wake(progress_wake_fd_);
+  // The peers' calls fail from this rank's oldest unfinished collective on (and their point-to-point
+  // calls): it has done its part of the older ones, which may still finish there.
+  if (control_) control_->report_failure(Failure{failure.code, failure.message, first_unfinished_collective()});
+  // Every call of this rank's, those older than an earlier failure too. A qcclCommDestroy driving
+  // them fails them on waking, and lets go of the drive lock taken below.
+  break_comm(failure, false);
   if (control_) control_->fail_waits(failure);  // a qcclCommDestroy waiting in its closing barrier
   {
     std::lock_guard<DriveLock> drive(drive_mu_);

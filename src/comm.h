@@ -34,7 +34,10 @@
 // transport, on the communicator's stream (qcclCommSetStream) at the time of the call.
 //
 // Failure. The first failure breaks the communicator: it is recorded, reported to every peer
-// through the control plane, and fails every outstanding and future operation with that error.
+// through the control plane, and fails the calls in flight it concerns (a collective's: that one and
+// those after it, which the others may not have finished; a dead peer's or an abort: all) and every
+// call made from then on. One found later in an older collective is kept and reported in the same
+// way (Failures, control.h).
 #pragma once
 
 #include <atomic>
@@ -229,6 +232,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void break_comm(const Failure& failure, bool report);
   // The first collective sequence number a failure of this record concerns (see Failure).
   static uint64_t failure_sequence(const OpRecord& record);
+  // The oldest collective this rank has not finished, or the next one's number if none.
+  uint64_t first_unfinished_collective() const;
   void wake(int fd);
   void arm_hand_off(bool arm);  // arms (or disarms) hand_off_fd_
   void agree_auto_codec();      // join: QCCL_CODEC=auto's facts
@@ -289,7 +294,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::atomic<bool> hand_off_armed_{false};  // set when armed, cleared when it fired: saves system calls
 
   // Submission side (the calling thread).
-  uint64_t next_sequence_ = 0;
+  std::atomic<uint64_t> next_sequence_{0};  // the next collective's (abort reads it)
   std::vector<uint64_t> send_sequence_, recv_sequence_;  // point-to-point calls to and from each peer
 
   // Operations started and not done, in call order; `active_version_` changes whenever the list does.
@@ -315,10 +320,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::atomic<bool> progress_driving_{false};  // the progress thread holds (or is taking) the drive lock
   std::atomic<bool> stopping_{false};
 
-  std::atomic<bool> broken_{false};
-  Failure failure_;  // guarded by ops_mu_; set once, when broken_ becomes true
-  std::atomic<bool> aborted_{false};
-  Failure abort_failure_;  // guarded by ops_mu_; set before aborted_
+  std::atomic<bool> broken_{false};  // failures_ holds one
+  Failures failures_;                // guarded by ops_mu_
   std::once_flag shutdown_once_;
   std::atomic<bool> shut_down_{false};
   // start() holds it shared while it uses the executors; shut_down_now() exclusively to destroy them

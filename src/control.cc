@@ -130,7 +130,7 @@ void ControlPlane::lost(Peer& peer) {
   {
     std::lock_guard<std::mutex> lock(mu_);  // other threads write to sockets under mu_
     peer.socket.close();
-    if (closing_) return;
+    if (closing_ || peer.announced) return;
   }
   const std::string text =
       "its control connection closed: the process died, or exited or aborted without qcclCommDestroy";
@@ -160,6 +160,7 @@ void ControlPlane::handle(Peer& from, MessageType type, const uint8_t* payload, 
       }
       case kFailure: {
         int32_t origin = r.get<int32_t>();
+        if (origin == from.rank) from.announced = true;
         Failure failure;
         failure.code = static_cast<qcclResult_t>(r.get<int32_t>());
         failure.first_sequence = r.get<uint64_t>();
@@ -223,8 +224,11 @@ void ControlPlane::barrier(const net::Deadline& deadline, bool closing) {
   }
 }
 
+// Every failure, not only the first: an earlier collective's that arrives later still concerns calls
+// the first did not (Failures).
 void ControlPlane::fail_locally(const Failure& failure) {
-  if (fail_waits(failure)) on_failure_(failure);
+  fail_waits(failure);
+  on_failure_(failure);
 }
 
 void ControlPlane::report_failure(const Failure& failure) { broadcast_failure(rank_, failure, -1); }
@@ -263,6 +267,21 @@ void ControlPlane::begin_close() {
 void ControlPlane::close() {
   begin_close();
   for (auto& p : peers_) p.socket.close();
+}
+
+bool Failures::add(const Failure& failure) {
+  if (!kept_.empty()) {
+    const uint64_t lowest = kept_.back().first_sequence;  // the lowest yet (each kept lowers it)
+    if (lowest == 0 || (failure.first_sequence != 0 && failure.first_sequence >= lowest)) return false;
+  }
+  kept_.push_back(failure);
+  return true;
+}
+
+const Failure* Failures::concerning(bool p2p, uint64_t sequence) const {
+  for (const Failure& failure : kept_)
+    if (failure.concerns(p2p, sequence)) return &failure;
+  return nullptr;
 }
 
 }  // namespace qccl

@@ -5,7 +5,8 @@
 //     whatever UCX transport is in use and without UCX's peer-failure mode (which would move
 //     shared-memory traffic onto tcp);
 //   - failure relay: a rank that detects a mismatch, a timeout or an abort reports it, and the hub
-//     forwards the report, so that every rank fails the same collective with the same story;
+//     forwards the report, so that every rank fails the same collective with the same story (a
+//     rank that reported before its connection closes has said what its departure concerns);
 //   - barriers (end of init, qcclCommDestroy).
 // Threads: service() is called only by the communicator's progress thread, which polls fds();
 // barrier() and report_failure() may be called by any other thread.
@@ -30,11 +31,35 @@ struct Failure {
   qcclResult_t code = qcclSuccess;
   std::string message;
   uint64_t first_sequence = 0;
+
+  // Whether a call fails with it: every point-to-point call (their numbers are per peer), and
+  // collective #s from first_sequence on.
+  bool concerns(bool p2p, uint64_t sequence) const {
+    return p2p || first_sequence == 0 || sequence >= first_sequence;
+  }
+};
+
+// The failures of one communicator, in the order they arrived. The first is the communicator's own
+// (what it reports, what a call made from then on fails with); a call in flight fails with the first
+// that concerns it. A failure is kept only where it concerns a collective that none before it did: a
+// mismatch in collective #5 found after one in #9 (the calls 5 .. 8 would wait out QCCL_TIMEOUT for
+// ranks that have moved on, and then report a timeout), an abort or a dead peer after either.
+class Failures {
+ public:
+  // Returns whether `failure` was kept.
+  bool add(const Failure& failure);
+  bool empty() const { return kept_.empty(); }
+  const Failure& first() const { return kept_.front(); }
+  // The failure a call fails with, or nullptr where none concerns it (yet).
+  const Failure* concerning(bool p2p, uint64_t sequence) const;
+
+ private:
+  std::vector<Failure> kept_;  // each concerns collectives older than every one before it
 };
 
 class ControlPlane {
  public:
-  // Called (from the progress thread, or from report_failure's caller) with the first failure.
+  // Called (from the progress thread) with every failure a peer reports or the control plane detects.
   using FailureHandler = std::function<void(const Failure&)>;
 
   ControlPlane(int rank, int nranks, uint64_t magic, std::vector<std::string> peer_names,
@@ -69,6 +94,9 @@ class ControlPlane {
     int rank = -1;
     net::Socket socket;
     std::vector<uint8_t> inbox;
+    // It reported a failure of its own (an abort says from which collective on): its closed
+    // connection is then a departure, not news that would fail every call (progress thread only).
+    bool announced = false;
   };
   enum MessageType : uint32_t { kBarrier = 1, kRelease = 2, kFailure = 3 };
 

@@ -675,7 +675,9 @@ TEST_CASE("abort from another thread releases a blocked qcclCommDestroy", "[abor
 // never joins it (rank 3 stays out): the failure concerns the second call and those after it. An
 // abort then fails the first as well. It was left running with no executor, and qcclWait spun on it
 // for ever (qcclTest said "not done"); a qcclCommDestroy driving it held the drive lock until
-// QCCL_TIMEOUT (100 s here), and an abort from another thread waited as long.
+// QCCL_TIMEOUT (100 s here), and an abort from another thread waited as long. Rank 0 aborts; the
+// other ranks' first calls, which wait for rank 0 as well, fail when its report arrives: it used to
+// be ignored (the communicator had failed already), and they waited out QCCL_TIMEOUT.
 struct BrokenAfterOne {
   Job job;
   qcclComm_t side = nullptr;  // a second communicator of the same ranks, for a barrier
@@ -690,42 +692,61 @@ struct BrokenAfterOne {
       QCCL_REQUIRE_OK(qcclIAllReduce(a.data(), b.data(), a.size(), qcclFloat32, qcclSum, job.comm, &first));
     int token = 1;  // every first call issued before any rank's second can break the communicator
     QCCL_REQUIRE_OK(qcclAllReduce(&token, &token, 1, qcclInt32, qcclSum, side));
-    if (job.rank == 3) return;
-    // Refused at once where another rank's report came first.
-    qcclRequest_t second = nullptr;
-    qcclResult_t result =
-        qcclIAllReduce(c.data(), d.data(), job.rank == 0 ? 500 : 1000, qcclFloat32, qcclSum, job.comm, &second);
-    if (result == qcclSuccess) result = qcclWait(&second);
-    REQUIRE(result == qcclMismatch);
+    if (job.rank != 3) {
+      // Refused at once where another rank's report came first.
+      qcclRequest_t second = nullptr;
+      qcclResult_t result =
+          qcclIAllReduce(c.data(), d.data(), job.rank == 0 ? 500 : 1000, qcclFloat32, qcclSum, job.comm, &second);
+      if (result == qcclSuccess) result = qcclWait(&second);
+      REQUIRE(result == qcclMismatch);
+    }
+    QCCL_REQUIRE_OK(qcclAllReduce(&token, &token, 1, qcclInt32, qcclSum, side));  // before rank 0 aborts
   }
-  ~BrokenAfterOne() { qcclCommDestroy(side); }
-  // Rank 3, which made neither call, learns of the mismatch (or of an abort, whichever is first)
-  // and aborts: true there, and the scenario is over for it.
+  // Rank 3 aborts once every rank is done with the scenario (its abort would fail the first calls).
+  ~BrokenAfterOne() {
+    qcclCommDestroy(side);
+    if (job.rank == 3) qcclCommAbort(job.comm);
+  }
+  // Rank 3, which made neither call, learns of the mismatch: true there, and the scenario is over for it.
   bool outsider_done() {
     if (job.rank != 3) return false;
-    const qcclResult_t async = await_async_error(job.comm);
-    CHECK((async == qcclMismatch || async == qcclRemoteError));
-    CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+    CHECK(await_async_error(job.comm) == qcclMismatch);
     return true;
   }
+  // Ranks 1 and 2: their first call fails at once with rank 0's abort.
+  void check_first_fails_with_rank_0s_abort(std::chrono::steady_clock::time_point begin);
 };
 
 double seconds_since(std::chrono::steady_clock::time_point begin) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 
-TEST_CASE("an abort after a failure fails the calls older than it too, at once", "[abort-older]") {
+void BrokenAfterOne::check_first_fails_with_rank_0s_abort(std::chrono::steady_clock::time_point begin) {
+  int done = 0;
+  qcclResult_t result = qcclSuccess;
+  while (!done && result == qcclSuccess && seconds_since(begin) < 10) result = qcclTest(&first, &done);
+  CHECK(result == qcclRemoteError);
+  CHECK(seconds_since(begin) < 5);
+  CHECK_THAT(last_error(), Catch::Contains("rank 0") && Catch::Contains("qcclCommAbort was called on rank 0"));
+}
+
+TEST_CASE("an abort after a failure fails the calls older than it too, at once, on every rank", "[abort-older]") {
   BrokenAfterOne broken;
   Job& job = broken.job;
   if (broken.outsider_done()) return;
   const auto begin = std::chrono::steady_clock::now();
+  if (job.rank != 0) {
+    broken.check_first_fails_with_rank_0s_abort(begin);
+    CHECK(qcclCommAbort(job.comm) == qcclSuccess);
+    return;
+  }
   CHECK(qcclCommAbort(job.comm) == qcclSuccess);
   int done = 0;
   qcclResult_t result = qcclSuccess;
   while (!done && result == qcclSuccess && seconds_since(begin) < 10) result = qcclTest(&broken.first, &done);
   CHECK(result == qcclAborted);
   CHECK(seconds_since(begin) < 5);
-  CHECK_THAT(last_error(), Catch::Contains("qcclCommAbort was called on rank"));
+  CHECK_THAT(last_error(), Catch::Contains("qcclCommAbort was called on rank 0"));
 }
 
 TEST_CASE("an abort from another thread ends a qcclCommDestroy that drives a broken communicator's older call",
@@ -734,6 +755,11 @@ TEST_CASE("an abort from another thread ends a qcclCommDestroy that drives a bro
   Job& job = broken.job;
   if (broken.outsider_done()) return;
   const auto begin = std::chrono::steady_clock::now();
+  if (job.rank != 0) {  // their qcclCommDestroy drives their first call, which rank 0's abort fails
+    qcclCommDestroy(job.comm);
+    broken.check_first_fails_with_rank_0s_abort(begin);
+    return;
+  }
   double aborted_after = -1;
   std::thread aborter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -14,6 +14,7 @@
 #include "base/wire.h"
 #include "collectives/ring.h"
 #include "src/aggregator.h"
+#include "src/control.h"
 #include "src/frame.h"
 #include "src/message_key.h"
 #include "src/node_map.h"
@@ -196,6 +197,35 @@ TEST_CASE("message keys: keyed delta calls and plain point-to-point calls never 
   // What receives ignore (taint, fingerprint) never makes two calls' keys equal.
   CHECK(message_key::chunk_id(make(true, keyed_sequence(7, false), true, 3, 0xabc)) ==
         message_key::chunk_id(make(true, keyed_sequence(7, false), false, 3, 0)));
+}
+
+TEST_CASE("a communicator's failures: each call fails with the first that concerns it", "[failure]") {
+  Failures failures;
+  CHECK(failures.empty());
+  CHECK(failures.concerning(true, 0) == nullptr);
+  // A mismatch in collective #9: #9 and later, and every point-to-point call; not #5 .. #8.
+  REQUIRE(failures.add(Failure{qcclMismatch, "nine", 9}));
+  CHECK(failures.concerning(false, 8) == nullptr);
+  CHECK(failures.concerning(false, 9)->message == "nine");
+  CHECK(failures.concerning(false, 100)->message == "nine");
+  CHECK(failures.concerning(true, 3)->message == "nine");
+  // A later report about #12 or #9 concerns nothing new; one about #5 concerns #5 .. #8.
+  CHECK_FALSE(failures.add(Failure{qcclTimeout, "twelve", 12}));
+  CHECK_FALSE(failures.add(Failure{qcclTimeout, "nine again", 9}));
+  REQUIRE(failures.add(Failure{qcclTimeout, "five", 5}));
+  CHECK(failures.concerning(false, 4) == nullptr);
+  CHECK(failures.concerning(false, 5)->message == "five");
+  CHECK(failures.concerning(false, 8)->message == "five");
+  CHECK(failures.concerning(false, 9)->message == "nine");
+  CHECK(failures.concerning(true, 0)->message == "nine");
+  CHECK(failures.first().message == "nine");  // the communicator's own, for calls made from now on
+  // An abort (or a dead peer) concerns every call: kept once, and nothing after it.
+  REQUIRE(failures.add(Failure{qcclAborted, "abort", 0}));
+  CHECK(failures.concerning(false, 1)->message == "abort");
+  CHECK(failures.concerning(false, 7)->message == "five");
+  CHECK_FALSE(failures.add(Failure{qcclRemoteError, "dead peer", 0}));
+  CHECK_FALSE(failures.add(Failure{qcclMismatch, "two", 2}));
+  CHECK(failures.first().message == "nine");
 }
 
 TEST_CASE("byte reader: every read is bounds-checked", "[wire]") {
