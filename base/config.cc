@@ -14,14 +14,14 @@ namespace qccl {
 
 const std::vector<EnvVar>& env_vars() {
   static const std::vector<EnvVar> vars = {
-      {"QCCL_DEBUG", "unset (silent)", "log level: WARN, INFO (topology, transport, algorithms once per communicator) or TRACE"},
+      {"QCCL_DEBUG", "unset (silent)", "log level: NONE, WARN, INFO (topology, transport, algorithms once per communicator) or TRACE, in any case; another value logs at WARN, after a line saying so"},
       {"QCCL_DEBUG_FILE", "unset (stderr)", "write the log to this file; %h is the host name, %p the pid"},
       {"QCCL_TIMEOUT", "300", "seconds a collective may go without progress before it fails on every rank; 0 waits forever"},
-      {"QCCL_CHUNK_BYTES", "262144 (or from QCCL_LINK_RATE)", "pipeline chunk size in bytes (K/M suffixes allowed)"},
-      {"QCCL_PIPELINE_DEPTH", "2", "chunks in flight per collective"},
+      {"QCCL_CHUNK_BYTES", "262144 (or from QCCL_LINK_RATE)", "pipeline chunk size in bytes, 64 to 1 GiB (K/M/G, k/m/g or KiB/MiB/GiB suffixes, powers of 1024)"},
+      {"QCCL_PIPELINE_DEPTH", "2", "chunks in flight per collective, 1 to 64"},
       {"QCCL_LINK_RATE", "unset (unknown; probed for QCCL_CODEC=auto on several nodes)", "the rate of each rank's link, in tc's units (100mbit, 1gbit; set by qcclrun --netem), or probe: measured between the nodes when the communicator is made (node leaders send one another growing messages around a ring of nodes, each size twice, 64 KiB up to 64 MiB or 50 ms; the slope between the last two sizes, so that a shaper's burst and the latency drop out; the slowest link's rate, the same on every rank; 0.25-0.45 s measured, nothing on one node). Without QCCL_CHUNK_BYTES the chunk becomes 5 ms of the link (4 KiB multiples, 16 KiB to 256 KiB), so that a chunk fits a shallow switch queue, and 1 MiB from 8gbit on (a 10 Gbit/s link, as set or as a probe measures it)"},
       {"QCCL_ALGO", "unset (by size)", "force algorithms by name: 'ring' or 'allreduce=ring,broadcast=chain', each collective once (qccl_info lists them)"},
-      {"QCCL_SPIN_US", "20", "microseconds to poll before blocking on the network's event descriptor"},
+      {"QCCL_SPIN_US", "20", "microseconds to poll (0 to 1000000) before blocking on the network's event descriptor"},
       {"QCCL_SOCKET_IFNAME", "unset (first non-loopback IPv4)", "interface whose address the bootstrap listens on and advertises"},
       {"QCCL_CODEC", "unset (no compression)", "compress plain qcclAllReduce calls (sum/avg of float, half, bfloat16): a codec spec such as q8 for all three, TYPE=SPEC;TYPE=SPEC per datatype (none: that type exact), or auto[:maxrelerr=E] (per call, the codec a cost model predicts fastest among those whose proven error bound is within E of the largest sum, default 0.01; uncompressed where none pays)"},
       {"QCCL_CODEC_MIN_BYTES", "1048576", "a fixed QCCL_CODEC compresses only all-reduces of at least this many bytes (auto weighs every size)"},
@@ -37,7 +37,7 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_MAGIC", "derived from the job id", "64-bit hex bootstrap magic shared by the job's ranks (set by qcclrun)"},
       {"QCCL_LOCAL_RANK", "unset", "rank among the ranks on this host, or emulated host (set by qcclrun; informational)"},
       {"QCCL_LOCAL_NRANKS", "unset", "ranks on this host, or emulated host (set by qcclrun; informational)"},
-      {"QCCL_TESTS_MIN_BW", "unset", "perf binaries only: exit 1 when the average bus bandwidth is below 0.9 x this (GB/s)"},
+      {"QCCL_TESTS_MIN_BW", "unset", "perf binaries only: exit 1 when the average bus bandwidth is below 0.9 x this (GB/s); unset or empty, nccl-tests' NCCL_TESTS_MIN_BW is read"},
   };
   return vars;
 }

@@ -221,7 +221,7 @@ OPTIONS
         --algo LIST          qcclConfig_t.algorithms, e.g. ring or allreduce=ring,broadcast=chain
                              (default: QCCL_ALGO, else chosen by size)
         --chunk SIZE         qcclConfig_t.chunkBytes, the pipeline chunk (default:
-                             QCCL_CHUNK_BYTES, else 256K)
+                             QCCL_CHUNK_BYTES, else sized from QCCL_LINK_RATE, else 256K)
         --depth N            qcclConfig_t.pipelineDepth, chunks in flight (default:
                              QCCL_PIPELINE_DEPTH, else 2)
         --codec SPEC[,SPEC...]

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <set>
+#include <vector>
 
 #include "shim/shim.h"
 
@@ -42,13 +44,17 @@ std::unique_ptr<CodecPolicy> CodecPolicy::from_env() {
   if (const char* v = std::getenv("QCCL_NCCL_CODEC_STATE_BUDGET"); v && *v)
     p->state_budget_ = parse_bytes("QCCL_NCCL_CODEC_STATE_BUDGET", v);
   std::string spec = env;
+  // As QCCL_CODEC reads it (src/policy.cc): each TYPE once, one spec for every type ("" in `named`),
+  // which serves the types no TYPE=SPEC names, wherever it stands.
+  std::set<std::string> named;
+  std::set<const Entry*> typed;
   size_t at = 0;
   while (at < spec.size()) {
     const size_t semi = spec.find(';', at);
     std::string item = spec.substr(at, semi == std::string::npos ? std::string::npos : semi - at);
     at = semi == std::string::npos ? spec.size() : semi + 1;
     if (item.empty()) continue;
-    std::vector<Entry*> targets = {&p->float_, &p->half_, &p->bfloat16_};
+    std::vector<Entry*> targets;
     const size_t eq = item.find('='), colon = item.find(':');
     if (eq != std::string::npos && (colon == std::string::npos || eq < colon)) {  // TYPE=SPEC
       const std::string type = item.substr(0, eq);
@@ -58,18 +64,34 @@ std::unique_ptr<CodecPolicy> CodecPolicy::from_env() {
       else
         fail(ncclInvalidArgument, "QCCL_NCCL_CODEC = '%s': '%s' is not a datatype codecs take (float, half, bfloat16)",
              env, type.c_str());
+      if (!named.insert(type).second)
+        fail(ncclInvalidArgument, "QCCL_NCCL_CODEC = '%s': '%s' is given twice", env, type.c_str());
+      typed.insert(targets.front());
       item = item.substr(eq + 1);
+    } else {
+      if (!named.insert("").second)
+        fail(ncclInvalidArgument, "QCCL_NCCL_CODEC = '%s': two specs for every datatype", env);
+      for (Entry* e : {&p->float_, &p->half_, &p->bfloat16_})
+        if (!typed.count(e)) targets.push_back(e);
     }
-    if (item == "none") {  // TYPE=none: that datatype stays exact
-      for (Entry* e : targets) *e = Entry{};
-      continue;
-    }
-    for (Entry* e : targets) {
+    // auto is QCCL_CODEC's choice per plain qcclAllReduce call, not a codec that qcclCodecCreate
+    // makes (it would say "unknown codec 'auto'"): the policy needs one codec per datatype.
+    if (method_of(item) == "auto")
+      fail(ncclInvalidArgument, "QCCL_NCCL_CODEC = '%s': the drop-in does not take auto; name a codec such as q8",
+           env);
+    auto make = [&]() -> qcclCodec_t {  // nullptr for none: that type stays exact
       qcclCodec_t codec = nullptr;
-      if (qcclCodecCreate(item.c_str(), &codec) != qcclSuccess)
+      if (item != "none" && qcclCodecCreate(item.c_str(), &codec) != qcclSuccess)
         fail(ncclInvalidArgument, "QCCL_NCCL_CODEC = '%s': %s", env, qcclGetLastError(nullptr));
+      return codec;
+    };
+    if (targets.empty()) {  // a spec for every type that TYPE=SPECs left no type: checked all the same
+      if (qcclCodec_t codec = make()) qcclCodecDestroy(codec);
+    }
+    for (Entry* e : targets) {  // a TYPE=SPEC replaces the spec for every type before it
+      qcclCodec_t codec = make();
       if (e->codec) qcclCodecDestroy(e->codec);
-      *e = Entry{codec, item, method_of(item)};
+      *e = codec ? Entry{codec, item, method_of(item)} : Entry{};
     }
   }
   if (!p->float_.codec && !p->half_.codec && !p->bfloat16_.codec) return nullptr;

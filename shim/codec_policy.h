@@ -15,7 +15,8 @@ enum class CollKind { kAllReduce, kAllGather, kReduceScatter };
 
 // Parsed once per communicator from the environment:
 //   QCCL_NCCL_CODEC              none (default: exact) | SPEC | TYPE=SPEC;TYPE=SPEC (TYPE: float, half,
-//                                bfloat16), SPEC as qccl's QCCL_CODEC and qcclCodecCreate take it
+//                                bfloat16; each once), SPEC as qcclCodecCreate takes it (QCCL_CODEC's
+//                                grammar, without its auto)
 //   QCCL_NCCL_CODEC_MIN_BYTES    calls of fewer bytes run exact (default 1048576; K/M/G suffixes)
 //   QCCL_NCCL_CODEC_STATE_BUDGET bytes of codec state (error feedback) the policy may keep per
 //                                communicator (default 0: qccl's QCCL_CODEC_STATE_BUDGET alone)

@@ -1,6 +1,7 @@
-// qccl_info: what this build of qccl has — version, every QCCL_* variable with its default and its
-// value here, every algorithm of the registry with its wire-bytes formula and default size range,
-// and the kernels and transport it would use (in the manner of ucx_info).
+// qccl_info: what this build of qccl has — version, every QCCL_* variable of the library (not the NCCL
+// drop-in's QCCL_NCCL_*) with its default and its value here, every algorithm of the registry with its
+// wire-bytes formula and default size range, and the kernels and transport it would use (in the manner
+// of ucx_info).
 #include <cstdio>
 #include <cstring>
 
@@ -14,7 +15,8 @@ void usage(FILE* out) {
                "Prints what this build of qccl provides (everything when no option is given).\n"
                "  -a   algorithms: name, collective, default size range, wire bytes per rank, description\n"
                "  -m   compression methods: name, the codecs each serves\n"
-               "  -e   environment: every QCCL_* variable, its default, and its value in this environment\n"
+               "  -e   environment: every QCCL_* variable of the library and its benchmarks (not the NCCL\n"
+               "       drop-in's QCCL_NCCL_*), its default, and its value in this environment\n"
                "  -v   versions: qccl, UCX, the vector target the reduction kernels dispatch to, and on GPUs\n"
                "       the CUDA runtime, driver and devices, NCCL (QCCL_GPU_WIRE=nccl) and cuFFT\n"
                "       (QCCL_GPU_FFT=cufft), each with why not where it cannot be used\n"

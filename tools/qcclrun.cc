@@ -93,8 +93,8 @@ OPTIONS
     --root-port P       Port of QCCL_ROOT. Default: a port free at start, picked at random below the
                         kernel's ephemeral range (net.ipv4.ip_local_port_range), where outgoing
                         connections never take it; a program binding the same port explicitly before
-                        rank 0 could still, which P avoids. With --netem, 29500 (every job has its own
-                        namespaces, so it is always free).
+                        rank 0 could still, which P avoids. With --netem or --nodes, 29500 (every job
+                        has its own namespaces, so it is always free).
     --no-prefix         Forward output without the "[R] " prefix (still whole lines).
     --grace SEC         Seconds between SIGTERM and SIGKILL when stopping ranks. Default 2.
     --timeout SEC       Stop the job and exit 124 when it runs longer than SEC. Default 0 (no limit).
@@ -114,9 +114,9 @@ OPTIONS
     --aggregators K     Also start K IntSGD aggregators (qccl_aggregator, found next to qcclrun) and
                         give every rank QCCL_AGGREGATORS, so that the int codecs' agg=switch sums
                         through them (0 to 64; default 0). They listen on 127.0.0.1, or with --netem
-                        on the bridge itself (10.99.255.250 - k, port 29600 + k), unshaped like a
-                        switch's backplane: only the ranks' own links limit what they exchange. They
-                        are stopped when the ranks have exited.
+                        or --nodes on the bridge itself (10.99.255.250 - k, port 29600 + k), unshaped
+                        like a switch's backplane: only the ranks' own links limit what they exchange.
+                        They are stopped when the ranks have exited.
     --cleanup           Only delete network namespaces (and /run/qccl<PID> boot-id directories) left
                         behind by qcclrun jobs that no longer run (e.g. after kill -9), killing what
                         still runs in them (processes that left their rank's process group), then
