@@ -193,7 +193,7 @@ NCCL_SHIM_API(ncclResult_t, ncclCommInitRankScalable,
               (ncclComm_t * newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds, ncclConfig_t* config)) {
   FROM_REAL(CommInitRankScalable, newcomm, nranks, myrank, nId, commIds, config);
   return grouped_entry("ncclCommInitRankScalable", [&] {
-    if (nId < 1) fail(ncclInvalidArgument, "nId = %d; it must be at least 1", nId);
+    if (nId < 1 || nId > nranks) fail(ncclInvalidArgument, "nId = %d is outside [1, nranks = %d]", nId, nranks);
     if (!commIds) fail(ncclInvalidArgument, "commIds = NULL");
     return init_rank(newcomm, nranks, commIds[0], myrank, config);
   });
@@ -359,6 +359,7 @@ NCCL_SHIM_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* ha
   FOREIGN(comm, CommDeregister, comm, handle);
   return entry("ncclCommDeregister", [&] {
     CommRef c = initialized(comm);
+    if (!handle) return ncclSuccess;  // as NCCL (register.cc)
     {
       std::lock_guard<std::mutex> lock(c->ops_mutex);
       if (c->registrations.erase(handle)) {
@@ -367,7 +368,7 @@ NCCL_SHIM_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* ha
       }
     }
     if (c->real) return checked_real(real()->CommDeregister(c->real, handle));
-    return fail(ncclInvalidArgument, "handle = %p was not made by ncclCommRegister on comm %p", handle,
+    return fail(ncclInvalidUsage, "handle = %p was not made by ncclCommRegister on comm %p", handle,
                 static_cast<void*>(comm)), ncclSuccess;
   });
 }
@@ -378,6 +379,7 @@ NCCL_SHIM_API(ncclResult_t, ncclCommWindowRegister,
   FOREIGN(comm, CommWindowRegister, comm, buff, size, win, winFlags);
   return entry("ncclCommWindowRegister", [&] {
     CommRef c = usable(comm);
+    if (!buff || size == 0) return ncclSuccess;  // as NCCL (dev_runtime.cc): nothing to register, no window
     if (!cuda::is_device_pointer(buff))
       fail(ncclInvalidUsage, "buff = %p is host memory; qccl has no symmetric windows, which are device memory", buff);
     ncclComm_t rc = ensure_real(*c, "ncclCommWindowRegister");
@@ -390,7 +392,8 @@ NCCL_SHIM_API(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t comm, ncclWind
   FOREIGN(comm, CommWindowDeregister, comm, win);
   return entry("ncclCommWindowDeregister", [&] {
     CommRef c = initialized(comm);
-    if (!c->real) fail(ncclInvalidArgument, "win = %p: comm %p has registered no window", static_cast<void*>(win),
+    if (!win) return ncclSuccess;  // as NCCL (dev_runtime.cc)
+    if (!c->real) fail(ncclInvalidUsage, "win = %p: comm %p has registered no window", static_cast<void*>(win),
                        static_cast<void*>(comm));
     return checked_real(real()->CommWindowDeregister(c->real, win));
   });
@@ -546,10 +549,7 @@ NCCL_SHIM_API(ncclResult_t, ncclGroupEnd, ()) {
 // The real NCCL's cost model serves groups of device calls; qccl has none for host calls.
 NCCL_SHIM_API(ncclResult_t, ncclGroupSimulateEnd, (ncclSimInfo_t * simInfo)) {
   FROM_REAL(GroupSimulateEnd, simInfo);
-  return entry("ncclGroupSimulateEnd", [&] {
-    if (!simInfo) fail(ncclInvalidArgument, "simInfo = NULL");
-    return simulate_group_end(simInfo);
-  });
+  return entry("ncclGroupSimulateEnd", [&] { return simulate_group_end(simInfo); });
 }
 
 // ---- Device API host functions (nccl_device.h) ----------------------------------------------------------------

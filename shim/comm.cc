@@ -1,5 +1,6 @@
 // Communicators of the NCCL drop-in: one handle holds a qccl communicator and, from the first
 // device-buffer call on, the real NCCL's communicator.
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -163,6 +164,7 @@ bool config_blocking(const ncclConfig_t* config, const char* call) {
   const int collnet = QCCL_CONFIG_FIELD(collnetEnable, NCCL_VERSION(2, 27, 0));
   const int shrink_share = QCCL_CONFIG_FIELD(shrinkShare, NCCL_VERSION(2, 27, 0));
   const int nvls_ctas = QCCL_CONFIG_FIELD(nvlsCTAs, NCCL_VERSION(2, 27, 0));
+  const int cta_policy = QCCL_CONFIG_FIELD(CTAPolicy, NCCL_VERSION(2, 27, 0));
   const int per_peer = QCCL_CONFIG_FIELD(nChannelsPerNetPeer, NCCL_VERSION(2, 28, 0));
   const int nvlink_centric = QCCL_CONFIG_FIELD(nvlinkCentricSched, NCCL_VERSION(2, 28, 0));
 #undef QCCL_CONFIG_FIELD
@@ -183,8 +185,13 @@ bool config_blocking(const ncclConfig_t* config, const char* call) {
   zero_or_one(split_share, "splitShare");
   zero_or_one(collnet, "collnetEnable");
   zero_or_one(shrink_share, "shrinkShare");
+  if (cta_policy != kUndef && (cta_policy < NCCL_CTA_POLICY_DEFAULT || cta_policy > NCCL_CTA_POLICY_ZERO))
+    fail(ncclInvalidArgument, "config->CTAPolicy = %d is none of NCCL_CTA_POLICY_DEFAULT (0) .. NCCL_CTA_POLICY_ZERO (%d) "
+         "(%s)", cta_policy, NCCL_CTA_POLICY_ZERO, call);
   positive(nvls_ctas, "nvlsCTAs");
-  positive(per_peer, "nChannelsPerNetPeer");
+  constexpr int kMaxChannels = 64;  // NCCL's MAXCHANNELS
+  if (per_peer != kUndef && (per_peer <= 0 || per_peer > kMaxChannels))
+    fail(ncclInvalidArgument, "config->nChannelsPerNetPeer = %d is outside [1, %d] (%s)", per_peer, kMaxChannels, call);
   zero_or_one(nvlink_centric, "nvlinkCentricSched");
   return env_blocking().value_or(blocking != 0);  // unset (or older than 2.14): blocking, NCCL's default
 }
@@ -257,6 +264,7 @@ void run_init(Comm& c, const InitRequest& request) {
 
 ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config) {
   if (!out) fail(ncclInvalidArgument, "comm = NULL");
+  *out = nullptr;  // as NCCL: a failed init leaves no stale handle (which the real NCCL would be handed)
   if (nranks < 1) fail(ncclInvalidArgument, "nranks = %d; it must be at least 1", nranks);
   if (rank < 0 || rank >= nranks) fail(ncclInvalidArgument, "rank = %d is outside [0, nranks = %d)", rank, nranks);
   const bool blocking = config_blocking(config, "ncclCommInitRankConfig");
@@ -290,6 +298,18 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int 
 void init_all(ncclComm_t* comms, int ndev, const int* devlist) {
   if (!comms) fail(ncclInvalidArgument, "comm = NULL");
   if (ndev < 1) fail(ncclInvalidArgument, "ndev = %d; it must be at least 1", ndev);
+  std::fill(comms, comms + ndev, nullptr);
+  if (devlist) {  // as NCCL: each a device of this machine (where CUDA has any), each once
+    std::vector<bool> seen;
+    for (int i = 0; i < ndev; ++i) {
+      const int d = devlist[i];
+      if (d < 0 || (cuda::available() && d >= cuda::device_count()))
+        fail(ncclInvalidArgument, "devlist[%d] = %d is not a CUDA device here (%d)", i, d, cuda::device_count());
+      if (static_cast<size_t>(d) >= seen.size()) seen.resize(static_cast<size_t>(d) + 1);
+      if (seen[static_cast<size_t>(d)]) fail(ncclInvalidUsage, "devlist[%d] = %d is listed twice", i, d);
+      seen[static_cast<size_t>(d)] = true;
+    }
+  }
   qcclUniqueId id;
   check_qccl(qcclGetUniqueId(&id), "qcclGetUniqueId");
   // One process, ndev ranks: each joins on its own thread, as the bootstrap needs them all at once.
@@ -333,6 +353,7 @@ void run_split(Comm& child, qcclComm_t parent, int color, int key) {
 
 ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config) {
   if (!newcomm) fail(ncclInvalidArgument, "newcomm = NULL");
+  *newcomm = nullptr;  // as NCCL, on failure
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
     fail(ncclInvalidArgument, "color = %d; it must be >= 0 or NCCL_SPLIT_NOCOLOR", color);
   // As NCCL: the parent's config decides whether the split blocks (it runs as the parent's job), the
@@ -568,6 +589,11 @@ void finalize(const CommRef& c) {
 }
 
 void destroy(ncclComm_t comm) {
+  // As NCCL (ncclCommEnsureReady): a communicator in progress is not destroyed, and stays usable.
+  if (const CommRef c = find_comm(comm); c && (c->init_state.load() != 0 || splitting(*c)))
+    fail(ncclInvalidArgument, "comm = %p is still %s (ncclCommGetAsyncError reports ncclInProgress): wait for "
+         "ncclSuccess, or ncclCommAbort it", static_cast<void*>(comm),
+         c->init_state.load() != 0 ? "being initialised" : "splitting");
   CommRef c = unregister_comm(comm);
   if (!c) fail(ncclInvalidArgument, "comm = %p is not a communicator of this library", static_cast<void*>(comm));
   if (c->init_thread.joinable()) c->init_thread.join();

@@ -2,6 +2,7 @@
 // call made during CUDA graph capture) go to the real NCCL; groups collect calls until their end.
 #include "shim/dispatch.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <unordered_map>
@@ -506,20 +507,28 @@ ncclResult_t group_end() {
 }
 
 ncclResult_t simulate_group_end(ncclSimInfo_t* info) {
+  if (!info) return group_end();  // as NCCL: no estimate asked for, so the group runs
   if (t_group.depth == 0) fail(ncclInvalidUsage, "no ncclGroupStart to end");
   if (--t_group.depth > 0) return ncclSuccess;
   Group group = std::move(t_group);
   t_group = Group{};
+  // As NCCL (group.cc): the group ends, and is dropped, when what it was to fill is not an
+  // ncclSimInfo_t (fields past `size` keep the initializer's).
+  constexpr unsigned kSimInfoMagic = 0x74685283;
+  ncclSimInfo_t given = NCCL_SIM_INFO_INITIALIZER;
+  size_t size = 0;
+  std::memcpy(&size, info, sizeof(size));
+  std::memcpy(&given, info, std::min(size, sizeof(given)));
+  if (given.magic != kSimInfoMagic)
+    fail(ncclInvalidArgument, "simInfo->magic = 0x%x: the ncclSimInfo_t was not initialised with "
+         "NCCL_SIM_INFO_INITIALIZER; the group was dropped", given.magic);
   if (!group.inits.empty()) fail(ncclInvalidUsage, "the group creates communicators, which cannot be simulated; nothing ran");
   if (group.refused) fail_refused(group);
   for (const Call& c : group.calls)
     if (!c.device)
       fail(ncclInvalidUsage, "%s on host buffers: qccl has no cost model to simulate; the group ended without running",
            c.name);
-  if (group.calls.empty()) {
-    info->estimatedTime = 0;
-    return ncclSuccess;
-  }
+  if (group.calls.empty()) return ncclSuccess;  // as NCCL: the estimate stays as it was
   for (Call& c : group.calls) ensure_real(*c.comm, c.name);
   const RealNccl* r = real();
   check_real(r->GroupStart());

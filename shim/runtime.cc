@@ -273,7 +273,8 @@ void synchronize(cudaStream_t stream, const char* call) {
 int current_device() {
   if (!driver().ok) return -1;
   CUdevice d = -1;
-  if (driver().CtxGetDevice(&d) != CUDA_SUCCESS) return -1;
+  // A thread with no current context is on device 0, as cudaGetDevice (NCCL's question) answers.
+  if (driver().CtxGetDevice(&d) != CUDA_SUCCESS) return 0;
   return d;
 }
 

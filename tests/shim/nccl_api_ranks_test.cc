@@ -210,7 +210,13 @@ TEST_CASE("the version, the error strings, and errors that name the call, argume
   void* handle = nullptr;
   NCCL_REQUIRE_OK(ncclCommRegister(w.comm, x, sizeof(x), &handle));
   NCCL_REQUIRE_OK(ncclCommDeregister(w.comm, handle));
-  CHECK(ncclCommDeregister(w.comm, handle) == ncclInvalidArgument);
+  CHECK(ncclCommDeregister(w.comm, handle) == ncclInvalidUsage);
+  // As NCCL: no handle, no window, or nothing to make one of is nothing to do.
+  NCCL_REQUIRE_OK(ncclCommDeregister(w.comm, nullptr));
+  NCCL_REQUIRE_OK(ncclCommWindowRegister(w.comm, nullptr, 16, &win, NCCL_WIN_DEFAULT));
+  NCCL_REQUIRE_OK(ncclCommWindowRegister(w.comm, x, 0, &win, NCCL_WIN_DEFAULT));
+  CHECK(win == nullptr);
+  NCCL_REQUIRE_OK(ncclCommWindowDeregister(w.comm, nullptr));
 }
 
 // How far ncclAvg on a floating type may be from the exact average, as NCCL computes it: each input
@@ -447,6 +453,33 @@ TEST_CASE("several collectives in one group", "[groups]") {
   CHECK(wrong == 0);
 }
 
+TEST_CASE("ncclGroupSimulateEnd: without an ncclSimInfo_t the group runs; with a bad one it is dropped", "[groups]") {
+  World& w = World::get();
+  int32_t x = w.rank + 1, y = 0;
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, w.comm, nullptr));
+  NCCL_REQUIRE_OK(ncclGroupSimulateEnd(nullptr));
+  CHECK(y == w.size * (w.size + 1) / 2);
+  // Not made with NCCL_SIM_INFO_INITIALIZER: refused, and the group is over (its call never ran).
+  ncclSimInfo_t zeroed{};
+  zeroed.size = sizeof(zeroed);
+  y = 0;
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, w.comm, nullptr));
+  CHECK(ncclGroupSimulateEnd(&zeroed) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("NCCL_SIM_INFO_INITIALIZER"));
+  CHECK(y == 0);
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, w.comm, nullptr));  // outside any group
+  CHECK(y == w.size * (w.size + 1) / 2);
+  // Host calls have no cost model: refused, the group dropped.
+  ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, w.comm, nullptr));
+  CHECK(ncclGroupSimulateEnd(&info) == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("no cost model"));
+  CHECK(ncclGroupEnd() == ncclInvalidUsage);  // no group is open
+}
+
 TEST_CASE("a call refused inside a group fails the group, which then runs none of its calls", "[groups]") {
   World& w = World::get();
   const size_t count = 512;
@@ -569,12 +602,16 @@ TEST_CASE("non-blocking initialisation, and configs checked as NCCL checks them"
       {[](ncclConfig_t& c) { c.splitShare = 7; }, "config->splitShare = 7 is neither 0 nor 1"},
       {[](ncclConfig_t& c) { c.nvlsCTAs = -1; }, "config->nvlsCTAs = -1 is not positive"},
       {[](ncclConfig_t& c) { c.nvlinkCentricSched = 3; }, "config->nvlinkCentricSched = 3 is neither 0 nor 1"},
+      {[](ncclConfig_t& c) { c.CTAPolicy = 3; }, "config->CTAPolicy = 3 is none of"},
+      {[](ncclConfig_t& c) { c.nChannelsPerNetPeer = 65; }, "config->nChannelsPerNetPeer = 65 is outside [1, 64]"},
   };
   for (const Bad& bad : bads) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     bad.set(config);
+    comm = reinterpret_cast<ncclComm_t>(&config);  // what a destroyed communicator's handle would leave
     CHECK(ncclCommInitRankConfig(&comm, w.size, id, w.rank, &config) == ncclInvalidArgument);
     CHECK_THAT(last_error(), Catch::Contains(bad.message));
+    CHECK(comm == nullptr);  // as NCCL: a failed init leaves no stale handle to abort
   }
   // A field newer than the config's version takes its default, whatever it holds (as NCCL reads it).
   ncclConfig_t older = NCCL_CONFIG_INITIALIZER;
@@ -606,6 +643,11 @@ TEST_CASE("an initialisation that cannot complete is abandoned at once by ncclCo
   int32_t x = 1;
   CHECK(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, comm, nullptr) == ncclInvalidArgument);
   CHECK_THAT(last_error(), Catch::Contains("is still being initialised"));
+  // Nor destroyed (it used to wait for the initialisation to give up, then succeed): the handle stays.
+  CHECK(ncclCommDestroy(comm) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("ncclCommDestroy") && Catch::Contains("ncclCommAbort it"));
+  NCCL_REQUIRE_OK(ncclCommGetAsyncError(comm, &state));
+  CHECK(state == ncclInProgress);
   auto t0 = std::chrono::steady_clock::now();
   NCCL_REQUIRE_OK(ncclCommAbort(comm));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -631,10 +673,12 @@ TEST_CASE("a non-blocking split, and InitRankScalable", "[nonblocking]") {
   CHECK(x == w.size);
   NCCL_REQUIRE_OK(ncclCommDestroy(child));
 
-  // Two ids, as ncclCommInitRankScalable spreads a bootstrap over several roots.
+  // Two ids, as ncclCommInitRankScalable spreads a bootstrap over several roots (at most one a rank).
   ncclUniqueId ids[2] = {shared_id(), shared_id()};
   ncclComm_t scalable = nullptr;
-  NCCL_REQUIRE_OK(ncclCommInitRankScalable(&scalable, w.size, w.rank, 2, ids, nullptr));
+  CHECK(ncclCommInitRankScalable(&scalable, w.size, w.rank, w.size + 1, ids, nullptr) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("nId = " + std::to_string(w.size + 1)));
+  NCCL_REQUIRE_OK(ncclCommInitRankScalable(&scalable, w.size, w.rank, std::min(2, w.size), ids, nullptr));
   int64_t y = w.rank, sum = 0;
   NCCL_REQUIRE_OK(ncclAllReduce(&y, &sum, 1, ncclInt64, ncclSum, scalable, nullptr));
   CHECK(sum == static_cast<int64_t>(w.size) * (w.size - 1) / 2);
@@ -855,6 +899,13 @@ TEST_CASE("ncclCommInitAll: several ranks in one process, driven from one thread
   // Local to each process: every process makes its own three-rank clique.
   constexpr int kRanks = 3;
   ncclComm_t comms[kRanks];
+  // A device list as NCCL checks it: no negative device, none twice (nothing is made then).
+  const int negative[kRanks] = {0, -1, 2}, twice[kRanks] = {0, 0, 1};
+  CHECK(ncclCommInitAll(comms, kRanks, negative) == ncclInvalidArgument);
+  CHECK_THAT(last_error(), Catch::Contains("devlist[1] = -1"));
+  CHECK(ncclCommInitAll(comms, kRanks, twice) == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("devlist[1] = 0 is listed twice"));
+  CHECK(comms[0] == nullptr);
   NCCL_REQUIRE_OK(ncclCommInitAll(comms, kRanks, nullptr));
   std::vector<std::vector<int32_t>> bufs(kRanks, std::vector<int32_t>(1000));
   for (int r = 0; r < kRanks; ++r)
