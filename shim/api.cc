@@ -215,8 +215,7 @@ NCCL_SHIM_API(ncclResult_t, ncclCommFinalize, (ncclComm_t comm)) {
     // A second finalize is NCCL's ncclInvalidArgument (other calls on a finalized one: usable()'s).
     if (const CommRef c = find_comm(comm); c && c->finalized)
       fail(ncclInvalidArgument, "comm = %p was finalized already (ncclCommFinalize)", static_cast<void*>(comm));
-    finalize(usable(comm));
-    return ncclSuccess;
+    return finalize(usable(comm));
   });
 }
 

@@ -65,8 +65,10 @@ CommRef usable(ncclComm_t comm, const char* arg) {
 
 Comm::~Comm() {
   // The last reference may be the init thread's own (after an abort detached it): never join oneself.
-  if (init_thread.joinable() && init_thread.get_id() != std::this_thread::get_id()) init_thread.join();
-  if (init_thread.joinable()) init_thread.detach();
+  for (std::thread* job : {&init_thread, &finalize_thread}) {
+    if (job->joinable() && job->get_id() != std::this_thread::get_id()) job->join();
+    if (job->joinable()) job->detach();
+  }
   if (store) qcclCodecStoreDestroy(store);
   for (void* token : registrations) delete static_cast<char*>(token);  // registered, never deregistered
 }
@@ -454,6 +456,15 @@ void async_error(Comm& c, ncclResult_t* out) {
     set_last_error("ncclCommGetAsyncError: initialisation failed: " + c.init_error);
     return;
   }
+  if (c.finalizing.load()) {
+    *out = ncclInProgress;
+    return;
+  }
+  if (c.finalize_result != ncclSuccess) {
+    *out = c.finalize_result;
+    set_last_error("ncclCommGetAsyncError: ncclCommFinalize failed: " + c.finalize_error);
+    return;
+  }
   qcclComm_t q = c.q.load();
   if (!q) {  // finalized: the host side has nothing outstanding
     *out = ncclSuccess;
@@ -573,8 +584,9 @@ void close_host(const CommRef& c) {
 }
 
 // NCCL's finalize completes the communicator's work with its peers; qccl's destroy is the collective
-// that does so, so it runs here and ncclCommDestroy only frees what is left.
-void finalize(const CommRef& c) {
+// that does so, so it runs here and ncclCommDestroy only frees what is left. A non-blocking
+// communicator's returns at once, as NCCL's job does, so that a program may time it out and abort.
+ncclResult_t finalize(const CommRef& c) {
   if (c->real) {
     ncclResult_t r = real()->CommFinalize(c->real);
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -585,18 +597,34 @@ void finalize(const CommRef& c) {
   log_stats(*c);
   wait_pending_splits(*c);
   c->finalized = true;
-  close_host(c);
+  if (c->blocking) {
+    close_host(c);
+    return ncclSuccess;
+  }
+  if (c->init_thread.joinable()) c->init_thread.join();  // a non-blocking init's, ended (usable())
+  c->finalizing.store(true);
+  c->finalize_thread = std::thread([c] {
+    try {
+      close_host(c);
+    } catch (const ShimError& e) {
+      c->finalize_result = e.code;
+      c->finalize_error = e.message;
+    }
+    c->finalizing.store(false);
+  });
+  return ncclInProgress;
 }
 
 void destroy(ncclComm_t comm) {
   // As NCCL (ncclCommEnsureReady): a communicator in progress is not destroyed, and stays usable.
-  if (const CommRef c = find_comm(comm); c && (c->init_state.load() != 0 || splitting(*c)))
+  if (const CommRef c = find_comm(comm); c && (c->init_state.load() != 0 || splitting(*c) || c->finalizing.load()))
     fail(ncclInvalidArgument, "comm = %p is still %s (ncclCommGetAsyncError reports ncclInProgress): wait for "
          "ncclSuccess, or ncclCommAbort it", static_cast<void*>(comm),
-         c->init_state.load() != 0 ? "being initialised" : "splitting");
+         c->init_state.load() != 0 ? "being initialised" : c->finalizing.load() ? "being finalized" : "splitting");
   CommRef c = unregister_comm(comm);
   if (!c) fail(ncclInvalidArgument, "comm = %p is not a communicator of this library", static_cast<void*>(comm));
   if (c->init_thread.joinable()) c->init_thread.join();
+  if (c->finalize_thread.joinable()) c->finalize_thread.join();  // ended (finalizing is false)
   wait_pending_splits(*c);
   ShimError first{ncclSuccess, ""};
   if (c->real) {
@@ -620,6 +648,9 @@ void abort_comm(ncclComm_t comm) {
   // non-blocking init, polling, then ncclCommAbort): it aborts its communicator when it ends.
   c->abandoned.store(true);
   if (c->init_thread.joinable()) c->init_thread.detach();
+  // A finalize job is not waited for either; it holds the Comm until its destroy ends (QCCL_TIMEOUT
+  // where a peer never finalizes: qcclCommDestroy has the communicator, out of this abort's reach).
+  if (c->finalize_thread.joinable()) c->finalize_thread.detach();
   if (c->real) {
     real()->CommAbort(c->real);
     c->real = nullptr;

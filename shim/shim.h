@@ -154,6 +154,12 @@ struct Comm {
   };
   std::mutex splits_mutex;
   std::vector<PendingSplit> pending_splits;
+  // ncclCommFinalize of a non-blocking communicator runs as a job, as NCCL's: ncclCommGetAsyncError
+  // reports ncclInProgress until it ends (then its result), and ncclCommDestroy refuses it meanwhile.
+  std::thread finalize_thread;  // holds a reference to the Comm while it runs
+  std::atomic<bool> finalizing{false};
+  ncclResult_t finalize_result = ncclSuccess;  // written before finalizing is cleared
+  std::string finalize_error;
 
   // The real NCCL communicator, made at the first device-buffer call.
   std::atomic<ncclComm_t> real{nullptr};  // atomic: ncclCommGetAsyncError reads it from any thread
@@ -214,7 +220,8 @@ struct InitRequest {
 ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config);
 void init_all(ncclComm_t* comms, int ndev, const int* devlist);
 ncclResult_t split(const CommRef& parent, int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config);
-void finalize(const CommRef& c);
+// ncclInProgress where c is non-blocking: its finalize then runs as a job (Comm::finalizing).
+ncclResult_t finalize(const CommRef& c);
 void destroy(ncclComm_t comm);
 void abort_comm(ncclComm_t comm);
 void async_error(Comm& c, ncclResult_t* out);

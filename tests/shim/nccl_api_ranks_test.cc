@@ -565,7 +565,22 @@ TEST_CASE("non-blocking initialisation, and configs checked as NCCL checks them"
   int32_t x = 3, y = 0;
   NCCL_REQUIRE_OK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, nullptr));
   CHECK(y == 3 * w.size);
-  NCCL_REQUIRE_OK(ncclCommFinalize(comm));
+  // Non-blocking, finalize is a job, as NCCL's: rank 0's returns at once although the others finalize
+  // only once it tells them to (it used to wait for them), and the communicator is in progress, not
+  // to be destroyed, until they have.
+  if (w.rank == 0) {
+    CHECK(ncclCommFinalize(comm) == ncclInProgress);
+    if (w.size > 1) {
+      NCCL_REQUIRE_OK(ncclCommGetAsyncError(comm, &state));
+      CHECK(state == ncclInProgress);
+      CHECK(ncclCommDestroy(comm) == ncclInvalidArgument);
+      CHECK_THAT(last_error(), Catch::Contains("is still being finalized"));
+    }
+  }
+  int32_t go = 1;
+  NCCL_REQUIRE_OK(ncclAllReduce(&go, &go, 1, ncclInt32, ncclSum, w.comm, nullptr));
+  if (w.rank != 0) CHECK(ncclCommFinalize(comm) == ncclInProgress);
+  REQUIRE(settle(comm) == ncclSuccess);
   // As NCCL 2.28: finalizing twice is ncclInvalidArgument, finalizing NULL succeeds.
   CHECK(ncclCommFinalize(comm) == ncclInvalidArgument);
   CHECK_THAT(last_error(), Catch::Contains("was finalized already"));
