@@ -517,6 +517,7 @@ ncclComm_t ensure_real(Comm& c, const char* call) {
   ncclResult_t result;
   {
     const cuda::RelaxedCapture relaxed;  // the first device call may be one being captured
+    const cuda::OnDevice on(c.device, call);  // as NCCL binds a communicator to its device at init
     result = r->CommInitRank(&made, c.nranks, id, c.rank);
   }
   if (result != ncclSuccess) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <unordered_map>
 
@@ -429,6 +430,34 @@ void run_inits(std::vector<DeferredInit>& inits) {
       throw ShimError{init.c->init_result, "rank " + std::to_string(init.rank) + ": " + init.c->init_error};
 }
 
+// The real communicators a group's device calls need, made before the group runs. Each is collective
+// over its qccl communicator (whose ranks exchange the real id), and one thread may hold several ranks
+// of one (ncclCommInitAll, grouped inits): made one after the other, the first would wait for ranks
+// this thread drives later. So the missing ones are made together, one thread each, as NCCL makes a
+// group's communicators together.
+void make_real_communicators(const std::vector<Call>& calls) {
+  std::vector<const Call*> missing;
+  for (const Call& c : calls)
+    if (!c.comm->real.load() &&
+        std::none_of(missing.begin(), missing.end(), [&](const Call* m) { return m->comm == c.comm; }))
+      missing.push_back(&c);
+  if (missing.size() == 1) ensure_real(*missing[0]->comm, missing[0]->name);
+  if (missing.size() <= 1) return;
+  std::vector<std::exception_ptr> errors(missing.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < missing.size(); ++i)
+    threads.emplace_back([&, i] {
+      try {
+        ensure_real(*missing[i]->comm, missing[i]->name);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
 }  // namespace
 
 bool in_group() { return t_group.depth > 0; }
@@ -464,7 +493,7 @@ ncclResult_t group_end() {
          first_device->name, static_cast<void*>(first_device->handle));
 
   if (first_device) {
-    for (Call& c : group.calls) ensure_real(*c.comm, c.name);  // collective over qccl: before the group
+    make_real_communicators(group.calls);
     const RealNccl* r = real();
     check_real(r->GroupStart());
     ncclResult_t first = ncclSuccess;
@@ -529,7 +558,7 @@ ncclResult_t simulate_group_end(ncclSimInfo_t* info) {
       fail(ncclInvalidUsage, "%s on host buffers: qccl has no cost model to simulate; the group ended without running",
            c.name);
   if (group.calls.empty()) return ncclSuccess;  // as NCCL: the estimate stays as it was
-  for (Call& c : group.calls) ensure_real(*c.comm, c.name);
+  make_real_communicators(group.calls);
   const RealNccl* r = real();
   check_real(r->GroupStart());
   try {

@@ -170,6 +170,9 @@ struct Driver {
   CUresult (*StreamGetCtx)(CUstream, CUcontext*) = nullptr;
   CUresult (*CtxPushCurrent)(CUcontext) = nullptr;
   CUresult (*CtxPopCurrent)(CUcontext*) = nullptr;
+  CUresult (*DeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*DevicePrimaryCtxRelease)(CUdevice) = nullptr;
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
   int devices = 0;
 };
@@ -193,9 +196,15 @@ const Driver& driver() {
     out.StreamGetCtx = reinterpret_cast<decltype(out.StreamGetCtx)>(dlsym(lib, "cuStreamGetCtx"));
     out.CtxPushCurrent = reinterpret_cast<decltype(out.CtxPushCurrent)>(dlsym(lib, "cuCtxPushCurrent_v2"));
     out.CtxPopCurrent = reinterpret_cast<decltype(out.CtxPopCurrent)>(dlsym(lib, "cuCtxPopCurrent_v2"));
+    out.DeviceGet = reinterpret_cast<decltype(out.DeviceGet)>(dlsym(lib, "cuDeviceGet"));
+    out.DevicePrimaryCtxRetain =
+        reinterpret_cast<decltype(out.DevicePrimaryCtxRetain)>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+    out.DevicePrimaryCtxRelease =
+        reinterpret_cast<decltype(out.DevicePrimaryCtxRelease)>(dlsym(lib, "cuDevicePrimaryCtxRelease_v2"));
     if (!init || !out.DeviceGetCount || !out.PointerGetAttributes || !out.StreamSynchronize ||
         !out.StreamIsCapturing || !out.ThreadExchangeStreamCaptureMode || !out.CtxGetDevice || !out.GetErrorString || !out.CtxGetCurrent ||
-        !out.StreamGetCtx || !out.CtxPushCurrent || !out.CtxPopCurrent)
+        !out.StreamGetCtx || !out.CtxPushCurrent || !out.CtxPopCurrent || !out.DeviceGet ||
+        !out.DevicePrimaryCtxRetain || !out.DevicePrimaryCtxRelease)
       return out;
     if (init(0) != CUDA_SUCCESS || out.DeviceGetCount(&out.devices) != CUDA_SUCCESS || out.devices <= 0) return out;
     out.ok = true;
@@ -268,6 +277,27 @@ void synchronize(cudaStream_t stream, const char* call) {
   if (r != CUDA_SUCCESS)
     fail(ncclUnhandledCudaError, "waiting for stream %p before running on host buffers: %s (%s)", static_cast<void*>(stream),
          error_string(r), call);
+}
+
+OnDevice::OnDevice(int device, const char* call) {
+  if (!driver().ok || device < 0) return;
+  CUdevice current = -1;
+  if (driver().CtxGetDevice(&current) == CUDA_SUCCESS && current == device) return;
+  CUdevice d = -1;
+  CUcontext context = nullptr;
+  CUresult r = driver().DeviceGet(&d, device);
+  if (r == CUDA_SUCCESS) r = driver().DevicePrimaryCtxRetain(&context, d);
+  if (r == CUDA_SUCCESS && (r = driver().CtxPushCurrent(context)) != CUDA_SUCCESS) driver().DevicePrimaryCtxRelease(d);
+  if (r != CUDA_SUCCESS)
+    fail(ncclUnhandledCudaError, "making device %d current: %s (%s)", device, error_string(r), call);
+  device_ = d;
+}
+
+OnDevice::~OnDevice() {
+  if (device_ < 0) return;
+  CUcontext context = nullptr;
+  driver().CtxPopCurrent(&context);
+  driver().DevicePrimaryCtxRelease(device_);
 }
 
 int current_device() {

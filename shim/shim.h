@@ -83,6 +83,18 @@ class RelaxedCapture {
   int previous_ = 0;
   bool exchanged_ = false;
 };
+// While it lives, `device` (none: -1) is this thread's current device, as cudaSetDevice makes it: its
+// primary context is pushed where another device's, or none, was current.
+class OnDevice {
+ public:
+  OnDevice(int device, const char* call);
+  ~OnDevice();
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int device_ = -1;  // pushed, to pop and release
+};
 void synchronize(cudaStream_t stream, const char* call);
 int current_device();                 // -1 without CUDA
 int device_count();
@@ -133,7 +145,7 @@ struct Comm {
   // Atomic: ncclCommAbort may clear it from another thread while a call runs.
   std::atomic<qcclComm_t> q{nullptr};
   int nranks = 0, rank = 0;
-  int device = -1;                 // the CUDA device current at init (-1 without CUDA)
+  int device = -1;                 // the CUDA device current at init, or InitAll's (-1 without CUDA)
   bool blocking = true;
   std::atomic<bool> finalized{false};  // read by calls on any thread
 
