@@ -229,9 +229,10 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
 QCCL_API qcclResult_t qcclCommDestroy(qcclComm_t comm);
 
 /* Local and always returns: fails every outstanding operation with qcclAborted, tells the peers
- * (which then fail with qcclRemoteError) and frees the communicator. Any thread may call it, also
- * while another thread is blocked in a call on comm, qcclCommDestroy included (that call then frees
- * it as it returns). comm is invalid afterwards. */
+ * (whose calls from this rank's oldest unfinished collective on, and point-to-point calls, then fail
+ * with qcclRemoteError; older ones, which it has done its part of, may still finish) and frees the
+ * communicator. Any thread may call it, also while another thread is blocked in a call on comm,
+ * qcclCommDestroy included (that call then frees it as it returns). comm is invalid afterwards. */
 QCCL_API qcclResult_t qcclCommAbort(qcclComm_t comm);
 
 /* Collective over every rank of comm (NCCL's ncclCommSplit): the ranks that pass the same color >= 0

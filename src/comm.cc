@@ -379,7 +379,10 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     // the call order, which every rank makes: where one rank passed 0 and another a count, their
     // calls no longer meet (the others' call used to take this rank's next call's data). A point-
     // to-point call of nothing needs no partner, as in NCCL.
-    if (args.kind != coll::CollKind::kSend && args.kind != coll::CollKind::kRecv) ++next_sequence_;
+    if (args.kind != coll::CollKind::kSend && args.kind != coll::CollKind::kRecv) {
+      std::lock_guard<std::mutex> lock(ops_mu_);
+      collectives_issued_ = ++next_sequence_;
+    }
     finish(*record, qcclSuccess, "");
     return;
   }
@@ -448,6 +451,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
     record->submitted = submitted_++;
+    if (!identity.p2p) collectives_issued_ = identity.sequence + 1;
     active_.push_back(record);
     if (identity.p2p) active_p2p_.fetch_add(1);
     active_count_.fetch_add(1);
@@ -1272,7 +1276,7 @@ uint64_t Comm::failure_sequence(const OpRecord& record) {
 
 uint64_t Comm::first_unfinished_collective() const {
   std::lock_guard<std::mutex> lock(ops_mu_);
-  uint64_t first = next_sequence_.load();
+  uint64_t first = collectives_issued_;  // a number taken by a start() still on its way counts
   for (const auto& record : active_) {
     const OperationIdentity& id = record->operation->identity();
     if (!id.p2p) first = std::min(first, id.sequence);
@@ -1337,7 +1341,14 @@ void Comm::destroy() {
   std::string message;
   bool failed = health(&message) != qcclSuccess;
   std::unique_ptr<Error> barrier_error;
-  if (!failed) {
+  if (failed) {
+    // Leaving a failed communicator, whose closing barrier the others may never reach: the departure is
+    // announced with what it leaves unfinished (nothing older: the calls were driven to their end
+    // above), so that the closed connection fails none of the others' calls that may still finish.
+    control_->report_failure(Failure{qcclRemoteError, "it left with qcclCommDestroy after the communicator failed",
+                                     first_unfinished_collective()},
+                             /*departing=*/true);
+  } else {
     try {
       control_->barrier(net::Deadline::after(config_.timeout_seconds), /*closing=*/true);
     } catch (const Error& e) {
@@ -1354,7 +1365,8 @@ void Comm::abort() {
   if (control_) control_->begin_close();  // our own departure is not news to us
   // The peers' calls fail from this rank's oldest unfinished collective on (and their point-to-point
   // calls): it has done its part of the older ones, which may still finish there.
-  if (control_) control_->report_failure(Failure{failure.code, failure.message, first_unfinished_collective()});
+  if (control_)
+    control_->report_failure(Failure{failure.code, failure.message, first_unfinished_collective()}, /*departing=*/true);
   // Every call of this rank's, those older than an earlier failure too. A qcclCommDestroy driving
   // them fails them on waking, and lets go of the drive lock taken below.
   break_comm(failure, false);

@@ -294,7 +294,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::atomic<bool> hand_off_armed_{false};  // set when armed, cleared when it fired: saves system calls
 
   // Submission side (the calling thread).
-  std::atomic<uint64_t> next_sequence_{0};  // the next collective's (abort reads it)
+  uint64_t next_sequence_ = 0;
+  // Collectives numbered and in active_ (or finished), in call order: numbers from here on may be
+  // taken by a start() not yet done (guarded by ops_mu_; first_unfinished_collective reads it).
+  uint64_t collectives_issued_ = 0;
   std::vector<uint64_t> send_sequence_, recv_sequence_;  // point-to-point calls to and from each peer
 
   // Operations started and not done, in call order; `active_version_` changes whenever the list does.

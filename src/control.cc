@@ -135,7 +135,7 @@ void ControlPlane::lost(Peer& peer) {
   const std::string text =
       "its control connection closed: the process died, or exited or aborted without qcclCommDestroy";
   fail_locally(Failure{qcclRemoteError, names_[peer.rank] + " failed: " + text, 0});
-  if (rank_ == 0) broadcast_failure(peer.rank, Failure{qcclRemoteError, text, 0}, peer.rank);
+  if (rank_ == 0) broadcast_failure(peer.rank, Failure{qcclRemoteError, text, 0}, peer.rank, false);
 }
 
 void ControlPlane::handle(Peer& from, MessageType type, const uint8_t* payload, size_t len) {
@@ -160,15 +160,15 @@ void ControlPlane::handle(Peer& from, MessageType type, const uint8_t* payload, 
       }
       case kFailure: {
         int32_t origin = r.get<int32_t>();
-        if (origin == from.rank) from.announced = true;
         Failure failure;
         failure.code = static_cast<qcclResult_t>(r.get<int32_t>());
         failure.first_sequence = r.get<uint64_t>();
         failure.message = r.get_string(kMaxMessage);
+        if (r.get<uint8_t>() != 0 && origin == from.rank) from.announced = true;  // its own departure
         // A mismatch or a timeout fails the collective on every rank alike; a peer's abort or any
         // other failure is a remote error here, whatever it was there.
         if (failure.code != qcclMismatch && failure.code != qcclTimeout) failure.code = qcclRemoteError;
-        if (rank_ == 0) broadcast_failure(origin, failure, origin);
+        if (rank_ == 0) broadcast_failure(origin, failure, origin, false);
         std::string who = (origin >= 0 && origin < nranks_) ? names_[origin] : "a rank";
         failure.message = who + " failed: " + failure.message;
         fail_locally(failure);
@@ -231,14 +231,17 @@ void ControlPlane::fail_locally(const Failure& failure) {
   on_failure_(failure);
 }
 
-void ControlPlane::report_failure(const Failure& failure) { broadcast_failure(rank_, failure, -1); }
+void ControlPlane::report_failure(const Failure& failure, bool departing) {
+  broadcast_failure(rank_, failure, -1, departing);
+}
 
-void ControlPlane::broadcast_failure(int origin, const Failure& failure, int except) {
+void ControlPlane::broadcast_failure(int origin, const Failure& failure, int except, bool departing) {
   ByteWriter w;
   w.put<int32_t>(origin);
   w.put<int32_t>(failure.code);
   w.put<uint64_t>(failure.first_sequence);
   w.put_string(failure.message.substr(0, kMaxMessage / 2));
+  w.put<uint8_t>(departing ? 1 : 0);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& p : peers_) {
     if (p.rank == except) continue;
@@ -265,7 +268,8 @@ void ControlPlane::begin_close() {
 }
 
 void ControlPlane::close() {
-  begin_close();
+  std::lock_guard<std::mutex> lock(mu_);  // report_failure may be writing to them (an abort's thread)
+  closing_ = true;
   for (auto& p : peers_) p.socket.close();
 }
 

@@ -5,8 +5,11 @@
 //     whatever UCX transport is in use and without UCX's peer-failure mode (which would move
 //     shared-memory traffic onto tcp);
 //   - failure relay: a rank that detects a mismatch, a timeout or an abort reports it, and the hub
-//     forwards the report, so that every rank fails the same collective with the same story (a
-//     rank that reported before its connection closes has said what its departure concerns);
+//     forwards the report, so that every rank fails the same collective with the same story. A rank
+//     that leaves a failed communicator (qcclCommAbort, or qcclCommDestroy after the failure) says
+//     from which collective on it leaves calls unfinished, so that its closed connection is no news
+//     and the others' older calls may still finish. (Once the hub has left so, the others keep no
+//     relay: a later death among them is found by QCCL_TIMEOUT.);
 //   - barriers (end of init, qcclCommDestroy).
 // Threads: service() is called only by the communicator's progress thread, which polls fds();
 // barrier() and report_failure() may be called by any other thread.
@@ -79,8 +82,9 @@ class ControlPlane {
   // `closing` barrier (the last, in qcclCommDestroy) is released, ranks may leave at once, so a
   // closed connection from then on is a departure, not a failure.
   void barrier(const net::Deadline& deadline, bool closing = false);
-  // Tells every other rank that this communicator failed here (best effort, never throws).
-  void report_failure(const Failure& failure);
+  // Tells every other rank that this communicator failed here (best effort, never throws);
+  // `departing`: and that this rank leaves it now, with calls from failure.first_sequence on unfinished.
+  void report_failure(const Failure& failure, bool departing = false);
   // Fails this rank's barrier() waits, now and later, with `failure` (qcclCommAbort: a
   // qcclCommDestroy blocked in the closing barrier on another thread returns it), unless a failure
   // came first; returns whether this one was the first.
@@ -94,8 +98,8 @@ class ControlPlane {
     int rank = -1;
     net::Socket socket;
     std::vector<uint8_t> inbox;
-    // It reported a failure of its own (an abort says from which collective on): its closed
-    // connection is then a departure, not news that would fail every call (progress thread only).
+    // It announced its departure (report_failure's `departing`): its closed connection is then no
+    // news, where a crash's fails every call (progress thread only).
     bool announced = false;
   };
   enum MessageType : uint32_t { kBarrier = 1, kRelease = 2, kFailure = 3 };
@@ -106,7 +110,7 @@ class ControlPlane {
   void fail_locally(const Failure& failure);
   void lost(Peer& peer);
   // Sends a failure report about `origin` to every peer but `except`.
-  void broadcast_failure(int origin, const Failure& failure, int except);
+  void broadcast_failure(int origin, const Failure& failure, int except, bool departing);
 
   const int rank_;
   const int nranks_;
