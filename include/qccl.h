@@ -380,7 +380,8 @@ QCCL_API qcclResult_t qcclGroupEnd(void);
  * other buffers overlap. A call's QCCL_TIMEOUT counts from when it starts, not from when it was
  * called. Point-to-point calls (qcclSend/qcclRecv, qcclISend/qcclIRecv)
  * are not ordered: each progresses as soon as it is started, beside the collectives and the other
- * point-to-point calls, in any completion order (so ranks may post them in different orders). */
+ * point-to-point calls, in any completion order (so ranks may post them in different orders), except
+ * that of more than 4096 in flight to (or from) one peer, the newer start as the oldest finish. */
 QCCL_API qcclResult_t qcclIAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                      qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm,
                                      qcclRequest_t* request);

@@ -24,6 +24,7 @@
 #include "kernels/fft_sparse.h"
 #include "kernels/reduce.h"
 #include "src/link_probe.h"
+#include "src/message_key.h"
 #include "src/node_map.h"
 #include "src/validate.h"
 
@@ -97,7 +98,7 @@ Comm::Comm(int rank, int nranks, const Config& config)
                       ? std::make_unique<AutoCodec>(config.codec, nranks, config.codec_from)
                       : nullptr),
       state_budget_(std::make_shared<StateBudget>(config.codec_state_budget)),
-      send_sequence_(nranks, 0), recv_sequence_(nranks, 0) {
+      send_sequence_(nranks, 0), recv_sequence_(nranks, 0), p2p_running_(2 * static_cast<size_t>(nranks)) {
   progress_wake_fd_ = make_eventfd();
   driver_wake_fd_ = make_eventfd();
   hand_off_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
@@ -452,6 +453,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     std::lock_guard<std::mutex> lock(ops_mu_);
     record->submitted = submitted_++;
     if (!identity.p2p) collectives_issued_ = identity.sequence + 1;
+    else p2p_running_[p2p_direction(args)].insert(identity.sequence);
     active_.push_back(record);
     if (identity.p2p) active_p2p_.fetch_add(1);
     active_count_.fetch_add(1);
@@ -764,7 +766,10 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& mess
     if (it != active_.end()) {
       active_.erase(it);
       active_count_.fetch_sub(1);
-      if (record.operation->identity().p2p) active_p2p_.fetch_sub(1);
+      if (record.operation->identity().p2p) {
+        active_p2p_.fetch_sub(1);
+        p2p_running_[p2p_direction(record.args)].erase(record.operation->identity().sequence);
+      }
       active_version_.fetch_add(1);
     }
     // Completed (a non-finite result is data); the library's own exchanges (a split's, the GPU
@@ -1028,7 +1033,8 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       if (record->done.load(std::memory_order_relaxed)) continue;
       Execution& op = *record->operation;
       const bool ordered = !op.identity().p2p;
-      if (!ordered && !op.started() && waits_for_its_state(i)) continue;  // a delta call behind another on its store
+      // A delta call behind another on its store; a call behind one whose keys its own would repeat.
+      if (!ordered && !op.started() && (waits_for_its_state(i) || waits_for_its_key(i))) continue;
       if (ordered && !op.started() && (!open || slots == 0 || waits_for_its_state(i) || waits_for_its_buffers(i))) {
         open = false;  // every later collective waits behind this one
         older_undone = true;
@@ -1172,6 +1178,18 @@ bool Comm::waits_for_its_state(size_t index) const {
   for (size_t j = 0; j < index; ++j)
     if (driving_[j]->serial == record->serial && !driving_[j]->done.load(std::memory_order_relaxed)) return true;
   return false;
+}
+
+// Point-to-point calls of one peer and direction are told apart by the low bits of their numbers
+// (src/message_key.h): a call starts only once the calls kP2pWindow or more older than it there have
+// finished, or a message of one could meet the other's receive.
+bool Comm::waits_for_its_key(size_t index) const {
+  const OpRecord& record = *driving_[index];
+  const uint64_t number = record.operation->identity().sequence;
+  if (number < message_key::kP2pWindow || record.operation->started()) return false;
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  const std::set<uint64_t>& running = p2p_running_[p2p_direction(record.args)];
+  return !running.empty() && *running.begin() + message_key::kP2pWindow <= number;
 }
 
 // A collective not started yet whose buffers an older one still running writes (or reads, where this

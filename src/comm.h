@@ -46,6 +46,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -217,6 +218,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void progress_thread_main();
   bool waits_for_its_state(size_t index) const;  // index into driving_: an older call on its `serial`
   bool waits_for_its_buffers(size_t index) const;  // ... an older collective using its buffers
+  bool waits_for_its_key(size_t index) const;  // ... a point-to-point call whose keys its own would repeat
   void check_timeouts();
   void take_scratch(OpRecord& record);  // before the record's operation first advances
   void finish(OpRecord& record, qcclResult_t result, const std::string& message);
@@ -299,6 +301,12 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // taken by a start() not yet done (guarded by ops_mu_; first_unfinished_collective reads it).
   uint64_t collectives_issued_ = 0;
   std::vector<uint64_t> send_sequence_, recv_sequence_;  // point-to-point calls to and from each peer
+  // The numbers of the point-to-point calls in active_, per peer and direction (p2p_direction), for
+  // waits_for_its_key (guarded by ops_mu_).
+  std::vector<std::set<uint64_t>> p2p_running_;
+  static size_t p2p_direction(const coll::CollArgs& args) {
+    return 2 * static_cast<size_t>(args.peer) + (args.kind == coll::CollKind::kRecv ? 1 : 0);
+  }
 
   // Operations started and not done, in call order; `active_version_` changes whenever the list does.
   // A deque: they finish from the front, and hundreds may be outstanding.

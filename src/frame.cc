@@ -108,6 +108,9 @@ uint32_t FrameHeader::fingerprint() const {
   mix(codec_hash);
   mix(codec_step);
   mix(delta ? 1 : 0);
+  // The key holds only the sequence's low bits: a message of a call that many numbers apart, should
+  // one ever meet this call's receive, fails the fingerprint instead of passing for this call's.
+  mix(sequence);
   return static_cast<uint32_t>((h ^ (h >> 12) ^ (h >> 24) ^ (h >> 36) ^ (h >> 48)) & 0xfff);
 }
 

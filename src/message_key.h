@@ -30,8 +30,10 @@ constexpr transport::Key make(bool p2p, uint64_t sequence, bool tainted, uint32_
 // of waiting for each other; its other messages go both ways and travel apart (the sequence field's
 // top bit set) as 2n + 1 when s > r and 2n when s < r, so that the calls of the two directions, which
 // are numbered alike, never share one. 13 bits remain: calls 4096 apart in one direction may not be
-// in flight together.
+// in flight together, and a call waits to start while one kP2pWindow calls older of its peer and
+// direction runs (src/comm.cc, waits_for_its_key).
 constexpr uint64_t kKeyedBit = uint64_t{1} << 13;
+constexpr uint64_t kP2pWindow = kKeyedBit / 2;
 constexpr uint64_t p2p_sequence(uint64_t n) { return n & (kKeyedBit - 1); }
 constexpr uint64_t keyed_sequence(uint64_t n, bool high_sender) {
   return ((2 * n + (high_sender ? 1 : 0)) & (kKeyedBit - 1)) | kKeyedBit;

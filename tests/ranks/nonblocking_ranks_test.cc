@@ -382,6 +382,41 @@ TEST_CASE("non-blocking sends and receives posted in opposite orders, collective
   CHECK(z.front() == 1.0f);
 }
 
+// Point-to-point calls to one peer are told apart by the low 13 bits of their numbers (src/
+// message_key.h): more of them in flight than that window is wide, each of several fragments, with
+// every receive posted before any send. Those past the window start as the oldest finish; every
+// payload lands where its own call put it.
+TEST_CASE("more point-to-point calls in flight to one peer than their keys tell apart: every payload right",
+          "[nonblocking]") {
+  World& w = World::get();
+  const int n = w.size(), r = w.rank();
+  if (n == 1) return;
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  qcclUniqueId id;
+  if (r == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  QCCL_REQUIRE_OK(qcclBroadcast(&id, &id, sizeof(id), qcclUint8, 0, w.comm()));
+  qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+  config.chunkBytes = 64;  // three fragments a call
+  qcclComm_t comm = nullptr;
+  QCCL_REQUIRE_OK(qcclCommInitRankConfig(&comm, n, id, r, &config));
+  constexpr size_t kCalls = 4096 + 300, kCount = 48;
+  auto value = [](int from, size_t call, size_t i) { return static_cast<int32_t>(from * 10000000 + call * 100 + i); };
+  std::vector<int32_t> out(kCalls * kCount), in(kCalls * kCount, -1);
+  for (size_t c = 0; c < kCalls; ++c)
+    for (size_t i = 0; i < kCount; ++i) out[c * kCount + i] = value(r, c, i);
+  std::vector<qcclRequest_t> requests(2 * kCalls);
+  for (size_t c = 0; c < kCalls; ++c)
+    QCCL_REQUIRE_OK(qcclIRecv(&in[c * kCount], kCount, qcclInt32, prev, comm, &requests[c]));
+  for (size_t c = 0; c < kCalls; ++c)
+    QCCL_REQUIRE_OK(qcclISend(&out[c * kCount], kCount, qcclInt32, next, comm, &requests[kCalls + c]));
+  for (qcclRequest_t& request : requests) QCCL_REQUIRE_OK(qcclWait(&request));
+  size_t wrong = 0;
+  for (size_t c = 0; c < kCalls; ++c)
+    for (size_t i = 0; i < kCount; ++i) wrong += in[c * kCount + i] != value(prev, c, i);
+  CHECK(wrong == 0);
+  QCCL_REQUIRE_OK(qcclCommDestroy(comm));
+}
+
 // The group holds a reference to the communicator's calls: destroying it there would leave them
 // nothing to run on (the group's end crashed). Refused, and the communicator keeps working.
 TEST_CASE("qcclCommDestroy inside a group that holds calls on the communicator is refused; comm stays valid",

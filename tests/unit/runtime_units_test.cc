@@ -194,6 +194,11 @@ TEST_CASE("message keys: keyed delta calls and plain point-to-point calls never 
   CHECK(keyed_sequence(5, true) == keyed_sequence(5 + 4096, true));
   CHECK(make(false, 5, false, 1, 0) != make(true, p2p_sequence(5), false, 1, 0));
   CHECK(make(false, 5, false, 1, 0) != make(false, 5 + message_key::kKeyedBit, false, 1, 0));
+  // Where keys repeat, the fingerprint, which covers the whole number, tells the calls apart.
+  const FrameHeader early = FrameHeader::for_call(args_for(coll::CollKind::kSend, 16), 5, 0);
+  for (uint64_t later : {5 + message_key::kP2pWindow, 5 + message_key::kKeyedBit, uint64_t{5} + (1 << 14)})
+    CHECK(FrameHeader::for_call(args_for(coll::CollKind::kSend, 16), later, 0).fingerprint() !=
+          early.fingerprint());  // (these differ; 12 bits cannot always)
   // What receives ignore (taint, fingerprint) never makes two calls' keys equal.
   CHECK(message_key::chunk_id(make(true, keyed_sequence(7, false), true, 3, 0xabc)) ==
         message_key::chunk_id(make(true, keyed_sequence(7, false), false, 3, 0)));
