@@ -188,8 +188,9 @@ bool config_blocking(const ncclConfig_t* config, const char* call) {
   zero_or_one(collnet, "collnetEnable");
   zero_or_one(shrink_share, "shrinkShare");
   if (cta_policy != kUndef && (cta_policy < NCCL_CTA_POLICY_DEFAULT || cta_policy > NCCL_CTA_POLICY_ZERO))
-    fail(ncclInvalidArgument, "config->CTAPolicy = %d is none of NCCL_CTA_POLICY_DEFAULT (0) .. NCCL_CTA_POLICY_ZERO (%d) "
-         "(%s)", cta_policy, NCCL_CTA_POLICY_ZERO, call);
+    fail(ncclInvalidArgument,
+         "config->CTAPolicy = %d is none of NCCL_CTA_POLICY_DEFAULT (0) .. NCCL_CTA_POLICY_ZERO (%d) (%s)", cta_policy,
+         NCCL_CTA_POLICY_ZERO, call);
   positive(nvls_ctas, "nvlsCTAs");
   constexpr int kMaxChannels = 64;  // NCCL's MAXCHANNELS
   if (per_peer != kUndef && (per_peer <= 0 || per_peer > kMaxChannels))

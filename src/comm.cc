@@ -758,7 +758,7 @@ void Comm::take_scratch(OpRecord& record) {
 void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& message) {
   std::string error = message;
   if (record.staging) end_staging(record, &result, &error);
-  std::lock_guard<std::mutex> lock(ops_mu_);
+  std::unique_lock<std::mutex> lock(ops_mu_);
   record.result = result;
   record.error = error;
   if (record.operation) {
@@ -811,6 +811,7 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& mess
   if (record.call) record.call->end();
   record.state_call.reset();
   record.done.store(true, std::memory_order_release);
+  lock.unlock();  // what the woken look at is `done`, not what ops_mu_ guards
   drive_mu_.signal();  // a caller may wait for it while another drives
 }
 
@@ -907,7 +908,11 @@ bool DriveLock::lock_unless(const std::function<bool()>& done) {
   bool locked = false;
   {
     std::unique_lock<std::mutex> lock(signal_mu_);
-    signalled_.wait(lock, [&] { return done() || (locked = mu_.try_lock()); });
+    // Looking again now and then: try_lock may fail spuriously (the standard allows it, though glibc's
+    // does not), and no signal would follow such a failure.
+    const auto ready = [&] { return done() || (locked = mu_.try_lock()); };
+    while (!signalled_.wait_for(lock, std::chrono::milliseconds(100), ready)) {
+    }
   }
   waiters_.fetch_sub(1);
   return locked;
