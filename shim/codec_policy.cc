@@ -30,6 +30,7 @@ std::string method_of(const std::string& spec) {
   std::string name = spec.substr(0, spec.find(':'));
   if (name.size() == 2 && name[0] == 'q' && name[1] >= '1' && name[1] <= '8') return "q";
   if (name == "int8" || name == "int16" || name == "int32") return "int";
+  if (name.size() == 3 && name[0] == 'a' && name[1] == 'q') return "aq";
   return name;
 }
 
@@ -79,6 +80,9 @@ std::unique_ptr<CodecPolicy> CodecPolicy::from_env() {
     if (method_of(item) == "auto")
       fail(ncclInvalidArgument, "QCCL_NCCL_CODEC = '%s': the drop-in does not take auto; name a codec such as q8",
            env);
+    if (method_of(item) == "aq")  // else every compressed call would fail as it runs
+      fail(ncclInvalidArgument, "QCCL_NCCL_CODEC = '%s': the aq codecs are AQ-SGD's point-to-point quantizer, which "
+           "no collective takes", env);
     auto make = [&]() -> qcclCodec_t {  // nullptr for none: that type stays exact
       qcclCodec_t codec = nullptr;
       if (item != "none" && qcclCodecCreate(item.c_str(), &codec) != qcclSuccess)
