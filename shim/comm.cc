@@ -603,14 +603,18 @@ ncclResult_t finalize(const CommRef& c) {
     close_host(c);
     return ncclSuccess;
   }
-  if (c->init_thread.joinable()) c->init_thread.join();  // a non-blocking init's, ended (usable())
   c->finalizing.store(true);
+  std::lock_guard<std::mutex> lock(c->jobs_mutex);
+  if (c->init_thread.joinable()) c->init_thread.join();  // a non-blocking init's, ended (usable())
   c->finalize_thread = std::thread([c] {
     try {
       close_host(c);
     } catch (const ShimError& e) {
       c->finalize_result = e.code;
       c->finalize_error = e.message;
+    } catch (const std::exception& e) {  // thread creation, memory: not out of this thread
+      c->finalize_result = ncclSystemError;
+      c->finalize_error = e.what();
     }
     c->finalizing.store(false);
   });
@@ -625,8 +629,11 @@ void destroy(ncclComm_t comm) {
          c->init_state.load() != 0 ? "being initialised" : c->finalizing.load() ? "being finalized" : "splitting");
   CommRef c = unregister_comm(comm);
   if (!c) fail(ncclInvalidArgument, "comm = %p is not a communicator of this library", static_cast<void*>(comm));
-  if (c->init_thread.joinable()) c->init_thread.join();
-  if (c->finalize_thread.joinable()) c->finalize_thread.join();  // ended (finalizing is false)
+  {
+    std::lock_guard<std::mutex> lock(c->jobs_mutex);
+    if (c->init_thread.joinable()) c->init_thread.join();
+    if (c->finalize_thread.joinable()) c->finalize_thread.join();  // ended (finalizing is false)
+  }
   wait_pending_splits(*c);
   ShimError first{ncclSuccess, ""};
   if (c->real) {
@@ -649,10 +656,14 @@ void abort_comm(ncclComm_t comm) {
   // An initialisation in flight is abandoned, not waited for (NCCL's way to time out an init is a
   // non-blocking init, polling, then ncclCommAbort): it aborts its communicator when it ends.
   c->abandoned.store(true);
-  if (c->init_thread.joinable()) c->init_thread.detach();
-  // A finalize job is not waited for either; it holds the Comm until its destroy ends (QCCL_TIMEOUT
-  // where a peer never finalizes: qcclCommDestroy has the communicator, out of this abort's reach).
-  if (c->finalize_thread.joinable()) c->finalize_thread.detach();
+  {
+    std::lock_guard<std::mutex> lock(c->jobs_mutex);
+    if (c->init_thread.joinable()) c->init_thread.detach();
+    // A finalize job is not waited for either. It cannot be cut short: its qcclCommDestroy has the
+    // communicator, and frees the handle as it returns, so an abort could meet a freed one. It holds
+    // the Comm until it ends (at QCCL_TIMEOUT where a peer never finalizes).
+    if (c->finalize_thread.joinable()) c->finalize_thread.detach();
+  }
   if (c->real) {
     real()->CommAbort(c->real);
     c->real = nullptr;

@@ -548,10 +548,22 @@ ncclResult_t simulate_group_end(ncclSimInfo_t* info) {
   size_t size = 0;
   std::memcpy(&size, info, sizeof(size));
   std::memcpy(&given, info, std::min(size, sizeof(given)));
-  if (given.magic != kSimInfoMagic)
-    fail(ncclInvalidArgument, "simInfo->magic = 0x%x: the ncclSimInfo_t was not initialised with "
-         "NCCL_SIM_INFO_INITIALIZER; the group was dropped", given.magic);
-  if (!group.inits.empty()) fail(ncclInvalidUsage, "the group creates communicators, which cannot be simulated; nothing ran");
+  try {
+    if (given.magic != kSimInfoMagic)
+      fail(ncclInvalidArgument, "simInfo->magic = 0x%x: the ncclSimInfo_t was not initialised with "
+           "NCCL_SIM_INFO_INITIALIZER; the group was dropped", given.magic);
+    if (!group.inits.empty())
+      fail(ncclInvalidUsage, "the group creates communicators, which cannot be simulated; nothing ran");
+  } catch (const ShimError& e) {
+    // Its communicators' initialisations go with it: they fail with its error (NCCL's groupCleanup
+    // records it on them), so that they say so and may be destroyed, instead of staying in progress.
+    for (DeferredInit& init : group.inits) {
+      init.c->init_result = e.code;
+      init.c->init_error = "its group ended in ncclGroupSimulateEnd, which failed: " + e.message;
+      init.c->init_state.store(0);
+    }
+    throw;
+  }
   if (group.refused) fail_refused(group);
   for (const Call& c : group.calls)
     if (!c.device)

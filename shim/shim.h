@@ -169,6 +169,7 @@ struct Comm {
   // ncclCommFinalize of a non-blocking communicator runs as a job, as NCCL's: ncclCommGetAsyncError
   // reports ncclInProgress until it ends (then its result), and ncclCommDestroy refuses it meanwhile.
   std::thread finalize_thread;  // holds a reference to the Comm while it runs
+  std::mutex jobs_mutex;        // the two threads' join and detach: ncclCommAbort may come from another
   std::atomic<bool> finalizing{false};
   ncclResult_t finalize_result = ncclSuccess;  // written before finalizing is cleared
   std::string finalize_error;

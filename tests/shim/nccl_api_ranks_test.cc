@@ -478,6 +478,20 @@ TEST_CASE("ncclGroupSimulateEnd: without an ncclSimInfo_t the group runs; with a
   CHECK(ncclGroupSimulateEnd(&info) == ncclInvalidUsage);
   CHECK_THAT(last_error(), Catch::Contains("no cost model"));
   CHECK(ncclGroupEnd() == ncclInvalidUsage);  // no group is open
+  // A communicator made in a group that cannot be simulated fails with it, rather than staying in
+  // progress for ever (and refusing its destroy).
+  ncclUniqueId id;
+  NCCL_REQUIRE_OK(ncclGetUniqueId(&id));
+  ncclComm_t dropped = nullptr;
+  NCCL_REQUIRE_OK(ncclGroupStart());
+  NCCL_REQUIRE_OK(ncclCommInitRank(&dropped, 2, id, 0));
+  CHECK(ncclGroupSimulateEnd(&info) == ncclInvalidUsage);
+  CHECK_THAT(last_error(), Catch::Contains("cannot be simulated"));
+  REQUIRE(dropped != nullptr);
+  ncclResult_t state = ncclInProgress;
+  NCCL_REQUIRE_OK(ncclCommGetAsyncError(dropped, &state));
+  CHECK(state == ncclInvalidUsage);
+  NCCL_REQUIRE_OK(ncclCommDestroy(dropped));
 }
 
 TEST_CASE("a call refused inside a group fails the group, which then runs none of its calls", "[groups]") {
