@@ -587,7 +587,7 @@ void close_host(const CommRef& c) {
 
 // NCCL's finalize completes the communicator's work with its peers; qccl's destroy is the collective
 // that does so, so it runs here and ncclCommDestroy only frees what is left. A non-blocking
-// communicator's returns at once, as NCCL's job does, so that a program may time it out and abort.
+// communicator's returns at once, as NCCL's job does, so that a program need not wait for it.
 ncclResult_t finalize(const CommRef& c) {
   if (c->real) {
     ncclResult_t r = real()->CommFinalize(c->real);
