@@ -38,14 +38,6 @@ namespace qccl::coll {
 
 namespace {
 
-// The slot indices a program uses are 16 bits wide; a leader uses one per transfer of a fragment.
-constexpr size_t kMaxTransfersPerFragment = 60000;
-
-size_t leader_transfers(const NodeMap& nodes, int node) {
-  const size_t members = nodes.ranks_of(node).size() - 1, n = static_cast<size_t>(nodes.nranks());
-  return members * (n - 1) + members + 2 * n;
-}
-
 class AllGatherHierarchical final : public Plan {
  public:
   AllGatherHierarchical(const CollArgs& args, const PlanOptions& options)
@@ -189,23 +181,16 @@ class AllGatherHierarchical final : public Plan {
   std::vector<int> arrival_;  // every rank, in the order this node's leader holds their blocks
 };
 
-const char* hierarchical_cannot_run(const CollArgs& args) {
-  if (const char* why = needs_node_hierarchy(args)) return why;
-  for (int node = 0; node < args.nodes->nodes(); ++node)
-    if (leader_transfers(*args.nodes, node) > kMaxTransfersPerFragment) return "too many ranks per node for one leader";
-  return nullptr;
-}
-
 }  // namespace
 
 const char* allgather_hierarchical_cannot_run(const CollArgs& args) {
   if (args.codec) return "uncompressed only (a codec was given)";
-  return hierarchical_cannot_run(args);
+  return needs_node_hierarchy(args);
 }
 
 const char* allgather_compressed_hierarchical_cannot_run(const CollArgs& args) {
   if (const char* why = allgather_compressed_ring_cannot_run(args)) return why;
-  return hierarchical_cannot_run(args);
+  return needs_node_hierarchy(args);
 }
 
 std::unique_ptr<Plan> make_allgather_hierarchical(const CollArgs& args, const PlanOptions& options) {

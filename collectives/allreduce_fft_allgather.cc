@@ -205,12 +205,12 @@ class AllReduceFftAllgather final : public Plan {
  private:
   size_t n() const { return static_cast<size_t>(args_.nranks); }
   float* residual() const { return kernels_->call ? kernels_->call->residual : nullptr; }
-  size_t lengths_bytes() const { return (n() * sizeof(size_t) + 63) / 64 * 64; }
-  size_t floats_bytes() const { return (std::min(span_, args_.count) * sizeof(float) + 63) / 64 * 64; }
+  size_t lengths_bytes() const { return whole_lines(n() * sizeof(size_t)); }
+  size_t floats_bytes() const { return whole_lines(std::min(span_, args_.count) * sizeof(float)); }
   size_t spectrum_bytes() const {
-    return (kernels::fft_spectrum_floats(*args_.codec, std::min(span_, args_.count)) * sizeof(float) + 63) / 64 * 64;
+    return whole_lines(kernels::fft_spectrum_floats(*args_.codec, std::min(span_, args_.count)) * sizeof(float));
   }
-  size_t payload_stride() const { return (args_.codec->encoded_bytes(std::min(span_, args_.count)) + 63) / 64 * 64; }
+  size_t payload_stride() const { return whole_lines(args_.codec->encoded_bytes(std::min(span_, args_.count))); }
 
   size_t span_;  // values per fragment: whole segments
   std::unique_ptr<FftKernels> kernels_;  // programs point at its kernels

@@ -35,8 +35,6 @@ namespace qccl::coll {
 
 namespace {
 
-constexpr size_t kMaxTransfersPerFragment = 60000;  // a program's slot indices are 16 bits wide
-
 class AllReduceHierarchicalCompressed final : public Plan {
  public:
   AllReduceHierarchicalCompressed(const CollArgs& args, const PlanOptions& options)
@@ -202,14 +200,7 @@ class AllReduceHierarchicalCompressed final : public Plan {
 
 const char* allreduce_hierarchical_compressed_cannot_run(const CollArgs& args) {
   if (const char* why = value_codec_with_two_ranks(args)) return why;
-  if (const char* why = needs_node_hierarchy(args)) return why;
-  const size_t nodes = static_cast<size_t>(args.nodes->nodes());
-  for (int node = 0; node < args.nodes->nodes(); ++node) {
-    const size_t members = args.nodes->ranks_of(node).size() - 1;
-    // the leader's transfer slots: a receive and a send per member and segment, five among leaders
-    if (2 * members * nodes + 5 > kMaxTransfersPerFragment) return "too many ranks per node for one leader";
-  }
-  return nullptr;
+  return needs_node_hierarchy(args);
 }
 
 std::unique_ptr<Plan> make_allreduce_hierarchical_compressed(const CollArgs& args, const PlanOptions& options) {

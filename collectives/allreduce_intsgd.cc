@@ -103,7 +103,7 @@ class AllReduceIntsgd final : public Plan {
   void absorb(const DeviceCounters& counters) override { steps_.absorb(counters); }
 
  private:
-  size_t wire_stride() const { return (chunk_ * wire_ + 63) / 64 * 64; }
+  size_t wire_stride() const { return whole_lines(chunk_ * wire_); }
 
   uint64_t ring_elements() const { return intsgd_ring_elements(ring_, segments_); }
 

@@ -116,16 +116,18 @@ class Pieces {
 };
 
 // A fragment's scratch: `floats` float32 buffers of `chunk` values, then `encoded` buffers of
-// max_encoded_bytes(chunk) bytes (each rounded up to 64 bytes).
+// max_encoded_bytes(chunk) bytes (each rounded up to 64 bytes), which a plan may follow with buffers
+// of its own from bytes() on.
 struct CompressedScratch {
   size_t chunk;
   size_t floats;
   size_t encoded;
-  size_t encoded_stride(const CollArgs& args) const { return (max_encoded_bytes(args, chunk) + 63) / 64 * 64; }
-  size_t bytes(const CollArgs& args) const { return floats * chunk * sizeof(float) + encoded * encoded_stride(args); }
+  size_t encoded_stride(const CollArgs& args) const { return whole_lines(max_encoded_bytes(args, chunk)); }
+  size_t floats_bytes() const { return whole_lines(floats * chunk * sizeof(float)); }
+  size_t bytes(const CollArgs& args) const { return floats_bytes() + encoded * encoded_stride(args); }
   float* float_buffer(std::byte* scratch, size_t i) const { return reinterpret_cast<float*>(scratch) + i * chunk; }
   std::byte* encoded_buffer(const CollArgs& args, std::byte* scratch, size_t i) const {
-    return scratch + floats * chunk * sizeof(float) + i * encoded_stride(args);
+    return scratch + floats_bytes() + i * encoded_stride(args);
   }
 };
 

@@ -126,7 +126,7 @@ namespace step {
 // than the capacity and its length is stored there once it arrives (variable-length codecs); without,
 // it must be exactly `capacity` bytes.
 struct Recv {
-  uint16_t slot;
+  uint32_t slot;
   int32_t peer;
   uint32_t msg;  // the plan's label of the message (unique per fragment, peer pair and direction)
   void* dst;
@@ -136,7 +136,7 @@ struct Recv {
 // Posts a send of `bytes` bytes, or, with `length`, of the *length bytes an earlier step wrote there
 // (at most `bytes`; a variable-length message is sent even when empty, since its receive is posted).
 struct Send {
-  uint16_t slot;
+  uint32_t slot;
   int32_t peer;
   uint32_t msg;
   const void* src;
@@ -145,7 +145,7 @@ struct Send {
 };
 // Blocks the fragment (not the executor) until the slot's transfer completed; an unused slot passes.
 struct Wait {
-  uint16_t slot;
+  uint32_t slot;
 };
 struct Reduce {  // dst = a op b, elementwise in the call's datatype and op; dst may equal a or b
   void* dst;
@@ -360,7 +360,7 @@ class Program {
   size_t transfer_slots() const { return transfer_slots_; }
 
  private:
-  static uint16_t narrow(int slot) { return static_cast<uint16_t>(slot); }
+  static uint32_t narrow(int slot) { return static_cast<uint32_t>(slot); }
   template <class S>
   void add_transfer(int slot, const S& s) {
     transfer_slots_ = std::max(transfer_slots_, static_cast<size_t>(slot) + 1);
@@ -372,6 +372,10 @@ class Program {
   const kernels::CodecConfig* codec_ = nullptr;
 };
 
+// Bytes rounded up to whole 64-byte lines: where a plan's scratch regions start, so that each holds
+// any type aligned whatever the odd counts before it (an odd chunk of 2-byte values, for instance).
+inline size_t whole_lines(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
 // One call's work for one algorithm.
 class Plan {
  public:
@@ -382,6 +386,9 @@ class Plan {
   virtual size_t fragments() const = 0;
   // Scratch each fragment in flight needs (the executor gives every slot its own).
   virtual size_t scratch_bytes() const { return 0; }
+  // How far apart the executor puts its slots' scratch: whole 64-byte lines, so that every slot's
+  // buffers keep the alignment the first slot's have.
+  size_t scratch_stride() const { return whole_lines(scratch_bytes()); }
   // Writes fragment f's steps into out (cleared first). Must not allocate beyond out's growth.
   virtual void build(size_t fragment, std::byte* scratch, Program& out) const = 0;
   // The ranks this rank sends to and receives from: each such link carries one frame header.

@@ -56,9 +56,6 @@ namespace qccl::coll {
 
 namespace {
 
-// The slot indices a program uses are 16 bits wide; a leader uses one per transfer of a fragment.
-constexpr size_t kMaxTransfersPerFragment = 60000;
-
 class ReduceScatterCompressedHierarchical final : public Plan {
  public:
   ReduceScatterCompressedHierarchical(const CollArgs& args, const PlanOptions& options, bool encode_members)
@@ -78,7 +75,8 @@ class ReduceScatterCompressedHierarchical final : public Plan {
   // Member: one float32 block; encoding its inputs, a float32 staging buffer and n encodings.
   size_t scratch_bytes() const override {
     if (args_.rank != leader_)
-      return chunk_ * sizeof(float) * (encode_members_ ? 2 : 1) + (encode_members_ ? n() * encoded_stride() : 0);
+      return whole_lines(chunk_ * sizeof(float) * (encode_members_ ? 2 : 1)) +
+             (encode_members_ ? n() * encoded_stride() : 0);
     return floats_bytes() + members_bytes() + encoded_count() * encoded_stride();
   }
 
@@ -99,7 +97,9 @@ class ReduceScatterCompressedHierarchical final : public Plan {
     if (me != leader_) {
       float* block = reinterpret_cast<float*>(scratch);
       float* staging = block + chunk_;
-      auto encoded = [&](int q) { return scratch + 2 * chunk_ * sizeof(float) + static_cast<size_t>(q) * encoded_stride(); };
+      auto encoded = [&](int q) {
+        return scratch + whole_lines(2 * chunk_ * sizeof(float)) + static_cast<size_t>(q) * encoded_stride();
+      };
       std::vector<int> sends;
       for (int q = 0; q < n; ++q) {
         sends.push_back(slot);
@@ -211,11 +211,11 @@ class ReduceScatterCompressedHierarchical final : public Plan {
     return members * count * sum_bytes + (n - mates_.size()) * block_bytes;
   }
   size_t n() const { return static_cast<size_t>(args_.nranks); }
-  size_t floats_bytes() const { return n() * chunk_ * sizeof(float); }
+  size_t floats_bytes() const { return whole_lines(n() * chunk_ * sizeof(float)); }
   size_t member_stride() const { return encode_members_ ? encoded_stride() : chunk_ * args_.element_size(); }
-  size_t members_bytes() const { return (mates_.size() - 1) * n() * member_stride(); }
+  size_t members_bytes() const { return whole_lines((mates_.size() - 1) * n() * member_stride()); }
   size_t encoded_count() const { return static_cast<size_t>(args_.nranks) + static_cast<size_t>(nodes_.nodes()) * mates_.size(); }
-  size_t encoded_stride() const { return (max_encoded_bytes(args_, chunk_, /*sums=*/true) + 63) / 64 * 64; }
+  size_t encoded_stride() const { return whole_lines(max_encoded_bytes(args_, chunk_, /*sums=*/true)); }
 
   bool encode_members_;  // members send their inputs encoded (compressed_hierarchical_intra)
   const NodeMap& nodes_;
@@ -230,12 +230,7 @@ class ReduceScatterCompressedHierarchical final : public Plan {
 
 const char* reduce_scatter_compressed_hierarchical_cannot_run(const CollArgs& args) {
   if (const char* why = reduce_scatter_compressed_pairwise_cannot_run(args)) return why;
-  if (const char* why = needs_node_hierarchy(args)) return why;
-  for (int node = 0; node < args.nodes->nodes(); ++node) {
-    const size_t members = args.nodes->ranks_of(node).size() - 1, n = static_cast<size_t>(args.nranks);
-    if (members * n + members + 2 * n > kMaxTransfersPerFragment) return "too many ranks per node for one leader";
-  }
-  return nullptr;
+  return needs_node_hierarchy(args);
 }
 
 std::unique_ptr<Plan> make_reduce_scatter_compressed_hierarchical(const CollArgs& args, const PlanOptions& options) {

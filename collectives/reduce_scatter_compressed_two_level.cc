@@ -56,8 +56,8 @@ class ReduceScatterCompressedTwoLevel final : public Plan {
   // datatype), an encoding per node (N: outgoing to the other nodes, incoming from them).
   size_t scratch_bytes() const override {
     const size_t n_nodes = static_cast<size_t>(nodes_.nodes()), mates = mates_.size() - 1;
-    return n_nodes * chunk_ * sizeof(float) + mates * n_nodes * chunk_ * args_.element_size() +
-           2 * n_nodes * encoded_stride();
+    return whole_lines(n_nodes * chunk_ * sizeof(float)) +
+           whole_lines(mates * n_nodes * chunk_ * args_.element_size()) + 2 * n_nodes * encoded_stride();
   }
 
   void build(size_t f, std::byte* scratch, Program& p) const override {
@@ -73,9 +73,9 @@ class ReduceScatterCompressedTwoLevel final : public Plan {
     const char* input = static_cast<const char*>(args_.sendbuf);
     // Scratch: sum(node) for the block of `node` in this lane; raw(mate, node); out/in encodings.
     auto sum = [&](size_t node) { return reinterpret_cast<float*>(scratch) + node * chunk_; };
-    std::byte* raw_base = scratch + n_nodes * chunk_ * sizeof(float);
+    std::byte* raw_base = scratch + whole_lines(n_nodes * chunk_ * sizeof(float));
     auto raw = [&](size_t mate, size_t node) { return raw_base + (mate * n_nodes + node) * chunk_ * es; };
-    std::byte* encoded_base = raw_base + (mates_.size() - 1) * n_nodes * chunk_ * es;
+    std::byte* encoded_base = raw_base + whole_lines((mates_.size() - 1) * n_nodes * chunk_ * es);
     auto outgoing = [&](size_t node) { return encoded_base + node * encoded_stride(); };
     auto incoming = [&](size_t node) { return encoded_base + (n_nodes + node) * encoded_stride(); };
     int slot = 0;
@@ -165,7 +165,7 @@ class ReduceScatterCompressedTwoLevel final : public Plan {
     const uint64_t n_nodes = static_cast<uint64_t>(nodes_.nodes()), mates = mates_.size() - 1;
     return mates * n_nodes * args_.count * args_.element_size() + (n_nodes - 1) * block_bytes;
   }
-  size_t encoded_stride() const { return (max_encoded_bytes(args_, chunk_, /*sums=*/true) + 63) / 64 * 64; }
+  size_t encoded_stride() const { return whole_lines(max_encoded_bytes(args_, chunk_, /*sums=*/true)); }
 
   const NodeMap& nodes_;
   int node_;

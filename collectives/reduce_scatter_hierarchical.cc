@@ -27,8 +27,6 @@ namespace qccl::coll {
 
 namespace {
 
-constexpr size_t kMaxTransfersPerFragment = 60000;  // a program's slot indices are 16 bits wide
-
 class ReduceScatterHierarchical final : public Plan {
  public:
   ReduceScatterHierarchical(const CollArgs& args, const PlanOptions& options)
@@ -146,12 +144,7 @@ class ReduceScatterHierarchical final : public Plan {
 
 const char* reduce_scatter_hierarchical_cannot_run(const CollArgs& args) {
   if (args.codec) return "uncompressed only (a codec was given)";
-  if (const char* why = needs_node_hierarchy(args)) return why;
-  for (int node = 0; node < args.nodes->nodes(); ++node) {
-    const size_t members = args.nodes->ranks_of(node).size() - 1, n = static_cast<size_t>(args.nranks);
-    if (members * n + members + 2 * n > kMaxTransfersPerFragment) return "too many ranks per node for one leader";
-  }
-  return nullptr;
+  return needs_node_hierarchy(args);
 }
 
 std::unique_ptr<Plan> make_reduce_scatter_hierarchical(const CollArgs& args, const PlanOptions& options) {

@@ -622,8 +622,11 @@ QCCL_API qcclResult_t qcclIAllGatherCompressed(const void* sendbuff, void* recvb
  * otherwise: the leader does, and keeps them; collectives/reduce_scatter_compressed_*.cc give the
  * bounds and wire bytes). NaN or Inf in any rank's input for
  * this rank's block, its own included, or a float16 result beyond 65504, makes this rank's call
- * return qcclNonFinite. Marsit's and IntSGD's codecs: qcclInvalidArgument, nothing sent. Buffers,
- * blocking and requests as for qcclReduceScatter and qcclIReduceScatter. */
+ * return qcclNonFinite; so does, with the fp16 codec on a node map, a node sum of magnitude 65520 or
+ * more, which fp16 rounds to +-Inf as it does the all-reduce's partial sums (the flat
+ * QCCL_ALGO=reducescatter=compressed_pairwise encodes the inputs alone). Marsit's and IntSGD's
+ * codecs: qcclInvalidArgument, nothing sent. Buffers, blocking and requests as for qcclReduceScatter
+ * and qcclIReduceScatter. */
 QCCL_API qcclResult_t qcclReduceScatterCompressed(const void* sendbuff, void* recvbuff, size_t recvcount,
                                                   qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                                   qcclCodecState_t state, qcclComm_t comm);

@@ -215,8 +215,9 @@ class Binding {
 // count take two entries, the second a kData.
 struct Op {
   enum Kind : uint8_t { kRecv, kSend, kSendLength, kWait, kCpu, kLength, kData };
-  Kind kind;
-  uint16_t slot;
+  static constexpr size_t kSlots = size_t{1} << 24;
+  Kind kind : 8;
+  uint32_t slot : 24;  // below kSlots (compact() checks)
   int32_t peer;
   union {
     uint64_t bytes;      // kSend; kData: the byte count of the entry before it
@@ -392,6 +393,9 @@ double Engine::cpu_cost(const coll::Step& step) {
 void Engine::compact(const coll::Program& program, std::vector<Op>* ops) {
   namespace st = coll::step;
   ops->clear();
+  if (program.transfer_slots() > Op::kSlots)
+    throw std::invalid_argument(std::to_string(program.transfer_slots()) +
+                                " transfers in one fragment: the simulator takes up to 2^24");
   for (const coll::Step& step : program.steps()) {
     Op op{};
     if (const auto* r = std::get_if<st::Recv>(&step)) {
@@ -698,7 +702,7 @@ SimResult Engine::run() {
     if (k.plan->fragments() >= (size_t{1} << 21))  // message keys hold 21 bits of fragment
       throw std::invalid_argument(std::to_string(k.plan->fragments()) +
                                   " fragments: the simulator takes fewer than 2^21 (a larger --chunk)");
-    scratch = std::max(scratch, k.plan->scratch_bytes());
+    scratch = std::max(scratch, k.plan->scratch_stride());
     result_.plan_bytes += k.plan->wire_bytes_sent();
     result_.raw_bytes += k.plan->raw_wire_bytes();
     if (k.plan->uses_aggregators())

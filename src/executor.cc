@@ -63,7 +63,7 @@ class PlanExecution final : public Execution {
   void set_codec_scale(double scale) override { identity_.header.codec_scale = identity_.expected.codec_scale = scale; }
   void set_scratch(std::byte* scratch) override {
     if (device_) return;  // its scratch is device memory, taken when it starts (start_on_device)
-    for (size_t i = 0; i < slots_.size(); ++i) slots_[i].scratch = scratch + i * plan_->scratch_bytes();
+    for (size_t i = 0; i < slots_.size(); ++i) slots_[i].scratch = scratch + i * plan_->scratch_stride();
   }
 
  private:
@@ -175,12 +175,12 @@ class PlanExecution final : public Execution {
   void start_device_fragment(Slot& slot);
   // Device executions: the pinned word of a slot's transfer for its taint (a staged send's) or its
   // message's length.
-  unsigned long long* staged_word(const Slot& slot, bool length, uint16_t transfer);
+  unsigned long long* staged_word(const Slot& slot, bool length, uint32_t transfer);
   bool finish_on_device();
   // Ordered mode: whether a fragment older than the slot's still has a transfer of the same direction
   // with `peer` to post.
   bool earlier_fragment_posts(const Slot& slot, int peer, bool receive) const;
-  Transfer& transfer(Slot& slot, uint16_t index);
+  Transfer& transfer(Slot& slot, uint32_t index);
   void count_sent(int peer, size_t bytes);  // the statistics of what was posted
   // Tests one transfer; true when it is done (handle empty). A received taint bit sets *tainted.
   bool complete(Transfer& transfer, bool* moved, bool* tainted);
@@ -277,7 +277,7 @@ PlanExecution::~PlanExecution() {
 void PlanExecution::start_on_device() {
   device_->wait(input_);
   input_ = 0;
-  const size_t scratch = plan_->scratch_bytes();
+  const size_t scratch = plan_->scratch_stride();
   if (scratch) {
     device_scratch_ = shared_->take(Device::Memory::kDevice, scratch * slots_.size());
     for (size_t i = 0; i < slots_.size(); ++i) slots_[i].scratch = static_cast<std::byte*>(device_scratch_.p) + i * scratch;
@@ -286,7 +286,7 @@ void PlanExecution::start_on_device() {
   device_->zero(counters_.p, sizeof(coll::DeviceCounters));
 }
 
-unsigned long long* PlanExecution::staged_word(const Slot& slot, bool length, uint16_t transfer) {
+unsigned long long* PlanExecution::staged_word(const Slot& slot, bool length, uint32_t transfer) {
   return static_cast<unsigned long long*>(staged_words_.p) + (&slot - slots_.data()) * 2 * words_ +
          (length ? words_ : 1) + transfer;
 }
@@ -634,7 +634,7 @@ bool PlanExecution::complete(Transfer& t, bool* moved, bool* tainted) {
   return true;
 }
 
-PlanExecution::Transfer& PlanExecution::transfer(Slot& slot, uint16_t index) {
+PlanExecution::Transfer& PlanExecution::transfer(Slot& slot, uint32_t index) {
   Transfer& t = slot.transfers[index];
   if (!t.handle.empty() || t.staged_send)
     fail(qcclInternalError, "%s (%s): fragment %zu posts on busy slot %u", identity_.header.describe().c_str(),

@@ -161,7 +161,8 @@ class HostExecutor final : public Executor {
   std::unique_ptr<Execution> launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                                     const OperationIdentity& identity, std::byte* scratch) override;
   size_t scratch_bytes(const coll::Plan& plan) const override {  // a slot's for each fragment in flight
-    return plan.scratch_bytes() * (plan.fragments_in_sequence() ? 1 : static_cast<size_t>(std::max(options_.depth, 1)));
+    return plan.scratch_stride() *
+           (plan.fragments_in_sequence() ? 1 : static_cast<size_t>(std::max(options_.depth, 1)));
   }
   bool progress() override { return transport_.progress(); }
   int event_fd() const override { return transport_.event_fd(); }

@@ -4,10 +4,12 @@
 // transports without tags. This test builds every rank's program of every fragment for every
 // algorithm in the registry (compressed ones with their codecs, both kinds of Marsit and IntSGD
 // round) and compares, per pair of ranks, the labels of the sends with those of the receives. It also
-// runs a ring all-reduce on 1,024 simulated ranks in ordered mode.
+// runs a ring all-reduce on 1,024 simulated ranks in ordered mode, and checks that every buffer a
+// plan's steps read or write as a type is aligned for it, in every slot of the executor's scratch.
 #include <catch2/catch.hpp>
 
 #include <map>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <utility>
@@ -102,7 +104,90 @@ void require_ordered(const coll::Algorithm& a, const Job& job, size_t chunk_byte
   }
 }
 
+// Typed operands of a data step: float32 buffers 4-byte aligned, the call's datatype to its element
+// size (a misaligned float load is undefined behaviour on the host and a fault on a GPU). Returns
+// what is misaligned, or an empty string.
+std::string misaligned(const coll::Step& step, size_t es) {
+  std::string what;
+  auto need = [&](const void* p, size_t align, const char* name) {
+    if (p && reinterpret_cast<uintptr_t>(p) % align != 0) what += std::string(what.empty() ? "" : ", ") + name;
+  };
+  std::visit(
+      [&](const auto& s) {
+        using S = std::decay_t<decltype(s)>;
+        namespace st = coll::step;
+        if constexpr (std::is_same_v<S, st::Reduce>)
+          need(s.dst, es, "Reduce.dst"), need(s.a, es, "Reduce.a"), need(s.b, es, "Reduce.b");
+        if constexpr (std::is_same_v<S, st::Average>) need(s.buf, es, "Average.buf");
+        if constexpr (std::is_same_v<S, st::Load>) need(s.dst, 4, "Load.dst"), need(s.src, es, "Load.src");
+        if constexpr (std::is_same_v<S, st::Store>) need(s.dst, es, "Store.dst"), need(s.src, 4, "Store.src");
+        if constexpr (std::is_same_v<S, st::AddFloat>) need(s.dst, 4, "AddFloat.dst"), need(s.src, 4, "AddFloat.src");
+        if constexpr (std::is_same_v<S, st::Divide>) need(s.dst, 4, "Divide.dst");
+        if constexpr (std::is_same_v<S, st::Encode>) need(s.src, 4, "Encode.src"), need(s.dst, 4, "Encode.dst");
+        if constexpr (std::is_same_v<S, st::DecodeAdd>)
+          need(s.dst, 4, "DecodeAdd.dst"), need(s.src, 4, "DecodeAdd.src");
+        if constexpr (std::is_same_v<S, st::DecodeOut>)
+          need(s.dst, es, "DecodeOut.dst"), need(s.scratch, 4, "DecodeOut.scratch"), need(s.src, 4, "DecodeOut.src");
+        if constexpr (std::is_same_v<S, st::ErrorFeedback>)
+          need(s.residual, 4, "ErrorFeedback.residual"), need(s.acc, 4, "ErrorFeedback.acc"),
+              need(s.encoded, 4, "ErrorFeedback.encoded");
+      },
+      step);
+  return what;
+}
+
 }  // namespace
+
+TEST_CASE("every registered plan's typed buffers are aligned, in every slot of the executor's scratch",
+          "[collectives]") {
+  const kernels::CodecConfig none = kernels::parse_codec_spec("none"), fp16 = kernels::parse_codec_spec("fp16");
+  const kernels::CodecConfig q8 = kernels::parse_codec_spec("q8:bucket=64"),
+                             q3 = kernels::parse_codec_spec("q3:bucket=24");
+  const DataType types[] = {DataType::kInt8, DataType::kFloat16, DataType::kBfloat16, DataType::kFloat32,
+                            DataType::kFloat64};
+  size_t checked = 0;
+  for (const coll::Algorithm& a : coll::algorithms()) {
+    if (a.collective == CollKind::kSend || a.collective == CollKind::kRecv) continue;
+    for (const std::vector<int>& labels :
+         {std::vector<int>{0, 0, 1}, std::vector<int>{0, 0, 1, 1, 2, 2}, std::vector<int>{0, 1, 1, 1, 2}})
+      for (const kernels::CodecConfig* codec :
+           {static_cast<const kernels::CodecConfig*>(nullptr), &none, &fp16, &q8, &q3})
+        for (DataType dtype : types)
+          for (size_t count : {size_t{7}, size_t{1001}}) {
+            const int n = static_cast<int>(labels.size());
+            const coll::NodeMap nodes = coll::NodeMap::from_labels(labels);
+            Job job;
+            fill(job, a, n, count, codec);
+            for (CollArgs& x : job.args) x.dtype = dtype, x.nodes = &nodes;
+            if (a.cannot_run(job.args[0])) continue;
+            for (size_t chunk_bytes : {size_t{256}, size_t{3000}}) {
+              for (int r = 0; r < n; ++r) {
+                coll::PlanOptions options;
+                options.chunk_bytes = chunk_bytes;
+                const std::unique_ptr<coll::Plan> plan = a.make(job.args[r], options);
+                // Two slots, as the executor lays them out, from a base aligned as new aligns a vector's
+                // bytes (16), not more.
+                const size_t stride = plan->scratch_stride();
+                std::vector<std::byte> buffer(2 * stride + 64);
+                std::byte* base = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64 + 16;
+                for (size_t f = 0; f < plan->fragments(); ++f) {
+                  coll::Program p;
+                  p.set_default_codec(codec);
+                  plan->build(f, base + (f % 2) * stride, p);
+                  for (const coll::Step& s : p.steps())
+                    if (const std::string what = misaligned(s, kernels::element_size(dtype)); !what.empty())
+                      FAIL_CHECK(a.name << " map of " << n << " ranks, rank " << r << ", "
+                                        << (codec ? codec->canonical() : "no codec") << ", "
+                                        << kernels::data_type_name(dtype) << ", count " << count << ", chunk "
+                                        << chunk_bytes << " B, fragment " << f << ": " << what << " misaligned");
+                }
+              }
+            }
+            ++checked;
+          }
+  }
+  CHECK(checked > 100);
+}
 
 TEST_CASE("every registered plan is ordered: each pair's messages are received in the order they are sent",
           "[collectives]") {

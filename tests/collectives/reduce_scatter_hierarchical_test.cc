@@ -504,6 +504,69 @@ TEST_CASE("hierarchical compressed reduce-scatter: NaN in a member's input reach
   for (int r = 1; r < job.n(); ++r) CHECK(res.sim.ops[r]->stats().nonfinite == 0);
 }
 
+// A leader of 100 ranks among 400 (300 nodes of one rank) posts 69,899 transfers a fragment: past
+// the 65,536 a program's slot index held when it was 16 bits wide (the leader's receives then landed
+// on busy slots: qcclInternalError), and more than the guard that was to refuse such maps counted.
+TEST_CASE("hierarchical reduce-scatters: a leader of more than 65,536 transfers a fragment", "[hierarchical]") {
+  std::vector<int> labels(100, 0);
+  for (int node = 1; node <= 300; ++node) labels.push_back(node);
+  const int n = static_cast<int>(labels.size());
+  const NodeMap nodes = NodeMap::from_labels(labels);
+  SECTION("uncompressed, exact") {
+    const size_t count = 3;
+    std::vector<std::vector<float>> send(n, std::vector<float>(n * count)), out(n, std::vector<float>(count, -1.0f));
+    std::vector<CollArgs> args(n);
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < n * count; ++i)
+        send[r][i] = static_cast<float>(input_value(DataType::kFloat32, RedOp::kSum, r, i));
+      CollArgs& a = args[r];
+      a.kind = CollKind::kReduceScatter, a.count = count, a.dtype = DataType::kFloat32, a.op = RedOp::kSum;
+      a.rank = r, a.nranks = n, a.nodes = &nodes, a.sendbuf = send[r].data(), a.recvbuf = out[r].data();
+    }
+    run_on_sim(args, "hierarchical", 1024, 2);
+    size_t wrong = 0;
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < count; ++i)
+        wrong += out[r][i] != expected_reduction(DataType::kFloat32, RedOp::kSum, n, r * count + i);
+    CHECK(wrong == 0);
+  }
+  SECTION("compressed, within one codec error per remote node") {
+    const kernels::CodecConfig codec = kernels::parse_codec_spec("q8:bucket=8");
+    Job job{labels};
+    job.codec = &codec, job.count = 8;
+    const auto in = make_inputs(job, 5);
+    const Result res = run(job, in);
+    size_t over = 0;
+    for (int r = 0; r < n; ++r) {
+      const std::vector<double> exact = exact_block(job, in, r);
+      const std::vector<double> bound = error_bounds(job, in, r, exact, "compressed_hierarchical");
+      for (size_t i = 0; i < job.count; ++i) over += !(std::fabs(res.out[r][i] - exact[i]) <= bound[i]);
+    }
+    CHECK(over == 0);
+  }
+}
+
+// fp16 carries a node sum in float16 (include/qccl.h): where the sum of a node's inputs passes 65504
+// while every input and the result of the flat algorithm fit, the block's owner in another node gets
+// Inf and counts it; its own node's ranks do not.
+TEST_CASE("hierarchical compressed reduce-scatters: fp16 node sums beyond float16's range arrive as Inf, counted",
+          "[hierarchical]") {
+  const kernels::CodecConfig fp16 = kernels::parse_codec_spec("fp16");
+  for (const char* algorithm : {"compressed_hierarchical", "compressed_two_level"}) {
+    Job job{{0, 0, 1, 1}};
+    job.codec = &fp16, job.count = 5;
+    const std::vector<std::vector<float>> in(job.n(), std::vector<float>(job.n() * job.count, 40000.0f));
+    const Result res = run(job, in, nullptr, algorithm);
+    INFO(algorithm);
+    for (int r = 0; r < job.n(); ++r) {
+      // Every block gets the other node's sum of 80000, encoded once: Inf (the rank's own node's sum
+      // is never encoded).
+      CHECK(std::isinf(res.out[r][0]));
+      CHECK(res.sim.ops[r]->stats().nonfinite == job.count);
+    }
+  }
+}
+
 TEST_CASE("hierarchical compressed reduce-scatter: declines uncompressed calls and flat node maps", "[hierarchical]") {
   for (const char* name : {"compressed_hierarchical", "compressed_hierarchical_intra"}) {
     const coll::Algorithm* hier = coll::find_algorithm(CollKind::kReduceScatter, name);
