@@ -158,7 +158,11 @@ TEST_CASE("every registered plan's typed buffers are aligned, in every slot of t
             const coll::NodeMap nodes = coll::NodeMap::from_labels(labels);
             Job job;
             fill(job, a, n, count, codec);
-            for (CollArgs& x : job.args) x.dtype = dtype, x.nodes = &nodes;
+            for (CollArgs& x : job.args) {
+              x.dtype = dtype, x.nodes = &nodes;
+              // The caller's buffers aligned to their element size only (a tensor's view at any offset).
+              x.sendbuf = x.recvbuf = reinterpret_cast<void*>(uintptr_t{4096} + kernels::element_size(dtype));
+            }
             if (a.cannot_run(job.args[0])) continue;
             for (size_t chunk_bytes : {size_t{256}, size_t{3000}}) {
               for (int r = 0; r < n; ++r) {
