@@ -19,9 +19,9 @@
 #   --fixed LIST   fixed choices, space-separated (default "none q8")
 #   --auto SPEC    auto's spec (default auto; auto:maxrelerr=0.2 for instance)
 # Needs root where qcclrun emulates hosts (every cell but RANKS@shm@SIZE). Prints the table on
-# stdout, each run's command on stderr.
+# stdout, each run's command on stderr. A relative --build is taken from the directory the script is
+# started in.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
 BUILD=build ROUNDS=3 ITERS=5 FIXED="none q8" AUTO=auto
 CELLS=()
@@ -31,12 +31,12 @@ while (($#)); do
       (($# >= 2)) || { echo "auto_vs_fixed.sh: $1 needs a value" >&2; exit 2; } ;;
   esac
   case $1 in
-    --build) BUILD=$2; shift 2 ;;
+    --build) BUILD=$2; [[ $BUILD == /* ]] || BUILD=$PWD/$BUILD; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
     --fixed) FIXED=$2; shift 2 ;;
     --auto) AUTO=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "auto_vs_fixed.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
     *) CELLS+=("$1"); shift ;;
   esac
@@ -46,6 +46,7 @@ done
 read -ra fixed <<< "$FIXED"
 ((${#fixed[@]})) || { echo "auto_vs_fixed.sh: --fixed names no choice" >&2; exit 2; }
 ((${#CELLS[@]})) || { echo "auto_vs_fixed.sh: no cell given (--help shows the form: 4:2@1gbit@1M)" >&2; exit 2; }
+cd "$(dirname "$0")/.."  # the default build folder is the repository's
 QCCLRUN=$BUILD/tools/qcclrun PERF=$BUILD/perf/all_reduce_perf
 for f in "$QCCLRUN" "$PERF"; do
   [[ -x $f ]] || { echo "auto_vs_fixed.sh: $f is missing: build first" >&2; exit 2; }

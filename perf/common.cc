@@ -402,10 +402,15 @@ class Bench {
 
  private:
   void sweep(const TypeInfo& type, int op, int root);
+  bool next_size(size_t* bytes) const;
+  void reset_codec_states();
   void bench_size(Shape shape);
   Cell bench_cell(const Shape& s, bool in_place);
-  // The mean seconds per operation of the timed batch; with `phases`, its time fields' means too.
-  double time_batch(const Shape& s, bool in_place, Cell::Phases* phases);
+  bool relerr_fails(double relerr) const;
+  uint64_t check_seed(const Shape& s, bool in_place, int check) const;
+  // The mean seconds per operation of the timed batch; with `phases`, its time fields' means too. Adds
+  // the timed calls that returned qcclNonFinite to *nonfinite_calls.
+  double time_batch(const Shape& s, bool in_place, Cell::Phases* phases, int64_t* nonfinite_calls);
   void read_last_stats();  // into last_stats_, after run_ops' last call
   void add_phases();
   int64_t check_cell(const Shape& s, bool in_place, uint64_t seed);
@@ -420,7 +425,8 @@ class Bench {
   // --device: the first `bytes` of both host buffers to the device, or of the receive buffer back.
   void upload(size_t bytes);
   void download(size_t bytes);
-  void run_ops(const Shape& s, bool in_place, int first_iter, int n);
+  // Returns how many calls returned qcclNonFinite (only a codec's may; any other failure throws).
+  [[nodiscard]] int run_ops(const Shape& s, bool in_place, int first_iter, int n);
   void barrier();
   double reduce_time(double seconds);
   bool printer() const { return rank_ == 0; }
@@ -443,9 +449,12 @@ class Bench {
   bool int_codec_ = false;                                    // it is IntSGD's (alpha adapts in a state)
   bool fft_codec_ = false;                                    // it is FFT sparsification's (all-reduce only)
   bool aq_codec_ = false;                                     // it is AQ-SGD's (point-to-point only)
-  mutable std::map<size_t, qcclCodecState_t> states_;         // Marsit, IntSGD: one state per count
-  uint64_t check_seed_ = 0;
+  mutable std::map<size_t, qcclCodecState_t> states_;         // Marsit, IntSGD: one per count, per sweep
+  int cycle_ = 0;                                             // -N: the sweep's cycle, for check_seed
   int failed_cells_ = 0;
+  int compressed_cells_ = 0;          // cells run through a codec
+  int bounded_cells_ = 0;             // of those, the ones whose relerr was held to --max-relerr
+  int64_t nonfinite_timed_calls_ = 0;  // timed calls that returned qcclNonFinite (Cell::nonfinite_calls)
   double bw_sum_ = 0;
   int bw_count_ = 0;
 };
@@ -536,6 +545,7 @@ void Bench::run() {
   std::vector<std::pair<std::string, qcclCodec_t>> codecs = codecs_;
   if (codecs.empty()) codecs.emplace_back("", nullptr);
   for (int cycle = 0; opt_.cycles == 0 || cycle < opt_.cycles; ++cycle) {
+    cycle_ = cycle;
     int cycle_sweeps = 0;
     for (const auto& [spec, codec] : codecs) {
       codec_ = codec;
@@ -543,10 +553,6 @@ void Bench::run() {
       int_codec_ = spec.rfind("int", 0) == 0;
       fft_codec_ = spec.rfind("fft", 0) == 0;
       aq_codec_ = spec.rfind("aq", 0) == 0;
-      if (!states_.empty()) {  // a state belongs to one codec
-        for (auto& st : states_) qcclCodecStateDestroy(st.second);
-        states_.clear();
-      }
       if (codec && printer()) std::printf("# codec %s\n", spec.c_str());
       int sweeps = 0;
       for (int t = 0; t < qcclNumTypes; ++t) {
@@ -593,6 +599,7 @@ Pattern Bench::pattern(const TypeInfo* type, int op, uint64_t seed) const {
 
 // nccl-tests' TimeTest: a barrier, warm-up at the largest and the smallest size, then every size.
 void Bench::sweep(const TypeInfo& type, int op, int root) {
+  reset_codec_states();
   if (codec_) {
     // Timed iterations read the buffers at many offsets, where earlier sweeps left other datatypes'
     // bits: read as this type they can be NaN, which a compressed collective reports (qcclNonFinite).
@@ -606,13 +613,34 @@ void Bench::sweep(const TypeInfo& type, int op, int root) {
   barrier();
   for (size_t bytes : {opt_.max_bytes, opt_.min_bytes}) {
     const Shape s = shape_for(bytes, type, op, root);
-    run_ops(s, false, 0, opt_.warmup);
+    (void)run_ops(s, false, 0, opt_.warmup);  // untimed and unchecked
   }
-  for (size_t bytes = opt_.min_bytes; bytes <= opt_.max_bytes;
-       bytes = opt_.step_factor > 1 ? bytes * opt_.step_factor : bytes + opt_.step_bytes) {
+  size_t bytes = opt_.min_bytes;
+  do {
     bench_size(shape_for(bytes, type, op, root));
-    if (bytes == 0 && opt_.step_factor > 1) break;  // 0 * factor would never end
+  } while (next_size(&bytes));
+}
+
+// The size after *bytes (-f, else -i); false past -e, and before a step that would wrap size_t (-e and
+// -f near their limits) or never grow (0 * -f).
+bool Bench::next_size(size_t* bytes) const {
+  if (opt_.step_factor > 1) {
+    const auto factor = static_cast<size_t>(opt_.step_factor);
+    if (*bytes == 0 || *bytes > opt_.max_bytes / factor) return false;
+    *bytes *= factor;
+    return true;
   }
+  if (opt_.max_bytes - *bytes < opt_.step_bytes) return false;  // *bytes <= -e: no wrap here
+  *bytes += opt_.step_bytes;
+  return true;
+}
+
+// A codec state (Marsit's compensation, IntSGD's moving average of alpha) learns from the values it
+// compressed: each datatype and op sweep starts from fresh ones, so that a cell gives the relerr it
+// gives alone (with -d all -o all an int codec's alpha otherwise came from the sweep before).
+void Bench::reset_codec_states() {
+  for (auto& st : states_) qcclCodecStateDestroy(st.second);
+  states_.clear();
 }
 
 Shape Bench::shape_for(size_t bytes, const TypeInfo& type, int op, int root) const {
@@ -628,7 +656,12 @@ void Bench::bench_size(Shape s) {
   for (bool in_place : {false, true}) {
     const Cell cell = bench_cell(s, in_place);
     if (cell.ran) bw_sum_ += cell.busbw, ++bw_count_;
-    if (cell.wrong > 0 || (cell.relerr >= 0 && !std::isfinite(cell.relerr)) || std::isnan(cell.relerr)) ++failed_cells_;
+    if (cell.wrong > 0 || relerr_fails(cell.relerr)) ++failed_cells_;
+    if (codec_ && cell.ran) {
+      ++compressed_cells_;
+      if (opt_.max_relerr >= 0 && !(cell.relerr < 0)) ++bounded_cells_;  // NaN was checked too (and failed)
+      nonfinite_timed_calls_ += cell.nonfinite_calls;
+    }
     if (printer()) table_.print_cell(cell);
   }
   if (printer()) table_.print_row_end();
@@ -639,10 +672,10 @@ Cell Bench::bench_cell(const Shape& s, bool in_place) {
   Cell cell;
   if (in_place && !test_.has_in_place) return cell;
   if (opt_.check) fill_inputs(s, in_place, pattern(s.type, s.op, 0));
-  run_ops(s, in_place, 0, 1);
+  (void)run_ops(s, in_place, 0, 1);  // untimed: a non-finite result here only feeds the timed calls
   barrier();
   cell.ran = true;
-  const double seconds = time_batch(s, in_place, opt_.phases ? &cell.phases : nullptr);
+  const double seconds = time_batch(s, in_place, opt_.phases ? &cell.phases : nullptr, &cell.nonfinite_calls);
   // The extra columns show the last timed call (a codec that keeps state, like IntSGD's, runs its
   // untimed first call differently: exact, with more bytes).
   cell.stats = last_stats_;
@@ -658,24 +691,41 @@ Cell Bench::bench_cell(const Shape& s, bool in_place) {
   for (int c = 0; c < opt_.check; ++c) {
     if (codec_) {  // lossy: the relative error, not an exact comparison
       if (sign_codec_) break;  // Marsit estimates the average of the signs, not of the values: N/A
-      const double relerr = relative_error(s, in_place, ++check_seed_);
+      const double relerr = relative_error(s, in_place, check_seed(s, in_place, c));
       cell.relerr = std::isnan(relerr) ? relerr : std::max(cell.relerr, relerr);  // NaN must show (and fail)
       continue;
     }
-    cell.wrong = check_cell(s, in_place, ++check_seed_);
+    cell.wrong = check_cell(s, in_place, check_seed(s, in_place, c));
     if (cell.wrong) break;
   }
   return cell;
 }
 
+// A compressed cell fails on a relerr that is not finite (NaN also marks a checked call that returned
+// qcclNonFinite) and, with --max-relerr, on one above the bound; -1 (not checked) passes.
+bool Bench::relerr_fails(double relerr) const {
+  if (!std::isfinite(relerr)) return true;
+  return opt_.max_relerr >= 0 && relerr > opt_.max_relerr;
+}
+
+// The inputs of check `check` of a cell depend on the cell (and the -N cycle) only, not on what ran
+// before it: a cell run alone checks the same values as within -d all -o all, and through a codec gets
+// the same relerr.
+uint64_t Bench::check_seed(const Shape& s, bool in_place, int check) const {
+  uint64_t seed = mix(uint64_t(s.type->type) << 8 | uint64_t(s.op + 1));  // op: kCopy is -1
+  seed = mix(seed ^ (uint64_t(s.root + 1) << 32 | uint64_t(cycle_)));  // root: -1 for rootless collectives
+  seed = mix(seed ^ s.counts.param);
+  return mix(seed ^ (uint64_t(check) << 1 | uint64_t(in_place))) | 1;  // 0 is the timed calls' pattern
+}
+
 // Seconds per operation on this rank for one batch of -n operations, issued as -z says.
-double Bench::time_batch(const Shape& s, bool in_place, Cell::Phases* phases) {
+double Bench::time_batch(const Shape& s, bool in_place, Cell::Phases* phases, int64_t* nonfinite_calls) {
   phases_ = phases;  // run_ops adds each blocking call's time fields to it
   double seconds = 0;
   if (opt_.blocking == 0 || opt_.blocking == 2) {
     last_stats_wanted_ = true;
     const double start = now();
-    run_ops(s, in_place, 0, opt_.iters);
+    *nonfinite_calls += run_ops(s, in_place, 0, opt_.iters);
     seconds = (now() - start) / opt_.iters;
   } else {
     double total = 0;
@@ -683,7 +733,7 @@ double Bench::time_batch(const Shape& s, bool in_place, Cell::Phases* phases) {
       last_stats_wanted_ = iter + 1 == opt_.iters;
       double start = now();
       if (opt_.blocking == 3) barrier(), start = now();  // -z 3: the barrier is not timed
-      run_ops(s, in_place, iter, 1);
+      *nonfinite_calls += run_ops(s, in_place, iter, 1);
       if (opt_.blocking == 1) barrier();                 // -z 1: the barrier is timed
       total += now() - start;
     }
@@ -717,12 +767,15 @@ void Bench::add_phases() {
 
 // Runs operations first_iter .. first_iter + n - 1: blocking calls, or (-z 0) non-blocking calls that
 // are all waited for at the end.
-void Bench::run_ops(const Shape& s, bool in_place, int first_iter, int n) {
+int Bench::run_ops(const Shape& s, bool in_place, int first_iter, int n) {
   // In place, a sum feeds its output back as the next input and grows until it overflows the
-  // datatype: a compressed collective then reports qcclNonFinite, which says nothing about speed.
-  // Results are judged by the checks, which start from fresh inputs.
-  auto ok = [this](qcclResult_t result, const char* what) {
-    if (!(codec_ && result == qcclNonFinite)) check(result, what);
+  // datatype: a compressed collective then returns qcclNonFinite (the communicator stays intact). The
+  // caller decides what that means: counted in timing (the footer reports it), a failure in a check,
+  // whose inputs are fresh small integers.
+  int nonfinite = 0;
+  auto ok = [this, &nonfinite](qcclResult_t result, const char* what) {
+    if (codec_ && result == qcclNonFinite) ++nonfinite;
+    else check(result, what);
   };
   if (opt_.blocking != 0) {
     for (int i = 0; i < n; ++i) {
@@ -730,12 +783,13 @@ void Bench::run_ops(const Shape& s, bool in_place, int first_iter, int n) {
       if (phases_ || (last_stats_wanted_ && i + 1 == n)) read_last_stats();
       if (phases_) add_phases();
     }
-    return;
+    return nonfinite;
   }
   Requests requests;
   for (int i = 0; i < n; ++i) ok(test_.run(make_call(s, in_place, first_iter + i), &requests), test_.call);
   for (qcclRequest_t& r : requests.list()) ok(qcclWait(&r), "qcclWait");
   if (last_stats_wanted_) read_last_stats();
+  return nonfinite;
 }
 
 // nccl-tests' startColl: iteration `iter` works at an offset of iter * size within the -e sized
@@ -770,18 +824,19 @@ Call Bench::make_call(const Shape& s, bool in_place, int iter, bool host) const 
 int64_t Bench::check_cell(const Shape& s, bool in_place, uint64_t seed) {
   const Pattern p{s.type, s.op, seed, nranks_};
   fill_inputs(s, in_place, p);
-  run_ops(s, in_place, 0, 1);
+  (void)run_ops(s, in_place, 0, 1);  // uncompressed: qcclNonFinite is never returned
   int64_t wrong = count_wrong(s, in_place, p);
   check(qcclAllReduce(&wrong, &wrong, 1, qcclInt64, qcclSum, comm_), "qcclAllReduce (#wrong)");
   return wrong;
 }
 
 // One compressed check: fresh inputs, one operation, then ||out - exact||_2 / ||exact||_2 over every
-// element of every rank (the sums of squares are all-reduced in float64).
+// element of every rank (the sums of squares are all-reduced in float64); NaN when the call returned
+// qcclNonFinite, which on these small finite inputs is a fault whatever the outputs hold.
 double Bench::relative_error(const Shape& s, bool in_place, uint64_t seed) {
   const Pattern p = pattern(s.type, s.op, seed);
   fill_inputs(s, in_place, p);
-  run_ops(s, in_place, 0, 1);
+  const bool nonfinite = run_ops(s, in_place, 0, 1) > 0;  // the same on every rank
   const size_t es = s.type->size;
   download(std::max(s.counts.send, s.counts.recv) * es);
   const Call call = make_call(s, in_place, 0, /*host=*/true);
@@ -797,6 +852,7 @@ double Bench::relative_error(const Shape& s, bool in_place, uint64_t seed) {
     sums[1] += want * want;
   }
   check(qcclAllReduce(sums, sums, 2, qcclFloat64, qcclSum, comm_), "qcclAllReduce (relative error)");
+  if (nonfinite) return NAN;
   return sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);
 }
 
@@ -861,7 +917,23 @@ int Bench::finish(double min_bw) {
   const double avg_bw = bw_count_ ? bw_sum_ / bw_count_ : 0;
   const bool bw_failed = min_bw != -1 && avg_bw < 0.9 * min_bw;
   if (printer()) {
-    std::printf("# Out of bounds values : %d %s\n", failed_cells_, failed_cells_ ? "FAILED" : "OK");
+    // Compressed cells pass on any finite relerr unless --max-relerr bounds it: say which it was.
+    std::string relerr_note;
+    if (compressed_cells_ > 0 && bounded_cells_ == compressed_cells_) {
+      relerr_note = formatted(" (relerr bound %g)", opt_.max_relerr);
+    } else if (compressed_cells_ > 0 && bounded_cells_ > 0) {
+      relerr_note = formatted(" (relerr bound %g in ", opt_.max_relerr) + std::to_string(bounded_cells_) + " of " +
+                    std::to_string(compressed_cells_) + " compressed cells; the others' relerr is not bounded)";
+    } else if (compressed_cells_ > 0) {
+      relerr_note = " (relerr not bounded: see --max-relerr)";
+    }
+    std::printf("# Out of bounds values : %d %s%s\n", failed_cells_, failed_cells_ ? "FAILED" : "OK",
+                relerr_note.c_str());
+    if (nonfinite_timed_calls_ > 0) {
+      std::printf("# Non-finite results   : %lld timed calls returned qcclNonFinite, timed as they ran (in place, "
+                  "sums outgrow the datatype: see --codec in --help)\n",
+                  static_cast<long long>(nonfinite_timed_calls_));
+    }
     std::printf("# Avg bus bandwidth    : %g %s\n", avg_bw, min_bw == -1 ? "" : bw_failed ? "FAILED" : "OK");
     std::printf("#\n");
   }

@@ -99,6 +99,7 @@ struct Cell {
   double busbw = 0;      // GB/s
   int64_t wrong = -1;    // wrong elements summed over ranks; -1 = not checked (N/A)
   double relerr = -1;    // --codec: ||out - exact||_2 / ||exact||_2 over all ranks; -1 = not checked
+  int64_t nonfinite_calls = 0;  // --codec: timed calls that returned qcclNonFinite (in-place sums that grew)
   qcclStats_t stats{};   // this rank's qcclCommGetLastStats after the timed batch, for extra columns
   // --phases: where this rank's time went (qcclStats_t), the mean over the timed operations.
   struct Phases {

@@ -19,6 +19,7 @@
 namespace {
 
 using qccl_demo::check;
+using qccl_demo::integer;
 using qccl_demo::number;
 using qccl_demo::refuse_operands;
 using qccl_demo::unknown_option;
@@ -87,14 +88,14 @@ bool parse(int argc, char** argv, Options* o) {
   while ((c = getopt_long(argc, argv, "h", kLong, nullptr)) != -1) {
     switch (c) {
       case 'c': o->codec = optarg; break;
-      case 'k': o->keys = static_cast<size_t>(number("--keys", optarg, 1, 1 << 20)); break;
-      case 'b': o->batch = static_cast<size_t>(number("--batch", optarg, 1, 1 << 16)); break;
-      case 't': o->tokens = static_cast<size_t>(number("--tokens", optarg, 1, 1 << 20)); break;
-      case 'H': o->channels = static_cast<size_t>(number("--channels", optarg, 1, 1 << 24)); break;
-      case 'e': o->epochs = static_cast<int>(number("--epochs", optarg, 1, 1000)); break;
-      case 'w': o->warmup = static_cast<int>(number("--warmup", optarg, 0, 1000)); break;
+      case 'k': o->keys = static_cast<size_t>(integer("--keys", optarg, 1, 1 << 20)); break;
+      case 'b': o->batch = static_cast<size_t>(integer("--batch", optarg, 1, 1 << 16)); break;
+      case 't': o->tokens = static_cast<size_t>(integer("--tokens", optarg, 1, 1 << 20)); break;
+      case 'H': o->channels = static_cast<size_t>(integer("--channels", optarg, 1, 1 << 24)); break;
+      case 'e': o->epochs = static_cast<int>(integer("--epochs", optarg, 1, 1000)); break;
+      case 'w': o->warmup = static_cast<int>(integer("--warmup", optarg, 0, 1000)); break;
       case 'd': o->drift = number("--drift", optarg, 0, 10); break;
-      case 's': o->seed = static_cast<uint64_t>(number("--seed", optarg, 0, 1e15)); break;
+      case 's': o->seed = static_cast<uint64_t>(integer("--seed", optarg, 0, 1e15)); break;
       case 'h': std::fputs(kHelp, stdout); return false;
       default: unknown_option(argv, optind);
     }

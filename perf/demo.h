@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -33,6 +34,15 @@ inline double number(const char* option, const char* s, double lo, double hi) {
     throw UsageError(std::string("invalid value '") + s + "' for " + option + " (expected a number in [" +
                      std::to_string(lo) + ", " + std::to_string(hi) + "])");
   return v;
+}
+
+// The whole number `s` given to `option` (1e6 too), which must lie in [lo, hi]: a fraction is refused
+// rather than truncated (--batch 2.5 was 2).
+inline long long integer(const char* option, const char* s, double lo, double hi) {
+  const double v = number(option, s, lo, hi);
+  if (v != std::floor(v))
+    throw UsageError(std::string("invalid value '") + s + "' for " + option + " (expected a whole number)");
+  return static_cast<long long>(v);
 }
 
 inline void check(qcclResult_t r, const char* what) {

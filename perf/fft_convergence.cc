@@ -20,6 +20,7 @@
 namespace {
 
 using qccl_demo::check;
+using qccl_demo::integer;
 using qccl_demo::number;
 using qccl_demo::refuse_operands;
 using qccl_demo::unknown_option;
@@ -104,19 +105,19 @@ bool parse(int argc, char** argv, Options* o) {
   int c;
   while ((c = getopt_long(argc, argv, "h", longs, nullptr)) != -1) {
     switch (c) {
-      case kDim: o->dim = static_cast<int>(number("--dim", optarg, 64, 1 << 24)); break;
-      case kWidth: o->width = static_cast<int>(number("--width", optarg, 1, 1 << 12)); break;
-      case kBatch: o->batch = static_cast<int>(number("--batch", optarg, 1, 1 << 22)); break;
-      case kSteps: o->steps = static_cast<int>(number("--steps", optarg, 1, 1e9)); break;
+      case kDim: o->dim = static_cast<int>(integer("--dim", optarg, 64, 1 << 24)); break;
+      case kWidth: o->width = static_cast<int>(integer("--width", optarg, 1, 1 << 12)); break;
+      case kBatch: o->batch = static_cast<int>(integer("--batch", optarg, 1, 1 << 22)); break;
+      case kSteps: o->steps = static_cast<int>(integer("--steps", optarg, 1, 1e9)); break;
       case kLr: o->lr = number("--lr", optarg, 1e-30, 1e9); break;
-      case kBits: o->bits = static_cast<int>(number("--bits", optarg, 3, 16)); break;
-      case kMant: o->mant = static_cast<int>(number("--mant", optarg, 1, 15)); break;
+      case kBits: o->bits = static_cast<int>(integer("--bits", optarg, 3, 16)); break;
+      case kMant: o->mant = static_cast<int>(integer("--mant", optarg, 1, 15)); break;
       case kRange:
         if (std::string(optarg) != "first" && std::string(optarg) != "auto")
           throw qccl_demo::UsageError(std::string("invalid value '") + optarg + "' for --range (expected first or auto)");
         o->auto_range = std::string(optarg) == "auto";
         break;
-      case kSeed: o->seed = static_cast<uint64_t>(number("--seed", optarg, 0, 1e15)); break;
+      case kSeed: o->seed = static_cast<uint64_t>(integer("--seed", optarg, 0, 1e15)); break;
       case kTolerance: o->tolerance = number("--tolerance", optarg, 0, 1e6); break;
       case 'h': std::fputs(kHelp, stdout); return false;
       default: unknown_option(argv, optind);

@@ -23,6 +23,7 @@
 namespace {
 
 using qccl_demo::check;
+using qccl_demo::integer;
 using qccl_demo::number;
 using qccl_demo::print_losses;
 using qccl_demo::refuse_operands;
@@ -135,10 +136,10 @@ bool parse(int argc, char** argv, Options* o) {
   int c;
   while ((c = getopt_long(argc, argv, "h", longs, nullptr)) != -1) {
     switch (c) {
-      case kDim: o->dim = static_cast<int>(number("--dim", optarg, 1, 1 << 24)); break;
-      case kRows: o->rows = static_cast<int>(number("--rows", optarg, 1, 1 << 24)); break;
-      case kBatch: o->batch = static_cast<int>(number("--batch", optarg, 1, 1 << 24)); break;
-      case kSteps: o->steps = static_cast<int>(number("--steps", optarg, 1, 1e9)); break;
+      case kDim: o->dim = static_cast<int>(integer("--dim", optarg, 1, 1 << 24)); break;
+      case kRows: o->rows = static_cast<int>(integer("--rows", optarg, 1, 1 << 24)); break;
+      case kBatch: o->batch = static_cast<int>(integer("--batch", optarg, 1, 1 << 24)); break;
+      case kSteps: o->steps = static_cast<int>(integer("--steps", optarg, 1, 1e9)); break;
       case kLr: o->lr = number("--lr", optarg, 1e-30, 1e6); break;
       case kLambda: o->lambda = number("--lambda", optarg, 0, 1e6); break;
       case kWire: o->wire = one_of("--wire", optarg, {"int8", "int16", "int32"}); break;
@@ -147,8 +148,8 @@ bool parse(int argc, char** argv, Options* o) {
         if (o->alpha != "lr" && o->alpha != "grad") number("--alpha", optarg, 1e-30, 3e38);
         break;
       case kRound: o->round = one_of("--round", optarg, {"stochastic", "nearest"}); break;
-      case kSeed: o->seed = static_cast<uint64_t>(number("--seed", optarg, 0, 1e15)); break;
-      case kEvery: o->every = static_cast<int>(number("--every", optarg, 1, 1e9)); break;
+      case kSeed: o->seed = static_cast<uint64_t>(integer("--seed", optarg, 0, 1e15)); break;
+      case kEvery: o->every = static_cast<int>(integer("--every", optarg, 1, 1e9)); break;
       case kTolerance: o->tolerance = number("--tolerance", optarg, 0, 1e6); break;
       case 'h': std::fputs(kHelp, stdout); return false;
       default: unknown_option(argv, optind);

@@ -22,6 +22,7 @@
 namespace {
 
 using qccl_demo::check;
+using qccl_demo::integer;
 using qccl_demo::number;
 using qccl_demo::print_losses;
 using qccl_demo::refuse_operands;
@@ -122,16 +123,16 @@ bool parse(int argc, char** argv, Options* o) {
   int c;
   while ((c = getopt_long(argc, argv, "h", longs, nullptr)) != -1) {
     switch (c) {
-      case kDim: o->dim = static_cast<int>(number("--dim", optarg, 1, 1 << 24)); break;
-      case kRows: o->rows = static_cast<int>(number("--rows", optarg, 1, 1 << 24)); break;
-      case kBatch: o->batch = static_cast<int>(number("--batch", optarg, 1, 1 << 24)); break;
-      case kSteps: o->steps = static_cast<int>(number("--steps", optarg, 1, 1e9)); break;
+      case kDim: o->dim = static_cast<int>(integer("--dim", optarg, 1, 1 << 24)); break;
+      case kRows: o->rows = static_cast<int>(integer("--rows", optarg, 1, 1 << 24)); break;
+      case kBatch: o->batch = static_cast<int>(integer("--batch", optarg, 1, 1 << 24)); break;
+      case kSteps: o->steps = static_cast<int>(integer("--steps", optarg, 1, 1e9)); break;
       case kLr: o->lr = number("--lr", optarg, 0, 1e6); break;
       case kEta: o->eta_s = number("--eta-s", optarg, 1e-30, 1e30); break;
-      case kK: o->k = static_cast<long>(number("--k", optarg, 0, 4294967295.0)); break;
+      case kK: o->k = static_cast<long>(integer("--k", optarg, 0, 4294967295.0)); break;
       case kTopology: o->topology = optarg; break;
-      case kSeed: o->seed = static_cast<uint64_t>(number("--seed", optarg, 0, 1e15)); break;
-      case kEvery: o->every = static_cast<int>(number("--every", optarg, 1, 1e9)); break;
+      case kSeed: o->seed = static_cast<uint64_t>(integer("--seed", optarg, 0, 1e15)); break;
+      case kEvery: o->every = static_cast<int>(integer("--every", optarg, 1, 1e9)); break;
       case kTolerance: o->tolerance = number("--tolerance", optarg, 0, 1e6); break;
       case 'h': std::fputs(kHelp, stdout); return false;
       default: unknown_option(argv, optind);

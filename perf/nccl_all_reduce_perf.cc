@@ -4,13 +4,16 @@
 //   qcclrun -n 4 -- build/perf/nccl_all_reduce_perf [-b 1M] [-e 64M] [-f 64] [-n 20] [-w 3]
 // Under the drop-in, QCCL_NCCL_CODEC compresses as it would any NCCL program's calls. The first
 // communicator's id travels from rank 0 through a file named after qcclrun's job (QCCL_MAGIC).
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,7 +48,12 @@ static void usage(FILE* to, const char* program) {
   fprintf(to,
           "usage: qcclrun -n N -- %s [-b BYTES] [-e BYTES] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
           "  float sums in place from -b to -e (default 1M to 64M, K/M/G suffixes), the size times -f\n"
-          "  (default 64) from row to row; -n timed (default 20) after -w untimed (default 3) calls\n",
+          "  (default 64) from row to row; -n timed (default 20) after -w untimed (default 3) calls\n"
+          "  (-f, -n and -w are whole numbers). Each size starts from 1.0 in every element; in place,\n"
+          "  each call multiplies the values by the rank count, so enough calls reach Inf (float: about\n"
+          "  127 / log2(ranks) calls; under QCCL_NCCL_CODEC=fp16, 65504: about 16 / log2(ranks)), and\n"
+          "  the drop-in returns success on such data. A row whose timed calls ended on Inf or NaN is\n"
+          "  followed by a line saying so; a smaller -n or -w keeps the timed data finite.\n",
           program);
 }
 
@@ -62,6 +70,17 @@ static bool parse_size(const char* s, size_t* out) {
   return true;
 }
 
+// A whole number in [lo, hi] in plain decimal (-n, -w and -f count calls and steps: "1K" or "1.9" is
+// more likely a mistake than 1024 or 1), or false.
+static bool parse_count(const char* s, long lo, long hi, long* out) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = strtol(s, &end, 10);
+  if (!(*s >= '0' && *s <= '9') || *end || errno || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
 static int env_int(const char* name, int fallback) {
   const char* v = getenv(name);
   return v && *v ? atoi(v) : fallback;
@@ -74,22 +93,31 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(stdout, argv[0]), 0;
     const char* flag = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    size_t v = 0;
     const bool known = flag[0] == '-' && flag[1] && strchr("befnw", flag[1]) && !flag[2];
-    if (!known || !value || !parse_size(value, &v)) {
+    if (!known || !value) {
       fprintf(stderr, "%s: bad or incomplete option '%s%s%s'\n", argv[0], flag, value ? " " : "", value ? value : "");
       return usage(stderr, argv[0]), 2;
     }
+    const bool is_size = flag[1] == 'b' || flag[1] == 'e';
+    const long lo = flag[1] == 'w' ? 0 : 1;
+    size_t size = 0;
+    long count = 0;
+    if (is_size ? !parse_size(value, &size) : !parse_count(value, lo, 1L << 30, &count)) {
+      fprintf(stderr, "%s: invalid value '%s' for %s (expected %s)\n", argv[0], value, flag,
+              is_size ? "a number of bytes with an optional K, M or G suffix"
+                      : (lo ? "a whole number from 1 to 1073741824" : "a whole number from 0 to 1073741824"));
+      return usage(stderr, argv[0]), 2;
+    }
     switch (flag[1]) {
-      case 'b': min_bytes = v; break;
-      case 'e': max_bytes = v; break;
-      case 'f': factor = v; break;
-      case 'n': iters = static_cast<int>(v); break;
-      case 'w': warmup = static_cast<int>(v); break;
+      case 'b': min_bytes = size; break;
+      case 'e': max_bytes = size; break;
+      case 'f': factor = static_cast<size_t>(count); break;
+      case 'n': iters = static_cast<int>(count); break;
+      case 'w': warmup = static_cast<int>(count); break;
     }
   }
-  if (iters < 1 || min_bytes > max_bytes || (min_bytes == 0 && factor > 1 && max_bytes > 0)) {
-    fprintf(stderr, "%s: -n must be at least 1, -b at most -e, and -b above 0 when -f > 1\n", argv[0]);
+  if (min_bytes > max_bytes || (min_bytes == 0 && factor > 1 && max_bytes > 0)) {
+    fprintf(stderr, "%s: -b must be at most -e, and above 0 when -f > 1\n", argv[0]);
     return 2;
   }
   const int rank = env_int("QCCL_RANK", 0), nranks = env_int("QCCL_NRANKS", 1);
@@ -127,8 +155,10 @@ int main(int argc, char** argv) {
     printf("# %12s %12s %10s %10s %10s\n", "bytes", "count", "time(us)", "algbw", "busbw");
   }
   std::vector<float> x(max_bytes / sizeof(float), 1.0f);
-  for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
+  for (size_t bytes = min_bytes;; bytes *= factor) {
     const size_t count = bytes / sizeof(float);
+    // In place, every call multiplies the values by nranks: each size starts again from 1.0 (untimed).
+    std::fill(x.begin(), x.begin() + count, 1.0f);
     for (int i = 0; i < warmup; ++i)
       if (!all_reduce_f32(x.data(), count, comm)) return fprintf(stderr, "all-reduce: %s\n", last_error()), 1;
     double sync = 0;
@@ -140,7 +170,11 @@ int main(int argc, char** argv) {
     if (!max_f64(&seconds, comm)) return fprintf(stderr, "max: %s\n", last_error()), 1;  // the slowest rank
     const double algbw = bytes / seconds / 1e9, busbw = algbw * 2.0 * (nranks - 1) / nranks;
     if (rank == 0) printf("  %12zu %12zu %10.1f %10.3f %10.3f\n", bytes, count, seconds * 1e6, algbw, busbw);
-    if (factor <= 1) break;
+    // The drop-in returns success where qccl says qcclNonFinite (NCCL has no such result): look at the data.
+    if (rank == 0 && !std::all_of(x.begin(), x.begin() + count, [](float v) { return std::isfinite(v); }))
+      printf("# the row above timed Inf or NaN: its in-place sums outgrew the range (lower -n or -w)\n");
+    // The next size, unless it passes -e, never grows (-f 1, -b 0) or would wrap size_t.
+    if (factor <= 1 || bytes == 0 || bytes > max_bytes / factor) break;
   }
   finish(comm);
   return 0;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +34,15 @@ long parse_int(const char* option, const char* s, long lo, long hi) {
   if (v < lo || v > hi) {
     bad_value(option, s, ("out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]").c_str());
   }
+  return v;
+}
+
+// A finite number >= 0 (0.01, 1e-2): what --max-relerr takes.
+double parse_bound(const char* option, const char* s) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s, &end);
+  if (errno || end == s || *end || !(v >= 0) || !std::isfinite(v)) bad_value(option, s, "expected a number >= 0");
   return v;
 }
 
@@ -104,7 +114,7 @@ std::vector<std::string> parse_codecs(const char* option, const char* s) {
   return specs;
 }
 
-enum LongOnly { kAlgo = 256, kChunk, kDepth, kLinkRate, kCodec, kDevice, kPhases };
+enum LongOnly { kAlgo = 256, kChunk, kDepth, kLinkRate, kCodec, kDevice, kPhases, kMaxRelerr };
 constexpr option kLongOptions[] = {
     {"minbytes", required_argument, nullptr, 'b'},  {"maxbytes", required_argument, nullptr, 'e'},
     {"stepfactor", required_argument, nullptr, 'f'}, {"stepbytes", required_argument, nullptr, 'i'},
@@ -118,7 +128,7 @@ constexpr option kLongOptions[] = {
     {"codec", required_argument, nullptr, kCodec},  {"device", no_argument, nullptr, kDevice},
     {"phases", no_argument, nullptr, kPhases},      {"help", no_argument, nullptr, 'h'},
     {"nthreads", required_argument, nullptr, 't'},  {"ngpus", required_argument, nullptr, 'g'},
-    {"agg_iters", required_argument, nullptr, 'm'},
+    {"agg_iters", required_argument, nullptr, 'm'}, {"max-relerr", required_argument, nullptr, kMaxRelerr},
     {nullptr, 0, nullptr, 0}};
 
 // The option's spelling for messages: "-n/--iters".
@@ -157,6 +167,7 @@ void apply_option(int c, const char* arg, Options* o) {
     case kDepth: o->depth = int(parse_int(n, arg, 1, 64)); break;  // qcclConfig_t.pipelineDepth's range
     case kLinkRate: o->link_rate = parse_rate(n, arg); break;
     case kCodec: o->codecs = parse_codecs(n, arg); break;
+    case kMaxRelerr: o->max_relerr = parse_bound(n, arg); break;
     case kPhases: o->phases = true; break;
     case kDevice:
 #ifndef QCCL_PERF_CUDA
@@ -234,20 +245,36 @@ OPTIONS
                              --codec q8,q4:round=stochastic,fp16 (a key=value piece continues the
                              spec before it; any other piece starts one). Adds three columns to each half
                              of the table: wire (bytes this rank sent), ratio (uncompressed bytes /
-                             sent) and relerr (||out - exact|| / ||exact|| over all ranks, with -c;
-                             #wrong is then N/A, as a lossy result is not exact). Marsit's sign
-                             and IntSGD's int codecs run in all_reduce_perf only, AQ-SGD's aq
-                             codecs (aq4:channels=1600, ...) in sendrecv_perf only. The sign
-                             codec (sign:eta_s=E,...) runs float32 avg only, with one codec state
-                             per size; its relerr is N/A (it estimates the average of the signs),
-                             and its rounds follow k= (k=0: sign rounds only). IntSGD's codecs
-                             (int8, int16, int32) also keep one state per size: the untimed first
-                             call is their exact round, the timed ones are integer rounds under
-                             the adaptive alpha (alpha=lr runs with learning rate 1). Their relerr
+                             sent) and relerr (||out - exact|| / ||exact|| over all ranks, the
+                             largest of the -c checks; ||out|| where exact is all zeros). #wrong
+                             is then N/A, as a lossy result is not exact: a finite relerr passes
+                             unless --max-relerr bounds it. A relerr that is not finite fails the
+                             cell, and so does a checked call that returns qcclNonFinite (relerr
+                             nan): the checks' inputs are small integers. In place, a sum's output
+                             is a later timed call's input, so the values grow by the rank count
+                             per call; a call whose values outgrow the datatype (half: 65504)
+                             returns qcclNonFinite, is timed as it ran, and is counted in the
+                             footer ("Non-finite results"); -o avg or a smaller -n keeps the timed
+                             values finite. Marsit's sign and IntSGD's int codecs run in
+                             all_reduce_perf only, AQ-SGD's aq codecs (aq4:channels=1600, ...) in
+                             sendrecv_perf only. The sign codec (sign:eta_s=E,...) runs float32
+                             avg only, with one codec state per size; its relerr is N/A (it
+                             estimates the average of the signs), and its rounds follow k= (k=0:
+                             sign rounds only). IntSGD's codecs (int8, int16, int32) also keep one
+                             state per size: the untimed first call is their exact round, the
+                             timed ones are integer rounds under the adaptive alpha (alpha=lr runs
+                             with learning rate 1). States are made afresh for every datatype and
+                             op, so that a cell gives what it gives alone. IntSGD's relerr
                              is what Proposition 2 asks for: the rounding noise is of the order of
                              the average itself (about 0.7), and more where the timed in-place
                              rounds grew the values the state learned alpha from; a fixed alpha=A
                              shows the codec's own precision. Default: off
+        --max-relerr E       with --codec: a cell whose relerr exceeds E fails (it counts in the
+                             footer's "Out of bounds values", and the exit status is 1), e.g.
+                             --max-relerr 0.01: one E for every codec of the list (each codec's
+                             own per-element bounds are in docs/PERF.md). The sign codec's relerr
+                             is N/A, so its cells are not bounded. Needs -c 1 or more. Without it,
+                             relerr is reported, not bounded, and the footer says so (default: off)
         --link-rate RATE     the rate of each rank's link, in tc(8) units (100mbit, 1gbit, 10gbit;
                              "bps" = bytes/s), e.g. the RATE of qcclrun --netem: adds two columns to
                              each half of the table, the wire floor (the time the busbw definition
@@ -296,7 +323,9 @@ OUTPUT
 
     The four columns appear twice: out of place (separate buffers), then in place (the output overlays
     the input as qccl.h defines it for @C@).@INPLACE@ The footer gives the number of
-    cells with #wrong > 0 ("Out of bounds values") and the mean busbw of all cells.
+    cells with #wrong > 0 ("Out of bounds values"; with --codec, cells whose relerr is not finite or
+    exceeds --max-relerr, and whether relerr was bounded) and the mean busbw of all cells; with
+    --codec, a "Non-finite results" line when timed calls returned qcclNonFinite (see --codec).
 
 BANDWIDTH (n = number of ranks, t = time)
 @BW@
@@ -316,11 +345,12 @@ ENVIRONMENT
                              value in GB/s; the footer then ends in OK or FAILED. NCCL_TESTS_MIN_BW is
                              read when it is unset.
     QCCL_*                   the library's settings (QCCL_DEBUG, QCCL_TIMEOUT, QCCL_ALGO, ...); options
-                             above take precedence.
+                             above take precedence.@CODECENV@
 
 EXIT STATUS
     0  every check passed
-    1  a check found wrong elements, a qccl call failed (its qcclGetLastError line goes to stderr), or
+    1  a check found wrong elements (with --codec: a relerr that is not finite or exceeds
+       --max-relerr), a qccl call failed (its qcclGetLastError line goes to stderr), or
        QCCL_TESTS_MIN_BW was not met
     2  a bad command line (the message names the option)
 
@@ -367,6 +397,12 @@ void print_help(const CollTest& t) {
   replace_all(&text, "@INPLACE@",
               t.has_in_place ? "" : "\n    For this collective in place is undefined in qccl, so those columns print N/A.");
   replace_all(&text, "@BW@", t.bw_help);
+  // QCCL_CODEC compresses plain qcclAllReduce calls only (README, "Environment variables").
+  constexpr const char kCodecEnv[] = R"(
+    QCCL_CODEC               compresses the plain qcclAllReduce calls timed here (without --codec):
+                             the exact check then counts the lossy outputs as #wrong and the run
+                             fails, as expected; --codec times a codec and reports its relerr.)";
+  replace_all(&text, "@CODECENV@", t.all_reduce_codecs ? kCodecEnv : "");
   replace_all(&text, "@OPEX@", t.reduces ? " sum" : "");
   replace_all(&text, "@ALLEX@", t.reduces ? " -o all" : "");
   replace_all(&text, "@ALLEXT@", t.reduces ? " and op" : "");
@@ -411,6 +447,10 @@ bool parse_options(int argc, char** argv, const CollTest& test, Options* o) {
   if (!o->codecs.empty() && !test.compressible)
     throw UsageError(std::string("--codec: ") + test.name +
                      "_perf does not compress (all_reduce_perf, all_gather_perf, reduce_scatter_perf and sendrecv_perf do)");
+  // A bound that nothing is held to would read as a pass: refuse it where no relerr is measured.
+  if (o->max_relerr >= 0 && o->codecs.empty())
+    throw UsageError("--max-relerr bounds the relerr of --codec's cells (without --codec, every element is exact)");
+  if (o->max_relerr >= 0 && o->check == 0) throw UsageError("--max-relerr needs checked operations (-c 1 or more)");
   return true;
 }
 

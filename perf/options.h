@@ -30,6 +30,7 @@ struct Options {
   int chunk = QCCL_CONFIG_UNDEF_INT, depth = QCCL_CONFIG_UNDEF_INT;
   double link_rate = 0;  // --link-rate, bytes/s; > 0 adds the wire-floor columns
   std::vector<std::string> codecs;  // --codec: one sweep per spec
+  double max_relerr = -1;            // --max-relerr: >= 0 fails a compressed cell whose relerr exceeds it
   bool device = false;               // --device: buffers in CUDA device memory
   bool phases = false;               // --phases: where rank 0's time went, per timed operation
 };

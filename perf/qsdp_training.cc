@@ -20,6 +20,7 @@
 namespace {
 
 using qccl_demo::check;
+using qccl_demo::integer;
 using qccl_demo::number;
 using qccl_demo::refuse_operands;
 using qccl_demo::unknown_option;
@@ -99,14 +100,14 @@ bool parse(int argc, char** argv, Options* o) {
   int c;
   while ((c = getopt_long(argc, argv, "h", longs, nullptr)) != -1) {
     switch (c) {
-      case kFeatures: o->features = static_cast<int>(number("--features", optarg, 1, 1 << 20)); break;
-      case kClasses: o->classes = static_cast<int>(number("--classes", optarg, 2, 1 << 12)); break;
-      case kRows: o->rows = static_cast<int>(number("--rows", optarg, 1, 1 << 22)); break;
-      case kBatch: o->batch = static_cast<int>(number("--batch", optarg, 1, 1 << 22)); break;
-      case kSteps: o->steps = static_cast<int>(number("--steps", optarg, 1, 1e9)); break;
+      case kFeatures: o->features = static_cast<int>(integer("--features", optarg, 1, 1 << 20)); break;
+      case kClasses: o->classes = static_cast<int>(integer("--classes", optarg, 2, 1 << 12)); break;
+      case kRows: o->rows = static_cast<int>(integer("--rows", optarg, 1, 1 << 22)); break;
+      case kBatch: o->batch = static_cast<int>(integer("--batch", optarg, 1, 1 << 22)); break;
+      case kSteps: o->steps = static_cast<int>(integer("--steps", optarg, 1, 1e9)); break;
       case kLr: o->lr = number("--lr", optarg, 1e-30, 1e6); break;
-      case kBucket: o->bucket = static_cast<int>(number("--bucket", optarg, 8, 1 << 20)); break;
-      case kSeed: o->seed = static_cast<uint64_t>(number("--seed", optarg, 0, 1e15)); break;
+      case kBucket: o->bucket = static_cast<int>(integer("--bucket", optarg, 8, 1 << 20)); break;
+      case kSeed: o->seed = static_cast<uint64_t>(integer("--seed", optarg, 0, 1e15)); break;
       case kTolerance: o->tolerance = number("--tolerance", optarg, 0, 1e6); break;
       case 'h': std::fputs(kHelp, stdout); return false;
       default: unknown_option(argv, optind);

@@ -23,7 +23,7 @@ usage() {
 usage: perf/run_perf.sh [--quick] [--build DIR] [--out FILE] [--update DOC] [--repeats R]
                         [--qccl-z N] [--no-shm] [--no-netem] [--no-fast] [--raw DIR] [--plots DIR]
   --quick       fewer sizes, one repeat, small -n: a smoke test of the whole pipeline (minutes)
-  --build DIR   the qccl build directory (default: build)
+  --build DIR   the qccl build directory (default: the repository's build)
   --out FILE    write the generated Markdown to FILE (default: stdout)
   --update DOC  replace the text between "<!-- BEGIN run_perf.sh -->" and "<!-- END run_perf.sh -->"
                 in DOC (e.g. docs/PERF.md) with the generated Markdown
@@ -37,12 +37,13 @@ usage: perf/run_perf.sh [--quick] [--build DIR] [--out FILE] [--update DOC] [--r
   --plots DIR   draw the sweeps into DIR (perf/plot_perf.py: busbw against size per library, the
                 emulated network's time beside its floor) and show them in the Markdown, linked
                 relative to the document (--update, --out) or to DIR
+Relative paths are taken from the directory the script is started in.
 EOF
 }
 
 # ---- Options --------------------------------------------------------------------------------------
 readonly ORIG_ARGS="$*"
-BUILD=build OUT="" UPDATE="" QUICK=0 REPEATS="" QCCL_Z=2 SHM=1 NETEM=1 FAST=1 RAW="" PLOTS=""
+BUILD="" OUT="" UPDATE="" QUICK=0 REPEATS="" QCCL_Z=2 SHM=1 NETEM=1 FAST=1 RAW="" PLOTS=""
 while (($#)); do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -95,8 +96,13 @@ log() { printf '[run_perf %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { printf 'run_perf.sh: %s\n' "$*" >&2; exit 1; }
 
 # ---- Binaries ---------------------------------------------------------------------------------------
+# The paths given are the caller's: made absolute before the script moves to the repository.
+for var in BUILD OUT UPDATE RAW PLOTS; do
+  if [[ -n ${!var} && ${!var} != /* ]]; then printf -v "$var" '%s' "$PWD/${!var}"; fi
+done
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
+BUILD=${BUILD:-$REPO/build}
 [[ -d $BUILD ]] || die "build directory '$BUILD' not found (configure with: cmake -S . -B $BUILD -G Ninja)"
 BUILD=$(cd "$BUILD" && pwd)
 # Command lines are built as strings and split on spaces (so that the doc can print them as run).
@@ -185,6 +191,10 @@ command_for() {
   local launcher="$QCCLRUN -n $nranks --no-prefix --timeout $RUN_TIMEOUT${netem:+ --netem $netem}"
   case $impl in
     qccl|qccl:*)  # qccl:CODEC compresses with --codec CODEC (Marsit's sign codec averages)
+      # -c 0: all_reduce_perf's check compares every element with a generator evaluated for every rank:
+      # a 256 MiB row with 2 ranks took 74 s checked against 12 s unchecked here, which would take this
+      # run from some 12 minutes past an hour. The same binary's checks run in ctest (tests/perf:
+      # perf_all_reduce_3_ranks, and perf_all_reduce_codecs_3_ranks through the codecs).
       local codec="" op=sum
       [[ $impl == qccl:* ]] && codec=" --codec ${impl#qccl:}"
       [[ $impl == qccl:sign* ]] && op=avg
@@ -245,7 +255,8 @@ collect() {
 }
 
 # Runs one benchmark (retried once: a single flake should not cost a 10-minute measurement) and
-# collects its table. Fails the script when a check finds wrong elements.
+# collects its table. Fails the script when a check finds wrong elements: Open MPI's and Gloo's runs
+# check (-c 1), qccl's do not (-c 0, see command_for).
 run_one() {
   local phase=$1 impl=$2 nranks=$3 rep=$4 seg=$5 netem=${6:-}
   local b e f n

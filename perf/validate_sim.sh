@@ -29,29 +29,39 @@
 #                  points) instead of measuring again: for comparing a changed model
 #   --allow-missing  with --measured: skip the points the table has no row for
 #   --quick        one rate (1gbit), topologies "2 4:2", codecs "none q8"
-# Sizes: 4 MiB at 100 Mbit/s and below, 16 MiB above. Needs root (qcclrun --netem).
+# Sizes: 4 MiB at 100 Mbit/s and below, 16 MiB above. Needs root (qcclrun --netem). Relative paths
+# are taken from the directory the script is started in.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+
+# A path given on the command line is the caller's, resolved before the script moves to the repository.
+from_caller() { if [[ $1 == /* ]]; then printf '%s\n' "$1"; else printf '%s\n' "$PWD/$1"; fi; }
 
 BUILD=build REPS=3 ITERS=5 RATES="100mbit 1gbit" RANKS="2 4 4:2 8 8:4"
 CODECS="none fp16 q8 q4 sign:eta_s=0.01 int8 fft" MODEL="" MEASURED="" ALLOW_MISSING=0 CHUNK=
 while (($#)); do
   case $1 in
-    --build) BUILD=$2; shift 2 ;;
+    --build|--reps|--iters|--rates|--ranks|--codecs|--model|--measured|--chunk)
+      (($# >= 2)) || { echo "validate_sim.sh: $1 needs a value" >&2; exit 2; } ;;
+  esac
+  case $1 in
+    --build) BUILD=$(from_caller "$2"); shift 2 ;;
     --reps) REPS=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
     --rates) RATES=$2; shift 2 ;;
     --ranks) RANKS=$2; shift 2 ;;
     --codecs) CODECS=$2; shift 2 ;;
-    --model) MODEL=$2; shift 2 ;;
-    --measured) MEASURED=$2; shift 2 ;;
+    --model) MODEL=$(from_caller "$2"); shift 2 ;;
+    --measured) MEASURED=$(from_caller "$2"); shift 2 ;;
     --allow-missing) ALLOW_MISSING=1; shift ;;
     --quick) RATES=1gbit RANKS="2 4:2" CODECS="none q8"; shift ;;
     --chunk) CHUNK=$2; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "validate_sim.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
   esac
 done
+[[ $REPS =~ ^[1-9][0-9]*$ && $ITERS =~ ^[1-9][0-9]*$ ]] ||
+  { echo "validate_sim.sh: --reps and --iters take a count >= 1 (got '$REPS', '$ITERS')" >&2; exit 2; }
+cd "$(dirname "$0")/.."  # the default build folder is the repository's
 QCCLRUN=$BUILD/tools/qcclrun PERF=$BUILD/perf/all_reduce_perf SIM=$BUILD/sim/qccl_sim
 needed=("$SIM")
 [[ -z $MEASURED ]] && needed+=("$QCCLRUN" "$PERF")
