@@ -518,7 +518,10 @@ QCCL_API qcclResult_t qcclCodecStateSetLearningRate(qcclCodecState_t state, doub
 /* A store of many tensors' codec states by a 64-bit key the caller chooses (a parameter's or bucket's
  * id), for frameworks that compress many tensors: calls on states of different keys run concurrently,
  * calls on one key in call order. budgetBytes bounds the memory of the store's states (0: only the
- * communicator's QCCL_CODEC_STATE_BUDGET, which also counts them). Thread-safe. */
+ * communicator's QCCL_CODEC_STATE_BUDGET, which also counts them). A key's random rounding draws
+ * from a stream of its own (the key mixed into the codec's seed), so that tensors rounded at the same
+ * step have independent errors; states made alone with qcclCodecStateCreate share the codec's seed
+ * (give each tensor's codec its own seed=S for the same). Thread-safe. */
 QCCL_API qcclResult_t qcclCodecStoreCreate(qcclComm_t comm, size_t budgetBytes, qcclCodecStore_t* store);
 /* Frees the store and its states' handles (calls in flight keep their states alive). */
 QCCL_API qcclResult_t qcclCodecStoreDestroy(qcclCodecStore_t store);

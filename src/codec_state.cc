@@ -293,6 +293,13 @@ CodecStore::CodecStore(std::shared_ptr<StateBudget> comm_budget, size_t limit)
     : budget_(std::make_shared<StateBudget>(limit ? limit : ~size_t{0}, std::move(comm_budget), "the store's budget")) {
 }
 
+void CodecState::set_rounding_key(uint64_t key) {
+  uint64_t z = key + 0x9e3779b97f4a7c15ull;  // splitmix64: keys 0, 1, 2 ... far apart
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  rounding_salt_ = z ^ (z >> 31);
+}
+
 std::shared_ptr<CodecState> CodecStore::get(uint64_t key, size_t count) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = states_.find(key);
@@ -303,6 +310,7 @@ std::shared_ptr<CodecState> CodecStore::get(uint64_t key, size_t count) {
     return it->second;
   }
   auto state = std::make_shared<CodecState>(budget_, count);
+  state->set_rounding_key(key);
   states_.emplace(key, state);
   return state;
 }
@@ -371,6 +379,7 @@ void CodecStore::load(const void* buffer, size_t bytes) {
     uint64_t count = 0;  // the state's count sits after its magic and version
     for (int b = 0; b < 8; ++b) count |= uint64_t{blob[8 + b]} << (8 * b);
     auto state = std::make_shared<CodecState>(budget_, static_cast<size_t>(count));
+    state->set_rounding_key(key);
     try {
       state->load(blob, static_cast<size_t>(length));
     } catch (const Error& e) {

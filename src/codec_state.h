@@ -56,6 +56,11 @@ class CodecState : public std::enable_shared_from_this<CodecState> {
   uint64_t step() const { return step_; }
   double learning_rate() const { return learning_rate_; }
   void set_learning_rate(double lr) { learning_rate_ = lr; }
+  // What the codec's seed is mixed with to key this state's random rounding: a store's state draws
+  // from its key's own stream, so that two tensors at the same step do not round with the same
+  // numbers (correlated errors: shared/specs/qsdp.md F6); a state made alone draws from the seed.
+  uint64_t rounding_salt() const { return rounding_salt_; }
+  void set_rounding_key(uint64_t key);
   coll::StateView view() const { return coll::StateView{count_, learning_rate_}; }
 
   // The state of `method` for this codec, made (and charged) at the first call that needs one.
@@ -94,6 +99,7 @@ class CodecState : public std::enable_shared_from_this<CodecState> {
   const size_t count_;
   uint64_t step_ = 0;
   double learning_rate_ = 0;
+  uint64_t rounding_salt_ = 0;
   const coll::Method* method_ = nullptr;  // the method that first used the state
   std::unique_ptr<coll::MethodState> state_;
   size_t charged_ = 0;

@@ -420,7 +420,8 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     // a training step from a checkpoint draws the same numbers), else by the sequence number.
     if (record->state) codec_step = record->state->take_step();
     const uint64_t step = record->state ? codec_step : identity.sequence;
-    args.rng = kernels::PhiloxKey{args.codec->seed, step, static_cast<uint32_t>(rank_), 0};
+    const uint64_t salt = record->state ? record->state->rounding_salt() : 0;
+    args.rng = kernels::PhiloxKey{args.codec->seed ^ salt, step, static_cast<uint32_t>(rank_), 0};
     args.aggregators = aggregators();
     // The codec's method binds the call to the state it keeps (made, and charged, at submission).
     const coll::Method* method = coll::method_for(*args.codec);

@@ -1,7 +1,7 @@
 // Keyed codec states through the C API on real processes (src/codec_state.h, qcclCodecStore*): many
 // tensors' error-feedback states in one store, their calls in flight together (per key in call order),
-// a checkpoint of the whole store that replays the same bits, erased keys, a store's own budget, and
-// handles that refuse to be destroyed outside their store.
+// a checkpoint of the whole store that replays the same bits, a random stream per key, erased keys, a
+// store's own budget, and handles that refuse to be destroyed outside their store.
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -96,6 +96,28 @@ TEST_CASE("keyed states: a store checkpoint replays a round bit for bit", "[code
   Store other(w.comm(), 0);
   QCCL_REQUIRE_OK(qcclCodecStoreLoad(other.handle, checkpoint.data(), checkpoint.size()));
   CHECK(run_round(other.handle, codec, 1, false) == first);
+}
+
+// Two tensors rounded at the same step with the same numbers would have correlated errors
+// (shared/specs/qsdp.md F6): each key draws from its own stream, the same in every store.
+TEST_CASE("keyed states: each key rounds with its own random stream, the same in every store", "[codec_state]") {
+  World& w = World::get();
+  if (w.size() == 1) return;  // one rank encodes nothing
+  Codec codec("q2:round=stochastic,seed=9");
+  Store store(w.comm(), 0), other(w.comm(), 0);
+  std::vector<float> in(5000);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = input(w.rank(), 0, 0, i);
+  auto reduce = [&](qcclCodecStore_t s, uint64_t key) {
+    qcclCodecState_t state = nullptr;
+    QCCL_REQUIRE_OK(qcclCodecStoreGet(s, key, in.size(), &state));
+    std::vector<float> out(in.size());
+    QCCL_REQUIRE_OK(
+        qcclAllReduceCompressed(in.data(), out.data(), in.size(), qcclFloat32, qcclAvg, codec.handle, state, w.comm()));
+    return out;
+  };
+  const std::vector<float> first = reduce(store.handle, 1), second = reduce(store.handle, 2);
+  CHECK(first != second);  // the same inputs at step 0: only the stream differs
+  CHECK(reduce(other.handle, 1) == first);
 }
 
 TEST_CASE("keyed states: handles, erased keys, and a store's own budget", "[codec_state]") {
