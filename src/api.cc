@@ -114,14 +114,24 @@ void require_out(T* p, const char* name) {
   if (!p) fail(qcclInvalidArgument, "%s is NULL", name);
 }
 
-// The codec state behind a handle (a store's handle whose key was erased has none).
-CodecState& state_of(qcclCodecState_t state) {
+// A store's lock, held while a handle of the store is read (qcclCodecStoreLoad repoints its handles
+// from other threads; a store is thread-safe); none for a state made alone.
+std::unique_lock<std::mutex> lock_store_of(qcclCodecState_t state) {
+  return state && state->store ? std::unique_lock<std::mutex>(state->store->mu) : std::unique_lock<std::mutex>();
+}
+
+// The codec state behind a handle (a store's handle whose key was erased has none), read under the
+// store's lock when `store_lock` (lock_store_of) holds it.
+std::shared_ptr<CodecState> state_of(qcclCodecState_t state, const std::unique_lock<std::mutex>& store_lock) {
+  (void)store_lock;  // held by the caller: the handle's state is read below
   require_out(state, "state");
   if (!state->state)
     fail(qcclInvalidUsage, "state: key %llu was erased from its store (qcclCodecStoreGet makes it anew)",
          static_cast<unsigned long long>(state->key));
-  return *state->state;
+  return state->state;
 }
+
+std::shared_ptr<CodecState> state_of(qcclCodecState_t state) { return state_of(state, lock_store_of(state)); }
 
 qcclCodecStore& store_of(qcclCodecStore_t store) {
   if (!store || !store->impl) fail(qcclInvalidArgument, "store is NULL (make one with qcclCodecStoreCreate)");
@@ -216,7 +226,10 @@ void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCo
   record->comm = comm->impl;
   if (compressed) {
     if (state) {
-      record->state = state_of(state).shared_from_this();
+      // Under the store's lock: its Load and Save refuse while calls are in flight, and check that
+      // under it, so a call begins either before (and is seen) or after (on the restored state).
+      const std::unique_lock<std::mutex> store_lock = lock_store_of(state);
+      record->state = state_of(state, store_lock);
       record->state_call = record->state->begin_call(&c);
     }
     record->serial = record->state.get();
@@ -679,33 +692,33 @@ QCCL_API qcclResult_t qcclCodecStateDestroy(qcclCodecState_t state) {
 
 QCCL_API qcclResult_t qcclCodecStateSize(qcclCodecState_t state, size_t* bytes) {
   return api_call("qcclCodecStateSize", [&] {
-    CodecState& s = state_of(state);
+    const std::shared_ptr<CodecState> s = state_of(state);
     require_out(bytes, "bytes");
-    *bytes = s.serialized_bytes();
+    *bytes = s->serialized_bytes();
   });
 }
 
 QCCL_API qcclResult_t qcclCodecStateSave(qcclCodecState_t state, void* buffer, size_t bytes) {
   return api_call("qcclCodecStateSave", [&] {
-    CodecState& s = state_of(state);
+    const std::shared_ptr<CodecState> s = state_of(state);
     require_out(buffer, "buffer");
-    s.save(buffer, bytes);
+    s->save(buffer, bytes);
   });
 }
 
 QCCL_API qcclResult_t qcclCodecStateLoad(qcclCodecState_t state, const void* buffer, size_t bytes) {
   return api_call("qcclCodecStateLoad", [&] {
-    CodecState& s = state_of(state);
+    const std::shared_ptr<CodecState> s = state_of(state);
     require_out(buffer, "buffer");
-    s.load(buffer, bytes);
+    s->load(buffer, bytes);
   });
 }
 
 QCCL_API qcclResult_t qcclCodecStateSetLearningRate(qcclCodecState_t state, double lr) {
   return api_call("qcclCodecStateSetLearningRate", [&] {
-    CodecState& s = state_of(state);
+    const std::shared_ptr<CodecState> s = state_of(state);
     if (!(lr > 0) || !std::isfinite(lr)) fail(qcclInvalidArgument, "lr = %g: a learning rate is positive and finite", lr);
-    s.set_learning_rate(lr);
+    s->set_learning_rate(lr);
   });
 }
 
@@ -763,6 +776,7 @@ QCCL_API qcclResult_t qcclCodecStoreSave(qcclCodecStore_t store, void* buffer, s
   return api_call("qcclCodecStoreSave", [&] {
     qcclCodecStore& s = store_of(store);
     require_out(buffer, "buffer");
+    std::lock_guard<std::mutex> lock(s.mu);  // no call begins meanwhile (submit)
     s.impl->save(buffer, bytes);
   });
 }

@@ -3,6 +3,7 @@
 // a checkpoint of the whole store that replays the same bits, a random stream per key, erased keys, a
 // store's own budget, and handles that refuse to be destroyed outside their store.
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -118,6 +119,42 @@ TEST_CASE("keyed states: each key rounds with its own random stream, the same in
   const std::vector<float> first = reduce(store.handle, 1), second = reduce(store.handle, 2);
   CHECK(first != second);  // the same inputs at step 0: only the stream differs
   CHECK(reduce(other.handle, 1) == first);
+}
+
+// A store is thread-safe: a Load on one thread repoints the handles another thread is calling with.
+// The call read its handle's state without the store's lock (the Load freed it under the call: heap
+// corruption within seconds), and began after the Load's check for calls in flight. One rank: a
+// Load moves this rank's step alone, which other ranks would refuse as a mismatch.
+TEST_CASE("keyed states: a store's loads on one thread while another calls on its key", "[codec_state]") {
+  World& w = World::get();
+  if (w.size() != 1) return;
+  Codec codec("q8:ef=on");
+  Store store(w.comm(), 0);
+  qcclCodecState_t state = nullptr;
+  QCCL_REQUIRE_OK(qcclCodecStoreGet(store.handle, 1, 64, &state));
+  std::vector<float> x(64, 1.0f), y(64);
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), y.data(), 64, qcclFloat32, qcclSum, codec.handle, state, w.comm()));
+  const std::vector<uint8_t> checkpoint = save(store.handle);
+  std::atomic<bool> stop{false};
+  std::atomic<int> loaded{0}, refused{0}, wrong{0};
+  std::thread loader([&] {
+    while (!stop.load()) {
+      const qcclResult_t r = qcclCodecStoreLoad(store.handle, checkpoint.data(), checkpoint.size());
+      (r == qcclSuccess ? loaded : r == qcclInvalidUsage ? refused : wrong).fetch_add(1);
+    }
+  });
+  int calls = 0, failed = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (; std::chrono::steady_clock::now() < end; ++calls)
+    failed += qcclAllReduceCompressed(x.data(), y.data(), 64, qcclFloat32, qcclSum, codec.handle, state, w.comm()) !=
+              qcclSuccess;
+  stop = true;
+  loader.join();
+  INFO(calls << " calls, " << loaded << " loads, " << refused << " refused");
+  CHECK(failed == 0);
+  CHECK(wrong == 0);     // a load either happens or is refused while a call is in flight
+  CHECK(loaded > 0);
+  CHECK(save(store.handle).size() == checkpoint.size());
 }
 
 TEST_CASE("keyed states: handles, erased keys, and a store's own budget", "[codec_state]") {
