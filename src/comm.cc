@@ -105,6 +105,12 @@ Comm::Comm(int rank, int nranks, const Config& config)
   if (hand_off_fd_ < 0) fail(qcclSystemError, "timerfd_create failed: %s", errno_string(errno).c_str());
 }
 
+void Comm::check_settings(const Config& config, int nranks) {
+  AlgorithmPolicy(config.algorithms, config.algorithms_from);
+  if (AutoCodec::is_auto(config.codec)) AutoCodec(config.codec, nranks, config.codec_from);
+  else CodecPolicy(config.codec, config.codec_min_bytes, config.codec_from, config.aggregator_count());
+}
+
 std::shared_ptr<Comm> Comm::create(const BootstrapId& id, int nranks, int rank, const Config& config) {
   std::shared_ptr<Comm> comm(new Comm(rank, nranks, config));
   comm->join(id);

@@ -163,6 +163,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
  public:
   // Collective over the nranks ranks: bootstrap, control plane, transport endpoints, barrier.
   static std::shared_ptr<Comm> create(const BootstrapId& id, int nranks, int rank, const Config& config);
+  // Throws the error a communicator of `config` would throw at creation for a setting that does not
+  // parse (QCCL_ALGO, QCCL_CODEC): for a split, whose child is made only after exchanges with the
+  // parent's ranks, so that its bad settings fail before anything is sent, as an init's do.
+  static void check_settings(const Config& config, int nranks);
   ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;

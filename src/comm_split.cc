@@ -19,6 +19,7 @@ namespace qccl {
 std::shared_ptr<Comm> split_comm(Comm& parent, int color, int key, const qcclConfig_t* overrides) {
   Config config = parent.config().with(overrides);  // bad settings fail here, before any exchange
   const int n = parent.nranks();
+  Comm::check_settings(config, n);  // (the child's size is not known yet: the parent's bounds it)
   const int32_t mine[2] = {color < 0 ? -1 : color, key};
   std::vector<int32_t> table(2 * static_cast<size_t>(n));
   parent.allgather_bytes(mine, table.data(), sizeof(mine));

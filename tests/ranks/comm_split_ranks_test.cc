@@ -177,6 +177,22 @@ TEST_CASE("bad splits are refused on every rank before anything is sent", "[spli
   QCCL_REQUIRE_OK(qcclGroupEnd());
   CHECK(newcomm == reinterpret_cast<qcclComm_t>(&newcomm));
 
+  // Settings only the child parses, on rank 0; the others refuse chunkBytes at once. (They were parsed
+  // once the child was made, after both exchanges: rank 0 waited in the first, alone, until
+  // QCCL_TIMEOUT, and the parent was broken.)
+  for (const char* bad : {"codec", "algorithms"}) {
+    config = QCCL_CONFIG_INITIALIZER;
+    if (w.rank() != 0) config.chunkBytes = 10;
+    else if (bad == std::string("codec")) config.codec = "q9";
+    else config.algorithms = "allreduce=no_such_algorithm";
+    CHECK(qcclCommSplit(w.comm(), 0, 0, &newcomm, &config) == qcclInvalidArgument);
+    const std::string error = qcclGetLastError(nullptr);
+    INFO(error);
+    CHECK(error.find(w.rank() != 0 ? "chunkBytes" : bad == std::string("codec") ? "q9" : "no_such_algorithm") !=
+          std::string::npos);
+    CHECK(newcomm == reinterpret_cast<qcclComm_t>(&newcomm));
+  }
+
   // Nothing was sent: the parent's next collective is matched on every rank.
   int64_t one = 1, sum = 0;
   QCCL_REQUIRE_OK(qcclAllReduce(&one, &sum, 1, qcclInt64, qcclSum, w.comm()));
