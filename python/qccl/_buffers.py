@@ -8,6 +8,7 @@ read-only arrays where qccl writes, device tensors, and types qccl does not carr
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -34,21 +35,27 @@ class DataType:
 DTYPE_NAMES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64", 6: "float16",
                7: "float32", 8: "float64", 9: "bfloat16"}
 
+# By name, without importing torch. torch.uint32 and torch.uint64 came with torch 2.3; torch.uint16
+# (and int16) have no qccl type.
 _TORCH_TYPES = {"torch.int8": DataType.INT8, "torch.uint8": DataType.UINT8, "torch.int32": DataType.INT32,
-                "torch.int64": DataType.INT64, "torch.float16": DataType.FLOAT16,
-                "torch.float32": DataType.FLOAT32, "torch.float64": DataType.FLOAT64,
-                "torch.bfloat16": DataType.BFLOAT16}
+                "torch.uint32": DataType.UINT32, "torch.int64": DataType.INT64, "torch.uint64": DataType.UINT64,
+                "torch.float16": DataType.FLOAT16, "torch.float32": DataType.FLOAT32,
+                "torch.float64": DataType.FLOAT64, "torch.bfloat16": DataType.BFLOAT16}
 
 
-# Buffer(address, count, dtype, itemsize): the first element's address, the element count, the
-# DataType and the bytes per element (a struct sequence the extension makes; read it by name).
+# Buffer(address, count, dtype, itemsize[, owner]): the first element's address, the element count,
+# the DataType and the bytes per element (a struct sequence the extension makes; read it by name), and
+# what keeps the memory while qccl uses it (the object's buffer export, or the tensor):
+# the calls keep the Buffers, not the arrays, until they complete.
 Buffer = _qccl.Buffer
 _ndarray = np.ndarray
 
 
 def is_torch_tensor(x: Any) -> bool:
-    # Without importing torch: the package works without it.
-    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+    # Without importing torch (the package works without it): a tensor exists only once torch has
+    # been imported. By isinstance, so that subclasses of torch.Tensor defined elsewhere are tensors.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, getattr(torch, "Tensor", ()))
 
 
 def describe(x: Any, name: str, *, writable: bool) -> Buffer:
@@ -67,11 +74,16 @@ def _describe_torch(t: Any, name: str) -> Buffer:
     if not t.is_contiguous():
         raise InvalidArgument(f"{name}: the tensor is not contiguous (strides {tuple(t.stride())}); pass "
                               f"t.contiguous()")
+    # A lazy negation (t.neg() of a view, torch >= 1.10) keeps the values' negatives in memory, which
+    # qccl would reduce as they are: max would be the negation of min.
+    if getattr(t, "is_neg", None) is not None and t.is_neg():
+        raise InvalidArgument(f"{name}: a negative view (its memory holds the values negated); pass "
+                              f"t.resolve_neg()")
     dtype = _TORCH_TYPES.get(str(t.dtype))
     if dtype is None:
-        raise InvalidArgument(f"{name}: {t.dtype} is not a qccl datatype (int8, uint8, int32, int64, float16, "
-                              f"bfloat16, float32, float64)")
-    return Buffer((t.data_ptr(), t.numel(), dtype, t.element_size()))
+        raise InvalidArgument(f"{name}: {t.dtype} is not a qccl datatype (int8, uint8, int32, uint32, int64, "
+                              f"uint64, float16, bfloat16, float32, float64)")
+    return Buffer((t.data_ptr(), t.numel(), dtype, t.element_size(), t))
 
 
 def same_type(a: Buffer, b: Buffer, name_a: str, name_b: str) -> None:

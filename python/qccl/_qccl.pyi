@@ -15,7 +15,8 @@ class Buffer(tuple):
     count: int
     dtype: int
     itemsize: int
-    def __new__(cls, fields: tuple[int, int, int, int]) -> Buffer: ...
+    owner: Any  # keeps the memory while qccl uses it: the object's buffer export, or the tensor
+    def __new__(cls, fields: tuple[int, int, int, int] | tuple[int, int, int, int, Any]) -> Buffer: ...
 
 def describe(obj: Any, name: str, writable: bool) -> Buffer: ...
 

@@ -5,7 +5,8 @@ Every collective must be called by every rank of the communicator in the same or
 arguments; a rank that passes another count, datatype, op or root makes the call fail with
 :class:`qccl.Mismatch` on every rank.  Arrays are used in place (never copied): a blocking call may
 reuse them when it returns, a non-blocking one (``async_op=True``) returns a :class:`Request` that
-holds them until it completes.  Calls release the GIL while they run.
+holds them until it completes (and their buffer exports: a bytearray or array.array cannot be resized
+meanwhile, BufferError).  Calls release the GIL while they run.
 """
 
 from __future__ import annotations
@@ -35,18 +36,26 @@ class ReduceOp(enum.IntEnum):
     AVG = 4
 
 
-_OPS = {**{op: int(op) for op in ReduceOp}, **{op.name.lower(): int(op) for op in ReduceOp}}
+_OP_NAMES = {op.name.lower(): int(op) for op in ReduceOp}
 
 
 def _op(op: "ReduceOp | str | int") -> int:
-    try:
-        if not isinstance(op, bool):  # True would be looked up as 1, PROD
-            return _OPS[op]  # a ReduceOp, its value or its name: one lookup
-    except (KeyError, TypeError):
-        pass
-    if isinstance(op, str):
-        raise InvalidArgument(f"op: '{op}'; pass one of sum, prod, max, min, avg")
-    raise InvalidArgument(f"op: {op!r} is not a qccl.ReduceOp")
+    # By exact type, not by a lookup that takes whatever compares equal to a value: True, 2.0, or
+    # torch's RedOpType, whose numbers are other ops' here (its AVG is 1, qccl's PROD).
+    kind = type(op)
+    if kind is ReduceOp:
+        return op._value_
+    if kind is int:
+        if 0 <= op < len(ReduceOp):
+            return op
+    elif isinstance(op, str) and not isinstance(op, enum.Enum):
+        value = _OP_NAMES.get(op)
+        if value is None:
+            raise InvalidArgument(f"op: '{op}'; pass one of sum, prod, max, min, avg")
+        return value
+    hint = "; torch's ReduceOp numbers the ops otherwise" if kind.__module__.startswith("torch") else ""
+    raise InvalidArgument(f"op: {op!r} is not a qccl.ReduceOp, one of its names (sum, prod, max, min, avg) or "
+                          f"its int value{hint}")
 
 
 def _codec(codec: "str | Codec | None"):
@@ -223,7 +232,7 @@ class Communicator:
         src = describe(tensor, "tensor", writable=out is None)
         dst = src if out is None else self._out(out, src, "out", src.count, "the size of tensor")
         return self._comm.all_reduce(src.address, dst.address, src.count, src.dtype, _op(op), _codec(codec),
-                                     _state(state), async_op, (tensor, out, state))
+                                     _state(state), async_op, (src, dst, state))
 
     def broadcast(self, tensor: Any, src: int = 0, *, out: Any = None, async_op: bool = False) -> Optional[Request]:
         """Rank ``src``'s ``tensor`` into every rank's ``out`` (or ``tensor``, in place)."""
@@ -231,7 +240,7 @@ class Communicator:
         send = describe(tensor, "tensor", writable=out is None)
         dst = send if out is None else self._out(out, send, "out", send.count, "the size of tensor")
         return self._comm.broadcast(send.address, dst.address, send.count, send.dtype, src, async_op,
-                                    (tensor, out))
+                                    (send, dst))
 
     def reduce(self, tensor: Any, dst: int = 0, op: "ReduceOp | str" = ReduceOp.SUM, *, out: Any = None,
                async_op: bool = False) -> Optional[Request]:
@@ -242,7 +251,7 @@ class Communicator:
         if out is not None and self._rank == dst:
             recv = self._out(out, send, "out", send.count, "the size of tensor")
         return self._comm.reduce(send.address, recv.address, send.count, send.dtype, _op(op), dst, async_op,
-                                 (tensor, out))
+                                 (send, recv))
 
     def all_gather(self, output: Any, input: Any, *, codec: "str | Codec | None" = None,
                    state: Optional[CodecState] = None, segments: Optional[Sequence[tuple[int, bool]]] = None,
@@ -255,7 +264,7 @@ class Communicator:
         recv = self._out(output, send, "output", send.count * self._size, f"{self._size} ranks x input's size")
         return self._comm.all_gather(send.address, recv.address, send.count, send.dtype, _codec(codec),
                                      _state(state), _segments(segments), async_op,
-                                     (output, input, state))
+                                     (recv, send, state))
 
     def reduce_scatter(self, output: Any, input: Any, op: "ReduceOp | str" = ReduceOp.SUM, *,
                        codec: "str | Codec | None" = None, state: Optional[CodecState] = None,
@@ -269,7 +278,7 @@ class Communicator:
         require_count(send, "input", recv.count * self._size, f"{self._size} ranks x output's size")
         return self._comm.reduce_scatter(send.address, recv.address, recv.count, send.dtype, _op(op), _codec(codec),
                                          _state(state), _segments(segments), async_op,
-                                         (output, input, state))
+                                         (recv, send, state))
 
     def all_to_all(self, output: Any, input: Any, *, async_op: bool = False) -> Optional[Request]:
         """Block r of ``input`` goes to rank r, which receives it as its block ``rank`` of ``output``
@@ -279,35 +288,33 @@ class Communicator:
             raise InvalidArgument(f"input: {send.count} elements do not split into {self._size} equal blocks")
         recv = self._out(output, send, "output", send.count, "the size of input")
         return self._comm.all_to_all(send.address, recv.address, send.count // self._size, send.dtype, async_op,
-                                     (output, input))
+                                     (recv, send))
 
     def gather(self, tensor: Any, output: Any = None, dst: int = 0, *, async_op: bool = False) -> Optional[Request]:
         """Every rank's ``tensor`` into rank ``dst``'s ``output`` in rank order (others pass None)."""
         self._peer(dst, "dst")
         send = describe(tensor, "tensor", writable=False)
-        address = 0
+        recv = None
         if self._rank == dst:
             if output is None:
                 raise InvalidArgument(f"output: None on the root (rank {dst}), which receives every rank's tensor")
-            address = self._out(output, send, "output", send.count * self._size,
-                                f"{self._size} ranks x tensor's size").address
-        return self._comm.gather(send.address, address, send.count, send.dtype, dst, async_op,
-                                 (tensor, output))
+            recv = self._out(output, send, "output", send.count * self._size, f"{self._size} ranks x tensor's size")
+        return self._comm.gather(send.address, 0 if recv is None else recv.address, send.count, send.dtype, dst,
+                                 async_op, (send, recv))
 
     def scatter(self, tensor: Any, input: Any = None, src: int = 0, *, async_op: bool = False) -> Optional[Request]:
         """Block ``rank`` of rank ``src``'s ``input`` into every rank's ``tensor`` (others pass None)."""
         self._peer(src, "src")
         recv = describe(tensor, "tensor", writable=True)
-        address = 0
+        send = None
         if self._rank == src:
             if input is None:
                 raise InvalidArgument(f"input: None on the root (rank {src}), which sends every rank's block")
             send = describe(input, "input", writable=False)
             same_type(recv, send, "tensor", "input")
             require_count(send, "input", recv.count * self._size, f"{self._size} ranks x tensor's size")
-            address = send.address
-        return self._comm.scatter(address, recv.address, recv.count, recv.dtype, src, async_op,
-                                  (tensor, input))
+        return self._comm.scatter(0 if send is None else send.address, recv.address, recv.count, recv.dtype, src,
+                                  async_op, (recv, send))
 
     def send(self, tensor: Any, dst: int, *, codec: "str | Codec | None" = None,
              async_op: bool = False) -> Optional[Request]:
@@ -315,16 +322,14 @@ class Communicator:
         codec.  Two ranks sending to each other use ``async_op=True`` or :func:`qccl.group`."""
         self._peer(dst, "dst")
         b = describe(tensor, "tensor", writable=False)
-        return self._comm.send(b.address, b.count, b.dtype, dst, _codec(codec), async_op,
-                               tensor)
+        return self._comm.send(b.address, b.count, b.dtype, dst, _codec(codec), async_op, b)
 
     def recv(self, tensor: Any, src: int, *, codec: "str | Codec | None" = None,
              async_op: bool = False) -> Optional[Request]:
         """Receives rank ``src``'s :meth:`send` into ``tensor``."""
         self._peer(src, "src")
         b = describe(tensor, "tensor", writable=True)
-        return self._comm.recv(b.address, b.count, b.dtype, src, _codec(codec), async_op,
-                               tensor)
+        return self._comm.recv(b.address, b.count, b.dtype, src, _codec(codec), async_op, b)
 
     def isend(self, tensor: Any, dst: int, *, codec: "str | Codec | None" = None) -> Request:
         return self.send(tensor, dst, codec=codec, async_op=True)
@@ -343,8 +348,7 @@ class Communicator:
         self._peer(dst, "dst")
         b = describe(tensor, "tensor", writable=False)
         keys = self._keys(keys, b, store)
-        return self._comm.delta_send(b.address, keys, b.dtype, store._store, dst, async_op,
-                                     (tensor, store))
+        return self._comm.delta_send(b.address, keys, b.dtype, store._store, dst, async_op, (b, store))
 
     def delta_recv(self, tensor: Any, keys: Sequence[int], store: DeltaStore, src: int, *,
                    async_op: bool = False) -> Optional[Request]:
@@ -352,8 +356,7 @@ class Communicator:
         self._peer(src, "src")
         b = describe(tensor, "tensor", writable=True)
         keys = self._keys(keys, b, store)
-        return self._comm.delta_recv(b.address, keys, b.dtype, store._store, src, async_op,
-                                     (tensor, store))
+        return self._comm.delta_recv(b.address, keys, b.dtype, store._store, src, async_op, (b, store))
 
     def barrier(self) -> None:
         """Returns on no rank before every rank has called it."""

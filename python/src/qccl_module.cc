@@ -1,8 +1,9 @@
 // qccl._qccl: the C API as Python objects, one thin layer. Buffers arrive as addresses and element
 // counts: qccl/_buffers.py has already checked them (type, contiguity, writability, sizes), and holds
-// the arrays alive; this layer owns the handles (communicators, requests, codecs, states), releases
-// the GIL around every call that may block or take long, and turns a failed result into the
-// exception that qccl/errors.py makes for its code (with the library's own message).
+// the arrays alive (through their Buffers, which also hold the buffer exports); this layer owns the
+// handles (communicators, requests, codecs, states), releases the GIL around every call that may
+// block or take long, and turns a failed result into the exception that qccl/errors.py makes for
+// its code (with the library's own message).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -202,8 +203,8 @@ void group_end() {
 }
 
 // Blocking (request = nullptr) or not: `call(request)` is the C call. Non-blocking calls return a
-// Request that keeps `keepalive` (the caller's arrays) until it completes; inside a group, blocking
-// calls leave them to the group.
+// Request that keeps `keepalive` (the Buffers of the caller's arrays, which hold the arrays and their
+// buffer exports) until it completes; inside a group, blocking calls leave them to the group.
 template <class Call>
 py::object launch(qcclComm_t comm, bool async_op, py::object keepalive, Call&& call) {
   if (!async_op) {
@@ -601,26 +602,53 @@ class Comm {
   qcclComm_t comm_;
 };
 
-// Buffer(address, count, dtype, itemsize): a struct sequence (as os.stat_result), which C makes and
-// Python reads by name at a fraction of a namedtuple's cost.
+// An object's buffer export, held while qccl uses its memory: while it lives, a bytearray or
+// array.array refuses to resize (BufferError) instead of moving its memory away from under a call in
+// flight. (A memoryview would do, at twice describe's cost: it also works out shapes and flags.)
+struct Export {
+  PyObject_HEAD
+  Py_buffer view;
+};
+
+void export_dealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  PyBuffer_Release(&reinterpret_cast<Export*>(self)->view);  // nothing when view.obj is null (not exported)
+  PyObject_Free(self);
+  Py_DECREF(type);  // instances of a heap type hold their type
+}
+
+PyTypeObject* export_type() {
+  static PyType_Slot slots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(export_dealloc)},
+                                {Py_tp_doc, const_cast<char*>("A buffer export qccl holds while it uses the memory.")},
+                                {0, nullptr}};
+  static PyType_Spec spec = {"qccl._qccl.BufferExport", sizeof(Export), 0, Py_TPFLAGS_DEFAULT, slots};
+  static PyTypeObject* type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&spec));
+  return type;
+}
+
+// Buffer(address, count, dtype, itemsize[, owner]): a struct sequence (as os.stat_result), which C
+// makes and Python reads by name at a fraction of a namedtuple's cost. `owner` (by name only) keeps
+// the memory: the object's buffer export (a BufferExport), or the torch tensor.
 PyTypeObject* buffer_type() {
   static PyStructSequence_Field fields[] = {{"address", "the first element's address"},
                                             {"count", "elements"},
                                             {"dtype", "the qcclDataType_t"},
                                             {"itemsize", "bytes per element"},
+                                            {"owner", "what keeps the memory while qccl uses it"},
                                             {nullptr, nullptr}};
   static PyStructSequence_Desc desc = {"qccl._qccl.Buffer", "An array's memory, as qccl uses it.", fields, 4};
   static PyTypeObject* type = PyStructSequence_NewType(&desc);
   return type;
 }
 
-py::object make_buffer(uintptr_t address, Py_ssize_t count, int datatype, Py_ssize_t itemsize) {
+py::object make_buffer(uintptr_t address, Py_ssize_t count, int datatype, Py_ssize_t itemsize, py::object owner) {
   PyObject* buffer = PyStructSequence_New(buffer_type());
   if (buffer == nullptr) throw py::error_already_set();
   PyStructSequence_SetItem(buffer, 0, PyLong_FromSize_t(address));
   PyStructSequence_SetItem(buffer, 1, PyLong_FromSsize_t(count));
   PyStructSequence_SetItem(buffer, 2, PyLong_FromLong(datatype));
   PyStructSequence_SetItem(buffer, 3, PyLong_FromSsize_t(itemsize));
+  PyStructSequence_SetItem(buffer, 4, owner.release().ptr());
   return py::reinterpret_steal<py::object>(buffer);
 }
 
@@ -644,32 +672,44 @@ int datatype_of(const char* format, Py_ssize_t itemsize) {
 // bytearray, memoryview, array.array), checked for qccl's use: C-contiguous, writable where qccl
 // writes, of a datatype qccl carries. Raises InvalidArgument naming the argument. In C++ because
 // it runs before every call: each microsecond here delays the peers that wait for this rank.
+// The Buffer's owner holds the export until the call completes (the caller keeps the Buffer): a
+// bytearray or array.array resized meanwhile would move its memory away from under qccl, and while
+// exported, resizing raises BufferError instead.
 py::object describe_buffer(py::handle object, const std::string& name, bool writable) {
-  Py_buffer view;
-  if (PyObject_GetBuffer(object.ptr(), &view, PyBUF_STRIDES | PyBUF_FORMAT) != 0) {
-    if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
-    PyErr_Clear();
+  Export* held = PyObject_New(Export, export_type());
+  if (held == nullptr) throw py::error_already_set();
+  held->view.obj = nullptr;  // not exported (yet): nothing to release
+  py::object owner = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(held));
+  const Py_buffer& view = held->view;
+  if (PyObject_GetBuffer(object.ptr(), &held->view, PyBUF_STRIDES | PyBUF_FORMAT) != 0) {
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyErr_Clear();
+      raise_error(qcclInvalidArgument, name + ": a " + Py_TYPE(object.ptr())->tp_name +
+                                           " is not an array (pass a numpy array, a torch tensor or another object "
+                                           "with the buffer protocol)");
+    }
+    // An exporter's refusal (numpy's for datetime64, a released memoryview's): named, with its reason.
+    if (!PyErr_ExceptionMatches(PyExc_ValueError) && !PyErr_ExceptionMatches(PyExc_BufferError))
+      throw py::error_already_set();
+    py::error_already_set error;
     raise_error(qcclInvalidArgument, name + ": a " + Py_TYPE(object.ptr())->tp_name +
-                                         " is not an array (pass a numpy array, a torch tensor or another object "
-                                         "with the buffer protocol)");
+                                         " whose memory qccl cannot use (" +
+                                         py::str(error.value()).cast<std::string>() + ")");
   }
-  const bool readonly = view.readonly != 0, contiguous = PyBuffer_IsContiguous(&view, 'C') != 0;
-  const std::string format = view.format ? view.format : "B";
-  const Py_ssize_t itemsize = view.itemsize, bytes = view.len;
-  const auto address = reinterpret_cast<uintptr_t>(view.buf);
-  PyBuffer_Release(&view);
-  if (readonly && writable)
+  if (view.readonly && writable)
     raise_error(qcclInvalidArgument, name + ": the array is read-only, and qccl writes the result into it");
-  if (!contiguous)
+  if (!PyBuffer_IsContiguous(&view, 'C'))
     raise_error(qcclInvalidArgument, name +
                                          ": the array is not C-contiguous (a strided view); pass a contiguous "
                                          "copy, e.g. numpy.ascontiguousarray");
-  const int datatype = datatype_of(format.c_str(), itemsize);
+  const std::string format = view.format ? view.format : "B";
+  const int datatype = datatype_of(format.c_str(), view.itemsize);
   if (datatype < 0)
-    raise_error(qcclInvalidArgument, name + ": element format '" + format + "' (" + std::to_string(itemsize) +
+    raise_error(qcclInvalidArgument, name + ": element format '" + format + "' (" + std::to_string(view.itemsize) +
                                          " bytes) is not a qccl datatype (int8, uint8, int32, uint32, int64, uint64, "
                                          "float16, float32, float64; bfloat16 through torch)");
-  return make_buffer(address, itemsize ? bytes / itemsize : 0, datatype, itemsize);
+  return make_buffer(reinterpret_cast<uintptr_t>(view.buf), view.itemsize ? view.len / view.itemsize : 0, datatype,
+                     view.itemsize, std::move(owner));
 }
 
 }  // namespace
@@ -698,6 +738,7 @@ PYBIND11_MODULE(_qccl, m) {
   m.def("group_end", &group_end);
   m.def("describe", &describe_buffer);
   m.attr("Buffer") = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(buffer_type()));
+  if (export_type() == nullptr) throw py::error_already_set();  // made here, where a failure can be reported
 
   py::class_<Request>(m, "Request").def("wait", &Request::wait).def("is_completed", &Request::test);
 

@@ -225,6 +225,29 @@ def test_group_keeps_arrays_until_its_end(comm):
     comm.barrier()  # still usable
 
 
+def test_held_arrays_cannot_be_resized(comm):
+    # A request, and a group until its end, holds the buffer export of the arrays it uses: a
+    # bytearray or array.array resized meanwhile moved its memory away from under qccl, which then
+    # read freed memory (a crash, for large arrays).
+    import array
+    n = comm.size
+    b = bytearray(1 << 16)
+    request = comm.all_reduce(b, "max", async_op=True)
+    with pytest.raises(BufferError):
+        b.extend(bytes(1 << 16))
+    request.wait()
+    b.extend(bytes(16))  # released once the operation has completed
+    a = array.array("f", [1.0] * 1000)
+    with qccl.group():
+        comm.all_reduce(a)  # blocking, but run at the group's end
+        with pytest.raises(BufferError):
+            a.append(2.0)
+    a.append(2.0)
+    assert a[0] == n and a[999] == n and a[1000] == 2.0
+    comm.all_reduce(b, "max")  # a blocking call's export ends with it
+    b.extend(bytes(16))
+
+
 def test_barrier(comm):
     # Rank 0 arrives late: no other rank may leave the barrier before it has arrived.
     comm.barrier()
@@ -312,6 +335,19 @@ def test_torch_tensors(comm):
         exact = torch.stack([x.double() for x in inputs]).sum(0)
         eps = {torch.float32: 2 ** -24, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11, torch.int64: 0}[dtype]
         assert float((mine.double() - exact).abs().max()) <= 2 * n * eps * max(1.0, float(exact.abs().max()))
+    # Subclasses of torch.Tensor are tensors (they were refused as "not an array").
+    class Tagged(torch.Tensor):
+        pass
+    tagged = torch.ones(5).as_subclass(Tagged)
+    comm.all_reduce(tagged)
+    assert torch.all(tagged == n)
+    # torch 2.3 added uint32 and uint64, qccl types that numpy arrays carry too (made and read through
+    # byte views: torch's operators on them are few).
+    for name, numpy_type in (("uint32", np.uint32), ("uint64", np.uint64)):
+        if hasattr(torch, name):
+            t = torch.from_numpy(np.full(7, comm.rank + 1, numpy_type).view(np.uint8)).view(getattr(torch, name))
+            comm.all_reduce(t)
+            assert np.all(t.view(torch.uint8).numpy().view(numpy_type) == n * (n + 1) // 2)
     # A view into a larger tensor is contiguous and used in place.
     big = torch.zeros(4, 10)
     big[2] = comm.rank + 1

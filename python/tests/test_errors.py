@@ -2,6 +2,7 @@
 disagree fail with Mismatch on every rank; a dead rank makes the others fail within QCCL_TIMEOUT
 (dead_rank.py, a CTest entry of its own: it breaks the world communicator)."""
 
+import enum
 import time
 
 import numpy as np
@@ -29,6 +30,8 @@ def test_local_errors_leave_the_communicator_intact(comm):
         comm.all_gather(np.zeros(comm.size * 10 + 1, np.float32), x)
     with pytest.raises(qccl.InvalidArgument, match="not an array"):
         comm.all_reduce([1.0, 2.0])
+    with pytest.raises(qccl.InvalidArgument, match="tensor: a numpy.ndarray whose memory qccl cannot use"):
+        comm.all_reduce(np.zeros(4, "M8[s]"))  # numpy exports no buffer of datetime64 (a bare ValueError)
     with pytest.raises(qccl.InvalidArgument, match="op: 'median'"):
         comm.all_reduce(x, "median")
     with pytest.raises(qccl.InvalidArgument, match=rf"src: {comm.size} is not a rank .*\(0\.\.{comm.size - 1}\)"):
@@ -81,6 +84,22 @@ def test_local_errors_leave_the_communicator_intact(comm):
     assert np.all(x == comm.size * comm.size)  # out=x above held size (the read-only ones), now summed again
 
 
+def test_op_is_qccl_s_only(comm):
+    # Only a qccl.ReduceOp, its name or an int of its value: the others were looked up by what they
+    # compare equal to (2.0 as MAX, an IntEnum of another type by its value).
+    class Numbered(enum.IntEnum):
+        AVG = 1
+    x = np.full(4, comm.rank + 1.0, np.float32)
+    for op in (2.0, np.int64(2), Numbered.AVG, 5, -1, None, b"sum"):
+        with pytest.raises(qccl.InvalidArgument, match=r"op: .* is not a qccl.ReduceOp, one of its names"):
+            comm.all_reduce(x, op)
+    n = comm.size
+    for op, expected in ((qccl.ReduceOp.MAX, n), ("min", 1), (4, (n + 1) / 2), (0, n * (n + 1) / 2)):
+        x[:] = comm.rank + 1.0
+        comm.all_reduce(x, op)
+        assert np.all(x == expected), op
+
+
 def test_error_carries_code_and_message(comm):
     with pytest.raises(qccl.QcclError) as info:
         comm.all_reduce(np.ones(3, np.float32), codec="q8:bucket=7")
@@ -97,6 +116,18 @@ def test_torch_errors(comm):
         comm.all_reduce(torch.ones(4, dtype=torch.complex64))
     with pytest.raises(qccl.InvalidArgument, match="sparse"):
         comm.all_reduce(torch.ones(4).to_sparse())
+    with pytest.raises(qccl.InvalidArgument, match="torch.int16 is not a qccl datatype .*uint32, int64, uint64"):
+        comm.all_reduce(torch.ones(4, dtype=torch.int16))
+    if hasattr(torch, "_neg_view"):  # torch >= 1.10: a lazy negation's memory holds the negatives
+        with pytest.raises(qccl.InvalidArgument, match="negative view.*resolve_neg"):
+            comm.all_reduce(torch._neg_view(torch.ones(4)))
+    # torch's ops are numbered otherwise (its AVG is 1, qccl's PROD): refused, not taken for another.
+    dist = pytest.importorskip("torch.distributed")
+    x = np.full(4, 3.0, np.float32)
+    for op in (dist.ReduceOp.RedOpType.AVG, dist.ReduceOp.MAX, dist.ReduceOp.SUM):
+        with pytest.raises(qccl.InvalidArgument, match="torch's ReduceOp numbers the ops otherwise"):
+            comm.all_reduce(x, op)
+    assert np.all(x == 3.0)
 
 
 def test_mismatch_fails_on_every_rank(comm):

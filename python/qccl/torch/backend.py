@@ -14,7 +14,13 @@ least ``min_bytes`` (op SUM or AVG; ``sign``, Marsit, estimates the average upda
 so DDP, which sums, takes it through the communication hook, qccl.torch.hooks), each tensor (by
 address and size) with its own codec state (the 64 most recently used are kept; a codec of another
 method starts them afresh: q4 after q8 keeps them, int8 after q8 does not), so ``ef=on`` works for
-tensors all-reduced repeatedly (DDP's buckets).  Errors are qccl's exceptions.
+tensors all-reduced repeatedly (DDP's buckets).  Errors are qccl's exceptions; a failed work raises
+its error at every wait() and leaves the outputs of the list forms untouched.
+
+send and recv take tag 0 only: qccl matches a peer's messages in call order, and another tag raises
+InvalidArgument.  The communicator's timeout is the one given to init_process_group (or new_group)
+when it differs from torch's default (30 minutes, which torch passes when none is given); else
+QCCL_TIMEOUT, or qccl's default (300 s).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from ._completion import Completer
 _ProcessGroup = torch._C._distributed_c10d.ProcessGroup
 _Work = torch._C._distributed_c10d.Work
 _CODEC_TYPES = (torch.float32, torch.float16, torch.bfloat16)
+# What init_process_group and new_group pass when the user gave no timeout.
+_TORCH_DEFAULT_TIMEOUT = getattr(getattr(dist, "constants", None), "default_pg_timeout", timedelta(minutes=30))
 
 
 def _op(op: Any) -> str:
@@ -59,7 +67,9 @@ class _QcclWork(_Work):
         super().__init__()
         self._pg, self._requests, self._result, self._after = pg, requests, result, after
         self._future: Optional[torch.futures.Future] = None
-        self._error: Optional[qccl.QcclError] = None  # found by is_completed, raised by wait
+        # The failure, kept: every wait() raises it, as qccl's Request does (a wait that returned
+        # after one had raised would hand out outputs that the call never wrote).
+        self._error: Optional[qccl.QcclError] = None
         pg._hold(self)
 
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
@@ -67,19 +77,9 @@ class _QcclWork(_Work):
         if self._future is not None:  # get_future handed the request to the completion thread
             self._future.wait()
             return True
-        for request in self._requests:
-            if request is not None:
-                try:
-                    request.wait()
-                except qccl.QcclError as e:
-                    self._error = self._error or e
-        self._requests = []
-        error, self._error = self._error, None
-        if error is not None and not isinstance(error, qccl.NonFinite):
-            raise error  # NonFinite: completed, NaN/Inf where an input held one, as gloo's sum gives them
-        if self._after is not None:
-            self._after()
-            self._after = None
+        self._complete()
+        if self._error is not None:
+            raise self._error
         return True
 
     def is_completed(self) -> bool:
@@ -89,12 +89,25 @@ class _QcclWork(_Work):
             try:
                 if request is not None and not request.is_completed():
                     return False
-            except qccl.QcclError as e:  # completed, failed: wait() raises it
-                self._error = self._error or e
-        if self._after is not None and self._error is None:  # the outputs, before saying so
-            self._after()
-            self._after = None
+            except qccl.QcclError:  # completed, failed: _complete keeps it for wait()
+                pass
+        self._complete()  # the outputs, before saying so
         return True
+
+    def _complete(self) -> None:
+        """Waits for the requests, then copies the results into the outputs, only when all succeeded."""
+        for request in self._requests:
+            if request is not None:
+                try:
+                    request.wait()
+                except qccl.NonFinite:
+                    pass  # completed, NaN/Inf where an input held one, as gloo's sum gives them
+                except qccl.QcclError as e:
+                    self._error = self._error or e
+        self._requests = []
+        after, self._after = self._after, None
+        if after is not None and self._error is None:
+            after()
 
     def result(self) -> List[torch.Tensor]:
         return self._result
@@ -102,9 +115,16 @@ class _QcclWork(_Work):
     def get_future(self) -> torch.futures.Future:
         self._pg._release(self)
         if self._future is None:
-            if self._after is not None or len(self._requests) > 1:  # rare: complete it here
-                self.wait()
-            self._future = self._pg._completer.future(self._requests[0] if self._requests else None, self._result)
+            if self._after is not None or len(self._requests) > 1 or self._error is not None:
+                self._complete()  # rare: complete it here, a failure into the future
+                self._future = torch.futures.Future()
+                if self._error is not None:
+                    self._future.set_exception(self._error)
+                else:
+                    self._future.set_result(self._result)
+            else:
+                self._future = self._pg._completer.future(self._requests[0] if self._requests else None,
+                                                          self._result)
             self._requests = []
         return self._future
 
@@ -117,7 +137,7 @@ class ProcessGroupQccl(_ProcessGroup):
         if rank == 0:
             store.set("qccl/unique_id", qccl.get_unique_id())
         unique_id = store.get("qccl/unique_id")
-        self.comm = qccl.Communicator.from_unique_id(unique_id, rank, size, timeout=timeout.total_seconds())
+        self.comm = qccl.Communicator.from_unique_id(unique_id, rank, size, timeout=_timeout_seconds(timeout))
         self.codec: Optional[qccl.Codec] = None
         self.min_bytes = 0
         self._store = None
@@ -167,6 +187,10 @@ class ProcessGroupQccl(_ProcessGroup):
 
     def allgather(self, outputs: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> _Work:
         tensor = self._one(inputs, "allgather")
+        # As gloo checks them: a list of another length, or outputs of another type or shape, would
+        # drop blocks or broadcast them into the outputs (copy_), silently.
+        self._one(outputs, "allgather's output lists")
+        self._blocks(outputs[0], "tensor_list", tensor, "tensor", shape=True)
         flat = torch.empty((self.size(),) + tuple(tensor.shape), dtype=tensor.dtype)
         request = self.comm.all_gather(flat, tensor.contiguous(), async_op=True)
 
@@ -181,6 +205,9 @@ class ProcessGroupQccl(_ProcessGroup):
 
     def reduce_scatter(self, outputs: List[torch.Tensor], inputs: List[List[torch.Tensor]], opts: Any) -> _Work:
         output = self._one(outputs, "reduce_scatter")
+        # Blocks of unequal sizes with the right total would reduce other ranges than the ranks' own.
+        self._one(inputs, "reduce_scatter's input lists")
+        self._blocks(inputs[0], "input_list", output, "output", shape=False)
         flat = torch.cat([t.reshape(-1) for t in inputs[0]])
         request = self.comm.reduce_scatter(output, flat, _op(opts.reduceOp), async_op=True)
         return _QcclWork(self, [request], outputs)
@@ -212,10 +239,12 @@ class ProcessGroupQccl(_ProcessGroup):
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int) -> _Work:
         tensor = self._one(tensors, "send")
+        _no_tag(tag, "send")
         return _QcclWork(self, [self.comm.send(tensor, dst, async_op=True)], tensors)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int) -> _Work:
         tensor = self._one(tensors, "recv")
+        _no_tag(tag, "recv")
         return _QcclWork(self, [self.comm.recv(tensor, src, async_op=True)], tensors)
 
     # ---- Helpers -------------------------------------------------------------------------------
@@ -237,6 +266,20 @@ class ProcessGroupQccl(_ProcessGroup):
                                        f"(one device per process)")
         return tensors[0]
 
+    def _blocks(self, blocks: List[torch.Tensor], name: str, like: torch.Tensor, like_name: str, shape: bool) -> None:
+        """Refuses a list of blocks that is not one per rank, each of ``like``'s type and shape (or size)."""
+        if len(blocks) != self.size():
+            raise qccl.InvalidArgument(f"{name}: {len(blocks)} tensors; expected one per rank ({self.size()})")
+        for i, block in enumerate(blocks):
+            if block.dtype != like.dtype:
+                raise qccl.InvalidArgument(f"{name}[{i}]: {block.dtype}, but {like_name} is {like.dtype}")
+            if shape and block.shape != like.shape:
+                raise qccl.InvalidArgument(f"{name}[{i}]: shape {tuple(block.shape)}, but {like_name}'s is "
+                                           f"{tuple(like.shape)}")
+            if not shape and block.numel() != like.numel():
+                raise qccl.InvalidArgument(f"{name}[{i}]: {block.numel()} elements, but {like_name} has "
+                                           f"{like.numel()}")
+
     _MAX_STATES = 64
 
     def _state_for(self, tensor: torch.Tensor) -> qccl.CodecState:
@@ -256,10 +299,27 @@ class ProcessGroupQccl(_ProcessGroup):
         return entry[1]
 
 
-def _method(codec: qccl.Codec) -> str:
-    """The method whose state a codec keeps, from its name (README's codec table): quantization for
-    none, fp16, bf16 and q1 .. q8, IntSGD for int8 .. int32; sign and fft are their own."""
-    name = codec.spec.split(":", 1)[0]
+def _no_tag(tag: int, what: str) -> None:
+    # qccl matches a peer's messages in call order, with no tags: messages of other tags, sent and
+    # received in different orders, would land in each other's tensors.
+    if tag != 0:
+        raise qccl.InvalidArgument(f"{what}: tag={tag}; the qccl backend matches a peer's sends and recvs in "
+                                   f"call order and takes tag 0 only")
+
+
+def _timeout_seconds(timeout: Optional[timedelta]) -> Optional[float]:
+    """The communicator's timeout from torch's, or None: QCCL_TIMEOUT's (else qccl's default).  torch
+    passes its default (default_pg_timeout, 30 minutes) when the user gave none, so that value counts
+    as none given: qccl's timeout finds a rank that stopped calling, which 30 minutes would put off."""
+    if timeout is None or timeout == _TORCH_DEFAULT_TIMEOUT:
+        return None
+    return timeout.total_seconds()
+
+
+def _method(codec: "qccl.Codec | str") -> str:
+    """The method whose state a codec (or spec) keeps, from its name (README's codec table):
+    quantization for none, fp16, bf16 and q1 .. q8, IntSGD for int8 .. int32; sign and fft are their own."""
+    name = (codec if isinstance(codec, str) else codec.spec).split(":", 1)[0]
     if name in ("none", "fp16", "bf16") or (name[:1] == "q" and name[1:].isdigit()):
         return "quantized"
     return "intsgd" if name.startswith("int") else name

@@ -127,7 +127,13 @@ class CommHookState:
 
     def load_state_dict(self, state: dict) -> None:
         """The codec states of ``state_dict()``, each for the bucket of the same parameters in the
-        same order when DDP builds it (in this process or a resumed one)."""
+        same order when DDP builds it (in this process or a resumed one).  A checkpoint of a codec of
+        another method (README's codec table: int8 after q8:ef=on, say) is refused, before anything
+        changes: its states are not this codec's, and the first backward would fail on them."""
+        if "codec" in state and _method_of(state["codec"]) != _method_of(self.codec):
+            ours = None if self.codec is None else self.codec.spec
+            raise qccl.InvalidArgument(f"state: a checkpoint of codec {state['codec']!r}, another method's than this "
+                                       f"state's codec {ours!r}; load it into a CommHookState of its codec")
         self.store.load(state["store"])
         buckets = state.get("buckets", {})
         self._restored = {}
@@ -143,6 +149,11 @@ class CommHookState:
     def close(self) -> None:
         """Stops the completion thread (the communicator stays the caller's)."""
         self._completer.close()
+
+
+def _method_of(codec: "str | qccl.Codec | None") -> str:
+    from .backend import _method
+    return "exact" if codec is None else _method(codec)  # None: exact averaging, which keeps no state
 
 
 # DDP checks these annotations (not from __future__: it compares them with the classes).

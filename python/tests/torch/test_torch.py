@@ -2,6 +2,8 @@
 tensors, against gloo and against numpy references (run under qcclrun by python_torch_n*)."""
 
 import os
+import time
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -264,6 +266,97 @@ def test_backend_errors(world):
         dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND)
 
 
+def test_backend_checks_lists_and_tags(world):
+    # As gloo: a list that is not one tensor per rank of the input's type and shape (all_gather), or
+    # blocks of another size than the output (reduce_scatter), raise; they dropped blocks, broadcast
+    # them into the outputs or reduced other ranges. Tags other than 0 raise: qccl matches a peer's
+    # messages in call order, and differently tagged ones landed in each other's tensors.
+    rank, n, _ = world
+    x = torch.full((2,), 1.5)
+    cases = [([torch.zeros(2)] * (n + 1), f"tensor_list: {n + 1} tensors; expected one per rank"),
+             ([torch.zeros(1, 2)] * n, r"tensor_list\[0\]: shape \(1, 2\), but tensor's is \(2,\)")]
+    if n > 1:
+        cases.append(([torch.zeros(2)] * (n - 1), f"tensor_list: {n - 1} tensors; expected one per rank"))
+    for outputs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            dist.all_gather(outputs, x)
+    with pytest.raises(ValueError, match=r"tensor_list\[0\]: torch.int32, but tensor is torch.float32"):
+        pg = dist.distributed_c10d._get_default_group()  # dist.all_gather checks the types itself
+        pg.allgather([[torch.zeros(2, dtype=torch.int32)] * n], [x])
+    blocks = [torch.ones(2) for _ in range(n)]
+    blocks[-1] = torch.ones(3)
+    if n > 1:
+        blocks[0] = torch.ones(1)  # the total is right
+    with pytest.raises(ValueError, match=f"input_list\\[{0 if n > 1 else n - 1}\\]: . elements, but output has 2"):
+        dist.reduce_scatter(torch.zeros(2), blocks)
+    with pytest.raises(ValueError, match=f"input_list: {n + 1} tensors; expected one per rank"):
+        dist.reduce_scatter(torch.zeros(2), [torch.ones(2)] * (n + 1))
+    if n > 1:
+        for call in (lambda: dist.isend(x, (rank + 1) % n, tag=1), lambda: dist.irecv(x, (rank - 1) % n, tag=2),
+                     lambda: dist.send(x, (rank + 1) % n, tag=3), lambda: dist.recv(x, (rank - 1) % n, tag=4)):
+            with pytest.raises(qccl.InvalidArgument, match="tag=.; the qccl backend .* takes tag 0 only"):
+                call()
+    dist.barrier()  # nothing was sent: the communicator is intact
+    gathered = [torch.zeros(2) for _ in range(n)]
+    dist.all_gather(gathered, torch.full((2,), float(rank)))
+    assert all(torch.all(g == q) for q, g in enumerate(gathered))
+
+
+def test_backend_failed_work_raises_at_every_wait(world):
+    # A failed work's error comes back at every wait(), and the list forms never copy the failed
+    # call's scratch into their outputs (a second wait() returned True and copied it).
+    rank, n, gloo = world
+    if n == 1:
+        pytest.skip("needs two ranks to mismatch")
+    # A group of its own, which the mismatch breaks; of two ranks, so that neither learns of the
+    # failure before it has made its call (which would raise then).
+    group = dist.new_group(ranks=[0, 1], backend="qccl")
+    try:
+        if rank < 2:
+            outputs = [torch.full((2 + rank,), -1.0) for _ in range(2)]
+            work = dist.all_gather(outputs, torch.full((2 + rank,), 7.0), group=group, async_op=True)
+            for _ in range(3):
+                with pytest.raises(qccl.Mismatch):
+                    work.wait()
+            assert work.is_completed()
+            with pytest.raises(qccl.Mismatch):
+                work.get_future().wait()
+            assert all(torch.all(o == -1.0) for o in outputs)
+    finally:
+        if rank < 2:
+            group.comm.abort()
+        dist.barrier(group=gloo)
+
+
+def test_backend_timeout_is_qccl_s_unless_given(world):
+    # torch passes its default timeout (30 minutes) when none is given: that one must leave the
+    # communicator's to QCCL_TIMEOUT (it overrode it: a rank that stopped calling went unnoticed for
+    # 30 minutes); a timeout given explicitly applies.
+    rank, n, gloo = world
+    if n == 1:
+        pytest.skip("needs a rank that does not come")
+    saved = os.environ["QCCL_TIMEOUT"]
+    os.environ["QCCL_TIMEOUT"] = "2"
+    try:
+        default = dist.new_group(backend="qccl")
+    finally:
+        os.environ["QCCL_TIMEOUT"] = saved
+    given = dist.new_group(backend="qccl", timeout=timedelta(seconds=2))
+    for group in (default, given):
+        try:
+            if rank == 0:  # the others never come
+                started = time.monotonic()
+                work = dist.all_reduce(torch.ones(4), group=group, async_op=True)
+                while not work.is_completed() and time.monotonic() - started < 30:
+                    time.sleep(0.05)
+                assert work.is_completed(), "still waiting after 30 s"
+                with pytest.raises(qccl.Timeout):
+                    work.wait()
+        finally:
+            dist.barrier(group=gloo)
+            group.comm.abort()
+
+
 def test_non_finite_gradients_pass_through_as_gloo_gives_them(world):
     """A NaN on one rank reaches every rank's gradients, as plain DDP's sum gives it, instead of an
     exception (GradScaler relies on seeing it)."""
@@ -396,6 +489,29 @@ def test_hook_checkpoint_follows_the_parameters_order(world):
     with pytest.raises(qccl.InvalidArgument):
         again.store.erase(2)
     again.close()
+    comm.destroy()
+
+
+def test_hook_refuses_a_checkpoint_of_another_method(world):
+    # A q8:ef=on checkpoint loaded into an int8 state was accepted, and the first backward failed.
+    rank, n, gloo = world
+    comm = qt.communicator_from_group(gloo)
+    state = qt.CommHookState("q8:ef=on", comm=comm)
+    state.key_for(FakeBucket(0, [torch.zeros(4)], True))
+    state.store.get(1, 4)
+    checkpoint = state.state_dict()
+    state.close()
+    for codec in ("int8", "sign:eta_s=0.01", None):
+        other = qt.CommHookState(codec, comm=comm)
+        with pytest.raises(qccl.InvalidArgument, match="a checkpoint of codec 'q8:ef=on', another method's"):
+            other.load_state_dict(checkpoint)
+        with pytest.raises(qccl.InvalidArgument):
+            other.store.erase(1)  # nothing loaded
+        other.close()
+    same = qt.CommHookState("q4:ef=on", comm=comm)  # quantization too: its states continue
+    same.load_state_dict(checkpoint)
+    same.store.erase(1)
+    same.close()
     comm.destroy()
 
 
