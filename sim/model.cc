@@ -137,27 +137,38 @@ std::string describe_rate(double r) {
   return buf;
 }
 
+namespace {
+
+// Ethernet through one switch: a few microseconds of switching plus the kernel's TCP path on both
+// ends, measured at 25-50 us round trip on cloud instances; we take 25 us one way.
+constexpr double kEthernetLatency = 25e-6;
+constexpr std::pair<const char*, double> kEthernetPresets[] = {
+    {"100mbit", 100e6 / 8}, {"1gbit", 1e9 / 8}, {"10gbit", 10e9 / 8}, {"25gbit", 25e9 / 8}, {"100gbit", 100e9 / 8}};
+
+LinkClass ethernet_preset(const char* preset, double rate, std::string* source) {
+  if (source)
+    *source = std::string(preset) +
+              ": Ethernet line rate, TCP payload 1448 of 1538 bytes per frame (MTU 1500), "
+              "25 us one-way latency (kernel TCP through one switch)";
+  return LinkClass{rate, kEthernetLatency, kEthernetEfficiency};
+}
+
+}  // namespace
+
 bool link_preset(const std::string& name, LinkClass* out, std::string* source) {
-  const std::string n = lower(trim(name));
-  // Ethernet through one switch: a few microseconds of switching plus the kernel's TCP path on both
-  // ends, measured at 25-50 us round trip on cloud instances; we take 25 us one way.
-  static const std::pair<const char*, double> kEthernet[] = {
-      {"100mbit", 100e6 / 8}, {"1gbit", 1e9 / 8}, {"10gbit", 10e9 / 8}, {"25gbit", 25e9 / 8}, {"100gbit", 100e9 / 8}};
-  for (const auto& [preset, rate] : kEthernet)
+  const std::string typed = trim(name), n = lower(typed);
+  for (const auto& [preset, rate] : kEthernetPresets)
     if (n == preset) {
-      *out = LinkClass{rate, 25e-6, kEthernetEfficiency};
-      if (source)
-        *source = std::string(preset) +
-                  ": Ethernet line rate, TCP payload 1448 of 1538 bytes per frame (MTU 1500), "
-                  "25 us one-way latency (kernel TCP through one switch)";
+      *out = ethernet_preset(preset, rate, source);
       return true;
     }
+  // Only the prefix is case-blind: the rate's unit tells bytes (B) from bits (b) by its case.
   if (n.rfind("netem:", 0) == 0) {
-    const double rate = parse_rate(n.substr(6));
+    const double rate = parse_rate(typed.substr(6));
     // tools/netem.cc, tbf_params_for: a bucket of 2 ms of traffic, at least 16 KiB
     *out = LinkClass{rate, 30e-6, kNetemEfficiency, std::max(16384.0, std::floor(rate / 500))};
     if (source)
-      *source = n +
+      *source = typed +
                 ": qcclrun --netem token bucket at that rate (1448 payload bytes per 1514-byte frame, a "
                 "burst of 2 ms of traffic), 30 us one-way through veth pairs and the hub namespace";
     return true;
@@ -174,9 +185,13 @@ bool link_preset(const std::string& name, LinkClass* out, std::string* source) {
 LinkClass parse_link(const std::string& text, std::string* source) {
   LinkClass link;
   if (link_preset(text, &link, source)) return link;
-  link = LinkClass{parse_rate(text), 0, kEthernetEfficiency};
-  if (source) *source = text + ": given rate, Ethernet TCP payload efficiency, no latency";
-  return link;
+  const double rate = parse_rate(text);
+  // Another spelling of a preset's rate (10Gbit/s, 1.25GB/s, 10000mbit for 10gbit) is that preset:
+  // the same link must not lose its latency to the way its rate was written.
+  for (const auto& [preset, preset_rate] : kEthernetPresets)
+    if (std::abs(rate - preset_rate) <= 1e-9 * preset_rate) return ethernet_preset(preset, rate, source);
+  if (source) *source = trim(text) + ": given rate, Ethernet TCP payload efficiency, no latency";
+  return LinkClass{rate, 0, kEthernetEfficiency};
 }
 
 Model default_model() {

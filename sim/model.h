@@ -86,10 +86,12 @@ struct Model {
 Model default_model();
 
 // A link preset: "100mbit", "1gbit", "10gbit", "25gbit", "100gbit" (Ethernet, TCP payload efficiency,
-// a typical one-switch latency), "netem:RATE" (qcclrun --netem RATE: the token bucket's efficiency,
-// the loopback's latency), "nvlink" (an NVLink-class intra-node link: 300 GB/s). False when unknown.
+// 25 us: a typical one-switch latency), "netem:RATE" (qcclrun --netem RATE: the token bucket's
+// efficiency, 30 us through the emulation's veth pairs), "nvlink" (an NVLink-class intra-node link:
+// 300 GB/s, 2 us). Names are case-blind, RATE's unit is not (parse_rate). False when unknown.
 bool link_preset(const std::string& name, LinkClass* out, std::string* source);
-// A link given by preset or by rate ("12.5GB/s", "40gbit": Ethernet efficiency, no latency).
+// A link given by preset or by rate ("12.5GB/s", "40gbit": Ethernet efficiency, no latency; a rate
+// equal to an Ethernet preset's, "10Gbit/s" or "1.25GB/s", is that preset, latency included).
 // Throws std::invalid_argument naming the text.
 LinkClass parse_link(const std::string& text, std::string* source);
 // A rate in bytes per second, with its unit: tc(8)'s ("10gbit", "1gibit", "125mbps" = 125 MB/s, as

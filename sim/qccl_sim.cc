@@ -58,6 +58,13 @@ DESCRIPTION
 
     The simulated call is a steady-state one (a codec state past its first round).
 
+    Every rank's plan and its program per fragment in flight are held at once, up to 4 GiB for all
+    ranks: a call past it is refused with the figure and what would fit. Most plans keep a ring of
+    every rank, and a ring's fragment takes 2(n - 1) steps, so rings stop at some 5,400 ranks (3,800
+    with two fragments in flight); recursive doubling's and the binomial trees' programs take
+    O(log n) steps and their plans a few fields, so an all-reduce of recursive doubling runs on a
+    million ranks (8 bytes: a minute and 4 GB; 1 MiB: 5 minutes and 9 GB).
+
     calibrate measures this machine's CPU costs (copies, reductions, float32 accumulator steps,
     encode, decode and decode-accumulate of each codec, median of 5 runs on 4 Mi values, and each
     method's step kernels timed inside its all-reduce on an in-process network) and writes a model
@@ -66,8 +73,8 @@ DESCRIPTION
     measures them on emulated hosts.
 
 OPTIONS
-    -n, --ranks N           ranks (default 8); a comma list (64,256,1024) sweeps the rank count at
-                            each size
+    -n, --ranks N           ranks (default 8, at most 2^20); a comma list (64,256,1024) sweeps the
+                            rank count at each size
         --nodes H, --hosts H
                             hosts (nodes, as qcclrun --nodes calls them) holding equal blocks of
                             ranks (default: one host per rank)
@@ -76,14 +83,19 @@ OPTIONS
         --machine-cores C   all hosts share one machine of C cores (qcclrun --netem's emulation;
                             not with --cores)
     -l, --link L            the link between hosts: 100mbit, 1gbit, 10gbit, 25gbit, 100gbit
-                            (Ethernet), netem:RATE (qcclrun --netem RATE), nvlink, or a rate
-                            with its unit: tc's (40gbit, 1gibit; 125mbps is 125 MB/s, as for
-                            tc and qcclrun) or per second, B for bytes and b or bit for bits
-                            (12.5GB/s, 100Mb/s, 40Gbit/s); 1 kbit/s to 1000 Tbit/s. Default: the
-                            model's (10gbit). A link given here or by the model file's
-                            inter.rate is told to the library, as QCCL_LINK_RATE tells it
-        --intra L           the link between ranks of one host (default: the model's, 10 GB/s)
-        --latency S         one-way latency between hosts in seconds (overrides the link's)
+                            (Ethernet, 25 us one-way latency), netem:RATE (qcclrun --netem RATE,
+                            30 us), nvlink (2 us), or a rate with its unit: tc's (40gbit, 1gibit;
+                            125mbps is 125 MB/s, as for tc and qcclrun) or per second, B for
+                            bytes and b or bit for bits (12.5GB/s, 100Mb/s, 40Gbit/s); 1 kbit/s
+                            to 1000 Tbit/s. A rate is Ethernet with NO latency (add --latency)
+                            unless it equals a preset's: 10Gbit/s, 1.25GB/s and 10000mbit are
+                            10gbit, 25 us included. The table's first line shows the latency.
+                            Default: the model's (10gbit). A link given here or by the model
+                            file's inter.rate is told to the library, as QCCL_LINK_RATE tells it
+        --intra L           the link between ranks of one host, as for -l (default: the model's,
+                            10 GB/s, 1 us)
+        --latency S         one-way latency between hosts in seconds (overrides the link's;
+                            the Ethernet presets take 25e-6)
     -m, --model FILE        a model file (qccl_sim calibrate; keys in sim/model.h) over the defaults
     -c, --collective C      allreduce (default), allgather, reducescatter, broadcast, reduce,
                             alltoall, gather, scatter
@@ -122,8 +134,10 @@ OPTIONS
     -h, --help              this text
 
 EXIT STATUS
-    0 on success; 1 when a call cannot be simulated or --execute finds bytes that differ; 2 for a
-    bad option.
+    0 on success; 1 when a call cannot be simulated (its algorithm cannot run it, or its plans and
+    programs would pass 4 GiB) or --execute finds bytes that differ; 2 for a bad option or
+    combination, before any row (a host count, --ranks-per-host or root that a rank count of -n
+    cannot take).
 
 EXAMPLES
     qccl_sim -n 1024 --nodes 128 --link 10gbit --intra 300GB/s -b 1G -z none,q8,q4
@@ -589,10 +603,23 @@ Options parse_options(int argc, char** argv) {
   }
   if (optind < argc) usage_error(std::string("unexpected argument '") + argv[optind] + "'");
   if (o.ranks_per_host && o.topology.hosts) usage_error("give --nodes (--hosts) or --ranks-per-host, not both");
-  for (int n : o.ranks)
+  // Every rank count of the list against the layout and the root: a combination no call can take is
+  // a bad option (exit 2, before any row), not a row that cannot be simulated.
+  for (int n : o.ranks) {
+    const std::string ranks = "--ranks " + std::to_string(n);
     if (o.ranks_per_host && n % o.ranks_per_host)
       usage_error("--ranks-per-host " + std::to_string(o.ranks_per_host) + " does not divide " + std::to_string(n) +
                   " ranks");
+    if (o.topology.hosts > n)
+      usage_error("--nodes (--hosts) " + std::to_string(o.topology.hosts) + " is more hosts than " + ranks +
+                  " (a host holds at least one rank)");
+    if (o.topology.hosts && n % o.topology.hosts)
+      usage_error("--nodes (--hosts) " + std::to_string(o.topology.hosts) + " does not divide " + ranks +
+                  " (hosts hold equal blocks of ranks)");
+    if (coll::rooted(o.call.kind) && o.call.root >= n)
+      usage_error("--root " + std::to_string(o.call.root) + " is not a rank of " + ranks + " (0 to " +
+                  std::to_string(n - 1) + ")");
+  }
   if (o.max_bytes == 0) o.max_bytes = o.min_bytes;
   if (o.max_bytes < o.min_bytes) usage_error("--maxbytes is smaller than --minbytes");
   if (o.min_bytes == 0 && o.max_bytes > 0)

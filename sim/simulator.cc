@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <deque>
 #include <limits>
 #include <memory>
 #include <queue>
@@ -75,7 +74,77 @@ size_t recv_elements(const CallSpec& call, int n) {
 namespace {
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
-constexpr double kMaxProgramBytes = 4.0 * (1 << 30);  // what the ranks' fragment programs may hold
+
+// "16.0 GiB", "256 KiB": sizes in a refusal.
+std::string describe_bytes(double bytes) {
+  if (bytes >= (1 << 30)) return format("%.1f GiB", bytes / (1 << 30));
+  if (bytes >= (1 << 20)) return format("%.1f MiB", bytes / (1 << 20));
+  if (bytes >= (1 << 10)) return format("%.0f KiB", bytes / (1 << 10));
+  return format("%.0f bytes", bytes);
+}
+
+// A plan's own object, its vectors' headers and the allocator's overhead, beside what grows with the
+// communicator (PlanHoldings): no plan measured more than 400 bytes of it (simulator_test).
+constexpr double kPlanBaseBytes = 512;
+
+// What one rank's plan keeps that grows with the communicator, read off the members of the plans in
+// collectives/*.cc, which report no size of their own: ints (rank numbers) and what they are.
+// simulator_test measures real plans against these figures, so a plan that comes to keep more fails
+// there rather than run a large simulation out of memory.
+struct PlanHoldings {
+  double ints;
+  const char* what;
+};
+
+PlanHoldings plan_holdings(const coll::Algorithm& algorithm, const Topology& topology) {
+  const double n = topology.nranks, hosts = topology.host_count(), per_host = topology.ranks_per_host();
+  const std::string name = algorithm.name;
+  // The binomial trees build a ring of every rank only while they are made (memory O(1), time O(n) a
+  // rank); fft_allgather's list of every rank lives while a fragment is built.
+  if (name == "local" || name == "recursive_doubling" || name == "binomial" || name == "direct" ||
+      name == "fft_allgather")
+    return {0, "a few fields"};
+  if (algorithm.collective == CollKind::kAllGather && (name == "hierarchical" || name == "compressed_hierarchical"))
+    return {n + hosts, "every rank, in the order its host's leader holds their blocks, and one rank per host"};
+  if (name == "hierarchical_compressed" || name == "compressed_two_level")
+    return {per_host + hosts, "the ranks of its host and one rank per host"};
+  if (name == "hierarchical" || name == "compressed_hierarchical" || name == "compressed_hierarchical_intra")
+    return {per_host, "the ranks of its host"};
+  // ring, ring_compressed, sra_compressed, intsgd, intsgd_switch, fft_dense_ring, marsit (its row of a
+  // one-row torus, or a full-precision round's ring), chain, pairwise, compressed_ring,
+  // compressed_pairwise, and an algorithm not listed here: the most a plan keeps.
+  return {n, "a ring of every rank, an int each"};
+}
+
+// Refuses, before any plan is made, a call whose plans would hold more than the simulator's budget: at
+// 65,536 ranks, rings of every rank took 17 GB to print a row of 0 bytes, and at 131,072 ran out of
+// memory. The message names the algorithm, the bytes, and those of the collective whose plans fit.
+void check_plan_memory(const coll::Algorithm& algorithm, const Topology& topology, const coll::CollArgs& args) {
+  const double per_rank = plan_bytes_per_rank(algorithm, topology);
+  const double held = per_rank * topology.nranks;
+  if (held <= kMaxHeldBytes) return;
+  // The most ranks whose plans of this algorithm fit (on hosts of the same size): the plans' bytes
+  // grow with the rank count, so a binary search finds it.
+  int fits = 0;
+  for (int step = 1 << 20; step > 0; step /= 2) {
+    Topology fewer = topology;
+    fewer.nranks = fits + step;
+    if (topology.hosts > 0) fewer.hosts = std::max(1, fewer.nranks / topology.ranks_per_host());
+    if (fewer.nranks < topology.nranks && plan_bytes_per_rank(algorithm, fewer) * fewer.nranks <= kMaxHeldBytes)
+      fits = fewer.nranks;
+  }
+  std::string others;
+  for (const coll::Algorithm& other : coll::algorithms())
+    if (other.collective == algorithm.collective && &other != &algorithm && !other.cannot_run(args) &&
+        plan_bytes_per_rank(other, topology) * topology.nranks <= kMaxHeldBytes)
+      others += std::string(others.empty() ? "" : ", ") + "-a " + other.name;
+  throw std::invalid_argument(
+      format("the plans of %s on %d ranks would hold %s before a step runs (%s a rank: %s); the simulator holds up to "
+             "%s of plans and programs, and %s's plans fit at most %d ranks%s%s",
+             algorithm.name, topology.nranks, describe_bytes(held).c_str(), describe_bytes(per_rank).c_str(),
+             plan_holdings(algorithm, topology).what, describe_bytes(kMaxHeldBytes).c_str(), algorithm.name, fits,
+             others.empty() ? "" : "; these fit: ", others.c_str()));
+}
 
 // Address space that can be neither read nor written: the simulated buffers (simulator.h).
 class Reservation {
@@ -313,11 +382,16 @@ class Engine {
   // kept, and a message takes the earliest gap both its ports have (as packets of concurrent flows
   // would share them, at message granularity).
   struct Port {
-    std::deque<std::pair<double, double>> ahead;  // busy [begin, end) not yet over, by begin
-    double free = 0;                              // the end of its last interval
-    double tokens = 0;                            // its token bucket's payload bytes at `free`
-    double busy = 0;                              // seconds it was serializing
+    // Busy [begin, end) not yet over, by begin, from ahead[head] on: a vector, since a deque allocates
+    // some 600 bytes as it is made, and four ports a rank took 2.6 GB of a million ranks' simulation.
+    std::vector<std::pair<double, double>> ahead;
+    size_t head = 0;
+    double free = 0;    // the end of its last interval
+    double tokens = 0;  // its token bucket's payload bytes at `free`
+    double busy = 0;    // seconds it was serializing
+    std::vector<std::pair<double, double>>::iterator first() { return ahead.begin() + static_cast<ptrdiff_t>(head); }
     void reserve(double begin, double end);
+    void forget_until(double now);  // drops the intervals that ended by `now`
   };
   // The earliest time at or after `ready` when both ports are free for `seconds`.
   double earliest_gap(Port& out, Port& in, double ready, double seconds);
@@ -334,6 +408,20 @@ class Engine {
   std::vector<StepCost> step_costs_;  // looked up per step: a few entries, searched in order
   coll::Program program_;             // built into, then compacted
   SimResult result_;
+  // What the ranks hold (kMaxHeldBytes): their plans, estimated before they are made, and their
+  // fragment programs, counted as they grow. A rank's first fragment also foretells what it will hold
+  // in all its slots; once kSampledRanks have started, the ranks not yet started are taken to hold no
+  // less than the smallest of those, so that a ring's n programs of 2(n - 1) steps are refused within
+  // its first ranks, while a gather's root or a host's leader, whose programs alone grow with the
+  // ranks, is not taken for every rank.
+  static constexpr int kSampledRanks = 64;
+  double plans_bytes_ = 0;
+  double programs_bytes_ = 0;  // the ops' capacity in every slot of every rank
+  double started_bytes_ = 0;   // what the ranks started so far will hold, by their first fragment
+  double smallest_rank_bytes_ = kNever;
+  int ranks_started_ = 0;
+  int largest_rank_ = -1;  // the rank whose first fragment was the largest, and its steps
+  size_t largest_ops_ = 0;
 };
 
 double Engine::step_cost(const kernels::CodecConfig* codec, const char* step) {
@@ -393,6 +481,9 @@ double Engine::cpu_cost(const coll::Step& step) {
 void Engine::compact(const coll::Program& program, std::vector<Op>* ops) {
   namespace st = coll::step;
   ops->clear();
+  // About an op a step: reserved at once, not grown by doubling, which left rings' programs 1.8 times
+  // the size of their ops (the programs of every rank are what a simulation holds most of).
+  ops->reserve(program.steps().size());
   if (program.transfer_slots() > Op::kSlots)
     throw std::invalid_argument(std::to_string(program.transfer_slots()) +
                                 " transfers in one fragment: the simulator takes up to 2^24");
@@ -444,17 +535,33 @@ bool Engine::start_fragment(Rank& k, Slot& s) {
   s.fragment = k.next_fragment++;
   s.pc = 0;
   k.plan->build(s.fragment, s.scratch, program_);
+  const size_t capacity = s.ops.capacity();  // clear() keeps it: it only grows
   compact(program_, &s.ops);
-  // Every rank holds a program per slot: a ring's has 2(n - 1) steps, so n ranks hold O(n^2) of them
-  // (8192 ranks: some 10 GiB). Refused past a bound rather than run the machine out of memory.
-  const double held = static_cast<double>(s.ops.size() * sizeof(Op)) * static_cast<double>(ranks_.size()) *
-                      static_cast<double>(k.slots.size());
-  if (held > kMaxProgramBytes)
-    throw std::runtime_error(format("the plans on %zu ranks would hold %.1f GiB (%zu steps per fragment on each "
-                                    "of %zu slots); the simulator holds up to %.0f GiB: fewer ranks, or an "
-                                    "algorithm of O(log n) steps (recursive doubling, a hierarchical layout)",
-                                    ranks_.size(), held / (1 << 30), s.ops.size(), k.slots.size(),
-                                    kMaxProgramBytes / (1 << 30)));
+  programs_bytes_ += static_cast<double>((s.ops.capacity() - capacity) * sizeof(Op));
+  const int n = topology_.nranks;
+  if (s.fragment == 0) {
+    const double rank_bytes = static_cast<double>(s.ops.capacity() * sizeof(Op) * k.slots.size());
+    started_bytes_ += rank_bytes;
+    smallest_rank_bytes_ = std::min(smallest_rank_bytes_, rank_bytes);
+    ++ranks_started_;
+    if (largest_rank_ < 0 || s.ops.size() > largest_ops_)
+      largest_ops_ = s.ops.size(), largest_rank_ = static_cast<int>(&k - ranks_.data());
+  }
+  const bool sampled = ranks_started_ >= std::min(n, kSampledRanks);
+  const double unstarted =
+      sampled && ranks_started_ < n ? static_cast<double>(n - ranks_started_) * smallest_rank_bytes_ : 0;
+  const double programs = std::max(programs_bytes_, started_bytes_ + unstarted);
+  if (plans_bytes_ + programs > kMaxHeldBytes) {
+    const std::string depth = k.slots.size() > 1 ? ", --depth 1 (one fragment in flight)" : "";
+    throw std::invalid_argument(
+        format("the fragment programs of %s on %d ranks would hold some %s beside %s of plans (rank %d: %zu steps a "
+               "fragment, %zu in flight); the simulator holds up to %s of plans and programs: fewer ranks%s, or an "
+               "algorithm whose fragments take fewer steps (qccl_info -a; recursive_doubling's and the binomial "
+               "trees' take O(log n))",
+               algorithm_->name, n, describe_bytes(programs).c_str(), describe_bytes(plans_bytes_).c_str(),
+               largest_rank_, largest_ops_, ranks_[static_cast<size_t>(largest_rank_)].slots.size(),
+               describe_bytes(kMaxHeldBytes).c_str(), depth.c_str()));
+  }
   result_.steps += program_.steps().size();
   if (s.transfers.size() < program_.transfer_slots()) s.transfers.resize(program_.transfer_slots(), -1);
   return true;
@@ -519,22 +626,29 @@ int Engine::post(int r, Slot& s) {
 }
 
 void Engine::Port::reserve(double begin, double end) {
-  const auto at = std::upper_bound(ahead.begin(), ahead.end(), begin,
+  const auto at = std::upper_bound(first(), ahead.end(), begin,
                                    [](double b, const std::pair<double, double>& i) { return b < i.first; });
   ahead.insert(at, {begin, end});
   free = std::max(free, end);
 }
 
+void Engine::Port::forget_until(double now) {
+  while (head < ahead.size() && ahead[head].second <= now) ++head;
+  if (head > 64 && head * 2 > ahead.size()) {  // the dropped front is reclaimed once it outweighs the rest
+    ahead.erase(ahead.begin(), first());
+    head = 0;
+  }
+}
+
 // A port's intervals do not overlap (each was placed in a gap), so their ends are sorted as their
 // begins: the first interval that could overlap [t, t + seconds) is found by binary search.
 double Engine::earliest_gap(Port& out, Port& in, double ready, double seconds) {
-  for (Port* p : {&out, &in})  // what ended before now can hold no later message
-    while (!p->ahead.empty() && p->ahead.front().second <= now_) p->ahead.pop_front();
+  for (Port* p : {&out, &in}) p->forget_until(now_);  // what ended before now can hold no later message
   double t = ready;
   for (bool moved = true; moved;) {
     moved = false;
     for (Port* p : {&out, &in}) {
-      auto i = std::upper_bound(p->ahead.begin(), p->ahead.end(), t,
+      auto i = std::upper_bound(p->first(), p->ahead.end(), t,
                                 [](double v, const std::pair<double, double>& x) { return v < x.second; });
       for (; i != p->ahead.end() && i->first < t + seconds; ++i) t = i->second, moved = true;
     }
@@ -694,6 +808,8 @@ SimResult Engine::run() {
   Reservation buffers(send_span + recv_span);
   for (int r = 0; r < n; ++r) binding_.bind(r, buffers.base(), buffers.base() + send_span);
   algorithm_ = &binding_.algorithm(call_.algorithm);
+  check_plan_memory(*algorithm_, topology_, binding_.args(0));
+  plans_bytes_ = plan_bytes_per_rank(*algorithm_, topology_) * n;
   program_.set_default_codec(binding_.codec());
   size_t scratch = 0;
   for (int r = 0; r < n; ++r) {
@@ -775,6 +891,10 @@ SimResult Engine::run() {
 
 }  // namespace
 
+double plan_bytes_per_rank(const coll::Algorithm& algorithm, const Topology& topology) {
+  return kPlanBaseBytes + sizeof(int) * plan_holdings(algorithm, topology).ints;
+}
+
 SimResult simulate(const Model& model, const Topology& topology, const CallSpec& call, bool link_bytes) {
   Engine engine(model, topology, call, link_bytes);
   return engine.run();
@@ -813,6 +933,7 @@ std::map<std::pair<int, int>, uint64_t> execute(const Topology& topology, const 
     binding.bind(r, in.data(), recv[static_cast<size_t>(r)].data());
   }
   const coll::Algorithm& algorithm = binding.algorithm(call.algorithm);
+  check_plan_memory(algorithm, topology, binding.args(0));
   for (int r = 0; r < n; ++r) {
     const coll::CollArgs& args = binding.args(r);
     auto plan = algorithm.make(args, options);

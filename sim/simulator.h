@@ -95,8 +95,23 @@ struct SimResult {
   std::map<std::pair<int, int>, uint64_t> link_bytes;  // (src, dst) -> payload bytes, when asked
 };
 
+// What the simulator lets every rank's plan and fragment programs hold together. Plans are made for
+// every rank before the call starts and each rank holds a program per fragment in flight, so both
+// grow with the rank count, plans and rings' programs with its square: past this, a call is refused
+// with the reason rather than run the machine out of memory.
+inline constexpr double kMaxHeldBytes = 4.0 * (1 << 30);
+
+// What one rank's plan of `algorithm` holds on `topology`, in bytes: estimated from what the plans
+// of collectives/ keep (most a ring of every rank, an int each; the hierarchical ones their host's
+// ranks and a rank per host; recursive doubling, the binomial trees and direct gather and scatter a
+// few fields), since a plan reports no size of its own. simulate() and execute() refuse a call whose
+// plans would pass kMaxHeldBytes before they make any.
+double plan_bytes_per_rank(const coll::Algorithm& algorithm, const Topology& topology);
+
 // Runs one call on the modeled cluster. Throws std::invalid_argument for a spec, algorithm or
-// topology it cannot run (the message names it) and std::runtime_error when the plans deadlock.
+// topology it cannot run (the message names it), or whose plans and programs would hold more than
+// kMaxHeldBytes (the message gives the figure and what would fit), and std::runtime_error when the
+// plans deadlock.
 SimResult simulate(const Model& model, const Topology& topology, const CallSpec& call, bool link_bytes = false);
 
 // Runs the same call with real data on an in-process network (the host executor and the real

@@ -343,6 +343,11 @@ TEST_CASE("auto: one node stays uncompressed, unknown links between nodes too", 
   sim::CallSpec call;
   call.count = size_t{16} << 20;
   CHECK(sim::choose_auto_codec(model, one_host, call, "auto:maxrelerr=1") == "");
+  // A layout the simulation refuses stops here with the reason, not a division by zero in the node
+  // map (SIGFPE); qccl_sim refuses it sooner, as a bad option.
+  sim::Topology more_hosts_than_ranks;
+  more_hosts_than_ranks.nranks = 2, more_hosts_than_ranks.hosts = 4;
+  CHECK_THROWS_WITH(sim::choose_auto_codec(model, more_hosts_than_ranks, call, "auto"), Catch::Contains("4 hosts"));
 
   // A communicator on several nodes without QCCL_LINK_RATE knows no inter-node rate.
   AutoCodec a("auto", 4);
