@@ -85,7 +85,7 @@ class AllReduceIntsgdSwitch final : public Plan {
  private:
   size_t message_stride() const {
     const size_t ring_bytes = ring_chunk_ * args_.element_size();  // the exact round's scratch
-    return std::max(whole_lines(SwitchChunkHeader::kBytes + chunk_ * wire_), ring_bytes);
+    return whole_lines(std::max(SwitchChunkHeader::kBytes + chunk_ * wire_, ring_bytes));
   }
 
   Ring ring_;

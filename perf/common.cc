@@ -836,12 +836,14 @@ int64_t Bench::check_cell(const Shape& s, bool in_place, uint64_t seed) {
 double Bench::relative_error(const Shape& s, bool in_place, uint64_t seed) {
   const Pattern p = pattern(s.type, s.op, seed);
   fill_inputs(s, in_place, p);
-  const bool nonfinite = run_ops(s, in_place, 0, 1) > 0;  // the same on every rank
+  // A reduce-scatter's qcclNonFinite is its rank's block's: summed below, so that every rank judges
+  // the cell alike.
+  const int nonfinite = run_ops(s, in_place, 0, 1);
   const size_t es = s.type->size;
   download(std::max(s.counts.send, s.counts.recv) * es);
   const Call call = make_call(s, in_place, 0, /*host=*/true);
   const char* out = static_cast<const char*>(call.recvbuff);
-  double sums[2] = {0, 0};  // squared error, squared reference
+  double sums[3] = {0, 0, static_cast<double>(nonfinite)};  // squared error, squared reference, calls
   for (size_t i = 0; i < s.counts.recv; ++i) {
     const Source src = test_.source(i, call);
     int ulps = 0;
@@ -851,8 +853,8 @@ double Bench::relative_error(const Shape& s, bool in_place, uint64_t seed) {
     sums[0] += (got - want) * (got - want);
     sums[1] += want * want;
   }
-  check(qcclAllReduce(sums, sums, 2, qcclFloat64, qcclSum, comm_), "qcclAllReduce (relative error)");
-  if (nonfinite) return NAN;
+  check(qcclAllReduce(sums, sums, 3, qcclFloat64, qcclSum, comm_), "qcclAllReduce (relative error)");
+  if (sums[2] > 0) return NAN;
   return sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);
 }
 

@@ -185,11 +185,9 @@ bool link_preset(const std::string& name, LinkClass* out, std::string* source) {
 LinkClass parse_link(const std::string& text, std::string* source) {
   LinkClass link;
   if (link_preset(text, &link, source)) return link;
+  // A bare rate has no latency, whatever it equals (matching presets by value made a rate 1% off a
+  // preset's, or an --intra rate that happened to equal one, 25 us apart): --latency adds one.
   const double rate = parse_rate(text);
-  // Another spelling of a preset's rate (10Gbit/s, 1.25GB/s, 10000mbit for 10gbit) is that preset:
-  // the same link must not lose its latency to the way its rate was written.
-  for (const auto& [preset, preset_rate] : kEthernetPresets)
-    if (std::abs(rate - preset_rate) <= 1e-9 * preset_rate) return ethernet_preset(preset, rate, source);
   if (source) *source = trim(text) + ": given rate, Ethernet TCP payload efficiency, no latency";
   return LinkClass{rate, 0, kEthernetEfficiency};
 }

@@ -90,8 +90,8 @@ Model default_model();
 // efficiency, 30 us through the emulation's veth pairs), "nvlink" (an NVLink-class intra-node link:
 // 300 GB/s, 2 us). Names are case-blind, RATE's unit is not (parse_rate). False when unknown.
 bool link_preset(const std::string& name, LinkClass* out, std::string* source);
-// A link given by preset or by rate ("12.5GB/s", "40gbit": Ethernet efficiency, no latency; a rate
-// equal to an Ethernet preset's, "10Gbit/s" or "1.25GB/s", is that preset, latency included).
+// A link given by preset or by rate ("12.5GB/s", "40gbit", "10Gbit/s": Ethernet efficiency, no
+// latency, whatever preset's rate it equals; --latency gives one).
 // Throws std::invalid_argument naming the text.
 LinkClass parse_link(const std::string& text, std::string* source);
 // A rate in bytes per second, with its unit: tc(8)'s ("10gbit", "1gibit", "125mbps" = 125 MB/s, as

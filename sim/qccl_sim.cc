@@ -87,9 +87,9 @@ OPTIONS
                             30 us), nvlink (2 us), or a rate with its unit: tc's (40gbit, 1gibit;
                             125mbps is 125 MB/s, as for tc and qcclrun) or per second, B for
                             bytes and b or bit for bits (12.5GB/s, 100Mb/s, 40Gbit/s); 1 kbit/s
-                            to 1000 Tbit/s. A rate is Ethernet with NO latency (add --latency)
-                            unless it equals a preset's: 10Gbit/s, 1.25GB/s and 10000mbit are
-                            10gbit, 25 us included. The table's first line shows the latency.
+                            to 1000 Tbit/s. A rate is Ethernet with NO latency, whatever preset's
+                            rate it equals (10Gbit/s is 10gbit without its 25 us): add --latency.
+                            The table's first line shows the latency taken.
                             Default: the model's (10gbit). A link given here or by the model
                             file's inter.rate is told to the library, as QCCL_LINK_RATE tells it
         --intra L           the link between ranks of one host, as for -l (default: the model's,
