@@ -122,6 +122,7 @@ void CodecState::adopt(std::unique_ptr<coll::MethodState> state) {
 }
 
 coll::MethodState* CodecState::bind(const coll::Method& method, const kernels::CodecConfig& codec) {
+  std::lock_guard<std::mutex> lock(calls_mu_);
   if (method_ && method_ != &method)
     fail(qcclInvalidUsage, "the codec state holds %s's state, but codec '%s' is %s's: one state per tensor and method",
          method_->name(), codec.canonical().c_str(), method.name());
@@ -136,6 +137,7 @@ coll::MethodState* CodecState::bind(const coll::Method& method, const kernels::C
 }
 
 size_t CodecState::serialized_bytes() const {
+  std::lock_guard<std::mutex> lock(calls_mu_);  // a call's bind() may be making the method's state
   const size_t name = method_ ? std::strlen(method_->name()) : 0;
   // magic, version, count, step, learning rate, name (length + bytes), state version, state length,
   // state, checksum

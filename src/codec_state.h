@@ -112,7 +112,9 @@ class CodecState : public std::enable_shared_from_this<CodecState> {
   coll::LegacyState legacy_;
   bool has_legacy_ = false;
   std::atomic<int> calls_{0};
-  std::mutex calls_mu_;           // begin_call's check and owner_
+  // begin_call's check and owner_; and method_ and state_, which a call's bind() makes on its thread
+  // while a store's Size (serialized_bytes) may read them on another.
+  mutable std::mutex calls_mu_;
   const void* owner_ = nullptr;   // the communicator of the calls in flight
 };
 

@@ -157,6 +157,38 @@ TEST_CASE("keyed states: a store's loads on one thread while another calls on it
   CHECK(save(store.handle).size() == checkpoint.size());
 }
 
+// A store's Size reads each state's method and its state, which a key's first call makes on the
+// calling thread (bind): read under the state's lock (TSan found the race, a torn read of a
+// "thread-safe" store). One rank, as above.
+TEST_CASE("keyed states: a store's size on one thread while another makes its keys' first calls", "[codec_state]") {
+  World& w = World::get();
+  if (w.size() != 1) return;
+  Codec codec("q8:ef=on");
+  Store store(w.comm(), 0);
+  std::atomic<bool> stop{false};
+  std::atomic<int> sized{0}, failed{0};
+  std::thread sizer([&] {
+    while (!stop.load()) {
+      size_t bytes = 0;
+      (qcclCodecStoreSize(store.handle, &bytes) == qcclSuccess && bytes > 0 ? sized : failed).fetch_add(1);
+    }
+  });
+  std::vector<float> x(256, 1.0f), y(256);
+  uint64_t key = 0;
+  for (; key < 300 || (sized.load() < 100 && key < 20000); ++key) {  // until the sizer has run a while
+    qcclCodecState_t state = nullptr;
+    QCCL_REQUIRE_OK(qcclCodecStoreGet(store.handle, key, x.size(), &state));
+    QCCL_REQUIRE_OK(
+        qcclAllReduceCompressed(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, codec.handle, state, w.comm()));
+  }
+  stop = true;
+  sizer.join();
+  CHECK(failed == 0);
+  CHECK(sized >= 100);
+  // Every key's residual (256 floats) is in the checkpoint the size is now for.
+  CHECK(save(store.handle).size() > key * 256 * sizeof(float));
+}
+
 TEST_CASE("keyed states: handles, erased keys, and a store's own budget", "[codec_state]") {
   World& w = World::get();
   Store store(w.comm(), 100000);
