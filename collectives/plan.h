@@ -298,20 +298,20 @@ class Program {
     codec_ = default_codec_;
   }
   void recv(int slot, int peer, uint32_t msg, void* dst, size_t bytes) {
-    if (bytes) add_transfer(slot, step::Recv{narrow(slot), peer, msg, dst, bytes, nullptr});
+    if (bytes) add_transfer(slot, step::Recv{slot_index(slot), peer, msg, dst, bytes, nullptr});
   }
   // A receive of at most `capacity` bytes whose length is stored in *received.
   void recv_upto(int slot, int peer, uint32_t msg, void* dst, size_t capacity, size_t* received) {
-    add_transfer(slot, step::Recv{narrow(slot), peer, msg, dst, capacity, received});
+    add_transfer(slot, step::Recv{slot_index(slot), peer, msg, dst, capacity, received});
   }
   void send(int slot, int peer, uint32_t msg, const void* src, size_t bytes) {
-    if (bytes) add_transfer(slot, step::Send{narrow(slot), peer, msg, src, bytes, nullptr});
+    if (bytes) add_transfer(slot, step::Send{slot_index(slot), peer, msg, src, bytes, nullptr});
   }
   // A send of the *length bytes (at most `capacity`) an earlier step stored.
   void send_length(int slot, int peer, uint32_t msg, const void* src, size_t capacity, const size_t* length) {
-    add_transfer(slot, step::Send{narrow(slot), peer, msg, src, capacity, length});
+    add_transfer(slot, step::Send{slot_index(slot), peer, msg, src, capacity, length});
   }
-  void wait(int slot) { steps_.push_back(step::Wait{narrow(slot)}); }
+  void wait(int slot) { steps_.push_back(step::Wait{slot_index(slot)}); }
   void reduce(void* dst, const void* a, const void* b, size_t count) {
     if (count) steps_.push_back(step::Reduce{dst, a, b, count});
   }
@@ -360,7 +360,7 @@ class Program {
   size_t transfer_slots() const { return transfer_slots_; }
 
  private:
-  static uint32_t narrow(int slot) { return static_cast<uint32_t>(slot); }
+  static uint32_t slot_index(int slot) { return static_cast<uint32_t>(slot); }
   template <class S>
   void add_transfer(int slot, const S& s) {
     transfer_slots_ = std::max(transfer_slots_, static_cast<size_t>(slot) + 1);

@@ -304,15 +304,6 @@ size_t count_for(coll::CollKind kind, size_t bytes, size_t element_size, int n) 
   return bytes / element_size / counts_per_size(kind, n);
 }
 
-std::string human_bytes(double b) {
-  char buf[32];
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
-  return buf;
-}
-
 constexpr const char kPlotScript[] = R"PY(
 import csv, sys
 try:

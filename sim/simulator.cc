@@ -75,14 +75,6 @@ namespace {
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
 
-// "16.0 GiB", "256 KiB": sizes in a refusal.
-std::string describe_bytes(double bytes) {
-  if (bytes >= (1 << 30)) return format("%.1f GiB", bytes / (1 << 30));
-  if (bytes >= (1 << 20)) return format("%.1f MiB", bytes / (1 << 20));
-  if (bytes >= (1 << 10)) return format("%.0f KiB", bytes / (1 << 10));
-  return format("%.0f bytes", bytes);
-}
-
 // A plan's own object, its vectors' headers and the allocator's overhead, beside what grows with the
 // communicator (PlanHoldings): no plan measured more than 400 bytes of it (simulator_test).
 constexpr double kPlanBaseBytes = 512;
@@ -141,8 +133,8 @@ void check_plan_memory(const coll::Algorithm& algorithm, const Topology& topolog
   throw std::invalid_argument(
       format("the plans of %s on %d ranks would hold %s before a step runs (%s a rank: %s); the simulator holds up to "
              "%s of plans and programs, and %s's plans fit at most %d ranks%s%s",
-             algorithm.name, topology.nranks, describe_bytes(held).c_str(), describe_bytes(per_rank).c_str(),
-             plan_holdings(algorithm, topology).what, describe_bytes(kMaxHeldBytes).c_str(), algorithm.name, fits,
+             algorithm.name, topology.nranks, human_bytes(held).c_str(), human_bytes(per_rank).c_str(),
+             plan_holdings(algorithm, topology).what, human_bytes(kMaxHeldBytes).c_str(), algorithm.name, fits,
              others.empty() ? "" : "; these fit: ", others.c_str()));
 }
 
@@ -558,9 +550,9 @@ bool Engine::start_fragment(Rank& k, Slot& s) {
                "fragment, %zu in flight); the simulator holds up to %s of plans and programs: fewer ranks%s, or an "
                "algorithm whose fragments take fewer steps (qccl_info -a; recursive_doubling's and the binomial "
                "trees' take O(log n))",
-               algorithm_->name, n, describe_bytes(programs).c_str(), describe_bytes(plans_bytes_).c_str(),
+               algorithm_->name, n, human_bytes(programs).c_str(), human_bytes(plans_bytes_).c_str(),
                largest_rank_, largest_ops_, ranks_[static_cast<size_t>(largest_rank_)].slots.size(),
-               describe_bytes(kMaxHeldBytes).c_str(), depth.c_str()));
+               human_bytes(kMaxHeldBytes).c_str(), depth.c_str()));
   }
   result_.steps += program_.steps().size();
   if (s.transfers.size() < program_.transfer_slots()) s.transfers.resize(program_.transfer_slots(), -1);
@@ -890,6 +882,13 @@ SimResult Engine::run() {
 }
 
 }  // namespace
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return format(u ? "%.1f %s" : "%.0f %s", b, units[u]);
+}
 
 double plan_bytes_per_rank(const coll::Algorithm& algorithm, const Topology& topology) {
   return kPlanBaseBytes + sizeof(int) * plan_holdings(algorithm, topology).ints;

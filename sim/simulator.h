@@ -108,6 +108,9 @@ inline constexpr double kMaxHeldBytes = 4.0 * (1 << 30);
 // plans would pass kMaxHeldBytes before they make any.
 double plan_bytes_per_rank(const coll::Algorithm& algorithm, const Topology& topology);
 
+// "4.0 GiB", "256.0 KiB", "12 B": byte counts in tables and refusals.
+std::string human_bytes(double bytes);
+
 // Runs one call on the modeled cluster. Throws std::invalid_argument for a spec, algorithm or
 // topology it cannot run (the message names it), or whose plans and programs would hold more than
 // kMaxHeldBytes (the message gives the figure and what would fit), and std::runtime_error when the
