@@ -46,6 +46,9 @@ class FftMethod final : public Method {
     if (codec && !codec->error_feedback) return nullptr;
     return std::make_unique<ResidualState>(count);
   }
+  size_t state_bytes(size_t count, const kernels::CodecConfig* codec) const override {
+    return codec && !codec->error_feedback ? 0 : ResidualState::bytes_for(count);
+  }
 
   std::unique_ptr<MethodCall> begin(const CollArgs& args, MethodState* state, const StateView*) const override {
     auto call = std::make_unique<FftCall>();

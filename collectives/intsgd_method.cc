@@ -84,6 +84,9 @@ class IntsgdMethod final : public Method {
     if (codec && codec->alpha_mode == kernels::IntAlpha::kFixed) return nullptr;  // a fixed alpha learns nothing
     return std::make_unique<IntsgdState>();
   }
+  size_t state_bytes(size_t, const kernels::CodecConfig* codec) const override {
+    return codec && codec->alpha_mode == kernels::IntAlpha::kFixed ? 0 : sizeof(IntsgdMemory);
+  }
 
   std::unique_ptr<MethodCall> begin(const CollArgs& args, MethodState* state, const StateView* view) const override {
     IntsgdMemory* memory = state ? &static_cast<IntsgdState*>(state)->memory() : nullptr;

@@ -26,8 +26,12 @@ class MarsitState final : public MethodState {
             {eta_.data(), eta_.size() * sizeof(float)}};
   }
 
-  size_t bytes() const override {
-    return stored_.size() * sizeof(float) + words_.size() * (sizeof(uint32_t) + sizeof(float));
+  size_t bytes() const override { return bytes_for(stored_.size()); }
+  // A float per value, and a word and a float per 32 values.
+  static size_t bytes_for(size_t count) {
+    const size_t values = coll::bytes_for(count, sizeof(float));
+    const size_t words = coll::bytes_for(count / 32 + (count % 32 != 0), sizeof(uint32_t) + sizeof(float));
+    return values > SIZE_MAX - words ? SIZE_MAX : values + words;
   }
   uint32_t version() const override { return 1; }
   size_t serialized_bytes() const override { return stored_.size() * sizeof(float); }
@@ -88,6 +92,9 @@ class MarsitMethod final : public Method {
 
   std::unique_ptr<MethodState> make_state(size_t count, const kernels::CodecConfig*) const override {
     return std::make_unique<MarsitState>(count);
+  }
+  size_t state_bytes(size_t count, const kernels::CodecConfig*) const override {
+    return MarsitState::bytes_for(count);
   }
 
   std::unique_ptr<MethodCall> begin(const CollArgs&, MethodState* state, const StateView*) const override {

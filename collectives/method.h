@@ -115,6 +115,11 @@ class MethodCall {
   virtual void end() {}
 };
 
+// count * bytes_each, or SIZE_MAX where the product does not fit (no budget holds that).
+inline size_t bytes_for(size_t count, size_t bytes_each) {
+  return count > SIZE_MAX / bytes_each ? SIZE_MAX : count * bytes_each;
+}
+
 class Method {
  public:
   virtual ~Method() = default;
@@ -127,6 +132,10 @@ class Method {
   // A fresh state for a tensor of `count` values, or null when the method keeps nothing for this
   // codec. codec null: the state it keeps for codecs that keep one (a checkpoint is being restored).
   virtual std::unique_ptr<MethodState> make_state(size_t count, const kernels::CodecConfig* codec) const = 0;
+  // The bytes() of what make_state(count, codec) makes (0 for null; SIZE_MAX where that does not fit
+  // a size_t), known before it is made: the budget is charged first, so a state past it is refused
+  // before its memory is allocated and touched.
+  virtual size_t state_bytes(size_t count, const kernels::CodecConfig* codec) const = 0;
   // Binds one call (args.codec, args.rng and the buffers are set) to its state (null: none).
   virtual std::unique_ptr<MethodCall> begin(const CollArgs& args, MethodState* state, const StateView* view) const = 0;
 };

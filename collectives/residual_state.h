@@ -15,6 +15,7 @@ namespace qccl::coll {
 class ResidualState final : public MethodState {
  public:
   explicit ResidualState(size_t count) : residual_(count, 0.0f) {}
+  static size_t bytes_for(size_t count) { return coll::bytes_for(count, sizeof(float)); }
   float* residual() { return residual_.data(); }
   std::vector<StateArray> device_arrays() override { return {{residual_.data(), bytes()}}; }
 

@@ -113,11 +113,31 @@ void CodecState::arrays_to_host() const {
   device_newer_ = false;
 }
 
-void CodecState::adopt(std::unique_ptr<coll::MethodState> state) {
-  const size_t bytes = state ? state->bytes() : 0;
+std::unique_ptr<coll::MethodState> CodecState::make_charged(const coll::Method& method,
+                                                            const kernels::CodecConfig* codec) {
+  const size_t bytes = method.state_bytes(count_, codec);
+  if (bytes == SIZE_MAX)
+    fail(qcclInvalidArgument, "count = %zu: %s's state of that many values would not fit in memory", count_,
+         method.name());
   budget_->charge(bytes);
+  std::unique_ptr<coll::MethodState> made;
+  try {
+    made = method.make_state(count_, codec);
+  } catch (...) {
+    budget_->release(bytes);
+    throw;
+  }
+  if (const size_t held = made ? made->bytes() : 0; held != bytes) {
+    budget_->release(bytes);
+    fail(qcclInternalError, "%s's state of %zu values holds %zu bytes, %zu charged", method.name(), count_, held,
+         bytes);
+  }
+  return made;
+}
+
+void CodecState::adopt(std::unique_ptr<coll::MethodState> state) {
   budget_->release(charged_);
-  charged_ = bytes;
+  charged_ = state ? state->bytes() : 0;
   state_ = std::move(state);
 }
 
@@ -127,7 +147,7 @@ coll::MethodState* CodecState::bind(const coll::Method& method, const kernels::C
     fail(qcclInvalidUsage, "the codec state holds %s's state, but codec '%s' is %s's: one state per tensor and method",
          method_->name(), codec.canonical().c_str(), method.name());
   if (!state_) {
-    std::unique_ptr<coll::MethodState> made = method.make_state(count_, &codec);
+    std::unique_ptr<coll::MethodState> made = make_charged(method, &codec);
     if (made && has_legacy_) made->load_legacy(legacy_);
     if (made) adopt(std::move(made));
     if (state_) has_legacy_ = false, legacy_values_.clear();
@@ -272,13 +292,18 @@ void CodecState::load(const void* buffer, size_t bytes) {
     std::unique_ptr<coll::MethodState> restored;
     if (method && length) {
       try {  // a store's entry names its own count: a crafted one must not end the process
-        restored = method->make_state(count_, nullptr);
+        restored = make_charged(*method, nullptr);
       } catch (const std::bad_alloc&) {
         fail(qcclInvalidArgument, "checkpoint's %s state of %zu values cannot be allocated", name.c_str(), count_);
       } catch (const std::length_error&) {
         fail(qcclInvalidArgument, "checkpoint's %s state of %zu values cannot be allocated", name.c_str(), count_);
       }
-      restore(*restored);
+      try {
+        restore(*restored);
+      } catch (...) {
+        budget_->release(restored->bytes());
+        throw;
+      }
     }
     adopt(std::move(restored));
   }

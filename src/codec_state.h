@@ -93,6 +93,10 @@ class CodecState : public std::enable_shared_from_this<CodecState> {
   void load(const void* buffer, size_t bytes);
 
  private:
+  // The method's fresh state for this tensor, its bytes charged to the budget before it is made: past
+  // the budget, Error(qcclInvalidUsage) and nothing allocated.
+  std::unique_ptr<coll::MethodState> make_charged(const coll::Method& method, const kernels::CodecConfig* codec);
+  // Takes a state from make_charged (its bytes charged already) in place of the current one.
   void adopt(std::unique_ptr<coll::MethodState> state);
 
   const std::shared_ptr<StateBudget> budget_;

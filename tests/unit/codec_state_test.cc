@@ -303,6 +303,45 @@ TEST_CASE(
   CHECK(code_of([&] { begin(*big, ef, args); }) == qcclInvalidUsage);
 }
 
+TEST_CASE("codec state budgets: charged before the state is made, so a state past it is never allocated",
+          "[codec_state]") {
+  // 2^40 values: 4 TiB of residual, or of Marsit's compensation, which no allocation here could
+  // hold: a budget charged after making the state would fail with std::bad_alloc, not the budget.
+  auto budget = std::make_shared<StateBudget>(1 << 20);
+  coll::CollArgs args;
+  for (const char* spec : {"q8:ef=on", "fft:ef=on", "sign:eta_s=0.01"}) {
+    CAPTURE(spec);
+    const kernels::CodecConfig codec = kernels::parse_codec_spec(spec);
+    CodecState huge(budget, size_t{1} << 40);
+    CHECK(code_of([&] { begin(huge, codec, args); }) == qcclInvalidUsage);
+    CHECK(budget->used() == 0);
+    CodecState fits(budget, 1000);  // the charge is the state's bytes()
+    begin(fits, codec, args);
+    CHECK(budget->used() == method_of(codec).state_bytes(1000, &codec));
+    CHECK(budget->used() >= 4000);
+  }
+  CHECK(budget->used() == 0);
+  // A count whose bytes do not fit a size_t is the count's fault.
+  CodecState impossible(budget, size_t{1} << 62);
+  CHECK(code_of([&] { begin(impossible, kernels::parse_codec_spec("q8:ef=on"), args); }) == qcclInvalidArgument);
+  // A store's checkpoint naming a count past the budget is refused before anything is allocated.
+  CodecState small(budget, 16);
+  begin(small, kernels::parse_codec_spec("q8:ef=on"), args);
+  std::vector<uint8_t> entry = save(small);
+  const uint64_t count = uint64_t{1} << 40;
+  std::memcpy(entry.data() + 8, &count, 8);
+  const uint64_t sum = fnv(entry.data() + 8, entry.size() - 16);
+  std::memcpy(entry.data() + entry.size() - 8, &sum, 8);
+  ByteWriter w;
+  w.put<uint32_t>(0x53534351), w.put<uint32_t>(1), w.put<uint64_t>(1);  // store magic, format, entries
+  w.put<uint64_t>(5), w.put<uint64_t>(entry.size());
+  w.bytes().insert(w.bytes().end(), entry.begin(), entry.end());
+  w.put<uint64_t>(fnv(w.bytes().data() + 8, w.bytes().size() - 8));
+  CodecStore store(budget, 0);
+  CHECK(code_of([&] { store.load(w.bytes().data(), w.bytes().size()); }) == qcclInvalidUsage);
+  CHECK(budget->used() == 64);
+}
+
 TEST_CASE("codec store: a checkpoint restores every key's state; a corrupt one changes nothing", "[codec_state]") {
   auto budget = std::make_shared<StateBudget>(1 << 20);
   coll::CollArgs args;
