@@ -31,7 +31,7 @@ IntsgdRound intsgd_round(const kernels::CodecConfig& codec, const IntsgdMemory* 
 void intsgd_observe(const kernels::CodecConfig& codec, IntsgdMemory* memory, double lr, double mean_squares) {
   if (codec.alpha_mode == kernels::IntAlpha::kFixed || !memory) return;
   const double v = codec.alpha_mode == kernels::IntAlpha::kLr ? lr * lr * mean_squares : mean_squares;
-  memory->r = memory->has_r ? kernels::intsgd_moving_average(memory->r, v, codec.beta) : v;
+  memory->r = kernels::intsgd_moving_average(memory->has_r ? memory->r : 0.0, v, codec.beta);
   memory->has_r = true;
 }
 

@@ -35,9 +35,13 @@ struct IntsgdMemory {
 IntsgdRound intsgd_round(const kernels::CodecConfig& codec, const IntsgdMemory* memory, double lr, size_t count,
                                int nranks);
 
-// After a round that completed with finite values: r <- beta r + (1 - beta) v (r <- v the first time),
+// After a round that completed with finite values: r <- beta r + (1 - beta) v from r_0 = 0,
 // v = lr^2 * mean_squares (alpha=lr) or mean_squares (alpha=grad), mean_squares = ||g~||^2 of the
-// decoded average g~. A fixed alpha keeps no memory.
+// decoded average g~. A fixed alpha keeps no memory. r_0 = 0 is what Proposition 2's proof unrolls
+// (E[r_k] = (1 - beta) sum_t beta^t ||x^(k-t) - x^(k-t-1)||^2), so that alpha meets Assumption 1's
+// bound from the first integer round; the authors' code starts r at the first observation instead,
+// which makes that round's alpha sqrt(1 / (1 - beta)) times smaller (its rounding variance 1 / (1 -
+// beta) times the bound's) and decays over some 1 / (1 - beta) rounds.
 void intsgd_observe(const kernels::CodecConfig& codec, IntsgdMemory* memory, double lr, double mean_squares);
 
 // ||g~||^2 of an integer round: the exact sum of S^2 times (1 / (n alpha))^2.

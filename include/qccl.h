@@ -511,8 +511,9 @@ QCCL_API qcclResult_t qcclCodecStateSave(qcclCodecState_t state, void* buffer, s
 QCCL_API qcclResult_t qcclCodecStateLoad(qcclCodecState_t state, const void* buffer, size_t bytes);
 /* IntSGD with alpha=lr: the learning rate eta_k of the state's next calls, until set again (lr > 0,
  * finite; every rank passes the same). Algorithm 1's alpha_k = sqrt(d) / sqrt(2 n r_k / eta_k^2 +
- * eps^2), r_k the moving average of ||x^k - x^(k-1)||^2 = eta_(k-1)^2 ||g~||^2 for the SGD step
- * x^(k+1) = x^k - eta_k g~, g~ the all-reduced average. */
+ * eps^2), r_k = beta r_(k-1) + (1 - beta) ||x^k - x^(k-1)||^2 from r_0 = 0 (as Proposition 2's proof
+ * unrolls it), ||x^k - x^(k-1)||^2 = eta_(k-1)^2 ||g~||^2 for the SGD step x^(k+1) = x^k - eta_k g~, g~
+ * the all-reduced average. */
 QCCL_API qcclResult_t qcclCodecStateSetLearningRate(qcclCodecState_t state, double lr);
 
 /* A store of many tensors' codec states by a 64-bit key the caller chooses (a parameter's or bucket's
@@ -572,7 +573,10 @@ QCCL_API qcclResult_t qcclCodecStoreLoad(qcclCodecStore_t store, const void* buf
  * clipped and the largest integer sum. A NaN or Inf input is never summed: that chunk is NaN on every
  * rank, the call returns qcclNonFinite everywhere, and alpha's moving average is left as it was. An
  * output beyond float16's (bfloat16's) range is +-Inf there, as an uncompressed sum's would be, and
- * is not reported: the integers summed were finite. */
+ * is not reported: the integers summed were finite. The exact first round is a float all-reduce in
+ * the data's type and cannot tell such an overflow from an Inf input: its +-Inf outputs are reported
+ * (qcclNonFinite) and teach alpha nothing, so the next call is exact again (an average too: it divides
+ * the float16 sum; alpha0 skips the exact round). */
 QCCL_API qcclResult_t qcclAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count,
                                               qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec,
                                               qcclCodecState_t state, qcclComm_t comm);

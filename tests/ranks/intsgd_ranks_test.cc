@@ -82,11 +82,12 @@ TEST_CASE("IntSGD: exact first round, then integers under one alpha that follows
               REQUIRE(std::abs(g[i] - mean / n) <= 1.0 / stats.intAlpha + 1e-6);
             }
         }
-        // The moving average as Proposition 2 has it, from this round's (shared) average.
+        // The moving average as Proposition 2 has it, from this round's (shared) average: r_0 = 0, so
+        // E[r_k] = (1 - beta) sum over t of beta^t |x^(k-t) - x^(k-t-1)|^2, as its proof unrolls it.
         double squares = 0;
         for (float v : g) squares += static_cast<double>(v) * v;
         const double v = (std::string(mode) == "lr" ? lr * lr : 1.0) * squares;
-        r = step == 0 ? v : 0.9 * r + 0.1 * v;
+        r = 0.9 * r + 0.1 * v;
         lr_before = lr;
       }
       (void)lr_before;
@@ -145,6 +146,35 @@ TEST_CASE("IntSGD: NaN is qcclNonFinite on every rank and leaves alpha's moving 
                                           w.comm()));
   CHECK(last_stats().intAlpha == alpha_nan);  // the NaN round did not move r
   for (float v : g) REQUIRE(std::isfinite(v));
+}
+
+TEST_CASE("IntSGD: a float16 sum past 65504 in the exact round is reported and keeps the round exact; the "
+          "integer rounds' is not",
+          "[intsgd]") {
+  // The exact round adds float16 partial sums (an average too: it divides the sum) and cannot tell an
+  // overflow from an Inf input: it reports both (qcclNonFinite) and learns nothing. Once an exact
+  // round that fits has taught alpha, the integer rounds' sums past 65504 are +-Inf, not reported.
+  World& w = World::get();
+  if (w.size() < 2) return;  // one rank's sum is its input
+  const size_t count = 257;
+  Codec codec("int32:seed=2");
+  State state(w.comm(), count);
+  std::vector<uint16_t> x(count, qccl::kernels::float_to_half(40000.0f)), g(count);
+  for (int call = 0; call < 2; ++call) {
+    CHECK(qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat16, qcclSum, codec.handle, state.handle,
+                                  w.comm()) == qcclNonFinite);
+    CHECK(std::isinf(qccl::kernels::half_to_float(g[0])));
+    CHECK(last_stats().intAlpha == 0);  // exact, again
+  }
+  std::vector<uint16_t> ones(count, qccl::kernels::float_to_half(1.0f));
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(ones.data(), g.data(), count, qcclFloat16, qcclSum, codec.handle,
+                                          state.handle, w.comm()));
+  CHECK(last_stats().intAlpha == 0);
+  CHECK(qccl::kernels::half_to_float(g[0]) == static_cast<float>(w.size()));
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat16, qcclSum, codec.handle,
+                                          state.handle, w.comm()));
+  CHECK(last_stats().intAlpha > 0);  // integers now
+  for (uint16_t v : g) REQUIRE(std::isinf(qccl::kernels::half_to_float(v)));
 }
 
 TEST_CASE("IntSGD: bfloat16 and float16 data, sums and fixed alpha without a state", "[intsgd]") {
