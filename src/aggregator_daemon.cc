@@ -147,11 +147,17 @@ class Job {
       s.sends.clear();
       moved = true;
     }
-    while (!waiting_.empty()) {  // a slot may have freed
-      Contribution& c = waiting_.front();
-      if (!contribute(c.rank, c.key, c.bytes.data(), c.bytes.size(), /*from_queue=*/true)) break;
-      waiting_.pop_front();
-      moved = true;
+    // A slot may have freed. Every waiting contribution that finds its chunk's slot or a free one goes
+    // in, in order, not only those before the first that finds neither: a queued chunk whose slot a
+    // contribution made since (taken from the queue, or arrived once a slot freed) would otherwise
+    // wait behind that one, and its slot, short of it, never free (a hang with few slots).
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (contribute(it->rank, it->key, it->bytes.data(), it->bytes.size(), /*from_queue=*/true)) {
+        it = waiting_.erase(it);
+        moved = true;
+      } else {
+        ++it;
+      }
     }
     return moved;
   }

@@ -243,6 +243,23 @@ TEST_CASE("IntSGD: bad arguments are refused before anything is sent", "[intsgd]
 
 // ---- agg=switch: run under qcclrun --aggregators K ------------------------------------------------
 
+TEST_CASE("IntSGD through an aggregator of one slot: ranks that run ahead queue, and every sum arrives",
+          "[switch-queue]") {
+  // one_slot_aggregator.sh runs it: 2 ranks, 4 KiB chunks (10 per call), one slot. Rank 1 starts
+  // its calls 0-2 ms late, so rank 0's next chunks queue behind a slot that waits for rank 1.
+  REQUIRE(std::getenv("QCCL_AGGREGATORS") != nullptr);
+  World& w = World::get();
+  const size_t count = 10000;
+  Codec codec("int8:alpha=1,agg=switch");
+  std::vector<float> x(count, 1.0f), g(count);
+  for (int call = 0; call < 200; ++call) {
+    if (w.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(call % 3));
+    QCCL_REQUIRE_OK(
+        qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm()));
+    for (float v : g) REQUIRE(v == static_cast<float>(w.size()));
+  }
+}
+
 TEST_CASE("IntSGD through aggregators: the same bits as the ring, round after round", "[switch]") {
   REQUIRE(std::getenv("QCCL_AGGREGATORS") != nullptr);
   World& w = World::get();
