@@ -1,8 +1,10 @@
 #include "shim/codec_policy.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "shim/shim.h"
@@ -11,19 +13,27 @@ namespace qccl_nccl {
 
 namespace {
 
-size_t parse_bytes(const char* name, const char* value) {
+// A size by the core's grammar, mirrored from base/config.cc's parse_size (the shim sees only the public
+// API): decimal digits with K, M or G (k, m, g; KiB, MiB, GiB), powers of 1024.
+size_t parse_size(const char* name, const char* value) {
+  errno = 0;
   char* end = nullptr;
-  double v = std::strtod(value, &end);
-  double scale = 1;
-  if (end && *end) {
-    if (!std::strcmp(end, "K")) scale = 1024.0;
-    else if (!std::strcmp(end, "M")) scale = 1024.0 * 1024;
-    else if (!std::strcmp(end, "G")) scale = 1024.0 * 1024 * 1024;
-    else end = nullptr;
-  }
-  if (!end || end == value || !(v >= 0) || v * scale > 1e18)
-    fail(ncclInvalidArgument, "%s = '%s' is not a byte count (digits with an optional K, M or G)", name, value);
-  return static_cast<size_t>(v * scale);
+  const unsigned long long n = std::strtoull(value, &end, 10);
+  // strtoull skips blanks and negates after them: " -1" would be 2^64 - 1.
+  if (!*value || std::strchr(value, '-') || end == value || errno == ERANGE)
+    fail(ncclInvalidArgument, "%s = '%s' is not a size (e.g. 524288, 512K, 4M, 1G)", name, value);
+  unsigned long long mult = 1;
+  const std::string suffix(end);
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    mult = 1ull << 10;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB")
+    mult = 1ull << 20;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB")
+    mult = 1ull << 30;
+  else if (!suffix.empty())
+    fail(ncclInvalidArgument, "%s = '%s' has an unknown suffix '%s' (use K, M or G)", name, value, suffix.c_str());
+  if (n > ~0ull / mult) fail(ncclInvalidArgument, "%s = '%s' is too large", name, value);
+  return static_cast<size_t>(n * mult);
 }
 
 std::string method_of(const std::string& spec) {
@@ -37,13 +47,15 @@ std::string method_of(const std::string& spec) {
 }  // namespace
 
 std::unique_ptr<CodecPolicy> CodecPolicy::from_env() {
+  std::unique_ptr<CodecPolicy> p(new CodecPolicy);
+  // Read whether or not QCCL_NCCL_CODEC is set, as the core reads its variables: a bad value fails the
+  // communicator's creation, not a later run that sets the codec.
+  if (const char* v = std::getenv("QCCL_NCCL_CODEC_MIN_BYTES"); v && *v)
+    p->min_bytes_ = parse_size("QCCL_NCCL_CODEC_MIN_BYTES", v);
+  if (const char* v = std::getenv("QCCL_NCCL_CODEC_STATE_BUDGET"); v && *v)
+    p->state_budget_ = parse_size("QCCL_NCCL_CODEC_STATE_BUDGET", v);
   const char* env = std::getenv("QCCL_NCCL_CODEC");
   if (!env || !*env || !std::strcmp(env, "none")) return nullptr;
-  std::unique_ptr<CodecPolicy> p(new CodecPolicy);
-  if (const char* v = std::getenv("QCCL_NCCL_CODEC_MIN_BYTES"); v && *v)
-    p->min_bytes_ = parse_bytes("QCCL_NCCL_CODEC_MIN_BYTES", v);
-  if (const char* v = std::getenv("QCCL_NCCL_CODEC_STATE_BUDGET"); v && *v)
-    p->state_budget_ = parse_bytes("QCCL_NCCL_CODEC_STATE_BUDGET", v);
   std::string spec = env;
   // As QCCL_CODEC reads it (src/policy.cc): each TYPE once, one spec for every type ("" in `named`),
   // which serves the types no TYPE=SPEC names, wherever it stands.

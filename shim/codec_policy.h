@@ -17,12 +17,14 @@ enum class CollKind { kAllReduce, kAllGather, kReduceScatter };
 //   QCCL_NCCL_CODEC              none (default: exact) | SPEC | TYPE=SPEC;TYPE=SPEC (TYPE: float, half,
 //                                bfloat16; each once), SPEC as qcclCodecCreate takes it (QCCL_CODEC's
 //                                grammar, without its auto)
-//   QCCL_NCCL_CODEC_MIN_BYTES    calls of fewer bytes run exact (default 1048576; K/M/G suffixes)
+//   QCCL_NCCL_CODEC_MIN_BYTES    calls of fewer bytes run exact (default 1048576; a size as QCCL_CHUNK_BYTES
+//                                takes it: K, M, G, k, m, g, KiB, MiB, GiB)
 //   QCCL_NCCL_CODEC_STATE_BUDGET bytes of codec state (error feedback) the policy may keep per
 //                                communicator (default 0: qccl's QCCL_CODEC_STATE_BUDGET alone)
 class CodecPolicy {
  public:
-  // nullptr when the policy compresses nothing. A bad value fails with ncclInvalidArgument naming it.
+  // nullptr when the policy compresses nothing. A bad value of any of the three fails with
+  // ncclInvalidArgument naming it, whether or not QCCL_NCCL_CODEC is set.
   static std::unique_ptr<CodecPolicy> from_env();
   ~CodecPolicy();
 

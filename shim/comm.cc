@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "shim/codec_policy.h"
+#include "shim/dispatch.h"
 #include "shim/shim.h"
 
 namespace qccl_nccl {
@@ -231,10 +232,13 @@ void attach(Comm& c, qcclComm_t q, std::unique_ptr<CodecPolicy> policy) {
 
 // Makes c: `make` (given the qccl config) returns this rank's qccl communicator, or null for a split's
 // NCCL_SPLIT_NOCOLOR rank; the outcome is recorded in c (attached and in its clique, or the error),
-// then the initialisation is marked done. The policy is read first (attach).
+// then the initialisation is marked done. Every QCCL_NCCL_* variable is checked first, as the core checks
+// its own at creation: QCCL_NCCL_DEVICE too, which a program might otherwise first read at a device call
+// long after (QCCL_NCCL_LIB is a path, judged when the real NCCL is loaded, if it is needed at all).
 template <class Make>
 void create(Comm& c, Make&& make) {
   try {
+    device_on_qccl();
     std::unique_ptr<CodecPolicy> policy = CodecPolicy::from_env();
     if (qcclComm_t q = make(qccl_config())) {
       attach(c, q, std::move(policy));

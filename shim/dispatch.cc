@@ -48,19 +48,6 @@ std::optional<PreMulSumOp> custom_op(Comm& c, ncclRedOp_t op) {
   return it->second;
 }
 
-// QCCL_NCCL_DEVICE: who runs calls on device buffers, read once.
-bool device_on_qccl() {
-  static const int mode = [] {
-    const char* v = std::getenv("QCCL_NCCL_DEVICE");
-    if (!v || !*v || std::strcmp(v, "nccl") == 0) return 0;
-    if (std::strcmp(v, "qccl") == 0) return 1;
-    return -1;
-  }();
-  if (mode < 0)
-    fail(ncclInvalidArgument, "QCCL_NCCL_DEVICE = '%s' is neither nccl nor qccl", std::getenv("QCCL_NCCL_DEVICE"));
-  return mode == 1;
-}
-
 void validate(Call& call) {
   Comm& c = *call.comm;
   const size_t size = type_size(call.datatype);
@@ -459,6 +446,18 @@ void make_real_communicators(const std::vector<Call>& calls) {
 }
 
 }  // namespace
+
+bool device_on_qccl() {
+  static const int mode = [] {
+    const char* v = std::getenv("QCCL_NCCL_DEVICE");
+    if (!v || !*v || std::strcmp(v, "nccl") == 0) return 0;
+    if (std::strcmp(v, "qccl") == 0) return 1;
+    return -1;
+  }();
+  if (mode < 0)
+    fail(ncclInvalidArgument, "QCCL_NCCL_DEVICE = '%s' is neither nccl nor qccl", std::getenv("QCCL_NCCL_DEVICE"));
+  return mode == 1;
+}
 
 bool in_group() { return t_group.depth > 0; }
 

@@ -25,6 +25,10 @@ struct Call {
   bool qccl_device = false;  // device buffers run on qccl's device path (QCCL_NCCL_DEVICE=qccl)
 };
 
+// QCCL_NCCL_DEVICE: whether device buffers run on qccl's device path (qccl) or go to the real NCCL (nccl,
+// unset or empty). Read once per process; another value fails with ncclInvalidArgument naming it.
+bool device_on_qccl();
+
 // Validates and runs (or queues, inside a group) a call whose comm is a shim communicator.
 void dispatch(Call call);
 

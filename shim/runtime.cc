@@ -3,12 +3,16 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <link.h>
+#include <strings.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <strings.h>
+#include <string>
 #include <type_traits>
 
 #include "shim/shim.h"
@@ -123,18 +127,63 @@ size_t type_size(ncclDataType_t t) {
 // ---- Logging --------------------------------------------------------------------------------------------
 
 namespace {
-std::atomic<int> g_log_level{-1};  // -1 unread, 0 none, 1 WARN, 2 INFO and TRACE
+// The drop-in's own log reads QCCL_DEBUG and QCCL_DEBUG_FILE by the core's rules, mirrored from
+// base/log.cc (the shim sees only the public API, which has no logging): NONE or empty is off, WARN,
+// INFO or TRACE (here as INFO), anything else WARN with a warning; QCCL_DEBUG_FILE, with %h the short
+// host name and %p the process id, opened for appending, the core's lines going to the same file.
+struct Log {
+  std::mutex mu;               // guards out and the first read; held while a line is written
+  std::atomic<int> level{-1};  // -1 unread, 0 none, 1 WARN, 2 INFO and TRACE
+  FILE* out = stderr;
+};
 
-int log_level() {
-  int level = g_log_level.load(std::memory_order_relaxed);
-  if (level >= 0) return level;
-  level = 0;
+Log& the_log() {
+  static Log* log = new Log;  // never destroyed: logging works during exit
+  return *log;
+}
+
+// With log.mu held.
+void open_log(Log& log) {
+  int level = 0;
   if (const char* v = std::getenv("QCCL_DEBUG")) {
     if (!strcasecmp(v, "WARN")) level = 1;
-    if (!strcasecmp(v, "INFO") || !strcasecmp(v, "TRACE")) level = 2;
+    else if (!strcasecmp(v, "INFO") || !strcasecmp(v, "TRACE"))
+      level = 2;
+    else if (strcasecmp(v, "NONE") && *v)
+      std::fprintf(stderr, "qccl_nccl: QCCL_DEBUG = '%s' is not one of NONE, WARN, INFO, TRACE; using WARN\n", v),
+          level = 1;
   }
-  g_log_level.store(level, std::memory_order_relaxed);
-  return level;
+  if (const char* path = std::getenv("QCCL_DEBUG_FILE"); path && *path && level > 0) {
+    char host[64] = "?";
+    gethostname(host, sizeof(host) - 1);
+    if (char* dot = std::strchr(host, '.')) *dot = '\0';
+    std::string name;
+    for (const char* p = path; *p; ++p) {
+      if (p[0] == '%' && p[1] == 'h')
+        name += host, ++p;
+      else if (p[0] == '%' && p[1] == 'p')
+        name += std::to_string(getpid()), ++p;
+      else
+        name += *p;
+    }
+    if (FILE* f = std::fopen(name.c_str(), "a")) {
+      setvbuf(f, nullptr, _IOLBF, 0);
+      log.out = f;
+    } else {
+      std::fprintf(stderr, "qccl_nccl: QCCL_DEBUG_FILE = '%s': cannot open '%s' (%s); logging to stderr\n", path,
+                   name.c_str(), std::strerror(errno));
+    }
+  }
+  log.level.store(level, std::memory_order_release);
+}
+
+int log_level() {
+  Log& log = the_log();
+  const int level = log.level.load(std::memory_order_acquire);
+  if (level >= 0) return level;
+  std::lock_guard<std::mutex> lock(log.mu);
+  if (log.level.load(std::memory_order_relaxed) < 0) open_log(log);
+  return log.level.load(std::memory_order_relaxed);
 }
 }  // namespace
 
@@ -148,10 +197,20 @@ void log(const char* level, const char* format, ...) {
   va_start(args, format);
   std::vsnprintf(buffer, sizeof(buffer), format, args);
   va_end(args);
-  std::fprintf(stderr, "qccl_nccl %s %s\n", level, buffer);
+  Log& log = the_log();
+  std::lock_guard<std::mutex> lock(log.mu);
+  std::fprintf(log.out, "qccl_nccl %s %s\n", level, buffer);
+  std::fflush(log.out);
 }
 
-void reset_log() { g_log_level.store(-1); }
+// ncclResetDebugInit: the variables are read again at the next line, and a file reopened.
+void reset_log() {
+  Log& log = the_log();
+  std::lock_guard<std::mutex> lock(log.mu);
+  if (log.out != stderr) std::fclose(log.out);
+  log.out = stderr;
+  log.level.store(-1, std::memory_order_release);
+}
 
 // ---- The CUDA driver --------------------------------------------------------------------------------------
 

@@ -56,7 +56,7 @@ bool last_error_is_real();
 const char* type_name(ncclDataType_t t);
 size_t type_size(ncclDataType_t t);  // 0 for a value that is not a datatype
 
-// ---- Logging (QCCL_DEBUG=INFO/WARN, as qccl reads it) ---------------------------------------------------
+// ---- Logging (QCCL_DEBUG and QCCL_DEBUG_FILE, as qccl reads them) ---------------------------------------
 bool log_info();
 void log(const char* level, const char* format, ...) __attribute__((format(printf, 2, 3)));
 void reset_log();

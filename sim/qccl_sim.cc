@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -107,7 +108,8 @@ OPTIONS
                             int64, uint64
     -o, --op OP             sum (default), prod, max, min, avg
     -r, --root R            root of broadcast, reduce, gather, scatter (default 0)
-    -a, --algo NAME         the algorithm (default: the one qccl picks; qccl_info lists them)
+    -a, --algo NAME         the algorithm (default: the one qccl picks; qccl_info lists them); a
+                            name the collective has, else a bad option
     -z, --codec LIST        codecs, comma-separated (q8,q4:bucket=256,fp16; "none" or "" for
                             uncompressed); each size runs once per codec (default: uncompressed).
                             auto[:maxrelerr=E] runs what QCCL_CODEC=auto would choose on this
@@ -128,7 +130,9 @@ OPTIONS
                             told, the library is told each rate tried)
         --csv FILE          also write the rows as CSV
         --plot FILE.png     draw time against size (or against ranks with a rank list), one line
-                            per codec (python3 and matplotlib)
+                            per codec (python3 and matplotlib); the name's extension picks the
+                            format: png, pdf, svg, svgz, eps, ps, jpg, jpeg, tif, tiff, webp (a
+                            name without one: png, written to NAME.png)
     -o FILE (calibrate)     where to write the model (default: standard output)
         --values N          values per calibration run (calibrate; 1K to 256M, default 4M)
     -h, --help              this text
@@ -302,6 +306,27 @@ size_t counts_per_size(coll::CollKind kind, int n) {
 
 size_t count_for(coll::CollKind kind, size_t bytes, size_t element_size, int n) {
   return bytes / element_size / counts_per_size(kind, n);
+}
+
+// The formats --plot's savefig writes with the Agg backend and matplotlib's own dependencies, picked by
+// the file name's extension, in any case (pgf needs LaTeX; raw and rgba are no pictures); a name without
+// one gets ".png" from matplotlib. Checked before any row: a name matplotlib refuses failed after the
+// whole table.
+constexpr const char* kPlotFormats[] = {"png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp"};
+
+void check_plot_name(const std::string& file) {
+  const size_t base = file.rfind('/') == std::string::npos ? 0 : file.rfind('/') + 1;
+  const size_t dot = file.find_last_of('.');
+  if (dot == std::string::npos || dot < base || dot + 1 == file.size()) return;  // matplotlib adds .png
+  std::string extension = file.substr(dot + 1);
+  for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string formats;
+  for (const char* format : kPlotFormats) {
+    if (extension == format) return;
+    formats += (formats.empty() ? "" : ", ") + std::string(format);
+  }
+  usage_error("--plot '" + file + "': the name's extension picks the picture's format, one of " + formats +
+              " (a name without one: png)");
 }
 
 constexpr const char kPlotScript[] = R"PY(
@@ -617,6 +642,16 @@ Options parse_options(int argc, char** argv) {
     usage_error("--minbytes 0 cannot grow by --stepfactor to --maxbytes; start at 1 (or -b 0 -e 0 for one row)");
   if (o.topology.machine_cores && o.topology.cores_per_host)
     usage_error("give --cores (per host) or --machine-cores (one machine for all hosts), not both");
+  // A name the collective lacks is a bad option; a known algorithm that cannot run a call is that row's
+  // "cannot be simulated" (exit 1).
+  if (!o.call.algorithm.empty() && !coll::find_algorithm(o.call.kind, o.call.algorithm)) {
+    std::string names;
+    for (const coll::Algorithm& a : coll::algorithms())
+      if (a.collective == o.call.kind) names += (names.empty() ? "" : ", ") + std::string(a.name);
+    usage_error("--algo '" + o.call.algorithm + "': " + coll::coll_name(o.call.kind) +
+                " has no algorithm of that name (" + names + ")");
+  }
+  if (!o.plot.empty()) check_plot_name(o.plot);
   for (const std::string& spec : o.codecs) {
     try {
       if (AutoCodec::is_auto(spec)) AutoCodec(spec, 2, "--codec");

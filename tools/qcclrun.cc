@@ -95,7 +95,8 @@ OPTIONS
                         connections never take it; a program binding the same port explicitly before
                         rank 0 could still, which P avoids. With --netem or --nodes, 29500 (every job
                         has its own namespaces, so it is always free).
-    --no-prefix         Forward output without the "[R] " prefix (still whole lines).
+    --no-prefix         Forward output without the "[R] " prefix (still whole lines, a newline added
+                        to a last line that lacks one).
     --grace SEC         Seconds between SIGTERM and SIGKILL when stopping ranks. Default 2.
     --timeout SEC       Stop the job and exit 124 when it runs longer than SEC. Default 0 (no limit).
     --netem RATE        Run every emulated host (every rank, unless --nodes groups them) in its own
@@ -474,8 +475,8 @@ class Output {
   }
 
  private:
-  // Prefixed lines always end in '\n' so the next rank's prefix starts a line; without the prefix
-  // the bytes are passed on exactly as written.
+  // Every line written ends in '\n', with or without the prefix: a rank's last line without one (or a
+  // piece of a line over kMaxLine) would otherwise run into the next rank's line.
   void append_line(int rank, const char* data, size_t len, std::string* out) const {
     if (prefix_) {
       char head[32];
@@ -483,7 +484,7 @@ class Output {
       out->append(head);
     }
     out->append(data, len);
-    if (prefix_ && data[len - 1] != '\n') out->push_back('\n');
+    if (data[len - 1] != '\n') out->push_back('\n');
   }
 
   // One write() per batch of whole lines, so a reader of a pipe (up to PIPE_BUF) or a file never

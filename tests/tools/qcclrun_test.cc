@@ -77,10 +77,13 @@ TEST_CASE("qcclrun prefixes whole lines and keeps them intact", "[qcclrun]") {
     CHECK(count(r.out, "[ 9] x\n") == 1);
     CHECK(count(r.out, "[10] x\n") == 1);
   }
-  SECTION("--no-prefix passes the bytes through unchanged") {
-    RunResult r = run_qcclrun({"--no-prefix", "-n", "1", "sh", "-c", "printf 'a\\nb'"});
+  SECTION("--no-prefix writes whole lines: a last line without a newline gets one") {
+    // Without the added newline, rank 0's "b" ran into rank 1's "a" ("a\nba\nb").
+    RunResult r = run_qcclrun({"--no-prefix", "-n", "2", "sh", "-c", "printf 'a\\nb'"});
     REQUIRE(r.status == 0);
-    CHECK(r.out == "a\nb");
+    CHECK(r.out.size() == 8);
+    CHECK(count(r.out, "a\n") == 2);
+    CHECK(count(r.out, "b\n") == 2);
   }
   SECTION("long lines from 4 ranks writing at once never mix") {
     // 5000-byte lines exceed PIPE_BUF, so a rank's line reaches qcclrun in several reads.
