@@ -785,7 +785,17 @@ TEST_CASE("two live communicators from one NCCL_COMM_ID are two: destroying the 
   // Local to each process: two threads are the two ranks of A, then of B, both made from one address
   // (A's root closed once A was made). They share the id's bytes; the drop-in once took them for
   // ranks of one communicator, and destroying A's ranks then waited for B's to free them together.
-  const int32_t port = free_loopback_port();
+  // Each process its own port: the kernel may hand two processes' probes the same one (each closes
+  // its probe at once), and two roots at one address collide, so pick again until they all differ.
+  World& w = World::get();
+  int32_t port = 0;
+  for (bool distinct = false; !distinct;) {
+    port = free_loopback_port();
+    std::vector<int32_t> ports(static_cast<size_t>(w.size));
+    NCCL_REQUIRE_OK(ncclAllGather(&port, ports.data(), 1, ncclInt32, w.comm, nullptr));
+    std::sort(ports.begin(), ports.end());
+    distinct = std::adjacent_find(ports.begin(), ports.end()) == ports.end();
+  }
   struct Unset {
     ~Unset() { unsetenv("NCCL_COMM_ID"); }
   } unset;
