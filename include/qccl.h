@@ -323,11 +323,13 @@ QCCL_API qcclResult_t qcclBroadcast(const void* sendbuff, void* recvbuff, size_t
 QCCL_API qcclResult_t qcclReduce(const void* sendbuff, void* recvbuff, size_t count,
                                  qcclDataType_t datatype, qcclRedOp_t op, int root, qcclComm_t comm);
 /* recvbuff[r*sendcount + i] = sendbuff of rank r [i]. In place when
- * sendbuff == recvbuff + rank*sendcount. */
+ * sendbuff == recvbuff + rank*sendcount (so sendbuff == recvbuff is in place on rank 0 only: on the
+ * others it is an overlap that is not in place, refused with qcclInvalidArgument, and rank 0 waits
+ * for them until QCCL_TIMEOUT). */
 QCCL_API qcclResult_t qcclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                                     qcclDataType_t datatype, qcclComm_t comm);
 /* recvbuff[i] = op over ranks of sendbuff[rank*recvcount + i]. In place when
- * recvbuff == sendbuff + rank*recvcount. */
+ * recvbuff == sendbuff + rank*recvcount (recvbuff == sendbuff on rank 0 only, as for qcclAllGather). */
 QCCL_API qcclResult_t qcclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                         qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm);
 /* recvbuff[r*count + i] = sendbuff of rank r [rank*count + i]. Not in place (sendbuff and recvbuff
