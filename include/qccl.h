@@ -242,9 +242,10 @@ QCCL_API qcclResult_t qcclCommAbort(qcclComm_t comm);
  * with the fields config sets. The new communicator is independent of comm: both may run
  * collectives at the same time, from one thread or several, and either may be destroyed first.
  * Blocks until the new communicator is built (or QCCL_TIMEOUT). Not inside qcclGroupStart/End.
- * Results: qcclInvalidArgument (newcomm NULL, a bad config field), qcclInvalidUsage (inside a group),
- * and comm's own failure (qcclRemoteError, qcclTimeout, ...) when the exchange over it fails, which
- * breaks comm as any failed collective does. *newcomm is set only on success. */
+ * Results: qcclInvalidArgument (newcomm NULL, a bad config field), qcclInvalidUsage (inside a group,
+ * which the refusal fails as a whole, as any call refused there: see qcclGroupStart), and comm's own
+ * failure (qcclRemoteError, qcclTimeout, ...) when the exchange over it fails, which breaks comm as
+ * any failed collective does. *newcomm is set only on success. */
 #define QCCL_SPLIT_NOCOLOR (-1)
 QCCL_API qcclResult_t qcclCommSplit(qcclComm_t comm, int color, int key, qcclComm_t* newcomm,
                                     const qcclConfig_t* config);
@@ -304,10 +305,13 @@ QCCL_API qcclResult_t qcclCommGetStream(qcclComm_t comm, void** stream);
 
 /* ---- Collectives (blocking) ---------------------------------------------------------------------
  * Semantics, buffer sizes and in-place rules are NCCL's. count is in elements. A zero count is valid
- * and still synchronises nothing: it returns at once on every rank. A collective's keeps its place
- * in the call order all the same, so every rank must make it: where one rank passes 0 and the others
- * a count, their calls fail (by QCCL_TIMEOUT, waiting for its frame header) rather than meet its
- * next call. A zero-count qcclSend or qcclRecv needs no partner. */
+ * and moves nothing: with no collective in flight on the communicator it returns at once on every
+ * rank; behind non-blocking collectives still in flight, it completes once they have, as any
+ * collective does (call order: see the non-blocking collectives), with no traffic of its own. A
+ * collective's keeps its place in the call order all the same, so every rank must make it: where one
+ * rank passes 0 and the others a count, their calls fail (by QCCL_TIMEOUT, waiting for its frame
+ * header) rather than meet its next call. A zero-count qcclSend or qcclRecv needs no partner and
+ * completes at once. */
 
 /* recvbuff[i] = op over ranks of sendbuff[i]. In place when sendbuff == recvbuff. */
 QCCL_API qcclResult_t qcclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
@@ -375,12 +379,12 @@ QCCL_API qcclResult_t qcclGroupEnd(void);
  * Order, as on a CUDA stream: the collectives of one communicator (blocking or not, in a group or
  * not) run in the order they were called, one pipeline for them all: the next one starts as soon as
  * the one before has started its last chunk, so back-to-back calls keep the pipeline full. Their
- * requests also complete in call order: when a collective's request has completed, so have those of
- * every collective called before it on the communicator. As on a stream, a collective whose buffers
- * an older one still running writes (or reads, where this one writes) starts when that one has
- * finished: calls on one buffer back to back, in place or not, see each other's results; calls on
- * other buffers overlap. A call's QCCL_TIMEOUT counts from when it starts, not from when it was
- * called. Point-to-point calls (qcclSend/qcclRecv, qcclISend/qcclIRecv)
+ * requests also complete in call order (a zero count's too): when a collective's request has
+ * completed, so have those of every collective called before it on the communicator. As on a
+ * stream, a collective whose buffers an older one still running writes (or reads, where this one
+ * writes) starts when that one has finished: calls on one buffer back to back, in place or not, see
+ * each other's results; calls on other buffers overlap. A call's QCCL_TIMEOUT counts from when it
+ * starts, not from when it was called. Point-to-point calls (qcclSend/qcclRecv, qcclISend/qcclIRecv)
  * are not ordered: each progresses as soon as it is started, beside the collectives and the other
  * point-to-point calls, in any completion order (so ranks may post them in different orders), except
  * that of more than 4096 in flight to (or from) one peer, the newer start as the oldest finish. */

@@ -86,8 +86,8 @@ qcclResult_t api_call(const char* name, F&& body) {
   }
 }
 
-// The body of an entry point whose call a group defers: refused inside a group, it fails the whole
-// group, as in NCCL (qcclGroupEnd then runs none of it).
+// The body of an entry point whose call a group defers, or refuses (qcclCommSplit): refused inside a
+// group, it fails the whole group, as in NCCL (qcclGroupEnd then runs none of it).
 template <class F>
 qcclResult_t deferrable_call(const char* name, F&& body) {
   return api_call(name, [&] {
@@ -364,7 +364,7 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
 
 QCCL_API qcclResult_t qcclCommSplit(qcclComm_t comm, int color, int key, qcclComm_t* newcomm,
                                     const qcclConfig_t* config) {
-  return api_call("qcclCommSplit", [&] {
+  return deferrable_call("qcclCommSplit", [&] {
     get(comm);
     // Held through a qcclCommAbort from another thread, which frees the handle: the split uses the
     // parent between its two exchanges, after the first one's record let go of it.

@@ -373,7 +373,7 @@ const char* device_codec_refusal(const kernels::CodecConfig& c, const Device& de
 
 void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   std::shared_lock<std::shared_mutex> executors(executors_mu_);
-  record->started = true;
+  record->started.store(true);
   record->started_at = Clock::now();
   if (broken_) {
     std::lock_guard<std::mutex> lock(ops_mu_);
@@ -385,10 +385,18 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     // Nothing to move, so nothing is sent (NCCL's zero count), but a collective keeps its place in
     // the call order, which every rank makes: where one rank passed 0 and another a count, their
     // calls no longer meet (the others' call used to take this rank's next call's data). A point-
-    // to-point call of nothing needs no partner, as in NCCL.
+    // to-point call of nothing needs no partner, as in NCCL. A collective's also completes in call
+    // order (qccl.h): with the newest collective still running, which it follows without traffic of
+    // its own (finish), else at once.
     if (args.kind != coll::CollKind::kSend && args.kind != coll::CollKind::kRecv) {
       std::lock_guard<std::mutex> lock(ops_mu_);
-      collectives_issued_ = ++next_sequence_;
+      const uint64_t sequence = next_sequence_++;
+      collectives_issued_ = next_sequence_;
+      for (auto it = active_.rbegin(); it != active_.rend(); ++it)
+        if (!(*it)->operation->identity().p2p) {
+          (*it)->followers.emplace_back(record, sequence);
+          return;
+        }
     }
     finish(*record, qcclSuccess, "");
     return;
@@ -817,9 +825,19 @@ void Comm::finish(OpRecord& record, qcclResult_t result, const std::string& mess
   }
   if (record.call) record.call->end();
   record.state_call.reset();
+  // The zero-count collectives that followed it complete after it, in call order: failed where a
+  // failure of the communicator concerns them, as it would a call in flight, else with success (its
+  // own failure may be the call's alone, or its result data: qcclNonFinite).
+  std::vector<std::pair<std::shared_ptr<OpRecord>, Failure>> followers;
+  for (auto& [follower, sequence] : record.followers) {
+    const Failure* failure = failures_.concerning(false, sequence);
+    followers.emplace_back(std::move(follower), failure ? *failure : Failure{});
+  }
+  record.followers.clear();
   record.done.store(true, std::memory_order_release);
   lock.unlock();  // what the woken look at is `done`, not what ops_mu_ guards
   drive_mu_.signal();  // a caller may wait for it while another drives
+  for (const auto& [follower, failure] : followers) finish(*follower, failure.code, failure.message);
 }
 
 namespace {
@@ -934,9 +952,10 @@ void DriveLock::signal() {
 
 void Comm::wait(OpRecord& record) {
   // An armed hand-off timer is left running while the wait is short (disarming costs a system call,
-  // a third of a 64 KiB all-reduce): if it fires while we drive, the progress thread finds the drive
-  // lock taken and sleeps again. A wait that lasts is worth the call, which spares the progress
-  // thread (and on an oversubscribed host, a rank that spins) a wake-up per timer period.
+  // a third of a 64 KiB all-reduce): if it fires while we drive, we take up the calls started since
+  // (wait_for_events), and the progress thread finds the drive lock taken and sleeps again. A wait
+  // that lasts is worth the call, which spares the progress thread (and on an oversubscribed host, a
+  // rank that spins) a wake-up per timer period.
   const auto entered = Clock::now();
   auto done = [&] {
     if (hand_off_armed_.load(std::memory_order_relaxed) && Clock::now() - entered > kShortWait &&
@@ -1129,15 +1148,19 @@ DriveTotals Comm::drive_totals() const {
                      wakeups_.load(std::memory_order_relaxed)};
 }
 
-// Blocks until the transport (when `transport`: armed), a wake-up or (progress thread) the control
-// plane has something, or for `timeout` at most.
+// Blocks until the transport (when `transport`: armed), a wake-up, the hand-off timer or (progress
+// thread) the control plane has something, or for `timeout` at most.
 void Comm::wait_for_events(bool progress_thread, std::chrono::microseconds timeout, bool transport) {
   std::vector<pollfd> fds;
   fds.push_back({transport ? executor_->event_fd() : -1, POLLIN, 0});  // -1: poll skips it
   fds.push_back({progress_thread ? progress_wake_fd_ : driver_wake_fd_, POLLIN, 0});
   DeviceExecutor* device = device_executor_.load();
   fds.push_back({device ? device->device_event_fd() : -1, POLLIN, 0});  // -1: poll skips it
-  size_t control_end = 3;
+  // The hand-off timer, armed by a start in the background: a call started while this thread drives
+  // others is this thread's to post, within the timer's 1 ms (comm.h), where the progress thread,
+  // asleep here with a receive pending, would leave it unposted for the rest of its sleep (kMaxBlockMs).
+  fds.push_back({hand_off_fd_, POLLIN, 0});
+  size_t control_end = 4;
   if (progress_thread) {
     for (int fd : control_->fds()) fds.push_back({fd, POLLIN, 0});
     control_end = fds.size();
@@ -1149,7 +1172,11 @@ void Comm::wait_for_events(bool progress_thread, std::chrono::microseconds timeo
   if (::ppoll(fds.data(), fds.size(), &limit, nullptr) <= 0) return;
   if (fds[1].revents) drain(fds[1].fd);
   if (fds[2].revents) drain(fds[2].fd);
-  for (size_t i = 3; i < fds.size(); ++i) {
+  if (fds[3].revents) {
+    drain(hand_off_fd_);
+    hand_off_armed_.store(false);  // as in progress_thread_main: the next start or end of a wait arms it
+  }
+  for (size_t i = 4; i < fds.size(); ++i) {
     if (!fds[i].revents) continue;
     if (i < control_end) control_->service(fds[i].fd);
     else service_aggregator(i - control_end);

@@ -7,12 +7,14 @@
 // watches the control plane for dead peers and failure reports. A caller that wants to wait asks
 // the progress thread to step aside. The progress thread takes over operations that nobody drives
 // 1 ms after they were left so (started in the background, or still active when a wait ended),
-// unless a caller drives them by then (it holds the drive lock when the timer fires): a caller that issues non-blocking calls back to back and waits for
-// them one by one drives them itself, with no thread beside it and no trading of the drive lock
-// (on an oversubscribed host each trade can cost a scheduler slice), while one that computes leaves
-// them undriven for 1 ms at most. 100 us was too short for issuing 20 calls on 2 ranks on 2 cores
-// (docs/PERF.md). The drive loop spins for QCCL_SPIN_US after the last event,
-// then blocks on the transport's event descriptor, so that 8 ranks on 2 cores still move.
+// unless a caller drives them by then (it holds the drive lock when the timer fires); a driver
+// asleep on events wakes at that timer too, to take up calls started since. A caller that issues
+// non-blocking calls back to back and waits for them one by one drives them itself, with no thread
+// beside it and no trading of the drive lock (on an oversubscribed host each trade can cost a
+// scheduler slice), while one that computes leaves them undriven for 1 ms at most. 100 us was too
+// short for issuing 20 calls on 2 ranks on 2 cores (docs/PERF.md). The drive loop spins for
+// QCCL_SPIN_US after the last event, then blocks on the transport's event descriptor, so that 8 ranks
+// on 2 cores still move.
 //
 // Order. The collectives of a communicator run in call order through one pipeline, as on a CUDA
 // stream: at most QCCL_PIPELINE_DEPTH fragments of all of them together are in flight, the oldest
@@ -103,7 +105,9 @@ struct OpRecord {
   size_t scratch_bytes = 0;
   std::chrono::steady_clock::time_point started_at;
   DriveTotals drive_at_start;  // the communicator's totals when its execution started
-  bool started = false;               // false while deferred in a group
+  // False while deferred in a group; set by qcclGroupEnd's start while a completion thread's
+  // qcclTest or qcclWait may read it.
+  std::atomic<bool> started{false};
   bool on_device = false;             // buffers in device memory: the device executor runs it (place)
   bool internal = false;              // the library's own exchange (allgather_bytes): no statistics
   // A call on device memory that the host executor runs (Comm::stage: a keyed delta call, whose
@@ -130,6 +134,9 @@ struct OpRecord {
   };
   std::unique_ptr<Staging> staging;
   uint64_t submitted = 0;             // its place among the communicator's active records (start)
+  // Zero-count collectives called after this one while it ran, with their collective numbers: they
+  // complete when it does, as they move nothing but keep the call order (guarded by ops_mu_).
+  std::vector<std::pair<std::shared_ptr<OpRecord>, uint64_t>> followers;
   std::atomic<bool> done{false};
   qcclResult_t result = qcclSuccess;  // valid once done
   std::string error;                  // valid once done
@@ -177,7 +184,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   bool oversubscribed() const { return oversubscribed_; }
   const coll::NodeMap& node_map() const { return node_map_; }
 
-  // Starts a validated call (a zero count completes at once). background: let the progress thread
+  // Starts a validated call (a zero count moves nothing: it completes at once, or a collective's with
+  // the newest collective still running, in call order). background: let the progress thread
   // drive it now (non-blocking calls and groups); otherwise the caller will wait() at once.
   // Throws the communicator's error when it is broken.
   void start(const std::shared_ptr<OpRecord>& record, bool background);

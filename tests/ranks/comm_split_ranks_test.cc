@@ -2,6 +2,7 @@
 // and ranks by color and key, ranks without a color, settings inherited or overridden, nested splits,
 // a child and its parent used at the same time from one thread and from two, and refusals that send
 // nothing.
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <thread>
@@ -172,9 +173,17 @@ TEST_CASE("bad splits are refused on every rank before anything is sent", "[spli
   CHECK(std::string(qcclGetLastError(nullptr)).find("chunkBytes = 10") != std::string::npos);
   CHECK(newcomm == reinterpret_cast<qcclComm_t>(&newcomm));
 
+  // Refused inside a group, it fails the group as any refused call does: its end runs none of the
+  // calls queued in it (it returned success and ran them).
+  std::vector<float> x(100, 1.0f), y(x.size(), -1.0f);
+  qcclRequest_t request = nullptr;
   QCCL_REQUIRE_OK(qcclGroupStart());
+  QCCL_REQUIRE_OK(qcclIAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, w.comm(), &request));
   CHECK(qcclCommSplit(w.comm(), 0, 0, &newcomm, nullptr) == qcclInvalidUsage);
-  QCCL_REQUIRE_OK(qcclGroupEnd());
+  CHECK(qcclGroupEnd() == qcclInvalidUsage);
+  CHECK(std::string(qcclGetLastError(nullptr)).find("qcclCommSplit: ") != std::string::npos);
+  CHECK(qcclWait(&request) == qcclInvalidUsage);
+  CHECK(std::count(y.begin(), y.end(), -1.0f) == static_cast<long>(y.size()));
   CHECK(newcomm == reinterpret_cast<qcclComm_t>(&newcomm));
 
   // Settings only the child parses, on rank 0; the others refuse chunkBytes at once. (They were parsed
