@@ -225,7 +225,9 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
 /* Collective: finishes outstanding operations, waits (up to QCCL_TIMEOUT) for every rank to reach
  * qcclCommDestroy, and frees the communicator. comm is invalid afterwards, even on failure, except
  * when refused with qcclInvalidUsage because this thread's open group (qcclGroupStart) holds calls
- * on comm. A qcclCommAbort of comm from another thread ends the wait: it returns qcclAborted. */
+ * on comm; that refusal, unlike a refused call's, leaves the group as it was (a destroy is no call of
+ * the group: the group still runs its calls, and comm may be destroyed after its end). A qcclCommAbort
+ * of comm from another thread ends the wait: it returns qcclAborted. */
 QCCL_API qcclResult_t qcclCommDestroy(qcclComm_t comm);
 
 /* Local and always returns: fails every outstanding operation with qcclAborted, tells the peers
