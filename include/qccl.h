@@ -656,10 +656,11 @@ QCCL_API qcclResult_t qcclIReduceScatterCompressed(const void* sendbuff, void* r
  * decodes each chunk into recvbuff as it arrives, so encode, wire and decode overlap. recvbuff holds
  * decode(encode(x)), the same bits whatever the chunk size. Codecs: none, fp16, bf16, q1 .. q8 and
  * aq2 .. aq8, without ef (no residual: point-to-point messages are not summed); sign, int and fft
- * are collectives' codecs: qcclInvalidArgument. aq is AQ-SGD's quantizer, a max-abs fp16 scale s per
- * channel of a [rows, channels] matrix (e.g. aq4:channels=1600 for a GPT2 activation): nearest
- * rounding errs by at most s / 2^b, and by s / 2^(b-1) + 2^-11 m near the top, which the grid's top
- * level (1 - 2^(1-b)) s cannot reach (m the channel's largest magnitude). Values are divided by s
+ * are collectives' codecs: qcclInvalidArgument. aq is AQ-SGD's quantizer, a max-abs scale s per
+ * channel of a [rows, channels] matrix (e.g. aq4:channels=1600 for a GPT2 activation), the channel's
+ * largest magnitude m rounded up to fp16 (s - m < 2^-10 m, or 2^-24 below fp16's normal 2^-14):
+ * nearest rounding errs by at most s / 2^b, and by s / 2^(b-1) near the top, which the grid's top
+ * level (1 - 2^(1-b)) s cannot reach. Values are divided by s
  * itself: AQ-SGD's reference divides by s + 1e-6 and decodes with s, which shrank every value of a
  * channel whose s is below about 2e-3 (by 9% at s = 1e-5). datatype: qcclFloat32,
  * qcclFloat16 or qcclBfloat16. Both ends pass the same count, datatype and codec: a receiver whose

@@ -7,13 +7,15 @@
 // A run of n values is a row-major matrix of rows of `channels` values (the activation's last
 // dimension, hidden size H); it is cut into blocks of `rows` rows (rows = 0: the whole run is one
 // block, the reference's one scale per channel per micro-batch). A block's channel c has the scale
-// s_c = fp16(max |x| over the block's values of channel c), and each value x the code
+// s_c = max |x| over the block's values of channel c, rounded up to fp16, and each value x the code
 //   u = clamp(round(x * r_c), -2^F, 2^F - 1) + 2^F,   r_c = 2^F / s_c (0 when s_c = 0)
 // (nearest: round half to even, the reference's; stochastic: floor(y + U), U uniform in [0, 1) from
 // Philox, unbiased wherever y stays inside the grid), decoded as ((u - 2^F) / 2^F) s_c, which is
 // exact in float32 (at most 8 + 11 significant bits), so every decoder gets the same bits.
 // Error per value, nearest: at most s_c / 2^b, and s_c / 2^F for the values the top level clips
-// (x near +s_c, which the grid cannot reach), plus the fp16 rounding of s_c (2^-11 relative).
+// (x near +s_c, which the grid cannot reach); s_c exceeds the largest magnitude m by less than 2^-10 m
+// (m >= 2^-14, fp16's normal range) or 2^-24 (below). The reference rounds s_c to nearest, which
+// can fall short of m.
 //
 // A channel that holds NaN or Inf, or whose largest magnitude exceeds float16's range (65504), gets
 // the scale NaN: its values decode to NaN, and the encoder counts it as non-finite.
@@ -38,12 +40,15 @@ constexpr uint16_t kAqNanScale = 0x7E00;  // fp16 NaN: a channel that cannot be 
 // 2^F = 2^(bits - 1): the grid's half width.
 QCCL_HD uint32_t aq_half(int bits) { return 1u << (bits - 1); }
 
-// The fp16 scale of a channel whose largest magnitude is m >= 0: NaN when m is NaN or Inf, or
-// rounds to fp16's Inf (m >= 65520).
+// The fp16 scale of a channel whose largest magnitude is m >= 0, rounded up: never below m, so that
+// no value lies beyond the grid's scale (fp16's nearest fell up to 2^-11 m short in its normal range,
+// and below it, 2^-14, by up to half its subnormal step: a channel of magnitudes under 2^-25 got
+// the scale 0 and decoded to 0). NaN when m is NaN or Inf, or exceeds 65504, fp16's largest.
 QCCL_HD uint16_t aq_scale_bits(float m) {
   if (!(m - m == 0.0f)) return kAqNanScale;
-  const uint16_t h = float_to_half(m);
-  return h == 0x7C00u ? kAqNanScale : h;
+  uint16_t h = float_to_half(m);
+  if (half_to_float(h) < m) ++h;  // the next fp16 up: m >= 0, whose fp16 patterns order as their values
+  return h >= 0x7C00u ? kAqNanScale : h;
 }
 
 QCCL_HD bool aq_scale_is_nan(uint16_t s) { return (s & 0x7FFFu) > 0x7C00u; }

@@ -41,12 +41,11 @@ std::vector<uint8_t> expected(const std::string& spec, DataType t, int from, siz
 }
 
 // A bound for stochastic rounding, for inputs of magnitude at most 2.53 (a range of at most 5.06):
-// one step of the q bucket's grid; for aq one step s / 2^(b-1) of the channel's grid plus what the
-// fp16 rounding of its scale s takes off the largest magnitude m (m - s <= 2^-11 m: a value above s
-// clips to the top level).
+// one step of the q bucket's grid; for aq one step s / 2^(b-1) of the channel's grid, its scale s the
+// largest magnitude m rounded up to fp16 (s < (1 + 2^-10) m).
 double stochastic_bound(const std::string& spec) {
   const kernels::CodecConfig c = kernels::parse_codec_spec(spec);
-  if (c.kind == kernels::CodecKind::kAq) return 2.53 * (1.0 / (1 << (c.bits - 1)) + 0x1p-11) + 1e-6;
+  if (c.kind == kernels::CodecKind::kAq) return 2.53 * (1 + 0x1p-10) / (1 << (c.bits - 1)) + 1e-6;
   return 5.06 / ((1 << c.bits) - 1) + 1e-6;
 }
 
