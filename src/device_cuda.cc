@@ -411,8 +411,9 @@ void CudaDevice::launch(const coll::Step& step, const coll::CollArgs& args, unsi
       if (args.dtype == kernels::DataType::kFloat32) {
         e = kernels::decode_cuda(*s.codec, s.src, s.count, static_cast<float*>(s.dst), nonfinite, stream_);
       } else {
-        e = kernels::decode_cuda(*s.codec, s.src, s.count, s.scratch, nonfinite, stream_);
-        if (e == cudaSuccess) e = kernels::store_float_cuda(args.dtype, s.scratch, s.dst, s.count, nullptr, stream_);
+        // Counted in the datatype written, where a finite float32 sum may round to +-Inf (as the host).
+        e = kernels::decode_cuda(*s.codec, s.src, s.count, s.scratch, nullptr, stream_);
+        if (e == cudaSuccess) e = kernels::store_float_cuda(args.dtype, s.scratch, s.dst, s.count, nonfinite, stream_);
       }
     } else if constexpr (std::is_same_v<S, st::ErrorFeedback>) {
       what = "decode_cuda + feedback_residual_cuda";

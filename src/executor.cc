@@ -976,12 +976,14 @@ size_t run_data_step(const coll::Step& data_step, const coll::CollArgs& args) {
     } else if constexpr (std::is_same_v<S, st::DecodeAdd>) {
       kernels::decode_accumulate(*s.codec, s.src, s.count, s.dst);
     } else if constexpr (std::is_same_v<S, st::DecodeOut>) {
-      // Every rank decodes the same final bytes, so every rank counts the same non-finite values.
+      // Every rank decodes the same final bytes, so every rank counts the same non-finite values: in
+      // the datatype written, where a finite float32 sum may round to +-Inf (fp16 from 65520).
       if (args.dtype == kernels::DataType::kFloat32) {
         nonfinite = kernels::decode(*s.codec, s.src, s.count, static_cast<float*>(s.dst));
       } else {
-        nonfinite = kernels::decode(*s.codec, s.src, s.count, s.scratch);
+        kernels::decode(*s.codec, s.src, s.count, s.scratch);
         kernels::store_float(args.dtype, s.scratch, s.dst, s.count);
+        nonfinite = kernels::count_nonfinite(args.dtype, s.dst, s.count);
       }
     } else if constexpr (std::is_same_v<S, st::ErrorFeedback>) {
       kernels::decode(*s.codec, s.encoded, s.count, s.residual);  // what the peers will decode...

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/half.h"
 #include "tests/ranks/rank_test_util.h"
 
 namespace qccl::test {
@@ -187,6 +188,26 @@ TEST_CASE("NaN or Inf in one rank's input: qcclNonFinite on every rank, what eac
                                               nullptr, w.comm()));
       CHECK(std::isfinite(out[at]));
     }
+}
+
+// A float16 sum the codecs carry in float32 and write as float16: past 65504 it is +-Inf there, and
+// counted as the fp16 codec's (which rounds the partial sums) is (it was not: qcclSuccess with Inf).
+TEST_CASE("float16 data whose finite sum outgrows float16: qcclNonFinite on every rank, whatever the codec",
+          "[compressed]") {
+  World& w = World::get();
+  if (w.size() < 2) return;  // one rank's output is its input
+  const size_t count = 1000, at = 100;
+  for (const char* spec : {"none", "fp16", "q8", "q4:bucket=64"}) {
+    INFO(spec);
+    Codec codec(spec);
+    std::vector<uint16_t> in(count, kernels::float_to_half(0.5f)), out(count);
+    in[at] = kernels::float_to_half(40000.0f);  // the sum of two is past 65504
+    const qcclResult_t result = qcclAllReduceCompressed(in.data(), out.data(), count, qcclFloat16, qcclSum,
+                                                        codec.handle, nullptr, w.comm());
+    CHECK(std::isinf(kernels::half_to_float(out[at])));
+    CHECK(result == qcclNonFinite);
+    allgather_equal(out.data(), count * sizeof(uint16_t));
+  }
 }
 
 TEST_CASE("NaN or Inf under the fft codec's dense fall-back: reported on every rank as the codec's own plan does",
