@@ -653,7 +653,9 @@ QCCL_API qcclResult_t qcclIReduceScatterCompressed(const void* sendbuff, void* r
 /* Send and Recv through a codec (AQ-SGD's stateless quantization of pipeline activations and their
  * gradients, Wang et al., NeurIPS 2022, or any fixed-length value codec): the sender encodes its
  * count values chunk by chunk and sends each chunk's bytes as soon as they are encoded; the receiver
- * decodes each chunk into recvbuff as it arrives, so encode, wire and decode overlap. recvbuff holds
+ * decodes each chunk into recvbuff as it arrives, so encode, wire and decode overlap (aq with rows=0,
+ * whose scales span the whole message, is encoded whole, then sent in chunk-sized messages, and
+ * decoded once they all arrived). recvbuff holds
  * decode(encode(x)), the same bits whatever the chunk size. Codecs: none, fp16, bf16, q1 .. q8 and
  * aq2 .. aq8, without ef (no residual: point-to-point messages are not summed); sign, int and fft
  * are collectives' codecs: qcclInvalidArgument. aq is AQ-SGD's quantizer, a max-abs scale s per

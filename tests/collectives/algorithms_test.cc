@@ -13,6 +13,7 @@
 
 #include "base/errors.h"
 #include "collectives/plan.h"
+#include "kernels/codec.h"
 #include "kernels/half.h"
 #include "src/executor.h"
 #include "tests/collectives/sim_runner.h"
@@ -448,6 +449,50 @@ TEST_CASE("point to point: a ring of sends and receives, and a send to self", "[
     }
     for (int r = 0; r < n; ++r) CHECK(out[r] == in[(r + n - 1) % n]);
   }
+}
+
+// aq with rows=0 encodes its message as one block, whose scales span it all; its bytes still travel in
+// messages of a chunk each (one message of the whole showed no progress until it ended), and the
+// receiver gets decode(encode(x)) all the same.
+TEST_CASE("compressed point-to-point: a whole-run codec's block travels in chunk-sized messages", "[collectives]") {
+  const kernels::CodecConfig codec = kernels::parse_codec_spec("aq8:channels=16");
+  const size_t count = 100000, chunk = 4096;
+  std::vector<float> x(count), y(count, -1.0f);
+  for (size_t i = 0; i < count; ++i) x[i] = std::sin(0.001f * static_cast<float>(i)) * static_cast<float>(1 + i % 16);
+  std::vector<CollArgs> args(2);
+  for (int r = 0; r < 2; ++r) {
+    CollArgs& a = args[r];
+    a.kind = r == 0 ? CollKind::kSend : CollKind::kRecv, a.count = count, a.dtype = DataType::kFloat32;
+    a.rank = r, a.nranks = 2, a.peer = 1 - r, a.codec = &codec;
+    a.sendbuf = x.data(), a.recvbuf = y.data();
+  }
+  const size_t encoded = codec.encoded_bytes(count);
+  // The sender's messages: ceil(E / chunk), none longer than a chunk, together the whole block.
+  const coll::Algorithm* send = coll::find_algorithm(CollKind::kSend, "compressed");
+  REQUIRE(send != nullptr);
+  coll::PlanOptions options;
+  options.chunk_bytes = chunk;
+  auto plan = send->make(args[0], options);
+  REQUIRE(plan->fragments() == 1);
+  std::vector<std::byte> scratch(plan->scratch_bytes());
+  coll::Program p;
+  p.set_default_codec(&codec);
+  plan->build(0, scratch.data(), p);
+  size_t messages = 0, bytes = 0;
+  for (const coll::Step& s : p.steps()) {
+    if (const auto* m = std::get_if<coll::step::Send>(&s)) {
+      ++messages, bytes += m->bytes;
+      CHECK(m->bytes <= chunk);
+    }
+  }
+  CHECK(messages == (encoded + chunk - 1) / chunk);
+  CHECK(bytes == encoded);
+  run_on_sim(args, "compressed", chunk, 2);
+  std::vector<std::byte> wire(encoded);
+  std::vector<float> want(count);
+  kernels::encode(codec, x.data(), count, wire.data(), kernels::PhiloxKey{}, 0);
+  kernels::decode(codec, wire.data(), count, want.data());
+  CHECK(y == want);
 }
 
 TEST_CASE("mismatched collectives fail with a message that names both calls", "[collectives]") {
