@@ -563,7 +563,8 @@ QCCL_API qcclResult_t qcclCodecStoreLoad(qcclCodecStore_t store, const void* buf
  * to +-Inf (bf16 only next to float32's largest value). The q codecs cannot carry them: every output
  * of a bucket in which an input was NaN or Inf (or whose values overflow float32) is NaN. Other
  * outputs are unaffected; with ef=on, the residual restarts at 0 where it would not be finite, so
- * later calls are not poisoned. The call returns qcclNonFinite on every rank, with the count of
+ * later calls are not poisoned (a rank whose own values there were finite keeps their rounding error
+ * as if the bucket had arrived, although the NaN output lost them). The call returns qcclNonFinite on every rank, with the count of
  * outputs that are NaN or Inf (the same on every rank) in qcclGetLastError. With one rank these codecs encode
  * nothing: recvbuff is a copy of sendbuff, NaN and Inf included, and the call returns qcclSuccess.
  * With the sign codec (Marsit): qcclFloat32, qcclAvg and a state are required; sendbuff is the
