@@ -90,7 +90,9 @@ typedef enum {
 } qcclDataType_t;
 
 /* Integer sums and products wrap (two's complement). Floating-point reductions are carried out in
- * the datatype itself (fp16/bf16 round to nearest even after every operation, as NCCL does).
+ * the datatype itself (fp16/bf16 round to nearest even after every operation, as NCCL does), and,
+ * like the codecs, keep subnormal values whatever the calling thread's flush-to-zero mode (x86's FTZ
+ * and DAZ, e.g. torch.set_flush_denormal(True)), so that such a rank computes the others' bits.
  * qcclAvg is the sum divided by the rank count: truncated toward zero for integers. max/min of
  * floating-point values propagate NaN. */
 typedef enum {

@@ -22,6 +22,7 @@
 #include "collectives/aqsgd_store.h"
 #include "collectives/sendrecv_delta.h"
 #include "kernels/convert.h"
+#include "kernels/subnormals.h"
 #include "src/bootstrap.h"
 #include "src/comm.h"
 #include "src/comm_split.h"
@@ -68,6 +69,7 @@ namespace {
 
 template <class F>
 qcclResult_t api_call(const char* name, F&& body) {
+  const kernels::SubnormalsKept ieee;  // the caller's thread may flush them (kernels/subnormals.h)
   try {
     body();
     return qcclSuccess;

@@ -23,6 +23,7 @@
 #include "kernels/codec.h"
 #include "kernels/fft_sparse.h"
 #include "kernels/reduce.h"
+#include "kernels/subnormals.h"
 #include "src/link_probe.h"
 #include "src/message_key.h"
 #include "src/node_map.h"
@@ -1272,6 +1273,7 @@ void Comm::check_timeouts() {
 
 void Comm::progress_thread_main() {
   log_set_rank(rank_);
+  const kernels::SubnormalsKept ieee;  // whatever mode the thread that made it was in (kernels/subnormals.h)
   while (!stopping_) {
     std::vector<int> control_fds = control_->fds();
     std::vector<pollfd> fds;

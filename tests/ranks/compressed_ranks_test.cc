@@ -4,7 +4,12 @@
 // calls, and bad codec arguments refused before anything is sent.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
+
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "kernels/half.h"
 #include "tests/ranks/rank_test_util.h"
@@ -188,6 +193,31 @@ TEST_CASE("NaN or Inf in one rank's input: qcclNonFinite on every rank, what eac
                                               nullptr, w.comm()));
       CHECK(std::isfinite(out[at]));
     }
+}
+
+// A rank whose thread flushes subnormals (x86's FTZ and DAZ, as torch.set_flush_denormal(True) sets
+// them) computes a call as the others do (kernels/subnormals.h): q4 buckets of subnormal values, whose
+// step is subnormal too, encoded and decoded alike on every rank, as without the flush (the flushing
+// rank read its buckets' steps as 0 and decoded their minimums).
+TEST_CASE("a rank that flushes subnormals gets the bits of ranks that do not", "[compressed]") {
+#if defined(__SSE__) || defined(__x86_64__)
+  World& w = World::get();
+  const size_t count = 4096;
+  Codec codec("q4:bucket=8");
+  std::vector<float> in(count), plain(count), flushed(count);
+  for (size_t i = 0; i < count; ++i) in[i] = 1e-39f * static_cast<float>(1 + (i * 7 + w.rank()) % 8);
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(in.data(), plain.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr,
+                                          w.comm()));
+  const unsigned mode = _mm_getcsr();
+  if (w.rank() == w.size() - 1) _mm_setcsr(mode | 0x8040);  // flush to zero, denormals are zero
+  const qcclResult_t result = qcclAllReduceCompressed(in.data(), flushed.data(), count, qcclFloat32, qcclSum,
+                                                      codec.handle, nullptr, w.comm());
+  _mm_setcsr(mode);
+  QCCL_REQUIRE_OK(result);
+  allgather_equal(flushed.data(), count * sizeof(float));
+  CHECK(std::memcmp(plain.data(), flushed.data(), count * sizeof(float)) == 0);
+  CHECK(std::count(plain.begin(), plain.end(), 0.0f) < static_cast<long>(count));
+#endif
 }
 
 // A float16 sum the codecs carry in float32 and write as float16: past 65504 it is +-Inf there, and
