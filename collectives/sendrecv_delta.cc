@@ -219,9 +219,20 @@ class SendRecvDelta final : public Plan {
 }  // namespace
 
 DeltaCall::DeltaCall(std::shared_ptr<DeltaLink> link, bool sender, const void* buffer, kernels::DataType dtype,
-                     const uint64_t* keys, size_t nkeys)
+                     const uint64_t* keys, size_t nkeys, uint64_t comm, int peer)
     : link_(std::move(link)), sender_(sender), buffer_(buffer), dtype_(dtype), keys_(keys, keys + nkeys) {
   std::lock_guard<std::mutex> lock(link_->mu);
+  // Calls on a store are ordered by the communicator that runs them: two at once would not be.
+  if (link_->calls > 0 && link_->owner != comm)
+    throw DeltaUsageError("store: " + std::to_string(link_->calls) +
+                          " calls on it are in flight on another communicator (qcclWait for them first)");
+  // One end of one link: a second peer would meet a store in another state (a later communicator,
+  // whose ranks may be numbered anew, starts over).
+  if (link_->owner == comm && link_->peer >= 0 && link_->peer != peer)
+    throw DeltaUsageError("peer = " + std::to_string(peer) + ", but the store's calls on this communicator go to rank " +
+                          std::to_string(link_->peer) + ": a store is one end of one link (make one per peer)");
+  link_->owner = comm;
+  link_->peer = peer;
   warmup_ = link_->warmup;
   ++link_->calls;
   link_->store.prefetch(keys, nkeys);  // a file tier's rows on their way while earlier calls run

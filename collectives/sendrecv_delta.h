@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,12 +44,18 @@ struct DeltaLink {
   std::mutex mu;
   bool warmup = false;  // qcclDeltaStoreSetWarmup: what calls made from now on send
   int calls = 0;        // calls in flight: made and not yet over (DeltaCall::end)
-  const void* owner = nullptr;  // the communicator of the calls in flight (the API's check)
-  int peer = -1;                // the rank at the link's other end, on `owner`
+  uint64_t owner = 0;   // the communicator (Comm::id) of the latest calls, 0: none yet
+  int peer = -1;        // the rank at the link's other end, on `owner`
   // A call's rows in float32 and its message, kept from call to call: megabytes each, whose fresh
   // pages every call would cost more than the codec's arithmetic.
   std::vector<float> x;
   std::vector<uint8_t> message;
+};
+
+// Why a call on a store cannot be made now (qcclInvalidUsage): calls in flight on another
+// communicator, or a second peer.
+struct DeltaUsageError : std::logic_error {
+  using std::logic_error::logic_error;
 };
 
 // One call, bound to its link when it is made, run when every earlier call on the link completed.
@@ -62,8 +69,11 @@ class DeltaCall final : public MethodCall {
 
   // sender: rows of `buffer` (nkeys x the store's row values, in `dtype`) to send; else the buffer
   // the rows are received into. The keys are copied; the buffer must stay valid until completion.
+  // comm (Comm::id) and peer: where the call runs. Throws DeltaUsageError while calls on the link are
+  // in flight on another communicator, or when `peer` is not the link's peer on this one; the check
+  // and the count of the call are one step, so two threads' calls cannot both pass it.
   DeltaCall(std::shared_ptr<DeltaLink> link, bool sender, const void* buffer, kernels::DataType dtype,
-            const uint64_t* keys, size_t nkeys);
+            const uint64_t* keys, size_t nkeys, uint64_t comm, int peer);
   ~DeltaCall() override;
   DeltaCall(const DeltaCall&) = delete;
   DeltaCall& operator=(const DeltaCall&) = delete;

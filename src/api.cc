@@ -1029,20 +1029,6 @@ void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t*
       if (!seen.insert(keys[r]).second)
         fail(qcclInvalidArgument, "keys[%zu] = %llu appears twice in one call", r, static_cast<unsigned long long>(keys[r]));
   }
-  {
-    // Calls on a store are ordered by the communicator that runs them: two at once would not be.
-    std::lock_guard<std::mutex> lock(link->mu);
-    if (link->calls > 0 && link->owner != &c)
-      fail(qcclInvalidUsage, "store: %d calls on it are in flight on another communicator (qcclWait for them first)",
-           link->calls);
-    // One end of one link: a second peer would meet a store in another state (a later communicator,
-    // whose ranks may be numbered anew, starts over).
-    if (link->owner == &c && link->peer >= 0 && link->peer != peer)
-      fail(qcclInvalidUsage, "peer = %d, but the store's calls on this communicator go to rank %d: a store is one end "
-           "of one link (make one per peer)", peer, link->peer);
-    link->owner = &c;
-    link->peer = peer;
-  }
   auto record = std::make_shared<OpRecord>();
   // Rows in device memory cross through pinned host memory: the store and its kernels are the host's
   // (a store may outgrow the GPU: its file tier), and the rows' copies cost less than the wire.
@@ -1058,7 +1044,12 @@ void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t*
   args.peer = peer;
   args.rank = c.rank();
   args.nranks = c.nranks();
-  auto delta = std::make_unique<coll::DeltaCall>(link, sender, buffer, t, keys, nkeys);
+  std::unique_ptr<coll::DeltaCall> delta;
+  try {
+    delta = std::make_unique<coll::DeltaCall>(link, sender, buffer, t, keys, nkeys, c.id(), peer);
+  } catch (const coll::DeltaUsageError& e) {
+    fail(qcclInvalidUsage, "%s", e.what());
+  }
   args.delta = delta.get();
   args.method_call = delta.get();
   record->call = std::move(delta);

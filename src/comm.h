@@ -180,6 +180,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  // Unique among this process's communicators and never reused, where a destroyed one's address may
+  // be (what a delta store remembers of the communicator its calls ran on).
+  uint64_t id() const { return id_; }
   const Config& config() const { return config_; }
   bool oversubscribed() const { return oversubscribed_; }
   const coll::NodeMap& node_map() const { return node_map_; }
@@ -262,6 +265,11 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   const int rank_;
   const int nranks_;
+  const uint64_t id_ = next_id();
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> last{0};
+    return ++last;
+  }
   Config config_;  // const after join, where a probed link rate (QCCL_LINK_RATE=probe) sets its rate and chunk
   const AlgorithmPolicy policy_;
   const CodecPolicy codec_policy_;

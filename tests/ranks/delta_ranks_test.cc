@@ -435,6 +435,32 @@ TEST_CASE("delta send/recv: non-blocking calls and groups", "[delta]") {
   }
 }
 
+// A store whose communicator is destroyed starts over on the next one, whose ranks may be numbered
+// anew: here each pair's ranks swap numbers every round. (The store remembered its communicator by
+// address, and a new communicator made where the old one was freed met the old peer: refused.)
+TEST_CASE("delta send/recv: a store moves to later communicators that number its peer anew", "[delta]") {
+  World& w = World::get();
+  const Pair p = pair_of(w);
+  if (p.peer >= w.size()) return;  // the odd rank out
+  Store store("aq4:channels=32", 0, 0);
+  const std::vector<uint64_t> keys = {1, 2};
+  std::vector<float> rows(keys.size() * kRow, 0.25f), got(rows.size());
+  for (int round = 0; round < 8; ++round) {
+    INFO("round " << round);
+    qcclComm_t pair = nullptr;
+    const int key = round % 2 ? w.rank() : -w.rank();  // the pair's two ranks swap numbers each round
+    QCCL_REQUIRE_OK(qcclCommSplit(w.comm(), w.rank() / 2, key, &pair, nullptr));
+    int me = -1;
+    QCCL_REQUIRE_OK(qcclCommUserRank(pair, &me));
+    if (p.sender)
+      QCCL_REQUIRE_OK(qcclDeltaSend(rows.data(), keys.size(), keys.data(), qcclFloat32, store.handle, 1 - me, pair));
+    else
+      QCCL_REQUIRE_OK(qcclDeltaRecv(got.data(), keys.size(), keys.data(), qcclFloat32, store.handle, 1 - me, pair));
+    QCCL_REQUIRE_OK(qcclCommDestroy(pair));
+  }
+  if (!p.sender) CHECK(got[0] == 0.25f);
+}
+
 TEST_CASE("delta send/recv: a delta call met by a plain point-to-point call fails as a mismatch", "[delta]") {
   World& w = World::get();
   if (w.size() % 2) return;
