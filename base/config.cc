@@ -19,8 +19,8 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_TIMEOUT", "300", "seconds a collective may go without progress before it fails on every rank; 0 waits forever"},
       {"QCCL_CHUNK_BYTES", "262144 (or from QCCL_LINK_RATE)", "pipeline chunk size in bytes, 64 to 1 GiB (K/M/G, k/m/g or KiB/MiB/GiB suffixes, powers of 1024)"},
       {"QCCL_PIPELINE_DEPTH", "2", "chunks in flight per collective, 1 to 64"},
-      {"QCCL_LINK_RATE", "unset (unknown; probed for QCCL_CODEC=auto on several nodes)", "the rate of each rank's link, in tc's units (100mbit, 1gbit; set by qcclrun --netem), or probe: measured between the nodes when the communicator is made (node leaders send one another growing messages around a ring of nodes, each size twice, 64 KiB up to 64 MiB or 50 ms; the slope between the last two sizes, so that a shaper's burst and the latency drop out; the slowest link's rate, the same on every rank; 0.25-0.45 s measured, nothing on one node). Without QCCL_CHUNK_BYTES the chunk becomes 5 ms of the link (4 KiB multiples, 16 KiB to 256 KiB), so that a chunk fits a shallow switch queue, and 1 MiB from 8gbit on (a 10 Gbit/s link, as set or as a probe measures it)"},
-      {"QCCL_ALGO", "unset (by size)", "force algorithms by name: 'ring' or 'allreduce=ring,broadcast=chain', each collective once (qccl_info lists them)"},
+      {"QCCL_LINK_RATE", "unset (unknown; probed for QCCL_CODEC=auto on several nodes)", "the rate of each rank's link, in tc's units, 1kbit to 1000tbit (100mbit, 1gbit; set by qcclrun --netem), or probe: measured between the nodes when the communicator is made (node leaders send one another growing messages around a ring of nodes, each size twice, 64 KiB up to 64 MiB or 50 ms; the slope between the last two sizes, so that a shaper's burst and the latency drop out, at most 4 times the last size's average rate; the slowest link's rate, the same on every rank; 0.25-0.45 s measured, nothing on one node). Without QCCL_CHUNK_BYTES the chunk becomes 5 ms of the link (4 KiB multiples, 16 KiB to 256 KiB), so that a chunk fits a shallow switch queue, and 1 MiB from 8gbit on (a 10 Gbit/s link, as set or as a probe measures it)"},
+      {"QCCL_ALGO", "unset (by size)", "force algorithms by name: 'ring' or 'allreduce=ring,broadcast=chain', each collective once, its own NAME over a bare one (qccl_info lists them); one that cannot run a call gives way to the choice by size, with a WARN once per reason"},
       {"QCCL_SPIN_US", "20", "microseconds to poll (0 to 1000000) before blocking on the network's event descriptor"},
       {"QCCL_SOCKET_IFNAME", "unset (first non-loopback IPv4)", "interface whose address the bootstrap listens on and advertises"},
       {"QCCL_CODEC", "unset (no compression)", "compress plain qcclAllReduce calls (sum/avg of float, half, bfloat16): a codec spec such as q8 for all three, TYPE=SPEC;TYPE=SPEC per datatype (none: that type exact), or auto[:maxrelerr=E] (per call, the codec a cost model predicts fastest among those whose proven error bound is within E of the largest sum, default 0.01; uncompressed where none pays)"},
@@ -78,7 +78,7 @@ bool parse_bit_rate(const std::string& text, uint64_t* bits_per_s) {
   const double scale = tc_rate_unit(text.substr(i));
   if (scale == 0) return false;
   const double bits = strtod(text.substr(0, i).c_str(), nullptr) * scale;
-  if (!(bits >= 1000.0) || bits > 1e15) return false;  // below 1kbit: not a network (tbf refuses it)
+  if (!(bits >= static_cast<double>(kMinLinkBits)) || bits > static_cast<double>(kMaxLinkBits)) return false;
   *bits_per_s = static_cast<uint64_t>(bits);
   return true;
 }
@@ -93,10 +93,12 @@ size_t parse_size(const std::string& what, const std::string& value) {
   errno = 0;
   char* end = nullptr;
   unsigned long long n = std::strtoull(value.c_str(), &end, 10);
-  // strtoull skips blanks and negates after them: " -1" would be 2^64 - 1.
-  if (value.empty() || value.find('-') != std::string::npos || end == value.c_str() || errno == ERANGE)
+  // strtoull skips blanks, takes a '+' and negates after a '-' (" -1" would be 2^64 - 1): a size
+  // starts with its first digit, as an integer does (parse_int).
+  if (value.empty() || !std::isdigit(static_cast<unsigned char>(value[0])))
     fail(qcclInvalidArgument, "%s = '%s' is not a size (e.g. 524288, 512K, 4M, 1G)", what.c_str(),
          value.c_str());
+  if (errno == ERANGE) fail(qcclInvalidArgument, "%s = '%s' is too large", what.c_str(), value.c_str());
   unsigned long long mult = 1;
   std::string suffix(end);
   if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1ull << 10;
@@ -113,7 +115,7 @@ long long parse_int(const std::string& what, const std::string& value, long long
   errno = 0;
   char* end = nullptr;
   long long n = std::strtoll(value.c_str(), &end, 10);
-  // strtoll also takes leading blanks and a '+', which the other parsers of these variables refuse.
+  // strtoll also takes leading blanks and a '+', which parse_size and parse_double refuse as well.
   const bool digits = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) ||
                                          (value[0] == '-' && std::isdigit(static_cast<unsigned char>(value[1]))));
   if (!digits || *end != '\0' || errno == ERANGE)
@@ -127,8 +129,18 @@ double parse_double(const std::string& what, const std::string& value, double lo
   errno = 0;
   char* end = nullptr;
   double d = std::strtod(value.c_str(), &end);
-  if (value.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(d))
+  // strtod also takes leading blanks, a '+', hex ("0x10", "0x1p-3"), "inf" and "nan": a number here
+  // is decimal and starts with a digit, a '.' or a '-' (which the range may then refuse).
+  const char first = value.empty() ? '\0' : value[0];
+  const char lead = first == '-' && value.size() > 1 ? value[1] : first;
+  const bool decimal = (std::isdigit(static_cast<unsigned char>(lead)) || lead == '.') &&
+                       value.find_first_of("xX") == std::string::npos;
+  if (!decimal || *end != '\0')
     fail(qcclInvalidArgument, "%s = '%s' is not a number", what.c_str(), value.c_str());
+  // Overflow, and underflow to 0 or a subnormal ("1e-400" was read as 0).
+  if (errno == ERANGE || !std::isfinite(d))
+    fail(qcclInvalidArgument, "%s = '%s' is too large or too small for a double (the range is [%g, %g])",
+         what.c_str(), value.c_str(), lo, hi);
   if (d < lo || d > hi)
     fail(qcclInvalidArgument, "%s = %g is out of range [%g, %g]", what.c_str(), d, lo, hi);
   return d;
@@ -157,8 +169,8 @@ Config Config::from_environment() {
       c.probe_link_rate = true;
     } else {
       if (!parse_bit_rate(v, &c.link_rate_bits))
-        fail(qcclInvalidArgument, "QCCL_LINK_RATE = '%s' is neither probe nor a rate of at least 1kbit (tc's units: "
-             "100mbit, 1gbit, 10gbit, 125mbps = bytes/s)", v);
+        fail(qcclInvalidArgument, "QCCL_LINK_RATE = '%s' is neither probe nor a rate from 1kbit to 1000tbit "
+             "(1e15 bit/s; tc's units: 100mbit, 1gbit, 10gbit, 125mbps = bytes/s)", v);
       if (!c.chunk_explicit) c.chunk_bytes = chunk_for_link_rate(c.link_rate_bits);
     }
   }

@@ -39,6 +39,9 @@ struct Config {
   }
   std::string node_map;            // QCCL_NODE_MAP: node label per rank (src/node_map.h); empty: by host
   int oversubscribed = -1;         // QCCL_OVERSUBSCRIBED: 0 or 1; -1 = detect (ranks of this host > its CPUs)
+  // A split child: the ranks of its parent that share this host's CPUs (Comm::host_ranks), which
+  // still run beside it whatever the child's own count; 0 for a communicator made otherwise.
+  int parent_host_ranks = 0;
   uint64_t link_rate_bits = 0;     // QCCL_LINK_RATE, bit/s; 0 = unknown
   bool probe_link_rate = false;    // QCCL_LINK_RATE=probe: measured when the communicator is made
   bool chunk_explicit = false;     // QCCL_CHUNK_BYTES or chunkBytes set (a link rate then leaves it)
@@ -61,8 +64,13 @@ long long parse_int(const std::string& what, const std::string& value, long long
 double parse_double(const std::string& what, const std::string& value, double lo, double hi);
 
 // A tc(8) rate ("100mbit", "1gbit", "500kbit", "10mbps" = 10 MB/s, "1gibit", a bare number = bit/s;
-// units case-insensitive) in bit/s. False when the text is not a rate or is below 1kbit.
+// units case-insensitive) in bit/s. False when the text is not a rate or is outside [kMinLinkBits,
+// kMaxLinkBits].
 bool parse_bit_rate(const std::string& text, uint64_t* bits_per_s);
+// The rates a link may have: below 1 kbit/s is not a network (tc's tbf refuses it), and beyond 1e15
+// bit/s (1000 Tbit/s) no link reaches, so such a rate is a typo or a broken measurement.
+constexpr uint64_t kMinLinkBits = 1'000ull;
+constexpr uint64_t kMaxLinkBits = 1'000'000'000'000'000ull;
 // Bits per second in one of tc's rate units ("" and "bit" 1, "mbit" 1e6, "mbps" 8e6, "gibit", ...;
 // case-insensitive), or 0 when `unit` is none of them.
 double tc_rate_unit(const std::string& unit);

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "base/config.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "collectives/ring.h"
@@ -325,12 +326,9 @@ AutoCodec::AutoCodec(const std::string& spec, int nranks, const std::string& sou
     const std::string key = "maxrelerr=";
     if (option.rfind(key, 0) != 0)
       fail(qcclInvalidArgument, "%s: auto takes maxrelerr=E, not '%s'", from, option.c_str());
-    const std::string value = option.substr(key.size());
-    char* end = nullptr;
-    const double e = std::strtod(value.c_str(), &end);
-    if (value.empty() || *end != '\0' || !(e >= 0) || !std::isfinite(e))
-      fail(qcclInvalidArgument, "%s: auto's maxrelerr = '%s' must be a number >= 0", from, value.c_str());
-    budget_ = e;
+    // The variables' own rules (no blanks, hex or underflow to 0): a bound, so any finite E >= 0.
+    budget_ = parse_double(std::string(from) + ": auto's maxrelerr", option.substr(key.size()), 0,
+                           std::numeric_limits<double>::max());
   }
   // The most accurate first: among candidates the model finds about as fast, the first wins.
   std::vector<std::string> specs = {"fp16", "bf16"};

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -332,6 +333,7 @@ std::vector<uint8_t> PeerInfo::serialize() const {
   }
   w.put<int32_t>(cpus);
   w.put<int32_t>(oversubscribed);
+  w.put<int32_t>(parent_host_ranks);
   w.put<int32_t>(pipeline_depth);
   w.put<int32_t>(chunk_explicit);
   w.put_string(node_map);
@@ -366,12 +368,20 @@ PeerInfo PeerInfo::parse(const std::vector<uint8_t>& bytes, int rank) {
   }
   p.cpus = r.get<int32_t>();
   p.oversubscribed = r.get<int32_t>();
+  p.parent_host_ranks = r.get<int32_t>();
+  if (p.parent_host_ranks < 0) fail(qcclRemoteError, "peer information: parent_host_ranks = %d", p.parent_host_ranks);
   p.pipeline_depth = r.get<int32_t>();
   p.chunk_explicit = r.get<int32_t>();
   p.node_map = r.get_string(1 << 20);
   p.algorithms = r.get_string(4096);
   p.aggregators = r.get_string(1 << 20);
   return p;
+}
+
+int ranks_sharing_cpus(const std::vector<PeerInfo>& peers, size_t r) {
+  int sharing = 0;
+  for (const PeerInfo& q : peers) sharing += q.same_host(peers[r]) || peers[r].oversubscribed == 1 ? 1 : 0;
+  return std::max(sharing, static_cast<int>(peers[r].parent_host_ranks));
 }
 
 }  // namespace qccl

@@ -70,6 +70,7 @@ struct PeerInfo {
   std::vector<double> codec_costs;
   int32_t cpus = 0;
   int32_t oversubscribed = -1;
+  int32_t parent_host_ranks = 0;  // Config::parent_host_ranks (a split child's parent's ranks on this host)
   int32_t pipeline_depth = 0;  // QCCL_PIPELINE_DEPTH (auto's model takes rank 0's)
   std::string algorithms;      // what QCCL_ALGO (or config->algorithms) forces (AlgorithmPolicy::forced)
   std::string aggregators;     // QCCL_AGGREGATORS as given ("": none)
@@ -78,5 +79,11 @@ struct PeerInfo {
   static PeerInfo parse(const std::vector<uint8_t>& bytes, int rank);
   bool same_host(const PeerInfo& other) const { return hostname == other.hostname && boot_id == other.boot_id; }
 };
+
+// How many ranks' CPU work competes for the CPUs of peers[r]'s host, for QCCL_CODEC=auto's model
+// (Comm::host_ranks, as every rank sees it): those of its host, all of them when rank r set
+// QCCL_OVERSUBSCRIBED=1 (emulated hosts sharing one machine), or its parent's when more (a split
+// child's: the parent's other ranks still run there). Rank r itself included.
+int ranks_sharing_cpus(const std::vector<PeerInfo>& peers, size_t r);
 
 }  // namespace qccl

@@ -152,6 +152,7 @@ void Comm::join(const BootstrapId& id) {
   if (auto_codec_) me.codec_costs = auto_codec_->measure().flatten();  // stretched in agree_auto_codec
   me.cpus = topology_.bound_pus;
   me.oversubscribed = config_.oversubscribed;
+  me.parent_host_ranks = config_.parent_host_ranks;
 
   auto blobs = exchange_through_root(id, rank_, nranks_, me.serialize(), deadline);
   for (int r = 0; r < nranks_; ++r) {
@@ -204,7 +205,8 @@ void Comm::join(const BootstrapId& id) {
            names_[r].c_str(), peers_[r].codec_policy.empty() ? "a fixed codec or none" : peers_[r].codec_policy.c_str(),
            names_[0].c_str(), peers_[0].codec_policy.empty() ? "a fixed codec or none" : peers_[0].codec_policy.c_str());
   // QCCL_OVERSUBSCRIBED overrides the count: emulated hosts (qcclrun --nodes) share the CPUs.
-  oversubscribed_ = config_.oversubscribed >= 0 ? config_.oversubscribed == 1 : local > topology_.bound_pus;
+  host_ranks_ = std::max(config_.oversubscribed == 1 ? nranks_ : local, config_.parent_host_ranks);
+  oversubscribed_ = config_.oversubscribed >= 0 ? config_.oversubscribed == 1 : host_ranks_ > topology_.bound_pus;
 
   control_ = std::make_unique<ControlPlane>(
       rank_, nranks_, id.magic, names_,
@@ -252,7 +254,8 @@ void Comm::join(const BootstrapId& id) {
 
   QCCL_INFO("communicator of %d ranks (%d on this host, %d CPUs: %s%s), root %s", nranks_, local, topology_.bound_pus,
             oversubscribed_ ? "oversubscribed, spinning yields" : "spinning",
-            config_.oversubscribed >= 0 ? " as set or inherited" : "", id.root.to_string().c_str());
+            config_.oversubscribed >= 0 || config_.parent_host_ranks > local ? " as set or inherited" : "",
+            id.root.to_string().c_str());
   QCCL_INFO("topology %s", topology_.summary().c_str());
   QCCL_INFO("node map (%s): %s", config_.node_map.empty() ? "by host" : "QCCL_NODE_MAP", node_map_.describe().c_str());
   if (log_level() >= LogLevel::kInfo) QCCL_INFO("links: %s", describe_links().c_str());
@@ -286,8 +289,9 @@ void Comm::set_link_facts() {
 // QCCL_CODEC=auto's facts, from what every rank sent at bootstrap, so that every rank chooses alike:
 // the links (QCCL_LINK_RATE or the probe's rate between nodes, memory copies within one) and the
 // slowest host's CPU costs, stretched by its ranks per CPU (all ranks, when QCCL_OVERSUBSCRIBED says the hosts share one
-// machine's CPUs). The ranks of a host measured at the same time, on the same cores: the least
-// contended measurement of each cost (the smallest) is the host's, before the stretch.
+// machine's CPUs; a split child's parent's ranks there, when more: ranks_sharing_cpus). The ranks of a
+// host measured at the same time, on the same cores: the least contended measurement of each cost (the
+// smallest) is the host's, before the stretch.
 void Comm::agree_auto_codec() {
   const size_t count = CpuCosts::kFixed + 3 * auto_codec_->candidates().size();
   for (int r = 0; r < nranks_; ++r)
@@ -295,18 +299,20 @@ void Comm::agree_auto_codec() {
       fail(qcclRemoteError, "%s sent %zu codec costs for QCCL_CODEC=auto, not %zu", names_[r].c_str(),
            peers_[r].codec_costs.size(), count);
   std::vector<double> slowest(count, 0.0);
+  double most_stretched = 1;
   for (int r = 0; r < nranks_; ++r) {
     const PeerInfo& p = peers_[r];
     std::vector<double> host = p.codec_costs;
-    int sharing = 0;
     for (const PeerInfo& q : peers_)
-      if (q.same_host(p) || p.oversubscribed == 1) {
-        ++sharing;
+      if (q.same_host(p) || p.oversubscribed == 1)
         for (size_t i = 0; i < count; ++i) host[i] = std::min(host[i], q.codec_costs[i]);
-      }
+    const int sharing = ranks_sharing_cpus(peers_, static_cast<size_t>(r));
     const double stretch = std::max(1.0, static_cast<double>(sharing) / std::max(p.cpus, 1));
+    most_stretched = std::max(most_stretched, stretch);
     for (size_t i = 0; i < count; ++i) slowest[i] = std::max(slowest[i], host[i] * stretch);
   }
+  QCCL_INFO("QCCL_CODEC=auto: CPU costs stretched by up to %gx (the ranks sharing a host's CPUs, per CPU)",
+            most_stretched);
   ClusterFacts facts;
   CpuCosts::unflatten(slowest, auto_codec_->candidates().size(), &facts.cpu);
   // Ethernet carries 1448 payload bytes per 1538 (MTU 1500); a message's latency is a switch and the

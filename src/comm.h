@@ -185,6 +185,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   uint64_t id() const { return id_; }
   const Config& config() const { return config_; }
   bool oversubscribed() const { return oversubscribed_; }
+  // The ranks that share this host's CPUs: this communicator's on this host (all of them under
+  // QCCL_OVERSUBSCRIBED=1), or its parent's (Config::parent_host_ranks) when more.
+  int host_ranks() const { return host_ranks_; }
   const coll::NodeMap& node_map() const { return node_map_; }
 
   // Starts a validated call (a zero count moves nothing: it completes at once, or a collective's with
@@ -283,6 +286,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::string aggregator_lost_;                   // guarded by ops_mu_: why agg=switch cannot run
   std::vector<std::string> names_;  // "rank 3 (host:pid)", then "aggregator 0 (host:port)"
   bool oversubscribed_ = false;      // more ranks on this host than CPUs: spinning yields
+  int host_ranks_ = 1;               // host_ranks()
   // DriveTotals, added to and read by the driver (under the drive lock): at an execution's start and
   // at its completion.
   std::atomic<int64_t> transport_ns_{0}, waiting_ns_{0}, wakeups_{0};

@@ -54,8 +54,10 @@ std::shared_ptr<Comm> split_comm(Comm& parent, int color, int key, const qcclCon
   // An emulated node map (QCCL_NODE_MAP) lists the parent's ranks: the child keeps its members' nodes.
   if (!config.node_map.empty()) config.node_map = node_map_of_members(parent.node_map(), members);
   // The parent's other ranks still share this host's CPUs, which the child's own count leaves out: a
-  // child of an oversubscribed parent yields as it does (without QCCL_OVERSUBSCRIBED: detected).
-  if (config.oversubscribed < 0 && parent.oversubscribed()) config.oversubscribed = 1;
+  // child of an oversubscribed parent yields as it does, and auto's model stretches its CPU costs as
+  // the parent's. (The child was told QCCL_OVERSUBSCRIBED=1 instead, which says all ranks share one
+  // machine: on real hosts its model divided each CPU among all its ranks, twice its parent's costs.)
+  config.parent_host_ranks = parent.host_ranks();
   return Comm::create(decode_unique_id(ids[static_cast<size_t>(members[0])]), size, new_rank, config);
 }
 

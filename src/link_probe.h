@@ -27,4 +27,12 @@ struct LinkProbe {
 // sequence numbers of later calls start after them.
 LinkProbe probe_link_rate(Comm& comm);
 
+// The rate probe_link_rate reports (bit/s, Ethernet framing included) once the slowest leader took
+// `seconds` for `bytes` and, at the size before, `last_seconds` for `last_bytes` (0 and 0 when there
+// was none): the slope between the two, at most 4 times bytes / seconds (two close timings made it
+// up to 4e17 bit/s), or bytes / seconds without a usable earlier size; always within [kMinLinkBits,
+// kMaxLinkBits] (base/config.h), the rates QCCL_LINK_RATE takes. A function of its arguments only:
+// every rank that passes the agreed timings gets the same rate.
+uint64_t probed_link_rate(double last_bytes, double last_seconds, double bytes, double seconds);
+
 }  // namespace qccl

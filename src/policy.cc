@@ -2,8 +2,10 @@
 
 #include <strings.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
+#include <vector>
 
 #include "base/errors.h"
 #include "base/log.h"
@@ -32,9 +34,12 @@ std::string size_text(size_t bytes) {
 
 }  // namespace
 
-AlgorithmPolicy::AlgorithmPolicy(const std::string& spec, const std::string& source) {
+AlgorithmPolicy::AlgorithmPolicy(const std::string& spec, const std::string& source) : source_(source) {
   const char* from = source.c_str();
   std::set<coll::CollKind> named;  // collectives given as COLLECTIVE=NAME: once each
+  // What bare names force, applied after the loop to the collectives no COLLECTIVE=NAME names: an
+  // explicit name wins wherever it stands ("allreduce=recursive_doubling,ring" kept ring for AllReduce).
+  std::map<coll::CollKind, std::vector<std::string>> bare;  // each name once
   size_t at = 0;
   while (at < spec.size()) {
     size_t comma = spec.find(',', at);
@@ -44,8 +49,12 @@ AlgorithmPolicy::AlgorithmPolicy(const std::string& spec, const std::string& sou
     size_t eq = token.find('=');
     if (eq == std::string::npos) {  // a bare name applies to every collective that has it
       bool any = false;
-      for (const coll::Algorithm& a : coll::algorithms())
-        if (token == a.name) forced_[a.collective] = token, any = true;
+      for (const coll::Algorithm& a : coll::algorithms()) {
+        if (token != a.name) continue;
+        any = true;
+        std::vector<std::string>& names = bare[a.collective];
+        if (std::find(names.begin(), names.end(), token) == names.end()) names.push_back(token);
+      }
       if (!any) fail(qcclInvalidArgument, "%s: no algorithm is named '%s' (qccl_info lists them)", from, token.c_str());
       continue;
     }
@@ -64,6 +73,14 @@ AlgorithmPolicy::AlgorithmPolicy(const std::string& spec, const std::string& sou
            coll::coll_name(kind), name.c_str());
     forced_[kind] = name;
   }
+  for (const auto& [kind, names] : bare) {
+    if (named.count(kind)) continue;
+    // Two bare names of one collective's algorithms ("ring,hierarchical": AllGather has both) kept the last.
+    if (names.size() > 1)
+      fail(qcclInvalidArgument, "%s = '%s': '%s' and '%s' both force %s: drop one, or add %s=NAME", from, spec.c_str(),
+           names[0].c_str(), names[1].c_str(), coll::coll_name(kind), coll::coll_name(kind));
+    forced_[kind] = names[0];
+  }
 }
 
 const coll::Algorithm& AlgorithmPolicy::choose(const coll::CollArgs& args) const {
@@ -71,7 +88,17 @@ const coll::Algorithm& AlgorithmPolicy::choose(const coll::CollArgs& args) const
     const coll::Algorithm* forced = coll::find_algorithm(args.kind, it->second);
     const char* why = forced->cannot_run(args);
     if (!why) return *forced;
-    QCCL_INFO("%s: forced algorithm %s declines (%s); choosing by size", coll::coll_name(args.kind), forced->name, why);
+    // The user asked for this algorithm, so not getting it is worth a warning, but one per reason: it
+    // came once per call, and under QCCL_CODEC=auto once per candidate codec of every call shape.
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(warned_mutex_);
+      first = warned_.emplace(args.kind, why).second;
+    }
+    if (first)
+      QCCL_WARN("%s: forced algorithm %s (%s) declines (%s): such calls run the algorithm chosen by size "
+                "(said once per communicator and reason)",
+                coll::coll_name(args.kind), forced->name, source_.c_str(), why);
   }
   const size_t bytes = args.message_bytes();
   const coll::Algorithm* fallback = nullptr;

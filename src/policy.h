@@ -4,9 +4,11 @@
 #pragma once
 
 #include <map>
-#include <string>
-
 #include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
 
 #include "collectives/plan.h"
 #include "kernels/codec.h"
@@ -16,10 +18,15 @@ namespace qccl {
 class AlgorithmPolicy {
  public:
   // spec: "" | "name" | "collective=name[,collective=name...]" (collective names as in the C API,
-  // case-insensitive: allreduce, broadcast, reduce, allgather, reducescatter, alltoall, send, recv).
-  // Throws Error(qcclInvalidArgument) naming `source` (where spec came from) and the bad token.
+  // case-insensitive: allreduce, broadcast, reduce, allgather, reducescatter, alltoall, send, recv),
+  // mixed as in "ring,allreduce=recursive_doubling": a bare name forces every collective that has an
+  // algorithm of that name and no collective=name of its own, wherever the two stand.
+  // Throws Error(qcclInvalidArgument) naming `source` (where spec came from) and the bad token, a
+  // collective given twice, or two bare names forcing one collective.
   explicit AlgorithmPolicy(const std::string& spec, const std::string& source = "QCCL_ALGO");
 
+  // The forced algorithm when it can run the call; otherwise the first by size, with one WARN per
+  // collective and reason for the life of this policy (a communicator's). Thread-safe.
   const coll::Algorithm& choose(const coll::CollArgs& args) const;
   // Whether the spec names an algorithm for this collective.
   bool forces(coll::CollKind kind) const { return forced_.count(kind) != 0; }
@@ -31,6 +38,9 @@ class AlgorithmPolicy {
 
  private:
   std::map<coll::CollKind, std::string> forced_;
+  std::string source_;  // where the spec came from, for the fallback's warning
+  mutable std::mutex warned_mutex_;  // (calls of several threads choose at once)
+  mutable std::set<std::pair<coll::CollKind, std::string>> warned_;  // fallbacks already warned of
 };
 
 // Which plain qcclAllReduce calls a communicator compresses (QCCL_CODEC / qcclConfig_t.codec):

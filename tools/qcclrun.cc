@@ -306,7 +306,7 @@ Options parse_options(int argc, char** argv) {
     } else if (name == "--netem") {
       std::string rate = value();
       if (!qccl::parse_bit_rate(rate, &o.netem_bits))
-        usage_error("invalid rate '" + rate + "' for --netem (expected a tc rate of at least 1kbit, "
+        usage_error("invalid rate '" + rate + "' for --netem (expected a tc rate from 1kbit to 1000tbit, "
                     "e.g. 100mbit, 1gbit, 10mbps)");
     } else if (name == "--nodes") {
       o.nodes_text = value();

@@ -453,7 +453,7 @@ TEST_CASE("QCCL_CODEC=auto: every rank must set the same, or creation fails nami
   CHECK(b.made == qcclInvalidArgument);
   AutoComm c(w, "auto:maxrelerr=lots");
   CHECK(c.made == qcclInvalidArgument);
-  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("maxrelerr = 'lots' must be a number >= 0"));
+  CHECK_THAT(std::string(qcclGetLastError(nullptr)), Catch::Contains("maxrelerr = 'lots' is not a number"));
   // A chunk set on some ranks only: a measured link rate would then change the others' chunk alone.
   qcclUniqueId id;
   if (w.rank() == 0) REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);

@@ -59,8 +59,10 @@ TEST_CASE("auto: the budget decides the candidates, most accurate first", "[auto
   CHECK(names(AutoCodec("auto:maxrelerr=0", 4)).empty());
   CHECK(names(AutoCodec("auto:maxrelerr=10", 4)).size() == 10);
 
+  // The variables' own number rules (parse_double): blanks, '+' and hex were taken, and 1e-400 as 0.
   for (const char* bad : {"auto:", "auto:maxrelerr=", "auto:maxrelerr=-1", "auto:maxrelerr=x", "auto:maxrelerr=inf",
-                          "auto:bits=4", "auto:maxrelerr=0.1,x=1", "q8"}) {
+                          "auto:bits=4", "auto:maxrelerr=0.1,x=1", "q8", "auto:maxrelerr= 0.1", "auto:maxrelerr=+0.1",
+                          "auto:maxrelerr=0x1p-3", "auto:maxrelerr=1e-400", "auto:maxrelerr=nan"}) {
     INFO(bad);
     try {
       AutoCodec a(bad, 2);
@@ -70,6 +72,10 @@ TEST_CASE("auto: the budget decides the candidates, most accurate first", "[auto
       CHECK(std::string(e.what()).find("QCCL_CODEC") != std::string::npos);
     }
   }
+  CHECK_THROWS_WITH(AutoCodec("auto:maxrelerr=1e-400", 2),
+                    Catch::Contains("QCCL_CODEC: auto's maxrelerr = '1e-400' is too large or too small"));
+  CHECK(AutoCodec("auto:maxrelerr=.5", 2).budget() == 0.5);
+  CHECK(AutoCodec("auto:maxrelerr=1e300", 2).budget() == 1e300);
 }
 
 TEST_CASE("auto: the bounds as derived", "[auto]") {

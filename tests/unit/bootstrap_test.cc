@@ -324,12 +324,14 @@ TEST_CASE("peer information round-trips, and malformed or hostile blobs fail cle
   p.hostname = "h", p.boot_id = "b", p.pid = 7, p.topology = "t", p.transport_address = {1, 2, 3};
   p.chunk_bytes = 1 << 20, p.link_rate_bits = 10'000'000'000ull, p.codec_policy = "auto:maxrelerr=0.1";
   p.codec_costs = {1e-9, 2e-10, 0, 3.5e-10}, p.cpus = 2, p.oversubscribed = 1, p.pipeline_depth = 4;
+  p.parent_host_ranks = 3;
   p.chunk_explicit = 1, p.node_map = "0,0,1,1", p.aggregators = "10.0.0.1:5000,10.0.0.2:5000";
   const std::vector<uint8_t> bytes = p.serialize();
   const PeerInfo q = PeerInfo::parse(bytes, 1);
   CHECK(q.codec_policy == p.codec_policy);
   CHECK(q.codec_costs == p.codec_costs);
   CHECK((q.cpus == 2 && q.oversubscribed == 1 && q.pipeline_depth == 4 && q.chunk_bytes == p.chunk_bytes));
+  CHECK(q.parent_host_ranks == 3);
   CHECK((q.chunk_explicit == 1 && q.node_map == "0,0,1,1" && q.aggregators == p.aggregators));
   // A summary that lists thousands of bound CPUs (every other PU of a large host) is cut, not refused.
   PeerInfo sparse = p;

@@ -14,8 +14,10 @@
 #include "base/wire.h"
 #include "collectives/ring.h"
 #include "src/aggregator.h"
+#include "src/bootstrap.h"
 #include "src/control.h"
 #include "src/frame.h"
+#include "src/link_probe.h"
 #include "src/message_key.h"
 #include "src/node_map.h"
 #include "src/policy.h"
@@ -260,6 +262,30 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
   for (const char* odd : {" 0", "+1", "\t2", "-", "- 1"})  // strtoll's blanks and sign
     CHECK_THROWS_WITH(parse_int("QCCL_RANK", odd, -5, 5), Catch::Contains("is not an integer"));
   CHECK_THROWS_WITH(parse_double("QCCL_TIMEOUT", "soon", 0, 1e9), Catch::Contains("'soon'"));
+  // Sizes and numbers take what integers take: strtoull and strtod also skipped blanks and took a
+  // '+', strtod hex, "inf" and "nan" too; " 5" and 0x10 were accepted as QCCL_TIMEOUT.
+  for (const char* odd : {" 64K", "+64K", "\t1", "0x10"})
+    CHECK_THROWS_WITH(parse_size("QCCL_CHUNK_BYTES", odd), Catch::Contains("QCCL_CHUNK_BYTES = '" + std::string(odd)));
+  for (const char* odd : {" 5", "+5", "\t5", "0x10", "0x1p-3", "-0x1", "inf", "-inf", "nan", "infinity", "- 1", "-"})
+    CHECK_THROWS_WITH(parse_double("QCCL_TIMEOUT", odd, -10, 1e9),
+                      Catch::Contains("QCCL_TIMEOUT = '" + std::string(odd) + "' is not a number"));
+  // Overflow, and underflow to 0 (which a positive bound would have taken as 0).
+  for (const char* odd : {"1e400", "1e-400", "-1e400"})
+    CHECK_THROWS_WITH(parse_double("QCCL_TIMEOUT", odd, -10, 1e9),
+                      Catch::Contains("QCCL_TIMEOUT = '" + std::string(odd) + "' is too large or too small"));
+  CHECK(parse_double("x", "5", 0, 10) == 5);
+  CHECK(parse_double("x", ".5", 0, 10) == 0.5);
+  CHECK(parse_double("x", "5.", 0, 10) == 5);
+  CHECK(parse_double("x", "1e-3", 0, 10) == 1e-3);
+  CHECK(parse_double("x", "-.5", -1, 10) == -0.5);
+  CHECK_THROWS_WITH(parse_double("QCCL_TIMEOUT", "-1", 0, 10),
+                    Catch::Contains("QCCL_TIMEOUT = -1 is out of range [0, 10]"));
+  with_env("QCCL_TIMEOUT", " 5", [] {
+    CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_TIMEOUT = ' 5' is not a number"));
+  });
+  with_env("QCCL_CHUNK_BYTES", "+64K", [] {
+    CHECK_THROWS_WITH(Config::resolve(nullptr), Catch::Contains("QCCL_CHUNK_BYTES = '+64K' is not a size"));
+  });
 
   with_env("QCCL_CHUNK_BYTES", "32K", [] { CHECK(Config::resolve(nullptr).chunk_bytes == 32768); });
   with_env("QCCL_CHUNK_BYTES", "1", [] {
@@ -302,6 +328,12 @@ TEST_CASE("configuration: environment values are parsed strictly and errors name
     CHECK_THROWS_WITH(Config::resolve(nullptr),
                       Catch::Contains("QCCL_LINK_RATE = 'quick'") && Catch::Contains("neither probe nor a rate"));
   });
+  // Beyond 1e15 bit/s the message said "of at least 1kbit", which the rate was.
+  with_env("QCCL_LINK_RATE", "2000tbit", [] {
+    CHECK_THROWS_WITH(Config::resolve(nullptr),
+                      Catch::Contains("QCCL_LINK_RATE = '2000tbit'") && Catch::Contains("from 1kbit to 1000tbit"));
+  });
+  with_env("QCCL_LINK_RATE", "1000tbit", [] { CHECK(Config::resolve(nullptr).link_rate_bits == 1000000000000000ull); });
   // probe: measured when the communicator is made (src/link_probe.h); the chunk follows unless set.
   with_env("QCCL_LINK_RATE", "probe", [] {
     const Config c = Config::resolve(nullptr);
@@ -390,6 +422,32 @@ TEST_CASE("algorithm policy: forcing by name, falling back with a reason, and pa
   // A bare name, then one collective's own: "ring everywhere but here" stays allowed.
   AlgorithmPolicy mixed("ring,allreduce=recursive_doubling");
   CHECK(std::string(mixed.choose(args_for(coll::CollKind::kAllReduce, 1 << 20)).name) == "recursive_doubling");
+  // ... wherever it stands: after it, the bare name overrode the collective's own.
+  AlgorithmPolicy after("allreduce=recursive_doubling,ring");
+  CHECK(std::string(after.choose(args_for(coll::CollKind::kAllReduce, 1 << 20)).name) == "recursive_doubling");
+  CHECK(std::string(after.choose(args_for(coll::CollKind::kAllGather, 4)).name) == "ring");
+  CHECK(after.forced() == "AllReduce=recursive_doubling,AllGather=ring,ReduceScatter=ring");
+  // Two bare names forcing one collective (AllGather has both): the last won.
+  CHECK_THROWS_WITH(AlgorithmPolicy("ring,hierarchical"),
+                    Catch::Contains("QCCL_ALGO = 'ring,hierarchical': 'ring' and 'hierarchical' both force AllGather"));
+  CHECK_THROWS_WITH(AlgorithmPolicy("hierarchical,allreduce=ring,ring", "config->algorithms"),
+                    Catch::Contains("config->algorithms = 'hierarchical,allreduce=ring,ring'"));
+  // ... unless that collective names its own, or the two are the same name.
+  AlgorithmPolicy own("ring,hierarchical,allgather=ring,reducescatter=ring");
+  CHECK(std::string(own.choose(args_for(coll::CollKind::kAllGather, 4)).name) == "ring");
+  CHECK(std::string(AlgorithmPolicy("ring,ring").choose(args_for(coll::CollKind::kAllReduce, 4)).name) == "ring");
+}
+
+// Run with QCCL_DEBUG=WARN by the test runtime_units_fallback_warns_once (tests/unit/CMakeLists.txt),
+// which counts the warnings: one per collective and reason, not one per call (an INFO per call before).
+TEST_CASE("algorithm policy: a forced algorithm that declines warns once per collective and reason", "[fallback]") {
+  AlgorithmPolicy forced("allreduce=recursive_doubling,broadcast=chain");
+  for (int call = 0; call < 3; ++call) {
+    CHECK(std::string(forced.choose(args_for(coll::CollKind::kAllReduce, 4, 1)).name) == "local");
+    CHECK(std::string(forced.choose(args_for(coll::CollKind::kBroadcast, 4, 1)).name) != "chain");
+  }
+  AlgorithmPolicy another("allreduce=recursive_doubling");  // another communicator's: warns again
+  CHECK(std::string(another.choose(args_for(coll::CollKind::kAllReduce, 4, 1)).name) == "local");
 }
 
 TEST_CASE("codec policy: `none` leaves its types exact", "[policy]") {
@@ -549,6 +607,49 @@ TEST_CASE("QCCL_NODE_MAP's grammar: one non-negative integer per rank, comma-sep
   CHECK_THROWS_WITH(compute_node_map({peer_on("h", "x")}, "0,1"), Catch::Contains("lists 2 ranks"));
   // A split child keeps its members' nodes.
   CHECK(node_map_of_members(coll::NodeMap::from_labels({0, 0, 1, 1}), {3, 1, 2}) == "1,0,1");
+}
+
+TEST_CASE("auto's CPU model: the ranks that share a host's CPUs, also in a split child", "[split][auto]") {
+  // Two hosts of two ranks on one CPU each: the parent detects oversubscription (-1: not set).
+  std::vector<PeerInfo> parent(4);
+  for (size_t r = 0; r < parent.size(); ++r) {
+    parent[r].hostname = "host" + std::to_string(r / 2);
+    parent[r].boot_id = "boot" + std::to_string(r / 2);
+    parent[r].cpus = 1;
+  }
+  for (size_t r = 0; r < parent.size(); ++r) CHECK(ranks_sharing_cpus(parent, r) == 2);
+  // A child of all four sent QCCL_OVERSUBSCRIBED's 1, so that it would yield too, and its model
+  // divided each host's CPU among all four ranks: twice its parent's costs. It now sends what its
+  // parent found (Config::parent_host_ranks), and detects.
+  std::vector<PeerInfo> child = parent;
+  for (PeerInfo& p : child) p.parent_host_ranks = 2;
+  for (size_t r = 0; r < child.size(); ++r) CHECK(ranks_sharing_cpus(child, r) == 2);
+  // A child of one rank per host: the parent's other rank still shares the CPU.
+  const std::vector<PeerInfo> one_per_host = {child[0], child[2]};
+  CHECK(ranks_sharing_cpus(one_per_host, 0) == 2);
+  CHECK(ranks_sharing_cpus({parent[0], parent[2]}, 1) == 1);  // (a communicator of its own)
+  // QCCL_OVERSUBSCRIBED=1 as set (qcclrun --nodes on too few CPUs): the "hosts" share one machine.
+  for (PeerInfo& p : parent) p.oversubscribed = 1;
+  CHECK(ranks_sharing_cpus(parent, 3) == 4);
+}
+
+TEST_CASE("link probe: the rate from the agreed timings stays near the average and within QCCL_LINK_RATE's range",
+          "[probe]") {
+  const double wire = 1538.0 / 1448.0;  // Ethernet framing
+  // The slope: 3 MiB more in 30 ms more.
+  CHECK(probed_link_rate(1 << 20, 0.010, 4 << 20, 0.040) == static_cast<uint64_t>(3.0 * (1 << 20) / 0.030 * 8 * wire));
+  // One size only, or a larger size no slower: its average.
+  CHECK(probed_link_rate(0, 0, 1 << 20, 0.010) == static_cast<uint64_t>((1 << 20) / 0.010 * 8 * wire));
+  CHECK(probed_link_rate(1 << 20, 0.010, 4 << 20, 0.010) == static_cast<uint64_t>((4 << 20) / 0.010 * 8 * wire));
+  // Two close timings: the slope was 76 times the average (4.3e12 bit/s against 5.6e10).
+  const uint64_t close = probed_link_rate(16 << 20, 0.0100, 64 << 20, 0.0101);
+  CHECK(close == static_cast<uint64_t>(4 * (64 << 20) / 0.0101 * 8 * wire));
+  // Worst case: beyond any link (and the 1e15 bit/s QCCL_LINK_RATE takes), now capped there.
+  CHECK(probed_link_rate(16 << 20, 1e-9, 64 << 20, 1.0000001e-9) == kMaxLinkBits);
+  CHECK(probed_link_rate(0, 0, 64 << 20, 1e-12) == kMaxLinkBits);
+  CHECK(probed_link_rate(0, 0, 64 * 1024, 1e6) == kMinLinkBits);  // never 0, which reads "unset"
+  // The same timings give the same rate on every rank (a function of them alone).
+  CHECK(probed_link_rate(1 << 20, 0.0123, 4 << 20, 0.0456) == probed_link_rate(1 << 20, 0.0123, 4 << 20, 0.0456));
 }
 
 }  // namespace qccl::test
