@@ -236,7 +236,9 @@ QCCL_API qcclResult_t qcclCommDestroy(qcclComm_t comm);
  * (whose calls from this rank's oldest unfinished collective on, and point-to-point calls, then fail
  * with qcclRemoteError; older ones, which it has done its part of, may still finish) and frees the
  * communicator. Any thread may call it, also while another thread is blocked in a call on comm,
- * qcclCommDestroy included (that call then frees it as it returns). comm is invalid afterwards. */
+ * qcclCommDestroy included (that call then frees it as it returns), but not once a destroy or abort
+ * of comm has returned (the handle is freed then: the caller orders the two), and not from a signal
+ * handler (it takes locks and joins a thread). comm is invalid afterwards. */
 QCCL_API qcclResult_t qcclCommAbort(qcclComm_t comm);
 
 /* Collective over every rank of comm (NCCL's ncclCommSplit): the ranks that pass the same color >= 0
@@ -829,7 +831,9 @@ QCCL_API qcclResult_t qcclIReduceScatterCompressedSegments(const void* sendbuff,
                                                            qcclRequest_t* request);
 
 /* Non-blocking check. When the request has completed, writes *done = 1, frees it, sets *request to
- * NULL and returns the operation's result; otherwise writes *done = 0 and returns qcclSuccess. */
+ * NULL and returns the operation's result; otherwise writes *done = 0 and returns qcclSuccess. A
+ * NULL *request (one a test or wait already freed) writes *done = 1 and returns qcclSuccess, as
+ * qcclWait returns at once. A request is tested or waited for by one thread at a time. */
 QCCL_API qcclResult_t qcclTest(qcclRequest_t* request, int* done);
 /* Blocks until the request completes, frees it, sets *request to NULL and returns its result.
  * A NULL *request returns qcclSuccess at once. */

@@ -301,6 +301,23 @@ TEST_CASE("a zero-count collective completes after the collectives called before
 
 // qcclGroupEnd starts the group's calls while a completion thread may already poll their requests:
 // what the poll reads of the call's state must be race-free (the ThreadSanitizer build checks it).
+// A request that a test or wait freed is NULL: testing it again says done (it said "*request is NULL",
+// qcclInvalidArgument, and left *done unwritten), as waiting for it returns at once.
+TEST_CASE("qcclTest and qcclWait of a request already completed: done, success", "[nonblocking]") {
+  World& w = World::get();
+  std::vector<float> x(100, 1.0f), y(x.size());
+  qcclRequest_t request = nullptr;
+  QCCL_REQUIRE_OK(qcclIAllReduce(x.data(), y.data(), x.size(), qcclFloat32, qcclSum, w.comm(), &request));
+  int done = 0;
+  while (!done) QCCL_REQUIRE_OK(qcclTest(&request, &done));
+  CHECK(request == nullptr);
+  done = 7;
+  CHECK(qcclTest(&request, &done) == qcclSuccess);
+  CHECK(done == 1);
+  CHECK(qcclWait(&request) == qcclSuccess);
+  CHECK(qcclTest(nullptr, &done) == qcclInvalidArgument);  // no request at all: still the caller's mistake
+}
+
 TEST_CASE("a completion thread polls a group's request while qcclGroupEnd starts it", "[nonblocking]") {
   World& w = World::get();
   std::vector<float> x(1000, 1.0f), y(x.size(), 0.0f);
