@@ -9,7 +9,9 @@
  *   - Buffers are owned by the caller. A blocking call may reuse them as soon as it returns; a
  *     non-blocking call (qcclI*) owns them until its request completes. They are host memory, or,
  *     in a build with CUDA, device memory of the calling thread's current CUDA device (see "Device
- *     buffers" below): a call's buffers are all on the host or all on the device.
+ *     buffers" below): a call's buffers are all on the host or all on the device. As in NCCL, their
+ *     memory is not probed: a recvbuff the process may not write (or a sendbuff it may not read)
+ *     faults the process.
  *   - A communicator is used by one thread at a time, as in NCCL. The exceptions: qcclCommAbort,
  *     which any thread may call at any time, and qcclTest and qcclWait, which one other thread (a
  *     completion thread) may call on a communicator's requests while the owning thread goes on
