@@ -489,8 +489,12 @@ QCCL_API qcclResult_t qcclCodecGetSpec(qcclCodec_t codec, char* spec, size_t byt
 /* QSDP's learned levels (Markov et al., ICML 2023, Algorithm 2): the 2^N levels of the q1 .. q8
  * codec `codec` fitted to `count` values of `data` (float, half or bfloat16), cut into the codec's
  * buckets and each bucket normalized to [0, 1], by online k-means (the nearest level moves 1% of the
- * way to each value; `epochs` passes, 1 to 1000; the endpoints stay at the bucket's minimum and
- * maximum), returned as a new codec (*learned; free it with qcclCodecDestroy). The wire size does
+ * way to each value; `epochs` passes, 1 to 1000, which at that fixed rate change little after the
+ * first: a level is an average of its last hundred or so values; the end levels stay at the bucket's
+ * minimum and maximum throughout; buckets holding NaN or Inf, or all one value, teach nothing, so
+ * data without any other leaves the levels evenly spaced), returned as a new codec (*learned; free
+ * it with qcclCodecDestroy). With levels, a value's error is bounded by G/2 of a bucket step (G the
+ * widest gap between neighbouring levels, in steps; kernels/levels.h), not half a step. The wire size does
  * not change: the codes index the learned levels instead of evenly spaced ones, which lowers the
  * error on peaked (Laplace- or Gaussian-like) buckets at 2-5 bits (docs/PERF.md "Learned levels").
  * With a communicator this is a collective: every rank calls it with the same codec, epochs and

@@ -96,11 +96,17 @@ TEST_CASE("learned levels: lower MSE than evenly spaced levels on Laplace and Ga
     CHECK(ratio <= k.most);
     CHECK(ratio > 0.2);  // a codec that cheated (e.g. sent more bits) would look too good
   }
-  // Uniform data: no gain is claimed (the paper and spec §4 P8); the ratio is only reported.
+  // Uniform data: no gain is claimed (the paper and spec §4 P8), but no loss beyond the rate's jitter
+  // either: the end levels stay at 0 and 1 while the inner ones learn (moved with the others and
+  // put back after the pass, they left the inner levels too far inward: 1.06 at b=4, 1.13 at b=2).
   const std::vector<float> train = make_buckets(Shape::kUniform, 60, 1024, 1), test = make_buckets(Shape::kUniform, 30, 1024, 2);
-  const CodecConfig learned = with_levels("q4:bucket=1024", learn_levels(train.data(), train.size(), 4, 1024, 0.01, 1));
-  WARN("uniform buckets, b=4: MSE learned / uniform = "
-       << mse(test, round_trip(learned, test)) / mse(test, round_trip(parse_codec_spec("q4:bucket=1024"), test)));
+  for (int bits : {2, 4}) {
+    const std::string spec = "q" + std::to_string(bits) + ":bucket=1024";
+    const CodecConfig learned = with_levels(spec, learn_levels(train.data(), train.size(), bits, 1024, 0.01, 1));
+    const double ratio = mse(test, round_trip(learned, test)) / mse(test, round_trip(parse_codec_spec(spec), test));
+    INFO("uniform buckets, b=" << bits << ": MSE learned / uniform = " << ratio);
+    CHECK(ratio <= 1.03);
+  }
 }
 
 TEST_CASE("learned levels: sorted, strictly increasing, pinned at 0 and 1, deterministic", "[levels]") {
