@@ -40,15 +40,23 @@ void check(qcclResult_t result, qcclComm_t comm = nullptr) {
   raise_error(result, qcclGetLastError(comm));
 }
 
+// Runs a C call (qccl's API, which never throws) with the GIL released. Not in a
+// py::gil_scoped_release: Python ends a daemon thread that takes the GIL back while the interpreter
+// finalizes (pthread_exit, which unwinds the thread's stack), and unwinding out of that destructor,
+// noexcept, aborted the process (a completion thread whose qcclWait returned during exit). From
+// here the unwinding passes through pybind11 (which lets it through) and the thread ends quietly.
+template <class Call>
+qcclResult_t released(Call&& call) {
+  PyThreadState* saved = PyEval_SaveThread();
+  const qcclResult_t result = call();
+  PyEval_RestoreThread(saved);
+  return result;
+}
+
 // Runs a C call with the GIL released and raises on failure.
 template <class Call>
 void call_released(qcclComm_t comm, Call&& call) {
-  qcclResult_t result;
-  {
-    py::gil_scoped_release nogil;
-    result = call();
-  }
-  check(result, comm);
+  check(released(std::forward<Call>(call)), comm);
 }
 
 const void* cptr(uintptr_t address) { return reinterpret_cast<const void*>(address); }
@@ -138,11 +146,7 @@ class Request {
   // The result is kept: every wait() and is_completed() after completion raises a failure again.
   void wait() {
     if (request_ != nullptr) {
-      qcclResult_t result;
-      {
-        py::gil_scoped_release nogil;
-        result = qcclWait(&request_);
-      }
+      const qcclResult_t result = released([&] { return qcclWait(&request_); });
       if (request_ != nullptr) check(result);  // refused; nothing changed
       completed(result);
     }
@@ -184,19 +188,15 @@ void group_start() {
 
 // The outermost end waits for the requests dropped inside the group, then lets the arrays go.
 void group_end() {
-  qcclResult_t result;
-  {
-    py::gil_scoped_release nogil;
-    result = qcclGroupEnd();
-  }
+  const qcclResult_t result = released([] { return qcclGroupEnd(); });
   const std::string message = result != qcclSuccess ? qcclGetLastError(nullptr) : "";
   if (t_group.depth > 0 && --t_group.depth == 0) {
     std::vector<qcclRequest_t> dropped = std::move(t_group.dropped);
     t_group.dropped.clear();
-    {
-      py::gil_scoped_release nogil;
+    released([&] {
       for (qcclRequest_t& request : dropped) qcclWait(&request);
-    }
+      return qcclSuccess;
+    });
     t_group.arrays.clear();
   }
   if (result != qcclSuccess) raise_error(result, message);

@@ -11,20 +11,27 @@ reduce_scatter_tensor, all_to_all, all_to_all_single (equal splits), barrier, se
 ranks' unique id travels through the store that init_process_group made.  A codec set with
 :func:`set_codec` compresses the group's all_reduce calls on float32/float16/bfloat16 tensors of at
 least ``min_bytes`` (op SUM or AVG; ``sign``, Marsit, estimates the average update and raises on SUM,
-so DDP, which sums, takes it through the communication hook, qccl.torch.hooks), each tensor (by
-address and size) with its own codec state (the 64 most recently used are kept; a codec of another
-method starts them afresh: q4 after q8 keeps them, int8 after q8 does not), so ``ef=on`` works for
-tensors all-reduced repeatedly (DDP's buckets).  Errors are qccl's exceptions; a failed work raises
-its error at every wait() and leaves the outputs of the list forms untouched.
+so DDP, which sums, takes it through the communication hook, qccl.torch.hooks).  A codec that keeps
+a state (``ef=on``, ``sign``, int8 .. int32 with an adaptive alpha) keeps one per tensor, by address
+and size (the 1024 most recently used; a codec of another method starts them afresh: q4 after q8
+keeps them, int8 after q8 does not), so every rank must all-reduce its tensors at matching
+addresses (see :func:`set_codec`); the others keep none.  Errors are qccl's exceptions; a failed work
+raises its error at every wait() and leaves the outputs of the list forms untouched.
 
 send and recv take tag 0 only: qccl matches a peer's messages in call order, and another tag raises
 InvalidArgument.  The communicator's timeout is the one given to init_process_group (or new_group)
 when it differs from torch's default (30 minutes, which torch passes when none is given); else
-QCCL_TIMEOUT, or qccl's default (300 s).
+QCCL_TIMEOUT, or qccl's default (300 s).  A group that torch drops (destroy_process_group, and the
+last reference gone) ends its completion thread and destroys its communicator, in the background
+(see _Resources).
 """
 
 from __future__ import annotations
 
+import atexit
+import threading
+import warnings
+import weakref
 from collections import OrderedDict
 from datetime import timedelta
 from typing import Any, List, Optional
@@ -65,15 +72,17 @@ class _QcclWork(_Work):
 
     def __init__(self, pg: "ProcessGroupQccl", requests: List[Any], result: List[torch.Tensor], after=None):
         super().__init__()
-        self._pg, self._requests, self._result, self._after = pg, requests, result, after
+        # The group's _Resources, not the group: a work held by the group that referenced it made a
+        # cycle, which kept a dropped group (and its communicator) until the garbage collector ran.
+        self._resources, self._requests, self._result, self._after = pg._resources, requests, result, after
         self._future: Optional[torch.futures.Future] = None
         # The failure, kept: every wait() raises it, as qccl's Request does (a wait that returned
         # after one had raised would hand out outputs that the call never wrote).
         self._error: Optional[qccl.QcclError] = None
-        pg._hold(self)
+        self._resources.hold(self)
 
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
-        self._pg._release(self)
+        self._resources.release(self)
         if self._future is not None:  # get_future handed the request to the completion thread
             self._future.wait()
             return True
@@ -113,7 +122,7 @@ class _QcclWork(_Work):
         return self._result
 
     def get_future(self) -> torch.futures.Future:
-        self._pg._release(self)
+        self._resources.release(self)
         if self._future is None:
             if self._after is not None or len(self._requests) > 1 or self._error is not None:
                 self._complete()  # rare: complete it here, a failure into the future
@@ -123,7 +132,7 @@ class _QcclWork(_Work):
                 else:
                     self._future.set_result(self._result)
             else:
-                self._future = self._pg._completer.future(self._requests[0] if self._requests else None,
+                self._future = self._resources.completer.future(self._requests[0] if self._requests else None,
                                                           self._result)
             self._requests = []
         return self._future
@@ -140,12 +149,16 @@ class ProcessGroupQccl(_ProcessGroup):
         self.comm = qccl.Communicator.from_unique_id(unique_id, rank, size, timeout=_timeout_seconds(timeout))
         self.codec: Optional[qccl.Codec] = None
         self.min_bytes = 0
+        self._codec_state = False  # whether self.codec keeps a state per tensor (_needs_state)
         self._store = None
         self._states: "OrderedDict[tuple, tuple]" = OrderedDict()  # tensor -> (store key, state), LRU first
         self._states_method = ""  # the method of the codecs whose states those are
         self._next_key = 1
-        self._completer = Completer(f"qccl-pg-{rank}")
-        self._held: dict = {}  # id -> _QcclWork (see _QcclWork)
+        self._evicted = False  # a state was evicted (warned once)
+        self._resources = _Resources(self.comm, Completer(f"qccl-pg-{rank}"))
+        # torch drops a destroyed group (destroy_process_group) without telling it: the teardown runs
+        # when the group is freed, not at exit (where the completers close by themselves).
+        weakref.finalize(self, self._resources.close).atexit = False
 
     def getBackendName(self) -> str:
         return "qccl"
@@ -160,7 +173,8 @@ class ProcessGroupQccl(_ProcessGroup):
             self._states.clear()
             self._states_method = _method(codec)
         self.codec, self.min_bytes = codec, min_bytes
-        if self.codec is not None and self._store is None:
+        self._codec_state = codec is not None and _needs_state(codec)
+        if self._codec_state and self._store is None:
             self._store = self.comm.codec_store()
 
     # ---- Collectives ---------------------------------------------------------------------------
@@ -169,7 +183,8 @@ class ProcessGroupQccl(_ProcessGroup):
         op = _op(opts.reduceOp)
         if (self.codec is not None and op in ("sum", "avg") and tensor.dtype in _CODEC_TYPES
                 and tensor.numel() * tensor.element_size() >= self.min_bytes and tensor.numel() > 0):
-            request = self.comm.all_reduce(tensor, op, codec=self.codec, state=self._state_for(tensor), async_op=True)
+            state = self._state_for(tensor) if self._codec_state else None  # stateless codecs: no step to match
+            request = self.comm.all_reduce(tensor, op, codec=self.codec, state=state, async_op=True)
         else:
             request = self.comm.all_reduce(tensor, op, async_op=True)
         return _QcclWork(self, [request], tensors)
@@ -183,6 +198,10 @@ class ProcessGroupQccl(_ProcessGroup):
         return _QcclWork(self, [self.comm.reduce(tensor, opts.rootRank, _op(opts.reduceOp), async_op=True)], tensors)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        # An input inside the output elsewhere than this rank's block (in place) is refused by qccl on
+        # this rank alone, while the others enter the collective: copied instead, as gloo reads it.
+        if _overlaps(input, output) and input.data_ptr() != output.data_ptr() + self.rank() * _nbytes(input):
+            input = input.clone()
         return _QcclWork(self, [self.comm.all_gather(output, input, async_op=True)], [output])
 
     def allgather(self, outputs: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> _Work:
@@ -222,10 +241,13 @@ class ProcessGroupQccl(_ProcessGroup):
         return _QcclWork(self, [self.comm.all_to_all(output, input, async_op=True)], [output])
 
     def alltoall(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> _Work:
+        # As gloo checks them: lists of another length dropped blocks (zip) or split the data at other
+        # places, and torch.cat promoted a block of another type silently.
+        like = inputs[0] if inputs else None  # a list of another length raises before its use
+        self._blocks(inputs, "input_tensor_list", like, "input_tensor_list[0]", shape=False)
+        self._blocks(outputs, "output_tensor_list", like, "input_tensor_list[0]", shape=False)
         flat_in = torch.cat([t.reshape(-1) for t in inputs])
         flat_out = torch.empty_like(flat_in)
-        if any(t.numel() != inputs[0].numel() for t in list(inputs) + list(outputs)):
-            raise qccl.InvalidArgument("all_to_all: the qccl backend takes tensors of one size")
         request = self.comm.all_to_all(flat_out, flat_in, async_op=True)
 
         def scatter_out():
@@ -248,17 +270,6 @@ class ProcessGroupQccl(_ProcessGroup):
         return _QcclWork(self, [self.comm.recv(tensor, src, async_op=True)], tensors)
 
     # ---- Helpers -------------------------------------------------------------------------------
-    _MAX_HELD = 256
-
-    def _hold(self, work: _QcclWork) -> None:
-        if len(self._held) >= self._MAX_HELD:
-            for key in [k for k, w in self._held.items() if w.is_completed()]:
-                del self._held[key]
-        self._held[id(work)] = work
-
-    def _release(self, work: _QcclWork) -> None:
-        self._held.pop(id(work), None)
-
     @staticmethod
     def _one(tensors: List[torch.Tensor], what: str) -> torch.Tensor:
         if len(tensors) != 1:
@@ -280,18 +291,28 @@ class ProcessGroupQccl(_ProcessGroup):
                 raise qccl.InvalidArgument(f"{name}[{i}]: {block.numel()} elements, but {like_name} has "
                                            f"{like.numel()}")
 
-    _MAX_STATES = 64
+    # States kept at most: more than a model's parameters that are all-reduced one by one, usually;
+    # the store's byte budget (QCCL_CODEC_STATE_BUDGET) bounds them too.
+    _MAX_STATES = 1024
 
     def _state_for(self, tensor: torch.Tensor) -> qccl.CodecState:
         # A state per tensor (address, size, type): DDP's buckets and a model's parameters come back
-        # every step at the same address. Temporaries do not: the least recently used states beyond
-        # _MAX_STATES are erased, so that they cannot exhaust the codec-state budget.
+        # every step at the same address, on every rank. Temporaries do not: the least recently used
+        # states beyond _MAX_STATES are erased, so that they cannot exhaust the codec-state budget; a
+        # tensor whose state went starts afresh (its error feedback restarts), which is said once.
         key = (tensor.data_ptr(), tensor.numel(), str(tensor.dtype))
         entry = self._states.get(key)
         if entry is None:
             if len(self._states) >= self._MAX_STATES:
                 _, (old_key, _) = self._states.popitem(last=False)
                 self._store.erase(old_key)
+                if not self._evicted:
+                    self._evicted = True
+                    warnings.warn(f"qccl backend: more than {self._MAX_STATES} tensors all-reduced with codec "
+                                  f"{self.codec.spec!r}: the least recently used ones' codec states are erased, "
+                                  f"and their error feedback (or Marsit's, IntSGD's state) restarts from zero; "
+                                  f"all-reduce the same tensors every step (DDP's buckets: qccl.torch.allreduce_hook)",
+                                  RuntimeWarning, stacklevel=2)
             entry = self._states[key] = (self._next_key, self._store.get(self._next_key, tensor.numel()))
             self._next_key += 1
         else:
@@ -316,6 +337,97 @@ def _timeout_seconds(timeout: Optional[timedelta]) -> Optional[float]:
     return timeout.total_seconds()
 
 
+class _Resources:
+    """What a process group's works share with it, and its teardown: the communicator, the
+    completion thread and the works held for torch (see _QcclWork).  It holds no reference to the
+    group, so that a group torch drops is freed at once, and close() runs then.
+
+    close() completes this rank's outstanding calls on the group (works nobody waited on), ends the
+    completion thread (its queued futures complete first), then destroys the communicator in a
+    thread of its own.  Destroy, not abort: abort is local, but it fails the peers' unfinished
+    point-to-point calls, also those between two other ranks (a rank that reached
+    destroy_process_group first broke the others' sends and receives still in flight).  Destroy is
+    collective: it waits (up to the communicator's timeout) for every rank's destroy, which comes when
+    that rank frees the group, a moment that differs between ranks (the garbage collector, a user's
+    variable still holding it), hence the thread, which the program does not wait for.  In a correct
+    program every rank drops the group and the destroys meet; a rank that keeps it makes the others'
+    destroys time out, with a RuntimeWarning.  At exit, the destroys still waiting are waited for (up
+    to the timeout): one cut short by the exit would fail the peers' destroys.  The communicator
+    stays when ``communicator_from_group`` handed it out (a CommHookState's): its holder ends it."""
+
+    _MAX_HELD = 256
+
+    def __init__(self, comm: qccl.Communicator, completer: Completer):
+        self.comm, self.completer = comm, completer
+        self.held: dict = {}  # id -> _QcclWork
+        self.comm_handed_out = False
+
+    def hold(self, work: _QcclWork) -> None:
+        if len(self.held) >= self._MAX_HELD:
+            for key in [k for k, w in self.held.items() if w.is_completed()]:
+                del self.held[key]
+        self.held[id(work)] = work
+
+    def release(self, work: _QcclWork) -> None:
+        self.held.pop(id(work), None)
+
+    def close(self) -> None:
+        held, self.held = list(self.held.values()), {}
+        for work in held:
+            try:
+                work._complete()  # a failure stays the work's, for its wait()
+            except Exception:  # noqa: BLE001 - a list form's copy: its wait() would have raised it; go on
+                pass
+        self.completer.close()
+        if not self.comm_handed_out and self.comm._comm.alive:
+            thread = threading.Thread(target=_destroy, args=(self.comm,), name=f"qccl-pg-destroy-{self.comm.rank}",
+                                      daemon=True)
+            _destroying.add(thread)
+            thread.start()
+
+
+_destroying: set = set()  # the threads of _destroy still running
+
+
+def _destroy(comm: qccl.Communicator) -> None:
+    try:
+        comm.destroy()
+    except qccl.QcclError as e:
+        warnings.warn(f"qccl backend: the communicator of a dropped process group (rank {comm.rank} of "
+                      f"{comm.size}) ended with an error: {e}", RuntimeWarning)
+    finally:
+        _destroying.discard(threading.current_thread())
+
+
+@atexit.register
+def _finish_destroys() -> None:
+    # A destroy left running at exit would end with the process, and the peers' destroys, waiting
+    # for this rank's, would fail: they meet first (or time out).
+    for thread in list(_destroying):
+        thread.join()
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() < b.data_ptr() + _nbytes(b) and b.data_ptr() < a.data_ptr() + _nbytes(a)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _needs_state(codec: "qccl.Codec | str") -> bool:
+    """Whether a codec keeps a state across calls, which every rank must pass for the same tensor:
+    error feedback (ef=on), sign (Marsit's compensation), int8 .. int32 with an adaptive alpha
+    (alpha=grad, the default, or alpha=lr).  The others (q8, fp16, int8:alpha=0.5, ...) run without
+    one: a state would only add a step that the ranks' calls must match.  From the spec, which qccl
+    parses strictly (exact keys and values, each once)."""
+    name, _, keys = (codec if isinstance(codec, str) else codec.spec).partition(":")
+    settings = dict(token.partition("=")[::2] for token in keys.split(",") if token)
+    if settings.get("ef") == "on" or name == "sign":
+        return True
+    return name in ("int8", "int16", "int32") and settings.get("alpha", "grad") in ("grad", "lr")
+
+
 def _method(codec: "qccl.Codec | str") -> str:
     """The method whose state a codec (or spec) keeps, from its name (README's codec table):
     quantization for none, fp16, bf16 and q1 .. q8, IntSGD for int8 .. int32; sign and fft are their own."""
@@ -337,7 +449,20 @@ def register_backend() -> None:
 
 def set_codec(codec: "str | qccl.Codec | None", min_bytes: int = 0, group: Any = None) -> None:
     """Compresses the qccl process group's float all_reduce calls of at least ``min_bytes`` with
-    ``codec`` (None: exact again).  ``group``: the default group when None."""
+    ``codec`` (None: exact again).  ``group``: the default group when None.
+
+    A codec that keeps a state across calls (error feedback ``ef=on``; ``sign``, Marsit; int8, int16,
+    int32 with an adaptive alpha, ``alpha=grad`` (the default) or ``alpha=lr``) keeps one per tensor,
+    found by the tensor's address, size and type, and each call must meet the other ranks' calls on
+    states at the same step (qccl fails it with ``Mismatch`` otherwise, which breaks the group).  So
+    with such a codec every rank must all-reduce its tensors at matching addresses: the same tensors
+    every step, as a model's gradients or DDP's buckets; a tensor one rank allocates anew each step
+    while another reuses one gets states at different steps.  For DDP, the communication hook
+    (qccl.torch.allreduce_hook), which keys the states by bucket, is the way.  The 1024 most recently
+    used states are kept (and the codec-state budget, QCCL_CODEC_STATE_BUDGET, bounds their bytes):
+    beyond that the least recently used are erased, their tensors' error feedback restarting from
+    zero, with a RuntimeWarning the first time.  Codecs without a state (q8, fp16, int8:alpha=0.5,
+    ...) take none and have no such requirement."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if not isinstance(pg, ProcessGroupQccl):
         raise qccl.InvalidArgument(f"group: a {type(pg).__name__}, not the qccl backend's process group "

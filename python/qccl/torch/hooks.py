@@ -37,13 +37,15 @@ _CODEC_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def communicator_from_group(group: Any = None, **settings: Any) -> qccl.Communicator:
     """A qccl communicator over the ranks of a torch.distributed process group (the default group
-    when None): the qccl backend's own, or a new one whose unique id travels through the group.
+    when None): the qccl backend's own (which the group's teardown then leaves alone: it is the
+    caller's to destroy), or a new one whose unique id travels through the group.
     Collective over the group.  Without torch.distributed initialised: :meth:`Communicator.from_env`."""
     if not dist.is_available() or not dist.is_initialized():
         return qccl.Communicator.from_env(**settings)
     from .backend import ProcessGroupQccl
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if isinstance(pg, ProcessGroupQccl) and not settings:
+        pg._resources.comm_handed_out = True  # the group's teardown leaves it to its new holder
         return pg.comm
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     unique_id = [qccl.get_unique_id() if rank == 0 else None]

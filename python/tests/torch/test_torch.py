@@ -1,8 +1,13 @@
 """qccl.torch: the "qccl" torch.distributed backend and the DDP communication hooks, on CPU
 tensors, against gloo and against numpy references (run under qcclrun by python_torch_n*)."""
 
+import gc
 import os
+import subprocess
+import sys
+import threading
 import time
+import warnings
 from datetime import timedelta
 
 import numpy as np
@@ -121,14 +126,18 @@ def test_backend_codec_policy(world):
         small = torch.ones(10)  # below min_bytes: exact
         dist.all_reduce(small)
         assert torch.all(small == n)
-        # Error feedback on fresh temporaries: their states are recycled, never exhausting the budget.
+        # Error feedback on fresh temporaries: their states are recycled, never exhausting the budget
+        # (a bound of 64 here, for speed), and said once.
         qt.set_codec("q8:ef=on", min_bytes=1024)
         pg = dist.distributed_c10d._get_default_group()
-        for _ in range(3 * pg._MAX_STATES):
-            t = torch.ones(1000 + _)  # a new address and size every time
-            dist.all_reduce(t)
-            assert torch.allclose(t, torch.full_like(t, n), rtol=1e-2)
+        pg._MAX_STATES = 64
+        with pytest.warns(RuntimeWarning, match="error feedback .* restarts"):
+            for _ in range(3 * pg._MAX_STATES):
+                t = torch.ones(1000 + _)  # a new address and size every time
+                dist.all_reduce(t)
+                assert torch.allclose(t, torch.full_like(t, n), rtol=1e-2)
         assert len(pg._states) == pg._MAX_STATES
+        del pg._MAX_STATES
         # A codec of another method on a tensor that has a state (IntSGD after quantization, also
         # with exact calls between them): its state starts afresh; one of the same name keeps it.
         bucket = torch.ones(4096)
@@ -145,6 +154,198 @@ def test_backend_codec_policy(world):
             assert torch.allclose(bucket, torch.ones(4096), rtol=1e-2)
     finally:
         qt.set_codec(None)
+
+
+def test_backend_codec_state_only_where_the_codec_keeps_one(world):
+    # Every codec got a state per tensor address, whose step the ranks' calls must match: a rank that
+    # all-reduced one tensor each step while another allocated a new one failed with Mismatch (and
+    # the group broke), also under codecs that keep nothing (q8 without ef).
+    rank, n, gloo = world
+    group = dist.new_group(backend="qccl", timeout=timedelta(seconds=10))
+    try:
+        reused, kept = torch.empty(4096), []
+        for spec in ("q8", "fp16", "q4:bucket=256,round=stochastic", "int8:alpha=8"):
+            qt.set_codec(spec, min_bytes=0, group=group)
+            for step in range(3):
+                t = reused if rank == 0 else torch.empty(4096)
+                kept.append(t)  # the other ranks' tensors: a new address each step
+                t.fill_(1.0)
+                dist.all_reduce(t, group=group)
+                assert torch.allclose(t, torch.full_like(t, n), rtol=1e-2)
+            assert len(group._states) == 0
+        # A codec with a state keeps one per tensor (the same tensor on every rank here).
+        qt.set_codec("q8:ef=on", min_bytes=0, group=group)
+        dist.all_reduce(reused, group=group)
+        assert len(group._states) == 1
+    finally:
+        dist.destroy_process_group(group)
+    stateless = ("q8", "q4:bucket=256,round=stochastic", "fp16", "none", "q8:ef=off", "int8:alpha=8",
+                 "int16:alpha=1e-3,round=nearest", "fft:theta=0.9", "fft:ef=off")
+    stateful = ("q8:ef=on", "q4:bucket=256,ef=on", "none:ef=on", "fft:theta=0.9,ef=on", "sign:eta_s=0.01",
+                "int8", "int16:alpha=grad", "int32:beta=0.5,alpha=lr")
+    assert not any(qt.backend._needs_state(qccl.Codec(spec)) for spec in stateless)
+    assert all(qt.backend._needs_state(qccl.Codec(spec)) for spec in stateful)
+
+
+def test_backend_codec_states_outlast_a_model_of_many_tensors(world):
+    # The states of 64 tensors were kept: 65 parameters all-reduced in turn each lost its state just
+    # before its next use, so error feedback never ran, and nothing said so.
+    rank, n, gloo = world
+    group = dist.new_group(backend="qccl")
+    try:
+        qt.set_codec("q8:ef=on", min_bytes=0, group=group)
+        params = [torch.ones(256) for _ in range(65)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for step in range(3):
+                for p in params:
+                    dist.all_reduce(p, group=group)
+        assert len(group._states) == 65 and group._next_key == 66  # each made once, none erased
+        # Beyond the bound the least recently used go, said once.
+        group._MAX_STATES = 65
+        others = [torch.ones(256) for _ in range(12)]
+        with pytest.warns(RuntimeWarning, match="error feedback .* restarts") as record:
+            for p in others:
+                dist.all_reduce(p, group=group)
+        assert len(group._states) == 65 and group._next_key == 66 + 12
+        assert len([w for w in record if "restarts" in str(w.message)]) == 1
+    finally:
+        dist.destroy_process_group(group)
+
+
+def _settled_counts(before=None):
+    """This process's threads and open files, once no dropped group's destroy is still running."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if not any(t.name.startswith("qccl-pg-destroy") for t in threading.enumerate()):
+            counts = threading.active_count(), len(os.listdir("/proc/self/fd"))
+            if before is None or (counts[0] <= before[0] and counts[1] <= before[1]):
+                return counts
+        time.sleep(0.05)
+    return threading.active_count(), len(os.listdir("/proc/self/fd"))
+
+
+def test_backend_destroyed_group_frees_its_thread_and_communicator(world):
+    # A destroyed group kept its completion thread and its communicator (its connections and
+    # threads) for good: one more thread and some 14 files per new_group and destroy_process_group.
+    rank, n, gloo = world
+
+    def cycle():
+        group = dist.new_group(backend="qccl")
+        t = torch.ones(3)
+        dist.all_reduce(t, group=group)
+        future = dist.all_reduce(torch.ones(3), group=group, async_op=True).get_future()
+        dist.all_reduce(torch.ones(3), group=group, async_op=True)  # a work nobody waits on
+        dist.destroy_process_group(group)
+        assert torch.all(future.wait()[0] == n)
+
+    cycle()  # whatever the first group opens for good
+    gc.collect()
+    before = _settled_counts()
+    for _ in range(4):
+        cycle()
+    gc.collect()
+    assert _settled_counts(before) == before
+    # The communicator that communicator_from_group handed out stays its holder's.
+    group = dist.new_group(backend="qccl")
+    comm = qt.communicator_from_group(group)
+    dist.destroy_process_group(group)
+    del group
+    gc.collect()
+    t = torch.ones(3)
+    comm.all_reduce(t)
+    assert torch.all(t == n)
+    comm.destroy()
+
+
+_EXIT_CHILD = r"""
+import atexit, sys, time
+import torch, torch.distributed as dist
+import qccl.torch
+rank, store, variant = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if variant == "guard" and rank == 0:  # the extension's own protection, without closing the completer at exit
+    atexit.unregister(qccl.torch._completion._close_all)
+dist.init_process_group("qccl", init_method="file://" + store, rank=rank, world_size=2)
+if rank == 1:
+    time.sleep(2)  # rank 0 is exiting by then
+t = torch.ones(1 << 16)
+future = dist.all_reduce(t, async_op=True).get_future()  # completed by the completion thread
+if rank == 1:
+    assert torch.all(future.wait()[0] == 2)
+else:
+    time.sleep(0.5)  # the completion thread is waiting in qcclWait when the interpreter finalizes
+
+class SlowExit:
+    def __del__(self):
+        time.sleep(3)  # keeps rank 0 in the interpreter's finalization while rank 1 arrives
+
+slow = SlowExit()
+"""
+
+
+def test_backend_exit_with_a_future_in_flight(world, tmp_path):
+    # A process that exited while its completion thread waited for a get_future() request was
+    # aborted (SIGABRT, "terminate called without an active exception") when the request completed
+    # during the interpreter's finalization, or left its peer's call to fail: the completers are
+    # closed at exit now, and the extension lets a daemon thread end quietly there.
+    rank, n, gloo = world
+    try:
+        if rank == 0:  # two processes of their own, the same for any rank count
+            env = {k: v for k, v in os.environ.items() if not k.startswith("QCCL_")}
+            env["QCCL_TIMEOUT"] = "30"
+            for variant in ("closed at exit", "guard"):
+                store = tmp_path / variant.replace(" ", "_")
+                children = [subprocess.Popen([sys.executable, "-c", _EXIT_CHILD, str(r), str(store), variant], env=env,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            for r in range(2)]
+                outputs = [child.communicate(timeout=120)[0] for child in children]
+                codes = [child.returncode for child in children]
+                if variant == "guard":  # rank 0 leaves its request to finalization: only its exit is judged
+                    codes, outputs = codes[:1], outputs[:1]
+                assert codes == [0] * len(codes), f"{variant}: exit statuses {codes}\n" + "\n".join(outputs)
+    finally:
+        dist.barrier(group=gloo)
+
+
+def test_backend_all_gather_input_inside_the_output(world):
+    # An input that is a block of the output other than this rank's was refused by qccl on this rank
+    # only, while the others entered the collective (and the next call failed with Mismatch).
+    rank, n, gloo = world
+    k = 3
+    group = dist.new_group(backend="qccl", timeout=timedelta(seconds=10))
+    try:
+        expected = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(k)
+        for owner in range(n):  # block `owner` on every rank: in place on one of them
+            out = torch.zeros(n * k)
+            out[owner * k:(owner + 1) * k] = rank + 1
+            dist.all_gather_into_tensor(out, out[owner * k:(owner + 1) * k], group=group)
+            assert torch.equal(out, expected)
+        if n > 1:  # across two blocks
+            out = torch.full((n * k,), float(rank + 1))
+            dist.all_gather_into_tensor(out, out[1:k + 1], group=group)
+            assert torch.equal(out, expected)
+        dist.barrier(group=group)  # the communicator is intact
+    finally:
+        dist.destroy_process_group(group)
+
+
+def test_backend_all_to_all_checks_its_lists(world):
+    # Lists of another length than the ranks' dropped blocks or split the data elsewhere, and blocks
+    # of another type were converted silently (torch.cat, copy_).
+    rank, n, gloo = world
+    with pytest.raises(ValueError, match=f"input_tensor_list: {n + 1} tensors; expected one per rank"):
+        dist.all_to_all([torch.zeros(2) for _ in range(n + 1)], [torch.zeros(2) for _ in range(n + 1)])
+    with pytest.raises(ValueError, match=f"output_tensor_list: {n + 1} tensors; expected one per rank"):
+        dist.all_to_all([torch.zeros(2) for _ in range(n + 1)], [torch.zeros(2) for _ in range(n)])
+    pg = dist.distributed_c10d._get_default_group()  # dist.all_to_all checks the types itself
+    with pytest.raises(ValueError, match=r"output_tensor_list\[0\]: torch.int32, but input_tensor_list\[0\] is "
+                                         r"torch.float32"):
+        pg.alltoall([torch.zeros(2, dtype=torch.int32) for _ in range(n)], [torch.zeros(2) for _ in range(n)])
+    with pytest.raises(ValueError, match=r"output_tensor_list\[0\]: 3 elements, but input_tensor_list\[0\] has 2"):
+        dist.all_to_all([torch.zeros(3) for _ in range(n)], [torch.zeros(2) for _ in range(n)])
+    outs = [torch.zeros(2) for _ in range(n)]  # nothing was sent: the communicator is intact
+    dist.all_to_all(outs, [torch.full((2,), float(rank * 10 + q)) for q in range(n)])
+    assert all(torch.all(o == q * 10 + rank) for q, o in enumerate(outs))
 
 
 def make_model(seed=0):
