@@ -76,6 +76,7 @@ class Job {
     for (int r = 0; r < n_; ++r) transport_->connect_peer(r, hellos_[r].address);
     slots_.resize(o.slots);
     posted_.resize(static_cast<size_t>(n_));
+    oldest_.assign(static_cast<size_t>(n_), 0);
     for (int r = 0; r < n_; ++r) {
       posted_[r].resize(static_cast<size_t>(o.receives));
       for (Posted& p : posted_[r]) {
@@ -107,19 +108,22 @@ class Job {
     bool moved = transport_->progress();
     transport::Completion done;
     std::string error;
+    // A rank's receives are handled in the order they were posted (UCX matches its messages to them in
+    // that order), stopping at the first still pending: a re-posted receive holds a later chunk than
+    // the older ones, and handling it first could take the last free slot from the chunk every rank
+    // waits on (ranks of different pipeline depths then deadlock with few slots).
     for (int r = 0; r < n_; ++r) {
-      for (Posted& p : posted_[r]) {
-        switch (transport_->test(p.handle, &done, &error)) {
-          case transport::Poll::kPending:
-            break;
-          case transport::Poll::kFailed:
-            throw std::runtime_error("a receive from rank " + std::to_string(r) + " failed: " + error);
-          case transport::Poll::kDone:
-            moved = true;
-            contribute(r, done.key, p.buffer.data(), done.bytes);
-            post(r, p);
-            break;
-        }
+      std::vector<Posted>& ring = posted_[r];
+      for (size_t tries = 0; tries < ring.size(); ++tries) {
+        Posted& p = ring[oldest_[r]];
+        const transport::Poll state = transport_->test(p.handle, &done, &error);
+        if (state == transport::Poll::kPending) break;
+        if (state == transport::Poll::kFailed)
+          throw std::runtime_error("a receive from rank " + std::to_string(r) + " failed: " + error);
+        moved = true;
+        contribute(r, done.key, p.buffer.data(), done.bytes);
+        post(r, p);  // now the newest
+        oldest_[r] = (oldest_[r] + 1) % ring.size();
       }
     }
     for (Slot& s : slots_) {
@@ -196,11 +200,17 @@ class Job {
       slot->mismatch = !slot->header.decode(data) || bytes > max_message_ ||
                        bytes != SwitchChunkHeader::kBytes + size_t{slot->header.count} * (slot->header.bits / 8u);
       if (!slot->mismatch) std::memcpy(slot->sum.data(), data, bytes);
+    } else if (slot->from[static_cast<size_t>(rank)]) {
+      // A second contribution from one rank: the slot's answer is a mismatch, but it still waits for
+      // the ranks that have not contributed (counted, it would answer early and they would find no
+      // slot to match their chunk, and a new one would wait for its n - 1 others forever).
+      slot->mismatch = true;
+      slot->key |= key & kTaintBit;
+      return true;
     } else {
       SwitchChunkHeader h;
       const bool same = h.decode(data) && h.bits == slot->header.bits && h.count == slot->header.count &&
-                        bytes == slot->bytes && (key & kFingerprintBits) == (slot->key & kFingerprintBits) &&
-                        !slot->from[static_cast<size_t>(rank)];
+                        bytes == slot->bytes && (key & kFingerprintBits) == (slot->key & kFingerprintBits);
       if (!same) slot->mismatch = true;
       if (!slot->mismatch)
         kernels::int_add(h.bits, data + SwitchChunkHeader::kBytes, slot->sum.data() + SwitchChunkHeader::kBytes,
@@ -224,10 +234,13 @@ class Job {
   std::vector<AggregatorHello> hellos_;
   int n_ = 0;
   size_t max_message_ = 0;
-  std::unique_ptr<transport::UcxTransport> transport_;
   std::vector<Slot> slots_;
-  std::vector<std::vector<Posted>> posted_;
+  std::vector<std::vector<Posted>> posted_;  // per rank, a ring in posting order
+  std::vector<size_t> oldest_;               // per rank, the index in posted_ of its oldest receive
   std::deque<Contribution> waiting_;
+  // Declared last, so destroyed first: a cancelled receive that had matched goes on writing into its
+  // posted_ buffer, and a sum's send goes on reading its slot, while ~UcxTransport progresses the worker.
+  std::unique_ptr<transport::UcxTransport> transport_;
 };
 
 // A connection whose hello is still arriving. Its bytes are read as they come, in the daemon's one
@@ -241,13 +254,56 @@ struct Greeting {
 };
 constexpr double kHelloSeconds = 30;
 
-// Ranks that have said hello, grouped by job until all of a job's ranks have.
+// Ranks that have said hello, grouped by job until all of a job's ranks have. A forming job is
+// dropped (its connections closed) when one of them closes, or after kFormSeconds: the ranks register
+// once they have all joined their communicator, each within its join deadline, so a job still short
+// of a rank by then will not form, and would hold its connections forever.
 struct Forming {
   int nranks = 0, index = 0;
   std::vector<net::Socket> sockets;
   std::vector<AggregatorHello> hellos;
   std::vector<bool> seen;
+  net::Deadline deadline;
 };
+constexpr double kFormSeconds = 600;
+
+// A connection that is readable has closed: ranks send nothing after their hello.
+bool closed(net::Socket& s) {
+  char byte;
+  try {
+    return s.read_some(&byte, 1) == 0;
+  } catch (const Error&) {
+    return true;
+  }
+}
+
+// An accept that failed (out of descriptors, buffers or memory: EMFILE, ENFILE, ENOBUFS, ENOMEM) is
+// retried after this long, the jobs served meanwhile: the daemon's other jobs are no reason to end it.
+constexpr double kAcceptBackoffSeconds = 0.1;
+
+// The job's buffers and transport are made from a hello's numbers and address: what would make them
+// unusable, or abort the daemon, is refused ("" when the hello fits). A rank asks for its chunk plus
+// 64 bytes (src/comm.cc): fewer could not hold a chunk's 8-byte header, and more than kMaxMessage
+// would have every posted receive and slot allocate it. The UCX worker address cannot be checked
+// beyond its size: UCX unpacks it only in ucp_ep_create, which asserts (aborting the process) on
+// garbage rather than failing; an address is a packed header and at least one transport's, never
+// as small as kMinAddress.
+constexpr uint64_t kMinMessage = 64;
+constexpr uint64_t kMaxMessage = uint64_t{1} << 30;
+constexpr size_t kMinAddress = 16;
+
+std::string unfit(const AggregatorHello& h) {
+  if (h.max_message < kMinMessage || h.max_message > kMaxMessage)
+    return "a largest message of " + std::to_string(h.max_message) + " bytes is out of range [" +
+           std::to_string(kMinMessage) + ", " + std::to_string(kMaxMessage) + "]";
+  // The daemon talks as transport rank nranks + index, which the tag layout must hold.
+  if (h.index >= transport::UcxTransport::kMaxRanks - h.nranks)
+    return "aggregator index " + std::to_string(h.index) + " of a job of " + std::to_string(h.nranks) +
+           " ranks is past the transport's " + std::to_string(transport::UcxTransport::kMaxRanks) + " ranks";
+  if (h.address.size() < kMinAddress)
+    return "a " + std::to_string(h.address.size()) + "-byte UCX worker address is too short to be one";
+  return "";
+}
 
 void refuse(net::Socket& s, const std::string& why) {
   AggregatorReply reply;
@@ -278,15 +334,23 @@ int run_aggregator_daemon(const AggregatorDaemonOptions& o) {
   std::vector<Greeting> greetings;
   std::vector<std::unique_ptr<Job>> jobs;
   long ended = 0;
+  net::Deadline accept_paused;  // while accept_failing: when to try again
+  bool accept_failing = false;
   // A rank's hello, read whole: the rank joins its job, which forms once all its ranks have.
   auto registration = [&](net::Socket s, const std::vector<uint8_t>& frame, const std::string& from) {
     const AggregatorHello hello = AggregatorHello::parse(frame, from);
+    if (const std::string bad = unfit(hello); !bad.empty()) {
+      refuse(s, bad);
+      std::fprintf(stderr, "qccl_aggregator: registration from %s: %s\n", from.c_str(), bad.c_str());
+      return;
+    }
     Forming& f = forming[hello.job];
     if (f.seen.empty()) {
       f.nranks = hello.nranks, f.index = hello.index;
       f.seen.assign(static_cast<size_t>(hello.nranks), false);
       f.hellos.resize(static_cast<size_t>(hello.nranks));
       f.sockets.resize(static_cast<size_t>(hello.nranks));
+      f.deadline = net::Deadline::after(kFormSeconds);
     }
     if (f.nranks != hello.nranks || f.index != hello.index) {
       refuse(s, "the job's other ranks said " + std::to_string(f.nranks) + " ranks and aggregator " +
@@ -325,13 +389,17 @@ int run_aggregator_daemon(const AggregatorDaemonOptions& o) {
     if (moved) continue;
 
     // Nothing moved: block until a socket, a signal or a UCX worker has something.
-    std::vector<pollfd> fds = {{listener.fd(), POLLIN, 0}, {sigfd, POLLIN, 0}};
+    const bool accepting = !accept_failing || accept_paused.expired();
+    std::vector<pollfd> fds = {{listener.fd(), static_cast<short>(accepting ? POLLIN : 0), 0}, {sigfd, POLLIN, 0}};
     bool armed = true;
     for (auto& job : jobs) {
       armed &= job->transport().arm();
       fds.push_back({job->transport().event_fd(), POLLIN, 0});
       for (net::Socket& s : job->sockets()) fds.push_back({s.fd(), POLLIN, 0});
     }
+    for (auto& [id, f] : forming)
+      for (net::Socket& s : f.sockets)
+        if (s.valid()) fds.push_back({s.fd(), POLLIN, 0});
     const size_t first_greeting = fds.size();
     for (const Greeting& g : greetings) fds.push_back({g.socket.fd(), POLLIN, 0});
     if (!armed) continue;  // events arrived meanwhile
@@ -345,21 +413,26 @@ int run_aggregator_daemon(const AggregatorDaemonOptions& o) {
     }
     // A registration connection that is readable has closed (ranks send nothing after the hello).
     for (size_t j = 0; j < jobs.size(); ++j) {
-      bool closed = false;
-      for (net::Socket& s : jobs[j]->sockets()) {
-        char byte;
-        try {
-          if (s.read_some(&byte, 1) == 0) closed = true;
-        } catch (const Error&) {
-          closed = true;
-        }
-      }
-      if (closed) {
+      bool ended_here = false;
+      for (net::Socket& s : jobs[j]->sockets()) ended_here |= closed(s);
+      if (ended_here) {
         if (o.verbose)
           std::fprintf(stderr, "qccl_aggregator: job %016llx of %d ranks ended\n",
                        static_cast<unsigned long long>(jobs[j]->id()), jobs[j]->nranks());
         jobs.erase(jobs.begin() + static_cast<long>(j--));
         ++ended;
+      }
+    }
+    for (auto it = forming.begin(); it != forming.end();) {
+      bool drop = it->second.deadline.expired();
+      for (net::Socket& s : it->second.sockets) drop |= s.valid() && closed(s);
+      if (drop) {
+        std::fprintf(stderr, "qccl_aggregator: job %016llx dropped while forming: a rank's connection closed, or "
+                     "not all %d ranks registered within %.0f s\n", static_cast<unsigned long long>(it->first),
+                     it->second.nranks, kFormSeconds);
+        it = forming.erase(it);  // closes the connections of the ranks that registered
+      } else {
+        ++it;
       }
     }
     // Hellos: what arrived of each, whole ones registered; the silent dropped at their deadline.
@@ -387,7 +460,16 @@ int run_aggregator_daemon(const AggregatorDaemonOptions& o) {
       if (done) greetings.erase(greetings.begin() + static_cast<long>(i));
     }
     if (!(fds[0].revents & POLLIN)) continue;
-    net::Socket s = listener.accept(net::Deadline::after(0.001));
+    net::Socket s;
+    try {
+      s = listener.accept(net::Deadline::after(0.001));
+      accept_failing = false;
+    } catch (const Error& e) {  // only ever temporary: the listener itself stays good
+      if (!accept_failing) std::fprintf(stderr, "qccl_aggregator: %s; retrying\n", e.what());
+      accept_failing = true;
+      accept_paused = net::Deadline::after(kAcceptBackoffSeconds);
+      continue;
+    }
     if (!s.valid()) continue;
     const std::string from = s.peer_address().to_string();
     greetings.push_back(Greeting{std::move(s), from, {}, net::Deadline::after(kHelloSeconds)});

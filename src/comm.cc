@@ -1035,6 +1035,10 @@ void Comm::drive_until(const std::function<bool()>& done, bool progress_thread, 
       fail_affected_operations();  // collectives the failure does not concern keep going
       if (done()) return;
     }
+    if (aggregator_lost_set_.load(std::memory_order_relaxed)) {
+      fail_aggregator_operations();
+      if (done()) return;
+    }
     if (!executor_) return;  // shut down under us (abort: every call failed above)
     const auto pass_begin = Clock::now();
     bool moved = executor_->progress();
@@ -1211,9 +1215,33 @@ void Comm::service_aggregator(size_t k) {
     std::lock_guard<std::mutex> lock(ops_mu_);
     if (aggregator_lost_.empty()) aggregator_lost_ = why;
   }
-  // Operations in flight may wait for its sums. None are at a clean teardown (destroy drains them
-  // before the closing barrier), when an aggregator may drop the job as the first rank leaves.
-  if (active_count_.load() > 0) break_comm(Failure{qcclRemoteError, why, 0}, true);
+  // agg=switch operations in flight may wait for its sums: the driver fails them. The others never
+  // talk to an aggregator, and go on (the communicator stays usable): breaking it would fail plain
+  // collectives on a communicator that never uses agg=switch whenever one was running as an
+  // aggregator stopped. None are in flight at a clean teardown (destroy drains them before the
+  // closing barrier), when an aggregator may drop the job as the first rank leaves.
+  aggregator_lost_set_.store(true);
+  wake(driver_wake_fd_);
+  wake(progress_wake_fd_);
+}
+
+void Comm::fail_aggregator_operations() {
+  std::vector<std::shared_ptr<OpRecord>> affected;
+  std::string why;
+  {
+    // Scanned on every pass once an aggregator is lost: a call that passed the submission check just
+    // before may join active_ after an earlier pass.
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    why = aggregator_lost_;
+    for (const auto& record : active_)
+      if (record->operation->plan().uses_aggregators()) affected.push_back(record);
+  }
+  if (affected.empty()) return;
+  if (executor_) {
+    for (const auto& record : affected) record->operation->cancel();
+    executor_->settle_cancelled();  // as in fail_affected_operations: the buffers go back to the callers
+  }
+  for (const auto& record : affected) finish(*record, qcclRemoteError, why);
 }
 
 // Calls that share a codec state run one after the other, in the order they were made: each reads

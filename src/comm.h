@@ -249,6 +249,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // With the drive lock held: fails and withdraws the operations the failure concerns (after an
   // abort, every one: those older than an earlier failure with the abort's).
   void fail_affected_operations();
+  // With the drive lock held, once an aggregator is lost: fails and withdraws the operations that sum
+  // through the aggregators; the others go on.
+  void fail_aggregator_operations();
   void break_comm(const Failure& failure, bool report);
   // The first collective sequence number a failure of this record concerns (see Failure).
   static uint64_t failure_sequence(const OpRecord& record);
@@ -262,7 +265,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void shutdown();
   void shut_down_now();  // shutdown()'s work, run once
   // An aggregator's registration connection became readable: it closed (the aggregator died or was
-  // stopped). Fails the operations in flight, and later agg=switch calls (progress thread only).
+  // stopped). Fails the agg=switch operations in flight, and later agg=switch calls (progress thread
+  // only).
   void service_aggregator(size_t k);
   std::vector<int> aggregator_fds() const;
 
@@ -284,6 +288,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   coll::LinkFacts link_facts_;  // QCCL_LINK_RATE and the slowest rank's codec costs; set at join
   std::vector<AggregatorLink> aggregator_links_;  // kept open: closing them ends the job at the aggregators
   std::string aggregator_lost_;                   // guarded by ops_mu_: why agg=switch cannot run
+  std::atomic<bool> aggregator_lost_set_{false};  // aggregator_lost_ is set: the driver fails those in flight
   std::vector<std::string> names_;  // "rank 3 (host:pid)", then "aggregator 0 (host:port)"
   bool oversubscribed_ = false;      // more ranks on this host than CPUs: spinning yields
   int host_ranks_ = 1;               // host_ranks()

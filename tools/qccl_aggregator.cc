@@ -35,7 +35,11 @@ DESCRIPTION
 
     Several jobs may be served at once, each with its own UCX worker and slots. A job ends when one of
     its ranks' registration connections closes (the communicator was destroyed, or the rank died):
-    its slots are dropped. The aggregator runs until SIGINT or SIGTERM, or until --jobs jobs ended.
+    its slots are dropped. A job still forming is dropped when a registered rank's connection closes,
+    or when not all its ranks registered within 600 s. A registration whose job could not be served (a
+    largest message outside 64 bytes to 1 GiB, a UCX worker address too short to be one) is refused.
+    An accept that fails for want of descriptors or memory is retried, the jobs served meanwhile. The
+    aggregator runs until SIGINT or SIGTERM, or until --jobs jobs ended.
 
 OPTIONS
     --listen HOST:PORT  Address to accept registrations on (port 0: any free port, printed at start).

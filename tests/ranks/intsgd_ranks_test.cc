@@ -6,6 +6,7 @@
 // nothing; bfloat16 data; bad arguments are refused before anything is sent.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "base/wire.h"
 #include "kernels/half.h"
@@ -260,6 +262,39 @@ TEST_CASE("IntSGD through an aggregator of one slot: ranks that run ahead queue,
   }
 }
 
+TEST_CASE("An aggregator lost while plain all-reduces run: they go on", "[switch-lost]") {
+  // one_slot_aggregator.sh lost runs it: rank 0 kills the aggregator (QCCL_TEST_AGGREGATOR_PID) while
+  // the ranks run all-reduces that never sum through it. Its connection closes while one is in
+  // flight: that once broke the whole communicator, and the all-reduces failed.
+  const char* pid = std::getenv("QCCL_TEST_AGGREGATOR_PID");
+  REQUIRE(pid != nullptr);
+  World& w = World::get();
+  const size_t count = 100000;
+  std::vector<float> x(count, 1.0f), y(count);
+  for (int call = 0; call < 300; ++call) {  // ~2 s: the connection closes during them
+    if (call == 20 && w.rank() == 0) REQUIRE(kill(static_cast<pid_t>(std::atol(pid)), SIGKILL) == 0);
+    QCCL_REQUIRE_OK(qcclAllReduce(x.data(), y.data(), count, qcclFloat32, qcclSum, w.comm()));
+    for (float v : y) REQUIRE(v == static_cast<float>(w.size()));
+  }
+}
+
+TEST_CASE("IntSGD through one aggregator slot, ranks of different pipeline depths", "[switch-depths]") {
+  // one_slot_aggregator.sh mixed-depths runs it: 2 ranks, 4 KiB chunks (98 per call), one slot, rank 0
+  // at QCCL_PIPELINE_DEPTH=8 and rank 1 at 1. Rank 0's later chunks arrive while its older ones are
+  // still posted at the aggregator: handled before them, one took the slot that rank 1, sending one
+  // chunk at a time, waited on (a deadlock).
+  REQUIRE(std::getenv("QCCL_AGGREGATORS") != nullptr);
+  World& w = World::get();
+  const size_t count = 100000;
+  Codec codec("int8:alpha=1,agg=switch");
+  std::vector<float> x(count, 1.0f), g(count);
+  for (int call = 0; call < 20; ++call) {
+    QCCL_REQUIRE_OK(
+        qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm()));
+    for (float v : g) REQUIRE(v == static_cast<float>(w.size()));
+  }
+}
+
 TEST_CASE("IntSGD through aggregators: the same bits as the ring, round after round", "[switch]") {
   REQUIRE(std::getenv("QCCL_AGGREGATORS") != nullptr);
   World& w = World::get();
@@ -366,6 +401,50 @@ TEST_CASE("IntSGD through aggregators: ranks that list other aggregators fail at
 // for 30 s (jobs registering meanwhile waited; calls in flight timed out), and a hello that claimed
 // 2^31 - 1 ranks ended it (bad_alloc). Rank 0 does both to every aggregator; a new communicator then
 // registers and sums through them at once.
+TEST_CASE("IntSGD through aggregators: hellos that would make an unusable job are refused", "[switch]") {
+  // One-rank jobs, which would form at once: a largest message of 0 made buffers the 8-byte header was
+  // written past, and a 1-byte UCX address made UCX abort the aggregator.
+  const char* list = std::getenv("QCCL_AGGREGATORS");
+  REQUIRE(list != nullptr);
+  World& w = World::get();
+  if (w.rank() == 0) {
+    std::stringstream entries(list);
+    for (std::string address; std::getline(entries, address, ',');) {
+      for (const auto& [max_message, address_bytes, why] :
+           {std::tuple<uint64_t, size_t, const char*>{0, 64, "largest message"}, {1024, 1, "too short"}}) {
+        const int s = connect_to(address);
+        REQUIRE(s >= 0);
+        ByteWriter hello;  // src/aggregator.cc's AggregatorHello: rank 0 of 1
+        hello.put<uint32_t>(kAggregatorMagic), hello.put<uint16_t>(kAggregatorVersion);
+        hello.put<uint64_t>(0x5eed0 + max_message), hello.put<int32_t>(0), hello.put<int32_t>(1);
+        hello.put<int32_t>(0), hello.put<uint64_t>(max_message);
+        const std::vector<uint8_t> bytes(address_bytes, 0);
+        hello.put_bytes(bytes.data(), bytes.size());
+        ByteWriter frame;
+        frame.put<uint32_t>(static_cast<uint32_t>(hello.bytes().size()));
+        frame.bytes().insert(frame.bytes().end(), hello.bytes().begin(), hello.bytes().end());
+        REQUIRE(send(s, frame.bytes().data(), frame.bytes().size(), 0) == static_cast<ssize_t>(frame.bytes().size()));
+        // The reply: its length, magic, version and status, then the sentence; the refusal closes it.
+        std::string reply;
+        char chunk[4096];
+        for (ssize_t n; (n = recv(s, chunk, sizeof chunk, 0)) > 0;) reply.append(chunk, static_cast<size_t>(n));
+        close(s);
+        REQUIRE(reply.size() > 14);
+        int32_t status = 0;
+        std::memcpy(&status, reply.data() + 10, sizeof status);
+        CHECK(status != 0);
+        CHECK_THAT(reply, Catch::Contains(why));
+      }
+    }
+  }
+  // The aggregators still sum.
+  Codec codec("int8:alpha=10,agg=switch");
+  std::vector<float> x(1000, 0.5f), sum(1000);
+  QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.data(), sum.data(), x.size(), qcclFloat32, qcclSum, codec.handle, nullptr,
+                                          w.comm()));
+  CHECK(sum[0] == 0.5f * static_cast<float>(w.size()));
+}
+
 TEST_CASE("IntSGD through aggregators: a silent client and a malformed hello hold up nothing", "[switch]") {
   const char* list = std::getenv("QCCL_AGGREGATORS");
   REQUIRE(list != nullptr);
