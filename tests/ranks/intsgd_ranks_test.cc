@@ -263,10 +263,10 @@ TEST_CASE("IntSGD through an aggregator of one slot: ranks that run ahead queue,
 }
 
 TEST_CASE("An aggregator lost while plain all-reduces run: they go on", "[switch-lost]") {
-  // one_slot_aggregator.sh lost runs it: rank 0 kills the aggregator (QCCL_TEST_AGGREGATOR_PID) while
+  // one_slot_aggregator.sh lost runs it: rank 0 kills the aggregator (ONE_SLOT_AGGREGATOR_PID) while
   // the ranks run all-reduces that never sum through it. Its connection closes while one is in
   // flight: that once broke the whole communicator, and the all-reduces failed.
-  const char* pid = std::getenv("QCCL_TEST_AGGREGATOR_PID");
+  const char* pid = std::getenv("ONE_SLOT_AGGREGATOR_PID");
   REQUIRE(pid != nullptr);
   World& w = World::get();
   const size_t count = 100000;

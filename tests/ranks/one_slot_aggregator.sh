@@ -25,7 +25,7 @@ if [[ $mode == mixed-depths ]]; then
   "$qcclrun" -n 2 --timeout 200 -x QCCL_AGGREGATORS="$address" -x QCCL_CHUNK_BYTES=4096 -x QCCL_TIMEOUT=20 \
     -- bash -c 'export QCCL_PIPELINE_DEPTH=$(( QCCL_RANK == 0 ? 8 : 1 )); exec "$@"' _ "$test" "[switch-depths]"
 elif [[ $mode == lost ]]; then
-  "$qcclrun" -n 2 --timeout 200 -x QCCL_AGGREGATORS="$address" -x QCCL_TEST_AGGREGATOR_PID="$pid" -x QCCL_TIMEOUT=20 \
+  "$qcclrun" -n 2 --timeout 200 -x QCCL_AGGREGATORS="$address" -x ONE_SLOT_AGGREGATOR_PID="$pid" -x QCCL_TIMEOUT=20 \
     -- "$test" "[switch-lost]"
 else
   "$qcclrun" -n 2 --timeout 200 -x QCCL_AGGREGATORS="$address" -x QCCL_CHUNK_BYTES=4096 -x QCCL_TIMEOUT=20 \
