@@ -1236,6 +1236,10 @@ TEST_CASE("past QCCL_NCCL_CODEC_STATE_BUDGET a compressed call fails before send
 
 TEST_CASE("ranks passing different counts fail with ncclInvalidUsage, saying so", "[.][mismatch]") {
   World& w = World::get();
+  // Every rank looks at its result before any aborts, on a second communicator: an abort tells the
+  // peers, and a rank still sending to one that left failed with the transport's error instead.
+  ncclComm_t after = nullptr;
+  NCCL_REQUIRE_OK(ncclCommSplit(w.comm, 0, w.rank, &after, nullptr));
   std::vector<float> x(4096, 1.0f);
   const size_t count = w.rank == 0 ? 4096 : 4000;
   ncclResult_t r = ncclAllReduce(x.data(), x.data(), count, ncclFloat32, ncclSum, w.comm, nullptr);
@@ -1244,6 +1248,9 @@ TEST_CASE("ranks passing different counts fail with ncclInvalidUsage, saying so"
   ncclResult_t state = ncclSuccess;
   NCCL_REQUIRE_OK(ncclCommGetAsyncError(w.comm, &state));
   CHECK(state != ncclSuccess);
+  float one = 1.0f;
+  NCCL_REQUIRE_OK(ncclAllReduce(&one, &one, 1, ncclFloat32, ncclSum, after, nullptr));
+  NCCL_REQUIRE_OK(ncclCommDestroy(after));
   NCCL_REQUIRE_OK(ncclCommAbort(w.comm));
   w.comm = nullptr;  // gone: nothing to destroy at exit
 }
