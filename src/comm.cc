@@ -1445,16 +1445,25 @@ void Comm::destroy() {
     try {
       control_->barrier(net::Deadline::after(config_.timeout_seconds), /*closing=*/true);
     } catch (const Error& e) {
-      barrier_error = std::make_unique<Error>(e.code(), "waiting for the other ranks to destroy: " + e.message());
+      // An abort from another thread ends the wait with its own failure, whatever the peers' answers
+      // to its report came first (a peer that left meanwhile: its departure raced the abort here).
+      if (aborting_.load())
+        barrier_error = std::make_unique<Error>(qcclAborted, abort_message());
+      else
+        barrier_error = std::make_unique<Error>(e.code(), "waiting for the other ranks to destroy: " + e.message());
     }
   }
   shutdown();
   if (barrier_error) throw *barrier_error;
 }
 
+std::string Comm::abort_message() const {
+  return format("qcclCommAbort was called on %s", names_.empty() ? "this rank" : names_[rank_].c_str());
+}
+
 void Comm::abort() {
-  const Failure failure{
-      qcclAborted, format("qcclCommAbort was called on %s", names_.empty() ? "this rank" : names_[rank_].c_str()), 0};
+  aborting_.store(true);  // before the peers hear of it: a destroy waiting here reports the abort
+  const Failure failure{qcclAborted, abort_message(), 0};
   if (control_) control_->begin_close();  // our own departure is not news to us
   // The peers' calls fail from this rank's oldest unfinished collective on (and their point-to-point
   // calls): it has done its part of the older ones, which may still finish there.

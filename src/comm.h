@@ -264,6 +264,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::string describe_links() const;  // for the INFO log
   void shutdown();
   void shut_down_now();  // shutdown()'s work, run once
+  std::string abort_message() const;  // "qcclCommAbort was called on rank R (host:pid)"
   // An aggregator's registration connection became readable: it closed (the aggregator died or was
   // stopped). Fails the agg=switch operations in flight, and later agg=switch calls (progress thread
   // only).
@@ -359,6 +360,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::atomic<int> callers_waiting_{0};
   std::atomic<bool> progress_driving_{false};  // the progress thread holds (or is taking) the drive lock
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> aborting_{false};  // qcclCommAbort began: a destroy waiting meanwhile returns its failure
 
   std::atomic<bool> broken_{false};  // failures_ holds one
   Failures failures_;                // guarded by ops_mu_
