@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "kernels/aq_quant.h"
+#include "kernels/feedback.h"
 #include "kernels/half.h"
 #include "kernels/int_codec.h"
 #include "kernels/philox.h"
@@ -41,9 +42,11 @@ constexpr unsigned kFlatThreads = 256;             // block size of the grid-str
 constexpr unsigned kMaxFlatBlocks = 1u << 15;      // beyond this, threads loop
 constexpr unsigned kEncodeThreads = 256;           // q encode: block size, and threads per bucket at most
 constexpr unsigned kMaxEncodeBlocks = 1u << 20;    // q encode: beyond this, blocks loop over buckets
-// q encode: resident blocks per multiprocessor asked of the register allocator (40 registers, a few
-// spilled, instead of 58 and 4 blocks): on an H200 at 64 MiB q8 encodes at 1,086-1,098 GB/s
-// against 994-997 with 4 blocks, 5 blocks gave 1,071-1,074 and 8 blocks 1,078-1,079 (docs/PERF.md).
+// q encode: resident blocks per multiprocessor asked of the register allocator (40 registers instead
+// of 58 and 4 blocks; the stochastic kernel spills a few): on an H200 at 64 MiB q8 encoded at
+// 1,086-1,098 GB/s against 994-997 with 4 blocks, 5 blocks gave 1,071-1,074 and 8 blocks 1,078-1,079
+// (one kernel for every rounding then); 8 blocks for the nearest kernel alone (32 registers, spilling)
+// ran at its 6-block rate (docs/PERF.md).
 constexpr unsigned kEncodeBlocksPerSM = 6;
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 
@@ -202,10 +205,13 @@ __device__ void share_levels(const LevelPositions& levels, float* shared) {
   __syncthreads();
 }
 
-template <int kBits>
+// The rounding is a template parameter: a kernel for round to nearest that carried the Philox code of
+// stochastic rounding spilled registers and encoded q8 at 0.58 of the device copy on an H200, 0.70
+// without it (docs/PERF.md).
+template <int kBits, Rounding kRounding>
 __global__ void __launch_bounds__(kEncodeThreads, kEncodeBlocksPerSM)
     encode_quant_kernel(const float* __restrict__ in, size_t count, uint8_t* __restrict__ out, unsigned bucket,
-                        unsigned team, Rounding rounding, PhiloxKey key, uint64_t first, bool in_vec,
+                        unsigned team, PhiloxKey key, uint64_t first, bool in_vec,
                         bool out_aligned, unsigned long long* nonfinite, const __grid_constant__ LevelPositions levels) {
   __shared__ float level_g[256];
   share_levels(levels, level_g);
@@ -246,11 +252,11 @@ __global__ void __launch_bounds__(kEncodeThreads, kEncodeBlocksPerSM)
       const unsigned n = len - g * 8 < 8 ? len - g * 8 : 8u;
       if (reload) load8(x + g * 8, n, in_vec, v);
       float u[8];
-      if (rounding == Rounding::kStochastic) {
+      if constexpr (kRounding == Rounding::kStochastic) {
         uniforms8(key, first + b0 + g * 8, u);
       } else {
         // round=shift: the bucket's one uniform (quant.h); nearest: 1/2 (learned levels: -1, levels.h).
-        const float shared = rounding == Rounding::kShift ? philox_uniform(key, shift_uniform_index(first + b0))
+        const float shared = kRounding == Rounding::kShift ? philox_uniform(key, shift_uniform_index(first + b0))
                              : levels.count                ? -1.0f
                                                            : 0.5f;
 #pragma unroll
@@ -516,14 +522,11 @@ __global__ void write_bytes_kernel(uint8_t* dst, SmallBytes bytes, unsigned n) {
   for (unsigned i = 0; i < n; ++i) dst[i] = bytes.b[i];
 }
 
-// Error feedback's miss, as the host executor computes it: one rounding per operator, 0 where it is not
-// finite.
+// Error feedback's miss, as the host executor computes it (feedback.h).
 __global__ void feedback_residual_kernel(const float* __restrict__ acc, float* __restrict__ residual, size_t n,
                                          float factor) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    const float miss = factor * (acc[i] - residual[i]);
-    residual[i] = isfinite(miss) ? miss : 0.0f;
-  }
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    residual[i] = feedback_miss(acc[i], residual[i], factor);
 }
 
 __global__ void divide_kernel(float* x, size_t n, float divisor) {
@@ -749,9 +752,16 @@ cudaError_t encode_quant(const CodecConfig& c, const float* in, size_t count, vo
   unsigned team = 1;  // threads per bucket: one per group of 8, rounded up to a power of two
   while (team < c.bucket / 8 && team < kEncodeThreads) team *= 2;
   const size_t blocks = (quant_buckets(count, c.bucket) + kEncodeThreads / team - 1) / (kEncodeThreads / team);
-  return launch(encode_quant_kernel<kBits>, blocks < kMaxEncodeBlocks ? blocks : kMaxEncodeBlocks, kEncodeThreads,
-                stream, in, count, static_cast<uint8_t*>(out), c.bucket, team, c.rounding, key,
-                first, aligned_to(in, 16), aligned_to(out, 8), nonfinite, positions_of(c));
+  const auto run = [&](auto kernel) {
+    return launch(kernel, blocks < kMaxEncodeBlocks ? blocks : kMaxEncodeBlocks, kEncodeThreads, stream, in, count,
+                  static_cast<uint8_t*>(out), c.bucket, team, key, first, aligned_to(in, 16), aligned_to(out, 8),
+                  nonfinite, positions_of(c));
+  };
+  switch (c.rounding) {
+    case Rounding::kStochastic: return run(encode_quant_kernel<kBits, Rounding::kStochastic>);
+    case Rounding::kShift: return run(encode_quant_kernel<kBits, Rounding::kShift>);
+    default: return run(encode_quant_kernel<kBits, Rounding::kNearest>);  // nearest (what a q codec takes)
+  }
 }
 
 template <int kBits, bool kAccumulate>

@@ -64,9 +64,10 @@ QCCL_HD bool meta_is_nonfinite(BucketMeta m) { return !(m.step == m.step); }
 // The code of x, for a uniform u in [0, 1) (0.5 for round to nearest).
 QCCL_HD uint32_t quantize(float x, BucketMeta m, float u, uint32_t levels) {
   if (!(m.step > 0.0f)) return 0;  // all equal (or non-finite: the code is irrelevant)
+  // Clamped to [0, levels] by selects, not branches (v is not NaN: the bucket is finite); a CUDA
+  // thread took a branch per value here.
   const float v = floorf((x - m.min) / m.step + u);
-  if (!(v > 0.0f)) return 0;
-  return v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v);
+  return static_cast<uint32_t>(fminf(fmaxf(v, 0.0f), static_cast<float>(levels)));
 }
 
 QCCL_HD float dequantize(uint32_t code, BucketMeta m) {

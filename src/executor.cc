@@ -10,6 +10,7 @@
 #include "collectives/device_kernels.h"
 #include "kernels/codec.h"
 #include "kernels/convert.h"
+#include "kernels/feedback.h"
 #include "kernels/reduce.h"
 #include "src/message_key.h"
 
@@ -987,10 +988,8 @@ size_t run_data_step(const coll::Step& data_step, const coll::CollArgs& args) {
       }
     } else if constexpr (std::is_same_v<S, st::ErrorFeedback>) {
       kernels::decode(*s.codec, s.encoded, s.count, s.residual);  // what the peers will decode...
-      for (size_t i = 0; i < s.count; ++i) {  // ...and the miss, which restarts at 0 where it is not finite
-        const float miss = s.factor * (s.acc[i] - s.residual[i]);  // (a NaN would be fed back forever)
-        s.residual[i] = std::isfinite(miss) ? miss : 0.0f;
-      }
+      for (size_t i = 0; i < s.count; ++i)  // ...and the miss (0 where it is not finite)
+        s.residual[i] = kernels::feedback_miss(s.acc[i], s.residual[i], s.factor);
     } else {
       fail(qcclInternalError, "run_data_step: step %zu is not a data step", data_step.index());
     }
