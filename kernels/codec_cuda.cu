@@ -206,7 +206,7 @@ __device__ void share_levels(const LevelPositions& levels, float* shared) {
 }
 
 // The rounding is a template parameter: a kernel for round to nearest that carried the Philox code of
-// stochastic rounding spilled registers and encoded q8 at 0.58 of the device copy on an H200, 0.70
+// stochastic rounding spilled registers and encoded q8 at 0.58 of a device copy on an H200, 0.70
 // without it (docs/PERF.md).
 template <int kBits, Rounding kRounding>
 __global__ void __launch_bounds__(kEncodeThreads, kEncodeBlocksPerSM)
@@ -262,12 +262,21 @@ __global__ void __launch_bounds__(kEncodeThreads, kEncodeBlocksPerSM)
 #pragma unroll
         for (int i = 0; i < 8; ++i) u[i] = shared;
       }
-      uint32_t group[8];
+      // The bucket's cases apart, so that a full group of even levels tests nothing per value (a test
+      // per value was a branch per value). Codes past n stay 0, as do a bucket's of equal values.
+      uint32_t group[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (levels.count) {
 #pragma unroll
-      for (unsigned i = 0; i < 8; ++i)
-        group[i] = i >= n           ? 0
-                   : levels.count ? quantize_with_levels(v[i], m, u[i], level_g, levels.count)
-                                  : quantize(v[i], m, u[i], quant_levels(kBits));
+        for (unsigned i = 0; i < 8; ++i)
+          if (i < n) group[i] = quantize_with_levels(v[i], m, u[i], level_g, levels.count);
+      } else if (m.step > 0.0f && n == 8) {
+#pragma unroll
+        for (unsigned i = 0; i < 8; ++i) group[i] = quantize_stepped(v[i], m, u[i], quant_levels(kBits));
+      } else if (m.step > 0.0f) {
+#pragma unroll
+        for (unsigned i = 0; i < 8; ++i)
+          if (i < n) group[i] = quantize_stepped(v[i], m, u[i], quant_levels(kBits));
+      }
       uint8_t packed[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       pack8(group, kBits, packed);
       store_codes<kBits>(dst + static_cast<size_t>(g) * kBits, packed, out_aligned);

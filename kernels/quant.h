@@ -61,13 +61,18 @@ QCCL_HD BucketMeta bucket_meta(float lo, float hi, bool finite, int bits) {
 
 QCCL_HD bool meta_is_nonfinite(BucketMeta m) { return !(m.step == m.step); }
 
-// The code of x, for a uniform u in [0, 1) (0.5 for round to nearest).
-QCCL_HD uint32_t quantize(float x, BucketMeta m, float u, uint32_t levels) {
-  if (!(m.step > 0.0f)) return 0;  // all equal (or non-finite: the code is irrelevant)
-  // Clamped to [0, levels] by selects, not branches (v is not NaN: the bucket is finite); a CUDA
-  // thread took a branch per value here.
+// The code of x in a bucket whose step is positive (so finite), for a uniform u in [0, 1) (0.5 for
+// round to nearest). Clamped to [0, levels] by selects, not branches (v is not NaN); a CUDA thread
+// took a branch per value here.
+QCCL_HD uint32_t quantize_stepped(float x, BucketMeta m, float u, uint32_t levels) {
   const float v = floorf((x - m.min) / m.step + u);
   return static_cast<uint32_t>(fminf(fmaxf(v, 0.0f), static_cast<float>(levels)));
+}
+
+// The code of x in any bucket: 0 where all values are equal (or the bucket is non-finite: the code is
+// irrelevant).
+QCCL_HD uint32_t quantize(float x, BucketMeta m, float u, uint32_t levels) {
+  return m.step > 0.0f ? quantize_stepped(x, m, u, levels) : 0;
 }
 
 QCCL_HD float dequantize(uint32_t code, BucketMeta m) {
