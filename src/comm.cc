@@ -456,9 +456,22 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
   coll::PlanOptions options;
   options.chunk_bytes = config_.chunk_bytes;
   std::unique_ptr<coll::Plan> plan = algorithm.make(args, options);
+  // An agg=switch call is refused once an aggregator is lost; one that passed this check is counted
+  // until it joins active_, where the driver's scan for such calls finds it (the count tells the
+  // driver when it may stop scanning).
+  struct Entering {
+    Comm* comm;
+    ~Entering() {
+      if (!comm) return;
+      std::lock_guard<std::mutex> lock(comm->ops_mu_);
+      --comm->aggregator_calls_entering_;
+    }
+  } entering{nullptr};
   if (plan->uses_aggregators()) {
     std::lock_guard<std::mutex> lock(ops_mu_);
     if (!aggregator_lost_.empty()) throw Error(qcclRemoteError, aggregator_lost_);
+    ++aggregator_calls_entering_;
+    entering.comm = this;
   }
   const bool device_fft = record->on_device && args.codec && args.codec->kind == kernels::CodecKind::kFft;
   const char* fft_library = device_fft ? device_->fft_library() : kernels::fft_backend();
@@ -477,6 +490,7 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     if (!identity.p2p) collectives_issued_ = identity.sequence + 1;
     else p2p_running_[p2p_direction(args)].insert(identity.sequence);
     active_.push_back(record);
+    if (entering.comm) --aggregator_calls_entering_, entering.comm = nullptr;
     if (identity.p2p) active_p2p_.fetch_add(1);
     active_count_.fetch_add(1);
     active_version_.fetch_add(1);
@@ -1229,12 +1243,14 @@ void Comm::fail_aggregator_operations() {
   std::vector<std::shared_ptr<OpRecord>> affected;
   std::string why;
   {
-    // Scanned on every pass once an aggregator is lost: a call that passed the submission check just
-    // before may join active_ after an earlier pass.
+    // Scanned on every pass until no agg=switch call can join active_ unseen: one that passed the
+    // submission check before the loss joins it later (aggregator_calls_entering_); later ones are
+    // refused there. The ones found are failed below, before the next pass.
     std::lock_guard<std::mutex> lock(ops_mu_);
     why = aggregator_lost_;
     for (const auto& record : active_)
       if (record->operation->plan().uses_aggregators()) affected.push_back(record);
+    if (aggregator_calls_entering_ == 0) aggregator_lost_set_.store(false);
   }
   if (affected.empty()) return;
   if (executor_) {

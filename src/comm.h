@@ -289,7 +289,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
   coll::LinkFacts link_facts_;  // QCCL_LINK_RATE and the slowest rank's codec costs; set at join
   std::vector<AggregatorLink> aggregator_links_;  // kept open: closing them ends the job at the aggregators
   std::string aggregator_lost_;                   // guarded by ops_mu_: why agg=switch cannot run
-  std::atomic<bool> aggregator_lost_set_{false};  // aggregator_lost_ is set: the driver fails those in flight
+  int aggregator_calls_entering_ = 0;             // guarded by ops_mu_: agg=switch calls past that check,
+                                                  // not yet in active_
+  std::atomic<bool> aggregator_lost_set_{false};  // an aggregator was lost and agg=switch calls may be in
+                                                  // flight: the driver fails them (fail_aggregator_operations)
   std::vector<std::string> names_;  // "rank 3 (host:pid)", then "aggregator 0 (host:port)"
   bool oversubscribed_ = false;      // more ranks on this host than CPUs: spinning yields
   int host_ranks_ = 1;               // host_ranks()

@@ -245,21 +245,28 @@ TEST_CASE("IntSGD: bad arguments are refused before anything is sent", "[intsgd]
 
 // ---- agg=switch: run under qcclrun --aggregators K ------------------------------------------------
 
-TEST_CASE("IntSGD through an aggregator of one slot: ranks that run ahead queue, and every sum arrives",
-          "[switch-queue]") {
-  // one_slot_aggregator.sh runs it: 2 ranks, 4 KiB chunks (10 per call), one slot. Rank 1 starts
-  // its calls 0-2 ms late, so rank 0's next chunks queue behind a slot that waits for rank 1.
+namespace {
+// `calls` sums of `count` ones through the aggregators (exact: alpha 1), each checked; rank 1 sleeps
+// late_ms(call) milliseconds before each call.
+void sum_ones_through_switch(size_t count, int calls, int (*late_ms)(int call)) {
   REQUIRE(std::getenv("QCCL_AGGREGATORS") != nullptr);
   World& w = World::get();
-  const size_t count = 10000;
   Codec codec("int8:alpha=1,agg=switch");
   std::vector<float> x(count, 1.0f), g(count);
-  for (int call = 0; call < 200; ++call) {
-    if (w.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(call % 3));
+  for (int call = 0; call < calls; ++call) {
+    if (w.rank() == 1 && late_ms(call) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms(call)));
     QCCL_REQUIRE_OK(
         qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm()));
     for (float v : g) REQUIRE(v == static_cast<float>(w.size()));
   }
+}
+}  // namespace
+
+TEST_CASE("IntSGD through an aggregator of one slot: ranks that run ahead queue, and every sum arrives",
+          "[switch-queue]") {
+  // one_slot_aggregator.sh runs it: 2 ranks, 4 KiB chunks (10 per call), one slot. Rank 1 starts
+  // its calls 0-2 ms late, so rank 0's next chunks queue behind a slot that waits for rank 1.
+  sum_ones_through_switch(10000, 200, [](int call) { return call % 3; });
 }
 
 TEST_CASE("An aggregator lost while plain all-reduces run: they go on", "[switch-lost]") {
@@ -283,16 +290,7 @@ TEST_CASE("IntSGD through one aggregator slot, ranks of different pipeline depth
   // at QCCL_PIPELINE_DEPTH=8 and rank 1 at 1. Rank 0's later chunks arrive while its older ones are
   // still posted at the aggregator: handled before them, one took the slot that rank 1, sending one
   // chunk at a time, waited on (a deadlock).
-  REQUIRE(std::getenv("QCCL_AGGREGATORS") != nullptr);
-  World& w = World::get();
-  const size_t count = 100000;
-  Codec codec("int8:alpha=1,agg=switch");
-  std::vector<float> x(count, 1.0f), g(count);
-  for (int call = 0; call < 20; ++call) {
-    QCCL_REQUIRE_OK(
-        qcclAllReduceCompressed(x.data(), g.data(), count, qcclFloat32, qcclSum, codec.handle, nullptr, w.comm()));
-    for (float v : g) REQUIRE(v == static_cast<float>(w.size()));
-  }
+  sum_ones_through_switch(100000, 20, [](int) { return 0; });
 }
 
 TEST_CASE("IntSGD through aggregators: the same bits as the ring, round after round", "[switch]") {
