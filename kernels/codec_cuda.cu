@@ -43,7 +43,7 @@ constexpr unsigned kMaxFlatBlocks = 1u << 15;      // beyond this, threads loop
 constexpr unsigned kEncodeThreads = 256;           // q encode: block size, and threads per bucket at most
 constexpr unsigned kMaxEncodeBlocks = 1u << 20;    // q encode: beyond this, blocks loop over buckets
 // q encode: resident blocks per multiprocessor asked of the register allocator (40 registers instead
-// of 58 and 4 blocks; the stochastic kernel spills a few): on an H200 at 64 MiB q8 encoded at
+// of 58 and 4 blocks; the stochastic and shift kernels spill a few): on an H200 at 64 MiB q8 encoded at
 // 1,086-1,098 GB/s against 994-997 with 4 blocks, 5 blocks gave 1,071-1,074 and 8 blocks 1,078-1,079
 // (one kernel for every rounding then); 8 blocks for the nearest kernel alone (32 registers, spilling)
 // ran at its 6-block rate (docs/PERF.md).

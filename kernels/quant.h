@@ -61,9 +61,9 @@ QCCL_HD BucketMeta bucket_meta(float lo, float hi, bool finite, int bits) {
 
 QCCL_HD bool meta_is_nonfinite(BucketMeta m) { return !(m.step == m.step); }
 
-// The code of x in a bucket whose step is positive (so finite), for a uniform u in [0, 1) (0.5 for
-// round to nearest). Clamped to [0, levels] by selects, not branches (v is not NaN); a CUDA thread
-// took a branch per value here.
+// The code of x in a bucket whose step is positive and finite (bucket_meta's), for a uniform u in
+// [0, 1) (0.5 for round to nearest). Clamped to [0, levels] by min and max, not branches (v is a
+// number: floorf of a finite sum); a CUDA thread took a branch per value here.
 QCCL_HD uint32_t quantize_stepped(float x, BucketMeta m, float u, uint32_t levels) {
   const float v = floorf((x - m.min) / m.step + u);
   return static_cast<uint32_t>(fminf(fmaxf(v, 0.0f), static_cast<float>(levels)));
