@@ -732,9 +732,13 @@ void Comm::end_staging(OpRecord& record, qcclResult_t* result, std::string* erro
 
 void Comm::place(OpRecord& record, bool in_group) {
   coll::CollArgs& a = record.args;
-  const int send_device = device_of(a.sendbuf), recv_device = device_of(a.recvbuf);
+  // Only the buffers this rank uses: a Broadcast's sendbuff off the root (and a Reduce's, Gather's or
+  // Scatter's unused one) may be anything, as qccl.h says; a call of no values uses none, and runs on
+  // the host on every rank whatever its pointers (no rank then starts the GPU wire's choice alone).
+  const BufferUse used = buffer_use(a);
+  const int send_device = used.read ? device_of(a.sendbuf) : -1, recv_device = used.written ? device_of(a.recvbuf) : -1;
   if (send_device < 0 && recv_device < 0) return;
-  if (a.sendbuf && a.recvbuf && send_device != recv_device)
+  if (used.read && used.written && send_device != recv_device)
     fail(qcclInvalidArgument, "sendbuff = %p is %s and recvbuff = %p is %s: both must be memory of one device, or both "
          "host memory", a.sendbuf, send_device < 0 ? "host memory" : format("memory of CUDA device %d", send_device).c_str(),
          a.recvbuf, recv_device < 0 ? "host memory" : format("memory of CUDA device %d", recv_device).c_str());
@@ -1283,16 +1287,16 @@ bool Comm::waits_for_its_key(size_t index) const {
 }
 
 // A collective not started yet whose buffers an older one still running writes (or reads, where this
-// one writes): it starts when that one has finished (the pipeline would have them side by side).
-// The device executor's stream orders device calls itself.
+// one writes): it starts when that one is past them (the pipeline would have them side by side): a
+// host call once it finished, a device call once all its steps are queued on the device's stream,
+// which runs the later call's after them (Execution::queued_all).
 bool Comm::waits_for_its_buffers(size_t index) const {
   const OpRecord& record = *driving_[index];
-  if (record.on_device) return false;
   const BufferUse mine = buffer_use(record.args);
   for (size_t j = 0; j < index; ++j) {
     const OpRecord& older = *driving_[j];
-    if (older.on_device || older.done.load(std::memory_order_relaxed) || older.operation->identity().p2p ||
-        older.operation->finished())
+    if (older.done.load(std::memory_order_relaxed) || older.operation->identity().p2p ||
+        older.operation->queued_all())
       continue;
     if (must_wait_for(buffer_use(older.args), mine)) return true;
   }

@@ -54,6 +54,7 @@ class PlanExecution final : public Execution {
   bool started_every_fragment() const override {
     return started_ && (wire_ ? fragments_done_ : next_fragment_) >= plan_->fragments();
   }
+  bool queued_all() const override { return device_ ? started_ && fragments_done_ >= plan_->fragments() : finished(); }
   void cancel() override;
   std::string waiting_for() const override;
   Clock::time_point last_progress() const override { return last_progress_; }

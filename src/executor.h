@@ -93,6 +93,11 @@ class Execution {
   virtual size_t fragments_in_flight() const = 0;
   // Whether every fragment of the plan has been started (true for a plan of none, once started).
   virtual bool started_every_fragment() const = 0;
+  // Whether a later call may use this one's buffers: it has finished, or (on the device) every step
+  // it will take is queued on the device's stream, which runs a later call's steps after them. A
+  // started fragment is not enough on the staged wire: its steps after a receive are queued when the
+  // message arrives.
+  virtual bool queued_all() const = 0;
   // Withdraws every outstanding transfer (after a failure).
   virtual void cancel() = 0;
   // For timeout messages: what the first blocked fragment waits for.

@@ -689,6 +689,67 @@ TEST_CASE("device executor: wire A posts two collectives in call order on every 
     }
 }
 
+TEST_CASE("device executor: a call on an older one's buffers may start once the older queued all its steps",
+          "[device]") {
+  // Two in-place all-reduces of one buffer on the staged wire, each one fragment, driven as the
+  // communicator drives them (Comm::drive_until: a pipeline slot, the older started every fragment;
+  // Comm::waits_for_its_buffers: the older queued all its steps). A started fragment queues its
+  // steps after a receive only when the message arrives, so the second call's first copy of the
+  // buffer would be queued before the first call's sum was written into it (every value wrong when
+  // the second call started on the started fragment alone).
+  const int n = 2;
+  const size_t count = 4096;
+  sim::SimNetwork net(n, false);
+  std::vector<std::string> names = {"rank 0", "rank 1"};
+  std::vector<std::shared_ptr<StandInDevice>> devices;
+  std::vector<std::unique_ptr<sim::SimTransport>> transports;
+  std::vector<std::unique_ptr<DeviceExecutor>> executors;
+  std::vector<void*> buffers(n);
+  std::vector<std::array<std::unique_ptr<Execution>, 2>> ops(n);
+  const coll::Algorithm* ring = coll::find_algorithm(CollKind::kAllReduce, "ring");
+  for (int r = 0; r < n; ++r) {
+    devices.push_back(std::make_shared<StandInDevice>(41 + static_cast<uint64_t>(r)));
+    transports.push_back(std::make_unique<sim::SimTransport>(net, r));
+    executors.push_back(
+        std::make_unique<DeviceExecutor>(*transports[r], devices[r], nullptr, HostExecutorOptions{2, false}, &names));
+    std::vector<float> x(count, static_cast<float>(r + 1));
+    buffers[r] = devices[r]->allocate(Device::Memory::kDevice, count * sizeof(float));
+    devices[r]->upload(buffers[r], x.data(), count * sizeof(float));
+    for (int k = 0; k < 2; ++k) {
+      CollArgs a = make_shape(CollKind::kAllReduce, n, count, DataType::kFloat32, RedOp::kSum)[r];
+      a.sendbuf = a.recvbuf = buffers[r];
+      OperationIdentity id;
+      id.sequence = 7 + static_cast<uint64_t>(k);
+      id.header = FrameHeader::for_call(a, id.sequence, 0);
+      id.expected = id.header;
+      ops[r][k] = executors[r]->launch(*ring, ring->make(a, coll::PlanOptions{count * sizeof(float)}), id, nullptr);
+    }
+  }
+  bool window = false;  // the first call had started every fragment and not queued all its steps
+  for (int idle = 0;;) {
+    bool moved = net.progress(), all = true;
+    for (int r = 0; r < n; ++r) {
+      moved |= devices[r]->run_some();
+      Execution& first = *ops[r][0];
+      window |= first.started_every_fragment() && !first.queued_all();
+      if (!first.finished()) moved |= first.advance();
+      if (!ops[r][1]->finished() && first.started_every_fragment() && first.queued_all())
+        moved |= ops[r][1]->advance();
+      all &= first.finished() && ops[r][1]->finished();
+    }
+    if (all) break;
+    idle = moved ? 0 : idle + 1;
+    REQUIRE(idle < 1000);
+  }
+  CHECK(window);
+  for (int r = 0; r < n; ++r) {
+    std::vector<float> out(count);
+    devices[r]->download(out.data(), buffers[r], count * sizeof(float));
+    CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 6.0f; }));  // (1 + 2) twice
+    devices[r]->release(Device::Memory::kDevice, buffers[r]);
+  }
+}
+
 TEST_CASE("device executor: IntSGD's ring gives the host's bits, clips and sums on both wires", "[device]") {
   struct Case {
     const char* codec;

@@ -167,6 +167,24 @@ TEST_CASE("in-place all-reduce and a ring of sends on device buffers", "[device]
   CHECK(differences(drecv.read(), inputs(DataType::kFloat32, RedOp::kSum, prev, count)) == "");
 }
 
+TEST_CASE("device calls on one another's buffers, queued together, give the host path's bits", "[device]") {
+  // Each call fits one chunk, so the next starts while this one's steps after its receives are not
+  // queued yet (the staged wire queues them when the messages arrive): it must wait until they are,
+  // or it reads the buffer before the sum is in it (and writes it while this one still reads it).
+  World& w = world();
+  const size_t count = 30000;  // 120 KB: one chunk at the default 256 KiB
+  std::vector<uint8_t> host = inputs(DataType::kFloat32, RedOp::kSum, w.rank(), count);
+  DeviceBuffer dev(host);
+  for (void* x : {static_cast<void*>(host.data()), dev.get()}) {
+    QCCL_REQUIRE_OK(qcclGroupStart());
+    QCCL_REQUIRE_OK(qcclAllReduce(x, x, count, qcclFloat32, qcclSum, w.comm()));
+    QCCL_REQUIRE_OK(qcclAllReduce(x, x, count, qcclFloat32, qcclMax, w.comm()));
+    QCCL_REQUIRE_OK(qcclBroadcast(x, x, count, qcclFloat32, w.size() - 1, w.comm()));
+    QCCL_REQUIRE_OK(qcclGroupEnd());
+  }
+  CHECK(differences(dev.read(), host) == "");
+}
+
 TEST_CASE("compressed all-reduce on device buffers gives the host path's bits", "[device]") {
   World& w = world();
   // (fft, under QCCL_GPU_FFT=host, the default, runs the host's codec on staged copies: the same bits
@@ -474,6 +492,35 @@ TEST_CASE("device calls are ordered with the communicator's stream", "[device]")
   }
   QCCL_REQUIRE_OK(qcclCommSetStream(w.comm(), nullptr));
   ok(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("a rank's unused buffer is not looked at, and a call of no values runs on every rank alike",
+          "[device]") {
+  // qccl.h: a Broadcast's sendbuff is read on the root only (a Reduce's recvbuff written there only):
+  // off the root it may be host memory or NULL beside device memory. It was refused there
+  // ("both must be memory of one device"), and the root waited for QCCL_TIMEOUT.
+  World& w = world();
+  const size_t count = 5000;
+  const std::vector<uint8_t> root_data = inputs(DataType::kFloat32, RedOp::kSum, 0, count);
+  std::vector<uint8_t> host_garbage(16, 0xAB);
+  DeviceBuffer buf(w.rank() == 0 ? root_data : std::vector<uint8_t>(root_data.size(), 0));
+  void* send = w.rank() == 0 ? buf.get() : w.rank() % 2 ? static_cast<void*>(host_garbage.data()) : nullptr;
+  QCCL_REQUIRE_OK(qcclBroadcast(send, buf.get(), count, qcclFloat32, 0, w.comm()));
+  CHECK(differences(buf.read(), root_data) == "");
+  DeviceBuffer sum(std::vector<uint8_t>(root_data.size(), 0));
+  void* recv = w.rank() == 0 ? sum.get() : w.rank() % 2 ? static_cast<void*>(host_garbage.data()) : nullptr;
+  QCCL_REQUIRE_OK(qcclReduce(buf.get(), recv, count, qcclFloat32, qcclMax, 0, w.comm()));
+  if (w.rank() == 0) CHECK(differences(sum.read(), root_data) == "");  // the max of equal values
+  // A call of no values, the first on a new communicator, with NULL on one rank and device pointers
+  // on the others: every rank runs it on the host (the device ranks once began the GPU wire's choice,
+  // an exchange, without rank 0); the device call after it chooses the wire on every rank together.
+  qcclComm_t child = nullptr;
+  QCCL_REQUIRE_OK(qcclCommSplit(w.comm(), 0, w.rank(), &child, nullptr));
+  void* none = w.rank() == 0 ? nullptr : buf.get();
+  QCCL_REQUIRE_OK(qcclAllReduce(none, none, 0, qcclFloat32, qcclSum, child));
+  QCCL_REQUIRE_OK(qcclAllReduce(buf.get(), sum.get(), count, qcclFloat32, qcclMax, child));
+  CHECK(differences(sum.read(), root_data) == "");
+  QCCL_REQUIRE_OK(qcclCommDestroy(child));
 }
 
 TEST_CASE("what the device path does not take is refused before anything is sent", "[device]") {
