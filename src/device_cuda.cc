@@ -38,12 +38,34 @@ void check(cudaError_t e, const char* call) {
   if (e != cudaSuccess) fail(qcclSystemError, "CUDA: %s failed: %s (%s)", call, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-// Makes a device current for a scope and gives the calling thread its own back: the thread may be
-// the application's (which may drive several GPUs) or the communicator's progress thread.
+// Whether the calling thread has a CUDA context current (the driver's cuCtxGetCurrent, from the driver
+// the runtime loaded). cudaGetDevice answers 0 on a thread that never chose a device, and making
+// device 0 current there "again" creates its context (cudaSetDevice does since CUDA 12): every rank's
+// progress thread would hold a context on GPU 0, hundreds of MiB each, refused under exclusive mode.
+bool thread_has_context() {
+  using GetCurrent = int (*)(void** context);
+  static const GetCurrent get = [] {
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    return driver ? reinterpret_cast<GetCurrent>(dlsym(driver, "cuCtxGetCurrent")) : nullptr;
+  }();
+  void* context = nullptr;
+  return !get || (get(&context) == 0 && context != nullptr);  // (no answer: as before, assume one)
+}
+
+// The device current on the calling thread, -1 where it has none to give back.
+int current_device() {
+  int device = -1;
+  if (!thread_has_context() || cudaGetDevice(&device) != cudaSuccess) return -1;
+  return device;
+}
+
+// Makes a device current for a scope and gives the calling thread its own back, if it had one: the
+// thread may be the application's (which may drive several GPUs) or the communicator's progress
+// thread.
 class DeviceScope {
  public:
   explicit DeviceScope(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    previous_ = current_device();
     if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
     else previous_ = -1;
   }
@@ -71,8 +93,7 @@ class CudaDevice final : public Device {
   }
   ~CudaDevice() override {
     // Never throws (DeviceScope would): the thread's device is set and given back by hand.
-    int previous = -1;
-    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    const int previous = current_device();
     cudaSetDevice(device_);
     // Nothing may still use the events and the stream, nor a wake-up still write to the descriptor
     // (a stream that cannot drain keeps it open rather than let a reused number be written).
@@ -277,6 +298,15 @@ class CudaDevice final : public Device {
       cudaGetLastError();
       fail(qcclInvalidArgument, "the communicator's stream %p cannot be used on %s: %s", stream, name_.c_str(),
            cudaGetErrorString(e));
+    }
+    // Asked here, before the call takes its sequence number: a stream of another device would fail
+    // later, at the join, with the call numbered on this rank and not sent (the peers waiting).
+    int stream_device = -1;
+    if (cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &stream_device) != cudaSuccess) {
+      cudaGetLastError();  // (a driver too old to answer: the join reports it)
+    } else if (stream_device != device_) {
+      fail(qcclInvalidArgument, "the communicator's stream %p belongs to CUDA device %d, not to %s, whose memory the "
+           "buffers are", stream, stream_device, name_.c_str());
     }
     return status != cudaStreamCaptureStatusNone;
   }
