@@ -324,7 +324,8 @@ QCCL_API qcclResult_t qcclCommGetStream(qcclComm_t comm, void** stream);
 /* recvbuff[i] = op over ranks of sendbuff[i]. In place when sendbuff == recvbuff. */
 QCCL_API qcclResult_t qcclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                     qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm);
-/* Copies root's sendbuff into every rank's recvbuff. sendbuff is read on root only. Like qcclReduce,
+/* Copies root's sendbuff into every rank's recvbuff. sendbuff is read on root only (elsewhere it is
+ * not looked at, and may be NULL). Like qcclReduce,
  * it returns (with a nonzero count and more than one rank) on no rank before every rank has called it:
  * alongside the data, the ranks compare their calls (ceil(log2 nranks) rounds of 64-byte messages), so
  * that a rank passing another root or count fails the call with qcclMismatch everywhere instead of
@@ -390,7 +391,8 @@ QCCL_API qcclResult_t qcclGroupEnd(void);
  * requests also complete in call order (a zero count's too): when a collective's request has
  * completed, so have those of every collective called before it on the communicator. As on a
  * stream, a collective whose buffers an older one still running writes (or reads, where this one
- * writes) starts when that one has finished: calls on one buffer back to back, in place or not, see
+ * writes) starts when that one has finished (on device buffers: when all its work is queued on the
+ * device, which runs the later call's after it): calls on one buffer back to back, in place or not, see
  * each other's results; calls on other buffers overlap. A call's QCCL_TIMEOUT counts from when it
  * starts, not from when it was called. Point-to-point calls (qcclSend/qcclRecv, qcclISend/qcclIRecv)
  * are not ordered: each progresses as soon as it is started, beside the collectives and the other
