@@ -197,7 +197,7 @@ size_t EncodeBlock(const CodecConfig& c, const float* x, size_t n, uint8_t* out,
   for (size_t ch = 0; ch < h; ++ch) {
     const uint16_t s = aq_scale_bits(bits_to_float(static_cast<uint32_t>(max_bits[ch])));
     std::memcpy(out + 2 * ch, &s, 2);
-    bad += aq_scale_is_nan(s);
+    bad += aq_scale_is_nonfinite(s);
     factors[ch] = aq_factor(half_to_float(s), c.bits);
   }
   uint8_t* packed = out + 2 * h;
@@ -221,9 +221,9 @@ size_t DecodeBlock(const CodecConfig& c, const uint8_t* in, size_t n, float* out
   for (size_t ch = 0; ch < h; ++ch) {
     uint16_t s;
     std::memcpy(&s, in + 2 * ch, 2);
-    scales[ch] = half_to_float(s);
+    scales[ch] = aq_scale_value(s);
     // a NaN channel's values: one per whole row, and one more if the partial last row reaches it
-    if (aq_scale_is_nan(s)) bad_values += n / c.channels + (ch < n % c.channels ? 1 : 0);
+    if (aq_scale_is_nonfinite(s)) bad_values += n / c.channels + (ch < n % c.channels ? 1 : 0);
   }
   const uint8_t* packed = in + 2 * h;
   HWY_ALIGN uint8_t codes[kTilePad];
@@ -435,7 +435,7 @@ size_t AqDeltaSendImpl(const CodecConfig& c, const float* const* x, const AqDelt
     for (size_t ch = 0; ch < h; ++ch) {
       const uint16_t s = aq_scale_bits(bits_to_float(static_cast<uint32_t>(max_bits[ch])));
       std::memcpy(bytes + 2 * ch, &s, 2);
-      bad += aq_scale_is_nan(s);
+      bad += aq_scale_is_nonfinite(s);
     }
     bytes += aq_block_bytes(n, c.channels, c.bits);
   }
@@ -449,7 +449,7 @@ size_t AqDeltaSendImpl(const CodecConfig& c, const float* const* x, const AqDelt
     for (size_t ch = 0; ch < h; ++ch) {
       uint16_t s;
       std::memcpy(&s, bytes + 2 * ch, 2);
-      scales[ch] = half_to_float(s);
+      scales[ch] = aq_scale_value(s);
       factors[ch] = aq_factor(scales[ch], c.bits);
     }
     uint8_t* packed = bytes + 2 * h;
@@ -479,7 +479,7 @@ size_t AqDeltaReceiveImpl(const CodecConfig& c, const void* in, const AqDeltaRow
     for (size_t ch = 0; ch < h; ++ch) {
       uint16_t s;
       std::memcpy(&s, bytes + 2 * ch, 2);
-      if (aq_scale_is_nan(s)) bad += n / c.channels + (ch < n % c.channels ? 1 : 0);
+      if (aq_scale_is_nonfinite(s)) bad += n / c.channels + (ch < n % c.channels ? 1 : 0);
     }
     bytes += aq_block_bytes(n, c.channels, c.bits);
   }
@@ -494,7 +494,7 @@ size_t AqDeltaReceiveImpl(const CodecConfig& c, const void* in, const AqDeltaRow
     for (size_t ch = 0; ch < h; ++ch) {
       uint16_t s;
       std::memcpy(&s, bytes + 2 * ch, 2);
-      scales[ch] = half_to_float(s);
+      scales[ch] = aq_scale_value(s);
     }
     const uint8_t* packed = bytes + 2 * h;
     for (size_t t0 = 0; t0 < n; t0 += kTile) {

@@ -51,7 +51,14 @@ QCCL_HD uint16_t aq_scale_bits(float m) {
   return h >= 0x7C00u ? kAqNanScale : h;
 }
 
-QCCL_HD bool aq_scale_is_nan(uint16_t s) { return (s & 0x7FFFu) > 0x7C00u; }
+// A scale that decodes its channel to NaN: NaN (what the encoder sends for a channel it cannot
+// encode), or Inf, which no encoder writes (a malformed payload): read as NaN too, so that its values
+// are NaN and counted alike on host and device (0 * Inf and k * Inf gave NaN and Inf, uncounted on
+// the host, and an AQ-SGD delta store took them).
+QCCL_HD bool aq_scale_is_nonfinite(uint16_t s) { return (s & 0x7FFFu) >= 0x7C00u; }
+
+// The scale a decoder works with: NaN for a non-finite one.
+QCCL_HD float aq_scale_value(uint16_t s) { return aq_scale_is_nonfinite(s) ? NAN : half_to_float(s); }
 
 // 2^F / s: what a value of the channel is multiplied by to land on the grid's units, 0 for a channel
 // of zeros (s = 0: every code is then 2^F, which decodes to 0). One division per channel, so that

@@ -578,7 +578,7 @@ struct AqShape {
 };
 
 __device__ float aq_load_scale(const uint8_t* p, size_t ch) {
-  return half_to_float(static_cast<uint16_t>(p[2 * ch] | (p[2 * ch + 1] << 8)));
+  return aq_scale_value(static_cast<uint16_t>(p[2 * ch] | (p[2 * ch + 1] << 8)));
 }
 
 // A CUDA block per (block of the run, tile of up to 32 channels): its threads are lanes (a channel
@@ -614,7 +614,7 @@ __global__ void __launch_bounds__(kAqScaleThreads)
     const uint16_t s = aq_scale_bits(__uint_as_float(m));
     uint8_t* q = out + b * a.block_bytes + 2 * (c0 + threadIdx.x);
     q[0] = static_cast<uint8_t>(s), q[1] = static_cast<uint8_t>(s >> 8);
-    if (aq_scale_is_nan(s) && nonfinite) atomicAdd(nonfinite, 1ull);
+    if (aq_scale_is_nonfinite(s) && nonfinite) atomicAdd(nonfinite, 1ull);
   }
 }
 

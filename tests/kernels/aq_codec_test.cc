@@ -214,6 +214,19 @@ TEST_CASE("aq: zeros, NaN, Inf and magnitudes beyond float16", "[aq]") {
     INFO("value " << j);
     CHECK(std::isnan(out[j]) == (j % 4 != 0));
   }
+  // A scale of Inf, which no encoder writes (a malformed payload): its channel decodes to NaN and is
+  // counted, as a NaN scale's (it decoded to NaN and Inf, uncounted).
+  x = gaussian(12, 6);
+  CHECK(encode(c, x.data(), 12, wire.data(), PhiloxKey{}, 0).nonfinite == 0);
+  wire[2 * 2] = 0x00, wire[2 * 2 + 1] = 0x7C;  // channel 2's scale: +Inf
+  std::vector<float> acc(12, 1.0f);
+  CHECK(decode(c, wire.data(), 12, out.data()) == 3);
+  CHECK(decode_accumulate(c, wire.data(), 12, acc.data()) == 3);
+  for (size_t j = 0; j < 12; ++j) {
+    INFO("value " << j);
+    CHECK(std::isnan(out[j]) == (j % 4 == 2));
+    CHECK(std::isnan(acc[j]) == (j % 4 == 2));
+  }
   // 65504 is float16's largest: still a scale.
   x = {65504.0f, 1.0f, -65504.0f, 2.0f};
   const CodecConfig one = parse_codec_spec("aq8");

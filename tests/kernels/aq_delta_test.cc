@@ -166,6 +166,15 @@ TEST_CASE("aq delta: a non-finite delta commits nothing on either end", "[aq_del
   CHECK(aq_delta_receive(c, wire.data(), n, DataType::kFloat16, mr.data(), out.data()) == 8);  // 2 channels x 4 rows
   CHECK(mr == before);
   for (size_t i = 0; i < n; ++i) CHECK(std::isnan(out[i]) == (i % 8 == 1 || i % 8 == 4));
+
+  // A message whose scale is Inf (no encoder writes one: a malformed payload) commits nothing either.
+  x[9] = x[20] = 0.5f;
+  REQUIRE(aq_delta_send(c, x.data(), n, DataType::kFloat16, m.data(), wire.data(), PhiloxKey{}, 0) == 0);
+  wire[2 * 3] = 0x00, wire[2 * 3 + 1] = 0xFC;  // channel 3's scale: -Inf
+  const std::vector<uint8_t> receiver_before = mr;
+  CHECK(aq_delta_receive(c, wire.data(), n, DataType::kFloat16, mr.data(), out.data()) == 4);
+  CHECK(mr == receiver_before);
+  for (size_t i = 0; i < n; ++i) CHECK(std::isnan(out[i]) == (i % 8 == 3));
 }
 
 // The fused launchers against the arithmetic they fuse, composed from the codec's launchers: out =

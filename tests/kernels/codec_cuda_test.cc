@@ -1132,6 +1132,34 @@ TEST_CASE("fft_restore_residual_cuda matches fft_restore_residual bit for bit", 
 // AQ-SGD's delta messages: a sender and a receiver on the device and their twins on the host, fed the
 // same drifting activation message after message (and, last, one holding NaN), hold the same m, send
 // the same bytes and return the same x_out, bit for bit; the NaN message commits nothing on either.
+// A scale of Inf, which no encoder writes (a malformed payload), decodes its channel to NaN on both
+// sides, counted alike (the device counted the values that came out NaN, the host none).
+TEST_CASE("aq: a payload's Inf scale decodes to NaN and is counted as on the host", "[aq][cuda]") {
+  const CodecConfig c = parse_codec_spec("aq4:channels=4");
+  const size_t n = 40;
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = std::sin(0.7f * static_cast<float>(i));
+  std::vector<uint8_t> wire(c.encoded_bytes(n));
+  REQUIRE(encode(c, x.data(), n, wire.data(), PhiloxKey{}, 0).nonfinite == 0);
+  wire[2 * 1] = 0x00, wire[2 * 1 + 1] = 0x7C;  // channel 1's scale: +Inf
+  std::vector<float> host(n), dev(n);
+  const size_t host_bad = decode(c, wire.data(), n, host.data());
+  CHECK(host_bad == n / 4);
+  const Stream stream;
+  const DeviceBytes d_wire(wire.size()), d_out(n * 4), d_count(8);
+  auto* counter = reinterpret_cast<unsigned long long*>(d_count.get());
+  ok(cudaMemcpyAsync(d_wire.get(), wire.data(), wire.size(), cudaMemcpyHostToDevice, stream.get()));
+  ok(cudaMemsetAsync(counter, 0, 8, stream.get()));
+  ok(decode_cuda(c, d_wire.get(), n, reinterpret_cast<float*>(d_out.get()), counter, stream.get()));
+  unsigned long long dev_bad = 0;
+  ok(cudaMemcpyAsync(dev.data(), d_out.get(), n * 4, cudaMemcpyDeviceToHost, stream.get()));
+  ok(cudaMemcpyAsync(&dev_bad, counter, 8, cudaMemcpyDeviceToHost, stream.get()));
+  ok(cudaStreamSynchronize(stream.get()));
+  CHECK(dev_bad == host_bad);
+  CHECK(first_difference(host.data(), dev.data(), n, true) == "");
+  for (size_t i = 0; i < n; ++i) CHECK(std::isnan(dev[i]) == (i % 4 == 1));
+}
+
 TEST_CASE("aq_delta_send_cuda and aq_delta_receive_cuda match aq_delta.h bit for bit", "[aq][cuda]") {
   for (DataType t : {DataType::kFloat16, DataType::kBfloat16, DataType::kFloat32})
     for (const char* spec : {"aq4:channels=64,round=stochastic,seed=5", "aq2:channels=7,rows=3", "aq8:channels=1"}) {
