@@ -110,7 +110,9 @@ OPTIONS
                              q2, q1 each with round=nearest and round=stochastic). A piece of the
                              list that is key=value (no ':' before its '=') continues the spec
                              before it, so "q8:bucket=1024,round=stochastic,q4" is two specs and
-                             "sign:eta_s=0.1,topology=torus:2x2" one. May be repeated.
+                             "sign:eta_s=0.1,topology=torus:2x2" one. May be repeated. ef=on is
+                             refused: error feedback lives in the collectives, not in the
+                             launchers timed here.
         --device             time the CUDA launchers on GPU 0 instead of the host's (see above)
     -h, --help               print this page and exit
 
@@ -199,10 +201,17 @@ size_t parse_size(const char* option, const char* s) {
 void add_codecs(const char* list, std::vector<std::string>* codecs) {
   const std::vector<std::string> specs = qccl_perf::split_codec_list(list);
   for (const std::string& s : specs) {
+    CodecConfig config;
     try {
-      qccl::kernels::parse_codec_spec(s);
+      config = qccl::kernels::parse_codec_spec(s);
     } catch (const qccl::kernels::CodecSpecError& e) {
       bad_value("--codec", list, e.what());
+    }
+    // Error feedback is the collective's (it adds the residual before encoding and keeps the new
+    // one), not the launchers': timed here, ef=on would read as its cost included.
+    if (config.error_feedback) {
+      const std::string why = "error feedback lives in the collectives, not in the launchers timed here";
+      bad_value("--codec", list, "'" + s + "': ef=on is not timed by codec_perf (" + why + "); drop ef=on");
     }
     codecs->push_back(s);
   }

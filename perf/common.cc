@@ -31,6 +31,12 @@ struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// --device where no CUDA device can be used: nothing to measure here, which is a skip (exit 77, as
+// codec_perf --device and ctest's SKIP_RETURN_CODE read it), not a failure.
+struct NoDevice : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 void check(qcclResult_t result, const char* call) {
   if (result == qcclSuccess) return;
   throw Failure(std::string(call) + " failed: " + qcclGetErrorString(result) + ": " + qcclGetLastError(nullptr));
@@ -236,12 +242,28 @@ class DeviceMirror {
   void* p_ = nullptr;
 };
 
+// The CUDA devices this process sees; NoDevice when there is none it can use (no driver, no GPU). The
+// message keeps "no CUDA device" and CUDA's error name, which tests/perf's device cases skip on.
+int device_count() {
+#ifdef QCCL_PERF_CUDA
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    throw NoDevice(std::string("--device: no CUDA device is usable here (") +
+                   (e != cudaSuccess ? std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e)
+                                     : std::string("cudaGetDeviceCount found none")) +
+                   ")");
+  }
+  return count;
+#else
+  throw Failure("--device: this build has no CUDA");
+#endif
+}
+
 // "NVIDIA H100 80GB HBM3" for the preamble, after choosing device rank % count.
 std::string use_device(int rank) {
 #ifdef QCCL_PERF_CUDA
-  int count = 0;
-  cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
-  if (count == 0) throw Failure("--device: no CUDA device");
+  const int count = device_count();
   cuda_check(cudaSetDevice(rank % count), "cudaSetDevice");
   cudaDeviceProp props{};
   cuda_check(cudaGetDeviceProperties(&props, rank % count), "cudaGetDeviceProperties");
@@ -438,7 +460,7 @@ class Bench {
   qcclStats_t last_stats_{};        // the last call of the timed batch (read_last_stats)
   bool last_stats_wanted_ = false;  // run_ops reads it after its last call (time_batch, once a batch)
   qcclComm_t comm_ = nullptr;
-  int rank_ = 0, nranks_ = 1;
+  int rank_ = -1, nranks_ = 1;  // -1 until the communicator is made: a failure before names no rank
   HostBuffer send_, recv_;
   DeviceMirror device_send_, device_recv_;  // --device
   std::string device_name_;                 // --device
@@ -476,7 +498,19 @@ void Bench::init() {
   config.chunkBytes = opt_.chunk;
   config.pipelineDepth = opt_.depth;
   if (!opt_.algo.empty()) config.algorithms = opt_.algo.c_str();
-  check(qcclCommInitEnv(&comm_, &config), "qcclCommInitEnv");
+  // Before the communicator, so that every rank skips on its own rather than fail a collective peer.
+  if (opt_.device) device_count();
+  const qcclResult_t made = qcclCommInitEnv(&comm_, &config);
+  // qccl checks --algo's names as it makes the communicator, on every rank alike, and its message
+  // names the field they came from: a bad command line (exit 2), not a failed call.
+  if (made == qcclInvalidArgument && !opt_.algo.empty()) {
+    const std::string why = qcclGetLastError(nullptr);
+    const std::string field = "config->algorithms: ";
+    const size_t at = why.find(field);
+    if (at != std::string::npos)
+      throw UsageError("invalid value '" + opt_.algo + "' for --algo: " + why.substr(at + field.size()));
+  }
+  check(made, "qcclCommInitEnv");
   check(qcclCommUserRank(comm_, &rank_), "qcclCommUserRank");
   check(qcclCommCount(comm_, &nranks_), "qcclCommCount");
   if (test_.rooted && opt_.root >= nranks_) {
@@ -964,11 +998,19 @@ int run_benchmark(int argc, char** argv, const CollTest& test) {
     bench.print_preamble();
     bench.run();
     return bench.finish(min_bw);
-  } catch (const UsageError& e) {  // every rank finds the same one (a root beyond the rank count)
+  } catch (const UsageError& e) {  // every rank finds the same one (a root beyond the rank count, a bad --algo)
     std::fprintf(stderr, "%s: %s (see --help)\n", prog.c_str(), e.what());
     return 2;  // ~Bench destroys the communicator together with the other ranks
+  } catch (const NoDevice& e) {  // found before the communicator is made (Bench::init)
+    std::fprintf(stderr, "%s: %s: skipped\n", prog.c_str(), e.what());
+    bench.abort();  // none is made yet, unless a device went away since (use_device)
+    return 77;
   } catch (const Failure& e) {
-    std::fprintf(stderr, "%s: rank %d: %s\n", prog.c_str(), bench.rank(), e.what());
+    if (bench.rank() >= 0) {
+      std::fprintf(stderr, "%s: rank %d: %s\n", prog.c_str(), bench.rank(), e.what());
+    } else {
+      std::fprintf(stderr, "%s: %s\n", prog.c_str(), e.what());
+    }
     bench.abort();
     return 1;
   }

@@ -61,7 +61,8 @@ OPTIONS
     -h, --help       print this page and exit
 
 EXIT STATUS
-    0 success; 2 bad usage; 3 a qccl call failed (the message names it)
+    0 success; 2 bad usage (a --codec that is no aq codec, too); 3 a qccl call failed (the message
+    names it)
 
 EXAMPLES
     qcclrun -n 2 --netem 100mbit -- delta_perf
@@ -103,12 +104,27 @@ bool parse(int argc, char** argv, Options* o) {
   refuse_operands(argc, argv, optind);
   if (o->keys % o->batch) throw qccl_demo::UsageError("--keys must be a multiple of --batch");
   if (o->codec.empty()) o->codec = "aq4:channels=" + std::to_string(o->channels);
+  // The codec and a store of these rows are made here, before any rank waits on its peer, and thrown
+  // away: a spec qccl refuses, or one that is no aq codec (q8), is a bad command line (exit 2).
+  qcclCodec_t codec = nullptr;
+  if (qcclCodecCreate(o->codec.c_str(), &codec) != qcclSuccess)
+    throw qccl_demo::UsageError("invalid value '" + o->codec + "' for --codec: " + qcclGetLastError(nullptr));
+  qcclDeltaStore_t store = nullptr;
+  const qcclResult_t made = qcclDeltaStoreCreate(codec, o->tokens * o->channels, qcclFloat16, 0, 0, 1, &store);
+  const std::string why = made == qcclSuccess ? "" : qcclGetLastError(nullptr);
+  if (made == qcclSuccess) qcclDeltaStoreDestroy(store);
+  qcclCodecDestroy(codec);
+  if (made != qcclSuccess) throw qccl_demo::UsageError("invalid value '" + o->codec + "' for --codec: " + why);
   return true;
 }
 
+// The mean of the two middle values for an even count, as codec_perf's median (4 calls an epoch by
+// default: the upper middle alone would be the second slowest).
 double median(std::vector<double> v) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 double seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }

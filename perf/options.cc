@@ -166,7 +166,11 @@ void apply_option(int c, const char* arg, Options* o) {
     case kChunk: o->chunk = parse_chunk(n, arg); break;
     case kDepth: o->depth = int(parse_int(n, arg, 1, 64)); break;  // qcclConfig_t.pipelineDepth's range
     case kLinkRate: o->link_rate = parse_rate(n, arg); break;
-    case kCodec: o->codecs = parse_codecs(n, arg); break;
+    case kCodec: {  // appended, as codec_perf's --codec is: a repeated --codec adds its specs
+      const std::vector<std::string> specs = parse_codecs(n, arg);
+      o->codecs.insert(o->codecs.end(), specs.begin(), specs.end());
+      break;
+    }
     case kMaxRelerr: o->max_relerr = parse_bound(n, arg); break;
     case kPhases: o->phases = true; break;
     case kDevice:
@@ -243,7 +247,8 @@ OPTIONS
                              qcclReduceScatterCompressed (float, half, bfloat16; sum, avg) or
                              qcclSendCompressed / qcclRecvCompressed (float, half, bfloat16), e.g.
                              --codec q8,q4:round=stochastic,fp16 (a key=value piece continues the
-                             spec before it; any other piece starts one). Adds three columns to each half
+                             spec before it; any other piece starts one). May be repeated: the
+                             lists add up, in the order given. Adds three columns to each half
                              of the table: wire (bytes this rank sent), ratio (uncompressed bytes /
                              sent) and relerr (||out - exact|| / ||exact|| over all ranks, the
                              largest of the -c checks; ||out|| where exact is all zeros). #wrong
@@ -284,7 +289,8 @@ OPTIONS
                              device count; qccl's device path, staged through pinned host memory),
                              inputs copied there and outputs back for the checks, outside the
                              timed batch; a blocking call returns once its result is on the device
-                             (default: host memory; only in a build with CUDA)
+                             (default: host memory; only in a build with CUDA). Where no CUDA
+                             device is usable, every rank exits 77 (a skip) before the run
         --phases             where rank 0's time went (qcclStats_t), the mean over the timed
                              operations: adds six columns to each half of the table. Five are
                              percents of rank 0's own seconds per call (not of the time column,
@@ -353,6 +359,7 @@ EXIT STATUS
        --max-relerr), a qccl call failed (its qcclGetLastError line goes to stderr), or
        QCCL_TESTS_MIN_BW was not met
     2  a bad command line (the message names the option)
+    77 --device, and no CUDA device is usable here (a skip, as ctest's SKIP_RETURN_CODE reads it)
 
 EXAMPLES
     qcclrun -n 4 -- @P@ -b 8 -e 64M -f 2
@@ -399,9 +406,13 @@ void print_help(const CollTest& t) {
   replace_all(&text, "@BW@", t.bw_help);
   // QCCL_CODEC compresses plain qcclAllReduce calls only (README, "Environment variables").
   constexpr const char kCodecEnv[] = R"(
-    QCCL_CODEC               compresses the plain qcclAllReduce calls timed here (without --codec):
-                             the exact check then counts the lossy outputs as #wrong and the run
-                             fails, as expected; --codec times a codec and reports its relerr.)";
+    QCCL_CODEC               compresses the plain qcclAllReduce calls timed here (without --codec)
+                             of float, half and bfloat16, sum and avg, from QCCL_CODEC_MIN_BYTES
+                             (default 1M) up (auto weighs every size); smaller calls, other
+                             datatypes and ops stay exact. Where a codec changes the checks' small
+                             integers (q1 .. q8 do; fp16 and bf16 carry them exactly), the exact
+                             check counts them as #wrong and the run fails, as expected; --codec
+                             times a codec and reports its relerr.)";
   replace_all(&text, "@CODECENV@", t.all_reduce_codecs ? kCodecEnv : "");
   replace_all(&text, "@OPEX@", t.reduces ? " sum" : "");
   replace_all(&text, "@ALLEX@", t.reduces ? " -o all" : "");

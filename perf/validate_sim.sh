@@ -3,7 +3,8 @@
 # qcclrun --netem (emulated hosts on this machine, each rank or block of ranks behind a shaped link)
 # and qccl_sim with the same ranks, hosts, link, codec and size, and prints a Markdown table of the
 # measured median, the prediction and their ratio. A point whose prediction is off by more than 15%
-# is marked; the exit status is 1 when any is.
+# is marked; the exit status is 1 when any is, 2 when the script cannot run (a bad option, a missing
+# binary, no root, or `qccl_sim calibrate` failing).
 #
 # The model is measured before each block of points (one rate and topology), since this machine's
 # speed drifts: `qccl_sim calibrate` for the CPU costs, and the transport's CPU cost per byte
@@ -55,7 +56,7 @@ while (($#)); do
     --allow-missing) ALLOW_MISSING=1; shift ;;
     --quick) RATES=1gbit RANKS="2 4:2" CODECS="none q8"; shift ;;
     --chunk) CHUNK=$2; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "validate_sim.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -79,7 +80,12 @@ trap 'rm -rf "$TMP"' EXIT
 measure_model() {
   if [[ -n $MODEL ]]; then cp "$MODEL" "$TMP/model.txt"; return; fi
   if [[ -n $MEASURED ]]; then : > "$TMP/model.txt"; return; fi  # the built-in model
-  "$SIM" calibrate -o "$TMP/model.txt" 2>/dev/null
+  # Without the CPU costs there is no model to compare against: stop, with the tool's own reason.
+  if ! "$SIM" calibrate -o "$TMP/model.txt" 2>"$TMP/calibrate.err"; then
+    echo "validate_sim.sh: qccl_sim calibrate failed; its stderr:" >&2
+    cat "$TMP/calibrate.err" >&2
+    exit 2
+  fi
   local large="" small="" t rep
   for ((rep = 0; rep < 3; ++rep)); do
     t=$("$QCCLRUN" -n 2 --nodes 2 -- "$PERF" -b 64M -e 64M -n 3 -w 1 -z 3 -a 3 -c 0 2>&1 |
