@@ -109,9 +109,9 @@ class PlanExecution final : public Execution {
     coll::Program program;
     std::vector<Transfer> transfers;  // grown to the program's transfer_slots(), never shrunk
   };
-  // A frame header on its way. Its bytes live on the heap: a send still pending when the execution is
-  // cancelled is abandoned to the transport, which may read them until it is destroyed, so cancel()
-  // hands them to the executor, which outlives the transport.
+  // A frame header on its way. Its bytes live on the heap: a transfer still pending when the execution
+  // is cancelled is abandoned to the transport, which may read or write them until it is destroyed,
+  // so cancel() hands them to the executor, which outlives the transport.
   struct HeaderLink {
     int peer = -1;
     transport::Handle handle;
@@ -198,7 +198,7 @@ class PlanExecution final : public Execution {
   std::vector<Slot> slots_;
   std::vector<HeaderLink> header_sends_;
   std::vector<HeaderLink> header_recvs_;
-  std::vector<AgreementRound> agreement_;  // Broadcast and Reduce on more than one rank
+  std::vector<AgreementRound> agreement_;  // rooted collectives, and any on wire A, on more than one rank
   size_t agreed_rounds_ = 0;               // rounds 0 .. agreed_rounds_ - 1 are checked
   HeaderLink stray_round_;                 // calls without rounds, once stalled (listen_for_rooted)
   bool started_ = false;
@@ -246,9 +246,7 @@ PlanExecution::PlanExecution(transport::Transport& transport, const HostExecutor
       shared_(std::move(device)),
       device_(shared_ ? &shared_->device() : nullptr),
       wire_(shared_ && DeviceExecutor::on_wire(identity, *plan_) ? shared_->wire() : nullptr) {
-  const size_t fragments = plan_->fragments();
-  const size_t depth = plan_->fragments_in_sequence() ? 1 : static_cast<size_t>(std::max(options.depth, 1));
-  slots_.resize(std::min<size_t>(depth, std::max<size_t>(fragments, 1)));
+  slots_.resize(pipeline_slots(*plan_, options.depth));
   for (Slot& slot : slots_) slot.program.set_default_codec(plan_->args().codec);
   if (scratch) set_scratch(scratch);
   // What the caller queued on its stream before this call runs first: the point is taken now, at the
@@ -512,15 +510,17 @@ bool PlanExecution::poll_agreement() {
   return moved;
 }
 
-// Broadcast, Reduce, Gather and Scatter send their header to rank + 1 at once (agreement round 0);
-// the other collectives send no rounds and post no receive for them. So where one rank called a
-// rooted collective and the others another one, their plans may share no link, no rank sees a header
-// that differs, and every rank would wait out QCCL_TIMEOUT. A call without rounds that has made no
-// progress for kStrayRoundDelay therefore listens for round 0 from rank - 1 (at once, it would cost
-// every call a receive to post and to cancel): going round the ring from a rooted rank, some rooted
-// rank's successor is one of these, and the round that reaches it is a mismatch. Meanwhile its call
-// cannot complete: its output needs the rooted rank's data, and a link that carried it would have
-// shown the rooted rank's header.
+// The rooted collectives (Broadcast, Reduce, Gather and Scatter), and every collective on wire A,
+// send their header to rank + 1 at once (agreement round 0); the other calls send no rounds and post
+// no receive for them. So where one rank called a rooted collective and the others another one, their
+// plans may share no link, no rank sees a header that differs, and every rank would wait out
+// QCCL_TIMEOUT; and where ranks called the same collective, some on wire A and some not, those on
+// wire A wait for rounds that never come. A call without rounds that has made no progress for
+// kStrayRoundDelay therefore listens for round 0 from rank - 1 (at once, it would cost every call a
+// receive to post and to cancel): going round the ring from a rank with rounds, some such rank's
+// successor is one of these, and the round that reaches it is a mismatch. Meanwhile its call cannot
+// complete: its output needs that rank's data, which a link would have carried with that rank's
+// header (a rooted call's differs), and which wire A does not post before the rounds agree.
 // Called on the passes that moved nothing (it fails the call or leaves it as it was).
 void PlanExecution::listen_for_rooted() {
   const coll::CollArgs& args = plan_->args();
@@ -544,8 +544,10 @@ void PlanExecution::listen_for_rooted() {
       break;
   }
   stray_round_.done = true;
-  check_header(stray_round_, done.bytes);  // fails: the header is a rooted collective's
-  fail(qcclMismatch, "%s: %s sent an agreement round, which only Broadcast, Reduce, Gather and Scatter send",
+  check_header(stray_round_, done.bytes);  // fails where the header is a rooted collective's
+  // The same call, then, which this rank runs without rounds: the sender runs it on wire A.
+  fail(qcclMismatch,
+       "%s: %s sent an agreement round, so it runs this call on the device's NCCL wire, and this rank does not",
        identity_.expected.describe().c_str(), name(stray_round_.peer).c_str());
 }
 
@@ -900,8 +902,8 @@ void PlanExecution::cancel() {
   }
   for (Slot& slot : slots_)
     for (Transfer& t : slot.transfers) {
-      // A send the transport may still be reading: its staging buffer is not reused (the executor's
-      // pool keeps it until it goes, after the transport).
+      // A transfer the transport may still be reading (a send) or writing (a receive): its staging
+      // buffer is not reused (the executor's pool keeps it until it goes, after the transport).
       if (t.staging && !t.handle.empty()) t.abandoned = true;
       transport_.cancel(t.handle);
     }

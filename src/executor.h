@@ -12,21 +12,24 @@
 // beyond the transport's own, no lock.
 //
 // Frame headers (src/frame.h) travel on the plan's links (Plan::links): message 0 to every rank the
-// plan sends to, checked before any payload from that peer is used. That is enough when every rank's
-// output depends on every other rank's data, which then reaches it only through checked links. It is
-// not enough for Broadcast and Reduce: data flows one way, from or to the root, so ranks that
-// disagree (on the root above all, which changes the plan's shape) may exchange nothing at all, and
-// an agreeing rank may complete before anyone has seen the disagreement. Their headers therefore
-// also go through ceil(log2 n) agreement rounds, as in a dissemination barrier: in round k a rank
-// sends its header to rank + 2^k and receives from rank - 2^k (mod n; round 0 is the ring), and it
-// sends round k only after it has checked rounds 0 .. k-1. A checked round k thus vouches for the 2^k
-// ranks before the sender as well, so a rank that has checked every round knows that every rank
-// announced the same header. The operation finishes only then: a disagreement anywhere fails the
-// rank that sees it (qcclMismatch, which the control plane relays to every rank), while every other
-// rank waits for a round that never comes and learns of it through the relay. The payload does not
-// wait for the rounds; only completion does. Other collectives send no rounds, but one that has made
-// no progress for a while listens for round 0 from rank - 1, in case a rank there called a rooted
-// collective where this one did not (their plans may share no link either).
+// plan sends to, checked before any payload from that peer is used. That is enough when every
+// rank's output depends on every other rank's data, which then reaches it only through checked
+// links. It is not enough for the rooted collectives (Broadcast, Reduce, Gather and Scatter): data
+// flows one way, from or to the root, so ranks that disagree (on the root above all, which changes
+// the plan's shape) may exchange nothing at all, and an agreeing rank may complete before anyone
+// has seen the disagreement. Their headers therefore also go through ceil(log2 n) agreement rounds,
+// as in a dissemination barrier: in round k a rank sends its header to rank + 2^k and receives from
+// rank - 2^k (mod n; round 0 is the ring), and it sends round k only after it has checked rounds
+// 0 .. k-1. A checked round k thus vouches for the 2^k ranks before the sender as well, so a rank
+// that has checked every round knows that every rank announced the same header. The operation
+// finishes only then: a disagreement anywhere fails the rank that sees it (qcclMismatch, which the
+// control plane relays to every rank), while every other rank waits for a round that never comes
+// and learns of it through the relay. The payload does not wait for the rounds; only completion
+// does. On the device executor's wire A, whose transfers cannot be withdrawn, every collective runs
+// the rounds, and its payload waits for them too (DeviceExecutor). Other calls send no rounds, but
+// a collective that has made no progress for a while listens for round 0 from rank - 1, in case a
+// rank there called one with rounds where this one called one without (their plans may share no
+// link either).
 //
 // Payload keys (src/message_key.h) carry the fragment, not a per-message id: plans are ordered (plan.h),
 // so the messages of one fragment between two ranks match in program order, and fragments in flight
@@ -37,6 +40,7 @@
 // pair of ranks posts its messages in one agreed order.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -66,8 +70,10 @@ struct ExecutionStats {
   uint64_t bytes_sent = 0;  // payload bytes this rank put on the wire (actual lengths)
   uint64_t inter_node_bytes_sent = 0;  // the part sent to ranks of other nodes (CollArgs::nodes)
   uint64_t bytes_received = 0;
-  double encode_seconds = 0;  // compressed collectives: time in encode steps...
-  double decode_seconds = 0;  // ...and in decode, float32 load and sum steps
+  double encode_seconds = 0;  // compressed collectives: time in Encode steps and a method's encode kernels...
+  // ...and in the other steps of a codec's float32 path: DecodeAdd, DecodeOut, Load, AddFloat, Divide,
+  // Store, ErrorFeedback, and a method's other kernels (StepKernel::Phase)
+  double decode_seconds = 0;
   double reduce_seconds = 0;  // the data steps outside a codec: uncompressed sums, copies, averages
   double post_seconds = 0;    // posting payload transfers to the transport (isend, irecv)
   size_t nonfinite = 0;       // output values that decoded to NaN or Inf (the same on every rank)
@@ -153,6 +159,15 @@ struct HostExecutorOptions {
   StepProfile* profile = nullptr;  // when set, Compute steps are timed into it
 };
 
+// The pipeline slots an execution of `plan` makes at pipeline depth `depth`, each with a scratch
+// stride of its own: one per fragment it may have in flight, one when its fragments run in sequence,
+// and never more than it has fragments. Executions and the scratch sized for them both take it from
+// here, so that a one-fragment call holds one stride however deep the pipeline.
+inline size_t pipeline_slots(const coll::Plan& plan, int depth) {
+  const size_t most = plan.fragments_in_sequence() ? 1 : static_cast<size_t>(std::max(depth, 1));
+  return std::min(most, std::max<size_t>(plan.fragments(), 1));
+}
+
 // The host executor: plans on host memory, numerics on this CPU, bytes through a Transport.
 // `names` gives "rank 3 (host:pid)" for error messages and must outlive the executor. Destroy the
 // transport before the executor: buffers of transfers a failure abandoned stay with the executor
@@ -165,9 +180,8 @@ class HostExecutor final : public Executor {
 
   std::unique_ptr<Execution> launch(const coll::Algorithm& algorithm, std::unique_ptr<coll::Plan> plan,
                                     const OperationIdentity& identity, std::byte* scratch) override;
-  size_t scratch_bytes(const coll::Plan& plan) const override {  // a slot's for each fragment in flight
-    return plan.scratch_stride() *
-           (plan.fragments_in_sequence() ? 1 : static_cast<size_t>(std::max(options_.depth, 1)));
+  size_t scratch_bytes(const coll::Plan& plan) const override {  // a stride for each of the execution's slots
+    return plan.scratch_stride() * pipeline_slots(plan, options_.depth);
   }
   bool progress() override { return transport_.progress(); }
   int event_fd() const override { return transport_.event_fd(); }
@@ -236,8 +250,8 @@ class DeviceExecutor final : public Executor {
     Shared(const Shared&) = delete;
     Shared& operator=(const Shared&) = delete;
     Block take(Device::Memory kind, size_t bytes);
-    // An empty block is ignored; an abandoned one (a cancelled send's staging, which the transport
-    // may still read) is released only with the pool, after the transport is gone.
+    // An empty block is ignored; an abandoned one (a cancelled transfer's staging, which the
+    // transport may still read or write) is released only with the pool, after the transport is gone.
     void give(const Block& block, bool abandoned = false);
     Device& device() const { return *device_; }
     PeerWire* wire() const {

@@ -8,10 +8,11 @@
 // is sent once per link of the plan (Plan::links) per collective, ahead of the payload on the same
 // connection, and checked before any payload from that peer is used. The payload itself therefore
 // lands zero-copy in the user's buffer (UCX's rendezvous reads it straight from the sender), which
-// a header glued in front of each chunk would prevent. Broadcast and Reduce also send it through
-// ceil(log2 n) agreement rounds (src/executor.h), since ranks that disagree on the root may share
-// no link; a rooted collective completes on no rank until every rank is known to have announced the
-// same header.
+// a header glued in front of each chunk would prevent. The rooted collectives (Broadcast, Reduce,
+// Gather, Scatter) also send it through ceil(log2 n) agreement rounds (src/executor.h), since ranks
+// that disagree on the root may share no link; a rooted collective completes on no rank until every
+// rank is known to have announced the same header. So does every collective on the device's NCCL
+// wire, which posts nothing until then.
 #pragma once
 
 #include <cstddef>

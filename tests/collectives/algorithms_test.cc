@@ -6,6 +6,7 @@
 // size nor the depth changes a single bit.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -408,6 +409,44 @@ TEST_CASE("wire bytes: ring all-reduce sends 2(n-1)/n * S when n divides the cou
     const auto out = run(c);
     const uint64_t s = c.count * 4;
     for (int r = 0; r < n; ++r) CHECK(out[r].bytes_sent == 2 * (n - 1) * s / n);
+  }
+}
+
+// The executor sizes scratch for the slots an execution makes: a stride per fragment in flight, so a
+// call of one fragment (QCCL_CHUNK_BYTES above its size) holds one stride however deep the pipeline,
+// and the call runs in it.
+TEST_CASE("scratch: one stride per pipeline slot the execution makes, never more than its fragments",
+          "[collectives]") {
+  const coll::Algorithm* ring = coll::find_algorithm(CollKind::kAllReduce, "ring");
+  REQUIRE(ring != nullptr);
+  constexpr int kDepth = 64;
+  SimNetwork net(2);
+  SimTransport transport(net, 0);
+  std::vector<std::string> names = {"rank 0", "rank 1"};
+  const HostExecutor executor(transport, HostExecutorOptions{kDepth, false}, &names);
+  std::vector<CollArgs> args(2);
+  std::vector<std::vector<float>> data(2, std::vector<float>(size_t{1} << 20, 1.0f));  // 4 MiB, 2 MiB a segment
+  for (int r = 0; r < 2; ++r) {
+    CollArgs& a = args[r];
+    a.kind = CollKind::kAllReduce, a.rank = r, a.nranks = 2, a.dtype = DataType::kFloat32, a.count = data[r].size();
+    a.sendbuf = a.recvbuf = data[r].data();
+  }
+  const struct {
+    size_t chunk_bytes, fragments, slots;
+  } cases[] = {{size_t{1} << 30, 1, 1}, {size_t{1} << 16, 32, 32}, {size_t{1} << 12, 512, kDepth}};
+  for (const auto& c : cases) {
+    INFO("chunk " << c.chunk_bytes);
+    coll::PlanOptions options;
+    options.chunk_bytes = c.chunk_bytes;
+    const auto plan = ring->make(args[0], options);
+    REQUIRE(plan->fragments() == c.fragments);
+    REQUIRE(plan->scratch_stride() > 0);
+    CHECK(executor.scratch_bytes(*plan) == c.slots * plan->scratch_stride());
+  }
+  const SimRun sim = run_on_sim(args, "ring", size_t{1} << 30, kDepth);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(sim.scratch[r].size() == ring->make(args[r], {size_t{1} << 30})->scratch_stride());
+    CHECK(std::all_of(data[r].begin(), data[r].end(), [](float x) { return x == 2.0f; }));
   }
 }
 
