@@ -367,6 +367,19 @@ int connect_to(const std::string& address) {
   return fd;
 }
 
+// A registration as src/aggregator.cc frames an AggregatorHello (its length, then the hello), for
+// `nranks` ranks of job `job`, with any largest message and a UCX address of `address` bytes.
+std::vector<uint8_t> hello_frame(uint64_t job, int32_t nranks, uint64_t max_message, const std::string& address) {
+  ByteWriter hello;
+  hello.put<uint32_t>(kAggregatorMagic), hello.put<uint16_t>(kAggregatorVersion);
+  hello.put<uint64_t>(job), hello.put<int32_t>(0), hello.put<int32_t>(nranks), hello.put<int32_t>(0);
+  hello.put<uint64_t>(max_message), hello.put_bytes(address.data(), address.size());
+  ByteWriter frame;
+  frame.put<uint32_t>(static_cast<uint32_t>(hello.bytes().size()));
+  frame.bytes().insert(frame.bytes().end(), hello.bytes().begin(), hello.bytes().end());
+  return frame.bytes();
+}
+
 }  // namespace
 
 // Ranks that list other aggregators would register with different ones and wait for each other until
@@ -395,10 +408,6 @@ TEST_CASE("IntSGD through aggregators: ranks that list other aggregators fail at
   CHECK(seconds < 10);
 }
 
-// The aggregator serves every job from one thread: a client that connected and said nothing held it
-// for 30 s (jobs registering meanwhile waited; calls in flight timed out), and a hello that claimed
-// 2^31 - 1 ranks ended it (bad_alloc). Rank 0 does both to every aggregator; a new communicator then
-// registers and sums through them at once.
 TEST_CASE("IntSGD through aggregators: hellos that would make an unusable job are refused", "[switch]") {
   // One-rank jobs, which would form at once: a largest message of 0 made buffers the 8-byte header was
   // written past, and a 1-byte UCX address made UCX abort the aggregator.
@@ -412,16 +421,9 @@ TEST_CASE("IntSGD through aggregators: hellos that would make an unusable job ar
            {std::tuple<uint64_t, size_t, const char*>{0, 64, "largest message"}, {1024, 1, "too short"}}) {
         const int s = connect_to(address);
         REQUIRE(s >= 0);
-        ByteWriter hello;  // src/aggregator.cc's AggregatorHello: rank 0 of 1
-        hello.put<uint32_t>(kAggregatorMagic), hello.put<uint16_t>(kAggregatorVersion);
-        hello.put<uint64_t>(0x5eed0 + max_message), hello.put<int32_t>(0), hello.put<int32_t>(1);
-        hello.put<int32_t>(0), hello.put<uint64_t>(max_message);
-        const std::vector<uint8_t> bytes(address_bytes, 0);
-        hello.put_bytes(bytes.data(), bytes.size());
-        ByteWriter frame;
-        frame.put<uint32_t>(static_cast<uint32_t>(hello.bytes().size()));
-        frame.bytes().insert(frame.bytes().end(), hello.bytes().begin(), hello.bytes().end());
-        REQUIRE(send(s, frame.bytes().data(), frame.bytes().size(), 0) == static_cast<ssize_t>(frame.bytes().size()));
+        const std::vector<uint8_t> frame =
+            hello_frame(0x5eed0 + max_message, 1, max_message, std::string(address_bytes, '\0'));  // rank 0 of 1
+        REQUIRE(send(s, frame.data(), frame.size(), 0) == static_cast<ssize_t>(frame.size()));
         // The reply: its length, magic, version and status, then the sentence; the refusal closes it.
         std::string reply;
         char chunk[4096];
@@ -443,6 +445,10 @@ TEST_CASE("IntSGD through aggregators: hellos that would make an unusable job ar
   CHECK(sum[0] == 0.5f * static_cast<float>(w.size()));
 }
 
+// The aggregator serves every job from one thread: a client that connected and said nothing held it
+// for 30 s (jobs registering meanwhile waited; calls in flight timed out), and a hello that claimed
+// 2^31 - 1 ranks ended it (bad_alloc). Rank 0 does both to every aggregator; a new communicator then
+// registers and sums through them at once.
 TEST_CASE("IntSGD through aggregators: a silent client and a malformed hello hold up nothing", "[switch]") {
   const char* list = std::getenv("QCCL_AGGREGATORS");
   REQUIRE(list != nullptr);
@@ -455,14 +461,7 @@ TEST_CASE("IntSGD through aggregators: a silent client and a malformed hello hol
       REQUIRE(silent >= 0);
       REQUIRE(crafted >= 0);
       held.push_back(silent), held.push_back(crafted);
-      ByteWriter hello;  // src/aggregator.cc's AggregatorHello, of INT32_MAX ranks
-      hello.put<uint32_t>(kAggregatorMagic), hello.put<uint16_t>(kAggregatorVersion);
-      hello.put<uint64_t>(0x5eed), hello.put<int32_t>(0), hello.put<int32_t>(INT32_MAX), hello.put<int32_t>(0);
-      hello.put<uint64_t>(1024), hello.put_bytes("x", 1);
-      ByteWriter frame;
-      frame.put<uint32_t>(static_cast<uint32_t>(hello.bytes().size()));
-      frame.bytes().insert(frame.bytes().end(), hello.bytes().begin(), hello.bytes().end());
-      const std::vector<uint8_t>& bytes = frame.bytes();
+      const std::vector<uint8_t> bytes = hello_frame(0x5eed, INT32_MAX, 1024, "x");  // of INT32_MAX ranks
       REQUIRE(send(crafted, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size()));
     }
   }
