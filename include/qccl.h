@@ -7,7 +7,11 @@
  *     the call, the argument and the value ("qcclAllReduce: datatype = 42 is not a qcclDataType_t").
  *   - Outputs are written only on success.
  *   - Buffers are owned by the caller. A blocking call may reuse them as soon as it returns; a
- *     non-blocking call (qcclI*) owns them until its request completes. They are host memory, or,
+ *     non-blocking call (qcclI*) owns them until its request completes. After a call failed with
+ *     qcclMismatch, qcclRemoteError, qcclTimeout or qcclAborted, keep its buffers allocated until
+ *     qcclCommAbort or qcclCommDestroy has returned on that communicator (as NCCL asks for
+ *     ncclCommAbort): a transfer with a peer that stopped answering cannot always be withdrawn (UCX
+ *     cannot take back a send it has begun), and only the communicator's teardown ends it. They are host memory, or,
  *     in a build with CUDA, device memory of the calling thread's current CUDA device (see "Device
  *     buffers" below): a call's buffers are all on the host or all on the device. As in NCCL, their
  *     memory is not probed: a recvbuff the process may not write (or a sendbuff it may not read)

@@ -1289,18 +1289,30 @@ bool Comm::waits_for_its_key(size_t index) const {
 // A collective not started yet whose buffers an older one still running writes (or reads, where this
 // one writes): it starts when that one is past them (the pipeline would have them side by side): a
 // host call once it finished, a device call once all its steps are queued on the device's stream,
-// which runs the later call's after them (Execution::queued_all).
+// which runs the later call's after them (Execution::queued_all). A staged call (stage) is compared
+// by the caller's device buffers, not by its pinned copies, and is past them only once it completed:
+// its outputs reach the device buffers then (end_staging), after its host execution finished.
 bool Comm::waits_for_its_buffers(size_t index) const {
   const OpRecord& record = *driving_[index];
-  const BufferUse mine = buffer_use(record.args);
+  const BufferUse mine = callers_buffer_use(record);
   for (size_t j = 0; j < index; ++j) {
     const OpRecord& older = *driving_[j];
     if (older.done.load(std::memory_order_relaxed) || older.operation->identity().p2p ||
-        older.operation->queued_all())
+        (older.operation->queued_all() && !older.staging))
       continue;
-    if (must_wait_for(buffer_use(older.args), mine)) return true;
+    if (must_wait_for(callers_buffer_use(older), mine)) return true;
   }
   return false;
+}
+
+BufferUse Comm::callers_buffer_use(const OpRecord& record) {
+  BufferUse use = buffer_use(record.args);
+  if (record.staging)
+    for (const OpRecord::Staging::Buffer& b : record.staging->buffers) {
+      if (use.read == b.pinned) use.read = b.device;
+      if (use.written == b.pinned) use.written = b.device;
+    }
+  return use;
 }
 
 void Comm::check_timeouts() {

@@ -68,6 +68,7 @@
 #include "src/executor.h"
 #include "src/policy.h"
 #include "src/topology.h"
+#include "src/validate.h"
 #include "transports/ucx_transport.h"
 
 namespace qccl {
@@ -236,6 +237,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   void progress_thread_main();
   bool waits_for_its_state(size_t index) const;  // index into driving_: an older call on its `serial`
   bool waits_for_its_buffers(size_t index) const;  // ... an older collective using its buffers
+  static BufferUse callers_buffer_use(const OpRecord& record);  // staged calls: the device buffers
   bool waits_for_its_key(size_t index) const;  // ... a point-to-point call whose keys its own would repeat
   void check_timeouts();
   void take_scratch(OpRecord& record);  // before the record's operation first advances

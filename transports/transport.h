@@ -4,7 +4,9 @@
 // Contract for every implementation:
 //   - isend/irecv never block. The buffer belongs to the transport from the post until test() has
 //     returned kDone or kFailed for the handle, or cancel() has returned (for a receive that had
-//     matched a message, until the next settle() has returned true).
+//     matched a message, until the next settle() has returned true; for a send, until the transport
+//     is destroyed: UCX cannot withdraw a send, which finishes or fails inside it, so qccl.h asks
+//     the caller to keep a failed call's buffers until the communicator's teardown).
 //   - Messages from one peer with equal keys are matched in the order they were sent.
 //   - A receive matches a message from `peer` whose key equals `key` on every bit that is not set
 //     in `ignore`; test() then reports the message's own key, so the layer above can check the

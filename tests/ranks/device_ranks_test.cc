@@ -7,8 +7,9 @@
 // place, so the work queued after it cannot tell whether the stream was joined: that side is the
 // stand-in's test, device_executor_test); what the device path does not take (graph capture, mixed
 // buffers) is refused before anything is sent; the fft codec, run by the host on staged copies, gives
-// the host path's bits, and on cuFFT (QCCL_GPU_FFT=cufft) one result on every rank as accurate as the
-// host's, a job mixing the two failing on every rank; IntSGD's all-reduce gives the host path's bits, scale,
+// the host path's bits (a device call queued behind it on its buffer too), and on cuFFT
+// (QCCL_GPU_FFT=cufft) one result on every rank as accurate as the host's, a job mixing the two
+// failing on every rank; IntSGD's all-reduce gives the host path's bits, scale,
 // clips and state, and reports a NaN on every rank; Marsit's gives the host path's bits, its
 // compensation following the calls between device and host; compressed send/recv (q, aq) gives the
 // host path's bits; so do QSDP's compressed AllGather and ReduceScatter with learned levels, and
@@ -183,6 +184,31 @@ TEST_CASE("device calls on one another's buffers, queued together, give the host
     QCCL_REQUIRE_OK(qcclGroupEnd());
   }
   CHECK(differences(dev.read(), host) == "");
+}
+
+// The fft codec under QCCL_GPU_FFT=host runs the host's executor on pinned copies of the device
+// buffers, its outputs reaching them only as it completes: a device call queued behind it on the same
+// buffer must wait for that, although the staged call's own buffers are the pinned copies (and its
+// host execution may finish while a larger call before it still runs, its completion then deferred).
+TEST_CASE("a device call behind a staged fft call on its buffer, queued together, gives the host path's bits",
+          "[device]") {
+  World& w = world();
+  Codec codec("fft:theta=0.9,bits=10,segment=4096,fallback=off");
+  const size_t large = 1 << 21, count = 8192;  // the first call runs many chunks; the fft one, one
+  std::vector<uint8_t> host_large = inputs(DataType::kFloat32, RedOp::kSum, w.rank(), large);
+  std::vector<uint8_t> host = inputs(DataType::kFloat32, RedOp::kSum, w.rank(), count);
+  DeviceBuffer dev_large(host_large), dev(host);
+  for (std::pair<void*, void*> x : {std::pair<void*, void*>{host_large.data(), host.data()},
+                                    std::pair<void*, void*>{dev_large.get(), dev.get()}}) {
+    QCCL_REQUIRE_OK(qcclGroupStart());
+    QCCL_REQUIRE_OK(qcclAllReduce(x.first, x.first, large, qcclFloat32, qcclSum, w.comm()));
+    QCCL_REQUIRE_OK(qcclAllReduceCompressed(x.second, x.second, count, qcclFloat32, qcclSum, codec.handle, nullptr,
+                                            w.comm()));
+    QCCL_REQUIRE_OK(qcclAllReduce(x.second, x.second, count, qcclFloat32, qcclMax, w.comm()));
+    QCCL_REQUIRE_OK(qcclGroupEnd());
+  }
+  CHECK(differences(dev.read(), host) == "");
+  CHECK(differences(dev_large.read(), host_large) == "");
 }
 
 TEST_CASE("compressed all-reduce on device buffers gives the host path's bits", "[device]") {
