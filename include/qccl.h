@@ -254,7 +254,8 @@ QCCL_API qcclResult_t qcclCommAbort(qcclComm_t comm);
  * with the fields config sets. The new communicator is independent of comm: both may run
  * collectives at the same time, from one thread or several, and either may be destroyed first.
  * Blocks until the new communicator is built (or QCCL_TIMEOUT). Not inside qcclGroupStart/End.
- * Results: qcclInvalidArgument (newcomm NULL, a bad config field), qcclInvalidUsage (inside a group,
+ * Results: qcclInvalidArgument (newcomm NULL; a bad config field, on every rank when one rank's is
+ * refused: that rank still takes part in the exchange, so comm stays intact), qcclInvalidUsage (inside a group,
  * which the refusal fails as a whole, as any call refused there: see qcclGroupStart), and comm's own
  * failure (qcclRemoteError, qcclTimeout, ...) when the exchange over it fails, which breaks comm as
  * any failed collective does. *newcomm is set only on success. */

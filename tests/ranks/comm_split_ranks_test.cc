@@ -3,6 +3,7 @@
 // a child and its parent used at the same time from one thread and from two, and refusals that send
 // nothing.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <numeric>
 #include <thread>
@@ -202,7 +203,29 @@ TEST_CASE("bad splits are refused on every rank before anything is sent", "[spli
     CHECK(newcomm == reinterpret_cast<qcclComm_t>(&newcomm));
   }
 
-  // Nothing was sent: the parent's next collective is matched on every rank.
+  // The parent's next collective is matched on every rank.
+  int64_t one = 1, sum = 0;
+  QCCL_REQUIRE_OK(qcclAllReduce(&one, &sum, 1, qcclInt64, qcclSum, w.comm()));
+  CHECK(sum == w.size());
+}
+
+TEST_CASE("a config refused on one rank fails the split on every rank at once, the parent intact", "[split]") {
+  // The refusing rank still takes part in the split's exchange, saying so: the others used to wait for
+  // it until QCCL_TIMEOUT (the job runs with a long one), and the parent was broken.
+  World& w = World::get();
+  if (w.size() < 2) return;
+  const int refusing = w.size() - 1;
+  qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+  if (w.rank() == refusing) config.chunkBytes = 10;
+  qcclComm_t newcomm = reinterpret_cast<qcclComm_t>(&newcomm);
+  const auto begin = std::chrono::steady_clock::now();
+  CHECK(qcclCommSplit(w.comm(), w.rank() % 2, 0, &newcomm, &config) == qcclInvalidArgument);
+  const std::string error = qcclGetLastError(nullptr);
+  INFO(error);
+  CHECK(error.find(w.rank() == refusing ? "chunkBytes = 10" : "rank " + std::to_string(refusing) + "'s config") !=
+        std::string::npos);
+  CHECK(newcomm == reinterpret_cast<qcclComm_t>(&newcomm));
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count() < 30.0);
   int64_t one = 1, sum = 0;
   QCCL_REQUIRE_OK(qcclAllReduce(&one, &sum, 1, qcclInt64, qcclSum, w.comm()));
   CHECK(sum == w.size());
