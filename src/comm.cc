@@ -100,10 +100,16 @@ Comm::Comm(int rank, int nranks, const Config& config)
                       : nullptr),
       state_budget_(std::make_shared<StateBudget>(config.codec_state_budget)),
       send_sequence_(nranks, 0), recv_sequence_(nranks, 0), p2p_running_(2 * static_cast<size_t>(nranks)) {
-  progress_wake_fd_ = make_eventfd();
-  driver_wake_fd_ = make_eventfd();
-  hand_off_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-  if (hand_off_fd_ < 0) fail(qcclSystemError, "timerfd_create failed: %s", errno_string(errno).c_str());
+  try {
+    progress_wake_fd_ = make_eventfd();
+    driver_wake_fd_ = make_eventfd();
+    hand_off_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    if (hand_off_fd_ < 0) fail(qcclSystemError, "timerfd_create failed: %s", errno_string(errno).c_str());
+  } catch (const Error&) {  // out of descriptors: the destructor does not run for a constructor that threw
+    for (int fd : {progress_wake_fd_, driver_wake_fd_})
+      if (fd >= 0) close(fd);
+    throw;
+  }
 }
 
 void Comm::check_settings(const Config& config, int nranks) {
