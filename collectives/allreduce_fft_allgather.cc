@@ -222,10 +222,14 @@ namespace {
 bool has_residual(const CollArgs& args) {
   return args.method_call && static_cast<const FftCall*>(args.method_call)->residual;
 }
+// theta = 0 drops nothing, but its range floats would still round every bin: the spec's lossless
+// theta = 0 (fftsparse.md §1.8, the paper's schedule ending at 0) is the dense ring's exact sum.
+bool lossless(const CollArgs& args) { return args.codec->theta == 0; }
 }  // namespace
 
 const char* allreduce_fft_allgather_cannot_run(const CollArgs& args) {
   if (!args.codec || args.codec->kind != kernels::CodecKind::kFft) return "runs the fft codec only";
+  if (lossless(args)) return "theta=0 is lossless: the dense ring sums exactly (fft_dense_ring runs)";
   if (args.codec->fallback && !has_residual(args) &&
       !kernels::fft_compression_pays(*args.codec, args.count, args.nranks, args.element_size()))
     return "the dense ring moves fewer bytes at this rank count (fft_dense_ring runs; fallback=off forces this)";
@@ -238,10 +242,12 @@ const char* allreduce_fft_allgather_cannot_run(const CollArgs& args) {
 }
 
 // The fall-back: the fft codec's call as the uncompressed ring all-reduce (exact). Error feedback
-// keeps fft_allgather: its residual must see the codec's loss.
+// keeps fft_allgather, whose residual must see the codec's loss, but at theta = 0: nothing is lost
+// there, so the residual is left as it is (the outputs plus the residual still hold every input,
+// spec P15) for the next call that drops bins to send.
 const char* allreduce_fft_dense_ring_cannot_run(const CollArgs& args) {
   if (!args.codec || args.codec->kind != kernels::CodecKind::kFft) return "runs the fft codec only";
-  if (has_residual(args)) return "error feedback needs the codec's loss (fft_allgather runs)";
+  if (has_residual(args) && !lossless(args)) return "error feedback needs the codec's loss (fft_allgather runs)";
   return needs_two_ranks(args);
 }
 

@@ -82,8 +82,8 @@ const std::vector<Algorithm>& algorithms() {
        "(n-1)*E, E <= encoded_bytes(count) (variable)", kAny, allreduce_fft_allgather_cannot_run,
        make_allreduce_fft_allgather},
       {"fft_dense_ring", CollKind::kAllReduce,
-       "fft codec where it cannot pay (n * capacity >= 2 * S, or the codec's time above the wire time it saves at "
-       "QCCL_LINK_RATE; fallback=auto, no error feedback): the uncompressed pipelined ring, exact",
+       "fft codec at theta=0 (lossless), or where it cannot pay (n * capacity >= 2 * S, or the codec's time above the "
+       "wire time it saves at QCCL_LINK_RATE; fallback=auto, no error feedback): the uncompressed pipelined ring, exact",
        "2(n-1)/n*S", kAny, allreduce_fft_dense_ring_cannot_run, make_allreduce_fft_dense_ring},
 
       {"binomial", CollKind::kBroadcast, "binomial tree from the root; ceil(log2 n) rounds", "children*S", 64 * 1024,

@@ -461,11 +461,14 @@ QCCL_API qcclResult_t qcclIRecv(void* recvbuff, size_t count, qcclDataType_t dat
  * round is an exact float all-reduce), agg=ring|switch (who adds the integers: the ranks along a
  * ring, or the aggregator processes of QCCL_AGGREGATORS, as an in-network switch would; default
  * ring; the sums are the same bits); for fft: theta=T (fraction of the L'/2 + 1 bins of each
- * segment dropped, 0 <= T < 1; default 0.9), bits=N (per real or imaginary part, 3..16; default 10),
- * mant=M (mantissa bits of the range float, 1..N-1; default 6), max=X|auto (largest magnitude, in
- * units of the orthonormal spectrum, whose energy is the segment's; default 1, the paper's; parts
- * beyond it are clamped and counted in qcclStats_t::clipped; auto: each segment's own power of two
- * at or above its largest part, carried in its header, so nothing clamps), segment=L (values per FFT, 2..2^26; default 65536;
+ * segment dropped, 0 <= T < 1; default 0.9; 0 is lossless: the uncompressed ring runs, exactly,
+ * whatever fallback says, and with ef=on leaves the residual as it was), bits=N (per real or
+ * imaginary part, 3..16; default 10), mant=M (mantissa bits of the range float, 1..N-1; default 6),
+ * max=X|auto (largest magnitude, in units of the orthonormal spectrum, whose energy is the segment's;
+ * default 1, the paper's; parts beyond it are clamped and counted in qcclStats_t::clipped; auto: each
+ * segment's own power of two at or above its largest part, 2^-127 to 2^127, carried in its header,
+ * so nothing clamps: the unscaled bins are finite, so a part reaches 2^127 only at L' = 2),
+ * segment=L (values per FFT, 2..2^26; default 65536;
  * every segment, the tail too, is zero-padded to L', the smallest even length at or above its own with
  * no prime factor but 2, 3 and 5, within 7% of it from 1,000 values up: a large prime factor would
  * cost the transform a loop per value),

@@ -261,7 +261,7 @@ CodecConfig parse_codec_spec(const std::string& spec) {
       const double theta = std::strtod(value.c_str(), &end);
       if (value.empty() || *end || errno || !(theta >= 0 && theta < 1))
         bad(spec, "'" + token + "': theta, the fraction of bins dropped, is a number in [0, 1)");
-      c.theta = static_cast<float>(theta);
+      c.theta = static_cast<float>(theta) + 0.0f;  // -0 is 0: one canonical text and hash (-0 + 0 is +0)
       if (!(c.theta < 1.0f)) bad(spec, "'" + token + "': theta rounds to 1 in float32");
       decimal_keep_fraction(float_text(c.theta), &c.keep_numerator, &c.keep_denominator);
     } else if (c.kind == CodecKind::kFft && key == "bits") {

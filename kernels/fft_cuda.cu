@@ -291,11 +291,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     return;
   }
-  int e = 0;
-  if (p.range_auto && top_all > 0.0f) {
-    frexpf(top_all, &e);
-    e = min(max(e, -100), 100);
-  }
+  const int e = p.range_auto ? fft_auto_exponent(top_all) : 0;
   const float unscale = ldexpf(1.0f, -e);
 
   // The K largest magnitudes, ties to the lower bin: tau, the K-th largest; every bin above it, and
@@ -490,7 +486,8 @@ __global__ void walk_kernel(const uint8_t* __restrict__ in, const size_t* length
     } else {
       const bool indices = flags & kFlagIndices;
       if (count > g.keep[kind] || indices != p.use_indices(g.bins[kind], count) || (flags & 0xFC)) break;
-      if (!p.range_auto && static_cast<int8_t>(flags >> 8) != 0) break;
+      const int e = static_cast<int8_t>(flags >> 8);
+      if (p.range_auto ? e < kFftMinExponent || e > fft_largest_auto_exponent(g.scale[kind]) : e != 0) break;
       bytes = p.payload_bytes(g.bins[kind], count, indices);
       if (avail < bytes) break;
       state[s] = kReadable;

@@ -273,6 +273,11 @@ size_t pack_codes(const uint32_t* codes, size_t count, int bits, uint8_t* out) {
   return bytes;
 }
 
+// 1/sqrt(L') in float32, as the device's kernels take it (fft_cuda.cu's Geometry::scale).
+float transform_scale(const FftShape& shape) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
+}
+
 // bins = the forward transform of one segment, zero-padded to the FFT's length, scaled by
 // 1/sqrt(L'): orthonormal, so the bins carry the segment's energy (Parseval) and one range serves
 // any segment length.
@@ -282,7 +287,7 @@ void analyze_segment(const FftShape& shape, const float* in, kiss_fft_cpx* bins,
   std::fill(ws.real.begin() + static_cast<std::ptrdiff_t>(shape.length),
             ws.real.begin() + static_cast<std::ptrdiff_t>(shape.fft_length), 0.0f);
   plans.transform(ws.real.data(), bins, ws.bins.data());
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
+  const float scale = transform_scale(shape);
   for (size_t k = 0; k < shape.bins; ++k) bins[k].r *= scale, bins[k].i *= scale;
 }
 
@@ -376,13 +381,12 @@ bool select_bins(const FftShape& shape, const kiss_fft_cpx* bins, uint8_t* kept,
 size_t pack_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash, const FftShape& shape, size_t length,
                     const kiss_fft_cpx* bins, const uint8_t* kept, uint8_t* out, FftWorkspace& ws, FftReport* report) {
   // max=auto: the parts are sent divided by 2^e, the power of two at or above the largest (so that
-  // nothing clamps); a power of two scales exactly (within float32's normal range, where e is kept).
+  // nothing clamps); a power of two scales exactly (fft_auto_exponent).
   int e = 0;
   if (c.range_auto) {
     float top = 0;
     for (size_t k = 0; k < shape.bins; ++k) top = std::max(top, std::max(std::fabs(bins[k].r), std::fabs(bins[k].i)));
-    if (top > 0) std::frexp(top, &e);  // top = f 2^e, f in [0.5, 1): top <= 2^e
-    e = std::clamp(e, -100, 100);
+    e = fft_auto_exponent(top);
   }
   const float unscale = std::ldexp(1.0f, -e);
 
@@ -471,7 +475,7 @@ size_t read_segment(const CodecConfig& c, const RangeFloat& rf, uint32_t hash, c
   const bool indices = flags & kFlagIndices;
   if (count > shape.keep || indices != use_indices(c, shape, count) || (flags & 0xFC)) return 0;
   const int e = static_cast<int8_t>(flags >> 8);
-  if (!c.range_auto && e != 0) return 0;
+  if (c.range_auto ? e < kFftMinExponent || e > fft_largest_auto_exponent(transform_scale(shape)) : e != 0) return 0;
   const float scale = std::ldexp(1.0f, e);
   const size_t bytes = fft_payload_bytes(c, shape, count, indices);
   if (avail < bytes) return 0;
@@ -539,7 +543,7 @@ void synthesize_segment(const FftShape& shape, const kiss_fft_cpx* bins, float* 
                         FftWorkspace& ws) {
   const FftWorkspace::Plans& plans = ws.plans(shape.fft_length);
   plans.inverse_transform(bins, ws.real.data(), ws.bins.data());
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.fft_length)));
+  const float scale = transform_scale(shape);
   for (size_t i = 0; i < shape.length; ++i) {
     const float v = ws.real[i] * scale;
     out[i] = accumulate ? out[i] + v : v;

@@ -1,6 +1,7 @@
 // The FFT-sparsifying codec (Wang et al., "FFT-based Gradient Sparsification", HPDC '20;
 // shared/specs/fftsparse.md): per segment of L values, a real-to-complex FFT scaled by 1/sqrt(L'),
-// L' = L rounded up to even (orthonormal: the spectrum has the segment's energy, Parseval), the K =
+// L' = fft_transform_length(L), the smallest even 2-3-5 length at or above L, the segment zero-padded
+// to it (orthonormal: the spectrum has the segment's energy, Parseval), the K =
 // ceil((1 - theta) (L'/2 + 1)) bins of largest magnitude (ties to the lower bin), each bin's real and
 // imaginary parts as range floats (rfloat.h), packed behind a bitmap of the L'/2 + 1 bins or a list of
 // their indices (whichever is smaller, or as the spec says). Decoding scatters the codes back into a
@@ -9,8 +10,9 @@
 // A segment's payload, little-endian, variable length (a kept bin whose two codes both underflow to
 // zero is dropped, so the count varies below K):
 //   u16 magic 0x5146 | u16 flags (bit 0: the segment held NaN or Inf, nothing follows; bit 1:
-//   indices, not a bitmap; bits 8-15, max=auto only: the segment's scale exponent e, an int8, the
-//   parts sent being part / 2^e, which is exact) | u32 logical length | u32 count of bins sent | u32
+//   indices, not a bitmap; bits 8-15, max=auto only: the segment's scale exponent e, an int8 in
+//   [kFftMinExponent, fft_largest_auto_exponent], the parts sent being part / 2^e, which is exact) |
+//   u32 logical length | u32 count of bins sent | u32
 //   low half of the codec's hash
 //   bitmap: ceil(B / 8) bytes, bin k at bit k % 8 of byte k / 8   or   indices: count u32, increasing
 //   codes: 2 count codes of N bits (real, imaginary per bin), packed from bit 0 of the first byte
@@ -27,10 +29,35 @@
 #include <vector>
 
 #include "kernels/codec.h"
+#include "kernels/rfloat.h"
 
 namespace qccl::kernels {
 
 constexpr size_t kFftHeaderBytes = 16;
+
+// max=auto's exponent of a segment whose largest |part| is `top` (finite): e with top = f 2^e, f in
+// [0.5, 1), so that top / 2^e is below max=1 and nothing clamps; 0 for a segment of zeros. The
+// encoder scales by 2^-e and the decoder by 2^e, each one float32 multiply: both factors are exact
+// (normal, or the subnormal 2^-127) and finite for e in [-127, 127], which the header's int8 also
+// holds. A top of 2^127 or more (possible only at L' = 2: the unscaled bins are finite, so top is at
+// most FLT_MAX / sqrt(L')) takes e = 127 and clamps; one below 2^-128 (subnormal: float32 keeps it to
+// at most 21 bits) takes e = -127 and is sent at 2^127 times its size. Integer arithmetic on the
+// bits: host and device alike.
+constexpr int kFftMinExponent = -127, kFftMaxExponent = 127;
+QCCL_HD int fft_auto_exponent(float top) {
+  const uint32_t bits = float_bits(top) & 0x7FFFFFFFu;
+  if (bits == 0) return 0;
+  const int biased = static_cast<int>(bits >> 23);
+  if (biased == 0) return bits >= 0x00400000u ? -126 : kFftMinExponent;  // subnormal: 0x00400000 is 2^-127
+  return biased - 126 < kFftMaxExponent ? biased - 126 : kFftMaxExponent;
+}
+// The largest exponent an encoder writes for a segment whose transform is scaled by `transform_scale`
+// (1/sqrt(L') in float32): its unscaled bins are finite (else the segment is sent as non-finite), so
+// its largest part is at most FLT_MAX times the scale. A payload's larger one is malformed: it would
+// decode to parts the encoder never sends, up to 2^127, and their inverse transform to Inf.
+QCCL_HD int fft_largest_auto_exponent(float transform_scale) {
+  return fft_auto_exponent(3.40282347e+38f * transform_scale);
+}
 
 // One segment's shape: its values, the FFT's length (the segment zero-padded to fft_transform_length),
 // the bins and the bins kept.

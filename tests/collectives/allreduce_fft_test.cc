@@ -277,8 +277,9 @@ TEST_CASE("fft all-reduce: where the payloads could outweigh the dense ring, the
   // ranks' payloads, n x 12306, stay below the ring's 2 x 262144 up to n = 42.
   const kernels::CodecConfig fft = kernels::parse_codec_spec("fft:theta=0.9,bits=10");
   const kernels::CodecConfig off = kernels::parse_codec_spec("fft:theta=0.9,bits=10,fallback=off");
-  // Every bin at 16 bits: about 2 bytes a value, never fewer than float16's ring moves.
-  const kernels::CodecConfig wide = kernels::parse_codec_spec("fft:theta=0,bits=16,mant=12");
+  // Nearly every bin at 16 bits: about 2 bytes a value, never fewer than float16's ring moves (theta =
+  // 0 itself always runs the ring: the test below).
+  const kernels::CodecConfig wide = kernels::parse_codec_spec("fft:theta=0.001,bits=16,mant=12");
   coll::FftCall no_state, with_state;
   std::vector<float> residual(65536);
   with_state.residual = residual.data();
@@ -344,6 +345,56 @@ TEST_CASE("fft all-reduce: where the payloads could outweigh the dense ring, the
     size_t wrong = 0;
     for (size_t i = 0; i < job.count; ++i) wrong += out[r][i] != static_cast<float>(10 * (i % 5));
     CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("fft all-reduce: theta=0 is lossless: the dense ring runs it, the plain all-reduce's bits", "[fft]") {
+  // theta = 0 keeps every bin, but fft_allgather's range floats would round each (10 bits: about 2^-7
+  // of a value): the spec's lossless theta = 0 (fftsparse.md §1.8, §5.2) is the uncompressed ring,
+  // whatever fallback says. With error feedback nothing is lost, so the residual stays as it was: the
+  // outputs plus the residuals still hold every input (P15).
+  const coll::Algorithm* sparse = coll::find_algorithm(CollKind::kAllReduce, "fft_allgather");
+  const coll::Algorithm* dense = coll::find_algorithm(CollKind::kAllReduce, "fft_dense_ring");
+  REQUIRE(sparse);
+  REQUIRE(dense);
+  Job job;
+  job.n = 4, job.count = 1000;
+  for (const char* spec : {"fft:theta=0,segment=256", "fft:theta=0,segment=256,ef=on", "fft:theta=0,segment=256,fallback=off"}) {
+    INFO(spec);
+    const kernels::CodecConfig codec = kernels::parse_codec_spec(spec);
+    const auto in = make_inputs(job, 77);
+    std::vector<std::vector<float>> residuals(job.n, std::vector<float>(job.count, 0.25f));
+    const auto before = residuals;
+    std::vector<std::vector<float>> out(job.n, std::vector<float>(job.count)), plain_out = out;
+    std::vector<CollArgs> args(job.n), plain(job.n);
+    std::vector<coll::FftCall> calls(job.n);
+    for (int r = 0; r < job.n; ++r) {
+      CollArgs& a = args[r];
+      a.kind = CollKind::kAllReduce, a.count = job.count, a.dtype = DataType::kFloat32, a.op = RedOp::kSum;
+      a.rank = r, a.nranks = job.n, a.sendbuf = in[r].data();
+      plain[r] = a;
+      plain[r].recvbuf = plain_out[r].data();
+      a.recvbuf = out[r].data(), a.codec = &codec, a.method_call = &calls[r];
+      if (codec.error_feedback) calls[r].residual = residuals[r].data();
+    }
+    const char* why = sparse->cannot_run(args[0]);
+    REQUIRE(why != nullptr);
+    CHECK_THAT(why, Catch::Contains("theta=0"));
+    CHECK(dense->cannot_run(args[0]) == nullptr);
+    run_on_sim(args, "fft_dense_ring", 4096, 2);
+    run_on_sim(plain, "ring", 4096, 2);
+    for (int r = 0; r < job.n; ++r) {
+      CHECK(out[r] == plain_out[r]);
+      CHECK(residuals[r] == before[r]);
+      // Within float32 summation of the inputs (fft_allgather's rounding was some 2^-8 of them).
+      size_t off = 0;
+      for (size_t i = 0; i < job.count; ++i) {
+        double sum = 0, size = 0;
+        for (int q = 0; q < job.n; ++q) sum += in[q][i], size += std::fabs(in[q][i]);
+        off += !(std::fabs(out[r][i] - sum) <= job.n * 0x1p-24 * size);
+      }
+      CHECK(off == 0);
+    }
   }
 }
 

@@ -992,7 +992,9 @@ TEST_CASE("the fft codec's cuFFT launchers choose the host's bins where the tran
 
 // Bins are ranked by magnitudes scaled into float32's range (rfloat.h's magnitude_scale), on the
 // device as on the host: a cosine at bin 5 scaled by 2^90 (|X|^2 would overflow: the segment was sent
-// as NaN) or 2^-90 (|X|^2 would be 0: every bin a tie, bin 0 sent) sends bin 5 alone, as the host.
+// as NaN) or 2^-90 (|X|^2 would be 0: every bin a tie, bin 0 sent) sends bin 5 alone, as the host;
+// and at 2^122 and 2^-120, beyond where max=auto's exponent was clamped to +-100 (the part clamped,
+// or underflowed and nothing was sent), with the host's exponent (fft_auto_exponent).
 TEST_CASE("the fft codec's cuFFT launchers rank bins at any scale as the host does", "[fft][cuda]") {
   if (!cufft_loads()) return;
   FftCudaWorkspace* ws = fft_cuda_workspace();
@@ -1000,7 +1002,7 @@ TEST_CASE("the fft codec's cuFFT launchers rank bins at any scale as the host do
   const CodecConfig c = parse_codec_spec("fft:theta=0.99,bits=10,segment=64,max=auto,index=coo");
   const uint32_t hash = static_cast<uint32_t>(c.hash());
   REQUIRE(fft_shape(c, 64).keep == 1);
-  for (int k : {-90, 0, 90}) {
+  for (int k : {-120, -90, 0, 90, 122}) {
     INFO("2^" << k);
     std::vector<float> x(64);
     for (size_t i = 0; i < x.size(); ++i) {

@@ -187,6 +187,12 @@ TEST_CASE("fft codec: the spec grammar, canonical text, errors that name the tok
         "fft:theta=0.85,bits=12,mant=7,max=4,segment=1001,index=coo,round=nearest,ef=on,fallback=off");
   CHECK(parse_codec_spec(d.canonical()).hash() == d.hash());
   CHECK(parse_codec_spec("fft:theta=0").theta == 0.0f);
+  // -0 is 0: the same canonical text and hash, so that ranks writing either agree.
+  for (const char* zero : {"fft:theta=-0", "fft:theta=-0.0", "fft:theta=-0e5"}) {
+    INFO(zero);
+    CHECK(parse_codec_spec(zero).canonical() == parse_codec_spec("fft:theta=0").canonical());
+    CHECK(parse_codec_spec(zero).hash() == parse_codec_spec("fft:theta=0").hash());
+  }
   CHECK(c.hash() != parse_codec_spec("fft:theta=0.8").hash());
   for (const char* bad : {"fft:theta=1", "fft:theta=-0.1", "fft:theta=nan", "fft:bits=2", "fft:bits=17", "fft:mant=0",
                           "fft:bits=8,mant=8", "fft:mant=1", "fft:segment=1", "fft:index=dense", "fft:round=stochastic",
@@ -614,25 +620,41 @@ TEST_CASE("fft codec: max=auto scales each segment by a power of two: nothing cl
     CHECK(scaled.report.bytes == base.report.bytes);
   }
   // One bin sent of a cosine at bin 5 over a small one at bin 9: bin 5 at every scale (at 2^-90 every
-  // |X|^2 was 0 and bin 0 was sent; at 2^90 the segment was sent as NaN). codec_cuda_test's twin
-  // checks the device.
+  // |X|^2 was 0 and bin 0 was sent; at 2^90 the segment was sent as NaN), and decoded as at 2^0 up
+  // to the scale, to the ends of the header's exponent. Bin 5's part is 3 (e = 2): 2^122 makes it
+  // 1.5 2^123 (e = 124; the largest for L' = 64 is 125, but at 2^123 KissFFT's steps overflow and the
+  // segment is sent as non-finite), 2^-129 makes it 1.5 2^-128 (a subnormal, e = -127), and 2^-135
+  // smaller than e = -127 scales up to 2^-1. There
+  // e was clamped to +-100: the part clamped to 2^100, or underflowed and nothing was sent. Inputs at
+  // 2^-129 and below are subnormal, held to 13 bits or more: far within the 6-bit mantissa.
+  // codec_cuda_test's twin checks the device.
   const CodecConfig one = parse_codec_spec("fft:theta=0.99,bits=10,segment=64,max=auto,index=coo");
   REQUIRE(fft_shape(one, 64).keep == 1);
+  REQUIRE(fft_largest_auto_exponent(0.125f) == 125);
   auto wave_ws = take_fft_workspace();
-  for (int k : {-90, 0, 90}) {
+  std::vector<float> unscaled;  // the decode at 2^0
+  for (int k : {0, -90, 90, 122, -129, -135}) {
     std::vector<float> wave(64);
     for (size_t i = 0; i < wave.size(); ++i) {
       const float t = static_cast<float>(i) / 64.0f;
-      wave[i] = std::ldexp(std::cos(6.2831853f * 5.0f * t) + 0.01f * std::cos(6.2831853f * 9.0f * t), k);
+      wave[i] = std::ldexp(0.75f * std::cos(6.2831853f * 5.0f * t) + 0.01f * std::cos(6.2831853f * 9.0f * t), k);
     }
     std::vector<uint8_t> run(one.encoded_bytes(wave.size()));
     const FftReport report = fft_encode(one, wave.data(), wave.size(), run.data(), *wave_ws);
     INFO("2^" << k);
     CHECK(report.nonfinite == 0);
+    CHECK(report.clamped == 0);
     CHECK(header_at(run.data()).count == 1);
     uint32_t bin = 0;  // the index list's one entry, after the header
     std::memcpy(&bin, &run[kFftHeaderBytes], 4);
     CHECK(bin == 5);
+    std::vector<float> decoded(wave.size());
+    CHECK(fft_decode(one, run.data(), report.bytes, wave.size(), decoded.data(), false, *wave_ws) == 0);
+    if (k == 0) unscaled = decoded;
+    size_t wrong = 0;
+    for (size_t i = 0; i < wave.size(); ++i)
+      wrong += !(std::fabs(std::ldexp(double(decoded[i]), -k) - unscaled[i]) <= 0x1p-5);  // |unscaled| < 0.77
+    CHECK(wrong == 0);
   }
   // A fixed range's payload never carries an exponent: one that does is malformed there.
   const CodecConfig fixed = parse_codec_spec("fft:theta=0.8,segment=400");
@@ -642,6 +664,23 @@ TEST_CASE("fft codec: max=auto scales each segment by a power of two: nothing cl
   wire[3] = 1;  // the flags' high byte
   std::vector<float> out(400);
   CHECK(fft_decode(fixed, wire.data(), bytes, 400, out.data(), false, *ws) == 400);
+  // Nor does max=auto's carry one its encoder never writes: above what a segment of finite unscaled
+  // bins reaches (FLT_MAX / sqrt(L') ~ 2^123.7 for L' = 400: e = 124), or below -127 (2^127 does not
+  // scale a part up in float32). Such a payload decoded its bins to up to 2^127, its segment to Inf,
+  // and reported nothing.
+  REQUIRE(fft_largest_auto_exponent(1.0f / 20) == 124);
+  std::vector<uint8_t> autowire(c.encoded_bytes(400));
+  const size_t autobytes = fft_encode(c, x.data(), 400, autowire.data(), *ws).bytes;
+  CHECK(fft_decode(c, autowire.data(), autobytes, 400, out.data(), false, *ws) == 0);
+  std::vector<float> spectrum(fft_spectrum_floats(c, 400));
+  for (int e : {125, 127, -128}) {
+    INFO("e = " << e);
+    auto hostile = autowire;
+    hostile[3] = static_cast<uint8_t>(static_cast<int8_t>(e));
+    CHECK(fft_decode(c, hostile.data(), autobytes, 400, out.data(), false, *ws) == 400);
+    CHECK(std::all_of(out.begin(), out.end(), [](float v) { return std::isnan(v); }));
+    CHECK(fft_decode_spectrum(c, hostile.data(), autobytes, 400, spectrum.data(), false, *ws) == 400);
+  }
 }
 
 TEST_CASE("fft codec: odd segments and tails, zero counts, whole-buffer API", "[fft]") {
