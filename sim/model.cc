@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -250,13 +251,12 @@ Model default_model() {
   return m;
 }
 
-Model load_model(const std::string& path, const Model& base, bool* inter_rate_given) {
+Model load_model(const std::string& path, const Model& base) {
   struct stat st;
   if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     throw std::invalid_argument("model file '" + path + "': not a regular file");
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("model file '" + path + "': cannot be read: " + std::strerror(errno));
-  if (inter_rate_given) *inter_rate_given = false;
   Model m = base;
   bool sources_replaced = false;
   std::string line;
@@ -298,7 +298,7 @@ Model load_model(const std::string& path, const Model& base, bool* inter_rate_gi
       bool known = false;
       if (key.rfind("inter.", 0) == 0) {
         link(m.inter, key.substr(6)), known = true;
-        if (key == "inter.rate" && inter_rate_given) *inter_rate_given = true;
+        if (key == "inter.rate") m.inter_rate_told = true;
       }
       else if (key.rfind("intra.", 0) == 0)
         link(m.intra, key.substr(6)), known = true;
@@ -329,25 +329,39 @@ Model load_model(const std::string& path, const Model& base, bool* inter_rate_gi
   return m;
 }
 
+namespace {
+
+// The fewest digits that read back as the same double (six digits wrote 1gibit's 134217728 B/s as
+// 1.34218e+08, so a model file read back predicted otherwise).
+std::string exact(double v) {
+  char text[32];
+  const auto written = std::to_chars(text, text + sizeof text, v);
+  return std::string(text, written.ptr);
+}
+
+}  // namespace
+
 std::string format_model(const Model& m) {
   std::ostringstream out;
-  out.precision(6);
   out << "# qccl_sim model (sim/model.h): rates in bytes per second, times in seconds, CPU costs per value\n";
   for (const std::string& s : m.sources) out << "source = " << s << "\n";
-  auto link = [&](const char* name, const LinkClass& l) {
-    out << name << ".rate = " << l.rate << "   # " << describe_rate(l.rate) << "\n"
-        << name << ".latency = " << l.latency << "\n"
-        << name << ".efficiency = " << l.efficiency << "\n"
-        << name << ".burst = " << l.burst << "\n";
+  auto link = [&](const char* name, const LinkClass& l, bool rate_told) {
+    // A rate the library is not told stays a comment: read back, it would be told (the chunk follows
+    // it), and the file would predict otherwise than the model it was written from.
+    out << (rate_told ? "" : "# ") << name << ".rate = " << exact(l.rate) << "   # " << describe_rate(l.rate)
+        << (rate_told ? "" : " (not told to the library; qccl_sim --link tells it)") << "\n"
+        << name << ".latency = " << exact(l.latency) << "\n"
+        << name << ".efficiency = " << exact(l.efficiency) << "\n"
+        << name << ".burst = " << exact(l.burst) << "\n";
   };
-  link("inter", m.inter);
-  link("intra", m.intra);
-  out << "cpu.post = " << m.post << "\ncpu.wakeup = " << m.wakeup << "\ncpu.wire = " << m.wire
-      << "\ncpu.message = " << m.message << "\ncpu.copy = " << m.copy << "\ncpu.reduce = " << m.reduce
-      << "\ncpu.load = " << m.load << "\ncpu.store = " << m.store << "\ncpu.add = " << m.add
-      << "\ncpu.divide = " << m.divide << "\n";
+  link("inter", m.inter, m.inter_rate_told);
+  link("intra", m.intra, true);
+  out << "cpu.post = " << exact(m.post) << "\ncpu.wakeup = " << exact(m.wakeup) << "\ncpu.wire = " << exact(m.wire)
+      << "\ncpu.message = " << exact(m.message) << "\ncpu.copy = " << exact(m.copy)
+      << "\ncpu.reduce = " << exact(m.reduce) << "\ncpu.load = " << exact(m.load) << "\ncpu.store = " << exact(m.store)
+      << "\ncpu.add = " << exact(m.add) << "\ncpu.divide = " << exact(m.divide) << "\n";
   for (const auto& [name, steps] : m.codecs)
-    for (const auto& [step, cost] : steps) out << "codec." << name << "." << step << " = " << cost << "\n";
+    for (const auto& [step, cost] : steps) out << "codec." << name << "." << step << " = " << exact(cost) << "\n";
   return out.str();
 }
 

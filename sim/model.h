@@ -19,7 +19,8 @@
 // StepKernel::name in collectives/plan.h; Marsit's merge counts 32-bit words, for instance).
 //
 // The file: one `key = value` per line, `#` to the end of a line is a comment:
-//   inter.rate = 10gbit          (or 300GB/s, ...: parse_rate; a bare number is bytes/s: 1.25e9)
+//   inter.rate = 10gbit          (or 300GB/s, ...: parse_rate; a bare number is bytes/s: 1.25e9);
+//                                a file that gives it tells the library the link (Model::inter_rate_told)
 //   inter.latency = 5e-05        seconds
 //   inter.efficiency = 0.941
 //   inter.burst = 250000         bytes of token bucket (0: none)
@@ -72,6 +73,10 @@ struct Model {
   double divide = 0;   // seconds per value: acc /= n
   std::map<std::string, CodecCosts> codecs;
   std::vector<std::string> sources;  // provenance, one line each
+  // The library is told the link between hosts, as QCCL_LINK_RATE tells it (its chunk and the fft
+  // codec's fall-back follow the rate): a model file gave inter.rate, or qccl_sim --link did. A rate
+  // that is only the defaults' is not told.
+  bool inter_rate_told = false;
 
   // The kernel's TCP path at one end for a message of `bytes` between hosts.
   double tcp_seconds(double bytes) const { return message + wire * bytes; }
@@ -102,11 +107,14 @@ double parse_rate(const std::string& text);
 // "10 Gbit/s", "300 GB/s" for tables.
 std::string describe_rate(double bytes_per_second);
 
-// Reads a model file over `base` (keys not in the file keep base's values); *inter_rate_given says
-// whether it set inter.rate. Throws std::invalid_argument naming the file, the line and the key or
-// value (a codec's name must parse as a codec spec).
-Model load_model(const std::string& path, const Model& base, bool* inter_rate_given = nullptr);
-// Writes every field of the model in the file format above; false with errno when it cannot.
+// Reads a model file over `base` (keys not in the file keep base's values; inter.rate sets
+// inter_rate_told). Throws std::invalid_argument naming the file, the line and the key or value (a
+// codec's name must parse as a codec spec).
+Model load_model(const std::string& path, const Model& base);
+// Writes every field of the model in the file format above, each number in the fewest digits that
+// read back as the same double, so that load_model over default_model() gives the model back; an
+// inter.rate not told is written as a comment (read back, it would be told). False with errno when
+// it cannot.
 bool save_model(const Model& model, const std::string& path);
 std::string format_model(const Model& model);
 

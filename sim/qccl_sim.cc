@@ -1,6 +1,7 @@
 // qccl_sim: qccl's collectives on a modeled cluster (sim/simulator.h), as an nccl-tests-style table,
 // and `qccl_sim calibrate`, which measures this machine's costs into a model file (sim/model.h).
 #include <getopt.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +16,6 @@
 #include <iostream>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "base/config.h"
@@ -49,8 +49,9 @@ DESCRIPTION
     of a host joined by another, CPU steps charged at measured costs per value (per codec and step),
     the kernel's TCP path charged per byte and per message at each end, all stretched where a host
     has fewer cores than ranks, whose blocked ranks also wait for a core when they wake. No data
-    moves (unless --execute); a 1,024-rank all-reduce of 1 GiB takes seconds. Not modeled: TCP's
-    losses and congestion control, switch buffers, NUMA. sim/model.h documents every term.
+    moves (unless --execute), and a codec state is addresses only, as the buffers are; a 1,024-rank
+    all-reduce of 1 GiB takes seconds. Not modeled: TCP's losses and congestion control, switch
+    buffers, NUMA. sim/model.h documents every term.
 
     Prints one row per message size and codec, as nccl-tests do: size, count, type, codec, the
     algorithm, the predicted time, algbw and busbw, the payload bytes the call puts on the links
@@ -69,9 +70,11 @@ DESCRIPTION
     calibrate measures this machine's CPU costs (copies, reductions, float32 accumulator steps,
     encode, decode and decode-accumulate of each codec, median of 5 runs on 4 Mi values, and each
     method's step kernels timed inside its all-reduce on an in-process network) and writes a model
-    file with the links given by --link and --intra. Pass it back with --model. The TCP path's costs
-    per byte and per message (cpu.wire, cpu.message) are not measured here: perf/validate_sim.sh
-    measures them on emulated hosts.
+    file with the links given by --link and --intra, every number in the digits that read back as
+    the same value. Without --link the file's inter.rate is a comment (the defaults' link, not told
+    to the library): read back, a file tells the library only a link it was given. Pass it back with
+    --model. The TCP path's costs per byte and per message (cpu.wire, cpu.message) are not measured
+    here: perf/validate_sim.sh measures them on emulated hosts.
 
 OPTIONS
     -n, --ranks N           ranks (default 8, at most 2^20); a comma list (64,256,1024) sweeps the
@@ -107,7 +110,9 @@ OPTIONS
     -d, --datatype T        float (default), half, bfloat16, double, int8, uint8, int32, uint32,
                             int64, uint64
     -o, --op OP             sum (default), prod, max, min, avg
-    -r, --root R            root of broadcast, reduce, gather, scatter (default 0)
+    -r, --root R            root of broadcast, reduce, gather, scatter (default 0); the other
+                            collectives have none and ignore it, as perf/'s *_perf do (a note on
+                            standard error says so)
     -a, --algo NAME         the algorithm (default: the one qccl picks; qccl_info lists them); a
                             name the collective has, else a bad option
     -z, --codec LIST        codecs, comma-separated (q8,q4:bucket=256,fp16; "none" or "" for
@@ -139,9 +144,12 @@ OPTIONS
 
 EXIT STATUS
     0 on success; 1 when a call cannot be simulated (its algorithm cannot run it, or its plans and
-    programs would pass 4 GiB) or --execute finds bytes that differ; 2 for a bad option or
-    combination, before any row (a host count, --ranks-per-host or root that a rank count of -n
-    cannot take).
+    programs would pass 4 GiB), --execute finds bytes that differ, or --plot cannot draw the picture
+    (python3 with matplotlib failed; the table is printed); 2 for a bad option or combination,
+    before any row (a host count, --ranks-per-host or root that a rank count of -n cannot take, an
+    empty value for an option that names a link or a file).
+    calibrate: 0 on success; 2 for a bad option or an -o FILE that cannot be written, before
+    anything is measured; 1 when writing the model fails after all.
 
 EXAMPLES
     qccl_sim -n 1024 --nodes 128 --link 10gbit --intra 300GB/s -b 1G -z none,q8,q4
@@ -153,6 +161,7 @@ struct Options {
   std::vector<int> ranks{8};
   Topology topology;
   int ranks_per_host = 0;
+  bool root_given = false;
   std::string link, intra, model_file;
   bool chunk_given = false;
   double latency = -1;
@@ -168,6 +177,34 @@ struct Options {
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "qccl_sim: %s\n(qccl_sim --help lists the options)\n", message.c_str());
   std::exit(2);
+}
+
+// The value of an option that names a link or a file: an empty one (-l "") read as no option at all,
+// so a script's unset variable ran on the defaults without a word.
+std::string named_value(const char* option, const char* value) {
+  if (!*value) usage_error(std::string(option) + ": the value is empty");
+  return value;
+}
+
+// A link given by an option, or a bad option naming it (the message names the rate, not the option).
+LinkClass parse_link_option(const char* option, const std::string& text, std::string* source) {
+  try {
+    return parse_link(text, source);
+  } catch (const std::invalid_argument& e) {
+    usage_error(std::string(option) + ": " + e.what());
+  }
+}
+
+// Why `path` cannot be written ("" when it can), found before minutes of measuring: an existing
+// file is left as it is (an interrupted calibration keeps the model it had) and none is left behind.
+std::string cannot_write(const std::string& path) {
+  struct stat st;
+  const bool existed = stat(path.c_str(), &st) == 0;
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) return std::strerror(errno);
+  std::fclose(f);
+  if (!existed) std::remove(path.c_str());
+  return "";
 }
 
 coll::CollKind parse_collective(const std::string& s) {
@@ -422,7 +459,7 @@ int run_calibrate(int argc, char** argv) {
   while ((c = getopt_long(argc, argv, "o:z:l:h", kLong, nullptr)) != -1) {
     switch (c) {
       case 'o':
-        out = optarg;
+        out = named_value("-o (--output)", optarg);
         break;
       case 'z':
         for (const std::string& s : split_codecs(optarg)) {
@@ -438,10 +475,10 @@ int run_calibrate(int argc, char** argv) {
         options.values = parse_bytes("--values", optarg, 1024, size_t{1} << 28, "values");
         break;
       case 'l':
-        link = optarg;
+        link = named_value("--link", optarg);
         break;
       case 'i':
-        intra = optarg;
+        intra = named_value("--intra", optarg);
         break;
       case 'h':
         std::fputs(kHelp, stdout);
@@ -453,10 +490,18 @@ int run_calibrate(int argc, char** argv) {
   if (optind < argc) usage_error(std::string("calibrate: unexpected argument '") + argv[optind] + "'");
   Model model = default_model();
   model.sources.clear();
+  std::string source;
+  if (!link.empty())
+    model.inter = parse_link_option("--link", link, &source), model.sources.push_back("inter " + source);
+  if (!intra.empty())
+    model.intra = parse_link_option("--intra", intra, &source), model.sources.push_back("intra " + source);
+  // Only a link given is told to the library when the file is read back (Model::inter_rate_told): the
+  // defaults' rate told would change the chunk, and the file would predict otherwise than they do.
+  model.inter_rate_told = !link.empty();
+  if (!out.empty())
+    if (const std::string why = cannot_write(out); !why.empty())
+      usage_error("-o " + out + ": cannot be written: " + why);
   try {
-    std::string source;
-    if (!link.empty()) model.inter = parse_link(link, &source), model.sources.push_back("inter " + source);
-    if (!intra.empty()) model.intra = parse_link(intra, &source), model.sources.push_back("intra " + source);
     char host[256] = "this machine";
     gethostname(host, sizeof host - 1);
     const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -549,16 +594,16 @@ Options parse_options(int argc, char** argv) {
         o.topology.machine_cores = parse_count("--machine-cores", optarg, 1, 1 << 20);
         break;
       case 'l':
-        o.link = optarg;
+        o.link = named_value("--link", optarg);
         break;
       case kIntra:
-        o.intra = optarg;
+        o.intra = named_value("--intra", optarg);
         break;
       case kLatency:
         o.latency = parse_real("--latency", optarg, 0, 100);
         break;
       case 'm':
-        o.model_file = optarg;
+        o.model_file = named_value("--model", optarg);
         break;
       case 'c':
         o.call.kind = parse_collective(optarg);
@@ -580,6 +625,7 @@ Options parse_options(int argc, char** argv) {
         break;
       case 'r':
         o.call.root = parse_count("--root", optarg, 0, 1 << 20);
+        o.root_given = true;
         break;
       case 'a':
         o.call.algorithm = optarg;
@@ -602,10 +648,10 @@ Options parse_options(int argc, char** argv) {
         o.execute = true;
         break;
       case kCsv:
-        o.csv = optarg;
+        o.csv = named_value("--csv", optarg);
         break;
       case kPlot:
-        o.plot = optarg;
+        o.plot = named_value("--plot", optarg);
         break;
       case kBreakEven:
         o.break_even = true;
@@ -636,6 +682,8 @@ Options parse_options(int argc, char** argv) {
       usage_error("--root " + std::to_string(o.call.root) + " is not a rank of " + ranks + " (0 to " +
                   std::to_string(n - 1) + ")");
   }
+  if (o.root_given && !coll::rooted(o.call.kind))  // as perf/'s *_perf take it
+    std::fprintf(stderr, "qccl_sim: --root %d ignored: %s has no root\n", o.call.root, coll::coll_name(o.call.kind));
   if (o.max_bytes == 0) o.max_bytes = o.min_bytes;
   if (o.max_bytes < o.min_bytes) usage_error("--maxbytes is smaller than --minbytes");
   if (o.min_bytes == 0 && o.max_bytes > 0)
@@ -671,22 +719,15 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "calibrate") == 0) return run_calibrate(argc - 1, argv + 1);
   Options o = parse_options(argc, argv);
   Model model = default_model();
-  bool link_told = !o.link.empty();  // the library is told the link between hosts (tell_link)
   try {
-    bool file_rate = false;
-    if (!o.model_file.empty()) model = load_model(o.model_file, model, &file_rate);
-    link_told |= file_rate;
+    if (!o.model_file.empty()) model = load_model(o.model_file, model);
   } catch (const std::invalid_argument& e) {
     usage_error(e.what());
   }
   std::string source;
-  for (auto [option, text, link] : {std::tuple{"--link", &o.link, &model.inter}, {"--intra", &o.intra, &model.intra}}) {
-    try {
-      if (!text->empty()) *link = parse_link(*text, &source);
-    } catch (const std::invalid_argument& e) {
-      usage_error(std::string(option) + ": " + e.what());  // the message names the rate, not the option
-    }
-  }
+  if (!o.link.empty()) model.inter = parse_link_option("--link", o.link, &source), model.inter_rate_told = true;
+  if (!o.intra.empty()) model.intra = parse_link_option("--intra", o.intra, &source);
+  const bool link_told = model.inter_rate_told;  // the library is told the link between hosts (tell_link)
   if (o.latency >= 0) model.inter.latency = o.latency;
   if (link_told) tell_link(model, o.chunk_given, &o.call);
 

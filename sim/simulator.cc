@@ -138,13 +138,14 @@ void check_plan_memory(const coll::Algorithm& algorithm, const Topology& topolog
              others.empty() ? "" : "; these fit: ", others.c_str()));
 }
 
-// Address space that can be neither read nor written: the simulated buffers (simulator.h).
+// Address space that can be neither read nor written: the simulated buffers and codec states
+// (simulator.h). `what` names them in the refusal.
 class Reservation {
  public:
-  explicit Reservation(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {
+  explicit Reservation(size_t bytes, const char* what = "the buffers") : bytes_(std::max<size_t>(bytes, 1)) {
     void* p = mmap(nullptr, bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
-      throw std::runtime_error("cannot reserve " + std::to_string(bytes_) + " bytes of address space for the buffers");
+      throw std::runtime_error("cannot reserve " + std::to_string(bytes_) + " bytes of address space for " + what);
     base_ = static_cast<std::byte*>(p);
   }
   ~Reservation() { munmap(base_, bytes_); }
@@ -161,8 +162,9 @@ class Reservation {
 // and a state, the random key, the node map, the algorithm.
 class Binding {
  public:
-  // shared_state: one codec state for every rank (the timed simulation: no numbers are computed).
-  Binding(const Topology& topology, const CallSpec& call, bool shared_state) : link_(call.link) {
+  // timed: the timed simulation, where no numbers are computed: one codec state stands for every
+  // rank's, its arrays addresses only (hollow_state).
+  Binding(const Topology& topology, const CallSpec& call, bool timed) : link_(call.link) {
     if (std::string why = topology.check(); !why.empty()) throw std::invalid_argument(why);
     const int n = topology.nranks;
     if (coll::rooted(call.kind) && (call.root < 0 || call.root >= n))
@@ -211,11 +213,13 @@ class Binding {
     view_.count = state_count;
     view_.learning_rate = 0.01;
     const coll::LegacyState seen_a_round{&zero_, 0, 1.0, true};
-    const size_t states = shared_state ? 1 : static_cast<size_t>(n);
-    for (size_t i = 0; i < states; ++i) {
-      states_.push_back(method_->make_state(state_count, codec_.get()));
-      if (states_.back()) states_.back()->load_legacy(seen_a_round);
+    if (timed) {
+      hollow_state(state_count);
+    } else {
+      for (int r = 0; r < n; ++r) states_.push_back(method_->make_state(state_count, codec_.get()));
     }
+    for (auto& state : states_)
+      if (state) state->load_legacy(seen_a_round);
     calls_.resize(static_cast<size_t>(n));
   }
 
@@ -233,6 +237,7 @@ class Binding {
     if (auto refusal = method_->refuse(a, &view_, a.aggregators)) throw std::invalid_argument(refusal->message);
     auto& call = calls_[static_cast<size_t>(r)];
     call = method_->begin(a, state, &view_);
+    if (!state_arrays_.empty()) call->use_device_arrays(state_arrays_);
     a.method_call = call.get();
     call->prepare(a);
     return a;
@@ -259,13 +264,46 @@ class Binding {
   const kernels::CodecConfig* codec() const { return codec_.get(); }
 
  private:
+  // The timed simulation's state: a state of one value stands for one of `count`, and the calls
+  // address its arrays (MethodState::device_arrays, which a call takes in place of the state's own, as
+  // for a device copy) in a reservation of the full size that cannot be read or written, as the
+  // buffers are. A timed run never reads a state, so a large call's (error feedback's float a value:
+  // 32 GiB for 32 GiB of float input) is neither allocated nor touched: made in full, it took 4.2 GB
+  // and 5 s at 4 GiB, and std::bad_alloc at 32 GiB. A method whose state has no arrays gets its state in
+  // full (IntSGD's moving average: a few bytes), held to the simulator's budget.
+  void hollow_state(size_t count) {
+    std::unique_ptr<coll::MethodState> stand_in = method_->make_state(1, codec_.get());
+    const size_t arrays = stand_in ? stand_in->device_arrays().size() : 0;
+    if (stand_in && arrays == 0) {
+      const double bytes = static_cast<double>(method_->state_bytes(count, codec_.get()));
+      if (bytes > kMaxHeldBytes)
+        throw std::invalid_argument(format("the codec state of %s would hold %s; the simulator holds up to %s",
+                                           codec_->canonical().c_str(), human_bytes(bytes).c_str(),
+                                           human_bytes(kMaxHeldBytes).c_str()));
+      states_.push_back(method_->make_state(count, codec_.get()));
+      return;
+    }
+    states_.push_back(std::move(stand_in));  // null where the method keeps nothing for this codec
+    if (arrays == 0) return;
+    // Each array takes no more than the whole state: a span of that size each, a page apart, within
+    // what a process's address space holds (2^47 bytes).
+    const size_t page = 4096, state_bytes = method_->state_bytes(count, codec_.get());
+    if (state_bytes > (size_t{1} << 46) / arrays)
+      throw std::invalid_argument("a codec state of " + std::to_string(count) + " values cannot be addressed");
+    const size_t span = (state_bytes + page - 1) / page * page;
+    state_space_ = std::make_unique<Reservation>(span * arrays, "the codec state");
+    for (size_t i = 0; i < arrays; ++i) state_arrays_.push_back(state_space_->base() + i * span);
+  }
+
   coll::NodeMap nodes_;
   coll::LinkFacts link_;
   std::unique_ptr<kernels::CodecConfig> codec_;
   const coll::Method* method_ = nullptr;
   coll::StateView view_;
   float zero_ = 0;
-  std::vector<std::unique_ptr<coll::MethodState>> states_;
+  std::vector<std::unique_ptr<coll::MethodState>> states_;  // one (timed), else one a rank
+  std::unique_ptr<Reservation> state_space_;                // timed: where the state's arrays are
+  std::vector<void*> state_arrays_;
   std::vector<std::unique_ptr<coll::MethodCall>> calls_;
   std::vector<coll::CollArgs> args_;
 };
@@ -304,7 +342,7 @@ class Engine {
         topology_(topology),
         call_(call),
         keep_link_bytes_(link_bytes),
-        binding_(topology, call, /*shared_state=*/true),
+        binding_(topology, call, /*timed=*/true),
         factor_(topology.oversubscription()),
         wakeup_(model.wakeup * (factor_ - 1)) {}
 
@@ -901,7 +939,7 @@ SimResult simulate(const Model& model, const Topology& topology, const CallSpec&
 
 std::map<std::pair<int, int>, uint64_t> execute(const Topology& topology, const CallSpec& call, StepProfile* profile) {
   const int n = topology.nranks;
-  Binding binding(topology, call, /*shared_state=*/false);
+  Binding binding(topology, call, /*timed=*/false);
   const size_t es = kernels::element_size(call.dtype);
   const size_t send_bytes = send_elements(call, n) * es, recv_bytes = recv_elements(call, n) * es;
   SimNetwork net(n);

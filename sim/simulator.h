@@ -21,7 +21,9 @@
 //
 // The call simulated is a steady-state one: the codec state (one, shared by every rank, since no
 // numbers are computed) is past its first round, where a method may behave differently (Marsit's
-// round 0 is a full-precision one; an adaptive IntSGD scale starts exact).
+// round 0 is a full-precision one; an adaptive IntSGD scale starts exact). Its arrays (error
+// feedback's residual, Marsit's compensation) are addresses in a reservation too, so a call of any
+// size allocates no state that grows with it.
 //
 // Simulation is discrete-event and conservative: ranks act in virtual-time order, so that the ports
 // serve messages in the order they were ready. Frame headers are not simulated; a rooted collective's
