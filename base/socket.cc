@@ -31,6 +31,12 @@ Deadline Deadline::sooner(double seconds) const {
   return !infinite_ && (d.infinite_ || at_ < d.at_) ? *this : d;
 }
 
+Deadline Deadline::later(double seconds) const {
+  Deadline d = *this;
+  if (!infinite_) d.at_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return d;
+}
+
 int Deadline::poll_ms() const {
   if (infinite_) return -1;
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at_ - Clock::now()).count();
@@ -215,9 +221,14 @@ Socket Socket::accept(const Deadline& deadline) {
       s.peer_ = Address::from_sockaddr(reinterpret_cast<sockaddr*>(&from), from_len);
       return s;
     }
-    if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN)
-      fail(qcclSystemError, "accept on %s failed: %s", local_address().to_string().c_str(),
-           errno_string(errno).c_str());
+    // Linux reports through accept() the network errors already pending on the new connection, to
+    // be retried like EAGAIN (accept(2)): they are that connection's, not the listener's.
+    const int err = errno;
+    const bool connection_error = err == ECONNABORTED || err == EPROTO || err == ENETDOWN || err == ENOPROTOOPT ||
+                                  err == EHOSTDOWN || err == ENONET || err == EHOSTUNREACH || err == EOPNOTSUPP ||
+                                  err == ENETUNREACH;
+    if (err != EINTR && err != EAGAIN && !connection_error)
+      fail(qcclSystemError, "accept on %s failed: %s", local_address().to_string().c_str(), errno_string(err).c_str());
   }
 }
 

@@ -21,6 +21,8 @@ class Deadline {
   static Deadline never() { return Deadline(); }
   // The earlier of this deadline and `seconds` from now (an expired deadline stays expired).
   Deadline sooner(double seconds) const;
+  // This deadline `seconds` later (never stays never).
+  Deadline later(double seconds) const;
   static constexpr double kForeverSeconds = 1e9;  // 31 years; the clock's nanoseconds overflow past 9e9
   bool expired() const { return !infinite_ && Clock::now() >= at_; }
   // Milliseconds left for poll(): -1 for never, else >= 0.
@@ -71,7 +73,9 @@ class Socket {
   // listening yet). TCP_NODELAY and keepalive on.
   static Socket connect(const Address& to, const Deadline& deadline);
 
-  // Waits for a connection until the deadline; an invalid Socket on timeout.
+  // Waits for a connection until the deadline; an invalid Socket on timeout. A connection that failed
+  // before it was accepted is skipped; the rest (out of descriptors, buffers or memory: EMFILE,
+  // ENFILE, ENOBUFS, ENOMEM) throw Error(qcclSystemError), and the listener stays good.
   Socket accept(const Deadline& deadline);
   void send_all(const void* data, size_t bytes, const Deadline& deadline);
   void recv_all(void* data, size_t bytes, const Deadline& deadline);

@@ -350,17 +350,29 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
     Config resolved = Config::resolve(config);
     EnvLaunch launch = read_launch_environment();
     BootstrapId id;
+    RootServiceHandle private_root;
     if (launch.nranks == 1) {
       // A job of one: a private root on loopback keeps a single code path (QCCL_MAGIC checked all the same).
       net::Socket listener = net::Socket::listen(net::Address::parse("127.0.0.1:0", "loopback"));
       id = BootstrapId{env("QCCL_MAGIC") ? launch_magic(launch) : random_magic(), listener.local_address()};
-      start_root_service(std::move(listener), id.magic, 1, resolved.timeout_seconds);
+      // Its one rank is this init, now, and is done with it once the init returns: stopped then (a
+      // failed init, one that never said hello, left its thread and port waiting for ever), and
+      // waiting for the hello no longer than the timeout in any case.
+      private_root = start_root_service(
+          std::move(listener), id.magic, 1, resolved.timeout_seconds,
+          resolved.timeout_seconds > 0 ? net::Deadline::after(resolved.timeout_seconds) : net::Deadline::never());
     } else {
       id = BootstrapId{launch_magic(launch), launch.root_address};
       if (launch.rank == 0) start_root_at(id, launch.nranks, resolved.timeout_seconds, false);
     }
     QCCL_INFO("qcclCommInitEnv: rank %d of %d from %s", launch.rank, launch.nranks, launch.source.c_str());
-    *comm = wrap(Comm::create(id, launch.nranks, launch.rank, resolved));
+    try {
+      *comm = wrap(Comm::create(id, launch.nranks, launch.rank, resolved));
+    } catch (...) {
+      private_root.stop();
+      throw;
+    }
+    private_root.stop();  // it has sent this rank the table: this waits for its thread's last moment
   });
 }
 

@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -29,14 +30,59 @@ constexpr uint32_t kIdTag = 0x44494351;     // "QCID"
 constexpr uint32_t kHelloTag = 0x4c484351;  // "QCHL"
 constexpr uint32_t kTableTag = 0x42544351;  // "QCTB"
 constexpr uint32_t kRefuseTag = 0x4f4e4351; // "QCNO"
-constexpr uint32_t kVersion = 2;  // 2: PeerInfo carries QCCL_CODEC=auto's inputs
+constexpr uint32_t kMissingTag = 0x534d4351; // "QCMS": the root gave up, naming the ranks that never came
+// 3: the hello carries the rank's time left, PeerInfo the transport's library version, and the root
+// may answer kMissingTag;
+// 2: PeerInfo carries QCCL_CODEC=auto's inputs.
+constexpr uint32_t kVersion = 3;
 // 3: a flags byte after the address, written only when a flag is set (an id of version 2 is what an
 // older qccl reads); 2: no flags; 1 carried the root's address as text.
 constexpr uint32_t kIdVersion = 3;
 constexpr uint8_t kRootAtInit = 1;  // the id's flags
-constexpr size_t kHelloHeaderBytes = 4 + 4 + 8 + 4 + 4 + 4;
+constexpr size_t kHelloHeaderBytes = 4 + 4 + 8 + 4 + 4 + 4 + 4;
 constexpr size_t kMaxBlobBytes = 64 * 1024;
 constexpr double kHelloSeconds = 10.0;  // a connection must say hello this fast or be dropped
+// At most this many accepted connections wait for their hello at once. A burst of idle connections (a
+// scanner, a misdirected client) would otherwise hold a descriptor each until its hello deadline, and
+// the root's process needs descriptors for its own rank (UCX, the control plane). At the bound the
+// root stops accepting (newcomers wait in the kernel's backlog, costing it nothing) and drops the
+// oldest connection that has said nothing for kSilentDropSeconds: a rank sends its hello as soon as
+// it has connected, so a connection silent that long is not likely a rank, and one part-way through
+// its hello is never dropped. (Dropping the oldest outright could drop a rank that was slow to send
+// during a burst of real ranks; refusing newcomers outright would let idle ones hold the root for
+// their whole kHelloSeconds.)
+constexpr size_t kMaxPendingHellos = 64;
+constexpr double kSilentDropSeconds = 1.0;
+// An accept that failed (out of descriptors, buffers or memory: EMFILE, ENFILE, ENOBUFS, ENOMEM) is
+// retried after this long, the connections already accepted served meanwhile: descriptors come back
+// as they close, and ending the root would fail every rank at its timeout with "connection refused".
+constexpr double kAcceptBackoffSeconds = 0.1;
+// The root gives up on ranks that never came a little before the deadline of the first rank to give up
+// (each says in its hello how long it has left: its timeout is its own, the root's QCCL_TIMEOUT may be
+// another), and a rank waits this long past its deadline for the root's word: the ranks then hear
+// which ranks never joined, not only that they timed out. (Once one of them has given up, the
+// communicator cannot form.)
+double root_give_up_margin(double timeout_seconds) { return std::min(1.0, 0.1 * timeout_seconds); }
+constexpr double kRootWordGraceSeconds = 1.0;
+
+// "2", "2, 5-9, 12": ranks in increasing order, as ranges, at most kShown of them then a count.
+std::string describe_ranks(const std::vector<int>& ranks) {
+  constexpr int kShown = 16;
+  std::string text;
+  int ranges = 0;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (ranges == kShown) {
+      text += format(", ... (%zu in all)", ranks.size());
+      break;
+    }
+    text += (ranges ? ", " : "") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+    ++ranges;
+    i = j + 1;
+  }
+  return text;
+}
 
 }  // namespace
 
@@ -110,27 +156,23 @@ namespace {
 class RootService {
  public:
   // Waits for the first rank until `first_rank`, then `timeout` seconds for the rest.
-  RootService(net::Socket listener, uint64_t magic, int nranks, double timeout, const net::Deadline& first_rank)
-      : listener_(std::move(listener)), magic_(magic), nranks_(nranks), timeout_(timeout), deadline_(first_rank) {}
+  RootService(net::Socket listener, uint64_t magic, int nranks, double timeout, const net::Deadline& first_rank,
+              std::shared_ptr<std::atomic<bool>> stop_requested)
+      : listener_(std::move(listener)), magic_(magic), nranks_(nranks), timeout_(timeout), deadline_(first_rank),
+        stop_requested_(std::move(stop_requested)) {}
 
   void run() {
     const std::string where = listener_.local_address().to_string();
     try {
-      while (static_cast<int>(ranks_.size()) < nranks_ || nranks_ == 0) {
-        if (deadline_.expired()) {
-          QCCL_WARN("bootstrap root %s: gave up after the timeout with %zu of %d ranks joined", where.c_str(),
-                    ranks_.size(), nranks_);
-          return;
-        }
-        poll_once(where);
-      }
-      // Closed first: a communicator made next on the same address (an id from an address, a
-      // launcher's root) may then listen there while the tables go out.
-      listener_.close();
-      send_tables(where);
+      serve(where);
     } catch (const Error& e) {
       QCCL_WARN("bootstrap root %s: %s", where.c_str(), e.message().c_str());
     }
+    // Now, not when the last owner lets go of the service: a stopped root's port and connections
+    // are gone once RootServiceHandle::stop returns.
+    listener_.close();
+    pending_.clear();
+    ranks_.clear();
   }
 
  private:
@@ -138,21 +180,63 @@ class RootService {
     net::Socket socket;
     std::vector<uint8_t> bytes;
     net::Deadline deadline;
+    net::Deadline silent_drop;  // when, still silent, it may make room for another (kMaxPendingHellos)
   };
   struct Joined {
     net::Socket socket;
     std::vector<uint8_t> blob;
   };
 
+  void serve(const std::string& where) {
+    while (static_cast<int>(ranks_.size()) < nranks_ || nranks_ == 0) {
+      if (stop_requested_->load()) return;
+      if (deadline_.expired()) {
+        give_up(where);
+        return;
+      }
+      poll_once(where);
+    }
+    // Closed first: a communicator made next on the same address (an id from an address, a
+    // launcher's root) may then listen there while the tables go out.
+    listener_.close();
+    send_tables(where);
+  }
+
+  // Tells every rank that joined which ranks never did (they wait kRootWordGraceSeconds past their
+  // deadline for it), and logs it.
+  void give_up(const std::string& where) {
+    if (ranks_.empty()) {
+      QCCL_WARN("bootstrap root %s: gave up after the timeout with no rank joined", where.c_str());
+      return;
+    }
+    std::vector<int> missing;
+    for (int r = 0; r < nranks_; ++r)
+      if (!ranks_.count(r)) missing.push_back(r);
+    const std::string text = format("%s %s (of %d) never joined the bootstrap at %s",
+                                    missing.size() == 1 ? "rank" : "ranks", describe_ranks(missing).c_str(), nranks_,
+                                    where.c_str());
+    QCCL_WARN("bootstrap root %s: gave up after the timeout: %s", where.c_str(), text.c_str());
+    ByteWriter w;
+    w.put<uint32_t>(kMissingTag);
+    w.put_string(text);
+    for (auto& [rank, joined] : ranks_) {
+      try {
+        joined.socket.send_all(w.bytes().data(), w.bytes().size(), net::Deadline::after(1.0));
+      } catch (const Error&) {
+        // That rank is gone already (it gave up); the others still hear.
+      }
+    }
+  }
+
   void poll_once(const std::string& where) {
+    drop_a_silent_one_if_full(where);
+    const bool accepting =
+        pending_.size() < kMaxPendingHellos && (!accept_failing_ || accept_paused_.expired());
     std::vector<pollfd> fds;
-    fds.push_back({listener_.fd(), POLLIN, 0});
+    fds.push_back({listener_.fd(), static_cast<short>(accepting ? POLLIN : 0), 0});
     for (auto& p : pending_) fds.push_back({p->socket.fd(), POLLIN, 0});
     ::poll(fds.data(), fds.size(), 100);
-    if (fds[0].revents & POLLIN) {
-      net::Socket s = listener_.accept(net::Deadline::after(0.001));
-      if (s.valid()) pending_.push_back(std::make_unique<Pending>(Pending{std::move(s), {}, net::Deadline::after(kHelloSeconds)}));
-    }
+    if (accepting && (fds[0].revents & POLLIN)) accept_one(where);
     for (size_t i = 0; i < pending_.size();) {
       bool keep = true;
       try {
@@ -163,6 +247,34 @@ class RootService {
       }
       if (keep) ++i;
       else pending_.erase(pending_.begin() + static_cast<long>(i));
+    }
+  }
+
+  void accept_one(const std::string& where) {
+    try {
+      net::Socket s = listener_.accept(net::Deadline::after(0.001));
+      accept_failing_ = false;
+      if (s.valid())
+        pending_.push_back(std::make_unique<Pending>(Pending{std::move(s), {}, net::Deadline::after(kHelloSeconds),
+                                                             net::Deadline::after(kSilentDropSeconds)}));
+    } catch (const Error& e) {  // the listener itself stays good: see kAcceptBackoffSeconds
+      if (!accept_failing_)
+        QCCL_WARN("bootstrap root %s: %s; retrying every %g s while serving the %zu connections it has", where.c_str(),
+                  e.message().c_str(), kAcceptBackoffSeconds, pending_.size());
+      accept_failing_ = true;
+      accept_paused_ = net::Deadline::after(kAcceptBackoffSeconds);
+    }
+  }
+
+  void drop_a_silent_one_if_full(const std::string& where) {
+    if (pending_.size() < kMaxPendingHellos) return;
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (!pending_[i]->bytes.empty() || !pending_[i]->silent_drop.expired()) continue;
+      refuse(*pending_[i], where,
+             format("dropped: %zu connections were waiting for their hello, and this one had said nothing for %g s",
+                    pending_.size(), kSilentDropSeconds));
+      pending_.erase(pending_.begin() + static_cast<long>(i));
+      return;
     }
   }
 
@@ -190,6 +302,7 @@ class RootService {
     uint64_t magic = r.get<uint64_t>();
     int32_t rank = r.get<int32_t>();
     int32_t nranks = r.get<int32_t>();
+    const int32_t time_left_ms = r.get<int32_t>();  // -1: no deadline
     uint32_t blob_len = r.get<uint32_t>();
     if (version != kVersion) fail(qcclRemoteError, "protocol version %u, expected %u", version, kVersion);
     if (magic != magic_)
@@ -206,7 +319,11 @@ class RootService {
     if (rank < 0 || rank >= nranks) fail(qcclRemoteError, "rank %d is not in [0, %d)", rank, nranks);
     if (ranks_.count(rank)) fail(qcclRemoteError, "rank %d has already joined", rank);
     nranks_ = nranks;  // the first valid hello's count (a refused one fixes nothing)
-    if (ranks_.empty()) deadline_ = net::Deadline::after(timeout_);
+    if (ranks_.empty()) deadline_ = net::Deadline::after(timeout_ > 0 ? timeout_ - root_give_up_margin(timeout_) : 0);
+    if (time_left_ms >= 0) {
+      const double left = time_left_ms / 1000.0;
+      deadline_ = deadline_.sooner(std::max(0.001, left - root_give_up_margin(left)));
+    }
     Joined j{std::move(p.socket), std::vector<uint8_t>(p.bytes.begin() + kHelloHeaderBytes,
                                                        p.bytes.begin() + static_cast<long>(kHelloHeaderBytes + blob_len))};
     ranks_.emplace(rank, std::move(j));
@@ -247,17 +364,40 @@ class RootService {
   int nranks_;
   double timeout_;
   net::Deadline deadline_;  // the first rank's, then from its arrival
+  std::shared_ptr<std::atomic<bool>> stop_requested_;  // by RootServiceHandle::stop
   std::vector<std::unique_ptr<Pending>> pending_;
   std::map<int, Joined> ranks_;
+  bool accept_failing_ = false;
+  net::Deadline accept_paused_;  // while accept_failing_: when to try again
 };
 
 }  // namespace
 
-void start_root_service(net::Socket listener, uint64_t magic, int expected_nranks, double timeout_seconds,
-                        const net::Deadline& first_rank) {
-  auto service =
-      std::make_shared<RootService>(std::move(listener), magic, expected_nranks, timeout_seconds, first_rank);
-  std::thread([service] { service->run(); }).detach();
+RootServiceHandle::~RootServiceHandle() {
+  if (thread_.joinable()) thread_.detach();  // the service runs on, and ends by itself
+}
+
+RootServiceHandle& RootServiceHandle::operator=(RootServiceHandle&& other) noexcept {
+  if (this != &other) {
+    if (thread_.joinable()) thread_.detach();
+    stop_requested_ = std::move(other.stop_requested_);
+    thread_ = std::move(other.thread_);
+  }
+  return *this;
+}
+
+void RootServiceHandle::stop() {
+  if (!thread_.joinable()) return;
+  stop_requested_->store(true);
+  thread_.join();
+}
+
+RootServiceHandle start_root_service(net::Socket listener, uint64_t magic, int expected_nranks, double timeout_seconds,
+                                     const net::Deadline& first_rank) {
+  auto stop_requested = std::make_shared<std::atomic<bool>>(false);
+  auto service = std::make_shared<RootService>(std::move(listener), magic, expected_nranks, timeout_seconds,
+                                               first_rank, stop_requested);
+  return RootServiceHandle(std::move(stop_requested), std::thread([service] { service->run(); }));
 }
 
 std::vector<std::vector<uint8_t>> exchange_through_root(const BootstrapId& id, int rank, int nranks,
@@ -270,23 +410,27 @@ std::vector<std::vector<uint8_t>> exchange_through_root(const BootstrapId& id, i
   w.put<uint64_t>(id.magic);
   w.put<int32_t>(rank);
   w.put<int32_t>(nranks);
+  w.put<int32_t>(deadline.poll_ms());  // the time we have left (-1: no deadline), for the root's give_up
   w.put<uint32_t>(static_cast<uint32_t>(blob.size()));
   w.bytes().insert(w.bytes().end(), blob.begin(), blob.end());
   s.send_all(w.bytes().data(), w.bytes().size(), deadline);
 
   const std::string root = id.root.to_string();
+  // The root's answer is awaited a little past our deadline: the root gives up on missing ranks just
+  // before it, and says which.
+  const net::Deadline answer = deadline.later(kRootWordGraceSeconds);
   uint32_t tag = 0;
   try {
-    s.recv_all(&tag, sizeof(tag), deadline);
+    s.recv_all(&tag, sizeof(tag), answer);
   } catch (const Error& e) {
     fail(e.code(), "bootstrap: waiting for the other ranks at root %s: %s", root.c_str(), e.message().c_str());
   }
   auto read_sized = [&](size_t max_len) {
     uint32_t len = 0;
-    s.recv_all(&len, sizeof(len), deadline);
+    s.recv_all(&len, sizeof(len), answer);
     if (len > max_len) fail(qcclRemoteError, "bootstrap: root %s sent a field of %u bytes", root.c_str(), len);
     std::vector<uint8_t> bytes(len);
-    s.recv_all(bytes.data(), len, deadline);
+    s.recv_all(bytes.data(), len, answer);
     return bytes;
   };
   if (tag == kRefuseTag) {
@@ -294,9 +438,13 @@ std::vector<std::vector<uint8_t>> exchange_through_root(const BootstrapId& id, i
     fail(qcclInvalidArgument, "bootstrap root %s refused rank %d: %s", root.c_str(), rank,
          std::string(reason.begin(), reason.end()).c_str());
   }
+  if (tag == kMissingTag) {
+    auto missing = read_sized(4096);
+    fail(qcclTimeout, "bootstrap: %s", std::string(missing.begin(), missing.end()).c_str());
+  }
   if (tag != kTableTag) fail(qcclRemoteError, "bootstrap: root %s answered with tag 0x%08x", root.c_str(), tag);
   uint32_t count = 0;
-  s.recv_all(&count, sizeof(count), deadline);
+  s.recv_all(&count, sizeof(count), answer);
   if (static_cast<int>(count) != nranks)
     fail(qcclRemoteError, "bootstrap: root %s sent %u entries for %d ranks", root.c_str(), count, nranks);
   std::vector<std::vector<uint8_t>> blobs(count);
@@ -339,6 +487,7 @@ std::vector<uint8_t> PeerInfo::serialize() const {
   w.put_string(node_map);
   w.put_string(algorithms);
   w.put_string(aggregators);
+  w.put_string(transport_version);
   return std::move(w.bytes());
 }
 
@@ -375,6 +524,7 @@ PeerInfo PeerInfo::parse(const std::vector<uint8_t>& bytes, int rank) {
   p.node_map = r.get_string(1 << 20);
   p.algorithms = r.get_string(4096);
   p.aggregators = r.get_string(1 << 20);
+  p.transport_version = r.get_string(64);
   return p;
 }
 

@@ -9,8 +9,11 @@
 // communicator being built. The blob carries what the ranks need from each other (PeerInfo).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/socket.h"
@@ -33,11 +36,31 @@ void encode_unique_id(const BootstrapId& id, qcclUniqueId* out);
 // Throws Error(qcclInvalidArgument) when the bytes are not a qccl unique id.
 BootstrapId decode_unique_id(const qcclUniqueId& id);
 
-// Starts the root service on `listener` in a detached thread. expected_nranks = 0 learns it from the
+// A root service's thread. Dropping the handle leaves the service running until it ends by itself.
+class RootServiceHandle {
+ public:
+  RootServiceHandle() = default;
+  RootServiceHandle(std::shared_ptr<std::atomic<bool>> stop_requested, std::thread thread)
+      : stop_requested_(std::move(stop_requested)), thread_(std::move(thread)) {}
+  RootServiceHandle(RootServiceHandle&&) = default;
+  RootServiceHandle& operator=(RootServiceHandle&& other) noexcept;  // the service it held runs on
+  ~RootServiceHandle();
+  // Ends the service (within 0.1 s), closing its port and every connection, and waits for its thread.
+  void stop();
+
+ private:
+  std::shared_ptr<std::atomic<bool>> stop_requested_;
+  std::thread thread_;
+};
+
+// Starts the root service on `listener` in its own thread. expected_nranks = 0 learns it from the
 // first valid hello. The thread waits for the first rank until `first_rank` (a unique id may be used
-// long after it was made), then gives up (with a WARN) `timeout_seconds` after it came (0: never).
-void start_root_service(net::Socket listener, uint64_t magic, int expected_nranks, double timeout_seconds,
-                        const net::Deadline& first_rank = net::Deadline::never());
+// long after it was made), then gives up `timeout_seconds` after it came (0: never), or just before
+// the first of the ranks that came gives up (each says in its hello when); it then tells them which
+// ranks never came, and logs it (WARN). Accept errors (out of descriptors, ...) are logged and
+// retried: the root serves on.
+RootServiceHandle start_root_service(net::Socket listener, uint64_t magic, int expected_nranks, double timeout_seconds,
+                                     const net::Deadline& first_rank = net::Deadline::never());
 
 // Rank side: sends our blob to the root and returns every rank's blob, indexed by rank.
 std::vector<std::vector<uint8_t>> exchange_through_root(const BootstrapId& id, int rank, int nranks,
@@ -74,6 +97,9 @@ struct PeerInfo {
   int32_t pipeline_depth = 0;  // QCCL_PIPELINE_DEPTH (auto's model takes rank 0's)
   std::string algorithms;      // what QCCL_ALGO (or config->algorithms) forces (AlgorithmPolicy::forced)
   std::string aggregators;     // QCCL_AGGREGATORS as given ("": none)
+  // The transport library's version (UCX's, "1.13.1"): a worker address is unpacked only by the same
+  // version (Comm::join compares them before any is).
+  std::string transport_version;
 
   std::vector<uint8_t> serialize() const;
   static PeerInfo parse(const std::vector<uint8_t>& bytes, int rank);

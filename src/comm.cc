@@ -120,7 +120,15 @@ void Comm::check_settings(const Config& config, int nranks) {
 
 std::shared_ptr<Comm> Comm::create(const BootstrapId& id, int nranks, int rank, const Config& config) {
   std::shared_ptr<Comm> comm(new Comm(rank, nranks, config));
-  comm->join(id);
+  try {
+    comm->join(id);
+  } catch (const Error& e) {
+    // Once the control plane is up (the transport's connection, the aggregators, the barrier, ...),
+    // the others would read this rank's closed connection as a crash ("the process died ..."): it
+    // tells them why it leaves instead.
+    if (comm->control_) comm->control_->report_failure(Failure{e.code(), e.message(), 0}, /*departing=*/true);
+    throw;
+  }
   return comm;
 }
 
@@ -142,6 +150,7 @@ void Comm::join(const BootstrapId& id) {
   me.pid = static_cast<int32_t>(getpid());
   me.topology = topology_.summary();
   me.transport_address = transport_->address();
+  me.transport_version = transport::UcxTransport::library_version();
   // The links between nodes are measured after the transport is up (QCCL_LINK_RATE=probe, or auto's
   // model without a rate), when there are several nodes: every rank decides alike, from what all
   // agree on.
@@ -165,6 +174,16 @@ void Comm::join(const BootstrapId& id) {
     peers_.push_back(PeerInfo::parse(blobs[r], r));
     names_.push_back(format("rank %d (%s:%d)", r, peers_[r].hostname.c_str(), peers_[r].pid));
   }
+  // Before any worker address is unpacked (transport_->connect): UCX reads another version's address
+  // with assertions, which abort every rank, and an empty one would leave a peer without an endpoint.
+  for (int r = 0; r < nranks_; ++r)
+    if (peers_[r].transport_version != peers_[0].transport_version)
+      fail(qcclSystemError, "%s runs UCX %s, %s UCX %s: every rank must run the same UCX version (a worker address "
+           "is read only by the version that wrote it)", names_[r].c_str(), peers_[r].transport_version.c_str(),
+           names_[0].c_str(), peers_[0].transport_version.c_str());
+  for (int r = 0; r < nranks_; ++r)
+    if (peers_[r].transport_address.empty())
+      fail(qcclRemoteError, "%s sent an empty UCX worker address", names_[r].c_str());
   int local = 0;
   for (const PeerInfo& p : peers_) local += p.same_host(me) ? 1 : 0;
   node_map_ = compute_node_map(peers_, config_.node_map);

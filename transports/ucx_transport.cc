@@ -158,13 +158,20 @@ void UcxTransport::connect(const std::vector<std::vector<uint8_t>>& addresses) {
   if (static_cast<int>(addresses.size()) != nranks_)
     fail(qcclInternalError, "UcxTransport::connect: %zu addresses for %d ranks", addresses.size(), nranks_);
   endpoints_.assign(nranks_, nullptr);
-  for (int peer = 0; peer < nranks_; ++peer)
-    if (!addresses[peer].empty()) connect_peer(peer, addresses[peer]);
+  for (int peer = 0; peer < nranks_; ++peer) connect_peer(peer, addresses[peer]);
+}
+
+std::string UcxTransport::library_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
 }
 
 void UcxTransport::connect_peer(int peer, const std::vector<uint8_t>& address) {
   if (peer < 0 || peer >= kMaxRanks) fail(qcclInternalError, "UcxTransport::connect_peer: peer %d", peer);
   if (static_cast<size_t>(peer) >= endpoints_.size()) endpoints_.resize(static_cast<size_t>(peer) + 1, nullptr);
+  // (A null endpoint would crash the first send to that peer.)
+  if (address.empty()) fail(qcclRemoteError, "peer %d sent an empty UCX worker address", peer);
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   params.address = reinterpret_cast<const ucp_address_t*>(address.data());

@@ -31,8 +31,11 @@ class UcxTransport final : public Transport {
 
   // This worker's address, to be exchanged through the bootstrap.
   const std::vector<uint8_t>& address() const { return address_; }
-  // Creates an endpoint to every rank from their addresses (addresses[rank] is ours; an empty
-  // address leaves that peer unconnected).
+  // The UCX library's version, "major.minor.release" (ucp_get_version): a worker address is packed
+  // for the same version to unpack, and another version's trips UCX's assertions in ucp_ep_create.
+  static std::string library_version();
+  // Creates an endpoint to every rank from their addresses (addresses[rank] is ours). Throws
+  // Error(qcclRemoteError) for an empty address.
   void connect(const std::vector<std::vector<uint8_t>>& addresses);
   // Connects one more peer, numbered `peer` (>= the ranks: IntSGD's aggregators), whose worker
   // announces itself with that number as its sender rank.

@@ -3,8 +3,12 @@
 // being built, and bad ids, ranks and rank counts are clear errors.
 #include <catch2/catch.hpp>
 
+#include <dirent.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -13,11 +17,14 @@
 #include <thread>
 #include <vector>
 
+#include "base/config.h"
 #include "base/errors.h"
 #include "base/wire.h"
 #include "include/qccl.h"
+#include "src/aggregator.h"
 #include "src/bootstrap.h"
 #include "src/control.h"
+#include "transports/ucx_transport.h"
 
 namespace qccl::test {
 namespace {
@@ -43,12 +50,60 @@ std::string talk_to_root(const qcclUniqueId& id, const std::vector<uint8_t>& byt
 std::vector<uint8_t> hello(uint64_t magic, int rank, int nranks) {
   ByteWriter w;
   w.put<uint32_t>(0x4c484351);  // "QCHL"
-  w.put<uint32_t>(2);  // the protocol version (src/bootstrap.cc)
+  w.put<uint32_t>(3);  // the protocol version (src/bootstrap.cc)
   w.put<uint64_t>(magic);
   w.put<int32_t>(rank);
   w.put<int32_t>(nranks);
+  w.put<int32_t>(-1);  // the rank's time left: none
   w.put<uint32_t>(0);
   return w.bytes();
+}
+
+// Entries of a /proc directory: this process's descriptors or threads.
+int proc_entries(const char* dir) {
+  int n = 0;
+  DIR* d = opendir(dir);
+  if (!d) return -1;
+  while (const dirent* e = readdir(d)) n += e->d_name[0] != '.' ? 1 : 0;
+  closedir(d);
+  return n;
+}
+
+// Ranks 0 and 1 join from threads (timeout 5 s); rank 2's hello is `forged`, sent through the root by
+// another thread that then leaves. Returns ranks 0 and 1's results and messages.
+std::vector<qcclResult_t> join_beside_forged_rank(const PeerInfo& forged, std::vector<std::string>* messages) {
+  qcclUniqueId id;
+  REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  std::thread forger([&] {
+    try {
+      exchange_through_root(decode_unique_id(id), 2, 3, forged.serialize(), net::Deadline::after(10));
+    } catch (const Error&) {
+    }
+  });
+  std::vector<qcclResult_t> results(2);
+  messages->assign(2, "");
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      qcclConfig_t config = QCCL_CONFIG_INITIALIZER;
+      config.timeoutSeconds = 5;
+      qcclComm_t comm = nullptr;
+      results[r] = qcclCommInitRankConfig(&comm, 3, id, r, &config);
+      (*messages)[r] = qcclGetLastError(nullptr);
+      if (comm) qcclCommDestroy(comm);
+    });
+  for (auto& t : ranks) t.join();
+  forger.join();
+  return results;
+}
+
+// What a rank of this build tells the others, as far as the other ranks check it.
+PeerInfo plausible_peer() {
+  PeerInfo p;
+  p.hostname = "forged", p.boot_id = "x", p.pid = 99999, p.cpus = 1;
+  p.chunk_bytes = Config::resolve(nullptr).chunk_bytes;
+  p.transport_version = transport::UcxTransport::library_version();
+  return p;
 }
 
 // Every thread joins as one rank (declaring declared[r] ranks, by default nranks), then all-reduces
@@ -351,6 +406,143 @@ TEST_CASE("peer information round-trips, and malformed or hostile blobs fail cle
     r.codec_costs = {bad};
     CHECK_THROWS_WITH(PeerInfo::parse(r.serialize(), 1), Catch::Contains("codec cost"));
   }
+}
+
+TEST_CASE("the bootstrap root survives running out of descriptors, and holds few idle connections", "[bootstrap]") {
+  qcclUniqueId id;
+  REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  const BootstrapId b = decode_unique_id(id);
+  // A burst of idle connections: the root holds at most 64 of them (it held them all, a descriptor
+  // each, until their hello deadline).
+  {
+    const int before = proc_entries("/proc/self/fd");
+    std::vector<net::Socket> idle;
+    for (int i = 0; i < 100; ++i) idle.push_back(net::Socket::connect(b.root, net::Deadline::after(5)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(proc_entries("/proc/self/fd") - before <= 100 + 64 + 4);  // ours, the root's, slack
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the root has closed its ends of them
+  // The root's process out of descriptors (16 more than it has) under a burst of 60 connections from
+  // another process: its accepts fail with EMFILE until the burst goes. The root ended there, and
+  // every rank then failed at its timeout with "connection refused".
+  rlimit normal{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &normal) == 0);
+  rlimit low = normal;
+  low.rlim_cur = static_cast<rlim_t>(proc_entries("/proc/self/fd") + 16);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  const pid_t burst = fork();
+  if (burst == 0) {
+    setrlimit(RLIMIT_NOFILE, &normal);
+    for (int i = 0; i < 60; ++i) {
+      const int fd = ::socket(b.root.family(), SOCK_STREAM, 0);
+      if (fd < 0 || ::connect(fd, b.root.sa(), b.root.len()) != 0) _exit(1);
+    }
+    ::sleep(1);
+    _exit(0);
+  }
+  int status = -1;
+  waitpid(burst, &status, 0);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &normal) == 0);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  std::vector<std::string> messages;
+  const std::vector<qcclResult_t> results = run_ranks(id, 2, {}, 10, &messages);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << messages[r]);
+    CHECK(results[r] == qcclSuccess);
+  }
+}
+
+TEST_CASE("a failed single-rank qcclCommInitEnv leaves no root thread or port behind", "[bootstrap]") {
+  REQUIRE(setenv("QCCL_NODE_MAP", "0,0", 1) == 0);  // two ranks' nodes for a job of one: fails after the root started
+  const int descriptors = proc_entries("/proc/self/fd"), threads = proc_entries("/proc/self/task");
+  for (int i = 0; i < 10; ++i) {
+    qcclComm_t comm = nullptr;
+    CHECK(qcclCommInitEnv(&comm, nullptr) == qcclInvalidArgument);
+  }
+  REQUIRE(unsetenv("QCCL_NODE_MAP") == 0);
+  CHECK(proc_entries("/proc/self/fd") <= descriptors);  // (a root of an earlier test may have ended since)
+  CHECK(proc_entries("/proc/self/task") <= threads);
+  // A job of one still forms.
+  qcclComm_t comm = nullptr;
+  REQUIRE(qcclCommInitEnv(&comm, nullptr) == qcclSuccess);
+  CHECK(qcclCommDestroy(comm) == qcclSuccess);
+}
+
+TEST_CASE("a peer's empty UCX worker address or other UCX version is refused before any address is read",
+          "[bootstrap]") {
+  std::vector<std::string> messages;
+  {
+    // An empty address left rank 2 without an endpoint (a crash at the first send to it).
+    PeerInfo empty = plausible_peer();
+    for (qcclResult_t r : join_beside_forged_rank(empty, &messages)) CHECK(r == qcclRemoteError);
+    for (const std::string& m : messages)
+      CHECK_THAT(m, Catch::Contains("rank 2 (forged:99999) sent an empty UCX worker address"));
+  }
+  {
+    // Another UCX's address trips UCX's assertions as ucp_ep_create reads it: an abort of every rank,
+    // this test's process included, had the version not been compared first.
+    PeerInfo other_version = plausible_peer();
+    other_version.transport_version = "0.0.0";
+    for (int i = 0; i < 64; ++i) other_version.transport_address.push_back(static_cast<uint8_t>(i * 37 + 11));
+    for (qcclResult_t r : join_beside_forged_rank(other_version, &messages)) CHECK(r == qcclSystemError);
+    for (const std::string& m : messages)
+      CHECK_THAT(m, Catch::Contains("rank 2 (forged:99999) runs UCX 0.0.0") &&
+                        Catch::Contains("UCX " + transport::UcxTransport::library_version()));
+  }
+}
+
+TEST_CASE("ranks that wait for one that never joins hear which it was", "[bootstrap]") {
+  qcclUniqueId id;
+  REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  std::vector<std::string> messages;
+  const std::vector<qcclResult_t> results = run_ranks(id, 2, {3, 3}, 3.0, &messages);  // rank 2 never comes
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << messages[r]);
+    CHECK(results[r] == qcclTimeout);
+    CHECK_THAT(messages[r],
+               Catch::Contains("rank 2 (of 3) never joined the bootstrap at " + decode_unique_id(id).root.to_string()));
+  }
+}
+
+TEST_CASE("a rank whose init fails after the control plane is up tells the others why", "[bootstrap]") {
+  // A stand-in aggregator refuses rank 0's registration and accepts rank 1's (with a real worker's
+  // address); rank 1 then waits in the end-of-init barrier, where it heard only that rank 0's
+  // "process died".
+  transport::UcxTransport stand_in_worker(2, 3);
+  net::Socket listener = net::Socket::listen(net::Address::parse("127.0.0.1:0", "loopback"));
+  std::vector<net::Socket> registered;
+  std::thread aggregator([&] {
+    try {
+      for (int i = 0; i < 2; ++i) {
+        net::Socket s = listener.accept(net::Deadline::after(10));
+        if (!s.valid()) return;
+        const AggregatorHello hello =
+            AggregatorHello::parse(recv_frame(s, net::Deadline::after(10), "a rank"), "a rank");
+        AggregatorReply reply;
+        if (hello.rank == 0) {
+          reply.status = 1;
+          reply.message = "rank 0 is not welcome here";
+        } else {
+          reply.address = stand_in_worker.address();
+        }
+        send_frame(s, reply.serialize(), net::Deadline::after(10));
+        registered.push_back(std::move(s));
+      }
+    } catch (const Error& e) {
+      FAIL_CHECK("stand-in aggregator: " << e.message());
+    }
+  });
+  REQUIRE(setenv("QCCL_AGGREGATORS", listener.local_address().to_string().c_str(), 1) == 0);
+  qcclUniqueId id;
+  REQUIRE(qcclGetUniqueId(&id) == qcclSuccess);
+  std::vector<std::string> messages;
+  const std::vector<qcclResult_t> results = run_ranks(id, 2, {}, 10, &messages);
+  REQUIRE(unsetenv("QCCL_AGGREGATORS") == 0);
+  aggregator.join();
+  CHECK(results[0] == qcclInvalidUsage);
+  CHECK_THAT(messages[0], Catch::Contains("refused this rank: rank 0 is not welcome here"));
+  CHECK(results[1] == qcclRemoteError);
+  CHECK_THAT(messages[1], Catch::Contains("rank 0 (") && Catch::Contains("rank 0 is not welcome here"));
 }
 
 }  // namespace qccl::test
