@@ -235,16 +235,20 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
  * when refused with qcclInvalidUsage because this thread's open group (qcclGroupStart) holds calls
  * on comm; that refusal, unlike a refused call's, leaves the group as it was (a destroy is no call of
  * the group: the group still runs its calls, and comm may be destroyed after its end). A qcclCommAbort
- * of comm from another thread ends the wait: it returns qcclAborted. */
+ * of comm from another thread ends the wait: it returns qcclAborted. A call made with comm once it is
+ * freed (also by a destroy or abort in another thread) fails with qcclInvalidArgument, "comm = 0x...
+ * is not a live communicator", unless a communicator made since took the handle's address. */
 QCCL_API qcclResult_t qcclCommDestroy(qcclComm_t comm);
 
 /* Local and always returns: fails every outstanding operation with qcclAborted, tells the peers
  * (whose calls from this rank's oldest unfinished collective on, and point-to-point calls, then fail
  * with qcclRemoteError; older ones, which it has done its part of, may still finish) and frees the
- * communicator. Any thread may call it, also while another thread is blocked in a call on comm,
- * qcclCommDestroy included (that call then frees it as it returns), but not once a destroy or abort
- * of comm has returned (the handle is freed then: the caller orders the two), and not from a signal
- * handler (it takes locks and joins a thread). comm is invalid afterwards. */
+ * communicator. Any thread may call it at any time, also while another thread is in a call on comm
+ * or entering one, qcclCommDestroy included (that call then frees the handle as it returns): a call
+ * holds the communicator until it returns (one in flight fails with qcclAborted), and a call that
+ * looks the handle up after the abort fails with qcclInvalidArgument ("comm = 0x... is not a live
+ * communicator"), as does a second abort, unless a communicator made since took the handle's address.
+ * Not from a signal handler (it takes locks and joins a thread). comm is invalid afterwards. */
 QCCL_API qcclResult_t qcclCommAbort(qcclComm_t comm);
 
 /* Collective over every rank of comm (NCCL's ncclCommSplit): the ranks that pass the same color >= 0

@@ -142,6 +142,8 @@ qcclCodec_t CodecPolicy::codec_for(CollKind kind, ncclDataType_t type, ncclRedOp
   const Entry* e = entry(type);
   if (!e) return *why = "no codec for the datatype", nullptr;
   if (bytes < min_bytes_) return *why = "below QCCL_NCCL_CODEC_MIN_BYTES", nullptr;
+  // (Even with QCCL_NCCL_CODEC_MIN_BYTES=0: a codec state holds at least one value.)
+  if (bytes == 0) return *why = "no values", nullptr;
   const bool reduces = kind != CollKind::kAllGather;
   if (reduces && op != ncclSum && op != ncclAvg) return *why = "the op is neither sum nor avg", nullptr;
   if (e->method == "sign" && (kind != CollKind::kAllReduce || type != ncclFloat32 || op != ncclAvg))

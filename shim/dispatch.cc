@@ -40,6 +40,8 @@ size_t recv_elements(const Call& c) {
   }
 }
 
+bool is_fp8(ncclDataType_t t) { return t == ncclFloat8e4m3 || t == ncclFloat8e5m2; }
+
 // A copy: another thread may destroy the op while a call uses it.
 std::optional<PreMulSumOp> custom_op(Comm& c, ncclRedOp_t op) {
   std::lock_guard<std::mutex> lock(c.ops_mutex);
@@ -60,6 +62,7 @@ void validate(Call& call) {
     if (custom->datatype != call.datatype)  // its scalar is a value of its datatype
       fail(ncclInvalidArgument, "op = %d was made for datatype %s but datatype = %s", static_cast<int>(call.op),
            type_name(custom->datatype), type_name(call.datatype));
+    call.custom = custom;
   }
   if (has_root(call.kind) && (call.root < 0 || call.root >= c.nranks))
     fail(ncclInvalidArgument, "root = %d is outside [0, nranks = %d)", call.root, c.nranks);
@@ -67,6 +70,7 @@ void validate(Call& call) {
     fail(ncclInvalidArgument, "peer = %d is outside [0, nranks = %d)", call.root, c.nranks);
   if (send_elements(call) && !call.sendbuff) fail(ncclInvalidArgument, "sendbuff = NULL with count = %zu", call.count);
   if (recv_elements(call) && !call.recvbuff) fail(ncclInvalidArgument, "recvbuff = NULL with count = %zu", call.count);
+  call.empty = !send_elements(call) && !recv_elements(call);
 
   // Where the buffers live decides who runs the call; a graph being captured needs the real NCCL.
   const bool send_dev = send_elements(call) && cuda::is_device_pointer(call.sendbuff);
@@ -82,7 +86,8 @@ void validate(Call& call) {
     call.device = false;
     call.qccl_device = true;
   }
-  if (!call.device && (call.datatype == ncclFloat8e4m3 || call.datatype == ncclFloat8e5m2))
+  // (An empty call holds no fp8 value: it completes at once wherever it runs, as in NCCL.)
+  if (!call.device && !call.empty && is_fp8(call.datatype))
     fail(ncclInvalidArgument, "datatype = %s: qccl has no fp8 types%s", type_name(call.datatype),
          call.qccl_device ? " (QCCL_NCCL_DEVICE=nccl sends device buffers to the real NCCL)"
                           : ", so host buffers cannot hold them");
@@ -204,19 +209,16 @@ void log_decision(Comm& c, const Call& call, size_t bytes, const std::string& de
 // Buffers a host call needs until its qccl group ends (PreMulSum's scaled inputs).
 using Scratch = std::vector<std::vector<unsigned char>>;
 
-// What the shim checks of a queued host call when it runs (its communicator may have been aborted or
-// its op destroyed since it was queued): for a whole group before any of it is issued. Returns the
-// call's PreMulSum op, if it has one.
-std::optional<PreMulSumOp> check_runnable(const Call& call) {
+// What the shim checks of a queued host call when it runs (its communicator may have been aborted
+// since it was queued): for a whole group before any of it is issued. Returns the call's PreMulSum
+// op, if it has one (the call's copy: the op itself may have been destroyed since).
+const std::optional<PreMulSumOp>& check_runnable(const Call& call) {
   Comm& c = *call.comm;
   if (!c.q.load())
     fail(ncclInvalidUsage, "comm = %p has no qccl communicator (aborted or finalized)",
          static_cast<void*>(call.handle));
-  if (!is_reduction(call.kind) || call.op < ncclNumOps) return std::nullopt;
-  std::optional<PreMulSumOp> custom = custom_op(c, call.op);
-  if (!custom)  // destroyed between a grouped call and its ncclGroupEnd
-    fail(ncclInvalidArgument, "op = %d was destroyed (ncclRedOpDestroy) before the call ran",
-         static_cast<int>(call.op));
+  const std::optional<PreMulSumOp>& custom = call.custom;
+  if (!custom) return custom;
   if (call.qccl_device)
     fail(ncclInvalidUsage, "op = %d is a PreMulSum op, which qccl scales on the host: on device buffers it runs on "
          "the real NCCL only (QCCL_NCCL_DEVICE=nccl)", static_cast<int>(call.op));
@@ -228,7 +230,9 @@ std::optional<PreMulSumOp> check_runnable(const Call& call) {
 
 // Issues one host call on qccl (queued when a qccl group is open, else run to completion).
 void issue_host(Call& call, Scratch& scratch) {
-  const std::optional<PreMulSumOp> custom = check_runnable(call);
+  const std::optional<PreMulSumOp>& custom = check_runnable(call);
+  // qccl has no fp8 types, and an empty call has no values to convert: done, as NCCL's empty call.
+  if (call.empty && is_fp8(call.datatype)) return;
   Comm& c = *call.comm;
   qcclComm_t q = c.q.load();
   const size_t esize = type_size(call.datatype);
@@ -323,36 +327,43 @@ void issue_host(Call& call, Scratch& scratch) {
 
 // ---- Device path --------------------------------------------------------------------------------------------
 
-ncclRedOp_t real_op(Comm& c, ncclComm_t real_comm, ncclRedOp_t op) {
-  if (op < ncclNumOps) return op;
+// Makes the real NCCL's twin of a shim op.
+ncclRedOp_t make_real_op(PreMulSumOp& custom, ncclComm_t real_comm) {
+  void* scalar = custom.residence == ncclScalarDevice ? const_cast<void*>(custom.scalar_pointer) : custom.immediate;
+  ncclRedOp_t made = ncclSum;
+  ncclResult_t r = real()->RedOpCreatePreMulSum(&made, scalar, custom.datatype,
+                                                custom.residence == ncclScalarDevice ? ncclScalarDevice : ncclScalarHostImmediate,
+                                                real_comm);
+  if (r != ncclSuccess) {
+    set_last_error_from_real();
+    throw ShimError{r, ""};
+  }
+  return made;
+}
+
+// The real op a forwarded call takes. A live shim op's twin is made on first use (the real communicator
+// may be younger than the op) and kept with it; a call whose op was destroyed since it was queued (NCCL
+// allows that once the call returned) gets a twin of its copy for its own use, which *transient holds
+// for the caller to destroy once the real call returned (as NCCL allows of any op).
+ncclRedOp_t real_op(Call& call, ncclComm_t real_comm, std::optional<ncclRedOp_t>* transient) {
+  if (!call.custom) return call.op;
+  Comm& c = *call.comm;
   std::lock_guard<std::mutex> lock(c.ops_mutex);
-  auto it = c.ops.find(static_cast<int>(op));
-  if (it == c.ops.end())
-    fail(ncclInvalidArgument, "op = %d was destroyed (ncclRedOpDestroy) before the call ran", static_cast<int>(op));
+  auto it = c.ops.find(static_cast<int>(call.op));
+  if (it == c.ops.end()) {
+    *transient = make_real_op(*call.custom, real_comm);
+    return **transient;
+  }
   PreMulSumOp& custom = it->second;
   if (!custom.has_real) {
-    // The real twin of a shim op, made on first use (the real communicator may be younger than the op).
-    void* scalar = custom.residence == ncclScalarDevice ? const_cast<void*>(custom.scalar_pointer) : custom.immediate;
-    ncclResult_t r = real()->RedOpCreatePreMulSum(&custom.real_op, scalar, custom.datatype,
-                                                  custom.residence == ncclScalarDevice ? ncclScalarDevice : ncclScalarHostImmediate,
-                                                  real_comm);
-    if (r != ncclSuccess) {
-      set_last_error_from_real();
-      throw ShimError{r, ""};
-    }
+    custom.real_op = make_real_op(custom, real_comm);
     custom.has_real = true;
   }
   return custom.real_op;
 }
 
-ncclResult_t forward(Call& call) {
-  Comm& c = *call.comm;
-  ncclComm_t rc = ensure_real(c, call.name);
+ncclResult_t forward_with(Call& call, ncclComm_t rc, ncclRedOp_t op) {
   const RealNccl* r = real();
-  c.stats.device_calls++;
-  c.stats.device_bytes += call.count * type_size(call.datatype);
-  log_decision(c, call, call.count * type_size(call.datatype), "device buffers: the real NCCL");
-  const ncclRedOp_t op = is_reduction(call.kind) ? real_op(c, rc, call.op) : call.op;
   switch (call.kind) {
     case Kind::kAllReduce: return r->AllReduce(call.sendbuff, call.recvbuff, call.count, call.datatype, op, rc, call.stream);
     case Kind::kBroadcast:
@@ -373,6 +384,19 @@ ncclResult_t forward(Call& call) {
   return ncclInternalError;
 }
 
+ncclResult_t forward(Call& call) {
+  Comm& c = *call.comm;
+  ncclComm_t rc = ensure_real(c, call.name);
+  c.stats.device_calls++;
+  c.stats.device_bytes += call.count * type_size(call.datatype);
+  log_decision(c, call, call.count * type_size(call.datatype), "device buffers: the real NCCL");
+  std::optional<ncclRedOp_t> transient;
+  const ncclRedOp_t op = real_op(call, rc, &transient);
+  const ncclResult_t result = forward_with(call, rc, op);
+  if (transient) real()->RedOpDestroy(*transient, rc);
+  return result;
+}
+
 void check_real(ncclResult_t r) {
   if (r == ncclSuccess || r == ncclInProgress) return;
   set_last_error_from_real();
@@ -388,6 +412,9 @@ struct Group {
   std::optional<ShimError> refused;  // the first call refused inside the group, its name in the message
 };
 thread_local Group t_group;
+
+// A call that moves no elements and is no graph capture's: where it runs changes nothing.
+bool routing_neutral(const Call& call) { return call.empty && !call.device; }
 
 [[noreturn]] void fail_refused(const Group& group) {
   fail(group.refused->code, "the group ran none of its %zu queued calls: a call in it was refused: %s",
@@ -478,9 +505,11 @@ ncclResult_t group_end() {
   if (group.refused) fail_refused(group);
   if (group.calls.empty()) return ncclSuccess;
 
+  // An empty call (routing_neutral) takes the side of the group's other calls.
   const Call* first_host = nullptr;
   const Call* first_device = nullptr;
   for (const Call& c : group.calls) {
+    if (routing_neutral(c)) continue;
     if (c.device && !first_device) first_device = &c;
     if (!c.device && !first_host) first_host = &c;
   }
@@ -492,6 +521,10 @@ ncclResult_t group_end() {
          first_device->name, static_cast<void*>(first_device->handle));
 
   if (first_device) {
+    // Empty calls the buffers would have sent to qccl are dropped: the real NCCL discards an empty
+    // collective, and a point-to-point call of nothing needs no partner (so the peer's may be dropped
+    // too); they also need no real communicator of their own.
+    group.calls.erase(std::remove_if(group.calls.begin(), group.calls.end(), routing_neutral), group.calls.end());
     make_real_communicators(group.calls);
     const RealNccl* r = real();
     check_real(r->GroupStart());
@@ -564,6 +597,8 @@ ncclResult_t simulate_group_end(ncclSimInfo_t* info) {
     throw;
   }
   if (group.refused) fail_refused(group);
+  // Empty calls go with the device calls, which drop them (group_end).
+  group.calls.erase(std::remove_if(group.calls.begin(), group.calls.end(), routing_neutral), group.calls.end());
   for (const Call& c : group.calls)
     if (!c.device)
       fail(ncclInvalidUsage, "%s on host buffers: qccl has no cost model to simulate; the group ended without running",

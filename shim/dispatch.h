@@ -3,6 +3,8 @@
 // the outermost ncclGroupEnd.
 #pragma once
 
+#include <optional>
+
 #include "shim/shim.h"
 
 namespace qccl_nccl {
@@ -23,6 +25,12 @@ struct Call {
   CommRef comm;
   bool device = false;       // forwarded to the real NCCL
   bool qccl_device = false;  // device buffers run on qccl's device path (QCCL_NCCL_DEVICE=qccl)
+  // Moves no elements on this rank (count 0): its buffers say nothing of where it runs, so it runs
+  // with whichever side its group takes (validate leaves it host unless a graph is being captured).
+  bool empty = false;
+  // A PreMulSum op's copy, taken when the call was validated: NCCL lets the op be destroyed as soon
+  // as the call returns, also between a grouped call and its ncclGroupEnd.
+  std::optional<PreMulSumOp> custom = std::nullopt;
 };
 
 // QCCL_NCCL_DEVICE: whether device buffers run on qccl's device path (qccl) or go to the real NCCL (nccl,

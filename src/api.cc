@@ -8,12 +8,15 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <forward_list>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <unordered_set>
+#include <vector>
 
 #include "base/config.h"
 #include "base/errors.h"
@@ -34,8 +37,9 @@ struct qcclComm {
   std::shared_ptr<qccl::Comm> impl;
   // Who frees the handle: qcclCommDestroy, or qcclCommAbort unless it comes while a destroy runs in
   // another thread (the abort then releases that destroy, which frees the handle as it returns).
-  enum Closing { kOpen, kDestroying, kAborting };
-  std::atomic<int> closing{kOpen};
+  // Read and set under the live-handle registry's lock (live_handles below).
+  enum Closing { kOpen, kDestroying };
+  Closing closing = kOpen;
 };
 
 struct qcclRequest {
@@ -67,9 +71,69 @@ struct qcclDeltaStore {
 namespace qccl {
 namespace {
 
+// The communicator handles not yet freed. qcclCommAbort may come from any thread at any time, also
+// while another thread is entering a call with the same handle: a call looks its handle up here and
+// holds the Comm for its whole length (CallHolds), and a handle leaves the set, under the exclusive
+// lock, before it is freed. A freed handle then fails cleanly instead of being read (unless a new
+// communicator's handle took its address).
+struct LiveHandles {
+  std::shared_mutex mu;
+  std::unordered_set<const qcclComm*> handles;
+};
+
+LiveHandles& live_handles() {
+  static LiveHandles* const live = new LiveHandles;  // never freed: a destroy may run from exit handlers
+  return *live;
+}
+
+// The Comms that one api_call looked up (get), held until it returns: a handle freed meanwhile leaves
+// the Comm alive until then. Each api_call has its own on its stack (a call nested in another holds
+// its own), found through a thread-local pointer, which, unlike a thread-local container, is still
+// there for calls made from exit handlers after the thread's thread-locals are destroyed. A call looks
+// up one communicator, so none allocates here.
+class CallHolds {
+ public:
+  CallHolds() : outer_(current_) { current_ = this; }
+  ~CallHolds() { current_ = outer_; }
+  CallHolds(const CallHolds&) = delete;
+  CallHolds& operator=(const CallHolds&) = delete;
+
+  // The thread's innermost api_call's.
+  static CallHolds& current() {
+    if (!current_) fail(qcclInternalError, "a communicator was looked up outside an API call");
+    return *current_;
+  }
+
+  // Held until the api_call returns; the reference stays valid until then.
+  const std::shared_ptr<Comm>& hold(std::shared_ptr<Comm> comm) {
+    if (inline_count_ < kInline) {
+      inline_[inline_count_] = std::move(comm);
+      return inline_[inline_count_++];
+    }
+    more_.push_front(std::move(comm));  // a list: its elements stay where they are
+    return more_.front();
+  }
+
+ private:
+  static constexpr size_t kInline = 2;
+  static thread_local CallHolds* current_;
+  std::shared_ptr<Comm> inline_[kInline];
+  size_t inline_count_ = 0;
+  std::forward_list<std::shared_ptr<Comm>> more_;
+  CallHolds* outer_;
+};
+
+thread_local CallHolds* CallHolds::current_ = nullptr;
+
+void fail_not_live(const qcclComm* comm) {
+  fail(qcclInvalidArgument, "comm = %p is not a live communicator: destroyed or aborted, or never made",
+       static_cast<const void*>(comm));
+}
+
 template <class F>
 qcclResult_t api_call(const char* name, F&& body) {
   const kernels::SubnormalsKept ieee;  // the caller's thread may flush them (kernels/subnormals.h)
+  const CallHolds holds;               // dropped after the catches below: a Comm's last hold may free it
   try {
     body();
     return qcclSuccess;
@@ -105,11 +169,22 @@ qcclResult_t deferrable_call(const char* name, F&& body) {
   });
 }
 
-Comm& get(qcclComm_t comm) {
-  if (!comm || !comm->impl) fail(qcclInvalidArgument, "comm is NULL");
-  log_set_rank(comm->impl->rank());  // the thread's log lines carry the rank of the communicator it calls
-  return *comm->impl;
+// The Comm behind a live handle, held until the api_call that asked returns. Read nothing through the
+// handle itself afterwards: an abort in another thread may free it at any time.
+const std::shared_ptr<Comm>& get_held(qcclComm_t comm) {
+  if (!comm) fail(qcclInvalidArgument, "comm is NULL");
+  std::shared_ptr<Comm> held;
+  {
+    LiveHandles& live = live_handles();
+    const std::shared_lock<std::shared_mutex> lock(live.mu);
+    if (!live.handles.count(comm)) fail_not_live(comm);
+    held = comm->impl;
+  }
+  log_set_rank(held->rank());  // the thread's log lines carry the rank of the communicator it calls
+  return CallHolds::current().hold(std::move(held));
 }
+
+Comm& get(qcclComm_t comm) { return *get_held(comm); }
 
 template <class T>
 void require_out(T* p, const char* name) {
@@ -222,10 +297,11 @@ struct SegmentList {
 void submit(qcclComm_t comm, const RawCall& call, qcclRequest_t* request, qcclCodec_t codec = nullptr,
             qcclCodecState_t state = nullptr, bool compressed = false,
             const std::optional<SegmentList>& segments = std::nullopt) {
-  Comm& c = get(comm);
+  const std::shared_ptr<Comm>& held = get_held(comm);  // held until the call returns
+  Comm& c = *held;
   auto record = std::make_shared<OpRecord>();
   record->args = validate_call(call, c.rank(), c.nranks());
-  record->comm = comm->impl;
+  record->comm = held;
   if (compressed) {
     if (state) {
       // Under the store's lock: its Load and Save refuse while calls are in flight, and check that
@@ -261,7 +337,27 @@ qcclResult_t start_collective(const char* name, qcclComm_t comm, const RawCall& 
   });
 }
 
-qcclComm_t wrap(std::shared_ptr<Comm> impl) { return new qcclComm{std::move(impl)}; }
+qcclComm_t wrap(std::shared_ptr<Comm> impl) {
+  auto handle = std::make_unique<qcclComm>();
+  handle->impl = std::move(impl);
+  LiveHandles& live = live_handles();
+  const std::unique_lock<std::shared_mutex> lock(live.mu);
+  live.handles.insert(handle.get());
+  return handle.release();
+}
+
+// Frees a handle once it has left the registry, so that no call can look it up any more (the Comm
+// lives on while calls hold it).
+struct RetireHandle {
+  void operator()(qcclComm* handle) const {
+    {
+      LiveHandles& live = live_handles();
+      const std::unique_lock<std::shared_mutex> lock(live.mu);
+      live.handles.erase(handle);  // gone already when an abort came during the destroy that frees it
+    }
+    delete handle;
+  }
+};
 
 }  // namespace
 }  // namespace qccl
@@ -379,10 +475,9 @@ QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* conf
 QCCL_API qcclResult_t qcclCommSplit(qcclComm_t comm, int color, int key, qcclComm_t* newcomm,
                                     const qcclConfig_t* config) {
   return deferrable_call("qcclCommSplit", [&] {
-    get(comm);
     // Held through a qcclCommAbort from another thread, which frees the handle: the split uses the
     // parent between its two exchanges, after the first one's record let go of it.
-    const std::shared_ptr<Comm> parent = comm->impl;
+    const std::shared_ptr<Comm> parent = get_held(comm);
     require_out(newcomm, "newcomm");
     if (group_active())
       fail(qcclInvalidUsage, "called between qcclGroupStart and qcclGroupEnd: a split cannot be deferred");
@@ -393,29 +488,42 @@ QCCL_API qcclResult_t qcclCommSplit(qcclComm_t comm, int color, int key, qcclCom
 
 QCCL_API qcclResult_t qcclCommDestroy(qcclComm_t comm) {
   return api_call("qcclCommDestroy", [&] {
-    get(comm);
-    if (group_holds(*comm->impl))
+    Comm& c = get(comm);  // held through a qcclCommAbort from another thread
+    if (group_holds(c))
       fail(qcclInvalidUsage, "comm has calls queued in this thread's group: call qcclGroupEnd first (comm stays valid)");
-    int open = qcclComm::kOpen;
-    if (!comm->closing.compare_exchange_strong(open, qcclComm::kDestroying))
-      fail(qcclInvalidUsage, "comm is being destroyed or aborted by another thread");
-    std::shared_ptr<Comm> c = comm->impl;  // held through a qcclCommAbort from another thread
-    std::unique_ptr<qcclComm> handle(comm);  // invalid afterwards, whatever happens
-    c->destroy();
+    {
+      // Claimed under the registry's lock, which an abort takes to claim or retire the handle: the
+      // handle is alive here, and stays alive while kDestroying (only this call frees it then).
+      LiveHandles& live = live_handles();
+      const std::unique_lock<std::shared_mutex> lock(live.mu);
+      if (!live.handles.count(comm)) fail_not_live(comm);  // an abort freed it since get
+      if (comm->closing != qcclComm::kOpen) fail(qcclInvalidUsage, "comm is being destroyed by another thread");
+      comm->closing = qcclComm::kDestroying;
+    }
+    // Stays in the registry while the destroy waits, so that an abort from another thread can find it
+    // and release the wait; leaves it as this returns (invalid afterwards, whatever happens).
+    const std::unique_ptr<qcclComm, RetireHandle> handle(comm);
+    c.destroy();
   });
 }
 
 QCCL_API qcclResult_t qcclCommAbort(qcclComm_t comm) {
   return api_call("qcclCommAbort", [&] {
-    get(comm);
-    std::shared_ptr<Comm> c = comm->impl;
+    if (!comm) fail(qcclInvalidArgument, "comm is NULL");
+    std::shared_ptr<Comm> c;
     std::unique_ptr<qcclComm> handle;
-    int open = qcclComm::kOpen;
-    if (comm->closing.compare_exchange_strong(open, qcclComm::kAborting))
-      handle.reset(comm);
-    else if (open == qcclComm::kAborting)
-      fail(qcclInvalidUsage, "comm is being aborted by another thread");
-    // else a qcclCommDestroy in another thread: this releases it, and it frees the handle
+    {
+      // Looked up and retired in one step: a second abort, or any call, from another thread then
+      // finds the handle gone (fail_not_live) instead of reading it once it is freed.
+      LiveHandles& live = live_handles();
+      const std::unique_lock<std::shared_mutex> lock(live.mu);
+      if (!live.handles.erase(comm)) fail_not_live(comm);
+      c = comm->impl;
+      // Freed here, unless a qcclCommDestroy in another thread holds it: this releases that destroy,
+      // which frees the handle as it returns.
+      if (comm->closing == qcclComm::kOpen) handle.reset(comm);
+    }
+    log_set_rank(c->rank());
     c->abort();
   });
 }
@@ -1026,7 +1134,8 @@ constexpr size_t kMaxDeltaValues = std::numeric_limits<size_t>::max() / 2 / 8;
 // call: a point-to-point call whose plan is the store's exchange (collectives/sendrecv_delta.h).
 void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t* keys,
                   qcclDataType_t datatype, qcclDeltaStore_t store, int peer, qcclComm_t comm, qcclRequest_t* request) {
-  Comm& c = get(comm);
+  const std::shared_ptr<Comm>& held = get_held(comm);  // held until the call returns
+  Comm& c = *held;
   delta_of(store);
   const std::shared_ptr<coll::DeltaLink> link = store->link;
   if (nkeys == 0) fail(qcclInvalidArgument, "nkeys = 0: nothing to send");
@@ -1069,7 +1178,7 @@ void submit_delta(bool sender, const void* buffer, size_t nkeys, const uint64_t*
   args.method_call = delta.get();
   record->call = std::move(delta);
   record->serial = link.get();
-  record->comm = comm->impl;
+  record->comm = held;
   launch(c, record, request);
 }
 

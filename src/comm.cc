@@ -411,7 +411,12 @@ void Comm::start(const std::shared_ptr<OpRecord>& record, bool background) {
     std::lock_guard<std::mutex> lock(ops_mu_);
     throw Error(failures_.first().code, failures_.first().message);
   }
-  if (shut_down_) fail(qcclInvalidUsage, "the communicator was destroyed before the call started");
+  if (shut_down_) {
+    // An abort from another thread may come between the look at broken_ above and this one (the
+    // call holds the communicator through it, src/api.cc): the call fails as one the abort caught.
+    if (aborting_.load()) throw Error(qcclAborted, abort_message());
+    fail(qcclInvalidUsage, "the communicator was destroyed before the call started");
+  }
   coll::CollArgs& args = record->args;
   if (args.count == 0) {
     // Nothing to move, so nothing is sent (NCCL's zero count), but a collective keeps its place in

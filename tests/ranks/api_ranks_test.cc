@@ -3,6 +3,7 @@
 // groups, non-blocking calls that progress in the background, two communicators at once, wire
 // bytes, and bad input that must be refused before anything is sent.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -604,6 +605,94 @@ TEST_CASE("every collective entry point names itself in its errors and sets *req
   qcclComm_t comm = World::get().comm();
   named(qcclIBroadcast(a, b, 4, qcclFloat32, 0, comm, nullptr), "qcclIBroadcast", "request is NULL");
   named(qcclIRecv(b, 4, qcclFloat32, 0, comm, nullptr), "qcclIRecv", "request is NULL");
+}
+
+// A communicator of this rank alone, independent of the world's (each rank makes its own).
+qcclComm_t private_comm() {
+  qcclUniqueId id;
+  QCCL_REQUIRE_OK(qcclGetUniqueId(&id));
+  qcclComm_t comm = nullptr;
+  QCCL_REQUIRE_OK(qcclCommInitRank(&comm, 1, id, 0));
+  return comm;
+}
+
+bool names_dead_handle(const std::string& error) {
+  return error.find("is not a live communicator: destroyed or aborted, or never made") != std::string::npos;
+}
+
+TEST_CASE("a call with a destroyed communicator's handle fails cleanly, naming the handle", "[ranks]") {
+  qcclComm_t comm = private_comm();
+  QCCL_REQUIRE_OK(qcclCommDestroy(comm));
+  std::vector<float> a(16, 1.0f);
+  CHECK(qcclAllReduce(a.data(), a.data(), a.size(), qcclFloat32, qcclSum, comm) == qcclInvalidArgument);
+  const std::string error = qcclGetLastError(nullptr);
+  CHECK(names_dead_handle(error));
+  char value[32];
+  std::snprintf(value, sizeof(value), "comm = %p", static_cast<void*>(comm));
+  CHECK_THAT(error, Catch::Contains(value));
+  int rank = -1;
+  CHECK(qcclCommUserRank(comm, &rank) == qcclInvalidArgument);
+  CHECK(qcclCommDestroy(comm) == qcclInvalidArgument);
+  CHECK(qcclCommAbort(comm) == qcclInvalidArgument);
+}
+
+// PyTorch's watchdog: one thread aborts while another keeps calling with the same handle, which it
+// loaded before the abort. Every call after the abort must fail cleanly (the handle's memory is freed
+// by then); a call the abort catches in flight fails with qcclAborted. Before the live-handle
+// registry (src/api.cc) the caller read the freed handle: the test crashed, or failed, in every run.
+TEST_CASE("qcclCommAbort from another thread while a thread keeps calling on the communicator", "[ranks]") {
+  constexpr int kTrials = 40;
+  std::vector<float> a(256, 1.0f);
+  int in_flight = 0, after = 0;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    qcclComm_t comm = private_comm();
+    std::atomic<bool> calling{false};
+    qcclResult_t last = qcclSuccess;
+    std::string error;
+    std::thread caller([&] {
+      for (int i = 0;; ++i) {
+        qcclResult_t async = qcclSuccess;
+        last = i % 2 ? qcclAllReduce(a.data(), a.data(), a.size(), qcclFloat32, qcclSum, comm)
+                     : qcclCommGetAsyncError(comm, &async);
+        calling = true;
+        if (last != qcclSuccess) break;
+      }
+      error = qcclGetLastError(nullptr);
+    });
+    while (!calling) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::microseconds(50 * (trial % 20)));  // spread over the calls
+    QCCL_REQUIRE_OK(qcclCommAbort(comm));
+    caller.join();
+    INFO("trial " << trial << ": " << qcclGetErrorString(last) << ": " << error);
+    if (last == qcclInvalidArgument) {
+      CHECK(names_dead_handle(error));
+      ++after;
+    } else {
+      CHECK(last == qcclAborted);
+      ++in_flight;
+    }
+  }
+  // Both endings happen in practice; the one the test is about, a call after the abort, must.
+  CHECK(after > 0);
+  INFO(in_flight << " calls caught in flight");
+}
+
+// The blocked call holds the communicator: the abort frees the handle, not what the call is using.
+TEST_CASE("qcclCommAbort from another thread releases a call blocked on the communicator", "[ranks]") {
+  qcclComm_t comm = private_comm();
+  std::vector<float> a(16);
+  std::atomic<bool> entering{false};
+  qcclResult_t result = qcclSuccess;
+  std::thread blocked([&] {
+    entering = true;
+    result = qcclRecv(a.data(), a.size(), qcclFloat32, 0, comm);  // from itself, with no send: waits
+  });
+  while (!entering) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  QCCL_REQUIRE_OK(qcclCommAbort(comm));
+  blocked.join();
+  // Aborted in flight, or refused as dead when the abort came before the call looked its handle up.
+  CHECK((result == qcclAborted || result == qcclInvalidArgument));
 }
 
 TEST_CASE("version and error strings", "[ranks]") {
