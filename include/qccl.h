@@ -198,8 +198,9 @@ QCCL_API const char* qcclGetLastError(qcclComm_t comm);
 /* ---- Communicators ------------------------------------------------------------------------------ */
 
 /* Creates a unique id and starts the bootstrap root in this process (a thread that lives until all
- * nranks have joined, then exits). It waits for the first rank without limit, then QCCL_TIMEOUT for
- * the others. Call it once per communicator, on one process. The root listens on
+ * nranks have joined, then exits). It waits for the first rank without limit, then for the others
+ * until just before the first of the joined ranks would time out (each says how long it waits), and
+ * then tells those ranks which ranks never joined. Call it once per communicator, on one process. The root listens on
  * QCCL_SOCKET_IFNAME's address, else the first non-loopback IPv4 interface, else loopback. */
 QCCL_API qcclResult_t qcclGetUniqueId(qcclUniqueId* uniqueId);
 
@@ -215,7 +216,8 @@ QCCL_API qcclResult_t qcclGetUniqueId(qcclUniqueId* uniqueId);
 QCCL_API qcclResult_t qcclGetUniqueIdFromAddress(const char* address, qcclUniqueId* uniqueId);
 
 /* Collective over nranks processes: joins communicator `uniqueId` as `rank` (0 <= rank < nranks).
- * Blocks until every rank has joined or QCCL_TIMEOUT expires. */
+ * Blocks until every rank has joined or QCCL_TIMEOUT expires (then up to a second more for the root
+ * to say which ranks never came: qcclTimeout naming them). */
 QCCL_API qcclResult_t qcclCommInitRank(qcclComm_t* comm, int nranks, qcclUniqueId uniqueId, int rank);
 /* As qcclCommInitRank, with settings (config may be NULL). */
 QCCL_API qcclResult_t qcclCommInitRankConfig(qcclComm_t* comm, int nranks, qcclUniqueId uniqueId,

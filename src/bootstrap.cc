@@ -410,7 +410,10 @@ std::vector<std::vector<uint8_t>> exchange_through_root(const BootstrapId& id, i
   w.put<uint64_t>(id.magic);
   w.put<int32_t>(rank);
   w.put<int32_t>(nranks);
-  w.put<int32_t>(deadline.poll_ms());  // the time we have left (-1: no deadline), for the root's give_up
+  // The time we have left, for the root's give_up; -1, none, also beyond what poll_ms counts (2^30 ms,
+  // 12 days), which would make the root give up on the others long before our deadline.
+  const int left_ms = deadline.poll_ms();
+  w.put<int32_t>(left_ms >= (1 << 30) ? -1 : left_ms);
   w.put<uint32_t>(static_cast<uint32_t>(blob.size()));
   w.bytes().insert(w.bytes().end(), blob.begin(), blob.end());
   s.send_all(w.bytes().data(), w.bytes().size(), deadline);

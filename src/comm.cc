@@ -174,13 +174,20 @@ void Comm::join(const BootstrapId& id) {
     peers_.push_back(PeerInfo::parse(blobs[r], r));
     names_.push_back(format("rank %d (%s:%d)", r, peers_[r].hostname.c_str(), peers_[r].pid));
   }
-  // Before any worker address is unpacked (transport_->connect): UCX reads another version's address
-  // with assertions, which abort every rank, and an empty one would leave a peer without an endpoint.
-  for (int r = 0; r < nranks_; ++r)
-    if (peers_[r].transport_version != peers_[0].transport_version)
-      fail(qcclSystemError, "%s runs UCX %s, %s UCX %s: every rank must run the same UCX version (a worker address "
-           "is read only by the version that wrote it)", names_[r].c_str(), peers_[r].transport_version.c_str(),
-           names_[0].c_str(), peers_[0].transport_version.c_str());
+  // Before any worker address is unpacked (transport_->connect): UCX reads the addresses of its other
+  // releases (its wire protocol is versioned), but another major version's would reach its assertions,
+  // which abort every rank; an empty one would leave a peer without an endpoint.
+  auto major = [](const std::string& version) { return version.substr(0, version.find('.')); };
+  for (int r = 0; r < nranks_; ++r) {
+    if (peers_[r].transport_version == peers_[0].transport_version) continue;
+    if (major(peers_[r].transport_version) != major(peers_[0].transport_version))
+      fail(qcclSystemError, "%s runs UCX %s, %s UCX %s: the ranks must run one major version of UCX (a worker "
+           "address is read by the releases of the version that wrote it)", names_[r].c_str(),
+           peers_[r].transport_version.c_str(), names_[0].c_str(), peers_[0].transport_version.c_str());
+    if (rank_ == 0)
+      QCCL_WARN("%s runs UCX %s, %s UCX %s: mixed releases rely on UCX's wire compatibility", names_[r].c_str(),
+                peers_[r].transport_version.c_str(), names_[0].c_str(), peers_[0].transport_version.c_str());
+  }
   for (int r = 0; r < nranks_; ++r)
     if (peers_[r].transport_address.empty())
       fail(qcclRemoteError, "%s sent an empty UCX worker address", names_[r].c_str());
@@ -757,6 +764,13 @@ void Comm::end_staging(OpRecord& record, qcclResult_t* result, std::string* erro
     if (*result == qcclSuccess) *result = e.code(), *error = e.what();
     for (OpRecord::Staging::Buffer& b : s.buffers) b.pinned = nullptr;  // copies may still run: the memory stays
   }
+  if (*result != qcclSuccess && *result != qcclNonFinite) {
+    // The plan's transfers used the pinned buffers: a send the transport could not withdraw may still
+    // read them (transport.h), so they go with the transport (shut_down_now), not with the call.
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    failed_staging_.push_back(std::move(record.staging));
+    return;
+  }
   record.staging.reset();
 }
 
@@ -1289,7 +1303,7 @@ void Comm::fail_aggregator_operations() {
   if (affected.empty()) return;
   if (executor_) {
     for (const auto& record : affected) record->operation->cancel();
-    executor_->settle_cancelled();  // as in fail_affected_operations: the buffers go back to the callers
+    executor_->settle_cancelled();  // as in fail_affected_operations
   }
   for (const auto& record : affected) finish(*record, qcclRemoteError, why);
 }
@@ -1465,8 +1479,9 @@ void Comm::fail_affected_operations() {
   if (affected.empty()) return;
   if (executor_) {
     for (const auto& [record, failure] : affected) record->operation->cancel();
-    // Their buffers are the callers' again once the calls end: receives the transport could not
-    // withdraw must be done with them first.
+    // Receives the transport could not withdraw are given time to be done with the callers' buffers
+    // before the calls end (sends it cannot withdraw at all: qccl.h keeps a failed call's buffers the
+    // communicator's until its teardown).
     executor_->settle_cancelled();
   }
   for (const auto& [record, failure] : affected) finish(*record, failure.code, failure.message);
@@ -1560,6 +1575,10 @@ void Comm::shut_down_now() {
     driving_.clear();  // a snapshot kept while calls were outstanding (drive_until)
     driving_version_ = ~uint64_t{0};
     transport_.reset();  // first: it may still read the buffers the executor keeps for abandoned sends
+    {
+      std::lock_guard<std::mutex> lock(ops_mu_);
+      failed_staging_.clear();  // (end_staging) likewise
+    }
     executor_.reset();
     device_executor_.store(nullptr);
     device_executor_owned_.reset();  // its pool goes with the last execution a request still holds

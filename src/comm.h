@@ -351,6 +351,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::atomic<int> active_count_{0};
   std::atomic<int> active_p2p_{0};  // the point-to-point calls among them
   std::vector<std::shared_ptr<std::vector<std::byte>>> scratch_pool_;  // guarded by ops_mu_
+  // Failed staged calls' pinned buffers, kept until the transport goes (end_staging); guarded by ops_mu_.
+  std::vector<std::unique_ptr<OpRecord::Staging>> failed_staging_;
   qcclStats_t last_stats_{};                                          // guarded by ops_mu_
 
   DriveLock drive_mu_;

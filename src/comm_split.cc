@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "base/errors.h"
@@ -59,9 +60,10 @@ std::shared_ptr<Comm> split_comm(Comm& parent, int color, int key, const qcclCon
       // service must not wait for ever.
       start_root_service(std::move(listener), root.magic, size, config.timeout_seconds,
                          net::Deadline::after(config.timeout_seconds));
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // (std::system_error where the root's thread cannot start)
       id = qcclUniqueId{};
-      refused = std::make_unique<Error>(e);
+      refused = std::make_unique<Error>(qcclSystemError, std::string("starting the new communicator's bootstrap root: ") +
+                                                             e.what());
     }
   }
   std::vector<qcclUniqueId> ids(static_cast<size_t>(n));
