@@ -34,10 +34,10 @@ const std::vector<EnvVar>& env_vars() {
       {"QCCL_RANK", "unset", "this process's rank, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_NRANKS", "unset", "number of ranks, for qcclCommInitEnv (set by qcclrun)"},
       {"QCCL_ROOT", "unset", "host:port where rank 0 runs the bootstrap root, for qcclCommInitEnv (set by qcclrun)"},
-      {"QCCL_MAGIC", "derived from the job id", "64-bit hex bootstrap magic shared by the job's ranks (set by qcclrun)"},
+      {"QCCL_MAGIC", "derived from the job id", "64-bit hex bootstrap magic shared by the job's ranks (set by qcclrun); unset, a hash of the root's host:port, the rank count and whichever of TORCHELASTIC_RUN_ID, SLURM_JOB_ID, SLURM_STEP_ID, OMPI_MCA_ess_base_jobid and PMIX_NAMESPACE are set"},
       {"QCCL_LOCAL_RANK", "unset", "rank among the ranks on this host, or emulated host (set by qcclrun; informational)"},
       {"QCCL_LOCAL_NRANKS", "unset", "ranks on this host, or emulated host (set by qcclrun; informational)"},
-      {"QCCL_TESTS_MIN_BW", "unset", "perf binaries only: exit 1 when the average bus bandwidth is below 0.9 x this (GB/s); unset or empty, nccl-tests' NCCL_TESTS_MIN_BW is read"},
+      {"QCCL_TESTS_MIN_BW", "unset", "all_reduce_perf, all_gather_perf, reduce_scatter_perf, broadcast_perf, reduce_perf, alltoall_perf and sendrecv_perf only: exit 1 when the average bus bandwidth is below 0.9 x this (GB/s); unset or empty, nccl-tests' NCCL_TESTS_MIN_BW is read"},
   };
   return vars;
 }

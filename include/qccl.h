@@ -229,7 +229,9 @@ QCCL_API qcclResult_t qcclCommInitRankConfig(qcclComm_t* comm, int nranks, qcclU
  *   OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE        (Open MPI; root from QCCL_ROOT or MASTER_*)
  *   SLURM_PROCID, SLURM_NTASKS                        (Slurm; root from QCCL_ROOT or MASTER_*)
  * Rank 0 listens on the root's port. With none of these set it makes a single-rank communicator.
- * The magic is QCCL_MAGIC if set, else derived from the job identity the launcher exports. */
+ * The magic is QCCL_MAGIC if set, else a hash of the job identity the launcher exports: the root's
+ * host:port, the rank count and those of TORCHELASTIC_RUN_ID, SLURM_JOB_ID, SLURM_STEP_ID,
+ * OMPI_MCA_ess_base_jobid and PMIX_NAMESPACE that are set (the same on every rank of a job). */
 QCCL_API qcclResult_t qcclCommInitEnv(qcclComm_t* comm, const qcclConfig_t* config);
 
 /* Collective: finishes outstanding operations, waits (up to QCCL_TIMEOUT) for every rank to reach

@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "options.h"
+#include "strict_number.h"
 
 #ifdef QCCL_PERF_CUDA
 #include <cuda_runtime_api.h>
@@ -941,9 +942,8 @@ double min_bus_bandwidth() {
   const char* env = std::getenv(name);
   if (!env || !*env) env = std::getenv(name = "NCCL_TESTS_MIN_BW");
   if (!env || !*env) return -1;
-  char* end = nullptr;
-  const double v = std::strtod(env, &end);
-  if (*end || !(v >= 0) || !std::isfinite(v))
+  double v = 0;
+  if (!parse_number(env, &v) || !(v >= 0))  // strtod alone took ' 5', '+3' and '0x10'
     throw UsageError(std::string(name) + " = '" + env + "' is not a bandwidth in GB/s");
   return v;
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "qccl.h"
+#include "strict_number.h"
 
 namespace qccl_demo {
 
@@ -25,12 +26,11 @@ struct QcclError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The number `s` given to `option`, which must lie in [lo, hi].
+// The number `s` given to `option`, which must lie in [lo, hi]: decimal (strict_number.h; strtod
+// alone took ' 5' and 0x10).
 inline double number(const char* option, const char* s, double lo, double hi) {
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  if (!*s || *end || errno || !(v >= lo && v <= hi))
+  double v = 0;
+  if (!qccl_perf::parse_number(s, &v) || !(v >= lo && v <= hi))
     throw UsageError(std::string("invalid value '") + s + "' for " + option + " (expected a number in [" +
                      std::to_string(lo) + ", " + std::to_string(hi) + "])");
   return v;

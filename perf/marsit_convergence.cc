@@ -48,6 +48,11 @@ DESCRIPTION
     steps and that round is a step K times too long (it diverges); with eta_s far above it, the
     sign rounds add noise of size eta_s per value. The default sits near the updates' size late in
     training (u ~ LR * 4e-4 per value here).
+
+    The defaults are tuned for 4 ranks (the tests run them with -n 4). With fewer ranks the average
+    of fewer minibatch gradients is noisier, the updates are larger than eta_s, and the defaults
+    diverge (exit 1 at 1 and 2 ranks); --k 50 (1.62 bits per value) or --lr 5 converges there. For
+    other rank counts, set --eta-s near the updates' size or shorten --k.
     From x = 0 it runs T steps twice, drawing the same minibatches of B local rows each time:
 
       sgd     u = LR * (local minibatch gradient); x -= qcclAllReduce(u, avg)

@@ -47,26 +47,34 @@ static void finish(Comm c) { qcclCommDestroy(c); }
 static void usage(FILE* to, const char* program) {
   fprintf(to,
           "usage: qcclrun -n N -- %s [-b BYTES] [-e BYTES] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-          "  float sums in place from -b to -e (default 1M to 64M, K/M/G suffixes), the size times -f\n"
-          "  (default 64) from row to row; -n timed (default 20) after -w untimed (default 3) calls\n"
-          "  (-f, -n and -w are whole numbers). Each size starts from 1.0 in every element; in place,\n"
-          "  each call multiplies the values by the rank count, so enough calls reach Inf (float: about\n"
-          "  127 / log2(ranks) calls; under QCCL_NCCL_CODEC=fp16, 65504: about 16 / log2(ranks)), and\n"
-          "  the drop-in returns success on such data. A row whose timed calls ended on Inf or NaN is\n"
-          "  followed by a line saying so; a smaller -n or -w keeps the timed data finite.\n",
+          "  float sums in place from -b to -e (default 1M to 64M; whole numbers of bytes, multiples of 4,\n"
+          "  with K/M/G suffixes), the size times -f (default 64) from row to row; -n timed (default 20)\n"
+          "  after -w untimed (default 3) calls (-f, -n and -w are whole numbers). Each size starts from\n"
+          "  1.0 in every element; in place, each call multiplies the values by the rank count, so enough\n"
+          "  calls reach Inf (float: about 127 / log2(ranks) calls; under QCCL_NCCL_CODEC=fp16, 65504:\n"
+          "  about 16 / log2(ranks)), and the drop-in returns success on such data. A row whose timed\n"
+          "  calls ended on Inf or NaN is followed by a line saying so; a smaller -n or -w keeps the\n"
+          "  timed data finite.\n",
           program);
 }
 
-// A number with an optional K, M or G suffix (powers of 1024), or false.
+// A whole number of bytes with an optional K, M or G suffix (powers of 1024; k, m, g and KiB, MiB,
+// GiB too), as the library's QCCL_CHUNK_BYTES takes it (base/config.cc parse_size), that is a multiple
+// of 4 (whole floats), or false. strtod took fractions, hex and blanks, and a size under 4 bytes timed
+// calls of count 0.
 static bool parse_size(const char* s, size_t* out) {
+  if (!(*s >= '0' && *s <= '9')) return false;
   char* end = nullptr;
-  double v = strtod(s, &end);
-  if (end == s || !(v >= 0)) return false;
-  if (*end == 'K') v *= 1024, ++end;
-  else if (*end == 'M') v *= 1024 * 1024, ++end;
-  else if (*end == 'G') v *= 1024.0 * 1024 * 1024, ++end;
-  if (*end || v > 1e15) return false;
-  *out = static_cast<size_t>(v);
+  errno = 0;
+  const unsigned long long v = strtoull(s, &end, 10);
+  const std::string suffix(end);
+  unsigned long long unit = 1;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB") unit = 1ull << 10;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB") unit = 1ull << 20;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB") unit = 1ull << 30;
+  else if (!suffix.empty()) return false;
+  if (errno || v > 1000000000000000ull / unit || v * unit % sizeof(float)) return false;
+  *out = static_cast<size_t>(v * unit);
   return true;
 }
 
@@ -81,9 +89,16 @@ static bool parse_count(const char* s, long lo, long hi, long* out) {
   return true;
 }
 
-static int env_int(const char* name, int fallback) {
+// QCCL_RANK or QCCL_NRANKS, or `fallback` where it is unset or empty; exits 2 on anything but a whole
+// number from lo (atoi ran QCCL_RANK=abc as rank 0).
+static int env_int(const char* program, const char* name, int fallback, long lo) {
   const char* v = getenv(name);
-  return v && *v ? atoi(v) : fallback;
+  long n = fallback;
+  if (v && *v && !parse_count(v, lo, 1L << 20, &n)) {
+    fprintf(stderr, "%s: %s = '%s' is not a whole number from %ld to %ld\n", program, name, v, lo, 1L << 20);
+    exit(2);
+  }
+  return static_cast<int>(n);
 }
 
 int main(int argc, char** argv) {
@@ -104,7 +119,7 @@ int main(int argc, char** argv) {
     long count = 0;
     if (is_size ? !parse_size(value, &size) : !parse_count(value, lo, 1L << 30, &count)) {
       fprintf(stderr, "%s: invalid value '%s' for %s (expected %s)\n", argv[0], value, flag,
-              is_size ? "a number of bytes with an optional K, M or G suffix"
+              is_size ? "a whole number of bytes, a multiple of 4 (float), with an optional K, M or G suffix"
                       : (lo ? "a whole number from 1 to 1073741824" : "a whole number from 0 to 1073741824"));
       return usage(stderr, argv[0]), 2;
     }
@@ -120,7 +135,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s: -b must be at most -e, and above 0 when -f > 1\n", argv[0]);
     return 2;
   }
-  const int rank = env_int("QCCL_RANK", 0), nranks = env_int("QCCL_NRANKS", 1);
+  const int rank = env_int(argv[0], "QCCL_RANK", 0, 0), nranks = env_int(argv[0], "QCCL_NRANKS", 1, 1);
   const char* job = getenv("QCCL_MAGIC");
   const std::string file = std::string("/tmp/qccl_perf_id_") + (job ? job : "single") + (
 #ifdef PERF_NCCL_API

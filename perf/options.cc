@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "codec_list.h"
+#include "strict_number.h"
 
 namespace qccl_perf {
 
@@ -26,28 +27,28 @@ namespace {
   throw UsageError(std::string("invalid value '") + value + "' for " + option + ": " + why);
 }
 
+// Decimal only (base 0 read -n 010 as 8 and 0x10 as 16), from its first digit (strict_number.h).
 long parse_int(const char* option, const char* s, long lo, long hi) {
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(s, &end, 0);
-  if (errno || end == s || *end) bad_value(option, s, "not an integer");
+  long long v = 0;
+  if (!parse_integer(s, &v)) bad_value(option, s, "not an integer");
   if (v < lo || v > hi) {
     bad_value(option, s, ("out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]").c_str());
   }
-  return v;
+  return static_cast<long>(v);
 }
 
 // A finite number >= 0 (0.01, 1e-2): what --max-relerr takes.
 double parse_bound(const char* option, const char* s) {
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s, &end);
-  if (errno || end == s || *end || !(v >= 0) || !std::isfinite(v)) bad_value(option, s, "expected a number >= 0");
+  double v = 0;
+  if (!parse_number(s, &v) || !(v >= 0)) bad_value(option, s, "expected a number >= 0");
   return v;
 }
 
 // nccl-tests' parsesize: a number with an optional K, M or G suffix (powers of 1024).
 size_t parse_size(const char* option, const char* s) {
+  // Its fractions (1.5M) are nccl-tests', but not strtod's blanks, '+', hex, inf or nan.
+  if (!(std::isdigit(static_cast<unsigned char>(*s)) || *s == '.') || std::strpbrk(s, "xX"))
+    bad_value(option, s, "not a size");
   char* end = nullptr;
   double v = std::strtod(s, &end);
   if (end == s || !(v >= 0)) bad_value(option, s, "not a size");

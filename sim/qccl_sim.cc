@@ -179,6 +179,24 @@ struct Options {
   std::exit(2);
 }
 
+// getopt_long's ':' (an option without its value) and '?' (an unknown option, or a long flag given
+// "=VALUE"), in perf/options.cc's words: with opterr on, getopt printed its own line and then came
+// "unknown option", naming nothing. `word` is argv[optind - 1]: for ':' the option itself (it was the
+// last argument); for '?' the unknown long option (optopt 0), else optopt is the short option or the
+// long flag's value. `command`: "" or "calibrate: ".
+[[noreturn]] void option_error(const std::string& command, int c, const char* word, const option* longs) {
+  if (c == ':') {
+    const bool long_word = std::strncmp(word, "--", 2) == 0;
+    usage_error(command + "option " + (long_word ? std::string(word) : std::string("-") + char(optopt)) +
+                " needs a value");
+  }
+  if (!optopt) usage_error(command + "unknown option " + std::string(word, std::strcspn(word, "=")));
+  for (const option* o = longs; o->name; ++o)
+    if (o->val == optopt && o->has_arg == no_argument)
+      usage_error(command + "option --" + o->name + " takes no value");
+  usage_error(command + "unknown option -" + char(optopt));
+}
+
 // The value of an option that names a link or a file: an empty one (-l "") read as no option at all,
 // so a script's unset variable ran on the defaults without a word.
 std::string named_value(const char* option, const char* value) {
@@ -455,8 +473,9 @@ int run_calibrate(int argc, char** argv) {
                                  {"intra", required_argument, nullptr, 'i'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {nullptr, 0, nullptr, 0}};
+  opterr = 0;  // option_error's messages, which name the option
   int c;
-  while ((c = getopt_long(argc, argv, "o:z:l:h", kLong, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, ":o:z:l:h", kLong, nullptr)) != -1) {
     switch (c) {
       case 'o':
         out = named_value("-o (--output)", optarg);
@@ -483,8 +502,11 @@ int run_calibrate(int argc, char** argv) {
       case 'h':
         std::fputs(kHelp, stdout);
         return 0;
+      case ':':
+      case '?':
+        option_error("calibrate: ", c, argv[optind - 1], kLong);
       default:
-        usage_error("calibrate: unknown option");
+        usage_error("calibrate: unhandled option");
     }
   }
   if (optind < argc) usage_error(std::string("calibrate: unexpected argument '") + argv[optind] + "'");
@@ -568,8 +590,9 @@ Options parse_options(int argc, char** argv) {
                                  {"break-even", no_argument, nullptr, kBreakEven},
                                  {"help", no_argument, nullptr, 'h'},
                                  {nullptr, 0, nullptr, 0}};
+  opterr = 0;  // option_error's messages, which name the option
   int c;
-  while ((c = getopt_long(argc, argv, "n:l:m:c:b:e:f:d:o:r:a:z:h", kLong, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, ":n:l:m:c:b:e:f:d:o:r:a:z:h", kLong, nullptr)) != -1) {
     switch (c) {
       case 'n': {
         o.ranks.clear();
@@ -659,8 +682,11 @@ Options parse_options(int argc, char** argv) {
       case 'h':
         std::fputs(kHelp, stdout);
         std::exit(0);
+      case ':':
+      case '?':
+        option_error("", c, argv[optind - 1], kLong);
       default:
-        usage_error("unknown option");
+        usage_error("unhandled option");
     }
   }
   if (optind < argc) usage_error(std::string("unexpected argument '") + argv[optind] + "'");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "base/config.h"
@@ -54,6 +55,10 @@ bool print_environment(FILE* out) {
       const AutoCodec codec(config.codec, 2);
     else
       const CodecPolicy codec(config.codec, config.codec_min_bytes, config.codec_from, config.aggregator_count());
+    // Not a communicator's: the perf binaries' bandwidth floor, read as they read it (perf/common.cc,
+    // min_bus_bandwidth: a finite decimal >= 0; unset or empty, NCCL_TESTS_MIN_BW in its place).
+    const char* min_bw = env("QCCL_TESTS_MIN_BW") ? "QCCL_TESTS_MIN_BW" : "NCCL_TESTS_MIN_BW";
+    if (const char* v = env(min_bw)) parse_double(min_bw, v, 0, std::numeric_limits<double>::max());
   } catch (const Error& e) {
     std::fprintf(out, "# invalid here: %s\n", e.what());
     return false;

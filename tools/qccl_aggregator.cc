@@ -1,11 +1,12 @@
 // tools/qccl_aggregator.cc: the command line of the IntSGD aggregator daemon (src/aggregator_daemon.h),
 // the process that plays SwitchML's programmable switch for the int codecs' agg=switch.
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
 
+#include "base/config.h"
+#include "base/errors.h"
 #include "base/socket.h"
 #include "src/aggregator_daemon.h"
 
@@ -70,14 +71,15 @@ using Options = qccl::AggregatorDaemonOptions;
   std::exit(2);
 }
 
+// The library's integer (base/config.cc parse_int: decimal from its first digit; strtol alone took
+// --slots ' 5' and '+5'), under this tool's message.
 long number(const std::string& option, const char* text, long lo, long hi) {
-  errno = 0;
-  char* end = nullptr;
-  const long v = std::strtol(text, &end, 10);
-  if (!*text || *end || errno || v < lo || v > hi)
+  try {
+    return static_cast<long>(qccl::parse_int(option, text, lo, hi));
+  } catch (const qccl::Error&) {
     usage_error("invalid value '" + std::string(text) + "' for " + option + " (expected " + std::to_string(lo) +
                 " to " + std::to_string(hi) + ")");
-  return v;
+  }
 }
 
 Options parse(int argc, char** argv) {

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "base/errors.h"
 #include "netem.h"
 
 #ifndef QCCLRUN_VERSION
@@ -179,7 +180,7 @@ NETWORK EMULATION
 
 EXAMPLES
     qcclrun -n 4 ./tests/ranks/api_ranks_test
-    qcclrun -n 8 --timeout 120 -x QCCL_ALGO=ring -- ./perf/all_reduce_perf -b 1M -e 64M
+    qcclrun -n 8 --timeout 120 -x QCCL_ALGO=ring -- ./perf/all_reduce_perf -b 1M -e 64M -f 2
     sudo qcclrun --netem 1gbit -n 4 -v ./perf/all_reduce_perf
     sudo qcclrun --nodes 2 --netem 10gbit -n 4 -x QCCL_DEBUG=INFO ./perf/all_gather_perf
     sudo qcclrun --nodes 1,3 -n 4 ./tests/ranks/api_ranks_test
@@ -207,22 +208,23 @@ struct Options {
   exit(kExitLauncherError);
 }
 
+// The library's parsers (base/config.cc), whose numbers are decimal from their first digit (strtol and
+// strtod alone took -n ' 2', '+2' and --timeout 0x10), under qcclrun's own message.
 long parse_int(const std::string& opt, const std::string& text, long lo, long hi) {
-  char* end = nullptr;
-  errno = 0;
-  long v = strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || v < lo || v > hi)
+  try {
+    return static_cast<long>(qccl::parse_int(opt, text, lo, hi));
+  } catch (const qccl::Error&) {
     usage_error("invalid value '" + text + "' for " + opt + " (expected an integer from " +
                 std::to_string(lo) + " to " + std::to_string(hi) + ")");
-  return v;
+  }
 }
 
 double parse_seconds(const std::string& opt, const std::string& text) {
-  char* end = nullptr;
-  double v = strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !std::isfinite(v) || v < 0)
+  try {
+    return qccl::parse_double(opt, text, 0, std::numeric_limits<double>::max());
+  } catch (const qccl::Error&) {
     usage_error("invalid value '" + text + "' for " + opt + " (expected seconds, e.g. 2 or 0.5)");
-  return v;
+  }
 }
 
 // The ranks of each emulated host: from --nodes (K hosts, or a list of sizes), else one host per rank

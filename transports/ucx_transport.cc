@@ -81,11 +81,12 @@ class UcxTransport::Context {
     ucp_config_t* config = nullptr;
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
     if (status != UCS_OK) fail_ucx("ucp_config_read", status);
-    // Pipeline chunks (512 KiB by default) travel eagerly through UCX's shared-memory FIFOs rather
-    // than by rendezvous: the rendezvous reads the sender's pages with process_vm_readv (cma), whose
-    // page pinning made all-reduce about 2x slower at every size from 64 KiB to 16 MiB here
-    // (docs/PERF.md, "Eager chunks"). Larger messages (point-to-point) still use the rendezvous. The
-    // user's UCX_RNDV_THRESH, if set, wins.
+    // Pipeline chunks (256 KiB by default, base/config.h; at most 1 MiB when sized from
+    // QCCL_LINK_RATE) travel eagerly through UCX's shared-memory FIFOs rather than by rendezvous:
+    // the rendezvous reads the sender's pages with process_vm_readv (cma), whose page pinning made
+    // all-reduce about 2x slower at every size from 64 KiB to 16 MiB here (docs/PERF.md, "Eager
+    // chunks"). Larger messages (point-to-point) still use the rendezvous. The user's
+    // UCX_RNDV_THRESH, if set, wins.
     if (!std::getenv("UCX_RNDV_THRESH")) {
       status = ucp_config_modify(config, "RNDV_THRESH", "1m");
       if (status != UCS_OK) QCCL_WARN("UCX: cannot set RNDV_THRESH: %s", ucs_status_string(status));
