@@ -47,8 +47,9 @@ static void finish(Comm c) { qcclCommDestroy(c); }
 static void usage(FILE* to, const char* program) {
   fprintf(to,
           "usage: qcclrun -n N -- %s [-b BYTES] [-e BYTES] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-          "  float sums in place from -b to -e (default 1M to 64M; whole numbers of bytes, multiples of 4,\n"
-          "  with K/M/G suffixes), the size times -f (default 64) from row to row; -n timed (default 20)\n"
+          "  float sums in place from -b to -e (default 1M to 64M; bytes with K/M/G suffixes, 1.5M too,\n"
+          "  0 or at least 4, rounded down to whole floats), the size times -f (default 64) from row to\n"
+          "  row; -n timed (default 20)\n"
           "  after -w untimed (default 3) calls (-f, -n and -w are whole numbers). Each size starts from\n"
           "  1.0 in every element; in place, each call multiplies the values by the rank count, so enough\n"
           "  calls reach Inf (float: about 127 / log2(ranks) calls; under QCCL_NCCL_CODEC=fp16, 65504:\n"
@@ -58,23 +59,23 @@ static void usage(FILE* to, const char* program) {
           program);
 }
 
-// A whole number of bytes with an optional K, M or G suffix (powers of 1024; k, m, g and KiB, MiB,
-// GiB too), as the library's QCCL_CHUNK_BYTES takes it (base/config.cc parse_size), that is a multiple
-// of 4 (whole floats), or false. strtod took fractions, hex and blanks, and a size under 4 bytes timed
-// calls of count 0.
+// A number of bytes with an optional K, M or G suffix (powers of 1024), in all_reduce_perf's grammar
+// (perf/options.cc parse_size: nccl-tests' fractions, 1.5M, but not strtod's blanks, '+', hex, inf or
+// nan), so that one sweep script drives both; 0, or at least one float (a size under 4 bytes timed
+// calls of count 0). The sweep times whole floats: the bytes rounded down to a multiple of 4.
 static bool parse_size(const char* s, size_t* out) {
-  if (!(*s >= '0' && *s <= '9')) return false;
+  if (!((*s >= '0' && *s <= '9') || *s == '.') || strpbrk(s, "xX")) return false;
   char* end = nullptr;
-  errno = 0;
-  const unsigned long long v = strtoull(s, &end, 10);
-  const std::string suffix(end);
-  unsigned long long unit = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") unit = 1ull << 10;
-  else if (suffix == "M" || suffix == "m" || suffix == "MiB") unit = 1ull << 20;
-  else if (suffix == "G" || suffix == "g" || suffix == "GiB") unit = 1ull << 30;
-  else if (!suffix.empty()) return false;
-  if (errno || v > 1000000000000000ull / unit || v * unit % sizeof(float)) return false;
-  *out = static_cast<size_t>(v * unit);
+  double v = strtod(s, &end);
+  if (end == s || !(v >= 0)) return false;
+  switch (*end) {
+    case 'k': case 'K': v *= 1024.0, ++end; break;
+    case 'm': case 'M': v *= 1024.0 * 1024, ++end; break;
+    case 'g': case 'G': v *= 1024.0 * 1024 * 1024, ++end; break;
+    default: break;
+  }
+  if (*end || v > 1e18 || (v > 0 && v < sizeof(float))) return false;
+  *out = static_cast<size_t>(v);
   return true;
 }
 
@@ -119,7 +120,7 @@ int main(int argc, char** argv) {
     long count = 0;
     if (is_size ? !parse_size(value, &size) : !parse_count(value, lo, 1L << 30, &count)) {
       fprintf(stderr, "%s: invalid value '%s' for %s (expected %s)\n", argv[0], value, flag,
-              is_size ? "a whole number of bytes, a multiple of 4 (float), with an optional K, M or G suffix"
+              is_size ? "0, or at least 4 bytes (one float), with an optional K, M or G suffix"
                       : (lo ? "a whole number from 1 to 1073741824" : "a whole number from 0 to 1073741824"));
       return usage(stderr, argv[0]), 2;
     }

@@ -218,7 +218,7 @@ const std::optional<PreMulSumOp>& check_runnable(const Call& call) {
     fail(ncclInvalidUsage, "comm = %p has no qccl communicator (aborted or finalized)",
          static_cast<void*>(call.handle));
   const std::optional<PreMulSumOp>& custom = call.custom;
-  if (!custom) return custom;
+  if (!custom || call.empty) return custom;  // (an empty call scales nothing: issue_host)
   if (call.qccl_device)
     fail(ncclInvalidUsage, "op = %d is a PreMulSum op, which qccl scales on the host: on device buffers it runs on "
          "the real NCCL only (QCCL_NCCL_DEVICE=nccl)", static_cast<int>(call.op));
@@ -231,8 +231,11 @@ const std::optional<PreMulSumOp>& check_runnable(const Call& call) {
 // Issues one host call on qccl (queued when a qccl group is open, else run to completion).
 void issue_host(Call& call, Scratch& scratch) {
   const std::optional<PreMulSumOp>& custom = check_runnable(call);
-  // qccl has no fp8 types, and an empty call has no values to convert: done, as NCCL's empty call.
-  if (call.empty && is_fp8(call.datatype)) return;
+  // An empty call moves nothing: done at once, as the real NCCL discards it, and on every path, so
+  // that every rank's qccl numbers its collectives alike (a zero-count collective takes a number in
+  // qccl, and a group that went to the real NCCL dropped its empty calls: group_end). Also: qccl has no
+  // fp8 types, but an empty fp8 call holds none.
+  if (call.empty) return;
   Comm& c = *call.comm;
   qcclComm_t q = c.q.load();
   const size_t esize = type_size(call.datatype);

@@ -496,7 +496,9 @@ QCCL_API qcclResult_t qcclCommDestroy(qcclComm_t comm) {
       // handle is alive here, and stays alive while kDestroying (only this call frees it then).
       LiveHandles& live = live_handles();
       const std::unique_lock<std::shared_mutex> lock(live.mu);
-      if (!live.handles.count(comm)) fail_not_live(comm);  // an abort freed it since get
+      // An abort freed it since get (and a new communicator may have taken its address: its Comm is
+      // another than the one this call holds).
+      if (!live.handles.count(comm) || comm->impl.get() != &c) fail_not_live(comm);
       if (comm->closing != qcclComm::kOpen) fail(qcclInvalidUsage, "comm is being destroyed by another thread");
       comm->closing = qcclComm::kDestroying;
     }

@@ -453,6 +453,24 @@ TEST_CASE("several collectives in one group", "[groups]") {
   CHECK(wrong == 0);
 }
 
+// The real NCCL discards an empty collective, so the drop-in drops it on every path: qccl numbers its
+// collectives, a zero-count one too, and a rank whose empty call went to the real NCCL in a group of
+// device calls (and was dropped there) would otherwise no longer meet the others' next collective.
+// Here only rank 0 makes the empty calls, on host buffers, grouped and not.
+TEST_CASE("an empty collective is dropped, so the ranks' next collectives still meet", "[groups]") {
+  World& w = World::get();
+  if (w.rank == 0) {
+    NCCL_REQUIRE_OK(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, w.comm, nullptr));
+    NCCL_REQUIRE_OK(ncclGroupStart());
+    NCCL_REQUIRE_OK(ncclBroadcast(nullptr, nullptr, 0, ncclInt32, 0, w.comm, nullptr));
+    NCCL_REQUIRE_OK(ncclAllGather(nullptr, nullptr, 0, ncclFloat64, w.comm, nullptr));
+    NCCL_REQUIRE_OK(ncclGroupEnd());
+  }
+  int64_t mine = w.rank + 1, sum = 0;
+  NCCL_REQUIRE_OK(ncclAllReduce(&mine, &sum, 1, ncclInt64, ncclSum, w.comm, nullptr));
+  CHECK(sum == static_cast<int64_t>(w.size) * (w.size + 1) / 2);
+}
+
 TEST_CASE("ncclGroupSimulateEnd: without an ncclSimInfo_t the group runs; with a bad one it is dropped", "[groups]") {
   World& w = World::get();
   int32_t x = w.rank + 1, y = 0;
