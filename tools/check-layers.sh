@@ -53,7 +53,7 @@ check collectives "collectives/$name|kernels/$name"
 check src "(src|base|kernels|transports|collectives)/$name|include/qccl\.h"
 check sim "(sim|src|base|kernels|transports|collectives)/$name|include/qccl\.h"
 check tools "include/qccl\.h|qccl\.h|base/$name|src/(aggregator_daemon|build_info)\.h|netem\.h"
-check perf 'qccl\.h|common\.h|options\.h|codec_list\.h|demo\.h|baseline_common\.h' perf/codec_perf.cc
+check perf 'qccl\.h|common\.h|options\.h|codec_list\.h|demo\.h|baseline_common\.h|strict_number\.h' perf/codec_perf.cc
 check perf/codec_perf.cc "kernels/$name|codec_list\.h"
 check examples 'qccl\.h'
 check shim "qccl\.h|shim/$name"
