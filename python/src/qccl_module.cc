@@ -386,10 +386,18 @@ class Comm {
     // qccl refuses it while the group holds calls on comm, and the group's arrays wait for its end.
     if (t_group.depth > 0) raise_error(qcclInvalidUsage, "destroy: inside qccl.group(); destroy after the block");
     comm_ = nullptr;  // invalid afterwards, even on failure
+    destroying_ = comm;  // for abort() from another thread, which releases the destroy (qccl.h)
+    struct Done {
+      qcclComm_t& destroying;
+      ~Done() { destroying = nullptr; }  // (the GIL is held again here)
+    } done{destroying_};
     call_released(nullptr, [&] { return qcclCommDestroy(comm); });
   }
   void abort() {
-    qcclComm_t comm = get();
+    // A destroy blocked in another thread (in its closing barrier) is released by the abort: the
+    // handle stays the destroy's to free. Had it returned since (the GIL is let go in the call), qccl
+    // refuses the freed handle cleanly.
+    qcclComm_t comm = comm_ ? comm_ : destroying_ ? destroying_ : get();
     comm_ = nullptr;
     call_released(nullptr, [&] { return qcclCommAbort(comm); });
   }
@@ -600,6 +608,7 @@ class Comm {
 
  private:
   qcclComm_t comm_;
+  qcclComm_t destroying_ = nullptr;  // while destroy() waits in qcclCommDestroy
 };
 
 // An object's buffer export, held while qccl uses its memory: while it lives, a bytearray or

@@ -3,6 +3,7 @@ disagree fail with Mismatch on every rank; a dead rank makes the others fail wit
 (dead_rank.py, a CTest entry of its own: it breaks the world communicator)."""
 
 import enum
+import threading
 import time
 
 import numpy as np
@@ -172,3 +173,30 @@ def test_context_manager_aborts_on_exception(comm):
             raise RuntimeError("user code failed")
     assert "destroyed" in repr(sub)
     comm.barrier()
+
+
+def test_abort_releases_a_destroy_blocked_in_another_thread(comm):
+    """qccl.h: an abort from another thread ends a destroy waiting for the other ranks (it raises
+    Aborted); the binding kept no handle for the abort once destroy() had begun."""
+    if comm.size == 1:
+        pytest.skip("a destroy of one rank waits for nobody")
+    sub = comm.split(0)
+    if comm.rank == 0:
+        raised = []
+
+        def destroy():
+            try:
+                sub.destroy()  # waits for the other ranks, who destroy nothing yet
+            except qccl.QcclError as e:
+                raised.append(e)
+
+        thread = threading.Thread(target=destroy)
+        thread.start()
+        time.sleep(0.5)  # the thread is in qcclCommDestroy's closing barrier by now
+        sub.abort()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert len(raised) == 1 and isinstance(raised[0], qccl.Aborted), raised
+    comm.barrier()
+    if comm.rank != 0:
+        sub.abort()  # rank 0 left it
