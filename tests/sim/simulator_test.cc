@@ -389,6 +389,19 @@ TEST_CASE("plan_bytes_per_rank counts what the plans of collectives/ hold, not l
   }
 }
 
+// A model file of the test's own, removed at the end of its scope (a failed REQUIRE too).
+struct ModelFile {
+  char path[32] = "/tmp/qccl_sim_model_XXXXXX";
+  ModelFile() {
+    const int fd = mkstemp(path);
+    REQUIRE(fd >= 0);
+    close(fd);
+  }
+  ~ModelFile() { std::remove(path); }
+  ModelFile(const ModelFile&) = delete;
+  ModelFile& operator=(const ModelFile&) = delete;
+};
+
 TEST_CASE("rates, links and model files", "[sim]") {
   CHECK(parse_rate("1gbit") == 1.25e8);
   CHECK(parse_rate("100mbit") == 12.5e6);
@@ -446,10 +459,8 @@ TEST_CASE("rates, links and model files", "[sim]") {
   m.codecs["q4:bucket=256,round=nearest,ef=off,seed=0"] = {{"encode", 1e-9}, {"decode", 2e-9}, {"decode_add", 3e-9}};
   m.codecs["sign"]["merge"] = 4e-9;
   m.inter_rate_told = true;  // written as a key, read back over a model without one
-  char path[] = "/tmp/qccl_sim_model_XXXXXX";
-  const int fd = mkstemp(path);
-  REQUIRE(fd >= 0);
-  close(fd);
+  const ModelFile model_file;
+  const char* path = model_file.path;
   REQUIRE(save_model(m, path));
   const Model back = load_model(path, Model{});
   CHECK(back.inter_rate_told);
@@ -495,7 +506,6 @@ TEST_CASE("rates, links and model files", "[sim]") {
   CHECK(intra_only.intra.rate == 1.25e9);
   CHECK_FALSE(intra_only.inter_rate_told);  // the link between hosts is not given
   CHECK_THROWS_WITH(load_model("/tmp", m), Catch::Contains("not a regular file"));
-  std::remove(path);
 }
 
 // Every field of two models, that a file's round trip must keep.
@@ -542,10 +552,8 @@ TEST_CASE("a model file reads back as the model it was written from, every field
   m.divide = 0;
   m.codecs["q8"]["encode"] = 1.0 / 3e9;
   m.codecs["sign:eta_s=0.01"]["merge"] = std::nextafter(5.22e-9, 0.0);
-  char path[] = "/tmp/qccl_sim_model_XXXXXX";
-  const int fd = mkstemp(path);
-  REQUIRE(fd >= 0);
-  close(fd);
+  const ModelFile model_file;
+  const char* path = model_file.path;
   for (bool told : {false, true}) {
     INFO("inter.rate told: " << told);
     m.inter_rate_told = told;
@@ -558,7 +566,6 @@ TEST_CASE("a model file reads back as the model it was written from, every field
     for (std::string line; std::getline(file, line);) rate_key |= line.rfind("inter.rate", 0) == 0;
     CHECK(rate_key == told);
   }
-  std::remove(path);
 }
 
 // Sets the soft limit of the data segment (RLIMIT_DATA: private writable mappings, malloc's; not the
